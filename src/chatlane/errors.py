@@ -1,0 +1,56 @@
+"""The exceptions chatlane raises.
+
+Every exception derives from :class:`ChatlaneError`, and from a builtin where
+the meaning fits, so callers can catch either the family or the plain
+condition (``except ValueError`` still catches a malformed session source).
+Each class is named for the condition, never for the place it was raised.
+"""
+
+from __future__ import annotations
+
+
+class ChatlaneError(Exception):
+    """Root of every error raised by chatlane."""
+
+
+class InvalidSource(ChatlaneError, ValueError):
+    """A message source lacks what a session key needs (platform, chat or user)."""
+
+
+class InvalidSessionKey(ChatlaneError, ValueError):
+    """A string is not a session key produced by :func:`chatlane.identity.build_session_key`."""
+
+
+class ConfigError(ChatlaneError, ValueError):
+    """A configuration key or value is invalid; the message names the key and the expectation."""
+
+
+class SessionBusy(ChatlaneError):
+    """A session already runs a turn and the message was refused rather than queued."""
+
+
+class QueueFull(SessionBusy):
+    """A session's pending queue is at its cap; the message was refused with a notice."""
+
+
+class StaleGeneration(ChatlaneError):
+    """A write or delivery was attempted for a turn whose generation is no longer current."""
+
+    def __init__(self, session_key: str, generation: int, current: int, reason: str = "") -> None:
+        self.session_key = session_key
+        self.generation = generation
+        self.current = current
+        self.reason = reason
+        detail = f" ({reason})" if reason else ""
+        super().__init__(
+            f"stale generation {generation} for session {session_key!r}; "
+            f"current is {current}{detail}"
+        )
+
+
+class LeaseError(ChatlaneError):
+    """A lease was misused: released twice, released with a foreign token, or never held."""
+
+
+class LeaseLost(LeaseError):
+    """A held lease expired or was taken over; the holder must stop acting for the session."""

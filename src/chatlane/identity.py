@@ -1,0 +1,195 @@
+"""Who is talking: a message's source and the one function that names its session.
+
+A session key is ``<namespace>:<platform>:<chat_type>:<chat_id>[:<thread_id>][:<user_id>]``.
+What stays true:
+
+* :func:`build_session_key` is deterministic and the only producer of keys.
+* Every component is escaped (``%`` → ``%25``, ``:`` → ``%3A``), so no id can
+  forge a separator: two sources get the same key exactly when they agree on
+  every component the :class:`KeyPolicy` puts into the key.
+* When the user id is part of the key, the thread slot is always written (empty
+  when there is no thread), so the segment count tells a thread from a user and
+  :func:`parse_session_key` inverts the key without guessing.
+* Empty ids are the same as missing ids.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from chatlane.errors import InvalidSessionKey, InvalidSource
+
+__all__ = [
+    "ChatType",
+    "KeyPolicy",
+    "SessionKeyParts",
+    "SessionSource",
+    "build_session_key",
+    "parse_session_key",
+]
+
+SEPARATOR = ":"
+_ESCAPES = (("%", "%25"), (":", "%3A"))
+
+
+class ChatType(enum.StrEnum):
+    """Where a message was written; decides which ids make up the session key."""
+
+    DM = "dm"
+    GROUP = "group"
+    CHANNEL = "channel"
+    THREAD = "thread"
+
+
+def _optional_id(value: object) -> str | None:
+    """Normalise an id: ``None`` and ``""`` are missing; ints become strings."""
+    if value is None or value == "":
+        return None
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSource:
+    """Where one inbound message came from. Only ``platform`` is required.
+
+    Ids are normalised on creation: ints become strings and ``""`` becomes
+    ``None``, so ``SessionSource("tg", chat_id=42)`` equals
+    ``SessionSource("tg", chat_id="42")``.
+
+    :raises InvalidSource: for an unknown ``chat_type``.
+    """
+
+    platform: str
+    chat_id: str | None = None
+    chat_type: ChatType = ChatType.DM
+    chat_name: str = ""
+    thread_id: str | None = None
+    user_id: str | None = None
+    user_name: str = ""
+    message_id: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            chat_type = ChatType(self.chat_type)
+        except ValueError:
+            allowed = ", ".join(t.value for t in ChatType)
+            raise InvalidSource(
+                f"unknown chat_type {self.chat_type!r}; expected one of: {allowed}"
+            ) from None
+        object.__setattr__(self, "chat_type", chat_type)
+        for name in ("chat_id", "thread_id", "user_id", "message_id"):
+            object.__setattr__(self, name, _optional_id(getattr(self, name)))
+        object.__setattr__(self, "chat_name", self.chat_name or "")
+        object.__setattr__(self, "user_name", self.user_name or "")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPolicy:
+    """Which ids split a chat into sessions.
+
+    :param namespace: profile name, the first key segment; lets two gateways
+        (or two bots) share one store without sharing sessions.
+    :param group_sessions_per_user: in groups and channels, outside threads,
+        each user gets their own session.
+    :param thread_sessions_per_user: inside a thread, each user gets their own
+        session (by default a thread is one shared session).
+    """
+
+    namespace: str = "main"
+    group_sessions_per_user: bool = True
+    thread_sessions_per_user: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.namespace:
+            raise InvalidSource("KeyPolicy.namespace must be a non-empty string")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeyParts:
+    """The components of a session key, as :func:`parse_session_key` reads them back."""
+
+    namespace: str
+    platform: str
+    chat_type: ChatType
+    chat_id: str | None
+    thread_id: str | None = None
+    user_id: str | None = None
+    segments: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+
+def escape_component(value: str) -> str:
+    """Escape one key component so it can contain no separator."""
+    for raw, escaped in _ESCAPES:
+        value = value.replace(raw, escaped)
+    return value
+
+
+def unescape_component(value: str) -> str:
+    """Invert :func:`escape_component`."""
+    for raw, escaped in reversed(_ESCAPES):
+        value = value.replace(escaped, raw)
+    return value
+
+
+def _includes_user(source: SessionSource, policy: KeyPolicy) -> bool:
+    if source.chat_id is None:
+        return True
+    if source.chat_type is ChatType.DM:
+        return False
+    if source.thread_id is not None:
+        return policy.thread_sessions_per_user
+    return policy.group_sessions_per_user
+
+
+def build_session_key(source: SessionSource, policy: KeyPolicy = KeyPolicy()) -> str:
+    """Name the session ``source`` belongs to under ``policy``.
+
+    :raises InvalidSource: if the source has no platform, or neither a chat id
+        nor a user id.
+    """
+    if not source.platform:
+        raise InvalidSource("a session source needs a platform")
+    if source.chat_id is None and source.user_id is None:
+        raise InvalidSource(
+            f"a session source needs a chat id or a user id (platform {source.platform!r})"
+        )
+    parts = [policy.namespace, source.platform, source.chat_type.value, source.chat_id or ""]
+    user_id = source.user_id if _includes_user(source, policy) else None
+    if user_id is not None:
+        parts += [source.thread_id or "", user_id]
+    elif source.thread_id is not None:
+        parts.append(source.thread_id)
+    return SEPARATOR.join(escape_component(part) for part in parts)
+
+
+def parse_session_key(key: str) -> SessionKeyParts:
+    """Read a key made by :func:`build_session_key` back into its components.
+
+    :raises InvalidSessionKey: if ``key`` does not have that shape.
+    """
+    segments = tuple(unescape_component(s) for s in key.split(SEPARATOR))
+    if not 4 <= len(segments) <= 6:
+        raise InvalidSessionKey(f"not a session key (expected 4 to 6 segments): {key!r}")
+    namespace, platform, chat_type_text, chat_id = segments[:4]
+    if not namespace or not platform:
+        raise InvalidSessionKey(f"session key lacks a namespace or platform: {key!r}")
+    try:
+        chat_type = ChatType(chat_type_text)
+    except ValueError:
+        raise InvalidSessionKey(f"unknown chat type {chat_type_text!r} in key {key!r}") from None
+    thread_id = segments[4] if len(segments) >= 5 else ""
+    user_id = segments[5] if len(segments) == 6 else ""
+    if (len(segments) == 5 and not thread_id) or (len(segments) == 6 and not user_id):
+        raise InvalidSessionKey(f"session key has an empty trailing segment: {key!r}")
+    if not chat_id and not user_id:
+        raise InvalidSessionKey(f"session key names neither a chat nor a user: {key!r}")
+    return SessionKeyParts(
+        namespace=namespace,
+        platform=platform,
+        chat_type=chat_type,
+        chat_id=chat_id or None,
+        thread_id=thread_id or None,
+        user_id=user_id or None,
+        segments=segments,
+    )
