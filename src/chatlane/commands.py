@@ -1,0 +1,257 @@
+"""Slash commands: parsing, per-command busy behaviour, and the built-in set.
+
+A command is data — a :class:`CommandSpec` naming its handler and its
+:class:`CommandBusy` behaviour — so what a command does while a turn runs is
+decided in one place (:meth:`CommandRouter.run`), never inside handlers.
+A handler returns the reply text; a malformed argument raises
+:class:`UsageError` and the user gets the command's usage line. Nothing a user
+types can crash the router: an unexpected error in a handler becomes a clear
+reply and a logged traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.runtime import pending
+from chatlane.runtime.busy import BusyPolicy, ack_text
+from chatlane.runtime.engine import TurnEngine
+from chatlane.state import AGENT_PENDING
+from chatlane.types import InboundMessage, SessionKey
+
+log = logging.getLogger("chatlane.commands")
+
+_COMMAND = re.compile(r"/([A-Za-z][A-Za-z0-9_-]{0,31})(?:@(\S+))?(?:\s+(.*))?", re.DOTALL)
+
+
+class UsageError(ChatlaneError, ValueError):
+    """A command's arguments are malformed; the user is shown its usage line."""
+
+
+class CommandBusy(enum.StrEnum):
+    """What a command does when its session is running a turn."""
+
+    DISPATCH = "dispatch"
+    """Runs at once, even while busy."""
+    INTERRUPT_THEN_DISPATCH = "interrupt_then_dispatch"
+    """Interrupts the running turn (fencing it off), then runs."""
+    REJECT = "reject"
+    """Refused with a clear message while busy."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCommand:
+    """``/name[@bot] args`` split into its parts; ``name`` is lower-cased."""
+
+    name: str
+    args: str
+    mention: str | None = None
+
+
+def parse_command(text: str) -> ParsedCommand | None:
+    """Read a slash command, or ``None`` if ``text`` is not one (``/usr/bin`` is not)."""
+    match = _COMMAND.fullmatch(text.strip())
+    if match is None:
+        return None
+    name, mention, args = match.groups()
+    return ParsedCommand(name.lower(), (args or "").strip(), mention)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandCall:
+    """Everything a handler gets: the engine, the session, the message and its arguments."""
+
+    engine: TurnEngine
+    router: CommandRouter
+    session_key: SessionKey
+    message: InboundMessage
+    args: str
+
+
+CommandHandler = Callable[[CommandCall], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """One command: its name, one-line summary, usage line, busy behaviour and handler."""
+
+    name: str
+    summary: str
+    usage: str
+    busy: CommandBusy
+    handler: CommandHandler
+
+
+class CommandRouter:
+    """The commands a gateway understands, and the one place busy behaviour is applied."""
+
+    def __init__(self, specs: Iterable[CommandSpec] = ()) -> None:
+        self._specs: dict[str, CommandSpec] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: CommandSpec) -> None:
+        """Add ``spec``; a later registration under the same name replaces it."""
+        self._specs[spec.name] = spec
+
+    def get(self, name: str) -> CommandSpec | None:
+        """The command called ``name``, if any."""
+        return self._specs.get(name.lower())
+
+    def __iter__(self) -> Iterator[CommandSpec]:
+        return iter(sorted(self._specs.values(), key=lambda spec: spec.name))
+
+    def names(self) -> list[str]:
+        """Every command name, sorted."""
+        return sorted(self._specs)
+
+    async def run(
+        self, engine: TurnEngine, key: SessionKey, message: InboundMessage, parsed: ParsedCommand
+    ) -> str:
+        """Run ``parsed`` for ``key`` under its busy behaviour and return the reply text."""
+        spec = self.get(parsed.name)
+        if spec is None:
+            return self.unknown_reply(parsed.name)
+        if spec.busy is not CommandBusy.DISPATCH and _session_busy(engine, key):
+            if spec.busy is CommandBusy.REJECT:
+                return f"/{spec.name} can't run while a turn is running; wait, or send /stop first."
+            engine.interrupt(key, f"interrupted by /{spec.name}")
+        call = CommandCall(engine, self, key, message, parsed.args)
+        return await _call_handler(spec, call)
+
+    def unknown_reply(self, name: str) -> str:
+        """The reply to a command nobody registered."""
+        listed = ", ".join(f"/{n}" for n in self.names())
+        return f"Unknown command /{name}. Commands: {listed}. Send /help for details."
+
+    def help_text(self) -> str:
+        """Every command with its one-line summary."""
+        lines = [f"{spec.usage} — {spec.summary}" for spec in self]
+        return "Commands:\n" + "\n".join(lines)
+
+
+def _session_busy(engine: TurnEngine, key: SessionKey) -> bool:
+    state = engine.registry.peek(key)
+    return state is not None and state.turn.is_running
+
+
+async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
+    try:
+        return await spec.handler(call)
+    except (UsageError, ConfigError) as error:
+        detail = str(error)
+        return f"{detail}\nUsage: {spec.usage}" if detail else f"Usage: {spec.usage}"
+    except Exception:
+        log.exception("command /%s failed for %s", spec.name, call.session_key)
+        return f"/{spec.name} failed unexpectedly; the error was logged."
+
+
+# -- the built-in commands ---------------------------------------------------------
+
+
+async def _stop(call: CommandCall) -> str:
+    result = call.engine.stop(call.session_key)
+    dropped = len(result.dropped)
+    head = "Stopped the running turn." if result.stopped_turn else "Nothing was running."
+    noun = "message" if dropped == 1 else "messages"
+    return f"{head} Dropped {dropped} queued {noun}."
+
+
+async def _queue(call: CommandCall) -> str:
+    if not call.args:
+        raise UsageError("/queue needs the text to queue.")
+    message = InboundMessage(call.message.source, call.args, id=call.message.id)
+    outcome = await call.engine.enqueue(call.session_key, message)
+    if outcome is None:
+        return "Started a turn for it now."
+    state = call.engine.registry.get(call.session_key)
+    return ack_text(outcome, pending.pending_count(state))
+
+
+async def _status(call: CommandCall) -> str:
+    engine, key = call.engine, call.session_key
+    state = engine.registry.get(key)
+    turn = engine.running_turn(key)
+    if turn is not None:
+        activity = f"running for {time.monotonic() - turn.started_at:.1f}s"
+    elif state.turn.agent is AGENT_PENDING:
+        activity = "collecting messages for the next turn"
+    else:
+        activity = "idle"
+    policy = engine.policy_for(state, call.message)
+    origin = "session" if state.persistent.busy_policy is not None else "default"
+    return (
+        f"Status: {activity}\ngeneration: {state.persistent.run_generation}\n"
+        f"queued: {pending.pending_count(state)}\nbusy policy: {policy} ({origin})"
+    )
+
+
+async def _busy(call: CommandCall) -> str:
+    state = call.engine.registry.get(call.session_key)
+    if not call.args:
+        return f"Busy policy: {call.engine.policy_for(state, call.message)}"
+    if call.args.lower() == "default":
+        state.persistent.busy_policy = None
+        return f"Busy policy reset to the default ({call.engine.policy_for(state, call.message)})."
+    policy = BusyPolicy.parse(call.args, what="/busy")
+    state.persistent.busy_policy = policy
+    return f"Busy policy for this session: {policy}"
+
+
+async def _help(call: CommandCall) -> str:
+    return call.router.help_text()
+
+
+BUILTIN_COMMANDS = (
+    CommandSpec(
+        "stop",
+        "stop the running turn and drop queued messages",
+        "/stop",
+        CommandBusy.DISPATCH,
+        _stop,
+    ),
+    CommandSpec(
+        "queue", "queue text as its own turn", "/queue <text>", CommandBusy.DISPATCH, _queue
+    ),
+    CommandSpec(
+        "status",
+        "show whether a turn runs, the generation and the queue",
+        "/status",
+        CommandBusy.DISPATCH,
+        _status,
+    ),
+    CommandSpec(
+        "busy",
+        "set what happens to messages sent while a turn runs",
+        "/busy [queue|collect|interrupt|steer|reject|default]",
+        CommandBusy.DISPATCH,
+        _busy,
+    ),
+    CommandSpec("help", "list every command", "/help", CommandBusy.DISPATCH, _help),
+)
+"""The commands every gateway has; all of them work while a turn runs."""
+
+
+def default_router() -> CommandRouter:
+    """A router with the built-in commands."""
+    return CommandRouter(BUILTIN_COMMANDS)
+
+
+__all__ = [
+    "BUILTIN_COMMANDS",
+    "CommandBusy",
+    "CommandCall",
+    "CommandHandler",
+    "CommandRouter",
+    "CommandSpec",
+    "ParsedCommand",
+    "UsageError",
+    "default_router",
+    "parse_command",
+]

@@ -1,0 +1,77 @@
+"""Gateway wiring: from an inbound message to the engine or a command.
+
+:meth:`Gateway.dispatch` is the one entry point adapters call. It names the
+session (:mod:`chatlane.identity`), routes slash commands to the
+:class:`~chatlane.commands.CommandRouter` (they may run while a turn is busy),
+and hands everything else to the :class:`~chatlane.runtime.engine.TurnEngine`.
+Replies leave through the adapter's ``deliver`` function only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chatlane.commands import CommandRouter, default_router, parse_command
+from chatlane.identity import KeyPolicy, build_session_key
+from chatlane.runtime.busy import BusyOutcome
+from chatlane.runtime.engine import RuntimeSettings, TurnEngine
+from chatlane.state import SessionRegistry
+from chatlane.types import Agent, Deliver, InboundMessage, OutboundKind, SessionKey
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """How the gateway names sessions and runs turns."""
+
+    key_policy: KeyPolicy = field(default_factory=KeyPolicy)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchResult:
+    """What became of one inbound message."""
+
+    session_key: SessionKey
+    message_id: str
+    started: bool = False
+    outcome: BusyOutcome | None = None
+    command: str | None = None
+
+
+class Gateway:
+    """Receives messages from adapters and runs one turn per session."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        deliver: Deliver,
+        *,
+        settings: GatewaySettings | None = None,
+        router: CommandRouter | None = None,
+        registry: SessionRegistry | None = None,
+    ) -> None:
+        self.settings = settings or GatewaySettings()
+        self.router = router if router is not None else default_router()
+        self.engine = TurnEngine(agent, deliver, settings=self.settings.runtime, registry=registry)
+
+    def session_key(self, message: InboundMessage) -> SessionKey:
+        """The session ``message`` belongs to.
+
+        :raises InvalidSource: if its source cannot name a session.
+        """
+        return build_session_key(message.source, self.settings.key_policy)
+
+    async def dispatch(self, message: InboundMessage) -> DispatchResult:
+        """Handle one inbound message: a command, a new turn, or a busy outcome."""
+        key = self.session_key(message)
+        parsed = None if message.internal else parse_command(message.text)
+        if parsed is not None:
+            reply = await self.router.run(self.engine, key, message, parsed)
+            await self.engine.send(OutboundKind.REPLY, key, message.source, reply, (message.id,))
+            return DispatchResult(key, message.id, command=parsed.name)
+        outcome = await self.engine.submit(key, message)
+        return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+
+    async def aclose(self) -> None:
+        """Stop every running turn and wait for them to end."""
+        await self.engine.aclose()

@@ -1,0 +1,148 @@
+"""What happens to a message that arrives while its session runs a turn.
+
+:class:`BusyPolicy` names the behaviours; :func:`resolve_policy` picks the one
+in force for a message (session, then chat type, then platform, then the
+gateway default); :func:`decide` applies it. Both are pure: the engine carries
+out the :class:`BusyOutcome` they return. Every outcome either runs the message
+eventually or answers its sender, so no message is ever dropped silently.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from chatlane.errors import ConfigError
+from chatlane.identity import ChatType, SessionSource
+
+
+class BusyPolicy(enum.StrEnum):
+    """How a session treats a message that arrives while a turn runs."""
+
+    QUEUE = "queue"
+    """First in, first out: the message becomes its own turn after the current one."""
+    COLLECT = "collect"
+    """Merged with the other messages that arrive while busy into one follow-up turn."""
+    INTERRUPT = "interrupt"
+    """The running turn is told to stop and the message runs next."""
+    STEER = "steer"
+    """The text is handed to the running turn, if its agent accepts steering."""
+    REJECT = "reject"
+    """The sender is told the session is busy; the message is not run."""
+
+    @classmethod
+    def parse(cls, value: str, *, what: str = "busy policy") -> BusyPolicy:
+        """Read a policy name, raising :class:`ConfigError` that lists the choices."""
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            choices = ", ".join(p.value for p in cls)
+            raise ConfigError(f"{what}: {value!r} is not one of: {choices}") from None
+
+
+class BusyOutcome(enum.StrEnum):
+    """What the engine does with a message for a busy session."""
+
+    QUEUED = "queued"
+    MERGED = "merged"
+    INTERRUPTING = "interrupting"
+    STEERED = "steered"
+    REJECTED = "rejected"
+    QUEUE_FULL = "queue_full"
+
+
+_QUEUEING = frozenset({BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.INTERRUPTING})
+
+ALWAYS_ANSWERED = frozenset({BusyOutcome.REJECTED, BusyOutcome.QUEUE_FULL})
+"""Outcomes whose notice is never debounced: the message will not run."""
+
+
+def _frozen(mapping: Mapping[str, BusyPolicy]) -> Mapping[str, BusyPolicy]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True, slots=True)
+class BusySettings:
+    """The busy policy for the whole gateway, per platform and per chat type."""
+
+    default: BusyPolicy = BusyPolicy.QUEUE
+    per_platform: Mapping[str, BusyPolicy] = field(default_factory=dict)
+    per_chat_type: Mapping[ChatType, BusyPolicy] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "per_platform", _frozen(self.per_platform))
+        object.__setattr__(self, "per_chat_type", MappingProxyType(dict(self.per_chat_type)))
+
+
+def resolve_policy(
+    settings: BusySettings, source: SessionSource, session_policy: BusyPolicy | None
+) -> BusyPolicy:
+    """The policy in force: the session's own, else chat type's, else platform's, else default."""
+    if session_policy is not None:
+        return session_policy
+    by_chat_type = settings.per_chat_type.get(source.chat_type)
+    if by_chat_type is not None:
+        return by_chat_type
+    return settings.per_platform.get(source.platform, settings.default)
+
+
+@dataclass(frozen=True, slots=True)
+class BusyContext:
+    """The facts :func:`decide` needs about a busy session."""
+
+    queued: int
+    queue_cap: int
+    internal: bool
+    agent_accepts_steering: bool
+    interrupt_streak: int
+    interrupt_depth: int
+    already_interrupted: bool
+
+
+def decide(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
+    """Apply ``policy`` to one message arriving at a busy session.
+
+    Internal events always queue. Steering falls back to queueing when the
+    agent does not accept it or when messages already wait (a steered message
+    must never overtake them); an interrupt falls back to queueing when the
+    running turn is already being interrupted or the session has been
+    interrupted ``interrupt_depth`` times in a row. Anything that would queue
+    past the cap is refused with :attr:`BusyOutcome.QUEUE_FULL`.
+    """
+    outcome = _preferred(policy, ctx)
+    if outcome in _QUEUEING and ctx.queued >= ctx.queue_cap:
+        return BusyOutcome.QUEUE_FULL
+    return outcome
+
+
+def _preferred(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
+    if ctx.internal:
+        return BusyOutcome.QUEUED
+    if policy is BusyPolicy.REJECT:
+        return BusyOutcome.REJECTED
+    if policy is BusyPolicy.COLLECT:
+        return BusyOutcome.MERGED
+    if policy is BusyPolicy.STEER and ctx.agent_accepts_steering and ctx.queued == 0:
+        return BusyOutcome.STEERED
+    if policy is BusyPolicy.INTERRUPT and _may_interrupt(ctx):
+        return BusyOutcome.INTERRUPTING
+    return BusyOutcome.QUEUED
+
+
+def _may_interrupt(ctx: BusyContext) -> bool:
+    return not ctx.already_interrupted and ctx.interrupt_streak < ctx.interrupt_depth
+
+
+def ack_text(outcome: BusyOutcome, queued: int) -> str:
+    """The short acknowledgement the sender gets for ``outcome``."""
+    texts = {
+        BusyOutcome.QUEUED: f"Queued for the next turn ({queued} queued)",
+        BusyOutcome.MERGED: f"Added to the next turn ({queued} collected)",
+        BusyOutcome.INTERRUPTING: "Interrupting the current task",
+        BusyOutcome.STEERED: "Steered into the current run",
+        BusyOutcome.REJECTED: "Busy — your message was not run",
+        BusyOutcome.QUEUE_FULL: f"Queue full ({queued} queued) — your message was not run",
+    }
+    return texts[outcome]

@@ -1,0 +1,65 @@
+"""The pending queue: messages waiting for a session's next turn.
+
+The queue lives in the session's conversation scope (``queued_events``), one
+:class:`PendingEntry` per future turn. An entry made by the ``collect`` policy
+keeps absorbing messages until it starts, and does not start before its
+``ready_at`` (the debounce deadline).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from chatlane.state import SessionState
+from chatlane.types import InboundMessage
+
+
+@dataclass(slots=True)
+class PendingEntry:
+    """The messages of one future turn."""
+
+    messages: list[InboundMessage] = field(default_factory=list)
+    collecting: bool = False
+    ready_at: float = 0.0
+    """``time.monotonic()`` reading before which a collecting entry does not start."""
+
+    def delay(self) -> float:
+        """Seconds until this entry may start (0 when it may start now)."""
+        if not self.collecting:
+            return 0.0
+        return max(0.0, self.ready_at - time.monotonic())
+
+
+def pending_entries(state: SessionState) -> list[PendingEntry]:
+    """The session's queue, oldest first (the live list, not a copy)."""
+    queue: list[PendingEntry] = state.conversation.queued_events
+    return queue
+
+
+def pending_count(state: SessionState) -> int:
+    """How many messages wait for a turn of this session."""
+    return sum(len(entry.messages) for entry in pending_entries(state))
+
+
+def enqueue(state: SessionState, message: InboundMessage) -> None:
+    """Queue ``message`` as its own future turn."""
+    pending_entries(state).append(PendingEntry([message]))
+
+
+def collect(state: SessionState, message: InboundMessage, debounce: float) -> None:
+    """Merge ``message`` into the last collecting entry (or start one) and push its deadline."""
+    queue = pending_entries(state)
+    if not queue or not queue[-1].collecting:
+        queue.append(PendingEntry(collecting=True))
+    entry = queue[-1]
+    entry.messages.append(message)
+    entry.ready_at = time.monotonic() + debounce
+
+
+def drain(state: SessionState) -> list[InboundMessage]:
+    """Remove every pending message and return them, oldest first."""
+    queue = pending_entries(state)
+    messages = [message for entry in queue for message in entry.messages]
+    queue.clear()
+    return messages

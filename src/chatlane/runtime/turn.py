@@ -1,0 +1,138 @@
+"""The turn an agent receives: its input, its generation, and its fence.
+
+A :class:`Turn` is created by the engine when a session's slot is claimed and
+handed to the agent. What stays true:
+
+* ``generation`` never changes; :meth:`Turn.is_current` is true exactly while
+  the session's ``run_generation`` still equals it. Stop, interrupt, eviction
+  and supersession all bump the session's generation, so a displaced turn
+  learns it is stale from one comparison.
+* Every reply chunk and state write made for the turn goes through
+  :meth:`Turn.fence` (or :meth:`Turn.is_current`); stale work is refused, never
+  half-applied.
+* Steered text is kept until the agent takes it; whatever it never takes is
+  queued as a follow-up turn by the engine, so steering loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from chatlane.errors import StaleGeneration
+from chatlane.identity import SessionSource
+from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
+from chatlane.types import InboundMessage, SessionKey
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOverrides:
+    """Per-turn model settings as resolved from the session's conversation scope.
+
+    ``service_tier`` keeps three states: :data:`~chatlane.state.SERVICE_TIER_UNSET`
+    (the agent's default), ``None`` (explicitly normal), or a tier name such as
+    ``"priority"``.
+    """
+
+    model: str | None = None
+    reasoning: str | None = None
+    service_tier: ServiceTier = SERVICE_TIER_UNSET
+
+    @classmethod
+    def of(cls, state: SessionState) -> TurnOverrides:
+        """The overrides in force for ``state``'s next turn."""
+        conversation = state.conversation
+        return cls(
+            model=conversation.model_override,
+            reasoning=conversation.reasoning_override,
+            service_tier=conversation.service_tier_override,
+        )
+
+
+class Turn:
+    """One run of the agent for one session."""
+
+    __slots__ = (
+        "_state",
+        "_steers",
+        "generation",
+        "interrupted",
+        "last_progress",
+        "messages",
+        "overrides",
+        "session_key",
+        "source",
+        "started_at",
+        "steered",
+        "task",
+    )
+
+    def __init__(
+        self,
+        state: SessionState,
+        generation: int,
+        messages: tuple[InboundMessage, ...],
+        overrides: TurnOverrides,
+    ) -> None:
+        self._state = state
+        self._steers: list[InboundMessage] = []
+        self.steered: list[InboundMessage] = []
+        self.session_key: SessionKey = state.key
+        self.generation = generation
+        self.messages = messages
+        self.source: SessionSource = messages[-1].source
+        self.overrides = overrides
+        self.interrupted = asyncio.Event()
+        self.started_at = self.last_progress = time.monotonic()
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def text(self) -> str:
+        """The input: one message's text, or every merged message's text in order."""
+        return "\n".join(message.text for message in self.messages)
+
+    @property
+    def message_ids(self) -> tuple[str, ...]:
+        """The ids of the inbound messages this turn answers, steered ones included."""
+        return tuple(message.id for message in (*self.messages, *self.steered))
+
+    def is_current(self) -> bool:
+        """Whether this turn may still write state and deliver replies."""
+        return self._state.persistent.run_generation == self.generation
+
+    def fence(self, what: str = "write") -> None:
+        """Refuse ``what`` unless this turn is current.
+
+        :raises StaleGeneration: if the session's generation has moved on.
+        """
+        current = self._state.persistent.run_generation
+        if current != self.generation:
+            raise StaleGeneration(self.session_key, self.generation, current, what)
+
+    def take_steers(self) -> list[str]:
+        """Text steered into this run since the last call, oldest first.
+
+        The messages taken are recorded in :attr:`steered`: this turn answers them.
+        """
+        steers, self._steers = self._steers, []
+        if steers:
+            self.steered.extend(steers)
+            self.touch()
+        return [message.text for message in steers]
+
+    def touch(self) -> None:
+        """Record progress, so the turn is not evicted as stuck."""
+        self.last_progress = time.monotonic()
+
+    def steer(self, message: InboundMessage) -> None:
+        """Hand ``message`` to the running agent (engine side of :meth:`take_steers`)."""
+        self._steers.append(message)
+
+    def untaken_steers(self) -> list[InboundMessage]:
+        """Steered messages the agent never took (engine side, at the end of the turn)."""
+        untaken, self._steers = self._steers, []
+        return untaken
+
+    def __repr__(self) -> str:
+        return f"<Turn {self.session_key!r} gen={self.generation} messages={len(self.messages)}>"

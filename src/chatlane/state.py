@@ -1,0 +1,415 @@
+"""What is remembered per session, and for how long: one container per key, reset by scope.
+
+Each session owns one :class:`SessionState`, made of three scope containers:
+
+* :class:`TurnState` is cleared at the end of every turn (lease tokens excepted:
+  each is released exactly once by the turn that acquired it);
+* :class:`ConversationState` is cleared at every conversation boundary;
+* :class:`PersistentState` is never cleared wholesale; each field has its own
+  lifecycle, and ``run_generation`` only grows.
+
+A scope's ``clear()`` walks :func:`dataclasses.fields`, so fields added later —
+in this module or by an application's subclass — are reset with the rest.
+:class:`SessionRegistry` hands out one state per key and evicts idle sessions so
+memory stays bounded, never a session that is running a turn.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, Final, Literal
+
+from chatlane.errors import ConfigError, LeaseError
+
+__all__ = [
+    "AGENT_PENDING",
+    "SERVICE_TIER_UNSET",
+    "ConversationState",
+    "EvictHook",
+    "PersistentState",
+    "Scope",
+    "SessionRegistry",
+    "SessionState",
+    "TurnState",
+    "default_value",
+    "reset_field",
+    "reset_scope",
+]
+
+
+class AgentPending(enum.Enum):
+    """Type of :data:`AGENT_PENDING`: a turn has claimed the session, its agent is starting."""
+
+    AGENT_PENDING = "agent-pending"
+
+
+class ServiceTierUnset(enum.Enum):
+    """Type of :data:`SERVICE_TIER_UNSET`: no service tier override was ever chosen."""
+
+    SERVICE_TIER_UNSET = "service-tier-unset"
+
+
+AGENT_PENDING: Final = AgentPending.AGENT_PENDING
+SERVICE_TIER_UNSET: Final = ServiceTierUnset.SERVICE_TIER_UNSET
+
+ServiceTier = str | None | Literal[ServiceTierUnset.SERVICE_TIER_UNSET]
+
+
+def _field_default(f: Field[Any]) -> Any:
+    """A fresh default for ``f``: its ``default``, or a new value from its ``default_factory``."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    raise ConfigError(f"state field {f.name!r} has no default, so a scope cannot reset it")
+
+
+def default_value(scope: object, name: str) -> Any:
+    """A fresh default for field ``name`` of a scope instance or class.
+
+    :raises AttributeError: if the scope has no field ``name``.
+    """
+    for f in fields(scope):  # type: ignore[arg-type]
+        if f.name == name:
+            return _field_default(f)
+    raise AttributeError(f"{type(scope).__name__} has no state field {name!r}")
+
+
+def reset_field(scope: object, name: str) -> None:
+    """Set field ``name`` of ``scope`` back to its default (a new list for a list field)."""
+    setattr(scope, name, default_value(scope, name))
+
+
+def _reset_fields(scope: object, keep: frozenset[str] = frozenset()) -> None:
+    for f in fields(scope):  # type: ignore[arg-type]
+        if f.name not in keep:
+            setattr(scope, f.name, _field_default(f))
+
+
+@dataclass(slots=True)
+class TurnState:
+    """What one running turn holds; :meth:`clear` runs at the end of every turn.
+
+    ``agent`` is ``None`` when idle and :data:`AGENT_PENDING` while an agent
+    starts. ``started_ts`` and ``busy_ack_ts`` are ``0.0`` when unset.
+    ``lease_tokens`` maps the generation that acquired a token to the token; it
+    survives :meth:`clear`, because a displaced turn's unwind must free only
+    its own token, never its successor's.
+    """
+
+    agent: Any = None
+    event: Any = None
+    ctx: Any = None
+    started_ts: float = 0.0
+    lease: Any = None
+    busy_ack_ts: float = 0.0
+    lease_tokens: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def is_running(self) -> bool:
+        """A turn has claimed the session (its agent may still be starting)."""
+        return self.agent is not None or self.started_ts != 0.0
+
+    def clear(self) -> None:
+        """Reset every field, including subclass fields, except ``lease_tokens``."""
+        _reset_fields(self, keep=frozenset({"lease_tokens"}))
+
+    def store_lease_token(self, generation: int, token: Any) -> None:
+        """Record the lease token acquired by the turn of ``generation``.
+
+        :raises LeaseError: if that generation already holds a different token.
+        """
+        if self.lease_tokens.get(generation, token) != token:
+            raise LeaseError(f"generation {generation} already holds a lease token")
+        self.lease_tokens[generation] = token
+
+    def release_lease_token(self, generation: int) -> Any | None:
+        """Pop the token of ``generation``: the first call returns it, later calls ``None``."""
+        return self.lease_tokens.pop(generation, None)
+
+
+@dataclass(slots=True)
+class ConversationState:
+    """Choices that last one conversation; :meth:`clear` runs at each conversation boundary.
+
+    ``service_tier_override`` is decided by presence, not truthiness:
+    :data:`SERVICE_TIER_UNSET` means no choice, ``None`` an explicit normal
+    tier, a string such as ``"priority"`` that tier.
+    """
+
+    model_override: Any = None
+    one_turn_restore: Any = None
+    reasoning_override: Any = None
+    service_tier_override: ServiceTier = SERVICE_TIER_UNSET
+    last_resolved_model: str = ""
+    queued_events: list[Any] = field(default_factory=list)
+    sidecar_notes: list[Any] = field(default_factory=list)
+    ephemeral_pin: Any = None
+    channel_pin: Any = None
+    vc_last: Any = None
+    interrupt_streak: int = 0
+    """Turns of this conversation interrupted in a row (the ``interrupt`` busy policy's depth)."""
+
+    def clear(self) -> None:
+        """Reset every field to its default, including fields added by a subclass."""
+        _reset_fields(self)
+
+
+@dataclass(slots=True)
+class PersistentState:
+    """Fields with their own lifecycles; there is deliberately no ``clear()``.
+
+    ``run_generation`` only grows: assigning a smaller (or negative) value
+    raises :class:`ValueError`, so a generation is never handed out twice.
+    """
+
+    approvals: Any = None
+    update_prompt_pending: bool = False
+    native_image_paths: list[str] = field(default_factory=list)
+    pending_command_text: str | None = None
+    run_generation: int = 0
+    hygiene_failure_streak: int = 0
+    busy_policy: Any = None
+    """This session's own busy policy (``/busy``), or None for the gateway's."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "run_generation":
+            _check_generation(getattr(self, "run_generation", 0), value)
+        object.__setattr__(self, name, value)
+
+    def bump_generation(self) -> int:
+        """Advance ``run_generation`` by one and return the new value."""
+        self.run_generation += 1
+        return self.run_generation
+
+
+def _check_generation(current: int, new: object) -> None:
+    if not isinstance(new, int) or isinstance(new, bool):
+        raise TypeError(f"run_generation must be an int, not {type(new).__name__}")
+    if new < current:
+        raise ValueError(f"run_generation only grows: cannot go from {current} to {new}")
+
+
+@dataclass(slots=True)
+class SessionState:
+    """Everything one session remembers, grouped by scope; ``last_access`` is a clock reading."""
+
+    key: str
+    turn: TurnState = field(default_factory=TurnState)
+    conversation: ConversationState = field(default_factory=ConversationState)
+    persistent: PersistentState = field(default_factory=PersistentState)
+    last_access: float = 0.0
+
+    def touch(self, now: float) -> None:
+        """Record an access at clock reading ``now``."""
+        self.last_access = now
+
+    @property
+    def is_busy(self) -> bool:
+        """A turn runs, or a lease or lease token is still held."""
+        turn = self.turn
+        return turn.is_running or turn.lease is not None or bool(turn.lease_tokens)
+
+    def holds_unsaved_data(self) -> bool:
+        """Eviction would lose data: queued messages or a persistent field off its default.
+
+        ``run_generation`` does not count: the registry keeps a generation floor.
+        """
+        if self.conversation.queued_events:
+            return True
+        persistent = self.persistent
+        return any(
+            getattr(persistent, f.name) != _field_default(f)
+            for f in fields(persistent)
+            if f.name != "run_generation"
+        )
+
+
+class Scope(enum.Enum):
+    """Where a field is cleared; the value names the attribute of :class:`SessionState`."""
+
+    TURN = "turn"
+    CONVERSATION = "conversation"
+    PERSISTENT = "persistent"
+
+
+def reset_scope(state: SessionState, scope: Scope) -> None:
+    """Clear one scope of ``state``.
+
+    :raises ValueError: for :attr:`Scope.PERSISTENT`, which is never reset wholesale.
+    """
+    if scope is Scope.TURN:
+        state.turn.clear()
+    elif scope is Scope.CONVERSATION:
+        state.conversation.clear()
+    else:
+        raise ValueError("persistent state has per-field lifecycles and is never reset wholesale")
+
+
+EvictHook = Callable[[str, SessionState], None]
+"""Called with ``(key, state)`` before a session leaves the registry; may persist it."""
+
+
+def _check_scope_class(name: str, cls: type[Any], base: type[Any]) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"{name} must be a subclass of {base.__name__}, not {cls!r}")
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is MISSING:
+            raise ConfigError(f"{name}: field {f.name!r} needs a default so its scope can reset it")
+
+
+def _check_limits(max_sessions: int, idle_ttl: float | None) -> None:
+    if max_sessions < 1:
+        raise ConfigError(f"max_sessions must be at least 1, not {max_sessions}")
+    if idle_ttl is not None and idle_ttl <= 0:
+        raise ConfigError(f"idle_ttl must be positive seconds or None, not {idle_ttl}")
+
+
+class SessionRegistry:
+    """One :class:`SessionState` per key, created on first :meth:`get`, evicted when idle.
+
+    Eviction keeps memory bounded: at most ``max_sessions`` sessions (least
+    recently used go first) and none unused for more than ``idle_ttl`` seconds.
+    What stays true:
+
+    * a busy session (:attr:`SessionState.is_busy`) is never evicted;
+    * a session holding unsaved data is evicted only when ``on_evict`` is set,
+      and only after ``on_evict`` returned (if it raises, the session stays);
+    * a session that could not be evicted counts as used now, so the registry
+      may hold more than ``max_sessions`` while that many are pinned;
+    * generations are not reused after eviction: a new session starts at the
+      highest ``run_generation`` any evicted session reached.
+
+    :param clock: returns seconds; injectable for tests.
+    :raises ConfigError: for a bad limit or a scope class that is not a
+        dataclass subclass of the scope with a default for every field.
+    """
+
+    def __init__(
+        self,
+        *,
+        turn_cls: type[TurnState] = TurnState,
+        conversation_cls: type[ConversationState] = ConversationState,
+        persistent_cls: type[PersistentState] = PersistentState,
+        max_sessions: int = 10_000,
+        idle_ttl: float | None = None,
+        on_evict: EvictHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        _check_scope_class("turn_cls", turn_cls, TurnState)
+        _check_scope_class("conversation_cls", conversation_cls, ConversationState)
+        _check_scope_class("persistent_cls", persistent_cls, PersistentState)
+        _check_limits(max_sessions, idle_ttl)
+        self._classes = (turn_cls, conversation_cls, persistent_cls)
+        self._max_sessions = max_sessions
+        self._idle_ttl = idle_ttl
+        self._on_evict = on_evict
+        self._clock = clock
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self._generation_floor = 0
+
+    def get(self, key: str) -> SessionState:
+        """The state of ``key``, created if needed; counts as an access and may evict others."""
+        state = self._sessions.get(key)
+        if state is None:
+            state = self._create(key)
+        now = self._clock()
+        self._touch(key, state, now)
+        self._sweep(key, now)
+        return state
+
+    def peek(self, key: str) -> SessionState | None:
+        """The state of ``key`` if it exists; neither creates nor counts as an access."""
+        return self._sessions.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sessions
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[str]:
+        """Keys, least recently used first, from a snapshot (safe while sessions change)."""
+        return iter(list(self._sessions))
+
+    def items(self) -> list[tuple[str, SessionState]]:
+        """A snapshot of ``(key, state)`` pairs, least recently used first."""
+        return list(self._sessions.items())
+
+    @property
+    def generation_floor(self) -> int:
+        """The highest ``run_generation`` of any evicted session; new sessions start there."""
+        return self._generation_floor
+
+    def end_turn(self, key: str) -> None:
+        """Clear the turn scope of ``key`` (lease tokens stay); no-op for an unknown key."""
+        self._end(key, Scope.TURN)
+
+    def end_conversation(self, key: str) -> None:
+        """Clear the conversation scope of ``key`` only; no-op for an unknown key.
+
+        The turn scope is left alone: a boundary such as ``/new`` may arrive
+        while a turn runs, and that turn ends (and clears) on its own.
+        """
+        self._end(key, Scope.CONVERSATION)
+
+    def evict_idle(self) -> list[str]:
+        """Evict every evictable session idle for longer than ``idle_ttl``; return their keys."""
+        now = self._clock()
+        return self._evict_while(self._expired(now), None, now)
+
+    def _end(self, key: str, scope: Scope) -> None:
+        state = self._sessions.get(key)
+        if state is not None:
+            reset_scope(state, scope)
+            self._touch(key, state, self._clock())
+
+    def _create(self, key: str) -> SessionState:
+        turn_cls, conversation_cls, persistent_cls = self._classes
+        state = SessionState(key, turn_cls(), conversation_cls(), persistent_cls())
+        state.persistent.run_generation = self._generation_floor
+        self._sessions[key] = state
+        return state
+
+    def _touch(self, key: str, state: SessionState, now: float) -> None:
+        state.touch(now)
+        self._sessions.move_to_end(key)
+
+    def _sweep(self, keep: str, now: float) -> None:
+        self._evict_while(self._expired(now), keep, now)
+        self._evict_while(lambda _: len(self._sessions) > self._max_sessions, keep, now)
+
+    def _expired(self, now: float) -> Callable[[SessionState], bool]:
+        ttl = self._idle_ttl
+        return lambda state: ttl is not None and now - state.last_access > ttl
+
+    def _evict_while(
+        self, wanted: Callable[[SessionState], bool], keep: str | None, now: float
+    ) -> list[str]:
+        """Walk sessions oldest first while ``wanted(oldest)``; each is evicted or refreshed."""
+        evicted: list[str] = []
+        for _ in range(len(self._sessions)):
+            key, state = next(iter(self._sessions.items()))
+            if key == keep or not wanted(state):
+                break
+            if self._can_evict(state):
+                self._evict(key, state)
+                evicted.append(key)
+            else:
+                self._touch(key, state, now)
+        return evicted
+
+    def _can_evict(self, state: SessionState) -> bool:
+        if state.is_busy:
+            return False
+        return self._on_evict is not None or not state.holds_unsaved_data()
+
+    def _evict(self, key: str, state: SessionState) -> None:
+        if self._on_evict is not None:
+            self._on_evict(key, state)
+        del self._sessions[key]
+        self._generation_floor = max(self._generation_floor, state.persistent.run_generation)

@@ -1,0 +1,181 @@
+"""Test support for people who build on chatlane, in the spirit of Starlette's TestClient.
+
+:class:`GatewayHarness` runs a real :class:`~chatlane.gateway.Gateway` — the
+same engine, busy policies and commands as production — with an in-memory
+outbox instead of an adapter::
+
+    async with GatewayHarness(my_agent, busy="interrupt") as h:
+        await h.send("hello", chat_id="c1")
+        assert await h.replies(chat_id="c1", count=1) == ["hi!"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import defaultdict
+from types import TracebackType
+from typing import Any, Self
+
+from chatlane.errors import ConfigError
+from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
+from chatlane.identity import ChatType, KeyPolicy, SessionSource
+from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.engine import RuntimeSettings
+from chatlane.state import SessionState
+from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target
+
+_COMPLETE = frozenset({OutboundKind.REPLY, OutboundKind.ACK, OutboundKind.NOTICE})
+_RUNTIME_FIELDS = frozenset(f.name for f in dataclasses.fields(RuntimeSettings)) - {"busy"}
+
+ChatAddress = tuple[str | None, str | None]
+
+
+def harness_settings(busy: str | BusyPolicy, settings: dict[str, Any]) -> GatewaySettings:
+    """Gateway settings from the harness's keyword arguments.
+
+    :raises ConfigError: for a keyword that is not a runtime setting.
+    """
+    unknown = sorted(set(settings) - _RUNTIME_FIELDS - {"key_policy"})
+    if unknown:
+        raise ConfigError(
+            f"unknown harness settings {unknown}; expected some of "
+            f"{sorted(_RUNTIME_FIELDS | {'key_policy'})}"
+        )
+    key_policy = settings.pop("key_policy", KeyPolicy())
+    busy_settings = BusySettings(default=BusyPolicy.parse(str(busy)))
+    return GatewaySettings(key_policy, RuntimeSettings(busy=busy_settings, **settings))
+
+
+class GatewayHarness:
+    """An in-process gateway whose deliveries are recorded per chat and thread.
+
+    :param agent: the agent under test.
+    :param busy: the gateway-wide busy policy.
+    :param store: only ``"memory"`` for now.
+    :param settings: any :class:`~chatlane.runtime.engine.RuntimeSettings` field
+        (``queue_cap``, ``collect_debounce``, ``turn_timeout``, …) or ``key_policy``.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        busy: str | BusyPolicy = "queue",
+        store: str = "memory",
+        **settings: Any,
+    ) -> None:
+        if store != "memory":
+            raise ConfigError(
+                f"store: {store!r} is not supported by the harness; expected 'memory'"
+            )
+        self.gateway = Gateway(agent, self._record, settings=harness_settings(busy, settings))
+        self.outbox: list[Outbound] = []
+        self._by_chat: defaultdict[ChatAddress, list[Outbound]] = defaultdict(list)
+        self._arrived = asyncio.Condition()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.gateway.aclose()
+
+    async def _record(self, outbound: Outbound) -> None:
+        async with self._arrived:
+            self.outbox.append(outbound)
+            target = outbound.target
+            self._by_chat[(target.chat_id, target.thread_id)].append(outbound)
+            self._arrived.notify_all()
+
+    async def send(
+        self,
+        text: str,
+        *,
+        chat_id: str,
+        user_id: str = "u1",
+        platform: str = "test",
+        chat_type: str = "dm",
+        thread_id: str | None = None,
+        chat_name: str = "",
+        user_name: str = "",
+        internal: bool = False,
+    ) -> DispatchResult:
+        """Deliver one inbound message, as an adapter would."""
+        source = SessionSource(
+            platform,
+            chat_id=chat_id,
+            chat_type=ChatType(chat_type),
+            chat_name=chat_name,
+            thread_id=thread_id,
+            user_id=user_id,
+            user_name=user_name,
+        )
+        return await self.gateway.dispatch(InboundMessage(source, text, internal=internal))
+
+    def delivered(self, *, chat_id: str, thread_id: str | None = None) -> list[Outbound]:
+        """Everything delivered to that chat and thread so far, chunks included."""
+        return list(self._by_chat[(chat_id, thread_id)])
+
+    async def replies(
+        self,
+        *,
+        chat_id: str,
+        thread_id: str | None = None,
+        count: int,
+        timeout: float = 5.0,  # noqa: ASYNC109 - the harness's documented API
+    ) -> list[str]:
+        """The first ``count`` complete replies (acks and notices included) to that chat.
+
+        Replies are counted from the start of the harness, in delivery order, so
+        calling again with a larger ``count`` returns the earlier ones too.
+
+        :raises TimeoutError: if fewer than ``count`` arrive within ``timeout``.
+        """
+        address = (chat_id, thread_id)
+
+        def complete() -> list[str]:
+            found = [o.text for o in self._by_chat[address] if o.kind in _COMPLETE]
+            return found[:count]
+
+        async with asyncio.timeout(timeout), self._arrived:
+            await self._arrived.wait_for(lambda: len(complete()) >= count)
+        return complete()
+
+    async def settle(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - like replies()
+        """Wait until no turn runs and nothing is queued anywhere.
+
+        :raises TimeoutError: if the gateway is still busy after ``timeout``.
+        """
+        async with asyncio.timeout(timeout):
+            await self.gateway.engine.wait_idle()
+
+    def session(self, session_key: str) -> SessionState:
+        """The live state of ``session_key`` (created if it does not exist yet)."""
+        return self.gateway.engine.registry.get(session_key)
+
+    def session_key(
+        self,
+        *,
+        chat_id: str,
+        user_id: str = "u1",
+        platform: str = "test",
+        chat_type: str = "dm",
+        thread_id: str | None = None,
+    ) -> str:
+        """The key the harness's gateway gives to messages from that source."""
+        source = SessionSource(
+            platform,
+            chat_id=chat_id,
+            chat_type=ChatType(chat_type),
+            thread_id=thread_id,
+            user_id=user_id,
+        )
+        return self.gateway.session_key(InboundMessage(source, ""))
+
+
+__all__ = ["GatewayHarness", "Target", "harness_settings"]

@@ -1,0 +1,110 @@
+"""The vocabulary of chatlane: what flows in, what flows out, and what an agent is.
+
+Everything here is a small frozen record or a type alias; behaviour lives in
+the modules that use them.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+from chatlane.identity import SessionSource
+
+if TYPE_CHECKING:
+    from chatlane.runtime.turn import Turn
+
+SessionKey: TypeAlias = str
+"""A key made by :func:`chatlane.identity.build_session_key`."""
+
+AgentResult: TypeAlias = "str | AsyncIterator[str]"
+"""What an agent produces: a whole reply, or text chunks streamed as they come."""
+
+_message_ids = itertools.count(1)
+
+
+def new_message_id() -> str:
+    """A process-unique id for a message that arrived without one."""
+    return f"m{next(_message_ids)}"
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """One message for a session.
+
+    ``internal`` marks messages the gateway made itself (a background task's
+    completion, a cron result): they never interrupt a running turn, they queue.
+    """
+
+    source: SessionSource
+    text: str
+    id: str = field(default_factory=new_message_id)
+    internal: bool = False
+    received_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where an outbound message goes: a chat, and a thread inside it if any."""
+
+    platform: str
+    chat_id: str | None
+    thread_id: str | None = None
+
+    @classmethod
+    def of(cls, source: SessionSource) -> Target:
+        """The chat and thread ``source`` was written in."""
+        return cls(source.platform, source.chat_id or source.user_id, source.thread_id)
+
+
+class OutboundKind(enum.StrEnum):
+    """What an outbound message is, so adapters can render each kind its own way."""
+
+    CHUNK = "chunk"
+    """Part of a streamed reply; a ``REPLY`` with the whole text always follows."""
+    REPLY = "reply"
+    """A complete answer: the agent's reply for a turn, or a command's response."""
+    ACK = "ack"
+    """A short acknowledgement of a busy outcome (queued, interrupting, steered)."""
+    NOTICE = "notice"
+    """An explicit notice that a message was not (or will not be) run: rejected, full, failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """One message from chatlane to a chat.
+
+    ``in_reply_to`` names the inbound messages this answers, so an adapter can
+    route it to the connection that is waiting for it (an HTTP request, say).
+    """
+
+    kind: OutboundKind
+    session_key: SessionKey
+    target: Target
+    text: str
+    generation: int = 0
+    in_reply_to: tuple[str, ...] = ()
+
+
+Deliver: TypeAlias = Callable[[Outbound], Awaitable[None]]
+"""An adapter's send function. Raising is logged and never breaks a turn."""
+
+
+class Agent(Protocol):
+    """An async callable that answers a turn.
+
+    It may be an ``async def`` returning ``str`` or an async iterator of chunks,
+    or an async generator function. Setting ``accepts_steering = True`` on the
+    callable tells the ``steer`` busy policy that it reads ``turn.take_steers()``.
+    """
+
+    def __call__(self, turn: Turn, /) -> Awaitable[AgentResult] | AsyncIterator[str]: ...
+
+
+def accepts_steering(agent: object) -> bool:
+    """Whether ``agent`` declared that it reads steered text during a turn."""
+    return bool(getattr(agent, "accepts_steering", False))

@@ -1,0 +1,85 @@
+"""Agents used by the runtime tests: each records what it saw, so tests can check exclusion."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator
+
+from chatlane.context import get_session_env, run_in_thread
+from chatlane.runtime.turn import Turn
+
+
+class Recorder:
+    """Counts concurrent turns per session and records every turn it ran."""
+
+    def __init__(self) -> None:
+        self.active: defaultdict[str, int] = defaultdict(int)
+        self.max_active: defaultdict[str, int] = defaultdict(int)
+        self.turns: defaultdict[str, list[Turn]] = defaultdict(list)
+        self.cross_talk: list[str] = []
+
+    def enter(self, turn: Turn) -> None:
+        key = turn.session_key
+        self.active[key] += 1
+        self.max_active[key] = max(self.max_active[key], self.active[key])
+        self.turns[key].append(turn)
+
+    def leave(self, turn: Turn) -> None:
+        self.active[turn.session_key] -= 1
+
+    async def check_context(self, turn: Turn) -> None:
+        seen = await run_in_thread(get_session_env, "CHATLANE_SESSION_KEY")
+        here = get_session_env("CHATLANE_SESSION_CHAT_ID")
+        if seen != turn.session_key or here != (turn.source.chat_id or ""):
+            self.cross_talk.append(f"{turn.session_key} saw {seen!r}/{here!r}")
+
+
+class EchoAgent:
+    """Replies ``echo: <text>``; ``sleep <s>`` holds the turn until interrupted."""
+
+    def __init__(self, recorder: Recorder | None = None) -> None:
+        self.recorder = recorder or Recorder()
+
+    async def __call__(self, turn: Turn) -> str:
+        self.recorder.enter(turn)
+        try:
+            await self.recorder.check_context(turn)
+            if turn.text.startswith("sleep "):
+                return await hold(turn, float(turn.text.split()[1]))
+            return f"echo: {turn.text}"
+        finally:
+            self.recorder.leave(turn)
+
+
+async def hold(turn: Turn, seconds: float) -> str:
+    """Wait ``seconds`` or until interrupted."""
+    try:
+        await asyncio.wait_for(turn.interrupted.wait(), seconds)
+    except TimeoutError:
+        return f"slept {seconds:g}"
+    return "interrupted"
+
+
+class SteeringAgent(EchoAgent):
+    """Takes steered text while it runs and replies with everything it saw."""
+
+    accepts_steering = True
+
+    async def __call__(self, turn: Turn) -> str:
+        self.recorder.enter(turn)
+        try:
+            seen = [turn.text]
+            while not turn.interrupted.is_set() and len(seen) < 3:
+                await asyncio.sleep(0.01)
+                seen += turn.take_steers()
+            return " + ".join(seen)
+        finally:
+            self.recorder.leave(turn)
+
+
+async def streaming_agent(turn: Turn) -> AsyncIterator[str]:
+    """Streams the reply word by word."""
+    for word in f"echo: {turn.text}".split(" "):
+        yield word + " "
+        await asyncio.sleep(0)

@@ -1,0 +1,233 @@
+"""Busy policies: what happens to a message that arrives while a turn runs."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from chatlane.errors import ConfigError
+from chatlane.identity import ChatType, SessionSource
+from chatlane.runtime.busy import (
+    BusyContext,
+    BusyOutcome,
+    BusyPolicy,
+    BusySettings,
+    decide,
+    resolve_policy,
+)
+from chatlane.runtime.turn import Turn
+from chatlane.testing import GatewayHarness
+from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent
+
+IDLE_CTX = BusyContext(
+    queued=0,
+    queue_cap=32,
+    internal=False,
+    agent_accepts_steering=False,
+    interrupt_streak=0,
+    interrupt_depth=3,
+    already_interrupted=False,
+)
+
+
+class TestDecide:
+    @pytest.mark.parametrize(
+        ("policy", "outcome"),
+        [
+            (BusyPolicy.QUEUE, BusyOutcome.QUEUED),
+            (BusyPolicy.COLLECT, BusyOutcome.MERGED),
+            (BusyPolicy.INTERRUPT, BusyOutcome.INTERRUPTING),
+            (BusyPolicy.STEER, BusyOutcome.QUEUED),
+            (BusyPolicy.REJECT, BusyOutcome.REJECTED),
+        ],
+    )
+    def test_each_policy(self, policy: BusyPolicy, outcome: BusyOutcome) -> None:
+        assert decide(policy, IDLE_CTX) is outcome
+
+    def test_steer_when_agent_accepts(self) -> None:
+        assert decide(BusyPolicy.STEER, _ctx(agent_accepts_steering=True)) is BusyOutcome.STEERED
+
+    def test_steer_never_overtakes_waiting_messages(self) -> None:
+        ctx = _ctx(agent_accepts_steering=True, queued=1)
+        assert decide(BusyPolicy.STEER, ctx) is BusyOutcome.QUEUED
+
+    @pytest.mark.parametrize("policy", list(BusyPolicy))
+    def test_internal_events_always_queue(self, policy: BusyPolicy) -> None:
+        ctx = _ctx(internal=True, agent_accepts_steering=True)
+        assert decide(policy, ctx) is BusyOutcome.QUEUED
+
+    def test_interrupt_degrades_to_queue_at_depth(self) -> None:
+        assert decide(BusyPolicy.INTERRUPT, _ctx(interrupt_streak=3)) is BusyOutcome.QUEUED
+        assert decide(BusyPolicy.INTERRUPT, _ctx(interrupt_streak=2)) is BusyOutcome.INTERRUPTING
+
+    def test_interrupt_queues_while_already_interrupting(self) -> None:
+        ctx = _ctx(already_interrupted=True)
+        assert decide(BusyPolicy.INTERRUPT, ctx) is BusyOutcome.QUEUED
+
+    @pytest.mark.parametrize("policy", [BusyPolicy.QUEUE, BusyPolicy.COLLECT, BusyPolicy.INTERRUPT])
+    def test_cap_refuses_with_queue_full(self, policy: BusyPolicy) -> None:
+        assert decide(policy, _ctx(queued=32)) is BusyOutcome.QUEUE_FULL
+
+    def test_parse_rejects_unknown_policy_clearly(self) -> None:
+        with pytest.raises(ConfigError, match="'wait' is not one of: queue, collect"):
+            BusyPolicy.parse("wait")
+
+
+def _ctx(**changes: object) -> BusyContext:
+    return dataclasses.replace(IDLE_CTX, **changes)  # type: ignore[arg-type]
+
+
+class TestResolve:
+    settings = BusySettings(
+        default=BusyPolicy.QUEUE,
+        per_platform={"telegram": BusyPolicy.INTERRUPT},
+        per_chat_type={ChatType.GROUP: BusyPolicy.COLLECT},
+    )
+
+    def test_default(self) -> None:
+        assert resolve_policy(self.settings, SessionSource("web", chat_id="1"), None) == "queue"
+
+    def test_platform(self) -> None:
+        source = SessionSource("telegram", chat_id="1")
+        assert resolve_policy(self.settings, source, None) is BusyPolicy.INTERRUPT
+
+    def test_chat_type_beats_platform(self) -> None:
+        source = SessionSource("telegram", chat_id="1", chat_type=ChatType.GROUP)
+        assert resolve_policy(self.settings, source, None) is BusyPolicy.COLLECT
+
+    def test_session_beats_everything(self) -> None:
+        source = SessionSource("telegram", chat_id="1", chat_type=ChatType.GROUP)
+        assert resolve_policy(self.settings, source, BusyPolicy.REJECT) is BusyPolicy.REJECT
+
+
+async def test_queue_runs_in_order_and_acks_once_per_debounce() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder)) as h:
+        await h.send("sleep 0.1", chat_id="c")
+        await h.send("a", chat_id="c")
+        await h.send("b", chat_id="c")
+        replies = await h.replies(chat_id="c", count=4)
+        assert replies == ["Queued for the next turn (1 queued)", "slept 0.1", "echo: a", "echo: b"]
+
+
+async def test_queue_cap_answers_queue_full() -> None:
+    async with GatewayHarness(EchoAgent(), queue_cap=2, ack_debounce=0) as h:
+        await h.send("sleep 0.1", chat_id="c")
+        for text in ("a", "b", "c"):
+            await h.send(text, chat_id="c")
+        replies = await h.replies(chat_id="c", count=6)
+        assert replies[:3] == [
+            "Queued for the next turn (1 queued)",
+            "Queued for the next turn (2 queued)",
+            "Queue full (2 queued) — your message was not run",
+        ]
+        assert replies[3:] == ["slept 0.1", "echo: a", "echo: b"]
+
+
+async def test_collect_merges_into_one_follow_up_after_debounce() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder), busy="collect", collect_debounce=0.15) as h:
+        result = await h.send("sleep 0.05", chat_id="c")
+        for text in ("a", "b"):
+            await h.send(text, chat_id="c")
+        await asyncio.sleep(0.1)  # the first turn ended; the debounce is still running
+        await h.send("c", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies == ["Added to the next turn (1 collected)", "slept 0.05", "echo: a\nb\nc"]
+        merged = recorder.turns[result.session_key][1]
+        assert len(merged.messages) == 3
+
+
+async def test_interrupt_stops_the_run_and_runs_the_new_message() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder), busy="interrupt") as h:
+        result = await h.send("sleep 5", chat_id="c")
+        await asyncio.sleep(0.01)
+        await h.send("now", chat_id="c")
+        replies = await h.replies(chat_id="c", count=2)
+        assert replies == ["Interrupting the current task", "echo: now"]
+        first = recorder.turns[result.session_key][0]
+        assert first.interrupted.is_set()
+        assert not first.is_current()
+
+
+async def test_interrupt_depth_degrades_to_queue() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(
+        EchoAgent(recorder), busy="interrupt", interrupt_depth=2, ack_debounce=0
+    ) as h:
+        result = await h.send("sleep 5", chat_id="c")
+        for i in range(3):
+            await asyncio.sleep(0.02)
+            await h.send(f"sleep {5 + i}", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies == [
+            "Interrupting the current task",
+            "Interrupting the current task",
+            "Queued for the next turn (1 queued)",
+        ]
+        assert h.session(result.session_key).conversation.interrupt_streak == 2
+
+
+async def test_steer_hands_text_to_a_running_agent() -> None:
+    async with GatewayHarness(SteeringAgent(), busy="steer", ack_debounce=0) as h:
+        await h.send("start", chat_id="c")
+        await h.send("left", chat_id="c")
+        await h.send("right", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies == [
+            "Steered into the current run",
+            "Steered into the current run",
+            "start + left + right",
+        ]
+
+
+async def test_steer_falls_back_to_queue_without_agent_support() -> None:
+    async with GatewayHarness(EchoAgent(), busy="steer") as h:
+        await h.send("sleep 0.05", chat_id="c")
+        await h.send("later", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies == ["Queued for the next turn (1 queued)", "slept 0.05", "echo: later"]
+
+
+async def test_untaken_steers_run_as_their_own_turn() -> None:
+    async def agent(turn: Turn) -> str:
+        await asyncio.sleep(0.05)
+        return f"ran {turn.text}"
+
+    agent.accepts_steering = True  # type: ignore[attr-defined]
+    async with GatewayHarness(agent, busy="steer") as h:
+        await h.send("first", chat_id="c")
+        await h.send("steered", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies == ["Steered into the current run", "ran first", "ran steered"]
+
+
+async def test_reject_always_answers_and_never_runs() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder), busy="reject") as h:
+        result = await h.send("sleep 0.05", chat_id="c")
+        await h.send("a", chat_id="c")
+        await h.send("b", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies == ["Busy — your message was not run"] * 2 + ["slept 0.05"]
+        assert len(recorder.turns[result.session_key]) == 1
+
+
+async def test_internal_events_queue_without_interrupting() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder), busy="interrupt") as h:
+        result = await h.send("sleep 0.05", chat_id="c")
+        await h.send("cron result", chat_id="c", internal=True)
+        replies = await h.replies(chat_id="c", count=2)
+        assert replies == ["slept 0.05", "echo: cron result"]
+        assert not recorder.turns[result.session_key][0].interrupted.is_set()
+
+
+async def test_other_sessions_are_never_delayed_by_a_busy_one() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("sleep 5", chat_id="slow")
+        await h.send("hi", chat_id="fast")
+        assert await h.replies(chat_id="fast", count=1, timeout=1) == ["echo: hi"]

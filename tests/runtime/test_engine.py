@@ -1,0 +1,238 @@
+"""The turn engine: one turn per session, generations, fencing, eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+
+from chatlane.errors import StaleGeneration
+from chatlane.runtime.turn import Turn
+from chatlane.testing import GatewayHarness
+from chatlane.types import OutboundKind
+from tests.runtime.agents import EchoAgent, Recorder, hold, streaming_agent
+
+
+async def test_reply_reaches_the_chat_it_came_from() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("hi", chat_id="c1")
+        await h.send("yo", chat_id="c2")
+        assert await h.replies(chat_id="c1", count=1) == ["echo: hi"]
+        assert await h.replies(chat_id="c2", count=1) == ["echo: yo"]
+
+
+async def test_thread_replies_stay_in_their_thread() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("a", chat_id="g", chat_type="group", thread_id="t1")
+        await h.send("b", chat_id="g", chat_type="group", thread_id="t2")
+        assert await h.replies(chat_id="g", thread_id="t1", count=1) == ["echo: a"]
+        assert await h.replies(chat_id="g", thread_id="t2", count=1) == ["echo: b"]
+        assert h.delivered(chat_id="g") == []
+
+
+async def test_streamed_chunks_then_whole_reply() -> None:
+    async with GatewayHarness(streaming_agent) as h:
+        await h.send("one two", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["echo: one two "]
+        kinds = [o.kind for o in h.delivered(chat_id="c")]
+        assert kinds == [OutboundKind.CHUNK] * 3 + [OutboundKind.REPLY]
+
+
+async def test_messages_arriving_together_never_both_start() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder), ack_debounce=0) as h:
+        results = await asyncio.gather(*(h.send(f"m{i}", chat_id="c") for i in range(10)))
+        assert sum(r.started for r in results) == 1
+        await h.replies(chat_id="c", count=19)
+        key = results[0].session_key
+        assert recorder.max_active[key] == 1
+        assert [t.text for t in recorder.turns[key]] == [f"m{i}" for i in range(10)]
+
+
+async def test_generations_only_grow() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder)) as h:
+        for count, text in enumerate(("a", "b", "c"), start=1):
+            result = await h.send(text, chat_id="c")
+            await h.replies(chat_id="c", count=count)
+        await h.send("/stop", chat_id="c")
+        await h.send("d", chat_id="c")
+        await h.replies(chat_id="c", count=5)
+        generations = [t.generation for t in recorder.turns[result.session_key]]
+        assert generations == [1, 2, 3, 5]
+        assert h.session(result.session_key).persistent.run_generation == 5
+
+
+async def test_turn_context_is_bound_and_cleared() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder)) as h:
+        await asyncio.gather(*(h.send("x", chat_id=f"c{i}") for i in range(50)))
+        for i in range(50):
+            await h.replies(chat_id=f"c{i}", count=1)
+    assert recorder.cross_talk == []
+
+
+async def test_stale_turn_output_is_fenced(caplog: pytest.LogCaptureFixture) -> None:
+    release = asyncio.Event()
+    fence_errors: list[StaleGeneration] = []
+
+    async def agent(turn: Turn) -> AsyncIterator[str]:
+        yield "before "
+        await release.wait()
+        try:
+            turn.fence("state write")
+        except StaleGeneration as error:
+            fence_errors.append(error)
+        yield "after"
+
+    caplog.set_level(logging.INFO, "chatlane.runtime")
+    async with GatewayHarness(agent) as h:
+        result = await h.send("go", chat_id="c")
+        await asyncio.sleep(0.01)
+        h.gateway.engine.interrupt(result.session_key)
+        release.set()
+        await asyncio.sleep(0.05)
+        texts = [o.text for o in h.delivered(chat_id="c")]
+        assert texts == ["before "]
+    assert fence_errors
+    assert fence_errors[0].generation == 1
+    assert "fenced stale reply" in caplog.text
+
+
+async def test_agent_failure_becomes_a_notice_and_session_goes_on() -> None:
+    calls = 0
+
+    async def agent(turn: Turn) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("boom")
+        return "fine"
+
+    async with GatewayHarness(agent) as h:
+        await h.send("a", chat_id="c")
+        await h.send("b", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies[0] == "Queued for the next turn (1 queued)"
+        assert replies[1].startswith("Sorry — the agent failed")
+        assert "RuntimeError" in replies[1]
+        assert replies[2] == "fine"
+
+
+async def test_agent_returning_wrong_type_gets_a_notice() -> None:
+    async def agent(turn: Turn) -> str:
+        return 42  # type: ignore[return-value]
+
+    async with GatewayHarness(agent) as h:
+        await h.send("a", chat_id="c")
+        [reply] = await h.replies(chat_id="c", count=1)
+        assert "TypeError" in reply
+
+
+async def test_async_generator_agent_is_streamed() -> None:
+    async def agent(turn: Turn) -> AsyncIterator[str]:
+        yield "x"
+        yield "y"
+
+    async with GatewayHarness(agent) as h:
+        await h.send("a", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["xy"]
+
+
+async def test_delivery_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        engine = h.gateway.engine
+
+        async def broken(_: object) -> None:
+            raise ConnectionError("adapter down")
+
+        engine._deliver = broken
+        await h.send("a", chat_id="c")
+        await asyncio.sleep(0.05)
+        assert "delivery failed" in caplog.text
+        assert engine.running_turn(h.session_key(chat_id="c")) is None
+
+
+class TestEviction:
+    async def test_stuck_turn_is_evicted_and_cannot_touch_successor(self) -> None:
+        recorder = Recorder()
+        late: list[str] = []
+
+        async def agent(turn: Turn) -> str:
+            recorder.enter(turn)
+            if turn.text == "stuck":
+                turn._state.turn.store_lease_token(turn.generation, "token-1")
+                for _ in range(100):  # ignores interrupts and cancellation
+                    try:
+                        await asyncio.sleep(0.01)
+                    except asyncio.CancelledError:
+                        late.append("cancelled")
+                return "late reply"
+            turn._state.turn.store_lease_token(turn.generation, "token-2")
+            for _ in range(12):
+                await asyncio.sleep(0.1)
+                turn.touch()
+            return "fresh"
+
+        async with GatewayHarness(agent, turn_timeout=0.2, ack_debounce=0) as h:
+            result = await h.send("stuck", chat_id="c")
+            await h.send("next", chat_id="c")
+            replies = await h.replies(chat_id="c", count=2, timeout=3)
+            assert replies[1].startswith("The running turn made no progress")
+            state = h.session(result.session_key)
+            await asyncio.sleep(1.0)  # the stuck task finishes while "next" still runs
+            assert state.turn.lease_tokens == {3: "token-2"}
+            assert "late reply" not in [o.text for o in h.delivered(chat_id="c")]
+            assert await h.replies(chat_id="c", count=3, timeout=3) == [
+                replies[0],
+                replies[1],
+                "fresh",
+            ]
+        assert late == ["cancelled"]
+
+    async def test_progress_keeps_a_long_turn_alive(self) -> None:
+        async def agent(turn: Turn) -> AsyncIterator[str]:
+            for i in range(6):
+                await asyncio.sleep(0.05)
+                yield str(i)
+
+        async with GatewayHarness(agent, turn_timeout=0.12) as h:
+            await h.send("go", chat_id="c")
+            assert await h.replies(chat_id="c", count=1, timeout=3) == ["012345"]
+
+
+async def test_interrupted_agent_that_ignores_it_is_cancelled_after_grace() -> None:
+    cancelled = asyncio.Event()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "stubborn":
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return f"ran {turn.text}"
+
+    async with GatewayHarness(agent, busy="interrupt", interrupt_grace=0.1) as h:
+        await h.send("stubborn", chat_id="c")
+        await asyncio.sleep(0.01)
+        await h.send("next", chat_id="c")
+        assert await h.replies(chat_id="c", count=2) == [
+            "Interrupting the current task",
+            "ran next",
+        ]
+        assert cancelled.is_set()
+
+
+async def test_shutdown_fences_running_turns() -> None:
+    async def agent(turn: Turn) -> str:
+        return await hold(turn, 5)
+
+    h = GatewayHarness(agent)
+    async with h:
+        await h.send("sleep", chat_id="c")
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)
+    assert h.delivered(chat_id="c") == []

@@ -1,0 +1,116 @@
+"""Randomized stress: 1,000 sessions x 20 messages under every busy policy.
+
+Checked for every session: its messages are seen in the order they were sent;
+never two of its turns run at once (the agent itself counts); every message is
+run, merged, steered or answered with a notice — exactly once; and no agent
+ever sees another session's context, in its task or in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+
+import pytest
+
+from chatlane.context import get_session_env, run_in_thread
+from chatlane.runtime.busy import BusyPolicy
+from chatlane.runtime.turn import Turn
+from chatlane.testing import GatewayHarness
+from chatlane.types import OutboundKind
+
+SESSIONS = 1_000
+MESSAGES = 20
+
+
+class StressAgent:
+    """Sleeps a random few milliseconds, steering and checking its context as it goes."""
+
+    accepts_steering = True
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.active: defaultdict[str, int] = defaultdict(int)
+        self.overlaps: list[str] = []
+        self.cross_talk: list[str] = []
+        self.seen: defaultdict[str, list[str]] = defaultdict(list)
+
+    async def __call__(self, turn: Turn) -> str:
+        key = turn.session_key
+        self.active[key] += 1
+        if self.active[key] > 1:
+            self.overlaps.append(key)
+        try:
+            self.seen[key].extend(turn.message_ids)
+            await self._work(turn)
+            self.seen[key].extend(m.id for m in turn.steered if m.id not in self.seen[key])
+            return f"done {turn.generation}"
+        finally:
+            self.active[key] -= 1
+
+    async def _work(self, turn: Turn) -> None:
+        for _ in range(self.random.randint(1, 3)):
+            try:
+                await asyncio.wait_for(turn.interrupted.wait(), self.random.random() * 0.004)
+                return
+            except TimeoutError:
+                pass
+            turn.take_steers()
+            seen_in_thread = await run_in_thread(get_session_env, "CHATLANE_SESSION_KEY")
+            if seen_in_thread != turn.session_key or get_session_env(
+                "CHATLANE_SESSION_CHAT_ID"
+            ) != (turn.source.chat_id or ""):
+                self.cross_talk.append(turn.session_key)
+
+
+async def _chat(h: GatewayHarness, chat: str, rng: random.Random) -> list[str]:
+    sent = []
+    for i in range(MESSAGES):
+        result = await h.send(f"{chat}/{i}", chat_id=chat, user_id=f"u-{chat}")
+        sent.append(result.message_id)
+        if rng.random() < 0.7:
+            await asyncio.sleep(rng.random() * 0.003)
+    return sent
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", list(BusyPolicy))
+async def test_thousand_sessions_under_every_policy(policy: BusyPolicy) -> None:
+    agent = StressAgent(seed=hash(policy.value) & 0xFFFF)
+    rng = random.Random(7)
+    async with GatewayHarness(
+        agent,
+        busy=policy,
+        queue_cap=8,
+        collect_debounce=0.002,
+        interrupt_grace=0.05,
+        ack_debounce=0.0,
+    ) as h:
+        chats = [f"chat:{n}" for n in range(SESSIONS)]
+        sent = await asyncio.gather(
+            *(_chat(h, chat, random.Random(rng.random())) for chat in chats)
+        )
+        await h.settle(timeout=50)
+
+    assert agent.overlaps == []
+    assert agent.cross_talk == []
+    noticed = _noticed(h)
+    for chat, ids in zip(chats, sent, strict=True):
+        key = h.session_key(chat_id=chat, user_id=f"u-{chat}")
+        seen = agent.seen[key]
+        assert len(seen) == len(set(seen)), f"{key} ran a message twice"
+        order = {message_id: index for index, message_id in enumerate(ids)}
+        assert [order[m] for m in seen] == sorted(order[m] for m in seen), f"{key} out of order"
+        accounted = set(seen) | noticed.get(key, set())
+        assert accounted == set(ids), f"{key} lost {set(ids) - accounted}"
+        assert not set(seen) & noticed.get(key, set()), f"{key} both ran and refused a message"
+    assert sum(len(ids) for ids in sent) == SESSIONS * MESSAGES
+
+
+def _noticed(h: GatewayHarness) -> dict[str, set[str]]:
+    refused: defaultdict[str, set[str]] = defaultdict(set)
+    for outbound in h.outbox:
+        if outbound.kind is OutboundKind.NOTICE:
+            refused[outbound.session_key].update(outbound.in_reply_to)
+    return refused

@@ -1,0 +1,215 @@
+"""Slash commands: parsing, busy behaviour as data, and the built-in set."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chatlane.commands import (
+    CommandBusy,
+    CommandCall,
+    CommandSpec,
+    ParsedCommand,
+    parse_command,
+)
+from chatlane.testing import GatewayHarness
+from tests.runtime.agents import EchoAgent, Recorder
+
+
+class TestParse:
+    @pytest.mark.parametrize(
+        ("text", "parsed"),
+        [
+            ("/stop", ParsedCommand("stop", "")),
+            ("  /STOP  ", ParsedCommand("stop", "")),
+            ("/queue hello world", ParsedCommand("queue", "hello world")),
+            ("/queue line one\nline two", ParsedCommand("queue", "line one\nline two")),
+            ("/busy@my_bot collect", ParsedCommand("busy", "collect", "my_bot")),
+        ],
+    )
+    def test_commands(self, text: str, parsed: ParsedCommand) -> None:
+        assert parse_command(text) == parsed
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "hello",
+            "/",
+            "/ stop",
+            "/usr/bin is a folder",
+            "//x",
+            "/1abc",
+            "/" + "a" * 40,
+            "/stöp",
+            "x /stop",
+        ],
+    )
+    def test_not_commands(self, text: str) -> None:
+        assert parse_command(text) is None
+
+
+async def test_stop_interrupts_and_drops_the_queue() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder)) as h:
+        result = await h.send("sleep 5", chat_id="c")
+        await h.send("a", chat_id="c")
+        await h.send("b", chat_id="c")
+        await h.send("/stop", chat_id="c")
+        replies = await h.replies(chat_id="c", count=2)
+        assert replies[1] == "Stopped the running turn. Dropped 2 queued messages."
+        await asyncio.sleep(0.05)
+        state = h.session(result.session_key)
+        assert state.persistent.run_generation == 2
+        assert not state.turn.is_running
+        assert len(recorder.turns[result.session_key]) == 1
+        await h.send("again", chat_id="c")
+        assert (await h.replies(chat_id="c", count=3))[2] == "echo: again"
+
+
+async def test_stop_when_idle_still_bumps_generation() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        result = await h.send("/stop", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == [
+            "Nothing was running. Dropped 0 queued messages."
+        ]
+        assert h.session(result.session_key).persistent.run_generation == 1
+
+
+async def test_queue_runs_at_once_when_idle_and_queues_when_busy() -> None:
+    async with GatewayHarness(EchoAgent(), busy="reject") as h:
+        await h.send("/queue first", chat_id="c")
+        assert await h.replies(chat_id="c", count=2) == [
+            "Started a turn for it now.",
+            "echo: first",
+        ]
+        await h.send("sleep 0.05", chat_id="c")
+        await h.send("/queue second", chat_id="c")
+        replies = await h.replies(chat_id="c", count=5)
+        assert replies[2:] == ["Queued for the next turn (1 queued)", "slept 0.05", "echo: second"]
+
+
+async def test_queue_without_text_shows_usage() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("/queue", chat_id="c")
+        [reply] = await h.replies(chat_id="c", count=1)
+        assert reply.endswith("Usage: /queue <text>")
+
+
+async def test_queue_command_respects_the_cap() -> None:
+    async with GatewayHarness(EchoAgent(), queue_cap=1) as h:
+        await h.send("sleep 0.05", chat_id="c")
+        await h.send("/queue a", chat_id="c")
+        await h.send("/queue b", chat_id="c")
+        replies = await h.replies(chat_id="c", count=2)
+        assert replies[1].startswith("Queue full")
+
+
+async def test_status_idle_and_running() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("/status", chat_id="c")
+        [idle] = await h.replies(chat_id="c", count=1)
+        assert idle.startswith("Status: idle")
+        assert "busy policy: queue (default)" in idle
+        await h.send("sleep 5", chat_id="c")
+        await h.send("x", chat_id="c")
+        await h.send("/status", chat_id="c")
+        running = (await h.replies(chat_id="c", count=3))[2]
+        assert "Status: running for" in running
+        assert "generation: 1" in running
+        assert "queued: 1" in running
+
+
+async def test_busy_sets_session_policy() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        result = await h.send("/busy reject", chat_id="c")
+        await h.send("/busy", chat_id="c")
+        await h.send("/busy sideways", chat_id="c")
+        await h.send("/busy default", chat_id="c")
+        replies = await h.replies(chat_id="c", count=4)
+        assert replies[0] == "Busy policy for this session: reject"
+        assert replies[1] == "Busy policy: reject"
+        assert "'sideways' is not one of" in replies[2]
+        assert replies[2].endswith("Usage: /busy [queue|collect|interrupt|steer|reject|default]")
+        assert replies[3] == "Busy policy reset to the default (queue)."
+        assert h.session(result.session_key).persistent.busy_policy is None
+
+
+async def test_session_policy_applies_to_that_session_only() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("/busy reject", chat_id="a")
+        for chat in ("a", "b"):
+            await h.send("sleep 0.05", chat_id=chat)
+            await h.send("x", chat_id=chat)
+        assert (await h.replies(chat_id="a", count=2))[1] == "Busy — your message was not run"
+        assert (await h.replies(chat_id="b", count=1))[0].startswith("Queued")
+
+
+async def test_unknown_command_lists_commands() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("/frobnicate now", chat_id="c")
+        [reply] = await h.replies(chat_id="c", count=1)
+        assert reply.startswith("Unknown command /frobnicate.")
+        assert "/stop" in reply
+        assert "/help" in reply
+
+
+async def test_help_lists_every_command() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("/help", chat_id="c")
+        [reply] = await h.replies(chat_id="c", count=1)
+        for name in ("busy", "help", "queue", "status", "stop"):
+            assert f"/{name}" in reply
+
+
+async def test_not_a_command_goes_to_the_agent() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("/usr/bin is a folder", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["echo: /usr/bin is a folder"]
+
+
+class TestBusyBehaviourIsData:
+    @staticmethod
+    def spec(busy: CommandBusy, seen: list[bool]) -> CommandSpec:
+        async def handler(call: CommandCall) -> str:
+            turn = call.engine.running_turn(call.session_key)
+            seen.append(turn is not None and turn.is_current())
+            return "done"
+
+        return CommandSpec("probe", "test", "/probe", busy, handler)
+
+    async def run_while_busy(self, busy: CommandBusy) -> tuple[list[str], list[bool]]:
+        seen: list[bool] = []
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.router.register(self.spec(busy, seen))
+            await h.send("sleep 0.2", chat_id="c")
+            await h.send("/probe", chat_id="c")
+            await asyncio.sleep(0.3)
+            return [o.text for o in h.delivered(chat_id="c")], seen
+
+    async def test_dispatch_runs_while_busy(self) -> None:
+        replies, seen = await self.run_while_busy(CommandBusy.DISPATCH)
+        assert replies == ["done", "slept 0.2"]
+        assert seen == [True]
+
+    async def test_interrupt_then_dispatch_fences_the_turn_first(self) -> None:
+        replies, seen = await self.run_while_busy(CommandBusy.INTERRUPT_THEN_DISPATCH)
+        assert replies == ["done"]
+        assert seen == [False]
+
+    async def test_reject_refuses_while_busy(self) -> None:
+        replies, seen = await self.run_while_busy(CommandBusy.REJECT)
+        assert replies[0].startswith("/probe can't run while a turn is running")
+        assert replies[1:] == ["slept 0.2"]
+        assert seen == []
+
+    async def test_handler_crash_becomes_a_reply(self) -> None:
+        async def broken(call: CommandCall) -> str:
+            raise RuntimeError("bug")
+
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.router.register(CommandSpec("bad", "x", "/bad", CommandBusy.DISPATCH, broken))
+            await h.send("/bad", chat_id="c")
+            assert await h.replies(chat_id="c", count=1) == [
+                "/bad failed unexpectedly; the error was logged."
+            ]

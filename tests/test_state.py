@@ -1,0 +1,502 @@
+"""Lifecycle-scoped state: scope clears, lease tokens, generations, the registry and eviction."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chatlane.errors import ConfigError, LeaseError
+from chatlane.state import (
+    AGENT_PENDING,
+    SERVICE_TIER_UNSET,
+    ConversationState,
+    PersistentState,
+    Scope,
+    SessionRegistry,
+    SessionState,
+    TurnState,
+    default_value,
+    reset_field,
+    reset_scope,
+)
+
+
+@dataclass(slots=True)
+class MyTurn(TurnState):
+    progress: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class MyConversation(ConversationState):
+    topic: str = ""
+    tags: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class MyPersistent(PersistentState):
+    karma: int = 0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def dirty_turn(turn: TurnState) -> None:
+    turn.agent, turn.event, turn.ctx, turn.lease = "agent", "event", "ctx", "lease"
+    turn.started_ts = turn.busy_ack_ts = 5.0
+    turn.store_lease_token(1, "token-1")
+
+
+def dirty_conversation(conv: ConversationState) -> None:
+    for f in fields(conv):
+        setattr(conv, f.name, {"marker": f.name})
+
+
+class TestSentinels:
+    def test_distinct_from_none_and_each_other(self) -> None:
+        assert AGENT_PENDING is not None
+        assert SERVICE_TIER_UNSET is not None
+        assert len({AGENT_PENDING, SERVICE_TIER_UNSET, None}) == 3
+
+    def test_survive_copy_and_pickle(self) -> None:
+        assert copy.deepcopy(AGENT_PENDING) is AGENT_PENDING
+        assert pickle.loads(pickle.dumps(SERVICE_TIER_UNSET)) is SERVICE_TIER_UNSET
+
+
+class TestTurnState:
+    def test_defaults_mean_idle(self) -> None:
+        turn = TurnState()
+        assert turn.agent is None
+        assert turn.started_ts == 0.0
+        assert turn.busy_ack_ts == 0.0
+        assert not turn.is_running
+
+    @pytest.mark.parametrize(("agent", "started"), [(AGENT_PENDING, 0.0), (None, 3.0)])
+    def test_running_while_pending_or_started(self, agent: Any, started: float) -> None:
+        assert TurnState(agent=agent, started_ts=started).is_running
+
+    def test_clear_resets_every_field_but_lease_tokens(self) -> None:
+        turn = TurnState()
+        dirty_turn(turn)
+        turn.clear()
+        assert turn == TurnState(lease_tokens={1: "token-1"})
+
+    def test_clear_resets_subclass_fields(self) -> None:
+        turn = MyTurn()
+        turn.progress.append("x")
+        turn.clear()
+        assert turn.progress == []
+
+
+class TestLeaseTokens:
+    def test_release_exactly_once(self) -> None:
+        turn = TurnState()
+        turn.store_lease_token(3, "t3")
+        assert turn.release_lease_token(3) == "t3"
+        assert turn.release_lease_token(3) is None
+
+    def test_displaced_turn_frees_only_its_own_token(self) -> None:
+        turn = TurnState()
+        turn.store_lease_token(1, "old")
+        turn.store_lease_token(2, "new")
+        turn.clear()  # the displaced turn unwinds
+        assert turn.release_lease_token(1) == "old"
+        assert turn.lease_tokens == {2: "new"}
+
+    def test_storing_the_same_token_twice_is_idempotent(self) -> None:
+        turn = TurnState()
+        turn.store_lease_token(1, "t")
+        turn.store_lease_token(1, "t")
+        assert turn.lease_tokens == {1: "t"}
+
+    def test_a_second_token_for_one_generation_is_refused(self) -> None:
+        turn = TurnState()
+        turn.store_lease_token(1, "t")
+        with pytest.raises(LeaseError):
+            turn.store_lease_token(1, "other")
+        assert turn.lease_tokens == {1: "t"}
+
+
+class TestConversationState:
+    def test_defaults(self) -> None:
+        conv = ConversationState()
+        assert conv.service_tier_override is SERVICE_TIER_UNSET
+        assert conv.last_resolved_model == ""
+        assert conv.queued_events == []
+        assert conv.sidecar_notes == []
+
+    def test_clear_resets_every_field(self) -> None:
+        conv = ConversationState()
+        dirty_conversation(conv)
+        conv.clear()
+        assert conv == ConversationState()
+
+    def test_clear_gives_fresh_lists(self) -> None:
+        conv = ConversationState()
+        old = conv.queued_events
+        old.append("event")
+        conv.clear()
+        assert conv.queued_events == []
+        assert conv.queued_events is not old
+
+    def test_clear_resets_subclass_fields(self) -> None:
+        conv = MyConversation(topic="cats", tags={"a"})
+        conv.model_override = "m"
+        conv.clear()
+        assert conv == MyConversation()
+
+    def test_explicit_normal_tier_is_kept_until_clear(self) -> None:
+        conv = ConversationState(service_tier_override=None)
+        assert conv.service_tier_override is None
+        conv.clear()
+        assert conv.service_tier_override is SERVICE_TIER_UNSET
+
+
+class TestPersistentState:
+    def test_has_no_wholesale_clear(self) -> None:
+        assert not hasattr(PersistentState(), "clear")
+
+    def test_bump_generation(self) -> None:
+        persistent = PersistentState()
+        assert persistent.bump_generation() == 1
+        assert persistent.bump_generation() == 2
+        assert persistent.run_generation == 2
+
+    def test_generation_only_grows(self) -> None:
+        persistent = PersistentState(run_generation=5)
+        persistent.run_generation = 5
+        persistent.run_generation = 9
+        with pytest.raises(ValueError, match="only grows"):
+            persistent.run_generation = 8
+        with pytest.raises(ValueError, match="only grows"):
+            persistent.run_generation -= 1
+        assert persistent.run_generation == 9
+
+    def test_reset_field_cannot_lower_the_generation(self) -> None:
+        persistent = PersistentState(run_generation=1)
+        with pytest.raises(ValueError, match="only grows"):
+            reset_field(persistent, "run_generation")
+
+    def test_generation_cannot_start_negative(self) -> None:
+        with pytest.raises(ValueError, match="only grows"):
+            PersistentState(run_generation=-1)
+
+    @pytest.mark.parametrize("value", [1.5, "3", True])
+    def test_generation_must_be_an_int(self, value: Any) -> None:
+        with pytest.raises(TypeError):
+            PersistentState().run_generation = value
+
+    def test_subclass_keeps_the_guard(self) -> None:
+        persistent = MyPersistent(run_generation=2, karma=1)
+        with pytest.raises(ValueError, match="only grows"):
+            persistent.run_generation = 1
+
+
+class TestFieldHelpers:
+    def test_default_value_is_fresh(self) -> None:
+        assert default_value(ConversationState, "queued_events") == []
+        first = default_value(ConversationState(), "queued_events")
+        assert first is not default_value(ConversationState(), "queued_events")
+
+    def test_default_value_unknown_field(self) -> None:
+        with pytest.raises(AttributeError):
+            default_value(TurnState, "nope")
+
+    def test_reset_field(self) -> None:
+        conv = ConversationState(model_override="m", last_resolved_model="x")
+        reset_field(conv, "model_override")
+        assert conv.model_override is None
+        assert conv.last_resolved_model == "x"
+
+
+class TestResetScope:
+    def test_turn_scope_only(self) -> None:
+        state = SessionState("k")
+        dirty_turn(state.turn)
+        state.conversation.model_override = "m"
+        reset_scope(state, Scope.TURN)
+        assert not state.turn.is_running
+        assert state.conversation.model_override == "m"
+
+    def test_conversation_scope_only(self) -> None:
+        state = SessionState("k")
+        dirty_conversation(state.conversation)
+        state.turn.agent = "agent"
+        state.persistent.approvals = "a"
+        reset_scope(state, Scope.CONVERSATION)
+        assert state.conversation == ConversationState()
+        assert state.turn.agent == "agent"
+        assert state.persistent.approvals == "a"
+
+    def test_persistent_scope_is_never_reset_wholesale(self) -> None:
+        state = SessionState("k", persistent=PersistentState(approvals="a"))
+        with pytest.raises(ValueError, match="never reset wholesale"):
+            reset_scope(state, Scope.PERSISTENT)
+        assert state.persistent.approvals == "a"
+
+
+class TestSessionState:
+    def test_busy_while_running_or_holding_a_lease(self) -> None:
+        assert not SessionState("k").is_busy
+        assert SessionState("k", turn=TurnState(agent=AGENT_PENDING)).is_busy
+        assert SessionState("k", turn=TurnState(lease="l")).is_busy
+        assert SessionState("k", turn=TurnState(lease_tokens={1: "t"})).is_busy
+
+    @pytest.mark.parametrize(
+        "persistent",
+        [
+            PersistentState(approvals="a"),
+            PersistentState(update_prompt_pending=True),
+            PersistentState(native_image_paths=["/x.png"]),
+            PersistentState(pending_command_text="/model x"),
+            PersistentState(hygiene_failure_streak=2),
+            MyPersistent(karma=1),
+        ],
+    )
+    def test_unsaved_persistent_data(self, persistent: PersistentState) -> None:
+        assert SessionState("k", persistent=persistent).holds_unsaved_data()
+
+    def test_queued_events_are_unsaved_data(self) -> None:
+        state = SessionState("k")
+        state.conversation.queued_events.append("e")
+        assert state.holds_unsaved_data()
+
+    def test_generation_and_conversation_choices_are_not_unsaved_data(self) -> None:
+        state = SessionState("k", persistent=PersistentState(run_generation=7))
+        state.conversation.model_override = "m"
+        assert not state.holds_unsaved_data()
+
+
+class TestRegistryBasics:
+    def test_get_creates_once(self) -> None:
+        registry = SessionRegistry()
+        state = registry.get("a")
+        assert state.key == "a"
+        assert registry.get("a") is state
+        assert "a" in registry
+        assert len(registry) == 1
+
+    def test_peek_does_not_create(self) -> None:
+        registry = SessionRegistry()
+        assert registry.peek("a") is None
+        assert "a" not in registry
+        assert len(registry) == 0
+
+    def test_iteration_and_items(self) -> None:
+        registry = SessionRegistry()
+        a, b = registry.get("a"), registry.get("b")
+        assert list(registry) == ["a", "b"]
+        assert registry.items() == [("a", a), ("b", b)]
+
+    def test_iteration_is_a_snapshot(self) -> None:
+        registry = SessionRegistry()
+        registry.get("a")
+        for key in registry:
+            registry.get(key + "x")
+        assert list(registry) == ["a", "ax"]
+
+    def test_uses_the_given_scope_classes(self) -> None:
+        registry = SessionRegistry(
+            turn_cls=MyTurn, conversation_cls=MyConversation, persistent_cls=MyPersistent
+        )
+        state = registry.get("a")
+        assert isinstance(state.turn, MyTurn)
+        assert isinstance(state.conversation, MyConversation)
+        assert isinstance(state.persistent, MyPersistent)
+
+    def test_end_turn_clears_turn_scope_only(self) -> None:
+        registry = SessionRegistry()
+        state = registry.get("a")
+        dirty_turn(state.turn)
+        state.conversation.model_override = "m"
+        registry.end_turn("a")
+        assert state.turn == TurnState(lease_tokens={1: "token-1"})
+        assert state.conversation.model_override == "m"
+
+    def test_end_conversation_clears_conversation_scope_only(self) -> None:
+        registry = SessionRegistry(conversation_cls=MyConversation)
+        state = registry.get("a")
+        assert isinstance(state.conversation, MyConversation)
+        state.conversation.topic = "cats"
+        state.turn.agent = "agent"
+        registry.end_conversation("a")
+        assert state.conversation == MyConversation()
+        assert state.turn.agent == "agent"
+
+    def test_end_on_unknown_key_creates_nothing(self) -> None:
+        registry = SessionRegistry()
+        registry.end_turn("a")
+        registry.end_conversation("a")
+        assert len(registry) == 0
+
+
+class TestRegistryConfig:
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            {"max_sessions": 0},
+            {"idle_ttl": 0},
+            {"idle_ttl": -1.0},
+            {"turn_cls": ConversationState},
+            {"persistent_cls": dict},
+        ],
+    )
+    def test_bad_settings(self, kwargs: dict[str, Any]) -> None:
+        with pytest.raises(ConfigError):
+            SessionRegistry(**kwargs)
+
+    def test_field_without_default_is_refused(self) -> None:
+        @dataclass(slots=True, kw_only=True)
+        class Needy(ConversationState):
+            required: str
+
+        with pytest.raises(ConfigError, match="required"):
+            SessionRegistry(conversation_cls=Needy)
+
+
+class TestEvictionByCap:
+    def test_least_recently_used_goes_first(self) -> None:
+        registry = SessionRegistry(max_sessions=2)
+        registry.get("a")
+        registry.get("b")
+        registry.get("a")
+        registry.get("c")
+        assert list(registry) == ["a", "c"]
+
+    def test_peek_is_not_an_access(self) -> None:
+        registry = SessionRegistry(max_sessions=2)
+        registry.get("a")
+        registry.get("b")
+        registry.peek("a")
+        registry.get("c")
+        assert list(registry) == ["b", "c"]
+
+    def test_running_session_is_never_evicted(self) -> None:
+        registry = SessionRegistry(max_sessions=1)
+        registry.get("a").turn.agent = AGENT_PENDING
+        registry.get("b")
+        assert "a" in registry
+        assert "b" in registry
+
+    def test_registry_shrinks_back_once_the_turn_ends(self) -> None:
+        registry = SessionRegistry(max_sessions=1)
+        registry.get("a").turn.started_ts = 1.0
+        registry.get("b")
+        registry.end_turn("a")
+        registry.get("c")
+        assert list(registry) == ["c"]
+
+    def test_unsaved_data_is_kept_without_a_hook(self) -> None:
+        registry = SessionRegistry(max_sessions=1)
+        registry.get("a").persistent.approvals = "pending"
+        registry.get("b")
+        assert "a" in registry
+
+    def test_on_evict_sees_the_state_before_removal(self) -> None:
+        seen: list[tuple[str, Any, bool]] = []
+
+        def on_evict(key: str, state: SessionState) -> None:
+            seen.append((key, state.persistent.approvals, key in registry))
+
+        registry = SessionRegistry(max_sessions=1, on_evict=on_evict)
+        registry.get("a").persistent.approvals = "pending"
+        registry.get("b")
+        assert seen == [("a", "pending", True)]
+        assert list(registry) == ["b"]
+
+    def test_failing_hook_keeps_the_session(self) -> None:
+        def on_evict(key: str, state: SessionState) -> None:
+            raise OSError("store down")
+
+        registry = SessionRegistry(max_sessions=1, on_evict=on_evict)
+        registry.get("a")
+        with pytest.raises(OSError, match="store down"):
+            registry.get("b")
+        assert "a" in registry
+
+    def test_generation_is_not_reused_after_eviction(self) -> None:
+        registry = SessionRegistry(max_sessions=1)
+        registry.get("a").persistent.run_generation = 7
+        registry.get("b")
+        assert "a" not in registry
+        assert registry.generation_floor == 7
+        assert registry.get("a").persistent.run_generation == 7
+
+    @given(st.lists(st.sampled_from("abcdefgh"), max_size=40), st.integers(1, 4))
+    def test_never_exceeds_the_cap_when_nothing_is_pinned(self, keys: list[str], cap: int) -> None:
+        registry = SessionRegistry(max_sessions=cap)
+        for key in keys:
+            registry.get(key)
+            assert len(registry) <= cap
+            assert list(registry)[-1] == key
+
+
+class TestEvictionByIdleTime:
+    def test_idle_session_is_evicted_on_next_access(self) -> None:
+        clock = FakeClock()
+        registry = SessionRegistry(idle_ttl=60, clock=clock)
+        registry.get("a")
+        clock.now += 61
+        registry.get("b")
+        assert list(registry) == ["b"]
+
+    def test_access_within_ttl_keeps_it(self) -> None:
+        clock = FakeClock()
+        registry = SessionRegistry(idle_ttl=60, clock=clock)
+        registry.get("a")
+        clock.now += 59
+        registry.get("a")
+        clock.now += 59
+        assert registry.evict_idle() == []
+        assert "a" in registry
+
+    def test_accessed_key_survives_its_own_expiry(self) -> None:
+        clock = FakeClock()
+        registry = SessionRegistry(idle_ttl=60, clock=clock)
+        state = registry.get("a")
+        clock.now += 100
+        assert registry.get("a") is state
+
+    def test_evict_idle_returns_keys_and_spares_running_sessions(self) -> None:
+        clock = FakeClock()
+        evicted: list[str] = []
+        registry = SessionRegistry(
+            idle_ttl=60, clock=clock, on_evict=lambda key, _: evicted.append(key)
+        )
+        registry.get("a")
+        registry.get("b").turn.agent = "agent"
+        registry.get("c")
+        clock.now += 61
+        assert registry.evict_idle() == ["a", "c"]
+        assert evicted == ["a", "c"]
+        assert list(registry) == ["b"]
+
+    def test_spared_session_counts_as_used_now(self) -> None:
+        clock = FakeClock()
+        registry = SessionRegistry(idle_ttl=60, clock=clock)
+        registry.get("a").turn.agent = "agent"
+        clock.now += 61
+        registry.evict_idle()
+        assert registry.get("a").turn.agent == "agent"
+        registry.end_turn("a")
+        clock.now += 30
+        assert registry.evict_idle() == []
+        clock.now += 31
+        assert registry.evict_idle() == ["a"]
+
+    def test_without_ttl_nothing_expires(self) -> None:
+        clock = FakeClock()
+        registry = SessionRegistry(clock=clock)
+        registry.get("a")
+        clock.now += 10**9
+        assert registry.evict_idle() == []
