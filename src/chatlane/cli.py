@@ -71,3 +71,7 @@ def key_parse(session_key: str) -> None:
     for name in ("namespace", "platform", "chat_type", "chat_id", "thread_id", "user_id"):
         value = getattr(parts, name)
         click.echo(f"{name}={'' if value is None else value}")
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m chatlane.cli`
+    main()

@@ -1,0 +1,43 @@
+"""The project's promises about itself: the README's commands and CI agree."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from chatlane import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    return re.findall(r"```sh\n(.+?)\n```", readme)
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    run_command, test_command = readme_commands()[:2]
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_command in ci_lines
+    assert "pytest" in test_command
+    assert "chatlane" in run_command
+
+
+def test_every_docs_page_the_readme_links_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for page in re.findall(r"\]\((docs/[^)]+)\)", readme):
+        assert (ROOT / page).is_file(), page
+
+
+def test_changelog_has_an_unreleased_section() -> None:
+    assert "## Unreleased" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_cli_version_and_help() -> None:
+    run = [sys.executable, "-m", "chatlane.cli"]
+    version = subprocess.run([*run, "--version"], capture_output=True, text=True, check=True)
+    assert __version__ in version.stdout
+    help_ = subprocess.run([*run, "--help"], capture_output=True, text=True, check=True)
+    assert "key" in help_.stdout
