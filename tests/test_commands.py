@@ -53,6 +53,7 @@ async def test_stop_interrupts_and_drops_the_queue() -> None:
     recorder = Recorder()
     async with GatewayHarness(EchoAgent(recorder)) as h:
         result = await h.send("sleep 5", chat_id="c")
+        await asyncio.sleep(0.01)
         await h.send("a", chat_id="c")
         await h.send("b", chat_id="c")
         await h.send("/stop", chat_id="c")
@@ -112,6 +113,7 @@ async def test_status_idle_and_running() -> None:
         assert idle.startswith("Status: idle")
         assert "busy policy: queue (default)" in idle
         await h.send("sleep 5", chat_id="c")
+        await asyncio.sleep(0.01)
         await h.send("x", chat_id="c")
         await h.send("/status", chat_id="c")
         running = (await h.replies(chat_id="c", count=3))[2]
@@ -183,6 +185,7 @@ class TestBusyBehaviourIsData:
         async with GatewayHarness(EchoAgent()) as h:
             h.gateway.router.register(self.spec(busy, seen))
             await h.send("sleep 0.2", chat_id="c")
+            await asyncio.sleep(0.01)
             await h.send("/probe", chat_id="c")
             await asyncio.sleep(0.3)
             return [o.text for o in h.delivered(chat_id="c")], seen

@@ -121,7 +121,7 @@ class CommandRouter:
         if spec.busy is not CommandBusy.DISPATCH and _session_busy(engine, key):
             if spec.busy is CommandBusy.REJECT:
                 return f"/{spec.name} can't run while a turn is running; wait, or send /stop first."
-            engine.interrupt(key, f"interrupted by /{spec.name}")
+            engine.interrupt(key, f"by /{spec.name}")
         call = CommandCall(engine, self, key, message, parsed.args)
         return await _call_handler(spec, call)
 
@@ -156,7 +156,7 @@ async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
 
 
 async def _stop(call: CommandCall) -> str:
-    result = call.engine.stop(call.session_key)
+    result = await call.engine.stop(call.session_key)
     dropped = len(result.dropped)
     head = "Stopped the running turn." if result.stopped_turn else "Nothing was running."
     noun = "message" if dropped == 1 else "messages"

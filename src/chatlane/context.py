@@ -29,9 +29,10 @@ import contextvars
 import enum
 import functools
 import logging
+import operator
 import os
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import astuple, dataclass, fields, replace
 from typing import Any, Final, ParamSpec, TypeAlias, TypeVar
 
@@ -228,26 +229,56 @@ def _from_fields(fields_: Mapping[str, FieldValue]) -> SessionContext:
     return SessionContext(**{name: _text(value) for name, value in fields_.items()})
 
 
+def _from_source(source: SessionSource, session_key: str | None) -> SessionContext:
+    return SessionContext(
+        source.platform,
+        source.chat_id or "",
+        source.chat_name,
+        source.thread_id or "",
+        source.user_id or "",
+        source.user_name,
+        session_key or "",
+    )
+
+
 def _to_context(
     source: SessionSource | SessionContext | Mapping[str, FieldValue], session_key: str | None
 ) -> SessionContext:
     if isinstance(source, SessionSource):
-        names = _SESSION_FIELDS[:-1]
-        context = SessionContext(*(_text(getattr(source, name)) for name in names))
-    elif isinstance(source, SessionContext):
-        context = source
-    else:
-        context = _from_fields(source)
+        return _from_source(source, session_key)
+    context = source if isinstance(source, SessionContext) else _from_fields(source)
     if session_key is None:
         return context
     return replace(context, session_key=session_key)
 
 
-@contextmanager
+_context_values: Final = operator.attrgetter(*_SESSION_FIELDS)
+
+
+class _Binding(AbstractContextManager[SessionContext]):
+    """The context manager :func:`bind_session` returns (a class: it runs on every turn)."""
+
+    __slots__ = ("_context", "_tokens")
+
+    def __init__(self, context: SessionContext) -> None:
+        self._context = context
+        self._tokens: list[ContextToken] = []
+
+    def __enter__(self) -> SessionContext:
+        self._tokens = _set_all(_SESSION_VARS, _context_values(self._context))
+        return self._context
+
+    def __exit__(self, *exc_info: object) -> None:
+        _reset_all(self._tokens)
+        for var in _SESSION_VARS:
+            if var.get() is _NEVER:
+                var.set("")
+
+
 def bind_session(
     source: SessionSource | SessionContext | Mapping[str, FieldValue],
     session_key: str | None = None,
-) -> Iterator[SessionContext]:
+) -> AbstractContextManager[SessionContext]:
     """Bind a session for the body of the ``with`` block and yield what was bound.
 
     ``source`` is a :class:`~chatlane.identity.SessionSource` (``None`` ids
@@ -259,15 +290,7 @@ def bind_session(
 
     :raises InvalidSource: if a mapping names a field ``SessionContext`` lacks.
     """
-    context = _to_context(source, session_key)
-    tokens = _set_all(_SESSION_VARS, astuple(context))
-    try:
-        yield context
-    finally:
-        _reset_all(tokens)
-        for var in _SESSION_VARS:
-            if var.get() is _NEVER:
-                var.set("")
+    return _Binding(_to_context(source, session_key))
 
 
 def current_session() -> SessionContext | None:

@@ -54,3 +54,19 @@ class LeaseError(ChatlaneError):
 
 class LeaseLost(LeaseError):
     """A held lease expired or was taken over; the holder must stop acting for the session."""
+
+
+class ActiveSessionLimit(SessionBusy):
+    """``max_active_sessions`` sessions already run; the message waits in the queue."""
+
+
+class AlreadyAnswered(ChatlaneError):
+    """An inbound message was answered before; a second answer is refused."""
+
+    def __init__(self, message_ids: list[str]) -> None:
+        self.message_ids = message_ids
+        super().__init__(f"already answered: {', '.join(message_ids)}")
+
+
+class StoreError(ChatlaneError):
+    """A store could not be opened or used (bad URL, unreachable server, corrupt file)."""

@@ -16,6 +16,7 @@ from chatlane.identity import KeyPolicy, build_session_key
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.state import SessionRegistry
+from chatlane.stores.base import Store
 from chatlane.types import Agent, Deliver, InboundMessage, OutboundKind, SessionKey
 
 
@@ -49,10 +50,19 @@ class Gateway:
         settings: GatewaySettings | None = None,
         router: CommandRouter | None = None,
         registry: SessionRegistry | None = None,
+        store: Store | None = None,
+        holder: str | None = None,
     ) -> None:
         self.settings = settings or GatewaySettings()
         self.router = router if router is not None else default_router()
-        self.engine = TurnEngine(agent, deliver, settings=self.settings.runtime, registry=registry)
+        self.engine = TurnEngine(
+            agent,
+            deliver,
+            settings=self.settings.runtime,
+            registry=registry,
+            store=store,
+            holder=holder,
+        )
 
     def session_key(self, message: InboundMessage) -> SessionKey:
         """The session ``message`` belongs to.
@@ -71,6 +81,13 @@ class Gateway:
             return DispatchResult(key, message.id, command=parsed.name)
         outcome = await self.engine.submit(key, message)
         return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+
+    async def start(self) -> int:
+        """Announce this process to the store and adopt messages dead processes left.
+
+        :returns: how many messages were adopted (they run as if just received).
+        """
+        return await self.engine.start()
 
     async def aclose(self) -> None:
         """Stop every running turn and wait for them to end."""

@@ -120,6 +120,8 @@ class SessionKeyParts:
 
 def escape_component(value: str) -> str:
     """Escape one key component so it can contain no separator."""
+    if "%" not in value and ":" not in value:
+        return value
     for raw, escaped in _ESCAPES:
         value = value.replace(raw, escaped)
     return value

@@ -84,10 +84,24 @@ def reset_field(scope: object, name: str) -> None:
     setattr(scope, name, default_value(scope, name))
 
 
+_FIELD_PLANS: dict[tuple[type[Any], frozenset[str]], tuple[Field[Any], ...]] = {}
+
+
+def _reset_plan(cls: type[Any], keep: frozenset[str]) -> tuple[Field[Any], ...]:
+    """The fields a reset of ``cls`` touches, computed once per class (resets run every turn)."""
+    plan = _FIELD_PLANS.get((cls, keep))
+    if plan is None:
+        plan = tuple(f for f in fields(cls) if f.name not in keep)
+        _FIELD_PLANS[(cls, keep)] = plan
+    return plan
+
+
 def _reset_fields(scope: object, keep: frozenset[str] = frozenset()) -> None:
-    for f in fields(scope):  # type: ignore[arg-type]
-        if f.name not in keep:
-            setattr(scope, f.name, _field_default(f))
+    for f in _reset_plan(type(scope), keep):
+        setattr(scope, f.name, _field_default(f))
+
+
+_KEEP_LEASE_TOKENS: Final = frozenset({"lease_tokens"})
 
 
 @dataclass(slots=True)
@@ -116,7 +130,7 @@ class TurnState:
 
     def clear(self) -> None:
         """Reset every field, including subclass fields, except ``lease_tokens``."""
-        _reset_fields(self, keep=frozenset({"lease_tokens"}))
+        _reset_fields(self, keep=_KEEP_LEASE_TOKENS)
 
     def store_lease_token(self, generation: int, token: Any) -> None:
         """Record the lease token acquired by the turn of ``generation``.
@@ -380,6 +394,8 @@ class SessionRegistry:
         self._sessions.move_to_end(key)
 
     def _sweep(self, keep: str, now: float) -> None:
+        if self._idle_ttl is None and len(self._sessions) <= self._max_sessions:
+            return
         self._evict_while(self._expired(now), keep, now)
         self._evict_while(lambda _: len(self._sessions) > self._max_sessions, keep, now)
 

@@ -23,6 +23,7 @@ from chatlane.identity import ChatType, KeyPolicy, SessionSource
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.state import SessionState
+from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target
 
 _COMPLETE = frozenset({OutboundKind.REPLY, OutboundKind.ACK, OutboundKind.NOTICE})
@@ -52,7 +53,8 @@ class GatewayHarness:
 
     :param agent: the agent under test.
     :param busy: the gateway-wide busy policy.
-    :param store: only ``"memory"`` for now.
+    :param store: ``"memory"``, a store URL (``sqlite:///…``, ``redis://…``) or a
+        :class:`~chatlane.stores.Store` (which the harness then does not close).
     :param settings: any :class:`~chatlane.runtime.engine.RuntimeSettings` field
         (``queue_cap``, ``collect_debounce``, ``turn_timeout``, …) or ``key_policy``.
     """
@@ -62,19 +64,32 @@ class GatewayHarness:
         agent: Agent,
         *,
         busy: str | BusyPolicy = "queue",
-        store: str = "memory",
+        store: str | Store = "memory",
         **settings: Any,
     ) -> None:
-        if store != "memory":
-            raise ConfigError(
-                f"store: {store!r} is not supported by the harness; expected 'memory'"
-            )
-        self.gateway = Gateway(agent, self._record, settings=harness_settings(busy, settings))
+        self._agent = agent
+        self._settings = harness_settings(busy, settings)
+        self._store = store
+        self._owns_store = isinstance(store, str)
         self.outbox: list[Outbound] = []
         self._by_chat: defaultdict[ChatAddress, list[Outbound]] = defaultdict(list)
         self._arrived = asyncio.Condition()
+        self._gateway: Gateway | None = None
+
+    @property
+    def gateway(self) -> Gateway:
+        """The gateway under test (available inside ``async with``)."""
+        if self._gateway is None:
+            raise RuntimeError("use the harness as `async with GatewayHarness(...) as h:`")
+        return self._gateway
 
     async def __aenter__(self) -> Self:
+        store = self._store
+        if isinstance(store, str):
+            store = await open_store("memory://" if store == "memory" else store)
+        self._store = store
+        self._gateway = Gateway(self._agent, self._record, settings=self._settings, store=store)
+        await self._gateway.start()
         return self
 
     async def __aexit__(
@@ -84,6 +99,8 @@ class GatewayHarness:
         tb: TracebackType | None,
     ) -> None:
         await self.gateway.aclose()
+        if self._owns_store and isinstance(self._store, Store):
+            await self._store.close()
 
     async def _record(self, outbound: Outbound) -> None:
         async with self._arrived:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,11 +26,12 @@ AgentResult: TypeAlias = "str | AsyncIterator[str]"
 """What an agent produces: a whole reply, or text chunks streamed as they come."""
 
 _message_ids = itertools.count(1)
+_PROCESS = secrets.token_hex(4)
 
 
 def new_message_id() -> str:
-    """A process-unique id for a message that arrived without one."""
-    return f"m{next(_message_ids)}"
+    """A unique id for a message that arrived without one (unique across processes too)."""
+    return f"m-{_PROCESS}-{next(_message_ids)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,14 +163,12 @@ class TestEviction:
         async def agent(turn: Turn) -> str:
             recorder.enter(turn)
             if turn.text == "stuck":
-                turn._state.turn.store_lease_token(turn.generation, "token-1")
                 for _ in range(100):  # ignores interrupts and cancellation
                     try:
                         await asyncio.sleep(0.01)
                     except asyncio.CancelledError:
                         late.append("cancelled")
                 return "late reply"
-            turn._state.turn.store_lease_token(turn.generation, "token-2")
             for _ in range(12):
                 await asyncio.sleep(0.1)
                 turn.touch()
@@ -183,7 +181,9 @@ class TestEviction:
             assert replies[1].startswith("The running turn made no progress")
             state = h.session(result.session_key)
             await asyncio.sleep(1.0)  # the stuck task finishes while "next" still runs
-            assert state.turn.lease_tokens == {3: "token-2"}
+            successor = h.gateway.engine.running_turn(result.session_key)
+            assert successor is not None and successor.generation == 3
+            assert state.turn.lease_tokens == {3: successor.lease}
             assert "late reply" not in [o.text for o in h.delivered(chat_id="c")]
             assert await h.replies(chat_id="c", count=3, timeout=3) == [
                 replies[0],

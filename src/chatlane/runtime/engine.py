@@ -2,30 +2,36 @@
 
 What stays true:
 
-* A message for an idle session claims the slot synchronously — before any
-  ``await`` — so two messages arriving together never both start a turn.
-* Each turn takes ``run_generation + 1``; stop, interrupt and eviction bump the
-  generation again, so every displaced turn is stale from then on.
-* A turn's replies go through its fence; a stale turn's output is dropped
-  and logged, never delivered. Its ``finally`` frees only its own lease token
-  and touches the slot only while the slot is still its own.
+* An accepted message is written to the store's durable queue before anything
+  else happens to it; it leaves the queue only when its turn committed a reply
+  or a notice answered it. A process that stops leaves its messages for the
+  next one to adopt.
+* A message for an idle session claims the local slot synchronously, so two
+  messages arriving together never both start a turn here; the store's lease
+  makes that true across processes.
+* Each turn runs under a lease whose generation is the turn's generation.
+  Stop, interrupt, eviction and a lost lease make the turn stale; the store
+  refuses a stale turn's commit and the engine delivers nothing for it.
+* A reply is recorded against the messages it answers before it is
+  delivered, and a message is answered at most once — a turn re-run after a
+  crash cannot deliver a second answer.
 * A message for a busy session is queued, merged, steered, used to interrupt,
   or refused with a notice (:mod:`chatlane.runtime.busy`); none is dropped.
-* An agent runs in a fresh :class:`contextvars.Context` with its session bound,
-  so it starts from a clean slate, never from a sibling's copy.
+* An agent runs in a fresh :class:`contextvars.Context` with its session bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 
 from chatlane.context import bind_session
+from chatlane.errors import ActiveSessionLimit, ChatlaneError
 from chatlane.identity import SessionSource
 from chatlane.runtime import pending
 from chatlane.runtime.busy import (
@@ -38,11 +44,16 @@ from chatlane.runtime.busy import (
     decide,
     resolve_policy,
 )
+from chatlane.runtime.leases import AcquireWait, LeaseKeeper, LeaseSettings, new_holder_id
+from chatlane.runtime.output import TurnOutput
+from chatlane.runtime.recovery import adopt_orphans
 from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
+from chatlane.stores.base import Lease, Store
+from chatlane.stores.codec import encode_message
+from chatlane.stores.memory import MemoryStore
 from chatlane.types import (
     Agent,
-    AgentResult,
     Deliver,
     InboundMessage,
     Outbound,
@@ -53,6 +64,15 @@ from chatlane.types import (
 )
 
 log = logging.getLogger("chatlane.runtime")
+
+STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN = (
+    "stopped",
+    "interrupted",
+    "evicted",
+    "lease lost",
+    "shutdown",
+)
+"""Why a turn ended early (``Turn.ended_by``); decides what happens to its messages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +89,7 @@ class RuntimeSettings:
         (notices that a message will not run are never debounced).
     :param turn_timeout: a turn with no progress for this long is evicted
         (0 disables eviction).
+    :param leases: lease TTL, the cross-process active-session cap, polling.
     """
 
     busy: BusySettings = field(default_factory=BusySettings)
@@ -78,6 +99,7 @@ class RuntimeSettings:
     interrupt_depth: int = 3
     ack_debounce: float = 30.0
     turn_timeout: float = 600.0
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,30 +120,51 @@ class TurnEngine:
         *,
         settings: RuntimeSettings | None = None,
         registry: SessionRegistry | None = None,
+        store: Store | None = None,
+        holder: str | None = None,
     ) -> None:
         self.agent = agent
         self.settings = settings or RuntimeSettings()
         self.registry = registry if registry is not None else SessionRegistry()
+        self.store = store if store is not None else MemoryStore()
+        self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)
+        self.output = TurnOutput(self.store, self.send)
         self._deliver = deliver
         self._turns: set[Turn] = set()
         self._collecting: set[SessionKey] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._turn_ended = asyncio.Event()
         self._timers: set[asyncio.TimerHandle] = set()
-        self._watchdog: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
         self._closed = False
+
+    @property
+    def holder(self) -> str:
+        """This engine's identity in the store."""
+        return self.leases.holder
 
     # -- inbound ---------------------------------------------------------------
 
     async def submit(self, key: SessionKey, message: InboundMessage) -> BusyOutcome | None:
-        """Run ``message`` now if its session is idle, else apply the busy policy.
+        """Persist ``message``, then run it now if its session is idle, else apply the busy policy.
 
         :returns: ``None`` when a turn started for the message, else the busy outcome.
         """
+        seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
+        return await self.accept(key, message, seq)
+
+    async def accept(
+        self, key: SessionKey, message: InboundMessage, seq: int
+    ) -> BusyOutcome | None:
+        """Run or queue a message already in the durable queue under ``seq``."""
+        self._ensure_background()
         state = self.registry.get(key)
         if not state.turn.is_running:
-            self._start(state, (message,))
+            self._start(state, (message,), (seq,))
             return None
-        outcome = self._apply_busy(state, message)
+        outcome = self._apply_busy(state, message, seq)
+        if outcome in ALWAYS_ANSWERED:
+            await self.store.drop_pending(key, [seq])
         await self._acknowledge(state, message, outcome)
         return outcome
 
@@ -132,27 +175,46 @@ class TurnEngine:
             :attr:`BusyOutcome.QUEUE_FULL` (refused: the caller tells the sender).
         """
         state = self.registry.get(key)
-        if not state.turn.is_running:
-            self._start(state, (message,))
-            return None
-        if pending.pending_count(state) >= self.settings.queue_cap:
+        if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
             return BusyOutcome.QUEUE_FULL
-        pending.enqueue(state, message)
+        seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
+        state = self.registry.get(key)
+        if not state.turn.is_running:
+            self._start(state, (message,), (seq,))
+            return None
+        pending.enqueue(state, message, seq)
         return BusyOutcome.QUEUED
 
-    def _apply_busy(self, state: SessionState, message: InboundMessage) -> BusyOutcome:
+    async def adopt(self, key: SessionKey, message: InboundMessage, seq: int) -> None:
+        """Run a message adopted from a dead process: now if idle, else in store order."""
+        state = self.registry.get(key)
+        if not state.turn.is_running:
+            self._start(state, (message,), (seq,))
+        else:
+            pending.insert_in_order(state, message, seq)
+
+    async def start(self) -> int:
+        """Announce this process and adopt what dead ones left; return how many were adopted.
+
+        Called by the gateway at start; also runs on every lease renewal cycle.
+        """
+        self._ensure_background()
+        await self.leases.heartbeat()
+        return await adopt_orphans(self.store, self.holder, self.adopt)
+
+    def _apply_busy(self, state: SessionState, message: InboundMessage, seq: int) -> BusyOutcome:
         turn = self._running_turn(state)
         outcome = decide(self.policy_for(state, message), self._busy_context(state, message, turn))
         if outcome is BusyOutcome.QUEUED:
-            pending.enqueue(state, message)
+            pending.enqueue(state, message, seq)
         elif outcome is BusyOutcome.MERGED:
-            pending.collect(state, message, self.settings.collect_debounce)
+            pending.collect(state, message, seq, self.settings.collect_debounce)
         elif outcome is BusyOutcome.INTERRUPTING and turn is not None:
-            pending.enqueue(state, message)
+            pending.enqueue(state, message, seq)
             state.conversation.interrupt_streak += 1
-            self._supersede(state, turn, "interrupted by a new message")
+            self._supersede(state, turn, INTERRUPTED)
         elif outcome is BusyOutcome.STEERED and turn is not None:
-            turn.steer(message)
+            turn.steer(message, seq)
         return outcome
 
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
@@ -169,7 +231,7 @@ class TurnEngine:
             agent_accepts_steering=turn is not None and accepts_steering(self.agent),
             interrupt_streak=state.conversation.interrupt_streak,
             interrupt_depth=self.settings.interrupt_depth,
-            already_interrupted=turn is None or turn.interrupted.is_set(),
+            already_interrupted=_not_interruptible(turn),
         )
 
     async def _acknowledge(
@@ -194,116 +256,98 @@ class TurnEngine:
 
     # -- running a turn --------------------------------------------------------
 
-    def _start(self, state: SessionState, messages: tuple[InboundMessage, ...]) -> Turn:
-        generation = state.persistent.bump_generation()
-        turn = Turn(state, generation, messages, TurnOverrides.of(state))
+    def _start(
+        self, state: SessionState, messages: tuple[InboundMessage, ...], seqs: tuple[int, ...]
+    ) -> Turn:
+        turn = Turn(state, messages, seqs, TurnOverrides.of(state))
         slot = state.turn
-        slot.agent, slot.event, slot.ctx, slot.started_ts = (
-            AGENT_PENDING,
-            messages[0],
-            turn,
-            time.time(),
-        )
+        slot.agent, slot.event, slot.ctx = AGENT_PENDING, messages[0], turn
+        slot.started_ts = time.time()
         self._turns.add(turn)
-        turn.task = asyncio.create_task(
-            self._drive(state, turn),
-            name=f"chatlane-turn:{state.key}:{generation}",
-            context=contextvars.Context(),
-        )
-        self._ensure_watchdog()
-        log.debug("turn started", extra={"session_key": state.key, "generation": generation})
+        turn.task = asyncio.create_task(self._drive(state, turn), context=contextvars.Context())
         return turn
 
     async def _drive(self, state: SessionState, turn: Turn) -> None:
         try:
-            with bind_session(turn.source, session_key=turn.session_key):
-                state.turn.agent = turn
-                text = await self._run_agent(turn)
-            await self._deliver_reply(turn, text)
+            if await self._take_lease(state, turn):
+                with bind_session(turn.source, session_key=turn.session_key):
+                    state.turn.agent = turn
+                    text = await self.output.run_agent(self.agent, turn)
+                await self.output.reply(turn, text)
         except asyncio.CancelledError:
             log.info("turn cancelled: %s gen=%d", turn.session_key, turn.generation)
             raise
         except Exception as error:
-            await self._report_failure(turn, error)
+            await self.output.failure(turn, error)
         finally:
+            await self._settle(state, turn)
             self._finish(state, turn)
 
-    async def _run_agent(self, turn: Turn) -> str:
-        result: object = self.agent(turn)
-        if inspect.isawaitable(result):
-            result = await result
-        if isinstance(result, str):
-            return result
-        if isinstance(result, AsyncIterator):
-            return await self._stream(turn, result)
-        raise TypeError(f"agent returned {type(result).__name__}, not str or an async iterator")
-
-    async def _stream(self, turn: Turn, chunks: AsyncIterator[str]) -> str:
-        parts: list[str] = []
-        try:
-            async for chunk in chunks:
-                if not isinstance(chunk, str):
-                    raise TypeError(f"agent streamed {type(chunk).__name__}, not str")
-                if not turn.is_current():
-                    break
-                turn.touch()
-                parts.append(chunk)
-                await self.send(
-                    OutboundKind.CHUNK,
-                    turn.session_key,
-                    turn.source,
-                    chunk,
-                    turn.message_ids,
-                    turn.generation,
-                )
-        finally:
-            await _close(chunks)
-        return "".join(parts)
-
-    async def _deliver_reply(self, turn: Turn, text: str) -> None:
-        if not turn.is_current():
-            self._log_fenced(turn, "reply")
-            return
-        await self.send(
-            OutboundKind.REPLY,
-            turn.session_key,
-            turn.source,
-            text,
-            turn.message_ids,
-            turn.generation,
+    async def _take_lease(self, state: SessionState, turn: Turn) -> bool:
+        """Wait for the session's lease and bind it to ``turn``; False if the turn was dropped."""
+        wanted = partial(self._still_wanted, turn)
+        lease = await self.leases.acquire(
+            state, min(turn.seqs), wanted, partial(self._on_wait, state, turn)
         )
+        if lease is None:
+            return False
+        if not wanted() or lease.generation < state.persistent.run_generation:
+            turn.ended_by = turn.ended_by or LEASE_LOST
+            turn.lease = lease
+            turn.generation = lease.generation
+            return False
+        turn.bind_lease(lease)
+        state.persistent.run_generation = lease.generation
+        turn.touch()
+        return True
 
-    async def _report_failure(self, turn: Turn, error: Exception) -> None:
-        log.error("agent failed: %s gen=%d", turn.session_key, turn.generation, exc_info=error)
-        if not turn.is_current():
-            self._log_fenced(turn, "failure notice")
+    def _still_wanted(self, turn: Turn) -> bool:
+        return not self._closed and not turn.interrupted.is_set()
+
+    def _on_wait(
+        self, state: SessionState, turn: Turn, error: ChatlaneError, wait: AcquireWait
+    ) -> None:
+        if not wait.first(error):
             return
-        text = f"Sorry — the agent failed on this message ({type(error).__name__})."
-        await self.send(
-            OutboundKind.NOTICE,
-            turn.session_key,
-            turn.source,
-            text,
-            turn.message_ids,
-            turn.generation,
-        )
-
-    def _log_fenced(self, turn: Turn, what: str) -> None:
-        current = self.registry.get(turn.session_key).persistent.run_generation
+        message = turn.messages[0]
+        if isinstance(error, ActiveSessionLimit):
+            text = f"{error}, queued"
+            self._spawn(
+                self.send(OutboundKind.ACK, state.key, message.source, text, turn.message_ids)
+            )
+            return
         log.info(
-            "fenced stale %s: %s gen=%d current=%d",
-            what,
-            turn.session_key,
-            turn.generation,
-            current,
+            "session %s is running elsewhere; %d message(s) wait", state.key, len(turn.messages)
         )
+
+    async def _settle(self, state: SessionState, turn: Turn) -> None:
+        """After a turn: give back its lease and decide what becomes of its stored messages."""
+        if turn.ended_by == STOPPED:
+            untaken = turn.untaken_steers()
+            await self.store.drop_pending(state.key, [seq for _, seq in untaken])
+        if not turn.answered:
+            await self._settle_unanswered(state, turn)
+        if turn.lease is not None:
+            await self.leases.release(state, turn.generation)
+
+    async def _settle_unanswered(self, state: SessionState, turn: Turn) -> None:
+        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED):
+            await self.store.drop_pending(state.key, turn.seqs)
+        elif turn.ended_by == LEASE_LOST and not self._closed:
+            self._requeue(state, turn)
+
+    def _requeue(self, state: SessionState, turn: Turn) -> None:
+        """Run a turn's messages again later: its lease was lost before it answered them."""
+        entry = pending.PendingEntry(list(turn.messages), list(turn.seqs[: len(turn.messages)]))
+        pending.pending_entries(state).insert(0, entry)
+        for message, seq in zip(turn.steered, turn.seqs[len(turn.messages) :], strict=True):
+            pending.enqueue(state, message, seq)
 
     def _finish(self, state: SessionState, turn: Turn) -> None:
         self._turns.discard(turn)
         self._turn_ended.set()
-        state.turn.release_lease_token(turn.generation)
-        for message in turn.untaken_steers():
-            pending.enqueue(state, message)
+        for message, seq in turn.untaken_steers():
+            pending.enqueue(state, message, seq)
         if state.turn.ctx is not turn:
             return
         if not turn.interrupted.is_set():
@@ -322,7 +366,8 @@ class TurnEngine:
             self._collecting.add(state.key)
             self._call_later(delay, self._promote_after_debounce, state)
             return
-        self._start(state, tuple(queue.pop(0).messages))
+        entry = queue.pop(0)
+        self._start(state, tuple(entry.messages), tuple(entry.seqs))
 
     def _promote_after_debounce(self, state: SessionState) -> None:
         self._collecting.discard(state.key)
@@ -340,6 +385,11 @@ class TurnEngine:
         handle = loop.call_later(delay, fire)
         self._timers.add(handle)
 
+    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # -- control ---------------------------------------------------------------
 
     def running_turn(self, key: SessionKey) -> Turn | None:
@@ -352,47 +402,92 @@ class TurnEngine:
         turn = state.turn.ctx
         return turn if isinstance(turn, Turn) else None
 
-    def _supersede(self, state: SessionState, turn: Turn, reason: str) -> None:
+    def _supersede(self, state: SessionState, turn: Turn, ended_by: str, detail: str = "") -> None:
         """Make ``turn`` stale, ask it to stop, and cancel it after the grace period."""
+        turn.ended_by = turn.ended_by or ended_by
         if turn.is_current():
             state.persistent.bump_generation()
+            if ended_by != LEASE_LOST:
+                self._spawn(self.store.bump_generation(state.key))
         turn.interrupted.set()
-        log.info("turn superseded (%s): %s gen=%d", reason, turn.session_key, turn.generation)
+        log.info(
+            "turn superseded (%s%s): %s gen=%d",
+            ended_by,
+            detail and f": {detail}",
+            turn.session_key,
+            turn.generation,
+        )
         task = turn.task
         if task is not None and not task.done():
             self._call_later(self.settings.interrupt_grace, _cancel, task)
 
-    def interrupt(self, key: SessionKey, reason: str = "interrupted") -> bool:
+    def interrupt(self, key: SessionKey, reason: str = "") -> bool:
         """Stop ``key``'s running turn (fenced from now on); its queue is kept.
 
+        :param reason: why, for the log.
         :returns: whether a turn was running.
         """
         state = self.registry.peek(key)
         turn = None if state is None else self._running_turn(state)
         if state is None or turn is None:
             return False
-        self._supersede(state, turn, reason)
+        self._supersede(state, turn, INTERRUPTED, reason)
         return True
 
-    def stop(self, key: SessionKey) -> StopResult:
+    async def stop(self, key: SessionKey) -> StopResult:
         """``/stop``: interrupt the running turn, bump the generation, drop the queue."""
         state = self.registry.get(key)
-        dropped = tuple(pending.drain(state))
+        dropped, seqs = pending.drain(state)
         turn = self._running_turn(state)
-        if turn is not None:
-            self._supersede(state, turn, "stopped")
+        if turn is not None and turn.lease is None:
+            dropped = [*turn.messages, *dropped]
+        if turn is not None and turn.is_current():
+            self._supersede(state, turn, STOPPED)
         else:
+            if turn is not None:
+                self._supersede(state, turn, STOPPED)
             state.persistent.bump_generation()
-            if state.turn.agent is AGENT_PENDING:
+            await self.store.bump_generation(key)
+            if state.turn.agent is AGENT_PENDING and state.turn.ctx is None:
                 state.turn.clear()
                 self._collecting.discard(key)
-        return StopResult(turn is not None, dropped)
+        await self.store.drop_pending(key, seqs)
+        return StopResult(turn is not None and turn.lease is not None, tuple(dropped))
 
-    # -- eviction --------------------------------------------------------------
+    # -- background: renewals, eviction, adoption --------------------------------
 
-    def _ensure_watchdog(self) -> None:
-        if self.settings.turn_timeout > 0 and self._watchdog is None:
-            self._watchdog = asyncio.create_task(self._watch(), name="chatlane-watchdog")
+    def _ensure_background(self) -> None:
+        if self._background or self._closed:
+            return
+        self._background.append(asyncio.create_task(self._keep_leases(), name="chatlane-leases"))
+        if self.settings.turn_timeout > 0:
+            self._background.append(asyncio.create_task(self._watch(), name="chatlane-watchdog"))
+
+    async def _keep_leases(self) -> None:
+        period = self.settings.leases.ttl / 3
+        while not self._closed:
+            await self._renew_once()
+            await asyncio.sleep(period)
+
+    async def _renew_once(self) -> None:
+        try:
+            await self.leases.heartbeat()
+            await adopt_orphans(self.store, self.holder, self.adopt)
+        except ChatlaneError as error:
+            log.warning("heartbeat or adoption failed: %s", error)
+        held = [turn for turn in self._turns if turn.lease is not None and turn.is_current()]
+        renewed = await self.leases.renew_all(turn.lease for turn in held if turn.lease)
+        for turn, lease in zip(held, renewed, strict=True):
+            self._after_renewal(turn, lease)
+
+    def _after_renewal(self, turn: Turn, lease: Lease | None) -> None:
+        state = self.registry.get(turn.session_key)
+        if lease is None:
+            self._supersede(state, turn, LEASE_LOST)
+            return
+        if turn.generation in state.turn.lease_tokens:
+            state.turn.lease_tokens[turn.generation] = lease
+            turn.lease = lease
 
     async def _watch(self) -> None:
         period = min(self.settings.turn_timeout / 4, 1.0)
@@ -412,11 +507,12 @@ class TurnEngine:
         state = self.registry.get(turn.session_key)
         if state.turn.ctx is not turn:
             return
-        self._supersede(state, turn, "evicted: no progress")
+        self._supersede(state, turn, EVICTED)
         if turn.task is not None:
             turn.task.cancel()
         self._turns.discard(turn)
         state.turn.clear()
+        await self.leases.release(state, turn.generation)
         timeout = self.settings.turn_timeout
         text = f"The running turn made no progress for {timeout:g}s and was stopped."
         await self.send(OutboundKind.NOTICE, turn.session_key, turn.source, text, turn.message_ids)
@@ -449,7 +545,8 @@ class TurnEngine:
     ) -> None:
         """Deliver one outbound message; an adapter's failure is logged, never raised."""
         if generation is None:
-            generation = self.registry.get(key).persistent.run_generation
+            state = self.registry.peek(key)
+            generation = 0 if state is None else state.persistent.run_generation
         outbound = Outbound(kind, key, Target.of(source), text, generation, in_reply_to)
         try:
             await self._deliver(outbound)
@@ -457,20 +554,23 @@ class TurnEngine:
             log.exception("delivery failed: %s %s", kind, key)
 
     async def aclose(self) -> None:
-        """Stop every turn (fenced), cancel timers and wait for the tasks to end."""
+        """Stop every turn (fenced; its messages stay queued in the store) and wait for them."""
         self._closed = True
         for handle in self._timers:
             handle.cancel()
         self._timers.clear()
-        tasks = [turn.task for turn in self._turns if turn.task is not None]
+        tasks: list[asyncio.Task[None]] = [t.task for t in self._turns if t.task is not None]
         for turn in list(self._turns):
-            self.interrupt(turn.session_key, "gateway shutting down")
-        for task in tasks:
+            self._supersede(self.registry.get(turn.session_key), turn, SHUTDOWN)
+        for task in [*tasks, *self._background]:
             task.cancel()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            tasks.append(self._watchdog)
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._background, *self._tasks, return_exceptions=True)
+        await self.leases.sign_off()
+
+
+def _not_interruptible(turn: Turn | None) -> bool:
+    """No agent to interrupt yet (or any more): the message queues instead."""
+    return turn is None or turn.lease is None or turn.interrupted.is_set()
 
 
 def _cancel(task: asyncio.Task[None]) -> None:
@@ -478,10 +578,4 @@ def _cancel(task: asyncio.Task[None]) -> None:
         task.cancel()
 
 
-async def _close(chunks: AsyncIterator[str]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
-__all__ = ["AgentResult", "RuntimeSettings", "StopResult", "TurnEngine"]
+__all__ = ["RuntimeSettings", "StopResult", "TurnEngine"]

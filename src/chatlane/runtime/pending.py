@@ -20,6 +20,8 @@ class PendingEntry:
     """The messages of one future turn."""
 
     messages: list[InboundMessage] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    """The store's ``seq`` of each message, in the same order."""
     collecting: bool = False
     ready_at: float = 0.0
     """``time.monotonic()`` reading before which a collecting entry does not start."""
@@ -42,24 +44,33 @@ def pending_count(state: SessionState) -> int:
     return sum(len(entry.messages) for entry in pending_entries(state))
 
 
-def enqueue(state: SessionState, message: InboundMessage) -> None:
+def enqueue(state: SessionState, message: InboundMessage, seq: int) -> None:
     """Queue ``message`` as its own future turn."""
-    pending_entries(state).append(PendingEntry([message]))
+    pending_entries(state).append(PendingEntry([message], [seq]))
 
 
-def collect(state: SessionState, message: InboundMessage, debounce: float) -> None:
+def insert_in_order(state: SessionState, message: InboundMessage, seq: int) -> None:
+    """Queue ``message`` as its own turn before every entry accepted after it (adoption)."""
+    queue = pending_entries(state)
+    index = next((i for i, e in enumerate(queue) if e.seqs and e.seqs[0] > seq), len(queue))
+    queue.insert(index, PendingEntry([message], [seq]))
+
+
+def collect(state: SessionState, message: InboundMessage, seq: int, debounce: float) -> None:
     """Merge ``message`` into the last collecting entry (or start one) and push its deadline."""
     queue = pending_entries(state)
     if not queue or not queue[-1].collecting:
         queue.append(PendingEntry(collecting=True))
     entry = queue[-1]
     entry.messages.append(message)
+    entry.seqs.append(seq)
     entry.ready_at = time.monotonic() + debounce
 
 
-def drain(state: SessionState) -> list[InboundMessage]:
-    """Remove every pending message and return them, oldest first."""
+def drain(state: SessionState) -> tuple[list[InboundMessage], list[int]]:
+    """Remove every pending message and return them with their seqs, oldest first."""
     queue = pending_entries(state)
     messages = [message for entry in queue for message in entry.messages]
+    seqs = [seq for entry in queue for seq in entry.seqs]
     queue.clear()
-    return messages
+    return messages, seqs

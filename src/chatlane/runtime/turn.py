@@ -1,12 +1,14 @@
 """The turn an agent receives: its input, its generation, and its fence.
 
 A :class:`Turn` is created by the engine when a session's slot is claimed and
-handed to the agent. What stays true:
+handed to the agent once its lease is held. What stays true:
 
-* ``generation`` never changes; :meth:`Turn.is_current` is true exactly while
-  the session's ``run_generation`` still equals it. Stop, interrupt, eviction
-  and supersession all bump the session's generation, so a displaced turn
-  learns it is stale from one comparison.
+* ``generation`` is the lease's fencing token; it is set once, when the lease
+  is taken, before the agent starts, and never changes after.
+  :meth:`Turn.is_current` is true exactly while the session's
+  ``run_generation`` still equals it and the lease has not expired on this
+  host's clock. Stop, interrupt, eviction and a lost lease all make it false,
+  so a displaced turn learns it is stale from one comparison.
 * Every reply chunk and state write made for the turn goes through
   :meth:`Turn.fence` (or :meth:`Turn.is_current`); stale work is refused, never
   half-applied.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from chatlane.errors import StaleGeneration
 from chatlane.identity import SessionSource
 from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
+from chatlane.stores.base import Lease
 from chatlane.types import InboundMessage, SessionKey
 
 
@@ -56,11 +59,15 @@ class Turn:
     __slots__ = (
         "_state",
         "_steers",
+        "answered",
+        "ended_by",
         "generation",
         "interrupted",
         "last_progress",
+        "lease",
         "messages",
         "overrides",
+        "seqs",
         "session_key",
         "source",
         "started_at",
@@ -71,15 +78,19 @@ class Turn:
     def __init__(
         self,
         state: SessionState,
-        generation: int,
         messages: tuple[InboundMessage, ...],
+        seqs: tuple[int, ...],
         overrides: TurnOverrides,
     ) -> None:
         self._state = state
-        self._steers: list[InboundMessage] = []
+        self._steers: list[tuple[InboundMessage, int]] = []
         self.steered: list[InboundMessage] = []
+        self.seqs = list(seqs)
         self.session_key: SessionKey = state.key
-        self.generation = generation
+        self.generation = 0
+        self.lease: Lease | None = None
+        self.ended_by = ""
+        self.answered = False
         self.messages = messages
         self.source: SessionSource = messages[-1].source
         self.overrides = overrides
@@ -97,17 +108,27 @@ class Turn:
         """The ids of the inbound messages this turn answers, steered ones included."""
         return tuple(message.id for message in (*self.messages, *self.steered))
 
+    def bind_lease(self, lease: Lease) -> None:
+        """Take ``lease``'s generation as this turn's (engine side, once, before the agent)."""
+        self.lease = lease
+        self.generation = lease.generation
+
     def is_current(self) -> bool:
         """Whether this turn may still write state and deliver replies."""
-        return self._state.persistent.run_generation == self.generation
+        lease = self.lease
+        return (
+            lease is not None
+            and self._state.persistent.run_generation == self.generation
+            and lease.expires_at > time.time()
+        )
 
     def fence(self, what: str = "write") -> None:
         """Refuse ``what`` unless this turn is current.
 
-        :raises StaleGeneration: if the session's generation has moved on.
+        :raises StaleGeneration: if the session's generation moved on or the lease expired.
         """
-        current = self._state.persistent.run_generation
-        if current != self.generation:
+        if not self.is_current():
+            current = self._state.persistent.run_generation
             raise StaleGeneration(self.session_key, self.generation, current, what)
 
     def take_steers(self) -> list[str]:
@@ -116,21 +137,23 @@ class Turn:
         The messages taken are recorded in :attr:`steered`: this turn answers them.
         """
         steers, self._steers = self._steers, []
+        for message, seq in steers:
+            self.steered.append(message)
+            self.seqs.append(seq)
         if steers:
-            self.steered.extend(steers)
             self.touch()
-        return [message.text for message in steers]
+        return [message.text for message, _ in steers]
 
     def touch(self) -> None:
         """Record progress, so the turn is not evicted as stuck."""
         self.last_progress = time.monotonic()
 
-    def steer(self, message: InboundMessage) -> None:
+    def steer(self, message: InboundMessage, seq: int) -> None:
         """Hand ``message`` to the running agent (engine side of :meth:`take_steers`)."""
-        self._steers.append(message)
+        self._steers.append((message, seq))
 
-    def untaken_steers(self) -> list[InboundMessage]:
-        """Steered messages the agent never took (engine side, at the end of the turn)."""
+    def untaken_steers(self) -> list[tuple[InboundMessage, int]]:
+        """Steered messages (and seqs) the agent never took (engine side, at the end)."""
         untaken, self._steers = self._steers, []
         return untaken
 

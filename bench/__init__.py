@@ -1,0 +1,1 @@
+"""Benchmarks for chatlane; each module is a script (see ``bench/README.md``)."""

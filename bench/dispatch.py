@@ -1,0 +1,337 @@
+"""Cost per message of chatlane's gateway next to aiogram 3's ``Dispatcher``, in memory.
+
+Both sides get the same workload and do the same work per message: read a
+per-session counter, write it back incremented. What stays true:
+
+* Every message is prepared before the clock starts; only handling is timed.
+* A message counts as done when its handling ended: for chatlane when
+  ``deliver`` got the agent's reply (dispatch → turn → agent → reply), for
+  aiogram when ``feed_update`` returned (middlewares → FSM → handler).
+* At most ``in_flight`` messages are in flight: one worker task per lane, each
+  awaiting its message before the next. A session belongs to exactly one lane,
+  so its messages are handled in order on both sides.
+* Each run builds a fresh gateway or dispatcher and checks afterwards that every
+  session's counter equals the number of messages it got; a miss raises.
+
+Run ``python bench/dispatch.py --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from aiogram import Bot, Dispatcher
+from aiogram.dispatcher.event.bases import UNHANDLED
+from aiogram.fsm.context import FSMContext
+from aiogram.fsm.storage.base import StorageKey
+from aiogram.fsm.storage.memory import MemoryStorage, SimpleEventIsolation
+from aiogram.types import Chat, Message, Update, User
+
+from chatlane.gateway import Gateway
+from chatlane.identity import SessionSource
+from chatlane.runtime.turn import Turn
+from chatlane.state import ConversationState, SessionRegistry
+from chatlane.types import InboundMessage, Outbound, OutboundKind
+
+T = TypeVar("T")
+
+TARGET_RATIO = 10.0
+"""chatlane passes when aiogram's cost per message is at least this many times its own."""
+DEFAULT_MAX_SESSIONS = 10_000
+"""``SessionRegistry``'s own default, kept unless the workload needs more."""
+BOT_ID = 42
+SEED = 20_240_601
+SENT_AT = datetime(2024, 6, 1, tzinfo=UTC)
+
+
+class BenchError(RuntimeError):
+    """A side did not do the work it was timed for; its figures mean nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """How many sessions, messages per session, and messages in flight at most."""
+
+    sessions: int
+    messages: int
+    in_flight: int
+
+    @property
+    def total(self) -> int:
+        return self.sessions * self.messages
+
+
+def plan_lanes(workload: Workload) -> list[list[int]]:
+    """Session numbers in a seeded shuffled order, dealt into one lane per worker.
+
+    Session ``s`` goes to lane ``s % in_flight``; the shuffle mixes sessions but
+    keeps each one's messages in order, because they are interchangeable copies.
+    """
+    stream = [s for s in range(workload.sessions) for _ in range(workload.messages)]
+    random.Random(SEED).shuffle(stream)
+    lanes: list[list[int]] = [[] for _ in range(workload.in_flight)]
+    for session in stream:
+        lanes[session % workload.in_flight].append(session)
+    return [lane for lane in lanes if lane]
+
+
+def user_id(session: int) -> int:
+    """The Telegram-style id of session ``session``'s user (and private chat)."""
+    return 1_000 + session
+
+
+async def drive(lanes: Sequence[Sequence[T]], handle: Callable[[T], Awaitable[None]]) -> int:
+    """Handle every lane in its own worker task; return the wall time in ns (after a GC)."""
+
+    async def worker(lane: Sequence[T]) -> None:
+        for item in lane:
+            await handle(item)
+
+    gc.collect()
+    start = time.perf_counter_ns()
+    await asyncio.gather(*(worker(lane) for lane in lanes))
+    return time.perf_counter_ns() - start
+
+
+def check_counters(side: str, counters: dict[int, int], expected: int) -> None:
+    """:raises BenchError: unless every session's counter equals ``expected``."""
+    wrong = {s: n for s, n in counters.items() if n != expected}
+    if wrong:
+        sample = dict(list(wrong.items())[:5])
+        raise BenchError(f"{side}: {len(wrong)} session counters != {expected}, e.g. {sample}")
+
+
+# --- chatlane -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class BenchConversation(ConversationState):
+    """The conversation scope plus the benchmark's counter."""
+
+    counter: int = 0
+
+
+class ChatlaneSide:
+    """A gateway whose agent bumps a counter in the session's conversation state."""
+
+    def __init__(self, sessions: int) -> None:
+        # Room for every session: an evicted one would take its counter with it.
+        capacity = max(sessions, DEFAULT_MAX_SESSIONS)
+        self.registry = SessionRegistry(conversation_cls=BenchConversation, max_sessions=capacity)
+        self.gateway = Gateway(self.agent, self.deliver, registry=self.registry)
+        self.waiting: dict[str, asyncio.Future[None]] = {}
+        self.replies = 0
+
+    async def agent(self, turn: Turn) -> str:
+        conversation = self.registry.get(turn.session_key).conversation
+        if not isinstance(conversation, BenchConversation):
+            raise BenchError(f"conversation state is a {type(conversation).__name__}")
+        conversation.counter += 1
+        return "ok"
+
+    async def deliver(self, outbound: Outbound) -> None:
+        done = self.waiting.pop(outbound.in_reply_to[0])
+        if outbound.kind is not OutboundKind.REPLY:
+            done.set_exception(BenchError(f"chatlane sent a {outbound.kind}: {outbound.text}"))
+            return
+        self.replies += 1
+        done.set_result(None)
+
+    async def handle(self, message: InboundMessage) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self.waiting[message.id] = done
+        result = await self.gateway.dispatch(message)
+        if not result.started:
+            raise BenchError(f"chatlane did not start a turn: {result}")
+        await done
+
+    def counters(self, sources: dict[int, SessionSource]) -> dict[int, int]:
+        counters: dict[int, int] = {}
+        for session, source in sources.items():
+            state = self.registry.peek(self.gateway.session_key(InboundMessage(source, "")))
+            conversation = None if state is None else state.conversation
+            counters[session] = getattr(conversation, "counter", 0)
+        return counters
+
+
+def chatlane_source(session: int) -> SessionSource:
+    """The private chat of session ``session``'s user, as a Telegram adapter would name it."""
+    uid = str(user_id(session))
+    return SessionSource("telegram", chat_id=uid, user_id=uid)
+
+
+async def run_chatlane(workload: Workload, lanes: list[list[int]]) -> int:
+    """One timed chatlane run on a fresh gateway; the wall time in ns."""
+    side = ChatlaneSide(workload.sessions)
+    sources = {s: chatlane_source(s) for s in range(workload.sessions)}
+    inputs = [[InboundMessage(sources[s], "hello") for s in lane] for lane in lanes]
+    try:
+        elapsed = await drive(inputs, side.handle)
+    finally:
+        await side.gateway.aclose()
+    if side.replies != workload.total:
+        raise BenchError(f"chatlane: {side.replies} replies for {workload.total} messages")
+    check_counters("chatlane", side.counters(sources), workload.messages)
+    return elapsed
+
+
+# --- aiogram ------------------------------------------------------------------
+
+
+async def on_message(message: Message, state: FSMContext) -> None:
+    """Read and update the chat's FSM data; return nothing, so no Bot API call is made."""
+    data = await state.get_data()
+    await state.update_data(counter=data.get("counter", 0) + 1)
+
+
+def telegram_update(bot: Bot, update_id: int, session: int) -> Update:
+    """A private-chat text message from session ``session``'s user, bound to ``bot``."""
+    uid = user_id(session)
+    message = Message(
+        message_id=update_id,
+        date=SENT_AT,
+        chat=Chat(id=uid, type="private"),
+        from_user=User(id=uid, is_bot=False, first_name=f"user{session}"),
+        text="hello",
+    ).as_(bot)
+    return Update(update_id=update_id, message=message).as_(bot)
+
+
+async def aiogram_counters(storage: MemoryStorage, sessions: int) -> dict[int, int]:
+    counters: dict[int, int] = {}
+    for session in range(sessions):
+        key = StorageKey(bot_id=BOT_ID, chat_id=user_id(session), user_id=user_id(session))
+        counters[session] = int((await storage.get_data(key)).get("counter", 0))
+    return counters
+
+
+async def run_aiogram(workload: Workload, lanes: list[list[int]]) -> int:
+    """One timed aiogram run on a fresh dispatcher and storage; the wall time in ns."""
+    storage = MemoryStorage()
+    dp = Dispatcher(storage=storage, events_isolation=SimpleEventIsolation())
+    dp.message.register(on_message)
+    bot = Bot(f"{BOT_ID}:TEST")
+    ids = iter(range(1, workload.total + 1))
+    inputs = [[telegram_update(bot, next(ids), s) for s in lane] for lane in lanes]
+
+    async def handle(update: Update) -> None:
+        if await dp.feed_update(bot, update) is UNHANDLED:
+            raise BenchError(f"aiogram left update {update.update_id} unhandled")
+
+    try:
+        elapsed = await drive(inputs, handle)
+    finally:
+        await bot.session.close()
+        await dp.storage.close()
+    check_counters("aiogram", await aiogram_counters(storage, workload.sessions), workload.messages)
+    return elapsed
+
+
+# --- measuring and reporting --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """µs per message of every timed round, per side."""
+
+    workload: Workload
+    chatlane_us: tuple[float, ...]
+    aiogram_us: tuple[float, ...]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.aiogram_us) / statistics.median(self.chatlane_us)
+
+    @property
+    def passed(self) -> bool:
+        return self.ratio >= TARGET_RATIO
+
+    def as_json(self) -> dict[str, Any]:
+        w = self.workload
+        return {
+            "workload": {"sessions": w.sessions, "messages": w.messages, "in_flight": w.in_flight},
+            "chatlane": side_json(self.chatlane_us),
+            "aiogram": side_json(self.aiogram_us),
+            "ratio_aiogram_over_chatlane": round(self.ratio, 3),
+            "target_ratio": TARGET_RATIO,
+            "passed": self.passed,
+        }
+
+
+def side_json(rounds: tuple[float, ...]) -> dict[str, Any]:
+    return {
+        "rounds_us": [round(r, 3) for r in rounds],
+        "median_us": round(statistics.median(rounds), 3),
+    }
+
+
+async def measure(workload: Workload, rounds: int) -> Report:
+    """A warmup run per side, then ``rounds`` timed runs alternating chatlane and aiogram."""
+    lanes = plan_lanes(workload)
+    await run_chatlane(workload, lanes)
+    await run_aiogram(workload, lanes)
+    chatlane: list[float] = []
+    aiogram: list[float] = []
+    for _ in range(rounds):
+        chatlane.append(await run_chatlane(workload, lanes) / workload.total / 1_000)
+        aiogram.append(await run_aiogram(workload, lanes) / workload.total / 1_000)
+    return Report(workload, tuple(chatlane), tuple(aiogram))
+
+
+def render(report: Report) -> str:
+    w = report.workload
+    lines = [
+        f"workload: {w.sessions} sessions x {w.messages} messages = {w.total}, "
+        f"{w.in_flight} in flight, {len(report.chatlane_us)} rounds (+1 warmup)",
+        f"{'side':<10}{'median µs/msg':>15}{'msgs/s':>10}   rounds µs/msg",
+    ]
+    for name, rounds in (("chatlane", report.chatlane_us), ("aiogram", report.aiogram_us)):
+        median = statistics.median(rounds)
+        shown = " ".join(f"{r:.1f}" for r in rounds)
+        lines.append(f"{name:<10}{median:>15.1f}{1e6 / median:>10.0f}   {shown}")
+    verdict = "PASS" if report.passed else "FAIL"
+    lines.append(f"ratio aiogram/chatlane: {report.ratio:.2f}x")
+    lines.append(
+        f"target: chatlane at most 1/{TARGET_RATIO:g} of aiogram's cost per message: {verdict}"
+    )
+    return "\n".join(lines)
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sessions", type=positive, default=1_000, help="sessions (default 1000)")
+    parser.add_argument("--messages", type=positive, default=20, help="per session (default 20)")
+    parser.add_argument("--in-flight", type=positive, default=50, help="at most (default 50)")
+    parser.add_argument("--rounds", type=positive, default=3, help="timed rounds (default 3)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable results")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    workload = Workload(args.sessions, args.messages, args.in_flight)
+    report = asyncio.run(measure(workload, args.rounds))
+    print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

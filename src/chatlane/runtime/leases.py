@@ -1,0 +1,155 @@
+"""Leases for turns: taking a session's lease, keeping it alive, and giving it back.
+
+The :class:`LeaseKeeper` is the engine's only path to the store's leases.
+What stays true:
+
+* A turn runs only under a lease; the lease's generation becomes the turn's
+  generation, so the store refuses the writes of any turn it has fenced off.
+* A held lease is renewed about every ``ttl / 3``. A renewal that fails — the
+  lease expired, was taken over, its generation was bumped, or the store is
+  unreachable — marks the turn lost at once; so does a lease whose expiry has
+  passed on this host's clock (a process paused past its TTL fences itself
+  before it can deliver anything).
+* Each lease is released exactly once, through ``TurnState.lease_tokens``
+  keyed by generation: a displaced turn's unwind frees only its own lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from chatlane.errors import ActiveSessionLimit, ChatlaneError, LeaseError, LeaseLost, SessionBusy
+from chatlane.state import SessionState
+from chatlane.stores.base import Lease, Store
+
+log = logging.getLogger("chatlane.runtime")
+
+
+def new_holder_id() -> str:
+    """A process's identity in the store: unique per process start."""
+    return f"h-{secrets.token_hex(6)}"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSettings:
+    """How turns hold leases.
+
+    :param ttl: seconds a lease lives without renewal.
+    :param max_active_sessions: sessions that may run at once across every
+        process sharing the store (0 = unlimited).
+    :param poll: first wait (seconds) before retrying a busy session; doubles
+        up to ``max_poll``.
+    """
+
+    ttl: float = 30.0
+    max_active_sessions: int = 0
+    poll: float = 0.005
+    max_poll: float = 0.25
+
+
+class AcquireWait:
+    """Why a turn is still waiting for its lease, reported once per reason."""
+
+    def __init__(self) -> None:
+        self.reported: set[type[ChatlaneError]] = set()
+
+    def first(self, error: ChatlaneError) -> bool:
+        """Whether this is the first time ``error``'s kind of wait happened."""
+        kind = type(error)
+        if kind in self.reported:
+            return False
+        self.reported.add(kind)
+        return True
+
+
+class LeaseKeeper:
+    """Acquires, renews and releases the leases of one process's turns."""
+
+    def __init__(self, store: Store, holder: str, settings: LeaseSettings) -> None:
+        self.store = store
+        self.holder = holder
+        self.settings = settings
+
+    async def acquire(
+        self,
+        state: SessionState,
+        head_seq: int | None,
+        still_wanted: Callable[[], bool],
+        on_wait: Callable[[ChatlaneError, AcquireWait], object],
+    ) -> Lease | None:
+        """Wait for ``state``'s lease; ``None`` if ``still_wanted()`` turns false first.
+
+        ``on_wait`` is told each time the session is busy elsewhere or at the
+        active-session limit; it decides what to say (and may stop wanting).
+        """
+        wait, delay = AcquireWait(), self.settings.poll
+        while still_wanted():
+            try:
+                return await self._try(state, head_seq)
+            except (ActiveSessionLimit, SessionBusy) as error:
+                on_wait(error, wait)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.settings.max_poll)
+        return None
+
+    async def _try(self, state: SessionState, head_seq: int | None) -> Lease:
+        settings = self.settings
+        lease = await self.store.acquire(
+            state.key,
+            self.holder,
+            settings.ttl,
+            head_seq=head_seq,
+            max_active=settings.max_active_sessions,
+        )
+        state.turn.store_lease_token(lease.generation, lease)
+        return lease
+
+    async def release(self, state: SessionState, generation: int) -> None:
+        """Release the lease taken for ``generation``, if it is still held (once only)."""
+        lease = state.turn.release_lease_token(generation)
+        if lease is None:
+            return
+        try:
+            await self.store.release(lease)
+        except LeaseError as error:
+            log.info("lease of %s gen=%d already gone: %s", state.key, generation, error)
+
+    async def renew_all(self, leases: Iterable[Lease]) -> list[Lease | None]:
+        """Renew ``leases``, in order: the renewed lease, or ``None`` where it was lost."""
+        held = list(leases)
+        results = await asyncio.gather(
+            *(self.store.renew(lease, self.settings.ttl) for lease in held),
+            return_exceptions=True,
+        )
+        renewed: list[Lease | None] = []
+        for lease, result in zip(held, results, strict=True):
+            if isinstance(result, Lease):
+                renewed.append(result)
+                continue
+            log.warning("lease of %s gen=%d lost: %r", lease.key, lease.generation, result)
+            renewed.append(None)
+        return renewed
+
+    async def heartbeat(self) -> None:
+        """Tell the store this process is alive for the next ``ttl``."""
+        await self.store.heartbeat(self.holder, self.settings.ttl)
+
+    async def sign_off(self) -> None:
+        """Tell the store this process is gone, so its messages can be adopted at once."""
+        try:
+            await self.store.heartbeat(self.holder, 0.0)
+        except ChatlaneError as error:
+            log.warning("could not sign off from the store: %s", error)
+
+
+def locally_expired(lease: Lease | None) -> bool:
+    """Whether this host's clock says ``lease`` has expired (a paused process finds out here)."""
+    return lease is not None and lease.expires_at <= time.time()
+
+
+__all__ = ["AcquireWait", "LeaseKeeper", "LeaseLost", "LeaseSettings", "locally_expired"]

@@ -1,0 +1,123 @@
+"""A turn's output: running the agent, streaming its chunks, committing and delivering its reply.
+
+What stays true:
+
+* Nothing is delivered for a turn that is not current: each chunk is checked
+  before it goes out, and a stale streaming agent is closed at its next chunk.
+* The reply is committed to the store — transcript, "answered" marks, removal
+  from the durable queue — in one fenced write *before* it is delivered. A
+  refused commit (stale generation, or a message already answered by an
+  earlier run) means the reply is dropped and logged, never delivered.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from chatlane.errors import AlreadyAnswered, StaleGeneration
+from chatlane.identity import SessionSource
+from chatlane.runtime.turn import Turn
+from chatlane.stores.base import Store, TranscriptEntry, WriteBatch
+from chatlane.types import Agent, OutboundKind, SessionKey
+
+log = logging.getLogger("chatlane.runtime")
+
+Send = Callable[
+    [OutboundKind, SessionKey, SessionSource, str, tuple[str, ...], "int | None"],
+    Awaitable[None],
+]
+
+
+class TurnOutput:
+    """Runs agents and turns what they produce into committed, fenced deliveries."""
+
+    def __init__(self, store: Store, send: Send) -> None:
+        self._store = store
+        self._send = send
+
+    async def run_agent(self, agent: Agent, turn: Turn) -> str:
+        """Call ``agent`` and return its whole reply, streaming chunks as they come.
+
+        :raises TypeError: if the agent returns something other than text or chunks of text.
+        """
+        result: object = agent(turn)
+        if inspect.isawaitable(result):
+            result = await result
+        if isinstance(result, str):
+            return result
+        if isinstance(result, AsyncIterator):
+            return await self._stream(turn, result)
+        raise TypeError(f"agent returned {type(result).__name__}, not str or an async iterator")
+
+    async def _stream(self, turn: Turn, chunks: AsyncIterator[str]) -> str:
+        parts: list[str] = []
+        try:
+            async for chunk in chunks:
+                if not isinstance(chunk, str):
+                    raise TypeError(f"agent streamed {type(chunk).__name__}, not str")
+                if not turn.is_current():
+                    break
+                turn.touch()
+                parts.append(chunk)
+                await self._deliver(turn, OutboundKind.CHUNK, chunk)
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        return "".join(parts)
+
+    async def reply(self, turn: Turn, text: str) -> None:
+        """Commit the reply for ``turn``'s messages, then deliver it (if still current)."""
+        if await self._commit(turn, "assistant", text):
+            await self._deliver(turn, OutboundKind.REPLY, text)
+
+    async def failure(self, turn: Turn, error: Exception) -> None:
+        """Tell the sender the agent failed (the traceback goes to the log)."""
+        log.error("agent failed: %s gen=%d", turn.session_key, turn.generation, exc_info=error)
+        text = f"Sorry — the agent failed on this message ({type(error).__name__})."
+        if turn.lease is not None and await self._commit(turn, "notice", text):
+            await self._deliver(turn, OutboundKind.NOTICE, text)
+
+    async def _commit(self, turn: Turn, role: str, text: str) -> bool:
+        """Record the answer; True if it may be delivered."""
+        if not turn.is_current():
+            return self._fenced(turn, "reply")
+        try:
+            await self._store.commit(turn.session_key, turn.generation, _answer(turn, role, text))
+        except StaleGeneration:
+            return self._fenced(turn, "reply commit")
+        except AlreadyAnswered as error:
+            log.info("already answered, not delivering again: %s %s", turn.session_key, error)
+            await self._forget(turn)
+            return False
+        turn.answered = True
+        return turn.is_current() or self._fenced(turn, "delivery")
+
+    async def _forget(self, turn: Turn) -> None:
+        """Remove the queued records of messages an earlier run already answered."""
+        turn.answered = True
+        try:
+            await self._store.commit(turn.session_key, turn.generation, WriteBatch(done=turn.seqs))
+        except StaleGeneration:
+            self._fenced(turn, "queue cleanup")
+
+    async def _deliver(self, turn: Turn, kind: OutboundKind, text: str) -> None:
+        await self._send(
+            kind, turn.session_key, turn.source, text, turn.message_ids, turn.generation
+        )
+
+    @staticmethod
+    def _fenced(turn: Turn, what: str) -> bool:
+        log.info("fenced stale %s: %s gen=%d", what, turn.session_key, turn.generation)
+        return False
+
+
+def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
+    """The one fenced write that records a turn's input and its answer."""
+    g = turn.generation
+    inputs = [*turn.messages, *turn.steered]
+    entries = [TranscriptEntry("user", m.text, g, message_id=m.id) for m in inputs]
+    entries.append(TranscriptEntry(role, text, g))
+    return WriteBatch(transcript=entries, answered=list(turn.message_ids), done=list(turn.seqs))

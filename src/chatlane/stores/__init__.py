@@ -1,0 +1,57 @@
+"""Stores: where sessions, leases and the durable queue live.
+
+:func:`open_store` picks the backend from a URL:
+
+* ``memory://`` — this process only (tests, experiments);
+* ``sqlite:///path/chatlane.db`` — the embedded default; several processes on one host;
+* ``redis://host:port/db`` or ``rediss://…`` — several processes on several hosts.
+"""
+
+from __future__ import annotations
+
+from chatlane.errors import StoreError
+from chatlane.stores.base import (
+    Conversation,
+    Lease,
+    PendingRecord,
+    Store,
+    TranscriptEntry,
+    WriteBatch,
+)
+from chatlane.stores.memory import MemoryStore
+
+SCHEMES = ("memory", "sqlite", "redis", "rediss")
+
+
+async def open_store(url: str) -> Store:
+    """Open the store ``url`` names.
+
+    :raises StoreError: for an unknown scheme, or a store that cannot be opened.
+    """
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise StoreError(
+            f"store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db "
+            "or rediss://…"
+        )
+    if scheme == "memory":
+        return MemoryStore(url)
+    if scheme == "sqlite":
+        from chatlane.stores.sqlite import SQLiteStore
+
+        return await SQLiteStore.open(url)
+    from chatlane.stores.redis import RedisStore
+
+    return await RedisStore.open(url)
+
+
+__all__ = [
+    "Conversation",
+    "Lease",
+    "MemoryStore",
+    "PendingRecord",
+    "Store",
+    "TranscriptEntry",
+    "WriteBatch",
+    "open_store",
+]

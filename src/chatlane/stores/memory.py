@@ -1,0 +1,274 @@
+"""The in-memory store: the reference implementation, for tests and single-process use.
+
+Every operation runs without an ``await`` between its check and its write, so
+each one is atomic with respect to the event loop — the same guarantees the
+SQLite and Redis stores give across processes, here within one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from msgspec.structs import replace
+
+from chatlane.errors import (
+    ActiveSessionLimit,
+    AlreadyAnswered,
+    LeaseError,
+    LeaseLost,
+    SessionBusy,
+    StaleGeneration,
+)
+from chatlane.stores.base import (
+    Conversation,
+    Lease,
+    PendingRecord,
+    Store,
+    TranscriptEntry,
+    WriteBatch,
+    now,
+)
+from chatlane.types import SessionKey
+
+
+def new_token() -> str:
+    """A lease token: random, never reused."""
+    return secrets.token_hex(16)
+
+
+def new_conversation_id() -> str:
+    """A conversation id: random and URL-safe."""
+    return "c_" + secrets.token_hex(8)
+
+
+@dataclass(slots=True)
+class _Session:
+    generation: int = 0
+    lease: Lease | None = None
+    persistent: dict[str, Any] = field(default_factory=dict)
+    conversations: list[Conversation] = field(default_factory=list)
+    current: str = ""
+    pending: dict[int, PendingRecord] = field(default_factory=dict)
+
+
+class MemoryStore(Store):
+    """A :class:`~chatlane.stores.base.Store` in this process's memory."""
+
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._sessions: defaultdict[str, _Session] = defaultdict(_Session)
+        self._transcripts: defaultdict[str, list[TranscriptEntry]] = defaultdict(list)
+        self._answered: set[str] = set()
+        self._message_seq: dict[str, int] = {}
+        self._seq = itertools.count(1)
+        self._heartbeats: dict[str, float] = {}
+
+    # -- generations and leases ----------------------------------------------
+
+    def _live_lease(self, session: _Session) -> Lease | None:
+        lease = session.lease
+        return lease if lease is not None and lease.expires_at > now() else None
+
+    async def acquire(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Lease:
+        session = self._sessions[key]
+        if self._live_lease(session) is not None:
+            raise SessionBusy(f"session {key!r} is running elsewhere")
+        if head_seq is not None and _earlier_foreign(session, head_seq, holder):
+            raise SessionBusy(f"an earlier message of {key!r} runs first")
+        active = self._active()
+        if max_active and active >= max_active:
+            raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")
+        session.generation += 1
+        session.lease = Lease(key, holder, new_token(), session.generation, now() + ttl)
+        return session.lease
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        session = self._sessions[lease.key]
+        held = self._live_lease(session)
+        if held is None or held.token != lease.token or session.generation != lease.generation:
+            raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
+        session.lease = Lease(lease.key, lease.holder, lease.token, lease.generation, now() + ttl)
+        return session.lease
+
+    async def release(self, lease: Lease) -> None:
+        session = self._sessions[lease.key]
+        held = session.lease
+        if held is not None and held.token == lease.token:
+            session.lease = None
+            return
+        if held is None and session.generation == lease.generation:
+            raise LeaseError(f"lease on {lease.key!r} was already released")
+        raise LeaseLost(
+            f"lease on {lease.key!r} was taken over since generation {lease.generation}"
+        )
+
+    async def bump_generation(self, key: SessionKey) -> int:
+        session = self._sessions[key]
+        session.generation += 1
+        return session.generation
+
+    async def generation(self, key: SessionKey) -> int:
+        session = self._sessions.get(key)
+        return 0 if session is None else session.generation
+
+    async def active_sessions(self) -> int:
+        return self._active()
+
+    def _active(self) -> int:
+        return sum(1 for s in self._sessions.values() if self._live_lease(s) is not None)
+
+    # -- fenced writes and reads -----------------------------------------------
+
+    async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        session = self._sessions[key]
+        if generation is not None and generation != session.generation:
+            raise StaleGeneration(key, generation, session.generation, "commit")
+        repeated = [m for m in batch.answered if m in self._answered]
+        if repeated:
+            raise AlreadyAnswered(repeated)
+        conversation = self._current(key, session)
+        for entry in batch.transcript:
+            self._transcripts[conversation.id].append(_stamped(entry, conversation.id))
+        session.persistent.update(batch.persistent)
+        self._answered.update(batch.answered)
+        for seq in batch.done:
+            self._remove_pending(session, seq)
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        session = self._sessions.get(key)
+        return {} if session is None else dict(session.persistent)
+
+    async def transcript(
+        self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
+    ) -> list[TranscriptEntry]:
+        if conversation_id is None:
+            conversation_id = (await self.conversation(key)).id
+        return self._transcripts[conversation_id][-limit:] if limit > 0 else []
+
+    async def is_answered(self, message_id: str) -> bool:
+        return message_id in self._answered
+
+    # -- conversations -----------------------------------------------------------
+
+    def _current(self, key: SessionKey, session: _Session) -> Conversation:
+        for conversation in session.conversations:
+            if conversation.id == session.current:
+                return conversation
+        return self._start(key, session, "")
+
+    def _start(self, key: SessionKey, session: _Session, title: str) -> Conversation:
+        conversation = Conversation(new_conversation_id(), key, now(), title=title)
+        session.conversations.append(conversation)
+        session.current = conversation.id
+        return conversation
+
+    def _end_current(self, session: _Session) -> None:
+        session.conversations = [
+            _ended(c) if c.id == session.current else c for c in session.conversations
+        ]
+
+    async def conversation(self, key: SessionKey) -> Conversation:
+        return self._current(key, self._sessions[key])
+
+    async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
+        session = self._sessions[key]
+        self._end_current(session)
+        return self._start(key, session, title)
+
+    async def resume_conversation(self, key: SessionKey, conversation_id: str) -> Conversation:
+        session = self._sessions[key]
+        found = [c for c in session.conversations if c.id == conversation_id]
+        if not found:
+            raise KeyError(conversation_id)
+        self._end_current(session)
+        resumed = replace(found[0], ended_at=0.0)
+        session.conversations = [
+            resumed if c.id == conversation_id else c for c in session.conversations
+        ]
+        session.current = conversation_id
+        return resumed
+
+    async def conversations(self, key: SessionKey, limit: int = 20) -> list[Conversation]:
+        session = self._sessions[key]
+        self._current(key, session)
+        return sorted(session.conversations, key=lambda c: c.started_at, reverse=True)[:limit]
+
+    # -- the durable pending queue -------------------------------------------------
+
+    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+        known = self._message_seq.get(message_id)
+        if known is not None:
+            return known
+        seq = next(self._seq)
+        record = PendingRecord(key, seq, message_id, owner, payload, now())
+        self._sessions[key].pending[seq] = record
+        self._message_seq[message_id] = seq
+        return seq
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        session = self._sessions.get(key)
+        return [] if session is None else [session.pending[s] for s in sorted(session.pending)]
+
+    async def pending_keys(self) -> list[SessionKey]:
+        return sorted(key for key, session in self._sessions.items() if session.pending)
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        session = self._sessions[key]
+        for seq in seqs:
+            self._remove_pending(session, seq)
+
+    async def adopt(
+        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+    ) -> list[int]:
+        pending = self._sessions[key].pending
+        adopted = [s for s in sorted(seqs) if s in pending and pending[s].owner == old_owner]
+        for seq in adopted:
+            pending[seq] = replace(pending[seq], owner=new_owner)
+        return adopted
+
+    def _remove_pending(self, session: _Session, seq: int) -> None:
+        record = session.pending.pop(seq, None)
+        if record is not None:
+            self._message_seq.pop(record.message_id, None)
+
+    # -- process liveness ------------------------------------------------------------
+
+    async def heartbeat(self, holder: str, ttl: float) -> None:
+        self._heartbeats[holder] = now() + ttl
+
+    async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
+        moment = now()
+        return {h: self._heartbeats.get(h, 0.0) > moment for h in holders}
+
+    async def close(self) -> None:
+        return None
+
+
+def _earlier_foreign(session: _Session, head_seq: int, holder: str) -> bool:
+    """Whether another holder's message was accepted before ``head_seq``."""
+    return any(seq < head_seq and r.owner != holder for seq, r in session.pending.items())
+
+
+def _stamped(entry: TranscriptEntry, conversation_id: str) -> TranscriptEntry:
+    return replace(
+        entry,
+        conversation_id=entry.conversation_id or conversation_id,
+        created_at=entry.created_at or now(),
+    )
+
+
+def _ended(conversation: Conversation) -> Conversation:
+    return replace(conversation, ended_at=now())

@@ -1,0 +1,688 @@
+"""The SQLite store: the embedded default, safe for several processes sharing one file.
+
+What stays true:
+
+* No ``sqlite3`` call runs on an event loop's thread. One writer thread per
+  store owns the only connection; every call becomes an operation (a function
+  of that connection) on the thread's queue, and its result comes back through
+  an :class:`asyncio.Future` completed with ``loop.call_soon_threadsafe``.
+* Group commit: the thread takes every operation already waiting (up to
+  :data:`MAX_BATCH`) and runs them in one transaction, each inside its own
+  ``SAVEPOINT``. An operation that raises (``StaleGeneration``,
+  ``SessionBusy``, …) rolls back only itself and gets its own exception; the
+  others commit. A result is delivered only after ``COMMIT`` succeeded.
+* A batch that may write runs in ``BEGIN IMMEDIATE``: it holds the file's
+  write lock from its first read, so each check-and-set is atomic across
+  processes (others wait up to the busy timeout). A batch of reads only runs
+  in a deferred ``BEGIN`` and never blocks another process's writer.
+* Reads go through the same thread as writes, in queue order: a read issued
+  after a write returned sees that write.
+* Lease expiry and heartbeats use wall-clock time (:func:`~chatlane.stores.base.now`),
+  read inside the transaction that checks them.
+* A call cancelled while still queued is skipped; one cancelled while its
+  transaction runs may still be applied (its result is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from chatlane.errors import (
+    ActiveSessionLimit,
+    AlreadyAnswered,
+    LeaseError,
+    LeaseLost,
+    SessionBusy,
+    StaleGeneration,
+    StoreError,
+)
+from chatlane.stores.base import (
+    Conversation,
+    Lease,
+    PendingRecord,
+    Store,
+    TranscriptEntry,
+    WriteBatch,
+    now,
+)
+from chatlane.stores.memory import new_conversation_id, new_token
+from chatlane.stores.sqlite_schema import Location, connect, parse_url
+from chatlane.types import SessionKey
+
+__all__ = ["MAX_BATCH", "SQLiteStore", "WriterStats"]
+
+T = TypeVar("T")
+Operation = Callable[[sqlite3.Connection], T]
+
+MAX_BATCH = 512
+"""Most operations committed in one transaction (bounds how long one batch holds the lock)."""
+
+
+@dataclass(slots=True)
+class WriterStats:
+    """Counts kept by the writer thread: committed transactions and the operations in them."""
+
+    transactions: int = 0
+    operations: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    op: Operation[Any]
+    writes: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+_Outcome = tuple[_Call, Any, BaseException | None]
+
+
+class _Writer:
+    """The thread that owns a store's connection and runs its queued operations."""
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self.stats = WriterStats()
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._stopping = False
+        self._stopped: _Call | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> asyncio.Future[None]:
+        """Start the thread; the future completes once the file is open and migrated."""
+        ready = _signal()
+        name = f"chatlane-sqlite:{self.location.path}"
+        self._thread = threading.Thread(target=self._main, args=(ready,), name=name, daemon=True)
+        self._thread.start()
+        return ready.future
+
+    def submit(self, op: Operation[T], writes: bool) -> asyncio.Future[T]:
+        """Queue ``op``; never blocks the event loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put(_Call(op, writes, loop, future))
+        return future
+
+    def stop(self) -> asyncio.Future[None]:
+        """Let the thread finish every queued operation, then close the connection."""
+        self._stopped = _signal()
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+        else:
+            _deliver([(self._stopped, None, None)])
+        return self._stopped.future
+
+    def _main(self, ready: _Call) -> None:
+        try:
+            connection = connect(self.location)
+        except Exception as error:  # handed to the awaiting open()
+            _deliver([(ready, None, error)])
+            return
+        _deliver([(ready, None, None)])
+        try:
+            while (batch := self._next_batch()) is not None:
+                self._run(connection, batch)
+        finally:
+            connection.close()
+            self._fail_queued()
+
+    def _next_batch(self) -> list[_Call] | None:
+        """Block for one call, then take the calls already waiting; None once stopped."""
+        if self._stopping:
+            return None
+        batch: list[_Call] = []
+        item = self._queue.get()
+        while item is not None:
+            batch.append(item)
+            if len(batch) >= MAX_BATCH or self._queue.empty():
+                return batch
+            item = self._queue.get_nowait()
+        self._stopping = True
+        return batch or None
+
+    def _run(self, connection: sqlite3.Connection, batch: list[_Call]) -> None:
+        calls = [call for call in batch if not call.future.cancelled()]
+        if not calls:
+            return
+        try:
+            outcomes = self._transaction(connection, calls)
+        except Exception as error:  # the whole batch failed: every caller gets the error
+            _rollback(connection)
+            outcomes = [(call, None, self._store_error(error)) for call in calls]
+        _deliver(outcomes)
+
+    def _transaction(self, connection: sqlite3.Connection, calls: list[_Call]) -> list[_Outcome]:
+        connection.execute("BEGIN IMMEDIATE" if any(c.writes for c in calls) else "BEGIN")
+        outcomes = [self._run_one(connection, call) for call in calls]
+        connection.execute("COMMIT")
+        self.stats.transactions += 1
+        self.stats.operations += len(calls)
+        return outcomes
+
+    def _run_one(self, connection: sqlite3.Connection, call: _Call) -> _Outcome:
+        """Run one operation in its own savepoint: its failure undoes only its own writes."""
+        connection.execute("SAVEPOINT op")
+        try:
+            result = call.op(connection)
+        except Exception as error:  # delivered to this call's future, never swallowed
+            connection.execute("ROLLBACK TO op")
+            connection.execute("RELEASE op")
+            failure = self._store_error(error) if isinstance(error, sqlite3.Error) else error
+            return call, None, failure
+        connection.execute("RELEASE op")
+        return call, result, None
+
+    def _store_error(self, error: Exception) -> StoreError:
+        failure = StoreError(f"SQLite store {str(self.location.path)!r}: {error}")
+        failure.__cause__ = error
+        return failure
+
+    def _fail_queued(self) -> None:
+        """Answer whatever is still queued once the thread ends (only after a crash)."""
+        leftovers: list[_Outcome] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._queue.get_nowait()
+                if item is not None:
+                    leftovers.append((item, None, StoreError("store is closed")))
+        if self._stopped is not None:
+            leftovers.append((self._stopped, None, None))
+        _deliver(leftovers)
+
+
+def _signal() -> _Call:
+    loop = asyncio.get_running_loop()
+    return _Call(lambda _: None, False, loop, loop.create_future())
+
+
+def _rollback(connection: sqlite3.Connection) -> None:
+    if connection.in_transaction:
+        # A failing ROLLBACK means SQLite already rolled back; callers get the first error.
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
+
+
+def _deliver(outcomes: list[_Outcome]) -> None:
+    """Hand outcomes to their event loops, one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].loop, []).append(outcome)
+    for loop, settled in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits these
+            loop.call_soon_threadsafe(_settle, settled)
+
+
+def _settle(outcomes: list[_Outcome]) -> None:
+    for call, result, error in outcomes:
+        if call.future.done():
+            continue
+        if error is None:
+            call.future.set_result(result)
+        else:
+            call.future.set_exception(error)
+
+
+# -- operations: each runs on the writer thread, inside its own savepoint ------------
+
+
+def _scalar(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Any:
+    row = db.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+def _generation(db: sqlite3.Connection, key: SessionKey) -> int:
+    found = _scalar(db, "SELECT generation FROM sessions WHERE key = ?", (key,))
+    return 0 if found is None else int(found)
+
+
+def _bump(db: sqlite3.Connection, key: SessionKey) -> int:
+    row = db.execute(
+        "INSERT INTO sessions (key, generation) VALUES (?, 1) "
+        "ON CONFLICT (key) DO UPDATE SET generation = generation + 1 RETURNING generation",
+        (key,),
+    ).fetchone()
+    return int(row[0])
+
+
+def _active(db: sqlite3.Connection, moment: float) -> int:
+    return int(_scalar(db, "SELECT count(*) FROM leases WHERE expires_at > ?", (moment,)))
+
+
+def _acquire(
+    db: sqlite3.Connection,
+    key: SessionKey,
+    holder: str,
+    ttl: float,
+    head_seq: int | None,
+    max_active: int,
+) -> Lease:
+    """Check that ``key`` is free and take it, in one transaction holding the write lock."""
+    moment = now()
+    _check_free(db, key, holder, head_seq, max_active, moment)
+    lease = Lease(key, holder, new_token(), _bump(db, key), moment + ttl)
+    db.execute(
+        "INSERT OR REPLACE INTO leases (key, holder, token, generation, expires_at) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (lease.key, lease.holder, lease.token, lease.generation, lease.expires_at),
+    )
+    return lease
+
+
+def _check_free(
+    db: sqlite3.Connection,
+    key: SessionKey,
+    holder: str,
+    head_seq: int | None,
+    max_active: int,
+    moment: float,
+) -> None:
+    if _scalar(db, "SELECT 1 FROM leases WHERE key = ? AND expires_at > ?", (key, moment)):
+        raise SessionBusy(f"session {key!r} is running elsewhere")
+    earlier = "SELECT 1 FROM pending WHERE key = ? AND seq < ? AND owner != ? LIMIT 1"
+    if head_seq is not None and _scalar(db, earlier, (key, head_seq, holder)):
+        raise SessionBusy(f"an earlier message of {key!r} runs first")
+    active = _active(db, moment) if max_active else 0
+    if max_active and active >= max_active:
+        raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")
+
+
+def _renew(db: sqlite3.Connection, lease: Lease, ttl: float) -> Lease:
+    """One compare-and-set: only the live, unfenced holding with ``lease.token`` is extended."""
+    moment = now()
+    renewed = db.execute(
+        "UPDATE leases SET expires_at = ? WHERE key = ? AND token = ? AND expires_at > ? "
+        "AND generation = (SELECT generation FROM sessions WHERE key = ?) AND generation = ?",
+        (moment + ttl, lease.key, lease.token, moment, lease.key, lease.generation),
+    ).rowcount
+    if not renewed:
+        raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
+    return Lease(lease.key, lease.holder, lease.token, lease.generation, moment + ttl)
+
+
+def _release(db: sqlite3.Connection, lease: Lease) -> None:
+    """Delete the lease only if it still carries ``lease.token``; otherwise say why not."""
+    freed = "DELETE FROM leases WHERE key = ? AND token = ?"
+    if db.execute(freed, (lease.key, lease.token)).rowcount:
+        return
+    held = _scalar(db, "SELECT 1 FROM leases WHERE key = ?", (lease.key,))
+    if not held and _generation(db, lease.key) == lease.generation:
+        raise LeaseError(f"lease on {lease.key!r} was already released")
+    raise LeaseLost(f"lease on {lease.key!r} was taken over since generation {lease.generation}")
+
+
+def _commit(
+    db: sqlite3.Connection,
+    key: SessionKey,
+    generation: int | None,
+    batch: WriteBatch,
+    fields: list[tuple[str, str]],
+) -> None:
+    """Fenced: every check runs before the first write, in the transaction that writes."""
+    current = _generation(db, key)
+    if generation is not None and generation != current:
+        raise StaleGeneration(key, generation, current, "commit")
+    answered = "SELECT 1 FROM answered WHERE message_id = ?"
+    repeated = [m for m in batch.answered if _scalar(db, answered, (m,))]
+    if repeated:
+        raise AlreadyAnswered(repeated)
+    _append(db, _current(db, key).id, batch.transcript)
+    _set_fields(db, key, fields)
+    _mark_answered(db, key, generation, batch.answered)
+    _drop(db, key, batch.done)
+
+
+def _append(db: sqlite3.Connection, conversation: str, entries: list[TranscriptEntry]) -> None:
+    """Append to ``conversation``; an entry naming another conversation keeps its own name."""
+    moment = now()
+    rows = [
+        (
+            conversation,
+            e.conversation_id if e.conversation_id not in ("", conversation) else None,
+            e.role,
+            e.content,
+            e.generation,
+            e.message_id,
+            e.created_at or moment,
+        )
+        for e in entries
+    ]
+    db.executemany(
+        "INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation, "
+        "message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+
+
+def _set_fields(db: sqlite3.Connection, key: SessionKey, fields: list[tuple[str, str]]) -> None:
+    db.executemany(
+        "INSERT INTO persistent (key, field, value) VALUES (?, ?, ?) "
+        "ON CONFLICT (key, field) DO UPDATE SET value = excluded.value",
+        [(key, name, value) for name, value in fields],
+    )
+
+
+def _mark_answered(
+    db: sqlite3.Connection, key: SessionKey, generation: int | None, message_ids: list[str]
+) -> None:
+    moment = now()
+    db.executemany(
+        "INSERT OR IGNORE INTO answered (message_id, key, generation, at) VALUES (?, ?, ?, ?)",
+        [(message_id, key, generation, moment) for message_id in message_ids],
+    )
+
+
+def _drop(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int]) -> None:
+    db.executemany("DELETE FROM pending WHERE key = ? AND seq = ?", [(key, seq) for seq in seqs])
+
+
+def _load_persistent(db: sqlite3.Connection, key: SessionKey) -> dict[str, Any]:
+    rows = db.execute(
+        "SELECT field, value FROM persistent WHERE key = ? ORDER BY rowid", (key,)
+    ).fetchall()
+    return {name: _decode(key, name, value) for name, value in rows}
+
+
+def _transcript(
+    db: sqlite3.Connection, key: SessionKey, conversation_id: str | None, limit: int
+) -> list[TranscriptEntry]:
+    conversation = _current(db, key).id if conversation_id is None else conversation_id
+    if limit <= 0:
+        return []
+    rows = db.execute(
+        "SELECT role, content, generation, coalesce(entry_conversation, conversation_id), "
+        "message_id, created_at FROM (SELECT * FROM transcript WHERE conversation_id = ? "
+        "ORDER BY id DESC LIMIT ?) ORDER BY id",
+        (conversation, limit),
+    ).fetchall()
+    return [TranscriptEntry(*row) for row in rows]
+
+
+# -- conversations -------------------------------------------------------------------
+
+_CONVERSATION = "SELECT c.id, c.key, c.started_at, c.ended_at, c.title FROM conversations c"
+
+
+def _current(db: sqlite3.Connection, key: SessionKey) -> Conversation:
+    """``key``'s current conversation, started (and made current) if it has none."""
+    row = db.execute(
+        f"{_CONVERSATION} JOIN sessions s ON c.id = s.current_conversation WHERE s.key = ?",
+        (key,),
+    ).fetchone()
+    return _start(db, key, "") if row is None else Conversation(*row)
+
+
+def _start(db: sqlite3.Connection, key: SessionKey, title: str) -> Conversation:
+    conversation = Conversation(new_conversation_id(), key, now(), title=title)
+    db.execute(
+        "INSERT INTO conversations (id, key, started_at, title) VALUES (?, ?, ?, ?)",
+        (conversation.id, key, conversation.started_at, title),
+    )
+    db.execute(
+        "INSERT INTO sessions (key, current_conversation) VALUES (?, ?) ON CONFLICT (key) "
+        "DO UPDATE SET current_conversation = excluded.current_conversation",
+        (key, conversation.id),
+    )
+    return conversation
+
+
+def _end_current(db: sqlite3.Connection, key: SessionKey) -> None:
+    db.execute(
+        "UPDATE conversations SET ended_at = ? "
+        "WHERE id = (SELECT current_conversation FROM sessions WHERE key = ?)",
+        (now(), key),
+    )
+
+
+def _new_conversation(db: sqlite3.Connection, key: SessionKey, title: str) -> Conversation:
+    _end_current(db, key)
+    return _start(db, key, title)
+
+
+def _resume(db: sqlite3.Connection, key: SessionKey, conversation_id: str) -> Conversation:
+    ours = "SELECT 1 FROM conversations WHERE id = ? AND key = ?"
+    if not _scalar(db, ours, (conversation_id, key)):
+        raise KeyError(conversation_id)
+    _end_current(db, key)
+    db.execute("UPDATE conversations SET ended_at = 0 WHERE id = ?", (conversation_id,))
+    db.execute("UPDATE sessions SET current_conversation = ? WHERE key = ?", (conversation_id, key))
+    return Conversation(
+        *db.execute(f"{_CONVERSATION} WHERE c.id = ?", (conversation_id,)).fetchone()
+    )
+
+
+def _conversations(db: sqlite3.Connection, key: SessionKey, limit: int) -> list[Conversation]:
+    """Newest first; equal start times keep the order they were started in."""
+    _current(db, key)
+    rows = db.execute(
+        f"{_CONVERSATION} WHERE c.key = ? ORDER BY c.started_at DESC, c.rowid LIMIT ?",
+        (key, limit if limit >= 0 else -1),
+    ).fetchall()
+    return [Conversation(*row) for row in rows][:limit]
+
+
+# -- the pending queue and liveness ------------------------------------------------------
+
+
+def _enqueue(
+    db: sqlite3.Connection, key: SessionKey, message_id: str, owner: str, payload: bytes
+) -> int:
+    known = _scalar(db, "SELECT seq FROM pending WHERE message_id = ?", (message_id,))
+    if known is not None:
+        return int(known)
+    row = db.execute(
+        "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
+        "VALUES (?, ?, ?, ?, ?) RETURNING seq",
+        (key, message_id, owner, payload, now()),
+    ).fetchone()
+    return int(row[0])
+
+
+def _pending(db: sqlite3.Connection, key: SessionKey) -> list[PendingRecord]:
+    rows = db.execute(
+        "SELECT key, seq, message_id, owner, payload, accepted_at FROM pending "
+        "WHERE key = ? ORDER BY seq",
+        (key,),
+    ).fetchall()
+    return [PendingRecord(*row) for row in rows]
+
+
+def _pending_keys(db: sqlite3.Connection) -> list[SessionKey]:
+    return [row[0] for row in db.execute("SELECT DISTINCT key FROM pending ORDER BY key")]
+
+
+def _adopt(
+    db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+) -> list[int]:
+    owned = "SELECT 1 FROM pending WHERE key = ? AND seq = ? AND owner = ?"
+    adopted = [seq for seq in sorted(seqs) if _scalar(db, owned, (key, seq, old_owner))]
+    db.executemany(
+        "UPDATE pending SET owner = ? WHERE key = ? AND seq = ?",
+        [(new_owner, key, seq) for seq in adopted],
+    )
+    return adopted
+
+
+def _heartbeat(db: sqlite3.Connection, holder: str, ttl: float) -> None:
+    db.execute(
+        "INSERT INTO heartbeats (holder, expires_at) VALUES (?, ?) "
+        "ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at",
+        (holder, now() + ttl),
+    )
+
+
+def _alive(db: sqlite3.Connection, holders: Sequence[str]) -> dict[str, bool]:
+    moment = now()
+    sql = "SELECT expires_at FROM heartbeats WHERE holder = ?"
+    return {holder: (_scalar(db, sql, (holder,)) or 0.0) > moment for holder in holders}
+
+
+# -- persistent values: JSON text, encoded on the caller's side ---------------------------
+
+
+def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Fields as JSON text (ASCII, so any ``str`` — even a lone surrogate — round-trips)."""
+    return [(name, _encoded(key, name, value)) for name, value in fields.items()]
+
+
+def _encoded(key: SessionKey, name: str, value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as error:
+        raise StoreError(
+            f"persistent field {name!r} of {key!r} is not JSON-compatible: {error}"
+        ) from None
+
+
+def _decode(key: SessionKey, name: str, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise StoreError(f"corrupt persistent field {name!r} of {key!r}: {value[:80]!r}") from None
+
+
+class SQLiteStore(Store):
+    """A :class:`~chatlane.stores.base.Store` in one SQLite file; open it with :meth:`open`."""
+
+    def __init__(self, url: str, location: Location) -> None:
+        self.url = url
+        self.location = location
+        self._writer = _Writer(location)
+        self._closing: asyncio.Future[None] | None = None
+
+    @classmethod
+    async def open(cls, url: str) -> SQLiteStore:
+        """Open (creating if needed) the file ``url`` names and start its writer thread.
+
+        :raises StoreError: a malformed URL, a file that is not a SQLite database,
+            or a schema newer than this version of chatlane knows.
+        """
+        store = cls(url, parse_url(url))
+        await store._writer.start()
+        return store
+
+    @property
+    def stats(self) -> WriterStats:
+        """Transactions and operations committed so far by this store's writer thread."""
+        return self._writer.stats
+
+    def _write(self, op: Operation[T]) -> asyncio.Future[T]:
+        return self._submit(op, writes=True)
+
+    def _read(self, op: Operation[T]) -> asyncio.Future[T]:
+        return self._submit(op, writes=False)
+
+    def _submit(self, op: Operation[T], writes: bool) -> asyncio.Future[T]:
+        if self._closing is not None:
+            raise StoreError("store is closed")
+        return self._writer.submit(op, writes)
+
+    # -- generations and leases ----------------------------------------------
+
+    async def acquire(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Lease:
+        return await self._write(lambda db: _acquire(db, key, holder, ttl, head_seq, max_active))
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        return await self._write(lambda db: _renew(db, lease, ttl))
+
+    async def release(self, lease: Lease) -> None:
+        await self._write(lambda db: _release(db, lease))
+
+    async def bump_generation(self, key: SessionKey) -> int:
+        return await self._write(lambda db: _bump(db, key))
+
+    async def generation(self, key: SessionKey) -> int:
+        return await self._read(lambda db: _generation(db, key))
+
+    async def active_sessions(self) -> int:
+        return await self._read(lambda db: _active(db, now()))
+
+    # -- fenced writes and reads -----------------------------------------------
+
+    async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        fields = _encode(key, batch.persistent)
+        frozen = WriteBatch(list(batch.transcript), {}, list(batch.answered), list(batch.done))
+        await self._write(lambda db: _commit(db, key, generation, frozen, fields))
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        return await self._read(lambda db: _load_persistent(db, key))
+
+    async def transcript(
+        self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
+    ) -> list[TranscriptEntry]:
+        def op(db: sqlite3.Connection) -> list[TranscriptEntry]:
+            return _transcript(db, key, conversation_id, limit)
+
+        return await self._submit(op, writes=conversation_id is None)
+
+    async def is_answered(self, message_id: str) -> bool:
+        sql = "SELECT 1 FROM answered WHERE message_id = ?"
+        return await self._read(lambda db: bool(_scalar(db, sql, (message_id,))))
+
+    # -- conversations -----------------------------------------------------------
+
+    async def conversation(self, key: SessionKey) -> Conversation:
+        return await self._write(lambda db: _current(db, key))
+
+    async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
+        return await self._write(lambda db: _new_conversation(db, key, title))
+
+    async def resume_conversation(self, key: SessionKey, conversation_id: str) -> Conversation:
+        return await self._write(lambda db: _resume(db, key, conversation_id))
+
+    async def conversations(self, key: SessionKey, limit: int = 20) -> list[Conversation]:
+        return await self._write(lambda db: _conversations(db, key, limit))
+
+    # -- the durable pending queue -------------------------------------------------
+
+    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+        return await self._write(lambda db: _enqueue(db, key, message_id, owner, payload))
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        return await self._read(lambda db: _pending(db, key))
+
+    async def pending_keys(self) -> list[SessionKey]:
+        return await self._read(_pending_keys)
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        dropped = list(seqs)
+        await self._write(lambda db: _drop(db, key, dropped))
+
+    async def adopt(
+        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+    ) -> list[int]:
+        asked = list(seqs)
+        return await self._write(lambda db: _adopt(db, key, asked, old_owner, new_owner))
+
+    # -- process liveness ------------------------------------------------------------
+
+    async def heartbeat(self, holder: str, ttl: float) -> None:
+        await self._write(lambda db: _heartbeat(db, holder, ttl))
+
+    async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
+        asked = list(holders)
+        return await self._read(lambda db: _alive(db, asked))
+
+    async def close(self) -> None:
+        """Commit every queued operation, stop the writer thread and close the file.
+
+        Idempotent; any call made after ``close`` raises ``StoreError("store is closed")``.
+        """
+        if self._closing is None:
+            self._closing = self._writer.stop()
+        await asyncio.shield(self._closing)

@@ -1,0 +1,236 @@
+"""The SQLite store's file: where it is, how a connection to it is set up, and its schema.
+
+What stays true:
+
+* A connection is in WAL mode with ``synchronous=NORMAL`` and a busy timeout,
+  and in autocommit mode: every transaction is an explicit ``BEGIN``.
+* The schema version is ``PRAGMA user_version``; it equals the number of
+  :data:`MIGRATIONS` applied. Missing steps are applied in order, in one
+  ``BEGIN IMMEDIATE`` transaction, so two processes opening the same new file
+  never both migrate it, and a failed step leaves the file as it was.
+* Nothing here is called on the event loop's thread (the writer thread opens
+  the connection), and every failure surfaces as
+  :class:`~chatlane.errors.StoreError` naming the path.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from chatlane.errors import StoreError
+
+__all__ = ["MIGRATIONS", "Location", "connect", "migrate", "parse_url"]
+
+DEFAULT_BUSY_TIMEOUT_MS = 5000
+
+Migration = tuple[str, ...]
+"""One schema step: SQL statements run in order (never ``executescript``, which commits)."""
+
+_V1: Migration = (
+    """CREATE TABLE sessions (
+        key TEXT PRIMARY KEY,
+        generation INTEGER NOT NULL DEFAULT 0,
+        current_conversation TEXT NOT NULL DEFAULT ''
+    ) WITHOUT ROWID""",
+    """CREATE TABLE leases (
+        key TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        token TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        expires_at REAL NOT NULL
+    ) WITHOUT ROWID""",
+    "CREATE INDEX leases_expires_at ON leases (expires_at)",
+    """CREATE TABLE persistent (
+        key TEXT NOT NULL,
+        field TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (key, field)
+    )""",
+    """CREATE TABLE conversations (
+        id TEXT PRIMARY KEY,
+        key TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL NOT NULL DEFAULT 0,
+        title TEXT NOT NULL DEFAULT ''
+    )""",
+    "CREATE INDEX conversations_key ON conversations (key, started_at)",
+    """CREATE TABLE transcript (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        conversation_id TEXT NOT NULL,
+        entry_conversation TEXT,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        message_id TEXT NOT NULL,
+        created_at REAL NOT NULL
+    )""",
+    "CREATE INDEX transcript_conversation ON transcript (conversation_id, id)",
+    """CREATE TABLE answered (
+        message_id TEXT PRIMARY KEY,
+        key TEXT NOT NULL,
+        generation INTEGER,
+        at REAL NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE pending (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        key TEXT NOT NULL,
+        message_id TEXT NOT NULL UNIQUE,
+        owner TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        accepted_at REAL NOT NULL
+    )""",
+    "CREATE INDEX pending_key ON pending (key, seq)",
+    """CREATE TABLE heartbeats (
+        holder TEXT PRIMARY KEY,
+        expires_at REAL NOT NULL
+    ) WITHOUT ROWID""",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1,)
+"""Every schema step ever shipped, oldest first; append, never edit a shipped step.
+
+``transcript.entry_conversation`` is NULL unless an entry named another
+conversation than the one it was appended to (it is returned as written).
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a SQLite store lives: the file (as written in the URL) and its busy timeout."""
+
+    path: Path
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+
+
+def parse_url(url: str) -> Location:
+    """Read ``sqlite:///relative/path.db`` or ``sqlite:////abs/path.db`` (``?busy_timeout=ms``).
+
+    The path is taken literally (no percent-decoding), relative to the working
+    directory unless it starts with ``/``.
+
+    :raises StoreError: for any other form, or an unknown or invalid parameter.
+    """
+    scheme, sep, rest = url.partition("://")
+    written, _, query = rest.partition("?")
+    if scheme != "sqlite" or not sep or not written.startswith("/") or len(written) < 2:
+        raise StoreError(f"store URL {url!r}: expected sqlite:///path/to/file.db")
+    return Location(Path(written[1:]), _busy_timeout(url, query))
+
+
+def _busy_timeout(url: str, query: str) -> int:
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(params) - {"busy_timeout"})
+    if unknown:
+        raise StoreError(
+            f"store URL {url!r}: unknown parameter {unknown[0]!r} (known: busy_timeout)"
+        )
+    value = params.get("busy_timeout", str(DEFAULT_BUSY_TIMEOUT_MS))
+    if not value.isdigit():
+        raise StoreError(f"store URL {url!r}: busy_timeout must be milliseconds, got {value!r}")
+    return int(value)
+
+
+def connect(location: Location) -> sqlite3.Connection:
+    """Open, configure and migrate the store's file, creating it (and its directory) if missing.
+
+    :raises StoreError: the directory cannot be created, the file is not a
+        SQLite database, or its schema is newer than this version knows.
+    """
+    connection = _open_file(location)
+    try:
+        _while_busy(location, lambda: _configure(connection, location))
+        _while_busy(location, lambda: migrate(connection, location.path))
+    except sqlite3.Error as error:
+        connection.close()
+        raise _cannot_open(location.path, error) from error
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _open_file(location: Location) -> sqlite3.Connection:
+    timeout = location.busy_timeout_ms / 1000
+    try:
+        location.path.parent.mkdir(parents=True, exist_ok=True)
+        return sqlite3.connect(location.path, timeout=timeout, isolation_level=None)
+    except (OSError, sqlite3.Error) as error:
+        raise _cannot_open(location.path, error) from error
+
+
+def _while_busy(location: Location, action: Callable[[], object]) -> None:
+    """Run ``action``, retrying for up to the busy timeout while the file is locked.
+
+    SQLite returns "database is locked" without waiting in a few cases (switching
+    a new file to WAL while another process sets it up, recovery), so opening
+    waits for those here, on the writer thread.
+    """
+    deadline = time.monotonic() + location.busy_timeout_ms / 1000
+    while True:
+        try:
+            action()
+            return
+        except sqlite3.OperationalError as error:
+            if not _is_busy(error) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
+
+
+def _is_busy(error: sqlite3.OperationalError) -> bool:
+    code: int = getattr(error, "sqlite_errorcode", 0)
+    return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _cannot_open(path: Path, error: Exception) -> StoreError:
+    return StoreError(f"cannot open SQLite store {str(path)!r}: {error}")
+
+
+def _configure(connection: sqlite3.Connection, location: Location) -> None:
+    connection.execute(f"PRAGMA busy_timeout = {location.busy_timeout_ms:d}")
+    mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if mode != "wal":
+        raise StoreError(f"SQLite store {str(location.path)!r}: cannot use WAL (got {mode!r})")
+    connection.execute("PRAGMA synchronous = NORMAL")
+
+
+def migrate(
+    connection: sqlite3.Connection, path: Path, steps: Sequence[Migration] = MIGRATIONS
+) -> int:
+    """Bring the schema to ``len(steps)`` in one transaction and return that version.
+
+    :raises StoreError: the file's version is newer than ``steps`` know, or a step failed
+        (then nothing of the migration is kept).
+    """
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        _apply(connection, path, steps)
+        connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+    return len(steps)
+
+
+def _apply(connection: sqlite3.Connection, path: Path, steps: Sequence[Migration]) -> None:
+    version: int = connection.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(steps):
+        raise StoreError(
+            f"SQLite store {str(path)!r} has schema version {version}, newer than this "
+            f"chatlane knows ({len(steps)}); upgrade chatlane to open it"
+        )
+    for number, step in enumerate(steps[version:], start=version + 1):
+        try:
+            for statement in step:
+                connection.execute(statement)
+        except sqlite3.Error as error:
+            raise StoreError(
+                f"SQLite store {str(path)!r}: migration {number} failed: {error}"
+            ) from error
+    if version < len(steps):
+        connection.execute(f"PRAGMA user_version = {len(steps):d}")

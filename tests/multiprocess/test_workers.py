@@ -1,0 +1,139 @@
+"""Several real gateway processes sharing one store behave as one gateway.
+
+Each test starts worker processes (``tests/multiprocess/worker.py``) on one
+SQLite file or one Redis namespace and checks, from the log they share:
+never two turns of one session at once, every message answered exactly once,
+generations strictly increasing, crashed and paused workers fenced off, and
+nothing lost across a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chatlane.stores import open_store
+from tests.multiprocess.cluster import Cluster, answered_ids, turn_intervals
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'shared.db'}"
+    else:
+        base: str = request.getfixturevalue("redis_url")
+        url = f"{base}{'&' if '?' in base else '?'}prefix=mp-{secrets.token_hex(6)}"
+    cluster = Cluster(url, tmp_path / "events.jsonl")
+    yield cluster
+    cluster.stop_all()
+
+
+def all_answered(ids: list[str]) -> Any:
+    return lambda events: all(answered_ids(events).get(i) for i in ids)
+
+
+@pytest.mark.timeout(180)
+def test_four_workers_behave_as_one(cluster: Cluster) -> None:
+    workers = [cluster.start(f"w{n}") for n in range(4)]
+    rng = random.Random(4)
+    ids = []
+    for index in range(10):
+        for session in range(200):
+            message_id = f"s{session}-m{index}"
+            rng.choice(workers).send(f"chat-{session}", f"hello {index}", message_id)
+            ids.append(message_id)
+    events = cluster.wait_for(all_answered(ids), timeout=150, what="every message answered")
+
+    answers = answered_ids(events)
+    twice = {i: a for i, a in answers.items() if i in ids and len(a) != 1}
+    assert twice == {}, "a message was answered more than once"
+    intervals = turn_intervals(events)
+    assert len(intervals) == 200
+    for key, spans in intervals.items():
+        for (_, end, gen), (start, _, next_gen) in zip(spans, spans[1:], strict=False):
+            assert end <= start, f"two turns of {key} overlapped"
+            assert next_gen > gen, f"generations of {key} did not increase"
+    runs = sum(len(spans) for spans in intervals.values())
+    assert runs == len(ids)
+
+
+def test_killed_worker_message_is_rerun_and_answered_once(cluster: Cluster) -> None:
+    victim, survivor = cluster.start("victim"), cluster.start("survivor")
+    victim.send("crash-chat", "sleep 3", "crash-1")
+    cluster.wait_for(lambda ev: any(e["event"] == "start" for e in ev), 10, "the turn to start")
+    victim.signal(signal.SIGKILL)
+    events = cluster.wait_for(all_answered(["crash-1"]), 15, "the adopted message's answer")
+
+    [answer] = answered_ids(events)["crash-1"]
+    assert answer["worker"] == "survivor" and answer["kind"] == "reply"
+    starts = [e for e in events if e["event"] == "start"]
+    assert [e["worker"] for e in starts] == ["victim", "survivor"]
+    assert starts[1]["gen"] > starts[0]["gen"]
+    survivor.send("crash-chat", "after", "crash-2")
+    cluster.wait_for(all_answered(["crash-2"]), 10, "the next message")
+
+
+def test_paused_worker_cannot_write_or_reply(cluster: Cluster) -> None:
+    paused, taker = cluster.start("paused"), cluster.start("taker")
+    paused.send("pause-chat", "sleep 1.5", "pause-1")
+    cluster.wait_for(lambda ev: any(e["event"] == "start" for e in ev), 10, "the turn to start")
+    paused.signal(signal.SIGSTOP)
+    cluster.wait_for(all_answered(["pause-1"]), 20, "the taker's answer")
+    paused.signal(signal.SIGCONT)
+    events = cluster.wait_for(
+        lambda ev: any(e["event"] == "write" and e["worker"] == "paused" for e in ev),
+        10, "the paused worker's late write",
+    )
+    time.sleep(1.0)
+    events = cluster.events()
+
+    from_paused = [e for e in events if e["worker"] == "paused"]
+    writes = [e["result"] for e in from_paused if e["event"] == "write"]
+    deliveries = [e for e in from_paused if e["event"] == "deliver"]
+    assert writes and set(writes) == {"refused"}, writes
+    assert deliveries == [], "the paused worker delivered after losing its lease"
+    [answer] = answered_ids(events)["pause-1"]
+    assert answer["worker"] == "taker"
+
+
+def test_restart_keeps_generations_queue_and_transcript(cluster: Cluster) -> None:
+    first = cluster.start("first")
+    first.send("restart-chat", "one", "r-1")
+    cluster.wait_for(all_answered(["r-1"]), 10, "the first answer")
+    first.send("restart-chat", "sleep 3", "r-2")
+    cluster.wait_for(lambda ev: sum(e["event"] == "start" for e in ev) == 2, 10, "a long turn")
+    first.send("restart-chat", "queued behind", "r-3")
+    time.sleep(0.3)
+    first.quit()
+
+    second = cluster.start("second")
+    second_events = cluster.wait_for(all_answered(["r-3"]), 45, "the queued message after restart")
+    starts = [e for e in second_events if e["event"] == "start"]
+    assert [e["worker"] for e in starts] == ["first", "first", "second", "second"]
+    generations = [e["gen"] for e in starts]
+    assert generations == sorted(set(generations)), generations
+    second.quit()
+
+    async def stored() -> tuple[int, list[str]]:
+        store = await open_store(cluster.store_url)
+        try:
+            key = starts[0]["key"]
+            transcript = await store.transcript(key)
+            return await store.generation(key), [e.content for e in transcript]
+        finally:
+            await store.close()
+
+    generation, contents = asyncio.run(stored())
+    assert generation >= generations[-1]
+    assert contents[:2] == ["one", "done one"]
+    assert contents[-2:] == ["queued behind", "done queued behind"]

@@ -1,0 +1,134 @@
+"""A gateway worker process for the multi-process tests.
+
+Reads one JSON message per line on stdin (``{"chat", "text", "id"}``; ``{"quit": true}``
+shuts down gracefully) and appends JSON events to a shared log file: turn
+``start``/``end`` (with a system-wide monotonic clock), every ``deliver``, and
+every ``write`` a turn attempts after sleeping (``accepted`` or ``refused``).
+Prints ``ready`` once the gateway has started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from chatlane.errors import StaleGeneration
+from chatlane.gateway import Gateway, GatewaySettings
+from chatlane.identity import SessionSource
+from chatlane.runtime.engine import RuntimeSettings
+from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.turn import Turn
+from chatlane.stores import Store, TranscriptEntry, open_store
+from chatlane.types import InboundMessage, Outbound
+
+
+class SharedLog:
+    """Appends one JSON line per event; O_APPEND keeps lines from different processes whole."""
+
+    def __init__(self, path: str, name: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.name = name
+
+    def write(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "worker": self.name, "t": time.monotonic_ns(), **fields}
+        os.write(self.fd, (json.dumps(record) + "\n").encode())
+
+
+class Agent:
+    """Logs its turns; ``sleep <s>`` holds the turn, then tries a fenced store write."""
+
+    def __init__(self, log: SharedLog, store: Store) -> None:
+        self.log = log
+        self.store = store
+
+    async def __call__(self, turn: Turn) -> str:
+        ids = list(turn.message_ids)
+        self.log.write("start", key=turn.session_key, gen=turn.generation, ids=ids)
+        try:
+            if turn.text.startswith("sleep "):
+                await self._hold(turn, float(turn.text.split()[1]))
+            else:
+                await asyncio.sleep(0.001 + (hash(turn.text) % 5) / 1000)
+            return f"done {turn.text}"
+        finally:
+            self.log.write("end", key=turn.session_key, gen=turn.generation, ids=ids)
+
+    async def _hold(self, turn: Turn, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        entry = TranscriptEntry("tool", "late write", turn.generation)
+        try:
+            await self.store.append_transcript(turn.session_key, turn.generation, entry)
+            self.log.write("write", key=turn.session_key, gen=turn.generation, result="accepted")
+        except StaleGeneration:
+            self.log.write("write", key=turn.session_key, gen=turn.generation, result="refused")
+
+
+class FenceLog(logging.Handler):
+    """Turns the engine's 'fenced stale …' log lines into shared-log events."""
+
+    def __init__(self, log: SharedLog) -> None:
+        super().__init__(logging.INFO)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("fenced stale"):
+            self.log.write("fenced", detail=message)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    log = SharedLog(args.log, args.name)
+    logging.getLogger("chatlane.runtime").addHandler(FenceLog(log))
+    logging.getLogger("chatlane.runtime").setLevel(logging.INFO)
+    store = await open_store(args.store)
+
+    async def deliver(outbound: Outbound) -> None:
+        log.write("deliver", kind=outbound.kind.value, key=outbound.session_key,
+                  gen=outbound.generation, ids=list(outbound.in_reply_to), text=outbound.text)
+
+    settings = GatewaySettings(runtime=RuntimeSettings(
+        leases=LeaseSettings(ttl=args.ttl), turn_timeout=0, ack_debounce=0))
+    gateway = Gateway(Agent(log, store), deliver, settings=settings, store=store)
+    await gateway.start()
+    print("ready", flush=True)
+    await read_messages(gateway)
+    await gateway.aclose()
+    await store.close()
+
+
+async def read_messages(gateway: Gateway) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    tasks: set[asyncio.Task[Any]] = set()
+    while line := await reader.readline():
+        data = json.loads(line)
+        if data.get("quit"):
+            break
+        source = SessionSource("test", chat_id=data["chat"], user_id="u")
+        message = InboundMessage(source, data["text"], id=data["id"])
+        task = asyncio.create_task(gateway.dispatch(message))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    await asyncio.gather(*tasks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--ttl", type=float, default=1.0)
+    asyncio.run(serve(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

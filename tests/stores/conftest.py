@@ -1,0 +1,55 @@
+"""One fixture, ``store``, parametrized over every backend; the contract suite uses only it."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from chatlane.stores import Store, open_store
+
+BACKENDS = ["memory", "sqlite", "redis"]
+
+Reopen = Callable[[], Awaitable[Store]]
+
+
+def _url(kind: str, tmp_path: Path, redis_base: str | None) -> str:
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'chatlane.db'}"
+    assert redis_base is not None
+    separator = "&" if "?" in redis_base else "?"
+    return f"{redis_base}{separator}prefix=test-{secrets.token_hex(6)}"
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    kind: str = request.param
+    redis_base = request.getfixturevalue("redis_url") if kind == "redis" else None
+    return _url(kind, tmp_path, redis_base)
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[Store]:
+    opened = await open_store(store_url)
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+async def reopen(store_url: str) -> AsyncIterator[Reopen]:
+    """Open the same store again, as a restarted process (or a second one) would."""
+    if store_url.startswith("memory://"):
+        pytest.skip("the memory store lives and dies with its process")
+    opened: list[Store] = []
+
+    async def _open() -> Store:
+        opened.append(await open_store(store_url))
+        return opened[-1]
+
+    yield _open
+    for each in opened:
+        await each.close()

@@ -1,0 +1,372 @@
+"""What only the SQLite store promises: its file, its schema, group commit, and real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from chatlane.errors import SessionBusy, StaleGeneration, StoreError
+from chatlane.stores import MemoryStore, Store, TranscriptEntry, WriteBatch, open_store
+from chatlane.stores.sqlite import SQLiteStore
+from chatlane.stores.sqlite_schema import MIGRATIONS, Location, connect, migrate, parse_url
+
+KEY = "main:test:dm:c1"
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "chatlane.db"
+
+
+@pytest.fixture
+async def store(path: Path) -> AsyncIterator[SQLiteStore]:
+    opened = await SQLiteStore.open(f"sqlite:///{path}")
+    yield opened
+    await opened.close()
+
+
+@contextlib.contextmanager
+def write_lock(path: Path) -> Iterator[threading.Event]:
+    """Hold the file's write lock from another connection until the yielded event is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        held.set()
+        release.wait(10)
+        other.execute("ROLLBACK")
+        other.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(5)
+    try:
+        yield release
+    finally:
+        release.set()
+        thread.join(5)
+
+
+def pragma(path: Path, name: str) -> object:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+class TestUrl:
+    @pytest.mark.parametrize(
+        ("url", "expected"),
+        [
+            ("sqlite:///chatlane.db", Location(Path("chatlane.db"))),
+            ("sqlite:///data/x.db", Location(Path("data/x.db"))),
+            ("sqlite:////abs/x.db", Location(Path("/abs/x.db"))),
+            ("sqlite:///x.db?busy_timeout=250", Location(Path("x.db"), 250)),
+        ],
+    )
+    def test_forms(self, url: str, expected: Location) -> None:
+        assert parse_url(url) == expected
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "sqlite://host/x.db",
+            "sqlite:///",
+            "sqlite:x.db",
+            "sqlite:///x.db?busy_timeout=soon",
+            "sqlite:///x.db?journal=off",
+            "memory://",
+        ],
+    )
+    def test_malformed_is_a_store_error(self, url: str) -> None:
+        with pytest.raises(StoreError, match="store URL"):
+            parse_url(url)
+
+    async def test_relative_path_and_missing_directories(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.chdir(tmp_path)
+        opened = await open_store("sqlite:///nested/deeper/chatlane.db")
+        await opened.close()
+        assert (tmp_path / "nested" / "deeper" / "chatlane.db").is_file()
+
+
+class TestFile:
+    def test_connection_settings(self, path: Path) -> None:
+        with contextlib.closing(connect(Location(path, busy_timeout_ms=1234))) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+            assert db.execute("PRAGMA busy_timeout").fetchone()[0] == 1234
+
+    async def test_wal_and_schema_version(self, store: SQLiteStore, path: Path) -> None:
+        await store.bump_generation(KEY)
+        assert pragma(path, "journal_mode") == "wal"
+        assert pragma(path, "user_version") == len(MIGRATIONS)
+
+    @pytest.fixture
+    def garbage(self, path: Path) -> Path:
+        path.write_bytes(b"this is not a database, only bytes \x00\xff" * 100)
+        return path
+
+    async def test_garbage_file_is_a_store_error_naming_the_path(self, garbage: Path) -> None:
+        with pytest.raises(StoreError, match="not a database") as raised:
+            await open_store(f"sqlite:///{garbage}")
+        assert str(garbage) in str(raised.value)
+
+    async def test_directory_in_the_way_is_a_store_error(self, tmp_path: Path) -> None:
+        with pytest.raises(StoreError, match="cannot open SQLite store"):
+            await open_store(f"sqlite:///{tmp_path}")  # a directory where the file should be
+
+    async def test_newer_schema_is_refused(self, path: Path) -> None:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+        with pytest.raises(StoreError, match=r"schema version \d+, newer than"):
+            await open_store(f"sqlite:///{path}")
+
+    def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
+        steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            assert migrate(db, path, steps[:1]) == 1
+            assert migrate(db, path, steps) == 2
+            assert migrate(db, path, steps) == 2
+            db.execute("INSERT INTO a (x, y) VALUES (1, 2)")
+            db.execute("INSERT INTO b (z) VALUES (3)")
+        assert pragma(path, "user_version") == 2
+
+    def test_a_failed_step_keeps_the_file_as_it_was(self, path: Path) -> None:
+        steps = [("CREATE TABLE a (x)",), ("CREATE TABLE b (x)", "CREATE TABLE a (x)")]
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            with pytest.raises(StoreError, match="migration 2 failed"):
+                migrate(db, path, steps)
+            tables = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        assert tables == []
+        assert pragma(path, "user_version") == 0
+
+
+class TestWriterThread:
+    async def test_group_commit_batches_concurrent_writes(self, store: SQLiteStore) -> None:
+        before = store.stats.transactions
+        await asyncio.gather(*(store.set_persistent(KEY, None, **{f"f{i}": i}) for i in range(200)))
+        assert store.stats.transactions - before < 20
+        assert await store.load_persistent(KEY) == {f"f{i}": i for i in range(200)}
+
+    async def test_a_failing_operation_rolls_back_only_itself(
+        self, store: SQLiteStore, path: Path
+    ) -> None:
+        lease = await store.acquire(KEY, "p1", 5)
+        before = store.stats.transactions
+        with write_lock(path) as release:
+            commits = [
+                store.set_persistent(KEY, lease.generation, **{f"f{i}": i}) for i in range(20)
+            ]
+            stale = store.set_persistent(KEY, lease.generation - 1, stale=True)
+            tasks = [asyncio.ensure_future(c) for c in [*commits, stale]]
+            await asyncio.sleep(0.05)
+            release.set()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert store.stats.transactions - before <= 2  # the stale one shared a transaction
+        assert results[:20] == [None] * 20
+        assert isinstance(results[20], StaleGeneration)
+        assert await store.load_persistent(KEY) == {f"f{i}": i for i in range(20)}
+
+    async def test_reads_do_not_wait_for_the_write_lock(
+        self, store: SQLiteStore, path: Path
+    ) -> None:
+        await store.bump_generation(KEY)
+        with write_lock(path):
+            assert await asyncio.wait_for(store.generation(KEY), 1) == 1
+
+    async def test_a_call_cancelled_while_queued_is_never_applied(
+        self, store: SQLiteStore, path: Path
+    ) -> None:
+        with write_lock(path) as release:
+            first = asyncio.ensure_future(store.heartbeat("p1", 5))
+            await asyncio.sleep(0.05)  # the writer now waits for the lock with `first`
+            cancelled = asyncio.ensure_future(store.acquire(KEY, "p1", 5))
+            await asyncio.sleep(0.01)
+            cancelled.cancel()
+            release.set()
+            await first
+        assert await store.generation(KEY) == 0
+
+    async def test_event_loop_stays_responsive(self, store: SQLiteStore) -> None:
+        lag = 0.0
+        done = asyncio.Event()
+
+        async def probe() -> None:
+            nonlocal lag
+            while not done.is_set():
+                started = time.perf_counter()
+                await asyncio.sleep(0)
+                lag = max(lag, time.perf_counter() - started)
+
+        async def writer(n: int) -> None:
+            for i in range(10):
+                await store.append_transcript(f"k{n}", None, TranscriptEntry("user", "x" * 500, i))
+
+        probing = asyncio.ensure_future(probe())
+        await asyncio.gather(*(writer(n) for n in range(50)))
+        done.set()
+        await probing
+        assert lag < 0.1
+
+
+class TestLifecycle:
+    async def test_close_flushes_queued_writes(self, path: Path) -> None:
+        url = f"sqlite:///{path}"
+        first = await open_store(url)
+        writes = [asyncio.ensure_future(first.enqueue(KEY, f"m{i}", "p", b"")) for i in range(100)]
+        await asyncio.sleep(0)
+        await first.close()
+        assert all(w.done() for w in writes)
+        again = await open_store(url)
+        assert len(await again.pending(KEY)) == 100
+        await again.close()
+
+    async def test_calls_after_close_are_refused(self, store: SQLiteStore) -> None:
+        await store.close()
+        with pytest.raises(StoreError, match="store is closed"):
+            await store.generation(KEY)
+
+    async def test_seqs_are_never_reused_after_delete_and_restart(self, path: Path) -> None:
+        url = f"sqlite:///{path}"
+        first = await open_store(url)
+        seq = await first.enqueue(KEY, "m1", "p", b"")
+        await first.drop_pending(KEY, [seq])
+        await first.close()
+        again = await open_store(url)
+        assert await again.enqueue(KEY, "m1", "p", b"") > seq
+        await again.close()
+
+
+class TestValues:
+    async def test_non_json_value_is_refused_before_writing(self, store: SQLiteStore) -> None:
+        with pytest.raises(StoreError, match="'when'"):
+            await store.set_persistent(KEY, None, ok=1, when={1, 2})
+        assert await store.load_persistent(KEY) == {}
+
+    async def test_special_floats_and_huge_ints_round_trip(self, store: SQLiteStore) -> None:
+        await store.set_persistent(KEY, None, inf=float("inf"), big=2**100, surrogate="\ud800")
+        assert await store.load_persistent(KEY) == {
+            "inf": float("inf"),
+            "big": 2**100,
+            "surrogate": "\ud800",
+        }
+
+    @pytest.mark.parametrize("other", ["memory", "sqlite"])
+    async def test_entry_naming_another_conversation(self, other: str, store: SQLiteStore) -> None:
+        chosen: Store = MemoryStore() if other == "memory" else store
+        first = await chosen.conversation(KEY)
+        await chosen.new_conversation(KEY)
+        named = TranscriptEntry("user", "hi", 0, conversation_id=first.id, created_at=1.0)
+        await chosen.commit(KEY, None, WriteBatch(transcript=[named]))
+        assert await chosen.transcript(KEY) == [named]
+        assert await chosen.transcript(KEY, first.id) == []
+
+
+CONTENDER = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from chatlane.errors import SessionBusy
+    from chatlane.stores import open_store
+
+    async def main(url: str, name: str, rounds: int) -> None:
+        store = await open_store(url)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        won = []
+        for r in range(rounds):
+            try:
+                await store.acquire(f"round-{r}", name, 30)
+            except SessionBusy:
+                continue
+            won.append(r)
+        await store.close()
+        print(json.dumps(won), flush=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    """
+)
+
+
+OPENER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from chatlane.stores import open_store
+
+    async def main(url: str) -> None:
+        sys.stdin.readline()
+        store = await open_store(url)
+        await store.bump_generation("opened")
+        await store.close()
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+def start(script: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def go(processes: list[subprocess.Popen[str]]) -> list[str]:
+    """Release every process at once, then collect their output (failing on an error)."""
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    results = [process.communicate(timeout=30) for process in processes]
+    for process, (_, err) in zip(processes, results, strict=True):
+        assert process.returncode == 0, err
+    return [out for out, _ in results]
+
+
+async def test_processes_opening_a_new_file_at_once(path: Path) -> None:
+    processes = [start(OPENER, f"sqlite:///{path}") for _ in range(6)]
+    await asyncio.to_thread(go, processes)
+    opened = await open_store(f"sqlite:///{path}")
+    assert await opened.generation("opened") == 6
+    await opened.close()
+
+
+def test_two_processes_contend_and_one_wins_each_round(path: Path) -> None:
+    rounds = 60
+    processes = [start(CONTENDER, f"sqlite:///{path}", name, str(rounds)) for name in "ab"]
+    for process in processes:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "ready"
+    outputs = go(processes)
+    won = [set(json.loads(out.splitlines()[-1])) for out in outputs]
+    assert not won[0] & won[1]
+    assert won[0] | won[1] == set(range(rounds))
+
+
+async def test_busy_session_across_instances(path: Path) -> None:
+    """A second instance on the file sees the first one's lease as soon as it is granted."""
+    first, second = (
+        await SQLiteStore.open(f"sqlite:///{path}"),
+        await open_store(f"sqlite:///{path}"),
+    )
+    lease = await first.acquire(KEY, "p1", 5)
+    with pytest.raises(SessionBusy):
+        await second.acquire(KEY, "p2", 5)
+    await first.release(lease)
+    assert (await second.acquire(KEY, "p2", 5)).generation == 2
+    await first.close()
+    await second.close()
