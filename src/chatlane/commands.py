@@ -176,7 +176,7 @@ async def _queue(call: CommandCall) -> str:
 
 async def _status(call: CommandCall) -> str:
     engine, key = call.engine, call.session_key
-    state = engine.registry.get(key)
+    state = await engine.session(key)
     turn = engine.running_turn(key)
     if turn is not None:
         activity = f"running for {time.monotonic() - turn.started_at:.1f}s"
@@ -193,14 +193,15 @@ async def _status(call: CommandCall) -> str:
 
 
 async def _busy(call: CommandCall) -> str:
-    state = call.engine.registry.get(call.session_key)
+    engine, key = call.engine, call.session_key
+    state = await engine.session(key)
     if not call.args:
-        return f"Busy policy: {call.engine.policy_for(state, call.message)}"
+        return f"Busy policy: {engine.policy_for(state, call.message)}"
     if call.args.lower() == "default":
-        state.persistent.busy_policy = None
-        return f"Busy policy reset to the default ({call.engine.policy_for(state, call.message)})."
+        await engine.persist(key, busy_policy=None)
+        return f"Busy policy reset to the default ({engine.policy_for(state, call.message)})."
     policy = BusyPolicy.parse(call.args, what="/busy")
-    state.persistent.busy_policy = policy
+    await engine.persist(key, busy_policy=policy)
     return f"Busy policy for this session: {policy}"
 
 

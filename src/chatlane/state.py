@@ -217,6 +217,8 @@ class SessionState:
     conversation: ConversationState = field(default_factory=ConversationState)
     persistent: PersistentState = field(default_factory=PersistentState)
     last_access: float = 0.0
+    loaded: bool = False
+    """Whether the persistent scope was read from the store since this state was created."""
 
     def touch(self, now: float) -> None:
         """Record an access at clock reading ``now``."""

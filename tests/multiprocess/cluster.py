@@ -47,10 +47,20 @@ class Cluster:
     workers: list[Worker] = field(default_factory=list)
 
     def start(self, name: str) -> Worker:
-        command = [sys.executable, "-m", "tests.multiprocess.worker", "--store", self.store_url,
-                   "--log", str(self.log_path), "--name", name, "--ttl", str(self.ttl)]
-        process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE)
+        command = [
+            sys.executable,
+            "-m",
+            "tests.multiprocess.worker",
+            "--store",
+            self.store_url,
+            "--log",
+            str(self.log_path),
+            "--name",
+            name,
+            "--ttl",
+            str(self.ttl),
+        ]
+        process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert process.stdout is not None
         ready = process.stdout.readline()
         assert ready.strip() == b"ready", f"worker {name} did not start: {ready!r}"

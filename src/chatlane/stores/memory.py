@@ -88,8 +88,7 @@ class MemoryStore(Store):
             raise SessionBusy(f"session {key!r} is running elsewhere")
         if head_seq is not None and _earlier_foreign(session, head_seq, holder):
             raise SessionBusy(f"an earlier message of {key!r} runs first")
-        active = self._active()
-        if max_active and active >= max_active:
+        if max_active and (active := self._active()) >= max_active:
             raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")
         session.generation += 1
         session.lease = Lease(key, holder, new_token(), session.generation, now() + ttl)

@@ -1,0 +1,125 @@
+"""The engine on a store: durable queue, idempotent replies, leases, adoption, session cap."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from chatlane.identity import SessionSource
+from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.turn import Turn
+from chatlane.stores import MemoryStore, Store, WriteBatch, open_store
+from chatlane.stores.codec import encode_message
+from chatlane.testing import GatewayHarness
+from chatlane.types import InboundMessage
+from tests.runtime.agents import EchoAgent, Recorder
+
+
+async def test_answered_messages_leave_the_queue_and_join_the_transcript() -> None:
+    store = MemoryStore()
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        result = await h.send("hello", chat_id="c")
+        await h.replies(chat_id="c", count=1)
+        await h.settle()
+        assert await store.pending(result.session_key) == []
+        transcript = await store.transcript(result.session_key)
+        assert [(e.role, e.content) for e in transcript] == [
+            ("user", "hello"),
+            ("assistant", "echo: hello"),
+        ]
+        assert await store.is_answered(result.message_id)
+
+
+async def test_a_rerun_of_an_answered_message_is_not_delivered_twice() -> None:
+    store = MemoryStore()
+    source = SessionSource("test", chat_id="c", user_id="u1")
+    message = InboundMessage(source, "hello", id="m-once")
+    key = "main:test:dm:c"
+    await store.commit(key, None, WriteBatch(answered=["m-once"]))
+    await store.enqueue(key, "m-once", "h-dead", encode_message(message))
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        await h.settle()
+        await asyncio.sleep(0.05)
+        assert h.outbox == []
+        assert await store.pending(key) == []
+
+
+async def test_messages_of_a_dead_process_are_adopted_and_run(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    store = await open_store(url)
+    source = SessionSource("test", chat_id="c", user_id="u1")
+    key = "main:test:dm:c"
+    for n in range(3):
+        message = InboundMessage(source, f"left behind {n}", id=f"m-{n}")
+        await store.enqueue(key, message.id, "h-gone", encode_message(message))
+    recorder = Recorder()
+    try:
+        async with GatewayHarness(EchoAgent(recorder), store=store) as h:
+            replies = await h.replies(chat_id="c", count=3)
+            assert replies == [f"echo: left behind {n}" for n in range(3)]
+            assert await store.pending(key) == []
+    finally:
+        await store.close()
+
+
+async def test_session_running_elsewhere_waits_for_the_lease() -> None:
+    store = MemoryStore()
+    key = "main:test:dm:c"
+    foreign = await store.acquire(key, "h-other", 30)
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        await h.send("hello", chat_id="c")
+        await asyncio.sleep(0.1)
+        assert h.outbox == []
+        await store.release(foreign)
+        assert await h.replies(chat_id="c", count=1) == ["echo: hello"]
+        assert h.session(key).persistent.run_generation == 2
+
+
+async def test_active_session_cap_queues_with_a_notice() -> None:
+    store = MemoryStore()
+    async with GatewayHarness(
+        EchoAgent(), store=store, leases=LeaseSettings(max_active_sessions=1)
+    ) as h:
+        await h.send("sleep 0.2", chat_id="a")
+        await asyncio.sleep(0.02)
+        await h.send("hi", chat_id="b")
+        replies = await h.replies(chat_id="b", count=2)
+        assert replies == ["at the active session limit (1/1), queued", "echo: hi"]
+
+
+async def test_lost_lease_fences_the_turn_and_reruns_its_message() -> None:
+    store = MemoryStore()
+    runs: list[int] = []
+
+    async def agent(turn: Turn) -> str:
+        runs.append(turn.generation)
+        if len(runs) == 1:
+            await store.bump_generation(turn.session_key)  # another process /stops it
+            await asyncio.sleep(0.3)
+        return f"run {len(runs)}"
+
+    async with GatewayHarness(agent, store=store, leases=LeaseSettings(ttl=0.3)) as h:
+        await h.send("go", chat_id="c")
+        replies = await h.replies(chat_id="c", count=1, timeout=5)
+        assert replies == ["run 2"]
+        assert runs[1] > runs[0]
+
+
+async def test_busy_policy_survives_in_the_store(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    async with GatewayHarness(EchoAgent(), store=url) as h:
+        await h.send("/busy reject", chat_id="c")
+        await h.replies(chat_id="c", count=1)
+    async with GatewayHarness(EchoAgent(), store=url) as h:
+        await h.send("/busy", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["Busy policy: reject"]
+
+
+async def test_harness_accepts_any_store(tmp_path: Path) -> None:
+    store: Store = await open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            await h.send("x", chat_id="c")
+            assert await h.replies(chat_id="c", count=1) == ["echo: x"]
+    finally:
+        await store.close()
