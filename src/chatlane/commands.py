@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.busy import BusyPolicy, ack_text
 from chatlane.runtime.engine import TurnEngine
@@ -86,12 +87,17 @@ class CommandSpec:
     usage: str
     busy: CommandBusy
     handler: CommandHandler
+    hidden: bool = False
+    """Not listed by /help (used for the answer to a plain "no")."""
 
 
 class CommandRouter:
     """The commands a gateway understands, and the one place busy behaviour is applied."""
 
-    def __init__(self, specs: Iterable[CommandSpec] = ()) -> None:
+    def __init__(
+        self, specs: Iterable[CommandSpec] = (), options: LifecycleOptions | None = None
+    ) -> None:
+        self.options = options or LifecycleOptions()
         self._specs: dict[str, CommandSpec] = {}
         for spec in specs:
             self.register(spec)
@@ -105,11 +111,12 @@ class CommandRouter:
         return self._specs.get(name.lower())
 
     def __iter__(self) -> Iterator[CommandSpec]:
-        return iter(sorted(self._specs.values(), key=lambda spec: spec.name))
+        visible = (spec for spec in self._specs.values() if not spec.hidden)
+        return iter(sorted(visible, key=lambda spec: spec.name))
 
     def names(self) -> list[str]:
-        """Every command name, sorted."""
-        return sorted(self._specs)
+        """Every listed command name, sorted."""
+        return [spec.name for spec in self]
 
     async def run(
         self, engine: TurnEngine, key: SessionKey, message: InboundMessage, parsed: ParsedCommand
@@ -205,6 +212,10 @@ async def _busy(call: CommandCall) -> str:
     return f"Busy policy for this session: {policy}"
 
 
+async def _cancelled(call: CommandCall) -> str:
+    return "Cancelled; nothing changed."
+
+
 async def _help(call: CommandCall) -> str:
     return call.router.help_text()
 
@@ -235,13 +246,23 @@ BUILTIN_COMMANDS = (
         _busy,
     ),
     CommandSpec("help", "list every command", "/help", CommandBusy.DISPATCH, _help),
+    CommandSpec(
+        "cancelled",
+        "(internal) answer to a declined confirmation",
+        "no",
+        CommandBusy.DISPATCH,
+        _cancelled,
+        hidden=True,
+    ),
 )
 """The commands every gateway has; all of them work while a turn runs."""
 
 
-def default_router() -> CommandRouter:
-    """A router with the built-in commands."""
-    return CommandRouter(BUILTIN_COMMANDS)
+def default_router(options: LifecycleOptions | None = None) -> CommandRouter:
+    """A router with every built-in command: turn control, conversations, overrides, approvals."""
+    from chatlane.session_commands import SESSION_COMMANDS
+
+    return CommandRouter((*BUILTIN_COMMANDS, *SESSION_COMMANDS), options)
 
 
 __all__ = [

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chatlane.commands import CommandRouter, default_router, parse_command
+from chatlane.commands import CommandRouter, ParsedCommand, default_router, parse_command
 from chatlane.identity import KeyPolicy, build_session_key
+from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
+from chatlane.session_commands import NO, YES
 from chatlane.state import SessionRegistry
 from chatlane.stores.base import Store
 from chatlane.types import Agent, Deliver, InboundMessage, OutboundKind, SessionKey
@@ -26,6 +28,7 @@ class GatewaySettings:
 
     key_policy: KeyPolicy = field(default_factory=KeyPolicy)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    lifecycle: LifecycleOptions = field(default_factory=LifecycleOptions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ class Gateway:
         holder: str | None = None,
     ) -> None:
         self.settings = settings or GatewaySettings()
-        self.router = router if router is not None else default_router()
+        self.router = router if router is not None else default_router(self.settings.lifecycle)
         self.engine = TurnEngine(
             agent,
             deliver,
@@ -72,15 +75,41 @@ class Gateway:
         return build_session_key(message.source, self.settings.key_policy)
 
     async def dispatch(self, message: InboundMessage) -> DispatchResult:
-        """Handle one inbound message: a command, a new turn, or a busy outcome."""
+        """Handle one inbound message: a command, a new turn, or a busy outcome.
+
+        A plain "yes" or "no" answers a pending approval or confirmation first.
+        """
         key = self.session_key(message)
-        parsed = None if message.internal else parse_command(message.text)
+        parsed = None if message.internal else await self._command_for(key, message)
         if parsed is not None:
             reply = await self.router.run(self.engine, key, message, parsed)
             await self.engine.send(OutboundKind.REPLY, key, message.source, reply, (message.id,))
             return DispatchResult(key, message.id, command=parsed.name)
         outcome = await self.engine.submit(key, message)
         return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+
+    async def _command_for(self, key: SessionKey, message: InboundMessage) -> ParsedCommand | None:
+        """The command ``message`` means: a slash command, or a yes/no to a pending question."""
+        parsed = parse_command(message.text)
+        if parsed is not None:
+            return parsed
+        word = message.text.strip().lower()
+        if word not in YES | NO:
+            await self._cancel_confirmation(key)
+            return None
+        state = await self.engine.session(key)
+        if self.engine.approvals.has_pending(state):
+            return ParsedCommand("approve" if word in YES else "deny", "")
+        confirm = state.persistent.pending_command_text
+        state.persistent.pending_command_text = None
+        if confirm and word in YES:
+            return parse_command(confirm)
+        return ParsedCommand("cancelled", "") if confirm else None
+
+    async def _cancel_confirmation(self, key: SessionKey) -> None:
+        state = self.engine.registry.peek(key)
+        if state is not None:
+            state.persistent.pending_command_text = None
 
     async def start(self) -> int:
         """Announce this process to the store and adopt messages dead processes left.

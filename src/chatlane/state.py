@@ -167,6 +167,8 @@ class ConversationState:
     vc_last: Any = None
     interrupt_streak: int = 0
     """Turns of this conversation interrupted in a row (the ``interrupt`` busy policy's depth)."""
+    approval_grants: list[str] = field(default_factory=list)
+    """Commands approved with ``/approve session``: allowed until the conversation ends."""
 
     def clear(self) -> None:
         """Reset every field to its default, including fields added by a subclass."""
@@ -188,6 +190,8 @@ class PersistentState:
     run_generation: int = 0
     hygiene_failure_streak: int = 0
     busy_policy: Any = None
+    approval_allowlist: list[str] = field(default_factory=list)
+    """Command patterns approved with ``/approve always`` (kept in the store)."""
     """This session's own busy policy (``/busy``), or None for the gateway's."""
 
     def __setattr__(self, name: str, value: Any) -> None:

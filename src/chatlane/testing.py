@@ -14,19 +14,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
 from chatlane.errors import ConfigError
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import ChatType, KeyPolicy, SessionSource
+from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.state import SessionState
 from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target
 
-_COMPLETE = frozenset({OutboundKind.REPLY, OutboundKind.ACK, OutboundKind.NOTICE})
+_COMPLETE = frozenset(
+    {OutboundKind.REPLY, OutboundKind.ACK, OutboundKind.NOTICE, OutboundKind.APPROVAL}
+)
 _RUNTIME_FIELDS = frozenset(f.name for f in dataclasses.fields(RuntimeSettings)) - {"busy"}
 
 ChatAddress = tuple[str | None, str | None]
@@ -37,15 +41,18 @@ def harness_settings(busy: str | BusyPolicy, settings: dict[str, Any]) -> Gatewa
 
     :raises ConfigError: for a keyword that is not a runtime setting.
     """
-    unknown = sorted(set(settings) - _RUNTIME_FIELDS - {"key_policy"})
+    extra = {"key_policy", "lifecycle"}
+    unknown = sorted(set(settings) - _RUNTIME_FIELDS - extra)
     if unknown:
         raise ConfigError(
             f"unknown harness settings {unknown}; expected some of "
-            f"{sorted(_RUNTIME_FIELDS | {'key_policy'})}"
+            f"{sorted(_RUNTIME_FIELDS | extra)}"
         )
     key_policy = settings.pop("key_policy", KeyPolicy())
+    lifecycle = settings.pop("lifecycle", LifecycleOptions())
     busy_settings = BusySettings(default=BusyPolicy.parse(str(busy)))
-    return GatewaySettings(key_policy, RuntimeSettings(busy=busy_settings, **settings))
+    runtime = RuntimeSettings(busy=busy_settings, **settings)
+    return GatewaySettings(key_policy, runtime, lifecycle)
 
 
 class GatewayHarness:
@@ -162,6 +169,19 @@ class GatewayHarness:
         async with asyncio.timeout(timeout), self._arrived:
             await self._arrived.wait_for(lambda: len(complete()) >= count)
         return complete()
+
+    async def wait_for(
+        self,
+        predicate: Callable[[list[Outbound]], bool],
+        timeout: float = 5.0,  # noqa: ASYNC109 - like replies()
+    ) -> list[Outbound]:
+        """Wait until ``predicate(outbox)`` holds; return the outbox then.
+
+        :raises TimeoutError: if it does not hold within ``timeout``.
+        """
+        async with asyncio.timeout(timeout), self._arrived:
+            await self._arrived.wait_for(lambda: predicate(self.outbox))
+        return list(self.outbox)
 
     async def settle(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - like replies()
         """Wait until no turn runs and nothing is queued anywhere.

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
+import msgspec
+
 from chatlane.identity import SessionSource
 
 if TYPE_CHECKING:
@@ -72,6 +74,8 @@ class OutboundKind(enum.StrEnum):
     """A complete answer: the agent's reply for a turn, or a command's response."""
     ACK = "ack"
     """A short acknowledgement of a busy outcome (queued, interrupting, steered)."""
+    APPROVAL = "approval"
+    """A tool asks for approval; adapters may offer Approve / Deny buttons."""
     NOTICE = "notice"
     """An explicit notice that a message was not (or will not be) run: rejected, full, failed."""
 
@@ -90,6 +94,19 @@ class Outbound:
     text: str
     generation: int = 0
     in_reply_to: tuple[str, ...] = ()
+
+
+class ModelChoice(msgspec.Struct, frozen=True):
+    """A model to use: its name, and optionally the provider and endpoint. Never an API key."""
+
+    name: str
+    provider: str = ""
+    base_url: str = ""
+
+    def describe(self) -> str:
+        """``name (provider at base_url)`` for replies."""
+        where = " at ".join(part for part in (self.provider, self.base_url) if part)
+        return f"{self.name} ({where})" if where else self.name
 
 
 Deliver: TypeAlias = Callable[[Outbound], Awaitable[None]]

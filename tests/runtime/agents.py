@@ -83,3 +83,27 @@ async def streaming_agent(turn: Turn) -> AsyncIterator[str]:
     for word in f"echo: {turn.text}".split(" "):
         yield word + " "
         await asyncio.sleep(0)
+
+
+async def settings_agent(turn: Turn) -> str:
+    """Replies with the overrides resolved for this turn."""
+    from chatlane.state import SERVICE_TIER_UNSET
+
+    model = turn.overrides.model.name if turn.overrides.model else "default"
+    tier = turn.overrides.service_tier
+    shown = "default" if tier is SERVICE_TIER_UNSET else ("normal" if tier is None else tier)
+    if turn.text.startswith("fail"):
+        raise RuntimeError("boom")
+    if turn.text.startswith("sleep "):
+        await hold(turn, float(turn.text.split()[1]))
+    return f"model={model} reasoning={turn.overrides.reasoning or 'default'} tier={shown}"
+
+
+async def approving_agent(turn: Turn) -> str:
+    """``approve <command>`` asks for approval (from a worker thread with ``thread``)."""
+    words = turn.text.split(maxsplit=1)
+    if words[0] == "thread":
+        ok = await run_in_thread(turn.request_approval_threadsafe, words[1], "from a thread")
+    else:
+        ok = await turn.request_approval(words[1], "the test wants it")
+    return f"{'approved' if ok else 'denied'}: {words[1]}"

@@ -30,6 +30,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 
+from chatlane.approvals import ApprovalBroker, ApprovalRequest
 from chatlane.context import bind_session
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError
 from chatlane.identity import SessionSource
@@ -46,6 +47,7 @@ from chatlane.runtime.busy import (
 )
 from chatlane.runtime.leases import AcquireWait, LeaseKeeper, LeaseSettings, new_holder_id
 from chatlane.runtime.output import TurnOutput
+from chatlane.runtime.persisted import load_overrides, settle_once, stored_fields
 from chatlane.runtime.recovery import adopt_orphans
 from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
@@ -91,6 +93,8 @@ class RuntimeSettings:
     :param turn_timeout: a turn with no progress for this long is evicted
         (0 disables eviction).
     :param leases: lease TTL, the cross-process active-session cap, polling.
+    :param approval_timeout: seconds a tool waits for ``/approve`` before it
+        counts as denied.
     """
 
     busy: BusySettings = field(default_factory=BusySettings)
@@ -101,6 +105,7 @@ class RuntimeSettings:
     ack_debounce: float = 30.0
     turn_timeout: float = 600.0
     leases: LeaseSettings = field(default_factory=LeaseSettings)
+    approval_timeout: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,9 @@ class TurnEngine:
         self.store = store if store is not None else MemoryStore()
         self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)
         self.output = TurnOutput(self.store, self.send)
+        self.approvals = ApprovalBroker(
+            self.store, self._prompt, self._generation_is, self.settings.approval_timeout
+        )
         self._deliver = deliver
         self._turns: set[Turn] = set()
         self._collecting: set[SessionKey] = set()
@@ -165,13 +173,31 @@ class TurnEngine:
             _load_persistent(state, fields, generation)
         return state
 
+    def _generation_is(self, key: SessionKey, generation: int) -> bool:
+        state = self.registry.peek(key)
+        return state is not None and state.persistent.run_generation == generation
+
+    async def _prompt(self, request: ApprovalRequest, text: str) -> None:
+        turn = self.running_turn(request.session_key)
+        if turn is None:
+            log.info("approval prompt for %s dropped: no turn", request.session_key)
+            return
+        kind = OutboundKind.APPROVAL if text.startswith("Approval needed") else OutboundKind.NOTICE
+        await self.send(kind, request.session_key, turn.source, text, turn.message_ids)
+
+    async def persist_conversation(self, key: SessionKey, **fields: object) -> None:
+        """Set conversation overrides of ``key``, here and in the store (a boundary clears both)."""
+        state = await self.session(key)
+        for name, value in fields.items():
+            setattr(state.conversation, name, value)
+        await self.store.set_persistent(key, None, **stored_fields(fields))
+
     async def persist(self, key: SessionKey, **fields: object) -> None:
         """Set persistent fields of ``key``, here and in the store (enums stored by value)."""
         state = await self.session(key)
         for name, value in fields.items():
             setattr(state.persistent, name, value)
-        stored = {n: v.value if isinstance(v, BusyPolicy) else v for n, v in fields.items()}
-        await self.store.set_persistent(key, None, **stored)
+        await self.store.set_persistent(key, None, **stored_fields(fields))
 
     async def accept(
         self, key: SessionKey, message: InboundMessage, seq: int
@@ -280,6 +306,7 @@ class TurnEngine:
         self, state: SessionState, messages: tuple[InboundMessage, ...], seqs: tuple[int, ...]
     ) -> Turn:
         turn = Turn(state, messages, seqs, TurnOverrides.of(state))
+        turn.approvals = self.approvals
         slot = state.turn
         slot.agent, slot.event, slot.ctx = AGENT_PENDING, messages[0], turn
         slot.started_ts = time.time()
@@ -377,6 +404,8 @@ class TurnEngine:
     def _finish(self, state: SessionState, turn: Turn) -> None:
         self._turns.discard(turn)
         self._turn_ended.set()
+        if turn.ended_by != REORDERED:
+            settle_once(state, turn)
         for message, seq in turn.untaken_steers():
             pending.enqueue(state, message, seq)
         if state.turn.ctx is not turn:
@@ -539,6 +568,7 @@ class TurnEngine:
         if state.turn.ctx is not turn:
             return
         self._supersede(state, turn, EVICTED)
+        settle_once(state, turn)
         if turn.task is not None:
             turn.task.cancel()
         self._turns.discard(turn)
@@ -585,17 +615,27 @@ class TurnEngine:
             log.exception("delivery failed: %s %s", kind, key)
 
     async def aclose(self) -> None:
-        """Stop every turn (fenced; its messages stay queued in the store) and wait for them."""
+        """Stop every turn and release its lease; unanswered messages stay queued in the store.
+
+        Running turns are fenced and asked to stop; they get ``interrupt_grace``
+        to wind down before they are cancelled. Every lease still held is then
+        released, so the next process can take the sessions over at once.
+        """
         self._closed = True
         for handle in self._timers:
             handle.cancel()
         self._timers.clear()
-        tasks: list[asyncio.Task[None]] = [t.task for t in self._turns if t.task is not None]
-        for turn in list(self._turns):
+        turns = list(self._turns)
+        for turn in turns:
             self._supersede(self.registry.get(turn.session_key), turn, SHUTDOWN)
+        tasks = [turn.task for turn in turns if turn.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.interrupt_grace)
         for task in [*tasks, *self._background]:
             task.cancel()
         await asyncio.gather(*tasks, *self._background, *self._tasks, return_exceptions=True)
+        for turn in turns:
+            await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
 
 
@@ -607,6 +647,7 @@ def _load_persistent(state: SessionState, fields: dict[str, object], generation:
     if not state.loaded:
         state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
         state.persistent.run_generation = max(state.persistent.run_generation, generation)
+        load_overrides(state, fields)
         state.loaded = True
 
 

@@ -21,12 +21,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chatlane.errors import StaleGeneration
 from chatlane.identity import SessionSource
 from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
 from chatlane.stores.base import Lease
-from chatlane.types import InboundMessage, SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.approvals import ApprovalBroker
+from chatlane.types import InboundMessage, ModelChoice, SessionKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +42,7 @@ class TurnOverrides:
     ``"priority"``.
     """
 
-    model: str | None = None
+    model: ModelChoice | None = None
     reasoning: str | None = None
     service_tier: ServiceTier = SERVICE_TIER_UNSET
 
@@ -57,15 +61,18 @@ class Turn:
     """One run of the agent for one session."""
 
     __slots__ = (
+        "_loop",
         "_state",
         "_steers",
         "answered",
+        "approvals",
         "ended_by",
         "generation",
         "interrupted",
         "last_progress",
         "lease",
         "messages",
+        "once_restore",
         "overrides",
         "seqs",
         "session_key",
@@ -91,6 +98,9 @@ class Turn:
         self.lease: Lease | None = None
         self.ended_by = ""
         self.answered = False
+        self.approvals: ApprovalBroker | None = None
+        self.once_restore: object = state.conversation.one_turn_restore
+        self._loop = asyncio.get_running_loop()
         self.messages = messages
         self.source: SessionSource = messages[-1].source
         self.overrides = overrides
@@ -156,6 +166,26 @@ class Turn:
         """Steered messages (and seqs) the agent never took (engine side, at the end)."""
         untaken, self._steers = self._steers, []
         return untaken
+
+    async def request_approval(self, command: str, reason: str = "") -> bool:
+        """Ask this turn's user to approve ``command``; True only if they did, in time.
+
+        The prompt goes to the chat and thread the turn came from. A stale
+        turn, a timeout and a conversation that ends are all a denial.
+        """
+        if self.approvals is None or self.lease is None:
+            return False
+        decision = await self.approvals.request(
+            self._state, self.generation, self.source.user_id, command, reason
+        )
+        return decision.approved
+
+    def request_approval_threadsafe(self, command: str, reason: str = "") -> bool:
+        """:meth:`request_approval` for tools running in a worker thread (blocks that thread)."""
+        future = asyncio.run_coroutine_threadsafe(
+            self.request_approval(command, reason), self._loop
+        )
+        return future.result()
 
     def __repr__(self) -> str:
         return f"<Turn {self.session_key!r} gen={self.generation} messages={len(self.messages)}>"

@@ -1,0 +1,200 @@
+"""Approvals for dangerous tool calls, tied to a session, a generation and a user.
+
+A tool asks ``await turn.request_approval(command, reason)`` (or, from a
+worker thread, ``turn.request_approval_threadsafe(...)``); the user gets a
+prompt in the same chat and thread and answers ``/approve`` or ``/deny`` — or
+a plain "yes"/"no" while a request is pending. What stays true:
+
+* A request belongs to one session, one generation and one user: another
+  chat cannot see it, another user in a group cannot grant it, and a request
+  of a superseded turn is denied, never granted.
+* Every request ends: approved, denied, timed out (counts as denied), or
+  denied at once when its conversation ends — a blocked tool call always returns.
+* Grants: ``once`` (this request), ``session`` (matching commands until the
+  conversation ends), ``always`` (a pattern kept in the store's allowlist).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import fnmatch
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from chatlane.state import SessionState
+from chatlane.stores.base import Store
+from chatlane.types import SessionKey
+
+log = logging.getLogger("chatlane.approvals")
+
+_ids = itertools.count(1)
+
+
+class Grant(enum.StrEnum):
+    """How far an approval reaches."""
+
+    ONCE = "once"
+    SESSION = "session"
+    ALWAYS = "always"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """How a request ended."""
+
+    approved: bool
+    grant: Grant | None = None
+    note: str = ""
+
+
+@dataclass(slots=True)
+class ApprovalRequest:
+    """One pending request; lives in its session's ``persistent.approvals``."""
+
+    id: str
+    session_key: SessionKey
+    generation: int
+    user_id: str | None
+    command: str
+    reason: str
+    decided: asyncio.Future[Decision] = field(repr=False)
+
+
+Notify = Callable[[ApprovalRequest, str], Awaitable[None]]
+IsCurrent = Callable[[SessionKey, int], bool]
+
+
+def matches(command: str, patterns: list[str]) -> bool:
+    """Whether ``command`` matches any allowlist or grant pattern (exact or glob)."""
+    return any(command == p or fnmatch.fnmatchcase(command, p) for p in patterns)
+
+
+def prompt_text(request: ApprovalRequest) -> str:
+    """What the user sees when a tool asks for approval."""
+    why = f" — {request.reason}" if request.reason else ""
+    return (
+        f"Approval needed: `{request.command}`{why}\n"
+        "Reply /approve (or yes) to allow once, /approve session or /approve always "
+        "to allow it again, /deny (or no) to refuse."
+    )
+
+
+class ApprovalBroker:
+    """Creates, resolves and cleans up approval requests for one engine."""
+
+    def __init__(self, store: Store, notify: Notify, is_current: IsCurrent, timeout: float) -> None:
+        self._store = store
+        self._notify = notify
+        self._is_current = is_current
+        self.timeout = timeout
+
+    async def request(
+        self,
+        state: SessionState,
+        generation: int,
+        user_id: str | None,
+        command: str,
+        reason: str,
+    ) -> Decision:
+        """Ask the session's user; return once approved, denied, timed out or cancelled."""
+        if self._granted(state, command):
+            return Decision(True, note="allowed by an earlier grant")
+        if not self._is_current(state.key, generation):
+            return Decision(False, note="the turn is no longer current")
+        request = self._open(state, generation, user_id, command, reason)
+        try:
+            await self._notify(request, prompt_text(request))
+            return await self._wait(request)
+        finally:
+            _requests(state).pop(request.id, None)
+
+    def _granted(self, state: SessionState, command: str) -> bool:
+        return matches(command, state.conversation.approval_grants) or matches(
+            command, state.persistent.approval_allowlist
+        )
+
+    def _open(
+        self,
+        state: SessionState,
+        generation: int,
+        user_id: str | None,
+        command: str,
+        reason: str,
+    ) -> ApprovalRequest:
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        request = ApprovalRequest(
+            f"a{next(_ids)}", state.key, generation, user_id, command, reason, future
+        )
+        _requests(state)[request.id] = request
+        return request
+
+    async def _wait(self, request: ApprovalRequest) -> Decision:
+        try:
+            return await asyncio.wait_for(asyncio.shield(request.decided), self.timeout)
+        except TimeoutError:
+            await self._notify(request, f"Approval for `{request.command}` timed out — denied.")
+            return Decision(False, note="timed out")
+
+    def has_pending(self, state: SessionState) -> bool:
+        """Whether a request waits for an answer in this session."""
+        return bool(_requests(state))
+
+    async def resolve(
+        self, state: SessionState, user_id: str | None, decision: Decision, everything: bool
+    ) -> str:
+        """Apply ``decision`` from ``user_id`` to the oldest (or every) pending request.
+
+        :returns: the reply for the user.
+        """
+        waiting = list(_requests(state).values())
+        if not waiting:
+            return "No approval is pending."
+        mine = [r for r in waiting if r.user_id in (None, user_id)]
+        if not mine:
+            return "Only the person whose message started this turn can answer its approval."
+        chosen = mine if everything else mine[:1]
+        return "\n".join([await self._settle(state, r, decision) for r in chosen])
+
+    async def _settle(
+        self, state: SessionState, request: ApprovalRequest, decision: Decision
+    ) -> str:
+        if not self._is_current(request.session_key, request.generation):
+            decision = Decision(False, note="its turn was stopped")
+        if decision.approved and decision.grant is Grant.SESSION:
+            state.conversation.approval_grants.append(request.command)
+        if decision.approved and decision.grant is Grant.ALWAYS:
+            await self._allow_always(state, request.command)
+        if not request.decided.done():
+            request.decided.set_result(decision)
+        verb = "Approved" if decision.approved else "Denied"
+        extra = f" ({decision.grant})" if decision.approved and decision.grant else ""
+        note = f" — {decision.note}" if decision.note else ""
+        return f"{verb}{extra}: `{request.command}`{note}"
+
+    async def _allow_always(self, state: SessionState, command: str) -> None:
+        allowlist = state.persistent.approval_allowlist
+        if command not in allowlist:
+            allowlist.append(command)
+        await self._store.set_persistent(state.key, None, approval_allowlist=list(allowlist))
+
+    def end_conversation(self, state: SessionState) -> int:
+        """Deny every pending request of ``state`` at once; return how many there were."""
+        waiting = list(_requests(state).values())
+        for request in waiting:
+            if not request.decided.done():
+                request.decided.set_result(Decision(False, note="the conversation ended"))
+        _requests(state).clear()
+        return len(waiting)
+
+
+def _requests(state: SessionState) -> dict[str, ApprovalRequest]:
+    if state.persistent.approvals is None:
+        state.persistent.approvals = {}
+    requests: dict[str, ApprovalRequest] = state.persistent.approvals
+    return requests
+
+
+__all__ = ["ApprovalBroker", "ApprovalRequest", "Decision", "Grant", "matches", "prompt_text"]

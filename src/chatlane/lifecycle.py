@@ -1,0 +1,116 @@
+"""Conversation boundaries: the one funnel every ending goes through.
+
+:func:`end_conversation` is the only way a conversation ends — ``/new``,
+``/reset``, ``/resume``, auto-reset and expiry all call it. What stays true
+after it returns:
+
+* a running turn was interrupted and the generation bumped (here and in the
+  store), so nothing the old turn does later can land;
+* the store ended the conversation and a new one (or the resumed one) is current;
+* the whole conversation scope is cleared — every field, including ones added
+  later — and the overrides it held are cleared in the store too;
+* a one-turn override is settled (nothing is left to restore);
+* the security state is clean: pending approvals resolved as denied (a
+  blocked tool call returns at once), session-level grants ended, a pending
+  prompt dropped;
+* queued messages of the old conversation were dropped and counted, so the
+  caller can tell the user.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from chatlane.runtime import pending
+from chatlane.runtime.engine import TurnEngine
+from chatlane.stores.base import Conversation
+from chatlane.types import SessionKey
+
+log = logging.getLogger("chatlane.lifecycle")
+
+CONVERSATION_FIELDS = ("model_override", "reasoning_override", "service_tier_override")
+"""Conversation-scoped overrides that are also kept in the store (so they survive restarts)."""
+
+
+class EndReason(enum.StrEnum):
+    """Why a conversation ended."""
+
+    NEW = "new"
+    RESET = "reset"
+    RESUME = "resume"
+    IDLE = "idle"
+    DAILY = "daily"
+    EXPIRED = "expired"
+
+
+BeforeReset = Callable[[SessionKey, EndReason, Conversation], Awaitable[None]]
+"""Called before a conversation ends, with the conversation that is ending
+(for example to summarize or archive its transcript)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleOptions:
+    """How conversation boundaries behave.
+
+    :param confirm_new: ``/new`` and ``/reset`` ask before discarding a conversation.
+    :param before_reset: called with the ending conversation before every boundary.
+    """
+
+    confirm_new: bool = True
+    before_reset: BeforeReset | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """What :func:`end_conversation` did."""
+
+    previous: Conversation
+    current: Conversation
+    interrupted_turn: bool
+    dropped: int
+
+
+async def end_conversation(
+    engine: TurnEngine,
+    key: SessionKey,
+    reason: EndReason,
+    *,
+    resume_id: str | None = None,
+    before_reset: BeforeReset | None = None,
+) -> Ended:
+    """End ``key``'s conversation and start a new one (or resume ``resume_id``).
+
+    :raises KeyError: if ``resume_id`` names no conversation of ``key``; nothing
+        was changed then.
+    """
+    store = engine.store
+    previous = await store.conversation(key)
+    if resume_id is not None and not await _has_conversation(engine, key, resume_id):
+        raise KeyError(resume_id)
+    if before_reset is not None:
+        await before_reset(key, reason, previous)
+    stopped = await engine.stop(key)
+    state = await engine.session(key)
+    if resume_id is None:
+        current = await store.new_conversation(key)
+    else:
+        current = await store.resume_conversation(key, resume_id)
+    engine.approvals.end_conversation(state)
+    state.conversation.clear()
+    state.persistent.pending_command_text = None
+    await store.set_persistent(key, None, **dict.fromkeys(CONVERSATION_FIELDS))
+    log.info("conversation of %s ended (%s): %s -> %s", key, reason, previous.id, current.id)
+    return Ended(previous, current, stopped.stopped_turn, len(stopped.dropped))
+
+
+async def _has_conversation(engine: TurnEngine, key: SessionKey, conversation_id: str) -> bool:
+    return any(c.id == conversation_id for c in await engine.store.conversations(key, 1000))
+
+
+def queued_count(engine: TurnEngine, key: SessionKey) -> int:
+    """How many messages wait in ``key``'s queue (what a boundary would drop)."""
+    state = engine.registry.peek(key)
+    return 0 if state is None else pending.pending_count(state)

@@ -1,0 +1,82 @@
+"""Which per-session choices the store keeps, how they are encoded, and one-turn overrides.
+
+What stays true:
+
+* The store keeps only JSON values: a busy policy by its name, a model
+  choice as ``{"name", "provider", "base_url"}`` — never an API key — and the
+  service tier as ``"priority"``, ``"normal"`` (explicitly normal) or nothing
+  (unset), so its three states survive a restart.
+* A one-turn override (``/model --once``) is settled by the turn that used it
+  on every exit path, restoring the snapshot taken by the *first* ``--once``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from chatlane.runtime.busy import BusyPolicy
+from chatlane.runtime.turn import Turn
+from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
+from chatlane.types import ModelChoice
+
+
+def encode_tier(tier: ServiceTier) -> str | None:
+    """The stored form of a service tier override."""
+    if tier is SERVICE_TIER_UNSET:
+        return None
+    return "normal" if tier is None else str(tier)
+
+
+def decode_tier(value: object) -> ServiceTier:
+    """Read a stored service tier back into its three states."""
+    if value is None:
+        return SERVICE_TIER_UNSET
+    return None if value == "normal" else str(value)
+
+
+def stored_fields(fields: Mapping[str, object]) -> dict[str, Any]:
+    """Persistent fields as the store keeps them (JSON values only)."""
+    stored: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, BusyPolicy):
+            value = value.value
+        elif isinstance(value, ModelChoice):
+            value = msgspec.to_builtins(value)
+        elif name == "service_tier_override":
+            value = encode_tier(value)  # type: ignore[arg-type]
+        stored[name] = value
+    return stored
+
+
+def load_overrides(state: SessionState, fields: Mapping[str, object]) -> None:
+    """Apply the stored conversation overrides and approval allowlist to a fresh state."""
+    model = fields.get("model_override")
+    if isinstance(model, dict) and isinstance(model.get("name"), str):
+        state.conversation.model_override = msgspec.convert(model, ModelChoice)
+    reasoning = fields.get("reasoning_override")
+    state.conversation.reasoning_override = reasoning if isinstance(reasoning, str) else None
+    state.conversation.service_tier_override = decode_tier(fields.get("service_tier_override"))
+    allowlist = fields.get("approval_allowlist")
+    if isinstance(allowlist, list):
+        state.persistent.approval_allowlist = [p for p in allowlist if isinstance(p, str)]
+
+
+def apply_once(state: SessionState, model: ModelChoice) -> None:
+    """Use ``model`` for the next turn only; the earliest snapshot is the one restored."""
+    conversation = state.conversation
+    if conversation.one_turn_restore is None:
+        conversation.one_turn_restore = {"model_override": conversation.model_override}
+    conversation.model_override = model
+
+
+def settle_once(state: SessionState, turn: Turn) -> None:
+    """Restore the model a ``--once`` override replaced, if ``turn`` is the one that used it."""
+    snapshot = turn.once_restore
+    conversation = state.conversation
+    if snapshot is None or conversation.one_turn_restore is not snapshot:
+        return
+    conversation.model_override = snapshot["model_override"]  # type: ignore[index]
+    conversation.one_turn_restore = None

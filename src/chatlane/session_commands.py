@@ -1,0 +1,252 @@
+"""The commands people use every day: conversations, model overrides and approvals.
+
+``/new`` ``/reset`` ``/resume`` go through the one boundary funnel
+(:func:`chatlane.lifecycle.end_conversation`); ``/model`` ``/reasoning``
+``/fast`` set conversation-scoped overrides that the store keeps;
+``/approve`` ``/deny`` answer a tool's approval request. All of them run
+while a turn is busy (an approval is answered *while* its turn waits).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from chatlane.approvals import Decision, Grant
+from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
+from chatlane.lifecycle import EndReason, end_conversation
+from chatlane.runtime.persisted import apply_once
+from chatlane.state import SERVICE_TIER_UNSET
+from chatlane.stores.base import Conversation
+from chatlane.types import ModelChoice
+
+YES = frozenset({"yes", "y", "ok", "confirm"})
+NO = frozenset({"no", "n", "cancel"})
+REASONING = ("none", "low", "medium", "high")
+
+
+# -- conversations ------------------------------------------------------------------
+
+
+async def _new(call: CommandCall) -> str:
+    return await _boundary(call, EndReason.NEW)
+
+
+async def _reset(call: CommandCall) -> str:
+    return await _boundary(call, EndReason.RESET)
+
+
+async def _boundary(call: CommandCall, reason: EndReason) -> str:
+    options = call.router.options
+    if options.confirm_new and call.args.lower() != "confirm":
+        state = await call.engine.session(call.session_key)
+        state.persistent.pending_command_text = f"/{reason.value} confirm"
+        return (
+            f"Start a new conversation? The current one will be closed. "
+            f"Reply yes (or /{reason.value} confirm) to go ahead; anything else cancels."
+        )
+    ended = await end_conversation(
+        call.engine, call.session_key, reason, before_reset=options.before_reset
+    )
+    return "Started a new conversation." + _dropped(ended.dropped)
+
+
+def _dropped(count: int) -> str:
+    if not count:
+        return ""
+    noun = "message" if count == 1 else "messages"
+    return f" Dropped {count} queued {noun}."
+
+
+async def _resume(call: CommandCall) -> str:
+    store, key = call.engine.store, call.session_key
+    conversations = await store.conversations(key, 20)
+    if not call.args:
+        return _listing(conversations, (await store.conversation(key)).id)
+    chosen = _find(conversations, call.args)
+    if chosen is None:
+        raise UsageError(f"No conversation matches {call.args!r}; send /resume to list them.")
+    ended = await end_conversation(
+        call.engine,
+        key,
+        EndReason.RESUME,
+        resume_id=chosen.id,
+        before_reset=call.router.options.before_reset,
+    )
+    title = f" “{chosen.title}”" if chosen.title else ""
+    return f"Resumed conversation {chosen.id}{title}." + _dropped(ended.dropped)
+
+
+def _listing(conversations: list[Conversation], current: str) -> str:
+    lines = ["Recent conversations (newest first):"]
+    for c in conversations:
+        started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(c.started_at))
+        mark = " (current)" if c.id == current else ""
+        title = f" — {c.title}" if c.title else ""
+        lines.append(f"{c.id} {started} UTC{title}{mark}")
+    lines.append("Send /resume <id or title words> to switch.")
+    return "\n".join(lines)
+
+
+def _find(conversations: list[Conversation], wanted: str) -> Conversation | None:
+    for c in conversations:
+        if c.id == wanted:
+            return c
+    words = wanted.lower().split()
+    for c in conversations:
+        if c.title and all(w in c.title.lower() for w in words):
+            return c
+    return None
+
+
+# -- model overrides ------------------------------------------------------------------
+
+
+def _parse_model(args: str) -> tuple[ModelChoice, bool]:
+    try:
+        words = shlex.split(args)
+    except ValueError as error:
+        raise UsageError(f"could not read the arguments: {error}") from None
+    once = "--once" in words
+    words = [w for w in words if w != "--once"]
+    options = {"--provider": "", "--base-url": ""}
+    names: list[str] = []
+    while words:
+        word = words.pop(0)
+        if word in ("--api-key", "--key") or word.startswith("--api-key="):
+            raise UsageError("API keys are never stored; set them in the environment instead.")
+        if word in options:
+            if not words:
+                raise UsageError(f"{word} needs a value.")
+            options[word] = words.pop(0)
+        elif word.startswith("--"):
+            raise UsageError(f"unknown option {word}.")
+        else:
+            names.append(word)
+    if len(names) != 1:
+        raise UsageError("name exactly one model.")
+    return ModelChoice(names[0], options["--provider"], options["--base-url"]), once
+
+
+async def _model(call: CommandCall) -> str:
+    engine, key = call.engine, call.session_key
+    state = await engine.session(key)
+    if not call.args:
+        current = state.conversation.model_override
+        return f"Model: {current.describe() if current else 'the default'}"
+    choice, once = _parse_model(call.args)
+    if once:
+        apply_once(state, choice)
+        return f"Next turn only: {choice.describe()}"
+    state.conversation.one_turn_restore = None
+    await engine.persist_conversation(key, model_override=choice)
+    return f"Model for this conversation: {choice.describe()}"
+
+
+async def _reasoning(call: CommandCall) -> str:
+    engine, key = call.engine, call.session_key
+    state = await engine.session(key)
+    value = call.args.strip().lower()
+    if not value:
+        return f"Reasoning effort: {state.conversation.reasoning_override or 'the default'}"
+    if value == "default":
+        await engine.persist_conversation(key, reasoning_override=None)
+        return "Reasoning effort: back to the default."
+    if value not in REASONING:
+        raise UsageError(f"{value!r} is not one of: {', '.join(REASONING)}, default.")
+    await engine.persist_conversation(key, reasoning_override=value)
+    return f"Reasoning effort for this conversation: {value}"
+
+
+async def _fast(call: CommandCall) -> str:
+    engine, key = call.engine, call.session_key
+    state = await engine.session(key)
+    tiers = {"on": "priority", "off": None, "default": SERVICE_TIER_UNSET}
+    value = call.args.strip().lower()
+    if not value:
+        tier = state.conversation.service_tier_override
+        shown = "default" if tier is SERVICE_TIER_UNSET else ("off" if tier is None else "on")
+        return f"Fast mode: {shown}"
+    if value not in tiers:
+        raise UsageError(f"{value!r} is not one of: on, off, default.")
+    await engine.persist_conversation(key, service_tier_override=tiers[value])
+    return f"Fast mode: {value}"
+
+
+# -- approvals ---------------------------------------------------------------------------
+
+
+def _approval_args(args: str) -> tuple[bool, list[str]]:
+    words = args.split()
+    everything = bool(words) and words[0].lower() == "all"
+    return everything, words[1:] if everything else words
+
+
+async def _approve(call: CommandCall) -> str:
+    everything, words = _approval_args(call.args)
+    if len(words) > 1 or (words and words[0].lower() not in {g.value for g in Grant}):
+        raise UsageError("say once, session or always.")
+    grant = Grant(words[0].lower()) if words else Grant.ONCE
+    return await _answer(call, Decision(True, grant), everything)
+
+
+async def _deny(call: CommandCall) -> str:
+    everything, words = _approval_args(call.args)
+    return await _answer(call, Decision(False, note=" ".join(words)), everything)
+
+
+async def _answer(call: CommandCall, decision: Decision, everything: bool) -> str:
+    state = await call.engine.session(call.session_key)
+    user = call.message.source.user_id
+    return await call.engine.approvals.resolve(state, user, decision, everything)
+
+
+SESSION_COMMANDS = (
+    CommandSpec("new", "start a new conversation", "/new [confirm]", CommandBusy.DISPATCH, _new),
+    CommandSpec(
+        "reset",
+        "start a new conversation (same as /new)",
+        "/reset [confirm]",
+        CommandBusy.DISPATCH,
+        _reset,
+    ),
+    CommandSpec(
+        "resume",
+        "list recent conversations, or switch to one",
+        "/resume [id | title words]",
+        CommandBusy.DISPATCH,
+        _resume,
+    ),
+    CommandSpec(
+        "model",
+        "show or set the model (--once: next turn only)",
+        "/model [--once] <name> [--provider P] [--base-url URL]",
+        CommandBusy.DISPATCH,
+        _model,
+    ),
+    CommandSpec(
+        "reasoning",
+        "show or set the reasoning effort",
+        "/reasoning [none|low|medium|high|default]",
+        CommandBusy.DISPATCH,
+        _reasoning,
+    ),
+    CommandSpec(
+        "fast",
+        "priority service tier on, off, or default",
+        "/fast [on|off|default]",
+        CommandBusy.DISPATCH,
+        _fast,
+    ),
+    CommandSpec(
+        "approve",
+        "allow what a tool asked for",
+        "/approve [all] [once|session|always]",
+        CommandBusy.DISPATCH,
+        _approve,
+    ),
+    CommandSpec(
+        "deny", "refuse what a tool asked for", "/deny [all] [reason]", CommandBusy.DISPATCH, _deny
+    ),
+)
+"""Conversation, override and approval commands; every one runs while a turn is busy."""

@@ -1,0 +1,162 @@
+"""Approvals: prompts in the same chat, grants, timeouts, and who may answer."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from chatlane.identity import KeyPolicy
+from chatlane.lifecycle import LifecycleOptions
+from chatlane.testing import GatewayHarness
+from chatlane.types import Outbound, OutboundKind
+from tests.runtime.agents import approving_agent
+
+SHARED_GROUPS = KeyPolicy(group_sessions_per_user=False)
+
+
+async def prompted(h: GatewayHarness, chat_id: str, count: int, **where: str) -> None:
+    """Wait until the ``count``-th approval prompt reached the chat."""
+    thread = where.get("thread_id")
+
+    def asked(outbox: list[Outbound]) -> bool:
+        prompts = [o for o in outbox if o.kind is OutboundKind.APPROVAL]
+        return (
+            sum(o.target.chat_id == chat_id and o.target.thread_id == thread for o in prompts)
+            >= count
+        )
+
+    await h.wait_for(asked)
+
+
+async def test_prompt_goes_to_the_same_chat_and_thread_then_approve() -> None:
+    async with GatewayHarness(approving_agent) as h:
+        await h.send("approve rm -rf /tmp/x", chat_id="g", chat_type="group", thread_id="t7")
+        await prompted(h, "g", 1, thread_id="t7")
+        await h.send("/approve", chat_id="g", chat_type="group", thread_id="t7")
+        replies = await h.replies(chat_id="g", thread_id="t7", count=3)
+        assert replies[0].startswith("Approval needed: `rm -rf /tmp/x` — the test wants it")
+        assert replies[1] == "Approved (once): `rm -rf /tmp/x`"
+        assert replies[2] == "approved: rm -rf /tmp/x"
+
+
+async def test_deny_with_reason_and_plain_no() -> None:
+    async with GatewayHarness(approving_agent) as h:
+        await h.send("approve a", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send("/deny not today", chat_id="c")
+        await h.replies(chat_id="c", count=3)
+        await h.send("approve b", chat_id="c")
+        await prompted(h, "c", 2)
+        await h.send("no", chat_id="c")
+        replies = await h.replies(chat_id="c", count=6)
+        assert replies[1] == "Denied: `a` — not today"
+        assert replies[2] == "denied: a"
+        assert replies[4:] == ["Denied: `b`", "denied: b"]
+
+
+async def test_plain_yes_approves() -> None:
+    async with GatewayHarness(approving_agent) as h:
+        await h.send("approve a", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send("yes", chat_id="c")
+        assert (await h.replies(chat_id="c", count=3))[2] == "approved: a"
+
+
+async def test_timeout_counts_as_deny() -> None:
+    async with GatewayHarness(approving_agent, approval_timeout=0.2) as h:
+        await h.send("approve a", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies[1:] == ["Approval for `a` timed out — denied.", "denied: a"]
+
+
+async def test_session_grant_lasts_until_the_conversation_ends() -> None:
+    async with GatewayHarness(approving_agent, lifecycle=LifecycleOptions(confirm_new=False)) as h:
+        await h.send("approve ls", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send("/approve session", chat_id="c")
+        await h.replies(chat_id="c", count=3)
+        await h.send("approve ls", chat_id="c")
+        assert (await h.replies(chat_id="c", count=4))[3] == "approved: ls"
+        await h.send("/new", chat_id="c")
+        await h.send("approve ls", chat_id="c")
+        await prompted(h, "c", 2)
+
+
+async def test_always_grant_is_kept_in_the_store(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    async with GatewayHarness(approving_agent, store=url) as h:
+        await h.send("approve deploy", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send("/approve always", chat_id="c")
+        await h.replies(chat_id="c", count=3)
+    async with GatewayHarness(approving_agent, store=url) as h:
+        await h.send("approve deploy", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["approved: deploy"]
+
+
+async def test_a_boundary_denies_a_blocked_request_at_once() -> None:
+    options = LifecycleOptions(confirm_new=False)
+    async with GatewayHarness(approving_agent, lifecycle=options, approval_timeout=30) as h:
+        key = h.session_key(chat_id="c")
+        await h.send("approve a", chat_id="c")
+        await prompted(h, "c", 1)
+        turn = h.gateway.engine.running_turn(key)
+        assert turn is not None
+        assert turn.task is not None
+        await h.send("/new", chat_id="c")
+        done, _ = await asyncio.wait([turn.task], timeout=1)
+        assert done, "the blocked tool call did not return when the conversation ended"
+        assert "approved: a" not in [o.text for o in h.outbox]
+
+
+async def test_another_user_in_a_shared_group_cannot_approve() -> None:
+    async with GatewayHarness(approving_agent, key_policy=SHARED_GROUPS) as h:
+        await h.send("approve a", chat_id="g", chat_type="group", user_id="owner")
+        await prompted(h, "g", 1)
+        await h.send("/approve", chat_id="g", chat_type="group", user_id="intruder")
+        await h.send("yes", chat_id="g", chat_type="group", user_id="intruder")
+        await asyncio.sleep(0.05)
+        replies = await h.replies(chat_id="g", count=3)
+        assert (
+            replies[1:]
+            == ["Only the person whose message started this turn can answer its approval."] * 2
+        )
+        await h.send("/approve", chat_id="g", chat_type="group", user_id="owner")
+        assert (await h.replies(chat_id="g", count=5))[4] == "approved: a"
+
+
+async def test_another_chat_cannot_see_the_request() -> None:
+    async with GatewayHarness(approving_agent) as h:
+        await h.send("approve a", chat_id="c1")
+        await prompted(h, "c1", 1)
+        await h.send("/approve", chat_id="c2")
+        assert await h.replies(chat_id="c2", count=1) == ["No approval is pending."]
+
+
+async def test_a_superseded_turn_is_never_granted() -> None:
+    async with GatewayHarness(approving_agent, approval_timeout=30) as h:
+        key = h.session_key(chat_id="c")
+        await h.send("approve a", chat_id="c")
+        await prompted(h, "c", 1)
+        state = h.session(key)
+        state.persistent.bump_generation()  # another /stop or takeover fenced the turn
+        await h.send("/approve", chat_id="c")
+        replies = await h.replies(chat_id="c", count=2)
+        assert replies[1] == "Denied: `a` — its turn was stopped"
+
+
+async def test_request_from_a_worker_thread() -> None:
+    async with GatewayHarness(approving_agent) as h:
+        await h.send("thread cat /etc/hosts", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send("/approve", chat_id="c")
+        assert (await h.replies(chat_id="c", count=3))[2] == "approved: cat /etc/hosts"
+
+
+async def test_approve_without_a_request_and_malformed() -> None:
+    async with GatewayHarness(approving_agent) as h:
+        await h.send("/approve", chat_id="c")
+        await h.send("/approve forever", chat_id="c")
+        replies = await h.replies(chat_id="c", count=2)
+        assert replies[0] == "No approval is pending."
+        assert replies[1].endswith("Usage: /approve [all] [once|session|always]")

@@ -1,0 +1,220 @@
+"""Conversation boundaries and overrides: /new /reset /resume /model /reasoning /fast."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from chatlane.lifecycle import LifecycleOptions
+from chatlane.state import SERVICE_TIER_UNSET
+from chatlane.stores import MemoryStore
+from chatlane.testing import GatewayHarness
+from chatlane.types import ModelChoice
+from tests.runtime.agents import EchoAgent, settings_agent
+
+NO_CONFIRM = LifecycleOptions(confirm_new=False)
+
+
+class TestNew:
+    async def test_asks_then_yes_proceeds(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            result = await h.send("hello", chat_id="c")
+            await h.replies(chat_id="c", count=1)
+            old = await store.conversation(result.session_key)
+            await h.send("/new", chat_id="c")
+            await h.send("yes", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+            assert replies[1].startswith("Start a new conversation?")
+            assert replies[2] == "Started a new conversation."
+            new = await store.conversation(result.session_key)
+            assert new.id != old.id
+            assert [e.content for e in await store.transcript(result.session_key, old.id)] == [
+                "hello",
+                "echo: hello",
+            ]
+            assert await store.transcript(result.session_key) == []
+
+    async def test_no_cancels_and_other_text_cancels_and_runs(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            result = await h.send("/new", chat_id="c")
+            first = await store.conversation(result.session_key)
+            await h.send("no", chat_id="c")
+            await h.send("/reset", chat_id="c")
+            await h.send("something else", chat_id="c")
+            await h.replies(chat_id="c", count=4)
+            await h.send("yes", chat_id="c")
+            replies = await h.replies(chat_id="c", count=5)
+            assert replies[1] == "Cancelled; nothing changed."
+            assert replies[3:] == ["echo: something else", "echo: yes"]
+            assert (await store.conversation(result.session_key)).id == first.id
+
+    async def test_confirm_argument_and_no_confirmation_setting(self) -> None:
+        async with GatewayHarness(EchoAgent()) as h:
+            await h.send("/new confirm", chat_id="c")
+            assert await h.replies(chat_id="c", count=1) == ["Started a new conversation."]
+        async with GatewayHarness(EchoAgent(), lifecycle=NO_CONFIRM) as h:
+            await h.send("/reset", chat_id="c")
+            assert await h.replies(chat_id="c", count=1) == ["Started a new conversation."]
+
+    async def test_boundary_interrupts_the_turn_and_drops_the_queue(self) -> None:
+        async with GatewayHarness(EchoAgent(), lifecycle=NO_CONFIRM) as h:
+            result = await h.send("sleep 5", chat_id="c")
+            await asyncio.sleep(0.02)
+            await h.send("queued", chat_id="c")
+            await h.send("/new", chat_id="c")
+            replies = await h.replies(chat_id="c", count=2)
+            assert replies[1] == "Started a new conversation. Dropped 1 queued message."
+            await asyncio.sleep(0.05)
+            state = h.session(result.session_key)
+            assert not state.turn.is_running
+            assert state.persistent.run_generation == 2
+            assert "slept 5" not in [o.text for o in h.outbox]
+
+    async def test_boundary_clears_every_conversation_field(self) -> None:
+        async with GatewayHarness(settings_agent, lifecycle=NO_CONFIRM) as h:
+            for command in ("/model gpt-x", "/reasoning high", "/fast on", "/new"):
+                await h.send(command, chat_id="c")
+            await h.send("go", chat_id="c")
+            replies = await h.replies(chat_id="c", count=5)
+            assert replies[4] == "model=default reasoning=default tier=default"
+
+
+class TestResume:
+    async def test_lists_and_switches(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store, lifecycle=NO_CONFIRM) as h:
+            result = await h.send("first talk", chat_id="c")
+            await h.replies(chat_id="c", count=1)
+            first = await store.conversation(result.session_key)
+            await h.send("/new", chat_id="c")
+            await h.send("/resume", chat_id="c")
+            await h.send(f"/resume {first.id}", chat_id="c")
+            replies = await h.replies(chat_id="c", count=4)
+            assert first.id in replies[2]
+            assert "(current)" in replies[2]
+            assert replies[3] == f"Resumed conversation {first.id}."
+            assert (await store.conversation(result.session_key)).id == first.id
+
+    async def test_by_title_words_and_unknown(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store, lifecycle=NO_CONFIRM) as h:
+            key = h.session_key(chat_id="c")
+            titled = await store.new_conversation(key, title="Trip to Lisbon")
+            await store.new_conversation(key)
+            await h.send("/resume lisbon trip", chat_id="c")
+            await h.send("/resume nowhere", chat_id="c")
+            replies = await h.replies(chat_id="c", count=2)
+            assert replies[0] == f"Resumed conversation {titled.id} “Trip to Lisbon”."
+            assert replies[1].startswith("No conversation matches 'nowhere'")
+            assert replies[1].endswith("Usage: /resume [id | title words]")
+
+
+class TestOverrides:
+    async def test_model_is_sticky_shown_and_persisted(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 'o.db'}"
+        async with GatewayHarness(settings_agent, store=url) as h:
+            await h.send("/model gpt-x --provider openai --base-url http://x/v1", chat_id="c")
+            await h.send("/model", chat_id="c")
+            await h.send("go", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+            assert replies[1] == "Model: gpt-x (openai at http://x/v1)"
+            assert replies[2].startswith("model=gpt-x ")
+        async with GatewayHarness(settings_agent, store=url) as h:
+            await h.send("again", chat_id="c")
+            assert (await h.replies(chat_id="c", count=1))[0].startswith("model=gpt-x ")
+
+    async def test_api_keys_are_refused(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(settings_agent, store=store) as h:
+            await h.send("/model gpt-x --api-key sk-secret", chat_id="c")
+            [reply] = await h.replies(chat_id="c", count=1)
+            assert "API keys are never stored" in reply
+            assert "sk-secret" not in str(await store.load_persistent(h.session_key(chat_id="c")))
+
+    @pytest.mark.parametrize(
+        "bad", ["/model", "/model a b", "/model x --provider", "/model x --y 1", '/model "unclosed']
+    )
+    async def test_malformed_model_gets_usage(self, bad: str) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            await h.send(bad + (" " if bad == "/model" else ""), chat_id="c")
+            [reply] = await h.replies(chat_id="c", count=1)
+            assert reply.startswith("Model:") if bad == "/model" else "Usage: /model" in reply
+
+    async def test_reasoning_and_fast_three_states(self) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            texts = (
+                "/reasoning low",
+                "/fast off",
+                "a",
+                "/fast on",
+                "b",
+                "/fast default",
+                "/reasoning extreme",
+                "c",
+            )
+            for count, text in enumerate(texts, start=1):
+                await h.send(text, chat_id="c")
+                replies = await h.replies(chat_id="c", count=count)
+            assert replies[2] == "model=default reasoning=low tier=normal"
+            assert replies[4] == "model=default reasoning=low tier=priority"
+            assert "'extreme' is not one of" in replies[6]
+            assert replies[7] == "model=default reasoning=low tier=default"
+
+
+class TestModelOnce:
+    async def run_once(self, h: GatewayHarness, first: str) -> list[str]:
+        await h.send("/model sticky", chat_id="c")
+        await h.send("/model --once once-a", chat_id="c")
+        await h.send("/model --once once-b", chat_id="c")
+        await h.send(first, chat_id="c")
+        await asyncio.sleep(0.05)
+        await h.send("after", chat_id="c")
+        return await h.replies(chat_id="c", count=5, timeout=5)
+
+    async def test_restored_after_success(self) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            replies = await self.run_once(h, "go")
+            assert replies[3].startswith("model=once-b ")
+            assert replies[4].startswith("model=sticky ")
+
+    async def test_restored_after_an_error(self) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            replies = await self.run_once(h, "fail")
+            assert "RuntimeError" in replies[3]
+            assert replies[4].startswith("model=sticky ")
+
+    async def test_restored_after_stop(self) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            await h.send("/model sticky", chat_id="c")
+            await h.send("/model --once once-a", chat_id="c")
+            await h.send("sleep 5", chat_id="c")
+            await asyncio.sleep(0.05)
+            await h.send("/stop", chat_id="c")
+            await asyncio.sleep(0.05)
+            await h.send("after", chat_id="c")
+            replies = await h.replies(chat_id="c", count=4)
+            assert replies[3].startswith("model=sticky ")
+
+    async def test_restored_after_eviction(self) -> None:
+        async with GatewayHarness(settings_agent, turn_timeout=0.2) as h:
+            key = h.session_key(chat_id="c")
+            await h.send("/model sticky", chat_id="c")
+            await h.send("/model --once once-a", chat_id="c")
+            await h.send("sleep 5", chat_id="c")
+            await h.replies(chat_id="c", count=3, timeout=3)
+            assert h.session(key).conversation.model_override == ModelChoice("sticky")
+
+    async def test_settled_by_a_boundary(self) -> None:
+        async with GatewayHarness(settings_agent, lifecycle=NO_CONFIRM) as h:
+            key = h.session_key(chat_id="c")
+            await h.send("/model --once once-a", chat_id="c")
+            await h.send("/new", chat_id="c")
+            await h.send("go", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+            assert replies[2].startswith("model=default ")
+            assert h.session(key).conversation.one_turn_restore is None
+            assert h.session(key).conversation.service_tier_override is SERVICE_TIER_UNSET
