@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import click
 
 from chatlane import __version__
@@ -14,6 +17,94 @@ from chatlane.identity import parse_session_key as _parse_session_key
 @click.version_option(__version__, "-V", "--version", prog_name="chatlane")
 def main() -> None:
     """chatlane: sessions and turns for AI chat-agent gateways."""
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A chatlane.toml file (environment CHATLANE_<SECTION>__<KEY> overrides it).",
+)
+@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port to listen on (default 8080).")
+@click.option("--store", default=None, help="memory://, sqlite:///path or redis://host:port/db")
+@click.option("--agent", default=None, help="demo, openai or python:module:attribute")
+@click.option("--busy", default=None, help="queue, collect, interrupt, steer or reject")
+def serve(
+    config_path: str | None,
+    host: str | None,
+    port: int | None,
+    store: str | None,
+    agent: str | None,
+    busy: str | None,
+) -> None:
+    """Run the gateway: web chat and OpenAI-compatible API (and Telegram if enabled)."""
+    import asyncio
+    import logging
+
+    from chatlane.serve import configure
+    from chatlane.serve import serve as run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = configure(config_path, host=host, port=port, store=store, agent=agent, busy=busy)
+        asyncio.run(run(config))
+    except ChatlaneError as error:
+        raise click.ClickException(str(error)) from None
+    except KeyboardInterrupt:
+        pass
+
+
+def _admin_get(url: str, path: str, token: str | None) -> Any:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(url.rstrip("/") + path, headers=headers, timeout=10)
+    except httpx.HTTPError as error:
+        raise click.ClickException(f"cannot reach the gateway at {url}: {error}") from None
+    if response.status_code != 200:
+        raise click.ClickException(f"{url}{path}: HTTP {response.status_code} {response.text}")
+    return response.json()
+
+
+_URL = click.option(
+    "--url", default="http://127.0.0.1:8080", show_default=True, help="The running gateway."
+)
+_TOKEN = click.option(
+    "--token",
+    envvar="CHATLANE_TOKEN",
+    default=None,
+    help="Access token (default: $CHATLANE_TOKEN).",
+)
+
+
+@main.command()
+@_URL
+@_TOKEN
+def sessions(url: str, token: str | None) -> None:
+    """List the sessions a running gateway holds."""
+    items = _admin_get(url, "/admin/sessions", token)["sessions"]
+    click.echo(f"{'KEY':<48} {'STATE':<10} {'GEN':>5} {'QUEUED':>6} {'IDLE(s)':>8}")
+    for item in items:
+        click.echo(
+            f"{item['key']:<48} {item['activity']:<10} {item['generation']:>5} "
+            f"{item['queued']:>6} {item['idle_seconds']:>8}"
+        )
+
+
+@main.command()
+@click.argument("session_key")
+@_URL
+@_TOKEN
+def inspect(session_key: str, url: str, token: str | None) -> None:
+    """Show one session's state and recent transcript."""
+    from urllib.parse import quote
+
+    detail = _admin_get(url, "/admin/sessions/" + quote(session_key, safe=""), token)
+    click.echo(json.dumps(detail, indent=2, ensure_ascii=False))
 
 
 @main.group()

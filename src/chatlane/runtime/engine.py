@@ -34,6 +34,7 @@ from chatlane.approvals import ApprovalBroker, ApprovalRequest
 from chatlane.context import bind_session
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError
 from chatlane.identity import SessionSource
+from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.busy import (
     ALWAYS_ANSWERED,
@@ -134,7 +135,9 @@ class TurnEngine:
         self.registry = registry if registry is not None else SessionRegistry(on_evict=_in_store)
         self.store = store if store is not None else MemoryStore()
         self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)
+        self.metrics = Metrics()
         self.output = TurnOutput(self.store, self.send)
+        self.output.on_fenced = self.metrics.stale
         self.approvals = ApprovalBroker(
             self.store, self._prompt, self._generation_is, self.settings.approval_timeout
         )
@@ -209,6 +212,7 @@ class TurnEngine:
             self._start(state, (message,), (seq,))
             return None
         outcome = self._apply_busy(state, message, seq)
+        self.metrics.busy(outcome.value, self.policy_for(state, message).value)
         if outcome in ALWAYS_ANSWERED:
             await self.store.drop_pending(key, [seq])
         await self._acknowledge(state, message, outcome)
@@ -351,6 +355,7 @@ class TurnEngine:
         turn.bind_lease(lease)
         state.persistent.run_generation = lease.generation
         turn.touch()
+        self.metrics.turn_started()
         return True
 
     def _still_wanted(self, state: SessionState, turn: Turn) -> bool:
@@ -404,6 +409,9 @@ class TurnEngine:
     def _finish(self, state: SessionState, turn: Turn) -> None:
         self._turns.discard(turn)
         self._turn_ended.set()
+        if turn.lease is not None:
+            outcome = "answered" if turn.answered else (turn.ended_by or "fenced")
+            self.metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
         if turn.ended_by != REORDERED:
             settle_once(state, turn)
         for message, seq in turn.untaken_steers():
@@ -543,6 +551,7 @@ class TurnEngine:
     def _after_renewal(self, turn: Turn, lease: Lease | None) -> None:
         state = self.registry.get(turn.session_key)
         if lease is None:
+            self.metrics.lease_failure()
             self._supersede(state, turn, LEASE_LOST)
             return
         if turn.generation in state.turn.lease_tokens:
@@ -580,6 +589,14 @@ class TurnEngine:
         self._promote(state)
 
     # -- delivery and shutdown -------------------------------------------------
+
+    def queue_depth(self) -> int:
+        """Messages waiting for a turn in this process, across every session."""
+        return sum(pending.pending_count(state) for _, state in self.registry.items())
+
+    def running_count(self) -> int:
+        """Turns running (or waiting for their lease) in this process."""
+        return len(self._turns)
 
     def is_idle(self) -> bool:
         """No turn runs and no session waits out a collect debounce.

@@ -36,6 +36,7 @@ class TurnOutput:
     def __init__(self, store: Store, send: Send) -> None:
         self._store = store
         self._send = send
+        self.on_fenced: Callable[[], None] | None = None
 
     async def run_agent(self, agent: Agent, turn: Turn) -> str:
         """Call ``agent`` and return its whole reply, streaming chunks as they come.
@@ -108,9 +109,10 @@ class TurnOutput:
             kind, turn.session_key, turn.source, text, turn.message_ids, turn.generation
         )
 
-    @staticmethod
-    def _fenced(turn: Turn, what: str) -> bool:
+    def _fenced(self, turn: Turn, what: str) -> bool:
         log.info("fenced stale %s: %s gen=%d", what, turn.session_key, turn.generation)
+        if self.on_fenced is not None:
+            self.on_fenced()
         return False
 
 

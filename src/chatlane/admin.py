@@ -1,0 +1,97 @@
+"""Operator endpoints: the sessions a running gateway holds, and one session in detail.
+
+``GET /admin/sessions`` and ``GET /admin/sessions/{key}`` answer JSON; when an
+access token is configured they require it (``Authorization: Bearer …``).
+Keys are URL-encoded in the path, so keys with ``:`` and ``%`` work.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from chatlane.runtime import pending
+from chatlane.state import AGENT_PENDING, SessionState
+
+if TYPE_CHECKING:
+    from chatlane.server import Hub
+
+
+def _activity(state: SessionState, hub: Hub) -> str:
+    turn = hub.gateway.engine.running_turn(state.key)
+    if turn is not None:
+        return "running"
+    return "collecting" if state.turn.agent is AGENT_PENDING else "idle"
+
+
+def session_summary(state: SessionState, hub: Hub) -> dict[str, Any]:
+    """What ``chatlane sessions`` lists for one session."""
+    return {
+        "key": state.key,
+        "activity": _activity(state, hub),
+        "generation": state.persistent.run_generation,
+        "queued": pending.pending_count(state),
+        "idle_seconds": round(time.monotonic() - state.last_access, 1),
+    }
+
+
+def _authorized(request: Request, hub: Hub) -> bool:
+    token = hub.config.server.token.read(os.environ)
+    if not token:
+        return True
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def routes(hub: Hub) -> Sequence[BaseRoute]:
+    """The admin routes, bound to ``hub``."""
+
+    async def sessions(request: Request) -> JSONResponse:
+        if not _authorized(request, hub):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
+        items = [session_summary(s, hub) for _, s in hub.gateway.engine.registry.items()]
+        return JSONResponse({"sessions": items})
+
+    async def one(request: Request) -> JSONResponse:
+        if not _authorized(request, hub):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
+        key = request.path_params["key"]
+        return JSONResponse(await session_detail(hub, key))
+
+    return [
+        Route("/admin/sessions", sessions, methods=["GET"]),
+        Route("/admin/sessions/{key:path}", one, methods=["GET"]),
+    ]
+
+
+async def session_detail(hub: Hub, key: str) -> dict[str, Any]:
+    """One session's live state, stored fields and recent transcript."""
+    state = hub.gateway.engine.registry.peek(key)
+    store = hub.store
+    conversation = await store.conversation(key)
+    transcript = await store.transcript(key, limit=20)
+    return {
+        "key": key,
+        "live": session_summary(state, hub) if state is not None else None,
+        "generation": await store.generation(key),
+        "persistent": await store.load_persistent(key),
+        "conversation": {
+            "id": conversation.id,
+            "title": conversation.title,
+            "started_at": conversation.started_at,
+        },
+        "transcript": [
+            {"role": e.role, "content": e.content, "generation": e.generation} for e in transcript
+        ],
+        "pending": [
+            {"seq": r.seq, "message_id": r.message_id, "owner": r.owner}
+            for r in await store.pending(key)
+        ],
+    }

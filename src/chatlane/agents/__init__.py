@@ -1,0 +1,46 @@
+"""Agents: ``demo`` (offline, deterministic), ``openai`` (any OpenAI-compatible endpoint),
+or any async callable named as ``python:module:attribute``."""
+
+from __future__ import annotations
+
+import importlib
+
+from chatlane.config import Config
+from chatlane.errors import ConfigError
+from chatlane.types import Agent
+
+
+def load_agent(config: Config) -> Agent:
+    """The agent ``config.agent.name`` names.
+
+    :raises ConfigError: for an unknown name or an attribute that cannot be imported.
+    """
+    name = config.agent.name
+    if name == "demo":
+        from chatlane.agents.demo import DemoAgent
+
+        return DemoAgent()
+    if name == "openai":
+        from chatlane.agents.openai_agent import OpenAIAgent
+
+        return OpenAIAgent(config.agent.openai)
+    if name.startswith("python:"):
+        return _import_agent(name.removeprefix("python:"))
+    raise ConfigError(
+        f"configuration key 'agent.name' = {name!r}: expected demo, openai or "
+        "python:module:attribute"
+    )
+
+
+def _import_agent(target: str) -> Agent:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"agent {target!r}: expected python:module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+        agent: Agent = getattr(module, attribute)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f"agent python:{target}: cannot import it ({error})") from None
+    if not callable(agent):
+        raise ConfigError(f"agent python:{target} is not callable")
+    return agent

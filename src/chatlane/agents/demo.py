@@ -1,0 +1,83 @@
+"""The default agent: offline and deterministic, so people and tests can see every mechanism.
+
+* ``whoami`` → ``platform=… chat=… thread=… user=… key=… gen=…``, read with
+  ``get_session_env`` inside ``run_in_thread`` (a tool in a worker thread sees
+  its own session and no other);
+* ``sleep <seconds>`` (at most 60) → holds the turn, checking ``interrupted``
+  every 50 ms; replies ``slept <seconds>`` unless interrupted;
+* ``approve <command>`` → asks for approval; ``approved: …`` or ``denied: …``;
+* ``settings`` → ``model=… reasoning=… tier=…`` as resolved for this turn;
+* anything else → ``echo: <text>``, streamed in a few chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from chatlane.context import get_session_env, run_in_thread
+from chatlane.runtime.turn import Turn
+from chatlane.state import SERVICE_TIER_UNSET
+
+MAX_SLEEP = 60.0
+
+
+def _whoami_line(generation: int) -> str:
+    """Runs in a worker thread: every value comes from the task-local session context."""
+    env = get_session_env
+    return (
+        f"platform={env('CHATLANE_SESSION_PLATFORM')} chat={env('CHATLANE_SESSION_CHAT_ID')} "
+        f"thread={env('CHATLANE_SESSION_THREAD_ID')} user={env('CHATLANE_SESSION_USER_ID')} "
+        f"key={env('CHATLANE_SESSION_KEY')} gen={generation}"
+    )
+
+
+class DemoAgent:
+    """See the module docstring; it reads steered text (``accepts_steering``)."""
+
+    accepts_steering = True
+
+    async def __call__(self, turn: Turn) -> str | AsyncIterator[str]:
+        command, _, rest = turn.text.strip().partition(" ")
+        if command == "whoami":
+            return await run_in_thread(_whoami_line, turn.generation)
+        if command == "sleep":
+            return await _sleep(turn, rest)
+        if command == "approve" and rest:
+            approved = await turn.request_approval(rest, "the demo agent asks")
+            return f"{'approved' if approved else 'denied'}: {rest}"
+        if command == "settings":
+            return _settings(turn)
+        return _echo(turn)
+
+
+async def _sleep(turn: Turn, argument: str) -> str:
+    try:
+        seconds = min(float(argument), MAX_SLEEP)
+    except ValueError:
+        return "usage: sleep <seconds> (at most 60)"
+    if seconds != seconds or seconds < 0:
+        return "usage: sleep <seconds> (at most 60)"
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        if turn.interrupted.is_set():
+            return f"interrupted after less than {seconds:g}s"
+        await asyncio.sleep(0.05)
+        turn.touch()
+    return f"slept {seconds:g}"
+
+
+def _settings(turn: Turn) -> str:
+    overrides = turn.overrides
+    model = overrides.model.name if overrides.model else "default"
+    tier = overrides.service_tier
+    shown = "default" if tier is SERVICE_TIER_UNSET else ("normal" if tier is None else tier)
+    return f"model={model} reasoning={overrides.reasoning or 'default'} tier={shown}"
+
+
+async def _echo(turn: Turn) -> AsyncIterator[str]:
+    text = f"echo: {turn.text}"
+    size = max(1, len(text) // 3)
+    for start in range(0, len(text), size):
+        yield text[start : start + size]
+        await asyncio.sleep(0)

@@ -1,0 +1,244 @@
+"""One typed configuration: a TOML file, then environment overrides, validated at start.
+
+What stays true:
+
+* Configuration is read here and passed down; no other module reads
+  environment variables (except the context layer's documented legacy lookup).
+* A bad key or value stops the start with a :class:`~chatlane.errors.ConfigError`
+  that names the key, the value and what was expected — never a traceback.
+* Secrets (API keys, bot tokens, the access token) are named by the
+  environment variable or file they come from; their values are read at start,
+  kept out of ``repr`` and never logged.
+
+Environment overrides use ``CHATLANE_<SECTION>__<KEY>``, for example
+``CHATLANE_SERVER__PORT=9000`` or ``CHATLANE_RUNTIME__BUSY=interrupt``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from chatlane.errors import ConfigError
+from chatlane.identity import ChatType
+from chatlane.runtime.busy import BusyPolicy
+
+ENV_PREFIX = "CHATLANE_"
+
+
+class Secret(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where a secret comes from: an environment variable or a file (never the value itself)."""
+
+    env: str = ""
+    file: str = ""
+
+    def read(self, environ: Mapping[str, str]) -> str:
+        """The secret's value, or ``""`` if none is configured."""
+        if self.file:
+            try:
+                return Path(self.file).read_text().strip()
+            except OSError as error:
+                raise ConfigError(f"secret file {self.file!r}: {error.strerror}") from None
+        return environ.get(self.env, "") if self.env else ""
+
+
+class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where the web chat and the API listen."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: Secret = Secret(env="CHATLANE_TOKEN")
+    """Required on a non-loopback address: browsers and API clients must present it."""
+
+    def is_loopback(self) -> bool:
+        """Whether ``host`` only accepts connections from this machine."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    url: str = "sqlite:///chatlane.db"
+
+
+class OpenAIConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An OpenAI-compatible endpoint for the ``openai`` agent."""
+
+    base_url: str = "https://api.openai.com/v1"
+    model: str = "gpt-4o-mini"
+    api_key: Secret = Secret(env="OPENAI_API_KEY")
+    history: int = 20
+
+
+class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Which agent answers: ``demo``, ``openai`` or ``python:module:attribute``."""
+
+    name: str = "demo"
+    openai: OpenAIConfig = OpenAIConfig()
+
+
+class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    busy: str = "queue"
+    busy_per_platform: dict[str, str] = msgspec.field(default_factory=dict)
+    busy_per_chat_type: dict[str, str] = msgspec.field(default_factory=dict)
+    queue_cap: int = 32
+    collect_debounce: float = 0.5
+    interrupt_grace: float = 5.0
+    interrupt_depth: int = 3
+    ack_debounce: float = 30.0
+    turn_timeout: float = 600.0
+    approval_timeout: float = 300.0
+    lease_ttl: float = 30.0
+    max_active_sessions: int = 0
+
+
+class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    enabled: bool = False
+    token: Secret = Secret(env="TELEGRAM_BOT_TOKEN")
+    api_url: str = "https://api.telegram.org"
+
+
+class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything ``chatlane serve`` needs; every field has a working default."""
+
+    server: ServerConfig = ServerConfig()
+    store: StoreConfig = StoreConfig()
+    agent: AgentConfig = AgentConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    allow: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    """Per-platform allowlists of user ids; a platform not listed allows everyone."""
+    telegram: TelegramConfig = TelegramConfig()
+    confirm_new: bool = True
+    namespace: str = "main"
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (TOML, optional), apply ``CHATLANE_…`` overrides, and validate.
+
+    :raises ConfigError: naming the key, the value and what was expected.
+    """
+    environ = os.environ if environ is None else environ
+    raw = _read_toml(Path(path)) if path is not None else {}
+    _apply_env(raw, environ)
+    config = _convert(raw)
+    _check(config)
+    return config
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"config file {str(path)!r}: {error.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = name.removeprefix(ENV_PREFIX).lower().split("__")
+        target = raw
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"environment {name}: {part!r} is not a section")
+        target[path[-1]] = _env_value(value)
+
+
+def _env_value(value: str) -> Any:
+    """Environment values are strings; read numbers, booleans and lists as TOML would."""
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def _convert(raw: dict[str, Any]) -> Config:
+    allow = raw.get("allow")
+    if isinstance(allow, dict):
+        raw["allow"] = {platform: _ids(ids) for platform, ids in allow.items()}
+    try:
+        return msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as error:
+        raise ConfigError(_explain(str(error), raw)) from None
+
+
+def _ids(ids: object) -> object:
+    """User ids may be written as numbers (Telegram's are); they are compared as strings."""
+    if isinstance(ids, list):
+        return [str(i) if isinstance(i, int) and not isinstance(i, bool) else i for i in ids]
+    return ids
+
+
+def _explain(message: str, raw: dict[str, Any]) -> str:
+    """``Expected `int`, got `str` - at `$.server.port``` → key, value and expectation."""
+    what, _, where = message.partition(" - at `$")
+    parts = re.findall(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]", where)
+    path = ["".join(groups).replace("...", "*") for groups in parts]
+    if what.startswith("Object contains unknown field"):
+        return f"unknown configuration key {'.'.join([*path, what.split('`')[1]])!r}"
+    key = ".".join(path)
+    value = _lookup(raw, path)
+    shown = f" = {value!r}" if value is not None else ""
+    return f"configuration key {key!r}{shown}: {what.lower()}"
+
+
+def _lookup(raw: Any, path: list[str]) -> Any:
+    for part in path:
+        if isinstance(raw, dict) and part in raw:
+            raw = raw[part]
+        elif isinstance(raw, list) and part.isdigit() and int(part) < len(raw):
+            raw = raw[int(part)]
+        else:
+            return None
+    return raw
+
+
+def _check(config: Config) -> None:
+    runtime = config.runtime
+    BusyPolicy.parse(runtime.busy, what="configuration key 'runtime.busy'")
+    for platform, policy in runtime.busy_per_platform.items():
+        BusyPolicy.parse(policy, what=f"configuration key 'runtime.busy_per_platform.{platform}'")
+    for chat_type, policy in runtime.busy_per_chat_type.items():
+        if chat_type not in {t.value for t in ChatType}:
+            raise ConfigError(
+                f"configuration key 'runtime.busy_per_chat_type.{chat_type}': "
+                f"expected a chat type: {', '.join(t.value for t in ChatType)}"
+            )
+        BusyPolicy.parse(policy, what=f"configuration key 'runtime.busy_per_chat_type.{chat_type}'")
+    if not 0 < config.server.port < 65536:
+        raise ConfigError(
+            f"configuration key 'server.port' = {config.server.port}: "
+            "expected a port between 1 and 65535"
+        )
+    _check_positive(runtime)
+
+
+def _check_positive(runtime: RuntimeConfig) -> None:
+    for name in ("queue_cap", "interrupt_depth", "lease_ttl"):
+        value = getattr(runtime, name)
+        if value <= 0:
+            raise ConfigError(f"configuration key 'runtime.{name}' = {value}: expected > 0")
+    for name in (
+        "collect_debounce",
+        "interrupt_grace",
+        "ack_debounce",
+        "turn_timeout",
+        "approval_timeout",
+        "max_active_sessions",
+    ):
+        value = getattr(runtime, name)
+        if value < 0:
+            raise ConfigError(f"configuration key 'runtime.{name}' = {value}: expected >= 0")

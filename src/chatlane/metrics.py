@@ -1,0 +1,127 @@
+"""Prometheus metrics: what the engine counts, rendered in the text exposition format.
+
+Counters only grow; the queue-depth gauge is read at scrape time from the
+live sessions, so it is never stale. Rendering needs no client library.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
+    from chatlane.server import Hub
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Metrics:
+    """Counters the engine updates as turns run."""
+
+    def __init__(self) -> None:
+        self.turns_started = 0
+        self.turns_finished: Counter[str] = Counter()
+        self.busy_outcomes: Counter[tuple[str, str]] = Counter()
+        self.lease_failures = 0
+        self.stale_refused = 0
+        self._latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self._latency_sum = 0.0
+
+    def turn_started(self) -> None:
+        self.turns_started += 1
+
+    def turn_finished(self, outcome: str, seconds: float) -> None:
+        """``outcome``: answered, failed, fenced, stopped, … (the turn's end)."""
+        self.turns_finished[outcome] += 1
+        self._latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self._latency_sum += seconds
+
+    def busy(self, outcome: str, policy: str) -> None:
+        self.busy_outcomes[(outcome, policy)] += 1
+
+    def lease_failure(self) -> None:
+        self.lease_failures += 1
+
+    def stale(self) -> None:
+        self.stale_refused += 1
+
+    def render(self, queue_depth: int, running: int) -> str:
+        """The exposition text."""
+        lines = [
+            *_metric(
+                "chatlane_turns_started_total",
+                "counter",
+                "Turns that started.",
+                [("", self.turns_started)],
+            ),
+            *_metric(
+                "chatlane_turns_finished_total",
+                "counter",
+                "Turns that ended, by outcome.",
+                [(f'outcome="{o}"', n) for o, n in sorted(self.turns_finished.items())],
+            ),
+            *_metric(
+                "chatlane_busy_outcomes_total",
+                "counter",
+                "Messages that arrived while their session was busy, by outcome and policy.",
+                [
+                    (f'outcome="{o}",policy="{p}"', n)
+                    for (o, p), n in sorted(self.busy_outcomes.items())
+                ],
+            ),
+            *_metric(
+                "chatlane_queue_depth", "gauge", "Messages waiting for a turn.", [("", queue_depth)]
+            ),
+            *_metric("chatlane_turns_running", "gauge", "Turns running now.", [("", running)]),
+            *_metric(
+                "chatlane_lease_failures_total",
+                "counter",
+                "Leases lost or not renewed.",
+                [("", self.lease_failures)],
+            ),
+            *_metric(
+                "chatlane_stale_writes_refused_total",
+                "counter",
+                "Writes and replies of stale turns that were refused.",
+                [("", self.stale_refused)],
+            ),
+            *self._histogram(),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _histogram(self) -> list[str]:
+        name = "chatlane_turn_duration_seconds"
+        lines = [f"# HELP {name} How long turns ran.", f"# TYPE {name} histogram"]
+        total = 0
+        for bound, count in zip(
+            (*LATENCY_BUCKETS, float("inf")), self._latency_counts, strict=True
+        ):
+            total += count
+            shown = "+Inf" if bound == float("inf") else f"{bound:g}"
+            lines.append(f'{name}_bucket{{le="{shown}"}} {total}')
+        lines += [f"{name}_sum {self._latency_sum:.6f}", f"{name}_count {total}"]
+        return lines
+
+    def routes(self, hub: Hub) -> Sequence[BaseRoute]:
+        """``GET /metrics``."""
+        from starlette.requests import Request
+        from starlette.responses import PlainTextResponse
+        from starlette.routing import Route
+
+        async def endpoint(request: Request) -> PlainTextResponse:
+            engine = hub.gateway.engine
+            text = self.render(engine.queue_depth(), engine.running_count())
+            return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+        return [Route("/metrics", endpoint, methods=["GET"])]
+
+
+def _metric(name: str, kind: str, help_text: str, samples: list[tuple[str, int]]) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
+    return lines

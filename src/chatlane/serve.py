@@ -1,0 +1,112 @@
+"""Running the server: configuration plus command-line overrides, adapters, uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import msgspec
+import uvicorn
+
+from chatlane.config import Config, load_config
+from chatlane.errors import ConfigError
+from chatlane.runtime.busy import BusyPolicy
+from chatlane.server import Hub, build_app, open_hub
+
+log = logging.getLogger("chatlane.server")
+
+
+def configure(
+    config_path: str | None,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    store: str | None = None,
+    agent: str | None = None,
+    busy: str | None = None,
+) -> Config:
+    """The configuration file and environment, then the command line on top; validated.
+
+    :raises ConfigError: for any bad value, naming it.
+    """
+    config = load_config(config_path)
+    server = msgspec.structs.replace(
+        config.server, host=host or config.server.host, port=port or config.server.port
+    )
+    runtime = config.runtime
+    if busy is not None:
+        runtime = msgspec.structs.replace(runtime, busy=BusyPolicy.parse(busy, what="--busy").value)
+    config = msgspec.structs.replace(
+        config,
+        server=server,
+        runtime=runtime,
+        store=msgspec.structs.replace(config.store, url=store or config.store.url),
+        agent=msgspec.structs.replace(config.agent, name=agent or config.agent.name),
+    )
+    require_token(config)
+    return config
+
+
+def require_token(config: Config) -> None:
+    """A non-loopback address needs an access token.
+
+    :raises ConfigError: if none is configured.
+    """
+    if not config.server.is_loopback() and not config.server.token.read(os.environ):
+        raise ConfigError(
+            f"configuration key 'server.host' = {config.server.host!r}: listening beyond this "
+            "machine needs a token (set CHATLANE_TOKEN, or server.token.env / server.token.file)"
+        )
+
+
+def add_adapters(hub: Hub) -> None:
+    """The web chat and the API always; Telegram when enabled."""
+    from chatlane.adapters.api import ApiAdapter
+    from chatlane.adapters.web import WebAdapter
+
+    hub.add(WebAdapter(hub.config))
+    hub.add(ApiAdapter(hub.config))
+    if hub.config.telegram.enabled:
+        from chatlane.adapters.telegram import TelegramAdapter
+
+        hub.add(TelegramAdapter(hub.config))
+
+
+async def serve(config: Config) -> None:
+    """Run until SIGINT or SIGTERM; then shut down gracefully."""
+    hub = await open_hub(config)
+    add_adapters(hub)
+    app = build_app(hub)
+    uvicorn_config = uvicorn.Config(
+        app,
+        host=config.server.host,
+        port=config.server.port,
+        log_level="warning",
+        lifespan="on",
+    )
+    await AnnouncingServer(uvicorn_config, config).serve()
+
+
+class AnnouncingServer(uvicorn.Server):
+    """Prints the URLs once the socket is bound (so "ready" means ready)."""
+
+    def __init__(self, uvicorn_config: uvicorn.Config, config: Config) -> None:
+        super().__init__(uvicorn_config)
+        self.chatlane_config = config
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            announce(self.chatlane_config)
+
+
+def announce(config: Config) -> None:
+    """Print where the gateway can be reached."""
+    base = f"http://{config.server.host}:{config.server.port}"
+    print(
+        f"chatlane is ready\n  web chat: {base}/\n  API:      {base}/v1  "
+        f"(OpenAI-compatible)\n  metrics:  {base}/metrics\n"
+        f"  store:    {config.store.url}   agent: {config.agent.name}",
+        flush=True,
+    )

@@ -1,0 +1,188 @@
+"""``chatlane serve``: one gateway, its adapters, and the HTTP server they share.
+
+What stays true:
+
+* Every adapter submits through :meth:`Hub.submit`, which authorizes the
+  sender first: a user not on their platform's allowlist gets a clear refusal
+  and nothing runs, nothing is stored.
+* Every outbound message goes to the adapter of its target's platform; an
+  adapter that is missing or fails is logged, never a crash.
+* Shutdown (SIGINT, SIGTERM) stops accepting, fences running turns, releases
+  their leases and closes the store: accepted messages stay in the durable
+  queue for the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+
+from chatlane.agents import load_agent
+from chatlane.config import Config
+from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
+from chatlane.identity import ChatType, KeyPolicy
+from chatlane.lifecycle import LifecycleOptions
+from chatlane.metrics import Metrics
+from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.engine import RuntimeSettings
+from chatlane.runtime.leases import LeaseSettings
+from chatlane.stores import Store, open_store
+from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target
+
+log = logging.getLogger("chatlane.server")
+
+
+class Adapter(Protocol):
+    """A platform connection: it turns platform events into messages and delivers replies."""
+
+    platform: str
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """HTTP and WebSocket routes this adapter serves (may be empty)."""
+        ...
+
+    async def start(self, hub: Hub) -> None:
+        """Begin receiving (polling loops start here)."""
+        ...
+
+    async def deliver(self, outbound: Outbound) -> None:
+        """Send one outbound message to its target chat."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop receiving and release connections."""
+        ...
+
+
+def runtime_settings(config: Config) -> RuntimeSettings:
+    """The engine's settings from the configuration (already validated)."""
+    rt = config.runtime
+    busy = BusySettings(
+        default=BusyPolicy.parse(rt.busy),
+        per_platform={p: BusyPolicy.parse(v) for p, v in rt.busy_per_platform.items()},
+        per_chat_type={ChatType(t): BusyPolicy.parse(v) for t, v in rt.busy_per_chat_type.items()},
+    )
+    leases = LeaseSettings(ttl=rt.lease_ttl, max_active_sessions=rt.max_active_sessions)
+    return RuntimeSettings(
+        busy=busy,
+        queue_cap=rt.queue_cap,
+        collect_debounce=rt.collect_debounce,
+        interrupt_grace=rt.interrupt_grace,
+        interrupt_depth=rt.interrupt_depth,
+        ack_debounce=rt.ack_debounce,
+        turn_timeout=rt.turn_timeout,
+        leases=leases,
+        approval_timeout=rt.approval_timeout,
+    )
+
+
+def gateway_settings(config: Config) -> GatewaySettings:
+    """How the gateway names sessions, runs turns and ends conversations."""
+    return GatewaySettings(
+        key_policy=KeyPolicy(namespace=config.namespace),
+        runtime=runtime_settings(config),
+        lifecycle=LifecycleOptions(confirm_new=config.confirm_new),
+    )
+
+
+@dataclass
+class Hub:
+    """What adapters talk to: authorization, the gateway, and delivery by platform."""
+
+    config: Config
+    store: Store
+    agent: Agent
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+    gateway: Gateway = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gateway = Gateway(
+            self.agent, self.deliver, settings=gateway_settings(self.config), store=self.store
+        )
+
+    @property
+    def metrics(self) -> Metrics:
+        """The engine's counters."""
+        return self.gateway.engine.metrics
+
+    def add(self, adapter: Adapter) -> None:
+        """Serve ``adapter``'s platform."""
+        self.adapters[adapter.platform] = adapter
+
+    def authorized(self, message: InboundMessage) -> bool:
+        """Whether the sender may use the gateway (platforms without an allowlist allow all)."""
+        allowed = self.config.allow.get(message.source.platform)
+        return allowed is None or (message.source.user_id or "") in allowed
+
+    async def submit(self, message: InboundMessage) -> DispatchResult | None:
+        """Authorize and dispatch one message; ``None`` if the sender was refused."""
+        if not self.authorized(message):
+            log.info("refused user %r on %s", message.source.user_id, message.source.platform)
+            await self.deliver(
+                Outbound(
+                    OutboundKind.NOTICE,
+                    "",
+                    Target.of(message.source),
+                    "Sorry, you are not allowed to use this assistant.",
+                    0,
+                    (message.id,),
+                )
+            )
+            return None
+        return await self.gateway.dispatch(message)
+
+    async def deliver(self, outbound: Outbound) -> None:
+        """Hand ``outbound`` to its platform's adapter."""
+        adapter = self.adapters.get(outbound.target.platform)
+        if adapter is None:
+            log.warning("no adapter for %s; dropped %s", outbound.target.platform, outbound.kind)
+            return
+        await adapter.deliver(outbound)
+
+
+async def open_hub(config: Config, store_url: str | None = None) -> Hub:
+    """Open the store and build the hub (adapters are added by the caller)."""
+    agent = load_agent(config)
+    store = await open_store(store_url or config.store.url)
+    return Hub(config, store, agent)
+
+
+def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette:
+    """The HTTP application: every adapter's routes plus ``/metrics``, with a lifespan
+    that starts the gateway and adapters and shuts everything down in order."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await hub.gateway.start()
+        for adapter in hub.adapters.values():
+            await adapter.start(hub)
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            await shutdown(hub)
+
+    from chatlane import admin
+
+    routes: list[BaseRoute] = [*hub.metrics.routes(hub), *admin.routes(hub)]
+    for adapter in hub.adapters.values():
+        routes.extend(adapter.routes())
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def shutdown(hub: Hub) -> None:
+    """Stop adapters, fence running turns (messages stay queued), close the store."""
+    for adapter in hub.adapters.values():
+        try:
+            await adapter.aclose()
+        except Exception:
+            log.exception("adapter %s failed to close", adapter.platform)
+    await hub.gateway.aclose()
+    await hub.store.close()

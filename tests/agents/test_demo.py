@@ -1,0 +1,61 @@
+"""The demo agent: every mechanism visible, offline and deterministic."""
+
+from __future__ import annotations
+
+import asyncio
+
+from chatlane.agents.demo import DemoAgent
+from chatlane.testing import GatewayHarness
+
+
+async def test_whoami_reads_its_own_session_from_a_worker_thread() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        await asyncio.gather(
+            *(h.send("whoami", chat_id=f"c{i}", user_id=f"u{i}", platform="web") for i in range(20))
+        )
+        for i in range(20):
+            [line] = await h.replies(chat_id=f"c{i}", count=1)
+            assert line == f"platform=web chat=c{i} thread= user=u{i} key=main:web:dm:c{i} gen=1"
+
+
+async def test_whoami_in_a_thread() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        await h.send(
+            "whoami",
+            chat_id="g",
+            chat_type="group",
+            thread_id="t9",
+            user_id="u5",
+            platform="telegram",
+        )
+        [line] = await h.replies(chat_id="g", thread_id="t9", count=1)
+        assert line.startswith(
+            "platform=telegram chat=g thread=t9 user=u5 key=main:telegram:group:g:t9"
+        )
+
+
+async def test_echo_streams_in_chunks() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        await h.send("hello there", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["echo: hello there"]
+        assert sum(o.kind.value == "chunk" for o in h.delivered(chat_id="c")) >= 3
+
+
+async def test_sleep_and_its_limits() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        for text in ("sleep 0.1", "sleep soon", "sleep nan", "sleep -1"):
+            await h.send(text, chat_id="c")
+        replies = await h.replies(chat_id="c", count=5)
+        assert replies[1] == "slept 0.1"
+        assert replies[2:] == ["usage: sleep <seconds> (at most 60)"] * 3
+
+
+async def test_settings_and_approve() -> None:
+    async with GatewayHarness(DemoAgent(), approval_timeout=0.2) as h:
+        await h.send("/reasoning high", chat_id="c")
+        await h.send("settings", chat_id="c")
+        await h.replies(chat_id="c", count=2)
+        await h.send("approve ls", chat_id="c")
+        replies = await h.replies(chat_id="c", count=5)
+        assert replies[1] == "model=default reasoning=high tier=default"
+        assert replies[4] == "denied: ls"

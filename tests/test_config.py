@@ -1,0 +1,88 @@
+"""Configuration: defaults, TOML, environment overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatlane.config import load_config
+from chatlane.errors import ConfigError
+from chatlane.serve import configure
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "chatlane.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_need_no_file() -> None:
+    config = load_config(environ={})
+    assert (config.server.host, config.server.port) == ("127.0.0.1", 8080)
+    assert config.store.url == "sqlite:///chatlane.db"
+    assert (config.agent.name, config.runtime.busy) == ("demo", "queue")
+
+
+def test_file_then_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nport = 9000\n[runtime]\nbusy = "collect"\n')
+    config = load_config(
+        path, environ={"CHATLANE_RUNTIME__BUSY": "reject", "CHATLANE_ALLOW__TELEGRAM": "[42, 43]"}
+    )
+    assert config.server.port == 9000
+    assert config.runtime.busy == "reject"
+    assert config.allow == {"telegram": ["42", "43"]}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[server]\nport = "abc"', "configuration key 'server.port' = 'abc': expected `int`"),
+        ("[server]\nprot = 1", "unknown configuration key 'server.prot'"),
+        ("colour = 1", "unknown configuration key 'colour'"),
+        ('[runtime]\nbusy = "wait"', "'runtime.busy': 'wait' is not one of: queue"),
+        ("[runtime]\nqueue_cap = 0", "'runtime.queue_cap' = 0: expected > 0"),
+        ("[server]\nport = 70000", "'server.port' = 70000: expected a port"),
+        ("[allow]\ntelegram = [1.5]", "configuration key 'allow.*.0'"),
+        ("this is [ not toml", "is not valid TOML"),
+        ('[runtime.busy_per_chat_type]\nroom = "queue"', "'runtime.busy_per_chat_type"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as raised:
+        load_config(write(tmp_path, text), environ={})
+    assert message in str(raised.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config(tmp_path / "missing.toml", environ={})
+
+
+def test_secrets_are_named_never_inlined(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n")
+    config = load_config(write(tmp_path, f'[server.token]\nfile = "{secret}"\n'), environ={})
+    assert config.server.token.read({}) == "s3cret"
+    assert "s3cret" not in repr(config)
+    with pytest.raises(ConfigError, match=r"unknown configuration key 'server\.token\.value'"):
+        load_config(write(tmp_path, '[server.token]\nvalue = "x"\n'), environ={})
+
+
+def test_non_loopback_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHATLANE_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="needs a token"):
+        configure(None, host="0.0.0.0")
+    monkeypatch.setenv("CHATLANE_TOKEN", "t")
+    assert configure(None, host="0.0.0.0").server.host == "0.0.0.0"
+
+
+def test_command_line_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = configure(None, port=9999, store="memory://", agent="demo", busy="steer")
+    assert (config.server.port, config.store.url, config.runtime.busy) == (
+        9999,
+        "memory://",
+        "steer",
+    )
+    with pytest.raises(ConfigError, match="--busy: 'later' is not one of"):
+        configure(None, busy="later")
