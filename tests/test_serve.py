@@ -1,0 +1,166 @@
+"""``chatlane serve`` as people run it: a real process, real HTTP, a graceful stop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "chatlane.cli", "serve", *args]
+    return subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def wait_ready(process: subprocess.Popen[str], timeout: float = 30) -> str:
+    assert process.stdout is not None
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            break
+        seen.append(line)
+        if "metrics:" in line:
+            return "".join(seen)
+    raise AssertionError("chatlane serve did not become ready:\n" + "".join(seen))
+
+
+def stop(process: subprocess.Popen[str]) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        code = process.wait(timeout=20)
+    finally:
+        if process.stdout is not None:
+            process.stdout.close()
+    return code
+
+
+@pytest.mark.slow
+def test_serve_with_no_config_runs_the_web_chat_and_api(tmp_path: Path) -> None:
+    port = free_port()
+    process = start(tmp_path, "--port", str(port))
+    try:
+        banner = wait_ready(process)
+        base = f"http://127.0.0.1:{port}"
+        assert f"web chat: {base}/" in banner
+        assert "sqlite:///chatlane.db" in banner
+        assert httpx.get(base + "/").status_code == 200
+        models = httpx.get(base + "/v1/models").json()
+        assert models["data"]
+        reply = httpx.post(
+            base + "/v1/chat/completions",
+            timeout=20,
+            headers={"X-Chatlane-Session": "serve-test"},
+            json={"model": "chatlane", "messages": [{"role": "user", "content": "whoami"}]},
+        )
+        content = reply.json()["choices"][0]["message"]["content"]
+        assert "key=main:api:dm:serve-test" in content
+        metrics = httpx.get(base + "/metrics").text
+        assert "chatlane_turns_started_total 1" in metrics
+        sessions = httpx.get(base + "/admin/sessions").json()["sessions"]
+        assert [s["key"] for s in sessions] == ["main:api:dm:serve-test"]
+    finally:
+        assert stop(process) == 0
+    assert (tmp_path / "chatlane.db").exists()
+
+
+@pytest.mark.slow
+def test_accepted_messages_survive_a_restart(tmp_path: Path) -> None:
+    port = free_port()
+    process = start(tmp_path, "--port", str(port))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(process)
+        with httpx.Client(timeout=5) as client:
+            body = {"model": "chatlane", "messages": [{"role": "user", "content": "sleep 30"}]}
+            headers = {"X-Chatlane-Session": "restart"}
+            with contextlib.suppress(httpx.TimeoutException):
+                client.post(base + "/v1/chat/completions", json=body, headers=headers, timeout=1)
+    finally:
+        assert stop(process) == 0
+    detail = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import asyncio, json\n"
+                "from chatlane.stores import open_store\n"
+                "async def main():\n"
+                "    s = await open_store('sqlite:///chatlane.db')\n"
+                "    pending = await s.pending('main:api:dm:restart')\n"
+                "    print(json.dumps([r.message_id for r in pending]))\n"
+                "    await s.close()\n"
+                "asyncio.run(main())\n"
+            ),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert len(json.loads(detail.stdout)) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--busy", "later"], "--busy: 'later' is not one of"),
+        (["--store", "ftp://x"], "store URL 'ftp://x'"),
+        (["--agent", "python:nowhere:agent"], "cannot import it"),
+        (["--host", "0.0.0.0"], "needs a token"),
+    ],
+)
+def test_bad_options_stop_the_start_with_a_clear_message(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CHATLANE_TOKEN"}
+    result = subprocess.run(
+        [sys.executable, "-m", "chatlane.cli", "serve", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_broken_config_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "chatlane.toml").write_text("[server]\nport = 'eighty'\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "chatlane.cli", "serve", "--config", "chatlane.toml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "configuration key 'server.port' = 'eighty'" in result.stderr
