@@ -1,0 +1,427 @@
+"""Telegram: long polling with python-telegram-bot; private chats, groups and forum topics.
+
+What stays true:
+
+* Every text message — commands included, ``/stop@MyBot`` too — goes to
+  :meth:`~chatlane.server.Hub.submit` as text, so chatlane's own command
+  parser, allowlist and busy policies apply; a forum topic is the thread.
+* Handling an update only waits until chatlane has accepted the message, never
+  for the turn it starts.
+* Replies go to the chat and topic the message came from. Each Telegram message
+  holds at most 4096 UTF-16 code units, so long texts are split (at a newline
+  or space where possible, never inside a character or an emoji sequence);
+  streamed ``CHUNK``\\ s are not sent, the complete ``REPLY`` follows them.
+* An approval prompt carries Approve / Deny buttons; pressing one sends
+  ``/approve`` or ``/deny`` as the user who pressed it.
+* A failed send is logged, never raised; lone surrogates (which no UTF-8 wire
+  can carry) become U+FFFD in both directions.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+import unicodedata
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from starlette.routing import BaseRoute
+from telegram import (
+    Bot,
+    CallbackQuery,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Message,
+    Update,
+    User,
+)
+from telegram.error import InvalidToken, TelegramError
+from telegram.ext import (
+    Application,
+    ApplicationBuilder,
+    CallbackQueryHandler,
+    MessageHandler,
+    Updater,
+    filters,
+)
+from telegram.request import HTTPXRequest
+
+from chatlane.config import Config
+from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.identity import ChatType, SessionSource
+from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
+
+if TYPE_CHECKING:
+    from chatlane.server import Hub
+
+log = logging.getLogger("chatlane.adapters.telegram")
+
+TelegramApp: TypeAlias = Application[Any, Any, Any, Any, Any, Any]
+
+PLATFORM = "telegram"
+MESSAGE_LIMIT = 4096
+"""Telegram's limit for one message, in UTF-16 code units."""
+APPROVE_DATA = "chatlane:approve"
+DENY_DATA = "chatlane:deny"
+_ANSWERS = {APPROVE_DATA: "/approve", DENY_DATA: "/deny"}
+_CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
+_UPDATES = ["message", "channel_post", "callback_query"]
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
+_NOT_TEXT = "Sorry, I can only read text messages."
+_TOKEN_LOGGERS = (
+    "httpx",
+    "telegram.Bot",
+    "telegram.ext",
+    "telegram.ext.Application",
+    "telegram.ext.ExtBot",
+    "telegram.ext.Updater",
+)
+"""Loggers whose records may carry the bot token (it is part of every request URL)."""
+
+
+class TelegramAdapter:
+    """The Telegram bot: receives by long polling, sends with ``sendMessage``.
+
+    :param config: the gateway configuration (``telegram.token``, ``telegram.api_url``).
+    :param poll_timeout: how long one ``getUpdates`` request waits for updates (seconds).
+    :param poll_interval: pause between ``getUpdates`` requests (seconds).
+    """
+
+    platform = PLATFORM
+
+    def __init__(
+        self, config: Config, *, poll_timeout: float = 30.0, poll_interval: float = 0.0
+    ) -> None:
+        self._config = config
+        self._poll_timeout = poll_timeout
+        self._poll_interval = poll_interval
+        self._hub: Hub | None = None
+        self._app: TelegramApp | None = None
+        self._redactor: TokenRedactor | None = None
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """None: the adapter polls Telegram rather than receiving webhooks."""
+        return []
+
+    async def start(self, hub: Hub) -> None:
+        """Check the token with ``getMe`` and start polling.
+
+        :raises ConfigError: if no token is configured, or the Bot API rejects
+            it or cannot be reached.
+        """
+        if self._app is not None:
+            raise ChatlaneError("the Telegram adapter is already running")
+        token = self._config.telegram.token.read(os.environ)
+        if not token:
+            raise ConfigError(
+                "telegram is enabled but has no bot token: set TELEGRAM_BOT_TOKEN "
+                "(or configuration key 'telegram.token.env' / 'telegram.token.file')"
+            )
+        self._redact(TokenRedactor(token))
+        self._hub, self._app = hub, self._build(token)
+        try:
+            await self._launch(self._app, token)
+        except ConfigError:
+            self._app = None
+            self._redact(None)
+            raise
+
+    def _build(self, token: str) -> TelegramApp:
+        api_url = self._config.telegram.api_url.rstrip("/")
+        builder = ApplicationBuilder().token(token).base_url(f"{api_url}/bot")
+        builder = builder.base_file_url(f"{api_url}/file/bot")
+        app = builder.get_updates_request(UpdatesRequest(connection_pool_size=1)).build()
+        updates = filters.UpdateType.MESSAGE | filters.UpdateType.CHANNEL_POST
+        app.add_handler(MessageHandler(filters.TEXT & updates, self._on_text))
+        app.add_handler(MessageHandler(filters.ChatType.PRIVATE & updates, self._on_other))
+        app.add_handler(CallbackQueryHandler(self._on_button))
+        app.add_error_handler(self._on_error)
+        return app
+
+    async def _launch(self, app: TelegramApp, token: str) -> None:
+        """``initialize`` (``getMe``), ``start``, then polling; undone if any step fails."""
+        api_url = self._config.telegram.api_url
+        try:
+            await app.initialize()
+            await app.start()
+            await _updater(app).start_polling(
+                poll_interval=self._poll_interval,
+                timeout=int(self._poll_timeout),
+                allowed_updates=_UPDATES,
+            )
+        except InvalidToken:
+            await _stop(app)
+            raise ConfigError(f"the Telegram Bot API at {api_url} rejected the bot token") from None
+        except TelegramError as error:
+            await _stop(app)
+            reason = str(error).replace(token, "<token>")
+            raise ConfigError(f"the Telegram Bot API at {api_url} failed: {reason}") from None
+
+    async def aclose(self) -> None:
+        """Stop polling, finish the updates being handled, close the HTTP clients."""
+        app, self._app = self._app, None
+        try:
+            if app is not None:
+                await _stop(app)
+        finally:
+            self._redact(None)
+
+    def _redact(self, redactor: TokenRedactor | None) -> None:
+        """Filter the token out of HTTP and PTB log records with ``redactor`` (or stop)."""
+        for name in _TOKEN_LOGGERS:
+            if self._redactor is not None:
+                logging.getLogger(name).removeFilter(self._redactor)
+            if redactor is not None:
+                logging.getLogger(name).addFilter(redactor)
+        self._redactor = redactor
+
+    async def deliver(self, outbound: Outbound) -> None:
+        """Send ``outbound`` to its chat and topic, split to fit; failures are logged."""
+        if outbound.kind is OutboundKind.CHUNK:
+            return
+        app, target = self._app, outbound.target
+        if app is None or target.chat_id is None:
+            log.warning("telegram is not running; dropped a %s for %s", outbound.kind, target)
+            return
+        parts = [part for part in split_message(clean_text(outbound.text)) if part.strip()]
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            buttons = (
+                approval_buttons() if last and outbound.kind is OutboundKind.APPROVAL else None
+            )
+            if not await _send(app.bot, target, part, buttons):
+                return
+
+    async def _on_text(self, update: Update, context: object) -> None:
+        message = update.effective_message
+        if message is None or message.text is None:
+            return
+        text = clean_text(message.text)
+        msg_id = f"tg-{message.chat.id}-{message.message_id}"
+        await self._submit(InboundMessage(source_of(message, message.from_user), text, id=msg_id))
+
+    async def _on_other(self, update: Update, context: object) -> None:
+        """A photo, sticker or voice note in a private chat: say what is understood."""
+        message = update.effective_message
+        if message is not None:
+            source = source_of(message, message.from_user)
+            await self.deliver(Outbound(OutboundKind.NOTICE, "", Target.of(source), _NOT_TEXT))
+
+    async def _on_button(self, update: Update, context: object) -> None:
+        query = update.callback_query
+        if query is None:
+            return
+        answer = _ANSWERS.get(query.data or "")
+        message = query.message
+        if answer is None or not isinstance(message, Message):
+            await _answer(query, "This button is no longer active.")
+            return
+        await _answer(query, f"Sent {answer}")
+        msg_id = f"tg-{message.chat.id}-cb{query.id}"
+        await self._submit(InboundMessage(source_of(message, query.from_user), answer, id=msg_id))
+
+    async def _submit(self, message: InboundMessage) -> None:
+        if self._hub is not None:
+            await self._hub.submit(message)
+
+    async def _on_error(self, update: object, context: Any) -> None:
+        log.error("telegram update could not be handled", exc_info=context.error)
+
+
+class TokenRedactor(logging.Filter):
+    """Replaces the bot token with ``<token>`` in a record's message and traceback.
+
+    httpx logs every request URL at INFO, and the token is part of each one.
+    """
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self._token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: logging reports it later
+            return True
+        if self._token in message:
+            record.msg, record.args = message.replace(self._token, "<token>"), None
+        if record.exc_info and not record.exc_text:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = text.replace(self._token, "<token>")
+        return True
+
+
+def source_of(message: Message, user: User | None) -> SessionSource:
+    """Where ``message`` was written, as ``user`` (a forum topic is the thread)."""
+    chat = message.chat
+    topic = message.message_thread_id if message.is_topic_message else None
+    return SessionSource(
+        PLATFORM,
+        chat_id=str(chat.id),
+        chat_type=_CHAT_TYPES.get(chat.type, ChatType.GROUP),
+        chat_name=chat.effective_name or "",
+        thread_id=str(topic) if topic is not None else None,
+        user_id=str(user.id) if user is not None else None,
+        user_name=user.full_name if user is not None else "",
+        message_id=str(message.message_id),
+    )
+
+
+def approval_buttons() -> InlineKeyboardMarkup:
+    """Approve / Deny buttons whose presses become ``/approve`` and ``/deny``."""
+    return InlineKeyboardMarkup(
+        [
+            [
+                InlineKeyboardButton("Approve", callback_data=APPROVE_DATA),
+                InlineKeyboardButton("Deny", callback_data=DENY_DATA),
+            ]
+        ]
+    )
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def utf16_len(text: str) -> int:
+    """The length of ``text`` as Telegram counts it: UTF-16 code units."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
+    """``text`` in parts of at most ``limit`` UTF-16 units; joined, they equal ``text``.
+
+    A part ends after the last newline (else space) in its second half; failing
+    that, it is cut where no character sequence (emoji, combining mark) is split.
+    """
+    parts = []
+    while utf16_len(text) > limit:
+        cut = _cut_point(text, limit)
+        parts.append(text[:cut])
+        text = text[cut:]
+    parts.append(text)
+    return parts
+
+
+def _fit(text: str, limit: int) -> int:
+    """How many code points of ``text`` fit in ``limit`` UTF-16 units."""
+    units = 0
+    for index, char in enumerate(text):
+        units += 2 if ord(char) > 0xFFFF else 1
+        if units > limit:
+            return index
+    return len(text)
+
+
+def _cut_point(text: str, limit: int) -> int:
+    end = _fit(text, limit)
+    for separator in ("\n", " "):
+        at = text.rfind(separator, end // 2, end)
+        if at >= 0:
+            return at + 1
+    end = max(end, 1)
+    cut = end
+    while cut > end // 2 and _joined(text[cut - 1], text[cut]):
+        cut -= 1
+    return cut if cut > end // 2 else end
+
+
+def _joined(before: str, after: str) -> bool:
+    """Whether a cut between ``before`` and ``after`` would split one visible character."""
+    if before == "\u200d" or after in _JOINERS or unicodedata.combining(after):
+        return True
+    code = ord(after)
+    return 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F or 0xFE00 <= code <= 0xFE0F
+
+
+def _thread(target: Target) -> int | None:
+    thread = target.thread_id
+    return int(thread) if thread is not None and thread.lstrip("-").isdigit() else None
+
+
+async def _send(bot: Bot, target: Target, text: str, buttons: InlineKeyboardMarkup | None) -> bool:
+    """``sendMessage``; ``False`` (and a log line) if Telegram refused or failed."""
+    try:
+        await bot.send_message(
+            chat_id=target.chat_id or "",
+            text=text,
+            message_thread_id=_thread(target),
+            reply_markup=buttons,
+        )
+    except TelegramError as error:
+        log.warning("telegram sendMessage to chat %s failed: %s", target.chat_id, error)
+        return False
+    return True
+
+
+async def _answer(query: CallbackQuery, text: str) -> None:
+    try:
+        await query.answer(text)
+    except TelegramError as error:
+        log.warning("telegram answerCallbackQuery failed: %s", error)
+
+
+def _updater(app: TelegramApp) -> Updater:
+    if app.updater is None:
+        raise ChatlaneError("the Telegram application was built without an updater")
+    return app.updater
+
+
+async def _stop(app: TelegramApp) -> None:
+    """Undo as much of the start as happened: updater, application, then its HTTP clients.
+
+    The updater's last ``getUpdates`` (confirming what was fetched) may fail;
+    that is logged and the rest still closes.
+    """
+    if app.updater is not None and app.updater.running:
+        try:
+            await app.updater.stop()
+        except (TelegramError, ValueError, TypeError, KeyError):
+            log.exception("telegram polling did not stop cleanly")
+    if app.running:
+        await app.stop()
+    await app.shutdown()
+    await app.bot.shutdown()  # a no-op unless ``initialize`` failed half-way
+
+
+class UpdatesRequest(HTTPXRequest):
+    """The ``getUpdates`` connection: an update PTB cannot read is reduced to its id.
+
+    PTB reads a whole batch or nothing, and fetches an unreadable batch again
+    forever (a newer Bot API field, a malformed payload): polling would stall
+    and spin. Reduced to ``{"update_id": …}``, the update is logged, confirmed
+    and ignored, and the rest of the batch is handled.
+    """
+
+    async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
+        code, payload = await super().do_request(*args, **kwargs)
+        return code, (readable_updates(payload) if code == 200 else payload)
+
+
+def readable_updates(payload: bytes) -> bytes:
+    """A ``getUpdates`` response with every unreadable update reduced to its id."""
+    try:
+        body = json.loads(payload)
+        updates = body["result"]
+    except (ValueError, TypeError, KeyError):
+        return payload
+    if not isinstance(updates, list):
+        return payload
+    body["result"] = [_readable(update) for update in updates]
+    return json.dumps(body).encode()
+
+
+def _readable(update: Any) -> Any:
+    try:
+        Update.de_json(copy.deepcopy(update), None)
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):
+            return update
+        log.warning("skipped Telegram update %s: cannot read it (%s)", update["update_id"], error)
+        return {"update_id": update["update_id"]}
+    return update

@@ -1,0 +1,315 @@
+"""The Telegram adapter end to end: python-telegram-bot polling a local Bot API stand-in,
+a real hub with the demo agent behind it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chatlane.adapters.telegram import (
+    APPROVE_DATA,
+    MESSAGE_LIMIT,
+    TelegramAdapter,
+    readable_updates,
+    split_message,
+    utf16_len,
+)
+from chatlane.config import Config, Secret, TelegramConfig
+from chatlane.errors import ConfigError
+from chatlane.server import Hub, open_hub, shutdown
+from chatlane.types import Outbound, OutboundKind, Target
+from tests.adapters.botapi import BotApi
+
+GROUP = -1001234
+TOPIC = 7
+ALICE, BOB = 42, 43
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[BotApi]:
+    async with BotApi() as api:
+        yield api
+    assert api.unknown == [], f"the adapter called methods the stand-in lacks: {api.unknown}"
+
+
+def telegram_config(api: BotApi, tmp_path: Path, token: str | None = None, **extra: Any) -> Config:
+    token_file = tmp_path / "telegram-token"
+    token_file.write_text(api.token if token is None else token)
+    secret = Secret(file=str(token_file))
+    return Config(telegram=TelegramConfig(enabled=True, token=secret, api_url=api.url), **extra)
+
+
+@contextlib.asynccontextmanager
+async def running(config: Config) -> AsyncIterator[tuple[Hub, TelegramAdapter]]:
+    """A hub with the demo agent and the Telegram adapter, polling."""
+    hub = await open_hub(config, store_url="memory://")
+    adapter = TelegramAdapter(config, poll_timeout=5)
+    hub.add(adapter)
+    await hub.gateway.start()
+    try:
+        await adapter.start(hub)
+        yield hub, adapter
+    finally:
+        await shutdown(hub)
+
+
+@pytest.fixture
+async def adapter(api: BotApi, tmp_path: Path) -> AsyncIterator[TelegramAdapter]:
+    async with running(telegram_config(api, tmp_path)) as (_, adapter):
+        yield adapter
+
+
+def key_of(whoami: str) -> str:
+    return whoami.split(" key=")[1].split(" ")[0]
+
+
+async def test_private_chat_echo(api: BotApi, adapter: TelegramAdapter) -> None:
+    api.push_text(ALICE, ALICE, "hello there")
+    [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text == "echo: hello there"
+    assert reply.thread_id is None
+    assert {"getMe", "deleteWebhook", "getUpdates"} <= set(api.calls)
+
+
+async def test_whoami_in_forum_topic_replies_in_the_topic(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(GROUP, ALICE, "whoami", thread_id=TOPIC, chat_type="supergroup")
+    [reply] = await api.wait_for_sent(GROUP)
+    assert f"platform=telegram chat={GROUP} thread={TOPIC} user={ALICE} " in reply.text
+    assert reply.thread_id == TOPIC
+
+
+async def test_group_users_are_separate_but_a_topic_is_shared(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    for user in (ALICE, BOB):
+        api.push_text(GROUP, user, "whoami", chat_type="supergroup")
+    group = await api.wait_for_sent(GROUP, 2)
+    assert all(sent.thread_id is None for sent in group)
+    assert len({key_of(sent.text) for sent in group}) == 2
+    for user in (ALICE, BOB):
+        api.push_text(GROUP, user, "whoami", thread_id=TOPIC, chat_type="supergroup")
+    topic = (await api.wait_for_sent(GROUP, 5))[2:]  # one session: Bob's whoami is queued
+    assert all(sent.thread_id == TOPIC for sent in topic)
+    assert topic[0].text == "Queued for the next turn (1 queued)"
+    assert len({key_of(sent.text) for sent in topic[1:]}) == 1
+
+
+async def test_a_long_echo_is_split_at_the_utf16_limit(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    text = "😀" * (MESSAGE_LIMIT // 2)  # the most Telegram lets a user send: 4096 units
+    api.push_text(ALICE, ALICE, text)
+    parts = await api.wait_for_sent(ALICE, 2)
+    assert len(parts) == 2
+    assert all(utf16_len(part.text) <= MESSAGE_LIMIT for part in parts)
+    assert "".join(part.text for part in parts) == f"echo: {text}"
+
+
+async def test_a_9000_character_reply_becomes_three_messages(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(ALICE, ALICE, "/help")  # makes the chat known to the stand-in
+    await api.wait_for_sent(ALICE)
+    line = "word " * 17 + "x👨‍👩‍👧 ünïcödé\n"  # 100 code points, 103 UTF-16 units
+    text = line * 90
+    assert len(text) == 9000
+    target = Target("telegram", str(ALICE))
+    await adapter.deliver(Outbound(OutboundKind.REPLY, "k", target, text))
+    parts = api.sent(ALICE)[1:]
+    assert len(parts) == 3
+    assert all(utf16_len(part.text) <= MESSAGE_LIMIT for part in parts)
+    assert all(part.text.endswith("\n") for part in parts)
+    assert "".join(part.text for part in parts) == text
+
+
+async def test_command_with_bot_mention(api: BotApi, adapter: TelegramAdapter) -> None:
+    api.push_text(GROUP, ALICE, "/status@chatlane_bot", chat_type="supergroup")
+    [reply] = await api.wait_for_sent(GROUP)
+    assert reply.text.startswith("Status: idle")
+
+
+async def test_the_allowlist_refuses_a_stranger_in_the_chat(api: BotApi, tmp_path: Path) -> None:
+    config = telegram_config(api, tmp_path, allow={"telegram": [str(ALICE)]})
+    async with running(config):
+        api.push_text(BOB, BOB, "hello")
+        [refusal] = await api.wait_for_sent(BOB)
+        assert refusal.text == "Sorry, you are not allowed to use this assistant."
+        api.push_text(ALICE, ALICE, "hello")
+        [reply] = await api.wait_for_sent(ALICE)
+        assert reply.text == "echo: hello"
+
+
+async def test_a_message_during_a_turn_is_acknowledged_then_run(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(ALICE, ALICE, "sleep 1")
+    api.push_text(ALICE, ALICE, "and then this")
+    sent = await api.wait_for_sent(ALICE, 3)
+    assert [s.text for s in sent] == [
+        "Queued for the next turn (1 queued)",
+        "slept 1",
+        "echo: and then this",
+    ]
+
+
+async def test_a_failing_send_is_logged_and_the_adapter_goes_on(
+    api: BotApi, adapter: TelegramAdapter, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.fail_next("sendMessage", 500, "Internal Server Error")
+    with caplog.at_level(logging.WARNING, logger="chatlane.adapters.telegram"):
+        api.push_text(ALICE, ALICE, "first")
+        await api.wait_for_call("sendMessage")
+        api.push_text(ALICE, ALICE, "second")
+        [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text == "echo: second"
+    assert "sendMessage to chat 42 failed" in caplog.text
+
+
+async def test_approval_buttons_answer_as_the_presser(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(GROUP, ALICE, "approve rm -rf build", thread_id=TOPIC, chat_type="supergroup")
+    [prompt] = await api.wait_for_sent(GROUP)
+    assert prompt.text.startswith("Approval needed")
+    assert prompt.thread_id == TOPIC
+    assert prompt.reply_markup is not None
+    buttons = prompt.reply_markup["inline_keyboard"][0]
+    assert [b["text"] for b in buttons] == ["Approve", "Deny"]
+    api.push_button(ALICE, APPROVE_DATA, prompt)
+    sent = await api.wait_for_sent(GROUP, 3)
+    assert "approved: rm -rf build" in [s.text for s in sent]
+    assert all(s.thread_id == TOPIC for s in sent)
+    assert [a["text"] for a in api.answers] == ["Sent /approve"]
+
+
+async def test_a_stale_button_is_answered_without_a_message(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(ALICE, ALICE, "hi")
+    [reply] = await api.wait_for_sent(ALICE)
+    api.push_button(ALICE, "something-else", reply)
+    await api.wait_for_call("answerCallbackQuery")
+    assert [a["text"] for a in api.answers] == ["This button is no longer active."]
+
+
+async def test_odd_unicode_round_trips(api: BotApi, adapter: TelegramAdapter) -> None:
+    text = "bad \ud800 surrogate, family 👨‍👩‍👧, rtl \u202eabc, nul \x00 end"
+    api.push_text(ALICE, ALICE, text)
+    [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text == "echo: " + text.replace("\ud800", "\ufffd")
+
+
+async def test_a_sticker_in_a_private_chat_gets_a_clear_notice(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    sticker = {"file_id": "s1", "file_unique_id": "u1", "type": "regular", "width": 1}
+    sticker |= {"height": 1, "is_animated": False, "is_video": False}
+    api.push_message(ALICE, ALICE, {"sticker": sticker})
+    [notice] = await api.wait_for_sent(ALICE)
+    assert notice.text == "Sorry, I can only read text messages."
+
+
+async def test_an_unreadable_update_is_skipped_not_fetched_forever(
+    api: BotApi, adapter: TelegramAdapter, caplog: pytest.LogCaptureFixture
+) -> None:
+    polls = api.calls.count("getUpdates")
+    api.push_message(ALICE, ALICE, {"sticker": {"file_id": "no width, no height"}})
+    api.push_text(ALICE, ALICE, "still here")
+    [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text == "echo: still here"
+    assert api.calls.count("getUpdates") - polls < 10
+    assert "skipped Telegram update 1000: cannot read it" in caplog.text
+
+
+def test_readable_updates_leaves_other_payloads_alone() -> None:
+    for payload in (b"not json", b'{"ok": true, "result": true}', b"[]", b'{"ok": false}'):
+        assert readable_updates(payload) == payload
+    odd = b'{"ok": true, "result": [{"no": "id"}, {"update_id": 5}]}'
+    assert json.loads(readable_updates(odd))["result"] == [{"no": "id"}, {"update_id": 5}]
+
+
+async def test_a_channel_post_is_answered_in_the_channel(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(-1005, 0, "whoami", chat_type="channel")
+    [reply] = await api.wait_for_sent(-1005)
+    assert reply.text.startswith("platform=telegram chat=-1005 thread= user= ")
+    assert ":channel:" in key_of(reply.text)
+
+
+async def test_the_token_never_reaches_the_logs(
+    api: BotApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        async with running(telegram_config(api, tmp_path)):
+            api.push_text(ALICE, ALICE, "hello")
+            await api.wait_for_sent(ALICE)
+    assert "/bot<token>/getUpdates" in caplog.text  # httpx logs each request URL
+    assert api.token not in caplog.text
+    assert logging.getLogger("httpx").filters == []
+
+
+async def test_no_token_is_a_config_error(api: BotApi) -> None:
+    config = Config(telegram=TelegramConfig(enabled=True, token=Secret(), api_url=api.url))
+    with pytest.raises(ConfigError, match="no bot token"):
+        async with running(config):
+            pass
+    assert api.calls == []
+
+
+async def test_a_rejected_token_is_a_config_error(api: BotApi, tmp_path: Path) -> None:
+    config = telegram_config(api, tmp_path, token="999:wrong")
+    with pytest.raises(ConfigError, match="rejected the bot token") as caught:
+        async with running(config):
+            pass
+    assert "999:wrong" not in str(caught.value)
+
+
+async def test_an_unreachable_api_is_a_config_error(tmp_path: Path) -> None:
+    api = BotApi()  # never started: nothing listens on its port 0
+    config = telegram_config(api, tmp_path)
+    with pytest.raises(ConfigError, match="failed"):
+        async with running(config):
+            pass
+
+
+async def test_delivery_after_close_is_dropped(api: BotApi, tmp_path: Path) -> None:
+    config = telegram_config(api, tmp_path)
+    async with running(config) as (_, adapter):
+        pass
+    await adapter.deliver(Outbound(OutboundKind.REPLY, "k", Target("telegram", "42"), "late"))
+    assert api.sent(42) == []
+
+
+def test_split_keeps_short_texts_whole() -> None:
+    assert split_message("a" * MESSAGE_LIMIT) == ["a" * MESSAGE_LIMIT]
+    assert split_message("") == [""]
+
+
+def test_split_without_spaces_counts_utf16_units() -> None:
+    text = "x" + "😀" * 3000  # 6001 units, no separator
+    parts = split_message(text)
+    assert [utf16_len(p) for p in parts] == [4095, 1906]
+    assert "".join(parts) == text
+
+
+def test_split_never_separates_an_emoji_sequence() -> None:
+    family = "👨‍👩‍👧"  # 5 code points, 8 units
+    text = "a" * 4090 + family + "b"
+    parts = split_message(text)
+    assert parts == ["a" * 4090, family + "b"]
+
+
+def test_split_prefers_newlines_then_spaces() -> None:
+    text = "a" * 3000 + " " + "b" * 500 + "\n" + "c" * 1000
+    assert split_message(text) == ["a" * 3000 + " " + "b" * 500 + "\n", "c" * 1000]
+    spaced = "a" * 3000 + " " + "b" * 2000
+    assert split_message(spaced) == ["a" * 3000 + " ", "b" * 2000]
