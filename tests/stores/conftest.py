@@ -37,6 +37,23 @@ async def store(store_url: str) -> AsyncIterator[Store]:
     opened = await open_store(store_url)
     yield opened
     await opened.close()
+    await forget_redis_prefix(store_url)
+
+
+async def forget_redis_prefix(url: str) -> None:
+    """Delete a test's Redis keys (only its own prefix: the server may be shared)."""
+    if not url.startswith("redis") or "prefix=" not in url:
+        return
+    import redis.asyncio as aioredis
+
+    base, _, query = url.partition("?")
+    prefix = dict(p.split("=", 1) for p in query.split("&"))["prefix"]
+    client = aioredis.Redis.from_url(base)
+    try:
+        async for name in client.scan_iter(match=f"{prefix}:*", count=500):
+            await client.unlink(name)
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture

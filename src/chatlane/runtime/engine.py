@@ -538,15 +538,16 @@ class TurnEngine:
             await asyncio.sleep(period)
 
     async def _renew_once(self) -> None:
+        """Renew held leases first (they expire), then the heartbeat, then adopt orphans."""
+        held = [turn for turn in self._turns if turn.lease is not None and turn.is_current()]
+        renewed = await self.leases.renew_all(turn.lease for turn in held if turn.lease)
+        for turn, lease in zip(held, renewed, strict=True):
+            self._after_renewal(turn, lease)
         try:
             await self.leases.heartbeat()
             await adopt_orphans(self.store, self.holder, self.adopt)
         except ChatlaneError as error:
             log.warning("heartbeat or adoption failed: %s", error)
-        held = [turn for turn in self._turns if turn.lease is not None and turn.is_current()]
-        renewed = await self.leases.renew_all(turn.lease for turn in held if turn.lease)
-        for turn, lease in zip(held, renewed, strict=True):
-            self._after_renewal(turn, lease)
 
     def _after_renewal(self, turn: Turn, lease: Lease | None) -> None:
         state = self.registry.get(turn.session_key)

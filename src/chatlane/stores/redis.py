@@ -1,0 +1,449 @@
+"""The Redis store: sessions, leases and the durable queue, shared by processes on several hosts.
+
+Every check-and-set is one Lua script from :mod:`chatlane.stores.redis_scripts`
+(one round trip; redis-py reloads a script the server forgot), every key is
+named in :mod:`chatlane.stores.redis_keys`, and records are encoded here with
+msgspec, so the scripts only move bytes.
+
+What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
+
+* A dropped connection is retried with exponential backoff (:data:`RETRIES`
+  times); a script whose reply was lost is sent again and, thanks to its
+  request id, applied once.
+* When the server cannot be reached, an operation raises
+  :class:`~chatlane.errors.StoreError` — except :meth:`RedisStore.renew`,
+  which raises :class:`~chatlane.errors.LeaseLost`: a lease that could not be
+  renewed must be treated as gone.
+* A lease's ``expires_at`` is the moment the server expires its key (its
+  ``TIME`` plus the TTL), not this host's clock plus the TTL: time a call
+  spends waiting for a connection does not shorten the lease. Hosts' clocks
+  must agree with the server's to well within a TTL (NTP).
+
+Works on Redis 6+ and Valkey, standalone; Redis Cluster is not supported (see
+``docs/stores.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import msgspec
+from msgspec.structs import replace
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from chatlane.errors import (
+    ActiveSessionLimit,
+    AlreadyAnswered,
+    LeaseError,
+    LeaseLost,
+    SessionBusy,
+    StaleGeneration,
+    StoreError,
+)
+from chatlane.stores import redis_scripts as lua
+from chatlane.stores.base import (
+    Conversation,
+    Lease,
+    PendingRecord,
+    Store,
+    TranscriptEntry,
+    WriteBatch,
+    now,
+)
+from chatlane.stores.memory import new_conversation_id, new_token
+from chatlane.stores.redis_keys import DEFAULT_PREFIX, Keyspace
+from chatlane.stores.redis_scripts import LuaScript, Status
+from chatlane.types import SessionKey
+
+__all__ = ["RedisStore", "split_url"]
+
+RETRIES = 5
+"""Attempts after the first, on ``ConnectionError`` / ``TimeoutError``."""
+BACKOFF_BASE = 0.05
+"""Seconds; the n-th retry waits a random time up to ``BACKOFF_BASE * 2**n``."""
+BACKOFF_CAP = 1.0
+"""Seconds; the longest wait between two attempts."""
+MAX_CONNECTIONS = 64
+"""Connections per store (``max_connections=`` in the URL wins); more callers wait for one."""
+POOL_TIMEOUT = 10.0
+"""Seconds a call waits for a free connection (``timeout=`` in the URL wins)."""
+SOCKET_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 2.0
+OPEN_TIMEOUT = 3.0
+"""Seconds :meth:`RedisStore.open` waits for the first ``PING``."""
+CLIENT_NAME = "chatlane"
+"""What ``CLIENT LIST`` shows for the store's connections (``client_name=`` in the URL wins)."""
+
+Arg = str | bytes | int | float
+
+_msgpack = msgspec.msgpack.Encoder()
+_entries = msgspec.msgpack.Decoder(TranscriptEntry)
+
+
+class _Queued(msgspec.Struct, array_like=True, frozen=True):
+    """What is stored of a pending record; key, seq, message id and owner sit beside it."""
+
+    payload: bytes
+    accepted_at: float
+
+
+_queued = msgspec.msgpack.Decoder(_Queued)
+
+
+class RedisStore(Store):
+    """A :class:`~chatlane.stores.base.Store` on a Redis (6+) or Valkey server."""
+
+    def __init__(self, url: str, client: Redis, keyspace: Keyspace) -> None:
+        self.url = url
+        self._name = f"redis store {redact(url)}"
+        self._client = client
+        self._keys = keyspace
+        self._scripts = {script: client.register_script(script.source) for script in lua.ALL}
+        self._closed = False
+
+    @classmethod
+    async def open(cls, url: str) -> RedisStore:
+        """Connect to ``url`` (``redis[s]://[:password@]host:port/db[?prefix=name]``).
+
+        :raises StoreError: the URL is malformed or the server does not answer a ``PING``.
+        """
+        target, prefix = split_url(url)
+        keyspace = Keyspace(prefix)
+        store = cls(url, _connect(target, f"redis store {redact(url)}"), keyspace)
+        await store._check_reachable()
+        return store
+
+    async def _check_reachable(self) -> None:
+        """One ``PING`` without retries; then switch retries on for good."""
+        try:
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                await self._client.ping()
+        except (RedisError, TimeoutError) as error:
+            await self._client.aclose()
+            reason = str(error) or "timed out"
+            raise StoreError(f"{self._name}: cannot reach the server ({reason})") from error
+        self._client.set_retry(_retry())
+
+    # -- talking to the server -------------------------------------------------
+
+    async def _run(self, script: LuaScript, key: SessionKey | None, *args: Arg) -> Any:
+        """Run ``script`` on ``key``'s keys; any Redis failure becomes :class:`StoreError`."""
+        with self._failures():
+            registered: AsyncScript = self._scripts[script]
+            return await registered(keys=self._keys.keys(script.keys, key), args=args)
+
+    async def _command(self, *args: Arg) -> Any:
+        """Run one plain command; any Redis failure becomes :class:`StoreError`."""
+        with self._failures():
+            # redis-py leaves execute_command unannotated; replies are bytes here
+            return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        if self._closed:
+            raise StoreError(f"{self._name} is closed")
+        try:
+            yield
+        except RedisError as error:
+            raise StoreError(f"{self._name}: {type(error).__name__}: {error}") from error
+
+    # -- generations and leases ----------------------------------------------
+
+    async def acquire(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Lease:
+        token = new_token()
+        head = "" if head_seq is None else head_seq
+        reply = await self._run(lua.ACQUIRE, key, token, holder, _ms(ttl), head, max_active, key)
+        if reply[0] == Status.OK:
+            return Lease(key, holder, token, int(reply[1]), reply[2] / 1000)
+        raise _refusal(key, Status(reply[0]), reply, max_active)
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        """See :meth:`Store.renew`; failing to reach the server also raises ``LeaseLost``."""
+        args = (lease.token, lease.generation, _ms(ttl), lease.key)
+        try:
+            reply = await self._run(lua.RENEW, lease.key, *args)
+        except StoreError as error:
+            raise LeaseLost(f"lease on {lease.key!r} could not be renewed: {error}") from error
+        if reply[0] != Status.OK:
+            raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
+        return replace(lease, expires_at=reply[1] / 1000)
+
+    async def release(self, lease: Lease) -> None:
+        args = (lease.token, lease.generation, _request_id(), lease.key)
+        status = (await self._run(lua.RELEASE, lease.key, *args))[0]
+        if status == Status.RELEASED:
+            raise LeaseError(f"lease on {lease.key!r} was already released")
+        if status == Status.LOST:
+            raise LeaseLost(
+                f"lease on {lease.key!r} was taken over since generation {lease.generation}"
+            )
+
+    async def bump_generation(self, key: SessionKey) -> int:
+        return int(await self._run(lua.BUMP, key, _request_id()))
+
+    async def generation(self, key: SessionKey) -> int:
+        return int(await self._command("GET", self._keys.one("gen", key)) or 0)
+
+    async def active_sessions(self) -> int:
+        return int(await self._run(lua.ACTIVE, None))
+
+    # -- fenced writes and reads -----------------------------------------------
+
+    async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        fence = "" if generation is None else str(generation)
+        affixes = self._keys.transcript_affixes()
+        head = (fence, _request_id(), new_conversation_id(), *affixes, key)
+        reply = await self._run(lua.COMMIT, key, *head, *_batch_args(key, batch))
+        if reply[0] == Status.STALE:
+            raise StaleGeneration(key, int(fence), int(reply[1]), "commit")
+        if reply[0] == Status.ANSWERED:
+            raise AlreadyAnswered([message_id.decode() for message_id in reply[1:]])
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        fields = await self._command("HGETALL", self._keys.one("persist", key))
+        return {name.decode(): _json_value(key, name, raw) for name, raw in fields.items()}
+
+    async def transcript(
+        self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
+    ) -> list[TranscriptEntry]:
+        if conversation_id is None:
+            affixes = self._keys.transcript_affixes()
+            reply = await self._run(lua.TRANSCRIPT, key, new_conversation_id(), *affixes, limit)
+            conversation_id, rows = reply[0].decode(), reply[1:]
+        elif limit > 0:
+            transcript = self._keys.transcript(conversation_id)
+            rows = await self._command("LRANGE", transcript, -limit, -1)
+        else:
+            rows = []
+        return [_entry(raw, conversation_id) for raw in rows]
+
+    async def is_answered(self, message_id: str) -> bool:
+        return bool(await self._command("SISMEMBER", self._keys.one("answered"), message_id))
+
+    # -- conversations -----------------------------------------------------------
+
+    async def conversation(self, key: SessionKey) -> Conversation:
+        reply = await self._run(lua.CONVERSATION, key, new_conversation_id())
+        return _conversation(key, reply)
+
+    async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
+        reply = await self._run(lua.NEW_CONVERSATION, key, new_conversation_id(), title)
+        return _conversation(key, reply)
+
+    async def resume_conversation(self, key: SessionKey, conversation_id: str) -> Conversation:
+        reply = await self._run(lua.RESUME, key, conversation_id)
+        if not reply:
+            raise KeyError(conversation_id)
+        return _conversation(key, reply)
+
+    async def conversations(self, key: SessionKey, limit: int = 20) -> list[Conversation]:
+        reply = await self._run(lua.CONVERSATIONS, key, new_conversation_id(), limit)
+        listed = [_conversation(key, reply[i : i + 4]) for i in range(0, len(reply), 4)]
+        return listed[:limit]
+
+    # -- the durable pending queue -------------------------------------------------
+
+    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+        record = _msgpack.encode(_Queued(payload, now()))
+        return int(await self._run(lua.ENQUEUE, key, message_id, owner, record, key))
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        reply = await self._run(lua.PENDING, key)
+        return [_pending(key, *reply[i : i + 4]) for i in range(0, len(reply), 4)]
+
+    async def pending_keys(self) -> list[SessionKey]:
+        members = await self._command("SMEMBERS", self._keys.one("pkeys"))
+        return sorted(member.decode() for member in members)
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        if seqs:
+            await self._run(lua.DROP, key, key, *seqs)
+
+    async def adopt(
+        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+    ) -> list[int]:
+        if not seqs:
+            return []
+        owners = (old_owner, new_owner)
+        adopted = await self._run(lua.ADOPT, key, _request_id(), *owners, *sorted(seqs))
+        return [int(seq) for seq in adopted]
+
+    # -- process liveness ------------------------------------------------------------
+
+    async def heartbeat(self, holder: str, ttl: float) -> None:
+        """See :meth:`Store.heartbeat`; a ``ttl`` of 0 or less signs ``holder`` off at once."""
+        beat = self._keys.heartbeat(holder)
+        if ttl > 0:
+            await self._command("SET", beat, b"1", "PX", _ms(ttl))
+        else:
+            await self._command("DEL", beat)
+
+    async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
+        if not holders:
+            return {}
+        found = await self._command("MGET", *map(self._keys.heartbeat, holders))
+        return {holder: value is not None for holder, value in zip(holders, found, strict=True)}
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._client.aclose()
+
+
+# -- URLs and connections ------------------------------------------------------------
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``url`` without its ``prefix=`` parameter (what redis-py gets), and that prefix.
+
+    :raises StoreError: if ``url`` cannot be parsed, or its path is not a database number
+        (redis-py would quietly use database 0).
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:
+        raise StoreError(f"redis store URL {redact(url)!r}: {error}") from None
+    if not re.fullmatch(r"/?\d*", parts.path):
+        raise StoreError(f"redis store URL {redact(url)!r}: the path must be /<database number>")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefix = next((value for name, value in reversed(query) if name == "prefix"), DEFAULT_PREFIX)
+    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
+    return urlunsplit(parts._replace(query=rest)), prefix
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, fit for messages and logs."""
+    return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url, count=1)
+
+
+def _connect(target: str, name: str) -> Redis:
+    """A client for ``target`` that does not retry yet (the first ``PING`` must fail fast).
+
+    Its pool is bounded and blocking: a burst of calls waits for a connection
+    instead of failing with "too many connections".
+    """
+    try:
+        pool = BlockingConnectionPool.from_url(
+            target,
+            max_connections=MAX_CONNECTIONS,
+            timeout=POOL_TIMEOUT,
+            decode_responses=False,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            client_name=CLIENT_NAME,
+        )
+    except (ValueError, TypeError) as error:
+        raise StoreError(f"{name}: {error}") from None
+    return Redis.from_pool(pool)
+
+
+def _retry() -> Retry:
+    return Retry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), RETRIES)
+
+
+# -- encoding and decoding -------------------------------------------------------------
+
+
+def _ms(seconds: float) -> int:
+    """A TTL in whole milliseconds, at least 1 (``PX`` refuses 0)."""
+    return max(1, round(seconds * 1000))
+
+
+def _request_id() -> str:
+    """The id that makes a retried script apply once."""
+    return secrets.token_hex(8)
+
+
+def _batch_args(key: SessionKey, batch: WriteBatch) -> list[Arg]:
+    """``batch`` as the commit script's counts followed by its encoded items."""
+    stamp = now()
+    entries = [_msgpack.encode(_stamped(entry, stamp)) for entry in batch.transcript]
+    fields = [part for item in batch.persistent.items() for part in _json_field(key, *item)]
+    counts = (len(entries), len(batch.persistent), len(batch.answered))
+    return [*counts, *entries, *fields, *batch.answered, *batch.done]
+
+
+def _json_field(key: SessionKey, name: str, value: Any) -> tuple[str, str]:
+    """A persistent field as stdlib JSON, as the SQLite store keeps it (ASCII; NaN survives).
+
+    :raises StoreError: ``value`` is not JSON-compatible.
+    """
+    try:
+        return name, json.dumps(value)
+    except (TypeError, ValueError) as error:
+        raise StoreError(
+            f"persistent field {name!r} of {key!r} is not JSON-compatible: {error}"
+        ) from None
+
+
+def _json_value(key: SessionKey, name: bytes, raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise StoreError(f"corrupt persistent field {name!r} of {key!r}: {raw[:80]!r}") from None
+
+
+def _stamped(entry: TranscriptEntry, stamp: float) -> TranscriptEntry:
+    return entry if entry.created_at else replace(entry, created_at=stamp)
+
+
+def _entry(raw: bytes, conversation_id: str) -> TranscriptEntry:
+    """A stored entry; one stored without a conversation id belongs to the list it is in."""
+    entry: TranscriptEntry = _decoded(_entries, raw)
+    return entry if entry.conversation_id else replace(entry, conversation_id=conversation_id)
+
+
+def _pending(key: SessionKey, *fields: bytes) -> PendingRecord:
+    """A record from the pending script's ``seq, message id, owner, stored record``."""
+    seq, message_id, owner, raw = fields
+    queued: _Queued = _decoded(_queued, raw)
+    return PendingRecord(
+        key,
+        int(float(seq)),
+        message_id.decode(),
+        owner.decode(),
+        queued.payload,
+        queued.accepted_at,
+    )
+
+
+def _conversation(key: SessionKey, reply: Sequence[bytes]) -> Conversation:
+    """A conversation from the scripts' ``id, started µs, ended µs, title``."""
+    id_, started, ended, title = reply
+    return Conversation(id_.decode(), key, float(started) / 1e6, float(ended) / 1e6, title.decode())
+
+
+def _decoded(decoder: Any, raw: bytes) -> Any:
+    try:
+        return decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise StoreError(f"corrupt record in the redis store: {error}") from None
+
+
+def _refusal(key: SessionKey, status: Status, reply: Sequence[Any], cap: int) -> SessionBusy:
+    """The error for an acquire the script refused."""
+    if status is Status.LIMIT:
+        return ActiveSessionLimit(f"at the active session limit ({reply[1]}/{cap})")
+    if status is Status.EARLIER:
+        return SessionBusy(f"an earlier message of {key!r} runs first")
+    return SessionBusy(f"session {key!r} is running elsewhere")

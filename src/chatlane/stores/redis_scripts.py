@@ -1,0 +1,397 @@
+"""The Lua scripts of the Redis store: every check-and-set is one of these, run in one round trip.
+
+Each :class:`LuaScript` names the keys it touches (see
+:mod:`chatlane.stores.redis_keys`); its source starts with a generated
+preamble binding them to ``K.<name>`` in that order, and the :class:`Status`
+codes to Lua locals, so Python and Lua cannot disagree about either.
+
+What the scripts keep true:
+
+* They only move bytes: records are encoded and decoded in Python.
+* Times come from the server's ``TIME`` (milliseconds for leases,
+  microseconds for conversations), one clock for every process. Lease expiry
+  is the lease key's ``PX`` TTL; acquire and renew return the moment it ends.
+* A script that changes state when run twice (release, bump, commit, adopt)
+  takes a request id and remembers the last few in the session's ``ops``
+  list; a retry after a dropped reply finds its id there and changes nothing
+  (adopt then reports what it had adopted). Acquire and new-conversation use
+  their client-made token and conversation id the same way.
+* Only commands of Redis 6.0 and Valkey are used (no ``FUNCTION``, no
+  ``LPOS``, no ``ZRANGE … BYSCORE``, no ``EXPIRE`` options).
+* Transcript keys are built inside the scripts from a conversation id and
+  the affixes the caller passes. They and the store-wide keys (``seq``,
+  ``live``, ``answered``, …) are outside the session's hash slot, so the
+  scripts need a standalone server (or one shard), not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+OPS_KEPT = 16
+"""How many recent request ids a session remembers for retried scripts."""
+
+
+class Status(enum.IntEnum):
+    """The first element of a check-and-set script's reply."""
+
+    OK = 0
+    BUSY = 1
+    EARLIER = 2
+    LIMIT = 3
+    STALE = 4
+    ANSWERED = 5
+    LOST = 6
+    RELEASED = 7
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    """A script body and the keys it is given, in ``KEYS`` order."""
+
+    keys: tuple[str, ...]
+    body: str
+
+    @property
+    def source(self) -> str:
+        """The whole script: the preamble, the shared helpers, then the body."""
+        table = ", ".join(f"{name} = KEYS[{i}]" for i, name in enumerate(self.keys, 1))
+        codes = "".join(f"local {status.name} = {status.value}\n" for status in Status)
+        return f"local K = {{{table}}}\nlocal OPS_KEPT = {OPS_KEPT}\n{codes}{_HELPERS}{self.body}"
+
+
+def _script(keys: str, body: str) -> LuaScript:
+    return LuaScript(tuple(keys.split()), body)
+
+
+_HELPERS = """
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function now_ms()
+  return math.floor(now_us() / 1000)
+end
+
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local function seen(rid)
+  for _, done in ipairs(redis.call('LRANGE', K.ops, 0, -1)) do
+    if done == rid then return true end
+  end
+  return false
+end
+
+local function remember(rid)
+  redis.call('LPUSH', K.ops, rid)
+  redis.call('LTRIM', K.ops, 0, OPS_KEPT - 1)
+end
+
+local function holds(lease, token)
+  return lease and string.sub(lease, 1, #token + 1) == token .. '|'
+end
+
+local function start_conversation(id, title)
+  local started = now_us()
+  local newest = redis.call('ZREVRANGE', K.convs, 0, 0, 'WITHSCORES')
+  if newest[2] and tonumber(newest[2]) >= started then started = tonumber(newest[2]) + 1 end
+  redis.call('ZADD', K.convs, int(started), id)
+  if title ~= '' then redis.call('HSET', K.ctitle, id, title) end
+  redis.call('SET', K.conv, id)
+  return id
+end
+
+local function current_conversation(candidate)
+  return redis.call('GET', K.conv) or start_conversation(candidate, '')
+end
+
+local function end_current()
+  local id = redis.call('GET', K.conv)
+  if id then redis.call('HSET', K.cended, id, int(now_us())) end
+end
+
+local function describe(id)
+  return {id, redis.call('ZSCORE', K.convs, id),
+          redis.call('HGET', K.cended, id) or '0', redis.call('HGET', K.ctitle, id) or ''}
+end
+
+local function remove_pending(seq)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.pending, seq, seq)) do
+    redis.call('ZREM', K.pending, id)
+    redis.call('HDEL', K.pmsg, id)
+    redis.call('HDEL', K.powner, id)
+    redis.call('HDEL', K.msgseq, id)
+  end
+end
+
+local function forget_if_empty(member)
+  if redis.call('EXISTS', K.pending) == 0 then redis.call('SREM', K.pkeys, member) end
+end
+"""
+
+# -- generations and leases --------------------------------------------------------------
+
+ACQUIRE = _script(
+    "gen lease last pending powner live",
+    """
+local token, holder, ttl, head = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local cap, member = tonumber(ARGV[5]), ARGV[6]
+local held = redis.call('GET', K.lease)
+if holds(held, token) then
+  local generation = tonumber(string.match(held, '^[^|]*|(%d+)|'))
+  return {OK, generation, now_ms() + redis.call('PTTL', K.lease)}
+end
+if held then return {BUSY} end
+if head ~= '' then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.pending, '-inf', '(' .. head)) do
+    if redis.call('HGET', K.powner, id) ~= holder then return {EARLIER} end
+  end
+end
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', K.live, '-inf', int(now))
+local active = redis.call('ZCARD', K.live)
+if cap > 0 and active >= cap then return {LIMIT, active} end
+local generation = redis.call('INCR', K.gen)
+redis.call('SET', K.lease, token .. '|' .. generation .. '|' .. holder, 'PX', ttl)
+redis.call('SET', K.last, token)
+redis.call('ZADD', K.live, int(now + ttl), member)
+return {OK, generation, now + ttl}
+""",
+)
+"""ARGV: token, holder, ttl ms, head seq or '', max active, session key.
+Reply: {OK, generation, expiry ms} | {BUSY} | {EARLIER} | {LIMIT, active}."""
+
+RENEW = _script(
+    "gen lease live",
+    """
+local token, generation, ttl, member = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if not holds(redis.call('GET', K.lease), token) or redis.call('GET', K.gen) ~= generation then
+  return {LOST}
+end
+local expiry = now_ms() + ttl
+redis.call('PEXPIRE', K.lease, ttl)
+redis.call('ZADD', K.live, int(expiry), member)
+return {OK, expiry}
+""",
+)
+"""ARGV: token, generation, ttl ms, session key. Reply: {OK, expiry ms} | {LOST}."""
+
+RELEASE = _script(
+    "gen lease last live ops",
+    """
+local token, generation, rid, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if seen(rid) then return {OK} end
+local last = redis.call('GET', K.last)
+if last == token then
+  redis.call('DEL', K.lease, K.last)
+  redis.call('ZREM', K.live, member)
+  remember(rid)
+  return {OK}
+end
+if not last and (redis.call('GET', K.gen) or '0') == generation then return {RELEASED} end
+return {LOST}
+""",
+)
+"""ARGV: token, generation, request id, session key. Reply: {OK} | {RELEASED} | {LOST}.
+
+``last`` outlives the lease key's expiry, so an expired lease nobody took
+since can still be released by its holder, as in the memory store."""
+
+BUMP = _script(
+    "gen ops",
+    """
+if seen(ARGV[1]) then return tonumber(redis.call('GET', K.gen)) end
+local generation = redis.call('INCR', K.gen)
+remember(ARGV[1])
+return generation
+""",
+)
+"""ARGV: request id. Reply: the generation."""
+
+ACTIVE = _script(
+    "live",
+    """
+return redis.call('ZCOUNT', K.live, '(' .. int(now_ms()), '+inf')
+""",
+)
+"""Reply: how many sessions hold a lease that has not expired."""
+
+# -- fenced writes ------------------------------------------------------------------------
+
+COMMIT = _script(
+    "gen conv convs ctitle persist pending pmsg powner ops answered msgseq pkeys",
+    """
+local fence, rid, candidate, member = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
+local fields_at = 10 + tonumber(ARGV[7])
+local answered_at = fields_at + 2 * tonumber(ARGV[8])
+local done_at = answered_at + tonumber(ARGV[9])
+if seen(rid) then return {OK} end
+local current = redis.call('GET', K.gen) or '0'
+if fence ~= '' and fence ~= current then return {STALE, tonumber(current)} end
+local repeated = {ANSWERED}
+for j = answered_at, done_at - 1 do
+  if redis.call('SISMEMBER', K.answered, ARGV[j]) == 1 then repeated[#repeated + 1] = ARGV[j] end
+end
+if #repeated > 1 then return repeated end
+local transcript = ARGV[4] .. current_conversation(candidate) .. ARGV[5]
+for j = 10, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
+for j = fields_at, answered_at - 1, 2 do redis.call('HSET', K.persist, ARGV[j], ARGV[j + 1]) end
+for j = answered_at, done_at - 1 do redis.call('SADD', K.answered, ARGV[j]) end
+for j = done_at, #ARGV do remove_pending(ARGV[j]) end
+if done_at <= #ARGV then forget_if_empty(member) end
+remember(rid)
+return {OK}
+""",
+)
+"""ARGV: generation or '', request id, candidate conversation id, the two transcript
+key affixes, session key, #entries, #fields, #answered, then the entries, field/value
+pairs, answered ids and done seqs. Reply: {OK} | {STALE, current} | {ANSWERED, id...}."""
+
+# -- the pending queue ----------------------------------------------------------------------
+
+ENQUEUE = _script(
+    "pending pmsg powner seq msgseq pkeys",
+    """
+local id, owner, record, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local known = redis.call('HGET', K.msgseq, id)
+if known then return tonumber(known) end
+local seq = redis.call('INCR', K.seq)
+redis.call('ZADD', K.pending, seq, id)
+redis.call('HSET', K.pmsg, id, record)
+redis.call('HSET', K.powner, id, owner)
+redis.call('HSET', K.msgseq, id, seq)
+redis.call('SADD', K.pkeys, member)
+return seq
+""",
+)
+"""ARGV: message id, owner, encoded record, session key. Reply: the seq (the known one
+if the message is queued already)."""
+
+PENDING = _script(
+    "pending pmsg powner",
+    """
+local out = {}
+local rows = redis.call('ZRANGE', K.pending, 0, -1, 'WITHSCORES')
+for i = 1, #rows, 2 do
+  local id = rows[i]
+  out[#out + 1] = rows[i + 1]
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGET', K.powner, id)
+  out[#out + 1] = redis.call('HGET', K.pmsg, id)
+end
+return out
+""",
+)
+"""Reply: seq, message id, owner, record — four values per record, in seq order."""
+
+DROP = _script(
+    "pending pmsg powner msgseq pkeys",
+    """
+for j = 2, #ARGV do remove_pending(ARGV[j]) end
+forget_if_empty(ARGV[1])
+return 0
+""",
+)
+"""ARGV: session key, then the seqs to remove."""
+
+ADOPT = _script(
+    "pending powner ops",
+    """
+local rid, old, new = ARGV[1], ARGV[2], ARGV[3]
+local retried = seen(rid)
+local wanted = old
+if retried then wanted = new end
+local adopted, ids = {}, {}
+for j = 4, #ARGV do
+  local id = redis.call('ZRANGEBYSCORE', K.pending, ARGV[j], ARGV[j])[1]
+  if id and redis.call('HGET', K.powner, id) == wanted then
+    adopted[#adopted + 1] = tonumber(ARGV[j])
+    ids[#ids + 1] = id
+  end
+end
+if not retried then
+  for _, id in ipairs(ids) do redis.call('HSET', K.powner, id, new) end
+  remember(rid)
+end
+return adopted
+""",
+)
+"""ARGV: request id, old owner, new owner, then the seqs in order. Reply: the seqs adopted."""
+
+# -- conversations ---------------------------------------------------------------------------
+
+_CONVERSATION_KEYS = "conv convs ctitle cended"
+
+CONVERSATION = _script(
+    _CONVERSATION_KEYS,
+    """
+return describe(current_conversation(ARGV[1]))
+""",
+)
+"""ARGV: candidate id. Reply: id, started µs, ended µs (0 while current), title."""
+
+NEW_CONVERSATION = _script(
+    _CONVERSATION_KEYS,
+    """
+if redis.call('GET', K.conv) ~= ARGV[1] then
+  end_current()
+  start_conversation(ARGV[1], ARGV[2])
+end
+return describe(ARGV[1])
+""",
+)
+"""ARGV: new id, title. Reply: as :data:`CONVERSATION`."""
+
+RESUME = _script(
+    _CONVERSATION_KEYS,
+    """
+local id = ARGV[1]
+if not redis.call('ZSCORE', K.convs, id) then return {} end
+end_current()
+redis.call('HDEL', K.cended, id)
+redis.call('SET', K.conv, id)
+return describe(id)
+""",
+)
+"""ARGV: conversation id. Reply: as :data:`CONVERSATION`, or empty if it is not the session's."""
+
+CONVERSATIONS = _script(
+    _CONVERSATION_KEYS,
+    """
+current_conversation(ARGV[1])
+local limit = tonumber(ARGV[2])
+local stop = -1
+if limit > 0 then stop = limit - 1 end
+local out = {}
+for _, id in ipairs(redis.call('ZREVRANGE', K.convs, 0, stop)) do
+  for _, value in ipairs(describe(id)) do out[#out + 1] = value end
+end
+return out
+""",
+)
+"""ARGV: candidate id, limit. Reply: four values per conversation, newest first."""
+
+TRANSCRIPT = _script(
+    _CONVERSATION_KEYS,
+    """
+local id = current_conversation(ARGV[1])
+local limit = tonumber(ARGV[4])
+if limit <= 0 then return {id} end
+local out = redis.call('LRANGE', ARGV[2] .. id .. ARGV[3], -limit, -1)
+table.insert(out, 1, id)
+return out
+""",
+)
+"""ARGV: candidate id, the two transcript key affixes, limit. Reply: the current
+conversation's id, then its last ``limit`` entries."""
+
+ALL = (
+    *(ACQUIRE, RENEW, RELEASE, BUMP, ACTIVE, COMMIT),
+    *(ENQUEUE, PENDING, DROP, ADOPT),
+    *(CONVERSATION, NEW_CONVERSATION, RESUME, CONVERSATIONS, TRANSCRIPT),
+)
+"""Every script, registered once per store."""

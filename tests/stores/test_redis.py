@@ -1,0 +1,401 @@
+"""What only the Redis store promises: scripts, round trips, retries, lost servers, keys."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from chatlane.errors import LeaseLost, SessionBusy, StoreError
+from chatlane.stores import TranscriptEntry, WriteBatch, open_store
+from chatlane.stores.redis import RedisStore, split_url
+from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
+from tests.stores.servers import redis_server
+
+T = TypeVar("T")
+
+KEY = "main:test:dm:c1"
+BRACED_KEYS = ["a}b", "a", "a}", "{a}", "a%7Db", "a%7db", "%", "", "}{", "a}:gen", "{", "}", "%25"]
+
+
+@contextmanager
+def throwaway_server() -> Iterator[str]:
+    """A server of our own (even when ``REDIS_URL`` is set), stopped when the block ends."""
+    with ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.delenv("REDIS_URL", raising=False)
+            url = stack.enter_context(redis_server())
+        yield url
+
+
+def namespaced(base: str, prefix: str, **params: str) -> str:
+    query = "&".join(f"{name}={value}" for name, value in {"prefix": prefix, **params}.items())
+    return f"{base}{'&' if '?' in base else '?'}{query}"
+
+
+async def purge(base: str, prefix: str) -> None:
+    """Delete every key of ``prefix`` (never anything else: the server may be shared)."""
+    admin = Redis.from_url(base)
+    try:
+        keys = [key async for key in admin.scan_iter(match=f"{prefix}:*", count=500)]
+        if keys:
+            await admin.unlink(*keys)
+    finally:
+        await admin.aclose()
+
+
+@pytest.fixture(scope="module")
+def private_url() -> Iterator[str]:
+    """For tests that touch the whole server (``SCRIPT FLUSH``)."""
+    with throwaway_server() as url:
+        yield url
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test-redis-{secrets.token_hex(6)}"
+
+
+@pytest.fixture
+async def admin(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def store(redis_url: str, prefix: str) -> AsyncIterator[RedisStore]:
+    opened = await RedisStore.open(namespaced(redis_url, prefix))
+    yield opened
+    await opened.close()
+    await purge(redis_url, prefix)
+
+
+def entry(content: str, generation: int) -> TranscriptEntry:
+    return TranscriptEntry("user", content, generation)
+
+
+class TestScripts:
+    async def test_a_flushed_script_cache_is_reloaded(self, private_url: str, prefix: str) -> None:
+        store = await RedisStore.open(namespaced(private_url, prefix))
+        admin = Redis.from_url(private_url)
+        try:
+            lease = await store.acquire(KEY, "p1", 5)
+            await admin.script_flush()
+            await store.commit(KEY, lease.generation, WriteBatch([entry("hi", 1)]))
+            await store.release(lease)
+            await admin.script_flush()
+            keys = [f"k{i}" for i in range(30)]
+            acquired = asyncio.gather(*(store.acquire(k, "p1", 5) for k in keys))
+            leases, _ = await asyncio.gather(acquired, flush_scripts(admin))
+            assert [lease.generation for lease in leases] == [1] * 30
+            assert [e.content for e in await store.transcript(KEY)] == ["hi"]
+        finally:
+            await store.close()
+            await admin.aclose()
+
+    async def test_each_check_and_set_is_one_round_trip(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        await scenario(store, "warm-up", lambda name: None)
+        sent = RoundTrips(monkeypatch)
+        await scenario(store, KEY, sent.start)
+        assert sent.counts == dict.fromkeys(STEPS, 1)
+
+
+async def flush_scripts(admin: Redis) -> None:
+    await asyncio.sleep(0)
+    await admin.script_flush()
+
+
+class RoundTrips:
+    """Counts the requests each named step sends (a pipeline would count once)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.counts: dict[str, int] = {}
+        self.step = ""
+        original = AbstractConnection.send_packed_command
+
+        async def counted(connection: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+            self.counts[self.step] = self.counts.get(self.step, 0) + 1
+            await original(connection, *args, **kwargs)
+
+        monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+
+    def start(self, step: str) -> None:
+        self.step = step
+
+
+STEPS = [
+    *("acquire", "renew", "enqueue", "adopt", "commit", "bump_generation", "release"),
+    *("conversation", "new_conversation", "resume_conversation", "drop_pending"),
+    *("conversations", "transcript", "pending", "active_sessions", "generation"),
+]
+
+
+async def scenario(store: RedisStore, key: str, step: Callable[[str], None]) -> None:
+    """Every store operation once, each announced to ``step`` before it runs (see STEPS)."""
+    step("acquire")
+    lease = await store.acquire(key, "p1", 5, head_seq=10**9, max_active=100)
+    step("renew")
+    lease = await store.renew(lease, 5)
+    step("enqueue")
+    seq = await store.enqueue(key, f"{key}-m1", "dead", b"payload")
+    step("adopt")
+    await store.adopt(key, [seq], "dead", "p1")
+    step("commit")
+    batch = WriteBatch([entry("hi", 1)], {"model": "m"}, [f"{key}-m1"], [seq])
+    await store.commit(key, lease.generation, batch)
+    step("bump_generation")
+    await store.bump_generation(key)
+    step("release")
+    await store.release(lease)
+    step("conversation")
+    old = await store.conversation(key)
+    step("new_conversation")
+    await store.new_conversation(key, "t")
+    step("resume_conversation")
+    await store.resume_conversation(key, old.id)
+    step("drop_pending")
+    await store.drop_pending(key, [seq])
+    for name, read in reads(store, key).items():
+        step(name)
+        await read()
+
+
+def reads(store: RedisStore, key: str) -> dict[str, Callable[[], Awaitable[object]]]:
+    return {
+        "conversations": lambda: store.conversations(key),
+        "transcript": lambda: store.transcript(key),
+        "pending": lambda: store.pending(key),
+        "active_sessions": store.active_sessions,
+        "generation": lambda: store.generation(key),
+    }
+
+
+class TestDroppedConnections:
+    async def test_killed_connections_are_replaced_mid_use(
+        self, redis_url: str, prefix: str, admin: Redis
+    ) -> None:
+        name = f"chatlane-{prefix}"
+        store = await RedisStore.open(namespaced(redis_url, prefix, client_name=name))
+        stop = asyncio.Event()
+        killer = asyncio.create_task(kill_until(admin, name, stop))
+        try:
+            await asyncio.gather(*(turns(store, f"k{i}", 25) for i in range(10)))
+        finally:
+            stop.set()
+            killed = await killer
+            await store.close()
+        assert killed > 0
+        check = await RedisStore.open(namespaced(redis_url, prefix))
+        for i in range(10):
+            assert await check.generation(f"k{i}") == 25
+            assert len(await check.transcript(f"k{i}", limit=100)) == 25
+        await check.close()
+        await purge(redis_url, prefix)
+
+    async def test_a_reply_lost_after_the_script_ran_is_applied_once(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        await scenario(store, "warm-up", lambda step: None)
+        lose = LostReply(monkeypatch)
+        seq = await store.enqueue(KEY, "m1", "dead", b"")
+        lease = await lose.next(store.acquire(KEY, "p1", 5))
+        assert lease.generation == 1
+        assert await lose.next(store.adopt(KEY, [seq], "dead", "p1")) == [seq]
+        batch = WriteBatch([entry("once", 1)], answered=["m1"], done=[seq])
+        await lose.next(store.commit(KEY, lease.generation, batch))
+        assert await lose.next(store.bump_generation(KEY)) == 2
+        await lose.next(store.release(lease))
+        first = await store.conversation(KEY)
+        second = await lose.next(store.new_conversation(KEY))
+        assert lose.lost == 6
+        assert [e.content for e in await store.transcript(KEY, first.id)] == ["once"]
+        assert [c.id for c in await store.conversations(KEY)] == [second.id, first.id]
+        assert await store.pending(KEY) == []
+        assert (await store.acquire(KEY, "p2", 5)).generation == 3
+
+
+async def kill_until(admin: Redis, name: str, stop: asyncio.Event) -> int:
+    """Kill the connections named ``name`` every few milliseconds; how many were killed."""
+    killed = 0
+    while not stop.is_set():
+        for client in await admin.client_list():
+            if client.get("name") == name:
+                killed += int(await admin.client_kill_filter(_id=client["id"]))
+        await asyncio.sleep(0.01)
+    return killed
+
+
+async def turns(store: RedisStore, key: str, count: int) -> None:
+    """``count`` full turns on ``key``: acquire, commit one entry, release."""
+    for _ in range(count):
+        lease = await store.acquire(key, "p1", 5)
+        await store.commit(key, lease.generation, WriteBatch([entry("x", lease.generation)]))
+        await store.release(lease)
+
+
+class LostReply:
+    """Loses the reply to the next script call after the server has run the script."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed = self.losing = False
+        self.lost = 0
+        send, read = AbstractConnection.send_command, AbstractConnection.read_response
+
+        async def sending(connection: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+            if self.armed and args[0] == "EVALSHA":
+                self.armed, self.losing = False, True
+            await send(connection, *args, **kwargs)
+
+        async def lossy(connection: AbstractConnection, *args: Any, **kwargs: Any) -> Any:
+            losing, self.losing = self.losing, False
+            reply = await read(connection, *args, **kwargs)
+            if losing:
+                self.lost += 1
+                raise RedisConnectionError("reply lost (test)")
+            return reply
+
+        monkeypatch.setattr(AbstractConnection, "send_command", sending)
+        monkeypatch.setattr(AbstractConnection, "read_response", lossy)
+
+    async def next(self, operation: Awaitable[T]) -> T:
+        self.armed = True
+        return await operation
+
+
+class TestConnections:
+    async def test_a_burst_beyond_the_pool_waits_for_connections(
+        self, redis_url: str, prefix: str
+    ) -> None:
+        store = await RedisStore.open(namespaced(redis_url, prefix, max_connections="3"))
+        try:
+            seqs = await asyncio.gather(
+                *(store.enqueue(f"k{i}", f"m{i}", "p", b"") for i in range(200))
+            )
+            assert len(set(seqs)) == 200
+        finally:
+            await store.close()
+            await purge(redis_url, prefix)
+
+
+class TestPersistentValues:
+    async def test_values_are_json_as_in_sqlite(self, store: RedisStore) -> None:
+        await store.set_persistent(KEY, None, nan=float("nan"), big=2**100, lone="\ud800")
+        loaded = await store.load_persistent(KEY)
+        assert loaded["nan"] != loaded["nan"]
+        assert (loaded["big"], loaded["lone"]) == (2**100, "\ud800")
+
+    async def test_a_value_that_is_not_json_is_refused_whole(self, store: RedisStore) -> None:
+        with pytest.raises(StoreError, match="'blob'"):
+            await store.set_persistent(KEY, None, ok=1, blob=b"bytes")
+        assert await store.load_persistent(KEY) == {}
+
+
+class TestLostServer:
+    async def test_renew_after_the_server_went_away_is_lease_lost(self, prefix: str) -> None:
+        with throwaway_server() as url:
+            store = await RedisStore.open(namespaced(url, prefix))
+            lease = await store.acquire(KEY, "p1", 30)
+        started = time.monotonic()
+        with pytest.raises(LeaseLost, match="could not be renewed") as raised:
+            await store.renew(lease, 30)
+        assert isinstance(raised.value.__cause__, StoreError)
+        with pytest.raises(StoreError):
+            await store.generation(KEY)
+        assert time.monotonic() - started < 15
+        await store.close()
+
+    async def test_a_closed_store_refuses_work(self, store: RedisStore) -> None:
+        await store.close()
+        with pytest.raises(StoreError, match="closed"):
+            await store.acquire(KEY, "p1", 5)
+
+
+class TestKeys:
+    async def test_prefixes_do_not_see_each_other(self, redis_url: str, prefix: str) -> None:
+        first = await RedisStore.open(namespaced(redis_url, prefix))
+        second = await RedisStore.open(namespaced(redis_url, f"{prefix}:s"))
+        try:
+            await first.acquire(KEY, "p1", 5)
+            await first.enqueue(KEY, "m1", "p1", b"")
+            await first.commit(KEY, None, WriteBatch(persistent={"x": 1}, answered=["m0"]))
+            await first.heartbeat("p1", 5)
+            assert (await second.acquire(KEY, "p1", 5)).generation == 1
+            assert await second.pending_keys() == []
+            assert await second.load_persistent(KEY) == {}
+            assert not await second.is_answered("m0")
+            assert await second.alive(["p1"]) == {"p1": False}
+            assert await second.active_sessions() == 1
+        finally:
+            await first.close()
+            await second.close()
+            await purge(redis_url, prefix)
+
+    async def test_braced_keys_never_collide(self, store: RedisStore) -> None:
+        leases = [await store.acquire(key, "p1", 5) for key in BRACED_KEYS]
+        assert [lease.generation for lease in leases] == [1] * len(BRACED_KEYS)
+        for key in BRACED_KEYS:
+            await store.enqueue(key, f"m-{key}", "p1", key.encode())
+        assert sorted(await store.pending_keys()) == sorted(BRACED_KEYS)
+        for key in BRACED_KEYS:
+            with pytest.raises(SessionBusy):
+                await store.acquire(key, "p2", 5)
+            assert [r.payload for r in await store.pending(key)] == [key.encode()]
+
+    @given(st.text(), st.text())
+    def test_a_session_is_one_hash_slot_and_one_name(self, key: str, other: str) -> None:
+        keyspace = Keyspace("p")
+        tags = {hash_tag(keyspace.one(part, key)) for part in SESSION_PARTS}
+        assert tags == {escape(key)}
+        if key != other:
+            assert keyspace.session(key) != keyspace.session(other)
+            assert escape(key) != escape(other)
+
+    def test_escaping_leaves_conversation_ids_alone(self) -> None:
+        keyspace = Keyspace("p")
+        head, tail = keyspace.transcript_affixes()
+        assert keyspace.transcript("c_0123abcd") == f"{head}c_0123abcd{tail}"
+
+
+def hash_tag(key: str) -> str:
+    """What Redis Cluster hashes: the first non-empty ``{…}`` section, else the whole key."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else key
+
+
+class TestUrls:
+    def test_the_prefix_is_stripped_and_the_rest_passed_on(self) -> None:
+        url = "rediss://:p%40ss@h:6380/2?socket_timeout=1&prefix=app&db=3"
+        assert split_url(url) == ("rediss://:p%40ss@h:6380/2?socket_timeout=1&db=3", "app")
+        assert split_url("redis://h:6379/0") == ("redis://h:6379/0", "chatlane")
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "redis://127.0.0.1:1/0",
+            "redis://127.0.0.1:notaport/0",
+            "redis://127.0.0.1:6379/notadb",
+            "redis://127.0.0.1:6379/0?prefix=",
+            "redis://127.0.0.1:6379/0?prefix=a{b",
+            "redis://:s3cret@127.0.0.1:1/0",
+        ],
+    )
+    async def test_a_bad_url_is_a_store_error(self, url: str) -> None:
+        started = time.monotonic()
+        with pytest.raises(StoreError) as raised:
+            await open_store(url)
+        assert "s3cret" not in str(raised.value)
+        assert time.monotonic() - started < 5
