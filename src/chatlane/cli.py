@@ -107,6 +107,38 @@ def inspect(session_key: str, url: str, token: str | None) -> None:
     click.echo(json.dumps(detail, indent=2, ensure_ascii=False))
 
 
+@main.command()
+@_URL
+@click.option("--session", default=None, help="Session name (default: terminal-<user name>).")
+@_TOKEN
+@click.option("--local", is_flag=True, help="Run an in-process gateway instead of using --url.")
+@click.option("--store", default=None, help="With --local: memory:// (default), sqlite:///path…")
+def chat(url: str, session: str | None, token: str | None, local: bool, store: str | None) -> None:
+    """Talk to a gateway from the terminal, replies streamed (Ctrl-D or /quit to leave)."""
+    import asyncio
+
+    from chatlane.terminal import check_session, check_token, default_session, run_chat
+
+    if store is not None and not local:
+        raise click.UsageError("--store needs --local")
+    try:
+        name = default_session() if session is None else check_session(session)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--session") from None
+    try:
+        token = check_token(token or "")
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--token") from None
+    local_store = (store or "memory://") if local else None
+    try:
+        code = asyncio.run(run_chat(url, name, token, local_store))
+    except ChatlaneError as error:
+        raise click.ClickException(str(error)) from None
+    except KeyboardInterrupt:
+        code = 130
+    click.get_current_context().exit(code)
+
+
 @main.group()
 def key() -> None:
     """Build and read session keys."""

@@ -10,6 +10,7 @@ Replies leave through the adapter's ``deliver`` function only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from chatlane.commands import CommandRouter, ParsedCommand, default_router, parse_command
 from chatlane.identity import KeyPolicy, build_session_key
@@ -19,7 +20,10 @@ from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.session_commands import NO, YES
 from chatlane.state import SessionRegistry
 from chatlane.stores.base import Store
-from chatlane.types import Agent, Deliver, InboundMessage, OutboundKind, SessionKey
+from chatlane.types import Agent, Deliver, InboundMessage, Outbound, OutboundKind, SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.scheduler import Scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +59,33 @@ class Gateway:
         registry: SessionRegistry | None = None,
         store: Store | None = None,
         holder: str | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.settings = settings or GatewaySettings()
         self.router = router if router is not None else default_router(self.settings.lifecycle)
+        self._deliver = deliver
+        self.scheduler: Scheduler | None = None
         self.engine = TurnEngine(
             agent,
-            deliver,
+            self._deliver_out,
             settings=self.settings.runtime,
             registry=registry,
             store=store,
             holder=holder,
         )
+        if scheduler is not None:
+            self.use_scheduler(scheduler)
+
+    def use_scheduler(self, scheduler: Scheduler) -> None:
+        """Attach ``scheduler``: it sees every message, may hold back deliveries of
+        its own jobs, and starts and stops with the gateway (call its ``start()``
+        yourself if the gateway already started)."""
+        self.scheduler = scheduler
+        scheduler.bind(self)
+
+    async def _deliver_out(self, outbound: Outbound) -> None:
+        if self.scheduler is None or self.scheduler.deliverable(outbound):
+            await self._deliver(outbound)
 
     def session_key(self, message: InboundMessage) -> SessionKey:
         """The session ``message`` belongs to.
@@ -80,6 +100,8 @@ class Gateway:
         A plain "yes" or "no" answers a pending approval or confirmation first.
         """
         key = self.session_key(message)
+        if self.scheduler is not None and not message.internal:
+            self.scheduler.touch(key, message.source)
         parsed = None if message.internal else await self._command_for(key, message)
         if parsed is not None:
             reply = await self.router.run(self.engine, key, message, parsed)
@@ -116,8 +138,13 @@ class Gateway:
 
         :returns: how many messages were adopted (they run as if just received).
         """
-        return await self.engine.start()
+        adopted = await self.engine.start()
+        if self.scheduler is not None:
+            await self.scheduler.start()
+        return adopted
 
     async def aclose(self) -> None:
-        """Stop every running turn and wait for them to end."""
+        """Stop the scheduler (if any), then every running turn, and wait for them to end."""
+        if self.scheduler is not None:
+            await self.scheduler.aclose()
         await self.engine.aclose()

@@ -23,6 +23,7 @@ import pytest
 
 from chatlane.stores import open_store
 from tests.multiprocess.cluster import Cluster, answered_ids, turn_intervals
+from tests.stores.conftest import forget_redis_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
     cluster = Cluster(url, tmp_path / "events.jsonl")
     yield cluster
     cluster.stop_all()
+    asyncio.run(forget_redis_prefix(url))
 
 
 def all_answered(ids: list[str]) -> Any:
