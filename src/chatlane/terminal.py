@@ -1,0 +1,552 @@
+"""``chatlane chat``: a terminal conversation with a gateway's OpenAI-compatible API.
+
+What stays true:
+
+* Every line read is sent as one ``POST /v1/chat/completions`` with
+  ``stream: true`` for the session named in ``X-Chatlane-Session``; the reply
+  is printed piece by piece as the server-sent events arrive.
+* Standard input is read by a daemon thread, so the event loop (and a reply
+  that is streaming) never waits for the keyboard; input from a pipe or a file
+  works the same and is sent strictly one line after the other.
+* On a terminal, a line typed while a reply streams is sent at once (after the
+  previous request was accepted, so the order is kept): ``/approve``,
+  ``/stop`` and friends work mid-reply.
+* The user sees a message, never a traceback: HTTP errors print the gateway's
+  message; an unreachable gateway or a refused token ends with status 1.
+* Ctrl-C cancels the replies in flight and returns to the prompt; at an idle
+  prompt it exits with status 130; EOF and ``/quit`` exit with status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import getpass
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import click
+import httpx
+import uvicorn
+
+from chatlane.errors import ChatlaneError
+
+EXIT_INTERRUPTED = 130
+_SESSION_CHARS = re.compile(r"[^A-Za-z0-9._@:+-]")
+MAX_SESSION = 128
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters (terminal escapes among them); tab and newline are kept."""
+
+
+class GatewayUnreachable(ChatlaneError, ConnectionError):
+    """No connection could be made to the gateway (wrong URL, not running, refused)."""
+
+
+class InvalidSessionName(ChatlaneError, ValueError):
+    """A session name cannot travel in the ``X-Chatlane-Session`` header."""
+
+
+class InvalidToken(ChatlaneError, ValueError):
+    """An access token with control characters cannot travel in a header."""
+
+
+class TokenRefused(ChatlaneError, PermissionError):
+    """The gateway answered HTTP 401: the access token is missing or wrong."""
+
+
+def default_session() -> str:
+    """``terminal-<user name>``, reduced to characters a header can carry."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):
+        user = "user"
+    return "terminal-" + (_SESSION_CHARS.sub("_", user)[:64] or "user")
+
+
+def check_session(name: str) -> str:
+    """``name`` if it can name a session in an HTTP header.
+
+    :raises InvalidSessionName: for an empty, overlong or non-ASCII name, or one with spaces.
+    """
+    if not name or len(name) > MAX_SESSION or _SESSION_CHARS.search(name):
+        raise InvalidSessionName(
+            f"session name {name!r}: use 1-{MAX_SESSION} ASCII letters, digits or . _ @ : + -"
+        )
+    return name
+
+
+def check_token(token: str) -> str:
+    """``token`` if it can travel in an ``Authorization`` header (sent as UTF-8).
+
+    :raises InvalidToken: if it holds control characters (a stray newline, say).
+    """
+    if re.search(r"[\x00-\x1f\x7f]", token):
+        raise InvalidToken("the access token holds control characters (a stray newline?)")
+    return token
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Where to send messages and as whom."""
+
+    url: str
+    session: str
+    token: str = ""
+
+    def headers(self) -> dict[bytes, bytes]:
+        """The session and token headers (the token travels as UTF-8)."""
+        headers = {b"X-Chatlane-Session": self.session.encode(), b"Accept": b"text/event-stream"}
+        if self.token:
+            headers[b"Authorization"] = b"Bearer " + self.token.encode()
+        return headers
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One line of a reply stream, classified: reply text, a status line, an error, or the end."""
+
+    text: str = ""
+    status: str = ""
+    error: str = ""
+    done: bool = False
+
+
+def parse_event(line: str) -> StreamEvent:
+    """Classify one server-sent-events line; unknown fields and blank lines mean nothing."""
+    if line.startswith(":"):
+        return StreamEvent(status=line[1:].strip())
+    if not line.startswith("data:"):
+        return StreamEvent()
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return StreamEvent(done=True)
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return StreamEvent(error=f"the gateway sent an unreadable event: {data[:80]!r}")
+    if isinstance(payload, dict) and payload.get("error") is not None:
+        return StreamEvent(error=_error_text(payload["error"]) or "the gateway reported an error")
+    return StreamEvent(text=_content(payload, "delta"))
+
+
+def _content(payload: Any, field: str) -> str:
+    """``payload.choices[0].<field>.content`` if it is text, else ``""``."""
+    try:
+        content = payload["choices"][0][field].get("content")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return ""
+    return content if isinstance(content, str) else ""
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        error = error.get("message")
+    return error if isinstance(error, str) else ""
+
+
+def whole_reply(response: httpx.Response) -> StreamEvent:
+    """A reply that came as one JSON completion rather than a stream."""
+    try:
+        return StreamEvent(text=_content(response.json(), "message"))
+    except ValueError:
+        return StreamEvent(error="the gateway sent an unreadable reply")
+
+
+def response_error(response: httpx.Response) -> str:
+    """The gateway's message for an HTTP error (its JSON ``error.message``, else the body)."""
+    try:
+        message = _error_text(response.json().get("error"))
+    except (ValueError, AttributeError):
+        message = ""
+    message = message or response.text.strip()[:200] or response.reason_phrase
+    return f"{message} (HTTP {response.status_code})"
+
+
+class Console:
+    """Replies go to ``out``, status lines and errors to ``err``; a prompt only on a terminal.
+
+    A reply's unfinished line is ended before anything else is printed, so
+    concurrent replies and status lines never share a line.
+    """
+
+    def __init__(self, out: TextIO, err: TextIO, interactive: bool) -> None:
+        self.out = out
+        self.err = err
+        self.interactive = interactive
+        self.prompting = False
+        self._owner: object | None = None
+
+    def prompt(self) -> None:
+        """Show the prompt once (a terminal only); it is due again after the next line."""
+        if self.interactive and not self.prompting:
+            self._write(self.out, "> ")
+            self.prompting = True
+
+    def show(self, event: StreamEvent, owner: object) -> None:
+        if event.text:
+            self.chunk(event.text, owner)
+        if event.status:
+            self.status(event.status)
+        if event.error:
+            self.error(event.error)
+
+    def chunk(self, text: str, owner: object) -> None:
+        if self._owner is not owner:
+            self.newline()
+        self._write(self.out, clean(text))
+        self._owner = None if text.endswith("\n") else owner
+
+    def end(self, owner: object) -> None:
+        """``owner``'s reply is complete: finish its line."""
+        if self._owner is owner:
+            self.newline()
+
+    def status(self, text: str) -> None:
+        self.newline()
+        self._write(self.err, click.style(f"-- {clean(text)}", dim=True) + "\n")
+
+    def error(self, text: str) -> None:
+        self.newline()
+        self._write(self.err, click.style(f"! {clean(text)}", fg="red", bold=True) + "\n")
+
+    def newline(self) -> None:
+        """End the unfinished reply line, if any."""
+        if self._owner is not None:
+            self._write(self.out, "\n")
+            self._owner = None
+
+    def interrupted(self) -> None:
+        """Ctrl-C cancelled the replies in flight (the terminal echoed ``^C`` mid-line)."""
+        if self._owner is None and self.interactive:
+            self._write(self.out, "\n")
+        self.status("cancelled (the gateway may still finish the turn; /stop stops it)")
+
+    def leave(self) -> None:
+        """The conversation ends: the shell's prompt starts on a line of its own."""
+        self.newline()
+        if self.interactive:
+            self._write(self.out, "\n")
+
+    def _write(self, stream: TextIO, text: str) -> None:
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        click.echo(text.encode(encoding, "replace").decode(encoding), file=stream, nl=False)
+
+
+def clean(text: str) -> str:
+    """``text`` without control characters, so a reply cannot drive the terminal."""
+    return _UNSAFE.sub("", text)
+
+
+class Eof:
+    """Standard input ended."""
+
+
+class Interrupt:
+    """Ctrl-C at an idle prompt."""
+
+
+class Idle:
+    """A request finished; the prompt may be due."""
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """The conversation cannot go on."""
+
+    error: ChatlaneError
+
+
+Event = str | Eof | Interrupt | Idle | Fatal
+
+
+def start_reader(fd: int, events: asyncio.Queue[Event]) -> threading.Thread:
+    """Read lines from ``fd`` in a daemon thread and queue them, then :class:`Eof`.
+
+    ``os.read`` holds no Python-level lock, so an abandoned reader never blocks
+    the interpreter's exit.
+    """
+    loop = asyncio.get_running_loop()
+
+    def put(item: Event) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens
+            loop.call_soon_threadsafe(events.put_nowait, item)
+
+    thread = threading.Thread(
+        target=_read_lines, args=(fd, put), name="chatlane-stdin", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def _read_lines(fd: int, put: Callable[[Event], None]) -> None:
+    """Every line of ``fd`` (undecodable bytes become U+FFFD), then :class:`Eof`."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    pending, data = "", b"start"
+    while data:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # closed or unreadable: the same as its end
+            data = b""
+        pending += decoder.decode(data, final=not data)
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            put(line.rstrip("\r"))
+    if pending:
+        put(pending)
+    put(Eof())
+
+
+class Chat:
+    """The prompt loop: lines in, streamed replies out."""
+
+    def __init__(self, gateway: Gateway, http: httpx.AsyncClient, console: Console) -> None:
+        self.gateway = gateway
+        self.http = http
+        self.console = console
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.inflight: set[asyncio.Task[None]] = set()
+        self._order = asyncio.Lock()
+
+    async def run(self, stdin_fd: int) -> int:
+        """Talk until EOF, ``/quit``, Ctrl-C at the prompt, or a fatal error; the exit status."""
+        await self.probe()
+        start_reader(stdin_fd, self.events)
+        self.console.prompt()
+        try:
+            while True:
+                code = await self.handle(await self.events.get())
+                if code is not None:
+                    return code
+        finally:
+            await self.cancel()
+
+    async def probe(self) -> None:
+        """Fail early if the gateway is unreachable or refuses the token.
+
+        :raises GatewayUnreachable: if no connection can be made.
+        :raises TokenRefused: on HTTP 401.
+        """
+        try:
+            response = await self.http.get(self._url("/v1/models"), headers=self.gateway.headers())
+        except (httpx.HTTPError, httpx.InvalidURL) as error:
+            raise self.unreachable(error) from None
+        if response.status_code == 401:
+            raise TokenRefused(response_error(response))
+
+    async def handle(self, event: Event) -> int | None:
+        """Act on one event; an exit status ends the conversation."""
+        if isinstance(event, str):
+            return await self.on_line(event.strip())
+        if isinstance(event, Fatal):
+            self.console.error(str(event.error))
+            return 1
+        if isinstance(event, Eof):
+            await self.drain()
+            self.console.leave()
+            return 0
+        if isinstance(event, Interrupt):
+            self.console.leave()
+            return EXIT_INTERRUPTED
+        if not self.inflight:
+            self.console.prompt()
+        return None
+
+    async def on_line(self, text: str) -> int | None:
+        self.console.prompting = False
+        if text == "/quit":
+            return 0
+        if not text:
+            if not self.inflight:
+                self.console.prompt()
+            return None
+        task = asyncio.create_task(self.exchange(text))
+        self.inflight.add(task)
+        task.add_done_callback(self._finished)
+        if not self.console.interactive:
+            await asyncio.wait({task})
+        return None
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:  # a bug: say so rather than wait forever
+            self.events.put_nowait(Fatal(ChatlaneError(f"the terminal client failed: {error!r}")))
+        self.events.put_nowait(Idle())
+
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel the replies in flight, or leave if there are none."""
+        if not self.inflight:
+            self.events.put_nowait(Interrupt())
+            return
+        for task in self.inflight:
+            task.cancel()
+        self.console.interrupted()
+
+    async def drain(self) -> None:
+        if self.inflight:
+            await asyncio.wait(set(self.inflight))
+
+    async def cancel(self) -> None:
+        for task in self.inflight:
+            task.cancel()
+        await self.drain()
+
+    async def exchange(self, text: str) -> None:
+        """Send ``text`` and print its reply; fatal conditions become :class:`Fatal` events."""
+        try:
+            async with self._order:
+                response = await self.send(text)
+            try:
+                await self.show(response, owner=object())
+            finally:
+                await response.aclose()
+        except (GatewayUnreachable, TokenRefused) as error:
+            self.events.put_nowait(Fatal(error))
+        except httpx.HTTPError as error:
+            self.console.error(f"the connection to the gateway broke: {error or type(error)}")
+
+    async def send(self, text: str) -> httpx.Response:
+        message = {"role": "user", "content": text}
+        body = {"model": "chatlane", "stream": True, "messages": [message]}
+        url = self._url("/v1/chat/completions")
+        request = self.http.build_request("POST", url, json=body, headers=self.gateway.headers())
+        try:
+            return await self.http.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+            raise self.unreachable(error) from None
+
+    async def show(self, response: httpx.Response, owner: object) -> None:
+        """Print one response: a streamed reply, a whole JSON reply, or an error."""
+        if response.status_code == 401:
+            await response.aread()
+            raise TokenRefused(response_error(response))
+        if response.status_code != 200:
+            await response.aread()
+            self.console.error(response_error(response))
+            return
+        if "text/event-stream" in response.headers.get("content-type", ""):
+            await self.stream(response, owner)
+        else:
+            await response.aread()
+            self.console.show(whole_reply(response), owner)
+        self.console.end(owner)
+
+    async def stream(self, response: httpx.Response, owner: object) -> None:
+        """Print server-sent events as they arrive, up to ``[DONE]``."""
+        async for line in response.aiter_lines():
+            event = parse_event(line)
+            if event.done:
+                return
+            self.console.show(event, owner)
+
+    def unreachable(self, error: Exception) -> GatewayUnreachable:
+        return GatewayUnreachable(f"cannot reach the gateway at {self.gateway.url}: {error}")
+
+    def _url(self, path: str) -> str:
+        return self.gateway.url.rstrip("/") + path
+
+
+@contextlib.contextmanager
+def on_sigint(chat: Chat) -> Iterator[None]:
+    """Route Ctrl-C to :meth:`Chat.interrupt` while the conversation runs."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, chat.interrupt)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals here: keep the default
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def converse(
+    gateway: Gateway, stdin_fd: int = 0, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run one terminal conversation with ``gateway``; the exit status.
+
+    :raises GatewayUnreachable: if the gateway cannot be reached at the start.
+    :raises TokenRefused: if the gateway refuses the token at the start.
+    """
+    interactive = os.isatty(stdin_fd)
+    console = Console(out or sys.stdout, err or sys.stderr, interactive)
+    timeout = httpx.Timeout(10.0, read=None)
+    async with httpx.AsyncClient(timeout=timeout) as http:
+        chat = Chat(gateway, http, console)
+        with on_sigint(chat):
+            return await chat.run(stdin_fd)
+
+
+class _QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves Ctrl-C to the conversation."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
+    with contextlib.suppress(SystemExit):  # uvicorn's way to report a failed startup
+        await server.serve(sockets=[sock])
+
+
+async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
+    """Wait until ``server`` accepts connections.
+
+    :raises ChatlaneError: if it stopped before that (its log says why).
+    """
+    while not server.started:
+        if task.done():
+            raise ChatlaneError("the local gateway failed to start (see the log above)")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def local_gateway(store_url: str) -> AsyncIterator[tuple[str, str]]:
+    """An in-process gateway (configured agent, API adapter) on a free loopback port.
+
+    Yields its URL and access token; on exit it shuts down like ``chatlane serve``.
+
+    :raises ChatlaneError: for a bad configuration or store, or a failed start.
+    """
+    from chatlane.adapters.api import ApiAdapter
+    from chatlane.config import load_config
+    from chatlane.server import build_app, open_hub
+
+    config = load_config()
+    hub = await open_hub(config, store_url)
+    hub.add(ApiAdapter(config))
+    app = build_app(hub)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        server = _QuietServer(uvicorn.Config(app, lifespan="on", log_level="warning"))
+        task = asyncio.create_task(_serve(server, sock))
+        try:
+            await _started(server, task)
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}", config.server.token.read(os.environ)
+        finally:
+            server.should_exit = True
+            await task
+            if not server.started:
+                await hub.store.close()
+
+
+async def run_chat(url: str, session: str, token: str, local_store: str | None) -> int:
+    """``chatlane chat``: talk to the gateway at ``url``, or to a local one with this store.
+
+    :raises ChatlaneError: if the conversation cannot start (see :func:`converse`).
+    """
+    if local_store is None:
+        return await converse(Gateway(url, session, token))
+    async with local_gateway(local_store) as (local_url, local_token):
+        return await converse(Gateway(local_url, session, token or local_token))
