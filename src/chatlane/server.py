@@ -150,6 +150,9 @@ async def open_hub(config: Config, store_url: str | None = None) -> Hub:
     """Open the store and build the hub (adapters are added by the caller)."""
     agent = load_agent(config)
     store = await open_store(store_url or config.store.url)
+    bind = getattr(agent, "bind", None)
+    if callable(bind):
+        bind(store)
     return Hub(config, store, agent)
 
 
@@ -185,4 +188,7 @@ async def shutdown(hub: Hub) -> None:
         except Exception:
             log.exception("adapter %s failed to close", adapter.platform)
     await hub.gateway.aclose()
+    close_agent = getattr(hub.agent, "aclose", None)
+    if callable(close_agent):
+        await close_agent()
     await hub.store.close()

@@ -1,0 +1,359 @@
+"""The OpenAI-compatible HTTP API: ``POST /v1/chat/completions`` and ``GET /v1/models``.
+
+What stays true:
+
+* The session is named by the ``X-Chatlane-Session`` header, else the
+  request's ``user`` field; the gateway keeps the history, so only the last
+  user message of ``messages`` is sent to it.
+* Each request's message gets its own id and a waiter registered under that
+  id *before* it is dispatched, and the response is the answer of the turn that
+  ran that message — never an acknowledgement, never another request's reply.
+* Every request is answered: with the turn's reply; with a notice when its
+  turn failed, was interrupted or stopped, or its message was dropped; with
+  409 (``reject`` policy), 429 (queue full), 403 (not on the allowlist), 504
+  (no progress for the ceiling) or 503 (shutting down). Bad input gets a 400 or
+  413 JSON error, a bad token 401 — never a 500.
+* When an access token is configured every route needs it as a bearer token,
+  compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from chatlane.adapters.api_waiters import EventKind, Waiter, WaiterEvent, WaiterTracker
+from chatlane.adapters.api_wire import (
+    ApiRequestError,
+    ChatRequest,
+    SseResponse,
+    chunk,
+    completion,
+    decode_json,
+    error_response,
+    invalid,
+    json_response,
+    model_list,
+    parse_chat_request,
+    read_body,
+    sse_comment,
+    sse_data,
+)
+from chatlane.config import Config
+from chatlane.errors import ChatlaneError
+from chatlane.gateway import DispatchResult
+from chatlane.identity import ChatType, SessionSource
+from chatlane.runtime.busy import BusyOutcome
+from chatlane.types import InboundMessage, Outbound
+
+if TYPE_CHECKING:
+    from chatlane.server import Hub
+
+log = logging.getLogger("chatlane.adapters.api")
+
+SESSION_HEADER = "x-chatlane-session"
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+class ApiAdapter:
+    """The ``api`` platform: OpenAI-compatible chat completions over HTTP.
+
+    :param config: the gateway configuration (token, timeouts, agent).
+    :param wait_timeout: seconds a request may wait without progress in its
+        session before it gets 504; default ``turn_timeout + interrupt_grace + 30``.
+    :param tick: how often a waiting request checks that its answer can still come.
+    :param settle_grace: how long a message may be neither running nor queued
+        before it counts as dropped.
+    :param keepalive: seconds of silence after which a stream gets an SSE comment.
+    """
+
+    platform = "api"
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        wait_timeout: float | None = None,
+        tick: float = 0.2,
+        settle_grace: float = 1.0,
+        keepalive: float = 15.0,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._token = config.server.token.read(os.environ if environ is None else environ)
+        self._models = _model_names(config)
+        self.wait_timeout = _default_ceiling(config) if wait_timeout is None else wait_timeout
+        self.tick = tick
+        self.settle_grace = settle_grace
+        self.keepalive = keepalive
+        self._waiters: dict[str, Waiter] = {}
+        self._hub: Hub | None = None
+        self._tracker: WaiterTracker | None = None
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        """How many requests wait for an answer right now."""
+        return len(self._waiters)
+
+    def routes(self) -> Sequence[BaseRoute]:
+        return [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+        ]
+
+    async def start(self, hub: Hub) -> None:
+        self._hub = hub
+        self._tracker = WaiterTracker(
+            hub.gateway.engine, ceiling=self.wait_timeout, settle_grace=self.settle_grace
+        )
+
+    async def deliver(self, outbound: Outbound) -> None:
+        """Hand ``outbound`` to the requests waiting for the messages it answers."""
+        waiters = [self._waiters[i] for i in outbound.in_reply_to if i in self._waiters]
+        for waiter in waiters:
+            waiter.take(outbound)
+        if not waiters:
+            log.debug("no request waits for %s to %s; dropped", outbound.kind, outbound.session_key)
+
+    async def aclose(self) -> None:
+        """Answer every waiting request with 503; their messages stay queued in the store."""
+        self._closed = True
+        for waiter in list(self._waiters.values()):
+            waiter.push(WaiterEvent(EventKind.SHUTDOWN))
+
+    # -- routes ------------------------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._authorize(request)
+        except ApiRequestError as error:
+            return error_response(error)
+        return json_response(model_list(self._models))
+
+    async def chat_completions(self, request: Request) -> Response:
+        try:
+            self._authorize(request)
+            data = decode_json(await read_body(request))
+            chat = parse_chat_request(data, session_header(request))
+            waiter = await self._submit(chat)
+        except ApiRequestError as error:
+            return error_response(error)
+        response_id = f"chatcmpl-{waiter.message_id.removeprefix('api-')}"
+        if chat.stream:
+            events = self._stream(waiter, chat, response_id)
+            return SseResponse(events, on_close=lambda: self._forget(waiter))
+        try:
+            return await self._complete(waiter, chat, response_id, request.is_disconnected)
+        finally:
+            self._forget(waiter)
+
+    def _authorize(self, request: Request) -> None:
+        """:raises ApiRequestError: (401) unless the bearer token matches (when one is set)."""
+        if not self._token:
+            return
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        expected = self._token.encode()
+        given = presented.strip().encode("latin-1")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
+            raise ApiRequestError(
+                401, "missing or invalid bearer token", "authentication_error", "invalid_api_key"
+            )
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    async def _submit(self, chat: ChatRequest) -> Waiter:
+        """Register a waiter, then dispatch its message.
+
+        :raises ApiRequestError: if the message will not run (403, 409, 429, 503).
+        """
+        hub, tracker = self._hub, self._tracker
+        if hub is None or tracker is None or self._closed:
+            raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
+        source = SessionSource(
+            "api", chat_id=chat.session, user_id=chat.session, chat_type=ChatType.DM
+        )
+        message = InboundMessage(source, chat.text, id=f"api-{uuid.uuid4().hex}")
+        waiter = self._waiters[message.id] = Waiter(message.id)
+        try:
+            result = await _dispatch(hub, message, chat.session)
+        except BaseException:
+            self._forget(waiter)
+            raise
+        self._accept(waiter, result, tracker)
+        return waiter
+
+    def _accept(self, waiter: Waiter, result: DispatchResult, tracker: WaiterTracker) -> None:
+        """Start tracking ``waiter``; an interrupt or a command may have fenced other waiters."""
+        waiter.session_key = result.session_key
+        if result.outcome is BusyOutcome.STEERED:
+            waiter.steered_into = tracker.engine.running_turn(result.session_key)
+        waiter.accepted = True
+        if result.outcome is BusyOutcome.INTERRUPTING or result.command is not None:
+            for other in list(self._waiters.values()):
+                if other is not waiter and other.session_key == result.session_key:
+                    tracker.check(other)
+
+    def _forget(self, waiter: Waiter) -> None:
+        self._waiters.pop(waiter.message_id, None)
+
+    async def _next(
+        self, waiter: Waiter, disconnected: Disconnected | None = None
+    ) -> WaiterEvent | None:
+        """The waiter's next event, or ``None`` after a quiet tick (checked by the tracker)."""
+        event = await waiter.next_event(self.tick)
+        if event is not None:
+            return event
+        if self._tracker is not None:
+            self._tracker.check(waiter)
+        if disconnected is not None and await disconnected():
+            log.debug("client gone; no longer waiting for %s", waiter.message_id)
+            return WaiterEvent(EventKind.GONE)
+        return None
+
+    # -- answers --------------------------------------------------------------------------
+
+    async def _complete(
+        self, waiter: Waiter, chat: ChatRequest, response_id: str, disconnected: Disconnected
+    ) -> Response:
+        """The non-streaming answer: wait for the final event."""
+        while True:
+            event = await self._next(waiter, disconnected)
+            if event is None or event.kind in (EventKind.CHUNK, EventKind.COMMENT):
+                continue
+            if event.kind is EventKind.FINAL:
+                return json_response(completion(response_id, chat.model, event.text))
+            if event.kind is EventKind.GONE:
+                return Response(status_code=499)
+            return error_response(_ending_error(event))
+
+    async def _stream(
+        self, waiter: Waiter, chat: ChatRequest, response_id: str
+    ) -> AsyncIterator[bytes]:
+        """The streaming answer: chunks as they come, the final rest, then ``[DONE]``."""
+        yield sse_data(chunk(response_id, chat.model, {"role": "assistant", "content": ""}))
+        streamed = ""
+        while True:
+            event = await self._next_streamed(waiter)
+            if event.kind is EventKind.CHUNK:
+                streamed += event.text
+                yield sse_data(chunk(response_id, chat.model, {"content": event.text}))
+            elif event.kind is EventKind.COMMENT:
+                yield sse_comment(event.text)
+            else:
+                for data in _stream_end(event, streamed, response_id, chat.model):
+                    yield data
+                return
+
+    async def _next_streamed(self, waiter: Waiter) -> WaiterEvent:
+        """The next event, or a keep-alive comment after ``keepalive`` seconds of silence."""
+        deadline = time.monotonic() + self.keepalive
+        while True:
+            event = await self._next(waiter)
+            if event is not None:
+                return event
+            if time.monotonic() >= deadline:
+                return WaiterEvent(EventKind.COMMENT, "waiting for the turn")
+
+
+def _stream_end(event: WaiterEvent, streamed: str, response_id: str, model: str) -> list[bytes]:
+    """The last events of a stream: the rest of the answer and a stop chunk, or an error."""
+    if event.kind is not EventKind.FINAL:
+        return [sse_data(_ending_error(event).body()), sse_data("[DONE]")]
+    if event.text.startswith(streamed):
+        rest = event.text[len(streamed) :]
+    else:
+        rest = ("\n" if streamed else "") + event.text
+    out = [sse_data(chunk(response_id, model, {"content": rest}))] if rest else []
+    out.append(sse_data(chunk(response_id, model, {}, "stop")))
+    out.append(sse_data("[DONE]"))
+    return out
+
+
+def _ending_error(event: WaiterEvent) -> ApiRequestError:
+    if event.kind is EventKind.TIMEOUT:
+        return ApiRequestError(
+            504, "no answer in time; the message may still run", "timeout", "timeout"
+        )
+    return ApiRequestError(
+        503, "the gateway is shutting down; the message stays queued", "service_unavailable"
+    )
+
+
+async def _dispatch(hub: Hub, message: InboundMessage, session: str) -> DispatchResult:
+    """Submit ``message``; return how the gateway took it.
+
+    :raises ApiRequestError: a refused user (403), a busy session (409), a full
+        queue (429), or a gateway that could not take it (503).
+    """
+    try:
+        result = await hub.submit(message)
+    except ChatlaneError as error:
+        log.warning("dispatch failed: %s", error)
+        raise ApiRequestError(
+            503, f"the gateway could not take the message: {error}", "server_error"
+        ) from None
+    if result is None:
+        raise ApiRequestError(
+            403, "you are not allowed to use this assistant", "permission_error", "not_allowed"
+        )
+    refusal = _busy_refusal(result.outcome, session)
+    if refusal is not None:
+        raise refusal
+    return result
+
+
+def _busy_refusal(outcome: BusyOutcome | None, session: str) -> ApiRequestError | None:
+    """409 for a session that rejects messages while busy, 429 for a full queue."""
+    if outcome is BusyOutcome.REJECTED:
+        return ApiRequestError(
+            409,
+            f"session {session!r} is busy and its busy policy is reject; the message was not run",
+            "session_busy",
+            "session_busy",
+        )
+    if outcome is BusyOutcome.QUEUE_FULL:
+        return ApiRequestError(
+            429,
+            f"session {session!r} has a full queue; the message was not run",
+            "queue_full",
+            "queue_full",
+        )
+    return None
+
+
+def session_header(request: Request) -> str | None:
+    """The ``X-Chatlane-Session`` header, read as UTF-8 (HTTP hands it over as Latin-1).
+
+    :raises ApiRequestError: (400) if its bytes are not UTF-8.
+    """
+    value = request.headers.get(SESSION_HEADER)
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid("the X-Chatlane-Session header is not UTF-8") from None
+
+
+def _model_names(config: Config) -> list[str]:
+    names = ["chatlane"]
+    if config.agent.name == "openai" and config.agent.openai.model not in names:
+        names.append(config.agent.openai.model)
+    return names
+
+
+def _default_ceiling(config: Config) -> float:
+    runtime = config.runtime
+    return (runtime.turn_timeout or 3600.0) + runtime.interrupt_grace + 30.0
+
+
+__all__ = ["ApiAdapter", "SseResponse"]

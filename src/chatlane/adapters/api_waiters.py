@@ -1,0 +1,195 @@
+"""HTTP requests waiting for the answer to their message, and how they always get one.
+
+An API request is answered by the turn that runs its message. Most answers
+arrive as outbounds (a ``REPLY``, or a ``NOTICE`` when the agent failed or the
+turn was evicted), but some turns end without answering: an interrupted turn
+and a stopped turn are fenced, and ``/stop``, ``/new`` or ``/reset`` drop
+queued messages silently for the connection that sent them. What stays true:
+
+* A waiter is answered exactly once: by its ``REPLY``; by a ``NOTICE`` once
+  its message is no longer running or queued; with a notice of its own when
+  :class:`WaiterTracker` sees its turn fenced (interrupted, stopped) or its
+  message gone from the engine for ``settle_grace`` seconds; or with a
+  timeout after ``ceiling`` seconds without progress in its session.
+* Acknowledgements, approval prompts and mid-turn notices are never the
+  answer; they travel alongside it (SSE comments when streaming).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from chatlane.runtime import pending
+from chatlane.runtime.engine import INTERRUPTED, STOPPED, TurnEngine
+from chatlane.runtime.turn import Turn
+from chatlane.types import Outbound, OutboundKind
+
+INTERRUPTED_TEXT = "Interrupted by a newer message; this turn's answer was discarded."
+STOPPED_TEXT = "Stopped with /stop before it answered."
+NOT_RUN_TEXT = (
+    "This message was not run: it was dropped (by /stop, /new or /reset) before its turn."
+)
+_FENCED_TEXTS = {INTERRUPTED: INTERRUPTED_TEXT, STOPPED: STOPPED_TEXT}
+
+
+class EventKind(enum.Enum):
+    """What a waiting request receives."""
+
+    CHUNK = "chunk"
+    """Part of the answer, as the agent streams it."""
+    COMMENT = "comment"
+    """Information that is not the answer (acks, approval prompts, mid-turn notices)."""
+    FINAL = "final"
+    """The answer (a reply or a notice); nothing follows."""
+    TIMEOUT = "timeout"
+    """No progress for the ceiling; nothing follows."""
+    SHUTDOWN = "shutdown"
+    """The gateway is stopping; nothing follows."""
+    GONE = "gone"
+    """The client disconnected; nobody reads what would follow."""
+
+
+_LAST = frozenset({EventKind.FINAL, EventKind.TIMEOUT, EventKind.SHUTDOWN, EventKind.GONE})
+
+
+@dataclass(frozen=True, slots=True)
+class WaiterEvent:
+    kind: EventKind
+    text: str = ""
+
+
+class Place(enum.Enum):
+    """Where a waiter's message is in the engine."""
+
+    RUNNING = "running"
+    WAITING = "waiting"
+    NOWHERE = "nowhere"
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One HTTP request waiting for the answer to its message ``message_id``.
+
+    ``accepted`` becomes true once the gateway took the message to run it;
+    before that the tracker leaves the waiter alone.
+    """
+
+    message_id: str
+    events: deque[WaiterEvent] = field(default_factory=deque)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    session_key: str = ""
+    accepted: bool = False
+    steered_into: Turn | None = None
+    notice: str | None = None
+    nowhere_since: float | None = None
+    last_progress: float = field(default_factory=time.monotonic)
+    finished: bool = False
+
+    def push(self, event: WaiterEvent) -> None:
+        """Queue ``event``; nothing is queued after the last one."""
+        if self.finished:
+            return
+        self.finished = event.kind in _LAST
+        self.last_progress = time.monotonic()
+        self.events.append(event)
+        self.ready.set()
+
+    async def next_event(self, tick: float) -> WaiterEvent | None:
+        """The next event, or ``None`` if none came within ``tick`` seconds."""
+        if not self.events:
+            self.ready.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(tick):
+                    await self.ready.wait()
+        return self.events.popleft() if self.events else None
+
+    def take(self, outbound: Outbound) -> None:
+        """Turn one outbound for this waiter's message into an event."""
+        if outbound.kind is OutboundKind.CHUNK:
+            self.push(WaiterEvent(EventKind.CHUNK, outbound.text))
+        elif outbound.kind is OutboundKind.REPLY:
+            self.push(WaiterEvent(EventKind.FINAL, outbound.text))
+        else:
+            if outbound.kind is OutboundKind.NOTICE:
+                self.notice = outbound.text
+            self.push(WaiterEvent(EventKind.COMMENT, outbound.text))
+
+
+class WaiterTracker:
+    """Finds each waiter's message in the engine and answers the ones no turn will answer.
+
+    :param ceiling: seconds without progress (no event for the waiter, and no
+        progress of its session's running turn) after which it times out.
+    :param settle_grace: seconds a message may be neither running nor queued
+        before it counts as dropped (an eviction notice may still be on its way).
+    """
+
+    def __init__(self, engine: TurnEngine, *, ceiling: float, settle_grace: float) -> None:
+        self.engine = engine
+        self.ceiling = ceiling
+        self.settle_grace = settle_grace
+
+    def check(self, waiter: Waiter) -> None:
+        """Answer ``waiter`` now if its message can no longer be answered by a turn."""
+        if waiter.finished or not waiter.accepted:
+            return
+        turn = self.engine.running_turn(waiter.session_key)
+        place = self.place(waiter, turn)
+        if place is Place.RUNNING and turn is not None:
+            reason = fenced_reason(turn)
+            if reason is not None:
+                waiter.push(WaiterEvent(EventKind.FINAL, reason))
+                return
+        now = time.monotonic()
+        if place is Place.NOWHERE:
+            self._gone(waiter, now)
+        else:
+            waiter.nowhere_since = None
+        self._expire(waiter, turn, now)
+
+    def place(self, waiter: Waiter, turn: Turn | None) -> Place:
+        """Whether the message runs now, waits for a turn, or is in neither."""
+        message_id = waiter.message_id
+        if turn is not None:
+            if message_id in turn.message_ids:
+                return Place.RUNNING
+            if waiter.steered_into is turn:
+                return Place.WAITING
+        state = self.engine.registry.peek(waiter.session_key)
+        if state is not None and any(
+            m.id == message_id for entry in pending.pending_entries(state) for m in entry.messages
+        ):
+            return Place.WAITING
+        return Place.NOWHERE
+
+    def _gone(self, waiter: Waiter, now: float) -> None:
+        if waiter.notice is not None:
+            waiter.push(WaiterEvent(EventKind.FINAL, waiter.notice))
+        elif waiter.nowhere_since is None:
+            waiter.nowhere_since = now
+        elif now - waiter.nowhere_since >= self.settle_grace:
+            waiter.push(WaiterEvent(EventKind.FINAL, NOT_RUN_TEXT))
+
+    def _expire(self, waiter: Waiter, turn: Turn | None, now: float) -> None:
+        active = max(waiter.last_progress, turn.last_progress if turn is not None else 0.0)
+        if now - active > self.ceiling:
+            waiter.push(WaiterEvent(EventKind.TIMEOUT))
+
+
+def fenced_reason(turn: Turn) -> str | None:
+    """The notice for a turn that will never answer (interrupted or stopped), else ``None``.
+
+    An evicted turn is answered by the engine's own notice; a turn that lost
+    its lease is queued again, so neither has a reason here.
+    """
+    if not turn.interrupted.is_set():
+        return None
+    return _FENCED_TEXTS.get(turn.ended_by)
+
+
+__all__ = ["EventKind", "Waiter", "WaiterEvent", "WaiterTracker", "fenced_reason"]

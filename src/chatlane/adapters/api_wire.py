@@ -1,0 +1,284 @@
+"""The OpenAI wire format: reading chat-completion requests, writing responses and SSE events.
+
+What stays true:
+
+* A request either becomes a :class:`ChatRequest` or raises
+  :class:`ApiRequestError` with an HTTP status and a message that says what is
+  wrong — malformed JSON, wrong types and invalid Unicode never reach the
+  gateway and never become a 500.
+* Every body written here has exactly the shape OpenAI's own API uses, so the
+  official clients parse it (``chat.completion``, ``chat.completion.chunk``,
+  ``list`` of ``model``, ``{"error": {...}}``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from chatlane.errors import ChatlaneError
+
+MAX_BODY = 1 << 20
+"""Largest request body accepted (1 MiB); larger ones get 413."""
+MAX_SESSION_NAME = 256
+DEFAULT_MODEL = "chatlane"
+
+
+class ApiRequestError(ChatlaneError):
+    """A request the API answers with an error status instead of running it."""
+
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI-shaped error body."""
+        return {
+            "error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}
+        }
+
+
+def invalid(message: str) -> ApiRequestError:
+    """A 400 for a request that cannot be read."""
+    return ApiRequestError(400, message, "invalid_request_error", "invalid_request")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """What chatlane takes from a chat-completion request: the session, the input, the mode."""
+
+    session: str
+    text: str
+    stream: bool
+    model: str
+
+
+def decode_json(body: bytes) -> object:
+    """The JSON value of ``body``.
+
+    :raises ApiRequestError: (400) if it is not UTF-8 JSON.
+    """
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise invalid(f"the request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise invalid("the request body is nested too deeply") from None
+
+
+def parse_chat_request(data: object, session_header: str | None) -> ChatRequest:
+    """Read a decoded chat-completion request; the header names the session before ``user``.
+
+    :raises ApiRequestError: (400) naming the field that is missing or of the wrong type.
+    """
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise invalid("'stream' must be true or false")
+    model = data.get("model") or DEFAULT_MODEL
+    if not isinstance(model, str):
+        raise invalid("'model' must be a string")
+    session = _session_name(session_header, data.get("user"))
+    return ChatRequest(session, last_user_text(data.get("messages")), stream, model)
+
+
+def _session_name(header: str | None, user: object) -> str:
+    if user is not None and not isinstance(user, str):
+        raise invalid("'user' must be a string")
+    name = (header or "").strip() or (user or "").strip()
+    if not name:
+        raise invalid("name the session: send an X-Chatlane-Session header or set the 'user' field")
+    if len(name) > MAX_SESSION_NAME:
+        raise invalid(f"the session name is longer than {MAX_SESSION_NAME} characters")
+    return _valid_unicode(name, "the session name")
+
+
+def last_user_text(messages: object) -> str:
+    """The text of the last ``user`` message (the gateway keeps the earlier history itself).
+
+    :raises ApiRequestError: (400) if there is none, or it has no text.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' must be a non-empty list")
+    for index, message in reversed(list(enumerate(messages))):
+        if not isinstance(message, dict):
+            raise invalid(f"messages[{index}] must be an object")
+        if message.get("role") == "user":
+            text = _content_text(message.get("content"), index)
+            if not text.strip():
+                raise invalid(f"messages[{index}] (the last user message) has no text")
+            return _valid_unicode(text, f"messages[{index}].content")
+    raise invalid("'messages' has no message with role 'user'")
+
+
+def _content_text(content: object, index: int) -> str:
+    """A string, or the text parts of a list of content parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"messages[{index}].content must be a string or a list of parts")
+    texts: list[str] = []
+    for part in content:
+        if not isinstance(part, dict):
+            raise invalid(f"messages[{index}].content must hold objects")
+        if part.get("type") == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise invalid(f"messages[{index}].content: a text part needs a string 'text'")
+            texts.append(text)
+    return "\n".join(texts)
+
+
+def _valid_unicode(text: str, what: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(f"{what} is not valid Unicode (lone surrogate)") from None
+    return text
+
+
+# -- responses -------------------------------------------------------------------------
+
+
+def completion(response_id: str, model: str, content: str) -> dict[str, Any]:
+    """A whole ``chat.completion``."""
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
+def chunk(
+    response_id: str, model: str, delta: dict[str, str], finish_reason: str | None = None
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` of a streamed response."""
+    return {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+def model_list(names: list[str]) -> dict[str, Any]:
+    """The ``GET /v1/models`` body."""
+    data = [{"id": n, "object": "model", "created": 0, "owned_by": "chatlane"} for n in names]
+    return {"object": "list", "data": data}
+
+
+def encode(value: object) -> bytes:
+    """JSON bytes, ASCII-escaped so any text an agent produced can be sent."""
+    return json.dumps(value).encode()
+
+
+def sse_data(value: object) -> bytes:
+    """One ``data:`` event (JSON, or the literal ``[DONE]``)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return f"data: {text}\n\n".encode()
+
+
+def sse_comment(text: str) -> bytes:
+    """An SSE comment (clients ignore it); every line of ``text`` is prefixed with ``:``."""
+    lines = text.splitlines() or [""]
+    return ("".join(f": {line}\n" for line in lines) + "\n").encode(errors="replace")
+
+
+# -- HTTP ------------------------------------------------------------------------------
+
+
+class SseResponse(StreamingResponse):
+    """A ``text/event-stream`` response that runs ``on_close`` however it ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, at most :data:`MAX_BODY` bytes.
+
+    :raises ApiRequestError: (413) for a larger body.
+    """
+    too_large = ApiRequestError(
+        413,
+        f"the request body is larger than {MAX_BODY} bytes",
+        "invalid_request_error",
+        "request_too_large",
+    )
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise too_large
+    body = bytearray()
+    try:
+        async for part in request.stream():
+            body += part
+            if len(body) > MAX_BODY:
+                raise too_large
+    except ClientDisconnect:
+        raise invalid("the client disconnected while sending the body") from None
+    return bytes(body)
+
+
+def json_response(body: object, status: int = 200) -> Response:
+    """A JSON response (ASCII-escaped, so any text can be sent)."""
+    return Response(encode(body), status_code=status, media_type="application/json")
+
+
+def error_response(error: ApiRequestError) -> Response:
+    """The OpenAI-shaped error response for ``error``."""
+    response = json_response(error.body(), error.status)
+    if error.status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+__all__ = [
+    "MAX_BODY",
+    "ApiRequestError",
+    "ChatRequest",
+    "SseResponse",
+    "chunk",
+    "completion",
+    "decode_json",
+    "encode",
+    "error_response",
+    "invalid",
+    "json_response",
+    "model_list",
+    "parse_chat_request",
+    "read_body",
+    "sse_comment",
+    "sse_data",
+]

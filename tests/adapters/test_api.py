@@ -1,0 +1,427 @@
+"""The OpenAI-compatible API, driven by the official ``openai`` client against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from openai import AsyncOpenAI
+
+from chatlane.adapters.api import ApiAdapter
+from chatlane.adapters.api_waiters import INTERRUPTED_TEXT, NOT_RUN_TEXT, STOPPED_TEXT
+from chatlane.agents.demo import DemoAgent
+from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig
+from chatlane.runtime.turn import Turn
+from chatlane.server import Hub, build_app
+from chatlane.stores import open_store
+from chatlane.types import Agent
+
+TOKEN = "s3cret-token"
+
+
+@dataclass
+class Served:
+    """A running gateway with the API adapter, and a client for it."""
+
+    port: int
+    hub: Hub
+    adapter: ApiAdapter
+    client: AsyncOpenAI
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def ask(self, text: str, session: str, **kwargs: Any) -> str:
+        reply = await self.client.chat.completions.create(
+            model="chatlane", messages=[{"role": "user", "content": text}], user=session, **kwargs
+        )
+        return reply.choices[0].message.content or ""
+
+    async def ask_streaming(self, text: str, session: str) -> list[str]:
+        stream = await self.client.chat.completions.create(
+            model="chatlane",
+            messages=[{"role": "user", "content": text}],
+            user=session,
+            stream=True,
+        )
+        parts: list[str] = []
+        async with stream:
+            async for event in stream:
+                parts.append(event.choices[0].delta.content or "")
+        return parts
+
+    async def queued(self, session: str, count: int) -> bool:
+        """Whether ``count`` messages wait in ``session``'s queue (asked with ``/status``)."""
+        return f"queued: {count}\n" in await self.ask("/status", session)
+
+    async def running(self, session: str) -> Turn:
+        """Wait until ``session``'s turn holds its lease."""
+        key = f"main:api:dm:{session}"
+        async with asyncio.timeout(10):
+            while True:
+                turn = self.hub.gateway.engine.running_turn(key)
+                if turn is not None and turn.lease is not None:
+                    return turn
+                await asyncio.sleep(0.02)
+
+
+def make_config(
+    tmp_path: Path, *, busy: str = "queue", queue_cap: int = 32, **fields: Any
+) -> Config:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    server = ServerConfig(token=Secret(file=str(token_file)))
+    return Config(server=server, runtime=RuntimeConfig(busy=busy, queue_cap=queue_cap), **fields)
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    config: Config, agent: Agent | None = None, **adapter_options: Any
+) -> AsyncIterator[Served]:
+    hub = Hub(config, await open_store("memory://"), agent or DemoAgent())
+    adapter = ApiAdapter(config, **adapter_options)
+    hub.add(adapter)
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(hub), host="127.0.0.1", port=0, lifespan="on", log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: server.started)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=TOKEN, max_retries=0)
+    try:
+        async with client:
+            yield Served(port, hub, adapter, client)
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_non_streaming_completion(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        reply = await s.client.chat.completions.create(
+            model="chatlane",
+            messages=[
+                {"role": "system", "content": "ignored: the gateway keeps history"},
+                {"role": "user", "content": "hello"},
+            ],
+            user="alice",
+        )
+        assert reply.object == "chat.completion"
+        assert reply.choices[0].message.content == "echo: hello"
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.model == "chatlane"
+        assert s.adapter.waiting == 0
+
+
+async def test_streaming_completion(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        parts = await s.ask_streaming("hello there", "alice")
+        assert "".join(parts) == "echo: hello there"
+        assert len([p for p in parts if p]) >= 3
+        stream = await s.client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "whoami"}], user="bob", stream=True
+        )
+        async with stream:
+            events = [event async for event in stream]
+        assert events[-1].choices[0].finish_reason == "stop"
+        text = "".join(e.choices[0].delta.content or "" for e in events)
+        assert "key=main:api:dm:bob " in text
+
+
+async def test_content_parts_and_the_session_header(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        reply = await s.client.chat.completions.create(
+            model="chatlane",
+            messages=[
+                {"role": "user", "content": "earlier"},
+                {"role": "assistant", "content": "echo: earlier"},
+                {"role": "user", "content": [{"type": "text", "text": "whoami"}]},
+            ],
+            user="ignored-when-the-header-is-set",
+            extra_headers={"X-Chatlane-Session": "from-header"},
+        )
+        assert "key=main:api:dm:from-header " in (reply.choices[0].message.content or "")
+
+
+async def test_a_utf8_session_header_names_the_same_session_as_user(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s, httpx.AsyncClient() as http:
+        body = {"messages": [{"role": "user", "content": "whoami"}]}
+        auth = f"Bearer {TOKEN}".encode()
+        url = f"{s.base_url}/chat/completions"
+        named = {b"Authorization": auth, b"X-Chatlane-Session": "ünï 👤".encode()}
+        response = await http.post(url, json=body, headers=named)
+        assert "key=main:api:dm:ünï 👤 " in response.json()["choices"][0]["message"]["content"]
+        assert "key=main:api:dm:ünï 👤 " in await s.ask("whoami", "ünï 👤")
+        not_utf8 = {b"Authorization": auth, b"X-Chatlane-Session": b"\xff\xfe"}
+        response = await http.post(url, json=body, headers=not_utf8)
+        assert response.status_code == 400
+        assert "not UTF-8" in response.json()["error"]["message"]
+
+
+async def test_fifty_sessions_each_get_their_own_answer(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        names = [f"s{i}" for i in range(50)]
+        answers = await asyncio.gather(*(s.ask("whoami", name) for name in names))
+        for name, answer in zip(names, answers, strict=True):
+            assert f" user={name} key=main:api:dm:{name} gen=1" in answer
+
+
+async def test_reject_answers_409_while_the_session_is_busy(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path, busy="reject")) as s:
+        first = asyncio.create_task(s.ask("sleep 2", "busy"))
+        await s.running("busy")
+        with pytest.raises(openai.ConflictError) as caught:
+            await s.ask("hello", "busy")
+        assert caught.value.code == "session_busy"
+        assert caught.value.type == "session_busy"
+        assert await first == "slept 2"
+        assert await s.ask("hello", "busy") == "echo: hello"
+
+
+async def test_a_full_queue_answers_429(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path, queue_cap=1)) as s:
+        first = asyncio.create_task(s.ask("sleep 1", "full"))
+        await s.running("full")
+        second = asyncio.create_task(s.ask("second", "full"))
+        await eventually(lambda: s.queued("full", 1))
+        with pytest.raises(openai.RateLimitError) as caught:
+            await s.ask("third", "full")
+        assert caught.value.code == "queue_full"
+        assert (await first, await second) == ("slept 1", "echo: second")
+
+
+async def test_queue_waits_for_its_turn(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        first = asyncio.create_task(s.ask("sleep 1", "q"))
+        await s.running("q")
+        second = await s.ask_streaming("after", "q")
+        assert first.done()
+        assert await first == "slept 1"
+        assert "".join(second) == "echo: after"
+
+
+async def test_a_slash_command_is_answered_by_its_reply(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        status = await s.ask("/status", "cmd")
+        assert status.startswith("Status: idle")
+        assert "busy policy: queue" in status
+        streamed = "".join(await s.ask_streaming("/busy reject", "cmd"))
+        assert "reject" in streamed
+        assert "busy policy: reject (session)" in await s.ask("/status", "cmd")
+
+
+async def test_interrupted_request_is_answered_with_a_notice(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path, busy="interrupt")) as s:
+        first = asyncio.create_task(s.ask_streaming("sleep 20", "i"))
+        await s.running("i")
+        assert await s.ask("hello", "i") == "echo: hello"
+        assert "".join(await first) == INTERRUPTED_TEXT
+
+
+async def test_stop_answers_the_stopped_and_the_dropped_requests(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path), settle_grace=0.3) as s:
+        running = asyncio.create_task(s.ask("sleep 20", "st"))
+        await s.running("st")
+        queued = asyncio.create_task(s.ask_streaming("never", "st"))
+        await eventually(lambda: s.queued("st", 1))
+        reply = await s.ask("/stop", "st")
+        assert reply == "Stopped the running turn. Dropped 1 queued message."
+        assert await running == STOPPED_TEXT
+        assert "".join(await queued) == NOT_RUN_TEXT
+
+
+async def test_a_failing_agent_answers_with_its_notice(tmp_path: Path) -> None:
+    async def failing(turn: Turn) -> str:
+        raise RuntimeError("boom")
+
+    async with serve(make_config(tmp_path), agent=failing) as s:
+        answer = await s.ask("hi", "f")
+        assert answer.startswith("Sorry — the agent failed")
+        assert "".join(await s.ask_streaming("hi", "f")).startswith("Sorry — the agent failed")
+
+
+async def test_no_progress_answers_504(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path), wait_timeout=0.5) as s:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await s.ask("approve rm -rf /tmp/x", "slow")
+        assert caught.value.status_code == 504
+        assert "Denied" in await s.ask("/deny", "slow")
+
+
+async def test_missing_session_is_400(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await s.client.chat.completions.create(
+                model="chatlane", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert "X-Chatlane-Session" in caught.value.message
+
+
+async def test_bad_token_is_401(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        async with AsyncOpenAI(base_url=s.base_url, api_key="wrong", max_retries=0) as bad:
+            with pytest.raises(openai.AuthenticationError):
+                await bad.chat.completions.create(
+                    model="chatlane", messages=[{"role": "user", "content": "hi"}], user="x"
+                )
+            with pytest.raises(openai.AuthenticationError):
+                await bad.models.list()
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"{s.base_url}/models")
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_allowlist_refusal_is_403(tmp_path: Path) -> None:
+    config = make_config(tmp_path, allow={"api": ["alice"]})
+    async with serve(config) as s:
+        with pytest.raises(openai.PermissionDeniedError):
+            await s.ask("hello", "mallory")
+        assert await s.ask("hello", "alice") == "echo: hello"
+        assert s.adapter.waiting == 0
+
+
+async def test_models_lists_chatlane(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        models = await s.client.models.list()
+        assert [m.id for m in models.data] == ["chatlane"]
+
+
+BAD_BODIES = [
+    (b"{not json", "not valid JSON"),
+    (b"\xff\xfe", "not valid JSON"),
+    (b"[1, 2]", "JSON object"),
+    (b'{"user": "u", "messages": "hi"}', "non-empty list"),
+    (b'{"user": "u", "messages": []}', "non-empty list"),
+    (b'{"user": "u", "messages": [1]}', "messages[0] must be an object"),
+    (b'{"user": "u", "messages": [{"role": "system", "content": "x"}]}', "role 'user'"),
+    (b'{"user": "u", "messages": [{"role": "user", "content": 5}]}', "string or a list"),
+    (b'{"user": "u", "messages": [{"role": "user", "content": [{"type": "text"}]}]}', "'text'"),
+    (b'{"user": "u", "messages": [{"role": "user", "content": "  "}]}', "has no text"),
+    (b'{"user": "u", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}', "stream"),
+    (b'{"user": 7, "messages": [{"role": "user", "content": "x"}]}', "'user' must be"),
+    (b'{"user": "u", "model": 1, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
+    (b'{"user": "u", "messages": [{"role": "user", "content": "\\ud800"}]}', "Unicode"),
+    (b'{"user": "' + b"u" * 300 + b'", "messages": [{"role": "user", "content": "x"}]}', "256"),
+    (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), BAD_BODIES)
+async def test_malformed_requests_get_400(tmp_path: Path, body: bytes, expected: str) -> None:
+    async with serve(make_config(tmp_path)) as s, httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{s.base_url}/chat/completions",
+            content=body,
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert expected in error["message"]
+        assert s.adapter.waiting == 0
+
+
+async def test_oversized_body_is_413(tmp_path: Path) -> None:
+    text = "x" * (1 << 20)
+    body = json.dumps({"user": "u", "messages": [{"role": "user", "content": text}]})
+    async with serve(make_config(tmp_path)) as s, httpx.AsyncClient() as http:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        response = await http.post(f"{s.base_url}/chat/completions", content=body, headers=headers)
+        assert response.status_code == 413
+
+        async def chunked() -> AsyncIterator[bytes]:
+            for _ in range(5):
+                yield b"x" * (300 * 1024)
+
+        response = await http.post(
+            f"{s.base_url}/chat/completions", content=chunked(), headers=headers
+        )
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["héllo wörld", "👋🏽 emoji", "مرحبا", "zero\u200bwidth", "nul\x00byte", "tab\tand\nline"],
+)
+async def test_odd_unicode_round_trips(tmp_path: Path, text: str) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        assert await s.ask(text, "ünïcødé 👤") == f"echo: {text}"
+        assert "".join(await s.ask_streaming(text, "ünïcødé 👤")) == f"echo: {text}"
+
+
+async def test_a_disconnected_stream_stops_waiting(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        stream = await s.client.chat.completions.create(
+            model="chatlane",
+            messages=[{"role": "user", "content": "sleep 2"}],
+            user="gone",
+            stream=True,
+        )
+        await s.running("gone")
+        assert s.adapter.waiting == 1
+        await stream.close()
+        await eventually(lambda: s.adapter.waiting == 0)
+        assert await s.ask("hello", "gone") == "echo: hello"
+
+
+async def test_a_disconnected_plain_request_stops_waiting(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        async with AsyncOpenAI(
+            base_url=s.base_url, api_key=TOKEN, max_retries=0, timeout=0.5
+        ) as impatient:
+            with pytest.raises(openai.APITimeoutError):
+                await impatient.chat.completions.create(
+                    model="chatlane", messages=[{"role": "user", "content": "sleep 2"}], user="d"
+                )
+        await eventually(lambda: s.adapter.waiting == 0)
+        assert s.hub.gateway.engine.running_turn("main:api:dm:d") is not None
+
+
+async def test_collected_requests_share_the_merged_reply(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path, busy="collect")) as s:
+        first = asyncio.create_task(s.ask("sleep 1", "m"))
+        await s.running("m")
+        merged = await asyncio.gather(s.ask("a", "m"), s.ask_streaming("b", "m"))
+        assert await first == "slept 1"
+        assert merged[0] == "".join(merged[1])
+        assert merged[0] in ("echo: a\nb", "echo: b\na")
+
+
+async def test_a_steered_request_is_answered_by_a_later_turn(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path, busy="steer")) as s:
+        first = asyncio.create_task(s.ask("sleep 1", "st"))
+        await s.running("st")
+        assert await s.ask("after", "st") == "echo: after"
+        assert await first == "slept 1"
+
+
+async def test_no_token_configured_means_no_auth(tmp_path: Path) -> None:
+    config = Config(server=ServerConfig(token=Secret(env="CHATLANE_TEST_UNSET_TOKEN")))
+    async with serve(config, environ={}) as s:
+        async with httpx.AsyncClient() as http:
+            response = await http.post(
+                f"{s.base_url}/chat/completions",
+                json={"user": "u", "messages": [{"role": "user", "content": "hi"}]},
+            )
+        assert response.json()["choices"][0]["message"]["content"] == "echo: hi"
+
+
+async def eventually(predicate: Callable[[], bool | Awaitable[bool]]) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            result = predicate()
+            if result if isinstance(result, bool) else await result:
+                return
+            await asyncio.sleep(0.02)

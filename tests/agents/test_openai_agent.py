@@ -1,0 +1,242 @@
+"""The ``openai`` agent against a real chatlane gateway (demo agent) behind its own API adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from chatlane.adapters.api import ApiAdapter
+from chatlane.agents.demo import DemoAgent
+from chatlane.agents.openai_agent import OpenAIAgent, request_options, upstream_session
+from chatlane.config import Config, OpenAIConfig, RuntimeConfig, Secret, ServerConfig
+from chatlane.runtime.turn import TurnOverrides
+from chatlane.server import Hub, build_app
+from chatlane.state import SERVICE_TIER_UNSET
+from chatlane.stores import Store, open_store
+from chatlane.testing import GatewayHarness
+from chatlane.types import ModelChoice, OutboundKind
+
+TOKEN = "upstream-token"
+
+
+@dataclass
+class Recorded:
+    """One chat-completions request as the upstream received it."""
+
+    headers: dict[str, str]
+    body: bytearray = field(default_factory=bytearray)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Recorder:
+    """ASGI middleware that keeps every chat-completions request it passes on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.requests: list[Recorded] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/chat/completions"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        record = Recorded(headers)
+        self.requests.append(record)
+
+        async def recording() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                record.body += message.get("body", b"")
+            return message
+
+        await self.app(scope, recording, send)
+
+
+@dataclass
+class Upstream:
+    port: int
+    adapter: ApiAdapter
+    recorder: Recorder
+    hub: Hub
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@contextlib.asynccontextmanager
+async def upstream(tmp_path: Path, busy: str = "queue") -> AsyncIterator[Upstream]:
+    """A chatlane gateway running the demo agent behind its API adapter, with a token."""
+    token_file = tmp_path / "upstream-token"
+    token_file.write_text(TOKEN)
+    config = Config(
+        server=ServerConfig(token=Secret(file=str(token_file))),
+        runtime=RuntimeConfig(busy=busy),
+    )
+    hub = Hub(config, await open_store("memory://"), DemoAgent())
+    adapter = ApiAdapter(config)
+    hub.add(adapter)
+    recorder = Recorder(build_app(hub))
+    server = uvicorn.Server(
+        uvicorn.Config(recorder, host="127.0.0.1", port=0, lifespan="on", log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: server.started)
+    try:
+        yield Upstream(server.servers[0].sockets[0].getsockname()[1], adapter, recorder, hub)
+    finally:
+        server.should_exit = True
+        await task
+
+
+@contextlib.asynccontextmanager
+async def downstream(
+    up: Upstream, tmp_path: Path, busy: str = "queue", **settings: Any
+) -> AsyncIterator[tuple[GatewayHarness, OpenAIAgent]]:
+    """A second gateway whose agent is the OpenAI agent pointed at ``up``."""
+    key_file = tmp_path / "api-key"
+    key_file.write_text(TOKEN)
+    config = OpenAIConfig(
+        base_url=up.base_url, model="upstream-model", api_key=Secret(file=str(key_file))
+    )
+    store: Store = await open_store("memory://")
+    agent = OpenAIAgent(config, store=store)
+    try:
+        async with GatewayHarness(agent, busy=busy, store=store, **settings) as h:
+            yield h, agent
+    finally:
+        await agent.aclose()
+        await store.close()
+
+
+async def test_a_turn_goes_through_the_whole_chain(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
+        await h.send("hello", chat_id="c")
+        assert await h.replies(chat_id="c", count=1, timeout=20) == ["echo: hello"]
+        chunks = [o.text for o in h.delivered(chat_id="c") if o.kind is OutboundKind.CHUNK]
+        assert "".join(chunks) == "echo: hello"
+        assert len(chunks) >= 2
+        [request] = up.recorder.requests
+        assert request.headers["authorization"] == f"Bearer {TOKEN}"
+        key = h.session_key(chat_id="c")
+        assert request.headers["x-chatlane-session"] == upstream_session(key)
+        body = request.json()
+        assert body["model"] == "upstream-model"
+        assert body["stream"] is True
+        assert body["messages"] == [{"role": "user", "content": "hello"}]
+        assert "reasoning_effort" not in body
+        assert "service_tier" not in body
+
+
+async def test_history_is_sent(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
+        for count, text in enumerate(("one", "two", "three"), start=1):
+            await h.send(text, chat_id="c")
+            await h.replies(chat_id="c", count=count, timeout=20)
+        assert up.recorder.requests[-1].json()["messages"] == [
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "echo: one"},
+            {"role": "user", "content": "two"},
+            {"role": "assistant", "content": "echo: two"},
+            {"role": "user", "content": "three"},
+        ]
+        await h.send("whoami", chat_id="other")
+        [line] = await h.replies(chat_id="other", count=1, timeout=20)
+        assert f"key=main:api:dm:{upstream_session(h.session_key(chat_id='other'))} " in line
+        assert up.recorder.requests[-1].json()["messages"] == [
+            {"role": "user", "content": "whoami"}
+        ]
+
+
+async def test_overrides_reach_the_upstream(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
+        for command in ("/model other-model", "/reasoning high", "/fast on", "hi", "/fast off"):
+            await h.send(command, chat_id="c")
+        await h.send("again", chat_id="c")
+        await h.settle()
+        first, second = (r.json() for r in up.recorder.requests)
+        assert (first["model"], first["reasoning_effort"], first["service_tier"]) == (
+            "other-model",
+            "high",
+            "priority",
+        )
+        assert second["service_tier"] == "default"
+
+
+async def test_the_key_goes_only_to_the_configured_endpoint(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
+        elsewhere = f"http://localhost:{up.port}/v1"
+        await h.send(f"/model m --base-url {elsewhere}", chat_id="c")
+        await h.send("hi", chat_id="c")
+        replies = await h.replies(chat_id="c", count=2, timeout=20)
+        assert "AuthenticationError" in replies[1]
+        assert up.recorder.requests[-1].headers["authorization"] == "Bearer none"
+        await h.send(f"/model m --base-url {up.base_url}/", chat_id="c")
+        await h.send("hi", chat_id="c")
+        assert (await h.replies(chat_id="c", count=4, timeout=20))[3] == "echo: hi"
+
+
+async def test_stop_closes_the_stream_at_once(tmp_path: Path) -> None:
+    async with (
+        upstream(tmp_path) as up,
+        downstream(up, tmp_path, interrupt_grace=30.0) as (h, _),
+    ):
+        await h.send("sleep 30", chat_id="c")
+        await eventually(lambda: up.adapter.waiting == 1)
+        await h.send("/stop", chat_id="c")
+        async with asyncio.timeout(10):
+            await h.settle()
+        await eventually(lambda: up.adapter.waiting == 0)
+        key = f"main:api:dm:{upstream_session(h.session_key(chat_id='c'))}"
+        assert up.hub.gateway.engine.running_turn(key) is not None, "the upstream still sleeps"
+        replies = await h.replies(chat_id="c", count=1)
+        assert replies == ["Stopped the running turn. Dropped 0 queued messages."]
+
+
+async def test_interrupt_runs_the_newer_message(tmp_path: Path) -> None:
+    async with (
+        upstream(tmp_path, busy="interrupt") as up,
+        downstream(up, tmp_path, busy="interrupt") as (h, _),
+    ):
+        await h.send("sleep 30", chat_id="c")
+        await eventually(lambda: up.adapter.waiting == 1)
+        await h.send("hello", chat_id="c")
+        replies = await h.replies(chat_id="c", count=2, timeout=20)
+        assert replies == ["Interrupting the current task", "echo: hello"]
+        await h.settle()
+        await eventually(lambda: up.adapter.waiting == 0)
+
+
+def test_request_options() -> None:
+    assert request_options(TurnOverrides()) == {}
+    assert request_options(TurnOverrides(reasoning="low", service_tier=None)) == {
+        "reasoning_effort": "low",
+        "service_tier": "default",
+    }
+    tier = TurnOverrides(model=ModelChoice("m"), service_tier="priority")
+    assert request_options(tier) == {"service_tier": "priority"}
+    assert request_options(TurnOverrides(service_tier=SERVICE_TIER_UNSET)) == {}
+
+
+def test_the_key_stays_out_of_repr(tmp_path: Path) -> None:
+    agent = OpenAIAgent(OpenAIConfig(api_key=Secret(env="K")), environ={"K": "sk-very-secret"})
+    assert "sk-very-secret" not in repr(agent)
+    assert "sk-very-secret" not in repr(agent.config)
+
+
+async def eventually(predicate: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            if predicate():
+                return
+            await asyncio.sleep(0.02)
