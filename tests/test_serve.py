@@ -46,7 +46,7 @@ def wait_ready(process: subprocess.Popen[str], timeout: float = 30) -> str:
         if not line and process.poll() is not None:
             break
         seen.append(line)
-        if "metrics:" in line:
+        if "store:" in line:
             return "".join(seen)
     raise AssertionError("chatlane serve did not become ready:\n" + "".join(seen))
 

@@ -77,11 +77,16 @@ class Gateway:
             self.use_scheduler(scheduler)
 
     def use_scheduler(self, scheduler: Scheduler) -> None:
-        """Attach ``scheduler``: it sees every message, may hold back deliveries of
-        its own jobs, and starts and stops with the gateway (call its ``start()``
-        yourself if the gateway already started)."""
-        self.scheduler = scheduler
+        """Attach ``scheduler`` (see :mod:`chatlane.scheduler`).
+
+        It then sees every message a person sends, may hold back deliveries
+        for its own jobs, and starts and stops with the gateway; if the gateway
+        already started, call ``await scheduler.start()`` yourself.
+
+        :raises RuntimeError: if ``scheduler`` is attached to another gateway.
+        """
         scheduler.bind(self)
+        self.scheduler = scheduler
 
     async def _deliver_out(self, outbound: Outbound) -> None:
         if self.scheduler is None or self.scheduler.deliverable(outbound):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from types import FrameType
 
 import msgspec
 import uvicorn
@@ -94,6 +95,11 @@ class AnnouncingServer(uvicorn.Server):
     def __init__(self, uvicorn_config: uvicorn.Config, config: Config) -> None:
         super().__init__(uvicorn_config)
         self.chatlane_config = config
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Shut down gracefully and then exit normally (status 0), not by re-raising the signal."""
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)

@@ -1,0 +1,295 @@
+"""The web chat adapter: a chat page at ``/`` and a JSON WebSocket at ``/ws``.
+
+The page and its access gate live in :mod:`chatlane.adapters.web_page`, the
+frames in :mod:`chatlane.adapters.web_wire`; ``docs/web.md`` describes both.
+
+What stays true:
+
+* A browser's tabs share its session: an outbound message goes to every open
+  socket of its chat and to no other. One for a chat with no open socket is
+  dropped (the transcript keeps it, and the next connect shows it).
+* A socket gets the commands, the current conversation's history and the
+  conversation list when it connects, and history and list again before the
+  reply that follows a switch of conversation (``/new``, ``/resume``…).
+* Reading never waits for the gateway: each message is submitted in a task of
+  its own, after the chat's previous message was dispatched (or after
+  :data:`HANDOFF` seconds, so a slow dispatch cannot hold up an ``/approve``).
+* Writing never waits for a browser: each socket has its own outbox and
+  writer task; a socket that falls :data:`OUTBOX_LIMIT` events behind is closed.
+* Bad input gets an ``error`` event and the socket stays open; nothing a
+  client sends can crash the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from chatlane.adapters.web_page import Gate, WebPage, browser_id
+from chatlane.adapters.web_wire import (
+    Event,
+    InvalidWebMessage,
+    commands_event,
+    conversation_item,
+    encode,
+    error_event,
+    history_event,
+    outbound_event,
+    parse_frame,
+)
+from chatlane.config import Config
+from chatlane.errors import ChatlaneError, StoreError
+from chatlane.identity import ChatType, SessionSource
+from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.server import Hub
+
+log = logging.getLogger("chatlane.adapters.web")
+
+OUTBOX_LIMIT = 512
+MAX_TABS = 32
+"""Most open sockets one browser may have; more are closed with 1013."""
+HANDOFF = 1.0
+HISTORY_LIMIT = 200
+CONVERSATION_LIMIT = 20
+
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_NO_IDENTITY = 4400
+CLOSE_FOREIGN_ORIGIN = 4403
+CLOSE_TRY_LATER = 1013
+CLOSE_GOING_AWAY = 1001
+NO_IDENTITY = (CLOSE_NO_IDENTITY, "no browser id: load the page first")
+
+
+@dataclass(eq=False)
+class Connection:
+    """One open socket and the events waiting to be written to it, in order."""
+
+    websocket: WebSocket
+    outbox: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
+    close_with: tuple[int, str] | None = None
+
+    def send(self, event: Event) -> None:
+        """Queue ``event``; a socket too far behind is closed instead."""
+        if self.close_with is not None:
+            return
+        if self.outbox.qsize() >= OUTBOX_LIMIT:
+            log.warning("web socket %d events behind; closing it", OUTBOX_LIMIT)
+            self.close(CLOSE_TRY_LATER, "too far behind")
+            return
+        self.outbox.put_nowait(encode(event))
+
+    def close(self, code: int, reason: str) -> None:
+        """Close the socket once the events queued before are written."""
+        if self.close_with is None:
+            self.close_with = (code, reason)
+            self.outbox.put_nowait(None)
+
+    async def pump(self) -> None:
+        """Write queued events until closed (a vanished client just ends the pump)."""
+        try:
+            while (text := await self.outbox.get()) is not None:
+                await self.websocket.send_text(text)
+            code, reason = self.close_with or (1000, "")
+            await self.websocket.close(code, reason)
+        except (WebSocketDisconnect, RuntimeError, OSError) as error:
+            log.debug("web socket gone while writing: %r", error)
+
+
+@dataclass(eq=False)
+class WebChat:
+    """One browser's session: its source, its open sockets, the conversation they show."""
+
+    source: SessionSource
+    session_key: SessionKey
+    connections: set[Connection] = field(default_factory=set)
+    conversation_id: str = ""
+    last_submit: asyncio.Task[None] | None = None
+
+    def broadcast(self, event: Event, *, skip: Connection | None = None) -> None:
+        """Queue ``event`` on every open socket of this chat except ``skip``."""
+        for connection in list(self.connections):
+            if connection is not skip:
+                connection.send(event)
+
+
+class WebAdapter:
+    """The ``web`` platform: the chat page, its WebSocket, and delivery to open tabs."""
+
+    platform = "web"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.gate = Gate(config.server.token.read(os.environ))
+        self.page = WebPage(self.gate)
+        self._hub: Hub | None = None
+        self._chats: dict[str, WebChat] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """``/``, ``/web/static/…`` and ``/ws``."""
+        return [*self.page.routes(), WebSocketRoute("/ws", self.socket)]
+
+    async def start(self, hub: Hub) -> None:
+        """Accept sockets from now on."""
+        self._hub = hub
+
+    @property
+    def hub(self) -> Hub:
+        """The hub given to :meth:`start`."""
+        if self._hub is None:
+            raise RuntimeError("WebAdapter used before start()")
+        return self._hub
+
+    async def deliver(self, outbound: Outbound) -> None:
+        """Send ``outbound`` to every open socket of its chat (none open: dropped)."""
+        chat = self._chats.get(outbound.target.chat_id or "")
+        if chat is None or not chat.connections:
+            log.debug("web chat has no open socket; dropped %s", outbound.kind)
+            return
+        if outbound.kind is OutboundKind.REPLY:
+            await self._follow_conversation(chat)
+        chat.broadcast(outbound_event(outbound))
+
+    async def aclose(self) -> None:
+        """Close every socket and let messages being dispatched finish (briefly)."""
+        for chat in self._chats.values():
+            for connection in chat.connections:
+                connection.close(CLOSE_GOING_AWAY, "server shutting down")
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=5.0)
+            for task in pending:
+                task.cancel()
+
+    # -- one socket -------------------------------------------------------------------
+
+    async def socket(self, websocket: WebSocket) -> None:
+        """Serve one WebSocket: check it, greet it, then read messages until it closes."""
+        await websocket.accept()
+        bid = browser_id(websocket)
+        refusal = self._refusal(websocket) or (None if bid else NO_IDENTITY)
+        if refusal is not None or bid is None:
+            await websocket.close(*(refusal or NO_IDENTITY))
+            return
+        await self._serve(websocket, self._join(bid))
+
+    async def _serve(self, websocket: WebSocket, chat: WebChat) -> None:
+        if len(chat.connections) >= MAX_TABS:
+            await websocket.close(CLOSE_TRY_LATER, "too many open tabs")
+            return
+        connection = Connection(websocket)
+        chat.connections.add(connection)
+        writer = asyncio.create_task(connection.pump())
+        try:
+            await self._greet(chat, connection)
+            await self._read(chat, connection)
+        finally:
+            self._leave(chat, connection)
+            writer.cancel()
+            await asyncio.wait({writer})
+
+    def _refusal(self, websocket: WebSocket) -> tuple[int, str] | None:
+        """Why this socket may not be served, as a close code and reason; ``None`` if it may."""
+        if self._hub is None:
+            return (CLOSE_TRY_LATER, "the server is starting")
+        if not self.gate.admits(websocket):
+            return (CLOSE_UNAUTHORIZED, "access token required")
+        origin = websocket.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != websocket.headers.get("host"):
+            return (CLOSE_FOREIGN_ORIGIN, "cross-origin WebSocket refused")
+        return None
+
+    def _join(self, bid: str) -> WebChat:
+        chat = self._chats.get(bid)
+        if chat is None:
+            source = SessionSource("web", chat_id=bid, user_id=bid, chat_type=ChatType.DM)
+            key = self.hub.gateway.session_key(InboundMessage(source, "", id="web-join"))
+            chat = self._chats[bid] = WebChat(source, key)
+        return chat
+
+    def _leave(self, chat: WebChat, connection: Connection) -> None:
+        chat.connections.discard(connection)
+        bid = chat.source.chat_id or ""
+        if not chat.connections and self._chats.get(bid) is chat:
+            del self._chats[bid]
+
+    async def _greet(self, chat: WebChat, connection: Connection) -> None:
+        connection.send(commands_event(self.hub.gateway.router))
+        try:
+            events = await self._snapshot(chat)
+        except StoreError as error:
+            log.warning("web: could not load %s: %s", chat.session_key, error)
+            connection.send(error_event("Could not load this conversation; try again later."))
+            return
+        for event in events:
+            connection.send(event)
+
+    async def _read(self, chat: WebChat, connection: Connection) -> None:
+        while True:
+            frame = await connection.websocket.receive()
+            if frame["type"] == "websocket.disconnect":
+                return
+            try:
+                text = parse_frame(frame)
+            except InvalidWebMessage as error:
+                connection.send(error_event(str(error)))
+                continue
+            self._submit(chat, connection, text)
+
+    # -- messages -----------------------------------------------------------------------
+
+    def _submit(self, chat: WebChat, connection: Connection, text: str) -> None:
+        message = InboundMessage(chat.source, text)
+        chat.broadcast({"type": "user", "text": text, "id": message.id}, skip=connection)
+        task = asyncio.create_task(self._dispatch(connection, message, chat.last_submit))
+        chat.last_submit = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch(
+        self, connection: Connection, message: InboundMessage, previous: asyncio.Task[None] | None
+    ) -> None:
+        """Submit after the chat's previous message (bounded wait), reporting failures."""
+        if previous is not None and not previous.done():
+            await asyncio.wait({previous}, timeout=HANDOFF)
+        try:
+            await self.hub.submit(message)
+        except ChatlaneError as error:
+            connection.send(error_event(f"The message was not handled: {error}"))
+        except Exception:
+            log.exception("web: dispatch failed for %s", message.id)
+            connection.send(error_event("The message was not handled (internal error)."))
+
+    async def _follow_conversation(self, chat: WebChat) -> None:
+        """If the session switched conversation (/new, /resume…), resend history and list."""
+        try:
+            current = await self.hub.store.conversation(chat.session_key)
+            if current.id == chat.conversation_id:
+                return
+            events = await self._snapshot(chat)
+        except StoreError as error:
+            log.warning("web: could not follow %s: %s", chat.session_key, error)
+            return
+        for event in events:
+            chat.broadcast(event)
+
+    async def _snapshot(self, chat: WebChat) -> list[Event]:
+        """The current conversation's history and the session's conversation list."""
+        store, key = self.hub.store, chat.session_key
+        current = await store.conversation(key)
+        chat.conversation_id = current.id
+        entries = await store.transcript(key, current.id, HISTORY_LIMIT)
+        listed = await store.conversations(key, CONVERSATION_LIMIT)
+        items = [
+            conversation_item(c, current.id, await store.transcript(key, c.id, 20)) for c in listed
+        ]
+        return [history_event(current.id, entries), {"type": "conversations", "items": items}]

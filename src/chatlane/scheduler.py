@@ -1,0 +1,572 @@
+"""The scheduler: auto-resets on time, cron jobs, and background completions.
+
+A :class:`Scheduler` is attached to one :class:`~chatlane.gateway.Gateway`,
+which starts and stops it and shows it every message (for auto-reset) and
+every delivery (to hold back what must not reach a chat). What stays true:
+
+* A job's prompt reaches its target session as an internal
+  :class:`~chatlane.types.InboundMessage`: it goes through that session's
+  busy policy, queues behind a running turn and never interrupts it; the
+  agent's reply reaches the chat through normal delivery.
+* A job runs in its own task inside :func:`chatlane.context.cron_context`:
+  session variables cleared, the cron delivery variables naming its target,
+  so jobs running at once never see each other's target.
+* A reply of exactly ``[SILENT]`` to a scheduler-made message is not
+  delivered, nor are the streamed chunks of such replies, nor anything for a
+  ``local`` job (its result is kept in the store's transcript only).
+* Each tick of a job runs at most once across every process sharing the
+  store: a process runs a tick only after recording it under the job's lease
+  with a fenced write (:class:`JobBook`); a tick is named by its epoch, which
+  every process computes alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import datetime as dt
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chatlane.autoreset import (
+    ActivityTracker,
+    AutoResetPolicy,
+    AutoResetSettings,
+    AutoResetter,
+    DueReset,
+    resolve,
+)
+from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
+from chatlane.context import cron_context
+from chatlane.cron import (
+    LOCAL,
+    ORIGIN,
+    Claim,
+    Job,
+    JobBook,
+    JobRun,
+    Schedule,
+    parse_schedule,
+    run_source,
+)
+from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.identity import SessionSource, build_session_key, parse_session_key
+from chatlane.runtime.busy import BusyOutcome
+from chatlane.runtime.engine import TurnEngine
+from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey, Target
+
+if TYPE_CHECKING:
+    from chatlane.gateway import Gateway
+
+__all__ = [
+    "CRON_COMMAND",
+    "CRON_USAGE",
+    "LOCAL",
+    "ORIGIN",
+    "SILENT",
+    "AutoResetPolicy",
+    "AutoResetSettings",
+    "Job",
+    "JobAction",
+    "JobRun",
+    "Scheduler",
+    "SchedulerSettings",
+    "cron_command",
+    "split_add",
+]
+
+log = logging.getLogger("chatlane.scheduler")
+
+SILENT = "[SILENT]"
+"""A reply that is exactly this (spaces aside) to a job or completion is not delivered."""
+CRON_ID, DONE_ID = "chatlane-cron:", "chatlane-done:"
+"""Prefixes of the ids of messages the scheduler makes."""
+
+JobAction = Callable[[JobRun], Awaitable[None]]
+"""What a job does when its tick comes (called inside its cron context)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """How the scheduler behaves; every duration is in seconds.
+
+    :param auto_reset: idle and daily reset policies (off by default).
+    :param tz: the time zone of cron expressions and daily reset hours. Every
+        process sharing a store must use the same one.
+    :param period: time between two passes of the loop.
+    :param sync_every: how often the job list is reloaded from the store (to
+        see jobs other processes added or removed).
+    :param track_cap: at most this many sessions are tracked for auto-reset.
+    :param claim_ttl: lease TTL while a process claims a job's tick.
+    :param chat_job_cap: how many jobs one chat may create with ``/cron add``.
+    :param close_grace: how long :meth:`Scheduler.aclose` lets running jobs
+        and resets finish before cancelling them.
+    """
+
+    auto_reset: AutoResetSettings = field(default_factory=AutoResetSettings)
+    tz: dt.tzinfo = dt.UTC
+    period: float = 1.0
+    sync_every: float = 10.0
+    track_cap: int = 10_000
+    claim_ttl: float = 30.0
+    chat_job_cap: int = 10
+    close_grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("period", "sync_every", "claim_ttl"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"scheduler {name} must be positive")
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One job as this process runs it: its parsed schedule and its next tick."""
+
+    job: Job
+    schedule: Schedule
+    configured: bool
+    due: float | None = None
+    firing: bool = False
+
+    @classmethod
+    def of(cls, job: Job, moment: float, tz: dt.tzinfo, *, configured: bool) -> _Slot:
+        """``job`` with its first tick after ``moment``."""
+        slot = cls(job, parse_schedule(job.schedule), configured)
+        slot.advance(moment, tz)
+        return slot
+
+    def advance(self, moment: float, tz: dt.tzinfo) -> None:
+        """Make the first tick after ``moment`` the next one."""
+        self.due = self.schedule.next_after(moment, anchor=self.job.created_at, tz=tz)
+
+
+class Scheduler:
+    """Runs auto-resets and jobs for one gateway; see the module docstring.
+
+    :param jobs: jobs from the configuration: never stored, never removable
+        at run time; their id (given, or derived from their content) must be
+        the same in every process.
+    :param action: what a job does at its tick (default :meth:`submit_prompt`).
+    :param now: the clock, epoch seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        settings: SchedulerSettings | None = None,
+        *,
+        jobs: Iterable[Job] = (),
+        action: JobAction | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings or SchedulerSettings()
+        self.tracker = ActivityTracker(self.settings.track_cap)
+        self._configured = _unique(jobs)
+        self._action = action or self.submit_prompt
+        self._now = now
+        self._resetter = AutoResetter(self.settings.auto_reset, self.tracker, self.settings.tz)
+        self._gateway: Gateway | None = None
+        self._book: JobBook | None = None
+        self._slots: dict[str, _Slot] = {}
+        self._resetting: set[SessionKey] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self._next_sync = 0.0
+
+    # -- wiring --------------------------------------------------------------------
+
+    def bind(self, gateway: Gateway) -> None:
+        """Attach to ``gateway`` (done by :meth:`Gateway.use_scheduler`); enables ``/cron``.
+
+        :raises RuntimeError: if already attached to another gateway.
+        """
+        if self._gateway is not None and self._gateway is not gateway:
+            raise RuntimeError("this scheduler is attached to another gateway")
+        self._gateway = gateway
+        engine = gateway.engine
+        self._book = JobBook(engine.store, self.namespace, engine.holder, self.settings.claim_ttl)
+        if gateway.router.get("cron") is CRON_COMMAND:
+            gateway.router.register(cron_command(self))
+
+    @property
+    def gateway(self) -> Gateway:
+        """The gateway this scheduler is attached to.
+
+        :raises RuntimeError: before :meth:`bind`.
+        """
+        if self._gateway is None:
+            raise RuntimeError("attach the scheduler first: Gateway(..., scheduler=s)")
+        return self._gateway
+
+    @property
+    def engine(self) -> TurnEngine:
+        """The gateway's turn engine."""
+        return self.gateway.engine
+
+    @property
+    def namespace(self) -> str:
+        """The gateway's key namespace; the scheduler's store keys start with it."""
+        return self.gateway.settings.key_policy.namespace
+
+    @property
+    def book(self) -> JobBook:
+        """Where jobs and their claimed ticks are stored."""
+        if self._book is None:
+            raise RuntimeError("attach the scheduler first: Gateway(..., scheduler=s)")
+        return self._book
+
+    async def start(self) -> None:
+        """Load the jobs and start the loop (idempotent). Ticks missed while down are skipped."""
+        if self._loop is not None:
+            return
+        await self.sync()
+        self._loop = asyncio.create_task(
+            self._run_forever(), name="chatlane-scheduler", context=contextvars.Context()
+        )
+        self._loop.add_done_callback(self._done)
+
+    async def aclose(self) -> None:
+        """Stop the loop; let running jobs and resets finish within ``close_grace``, then cancel."""
+        if self._loop is not None:
+            self._loop.cancel()
+            await asyncio.gather(self._loop, return_exceptions=True)
+        tasks = list(self._tasks)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.settings.close_grace)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run_forever(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except ChatlaneError as error:
+                log.warning("scheduler pass failed: %s", error)
+            await asyncio.sleep(self.settings.period)
+
+    async def run_once(self) -> None:
+        """One pass: reload jobs if due, then start every due reset and job tick in its own task."""
+        moment = self._now()
+        if moment >= self._next_sync:
+            await self.sync()
+        for due in self._resetter.due(self.engine, moment):
+            if due.key not in self._resetting:
+                self._resetting.add(due.key)
+                self._spawn(self._reset(due), f"chatlane-reset {due.key}")
+        for slot in list(self._slots.values()):
+            if not slot.firing and slot.due is not None and slot.due <= moment:
+                slot.firing = True
+                self._spawn(self._fire(slot, slot.due), f"chatlane-job {slot.job.id}")
+
+    async def wait_idle(self) -> None:
+        """Return once no job or reset started by a pass is still running."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.error("%s failed", task.get_name(), exc_info=error)
+
+    # -- what the gateway tells the scheduler -------------------------------------------
+
+    def touch(self, key: SessionKey, source: SessionSource) -> None:
+        """A person wrote to ``key`` from ``source`` now (tracked if an auto-reset applies)."""
+        if resolve(self.settings.auto_reset, source).enabled:
+            self.tracker.touch(key, source, self._now())
+
+    def deliverable(self, outbound: Outbound) -> bool:
+        """Whether ``outbound`` may reach its chat; a reply to a person counts as activity."""
+        if outbound.session_key.startswith(self._local_prefix()):
+            return False
+        ids = outbound.in_reply_to
+        if not ids or not all(i.startswith((CRON_ID, DONE_ID)) for i in ids):
+            if outbound.kind is OutboundKind.REPLY:
+                self.tracker.refresh(outbound.session_key, self._now())
+            return True
+        if outbound.kind is OutboundKind.CHUNK:
+            return False
+        return not (outbound.kind is OutboundKind.REPLY and outbound.text.strip() == SILENT)
+
+    def _local_prefix(self) -> str:
+        return f"{self.namespace}:cron:local:"
+
+    # -- auto-reset ---------------------------------------------------------------------------
+
+    async def _reset(self, due: DueReset) -> None:
+        try:
+            hook = self.gateway.settings.lifecycle.before_reset
+            await self._resetter.reset(self.engine, due, hook)
+        finally:
+            self._resetting.discard(due.key)
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    async def sync(self) -> None:
+        """Reload the job list from the store (jobs other processes added or removed)."""
+        known = {i for i, slot in self._slots.items() if not slot.configured}
+        stored = await self.book.load()
+        moment = self._now()
+        for job in self._configured:
+            self._place(job, moment, configured=True)
+        for job in stored.values():
+            self._place(job, moment, configured=False)
+        for gone in known - set(stored):
+            self._slots.pop(gone, None)
+        self._next_sync = moment + self.settings.sync_every
+
+    def _place(self, job: Job, moment: float, *, configured: bool) -> None:
+        """Schedule ``job`` from ``moment`` on, unless it already is."""
+        if job.id not in self._slots:
+            self._slots[job.id] = _Slot.of(job, moment, self.settings.tz, configured=configured)
+
+    async def add_job(
+        self,
+        schedule: str,
+        prompt: str,
+        target: str = LOCAL,
+        *,
+        origin: SessionSource | None = None,
+    ) -> Job:
+        """Create, store and schedule a job; its first tick is the schedule's next one.
+
+        :param target: ``"origin"`` (needs ``origin``), ``"local"``, or
+            ``"platform:chat_id[:thread_id]"`` (``:`` inside an id written ``%3A``).
+        :raises ConfigError: for a malformed schedule or target, or an empty prompt.
+        """
+        job_id = secrets.token_hex(3)
+        while job_id in self._slots:
+            job_id = secrets.token_hex(3)
+        job = Job(schedule, prompt, target, origin, id=job_id, created_at=self._now())
+        await self.book.save(job)
+        self._place(job, self._now(), configured=False)
+        return job
+
+    async def remove_job(self, job_id: str) -> bool:
+        """Delete a stored job everywhere; False if there is no such job.
+
+        :raises ConfigError: for a job defined in the configuration.
+        """
+        if job_id not in self._slots:
+            await self.sync()
+        slot = self._slots.get(job_id)
+        if slot is None:
+            return False
+        if slot.configured:
+            raise ConfigError(f"job {job_id} is defined in the configuration; remove it there")
+        await self.book.delete(job_id)
+        del self._slots[job_id]
+        return True
+
+    def list_jobs(self) -> list[Job]:
+        """Every job this process knows, oldest first."""
+        return sorted((s.job for s in self._slots.values()), key=lambda j: (j.created_at, j.id))
+
+    def next_run(self, job_id: str) -> float | None:
+        """When ``job_id`` runs next (epoch seconds), if it is known."""
+        slot = self._slots.get(job_id)
+        return None if slot is None else slot.due
+
+    async def _fire(self, slot: _Slot, tick: float) -> None:
+        """Claim ``tick``; unless another process is deciding, move on to the next tick; run it."""
+        claim = await self._claim(slot, tick)
+        if claim is Claim.GONE:
+            self._slots.pop(slot.job.id, None)
+        if claim is not Claim.BUSY:
+            slot.advance(max(tick, self._now()), self.settings.tz)
+        if claim is Claim.CLAIMED:
+            await self._run(self._job_run(slot.job, tick))
+
+    async def _claim(self, slot: _Slot, tick: float) -> Claim:
+        try:
+            return await self.book.claim(slot.job.id, tick, stored=not slot.configured)
+        except ChatlaneError as error:
+            log.warning("could not claim job %s at %.0f: %s", slot.job.id, tick, error)
+            return Claim.BUSY
+        finally:
+            slot.firing = False
+
+    def _job_run(self, job: Job, tick: float) -> JobRun:
+        source = run_source(job)
+        if job.target == LOCAL:
+            key = f"{self._local_prefix()}{job.id}"
+        else:
+            key = build_session_key(source, self.gateway.settings.key_policy)
+        return JobRun(job, tick, key, source, f"{CRON_ID}{job.id}:{tick:.0f}")
+
+    async def _run(self, run: JobRun) -> None:
+        target = Target.of(run.source)
+        with cron_context(target.platform, target.chat_id, target.thread_id):
+            try:
+                await self._action(run)
+            except Exception:
+                log.exception("job %s failed at tick %.0f", run.job.id, run.tick)
+
+    async def submit_prompt(self, run: JobRun) -> None:
+        """The default job action: the prompt goes to the run's session as an internal message."""
+        message = InboundMessage(run.source, run.job.prompt, id=run.message_id, internal=True)
+        await self._submit(run.session_key, message)
+
+    async def notify_completion(
+        self, key_or_source: SessionKey | SessionSource, text: str
+    ) -> BusyOutcome | None:
+        """Tell a session a background task finished: ``text`` arrives as an internal message.
+
+        It queues behind a running turn and never interrupts it.
+
+        :raises InvalidSessionKey: if a key is given that no source can be read back from.
+        """
+        if isinstance(key_or_source, SessionSource):
+            source = key_or_source
+            key = build_session_key(source, self.gateway.settings.key_policy)
+        else:
+            key, source = key_or_source, self._source_of(key_or_source)
+        message = InboundMessage(source, text, id=f"{DONE_ID}{secrets.token_hex(8)}", internal=True)
+        return await self._submit(key, message)
+
+    def _source_of(self, key: SessionKey) -> SessionSource:
+        tracked = self.tracker.get(key)
+        if tracked is not None:
+            return tracked.source
+        parts = parse_session_key(key)
+        return SessionSource(
+            parts.platform,
+            chat_id=parts.chat_id,
+            chat_type=parts.chat_type,
+            thread_id=parts.thread_id,
+            user_id=parts.user_id,
+        )
+
+    async def _submit(self, key: SessionKey, message: InboundMessage) -> BusyOutcome | None:
+        outcome = await self.engine.submit(key, message)
+        if outcome is BusyOutcome.QUEUE_FULL:
+            log.warning("%s was refused: the queue of %s is full", message.id, key)
+        return outcome
+
+
+def _unique(jobs: Iterable[Job]) -> tuple[Job, ...]:
+    found: dict[str, Job] = {}
+    for job in jobs:
+        if job.id in found:
+            raise ConfigError(f"two configured jobs share the id {job.id!r}")
+        found[job.id] = job
+    return tuple(found.values())
+
+
+# -- the /cron command ------------------------------------------------------------------------
+
+CRON_USAGE = (
+    '/cron add "<minute hour day month weekday>" <prompt> | /cron add every <n>s|m|h <prompt>'
+    " | /cron list | /cron remove <id>"
+)
+
+
+def cron_command(scheduler: Scheduler | None) -> CommandSpec:
+    """The ``/cron`` command for ``scheduler`` (``None``: it says scheduling is off)."""
+
+    async def handler(call: CommandCall) -> str:
+        if scheduler is None:
+            return "Scheduled jobs are not enabled on this gateway."
+        return await _cron(scheduler, call)
+
+    return CommandSpec(
+        "cron",
+        "schedule a prompt for this chat, list or remove jobs",
+        CRON_USAGE,
+        CommandBusy.DISPATCH,
+        handler,
+    )
+
+
+CRON_COMMAND = cron_command(None)
+"""The placeholder in :func:`~chatlane.commands.default_router`; a scheduler replaces it."""
+
+
+async def _cron(scheduler: Scheduler, call: CommandCall) -> str:
+    verb, _, rest = call.args.strip().partition(" ")
+    verb, rest = verb.lower(), rest.strip()
+    if verb == "add":
+        return await _add(scheduler, call, rest)
+    if verb == "list" and not rest:
+        await scheduler.sync()
+        return _listing(scheduler, call.session_key)
+    if verb in ("remove", "rm") and rest and len(rest.split()) == 1:
+        return await _remove(scheduler, call.session_key, rest)
+    raise UsageError("")
+
+
+def split_add(args: str) -> tuple[str, str]:
+    """Split ``/cron add`` arguments into the schedule and the prompt.
+
+    :raises UsageError: if the schedule is neither quoted nor ``every …``/``@…``, or no
+        prompt follows it.
+    """
+    text = args.strip()
+    if text[:1] in ('"', "'"):
+        end = text.find(text[0], 1)
+        if end < 0:
+            raise UsageError("the schedule's closing quote is missing.")
+        schedule, prompt = text[1:end], text[end + 1 :]
+    elif match := _UNQUOTED.match(text):
+        schedule, prompt = match.group(1), text[match.end() :]
+    else:
+        raise UsageError('quote a cron expression ("*/30 * * * *") or write every <n>s|m|h.')
+    if not prompt.strip():
+        raise UsageError("say what the job should ask, after the schedule.")
+    return schedule, prompt.strip()
+
+
+_UNQUOTED = re.compile(r"(every\s+\d+\s*[a-z]+|@[a-z]+)(?=\s|$)", re.IGNORECASE)
+
+
+async def _add(scheduler: Scheduler, call: CommandCall, args: str) -> str:
+    schedule, prompt = split_add(args)
+    await scheduler.sync()
+    cap = scheduler.settings.chat_job_cap
+    if len(_chat_jobs(scheduler, call.session_key)) >= cap:
+        return f"This chat already has the most jobs it may have ({cap}); /cron remove one first."
+    job = await scheduler.add_job(schedule, prompt, ORIGIN, origin=call.message.source)
+    return f"Added job {job.id} ({job.schedule}); next run {_when(scheduler, job.id)}."
+
+
+def _chat_jobs(scheduler: Scheduler, key: SessionKey) -> list[Job]:
+    policy = scheduler.gateway.settings.key_policy
+    return [
+        job
+        for job in scheduler.list_jobs()
+        if job.origin is not None and build_session_key(job.origin, policy) == key
+    ]
+
+
+def _listing(scheduler: Scheduler, key: SessionKey) -> str:
+    jobs = _chat_jobs(scheduler, key)
+    if not jobs:
+        return "No jobs for this chat. Add one with /cron add."
+    lines = [f"{j.id} {j.schedule} — next {_when(scheduler, j.id)} — {j.prompt}" for j in jobs]
+    return "Jobs of this chat:\n" + "\n".join(lines)
+
+
+async def _remove(scheduler: Scheduler, key: SessionKey, job_id: str) -> str:
+    await scheduler.sync()
+    if job_id not in {job.id for job in _chat_jobs(scheduler, key)}:
+        raise UsageError(f"this chat has no job {job_id!r}; send /cron list.")
+    await scheduler.remove_job(job_id)
+    return f"Removed job {job_id}."
+
+
+def _when(scheduler: Scheduler, job_id: str) -> str:
+    moment = scheduler.next_run(job_id)
+    if moment is None:
+        return "never"
+    return dt.datetime.fromtimestamp(moment, scheduler.settings.tz).strftime("%Y-%m-%d %H:%M %Z")

@@ -1,0 +1,385 @@
+"""The web chat over a real uvicorn server, with real HTTP and WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from chatlane.adapters import web
+from chatlane.adapters.web import WebAdapter
+from chatlane.adapters.web_page import AUTH_COOKIE, IDENTITY_COOKIE
+from chatlane.adapters.web_wire import MAX_TEXT
+from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig
+from chatlane.identity import SessionSource
+from chatlane.server import build_app, open_hub
+from chatlane.types import Outbound, OutboundKind, Target
+
+Event = dict[str, Any]
+WAIT = 10.0
+
+
+@contextlib.asynccontextmanager
+async def web_server(config: Config | None = None) -> AsyncIterator[str]:
+    """A hub with only the web adapter, served on a free port; yields ``host:port``."""
+    config = config or Config()
+    hub = await open_hub(config, store_url="memory://")
+    hub.add(WebAdapter(config))
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(hub), host="127.0.0.1", port=0, lifespan="on", log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(WAIT):
+            while not server.started:
+                assert not task.done(), "the server did not start"
+                await asyncio.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def host() -> AsyncIterator[str]:
+    async with web_server() as address:
+        yield address
+
+
+async def browser_id(host: str) -> str:
+    """Load the page like a browser and return the identity cookie it was given."""
+    async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+        response = await client.get("/")
+        assert response.status_code == 200
+        return response.cookies[IDENTITY_COOKIE]
+
+
+@contextlib.asynccontextmanager
+async def chat_socket(
+    host: str, cookie: str | None, path: str = "/ws", **headers: str
+) -> AsyncIterator[ClientConnection]:
+    if cookie is not None:
+        headers["Cookie"] = cookie
+    async with connect(f"ws://{host}{path}", additional_headers=headers) as ws:
+        yield ws
+
+
+@contextlib.asynccontextmanager
+async def greeted(host: str, bid: str) -> AsyncIterator[tuple[ClientConnection, Event]]:
+    """A socket for browser ``bid``, after its commands, history and conversations."""
+    async with chat_socket(host, f"{IDENTITY_COOKIE}={bid}") as ws:
+        greeting = {}
+        for expected in ("commands", "history", "conversations"):
+            event = await receive(ws)
+            assert event["type"] == expected
+            greeting[expected] = event
+        yield ws, greeting
+
+
+async def receive(ws: ClientConnection) -> Event:
+    event: Event = json.loads(await asyncio.wait_for(ws.recv(), WAIT))
+    return event
+
+
+async def until(ws: ClientConnection, kind: str, text: str | None = None) -> list[Event]:
+    """Events up to and including the first of ``kind`` (with ``text``, if given)."""
+    seen = []
+    while True:
+        event = await receive(ws)
+        seen.append(event)
+        if event["type"] == kind and (text is None or event.get("text") == text):
+            return seen
+
+
+async def drain(ws: ClientConnection) -> None:
+    """Read events until the socket closes (raises ``ConnectionClosed``)."""
+    while True:
+        await receive(ws)
+
+
+async def say(ws: ClientConnection, text: str) -> None:
+    await ws.send(json.dumps({"type": "message", "text": text}))
+
+
+# -- the page and identity ------------------------------------------------------------
+
+
+async def test_page_gives_each_browser_a_private_identity_cookie(host: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+        first = await client.get("/")
+        assert first.status_code == 200
+        assert 'role="log"' in first.text
+        (set_cookie,) = first.headers.get_list("set-cookie")
+        assert set_cookie.startswith(f"{IDENTITY_COOKIE}=")
+        assert "HttpOnly" in set_cookie
+        assert "samesite=lax" in set_cookie.lower()
+        assert "connect-src 'self'" in first.headers["content-security-policy"]
+        again = await client.get("/")
+        assert again.headers.get_list("set-cookie") == []
+        for asset in ("app.js", "app.css"):
+            assert (await client.get(f"/web/static/{asset}")).status_code == 200
+    assert await browser_id(host) != first.cookies[IDENTITY_COOKIE]
+
+
+async def test_connect_sends_commands_history_and_conversations(host: str) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (_, greeting):
+        names = {item["name"] for item in greeting["commands"]["items"]}
+        assert {"approve", "deny", "new", "resume", "help"} <= names
+        assert all(item["usage"] and item["summary"] for item in greeting["commands"]["items"])
+        assert greeting["history"]["messages"] == []
+        (item,) = greeting["conversations"]["items"]
+        assert item["current"] is True
+        assert item["id"] == greeting["history"]["conversation"]
+
+
+async def test_socket_without_identity_cookie_is_closed_4400(host: str) -> None:
+    async with chat_socket(host, None) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            await receive(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4400
+
+
+async def test_cross_origin_socket_is_closed_4403(host: str) -> None:
+    bid = await browser_id(host)
+    cookie = f"{IDENTITY_COOKIE}={bid}"
+    async with chat_socket(host, cookie, Origin="http://evil.example") as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            await receive(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4403
+
+
+# -- conversation ------------------------------------------------------------------
+
+
+async def test_streams_chunks_then_the_reply(host: str) -> None:
+    async with greeted(host, await browser_id(host)) as (ws, _):
+        await say(ws, "hello there")
+        events = await until(ws, "reply")
+    chunks = [e for e in events if e["type"] == "chunk"]
+    assert len(chunks) >= 2
+    assert "".join(c["text"] for c in chunks) == events[-1]["text"] == "echo: hello there"
+    assert {e["id"] for e in events} == {events[-1]["id"]}
+    assert events[-1]["id"]
+
+
+async def test_whoami_names_this_browsers_own_session(host: str) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, _):
+        await say(ws, "whoami")
+        (reply,) = [e for e in await until(ws, "reply") if e["type"] == "reply"]
+    assert f"key=main:web:dm:{bid} " in reply["text"]
+    assert f"platform=web chat={bid} thread= user={bid} " in reply["text"]
+
+
+async def test_history_comes_back_on_reconnect_and_only_to_its_browser(host: str) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, _):
+        await say(ws, "remember me ✓")
+        await until(ws, "reply")
+    async with greeted(host, bid) as (_, greeting):
+        messages = greeting["history"]["messages"]
+        assert [(m["role"], m["text"]) for m in messages] == [
+            ("user", "remember me ✓"),
+            ("assistant", "echo: remember me ✓"),
+        ]
+        assert greeting["conversations"]["items"][0]["preview"] == "remember me ✓"
+    async with greeted(host, await browser_id(host)) as (_, stranger):
+        assert stranger["history"]["messages"] == []
+
+
+async def test_tabs_of_one_browser_share_the_session(host: str) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (first, _), greeted(host, bid) as (second, _):
+        await say(first, "from the first tab")
+        echoed = await until(second, "reply")
+        assert echoed[0] == {"type": "user", "text": "from the first tab", "id": echoed[-1]["id"]}
+        assert echoed[-1]["text"] == "echo: from the first tab"
+        mine = await until(first, "reply")
+        assert all(e["type"] != "user" for e in mine)
+
+
+async def test_a_message_while_busy_gets_an_ack(host: str) -> None:
+    async with greeted(host, await browser_id(host)) as (ws, _):
+        await say(ws, "sleep 1")
+        await asyncio.sleep(0.2)
+        await say(ws, "next please")
+        events = await until(ws, "reply", "echo: next please")
+    kinds = [e["type"] for e in events]
+    assert "ack" in kinds
+    replies = [e["text"] for e in events if e["type"] == "reply"]
+    assert replies == ["slept 1", "echo: next please"]
+    assert kinds.index("ack") < next(i for i, e in enumerate(events) if e["type"] == "reply")
+
+
+async def test_refused_sender_gets_a_notice() -> None:
+    config = Config(allow={"web": ["someone-else"]})
+    async with web_server(config) as host, greeted(host, await browser_id(host)) as (ws, _):
+        await say(ws, "let me in")
+        (notice,) = await until(ws, "notice")
+    assert "not allowed" in notice["text"]
+
+
+async def test_busy_reject_policy_gives_a_notice() -> None:
+    config = Config(runtime=RuntimeConfig(busy="reject"))
+    async with web_server(config) as host, greeted(host, await browser_id(host)) as (ws, _):
+        await say(ws, "sleep 1")
+        await asyncio.sleep(0.2)
+        await say(ws, "too soon")
+        events = await until(ws, "notice")
+        assert events[-1]["text"]
+        await until(ws, "reply", "slept 1")
+
+
+async def test_approval_round_trip(host: str) -> None:
+    async with greeted(host, await browser_id(host)) as (ws, _):
+        await say(ws, "approve rm -rf x")
+        approval = (await until(ws, "approval"))[-1]
+        assert "rm -rf x" in approval["text"]
+        await say(ws, "/approve")
+        events = await until(ws, "reply", "approved: rm -rf x")
+    assert events[-1]["id"] == approval["id"]
+
+
+async def test_new_and_resume_resend_history_and_the_list(host: str) -> None:
+    async with greeted(host, await browser_id(host)) as (ws, greeting):
+        first = greeting["history"]["conversation"]
+        await say(ws, "in the first")
+        await until(ws, "reply")
+        await say(ws, "/new confirm")
+        events = await until(ws, "reply")
+        history, listing, reply = events[-3:]
+        assert history["type"] == "history"
+        assert history["messages"] == []
+        assert history["conversation"] != first
+        assert [i["current"] for i in listing["items"]] == [True, False]
+        assert "new conversation" in reply["text"]
+        await say(ws, f"/resume {first}")
+        history = (await until(ws, "history"))[-1]
+        assert history["conversation"] == first
+        assert history["messages"][0]["text"] == "in the first"
+
+
+async def test_too_many_tabs_are_refused(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(web, "MAX_TABS", 2)
+    bid = await browser_id(host)
+    async with (
+        greeted(host, bid),
+        greeted(host, bid),
+        chat_socket(host, f"{IDENTITY_COOKIE}={bid}") as third,
+    ):
+        with pytest.raises(ConnectionClosed) as closed:
+            await receive(third)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1013
+
+
+async def test_shutdown_closes_open_sockets_while_a_turn_runs() -> None:
+    async with contextlib.AsyncExitStack() as sockets:
+        async with web_server() as host:
+            ws, _ = await sockets.enter_async_context(greeted(host, await browser_id(host)))
+            await say(ws, "sleep 30")
+            await asyncio.sleep(0.3)
+        with pytest.raises(ConnectionClosed):
+            await drain(ws)
+
+
+# -- bad input ------------------------------------------------------------------------
+
+
+BAD_FRAMES = [
+    ("not json", "Not valid JSON"),
+    ("[" * 60_000, "Not valid JSON"),
+    ('{"type": "other"}', "Unknown frame"),
+    ("[1, 2]", "Unknown frame"),
+    ('{"type": "message", "text": 5}', '"text", a string'),
+    ('{"type": "message", "text": "   "}', "empty"),
+    ('{"type": "message", "text": "\\ud800 lone"}', "lone surrogate"),
+    (json.dumps({"type": "message", "text": "é" * (MAX_TEXT // 2 + 1)}), "too long"),
+    ("x" * 70_000, "too large"),
+]
+
+
+async def test_bad_frames_get_error_events_and_the_socket_lives_on(host: str) -> None:
+    async with greeted(host, await browser_id(host)) as (ws, _):
+        for frame, expected in BAD_FRAMES:
+            await ws.send(frame)
+            event = await receive(ws)
+            assert event["type"] == "error", frame[:40]
+            assert expected in event["text"], frame[:40]
+        await ws.send(b'{"type": "message", "text": "binary"}')
+        assert "binary" in (await receive(ws))["text"]
+        await say(ws, "still here \u200d\U0001f9d1\u200d\U0001f4bb \x00")
+        events = await until(ws, "reply")
+    assert events[-1]["text"] == "echo: still here \u200d\U0001f9d1\u200d\U0001f4bb \x00"
+
+
+async def test_text_of_exactly_the_limit_is_accepted(host: str) -> None:
+    async with greeted(host, await browser_id(host)) as (ws, _):
+        await say(ws, "a" * MAX_TEXT)
+        events = await until(ws, "reply")
+    assert events[-1]["text"] == "echo: " + "a" * MAX_TEXT
+
+
+async def test_outbound_for_a_chat_without_socket_is_dropped() -> None:
+    adapter = WebAdapter(Config())
+    target = Target.of(SessionSource("web", chat_id="nobody-home-123456"))
+    await adapter.deliver(Outbound(OutboundKind.REPLY, "k", target, "lost in the transcript"))
+
+
+# -- the access token -----------------------------------------------------------------
+
+
+@pytest.fixture
+def token_config(tmp_path: Path) -> Config:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-tøken\n")
+    return Config(server=ServerConfig(token=Secret(file=str(token_file))))
+
+
+async def test_token_guards_the_page(token_config: Config) -> None:
+    async with (
+        web_server(token_config) as host,
+        httpx.AsyncClient(base_url=f"http://{host}") as client,
+    ):
+        denied = await client.get("/")
+        assert denied.status_code == 401
+        assert 'name="token"' in denied.text
+        assert IDENTITY_COOKIE not in denied.cookies
+        wrong = await client.get("/", params={"token": "guess ✗"})
+        assert wrong.status_code == 401
+        assert "not right" in wrong.text
+        signed_in = await client.get("/", params={"token": "s3cret-tøken"})
+        assert signed_in.status_code == 303
+        assert signed_in.headers["location"] == "/"
+        assert "s3cret" not in signed_in.cookies[AUTH_COOKIE]
+        assert (await client.get("/")).status_code == 200
+
+
+async def test_token_guards_the_socket(token_config: Config) -> None:
+    async with web_server(token_config) as host:
+        async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+            await client.get("/", params={"token": "s3cret-tøken"})
+            bid, proof = client.cookies[IDENTITY_COOKIE], client.cookies[AUTH_COOKIE]
+        identity = f"{IDENTITY_COOKIE}={bid}"
+        async with chat_socket(host, identity) as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                await receive(ws)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 4401
+        async with chat_socket(host, f"{identity}; {AUTH_COOKIE}={proof}") as ws:
+            assert (await receive(ws))["type"] == "commands"
+        async with chat_socket(host, identity, "/ws?token=s3cret-t%C3%B8ken") as ws:
+            assert (await receive(ws))["type"] == "commands"

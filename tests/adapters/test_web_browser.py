@@ -1,0 +1,182 @@
+"""The web chat in a real browser: Playwright driving Debian's chromium.
+
+Screenshots are saved under ``test-artifacts/`` in the repository root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
+
+from chatlane.adapters.web_page import IDENTITY_COOKIE
+from chatlane.config import Config, Secret, ServerConfig
+from tests.adapters.test_web import web_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+UI_WAIT = 10_000  # milliseconds
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"
+)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+@pytest.fixture
+async def host() -> AsyncIterator[str]:
+    async with web_server() as address:
+        yield address
+
+
+class ChatPage:
+    """One browser context on the chat page, recording console errors."""
+
+    def __init__(self, context: BrowserContext, page: Page) -> None:
+        self.context = context
+        self.page = page
+        self.errors: list[str] = []
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+
+    @classmethod
+    async def open(cls, browser: Browser, host: str) -> ChatPage:
+        context = await browser.new_context(viewport={"width": 1100, "height": 720})
+        chat = cls(context, await context.new_page())
+        await chat.page.goto(f"http://{host}/")
+        await chat.connected()
+        return chat
+
+    async def connected(self) -> None:
+        await expect(self.page.locator("#status")).to_have_text("Connected", timeout=UI_WAIT)
+
+    async def browser_id(self) -> str:
+        cookies = await self.context.cookies()
+        return next(c["value"] for c in cookies if c["name"] == IDENTITY_COOKIE)
+
+    async def say(self, text: str) -> None:
+        box = self.page.get_by_role("textbox", name="Message")
+        await box.fill(text)
+        await box.press("Enter")
+
+    async def sees(self, selector: str, text: str) -> None:
+        locator = self.page.locator(selector, has_text=text).last
+        await expect(locator).to_be_visible(timeout=UI_WAIT)
+
+    async def close(self) -> None:
+        await self.context.close()
+
+
+async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
+    alice, bob = await ChatPage.open(browser, host), await ChatPage.open(browser, host)
+    try:
+        alice_id, bob_id = await alice.browser_id(), await bob.browser_id()
+        assert alice_id != bob_id
+        await asyncio.gather(alice.say("whoami"), bob.say("whoami"))
+        await alice.sees(".msg.assistant", f"key=main:web:dm:{alice_id} ")
+        await bob.sees(".msg.assistant", f"key=main:web:dm:{bob_id} ")
+        await expect(alice.page.locator(".msg", has_text=bob_id)).to_have_count(0)
+        await expect(bob.page.locator(".msg", has_text=alice_id)).to_have_count(0)
+
+        await alice.say("sleep 2")
+        await alice.sees(".msg.user", "sleep 2")
+        await alice.say("after the nap")
+        await alice.sees(".system.ack", "Queued for the next turn")
+        ARTIFACTS.mkdir(exist_ok=True)
+        await alice.page.screenshot(path=str(ARTIFACTS / "web-chat-busy.png"))
+        await alice.sees(".msg.assistant", "slept 2")
+        await alice.sees(".msg.assistant", "echo: after the nap")
+
+        await bob.say("approve rm -rf x")
+        await bob.page.get_by_role("button", name="Approve", exact=True).click(timeout=UI_WAIT)
+        await bob.sees(".msg.assistant", "approved: rm -rf x")
+        await expect(bob.page.get_by_role("button", name="Approve", exact=True)).to_be_disabled()
+        await expect(alice.page.locator(".approval")).to_have_count(0)
+
+        await alice.page.reload()
+        await alice.connected()
+        await alice.sees(".msg.user", "after the nap")
+        await alice.sees(".msg.assistant", "echo: after the nap")
+        await alice.sees(".msg.assistant", f"key=main:web:dm:{alice_id} ")
+        await alice.page.screenshot(path=str(ARTIFACTS / "web-chat.png"))
+        await bob.page.screenshot(path=str(ARTIFACTS / "web-chat-approval.png"))
+        assert alice.errors == []
+        assert bob.errors == []
+    finally:
+        await alice.close()
+        await bob.close()
+
+
+async def test_command_help_and_conversations(browser: Browser, host: str) -> None:
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        await chat.say("first conversation")
+        await chat.sees(".msg.assistant", "echo: first conversation")
+        await page.get_by_role("textbox", name="Message").fill("/")
+        options = page.get_by_role("option")
+        await expect(options.filter(has_text="/approve")).to_be_visible(timeout=UI_WAIT)
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=str(ARTIFACTS / "web-chat-commands.png"))
+        await page.get_by_role("textbox", name="Message").press_sequentially("resu")
+        await expect(options).to_have_count(1)
+        await page.get_by_role("textbox", name="Message").press("Tab")
+        await expect(page.get_by_role("textbox", name="Message")).to_have_value("/resume ")
+        await page.get_by_role("textbox", name="Message").fill("")
+
+        await page.get_by_role("button", name="New conversation").click()
+        await chat.sees(".msg.assistant", "Started a new conversation")
+        await expect(page.locator(".msg.user")).to_have_count(0)
+        items = page.locator("#conversations button")
+        await expect(items).to_have_count(2, timeout=UI_WAIT)
+        await items.filter(has_text="first conversation").click()
+        await chat.sees(".msg.user", "first conversation")
+        await expect(page.locator("#conversations button[aria-current=true]")).to_contain_text(
+            "first conversation"
+        )
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
+async def test_sign_in_with_the_access_token(browser: Browser, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("open sesame")
+    config = Config(server=ServerConfig(token=Secret(file=str(token_file))))
+    async with web_server(config) as host:
+        context = await browser.new_context(viewport={"width": 1100, "height": 720})
+        try:
+            page = await context.new_page()
+            response = await page.goto(f"http://{host}/")
+            assert response is not None
+            assert response.status == 401
+            await page.get_by_label("Access token").fill("not it")
+            await page.get_by_role("button", name="Sign in").click()
+            await expect(page.get_by_role("alert")).to_contain_text("not right")
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "web-sign-in.png"))
+            await page.get_by_label("Access token").fill("open sesame")
+            await page.get_by_role("button", name="Sign in").click()
+            chat = ChatPage(context, page)
+            await chat.connected()
+            assert page.url == f"http://{host}/"
+            await chat.say("signed in")
+            await chat.sees(".msg.assistant", "echo: signed in")
+            assert chat.errors == []
+        finally:
+            await context.close()

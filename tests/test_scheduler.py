@@ -1,0 +1,675 @@
+"""The scheduler: auto-resets on time, jobs to their targets, completions, exactly-once ticks."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chatlane.autoreset import (
+    Activity,
+    ActivityTracker,
+    AutoResetPolicy,
+    AutoResetSettings,
+    daily_boundary,
+    due_reason,
+    resolve,
+)
+from chatlane.commands import CommandRouter
+from chatlane.context import current_cron_target, get_session_env
+from chatlane.cron import LOCAL, Job, JobRun
+from chatlane.errors import ConfigError, InvalidSessionKey
+from chatlane.gateway import Gateway
+from chatlane.identity import ChatType, SessionSource
+from chatlane.lifecycle import EndReason, LifecycleOptions
+from chatlane.runtime.turn import Turn
+from chatlane.scheduler import CRON_COMMAND, Scheduler, SchedulerSettings
+from chatlane.stores import MemoryStore
+from chatlane.stores.base import Conversation
+from chatlane.testing import GatewayHarness
+from chatlane.types import Agent, Outbound, OutboundKind, SessionKey
+from tests.runtime.agents import EchoAgent
+
+IDLE_NOTICE = (
+    "This conversation was idle for 0.3s, so it was closed. Your next message starts a new one."
+)
+DAILY_NOTICE = "The daily reset closed this conversation. Your next message starts a new one."
+START = dt.datetime(2024, 1, 1, 3, 58, tzinfo=dt.UTC).timestamp()
+
+
+class FakeClock:
+    """Epoch seconds that move only when a test says so."""
+
+    def __init__(self, start: float = START) -> None:
+        self.moment = start
+
+    def __call__(self) -> float:
+        return self.moment
+
+    def advance(self, seconds: float) -> None:
+        self.moment += seconds
+
+
+def idle(seconds: float = 0.3, **policy: Any) -> SchedulerSettings:
+    default = AutoResetPolicy(idle_after=seconds, **policy)
+    return SchedulerSettings(AutoResetSettings(default), period=0.02)
+
+
+@asynccontextmanager
+async def scheduled(
+    scheduler: Scheduler, agent: Agent | None = None, **harness: Any
+) -> AsyncIterator[GatewayHarness]:
+    """A harness whose gateway runs ``scheduler`` (its loop started)."""
+    async with GatewayHarness(agent or EchoAgent(), **harness) as h:
+        h.gateway.use_scheduler(scheduler)
+        await scheduler.start()
+        yield h
+
+
+def texts(h: GatewayHarness, chat_id: str, thread_id: str | None = None) -> list[str]:
+    return [o.text for o in h.delivered(chat_id=chat_id, thread_id=thread_id)]
+
+
+# -- auto-reset: pure parts ------------------------------------------------------------------
+
+
+class TestPolicies:
+    def test_chat_type_beats_platform_beats_default(self) -> None:
+        by_default, by_platform, by_type = (AutoResetPolicy(idle_after=s) for s in (1, 2, 3))
+        settings = AutoResetSettings(
+            by_default, per_platform={"tg": by_platform}, per_chat_type={ChatType.GROUP: by_type}
+        )
+        assert resolve(settings, SessionSource("web", chat_id="c")) is by_default
+        assert resolve(settings, SessionSource("tg", chat_id="c")) is by_platform
+        group = SessionSource("tg", chat_id="c", chat_type=ChatType.GROUP)
+        assert resolve(settings, group) is by_type
+
+    def test_off_by_default(self) -> None:
+        policy = resolve(AutoResetSettings(), SessionSource("web", chat_id="c"))
+        assert not policy.enabled
+
+    @pytest.mark.parametrize(
+        "kwargs", [{"idle_after": 0}, {"idle_after": -1.0}, {"daily_at_hour": 24}]
+    )
+    def test_invalid_policy(self, kwargs: dict[str, Any]) -> None:
+        with pytest.raises(ConfigError):
+            AutoResetPolicy(**kwargs)
+
+    def test_daily_boundary(self) -> None:
+        four = dt.datetime(2024, 1, 2, 4, tzinfo=dt.UTC).timestamp()
+        assert daily_boundary(four, 4, dt.UTC) == four
+        assert daily_boundary(four + 3600, 4, dt.UTC) == four
+        assert daily_boundary(four - 1, 4, dt.UTC) == four - 86400
+        berlin = dt.timezone(dt.timedelta(hours=1))
+        assert daily_boundary(four, 4, berlin) == four - 3600
+
+    def test_due_reason(self) -> None:
+        source = SessionSource("web", chat_id="c")
+        both = AutoResetPolicy(idle_after=60, daily_at_hour=4)
+        boundary = dt.datetime(2024, 1, 2, 4, tzinfo=dt.UTC).timestamp()
+        assert due_reason(both, Activity(source, boundary + 1), boundary + 30, dt.UTC) is None
+        assert due_reason(both, Activity(source, boundary + 1), boundary + 61, dt.UTC) is (
+            EndReason.IDLE
+        )
+        daily = AutoResetPolicy(daily_at_hour=4)
+        assert due_reason(daily, Activity(source, boundary - 5), boundary + 1, dt.UTC) is (
+            EndReason.DAILY
+        )
+        assert due_reason(daily, Activity(source, boundary - 5), boundary - 1, dt.UTC) is None
+        remembered = Activity(source, boundary + 9, daily_due=True)
+        assert due_reason(daily, remembered, boundary + 10, dt.UTC) is EndReason.DAILY
+
+
+class TestTracker:
+    def test_bounded_least_recently_active_dropped(self) -> None:
+        tracker = ActivityTracker(cap=2)
+        for i, key in enumerate(["a", "b", "a", "c"]):
+            tracker.touch(key, SessionSource("web", chat_id=key), float(i))
+        assert [key for key, _ in tracker.snapshot()] == ["a", "c"]
+        assert len(tracker) == 2
+
+    def test_refresh_only_tracked_and_forget(self) -> None:
+        tracker = ActivityTracker()
+        tracker.refresh("x", 5.0)
+        assert tracker.get("x") is None
+        tracker.touch("x", SessionSource("web", chat_id="x"), 1.0)
+        tracker.refresh("x", 5.0)
+        entry = tracker.get("x")
+        assert entry is not None
+        assert entry.last_at == 5.0
+        tracker.forget("x")
+        assert len(tracker) == 0
+
+    def test_invalid_cap(self) -> None:
+        with pytest.raises(ConfigError):
+            ActivityTracker(cap=0)
+
+
+# -- auto-reset: behaviour --------------------------------------------------------------------
+
+
+class TestIdleReset:
+    async def test_fires_without_a_new_message_in_the_sessions_own_thread(self) -> None:
+        store = MemoryStore()
+        scheduler = Scheduler(idle())
+        async with scheduled(scheduler, store=store) as h:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            result = await h.send("hello", chat_id="g", chat_type="group", thread_id="t1")
+            await h.send("other", chat_id="g", chat_type="group", thread_id="t2")
+            old = await store.conversation(result.session_key)
+            replies = await h.replies(chat_id="g", thread_id="t1", count=2)
+            assert replies == ["echo: hello", IDLE_NOTICE]
+            assert loop.time() - started >= 0.3
+            assert (await store.conversation(result.session_key)).id != old.id
+            await h.replies(chat_id="g", thread_id="t2", count=2)
+            await asyncio.sleep(0.4)
+            assert texts(h, "g", "t1") == ["echo: hello", IDLE_NOTICE]
+            assert texts(h, "g") == []
+            assert len(scheduler.tracker) == 0
+
+    async def test_deferred_while_a_turn_runs(self) -> None:
+        store = MemoryStore()
+        async with scheduled(Scheduler(idle()), store=store) as h:
+            result = await h.send("sleep 0.8", chat_id="c")
+            conversation = await store.conversation(result.session_key)
+            await asyncio.sleep(0.6)
+            assert h.session(result.session_key).turn.is_running
+            assert h.outbox == []
+            replies = await h.replies(chat_id="c", count=2)
+            assert replies == ["slept 0.8", IDLE_NOTICE]
+            ended = await store.conversations(result.session_key)
+            assert conversation.id in [c.id for c in ended if c.ended_at]
+
+    async def test_notify_off_resets_silently(self) -> None:
+        store = MemoryStore()
+        hook = HookCalled()
+        scheduler = Scheduler(idle(notify=False))
+        lifecycle = LifecycleOptions(before_reset=hook)
+        async with scheduled(scheduler, store=store, lifecycle=lifecycle) as h:
+            result = await h.send("hello", chat_id="c")
+            old = await store.conversation(result.session_key)
+            await h.replies(chat_id="c", count=1)
+            await asyncio.wait_for(hook.called.wait(), 2)
+            await scheduler.wait_idle()
+            assert len(scheduler.tracker) == 0
+            assert (await store.conversation(result.session_key)).id != old.id
+            assert texts(h, "c") == ["echo: hello"]
+
+    async def test_per_platform_off(self) -> None:
+        off = AutoResetSettings(
+            AutoResetPolicy(idle_after=0.3), per_platform={"quiet": AutoResetPolicy()}
+        )
+        async with scheduled(Scheduler(SchedulerSettings(off, period=0.02))) as h:
+            await h.send("a", chat_id="c1", platform="quiet")
+            await h.send("b", chat_id="c2")
+            await h.replies(chat_id="c2", count=2)
+            assert texts(h, "c1") == ["echo: a"]
+
+    async def test_before_reset_gets_the_ending_conversation(self) -> None:
+        store = MemoryStore()
+        seen: list[tuple[SessionKey, EndReason, list[str]]] = []
+
+        async def archive(key: SessionKey, reason: EndReason, conversation: Conversation) -> None:
+            entries = await store.transcript(key, conversation.id)
+            seen.append((key, reason, [e.content for e in entries]))
+
+        lifecycle = LifecycleOptions(before_reset=archive)
+        async with scheduled(Scheduler(idle()), store=store, lifecycle=lifecycle) as h:
+            result = await h.send("hello", chat_id="c")
+            await h.replies(chat_id="c", count=2)
+            assert seen == [(result.session_key, EndReason.IDLE, ["hello", "echo: hello"])]
+
+    async def test_called_off_when_the_user_comes_back_during_the_hook(self) -> None:
+        store = MemoryStore()
+        calls: list[str] = []
+
+        async def slow_archive(key: SessionKey, reason: EndReason, conv: Conversation) -> None:
+            calls.append(conv.id)
+            if len(calls) == 1:
+                await h.send("back", chat_id="c")
+
+        lifecycle = LifecycleOptions(before_reset=slow_archive)
+        async with scheduled(Scheduler(idle()), store=store, lifecycle=lifecycle) as h:
+            result = await h.send("hello", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+            assert replies == ["echo: hello", "echo: back", IDLE_NOTICE]
+            transcript = await store.transcript(result.session_key, calls[0])
+            assert [e.content for e in transcript] == ["hello", "echo: hello", "back", "echo: back"]
+            assert calls == [calls[0], calls[0]]
+
+    async def test_a_failing_hook_leaves_the_conversation(self) -> None:
+        store = MemoryStore()
+
+        broken = HookCalled(RuntimeError("archive down"))
+        lifecycle = LifecycleOptions(before_reset=broken)
+        scheduler = Scheduler(idle())
+        async with scheduled(scheduler, store=store, lifecycle=lifecycle) as h:
+            result = await h.send("hello", chat_id="c")
+            old = await store.conversation(result.session_key)
+            await h.replies(chat_id="c", count=1)
+            await asyncio.wait_for(broken.called.wait(), 2)
+            await scheduler.wait_idle()
+            await asyncio.sleep(0.1)
+            assert broken.calls == 1
+            assert len(scheduler.tracker) == 0
+            assert (await store.conversation(result.session_key)).id == old.id
+            assert texts(h, "c") == ["echo: hello"]
+
+
+class HookCalled:
+    """A before_reset hook that records its calls, and fails with ``error`` if given."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.called = asyncio.Event()
+        self.error = error
+        self.calls = 0
+
+    async def __call__(self, key: SessionKey, reason: EndReason, conv: Conversation) -> None:
+        self.calls += 1
+        self.called.set()
+        if self.error is not None:
+            raise self.error
+
+
+class TestDailyReset:
+    async def test_at_the_hour_every_session_active_since_the_last_one(self) -> None:
+        clock = FakeClock()
+        settings = SchedulerSettings(AutoResetSettings(AutoResetPolicy(daily_at_hour=4)))
+        scheduler = Scheduler(settings, now=clock)
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            h.gateway.use_scheduler(scheduler)
+            early = await h.send("early", chat_id="a")
+            await h.replies(chat_id="a", count=1)
+            old = await store.conversation(early.session_key)
+            clock.advance(60)
+            await scheduler.run_once()
+            assert texts(h, "a") == ["echo: early"]
+            clock.advance(61)
+            await h.send("late", chat_id="b")
+            await h.replies(chat_id="b", count=1)
+            await scheduler.run_once()
+            await scheduler.wait_idle()
+            assert texts(h, "a") == ["echo: early", DAILY_NOTICE]
+            assert texts(h, "b") == ["echo: late"]
+            assert (await store.conversation(early.session_key)).id != old.id
+            clock.advance(86400)
+            await scheduler.run_once()
+            await scheduler.wait_idle()
+            assert texts(h, "b") == ["echo: late", DAILY_NOTICE]
+
+    async def test_deferred_while_busy_then_done(self) -> None:
+        clock = FakeClock()
+        settings = SchedulerSettings(AutoResetSettings(AutoResetPolicy(daily_at_hour=4)))
+        scheduler = Scheduler(settings, now=clock)
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            await h.send("sleep 0.3", chat_id="a")
+            clock.advance(180)
+            await scheduler.run_once()
+            await scheduler.wait_idle()
+            assert h.outbox == []
+            assert await h.replies(chat_id="a", count=1) == ["slept 0.3"]
+            await h.settle()
+            await scheduler.run_once()
+            await scheduler.wait_idle()
+            assert texts(h, "a") == ["slept 0.3", DAILY_NOTICE]
+
+
+# -- cron jobs ---------------------------------------------------------------------------------
+
+
+class TestJobs:
+    async def test_concurrent_jobs_each_see_and_reach_their_own_target(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("CHATLANE_SESSION_CHAT_ID", "stale-from-env")
+        clock = FakeClock()
+        both_inside = asyncio.Barrier(2)
+        seen: dict[str, list[tuple[object, ...]]] = {}
+
+        async def action(run: JobRun) -> None:
+            record = seen.setdefault(run.job.id, [])
+            record.append(_context())
+            async with asyncio.timeout(2):
+                await both_inside.wait()
+            record.append(_context())
+            await scheduler.submit_prompt(run)
+
+        jobs = [
+            Job("* * * * *", "ping A", "test:chatA", id="a"),
+            Job("* * * * *", "ping B", "test:chatB:th1", id="b"),
+        ]
+        scheduler = Scheduler(jobs=jobs, action=action, now=clock)
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            await scheduler.sync()
+            clock.advance(120)
+            await scheduler.run_once()
+            assert await h.replies(chat_id="chatA", count=1) == ["echo: ping A"]
+            assert await h.replies(chat_id="chatB", thread_id="th1", count=1) == ["echo: ping B"]
+            await scheduler.wait_idle()
+        assert seen["a"] == [("test", "chatA", "", "chatA", "")] * 2
+        assert seen["b"] == [("test", "chatB", "th1", "chatB", "")] * 2
+
+    async def test_the_loop_fires_jobs_on_its_own(self) -> None:
+        clock = FakeClock()
+        scheduler = Scheduler(
+            SchedulerSettings(period=0.02), jobs=[Job("every 30s", "tick", "test:c")], now=clock
+        )
+        async with scheduled(scheduler) as h:
+            await asyncio.sleep(0.05)
+            assert h.outbox == []
+            clock.advance(30)
+            assert await h.replies(chat_id="c", count=1) == ["echo: tick"]
+            clock.advance(30)
+            assert await h.replies(chat_id="c", count=2) == ["echo: tick"] * 2
+
+    async def test_silent_result_delivers_nothing(self) -> None:
+        clock = FakeClock()
+        scheduler = Scheduler(jobs=[Job("* * * * *", "quiet", "test:c")], now=clock)
+        store = MemoryStore()
+        async with GatewayHarness(silent_agent, store=store) as h:
+            h.gateway.use_scheduler(scheduler)
+            await scheduler.sync()
+            clock.advance(120)
+            await scheduler.run_once()
+            await scheduler.wait_idle()
+            await h.settle()
+            assert h.outbox == []
+            key = h.session_key(chat_id="c")
+            assert [e.content for e in await store.transcript(key)] == ["quiet", "[SILENT]"]
+            await h.send("quiet", chat_id="c")
+            assert await h.replies(chat_id="c", count=1) == ["[SILENT]"]
+
+    async def test_streamed_job_replies_arrive_whole(self) -> None:
+        clock = FakeClock()
+        scheduler = Scheduler(jobs=[Job("* * * * *", "stream", "test:c")], now=clock)
+        async with GatewayHarness(streaming_agent) as h:
+            h.gateway.use_scheduler(scheduler)
+            await scheduler.sync()
+            clock.advance(120)
+            await scheduler.run_once()
+            assert await h.replies(chat_id="c", count=1) == ["one two"]
+            await h.settle()
+            assert [o.kind for o in h.outbox] == [OutboundKind.REPLY]
+
+    async def test_local_job_is_stored_not_delivered(self) -> None:
+        clock = FakeClock()
+        store = MemoryStore()
+        scheduler = Scheduler(jobs=[Job("* * * * *", "nightly", LOCAL, id="n")], now=clock)
+        agent = EchoAgent()
+        async with GatewayHarness(agent, store=store) as h:
+            h.gateway.use_scheduler(scheduler)
+            await scheduler.sync()
+            clock.advance(120)
+            await scheduler.run_once()
+            await scheduler.wait_idle()
+            await h.settle()
+            assert h.outbox == []
+            entries = await store.transcript("main:cron:local:n")
+            assert [e.content for e in entries] == ["nightly", "echo: nightly"]
+            assert list(agent.recorder.turns) == ["main:cron:local:n"]
+
+    async def test_api_add_list_remove(self) -> None:
+        clock = FakeClock()
+        configured = Job("@daily", "report", "test:c")
+        scheduler = Scheduler(jobs=[configured], now=clock)
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            await scheduler.sync()
+            job = await scheduler.add_job("every 5m", "poll", "test:c:t")
+            assert [j.id for j in scheduler.list_jobs()] == [configured.id, job.id]
+            assert scheduler.next_run(job.id) == clock() + 300
+            with pytest.raises(ConfigError):
+                await scheduler.add_job("every never", "poll")
+            with pytest.raises(ConfigError, match="configuration"):
+                await scheduler.remove_job(configured.id)
+            assert await scheduler.remove_job(job.id)
+            assert not await scheduler.remove_job(job.id)
+            assert [j.id for j in scheduler.list_jobs()] == [configured.id]
+
+    def test_configured_ids_must_be_unique(self) -> None:
+        with pytest.raises(ConfigError, match="share the id"):
+            Scheduler(jobs=[Job("@daily", "a", id="x"), Job("@hourly", "b", id="x")])
+
+
+def _context() -> tuple[object, ...]:
+    target = current_cron_target()
+    assert target is not None
+    return (
+        target.platform,
+        target.chat_id,
+        target.thread_id,
+        get_session_env("CHATLANE_CRON_AUTO_DELIVER_CHAT_ID"),
+        get_session_env("CHATLANE_SESSION_CHAT_ID"),
+    )
+
+
+async def silent_agent(turn: Turn) -> str:
+    return "[SILENT]" if turn.text == "quiet" else f"echo: {turn.text}"
+
+
+async def streaming_agent(turn: Turn) -> AsyncIterator[str]:
+    for chunk in ("one", " two"):
+        yield chunk
+
+
+# -- /cron -------------------------------------------------------------------------------------
+
+
+class TestCronCommand:
+    async def test_add_from_a_chat_captures_its_origin(self) -> None:
+        clock = FakeClock()
+        scheduler = Scheduler(SchedulerSettings(period=0.02), now=clock)
+        async with scheduled(scheduler) as h:
+            where: dict[str, Any] = {"chat_id": "g", "chat_type": "group", "thread_id": "t"}
+            await h.send('/cron add "*/5 * * * *" what is the weather?', **where, user_id="ann")
+            (reply,) = await h.replies(chat_id="g", thread_id="t", count=1)
+            assert reply.startswith("Added job ")
+            assert "next run 2024-01-01 04:00 UTC" in reply
+            (job,) = scheduler.list_jobs()
+            assert job.target == "origin"
+            assert job.prompt == "what is the weather?"
+            assert job.origin == SessionSource(
+                "test", chat_id="g", chat_type=ChatType.GROUP, thread_id="t", user_id="ann"
+            )
+            clock.advance(120)
+            replies = await h.replies(chat_id="g", thread_id="t", count=2)
+            assert replies[1] == "echo: what is the weather?"
+
+    async def test_list_and_remove_are_per_chat(self) -> None:
+        async with scheduled(Scheduler()) as h:
+            await h.send("/cron add every 10m stretch", chat_id="a")
+            await h.send("/cron list", chat_id="b")
+            await h.send("/cron list", chat_id="a")
+            added, listing = await h.replies(chat_id="a", count=2)
+            job_id = added.split()[2]
+            assert listing.startswith("Jobs of this chat:\n" + job_id + " every 10m — next ")
+            assert listing.endswith(" — stretch")
+            assert await h.replies(chat_id="b", count=1) == [
+                "No jobs for this chat. Add one with /cron add."
+            ]
+            await h.send(f"/cron remove {job_id}", chat_id="b")
+            refused = (await h.replies(chat_id="b", count=2))[1]
+            assert refused.startswith(f"this chat has no job '{job_id}'")
+            await h.send(f"/cron remove {job_id}", chat_id="a")
+            assert (await h.replies(chat_id="a", count=3))[2] == f"Removed job {job_id}."
+            assert h.gateway.scheduler is not None
+            assert h.gateway.scheduler.list_jobs() == []
+
+    async def test_a_chat_may_have_only_so_many_jobs(self) -> None:
+        async with scheduled(Scheduler(SchedulerSettings(chat_job_cap=1))) as h:
+            await h.send("/cron add every 1h one", chat_id="a")
+            await h.send("/cron add every 1h two", chat_id="a")
+            await h.send("/cron add every 1h three", chat_id="b")
+            refused = (await h.replies(chat_id="a", count=2))[1]
+            assert refused.startswith("This chat already has the most jobs it may have (1)")
+            assert h.gateway.scheduler is not None
+            assert [j.prompt for j in h.gateway.scheduler.list_jobs()] == ["one", "three"]
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "/cron",
+            "/cron add",
+            '/cron add "* * *" hi',
+            '/cron add "*/5 * * * *"',
+            '/cron add "*/5 * * * * hi',
+            "/cron add tomorrow hi",
+            "/cron add every 0s hi",
+            "/cron list extra",
+            "/cron remove",
+            "/cron remove a b",
+            "/cron frobnicate",
+        ],
+    )
+    async def test_malformed_arguments_get_the_usage_line(self, text: str) -> None:
+        async with scheduled(Scheduler()) as h:
+            await h.send(text, chat_id="c")
+            (reply,) = await h.replies(chat_id="c", count=1)
+            assert '\nUsage: /cron add "<minute hour day month weekday>" <prompt>' in ("\n" + reply)
+            assert h.gateway.scheduler is not None
+            assert h.gateway.scheduler.list_jobs() == []
+
+    async def test_without_a_scheduler(self) -> None:
+        async with GatewayHarness(EchoAgent()) as h:
+            await h.send("/cron list", chat_id="c")
+            assert await h.replies(chat_id="c", count=1) == [
+                "Scheduled jobs are not enabled on this gateway."
+            ]
+
+
+# -- background completions --------------------------------------------------------------------
+
+
+class TestCompletions:
+    async def test_queues_behind_the_running_turn_without_an_ack(self) -> None:
+        async with scheduled(Scheduler()) as h:
+            result = await h.send("sleep 0.3", chat_id="c", thread_id="t")
+            scheduler = h.gateway.scheduler
+            assert scheduler is not None
+            assert await scheduler.notify_completion(result.session_key, "build done") is not None
+            replies = await h.replies(chat_id="c", thread_id="t", count=2)
+            assert replies == ["slept 0.3", "echo: build done"]
+
+    async def test_by_source_and_by_untracked_key(self) -> None:
+        async with scheduled(Scheduler()) as h:
+            scheduler = h.gateway.scheduler
+            assert scheduler is not None
+            source = SessionSource("test", chat_id="c1", chat_type=ChatType.GROUP, user_id="u")
+            await scheduler.notify_completion(source, "one")
+            await scheduler.notify_completion("main:test:thread:c2:t9", "two")
+            assert await h.replies(chat_id="c1", count=1) == ["echo: one"]
+            assert await h.replies(chat_id="c2", thread_id="t9", count=1) == ["echo: two"]
+            with pytest.raises(InvalidSessionKey):
+                await scheduler.notify_completion("not-a-key", "three")
+
+    async def test_silent_completion(self) -> None:
+        async with scheduled(Scheduler(), silent_agent) as h:
+            scheduler = h.gateway.scheduler
+            assert scheduler is not None
+            await scheduler.notify_completion(SessionSource("test", chat_id="c"), "quiet")
+            await h.settle()
+            assert h.outbox == []
+
+
+# -- restarts and several processes ---------------------------------------------------------------
+
+
+class TestDurability:
+    async def test_a_job_survives_a_restart(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 'chatlane.db'}"
+        clock = FakeClock()
+        async with scheduled(Scheduler(now=clock), store=url) as h:
+            await h.send("/cron add every 1m stand up", chat_id="c")
+            (added,) = await h.replies(chat_id="c", count=1)
+        job_id = added.split()[2]
+        clock.advance(30)
+        restarted = Scheduler(SchedulerSettings(period=0.02), now=clock)
+        async with scheduled(restarted, store=url) as h:
+            assert [job.id for job in restarted.list_jobs()] == [job_id]
+            clock.advance(60)
+            assert await h.replies(chat_id="c", count=1) == ["echo: stand up"]
+
+    async def test_each_tick_runs_once_across_two_processes(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 'chatlane.db'}"
+        clock = FakeClock()
+        runs: list[tuple[str, float]] = []
+
+        def counting(name: str) -> Any:
+            async def action(run: JobRun) -> None:
+                runs.append((name, run.tick))
+
+            return action
+
+        first = Scheduler(action=counting("first"), now=clock)
+        second = Scheduler(action=counting("second"), now=clock)
+        async with (
+            GatewayHarness(EchoAgent(), store=url) as a,
+            GatewayHarness(EchoAgent(), store=url) as b,
+        ):
+            a.gateway.use_scheduler(first)
+            b.gateway.use_scheduler(second)
+            await first.add_job("every 1m", "count", "test:c")
+            await second.sync()
+            for _ in range(6):
+                clock.advance(60)
+                await asyncio.gather(first.run_once(), second.run_once())
+                await asyncio.gather(first.wait_idle(), second.wait_idle())
+                await second.run_once()
+                await second.wait_idle()
+        ticks = [tick for _, tick in runs]
+        assert len(ticks) == 6
+        assert ticks == sorted(set(ticks))
+
+
+class TestWiring:
+    def test_one_gateway_per_scheduler(self) -> None:
+        scheduler = Scheduler()
+        Gateway(EchoAgent(), _drop, scheduler=scheduler)
+        with pytest.raises(RuntimeError, match="another gateway"):
+            Gateway(EchoAgent(), _drop, scheduler=scheduler)
+
+    def test_a_router_without_cron_stays_without(self) -> None:
+        gateway = Gateway(EchoAgent(), _drop, router=CommandRouter(), scheduler=Scheduler())
+        assert gateway.router.get("cron") is None
+        default = Gateway(EchoAgent(), _drop, scheduler=Scheduler())
+        assert default.router.get("cron") not in (None, CRON_COMMAND)
+
+    async def test_unattached(self) -> None:
+        assert Scheduler().list_jobs() == []
+        with pytest.raises(RuntimeError, match="attach"):
+            await Scheduler().add_job("@daily", "hi")
+
+    async def test_gateway_starts_and_stops_it(self) -> None:
+        clock = FakeClock()
+        delivered: list[str] = []
+        arrived = asyncio.Event()
+
+        async def deliver(outbound: Outbound) -> None:
+            delivered.append(outbound.text)
+            arrived.set()
+
+        scheduler = Scheduler(
+            SchedulerSettings(period=0.02), jobs=[Job("every 10s", "hi", "test:c")], now=clock
+        )
+        gateway = Gateway(EchoAgent(), deliver, scheduler=scheduler)
+        await gateway.start()
+        clock.advance(10)
+        await asyncio.wait_for(arrived.wait(), 2)
+        assert delivered == ["echo: hi"]
+        await gateway.aclose()
+        clock.advance(10)
+        await asyncio.sleep(0.1)
+        assert delivered == ["echo: hi"]
+
+
+async def _drop(outbound: Outbound) -> None:
+    return None
