@@ -86,3 +86,49 @@ def test_command_line_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     with pytest.raises(ConfigError, match="--busy: 'later' is not one of"):
         configure(None, busy="later")
+
+
+async def test_auto_reset_and_cron_from_the_file(tmp_path: Path) -> None:
+    from chatlane.agents.demo import DemoAgent
+    from chatlane.scheduling_config import build_scheduler
+    from chatlane.testing import GatewayHarness
+
+    path = write(
+        tmp_path,
+        (
+            "[auto_reset]\nidle_after = 3600\n"
+            "[auto_reset.per_platform.telegram]\ndaily_at_hour = 4\n"
+            '[scheduler]\ntimezone = "Europe/Berlin"\n'
+            '[[cron]]\nschedule = "0 9 * * 1-5"\nprompt = "standup"\ntarget = "telegram:-100"\n'
+            'id = "standup"\n'
+        ),
+    )
+    scheduler = build_scheduler(load_config(path, environ={}))
+    async with GatewayHarness(DemoAgent()) as h:
+        h.gateway.use_scheduler(scheduler)
+        await scheduler.start()
+        assert [job.id for job in scheduler.list_jobs()] == ["standup"]
+        await scheduler.aclose()
+    assert scheduler.settings.auto_reset.default.idle_after == 3600
+    assert scheduler.settings.auto_reset.per_platform["telegram"].daily_at_hour == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[auto_reset]\ndaily_at_hour = 25", "'auto_reset': auto-reset daily_at_hour must be 0-23"),
+        ('[scheduler]\ntimezone = "Mars/Olympus"', "'scheduler.timezone' = 'Mars/Olympus'"),
+        ('[[cron]]\nschedule = "61 * * * *"\nprompt = "x"', "configuration key 'cron.0'"),
+        (
+            '[[cron]]\nschedule = "every 5m"\nprompt = "x"\ntarget = "origin"',
+            "configuration key 'cron.0'",
+        ),
+        ("[auto_reset.per_chat_type.room]\nidle_after = 5", "'auto_reset.per_chat_type.room'"),
+    ],
+)
+def test_bad_scheduling_config_is_named(tmp_path: Path, text: str, message: str) -> None:
+    from chatlane.scheduling_config import build_scheduler
+
+    with pytest.raises(ConfigError) as raised:
+        build_scheduler(load_config(write(tmp_path, text), environ={}))
+    assert message in str(raised.value)

@@ -108,6 +108,35 @@ class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_url: str = "https://api.telegram.org"
 
 
+class ResetPolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """When conversations end by themselves (both off by default)."""
+
+    idle_after: float | None = None
+    """Seconds without activity."""
+    daily_at_hour: int | None = None
+    """Hour of the day (0-23, in ``scheduler.timezone``)."""
+    notify: bool = True
+
+
+class AutoResetConfig(ResetPolicyConfig, frozen=True, forbid_unknown_fields=True):
+    per_platform: dict[str, ResetPolicyConfig] = msgspec.field(default_factory=dict)
+    per_chat_type: dict[str, ResetPolicyConfig] = msgspec.field(default_factory=dict)
+
+
+class CronJobConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A job from the configuration: never stored, never removable at run time."""
+
+    schedule: str
+    prompt: str
+    target: str = "local"
+    id: str = ""
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    timezone: str = "UTC"
+    """Of cron expressions and daily reset hours; the same in every process."""
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything ``chatlane serve`` needs; every field has a working default."""
 
@@ -120,6 +149,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telegram: TelegramConfig = TelegramConfig()
     confirm_new: bool = True
     namespace: str = "main"
+    auto_reset: AutoResetConfig = AutoResetConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    cron: list[CronJobConfig] = msgspec.field(default_factory=list)
 
 
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -224,6 +256,12 @@ def _check(config: Config) -> None:
             "expected a port between 1 and 65535"
         )
     _check_positive(runtime)
+    for chat_type in config.auto_reset.per_chat_type:
+        if chat_type not in {t.value for t in ChatType}:
+            raise ConfigError(
+                f"configuration key 'auto_reset.per_chat_type.{chat_type}': "
+                f"expected a chat type: {', '.join(t.value for t in ChatType)}"
+            )
 
 
 def _check_positive(runtime: RuntimeConfig) -> None:

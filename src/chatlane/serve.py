@@ -13,6 +13,7 @@ import uvicorn
 from chatlane.config import Config, load_config
 from chatlane.errors import ConfigError
 from chatlane.runtime.busy import BusyPolicy
+from chatlane.scheduling_config import build_scheduler
 from chatlane.server import Hub, build_app, open_hub
 
 log = logging.getLogger("chatlane.server")
@@ -46,6 +47,7 @@ def configure(
         agent=msgspec.structs.replace(config.agent, name=agent or config.agent.name),
     )
     require_token(config)
+    build_scheduler(config)
     return config
 
 
@@ -76,7 +78,9 @@ def add_adapters(hub: Hub) -> None:
 
 async def serve(config: Config) -> None:
     """Run until SIGINT or SIGTERM; then shut down gracefully."""
+    scheduler = build_scheduler(config)
     hub = await open_hub(config)
+    hub.gateway.use_scheduler(scheduler)
     add_adapters(hub)
     app = build_app(hub)
     uvicorn_config = uvicorn.Config(
