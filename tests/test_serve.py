@@ -164,3 +164,22 @@ def test_broken_config_file_is_named(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "configuration key 'server.port' = 'eighty'" in result.stderr
+
+
+def test_logs_carry_the_session_key_and_generation() -> None:
+    import logging
+
+    from chatlane.logs import JsonFormatter, TextFormatter, turn_fields
+
+    record = logging.LogRecord(
+        "chatlane.runtime", logging.INFO, __file__, 1, "fenced stale %s", ("reply",), None
+    )
+    for name, value in turn_fields("main:web:dm:x", 7).items():
+        setattr(record, name, value)
+    assert TextFormatter().format(record).endswith("fenced stale reply session=main:web:dm:x gen=7")
+    entry = json.loads(JsonFormatter().format(record))
+    assert (entry["session_key"], entry["generation"], entry["message"]) == (
+        "main:web:dm:x",
+        7,
+        "fenced stale reply",
+    )

@@ -32,6 +32,13 @@ def main() -> None:
 @click.option("--store", default=None, help="memory://, sqlite:///path or redis://host:port/db")
 @click.option("--agent", default=None, help="demo, openai or python:module:attribute")
 @click.option("--busy", default=None, help="queue, collect, interrupt, steer or reject")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Logs on stderr as text or JSON lines.",
+)
 def serve(
     config_path: str | None,
     host: str | None,
@@ -39,15 +46,16 @@ def serve(
     store: str | None,
     agent: str | None,
     busy: str | None,
+    log_format: str,
 ) -> None:
     """Run the gateway: web chat and OpenAI-compatible API (and Telegram if enabled)."""
     import asyncio
-    import logging
 
+    from chatlane.logs import configure_logging
     from chatlane.serve import configure
     from chatlane.serve import serve as run
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(log_format)
     try:
         config = configure(config_path, host=host, port=port, store=store, agent=agent, busy=busy)
         asyncio.run(run(config))

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from chatlane.logs import turn_fields
 from chatlane.runtime import pending
 from chatlane.runtime.engine import TurnEngine
 from chatlane.stores.base import Conversation
@@ -102,7 +103,9 @@ async def end_conversation(
     state.conversation.clear()
     state.persistent.pending_command_text = None
     await store.set_persistent(key, None, **dict.fromkeys(CONVERSATION_FIELDS))
-    log.info("conversation of %s ended (%s): %s -> %s", key, reason, previous.id, current.id)
+    log.info(
+        "conversation ended (%s): %s -> %s", reason, previous.id, current.id, extra=turn_fields(key)
+    )
     return Ended(previous, current, stopped.stopped_turn, len(stopped.dropped))
 
 

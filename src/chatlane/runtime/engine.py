@@ -34,6 +34,7 @@ from chatlane.approvals import ApprovalBroker, ApprovalRequest
 from chatlane.context import bind_session
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError
 from chatlane.identity import SessionSource
+from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.busy import (
@@ -183,7 +184,7 @@ class TurnEngine:
     async def _prompt(self, request: ApprovalRequest, text: str) -> None:
         turn = self.running_turn(request.session_key)
         if turn is None:
-            log.info("approval prompt for %s dropped: no turn", request.session_key)
+            log.info("approval prompt dropped: no turn", extra=turn_fields(request.session_key))
             return
         kind = OutboundKind.APPROVAL if text.startswith("Approval needed") else OutboundKind.NOTICE
         await self.send(kind, request.session_key, turn.source, text, turn.message_ids)
@@ -326,7 +327,7 @@ class TurnEngine:
                     text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)
         except asyncio.CancelledError:
-            log.info("turn cancelled: %s gen=%d", turn.session_key, turn.generation)
+            log.info("turn cancelled", extra=turn_fields(turn.session_key, turn.generation))
             raise
         except Exception as error:
             await self.output.failure(turn, error)
@@ -380,7 +381,9 @@ class TurnEngine:
             )
             return
         log.info(
-            "session %s is running elsewhere; %d message(s) wait", state.key, len(turn.messages)
+            "running elsewhere; %d message(s) wait",
+            len(turn.messages),
+            extra=turn_fields(state.key),
         )
 
     async def _settle(self, state: SessionState, turn: Turn) -> None:
@@ -479,11 +482,10 @@ class TurnEngine:
                 self._spawn(self.store.bump_generation(state.key))
         turn.interrupted.set()
         log.info(
-            "turn superseded (%s%s): %s gen=%d",
+            "turn superseded (%s%s)",
             ended_by,
             detail and f": {detail}",
-            turn.session_key,
-            turn.generation,
+            extra=turn_fields(turn.session_key, turn.generation),
         )
         task = turn.task
         if task is not None and not task.done():
@@ -630,7 +632,7 @@ class TurnEngine:
         try:
             await self._deliver(outbound)
         except Exception:
-            log.exception("delivery failed: %s %s", kind, key)
+            log.exception("delivery failed (%s)", kind, extra=turn_fields(key, generation))
 
     async def aclose(self) -> None:
         """Stop every turn and release its lease; unanswered messages stay queued in the store.
@@ -675,7 +677,7 @@ def _stored_policy(key: SessionKey, value: object) -> BusyPolicy | None:
     try:
         return BusyPolicy.parse(str(value))
     except ConfigError as error:
-        log.warning("ignoring the stored busy policy of %s: %s", key, error)
+        log.warning("ignoring the stored busy policy: %s", error, extra=turn_fields(key))
         return None
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, LeaseError, LeaseLost, SessionBusy
+from chatlane.logs import turn_fields
 from chatlane.state import SessionState
 from chatlane.stores.base import Lease, Store
 
@@ -117,7 +118,7 @@ class LeaseKeeper:
         try:
             await self.store.release(lease)
         except LeaseError as error:
-            log.info("lease of %s gen=%d already gone: %s", state.key, generation, error)
+            log.info("lease already gone: %s", error, extra=turn_fields(state.key, generation))
 
     async def renew_all(self, leases: Iterable[Lease]) -> list[Lease | None]:
         """Renew ``leases``, in order: the renewed lease, or ``None`` where it was lost."""
@@ -131,7 +132,7 @@ class LeaseKeeper:
             if isinstance(result, Lease):
                 renewed.append(result)
                 continue
-            log.warning("lease of %s gen=%d lost: %r", lease.key, lease.generation, result)
+            log.warning("lease lost: %r", result, extra=turn_fields(lease.key, lease.generation))
             renewed.append(None)
         return renewed
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration
 from chatlane.identity import SessionSource
+from chatlane.logs import turn_fields
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import Store, TranscriptEntry, WriteBatch
 from chatlane.types import Agent, OutboundKind, SessionKey
@@ -76,7 +77,7 @@ class TurnOutput:
 
     async def failure(self, turn: Turn, error: Exception) -> None:
         """Tell the sender the agent failed (the traceback goes to the log)."""
-        log.error("agent failed: %s gen=%d", turn.session_key, turn.generation, exc_info=error)
+        log.error("agent failed", exc_info=error, extra=_fields(turn))
         text = f"Sorry — the agent failed on this message ({type(error).__name__})."
         if turn.lease is not None and await self._commit(turn, "notice", text):
             await self._deliver(turn, OutboundKind.NOTICE, text)
@@ -90,7 +91,7 @@ class TurnOutput:
         except StaleGeneration:
             return self._fenced(turn, "reply commit")
         except AlreadyAnswered as error:
-            log.info("already answered, not delivering again: %s %s", turn.session_key, error)
+            log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
             await self._forget(turn)
             return False
         turn.answered = True
@@ -110,10 +111,14 @@ class TurnOutput:
         )
 
     def _fenced(self, turn: Turn, what: str) -> bool:
-        log.info("fenced stale %s: %s gen=%d", what, turn.session_key, turn.generation)
+        log.info("fenced stale %s", what, extra=_fields(turn))
         if self.on_fenced is not None:
             self.on_fenced()
         return False
+
+
+def _fields(turn: Turn) -> dict[str, object]:
+    return turn_fields(turn.session_key, turn.generation)
 
 
 def _answer(turn: Turn, role: str, text: str) -> WriteBatch:

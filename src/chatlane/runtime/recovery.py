@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from chatlane.errors import StoreError
+from chatlane.logs import turn_fields
 from chatlane.stores.base import PendingRecord, Store
 from chatlane.stores.codec import decode_message
 from chatlane.types import InboundMessage, SessionKey
@@ -52,8 +53,16 @@ async def _rerun(key: SessionKey, record: PendingRecord, run: Run) -> int:
     try:
         message = decode_message(record.payload)
     except StoreError as error:
-        log.error("dropping unreadable pending record %s of %s: %s", record.seq, key, error)
+        log.error(
+            "dropping unreadable pending record %s: %s", record.seq, error, extra=turn_fields(key)
+        )
         return 0
-    log.info("adopted message %s of %s (seq %d) from %s", message.id, key, record.seq, record.owner)
+    log.info(
+        "adopted message %s (seq %d) from %s",
+        message.id,
+        record.seq,
+        record.owner,
+        extra=turn_fields(key),
+    )
     await run(key, message, record.seq)
     return 1

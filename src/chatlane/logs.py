@@ -1,0 +1,67 @@
+"""Structured logs: every line about a turn carries its session key and generation.
+
+Code logs with ``extra=turn_fields(key, generation)``; :func:`configure_logging`
+renders those fields as ``session=… gen=…`` after the message, or as JSON
+lines with ``--log-format json``. Secrets are never passed to a logger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+FIELDS = ("session_key", "generation")
+
+
+def turn_fields(session_key: str, generation: int | None = None) -> dict[str, Any]:
+    """The ``extra`` that marks a log line as being about one session (and turn)."""
+    return {"session_key": session_key, "generation": generation}
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger message session=<key> gen=<n>`` (the fields only when known)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        key = getattr(record, "session_key", None)
+        if key is None:
+            return text
+        generation = getattr(record, "generation", None)
+        suffix = f" session={key}" + (f" gen={generation}" if generation is not None else "")
+        head, newline, rest = text.partition("\n")
+        return head + suffix + newline + rest
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, session fields, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
+    """Send logs to stderr as text or JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
