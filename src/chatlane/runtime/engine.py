@@ -32,7 +32,7 @@ from functools import partial
 
 from chatlane.approvals import ApprovalBroker, ApprovalRequest
 from chatlane.context import bind_session
-from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError
+from chatlane.errors import ActiveSessionLimit, ChatlaneError
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
@@ -49,7 +49,7 @@ from chatlane.runtime.busy import (
 )
 from chatlane.runtime.leases import AcquireWait, LeaseKeeper, LeaseSettings, new_holder_id
 from chatlane.runtime.output import TurnOutput
-from chatlane.runtime.persisted import load_overrides, settle_once, stored_fields
+from chatlane.runtime.persisted import kept_in_store, load_persistent, settle_once, stored_fields
 from chatlane.runtime.recovery import adopt_orphans
 from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
@@ -133,7 +133,9 @@ class TurnEngine:
     ) -> None:
         self.agent = agent
         self.settings = settings or RuntimeSettings()
-        self.registry = registry if registry is not None else SessionRegistry(on_evict=_in_store)
+        self.registry = (
+            registry if registry is not None else SessionRegistry(on_evict=kept_in_store)
+        )
         self.store = store if store is not None else MemoryStore()
         self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)
         self.metrics = Metrics()
@@ -174,7 +176,7 @@ class TurnEngine:
             fields = await self.store.load_persistent(key)
             generation = await self.store.generation(key)
             state = self.registry.get(key)
-            _load_persistent(state, fields, generation)
+            load_persistent(state, fields, generation)
         return state
 
     def _generation_is(self, key: SessionKey, generation: int) -> bool:
@@ -657,28 +659,6 @@ class TurnEngine:
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
-
-
-def _in_store(key: SessionKey, state: SessionState) -> None:
-    """Evicting a session loses nothing: its persistent fields and queue live in the store."""
-
-
-def _load_persistent(state: SessionState, fields: dict[str, object], generation: int) -> None:
-    if not state.loaded:
-        state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
-        state.persistent.run_generation = max(state.persistent.run_generation, generation)
-        load_overrides(state, fields)
-        state.loaded = True
-
-
-def _stored_policy(key: SessionKey, value: object) -> BusyPolicy | None:
-    if not value:
-        return None
-    try:
-        return BusyPolicy.parse(str(value))
-    except ConfigError as error:
-        log.warning("ignoring the stored busy policy: %s", error, extra=turn_fields(key))
-        return None
 
 
 def _not_interruptible(turn: Turn | None) -> bool:

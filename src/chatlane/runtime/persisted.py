@@ -12,15 +12,20 @@ What stays true:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
+from chatlane.errors import ConfigError
+from chatlane.logs import turn_fields
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
-from chatlane.types import ModelChoice
+from chatlane.types import ModelChoice, SessionKey
+
+log = logging.getLogger("chatlane.runtime")
 
 
 def encode_tier(tier: ServiceTier) -> str | None:
@@ -80,3 +85,26 @@ def settle_once(state: SessionState, turn: Turn) -> None:
         return
     conversation.model_override = snapshot["model_override"]  # type: ignore[index]
     conversation.one_turn_restore = None
+
+
+def kept_in_store(key: SessionKey, state: SessionState) -> None:
+    """Evicting a session loses nothing: its persistent fields and queue live in the store."""
+
+
+def load_persistent(state: SessionState, fields: Mapping[str, object], generation: int) -> None:
+    """Fill a fresh state's persistent scope and overrides from what the store keeps (once)."""
+    if not state.loaded:
+        state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
+        state.persistent.run_generation = max(state.persistent.run_generation, generation)
+        load_overrides(state, fields)
+        state.loaded = True
+
+
+def _stored_policy(key: SessionKey, value: object) -> BusyPolicy | None:
+    if not value:
+        return None
+    try:
+        return BusyPolicy.parse(str(value))
+    except ConfigError as error:
+        log.warning("ignoring the stored busy policy: %s", error, extra=turn_fields(key))
+        return None
