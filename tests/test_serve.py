@@ -183,3 +183,44 @@ def test_logs_carry_the_session_key_and_generation() -> None:
         7,
         "fenced stale reply",
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CHATLANE_TELEGRAM__ENABLED": "true"}, "telegram is enabled but has no bot token"),
+        (
+            {
+                "CHATLANE_TELEGRAM__ENABLED": "true",
+                "TELEGRAM_BOT_TOKEN": "1:x",
+                "CHATLANE_TELEGRAM__API_URL": "http://127.0.0.1:9",
+            },
+            "Telegram Bot API",
+        ),
+    ],
+)
+def test_an_adapter_that_cannot_start_stops_the_start_cleanly(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    base = {k: v for k, v in os.environ.items() if k != "TELEGRAM_BOT_TOKEN"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chatlane.cli",
+            "serve",
+            "--port",
+            str(free_port()),
+            "--store",
+            "memory://",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**base, **env},
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "1:x" not in result.stderr

@@ -47,6 +47,11 @@ def configure(
         agent=msgspec.structs.replace(config.agent, name=agent or config.agent.name),
     )
     require_token(config)
+    if config.telegram.enabled and not config.telegram.token.read(os.environ):
+        raise ConfigError(
+            "telegram is enabled but has no bot token: set TELEGRAM_BOT_TOKEN "
+            "(or configuration key 'telegram.token.env' / 'telegram.token.file')"
+        )
     build_scheduler(config)
     return config
 
@@ -90,15 +95,18 @@ async def serve(config: Config) -> None:
         log_level="warning",
         lifespan="on",
     )
-    await AnnouncingServer(uvicorn_config, config).serve()
+    await AnnouncingServer(uvicorn_config, config, hub).serve()
+    if hub.startup_error is not None:
+        raise hub.startup_error
 
 
 class AnnouncingServer(uvicorn.Server):
     """Prints the URLs once the socket is bound (so "ready" means ready)."""
 
-    def __init__(self, uvicorn_config: uvicorn.Config, config: Config) -> None:
+    def __init__(self, uvicorn_config: uvicorn.Config, config: Config, hub: Hub) -> None:
         super().__init__(uvicorn_config)
         self.chatlane_config = config
+        self.hub = hub
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Shut down gracefully and then exit normally (status 0), not by re-raising the signal."""
@@ -107,7 +115,9 @@ class AnnouncingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started:
+        if self.hub.startup_error is not None:
+            self.should_exit = True
+        elif self.started:
             announce(self.chatlane_config)
 
 

@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute
 
 from chatlane.agents import load_agent
 from chatlane.config import Config
+from chatlane.errors import ChatlaneError
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import ChatType, KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
@@ -100,6 +101,8 @@ class Hub:
     agent: Agent
     adapters: dict[str, Adapter] = field(default_factory=dict)
     gateway: Gateway = field(init=False)
+    startup_error: ChatlaneError | None = None
+    """Why the gateway or an adapter could not start (the server then stops at once)."""
 
     def __post_init__(self) -> None:
         self.gateway = Gateway(
@@ -162,10 +165,13 @@ def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await hub.gateway.start()
-        for adapter in hub.adapters.values():
-            await adapter.start(hub)
-        if on_ready is not None:
+        try:
+            await hub.gateway.start()
+            for adapter in hub.adapters.values():
+                await adapter.start(hub)
+        except ChatlaneError as error:
+            hub.startup_error = error  # reported by the caller, without a traceback
+        if on_ready is not None and hub.startup_error is None:
             on_ready()
         try:
             yield
