@@ -218,3 +218,15 @@ class TestModelOnce:
             assert replies[2].startswith("model=default ")
             assert h.session(key).conversation.one_turn_restore is None
             assert h.session(key).conversation.service_tier_override is SERVICE_TIER_UNSET
+
+
+async def test_once_restored_when_the_turn_is_interrupted() -> None:
+    async with GatewayHarness(settings_agent, busy="interrupt") as h:
+        await h.send("/model sticky", chat_id="c")
+        await h.send("/model --once once-a", chat_id="c")
+        await h.send("sleep 5", chat_id="c")
+        await asyncio.sleep(0.05)
+        await h.send("now", chat_id="c")
+        replies = await h.replies(chat_id="c", count=4)
+        assert replies[2] == "Interrupting the current task"
+        assert replies[3].startswith("model=sticky ")

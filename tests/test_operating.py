@@ -1,0 +1,72 @@
+"""Operating a running gateway: chatlane sessions, chatlane inspect, /metrics, admin auth."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+from click.testing import CliRunner
+
+from chatlane.cli import main
+from chatlane.config import Config, Secret, ServerConfig
+from tests.adapters.test_api import TOKEN, serve
+
+
+def config_with_token(tmp_path: Path) -> Config:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    return Config(server=ServerConfig(token=Secret(file=str(token_file))))
+
+
+async def run_cli(*args: str) -> tuple[int, str]:
+    result = await asyncio.to_thread(CliRunner().invoke, main, list(args))
+    return result.exit_code, result.output
+
+
+async def test_sessions_and_inspect_read_the_running_gateway(tmp_path: Path) -> None:
+    async with serve(config_with_token(tmp_path)) as s:
+        await s.client.chat.completions.create(
+            model="chatlane", messages=[{"role": "user", "content": "hello"}], user="op:1"
+        )
+        url = f"http://127.0.0.1:{s.port}"
+        code, listing = await run_cli("sessions", "--url", url, "--token", TOKEN)
+        assert code == 0
+        assert "main:api:dm:op%3A1" in listing
+        assert "idle" in listing
+        code, detail = await run_cli(
+            "inspect", "main:api:dm:op%3A1", "--url", url, "--token", TOKEN
+        )
+        assert code == 0
+        assert '"content": "echo: hello"' in detail
+        assert '"generation": 1' in detail
+
+
+async def test_admin_and_cli_need_the_token(tmp_path: Path) -> None:
+    async with serve(config_with_token(tmp_path)) as s:
+        url = f"http://127.0.0.1:{s.port}"
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(url + "/admin/sessions")).status_code == 401
+        code, output = await run_cli("sessions", "--url", url, "--token", "wrong")
+        assert code == 1
+        assert "HTTP 401" in output
+
+
+async def test_cli_says_when_the_gateway_is_unreachable() -> None:
+    code, output = await run_cli("sessions", "--url", "http://127.0.0.1:9")
+    assert code == 1
+    assert output.startswith("Error: cannot reach the gateway at http://127.0.0.1:9")
+
+
+async def test_metrics_count_turns_and_busy_outcomes(tmp_path: Path) -> None:
+    async with serve(config_with_token(tmp_path)) as s:
+        for text in ("hello", "/busy reject"):
+            await s.client.chat.completions.create(
+                model="chatlane", messages=[{"role": "user", "content": text}], user="m"
+            )
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{s.port}/metrics")).text
+        assert "chatlane_turns_started_total 1" in text
+        assert 'chatlane_turns_finished_total{outcome="answered"} 1' in text
+        assert 'chatlane_turn_duration_seconds_bucket{le="+Inf"} 1' in text
+        assert "chatlane_queue_depth 0" in text
