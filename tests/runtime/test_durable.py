@@ -123,3 +123,22 @@ async def test_harness_accepts_any_store(tmp_path: Path) -> None:
             assert await h.replies(chat_id="c", count=1) == ["echo: x"]
     finally:
         await store.close()
+
+
+async def test_a_stop_from_another_process_fences_the_turn_and_it_is_not_rerun() -> None:
+    store = MemoryStore()
+    recorder = Recorder()
+    fast = LeaseSettings(ttl=0.3)
+    async with (
+        GatewayHarness(EchoAgent(recorder), store=store, leases=fast) as runner,
+        GatewayHarness(EchoAgent(), store=store, leases=fast) as other,
+    ):
+        result = await runner.send("sleep 1", chat_id="c")
+        await asyncio.sleep(0.1)
+        await other.send("/stop", chat_id="c")
+        assert (await other.replies(chat_id="c", count=1))[0].startswith("Nothing was running.")
+        await asyncio.sleep(1.5)
+        assert len(recorder.turns[result.session_key]) == 1
+        assert runner.delivered(chat_id="c") == []
+        assert await store.pending(result.session_key) == []
+

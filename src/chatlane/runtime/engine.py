@@ -401,8 +401,27 @@ class TurnEngine:
     async def _settle_unanswered(self, state: SessionState, turn: Turn) -> None:
         if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED):
             await self.store.drop_pending(state.key, turn.seqs)
-        elif turn.ended_by in (LEASE_LOST, REORDERED) and not self._closed:
+        elif turn.ended_by == REORDERED and not self._closed:
             self._requeue(state, turn)
+        elif turn.ended_by == LEASE_LOST and not self._closed:
+            await self._requeue_still_ours(state, turn)
+
+    async def _requeue_still_ours(self, state: SessionState, turn: Turn) -> None:
+        """After a lost lease, run again only what is still queued in the store under our name.
+
+        A message another process adopted is its to run; one that a ``/stop``
+        elsewhere dropped (or that was answered) is not run again.
+        """
+        ours = {r.seq for r in await self.store.pending(state.key) if r.owner == self.holder}
+        if not ours:
+            return
+        kept = [
+            (m, s)
+            for m, s in zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
+            if s in ours
+        ]
+        for message, seq in kept:
+            pending.insert_in_order(state, [message], [seq])
 
     def _requeue(self, state: SessionState, turn: Turn) -> None:
         """Run a turn's messages again later, in store order (lease lost, or gave way)."""
@@ -507,7 +526,12 @@ class TurnEngine:
         return True
 
     async def stop(self, key: SessionKey) -> StopResult:
-        """``/stop``: interrupt the running turn, bump the generation, drop the queue."""
+        """``/stop``: interrupt the running turn, bump the generation, drop the queue.
+
+        The session's messages are dropped from the store's queue too, so a
+        turn another process runs for it — fenced by the generation bump —
+        is not run again there.
+        """
         state = self.registry.get(key)
         dropped, seqs = pending.drain(state)
         turn = self._running_turn(state)
@@ -524,7 +548,14 @@ class TurnEngine:
                 state.turn.clear()
                 self._collecting.discard(key)
         await self.store.drop_pending(key, seqs)
+        await self._drop_elsewhere(key)
         return StopResult(turn is not None and turn.lease is not None, tuple(dropped))
+
+    async def _drop_elsewhere(self, key: SessionKey) -> None:
+        """Drop the session's messages that other processes accepted (their turns are fenced)."""
+        foreign = [r.seq for r in await self.store.pending(key) if r.owner != self.holder]
+        if foreign:
+            await self.store.drop_pending(key, foreign)
 
     # -- background: renewals, eviction, adoption --------------------------------
 
