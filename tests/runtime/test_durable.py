@@ -141,4 +141,3 @@ async def test_a_stop_from_another_process_fences_the_turn_and_it_is_not_rerun()
         assert len(recorder.turns[result.session_key]) == 1
         assert runner.delivered(chat_id="c") == []
         assert await store.pending(result.session_key) == []
-

