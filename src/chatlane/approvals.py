@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import fnmatch
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
@@ -67,9 +66,13 @@ Notify = Callable[[ApprovalRequest, str], Awaitable[None]]
 IsCurrent = Callable[[SessionKey, int], bool]
 
 
-def matches(command: str, patterns: list[str]) -> bool:
-    """Whether ``command`` matches any allowlist or grant pattern (exact or glob)."""
-    return any(command == p or fnmatch.fnmatchcase(command, p) for p in patterns)
+def matches(command: str, granted: list[str]) -> bool:
+    """Whether ``command`` is exactly one that was granted.
+
+    Grants are exact strings, never patterns: approving ``rm -rf build/*``
+    must not approve ``rm -rf build/ ~/``.
+    """
+    return command in granted
 
 
 def prompt_text(request: ApprovalRequest) -> str:
@@ -100,10 +103,10 @@ class ApprovalBroker:
         reason: str,
     ) -> Decision:
         """Ask the session's user; return once approved, denied, timed out or cancelled."""
-        if self._granted(state, command):
-            return Decision(True, note="allowed by an earlier grant")
         if not self._is_current(state.key, generation):
             return Decision(False, note="the turn is no longer current")
+        if self._granted(state, command):
+            return Decision(True, note="allowed by an earlier grant")
         request = self._open(state, generation, user_id, command, reason)
         try:
             await self._notify(request, prompt_text(request))
@@ -149,9 +152,11 @@ class ApprovalBroker:
 
         :returns: the reply for the user.
         """
+        stale = self.deny_stale(state)
         waiting = list(_requests(state).values())
         if not waiting:
-            return "No approval is pending."
+            told = [f"Denied: `{r.command}` — its turn was stopped" for r in stale]
+            return "\n".join(told) or "No approval is pending."
         mine = [r for r in waiting if r.user_id in (None, user_id)]
         if not mine:
             return "Only the person whose message started this turn can answer its approval."
@@ -179,6 +184,23 @@ class ApprovalBroker:
         if command not in allowlist:
             allowlist.append(command)
         await self._store.set_persistent(state.key, None, approval_allowlist=list(allowlist))
+
+    def deny_stale(self, state: SessionState) -> list[ApprovalRequest]:
+        """Deny at once the requests of turns that are no longer current; return them.
+
+        Called when a turn is superseded, so its tool call returns and its
+        request can never take an answer meant for a newer one.
+        """
+        stale = [
+            r
+            for r in _requests(state).values()
+            if not self._is_current(r.session_key, r.generation)
+        ]
+        for request in stale:
+            _requests(state).pop(request.id, None)
+            if not request.decided.done():
+                request.decided.set_result(Decision(False, note="its turn was stopped"))
+        return stale
 
     def end_conversation(self, state: SessionState) -> int:
         """Deny every pending request of ``state`` at once; return how many there were."""

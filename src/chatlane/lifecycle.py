@@ -100,7 +100,9 @@ async def end_conversation(
     else:
         current = await store.resume_conversation(key, resume_id)
     engine.approvals.end_conversation(state)
+    arrived_meanwhile = state.conversation.queued_events
     state.conversation.clear()
+    state.conversation.queued_events = arrived_meanwhile  # came after the stop: they stay
     state.persistent.pending_command_text = None
     await store.set_persistent(key, None, **dict.fromkeys(CONVERSATION_FIELDS))
     log.info(

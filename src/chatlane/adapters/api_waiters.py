@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from chatlane.runtime import pending
-from chatlane.runtime.engine import INTERRUPTED, STOPPED, TurnEngine
-from chatlane.runtime.turn import Turn
+from chatlane.runtime.engine import TurnEngine
+from chatlane.runtime.turn import INTERRUPTED, STOPPED, Turn
 from chatlane.types import Outbound, OutboundKind
 
 INTERRUPTED_TEXT = "Interrupted by a newer message; this turn's answer was discarded."

@@ -51,7 +51,17 @@ from chatlane.runtime.leases import AcquireWait, LeaseKeeper, LeaseSettings, new
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import kept_in_store, load_persistent, settle_once, stored_fields
 from chatlane.runtime.recovery import adopt_orphans
-from chatlane.runtime.turn import Turn, TurnOverrides
+from chatlane.runtime.turn import (
+    EVICTED,
+    FAILED,
+    INTERRUPTED,
+    LEASE_LOST,
+    REORDERED,
+    SHUTDOWN,
+    STOPPED,
+    Turn,
+    TurnOverrides,
+)
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
 from chatlane.stores.base import Lease, Store
 from chatlane.stores.codec import encode_message
@@ -69,15 +79,9 @@ from chatlane.types import (
 
 log = logging.getLogger("chatlane.runtime")
 
-STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED = (
-    "stopped",
-    "interrupted",
-    "evicted",
-    "lease lost",
-    "shutdown",
-    "reordered",
-)
-"""Why a turn ended early (``Turn.ended_by``); decides what happens to its messages."""
+
+MAX_RERUNS = 3
+"""Turns that may run one message and lose their lease before the sender gets a notice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +231,8 @@ class TurnEngine:
         :returns: ``None`` when it started at once, :attr:`BusyOutcome.QUEUED`, or
             :attr:`BusyOutcome.QUEUE_FULL` (refused: the caller tells the sender).
         """
-        state = self.registry.get(key)
+        self._ensure_background()
+        state = await self.session(key)
         if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
             return BusyOutcome.QUEUE_FULL
         seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
@@ -235,11 +240,15 @@ class TurnEngine:
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
             return None
+        if pending.pending_count(state) >= self.settings.queue_cap:
+            await self.store.drop_pending(key, [seq])
+            return BusyOutcome.QUEUE_FULL
         pending.enqueue(state, message, seq)
         return BusyOutcome.QUEUED
 
     async def adopt(self, key: SessionKey, message: InboundMessage, seq: int) -> None:
         """Run a message adopted from a dead process: now if idle, else in store order."""
+        await self.session(key)
         state = self.registry.get(key)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
@@ -281,7 +290,9 @@ class TurnEngine:
             queued=pending.pending_count(state),
             queue_cap=self.settings.queue_cap,
             internal=message.internal,
-            agent_accepts_steering=turn is not None and accepts_steering(self.agent),
+            agent_accepts_steering=(
+                turn is not None and not turn.interrupted.is_set() and accepts_steering(self.agent)
+            ),
             interrupt_streak=state.conversation.interrupt_streak,
             interrupt_depth=self.settings.interrupt_depth,
             already_interrupted=_not_interruptible(turn),
@@ -310,10 +321,15 @@ class TurnEngine:
     # -- running a turn --------------------------------------------------------
 
     def _start(
-        self, state: SessionState, messages: tuple[InboundMessage, ...], seqs: tuple[int, ...]
+        self,
+        state: SessionState,
+        messages: tuple[InboundMessage, ...],
+        seqs: tuple[int, ...],
+        reruns: int = 0,
     ) -> Turn:
         turn = Turn(state, messages, seqs, TurnOverrides.of(state))
         turn.approvals = self.approvals
+        turn.reruns = reruns
         slot = state.turn
         slot.agent, slot.event, slot.ctx = AGENT_PENDING, messages[0], turn
         slot.started_ts = time.time()
@@ -333,6 +349,7 @@ class TurnEngine:
             raise
         except Exception as error:
             await self.output.failure(turn, error)
+            turn.ended_by = turn.ended_by or FAILED
         finally:
             await self._settle(state, turn)
             self._finish(state, turn)
@@ -389,17 +406,27 @@ class TurnEngine:
         )
 
     async def _settle(self, state: SessionState, turn: Turn) -> None:
-        """After a turn: give back its lease and decide what becomes of its stored messages."""
-        if turn.ended_by == STOPPED:
-            untaken = turn.untaken_steers()
-            await self.store.drop_pending(state.key, [seq for _, seq in untaken])
-        if not turn.answered:
-            await self._settle_unanswered(state, turn)
-        if turn.lease is not None:
-            await self.leases.release(state, turn.generation)
+        """After a turn: give back its lease and decide what becomes of its stored messages.
+
+        A store error here is logged, never raised: the slot must still be freed.
+        """
+        try:
+            if turn.ended_by == STOPPED:
+                untaken = turn.untaken_steers()
+                await self.store.drop_pending(state.key, [seq for _, seq in untaken])
+            if not turn.answered:
+                await self._settle_unanswered(state, turn)
+            if turn.lease is not None:
+                await self.leases.release(state, turn.generation)
+        except ChatlaneError as error:
+            log.error(
+                "could not settle the turn: %s",
+                error,
+                extra=turn_fields(state.key, turn.generation),
+            )
 
     async def _settle_unanswered(self, state: SessionState, turn: Turn) -> None:
-        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED):
+        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED, FAILED):
             await self.store.drop_pending(state.key, turn.seqs)
         elif turn.ended_by == REORDERED and not self._closed:
             self._requeue(state, turn)
@@ -413,15 +440,26 @@ class TurnEngine:
         elsewhere dropped (or that was answered) is not run again.
         """
         ours = {r.seq for r in await self.store.pending(state.key) if r.owner == self.holder}
-        if not ours:
+        pairs = zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
+        kept = [(m, s) for m, s in pairs if s in ours]
+        if kept and turn.reruns + 1 >= MAX_RERUNS:
+            await self._give_up(state, turn, kept)
             return
-        kept = [
-            (m, s)
-            for m, s in zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
-            if s in ours
-        ]
         for message, seq in kept:
-            pending.insert_in_order(state, [message], [seq])
+            pending.insert_in_order(state, [message], [seq], turn.reruns + 1)
+
+    async def _give_up(
+        self, state: SessionState, turn: Turn, kept: list[tuple[InboundMessage, int]]
+    ) -> None:
+        """A message whose turns keep losing their lease is answered with a notice, not retried."""
+        await self.store.drop_pending(state.key, [seq for _, seq in kept])
+        text = (
+            f"Sorry — this message could not be completed: its turn lost its lease "
+            f"{MAX_RERUNS} times (the gateway may be overloaded or paused)."
+        )
+        await self.send(
+            OutboundKind.NOTICE, state.key, turn.source, text, tuple(m.id for m, _ in kept)
+        )
 
     def _requeue(self, state: SessionState, turn: Turn) -> None:
         """Run a turn's messages again later, in store order (lease lost, or gave way)."""
@@ -441,6 +479,8 @@ class TurnEngine:
         for message, seq in turn.untaken_steers():
             pending.enqueue(state, message, seq)
         if state.turn.ctx is not turn:
+            if not state.turn.is_running:
+                self._promote(state)  # an evicted turn's untaken steers still run
             return
         if not turn.interrupted.is_set():
             state.conversation.interrupt_streak = 0
@@ -459,7 +499,7 @@ class TurnEngine:
             self._call_later(delay, self._promote_after_debounce, state)
             return
         entry = queue.pop(0)
-        self._start(state, tuple(entry.messages), tuple(entry.seqs))
+        self._start(state, tuple(entry.messages), tuple(entry.seqs), entry.reruns)
 
     def _promote_after_debounce(self, state: SessionState) -> None:
         self._collecting.discard(state.key)
@@ -502,6 +542,7 @@ class TurnEngine:
             if ended_by != LEASE_LOST:
                 self._spawn(self.store.bump_generation(state.key))
         turn.interrupted.set()
+        self.approvals.deny_stale(state)
         log.info(
             "turn superseded (%s%s)",
             ended_by,
@@ -603,7 +644,7 @@ class TurnEngine:
     async def evict_stuck(self) -> int:
         """Evict every turn that made no progress for ``turn_timeout``; return how many."""
         deadline = time.monotonic() - self.settings.turn_timeout
-        stuck = [turn for turn in self._turns if turn.last_progress < deadline]
+        stuck = [t for t in self._turns if t.lease is not None and t.last_progress < deadline]
         for turn in stuck:
             await self._evict(turn)
         return len(stuck)

@@ -16,10 +16,10 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from chatlane.errors import AlreadyAnswered, StaleGeneration
+from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreError
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
-from chatlane.runtime.turn import Turn
+from chatlane.runtime.turn import LEASE_LOST, Turn
 from chatlane.stores.base import Store, TranscriptEntry, WriteBatch
 from chatlane.types import Agent, OutboundKind, SessionKey
 
@@ -78,17 +78,25 @@ class TurnOutput:
     async def failure(self, turn: Turn, error: Exception) -> None:
         """Tell the sender the agent failed (the traceback goes to the log)."""
         log.error("agent failed", exc_info=error, extra=_fields(turn))
-        text = f"Sorry — the agent failed on this message ({type(error).__name__})."
-        if turn.lease is not None and await self._commit(turn, "notice", text):
+        text = failure_text(error)
+        # a turn without a lease never ran: there is nothing to fence or record
+        if turn.lease is None or await self._commit(turn, "notice", text):
             await self._deliver(turn, OutboundKind.NOTICE, text)
 
     async def _commit(self, turn: Turn, role: str, text: str) -> bool:
-        """Record the answer; True if it may be delivered."""
+        """Record the answer; True if it may be delivered.
+
+        A turn fenced for no reason the engine recorded (its lease expired on
+        this host's clock, or the store moved on) counts as having lost its
+        lease, so its messages are run again if they are still its own.
+        """
         if not turn.is_current():
+            turn.ended_by = turn.ended_by or LEASE_LOST
             return self._fenced(turn, "reply")
         try:
             await self._store.commit(turn.session_key, turn.generation, _answer(turn, role, text))
         except StaleGeneration:
+            turn.ended_by = turn.ended_by or LEASE_LOST
             return self._fenced(turn, "reply commit")
         except AlreadyAnswered as error:
             log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
@@ -115,6 +123,13 @@ class TurnOutput:
         if self.on_fenced is not None:
             self.on_fenced()
         return False
+
+
+def failure_text(error: Exception) -> str:
+    """What the sender is told when a turn failed."""
+    if isinstance(error, StoreError):
+        return "Sorry — the gateway could not reach its store; your message was not run."
+    return f"Sorry — the agent failed on this message ({type(error).__name__})."
 
 
 def _fields(turn: Turn) -> dict[str, object]:

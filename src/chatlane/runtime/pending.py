@@ -25,6 +25,8 @@ class PendingEntry:
     collecting: bool = False
     ready_at: float = 0.0
     """``time.monotonic()`` reading before which a collecting entry does not start."""
+    reruns: int = 0
+    """How many earlier turns ran these messages and lost their lease before answering."""
 
     def delay(self) -> float:
         """Seconds until this entry may start (0 when it may start now)."""
@@ -49,7 +51,9 @@ def enqueue(state: SessionState, message: InboundMessage, seq: int) -> None:
     pending_entries(state).append(PendingEntry([message], [seq]))
 
 
-def insert_in_order(state: SessionState, messages: list[InboundMessage], seqs: list[int]) -> None:
+def insert_in_order(
+    state: SessionState, messages: list[InboundMessage], seqs: list[int], reruns: int = 0
+) -> None:
     """Queue ``messages`` as one turn before every entry accepted after them.
 
     Used for adopted and re-run messages, so a session's messages keep the
@@ -58,7 +62,7 @@ def insert_in_order(state: SessionState, messages: list[InboundMessage], seqs: l
     queue = pending_entries(state)
     first = min(seqs)
     index = next((i for i, e in enumerate(queue) if e.seqs and min(e.seqs) > first), len(queue))
-    queue.insert(index, PendingEntry(messages, seqs))
+    queue.insert(index, PendingEntry(messages, seqs, reruns=reruns))
 
 
 def smallest_seq(state: SessionState) -> int | None:

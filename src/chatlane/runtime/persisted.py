@@ -83,6 +83,8 @@ def settle_once(state: SessionState, turn: Turn) -> None:
     conversation = state.conversation
     if snapshot is None or conversation.one_turn_restore is not snapshot:
         return
+    if conversation.model_override is not turn.overrides.model:
+        return  # a newer --once arrived during this turn: the next turn uses it, then restores
     conversation.model_override = snapshot["model_override"]  # type: ignore[index]
     conversation.one_turn_restore = None
 

@@ -32,6 +32,20 @@ if TYPE_CHECKING:
     from chatlane.approvals import ApprovalBroker
 from chatlane.types import InboundMessage, ModelChoice, SessionKey
 
+STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED, FAILED = (
+    "stopped",
+    "interrupted",
+    "evicted",
+    "lease lost",
+    "shutdown",
+    "reordered",
+    "failed",
+)
+"""Why a turn ended early (``Turn.ended_by``); decides what happens to its messages:
+stopped, interrupted, evicted and failed turns' messages are done (their senders
+were told); a lost lease or a turn that gave way runs them again; at shutdown
+they stay queued in the store for the next process."""
+
 
 @dataclass(frozen=True, slots=True)
 class TurnOverrides:
@@ -74,6 +88,7 @@ class Turn:
         "messages",
         "once_restore",
         "overrides",
+        "reruns",
         "seqs",
         "session_key",
         "source",
@@ -97,6 +112,7 @@ class Turn:
         self.generation = 0
         self.lease: Lease | None = None
         self.ended_by = ""
+        self.reruns = 0
         self.answered = False
         self.approvals: ApprovalBroker | None = None
         self.once_restore: object = state.conversation.one_turn_restore

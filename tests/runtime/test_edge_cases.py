@@ -1,0 +1,202 @@
+"""Edge cases where a message could have been lost, run with the wrong settings, or granted
+the wrong thing; each test holds one of them shut."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from chatlane.context import run_in_thread
+from chatlane.errors import StoreError
+from chatlane.identity import SessionSource
+from chatlane.lifecycle import LifecycleOptions
+from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.turn import Turn
+from chatlane.stores import Lease, MemoryStore
+from chatlane.stores.base import Conversation
+from chatlane.stores.codec import encode_message
+from chatlane.testing import GatewayHarness
+from chatlane.types import InboundMessage, OutboundKind
+
+
+async def test_a_message_steered_at_a_stopped_turn_queues_instead() -> None:
+    async def agent(turn: Turn) -> str:
+        for _ in range(20):  # a tool finishing: it does not look at interrupted
+            await asyncio.sleep(0.01)
+        return "done " + turn.text
+
+    agent.accepts_steering = True  # type: ignore[attr-defined]
+    async with GatewayHarness(agent, busy="steer") as h:
+        await h.send("first", chat_id="c")
+        await asyncio.sleep(0.02)
+        await h.send("/stop", chat_id="c")
+        result = await h.send("do X instead", chat_id="c")
+        assert result.outcome is not None
+        assert result.outcome.value == "queued"
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies[2] == "done do X instead"
+
+
+async def test_a_newer_once_given_during_a_turn_applies_to_the_next() -> None:
+    seen: list[str | None] = []
+
+    async def agent(turn: Turn) -> str:
+        seen.append(turn.overrides.model.name if turn.overrides.model else None)
+        await asyncio.sleep(0.1)
+        return "ok"
+
+    async with GatewayHarness(agent) as h:
+        for text in ("/model base", "/model --once A", "m1"):
+            await h.send(text, chat_id="c")
+        await asyncio.sleep(0.02)
+        for text in ("/model --once B", "m2"):
+            await h.send(text, chat_id="c")
+        await h.settle()
+        await h.send("m3", chat_id="c")
+        await h.settle()
+        assert seen == ["A", "B", "base"]
+
+
+class SlowConversations(MemoryStore):
+    """Stands in for SQLite and Redis, whose calls really yield to the event loop."""
+
+    async def new_conversation(self, key: str, title: str = "") -> Conversation:
+        await asyncio.sleep(0.05)
+        return await super().new_conversation(key, title)
+
+
+async def test_a_message_arriving_during_a_boundary_survives_it() -> None:
+    async def agent(turn: Turn) -> str:
+        await asyncio.sleep(0.2)
+        return "ran " + turn.text
+
+    options = LifecycleOptions(confirm_new=False)
+    async with GatewayHarness(agent, store=SlowConversations(), lifecycle=options) as h:
+        await h.send("m1", chat_id="c")
+        await asyncio.sleep(0.02)
+        boundary = asyncio.create_task(h.send("/new", chat_id="c"))
+        await asyncio.sleep(0.01)
+        await h.send("m2", chat_id="c")
+        await boundary
+        await h.settle()
+        assert "ran m2" in [o.text for o in h.outbox]
+
+
+async def test_a_turn_that_keeps_losing_its_lease_ends_with_a_notice() -> None:
+    def blocking_agent(turn: Turn) -> str:  # holds the event loop past the lease's TTL
+        time.sleep(0.5)
+        return "answer"
+
+    async def agent(turn: Turn) -> str:
+        return blocking_agent(turn)
+
+    store = MemoryStore()
+    async with GatewayHarness(agent, store=store, leases=LeaseSettings(ttl=0.3)) as h:
+        result = await h.send("hello", chat_id="c")
+        [notice] = await h.replies(chat_id="c", count=1, timeout=10)
+        assert notice.startswith("Sorry — this message could not be completed")
+        assert await store.pending(result.session_key) == []
+
+
+async def test_an_evicted_turns_untaken_steers_still_run() -> None:
+    ran: list[str] = []
+
+    async def agent(turn: Turn) -> str:
+        ran.append(turn.text)
+        if turn.text == "stuck":
+            await asyncio.sleep(100)
+        return "ok"
+
+    agent.accepts_steering = True  # type: ignore[attr-defined]
+    async with GatewayHarness(agent, busy="steer", turn_timeout=0.3) as h:
+        await h.send("stuck", chat_id="c")
+        await asyncio.sleep(0.05)
+        await h.send("steer me", chat_id="c")
+        await h.wait_for(lambda out: any(o.text == "ok" for o in out), timeout=5)
+        assert ran == ["stuck", "steer me"]
+
+
+async def test_grants_are_exact_never_patterns() -> None:
+    asked: list[str] = []
+
+    async def agent(turn: Turn) -> str:
+        command = "rm -rf build/*" if turn.text == "one" else "rm -rf build/ ~/"
+        asked.append(command)
+        return str(await turn.request_approval(command))
+
+    async with GatewayHarness(agent, approval_timeout=0.3) as h:
+        await h.send("one", chat_id="c")
+        await h.wait_for(lambda out: any(o.kind is OutboundKind.APPROVAL for o in out))
+        await h.send("/approve session", chat_id="c")
+        await h.replies(chat_id="c", count=3)
+        await h.send("two", chat_id="c")
+        replies = await h.replies(chat_id="c", count=6)
+        assert replies[3].startswith("Approval needed: `rm -rf build/ ~/`")
+        assert replies[5] == "False"
+
+
+async def test_a_stopped_turns_request_never_takes_the_next_answer() -> None:
+    results: list[tuple[str, bool]] = []
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "one":  # a tool in a worker thread waits for approval
+            ok = await run_in_thread(turn.request_approval_threadsafe, "deploy prod")
+        else:
+            ok = await turn.request_approval("ls")
+        results.append((turn.text, ok))
+        return "ok"
+
+    async with GatewayHarness(agent, approval_timeout=2.0, interrupt_grace=0.05) as h:
+        await h.send("one", chat_id="c")
+        await h.wait_for(lambda out: any(o.kind is OutboundKind.APPROVAL for o in out))
+        await h.send("/stop", chat_id="c")
+        await asyncio.sleep(0.1)
+        await h.send("two", chat_id="c")
+        await h.wait_for(lambda out: sum(o.kind is OutboundKind.APPROVAL for o in out) == 2)
+        await h.send("yes", chat_id="c")
+        await h.settle()
+        assert ("two", True) in results
+        assert ("one", True) not in results
+
+
+async def test_an_adopted_message_runs_with_the_sessions_stored_overrides() -> None:
+    seen: list[str | None] = []
+
+    async def agent(turn: Turn) -> str:
+        seen.append(turn.overrides.model.name if turn.overrides.model else None)
+        return "ok"
+
+    store = MemoryStore()
+    async with GatewayHarness(agent, store=store) as first:
+        await first.send("/model big-model", chat_id="c")
+        key = first.session_key(chat_id="c")
+    left = InboundMessage(SessionSource("test", chat_id="c", user_id="u1"), "left behind")
+    await store.enqueue(key, left.id, "h-dead", encode_message(left))
+    async with GatewayHarness(agent, store=store) as second:
+        await second.settle()
+    assert seen == ["big-model"]
+
+
+class FlakyAcquire(MemoryStore):
+    """One connection blip on the first acquire."""
+
+    failures = 1
+
+    async def acquire(self, *args: object, **kwargs: object) -> Lease:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("connection reset")
+        return await super().acquire(*args, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_store_error_before_the_turn_gets_a_notice() -> None:
+    async def agent(turn: Turn) -> str:
+        return "answer"
+
+    store = FlakyAcquire()
+    async with GatewayHarness(agent, store=store) as h:
+        result = await h.send("hello", chat_id="c")
+        [notice] = await h.replies(chat_id="c", count=1)
+        assert notice == "Sorry — the gateway could not reach its store; your message was not run."
+        assert await store.pending(result.session_key) == []
+        assert h.gateway.engine.is_idle()
