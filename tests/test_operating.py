@@ -70,3 +70,27 @@ async def test_metrics_count_turns_and_busy_outcomes(tmp_path: Path) -> None:
         assert 'chatlane_turns_finished_total{outcome="answered"} 1' in text
         assert 'chatlane_turn_duration_seconds_bucket{le="+Inf"} 1' in text
         assert "chatlane_queue_depth 0" in text
+
+
+async def test_without_a_token_only_loopback_names_are_answered(tmp_path: Path) -> None:
+    async with serve(Config()) as s, httpx.AsyncClient() as client:
+        url = f"http://127.0.0.1:{s.port}/admin/sessions"
+        assert (await client.get(url)).status_code == 200
+        rebound = await client.get(url, headers={"Host": f"evil.example:{s.port}"})
+        assert rebound.status_code == 400
+
+
+async def test_inspecting_an_unknown_key_creates_nothing(tmp_path: Path) -> None:
+    async with serve(config_with_token(tmp_path)) as s:
+        url = f"http://127.0.0.1:{s.port}"
+        code, output = await run_cli(
+            "inspect", "main:api:dm:nobody", "--url", url, "--token", TOKEN
+        )
+        assert code == 1
+        assert "HTTP 404" in output
+        assert await s.hub.store.generation("main:api:dm:nobody") == 0
+        async with httpx.AsyncClient() as client:
+            lower = await client.get(
+                url + "/admin/sessions", headers={"Authorization": f"bearer {TOKEN}"}
+            )
+            assert lower.status_code == 200

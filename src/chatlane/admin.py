@@ -46,8 +46,13 @@ def _authorized(request: Request, hub: Hub) -> bool:
     token = hub.config.server.token.read(os.environ)
     if not token:
         return True
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    return hmac.compare_digest(given.encode(), token.encode())
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    # headers arrive decoded as Latin-1: recover the bytes the client sent (UTF-8 tokens work)
+    sent = given.strip().encode("latin-1", errors="replace")
+    return hmac.compare_digest(sent, token.encode())
 
 
 def routes(hub: Hub) -> Sequence[BaseRoute]:
@@ -63,12 +68,21 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
         if not _authorized(request, hub):
             return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         key = request.path_params["key"]
+        if not await _known(hub, key):
+            return JSONResponse({"error": f"no session {key!r}"}, status_code=404)
         return JSONResponse(await session_detail(hub, key))
 
     return [
         Route("/admin/sessions", sessions, methods=["GET"]),
         Route("/admin/sessions/{key:path}", one, methods=["GET"]),
     ]
+
+
+async def _known(hub: Hub, key: str) -> bool:
+    """Whether ``key`` names a session, without creating anything for an unknown one."""
+    if hub.gateway.engine.registry.peek(key) is not None:
+        return True
+    return await hub.store.generation(key) > 0 or bool(await hub.store.pending(key))
 
 
 async def session_detail(hub: Hub, key: str) -> dict[str, Any]:

@@ -64,6 +64,7 @@ class Gateway:
         self.settings = settings or GatewaySettings()
         self.router = router if router is not None else default_router(self.settings.lifecycle)
         self._deliver = deliver
+        self._closed = False
         self.scheduler: Scheduler | None = None
         self.engine = TurnEngine(
             agent,
@@ -149,7 +150,13 @@ class Gateway:
         return adopted
 
     async def aclose(self) -> None:
-        """Stop the scheduler (if any), then every running turn, and wait for them to end."""
+        """Stop the scheduler (if any), then every running turn, and wait for them to end.
+
+        Idempotent: a second call returns at once.
+        """
+        if self._closed:
+            return
+        self._closed = True
         if self.scheduler is not None:
             await self.scheduler.aclose()
         await self.engine.aclose()

@@ -54,7 +54,8 @@ class JsonFormatter(logging.Formatter):
             if value is not None:
                 entry[name] = value
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            # a filter may have rewritten the cached text (to redact a secret): use it
+            entry["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
 
 

@@ -94,6 +94,7 @@ async def serve(config: Config) -> None:
         port=config.server.port,
         log_level="warning",
         lifespan="on",
+        timeout_graceful_shutdown=max(1, int(config.runtime.interrupt_grace) + 5),
     )
     await AnnouncingServer(uvicorn_config, config, hub).serve()
     if hub.startup_error is not None:
@@ -112,6 +113,11 @@ class AnnouncingServer(uvicorn.Server):
         """Shut down gracefully and then exit normally (status 0), not by re-raising the signal."""
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop the turns first, so requests waiting on them are answered, not held open."""
+        await self.hub.gateway.aclose()
+        await super().shutdown(sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
 
 from chatlane.agents import load_agent
@@ -183,17 +186,37 @@ def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette
     routes: list[BaseRoute] = [*hub.metrics.routes(hub), *admin.routes(hub)]
     for adapter in hub.adapters.values():
         routes.extend(adapter.routes())
-    return Starlette(routes=routes, lifespan=lifespan)
+    middleware = _host_check(hub.config)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _host_check(config: Config) -> list[Middleware]:
+    """Without a token, answer only requests addressed to a loopback name.
+
+    A token protects every route; without one, a web page elsewhere could still
+    reach a loopback gateway through DNS rebinding, which a ``Host`` check stops.
+    """
+    if config.server.token.read(os.environ):
+        return []
+    hosts = sorted({*LOOPBACK_NAMES, config.server.host})
+    return [Middleware(TrustedHostMiddleware, allowed_hosts=hosts)]
 
 
 async def shutdown(hub: Hub) -> None:
-    """Stop adapters, fence running turns (messages stay queued), close the store."""
+    """Fence running turns (their messages stay queued), then stop adapters, close the store.
+
+    Turns stop first, so no turn can commit a reply after its adapter is gone:
+    a message that arrives meanwhile is kept in the store for the next start.
+    """
+    await hub.gateway.aclose()
     for adapter in hub.adapters.values():
         try:
             await adapter.aclose()
         except Exception:
             log.exception("adapter %s failed to close", adapter.platform)
-    await hub.gateway.aclose()
     close_agent = getattr(hub.agent, "aclose", None)
     if callable(close_agent):
         await close_agent()

@@ -15,9 +15,11 @@ import openai
 import pytest
 import uvicorn
 from openai import AsyncOpenAI
+from starlette.requests import Request
 
 from chatlane.adapters.api import ApiAdapter
 from chatlane.adapters.api_waiters import INTERRUPTED_TEXT, NOT_RUN_TEXT, STOPPED_TEXT
+from chatlane.adapters.api_wire import ApiRequestError, check_origin
 from chatlane.agents.demo import DemoAgent
 from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig
 from chatlane.runtime.turn import Turn
@@ -336,7 +338,7 @@ async def test_oversized_body_is_413(tmp_path: Path) -> None:
     text = "x" * (1 << 20)
     body = json.dumps({"user": "u", "messages": [{"role": "user", "content": text}]})
     async with serve(make_config(tmp_path)) as s, httpx.AsyncClient() as http:
-        headers = {"Authorization": f"Bearer {TOKEN}"}
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
         response = await http.post(f"{s.base_url}/chat/completions", content=body, headers=headers)
         assert response.status_code == 413
 
@@ -416,6 +418,86 @@ async def test_no_token_configured_means_no_auth(tmp_path: Path) -> None:
                 json={"user": "u", "messages": [{"role": "user", "content": "hi"}]},
             )
         assert response.json()["choices"][0]["message"]["content"] == "echo: hi"
+
+
+NEW_CONFIRM = b'{"user": "alice", "messages": [{"role": "user", "content": "/new confirm"}]}'
+
+
+def no_token_config() -> Config:
+    return Config(server=ServerConfig(token=Secret(env="CHATLANE_TEST_UNSET_TOKEN")))
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "application/jsonp"]
+)
+async def test_a_body_not_sent_as_json_is_415(tmp_path: Path, content_type: str | None) -> None:
+    async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
+        assert "gen=1" in await s.ask("whoami", "alice")
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        response = await http.post(
+            f"{s.base_url}/chat/completions", content=NEW_CONFIRM, headers=headers
+        )
+        assert response.status_code == 415
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "unsupported_media_type")
+        assert "gen=1" in await s.ask("whoami", "alice")  # /new confirm never ran
+
+
+@pytest.mark.parametrize(
+    "origin", ["https://evil.example", "null", "http://localhost:{port}", "https://127.0.0.1:{port}"]
+)
+async def test_a_foreign_origin_is_403(tmp_path: Path, origin: str) -> None:
+    async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
+        assert "gen=1" in await s.ask("whoami", "alice")
+        headers = {"Content-Type": "application/json", "Origin": origin.format(port=s.port)}
+        url = f"{s.base_url}/chat/completions"
+        response = await http.post(url, content=NEW_CONFIRM, headers=headers)
+        assert response.status_code == 403
+        assert response.json()["error"]["code"] == "foreign_origin"
+        response = await http.get(f"{s.base_url}/models", headers={"Origin": headers["Origin"]})
+        assert response.status_code == 403
+        assert "gen=1" in await s.ask("whoami", "alice")
+        assert s.adapter.waiting == 0
+
+
+async def test_the_gateways_own_origin_and_a_json_charset_are_accepted(tmp_path: Path) -> None:
+    async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
+        headers = {
+            "Content-Type": "Application/JSON; charset=utf-8",
+            "Origin": f"http://127.0.0.1:{s.port}",
+        }
+        url = f"{s.base_url}/chat/completions"
+        response = await http.post(url, content=NEW_CONFIRM, headers=headers)
+        assert response.status_code == 200
+        assert "gen=2" in await s.ask("whoami", "alice")
+        assert await s.ask("hello", "sdk") == "echo: hello"  # the openai SDK sends no Origin
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "scheme", "allowed"),
+    [
+        ("http://example.com", "example.com", "http", True),
+        ("http://example.com:80", "example.com", "http", True),
+        ("https://EXAMPLE.com", "example.com:443", "https", True),
+        ("http://[::1]:8080", "[::1]:8080", "http", True),
+        ("https://example.com", "example.com", "http", False),
+        ("http://example.com:8080", "example.com", "http", False),
+        ("http://example.com:99999", "example.com:99999", "http", False),
+        ("http://example.com", "", "http", False),
+        ("file://", "example.com", "http", False),
+    ],
+)
+def test_check_origin_compares_scheme_host_and_port(
+    origin: str, host: str, scheme: str, allowed: bool
+) -> None:
+    headers = [(b"origin", origin.encode()), (b"host", host.encode())]
+    request = Request({"type": "http", "scheme": scheme, "path": "/", "headers": headers})
+    if allowed:
+        check_origin(request)
+    else:
+        with pytest.raises(ApiRequestError) as caught:
+            check_origin(request)
+        assert caught.value.status == 403
 
 
 async def eventually(predicate: Callable[[], bool | Awaitable[bool]]) -> None:

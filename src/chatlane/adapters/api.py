@@ -11,8 +11,12 @@ What stays true:
 * Every request is answered: with the turn's reply; with a notice when its
   turn failed, was interrupted or stopped, or its message was dropped; with
   409 (``reject`` policy), 429 (queue full), 403 (not on the allowlist), 504
-  (no progress for the ceiling) or 503 (shutting down). Bad input gets a 400 or
-  413 JSON error, a bad token 401 — never a 500.
+  (no progress for the ceiling) or 503 (shutting down). Bad input gets a 400,
+  413 or 415 JSON error, a bad token 401 — never a 500.
+* No web page can drive a session: a chat completion must be sent as
+  ``application/json`` (which a browser never posts cross-site without a CORS
+  preflight, and none is granted), and a request whose ``Origin`` is not the
+  gateway's own gets 403.
 * When an access token is configured every route needs it as a bearer token,
   compared in constant time.
 """
@@ -36,6 +40,7 @@ from chatlane.adapters.api_wire import (
     ApiRequestError,
     ChatRequest,
     SseResponse,
+    check_origin,
     chunk,
     completion,
     decode_json,
@@ -45,6 +50,7 @@ from chatlane.adapters.api_wire import (
     model_list,
     parse_chat_request,
     read_body,
+    require_json,
     sse_comment,
     sse_data,
 )
@@ -135,6 +141,7 @@ class ApiAdapter:
     async def models(self, request: Request) -> Response:
         try:
             self._authorize(request)
+            check_origin(request)
         except ApiRequestError as error:
             return error_response(error)
         return json_response(model_list(self._models))
@@ -142,6 +149,8 @@ class ApiAdapter:
     async def chat_completions(self, request: Request) -> Response:
         try:
             self._authorize(request)
+            check_origin(request)
+            require_json(request)
             data = decode_json(await read_body(request))
             chat = parse_chat_request(data, session_header(request))
             waiter = await self._submit(chat)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,8 @@ MAX_BODY = 1 << 20
 """Largest request body accepted (1 MiB); larger ones get 413."""
 MAX_SESSION_NAME = 256
 DEFAULT_MODEL = "chatlane"
+JSON_MEDIA_TYPE = "application/json"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class ApiRequestError(ChatlaneError):
@@ -226,6 +229,58 @@ class SseResponse(StreamingResponse):
             self._on_close()
 
 
+def require_json(request: Request) -> None:
+    """Accept only a body declared as ``application/json`` (parameters such as charset allowed).
+
+    A browser sends ``text/plain`` or form bodies cross-site without a CORS
+    preflight; ``application/json`` always needs one, so no other page can post.
+
+    :raises ApiRequestError: (415) for any other or a missing ``Content-Type``.
+    """
+    declared = request.headers.get("content-type", "")
+    if declared.partition(";")[0].strip().lower() != JSON_MEDIA_TYPE:
+        raise ApiRequestError(
+            415,
+            f"the request body must be sent with Content-Type: {JSON_MEDIA_TYPE}",
+            "invalid_request_error",
+            "unsupported_media_type",
+        )
+
+
+def check_origin(request: Request) -> None:
+    """Refuse a request a browser sent from another origin than the gateway's own.
+
+    API clients send no ``Origin``; a browser sends it on every cross-origin
+    request, so a present ``Origin`` must equal the request's scheme and ``Host``.
+
+    :raises ApiRequestError: (403) for a foreign (or unreadable, or ``null``) origin.
+    """
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    own = _origin_key(f"{request.url.scheme}://{request.headers.get('host', '')}")
+    if own is None or _origin_key(origin) != own:
+        raise ApiRequestError(
+            403,
+            "cross-origin requests are refused: the Origin is not this gateway",
+            "permission_error",
+            "foreign_origin",
+        )
+
+
+def _origin_key(url: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of ``url``, the default port filled in; ``None`` if unreadable."""
+    try:
+        parts = urlsplit(url.strip())
+        scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
+    except ValueError:
+        return None
+    default = _DEFAULT_PORTS.get(scheme)
+    if not host or (port is None and default is None):
+        return None
+    return scheme, host.lower(), default if port is None else port
+
+
 async def read_body(request: Request) -> bytes:
     """The request body, at most :data:`MAX_BODY` bytes.
 
@@ -269,6 +324,7 @@ __all__ = [
     "ApiRequestError",
     "ChatRequest",
     "SseResponse",
+    "check_origin",
     "chunk",
     "completion",
     "decode_json",
@@ -279,6 +335,7 @@ __all__ = [
     "model_list",
     "parse_chat_request",
     "read_body",
+    "require_json",
     "sse_comment",
     "sse_data",
 ]

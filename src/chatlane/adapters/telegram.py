@@ -5,6 +5,10 @@ What stays true:
 * Every text message — commands included, ``/stop@MyBot`` too — goes to
   :meth:`~chatlane.server.Hub.submit` as text, so chatlane's own command
   parser, allowlist and busy policies apply; a forum topic is the thread.
+  A command addressed to another bot (``/new@OtherBot``) is not chatlane's
+  and is ignored.
+* Every message handed to the hub is answered: by its turn, by a refusal, or —
+  when the hub cannot take it — by a short notice in its chat and topic.
 * Handling an update only waits until chatlane has accepted the message, never
   for the turn it starts.
 * Replies go to the chat and topic the message came from. Each Telegram message
@@ -49,6 +53,7 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
+from chatlane.commands import parse_command
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import ChatType, SessionSource
@@ -72,6 +77,7 @@ _UPDATES = ["message", "channel_post", "callback_query"]
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
 _NOT_TEXT = "Sorry, I can only read text messages."
+_NOT_HANDLED = "Sorry — your message could not be handled right now; please try again."
 _TOKEN_LOGGERS = (
     "httpx",
     "telegram.Bot",
@@ -101,6 +107,7 @@ class TelegramAdapter:
         self._poll_interval = poll_interval
         self._hub: Hub | None = None
         self._app: TelegramApp | None = None
+        self._username = ""
         self._redactor: TokenRedactor | None = None
 
     def routes(self) -> Sequence[BaseRoute]:
@@ -147,6 +154,7 @@ class TelegramAdapter:
         api_url = self._config.telegram.api_url
         try:
             await app.initialize()
+            self._username = app.bot.username
             await app.start()
             await _updater(app).start_polling(
                 poll_interval=self._poll_interval,
@@ -201,6 +209,8 @@ class TelegramAdapter:
         if message is None or message.text is None:
             return
         text = clean_text(message.text)
+        if not self._addressed_to_me(text):
+            return
         msg_id = f"tg-{message.chat.id}-{message.message_id}"
         await self._submit(InboundMessage(source_of(message, message.from_user), text, id=msg_id))
 
@@ -224,9 +234,29 @@ class TelegramAdapter:
         msg_id = f"tg-{message.chat.id}-cb{query.id}"
         await self._submit(InboundMessage(source_of(message, query.from_user), answer, id=msg_id))
 
+    def _addressed_to_me(self, text: str) -> bool:
+        """False for a command naming another bot (``/new@OtherBot``); True otherwise."""
+        command = parse_command(text)
+        if command is None or command.mention is None:
+            return True
+        return command.mention.casefold() == self._username.casefold()
+
     async def _submit(self, message: InboundMessage) -> None:
-        if self._hub is not None:
+        """Hand ``message`` to the hub; if the hub fails, tell the chat instead of going silent."""
+        if self._hub is None:
+            return
+        try:
             await self._hub.submit(message)
+        except ChatlaneError as error:
+            log.warning("telegram message %s could not be handled: %s", message.id, error)
+            await self._not_handled(message)
+        except Exception:
+            log.exception("telegram message %s could not be handled", message.id)
+            await self._not_handled(message)
+
+    async def _not_handled(self, message: InboundMessage) -> None:
+        target = Target.of(message.source)
+        await self.deliver(Outbound(OutboundKind.NOTICE, "", target, _NOT_HANDLED, 0, (message.id,)))
 
     async def _on_error(self, update: object, context: Any) -> None:
         log.error("telegram update could not be handled", exc_info=context.error)
