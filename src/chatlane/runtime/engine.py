@@ -6,9 +6,10 @@ What stays true:
   else happens to it; it leaves the queue only when its turn committed a reply
   or a notice answered it. A process that stops leaves its messages for the
   next one to adopt.
-* A message for an idle session claims the local slot synchronously, so two
-  messages arriving together never both start a turn here; the store's lease
-  makes that true across processes.
+* A message for an idle session claims the local slot synchronously — no
+  ``await`` between seeing the slot idle and claiming it — so two messages
+  arriving together never both start a turn here; the store's lease makes
+  that true across processes.
 * Each turn runs under a lease whose generation is the turn's generation.
   Stop, interrupt, eviction and a lost lease make the turn stale; the store
   refuses a stale turn's commit and the engine delivers nothing for it.
