@@ -26,9 +26,10 @@ from chatlane.cron import (
     parse_schedule,
     run_source,
 )
-from chatlane.errors import ConfigError
+from chatlane.errors import ConfigError, StoreError
 from chatlane.identity import ChatType, SessionSource
 from chatlane.stores import MemoryStore, Store, open_store
+from chatlane.stores.base import Lease
 from chatlane.types import SessionKey, Target
 
 UTC = dt.UTC
@@ -119,11 +120,24 @@ class TestCronExpression:
             ("0 0 30 2 *", "never matches"),
             ("0 0 31 apr,jun *", "never matches"),
             ("@sometimes", "5 fields"),
+            ("0 0 \u00b2 * *", "day of month: '\u00b2' is not a number"),
+            ("*/\u00b2 * * * *", "step '\u00b2'"),
+            ("*/" + "9" * 5000 + " * * * *", "step '9999"),
+            ("9" * 5000 + " * * * *", "minute: '9999"),
         ],
     )
     def test_malformed_is_refused_with_the_field(self, expression: str, message: str) -> None:
         with pytest.raises(ConfigError, match=message.replace("*", r"\*")):
             CronExpression.parse(expression)
+
+    def test_a_rare_day_is_found_decades_ahead(self) -> None:
+        feb_29_on_a_sunday = CronExpression.parse("0 0 29 2 */7")
+        assert local(feb_29_on_a_sunday.next_after(at(2032, 3, 1))) == when(2060, 2, 29)
+        assert local(feb_29_on_a_sunday.next_after(at(2089, 1, 1))) == when(2128, 2, 29)
+
+    def test_no_tick_beyond_the_years_datetime_names(self) -> None:
+        assert CronExpression.parse("@daily").next_after(1e300) is None
+        assert CronExpression.parse("@daily").next_after(at(9999, 12, 31, 12)) is None
 
     def test_daylight_saving_gap_runs_once_at_the_mapped_instant(self) -> None:
         half_past_two = CronExpression.parse("30 2 * * *")
@@ -190,6 +204,14 @@ class TestInterval:
     def test_malformed(self, text: str) -> None:
         with pytest.raises(ConfigError):
             parse_schedule(text)
+
+    def test_the_longest_is_366_days(self) -> None:
+        assert parse_schedule("every 8784h") == Interval("every 8784h", 366 * 86400)
+        for text in ("every 8785h", "every 31622401s", "every " + "9" * 400 + "s"):
+            with pytest.raises(ConfigError, match="at most 366 days"):
+                parse_schedule(text)
+        with pytest.raises(ConfigError, match="reads like"):
+            parse_schedule("every " + "9" * 5000 + "s")
 
     def test_ticks_are_counted_from_the_anchor(self) -> None:
         every_minute = Interval("every 1m", 60)
@@ -297,6 +319,20 @@ class TestJobBook:
     async def test_busy_while_another_process_claims(self, store: Store) -> None:
         await store.acquire("main:scheduler:job:j", "other", 30.0)
         assert await book(store).claim("j", 100.0, stored=False) is Claim.BUSY
+
+
+class UnreleasingStore(MemoryStore):
+    """A memory store that fails to give a lease back, after everything else worked."""
+
+    async def release(self, lease: Lease) -> None:
+        raise StoreError("connection lost")
+
+
+async def test_a_claim_stands_when_its_lease_cannot_be_given_back() -> None:
+    store = UnreleasingStore()
+    assert await book(store, "p1", ttl=0.05).claim("j", 100.0, stored=False) is Claim.CLAIMED
+    await asyncio.sleep(0.1)
+    assert await book(store, "p2").claim("j", 100.0, stored=False) is Claim.TAKEN
 
 
 class StallingStore(MemoryStore):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from chatlane.autoreset import (
@@ -22,7 +25,7 @@ from chatlane.autoreset import (
 )
 from chatlane.commands import CommandRouter
 from chatlane.context import current_cron_target, get_session_env
-from chatlane.cron import LOCAL, Job, JobRun
+from chatlane.cron import LOCAL, Interval, Job, JobRun, Schedule
 from chatlane.errors import ConfigError, InvalidSessionKey
 from chatlane.gateway import Gateway
 from chatlane.identity import ChatType, SessionSource
@@ -31,15 +34,22 @@ from chatlane.runtime.turn import Turn
 from chatlane.scheduler import CRON_COMMAND, Scheduler, SchedulerSettings
 from chatlane.stores import MemoryStore
 from chatlane.stores.base import Conversation
+from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
-from chatlane.types import Agent, Outbound, OutboundKind, SessionKey
+from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent
 
 IDLE_NOTICE = (
     "This conversation was idle for 0.3s, so it was closed. Your next message starts a new one."
 )
+RESET_NOTICE = (
+    "This conversation was idle for 1s, so it was closed. Your next message starts a new one."
+)
 DAILY_NOTICE = "The daily reset closed this conversation. Your next message starts a new one."
 START = dt.datetime(2024, 1, 1, 3, 58, tzinfo=dt.UTC).timestamp()
+AHEAD = dt.datetime(2100, 1, 1, 3, 58, tzinfo=dt.UTC).timestamp()
+"""A start ahead of the wall clock, with which the store stamps transcripts: auto-reset
+treats a transcript entry newer than the activity it knows as talk through another process."""
 
 
 class FakeClock:
@@ -279,7 +289,7 @@ class HookCalled:
 
 class TestDailyReset:
     async def test_at_the_hour_every_session_active_since_the_last_one(self) -> None:
-        clock = FakeClock()
+        clock = FakeClock(AHEAD)
         settings = SchedulerSettings(AutoResetSettings(AutoResetPolicy(daily_at_hour=4)))
         scheduler = Scheduler(settings, now=clock)
         store = MemoryStore()
@@ -305,7 +315,7 @@ class TestDailyReset:
             assert texts(h, "b") == ["echo: late", DAILY_NOTICE]
 
     async def test_deferred_while_busy_then_done(self) -> None:
-        clock = FakeClock()
+        clock = FakeClock(AHEAD)
         settings = SchedulerSettings(AutoResetSettings(AutoResetPolicy(daily_at_hour=4)))
         scheduler = Scheduler(settings, now=clock)
         async with GatewayHarness(EchoAgent()) as h:
@@ -320,6 +330,114 @@ class TestDailyReset:
             await scheduler.run_once()
             await scheduler.wait_idle()
             assert texts(h, "a") == ["slept 0.3", DAILY_NOTICE]
+
+
+class TestResetAcrossProcesses:
+    """Two harnesses sharing one store stand for two processes; only the first auto-resets."""
+
+    @pytest.fixture(autouse=True)
+    def clock(self, monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+        """One clock for the scheduler and the store, as the wall clock is in production."""
+        clock = FakeClock(time.time())
+        monkeypatch.setattr("chatlane.stores.memory.now", clock)
+        return clock
+
+    @asynccontextmanager
+    async def two(self, clock: FakeClock) -> AsyncIterator[tuple[GatewayHarness, GatewayHarness]]:
+        store = MemoryStore()
+        scheduler = Scheduler(idle(1.0), now=clock)
+        async with (
+            GatewayHarness(EchoAgent(), store=store) as here,
+            GatewayHarness(EchoAgent(), store=store) as there,
+        ):
+            here.gateway.use_scheduler(scheduler)
+            yield here, there
+
+    async def pass_of(self, h: GatewayHarness) -> None:
+        scheduler = h.gateway.scheduler
+        assert scheduler is not None
+        await scheduler.run_once()
+        await scheduler.wait_idle()
+
+    async def test_a_turn_running_in_the_other_process_is_not_cut(self, clock: FakeClock) -> None:
+        async with self.two(clock) as (here, there):
+            result = await here.send("hello", chat_id="c")
+            await here.replies(chat_id="c", count=1)
+            old = await here.gateway.engine.store.conversation(result.session_key)
+            await there.send("sleep 0.3", chat_id="c")
+            clock.advance(2)
+            await self.pass_of(here)
+            assert await there.replies(chat_id="c", count=1) == ["slept 0.3"]
+            store = here.gateway.engine.store
+            assert (await store.conversation(result.session_key)).id == old.id
+            transcript = await store.transcript(result.session_key, old.id)
+            assert [e.content for e in transcript][-2:] == ["sleep 0.3", "slept 0.3"]
+            await self.pass_of(here)
+            assert texts(here, "c") == ["echo: hello"]
+            clock.advance(2)
+            await self.pass_of(here)
+            assert texts(here, "c") == ["echo: hello", RESET_NOTICE]
+            assert (await store.conversation(result.session_key)).id != old.id
+
+    async def test_talk_through_the_other_process_postpones_it(self, clock: FakeClock) -> None:
+        async with self.two(clock) as (here, there):
+            result = await here.send("hello", chat_id="c")
+            await here.replies(chat_id="c", count=1)
+            clock.advance(0.5)
+            await there.send("still here", chat_id="c")
+            await there.replies(chat_id="c", count=1)
+            clock.advance(0.7)
+            await self.pass_of(here)
+            assert texts(here, "c") == ["echo: hello"]
+            clock.advance(0.7)
+            await self.pass_of(here)
+            assert texts(here, "c") == ["echo: hello", RESET_NOTICE]
+            scheduler = here.gateway.scheduler
+            assert scheduler is not None
+            assert len(scheduler.tracker) == 0
+            ended = (await here.gateway.engine.store.conversations(result.session_key))[1]
+            assert ended.ended_at
+
+    async def test_a_completion_is_not_talk(self, clock: FakeClock) -> None:
+        async with self.two(clock) as (here, _):
+            result = await here.send("hello", chat_id="c")
+            await here.replies(chat_id="c", count=1)
+            clock.advance(0.5)
+            scheduler = here.gateway.scheduler
+            assert scheduler is not None
+            await scheduler.notify_completion(result.session_key, "build done")
+            await here.replies(chat_id="c", count=2)
+            await here.settle()
+            clock.advance(0.7)
+            await self.pass_of(here)
+            assert texts(here, "c") == ["echo: hello", "echo: build done", RESET_NOTICE]
+
+    async def test_a_message_waiting_in_the_store_holds_it_off(self, clock: FakeClock) -> None:
+        async with self.two(clock) as (here, there):
+            result = await here.send("hello", chat_id="c")
+            await here.replies(chat_id="c", count=1)
+            store = here.gateway.engine.store
+            message = InboundMessage(SessionSource("test", chat_id="c"), "later", id="m-there")
+            await store.enqueue(
+                result.session_key, message.id, there.gateway.engine.holder, encode_message(message)
+            )
+            clock.advance(2)
+            await self.pass_of(here)
+            assert texts(here, "c") == ["echo: hello"]
+            assert [r.message_id for r in await store.pending(result.session_key)] == ["m-there"]
+
+    async def test_a_lease_held_elsewhere_holds_it_off(self, clock: FakeClock) -> None:
+        async with self.two(clock) as (here, there):
+            result = await here.send("hello", chat_id="c")
+            await here.replies(chat_id="c", count=1)
+            store = here.gateway.engine.store
+            lease = await store.acquire(result.session_key, there.gateway.engine.holder, 30.0)
+            clock.advance(2)
+            await self.pass_of(here)
+            assert texts(here, "c") == ["echo: hello"]
+            await store.release(lease)
+            await self.pass_of(here)
+            assert texts(here, "c") == ["echo: hello", RESET_NOTICE]
 
 
 # -- cron jobs ---------------------------------------------------------------------------------
@@ -438,6 +556,122 @@ class TestJobs:
     def test_configured_ids_must_be_unique(self) -> None:
         with pytest.raises(ConfigError, match="share the id"):
             Scheduler(jobs=[Job("@daily", "a", id="x"), Job("@hourly", "b", id="x")])
+
+
+class TestBadJobs:
+    """One job that cannot be scheduled never stops the others, nor the loop, nor /cron."""
+
+    async def test_a_stored_endless_interval_breaks_nothing(self) -> None:
+        store = MemoryStore()
+        origin = msgspec.to_builtins(SessionSource("test", chat_id="c"))
+        endless: dict[str, Any] = {"schedule": "every " + "9" * 400 + "s", "prompt": "boom"}
+        endless |= {"target": "origin", "origin": origin, "id": "bad", "created_at": START}
+        await store.set_persistent("main:scheduler", None, **{"job:bad": endless})
+        clock = FakeClock()
+        async with scheduled(
+            Scheduler(SchedulerSettings(period=0.02), now=clock), store=store
+        ) as h:
+            await h.send("/cron add every 1m ping", chat_id="c")
+            await h.send("/cron list", chat_id="c")
+            added, listing = await h.replies(chat_id="c", count=2)
+            assert added.startswith("Added job ")
+            assert "ping" in listing
+            assert "boom" not in listing
+            clock.advance(60)
+            assert (await h.replies(chat_id="c", count=3))[2] == "echo: ping"
+
+    async def test_a_job_whose_first_tick_fails_is_not_stored(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        scheduler = Scheduler(now=FakeClock())
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            monkeypatch.setattr(Interval, "next_after", _overflow)
+            with pytest.raises(OverflowError):
+                await scheduler.add_job("every 1m", "poll")
+            assert await scheduler.book.load() == {}
+            assert scheduler.list_jobs() == []
+
+    async def test_a_job_that_cannot_be_scheduled_leaves_the_others(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.WARNING, "chatlane.scheduler")
+        scheduler = Scheduler(now=FakeClock())
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            await scheduler.book.save(Job("every 1m", "bad", id="bad"))
+            await scheduler.book.save(Job("@daily", "good", id="good"))
+            monkeypatch.setattr(Interval, "next_after", _overflow)
+            await scheduler.sync()
+            assert [job.id for job in scheduler.list_jobs()] == ["good"]
+            assert "job bad (every 1m) cannot be scheduled" in caplog.text
+
+    async def test_the_loop_outlives_a_failed_pass(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.WARNING, "chatlane.scheduler")
+        scheduler = Scheduler(SchedulerSettings(period=0.01))
+        passes: list[None] = []
+        third = asyncio.Event()
+
+        async def flaky() -> None:
+            passes.append(None)
+            if len(passes) == 1:
+                raise RuntimeError("a bug in one pass")
+            if len(passes) == 3:
+                third.set()
+
+        monkeypatch.setattr(scheduler, "run_once", flaky)
+        async with scheduled(scheduler):
+            await asyncio.wait_for(third.wait(), 2)
+        (failed,) = [r for r in caplog.records if r.getMessage() == "scheduler pass failed"]
+        assert failed.exc_info is not None
+
+    async def test_remove_while_a_sync_drops_the_job(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        scheduler = Scheduler(now=FakeClock())
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            job = await scheduler.add_job("every 1m", "poll")
+            delete = scheduler.book.delete
+
+            async def delete_then_sync(job_id: str) -> None:
+                await delete(job_id)
+                await scheduler.sync()  # as another task's sync would, while remove waits
+
+            monkeypatch.setattr(scheduler.book, "delete", delete_then_sync)
+            assert await scheduler.remove_job(job.id)
+            assert scheduler.list_jobs() == []
+
+    async def test_a_job_with_no_run_left_is_logged(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.WARNING, "chatlane.scheduler")
+        scheduler = Scheduler(jobs=[Job("every 1h", "report", id="r")], now=FakeClock())
+        monkeypatch.setattr(Interval, "next_after", _never)
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            await scheduler.sync()
+            assert scheduler.next_run("r") is None
+        assert "job r (every 1h) has no run left" in caplog.text
+
+    async def test_a_tick_past_the_calendar_is_listed(self) -> None:
+        store = MemoryStore()
+        origin = msgspec.to_builtins(SessionSource("test", chat_id="c"))
+        late: dict[str, Any] = {"schedule": "every 1m", "prompt": "late", "target": "origin"}
+        late |= {"origin": origin, "id": "late", "created_at": 1e300}
+        await store.set_persistent("main:scheduler", None, **{"job:late": late})
+        async with scheduled(Scheduler(), store=store) as h:
+            await h.send("/cron list", chat_id="c")
+            (listing,) = await h.replies(chat_id="c", count=1)
+            assert listing.startswith("Jobs of this chat:\nlate every 1m — next at epoch second 1")
+
+
+def _overflow(self: Schedule, moment: float, *, anchor: float = 0.0, tz: Any = None) -> float:
+    raise OverflowError("int too large to convert to float")
+
+
+def _never(self: Schedule, moment: float, *, anchor: float = 0.0, tz: Any = None) -> None:
+    return None
 
 
 def _context() -> tuple[object, ...]:

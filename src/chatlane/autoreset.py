@@ -6,9 +6,13 @@ an :class:`AutoResetter` on each pass which sessions are due. What stays true:
 
 * :func:`resolve` is pure: the chat type's policy beats the platform's, which
   beats the default — the same order as the busy policies.
-* A session is never reset while a turn runs for it. A due idle reset simply
+* A session is never reset while a turn runs for it in any process sharing
+  the store, nor while a message waits for it there. A due idle reset simply
   waits (the turn's reply is activity, so the idle time starts again); a due
   daily reset is remembered and done as soon as the session is idle.
+* What a person said through another process counts as activity too: the
+  store's transcript is checked before a reset, and a newer message than the
+  tracker knows postpones it (the tracker then counts from that message).
 * Every reset goes through :func:`chatlane.lifecycle.end_conversation` with
   the gateway's ``before_reset`` hook. If a message arrives or a turn starts
   while the hook runs, that reset is called off (nothing changed) and the
@@ -26,8 +30,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NoReturn
 
-from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.errors import ChatlaneError, ConfigError, LeaseError, SessionBusy
 from chatlane.identity import ChatType, SessionSource
 from chatlane.lifecycle import BeforeReset, EndReason, end_conversation
 from chatlane.runtime.engine import TurnEngine
@@ -48,6 +53,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("chatlane.scheduler")
+
+PROBE_TTL = 5.0
+"""Seconds a reset holds the session's lease to learn that no process runs it (released at once)."""
+RECENT = 50
+"""How many of the newest transcript entries are searched for a person's last message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,12 +198,23 @@ class _CalledOff(ChatlaneError):
 
 
 class AutoResetter:
-    """Finds the sessions due for a reset and resets them through the lifecycle funnel."""
+    """Finds the sessions due for a reset and resets them through the lifecycle funnel.
 
-    def __init__(self, settings: AutoResetSettings, tracker: ActivityTracker, tz: dt.tzinfo):
+    :param internal_ids: prefixes of the ids of messages no person sent (jobs,
+        completions): in the transcript, they are not activity.
+    """
+
+    def __init__(
+        self,
+        settings: AutoResetSettings,
+        tracker: ActivityTracker,
+        tz: dt.tzinfo,
+        internal_ids: tuple[str, ...] = (),
+    ):
         self.settings = settings
         self.tracker = tracker
         self.tz = tz
+        self.internal_ids = internal_ids
 
     def due(self, engine: TurnEngine, moment: float) -> list[DueReset]:
         """The resets to start at ``moment``; a daily one due for a busy session is remembered."""
@@ -217,6 +238,8 @@ class AutoResetter:
         A failing ``before_reset`` hook is logged and the session is left as
         it was (and no longer tracked, so the hook is not retried every pass).
         """
+        if not await self._quiet(engine, due):  # asked before the hook is bothered
+            return False
         hook = self._guarded(engine, due, before_reset)
         try:
             await end_conversation(engine, due.key, due.reason, before_reset=hook)
@@ -224,7 +247,7 @@ class AutoResetter:
             log.info("auto-reset of %s called off: the session is active again", due.key)
             return False
         except Exception:
-            log.exception("before_reset failed; %s was not reset", due.key)
+            log.exception("before_reset (or the store) failed; %s was not reset", due.key)
             self.tracker.forget(due.key)
             return False
         self.tracker.forget(due.key)
@@ -241,16 +264,69 @@ class AutoResetter:
                 await before_reset(key, reason, conversation)
             entry = self.tracker.get(key)
             if entry is None or entry.last_at != due.last_at or _busy(engine, key):
-                if entry is not None and reason is EndReason.DAILY:
-                    entry.daily_due = True
-                raise _CalledOff(key)
+                self._call_off(due)
+            await self._check_store(engine, due)
 
         return hook
+
+    async def _quiet(self, engine: TurnEngine, due: DueReset) -> bool:
+        """Whether no process runs or is about to run the session, and no one talked there."""
+        try:
+            await self._check_store(engine, due)
+        except _CalledOff:
+            log.info("auto-reset of %s postponed: the session is active elsewhere", due.key)
+            return False
+        return True
+
+    async def _check_store(self, engine: TurnEngine, due: DueReset) -> None:
+        """Call the reset off if another process runs the session, or a person talked there.
+
+        :raises _CalledOff: a message waits for the session or a turn holds its
+            lease (in any process), or the transcript has a person's message
+            newer than the tracker's last activity (which then moves to it).
+        """
+        if await engine.store.pending(due.key) or not await _lease_free(engine, due.key):
+            self._call_off(due)
+        spoke_at = await self._last_spoken(engine, due.key)
+        if spoke_at > due.last_at:
+            self.tracker.refresh(due.key, spoke_at)
+            self._call_off(due)
+
+    async def _last_spoken(self, engine: TurnEngine, key: SessionKey) -> float:
+        """When a person's newest message in the current conversation was stored (0: none seen)."""
+        for entry in reversed(await engine.store.transcript(key, limit=RECENT)):
+            if entry.role == "user" and not entry.message_id.startswith(self.internal_ids):
+                return entry.created_at
+        return 0.0
+
+    def _call_off(self, due: DueReset) -> NoReturn:
+        """Give up this reset; a daily one stays due, to be done once the session is idle."""
+        entry = self.tracker.get(due.key)
+        if entry is not None and due.reason is EndReason.DAILY:
+            entry.daily_due = True
+        raise _CalledOff(due.key)
 
 
 def _busy(engine: TurnEngine, key: SessionKey) -> bool:
     state = engine.registry.peek(key)
     return state is not None and state.turn.is_running
+
+
+async def _lease_free(engine: TurnEngine, key: SessionKey) -> bool:
+    """Whether no process holds ``key``'s lease: taken for a moment, then given back.
+
+    Taking it bumps the session's generation, which changes nothing for a
+    session no one runs.
+    """
+    try:
+        lease = await engine.store.acquire(key, engine.holder, PROBE_TTL)
+    except SessionBusy:
+        return False
+    try:
+        await engine.store.release(lease)
+    except LeaseError as error:  # it runs out by its TTL
+        log.warning("could not give back the probe lease of %s: %s", key, error)
+    return True
 
 
 def notice_text(reason: EndReason, policy: AutoResetPolicy) -> str:

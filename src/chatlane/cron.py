@@ -34,7 +34,13 @@ from typing import Final, TypeAlias
 
 import msgspec
 
-from chatlane.errors import ConfigError, LeaseError, SessionBusy, StaleGeneration
+from chatlane.errors import (
+    ChatlaneError,
+    ConfigError,
+    LeaseError,
+    SessionBusy,
+    StaleGeneration,
+)
 from chatlane.identity import ChatType, SessionSource, unescape_component
 from chatlane.stores.base import Lease, Store
 from chatlane.types import SessionKey, Target
@@ -43,6 +49,7 @@ log = logging.getLogger("chatlane.scheduler")
 
 __all__ = [
     "LOCAL",
+    "MAX_INTERVAL",
     "ORIGIN",
     "Claim",
     "CronExpression",
@@ -70,8 +77,13 @@ MACROS: Final = {
 UNITS: Final = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
 UNITS.update({"h": 3600, "hr": 3600, "hour": 3600})
 _EVERY: Final = re.compile(r"every\s+(\d+)\s*([a-z]+)", re.IGNORECASE)
-_SEARCH_DAYS: Final = 366 * 9
-"""How far ahead a match is looked for: far enough for 29 February across a skipped leap year."""
+_HORIZON: Final = dt.timedelta(days=146_097 + 1)
+"""How far ahead a match is looked for: one whole Gregorian cycle (400 years), after which
+the calendar, weekdays included, repeats — so what is not found in it never matches."""
+_LONGEST: Final = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+"""The most days each month (index 1-12) ever has."""
+MAX_INTERVAL: Final = 366 * 86_400
+"""The longest interval (366 days): beyond it, ticks leave what the clock can name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +103,22 @@ _FIELDS: Final = (
 )
 
 
+def _number(text: str) -> int | None:
+    """``text`` as a whole number written in decimal digits, or None if it is not one."""
+    if not text.isdecimal():
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts
+        return None
+
+
 def _value(text: str, spec: _Field) -> int:
     number = spec.names.get(text.lower())
     if number is None:
-        if not text.isdigit():
-            raise ConfigError(f"cron {spec.name}: {text!r} is not a number or name")
-        number = int(text)
+        number = _number(text)
+    if number is None:
+        raise ConfigError(f"cron {spec.name}: {text!r} is not a number or name")
     if not spec.low <= number <= spec.high:
         raise ConfigError(f"cron {spec.name}: {number} is outside {spec.low}-{spec.high}")
     return number
@@ -104,7 +126,7 @@ def _value(text: str, spec: _Field) -> int:
 
 def _part(text: str, spec: _Field) -> set[int]:
     span, slash, step_text = text.partition("/")
-    step = int(step_text) if step_text.isdigit() else 0
+    step = _number(step_text) or 0
     if slash and step < 1:
         raise ConfigError(f"cron {spec.name}: step {step_text!r} must be a positive number")
     if span == "*":
@@ -156,9 +178,15 @@ class CronExpression:
         any_day, any_weekday = words[2].startswith("*"), words[4].startswith("*")
         canonical = " ".join(text.split())
         expression = cls(canonical, minutes, hours, days, months, weekdays, any_day, any_weekday)
-        if expression.next_after(0.0) is None:
+        if not expression._has_a_date() or expression.next_after(0.0) is None:
             raise ConfigError(f"cron expression {text!r} never matches a real date")
         return expression
+
+    def _has_a_date(self) -> bool:
+        """Whether a day can match at all: false when every (month, day) pair it needs is absent."""
+        if not (self.any_day or self.any_weekday):
+            return True  # either day field may match, and some weekday always does
+        return any(day <= _LONGEST[month] for month in self.months for day in self.days)
 
     def matches_day(self, day: dt.date) -> bool:
         """Whether ``day`` is one the expression runs on (month, then the two day fields)."""
@@ -179,8 +207,18 @@ class CronExpression:
         time skipped by a daylight-saving change runs at the instant it maps
         to; a repeated one runs once.
         """
+        try:
+            return self._search(moment, tz)
+        except (OverflowError, ValueError):  # a moment beyond the years datetime can name
+            return None
+
+    def _search(self, moment: float, tz: dt.tzinfo) -> float | None:
         day = dt.datetime.fromtimestamp(moment, tz).date()
-        for _ in range(_SEARCH_DAYS):
+        end = day + _HORIZON
+        while day < end:
+            if day.month not in self.months:
+                day = (day.replace(day=1) + dt.timedelta(days=31)).replace(day=1)
+                continue
             if self.matches_day(day):
                 found = min((t for t in self._times(day, tz) if t > moment), default=None)
                 if found is not None:
@@ -205,17 +243,23 @@ class Interval:
 
     @classmethod
     def parse(cls, text: str) -> Interval:
-        """Read ``every <n>s|m|h`` (``sec``/``min``/``hour`` and plurals work too)."""
+        """Read ``every <n>s|m|h`` (``sec``/``min``/``hour`` and plurals work too).
+
+        :raises ConfigError: if ``text`` is not one, or is under a second or over
+            :data:`MAX_INTERVAL` (366 days).
+        """
         match = _EVERY.fullmatch(text.strip())
         unit = _unit(match.group(2)) if match else None
-        if match is None or unit is None:
+        count = _number(match.group(1)) if match else None
+        if match is None or unit is None or count is None:
             raise ConfigError(
                 f"an interval reads like `every 30s`, `every 5m` or `every 2h`: {text!r}"
             )
-        seconds = int(match.group(1)) * unit
-        if seconds < 1:
+        if count * unit < 1:
             raise ConfigError(f"an interval must be at least one second: {text!r}")
-        return cls(f"every {match.group(1)}{match.group(2).lower()[0]}", seconds)
+        if count * unit > MAX_INTERVAL:
+            raise ConfigError(f"an interval may be at most 366 days (8784h): {text!r}")
+        return cls(f"every {match.group(1)}{match.group(2).lower()[0]}", count * unit)
 
     def next_after(
         self, moment: float, *, anchor: float = 0.0, tz: dt.tzinfo = dt.UTC
@@ -410,3 +454,5 @@ class JobBook:
             await self.store.release(lease)
         except LeaseError as error:
             log.info("claim lease on %s was already gone: %s", lease.key, error)
+        except ChatlaneError as error:  # the claim stands; the lease runs out by its TTL
+            log.warning("could not release the claim lease on %s: %s", lease.key, error)

@@ -141,8 +141,12 @@ class _Slot:
         return slot
 
     def advance(self, moment: float, tz: dt.tzinfo) -> None:
-        """Make the first tick after ``moment`` the next one."""
+        """Make the first tick after ``moment`` the next one (None, logged: it never runs again)."""
         self.due = self.schedule.next_after(moment, anchor=self.job.created_at, tz=tz)
+        if self.due is None:
+            log.warning(
+                "job %s (%s) has no run left; it will not run", self.job.id, self.job.schedule
+            )
 
 
 class Scheduler:
@@ -168,7 +172,9 @@ class Scheduler:
         self._configured = _unique(jobs)
         self._action = action or self.submit_prompt
         self._now = now
-        self._resetter = AutoResetter(self.settings.auto_reset, self.tracker, self.settings.tz)
+        self._resetter = AutoResetter(
+            self.settings.auto_reset, self.tracker, self.settings.tz, (CRON_ID, DONE_ID)
+        )
         self._gateway: Gateway | None = None
         self._book: JobBook | None = None
         self._slots: dict[str, _Slot] = {}
@@ -247,6 +253,8 @@ class Scheduler:
                 await self.run_once()
             except ChatlaneError as error:
                 log.warning("scheduler pass failed: %s", error)
+            except Exception:  # one bad pass must not end the loop for every later one
+                log.exception("scheduler pass failed")
             await asyncio.sleep(self.settings.period)
 
     async def run_once(self) -> None:
@@ -327,9 +335,19 @@ class Scheduler:
         self._next_sync = moment + self.settings.sync_every
 
     def _place(self, job: Job, moment: float, *, configured: bool) -> None:
-        """Schedule ``job`` from ``moment`` on, unless it already is."""
-        if job.id not in self._slots:
-            self._slots[job.id] = _Slot.of(job, moment, self.settings.tz, configured=configured)
+        """Schedule ``job`` from ``moment`` on, unless it already is; one that fails is skipped.
+
+        A job whose tick cannot be computed is logged and left out, so it
+        never keeps the other jobs (or the whole sync) from running.
+        """
+        if job.id in self._slots:
+            return
+        try:
+            slot = _Slot.of(job, moment, self.settings.tz, configured=configured)
+        except Exception:
+            log.exception("job %s (%s) cannot be scheduled; skipping it", job.id, job.schedule)
+            return
+        self._slots[job.id] = slot
 
     async def add_job(
         self,
@@ -344,13 +362,15 @@ class Scheduler:
         :param target: ``"origin"`` (needs ``origin``), ``"local"``, or
             ``"platform:chat_id[:thread_id]"`` (``:`` inside an id written ``%3A``).
         :raises ConfigError: for a malformed schedule or target, or an empty prompt.
+            Nothing is stored unless the job's first tick could be computed.
         """
         job_id = secrets.token_hex(3)
         while job_id in self._slots:
             job_id = secrets.token_hex(3)
         job = Job(schedule, prompt, target, origin, id=job_id, created_at=self._now())
+        slot = _Slot.of(job, self._now(), self.settings.tz, configured=False)
         await self.book.save(job)
-        self._place(job, self._now(), configured=False)
+        self._slots.setdefault(job.id, slot)
         return job
 
     async def remove_job(self, job_id: str) -> bool:
@@ -366,7 +386,7 @@ class Scheduler:
         if slot.configured:
             raise ConfigError(f"job {job_id} is defined in the configuration; remove it there")
         await self.book.delete(job_id)
-        del self._slots[job_id]
+        self._slots.pop(job_id, None)
         return True
 
     def list_jobs(self) -> list[Job]:
@@ -569,4 +589,8 @@ def _when(scheduler: Scheduler, job_id: str) -> str:
     moment = scheduler.next_run(job_id)
     if moment is None:
         return "never"
-    return dt.datetime.fromtimestamp(moment, scheduler.settings.tz).strftime("%Y-%m-%d %H:%M %Z")
+    try:
+        when = dt.datetime.fromtimestamp(moment, scheduler.settings.tz)
+    except (OverflowError, OSError, ValueError):  # beyond the years datetime can name
+        return f"at epoch second {moment:.0f}"
+    return when.strftime("%Y-%m-%d %H:%M %Z")

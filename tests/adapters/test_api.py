@@ -66,6 +66,11 @@ class Served:
         """Whether ``count`` messages wait in ``session``'s queue (asked with ``/status``)."""
         return f"queued: {count}\n" in await self.ask("/status", session)
 
+    async def generation(self, session: str) -> int:
+        """``session``'s generation (asked with ``/status``); ``/new`` raises it."""
+        status = await self.ask("/status", session)
+        return int(status.split("generation: ")[1].split("\n")[0])
+
     async def running(self, session: str) -> Turn:
         """Wait until ``session``'s turn holds its lease."""
         key = f"main:api:dm:{session}"
@@ -432,7 +437,7 @@ def no_token_config() -> Config:
 )
 async def test_a_body_not_sent_as_json_is_415(tmp_path: Path, content_type: str | None) -> None:
     async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
-        assert "gen=1" in await s.ask("whoami", "alice")
+        before = await s.generation("alice")
         headers = {} if content_type is None else {"Content-Type": content_type}
         response = await http.post(
             f"{s.base_url}/chat/completions", content=NEW_CONFIRM, headers=headers
@@ -440,15 +445,16 @@ async def test_a_body_not_sent_as_json_is_415(tmp_path: Path, content_type: str 
         assert response.status_code == 415
         error = response.json()["error"]
         assert (error["type"], error["code"]) == ("invalid_request_error", "unsupported_media_type")
-        assert "gen=1" in await s.ask("whoami", "alice")  # /new confirm never ran
+        assert await s.generation("alice") == before  # /new confirm never ran
 
 
 @pytest.mark.parametrize(
-    "origin", ["https://evil.example", "null", "http://localhost:{port}", "https://127.0.0.1:{port}"]
+    "origin",
+    ["https://evil.example", "null", "http://localhost:{port}", "https://127.0.0.1:{port}"],
 )
 async def test_a_foreign_origin_is_403(tmp_path: Path, origin: str) -> None:
     async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
-        assert "gen=1" in await s.ask("whoami", "alice")
+        before = await s.generation("alice")
         headers = {"Content-Type": "application/json", "Origin": origin.format(port=s.port)}
         url = f"{s.base_url}/chat/completions"
         response = await http.post(url, content=NEW_CONFIRM, headers=headers)
@@ -456,12 +462,13 @@ async def test_a_foreign_origin_is_403(tmp_path: Path, origin: str) -> None:
         assert response.json()["error"]["code"] == "foreign_origin"
         response = await http.get(f"{s.base_url}/models", headers={"Origin": headers["Origin"]})
         assert response.status_code == 403
-        assert "gen=1" in await s.ask("whoami", "alice")
+        assert await s.generation("alice") == before
         assert s.adapter.waiting == 0
 
 
 async def test_the_gateways_own_origin_and_a_json_charset_are_accepted(tmp_path: Path) -> None:
     async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
+        before = await s.generation("alice")
         headers = {
             "Content-Type": "Application/JSON; charset=utf-8",
             "Origin": f"http://127.0.0.1:{s.port}",
@@ -469,7 +476,7 @@ async def test_the_gateways_own_origin_and_a_json_charset_are_accepted(tmp_path:
         url = f"{s.base_url}/chat/completions"
         response = await http.post(url, content=NEW_CONFIRM, headers=headers)
         assert response.status_code == 200
-        assert "gen=2" in await s.ask("whoami", "alice")
+        assert await s.generation("alice") == before + 1
         assert await s.ask("hello", "sdk") == "echo: hello"  # the openai SDK sends no Origin
 
 

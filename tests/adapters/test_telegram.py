@@ -21,9 +21,10 @@ from chatlane.adapters.telegram import (
     utf16_len,
 )
 from chatlane.config import Config, Secret, TelegramConfig
-from chatlane.errors import ConfigError
+from chatlane.errors import ConfigError, StoreError
+from chatlane.gateway import DispatchResult
 from chatlane.server import Hub, open_hub, shutdown
-from chatlane.types import Outbound, OutboundKind, Target
+from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.botapi import BotApi
 
 GROUP = -1001234
@@ -134,6 +135,49 @@ async def test_command_with_bot_mention(api: BotApi, adapter: TelegramAdapter) -
     api.push_text(GROUP, ALICE, "/status@chatlane_bot", chat_type="supergroup")
     [reply] = await api.wait_for_sent(GROUP)
     assert reply.text.startswith("Status: idle")
+
+
+async def test_commands_for_another_bot_are_ignored(
+    api: BotApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(telegram_config(api, tmp_path)) as (hub, _):
+        submitted: list[str] = []
+        submit = hub.submit
+
+        async def recording(message: InboundMessage) -> DispatchResult | None:
+            submitted.append(message.text)
+            return await submit(message)
+
+        monkeypatch.setattr(hub, "submit", recording)
+        api.push_text(GROUP, ALICE, "/status", chat_type="supergroup")
+        [before] = await api.wait_for_sent(GROUP)
+        for text in ("/new@OtherBot confirm", "/stop@other_bot", "/status@CHATLANE_BOT"):
+            api.push_text(GROUP, ALICE, text, chat_type="supergroup")
+        after = (await api.wait_for_sent(GROUP, 2))[1]
+        assert after.text == before.text  # same generation: /new@OtherBot did not reset
+        assert submitted == ["/status", "/status@CHATLANE_BOT"]
+
+
+@pytest.mark.parametrize("error", [StoreError("the store is down"), RuntimeError("boom")])
+async def test_a_message_the_hub_cannot_take_gets_a_notice(
+    api: BotApi,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: Exception,
+) -> None:
+    async def failing(message: InboundMessage) -> DispatchResult | None:
+        raise error
+
+    async with running(telegram_config(api, tmp_path)) as (hub, _):
+        monkeypatch.setattr(hub, "submit", failing)
+        with caplog.at_level(logging.WARNING, logger="chatlane.adapters.telegram"):
+            api.push_text(GROUP, ALICE, "hello", thread_id=TOPIC, chat_type="supergroup")
+            [notice] = await api.wait_for_sent(GROUP)
+    assert notice.text == "Sorry — your message could not be handled right now; please try again."
+    assert notice.thread_id == TOPIC
+    assert f"telegram message tg-{GROUP}-" in caplog.text
+    assert ("Traceback" in caplog.text) is isinstance(error, RuntimeError)
 
 
 async def test_the_allowlist_refuses_a_stranger_in_the_chat(api: BotApi, tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from urllib.parse import urlsplit
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -250,8 +250,9 @@ def require_json(request: Request) -> None:
 def check_origin(request: Request) -> None:
     """Refuse a request a browser sent from another origin than the gateway's own.
 
-    API clients send no ``Origin``; a browser sends it on every cross-origin
-    request, so a present ``Origin`` must equal the request's scheme and ``Host``.
+    API clients send no ``Origin``; a browser sends it with every ``POST`` and
+    every cross-origin ``fetch``, so a present ``Origin`` must equal the
+    request's own scheme and ``Host`` (default ports filled in).
 
     :raises ApiRequestError: (403) for a foreign (or unreadable, or ``null``) origin.
     """
@@ -275,10 +276,11 @@ def _origin_key(url: str) -> tuple[str, str, int] | None:
         scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
     except ValueError:
         return None
-    default = _DEFAULT_PORTS.get(scheme)
-    if not host or (port is None and default is None):
+    if port is None:
+        port = _DEFAULT_PORTS.get(scheme)
+    if not host or port is None:
         return None
-    return scheme, host.lower(), default if port is None else port
+    return scheme, host.lower(), port
 
 
 async def read_body(request: Request) -> bytes:

@@ -256,7 +256,9 @@ class TelegramAdapter:
 
     async def _not_handled(self, message: InboundMessage) -> None:
         target = Target.of(message.source)
-        await self.deliver(Outbound(OutboundKind.NOTICE, "", target, _NOT_HANDLED, 0, (message.id,)))
+        await self.deliver(
+            Outbound(OutboundKind.NOTICE, "", target, _NOT_HANDLED, 0, (message.id,))
+        )
 
     async def _on_error(self, update: object, context: Any) -> None:
         log.error("telegram update could not be handled", exc_info=context.error)
