@@ -203,6 +203,8 @@ class CronExpression:
     ) -> float | None:
         """The first matching minute strictly after ``moment`` in ``tz``, or None if none ever is.
 
+        None too past the years :mod:`datetime` names (9999): never an error.
+
         ``anchor`` is ignored (cron ticks sit on the wall clock). A wall-clock
         time skipped by a daylight-saving change runs at the instant it maps
         to; a repeated one runs once.
