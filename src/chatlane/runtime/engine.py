@@ -38,6 +38,7 @@ from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
+from chatlane.runtime.aftermath import TurnAftermath
 from chatlane.runtime.busy import (
     ALWAYS_ANSWERED,
     BusyContext,
@@ -79,10 +80,6 @@ from chatlane.types import (
 )
 
 log = logging.getLogger("chatlane.runtime")
-
-
-MAX_RERUNS = 3
-"""Turns that may run one message and lose their lease before the sender gets a notice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +146,7 @@ class TurnEngine:
         self.approvals = ApprovalBroker(
             self.store, self._prompt, self._generation_is, self.settings.approval_timeout
         )
+        self.aftermath = TurnAftermath(self.store, self.leases, self.send)
         self._deliver = deliver
         self._turns: set[Turn] = set()
         self._collecting: set[SessionKey] = set()
@@ -352,7 +350,7 @@ class TurnEngine:
             await self.output.failure(turn, error)
             turn.ended_by = turn.ended_by or FAILED
         finally:
-            await self._settle(state, turn)
+            await self.aftermath.settle(state, turn, closing=self._closed)
             self._finish(state, turn)
 
     async def _take_lease(self, state: SessionState, turn: Turn) -> bool:
@@ -405,69 +403,6 @@ class TurnEngine:
             len(turn.messages),
             extra=turn_fields(state.key),
         )
-
-    async def _settle(self, state: SessionState, turn: Turn) -> None:
-        """After a turn: give back its lease and decide what becomes of its stored messages.
-
-        A store error here is logged, never raised: the slot must still be freed.
-        """
-        try:
-            if turn.ended_by == STOPPED:
-                untaken = turn.untaken_steers()
-                await self.store.drop_pending(state.key, [seq for _, seq in untaken])
-            if not turn.answered:
-                await self._settle_unanswered(state, turn)
-            if turn.lease is not None:
-                await self.leases.release(state, turn.generation)
-        except ChatlaneError as error:
-            log.error(
-                "could not settle the turn: %s",
-                error,
-                extra=turn_fields(state.key, turn.generation),
-            )
-
-    async def _settle_unanswered(self, state: SessionState, turn: Turn) -> None:
-        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED, FAILED):
-            await self.store.drop_pending(state.key, turn.seqs)
-        elif turn.ended_by == REORDERED and not self._closed:
-            self._requeue(state, turn)
-        elif turn.ended_by == LEASE_LOST and not self._closed:
-            await self._requeue_still_ours(state, turn)
-
-    async def _requeue_still_ours(self, state: SessionState, turn: Turn) -> None:
-        """After a lost lease, run again only what is still queued in the store under our name.
-
-        A message another process adopted is its to run; one that a ``/stop``
-        elsewhere dropped (or that was answered) is not run again.
-        """
-        ours = {r.seq for r in await self.store.pending(state.key) if r.owner == self.holder}
-        pairs = zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
-        kept = [(m, s) for m, s in pairs if s in ours]
-        if kept and turn.reruns + 1 >= MAX_RERUNS:
-            await self._give_up(state, turn, kept)
-            return
-        for message, seq in kept:
-            pending.insert_in_order(state, [message], [seq], turn.reruns + 1)
-
-    async def _give_up(
-        self, state: SessionState, turn: Turn, kept: list[tuple[InboundMessage, int]]
-    ) -> None:
-        """A message whose turns keep losing their lease is answered with a notice, not retried."""
-        await self.store.drop_pending(state.key, [seq for _, seq in kept])
-        text = (
-            f"Sorry — this message could not be completed: its turn lost its lease "
-            f"{MAX_RERUNS} times (the gateway may be overloaded or paused)."
-        )
-        await self.send(
-            OutboundKind.NOTICE, state.key, turn.source, text, tuple(m.id for m, _ in kept)
-        )
-
-    def _requeue(self, state: SessionState, turn: Turn) -> None:
-        """Run a turn's messages again later, in store order (lease lost, or gave way)."""
-        count = len(turn.messages)
-        pending.insert_in_order(state, list(turn.messages), turn.seqs[:count])
-        for message, seq in zip(turn.steered, turn.seqs[count:], strict=True):
-            pending.insert_in_order(state, [message], [seq])
 
     def _finish(self, state: SessionState, turn: Turn) -> None:
         self._turns.discard(turn)

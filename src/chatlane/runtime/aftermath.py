@@ -1,0 +1,117 @@
+"""What becomes of a turn's stored messages once the turn is over.
+
+What stays true, whatever way the turn ended:
+
+* Its lease is released (once, by generation) and a store error here is
+  logged, never raised — the session's slot must still be freed.
+* An answered turn's messages already left the durable queue in its commit.
+* Messages of a turn that was stopped, interrupted, evicted or failed leave
+  the queue: their senders were told.
+* A turn that gave way (an earlier message must run first) goes back into the
+  local queue in store order.
+* After a lost lease, only what is still queued in the store under this
+  process's name runs again — a message another process adopted is its to
+  run, one a ``/stop`` elsewhere dropped is not run at all — and after
+  :data:`MAX_RERUNS` lost leases the sender gets a notice instead.
+* At shutdown nothing is dropped: the messages stay queued for the next process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from chatlane.errors import ChatlaneError
+from chatlane.identity import SessionSource
+from chatlane.logs import turn_fields
+from chatlane.runtime import pending
+from chatlane.runtime.leases import LeaseKeeper
+from chatlane.runtime.turn import (
+    EVICTED,
+    FAILED,
+    INTERRUPTED,
+    LEASE_LOST,
+    REORDERED,
+    STOPPED,
+    Turn,
+)
+from chatlane.state import SessionState
+from chatlane.stores.base import Store
+from chatlane.types import InboundMessage, OutboundKind, SessionKey
+
+log = logging.getLogger("chatlane.runtime")
+
+MAX_RERUNS = 3
+"""Turns that may run one message and lose their lease before the sender gets a notice."""
+
+Send = Callable[
+    [OutboundKind, SessionKey, SessionSource, str, tuple[str, ...], "int | None"],
+    Awaitable[None],
+]
+
+
+class TurnAftermath:
+    """Settles finished turns against the store (see the module docstring)."""
+
+    def __init__(self, store: Store, leases: LeaseKeeper, send: Send) -> None:
+        self._store = store
+        self._leases = leases
+        self._send = send
+
+    async def settle(self, state: SessionState, turn: Turn, *, closing: bool) -> None:
+        """Release ``turn``'s lease and decide what becomes of its stored messages."""
+        try:
+            if turn.ended_by == STOPPED:
+                untaken = turn.untaken_steers()
+                await self._store.drop_pending(state.key, [seq for _, seq in untaken])
+            if not turn.answered:
+                await self._unanswered(state, turn, closing)
+            if turn.lease is not None:
+                await self._leases.release(state, turn.generation)
+        except ChatlaneError as error:
+            log.error(
+                "could not settle the turn: %s",
+                error,
+                extra=turn_fields(state.key, turn.generation),
+            )
+
+    async def _unanswered(self, state: SessionState, turn: Turn, closing: bool) -> None:
+        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED, FAILED):
+            await self._store.drop_pending(state.key, turn.seqs)
+        elif closing:
+            return  # shutting down: they stay queued for the next process
+        elif turn.ended_by == REORDERED:
+            requeue(state, turn)
+        elif turn.ended_by == LEASE_LOST:
+            await self._rerun_what_is_ours(state, turn)
+
+    async def _rerun_what_is_ours(self, state: SessionState, turn: Turn) -> None:
+        ours = {
+            r.seq for r in await self._store.pending(state.key) if r.owner == self._leases.holder
+        }
+        pairs = zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
+        kept = [(m, s) for m, s in pairs if s in ours]
+        if kept and turn.reruns + 1 >= MAX_RERUNS:
+            await self._give_up(state, turn, kept)
+            return
+        for message, seq in kept:
+            pending.insert_in_order(state, [message], [seq], turn.reruns + 1)
+
+    async def _give_up(
+        self, state: SessionState, turn: Turn, kept: list[tuple[InboundMessage, int]]
+    ) -> None:
+        await self._store.drop_pending(state.key, [seq for _, seq in kept])
+        text = (
+            "Sorry — this message could not be completed: its turn lost its lease "
+            f"{MAX_RERUNS} times (the gateway may be overloaded or paused)."
+        )
+        ids = tuple(m.id for m, _ in kept)
+        await self._send(OutboundKind.NOTICE, state.key, turn.source, text, ids, None)
+
+
+def requeue(state: SessionState, turn: Turn) -> None:
+    """Put a turn's messages back into the local queue, in store order."""
+    count = len(turn.messages)
+    pending.insert_in_order(state, list(turn.messages), turn.seqs[:count])
+    for message, seq in zip(turn.steered, turn.seqs[count:], strict=True):
+        pending.insert_in_order(state, [message], [seq])
