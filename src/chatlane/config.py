@@ -29,6 +29,7 @@ import msgspec
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType
 from chatlane.runtime.busy import BusyPolicy
+from chatlane.runtime.engine import RuntimeSettings
 
 ENV_PREFIX = "CHATLANE_"
 
@@ -87,19 +88,23 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     openai: OpenAIConfig = OpenAIConfig()
 
 
+_ENGINE = RuntimeSettings()
+"""The engine's own defaults: the configuration's defaults are read from them, never repeated."""
+
+
 class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    busy: str = "queue"
+    busy: str = _ENGINE.busy.default.value
     busy_per_platform: dict[str, str] = msgspec.field(default_factory=dict)
     busy_per_chat_type: dict[str, str] = msgspec.field(default_factory=dict)
-    queue_cap: int = 32
-    collect_debounce: float = 0.5
-    interrupt_grace: float = 5.0
-    interrupt_depth: int = 3
-    ack_debounce: float = 30.0
-    turn_timeout: float = 600.0
-    approval_timeout: float = 300.0
-    lease_ttl: float = 30.0
-    max_active_sessions: int = 0
+    queue_cap: int = _ENGINE.queue_cap
+    collect_debounce: float = _ENGINE.collect_debounce
+    interrupt_grace: float = _ENGINE.interrupt_grace
+    interrupt_depth: int = _ENGINE.interrupt_depth
+    ack_debounce: float = _ENGINE.ack_debounce
+    turn_timeout: float = _ENGINE.turn_timeout
+    approval_timeout: float = _ENGINE.approval_timeout
+    lease_ttl: float = _ENGINE.leases.ttl
+    max_active_sessions: int = _ENGINE.leases.max_active_sessions
 
 
 class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
