@@ -66,15 +66,6 @@ Notify = Callable[[ApprovalRequest, str], Awaitable[None]]
 IsCurrent = Callable[[SessionKey, int], bool]
 
 
-def matches(command: str, granted: list[str]) -> bool:
-    """Whether ``command`` is exactly one that was granted.
-
-    Grants are exact strings, never patterns: approving ``rm -rf build/*``
-    must not approve ``rm -rf build/ ~/``.
-    """
-    return command in granted
-
-
 def prompt_text(request: ApprovalRequest) -> str:
     """What the user sees when a tool asks for approval."""
     why = f" — {request.reason}" if request.reason else ""
@@ -115,9 +106,9 @@ class ApprovalBroker:
             _requests(state).pop(request.id, None)
 
     def _granted(self, state: SessionState, command: str) -> bool:
-        return matches(command, state.conversation.approval_grants) or matches(
-            command, state.persistent.approval_allowlist
-        )
+        """Exact commands, never patterns: ``rm -rf build/*`` is not ``rm -rf build/ ~/``."""
+        granted = (state.conversation.approval_grants, state.persistent.approval_allowlist)
+        return any(command in grants for grants in granted)
 
     def _open(
         self,
@@ -219,4 +210,4 @@ def _requests(state: SessionState) -> dict[str, ApprovalRequest]:
     return requests
 
 
-__all__ = ["ApprovalBroker", "ApprovalRequest", "Decision", "Grant", "matches", "prompt_text"]
+__all__ = ["ApprovalBroker", "ApprovalRequest", "Decision", "Grant", "prompt_text"]

@@ -55,6 +55,26 @@ def harness_settings(busy: str | BusyPolicy, settings: dict[str, Any]) -> Gatewa
     return GatewaySettings(key_policy, runtime, lifecycle)
 
 
+def _source(
+    platform: str,
+    chat_id: str,
+    chat_type: str,
+    thread_id: str | None,
+    user_id: str,
+    chat_name: str = "",
+    user_name: str = "",
+) -> SessionSource:
+    return SessionSource(
+        platform,
+        chat_id=chat_id,
+        chat_type=ChatType(chat_type),
+        chat_name=chat_name,
+        thread_id=thread_id,
+        user_id=user_id,
+        user_name=user_name,
+    )
+
+
 class GatewayHarness:
     """An in-process gateway whose deliveries are recorded per chat and thread.
 
@@ -130,15 +150,7 @@ class GatewayHarness:
         internal: bool = False,
     ) -> DispatchResult:
         """Deliver one inbound message, as an adapter would."""
-        source = SessionSource(
-            platform,
-            chat_id=chat_id,
-            chat_type=ChatType(chat_type),
-            chat_name=chat_name,
-            thread_id=thread_id,
-            user_id=user_id,
-            user_name=user_name,
-        )
+        source = _source(platform, chat_id, chat_type, thread_id, user_id, chat_name, user_name)
         return await self.gateway.dispatch(InboundMessage(source, text, internal=internal))
 
     def delivered(self, *, chat_id: str, thread_id: str | None = None) -> list[Outbound]:
@@ -205,13 +217,7 @@ class GatewayHarness:
         thread_id: str | None = None,
     ) -> str:
         """The key the harness's gateway gives to messages from that source."""
-        source = SessionSource(
-            platform,
-            chat_id=chat_id,
-            chat_type=ChatType(chat_type),
-            thread_id=thread_id,
-            user_id=user_id,
-        )
+        source = _source(platform, chat_id, chat_type, thread_id, user_id)
         return self.gateway.session_key(InboundMessage(source, ""))
 
 

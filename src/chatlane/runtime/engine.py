@@ -217,8 +217,9 @@ class TurnEngine:
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
             return None
-        outcome = self._apply_busy(state, message, seq)
-        self.metrics.busy(outcome.value, self.policy_for(state, message).value)
+        policy = self.policy_for(state, message)
+        outcome = self._apply_busy(state, message, seq, policy)
+        self.metrics.busy(outcome.value, policy.value)
         if outcome in ALWAYS_ANSWERED:
             await self.store.drop_pending(key, [seq])
         await self._acknowledge(state, message, outcome)
@@ -263,9 +264,11 @@ class TurnEngine:
         await self.leases.heartbeat()
         return await adopt_orphans(self.store, self.holder, self.adopt)
 
-    def _apply_busy(self, state: SessionState, message: InboundMessage, seq: int) -> BusyOutcome:
+    def _apply_busy(
+        self, state: SessionState, message: InboundMessage, seq: int, policy: BusyPolicy
+    ) -> BusyOutcome:
         turn = self._running_turn(state)
-        outcome = decide(self.policy_for(state, message), self._busy_context(state, message, turn))
+        outcome = decide(policy, self._busy_context(state, message, turn))
         if outcome is BusyOutcome.QUEUED:
             pending.enqueue(state, message, seq)
         elif outcome is BusyOutcome.MERGED:
