@@ -13,50 +13,47 @@ per-session counter, write it back incremented. What stays true:
 * Each run builds a fresh gateway or dispatcher and checks afterwards that every
   session's counter equals the number of messages it got; a miss raises.
 
-Run ``python bench/dispatch.py --help`` for the options.
+Run ``python -m bench.dispatch --help`` for the options.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
-import random
 import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from aiogram import Bot, Dispatcher
 from aiogram.dispatcher.event.bases import UNHANDLED
-from aiogram.fsm.context import FSMContext
-from aiogram.fsm.storage.base import StorageKey
 from aiogram.fsm.storage.memory import MemoryStorage, SimpleEventIsolation
-from aiogram.types import Chat, Message, Update, User
 
+from bench.common import (
+    BOT_ID,
+    SENT_AT,
+    BenchError,
+    aiogram_counters,
+    check_counts,
+    drive,
+    on_message,
+    plan_lanes,
+    positive,
+    telegram_update,
+    user_id,
+)
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
 from chatlane.runtime.turn import Turn
 from chatlane.state import ConversationState, SessionRegistry
 from chatlane.types import InboundMessage, Outbound, OutboundKind
 
-T = TypeVar("T")
-
 TARGET_RATIO = 10.0
 """chatlane passes when aiogram's cost per message is at least this many times its own."""
 DEFAULT_MAX_SESSIONS = 10_000
 """``SessionRegistry``'s own default, kept unless the workload needs more."""
-BOT_ID = 42
-SEED = 20_240_601
-SENT_AT = datetime(2024, 6, 1, tzinfo=UTC)
-
-
-class BenchError(RuntimeError):
-    """A side did not do the work it was timed for; its figures mean nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,46 +67,6 @@ class Workload:
     @property
     def total(self) -> int:
         return self.sessions * self.messages
-
-
-def plan_lanes(workload: Workload) -> list[list[int]]:
-    """Session numbers in a seeded shuffled order, dealt into one lane per worker.
-
-    Session ``s`` goes to lane ``s % in_flight``; the shuffle mixes sessions but
-    keeps each one's messages in order, because they are interchangeable copies.
-    """
-    stream = [s for s in range(workload.sessions) for _ in range(workload.messages)]
-    random.Random(SEED).shuffle(stream)
-    lanes: list[list[int]] = [[] for _ in range(workload.in_flight)]
-    for session in stream:
-        lanes[session % workload.in_flight].append(session)
-    return [lane for lane in lanes if lane]
-
-
-def user_id(session: int) -> int:
-    """The Telegram-style id of session ``session``'s user (and private chat)."""
-    return 1_000 + session
-
-
-async def drive(lanes: Sequence[Sequence[T]], handle: Callable[[T], Awaitable[None]]) -> int:
-    """Handle every lane in its own worker task; return the wall time in ns (after a GC)."""
-
-    async def worker(lane: Sequence[T]) -> None:
-        for item in lane:
-            await handle(item)
-
-    gc.collect()
-    start = time.perf_counter_ns()
-    await asyncio.gather(*(worker(lane) for lane in lanes))
-    return time.perf_counter_ns() - start
-
-
-def check_counters(side: str, counters: dict[int, int], expected: int) -> None:
-    """:raises BenchError: unless every session's counter equals ``expected``."""
-    wrong = {s: n for s, n in counters.items() if n != expected}
-    if wrong:
-        sample = dict(list(wrong.items())[:5])
-        raise BenchError(f"{side}: {len(wrong)} session counters != {expected}, e.g. {sample}")
 
 
 # --- chatlane -----------------------------------------------------------------
@@ -182,38 +139,11 @@ async def run_chatlane(workload: Workload, lanes: list[list[int]]) -> int:
         await side.gateway.aclose()
     if side.replies != workload.total:
         raise BenchError(f"chatlane: {side.replies} replies for {workload.total} messages")
-    check_counters("chatlane", side.counters(sources), workload.messages)
+    check_counts("chatlane", "counter", side.counters(sources), workload.messages)
     return elapsed
 
 
 # --- aiogram ------------------------------------------------------------------
-
-
-async def on_message(message: Message, state: FSMContext) -> None:
-    """Read and update the chat's FSM data; return nothing, so no Bot API call is made."""
-    data = await state.get_data()
-    await state.update_data(counter=data.get("counter", 0) + 1)
-
-
-def telegram_update(bot: Bot, update_id: int, session: int) -> Update:
-    """A private-chat text message from session ``session``'s user, bound to ``bot``."""
-    uid = user_id(session)
-    message = Message(
-        message_id=update_id,
-        date=SENT_AT,
-        chat=Chat(id=uid, type="private"),
-        from_user=User(id=uid, is_bot=False, first_name=f"user{session}"),
-        text="hello",
-    ).as_(bot)
-    return Update(update_id=update_id, message=message).as_(bot)
-
-
-async def aiogram_counters(storage: MemoryStorage, sessions: int) -> dict[int, int]:
-    counters: dict[int, int] = {}
-    for session in range(sessions):
-        key = StorageKey(bot_id=BOT_ID, chat_id=user_id(session), user_id=user_id(session))
-        counters[session] = int((await storage.get_data(key)).get("counter", 0))
-    return counters
 
 
 def raw_update(update_id: int, session: int) -> dict[str, Any]:
@@ -255,7 +185,8 @@ async def run_aiogram(workload: Workload, lanes: list[list[int]], raw: bool = Fa
     finally:
         await bot.session.close()
         await dp.storage.close()
-    check_counters("aiogram", await aiogram_counters(storage, workload.sessions), workload.messages)
+    counters = await aiogram_counters(storage, workload.sessions)
+    check_counts("aiogram", "counter", counters, workload.messages)
     return elapsed
 
 
@@ -304,7 +235,7 @@ def side_json(rounds: tuple[float, ...]) -> dict[str, Any]:
 
 async def measure(workload: Workload, rounds: int) -> Report:
     """A warmup run per side, then ``rounds`` timed runs alternating chatlane and aiogram."""
-    lanes = plan_lanes(workload)
+    lanes = plan_lanes(workload.sessions, workload.messages, workload.in_flight)
     await run_chatlane(workload, lanes)
     await run_aiogram(workload, lanes)
     await run_aiogram(workload, lanes, raw=True)
@@ -341,13 +272,6 @@ def render(report: Report) -> str:
         f"target: chatlane at most 1/{TARGET_RATIO:g} of aiogram's cost per message: {verdict}"
     )
     return "\n".join(lines)
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -5,7 +5,7 @@ lease, write under its generation, give it back. aiogram's counterpart is one
 ``feed_update`` with ``RedisStorage`` and ``RedisEventIsolation`` on the same
 Redis server. What stays true:
 
-* Every line runs the same workload as ``bench/dispatch.py``: one worker task
+* Every line runs the same workload as ``bench.dispatch``: one worker task
   per lane, a session in exactly one lane, so its turns run in order and never
   overlap, and at most ``in_flight`` operations are in flight.
 * Every input is prepared before the clock starts; only the store calls (or
@@ -18,7 +18,7 @@ Redis server. What stays true:
   every ``PING`` was answered; a miss raises.
 * Redis is ``$REDIS_URL`` if set, else a throwaway server stopped at exit.
 
-Run ``python bench/stores.py --help`` for the options.
+Run ``python -m bench.stores --help`` for the options.
 """
 
 from __future__ import annotations
@@ -26,38 +26,43 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import gc
 import json
 import os
-import random
 import secrets
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from aiogram import Bot, Dispatcher
 from aiogram.dispatcher.event.bases import UNHANDLED
-from aiogram.fsm.context import FSMContext
-from aiogram.fsm.storage.base import DefaultKeyBuilder, StorageKey
+from aiogram.fsm.storage.base import DefaultKeyBuilder
 from aiogram.fsm.storage.redis import RedisStorage
-from aiogram.types import Chat, Message, Update, User
+from aiogram.types import Update
 from redis.asyncio import Redis
 
+from bench.common import (
+    BOT_ID,
+    BenchError,
+    aiogram_counters,
+    check_counts,
+    drive,
+    on_message,
+    plan_lanes,
+    positive,
+    telegram_update,
+    user_id,
+)
 from chatlane.identity import SessionSource, build_session_key
 from chatlane.stores import Store, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.redis import redact
 from chatlane.testing_redis import redis_server as throwaway_or_env
 from chatlane.testing_redis import server_binary
 from chatlane.types import SessionKey
-
-T = TypeVar("T")
 
 BACKENDS = ("memory", "sqlite", "redis")
 TARGET_REDIS_RATIO = 5.0
@@ -68,13 +73,6 @@ MAX_REDIS_IN_FLIGHT = 100
 """redis-py's default pool (aiogram's and the PING line's) fails past 100 concurrent commands."""
 LEASE_TTL = 30.0
 HOLDER = "bench"
-BOT_ID = 42
-SEED = 20_240_601
-SENT_AT = datetime(2024, 6, 1, tzinfo=UTC)
-
-
-class BenchError(RuntimeError):
-    """A line did not do the work it was timed for; its figures mean nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,45 +86,6 @@ class Workload:
     @property
     def total(self) -> int:
         return self.sessions * self.turns
-
-
-def plan_lanes(workload: Workload) -> list[list[int]]:
-    """Session numbers in a seeded shuffled order, dealt into one lane per worker.
-
-    Session ``s`` goes to lane ``s % in_flight``, so its turns stay in order.
-    """
-    stream = [s for s in range(workload.sessions) for _ in range(workload.turns)]
-    random.Random(SEED).shuffle(stream)
-    lanes: list[list[int]] = [[] for _ in range(workload.in_flight)]
-    for session in stream:
-        lanes[session % workload.in_flight].append(session)
-    return [lane for lane in lanes if lane]
-
-
-def user_id(session: int) -> int:
-    """The Telegram-style id of session ``session``'s user (and private chat)."""
-    return 1_000 + session
-
-
-async def drive(lanes: Sequence[Sequence[T]], handle: Callable[[T], Awaitable[None]]) -> int:
-    """Handle every lane in its own worker task; return the wall time in ns (after a GC)."""
-
-    async def worker(lane: Sequence[T]) -> None:
-        for item in lane:
-            await handle(item)
-
-    gc.collect()
-    start = time.perf_counter_ns()
-    await asyncio.gather(*(worker(lane) for lane in lanes))
-    return time.perf_counter_ns() - start
-
-
-def check_counts(line: str, what: str, counts: dict[int, int], expected: int) -> None:
-    """:raises BenchError: unless every session's ``what`` equals ``expected``."""
-    wrong = {s: n for s, n in counts.items() if n != expected}
-    if wrong:
-        sample = dict(list(wrong.items())[:5])
-        raise BenchError(f"{line}: {len(wrong)} session {what}s != {expected}, e.g. {sample}")
 
 
 # --- a Redis server -------------------------------------------------------------
@@ -288,33 +247,6 @@ async def run_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -
     return elapsed
 
 
-async def on_message(message: Message, state: FSMContext) -> None:
-    """Read and update the chat's FSM data; return nothing, so no Bot API call is made."""
-    data = await state.get_data()
-    await state.update_data(counter=data.get("counter", 0) + 1)
-
-
-def telegram_update(bot: Bot, update_id: int, session: int) -> Update:
-    """A private-chat text message from session ``session``'s user, bound to ``bot``."""
-    uid = user_id(session)
-    message = Message(
-        message_id=update_id,
-        date=SENT_AT,
-        chat=Chat(id=uid, type="private"),
-        from_user=User(id=uid, is_bot=False, first_name=f"user{session}"),
-        text="hello",
-    ).as_(bot)
-    return Update(update_id=update_id, message=message).as_(bot)
-
-
-async def aiogram_counters(storage: RedisStorage, sessions: int) -> dict[int, int]:
-    counters: dict[int, int] = {}
-    for session in range(sessions):
-        key = StorageKey(bot_id=BOT_ID, chat_id=user_id(session), user_id=user_id(session))
-        counters[session] = int((await storage.get_data(key)).get("counter", 0))
-    return counters
-
-
 async def run_aiogram(redis_url: str, workload: Workload, lanes: list[list[int]]) -> int:
     """One timed run on a fresh dispatcher and key prefix; the wall time in ns."""
     prefix = unique_prefix("aiogram")
@@ -429,7 +361,7 @@ async def measure(
     workload: Workload, rounds: int, backends: Sequence[str], redis: RedisServer | None
 ) -> Report:
     """A warmup run per line, then ``rounds`` timed runs going through every line in turn."""
-    lanes = plan_lanes(workload)
+    lanes = plan_lanes(workload.sessions, workload.turns, workload.in_flight)
     lines = plan_lines(backends, "" if redis is None else redis.url)
     for run in lines.values():
         await run(workload, lanes)
@@ -471,13 +403,6 @@ def render(report: Report) -> str:
         figures = f"{target.measured:.1f} µs vs {target.limit:.1f} µs"
         lines.append(f"target: {target.rule} ({figures}): {verdict}")
     return "\n".join(lines)
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def backend_list(text: str) -> tuple[str, ...]:

@@ -1,0 +1,116 @@
+"""What every benchmark shares: the lanes that bound messages in flight, the timer,
+the correctness checks, and the aiogram side's handler and updates.
+
+What stays true: the same seeded plan on every side, inputs built before the
+clock starts, a GC before every timed section, and a run whose side did not do
+all its work raises :class:`BenchError` instead of printing figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+from aiogram import Bot
+from aiogram.fsm.context import FSMContext
+from aiogram.fsm.storage.base import StorageKey
+from aiogram.types import Chat, Message, Update, User
+
+T = TypeVar("T")
+
+BOT_ID = 42
+SEED = 20_240_601
+SENT_AT = datetime(2024, 6, 1, tzinfo=UTC)
+
+
+class BenchError(RuntimeError):
+    """A side did not do the work it was timed for; its figures mean nothing."""
+
+
+def plan_lanes(sessions: int, per_session: int, in_flight: int) -> list[list[int]]:
+    """Session numbers in a seeded shuffled order, dealt into one lane per worker.
+
+    Session ``s`` goes to lane ``s % in_flight``; the shuffle mixes sessions but
+    keeps each one's work in order, because its items are interchangeable copies.
+    """
+    stream = [s for s in range(sessions) for _ in range(per_session)]
+    random.Random(SEED).shuffle(stream)
+    lanes: list[list[int]] = [[] for _ in range(in_flight)]
+    for session in stream:
+        lanes[session % in_flight].append(session)
+    return [lane for lane in lanes if lane]
+
+
+def user_id(session: int) -> int:
+    """The Telegram-style id of session ``session``'s user (and private chat)."""
+    return 1_000 + session
+
+
+async def drive(lanes: Sequence[Sequence[T]], handle: Callable[[T], Awaitable[None]]) -> int:
+    """Handle every lane in its own worker task; return the wall time in ns (after a GC)."""
+
+    async def worker(lane: Sequence[T]) -> None:
+        for item in lane:
+            await handle(item)
+
+    gc.collect()
+    start = time.perf_counter_ns()
+    await asyncio.gather(*(worker(lane) for lane in lanes))
+    return time.perf_counter_ns() - start
+
+
+def check_counts(side: str, what: str, counts: Mapping[int, int], expected: int) -> None:
+    """:raises BenchError: unless every session's ``what`` equals ``expected``."""
+    wrong = {s: n for s, n in counts.items() if n != expected}
+    if wrong:
+        sample = dict(list(wrong.items())[:5])
+        raise BenchError(f"{side}: {len(wrong)} session {what}s != {expected}, e.g. {sample}")
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+# --- the aiogram side -------------------------------------------------------------
+
+
+async def on_message(message: Message, state: FSMContext) -> None:
+    """Read and update the chat's FSM data; return nothing, so no Bot API call is made."""
+    data = await state.get_data()
+    await state.update_data(counter=data.get("counter", 0) + 1)
+
+
+def telegram_update(bot: Bot, update_id: int, session: int) -> Update:
+    """A private-chat text message from session ``session``'s user, bound to ``bot``."""
+    uid = user_id(session)
+    message = Message(
+        message_id=update_id,
+        date=SENT_AT,
+        chat=Chat(id=uid, type="private"),
+        from_user=User(id=uid, is_bot=False, first_name=f"user{session}"),
+        text="hello",
+    ).as_(bot)
+    return Update(update_id=update_id, message=message).as_(bot)
+
+
+class FsmStorage(Protocol):
+    async def get_data(self, key: StorageKey) -> dict[str, Any]: ...
+
+
+async def aiogram_counters(storage: FsmStorage, sessions: int) -> dict[int, int]:
+    """Every session's FSM counter, read back from ``storage``."""
+    counters: dict[int, int] = {}
+    for session in range(sessions):
+        key = StorageKey(bot_id=BOT_ID, chat_id=user_id(session), user_id=user_id(session))
+        counters[session] = int((await storage.get_data(key)).get("counter", 0))
+    return counters
