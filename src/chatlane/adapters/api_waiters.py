@@ -24,7 +24,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from chatlane.runtime import pending
 from chatlane.runtime.engine import TurnEngine
 from chatlane.runtime.turn import INTERRUPTED, STOPPED, Turn
 from chatlane.types import Outbound, OutboundKind
@@ -160,10 +159,7 @@ class WaiterTracker:
                 return Place.RUNNING
             if waiter.steered_into is turn:
                 return Place.WAITING
-        state = self.engine.registry.peek(waiter.session_key)
-        if state is not None and any(
-            m.id == message_id for entry in pending.pending_entries(state) for m in entry.messages
-        ):
+        if self.engine.is_waiting(waiter.session_key, message_id):
             return Place.WAITING
         return Place.NOWHERE
 

@@ -606,6 +606,11 @@ class TurnEngine:
 
     # -- delivery and shutdown -------------------------------------------------
 
+    def is_waiting(self, key: SessionKey, message_id: str) -> bool:
+        """Whether ``message_id`` waits in ``key``'s local queue for a turn of its own."""
+        state = self.registry.peek(key)
+        return state is not None and pending.holds(state, message_id)
+
     def queue_depth(self) -> int:
         """Messages waiting for a turn in this process, across every session."""
         return sum(pending.pending_count(state) for _, state in self.registry.items())

@@ -65,6 +65,11 @@ def insert_in_order(
     queue.insert(index, PendingEntry(messages, seqs, reruns=reruns))
 
 
+def holds(state: SessionState, message_id: str) -> bool:
+    """Whether ``message_id`` waits in the session's queue."""
+    return any(m.id == message_id for entry in pending_entries(state) for m in entry.messages)
+
+
 def smallest_seq(state: SessionState) -> int | None:
     """The smallest store seq waiting in the session's queue, if any."""
     return min((seq for entry in pending_entries(state) for seq in entry.seqs), default=None)
