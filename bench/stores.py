@@ -59,7 +59,7 @@ from bench.common import (
 )
 from chatlane.identity import SessionSource, build_session_key
 from chatlane.stores import Store, TranscriptEntry, WriteBatch, open_store
-from chatlane.stores.redis import redact
+from chatlane.stores.redis_url import redact
 from chatlane.testing_redis import redis_server as throwaway_or_env
 from chatlane.testing_redis import server_binary
 from chatlane.types import SessionKey

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
-from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from chatlane.errors import LeaseLost, SessionBusy, StoreError
 from chatlane.stores import TranscriptEntry, WriteBatch, open_store
-from chatlane.stores.redis import RedisStore, split_url
+from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
+from chatlane.stores.redis_url import parse_url
+from chatlane.stores.resp import Arg, _Connection
 from tests.stores.servers import redis_server
 
 T = TypeVar("T")
@@ -119,18 +119,18 @@ async def flush_scripts(admin: Redis) -> None:
 
 
 class RoundTrips:
-    """Counts the requests each named step sends (a pipeline would count once)."""
+    """Counts the commands each named step sends."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.counts: dict[str, int] = {}
         self.step = ""
-        original = AbstractConnection.send_packed_command
+        original = _Connection.send
 
-        async def counted(connection: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+        def counted(connection: _Connection, args: tuple[Arg, ...]) -> asyncio.Future[Any]:
             self.counts[self.step] = self.counts.get(self.step, 0) + 1
-            await original(connection, *args, **kwargs)
+            return original(connection, args)
 
-        monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+        monkeypatch.setattr(_Connection, "send", counted)
 
     def start(self, step: str) -> None:
         self.step = step
@@ -247,28 +247,36 @@ async def turns(store: RedisStore, key: str, count: int) -> None:
 
 
 class LostReply:
-    """Loses the reply to the next script call after the server has run the script."""
+    """Loses the reply to the next script call after the server has run the script.
+
+    The reply arrives, and instead of reaching its caller the connection is
+    dropped: the caller sees a lost connection and sends the script again.
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.armed = self.losing = False
+        self.armed = False
         self.lost = 0
-        send, read = AbstractConnection.send_command, AbstractConnection.read_response
+        self.doomed: asyncio.Future[Any] | None = None
+        send, resolve = _Connection.send, _Connection._resolve
 
-        async def sending(connection: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+        def sending(connection: _Connection, args: tuple[Arg, ...]) -> asyncio.Future[Any]:
+            waiter = send(connection, args)
             if self.armed and args[0] == "EVALSHA":
-                self.armed, self.losing = False, True
-            await send(connection, *args, **kwargs)
+                self.armed, self.doomed = False, waiter
+            return waiter
 
-        async def lossy(connection: AbstractConnection, *args: Any, **kwargs: Any) -> Any:
-            losing, self.losing = self.losing, False
-            reply = await read(connection, *args, **kwargs)
-            if losing:
+        def lossy(connection: _Connection, waiter: asyncio.Future[Any], reply: Any) -> None:
+            if waiter is self.doomed:
+                self.doomed = None
                 self.lost += 1
-                raise RedisConnectionError("reply lost (test)")
-            return reply
+                lost = ConnectionError("reply lost (test)")
+                waiter.set_exception(lost)
+                connection.abort(lost)
+                return
+            resolve(connection, waiter, reply)
 
-        monkeypatch.setattr(AbstractConnection, "send_command", sending)
-        monkeypatch.setattr(AbstractConnection, "read_response", lossy)
+        monkeypatch.setattr(_Connection, "send", sending)
+        monkeypatch.setattr(_Connection, "_resolve", lossy)
 
     async def next(self, operation: Awaitable[T]) -> T:
         self.armed = True
@@ -276,18 +284,33 @@ class LostReply:
 
 
 class TestConnections:
-    async def test_a_burst_beyond_the_pool_waits_for_connections(
-        self, redis_url: str, prefix: str
+    async def test_a_burst_shares_one_connection_and_each_caller_gets_its_own_reply(
+        self, redis_url: str, prefix: str, admin: Redis
     ) -> None:
-        store = await RedisStore.open(namespaced(redis_url, prefix, max_connections="3"))
+        name = f"chatlane-{prefix}"
+        store = await RedisStore.open(namespaced(redis_url, prefix, client_name=name))
         try:
             seqs = await asyncio.gather(
                 *(store.enqueue(f"k{i}", f"m{i}", "p", b"") for i in range(200))
             )
             assert len(set(seqs)) == 200
+            echoes = await asyncio.gather(*(store._command("ECHO", i) for i in range(500)))
+            assert echoes == [str(i).encode() for i in range(500)]
+            named = [c for c in await admin.client_list() if c.get("name") == name]
+            assert len(named) == 1
         finally:
             await store.close()
             await purge(redis_url, prefix)
+
+    async def test_callers_that_give_up_do_not_shift_the_replies(self, store: RedisStore) -> None:
+        calls = [asyncio.ensure_future(store._command("ECHO", i)) for i in range(300)]
+        await asyncio.sleep(0)
+        for call in calls[::3]:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        for i, call in enumerate(calls):
+            assert call.cancelled() if i % 3 == 0 else call.result() == str(i).encode()
+        assert await store._command("ECHO", "after") == b"after"
 
 
 class TestPersistentValues:
@@ -377,10 +400,47 @@ def hash_tag(key: str) -> str:
 
 
 class TestUrls:
-    def test_the_prefix_is_stripped_and_the_rest_passed_on(self) -> None:
-        url = "rediss://:p%40ss@h:6380/2?socket_timeout=1&prefix=app&db=3"
-        assert split_url(url) == ("rediss://:p%40ss@h:6380/2?socket_timeout=1&db=3", "app")
-        assert split_url("redis://h:6379/0") == ("redis://h:6379/0", "chatlane")
+    def test_every_part_of_the_url_reaches_the_endpoint(self) -> None:
+        url = "rediss://bot%3A1:p%40ss@h:6380/2?prefix=app&client_name=eu&socket_timeout=1.5"
+        endpoint, prefix = parse_url(f"{url}&socket_connect_timeout=4&ssl_cert_reqs=none")
+        assert prefix == "app"
+        assert (endpoint.host, endpoint.port, endpoint.db) == ("h", 6380, 2)
+        assert (endpoint.username, endpoint.password) == ("bot:1", "p@ss")
+        assert (endpoint.client_name, endpoint.reply_timeout, endpoint.connect_timeout) == (
+            "eu",
+            1.5,
+            4.0,
+        )
+        assert endpoint.tls is not None
+        assert not endpoint.tls.check_hostname
+        assert endpoint.handshake() == [
+            ("AUTH", "bot:1", "p@ss"),
+            ("SELECT", 2),
+            ("CLIENT", "SETNAME", "eu"),
+        ]
+
+    def test_defaults(self) -> None:
+        endpoint, prefix = parse_url("redis://h")
+        assert (prefix, endpoint.port, endpoint.db, endpoint.tls) == ("chatlane", 6379, 0, None)
+        assert endpoint.handshake() == [("CLIENT", "SETNAME", "chatlane")]
+        assert parse_url("redis://:only@h")[0].handshake()[0] == ("AUTH", "only")
+
+    @pytest.mark.parametrize(
+        ("url", "complaint"),
+        [
+            ("redis://h/0?max_connections=3", "unknown option 'max_connections'"),
+            ("redis://h/0?ssl_cert_reqs=none", "need a rediss:// URL"),
+            ("rediss://h/0?ssl_cert_reqs=maybe", "ssl_cert_reqs must be one of"),
+            ("rediss://h/0?ssl_check_hostname=perhaps", "ssl_check_hostname must be true"),
+            ("rediss://h/0?ssl_ca_certs=/nonexistent/ca.pem", "No such file"),
+            ("redis://h/0?socket_timeout=-1", "positive number of seconds"),
+            ("redis://h/0?socket_timeout=soon", "could not convert"),
+            ("http://h/0", "scheme must be redis or rediss"),
+        ],
+    )
+    def test_a_url_part_that_is_not_understood_is_named(self, url: str, complaint: str) -> None:
+        with pytest.raises(StoreError, match=complaint):
+            parse_url(url)
 
     @pytest.mark.parametrize(
         "url",

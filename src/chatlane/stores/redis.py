@@ -1,23 +1,25 @@
 """The Redis store: sessions, leases and the durable queue, shared by processes on several hosts.
 
 Every check-and-set is one Lua script from :mod:`chatlane.stores.redis_scripts`
-(one round trip; redis-py reloads a script the server forgot), every key is
+(one round trip; a script the server forgot is sent again whole), every key is
 named in :mod:`chatlane.stores.redis_keys`, and records are encoded here with
-msgspec, so the scripts only move bytes.
+msgspec, so the scripts only move bytes. Commands travel over one pipelined
+connection (:mod:`chatlane.stores.resp`): everything a process sends in one
+event-loop tick shares one write.
 
 What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
 
-* A dropped connection is retried with exponential backoff (:data:`RETRIES`
-  times); a script whose reply was lost is sent again and, thanks to its
-  request id, applied once.
+* A dropped connection is retried with exponential backoff
+  (:data:`~chatlane.stores.resp.RETRIES` times); a script whose reply was lost
+  is sent again and, thanks to its request id, applied once.
 * When the server cannot be reached, an operation raises
   :class:`~chatlane.errors.StoreError` — except :meth:`RedisStore.renew`,
   which raises :class:`~chatlane.errors.LeaseLost`: a lease that could not be
   renewed must be treated as gone.
 * A lease's ``expires_at`` is the moment the server expires its key (its
   ``TIME`` plus the TTL), not this host's clock plus the TTL: time a call
-  spends waiting for a connection does not shorten the lease. Hosts' clocks
-  must agree with the server's to well within a TTL (NTP).
+  spends queued does not shorten the lease. Hosts' clocks must agree with the
+  server's to well within a TTL (NTP).
 
 Works on Redis 6+ and Valkey, standalone; Redis Cluster is not supported (see
 ``docs/stores.md``).
@@ -26,21 +28,15 @@ Works on Redis 6+ and Valkey, standalone; Redis Cluster is not supported (see
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
-import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
 from msgspec.structs import replace
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
-from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
 from chatlane.errors import (
     ActiveSessionLimit,
@@ -62,30 +58,16 @@ from chatlane.stores.base import (
     now,
 )
 from chatlane.stores.memory import new_conversation_id, new_token
-from chatlane.stores.redis_keys import DEFAULT_PREFIX, Keyspace
+from chatlane.stores.redis_keys import Keyspace
 from chatlane.stores.redis_scripts import LuaScript, Status
+from chatlane.stores.redis_url import parse_url, redact
+from chatlane.stores.resp import RETRIES, Arg, ReplyError, RespClient
 from chatlane.types import SessionKey
 
-__all__ = ["RedisStore", "split_url"]
+__all__ = ["RedisStore"]
 
-RETRIES = 5
-"""Attempts after the first, on ``ConnectionError`` / ``TimeoutError``."""
-BACKOFF_BASE = 0.05
-"""Seconds; the n-th retry waits a random time up to ``BACKOFF_BASE * 2**n``."""
-BACKOFF_CAP = 1.0
-"""Seconds; the longest wait between two attempts."""
-MAX_CONNECTIONS = 64
-"""Connections per store (``max_connections=`` in the URL wins); more callers wait for one."""
-POOL_TIMEOUT = 10.0
-"""Seconds a call waits for a free connection (``timeout=`` in the URL wins)."""
-SOCKET_TIMEOUT = 5.0
-CONNECT_TIMEOUT = 2.0
 OPEN_TIMEOUT = 3.0
 """Seconds :meth:`RedisStore.open` waits for the first ``PING``."""
-CLIENT_NAME = "chatlane"
-"""What ``CLIENT LIST`` shows for the store's connections (``client_name=`` in the URL wins)."""
-
-Arg = str | bytes | int | float
 
 _msgpack = msgspec.msgpack.Encoder()
 _entries = msgspec.msgpack.Decoder(TranscriptEntry)
@@ -104,23 +86,22 @@ _queued = msgspec.msgpack.Decoder(_Queued)
 class RedisStore(Store):
     """A :class:`~chatlane.stores.base.Store` on a Redis (6+) or Valkey server."""
 
-    def __init__(self, url: str, client: Redis, keyspace: Keyspace) -> None:
+    def __init__(self, url: str, client: RespClient, keyspace: Keyspace) -> None:
         self.url = url
         self._name = f"redis store {redact(url)}"
         self._client = client
         self._keys = keyspace
-        self._scripts = {script: client.register_script(script.source) for script in lua.ALL}
+        self._digests = {script: _sha1(script.source) for script in lua.ALL}
         self._closed = False
 
     @classmethod
     async def open(cls, url: str) -> RedisStore:
-        """Connect to ``url`` (``redis[s]://[:password@]host:port/db[?prefix=name]``).
+        """Connect to ``url`` (``redis[s]://[[user]:password@]host:port/db[?prefix=name]``).
 
         :raises StoreError: the URL is malformed or the server does not answer a ``PING``.
         """
-        target, prefix = split_url(url)
-        keyspace = Keyspace(prefix)
-        store = cls(url, _connect(target, f"redis store {redact(url)}"), keyspace)
+        endpoint, prefix = parse_url(url)
+        store = cls(url, RespClient(endpoint, retries=0), Keyspace(prefix))
         await store._check_reachable()
         return store
 
@@ -128,26 +109,36 @@ class RedisStore(Store):
         """One ``PING`` without retries; then switch retries on for good."""
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
-                await self._client.ping()
-        except (RedisError, TimeoutError) as error:
-            await self._client.aclose()
+                await self._client.execute("PING")
+        except (ReplyError, ConnectionError, TimeoutError, OSError) as error:
+            await self._client.close()
             reason = str(error) or "timed out"
             raise StoreError(f"{self._name}: cannot reach the server ({reason})") from error
-        self._client.set_retry(_retry())
+        self._client.retries = RETRIES
 
     # -- talking to the server -------------------------------------------------
 
     async def _run(self, script: LuaScript, key: SessionKey | None, *args: Arg) -> Any:
-        """Run ``script`` on ``key``'s keys; any Redis failure becomes :class:`StoreError`."""
+        """Run ``script`` on ``key``'s keys; any Redis failure becomes :class:`StoreError`.
+
+        The script is sent by digest (``EVALSHA``); if the server forgot it
+        (restart, ``SCRIPT FLUSH``), it is sent again whole, which also caches it.
+        """
+        keys = self._keys.keys(script.keys, key)
         with self._failures():
-            registered: AsyncScript = self._scripts[script]
-            return await registered(keys=self._keys.keys(script.keys, key), args=args)
+            try:
+                return await self._client.execute(
+                    "EVALSHA", self._digests[script], len(keys), *keys, *args
+                )
+            except ReplyError as error:
+                if not str(error).startswith("NOSCRIPT"):
+                    raise
+            return await self._client.execute("EVAL", script.source, len(keys), *keys, *args)
 
     async def _command(self, *args: Arg) -> Any:
         """Run one plain command; any Redis failure becomes :class:`StoreError`."""
         with self._failures():
-            # redis-py leaves execute_command unannotated; replies are bytes here
-            return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
+            return await self._client.execute(*args)
 
     @contextmanager
     def _failures(self) -> Iterator[None]:
@@ -155,7 +146,7 @@ class RedisStore(Store):
             raise StoreError(f"{self._name} is closed")
         try:
             yield
-        except RedisError as error:
+        except (ReplyError, ConnectionError) as error:
             raise StoreError(f"{self._name}: {type(error).__name__}: {error}") from error
 
     # -- generations and leases ----------------------------------------------
@@ -219,8 +210,9 @@ class RedisStore(Store):
             raise AlreadyAnswered([message_id.decode() for message_id in reply[1:]])
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
-        fields = await self._command("HGETALL", self._keys.one("persist", key))
-        return {name.decode(): _json_value(key, name, raw) for name, raw in fields.items()}
+        flat = await self._command("HGETALL", self._keys.one("persist", key))
+        pairs = zip(flat[::2], flat[1::2], strict=True)
+        return {name.decode(): _json_value(key, name, raw) for name, raw in pairs}
 
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
@@ -306,62 +298,15 @@ class RedisStore(Store):
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._client.aclose()
-
-
-# -- URLs and connections ------------------------------------------------------------
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``url`` without its ``prefix=`` parameter (what redis-py gets), and that prefix.
-
-    :raises StoreError: if ``url`` cannot be parsed, or its path is not a database number
-        (redis-py would quietly use database 0).
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError as error:
-        raise StoreError(f"redis store URL {redact(url)!r}: {error}") from None
-    if not re.fullmatch(r"/?\d*", parts.path):
-        raise StoreError(f"redis store URL {redact(url)!r}: the path must be /<database number>")
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    prefix = next((value for name, value in reversed(query) if name == "prefix"), DEFAULT_PREFIX)
-    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
-    return urlunsplit(parts._replace(query=rest)), prefix
-
-
-def redact(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, fit for messages and logs."""
-    return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url, count=1)
-
-
-def _connect(target: str, name: str) -> Redis:
-    """A client for ``target`` that does not retry yet (the first ``PING`` must fail fast).
-
-    Its pool is bounded and blocking: a burst of calls waits for a connection
-    instead of failing with "too many connections".
-    """
-    try:
-        pool = BlockingConnectionPool.from_url(
-            target,
-            max_connections=MAX_CONNECTIONS,
-            timeout=POOL_TIMEOUT,
-            decode_responses=False,
-            retry=Retry(NoBackoff(), 0),
-            socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=CONNECT_TIMEOUT,
-            client_name=CLIENT_NAME,
-        )
-    except (ValueError, TypeError) as error:
-        raise StoreError(f"{name}: {error}") from None
-    return Redis.from_pool(pool)
-
-
-def _retry() -> Retry:
-    return Retry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), RETRIES)
+            await self._client.close()
 
 
 # -- encoding and decoding -------------------------------------------------------------
+
+
+def _sha1(source: str) -> str:
+    """The digest ``EVALSHA`` knows a script by."""
+    return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
 
 def _ms(seconds: float) -> int:

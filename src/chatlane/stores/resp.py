@@ -1,0 +1,273 @@
+"""A small Redis client that pipelines on its own: one connection, one write per event-loop tick.
+
+The Redis store's cost per turn is almost all client-side CPU per command; a
+general-purpose client spends it on a connection pool, per-command locks and
+one write and one wake-up per command. This client sends every command issued
+during one iteration of the event loop in a single write over one connection,
+and hands each reply to its caller in order (automatic pipelining, as ioredis
+and Lettuce do it). Encoding and parsing are hiredis's.
+
+What stays true:
+
+* Replies are matched to commands in the order the commands were written; a
+  caller that gave up (cancelled) still has its reply read and thrown away, so
+  no later caller ever gets another's reply.
+* A connection that drops, sends bytes that are not RESP, or owes replies and
+  stays silent for ``reply_timeout`` is closed, and every caller waiting on it
+  gets :class:`ConnectionError`. The next command opens a new connection,
+  which authenticates, selects the database and sets the client name before
+  anything else is sent on it.
+* :meth:`RespClient.execute` retries :class:`ConnectionError` and
+  :class:`TimeoutError` with jittered exponential backoff. A command may thus
+  reach the server twice; callers make such commands idempotent (the store's
+  scripts take request ids). An error reply from the server raises
+  :class:`ReplyError` and is never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import hiredis
+
+Arg = str | bytes | int | float
+"""What a command argument may be (numbers are sent in decimal)."""
+
+RETRIES = 5
+"""Attempts after the first, on ``ConnectionError`` / ``TimeoutError``."""
+BACKOFF_BASE = 0.05
+"""Seconds; the n-th retry waits a random time up to ``BACKOFF_BASE * 2**n``."""
+BACKOFF_CAP = 1.0
+"""Seconds; the longest wait between two attempts."""
+
+
+class ReplyError(Exception):
+    """The server answered a command with an error (``-ERR …``, ``-NOSCRIPT …``, …)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and how to connect: the parts of a ``redis://`` URL this client understands."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: ssl.SSLContext | None = None
+    client_name: str = ""
+    connect_timeout: float = 2.0
+    reply_timeout: float = 5.0
+
+    def handshake(self) -> list[tuple[Arg, ...]]:
+        """The commands that make a fresh connection ready, in the order they are sent."""
+        commands: list[tuple[Arg, ...]] = []
+        if self.password is not None:
+            user = () if self.username is None else (self.username,)
+            commands.append(("AUTH", *user, self.password))
+        if self.db:
+            commands.append(("SELECT", self.db))
+        if self.client_name:
+            commands.append(("CLIENT", "SETNAME", self.client_name))
+        return commands
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection: writes batched per loop tick, replies handed out in order."""
+
+    def __init__(self, reply_timeout: float) -> None:
+        self._reader = hiredis.Reader(replyError=ReplyError)
+        self._waiting: deque[asyncio.Future[Any]] = deque()
+        self._outgoing: list[bytes] = []
+        self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._reply_timeout = reply_timeout
+        self._last_progress = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._last_progress = time.monotonic()
+        self._reader.feed(data)
+        try:
+            while not self.closed and (reply := self._reader.gets()) is not False:
+                self._resolve(self._waiting.popleft(), reply)
+        except (hiredis.ProtocolError, IndexError) as error:
+            self.abort(ConnectionError(f"the server sent something that is not RESP: {error}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"connection lost: {exc}" if exc else "connection closed by the server"
+        self._fail_waiting(ConnectionError(reason))
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, args: tuple[Arg, ...]) -> asyncio.Future[Any]:
+        """Queue one command for this tick's write; the future gets its reply."""
+        if self.closed:
+            raise ConnectionError("connection closed")
+        reply = self._loop.create_future()
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(hiredis.pack_command(args))  # type: ignore[arg-type]  # stub: 1-tuple
+        if not self._waiting:
+            self._last_progress = time.monotonic()
+            self._arm_watchdog(self._reply_timeout)
+        self._waiting.append(reply)
+        return reply
+
+    def _flush(self) -> None:
+        if self._transport is not None and not self.closed and self._outgoing:
+            self._transport.write(b"".join(self._outgoing))
+        self._outgoing.clear()
+
+    def _resolve(self, waiter: asyncio.Future[Any], reply: Any) -> None:
+        if waiter.done():
+            return  # its caller gave up; the reply is read and dropped
+        if isinstance(reply, ReplyError):
+            waiter.set_exception(reply)
+        else:
+            waiter.set_result(reply)
+
+    # -- failure -------------------------------------------------------------------------
+
+    def _arm_watchdog(self, delay: float) -> None:
+        if self._watchdog is None and not self.closed:
+            self._watchdog = self._loop.call_later(delay, self._check_silence)
+
+    def _check_silence(self) -> None:
+        self._watchdog = None
+        if not self._waiting:
+            return
+        silent_for = time.monotonic() - self._last_progress
+        if silent_for >= self._reply_timeout:
+            self.abort(TimeoutError(f"no reply for {self._reply_timeout:g}s"))
+        else:
+            self._arm_watchdog(self._reply_timeout - silent_for)
+
+    def abort(self, error: Exception) -> None:
+        """Close the connection now; every waiting caller gets ``error`` as a ConnectionError."""
+        failure = error if isinstance(error, ConnectionError) else ConnectionError(str(error))
+        self._fail_waiting(failure)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _fail_waiting(self, error: ConnectionError) -> None:
+        self.closed = True
+        self._outgoing.clear()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+
+
+class RespClient:
+    """Commands to one Redis server over one pipelined connection, reopened when it drops."""
+
+    def __init__(self, endpoint: Endpoint, *, retries: int = RETRIES) -> None:
+        self.endpoint = endpoint
+        self.retries = retries
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Task[_Connection] | None = None
+        self._closed = False
+
+    async def execute(self, *args: Arg) -> Any:
+        """Send one command and return its reply (bytes, int, ``None`` or a list of those).
+
+        :raises ReplyError: the server answered with an error.
+        :raises ConnectionError: the server could not be reached after every retry.
+        """
+        connection = self._connection
+        if connection is None or connection.closed:
+            return await self._execute_retrying(args, 0)
+        try:
+            return await connection.send(args)
+        except ConnectionError as error:
+            if self._closed or self.retries == 0:
+                raise ConnectionError(_describe(error)) from error
+        return await self._execute_retrying(args, 1)
+
+    async def _execute_retrying(self, args: tuple[Arg, ...], first: int) -> Any:
+        for attempt in range(first, self.retries + 1):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)))
+            try:
+                connection = await self._connected()
+                return await connection.send(args)
+            except (ConnectionError, TimeoutError, OSError) as error:
+                if self._closed or attempt == self.retries:
+                    raise ConnectionError(_describe(error)) from error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _connected(self) -> _Connection:
+        """The open connection, opening one (shared by every caller that waits for it)."""
+        if self._closed:
+            raise ConnectionError("client closed")
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            return connection
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._open())
+            self._connecting.add_done_callback(self._opened)
+        return await asyncio.shield(self._connecting)
+
+    def _opened(self, task: asyncio.Task[_Connection]) -> None:
+        self._connecting = None
+        if not task.cancelled() and task.exception() is None:
+            self._connection = task.result()
+            if self._closed:
+                self._connection.abort(ConnectionError("client closed"))
+
+    async def _open(self) -> _Connection:
+        endpoint = self.endpoint
+        loop = asyncio.get_running_loop()
+        factory: Callable[[], _Connection] = lambda: _Connection(endpoint.reply_timeout)  # noqa: E731
+        async with asyncio.timeout(endpoint.connect_timeout):
+            _, connection = await loop.create_connection(
+                factory,
+                endpoint.host,
+                endpoint.port,
+                ssl=endpoint.tls,
+                server_hostname=endpoint.host if endpoint.tls else None,
+            )
+            try:
+                handshake = [connection.send(command) for command in endpoint.handshake()]
+                await asyncio.gather(*handshake)
+            except BaseException:
+                connection.abort(ConnectionError("handshake failed"))
+                raise
+        return connection
+
+    async def close(self) -> None:
+        """Close the connection; waiting callers get ``ConnectionError``, later ones too."""
+        self._closed = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._connection is not None:
+            self._connection.abort(ConnectionError("client closed"))
+            self._connection = None
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error)
+    if isinstance(error, TimeoutError):
+        return f"timed out{f' ({text})' if text else ''}"
+    return text or type(error).__name__
+
+
+__all__ = ["Arg", "Endpoint", "ReplyError", "RespClient"]
