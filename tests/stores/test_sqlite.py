@@ -179,6 +179,31 @@ class TestWriterThread:
         assert isinstance(results[20], StaleGeneration)
         assert await store.load_persistent(KEY) == {f"f{i}": i for i in range(20)}
 
+    async def test_an_operation_failing_after_it_wrote_undoes_only_its_own_writes(
+        self, store: SQLiteStore, path: Path
+    ) -> None:
+        def writes_then_fails(db: sqlite3.Connection) -> None:
+            db.execute("INSERT INTO heartbeats (holder, expires_at) VALUES ('half', 1e12)")
+            raise ValueError("failed half-way")
+
+        reruns = store.stats.reruns
+        with write_lock(path) as release:
+            commits = [store.set_persistent(KEY, None, **{f"f{i}": i}) for i in range(20)]
+            broken = store._write(writes_then_fails)
+            tasks = [asyncio.ensure_future(c) for c in [*commits[:10], broken, *commits[10:]]]
+            await asyncio.sleep(0.05)
+            release.set()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[10], ValueError)
+        assert results[:10] + results[11:] == [None] * 20
+        assert store.stats.reruns == reruns + 1
+        assert await store.load_persistent(KEY) == {f"f{i}": i for i in range(20)}
+        assert await store.alive(["half"]) == {"half": False}
+        with pytest.raises(ValueError, match="half-way"):
+            await store._write(writes_then_fails)  # alone: no second run needed
+        assert store.stats.reruns == reruns + 1
+        assert await store.alive(["half"]) == {"half": False}
+
     async def test_reads_do_not_wait_for_the_write_lock(
         self, store: SQLiteStore, path: Path
     ) -> None:

@@ -7,10 +7,15 @@ What stays true:
   of that connection) on the thread's queue, and its result comes back through
   an :class:`asyncio.Future` completed with ``loop.call_soon_threadsafe``.
 * Group commit: the thread takes every operation already waiting (up to
-  :data:`MAX_BATCH`) and runs them in one transaction, each inside its own
-  ``SAVEPOINT``. An operation that raises (``StaleGeneration``,
-  ``SessionBusy``, …) rolls back only itself and gets its own exception; the
-  others commit. A result is delivered only after ``COMMIT`` succeeded.
+  :data:`MAX_BATCH`) and runs them in one transaction. An operation that
+  raises (``StaleGeneration``, ``SessionBusy``, …) undoes only its own writes
+  and gets its own exception; the others commit. A result is delivered only
+  after ``COMMIT`` succeeded.
+* The batch first runs without savepoints (the common case: nothing
+  raises). If an operation raises, the whole transaction is rolled back and
+  the batch runs again with each operation inside its own ``SAVEPOINT``.
+  Operations are functions of the connection alone, so the second run is
+  what a first run with savepoints would have done.
 * A batch that may write runs in ``BEGIN IMMEDIATE``: it holds the file's
   write lock from its first read, so each check-and-set is atomic across
   processes (others wait up to the busy timeout). A batch of reads only runs
@@ -72,6 +77,8 @@ class WriterStats:
 
     transactions: int = 0
     operations: int = 0
+    reruns: int = 0
+    """Batches rolled back and run again, one savepoint per operation, because one raised."""
 
 
 @dataclass(slots=True, eq=False)
@@ -160,11 +167,37 @@ class _Writer:
         _deliver(outcomes)
 
     def _transaction(self, connection: sqlite3.Connection, calls: list[_Call]) -> list[_Outcome]:
-        connection.execute("BEGIN IMMEDIATE" if any(c.writes for c in calls) else "BEGIN")
-        outcomes = [self._run_one(connection, call) for call in calls]
-        connection.execute("COMMIT")
+        begin = "BEGIN IMMEDIATE" if any(c.writes for c in calls) else "BEGIN"
+        connection.execute(begin)
+        outcomes = self._run_plain(connection, calls)
+        if outcomes is None:
+            connection.execute(begin)
+            outcomes = [self._run_one(connection, call) for call in calls]
+        if connection.in_transaction:  # not after a lone operation's failure
+            connection.execute("COMMIT")
         self.stats.transactions += 1
         self.stats.operations += len(calls)
+        return outcomes
+
+    def _run_plain(
+        self, connection: sqlite3.Connection, calls: list[_Call]
+    ) -> list[_Outcome] | None:
+        """Run every operation without savepoints; None (rolled back) if one raised.
+
+        A lone operation needs no second run: its failure is its outcome, and
+        its transaction is rolled back.
+        """
+        outcomes: list[_Outcome] = []
+        for call in calls:
+            try:
+                outcomes.append((call, call.op(connection), None))
+            except Exception as error:  # decided below: delivered, or the batch runs again
+                _rollback(connection)
+                if len(calls) > 1:
+                    self.stats.reruns += 1
+                    return None
+                failure = self._store_error(error) if isinstance(error, sqlite3.Error) else error
+                return [(call, None, failure)]
         return outcomes
 
     def _run_one(self, connection: sqlite3.Connection, call: _Call) -> _Outcome:
@@ -326,14 +359,17 @@ def _commit(
     fields: list[tuple[str, str]],
 ) -> None:
     """Fenced: every check runs before the first write, in the transaction that writes."""
-    current = _generation(db, key)
+    row = db.execute(
+        "SELECT generation, current_conversation FROM sessions WHERE key = ?", (key,)
+    ).fetchone()
+    current, conversation = (0, None) if row is None else (int(row[0]), row[1])
     if generation is not None and generation != current:
         raise StaleGeneration(key, generation, current, "commit")
     answered = "SELECT 1 FROM answered WHERE message_id = ?"
     repeated = [m for m in batch.answered if _scalar(db, answered, (m,))]
     if repeated:
         raise AlreadyAnswered(repeated)
-    _append(db, _current(db, key).id, batch.transcript)
+    _append(db, conversation or _start(db, key, "").id, batch.transcript)
     _set_fields(db, key, fields)
     _mark_answered(db, key, generation, batch.answered)
     _drop(db, key, batch.done)
