@@ -64,8 +64,10 @@ def _ok(result: object) -> Response:
     return Response(json.dumps({"ok": True, "result": result}), media_type="application/json")
 
 
-def _error(status: int, description: str) -> Response:
-    body = {"ok": False, "error_code": status, "description": description}
+def _error(status: int, description: str, retry_after: int | None = None) -> Response:
+    body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
+    if retry_after is not None:
+        body["parameters"] = {"retry_after": retry_after}
     return Response(json.dumps(body), status_code=status, media_type="application/json")
 
 
@@ -104,7 +106,7 @@ class BotApi:
         self._sent: list[Sent] = []
         self._updates: list[dict[str, Any]] = []
         self._chats: dict[int | str, dict[str, Any]] = {}
-        self._failures: dict[str, list[tuple[int, str]]] = {}
+        self._failures: dict[str, list[tuple[int, str, int | None]]] = {}
         self._update_ids = itertools.count(1000)
         self._message_ids = itertools.count(1)
         self._changed = asyncio.Event()
@@ -195,9 +197,15 @@ class BotApi:
         self._enqueue("callback_query", {**query, "message": message})
         return query_id
 
-    def fail_next(self, method: str, status: int = 500, description: str = "Internal") -> None:
-        """Make the next call of ``method`` fail with ``status``."""
-        self._failures.setdefault(method, []).append((status, description))
+    def fail_next(
+        self,
+        method: str,
+        status: int = 500,
+        description: str = "Internal",
+        retry_after: int | None = None,
+    ) -> None:
+        """Make the next call of ``method`` fail with ``status`` (and ``retry_after``, for 429s)."""
+        self._failures.setdefault(method, []).append((status, description, retry_after))
 
     def sent(self, chat_id: int | str) -> list[Sent]:
         """What the bot sent to ``chat_id``, oldest first."""

@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from chatlane.adapters import telegram as telegram_adapter
 from chatlane.adapters.telegram import (
     APPROVE_DATA,
     MESSAGE_LIMIT,
@@ -215,6 +217,38 @@ async def test_a_failing_send_is_logged_and_the_adapter_goes_on(
         [reply] = await api.wait_for_sent(ALICE)
     assert reply.text == "echo: second"
     assert "sendMessage to chat 42 failed" in caplog.text
+
+
+async def test_flood_control_is_waited_out_and_the_reply_sent_once(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.fail_next("sendMessage", 429, "Too Many Requests: retry after 1", retry_after=1)
+    started = time.monotonic()
+    api.push_text(ALICE, ALICE, "first")
+    [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text == "echo: first"
+    assert time.monotonic() - started >= 1.0
+    assert api.calls.count("sendMessage") == 2
+    api.push_text(ALICE, ALICE, "second")
+    replies = await api.wait_for_sent(ALICE, 2)
+    assert [r.text for r in replies] == ["echo: first", "echo: second"]
+
+
+async def test_flood_control_beyond_the_cap_is_given_up_and_the_adapter_goes_on(
+    api: BotApi,
+    adapter: TelegramAdapter,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(telegram_adapter, "FLOOD_WAIT_CAP", 0.5)
+    api.fail_next("sendMessage", 429, "Too Many Requests: retry after 1", retry_after=1)
+    with caplog.at_level(logging.WARNING, logger="chatlane.adapters.telegram"):
+        api.push_text(ALICE, ALICE, "first")
+        await api.wait_for_call("sendMessage")
+        api.push_text(ALICE, ALICE, "second")
+        [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text == "echo: second"
+    assert "flood control: gave up a message to chat 42" in caplog.text
 
 
 async def test_approval_buttons_answer_as_the_presser(

@@ -17,19 +17,25 @@ What stays true:
   streamed ``CHUNK``\\ s are not sent, the complete ``REPLY`` follows them.
 * An approval prompt carries Approve / Deny buttons; pressing one sends
   ``/approve`` or ``/deny`` as the user who pressed it.
-* A failed send is logged, never raised; lone surrogates (which no UTF-8 wire
-  can carry) become U+FFFD in both directions.
+* A send refused by flood control (HTTP 429, ``RetryAfter``) is sent again
+  after the wait Telegram names, as long as one message's waits add up to at
+  most :data:`FLOOD_WAIT_CAP`; nothing was delivered, so a retry cannot
+  duplicate it. Any other failed send is logged, never raised; lone
+  surrogates (which no UTF-8 wire can carry) become U+FFFD in both directions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
 import os
 import re
 import unicodedata
+import warnings
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from starlette.routing import BaseRoute
@@ -42,7 +48,7 @@ from telegram import (
     Update,
     User,
 )
-from telegram.error import InvalidToken, TelegramError
+from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import (
     Application,
     ApplicationBuilder,
@@ -69,6 +75,8 @@ TelegramApp: TypeAlias = Application[Any, Any, Any, Any, Any, Any]
 PLATFORM = "telegram"
 MESSAGE_LIMIT = 4096
 """Telegram's limit for one message, in UTF-16 code units."""
+FLOOD_WAIT_CAP = 60.0
+"""Seconds one message may wait out flood control (429s) in all before it is given up."""
 APPROVE_DATA = "chatlane:approve"
 DENY_DATA = "chatlane:deny"
 _ANSWERS = {APPROVE_DATA: "/approve", DENY_DATA: "/deny"}
@@ -377,18 +385,42 @@ def _thread(target: Target) -> int | None:
 
 
 async def _send(bot: Bot, target: Target, text: str, buttons: InlineKeyboardMarkup | None) -> bool:
-    """``sendMessage``; ``False`` (and a log line) if Telegram refused or failed."""
-    try:
-        await bot.send_message(
-            chat_id=target.chat_id or "",
-            text=text,
-            message_thread_id=_thread(target),
-            reply_markup=buttons,
-        )
-    except TelegramError as error:
-        log.warning("telegram sendMessage to chat %s failed: %s", target.chat_id, error)
-        return False
-    return True
+    """``sendMessage``, waiting out flood control; ``False`` (and a log line) if it failed."""
+    waited = 0.0
+    while True:
+        try:
+            await bot.send_message(
+                chat_id=target.chat_id or "",
+                text=text,
+                message_thread_id=_thread(target),
+                reply_markup=buttons,
+            )
+        except RetryAfter as error:
+            wait = retry_after_seconds(error)
+            if waited + wait > FLOOD_WAIT_CAP:
+                log.warning(
+                    "telegram flood control: gave up a message to chat %s after %gs of waits",
+                    target.chat_id,
+                    waited,
+                )
+                return False
+            log.info("telegram flood control: chat %s waits %gs", target.chat_id, wait)
+            await asyncio.sleep(wait)
+            waited += wait
+        except TelegramError as error:
+            log.warning("telegram sendMessage to chat %s failed: %s", target.chat_id, error)
+            return False
+        else:
+            return True
+
+
+def retry_after_seconds(error: RetryAfter) -> float:
+    """The wait a 429 asks for, in seconds (python-telegram-bot gives an int or a timedelta)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the int form is deprecated in favour of timedelta
+        value = error.retry_after
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    return max(seconds, 0.0)
 
 
 async def _answer(query: CallbackQuery, text: str) -> None:
