@@ -31,8 +31,8 @@ import random
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import hiredis
@@ -236,7 +236,7 @@ class RespClient:
     async def _open(self) -> _Connection:
         endpoint = self.endpoint
         loop = asyncio.get_running_loop()
-        factory: Callable[[], _Connection] = lambda: _Connection(endpoint.reply_timeout)  # noqa: E731
+        factory = partial(_Connection, endpoint.reply_timeout)
         async with asyncio.timeout(endpoint.connect_timeout):
             _, connection = await loop.create_connection(
                 factory,
