@@ -59,7 +59,8 @@ from bench.common import (
 )
 from chatlane.identity import SessionSource, build_session_key
 from chatlane.stores import Store, TranscriptEntry, WriteBatch, open_store
-from chatlane.stores.redis_url import redact
+from chatlane.stores.redis_url import parse_url, redact
+from chatlane.stores.resp import RespClient
 from chatlane.testing_redis import redis_server as throwaway_or_env
 from chatlane.testing_redis import server_binary
 from chatlane.types import SessionKey
@@ -231,19 +232,40 @@ async def run_store(
 async def run_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -> int:
     """One timed run of a ``PING`` per turn on a fresh redis-py client; the wall time in ns."""
     client = Redis.from_url(redis_url)
-    answered = 0
-
-    async def ping(_: int) -> None:
-        nonlocal answered
-        pong = await client.ping()  # awaited first: `answered += await …` would lose counts
-        answered += bool(pong)
-
     try:
-        elapsed = await drive(lanes, ping)
+        return await time_pings("redis-py", client.ping, workload, lanes)
     finally:
         await client.aclose()
+
+
+async def run_resp_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -> int:
+    """The same ``PING``s through the client chatlane's Redis store uses (one connection)."""
+    client = RespClient(parse_url(redis_url)[0])
+    await client.execute("PING")  # connected before the clock starts, as the store is
+
+    async def ping() -> bool:
+        return bool(await client.execute("PING"))
+
+    try:
+        return await time_pings("resp", ping, workload, lanes)
+    finally:
+        await client.close()
+
+
+async def time_pings(
+    side: str, ping: Callable[[], Awaitable[object]], workload: Workload, lanes: list[list[int]]
+) -> int:
+    """Wall time in ns of one ``PING`` per turn of ``lanes``; raises unless each was answered."""
+    answered = 0
+
+    async def one(_: int) -> None:
+        nonlocal answered
+        pong = await ping()  # awaited first: `answered += await …` would lose counts
+        answered += bool(pong)
+
+    elapsed = await drive(lanes, one)
     if answered != workload.total:
-        raise BenchError(f"redis-py: {answered} PONGs for {workload.total} PINGs")
+        raise BenchError(f"{side}: {answered} PONGs for {workload.total} PINGs")
     return elapsed
 
 
@@ -285,6 +307,7 @@ def plan_lines(backends: Sequence[str], redis_url: str) -> dict[str, Run]:
             lines[f"{backend}/{form}"] = functools.partial(run_store, backend, form, redis_url)
     if "redis" in backends:
         lines["redis-py/ping"] = functools.partial(run_ping, redis_url)
+        lines["resp/ping"] = functools.partial(run_resp_ping, redis_url)
         lines["aiogram/redis"] = functools.partial(run_aiogram, redis_url)
     return lines
 
@@ -378,6 +401,7 @@ LEGEND = (
 )
 REDIS_LEGEND = (
     "redis-py/ping = one PING (a raw round trip)",
+    "resp/ping = one PING through chatlane's pipelined client",
     "aiogram/redis = one feed_update with RedisStorage + RedisEventIsolation",
 )
 
