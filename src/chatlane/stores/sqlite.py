@@ -160,10 +160,15 @@ def _commit(
     repeated = [m for m in batch.answered if _scalar(db, answered, (m,))]
     if repeated:
         raise AlreadyAnswered(repeated)
-    _append(db, conversation or _start(db, key, "").id, batch.transcript)
-    _set_fields(db, key, fields)
-    _mark_answered(db, key, generation, batch.answered)
-    _drop(db, key, batch.done)
+    conversation = conversation or _start(db, key, "").id
+    if batch.transcript:  # each statement only when it has rows: every call costs a step
+        _append(db, conversation, batch.transcript)
+    if fields:
+        _set_fields(db, key, fields)
+    if batch.answered:
+        _mark_answered(db, key, generation, batch.answered)
+    if batch.done:
+        _drop(db, key, batch.done)
 
 
 def _append(db: sqlite3.Connection, conversation: str, entries: list[TranscriptEntry]) -> None:
