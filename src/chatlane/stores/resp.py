@@ -247,7 +247,10 @@ class RespClient:
             )
             try:
                 handshake = [connection.send(command) for command in endpoint.handshake()]
-                await asyncio.gather(*handshake)
+                replies = await asyncio.gather(*handshake, return_exceptions=True)
+                refused = next((r for r in replies if isinstance(r, BaseException)), None)
+                if refused is not None:
+                    raise refused  # the first refusal (a bad password, say) is the reason
             except BaseException:
                 connection.abort(ConnectionError("handshake failed"))
                 raise
