@@ -136,6 +136,10 @@ class ApprovalBroker:
         """Whether a request waits for an answer in this session."""
         return bool(_requests(state))
 
+    def pending(self, state: SessionState) -> list[ApprovalRequest]:
+        """The requests waiting for an answer in this session, oldest first."""
+        return list(_requests(state).values())
+
     async def resolve(
         self, state: SessionState, user_id: str | None, decision: Decision, everything: bool
     ) -> str:

@@ -253,6 +253,27 @@ async def test_approval_round_trip(host: str) -> None:
     assert events[-1]["id"] == approval["id"]
 
 
+async def test_a_waiting_approval_comes_back_on_reconnect(host: str) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, _):
+        await say(ws, "approve rm -rf y")
+        asked = (await until(ws, "approval"))[-1]
+    async with greeted(host, bid) as (ws, _):
+        again = await receive(ws)  # right after the greeting, before anything is said
+        assert (again["type"], again["id"], again["text"]) == (
+            "approval",
+            asked["id"],
+            asked["text"],
+        )
+        await say(ws, "/approve")
+        events = await until(ws, "reply", "approved: rm -rf y")
+        assert events[-1]["id"] == asked["id"]
+    async with greeted(host, bid) as (ws, _):
+        await say(ws, "whoami")
+        events = await until(ws, "reply")
+        assert [e for e in events if e["type"] == "approval"] == []
+
+
 async def test_new_and_resume_resend_history_and_the_list(host: str) -> None:
     async with greeted(host, await browser_id(host)) as (ws, greeting):
         first = greeting["history"]["conversation"]

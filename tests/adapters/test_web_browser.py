@@ -122,6 +122,27 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await bob.close()
 
 
+async def test_a_waiting_approval_survives_a_reload(browser: Browser, host: str) -> None:
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        await chat.say("approve rm -rf build")
+        await chat.sees(".approval", "rm -rf build")
+        await page.reload()
+        await chat.connected()
+        await chat.sees(".approval", "rm -rf build")
+        await page.get_by_role("button", name="Approve", exact=True).click(timeout=UI_WAIT)
+        await chat.sees(".msg.assistant", "approved: rm -rf build")
+        await expect(page.get_by_role("button", name="Approve", exact=True)).to_be_disabled()
+        await page.reload()
+        await chat.connected()
+        await chat.sees(".msg.assistant", "approved: rm -rf build")
+        await expect(page.locator(".approval")).to_have_count(0)
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
 async def test_command_help_and_conversations(browser: Browser, host: str) -> None:
     chat = await ChatPage.open(browser, host)
     try:

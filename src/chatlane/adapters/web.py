@@ -8,9 +8,10 @@ What stays true:
 * A browser's tabs share its session: an outbound message goes to every open
   socket of its chat and to no other. One for a chat with no open socket is
   dropped (the transcript keeps it, and the next connect shows it).
-* A socket gets the commands, the current conversation's history and the
-  conversation list when it connects, and history and list again before the
-  reply that follows a switch of conversation (``/new``, ``/resume``…).
+* A socket gets the commands, the current conversation's history, the
+  conversation list and the prompts of approval requests still waiting when
+  it connects, and history and list again before the reply that follows a
+  switch of conversation (``/new``, ``/resume``…).
 * Reading never waits for the gateway: each message is submitted in a task of
   its own, after the chat's previous message was dispatched (or after
   :data:`HANDOFF` seconds, so a slow dispatch cannot hold up an ``/approve``).
@@ -232,6 +233,8 @@ class WebAdapter:
             return
         for event in events:
             connection.send(event)
+        for prompt in self.hub.gateway.engine.pending_approvals(chat.session_key):
+            connection.send(outbound_event(prompt))
 
     async def _read(self, chat: WebChat, connection: Connection) -> None:
         while True:

@@ -31,7 +31,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 
-from chatlane.approvals import ApprovalBroker, ApprovalRequest
+from chatlane.approvals import ApprovalBroker, ApprovalRequest, prompt_text
 from chatlane.context import bind_session
 from chatlane.errors import ActiveSessionLimit, ChatlaneError
 from chatlane.identity import SessionSource
@@ -605,6 +605,23 @@ class TurnEngine:
         self._promote(state)
 
     # -- delivery and shutdown -------------------------------------------------
+
+    def pending_approvals(self, key: SessionKey) -> list[Outbound]:
+        """The prompts of ``key``'s approval requests still waiting, as first sent.
+
+        For an adapter whose user may have lost them (a web page reloaded).
+        """
+        state = self.registry.peek(key)
+        turn = self.running_turn(key)
+        if state is None or turn is None:
+            return []
+        target = Target.of(turn.source)
+        return [
+            Outbound(
+                OutboundKind.APPROVAL, key, target, prompt_text(r), r.generation, turn.message_ids
+            )
+            for r in self.approvals.pending(state)
+        ]
 
     def is_waiting(self, key: SessionKey, message_id: str) -> bool:
         """Whether ``message_id`` waits in ``key``'s local queue for a turn of its own."""
