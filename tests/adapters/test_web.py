@@ -253,18 +253,38 @@ async def test_approval_round_trip(host: str) -> None:
     assert events[-1]["id"] == approval["id"]
 
 
+async def test_messages_not_answered_yet_come_back_on_reconnect(host: str) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, _):
+        await say(ws, "sleep 1")
+        await say(ws, "then this")
+        await until(ws, "ack")
+    async with greeted(host, bid) as (ws, greeting):
+        assert greeting["history"]["messages"] == []
+        waiting = [await receive(ws), await receive(ws)]
+        assert [(e["type"], e["text"]) for e in waiting] == [
+            ("user", "sleep 1"),
+            ("user", "then this"),
+        ]
+        await until(ws, "reply", "echo: then this")
+    async with greeted(host, bid) as (ws, greeting):
+        said = [m["text"] for m in greeting["history"]["messages"] if m["role"] == "user"]
+        assert said == ["sleep 1", "then this"]
+        await say(ws, "whoami")
+        events = await until(ws, "reply")
+        assert [e["type"] for e in events].count("user") == 0
+
+
 async def test_a_waiting_approval_comes_back_on_reconnect(host: str) -> None:
     bid = await browser_id(host)
     async with greeted(host, bid) as (ws, _):
         await say(ws, "approve rm -rf y")
         asked = (await until(ws, "approval"))[-1]
     async with greeted(host, bid) as (ws, _):
-        again = await receive(ws)  # right after the greeting, before anything is said
-        assert (again["type"], again["id"], again["text"]) == (
-            "approval",
-            asked["id"],
-            asked["text"],
-        )
+        said, again = await receive(ws), await receive(ws)  # before anything is said
+        assert (said["type"], said["text"]) == ("user", "approve rm -rf y")
+        assert (again["type"], again["id"]) == ("approval", asked["id"])
+        assert again["text"] == asked["text"]
         await say(ws, "/approve")
         events = await until(ws, "reply", "approved: rm -rf y")
         assert events[-1]["id"] == asked["id"]

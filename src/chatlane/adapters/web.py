@@ -9,9 +9,10 @@ What stays true:
   socket of its chat and to no other. One for a chat with no open socket is
   dropped (the transcript keeps it, and the next connect shows it).
 * A socket gets the commands, the current conversation's history, the
-  conversation list and the prompts of approval requests still waiting when
-  it connects, and history and list again before the reply that follows a
-  switch of conversation (``/new``, ``/resume``…).
+  conversation list, the messages not answered yet and the prompts of
+  approval requests still waiting when it connects, and history and list
+  again before the reply that follows a switch of conversation (``/new``,
+  ``/resume``…).
 * Reading never waits for the gateway: each message is submitted in a task of
   its own, after the chat's previous message was dispatched (or after
   :data:`HANDOFF` seconds, so a slow dispatch cannot hold up an ``/approve``).
@@ -231,10 +232,22 @@ class WebAdapter:
             log.warning("web: could not load %s: %s", chat.session_key, error)
             connection.send(error_event("Could not load this conversation; try again later."))
             return
-        for event in events:
+        for event in [*events, *self._in_flight(chat, events)]:
             connection.send(event)
-        for prompt in self.hub.gateway.engine.pending_approvals(chat.session_key):
-            connection.send(outbound_event(prompt))
+
+    def _in_flight(self, chat: WebChat, snapshot: list[Event]) -> list[Event]:
+        """What the history cannot show yet: unanswered messages, then waiting approvals."""
+        engine = self.hub.gateway.engine
+        history = next(event for event in snapshot if event["type"] == "history")
+        shown = {message["id"] for message in history["messages"] if message["id"]}
+        messages = [
+            m for m in engine.unanswered(chat.session_key) if m.id not in shown and not m.internal
+        ]
+        prompts = engine.pending_approvals(chat.session_key)
+        return [
+            *({"type": "user", "text": m.text, "id": m.id} for m in messages),
+            *(outbound_event(prompt) for prompt in prompts),
+        ]
 
     async def _read(self, chat: WebChat, connection: Connection) -> None:
         while True:

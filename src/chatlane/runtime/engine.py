@@ -606,6 +606,20 @@ class TurnEngine:
 
     # -- delivery and shutdown -------------------------------------------------
 
+    def unanswered(self, key: SessionKey) -> list[InboundMessage]:
+        """``key``'s messages this process holds that no commit answered yet, oldest first.
+
+        The running turn's messages, then the queued ones: what a transcript
+        does not show yet (a turn writes its input when it commits).
+        """
+        state = self.registry.peek(key)
+        if state is None:
+            return []
+        turn = self._running_turn(state)
+        running = [] if turn is None or turn.answered else list(turn.messages)
+        queued = [m for entry in pending.pending_entries(state) for m in entry.messages]
+        return [*running, *queued]
+
     def pending_approvals(self, key: SessionKey) -> list[Outbound]:
         """The prompts of ``key``'s approval requests still waiting, as first sent.
 
