@@ -182,6 +182,22 @@ class TestCommit:
         assert await store.is_answered("m1")
         assert not await store.is_answered("m3")
 
+    async def test_an_answered_mark_is_forgotten_after_its_retention(self, store: Store) -> None:
+        store.answered_retention = 1.0
+        await store.commit(KEY, None, WriteBatch(answered=["old"]))
+        await asyncio.sleep(0.5)
+        await store.commit(KEY, None, WriteBatch(answered=["new"]))
+        with pytest.raises(AlreadyAnswered):
+            await store.commit(KEY, None, WriteBatch(answered=["old"]))
+        await asyncio.sleep(0.7)  # "old" is past its retention, "new" is not
+        await store.heartbeat("p1", 5)
+        assert not await store.is_answered("old")
+        assert await store.is_answered("new")
+        with pytest.raises(AlreadyAnswered):
+            await store.commit(KEY, None, WriteBatch(answered=["new"]))
+        await store.commit(KEY, None, WriteBatch(answered=["old"]))  # a mark of its own again
+        assert await store.is_answered("old")
+
     async def test_done_removes_pending(self, store: Store) -> None:
         first = await store.enqueue(KEY, "m1", "p1", b"1")
         await store.enqueue(KEY, "m2", "p1", b"2")

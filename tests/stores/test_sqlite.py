@@ -133,6 +133,17 @@ class TestFile:
         with pytest.raises(StoreError, match=r"schema version \d+, newer than"):
             await open_store(f"sqlite:///{path}")
 
+    async def test_a_first_version_file_is_upgraded_and_keeps_its_data(self, path: Path) -> None:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            migrate(db, path, MIGRATIONS[:1])
+            db.execute("INSERT INTO answered VALUES ('m1', 'k', 1, 1e12)")
+        store = await SQLiteStore.open(f"sqlite:///{path}")
+        try:
+            assert pragma(path, "user_version") == len(MIGRATIONS)
+            assert await store.is_answered("m1")
+        finally:
+            await store.close()
+
     def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
         steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
@@ -203,6 +214,18 @@ class TestWriterThread:
             await store._write(writes_then_fails)  # alone: no second run needed
         assert store.stats.reruns == reruns + 1
         assert await store.alive(["half"]) == {"half": False}
+
+    async def test_a_heartbeat_deletes_answered_marks_past_their_retention(
+        self, store: SQLiteStore, path: Path
+    ) -> None:
+        store.answered_retention = 0.2
+        await store.commit(KEY, None, WriteBatch(answered=["m1", "m2"]))
+        await asyncio.sleep(0.3)
+        await store.commit(KEY, None, WriteBatch(answered=["m3"]))
+        await store.heartbeat("p1", 5)
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            left = [row[0] for row in db.execute("SELECT message_id FROM answered")]
+        assert left == ["m3"]
 
     async def test_reads_do_not_wait_for_the_write_lock(
         self, store: SQLiteStore, path: Path

@@ -16,7 +16,9 @@ What every implementation guarantees — the contract suite in
   turn's generation and is refused as a whole, atomically, with
   :class:`~chatlane.errors.StaleGeneration` once the generation moved on. An
   inbound message is recorded as answered at most once
-  (:class:`~chatlane.errors.AlreadyAnswered`).
+  (:class:`~chatlane.errors.AlreadyAnswered`) for :attr:`Store.answered_retention`
+  seconds; an older mark is forgotten (each heartbeat prunes some), so the
+  record of answered messages does not grow without bound.
 * :meth:`Store.renew` and :meth:`Store.release` succeed only with the lease's
   own token: a lease that expired, was taken over or was fenced off raises
   :class:`~chatlane.errors.LeaseLost`; releasing a lease twice raises
@@ -121,10 +123,16 @@ def now() -> float:
     return time.time()
 
 
+ANSWERED_RETENTION = 7 * 24 * 3600.0
+"""Seconds a message stays marked answered: far longer than any re-delivery or re-run."""
+
+
 class Store(abc.ABC):
     """A backend for sessions, leases and durable queues. See the module docstring."""
 
     url: str = ""
+    answered_retention: float = ANSWERED_RETENTION
+    """Seconds an answered mark holds (see :data:`ANSWERED_RETENTION`)."""
 
     # -- generations and leases ----------------------------------------------
 
@@ -205,7 +213,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def is_answered(self, message_id: str) -> bool:
-        """Whether an inbound message was recorded as answered."""
+        """Whether an inbound message was recorded as answered (within the retention)."""
 
     # -- conversations -----------------------------------------------------------
 
@@ -262,7 +270,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def heartbeat(self, holder: str, ttl: float) -> None:
-        """Record that process ``holder`` is alive for the next ``ttl`` seconds."""
+        """Record that process ``holder`` is alive for the next ``ttl`` seconds.
+
+        Also forgets answered marks older than :attr:`answered_retention`.
+        """
 
     @abc.abstractmethod
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:

@@ -63,7 +63,8 @@ class MemoryStore(Store):
         self.url = url
         self._sessions: defaultdict[str, _Session] = defaultdict(_Session)
         self._transcripts: defaultdict[str, list[TranscriptEntry]] = defaultdict(list)
-        self._answered: set[str] = set()
+        self._answered: dict[str, float] = {}
+        """Message id → when it was answered; insertion order is time order."""
         self._message_seq: dict[str, int] = {}
         self._seq = itertools.count(1)
         self._heartbeats: dict[str, float] = {}
@@ -135,14 +136,18 @@ class MemoryStore(Store):
         session = self._sessions[key]
         if generation is not None and generation != session.generation:
             raise StaleGeneration(key, generation, session.generation, "commit")
-        repeated = [m for m in batch.answered if m in self._answered]
+        cutoff = now() - self.answered_retention
+        repeated = [m for m in batch.answered if self._answered.get(m, cutoff) > cutoff]
         if repeated:
             raise AlreadyAnswered(repeated)
         conversation = self._current(key, session)
         for entry in batch.transcript:
             self._transcripts[conversation.id].append(_stamped(entry, conversation.id))
         session.persistent.update(batch.persistent)
-        self._answered.update(batch.answered)
+        moment = now()
+        for message_id in batch.answered:
+            self._answered.pop(message_id, None)  # a forgotten mark moves to the end
+            self._answered[message_id] = moment
         for seq in batch.done:
             self._remove_pending(session, seq)
 
@@ -158,7 +163,8 @@ class MemoryStore(Store):
         return self._transcripts[conversation_id][-limit:] if limit > 0 else []
 
     async def is_answered(self, message_id: str) -> bool:
-        return message_id in self._answered
+        cutoff = now() - self.answered_retention
+        return self._answered.get(message_id, cutoff) > cutoff
 
     # -- conversations -----------------------------------------------------------
 
@@ -247,6 +253,9 @@ class MemoryStore(Store):
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
         self._heartbeats[holder] = now() + ttl
+        cutoff = now() - self.answered_retention
+        while self._answered and next(iter(self._answered.values())) <= cutoff:
+            del self._answered[next(iter(self._answered))]
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         moment = now()

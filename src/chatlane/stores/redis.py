@@ -203,7 +203,8 @@ class RedisStore(Store):
         fence = "" if generation is None else str(generation)
         affixes = self._keys.transcript_affixes()
         head = (fence, _request_id(), new_conversation_id(), *affixes, key)
-        reply = await self._run(lua.COMMIT, key, *head, *_batch_args(key, batch))
+        args = _batch_args(key, batch, self.answered_retention)
+        reply = await self._run(lua.COMMIT, key, *head, *args)
         if reply[0] == Status.STALE:
             raise StaleGeneration(key, int(fence), int(reply[1]), "commit")
         if reply[0] == Status.ANSWERED:
@@ -229,7 +230,8 @@ class RedisStore(Store):
         return [_entry(raw, conversation_id) for raw in rows]
 
     async def is_answered(self, message_id: str) -> bool:
-        return bool(await self._command("SISMEMBER", self._keys.one("answered"), message_id))
+        at = await self._command("ZSCORE", self._keys.one("answered_at"), message_id)
+        return at is not None and float(at) / 1000 > now() - self.answered_retention
 
     # -- conversations -----------------------------------------------------------
 
@@ -284,10 +286,10 @@ class RedisStore(Store):
     async def heartbeat(self, holder: str, ttl: float) -> None:
         """See :meth:`Store.heartbeat`; a ``ttl`` of 0 or less signs ``holder`` off at once."""
         beat = self._keys.heartbeat(holder)
-        if ttl > 0:
-            await self._command("SET", beat, b"1", "PX", _ms(ttl))
-        else:
-            await self._command("DEL", beat)
+        cutoff = _ms(now() - self.answered_retention)
+        beating = ("SET", beat, b"1", "PX", _ms(ttl)) if ttl > 0 else ("DEL", beat)
+        forgetting = ("ZREMRANGEBYSCORE", self._keys.one("answered_at"), "-inf", cutoff)
+        await asyncio.gather(self._command(*beating), self._command(*forgetting))  # one write
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         if not holders:
@@ -319,13 +321,13 @@ def _request_id() -> str:
     return secrets.token_hex(8)
 
 
-def _batch_args(key: SessionKey, batch: WriteBatch) -> list[Arg]:
-    """``batch`` as the commit script's counts followed by its encoded items."""
+def _batch_args(key: SessionKey, batch: WriteBatch, retention: float) -> list[Arg]:
+    """``batch`` as the commit script's counts and retention, then its encoded items."""
     stamp = now()
     entries = [_msgpack.encode(_stamped(entry, stamp)) for entry in batch.transcript]
     fields = [part for item in batch.persistent.items() for part in _json_field(key, *item)]
     counts = (len(entries), len(batch.persistent), len(batch.answered))
-    return [*counts, *entries, *fields, *batch.answered, *batch.done]
+    return [*counts, _ms(retention), *entries, *fields, *batch.answered, *batch.done]
 
 
 def _json_field(key: SessionKey, name: str, value: Any) -> tuple[str, str]:

@@ -20,7 +20,7 @@ What the scripts keep true:
   ``LPOS``, no ``ZRANGE … BYSCORE``, no ``EXPIRE`` options).
 * Transcript keys are built inside the scripts from a conversation id and
   the affixes the caller passes. They and the store-wide keys (``seq``,
-  ``live``, ``answered``, …) are outside the session's hash slot, so the
+  ``live``, ``answered_at``, …) are outside the session's hash slot, so the
   scripts need a standalone server (or one shard), not Redis Cluster.
 """
 
@@ -223,24 +223,27 @@ return redis.call('ZCOUNT', K.live, '(' .. int(now_ms()), '+inf')
 # -- fenced writes ------------------------------------------------------------------------
 
 COMMIT = _script(
-    "gen conv convs ctitle persist pending pmsg powner ops answered msgseq pkeys",
+    "gen conv convs ctitle persist pending pmsg powner ops answered_at msgseq pkeys",
     """
 local fence, rid, candidate, member = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
-local fields_at = 10 + tonumber(ARGV[7])
+local fields_at = 11 + tonumber(ARGV[7])
 local answered_at = fields_at + 2 * tonumber(ARGV[8])
 local done_at = answered_at + tonumber(ARGV[9])
 if seen(rid) then return {OK} end
 local current = redis.call('GET', K.gen) or '0'
 if fence ~= '' and fence ~= current then return {STALE, tonumber(current)} end
+local moment = now_ms()
+local cutoff = moment - tonumber(ARGV[10])
 local repeated = {ANSWERED}
 for j = answered_at, done_at - 1 do
-  if redis.call('SISMEMBER', K.answered, ARGV[j]) == 1 then repeated[#repeated + 1] = ARGV[j] end
+  local at = redis.call('ZSCORE', K.answered_at, ARGV[j])
+  if at and tonumber(at) > cutoff then repeated[#repeated + 1] = ARGV[j] end
 end
 if #repeated > 1 then return repeated end
 local transcript = ARGV[4] .. current_conversation(candidate) .. ARGV[5]
-for j = 10, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
+for j = 11, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
 for j = fields_at, answered_at - 1, 2 do redis.call('HSET', K.persist, ARGV[j], ARGV[j + 1]) end
-for j = answered_at, done_at - 1 do redis.call('SADD', K.answered, ARGV[j]) end
+for j = answered_at, done_at - 1 do redis.call('ZADD', K.answered_at, int(moment), ARGV[j]) end
 for j = done_at, #ARGV do remove_pending(ARGV[j]) end
 if done_at <= #ARGV then forget_if_empty(member) end
 remember(rid)
@@ -248,8 +251,9 @@ return {OK}
 """,
 )
 """ARGV: generation or '', request id, candidate conversation id, the two transcript
-key affixes, session key, #entries, #fields, #answered, then the entries, field/value
-pairs, answered ids and done seqs. Reply: {OK} | {STALE, current} | {ANSWERED, id...}."""
+key affixes, session key, #entries, #fields, #answered, the answered retention (ms),
+then the entries, field/value pairs, answered ids and done seqs.
+Reply: {OK} | {STALE, current} | {ANSWERED, id...}."""
 
 # -- the pending queue ----------------------------------------------------------------------
 

@@ -148,6 +148,7 @@ def _commit(
     generation: int | None,
     batch: WriteBatch,
     fields: list[tuple[str, str]],
+    retention: float,
 ) -> None:
     """Fenced: every check runs before the first write, in the transaction that writes."""
     row = db.execute(
@@ -156,8 +157,8 @@ def _commit(
     current, conversation = (0, None) if row is None else (int(row[0]), row[1])
     if generation is not None and generation != current:
         raise StaleGeneration(key, generation, current, "commit")
-    answered = "SELECT 1 FROM answered WHERE message_id = ?"
-    repeated = [m for m in batch.answered if _scalar(db, answered, (m,))]
+    cutoff = now() - retention
+    repeated = [m for m in batch.answered if _answered(db, m, cutoff)]
     if repeated:
         raise AlreadyAnswered(repeated)
     conversation = conversation or _start(db, key, "").id
@@ -206,9 +207,16 @@ def _mark_answered(
 ) -> None:
     moment = now()
     db.executemany(
-        "INSERT OR IGNORE INTO answered (message_id, key, generation, at) VALUES (?, ?, ?, ?)",
+        "INSERT INTO answered (message_id, key, generation, at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (message_id) DO UPDATE SET key = excluded.key, "
+        "generation = excluded.generation, at = excluded.at",  # a mark past its retention
         [(message_id, key, generation, moment) for message_id in message_ids],
     )
+
+
+def _answered(db: sqlite3.Connection, message_id: str, cutoff: float) -> bool:
+    sql = "SELECT 1 FROM answered WHERE message_id = ? AND at > ?"
+    return bool(_scalar(db, sql, (message_id, cutoff)))
 
 
 def _drop(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int]) -> None:
@@ -342,12 +350,15 @@ def _adopt(
     return adopted
 
 
-def _heartbeat(db: sqlite3.Connection, holder: str, ttl: float) -> None:
+def _heartbeat(db: sqlite3.Connection, holder: str, ttl: float, retention: float) -> None:
+    """Beat for ``holder``, and forget answered marks past their retention."""
+    moment = now()
     db.execute(
         "INSERT INTO heartbeats (holder, expires_at) VALUES (?, ?) "
         "ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at",
-        (holder, now() + ttl),
+        (holder, moment + ttl),
     )
+    db.execute("DELETE FROM answered WHERE at <= ?", (moment - retention,))
 
 
 def _alive(db: sqlite3.Connection, holders: Sequence[str]) -> dict[str, bool]:
@@ -449,7 +460,8 @@ class SQLiteStore(Store):
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
         fields = _encode(key, batch.persistent)
         frozen = WriteBatch(list(batch.transcript), {}, list(batch.answered), list(batch.done))
-        await self._write(lambda db: _commit(db, key, generation, frozen, fields))
+        retention = self.answered_retention
+        await self._write(lambda db: _commit(db, key, generation, frozen, fields, retention))
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return await self._read(lambda db: _load_persistent(db, key))
@@ -463,8 +475,8 @@ class SQLiteStore(Store):
         return await self._submit(op, writes=conversation_id is None)
 
     async def is_answered(self, message_id: str) -> bool:
-        sql = "SELECT 1 FROM answered WHERE message_id = ?"
-        return await self._read(lambda db: bool(_scalar(db, sql, (message_id,))))
+        cutoff = now() - self.answered_retention
+        return await self._read(lambda db: _answered(db, message_id, cutoff))
 
     # -- conversations -----------------------------------------------------------
 
@@ -504,7 +516,8 @@ class SQLiteStore(Store):
     # -- process liveness ------------------------------------------------------------
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
-        await self._write(lambda db: _heartbeat(db, holder, ttl))
+        retention = self.answered_retention
+        await self._write(lambda db: _heartbeat(db, holder, ttl, retention))
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         asked = list(holders)

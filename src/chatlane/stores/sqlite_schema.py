@@ -91,7 +91,10 @@ _V1: Migration = (
     ) WITHOUT ROWID""",
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1,)
+_V2: Migration = ("CREATE INDEX answered_at ON answered (at)",)
+"""Answered marks are pruned by age (see ``Store.answered_retention``)."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
