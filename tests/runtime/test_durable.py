@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 from chatlane.identity import SessionSource
+from chatlane.runtime.busy import BUSY_ELSEWHERE
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, WriteBatch, open_store
@@ -68,11 +69,47 @@ async def test_session_running_elsewhere_waits_for_the_lease() -> None:
     foreign = await store.acquire(key, "h-other", 30)
     async with GatewayHarness(EchoAgent(), store=store) as h:
         await h.send("hello", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == [BUSY_ELSEWHERE]
+        await h.send("and this", chat_id="c")  # waits behind "hello"; its ack is debounced
         await asyncio.sleep(0.1)
-        assert h.outbox == []
+        assert len(h.delivered(chat_id="c")) == 1
         await store.release(foreign)
-        assert await h.replies(chat_id="c", count=1) == ["echo: hello"]
-        assert h.session(key).persistent.run_generation == 2
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies == [BUSY_ELSEWHERE, "echo: hello", "echo: and this"]
+        assert h.session(key).persistent.run_generation == 3
+
+
+async def test_reject_refuses_a_message_for_a_session_running_elsewhere() -> None:
+    store = MemoryStore()
+    recorder = Recorder()
+    fast = LeaseSettings(ttl=0.3, poll=0.02)
+    async with (
+        GatewayHarness(EchoAgent(), store=store, busy="reject", leases=fast) as runner,
+        GatewayHarness(EchoAgent(recorder), store=store, busy="reject", leases=fast) as other,
+    ):
+        started = await runner.send("sleep 0.5", chat_id="c")
+        await asyncio.sleep(0.1)
+        await other.send("hello", chat_id="c")
+        await other.send("and this", chat_id="c")  # waits behind the first: refused too
+        replies = await other.replies(chat_id="c", count=2)
+        assert replies == ["Busy — your message was not run"] * 2
+        assert await runner.replies(chat_id="c", count=1) == ["slept 0.5"]
+        await asyncio.sleep(0.3)
+        assert recorder.turns.get(started.session_key, []) == []
+        assert await store.pending(started.session_key) == []
+        assert len(other.delivered(chat_id="c")) == 2
+
+
+async def test_an_internal_event_for_a_session_running_elsewhere_just_waits() -> None:
+    store = MemoryStore()
+    key = "main:test:dm:c"
+    foreign = await store.acquire(key, "h-other", 30)
+    async with GatewayHarness(EchoAgent(), store=store, busy="reject") as h:
+        await h.send("cron result", chat_id="c", internal=True)
+        await asyncio.sleep(0.2)
+        assert h.delivered(chat_id="c") == []
+        await store.release(foreign)
+        assert await h.replies(chat_id="c", count=1) == ["echo: cron result"]
 
 
 async def test_active_session_cap_queues_with_a_notice() -> None:

@@ -5,8 +5,8 @@ What stays true, whatever way the turn ended:
 * Its lease is released (once, by generation) and a store error here is
   logged, never raised — the session's slot must still be freed.
 * An answered turn's messages already left the durable queue in its commit.
-* Messages of a turn that was stopped, interrupted, evicted or failed leave
-  the queue: their senders were told.
+* Messages of a turn that was stopped, interrupted, evicted, failed or
+  rejected leave the queue: their senders were told.
 * A turn that gave way (an earlier message must run first) goes back into the
   local queue in store order.
 * After a lost lease, only what is still queued in the store under this
@@ -31,6 +31,7 @@ from chatlane.runtime.turn import (
     FAILED,
     INTERRUPTED,
     LEASE_LOST,
+    REJECTED,
     REORDERED,
     STOPPED,
     Turn,
@@ -76,7 +77,7 @@ class TurnAftermath:
             )
 
     async def _unanswered(self, state: SessionState, turn: Turn, closing: bool) -> None:
-        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED, FAILED):
+        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED, FAILED, REJECTED):
             await self._store.drop_pending(state.key, turn.seqs)
         elif closing:
             return  # shutting down: they stay queued for the next process

@@ -135,6 +135,10 @@ def _may_interrupt(ctx: BusyContext) -> bool:
     return not ctx.already_interrupted and ctx.interrupt_streak < ctx.interrupt_depth
 
 
+BUSY_ELSEWHERE = "Queued for the next turn (this conversation is busy)"
+"""The ack for a message that waits while another process runs its session."""
+
+
 def ack_text(outcome: BusyOutcome, queued: int) -> str:
     """The short acknowledgement the sender gets for ``outcome``."""
     texts = {

@@ -41,6 +41,7 @@ from chatlane.runtime import pending
 from chatlane.runtime.aftermath import TurnAftermath
 from chatlane.runtime.busy import (
     ALWAYS_ANSWERED,
+    BUSY_ELSEWHERE,
     BusyContext,
     BusyOutcome,
     BusyPolicy,
@@ -58,6 +59,7 @@ from chatlane.runtime.turn import (
     FAILED,
     INTERRUPTED,
     LEASE_LOST,
+    REJECTED,
     REORDERED,
     SHUTDOWN,
     STOPPED,
@@ -406,6 +408,32 @@ class TurnEngine:
             len(turn.messages),
             extra=turn_fields(state.key),
         )
+        self._busy_elsewhere(state, turn, message)
+
+    def _busy_elsewhere(self, state: SessionState, turn: Turn, message: InboundMessage) -> None:
+        """The busy policy, for a turn whose session another process runs.
+
+        ``reject`` refuses the turn's messages (they leave the store's queue);
+        every other policy lets them wait for the lease, and the sender gets an
+        ack (debounced, as for a local busy turn). Internal events just wait.
+        """
+        if message.internal:
+            return
+        policy = self.policy_for(state, message)
+        if policy is BusyPolicy.REJECT:
+            turn.ended_by = REJECTED
+            turn.interrupted.set()  # no longer wanted: the lease wait ends
+            self.metrics.busy(BusyOutcome.REJECTED.value, policy.value)
+            text = ack_text(BusyOutcome.REJECTED, 0)
+            self._spawn(
+                self.send(OutboundKind.NOTICE, state.key, message.source, text, turn.message_ids)
+            )
+        elif self._ack_due(state, message):
+            self._spawn(
+                self.send(
+                    OutboundKind.ACK, state.key, message.source, BUSY_ELSEWHERE, turn.message_ids
+                )
+            )
 
     def _finish(self, state: SessionState, turn: Turn) -> None:
         self._turns.discard(turn)

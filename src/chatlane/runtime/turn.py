@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from chatlane.approvals import ApprovalBroker
 from chatlane.types import InboundMessage, ModelChoice, SessionKey
 
-STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED, FAILED = (
+STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED, FAILED, REJECTED = (
     "stopped",
     "interrupted",
     "evicted",
@@ -40,11 +40,13 @@ STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED, FAILED = (
     "shutdown",
     "reordered",
     "failed",
+    "rejected",
 )
 """Why a turn ended early (``Turn.ended_by``); decides what happens to its messages:
-stopped, interrupted, evicted and failed turns' messages are done (their senders
-were told); a lost lease or a turn that gave way runs them again; at shutdown
-they stay queued in the store for the next process."""
+stopped, interrupted, evicted, failed and rejected (busy in another process under
+the ``reject`` policy) turns' messages are done (their senders were told); a lost
+lease or a turn that gave way runs them again; at shutdown they stay queued in
+the store for the next process."""
 
 
 @dataclass(frozen=True, slots=True)
