@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import itertools
 import json
 import statistics
 import sys
@@ -190,6 +192,44 @@ async def run_aiogram(workload: Workload, lanes: list[list[int]], raw: bool = Fa
     return elapsed
 
 
+# --- the floor ------------------------------------------------------------------
+
+FLOOR_SESSION: contextvars.ContextVar[int] = contextvars.ContextVar("floor_session")
+
+
+async def run_floor(workload: Workload, lanes: list[list[int]]) -> int:
+    """The least any turn runtime does per message here; the wall time in ns.
+
+    One cancellable task per turn in a fresh context with the session bound,
+    the message written to a dict (the "durable queue") and removed at the
+    "commit", the counter bumped, the reply handed back through a future. No
+    store, lease, fence, busy policy or outbound record: chatlane can never cost
+    less than this, so ``aiogram / floor`` is the highest ratio any design with a
+    task per turn could reach on this machine.
+    """
+    loop = asyncio.get_running_loop()
+    queued: dict[int, int] = {}
+    counters: dict[int, int] = {}
+    sequence = itertools.count()
+
+    async def turn(session: int, done: asyncio.Future[str]) -> None:
+        FLOOR_SESSION.set(session)
+        counters[session] = counters.get(session, 0) + 1
+        queued.pop(session, None)
+        done.set_result("ok")
+
+    async def handle(session: int) -> None:
+        done: asyncio.Future[str] = loop.create_future()
+        queued[session] = next(sequence)
+        task = asyncio.create_task(turn(session, done), context=contextvars.Context())
+        await done
+        await task
+
+    elapsed = await drive(lanes, handle)
+    check_counts("floor", "counter", counters, workload.messages)
+    return elapsed
+
+
 # --- measuring and reporting --------------------------------------------------
 
 
@@ -201,6 +241,7 @@ class Report:
     chatlane_us: tuple[float, ...]
     aiogram_us: tuple[float, ...]
     aiogram_raw_us: tuple[float, ...]
+    floor_us: tuple[float, ...]
 
     @property
     def ratio(self) -> float:
@@ -217,6 +258,10 @@ class Report:
             "chatlane": side_json(self.chatlane_us),
             "aiogram": side_json(self.aiogram_us),
             "aiogram_raw_updates": side_json(self.aiogram_raw_us),
+            "floor": side_json(self.floor_us),
+            "ratio_aiogram_over_floor": round(
+                statistics.median(self.aiogram_us) / statistics.median(self.floor_us), 3
+            ),
             "ratio_aiogram_raw_over_chatlane": round(
                 statistics.median(self.aiogram_raw_us) / statistics.median(self.chatlane_us), 3
             ),
@@ -239,14 +284,17 @@ async def measure(workload: Workload, rounds: int) -> Report:
     await run_chatlane(workload, lanes)
     await run_aiogram(workload, lanes)
     await run_aiogram(workload, lanes, raw=True)
+    await run_floor(workload, lanes)
     chatlane: list[float] = []
     aiogram: list[float] = []
     aiogram_raw: list[float] = []
+    floor: list[float] = []
     for _ in range(rounds):
         chatlane.append(await run_chatlane(workload, lanes) / workload.total / 1_000)
         aiogram.append(await run_aiogram(workload, lanes) / workload.total / 1_000)
         aiogram_raw.append(await run_aiogram(workload, lanes, raw=True) / workload.total / 1_000)
-    return Report(workload, tuple(chatlane), tuple(aiogram), tuple(aiogram_raw))
+        floor.append(await run_floor(workload, lanes) / workload.total / 1_000)
+    return Report(workload, tuple(chatlane), tuple(aiogram), tuple(aiogram_raw), tuple(floor))
 
 
 def render(report: Report) -> str:
@@ -260,6 +308,7 @@ def render(report: Report) -> str:
         ("chatlane", report.chatlane_us),
         ("aiogram", report.aiogram_us),
         ("aiogram/raw", report.aiogram_raw_us),
+        ("floor", report.floor_us),
     )
     for name, rounds in sides:
         median = statistics.median(rounds)
@@ -268,6 +317,8 @@ def render(report: Report) -> str:
     verdict = "PASS" if report.passed else "FAIL"
     raw_ratio = statistics.median(report.aiogram_raw_us) / statistics.median(report.chatlane_us)
     lines.append(f"ratio aiogram/chatlane: {report.ratio:.2f}x (raw updates: {raw_ratio:.2f}x)")
+    ceiling = statistics.median(report.aiogram_us) / statistics.median(report.floor_us)
+    lines.append(f"ratio aiogram/floor: {ceiling:.2f}x (no design with a task per turn beats it)")
     lines.append(
         f"target: chatlane at most 1/{TARGET_RATIO:g} of aiogram's cost per message: {verdict}"
     )

@@ -32,7 +32,7 @@ def run_bench(module: str, *args: str) -> dict[str, Any]:
 
 def test_dispatch_runs_both_sides() -> None:
     report = run_bench("dispatch", "--sessions", "20", "--messages", "3")
-    for side in ("chatlane", "aiogram", "aiogram_raw_updates"):
+    for side in ("chatlane", "aiogram", "aiogram_raw_updates", "floor"):
         assert report[side]["median_us"] > 0
     assert "passed" in report
 
