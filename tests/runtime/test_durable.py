@@ -100,6 +100,20 @@ async def test_reject_refuses_a_message_for_a_session_running_elsewhere() -> Non
         assert len(other.delivered(chat_id="c")) == 2
 
 
+async def test_reject_never_refuses_what_was_queued_explicitly() -> None:
+    store = MemoryStore()
+    fast = LeaseSettings(ttl=0.3, poll=0.02)
+    async with (
+        GatewayHarness(EchoAgent(), store=store, busy="reject", leases=fast) as runner,
+        GatewayHarness(EchoAgent(), store=store, busy="reject", leases=fast) as other,
+    ):
+        await runner.send("sleep 0.5", chat_id="c")
+        await asyncio.sleep(0.1)
+        await other.send("/queue hello", chat_id="c")
+        replies = await other.replies(chat_id="c", count=3, timeout=5)
+        assert replies == ["Started a turn for it now.", BUSY_ELSEWHERE, "echo: hello"]
+
+
 async def test_an_internal_event_for_a_session_running_elsewhere_just_waits() -> None:
     store = MemoryStore()
     key = "main:test:dm:c"

@@ -217,7 +217,7 @@ class TurnEngine:
         self._ensure_background()
         state = self.registry.get(key)
         if not state.turn.is_running:
-            self._start(state, (message,), (seq,))
+            self._start(state, (message,), (seq,)).refusable = True
             return None
         policy = self.policy_for(state, message)
         outcome = self._apply_busy(state, message, seq, policy)
@@ -413,14 +413,16 @@ class TurnEngine:
     def _busy_elsewhere(self, state: SessionState, turn: Turn, message: InboundMessage) -> None:
         """The busy policy, for a turn whose session another process runs.
 
-        ``reject`` refuses the turn's messages (they leave the store's queue);
-        every other policy lets them wait for the lease, and the sender gets an
-        ack (debounced, as for a local busy turn). Internal events just wait.
+        ``reject`` refuses a fresh message (it leaves the store's queue); every
+        other policy lets it wait for the lease, and the sender gets an ack
+        (debounced, as for a local busy turn). Internal events, re-runs,
+        adopted and explicitly queued (``/queue``) messages just wait: they were
+        accepted to run.
         """
         if message.internal:
             return
         policy = self.policy_for(state, message)
-        if policy is BusyPolicy.REJECT:
+        if policy is BusyPolicy.REJECT and turn.refusable:
             turn.ended_by = REJECTED
             turn.interrupted.set()  # no longer wanted: the lease wait ends
             self.metrics.busy(BusyOutcome.REJECTED.value, policy.value)

@@ -90,6 +90,7 @@ class Turn:
         "messages",
         "once_restore",
         "overrides",
+        "refusable",
         "reruns",
         "seqs",
         "session_key",
@@ -115,6 +116,8 @@ class Turn:
         self.lease: Lease | None = None
         self.ended_by = ""
         self.reruns = 0
+        self.refusable = False
+        """A fresh message that found its session idle here: the busy policy may refuse it."""
         self.answered = False
         self.approvals: ApprovalBroker | None = None
         self.once_restore: object = state.conversation.one_turn_restore
