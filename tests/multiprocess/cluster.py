@@ -79,10 +79,12 @@ class Cluster:
                     pipe.close()
 
     def events(self) -> list[dict[str, Any]]:
+        """Every complete line of the log (a worker may be half-way through writing one)."""
         if not self.log_path.exists():
             return []
-        lines = self.log_path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        text = self.log_path.read_text()
+        complete = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def wait_for(self, predicate: Any, timeout: float, what: str) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
