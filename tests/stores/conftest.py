@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -54,6 +56,23 @@ async def forget_redis_prefix(url: str) -> None:
             await client.unlink(name)
     finally:
         await client.aclose()
+
+
+async def stored_answered_ids(store: Store) -> list[str]:
+    """Every answered mark the backend still keeps, oldest first (read from its own storage)."""
+    from chatlane.stores.memory import MemoryStore
+    from chatlane.stores.redis import RedisStore
+    from chatlane.stores.sqlite import SQLiteStore
+
+    if isinstance(store, MemoryStore):
+        return list(store._answered)
+    if isinstance(store, SQLiteStore):
+        with contextlib.closing(sqlite3.connect(store.location.path)) as db:
+            rows = db.execute("SELECT message_id FROM answered ORDER BY at").fetchall()
+        return [row[0] for row in rows]
+    assert isinstance(store, RedisStore)
+    names = await store._command("ZRANGE", store._keys.one("answered_at"), 0, -1)
+    return [name.decode() for name in names]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from chatlane.errors import (
     StaleGeneration,
 )
 from chatlane.stores import Store, TranscriptEntry, WriteBatch
-from tests.stores.conftest import Reopen
+from tests.stores.conftest import Reopen, stored_answered_ids
 
 KEY = "main:test:dm:c1"
 ODD_KEYS = ["main:tg:group:-1%3A2::7", "k{with}braces", "spaces and\nnewline", "ключ🙂", "a" * 300]
@@ -197,6 +197,15 @@ class TestCommit:
             await store.commit(KEY, None, WriteBatch(answered=["new"]))
         await store.commit(KEY, None, WriteBatch(answered=["old"]))  # a mark of its own again
         assert await store.is_answered("old")
+
+    async def test_a_heartbeat_deletes_marks_past_their_retention(self, store: Store) -> None:
+        store.answered_retention = 0.2
+        await store.commit(KEY, None, WriteBatch(answered=["m1", "m2"]))
+        await asyncio.sleep(0.3)
+        await store.commit(KEY, None, WriteBatch(answered=["m3"]))
+        assert sorted(await stored_answered_ids(store)) == ["m1", "m2", "m3"]
+        await store.heartbeat("p1", 5)
+        assert await stored_answered_ids(store) == ["m3"]
 
     async def test_done_removes_pending(self, store: Store) -> None:
         first = await store.enqueue(KEY, "m1", "p1", b"1")

@@ -326,18 +326,6 @@ class TestPersistentValues:
         assert await store.load_persistent(KEY) == {}
 
 
-class TestAnsweredMarks:
-    async def test_a_heartbeat_deletes_marks_past_their_retention(
-        self, store: RedisStore, admin: Redis, prefix: str
-    ) -> None:
-        store.answered_retention = 0.2
-        await store.commit(KEY, None, WriteBatch(answered=["m1", "m2"]))
-        await asyncio.sleep(0.3)
-        await store.commit(KEY, None, WriteBatch(answered=["m3"]))
-        await store.heartbeat("p1", 5)
-        assert await admin.zrange(f"{prefix}:answered_at", 0, -1) == [b"m3"]
-
-
 class TestLostServer:
     async def test_renew_after_the_server_went_away_is_lease_lost(self, prefix: str) -> None:
         with throwaway_server() as url:
