@@ -199,9 +199,9 @@ class TestCommit:
         assert await store.is_answered("old")
 
     async def test_a_heartbeat_deletes_marks_past_their_retention(self, store: Store) -> None:
-        store.answered_retention = 0.2
+        store.answered_retention = 0.6
         await store.commit(KEY, None, WriteBatch(answered=["m1", "m2"]))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.7)
         await store.commit(KEY, None, WriteBatch(answered=["m3"]))
         assert sorted(await stored_answered_ids(store)) == ["m1", "m2", "m3"]
         await store.heartbeat("p1", 5)
