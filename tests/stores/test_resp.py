@@ -151,6 +151,15 @@ class TestConnections:
             with pytest.raises(ConnectionError, match="closed"):
                 await closing.execute("PING")
 
+    async def test_closing_while_connecting_fails_the_callers_cleanly(self) -> None:
+        async with fake_server(None) as port:  # accepts, never answers the handshake
+            connecting = client(port, retries=3, client_name="never-answered")
+            waiting = asyncio.ensure_future(connecting.execute("PING"))
+            await asyncio.sleep(0.1)
+            await connecting.close()
+            with pytest.raises(ConnectionError, match="closed"):
+                await waiting
+
     async def test_error_replies_are_raised_not_retried(self) -> None:
         with private_server() as port:
             plain = client(port, retries=5)

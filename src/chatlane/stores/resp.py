@@ -207,12 +207,22 @@ class RespClient:
             if attempt:
                 await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)))
             try:
-                connection = await self._connected()
+                connection = await self._opened_for_caller()
                 return await connection.send(args)
             except (ConnectionError, TimeoutError, OSError) as error:
                 if self._closed or attempt == self.retries:
                     raise ConnectionError(_describe(error)) from error
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _opened_for_caller(self) -> _Connection:
+        """:meth:`_connected`; a close that cancels the shared connect is a ConnectionError."""
+        try:
+            return await self._connected()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and (task is None or task.cancelling() == 0):
+                raise ConnectionError("client closed") from None
+            raise  # the caller itself was cancelled
 
     async def _connected(self) -> _Connection:
         """The open connection, opening one (shared by every caller that waits for it)."""
