@@ -434,7 +434,8 @@ class TestUrls:
             ("rediss://h/0?ssl_check_hostname=perhaps", "ssl_check_hostname must be true"),
             ("rediss://h/0?ssl_ca_certs=/nonexistent/ca.pem", "No such file"),
             ("redis://h/0?socket_timeout=-1", "positive number of seconds"),
-            ("redis://h/0?socket_timeout=soon", "could not convert"),
+            ("redis://h/0?socket_timeout=soon", "positive number of seconds, not 'soon'"),
+            ("redis://h/0?socket_connect_timeout=nan", "positive number of seconds"),
             ("http://h/0", "scheme must be redis or rediss"),
         ],
     )

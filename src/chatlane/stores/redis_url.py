@@ -87,9 +87,12 @@ def _options(query: str) -> dict[str, str]:
 def _seconds(options: dict[str, str], name: str, default: float) -> float:
     if name not in options:
         return default
-    value = float(options[name])
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds")
+    try:
+        value = float(options[name])
+    except ValueError:
+        value = 0.0
+    if not value > 0:  # also NaN
+        raise ValueError(f"{name} must be a positive number of seconds, not {options[name]!r}")
     return value
 
 
