@@ -136,7 +136,8 @@ class MemoryStore(Store):
         session = self._sessions[key]
         if generation is not None and generation != session.generation:
             raise StaleGeneration(key, generation, session.generation, "commit")
-        cutoff = now() - self.answered_retention
+        moment = now()
+        cutoff = moment - self.answered_retention
         repeated = [m for m in batch.answered if self._answered.get(m, cutoff) > cutoff]
         if repeated:
             raise AlreadyAnswered(repeated)
@@ -144,7 +145,6 @@ class MemoryStore(Store):
         for entry in batch.transcript:
             self._transcripts[conversation.id].append(_stamped(entry, conversation.id))
         session.persistent.update(batch.persistent)
-        moment = now()
         for message_id in batch.answered:
             self._answered.pop(message_id, None)  # a forgotten mark moves to the end
             self._answered[message_id] = moment

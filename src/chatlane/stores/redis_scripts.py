@@ -232,7 +232,7 @@ local done_at = answered_at + tonumber(ARGV[9])
 if seen(rid) then return {OK} end
 local current = redis.call('GET', K.gen) or '0'
 if fence ~= '' and fence ~= current then return {STALE, tonumber(current)} end
-local moment = now_ms()
+local moment = answered_at < done_at and now_ms() or 0
 local cutoff = moment - tonumber(ARGV[10])
 local repeated = {ANSWERED}
 for j = answered_at, done_at - 1 do

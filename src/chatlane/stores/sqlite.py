@@ -157,7 +157,7 @@ def _commit(
     current, conversation = (0, None) if row is None else (int(row[0]), row[1])
     if generation is not None and generation != current:
         raise StaleGeneration(key, generation, current, "commit")
-    cutoff = now() - retention
+    cutoff = now() - retention if batch.answered else 0.0
     repeated = [m for m in batch.answered if _answered(db, m, cutoff)]
     if repeated:
         raise AlreadyAnswered(repeated)
