@@ -46,6 +46,7 @@ __all__ = [
     "CronTarget",
     "SessionContext",
     "bind_session",
+    "bound_context",
     "clear_session_vars",
     "cron_context",
     "current_cron_target",
@@ -230,14 +231,19 @@ def _from_fields(fields_: Mapping[str, FieldValue]) -> SessionContext:
 
 
 def _from_source(source: SessionSource, session_key: str | None) -> SessionContext:
-    return SessionContext(
+    return SessionContext(*_source_values(source, session_key or ""))
+
+
+def _source_values(source: SessionSource, session_key: str) -> tuple[str, ...]:
+    """``source``'s session fields as text, in ``SESSION_VAR_NAMES`` order."""
+    return (
         source.platform,
         source.chat_id or "",
         source.chat_name,
         source.thread_id or "",
         source.user_id or "",
         source.user_name,
-        session_key or "",
+        session_key,
     )
 
 
@@ -291,6 +297,21 @@ def bind_session(
     :raises InvalidSource: if a mapping names a field ``SessionContext`` lacks.
     """
     return _Binding(_to_context(source, session_key))
+
+
+def bound_context(source: SessionSource, session_key: str) -> contextvars.Context:
+    """A new :class:`contextvars.Context` holding ``source``'s session and nothing else.
+
+    A task created with it (``asyncio.create_task(..., context=...)``) runs
+    with the session bound from its first step to its last, as if its whole
+    body were inside :func:`bind_session`; every other variable is *never
+    set* there, whatever the creator's context holds. The engine runs each
+    turn this way: binding once costs a fraction of entering and leaving a
+    ``with`` block, and the context dies with the task.
+    """
+    context = contextvars.Context()
+    context.run(_set_all, _SESSION_VARS, _source_values(source, session_key))
+    return context
 
 
 def current_session() -> SessionContext | None:

@@ -25,6 +25,9 @@ from chatlane.types import Agent, Deliver, InboundMessage, Outbound, OutboundKin
 if TYPE_CHECKING:
     from chatlane.scheduler import Scheduler
 
+_YES_OR_NO = YES | NO
+"""Words that answer a pending approval or confirmation."""
+
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
@@ -122,8 +125,8 @@ class Gateway:
         if parsed is not None:
             return parsed
         word = message.text.strip().lower()
-        if word not in YES | NO:
-            await self._cancel_confirmation(key)
+        if word not in _YES_OR_NO:
+            self._cancel_confirmation(key)
             return None
         state = await self.engine.session(key)
         if self.engine.approvals.has_pending(state):
@@ -134,7 +137,7 @@ class Gateway:
             return parse_command(confirm)
         return ParsedCommand("cancelled", "") if confirm else None
 
-    async def _cancel_confirmation(self, key: SessionKey) -> None:
+    def _cancel_confirmation(self, key: SessionKey) -> None:
         state = self.engine.registry.peek(key)
         if state is not None:
             state.persistent.pending_command_text = None

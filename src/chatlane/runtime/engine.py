@@ -24,7 +24,6 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections.abc import Coroutine
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from chatlane.approvals import ApprovalBroker, ApprovalRequest, prompt_text
-from chatlane.context import bind_session
+from chatlane.context import bound_context
 from chatlane.errors import ActiveSessionLimit, ChatlaneError
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
@@ -338,15 +337,15 @@ class TurnEngine:
         slot.agent, slot.event, slot.ctx = AGENT_PENDING, messages[0], turn
         slot.started_ts = time.time()
         self._turns.add(turn)
-        turn.task = asyncio.create_task(self._drive(state, turn), context=contextvars.Context())
+        context = bound_context(turn.source, turn.session_key)
+        turn.task = asyncio.create_task(self._drive(state, turn), context=context)
         return turn
 
     async def _drive(self, state: SessionState, turn: Turn) -> None:
         try:
             if await self._take_lease(state, turn):
-                with bind_session(turn.source, session_key=turn.session_key):
-                    state.turn.agent = turn
-                    text = await self.output.run_agent(self.agent, turn)
+                state.turn.agent = turn
+                text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)
         except asyncio.CancelledError:
             log.info("turn cancelled", extra=turn_fields(turn.session_key, turn.generation))

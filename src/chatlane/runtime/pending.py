@@ -72,7 +72,10 @@ def holds(state: SessionState, message_id: str) -> bool:
 
 def smallest_seq(state: SessionState) -> int | None:
     """The smallest store seq waiting in the session's queue, if any."""
-    return min((seq for entry in pending_entries(state) for seq in entry.seqs), default=None)
+    queue = pending_entries(state)
+    if not queue:
+        return None
+    return min((seq for entry in queue for seq in entry.seqs), default=None)
 
 
 def collect(state: SessionState, message: InboundMessage, seq: int, debounce: float) -> None:

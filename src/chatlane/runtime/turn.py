@@ -87,6 +87,7 @@ class Turn:
         "interrupted",
         "last_progress",
         "lease",
+        "message_ids",
         "messages",
         "once_restore",
         "overrides",
@@ -123,6 +124,8 @@ class Turn:
         self.once_restore: object = state.conversation.one_turn_restore
         self._loop = asyncio.get_running_loop()
         self.messages = messages
+        self.message_ids = tuple(message.id for message in messages)
+        """The ids of the inbound messages this turn answers, steered ones included."""
         self.source: SessionSource = messages[-1].source
         self.overrides = overrides
         self.interrupted = asyncio.Event()
@@ -133,11 +136,6 @@ class Turn:
     def text(self) -> str:
         """The input: one message's text, or every merged message's text in order."""
         return "\n".join(message.text for message in self.messages)
-
-    @property
-    def message_ids(self) -> tuple[str, ...]:
-        """The ids of the inbound messages this turn answers, steered ones included."""
-        return tuple(message.id for message in (*self.messages, *self.steered))
 
     def bind_lease(self, lease: Lease) -> None:
         """Take ``lease``'s generation as this turn's (engine side, once, before the agent)."""
@@ -171,6 +169,7 @@ class Turn:
         for message, seq in steers:
             self.steered.append(message)
             self.seqs.append(seq)
+            self.message_ids += (message.id,)
         if steers:
             self.touch()
         return [message.text for message, _ in steers]

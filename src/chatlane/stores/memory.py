@@ -36,9 +36,13 @@ from chatlane.stores.base import (
 from chatlane.types import SessionKey
 
 
+_TOKEN_PREFIX = secrets.token_hex(8)
+_token_numbers = itertools.count(1)
+
+
 def new_token() -> str:
-    """A lease token: random, never reused."""
-    return secrets.token_hex(16)
+    """A lease token: never reused in this process, unguessable from another."""
+    return f"{_TOKEN_PREFIX}-{next(_token_numbers)}"
 
 
 def new_conversation_id() -> str:
