@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from chatlane.commands import CommandRouter, ParsedCommand, default_router, parse_command
 from chatlane.identity import KeyPolicy, build_session_key
 from chatlane.lifecycle import LifecycleOptions
@@ -38,8 +40,7 @@ class GatewaySettings:
     lifecycle: LifecycleOptions = field(default_factory=LifecycleOptions)
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchResult:
+class DispatchResult(msgspec.Struct, frozen=True):
     """What became of one inbound message."""
 
     session_key: SessionKey

@@ -1,7 +1,8 @@
-"""The vocabulary of chatlane: what flows in, what flows out, and what an agent is.
+r"""The vocabulary of chatlane: what flows in, what flows out, and what an agent is.
 
 Everything here is a small frozen record or a type alias; behaviour lives in
-the modules that use them.
+the modules that use them. The records made for every message are
+``msgspec.Struct``\ s: built in C, they cost a tenth of a frozen dataclass.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import itertools
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import msgspec
@@ -36,8 +36,7 @@ def new_message_id() -> str:
     return f"m-{_PROCESS}-{next(_message_ids)}"
 
 
-@dataclass(frozen=True, slots=True)
-class InboundMessage:
+class InboundMessage(msgspec.Struct, frozen=True):
     """One message for a session.
 
     ``internal`` marks messages the gateway made itself (a background task's
@@ -46,13 +45,12 @@ class InboundMessage:
 
     source: SessionSource
     text: str
-    id: str = field(default_factory=new_message_id)
+    id: str = msgspec.field(default_factory=new_message_id)
     internal: bool = False
-    received_at: float = field(default_factory=time.time)
+    received_at: float = msgspec.field(default_factory=time.time)
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
+class Target(msgspec.Struct, frozen=True):
     """Where an outbound message goes: a chat, and a thread inside it if any."""
 
     platform: str
@@ -80,8 +78,7 @@ class OutboundKind(enum.StrEnum):
     """An explicit notice that a message was not (or will not be) run: rejected, full, failed."""
 
 
-@dataclass(frozen=True, slots=True)
-class Outbound:
+class Outbound(msgspec.Struct, frozen=True):
     """One message from chatlane to a chat.
 
     ``in_reply_to`` names the inbound messages this answers, so an adapter can

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from chatlane.errors import StaleGeneration
 from chatlane.identity import SessionSource
@@ -49,8 +50,7 @@ lease or a turn that gave way runs them again; at shutdown they stay queued in
 the store for the next process."""
 
 
-@dataclass(frozen=True, slots=True)
-class TurnOverrides:
+class TurnOverrides(msgspec.Struct, frozen=True):
     """Per-turn model settings as resolved from the session's conversation scope.
 
     ``service_tier`` keeps three states: :data:`~chatlane.state.SERVICE_TIER_UNSET`

@@ -35,7 +35,6 @@ from chatlane.stores.base import (
 )
 from chatlane.types import SessionKey
 
-
 _TOKEN_PREFIX = secrets.token_hex(8)
 _token_numbers = itertools.count(1)
 
