@@ -19,6 +19,7 @@ from chatlane.context import (
     CronTarget,
     SessionContext,
     bind_session,
+    bound_context,
     clear_session_vars,
     cron_context,
     current_cron_target,
@@ -212,6 +213,37 @@ class TestBindSession:
     def test_current_session_ignores_environ(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(CHAT_ID, "from-env")
         assert current_session() is None
+
+
+class TestBoundContext:
+    def test_holds_the_session_and_leaves_the_creator_alone(self) -> None:
+        source = SessionSource("tg", chat_id="5", thread_id="7", user_id="u", user_name="ada")
+        with bind_session({"platform": "web", "chat_id": "creator"}):
+            bound = bound_context(source, "main:tg:dm:5")
+            assert get_session_env(CHAT_ID) == "creator"
+        expected = SessionContext("tg", "5", "", "7", "u", "ada", "main:tg:dm:5")
+        assert bound.run(current_session) == expected
+        assert current_session() is None
+
+    def test_other_variables_are_never_set_there(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CHATLANE_CRON_AUTO_DELIVER_PLATFORM", "from-env")
+        with cron_context("tg", "9"):
+            bound = bound_context(SessionSource("tg", chat_id="5"), "k")
+        assert bound.run(current_cron_target) is None
+        assert bound.run(get_session_env, "CHATLANE_CRON_AUTO_DELIVER_PLATFORM") == "from-env"
+
+    async def test_a_task_created_with_it_sees_the_session_to_its_end(self) -> None:
+        async def body() -> list[str]:
+            seen = [get_session_env(CHAT_ID)]
+            await asyncio.sleep(0)
+            seen.append(await run_in_thread(get_session_env, CHAT_ID))
+            return seen
+
+        tasks = [
+            asyncio.create_task(body(), context=bound_context(SessionSource("tg", chat_id=n), n))
+            for n in ("a", "b", "c")
+        ]
+        assert await asyncio.gather(*tasks) == [["a", "a"], ["b", "b"], ["c", "c"]]
 
 
 class TestCronContext:

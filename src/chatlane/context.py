@@ -155,6 +155,12 @@ def _set_all(variables: Sequence[_Var], values: Sequence[str | _Unset]) -> list[
     return [var.set(value) for var, value in zip(variables, values, strict=True)]
 
 
+def _set_each(variables: Sequence[_Var], values: Sequence[str]) -> None:
+    """:func:`_set_all` for a context nobody resets (no tokens kept)."""
+    for var, value in zip(variables, values, strict=True):
+        var.set(value)
+
+
 def _reset_all(tokens: Sequence[ContextToken]) -> None:
     for token in reversed(tokens):
         token.var.reset(token)
@@ -310,7 +316,7 @@ def bound_context(source: SessionSource, session_key: str) -> contextvars.Contex
     ``with`` block, and the context dies with the task.
     """
     context = contextvars.Context()
-    context.run(_set_all, _SESSION_VARS, _source_values(source, session_key))
+    context.run(_set_each, _SESSION_VARS, _source_values(source, session_key))
     return context
 
 

@@ -140,7 +140,7 @@ class Gateway:
 
     def _cancel_confirmation(self, key: SessionKey) -> None:
         state = self.engine.registry.peek(key)
-        if state is not None:
+        if state is not None and state.persistent.pending_command_text is not None:
             state.persistent.pending_command_text = None
 
     async def start(self) -> int:

@@ -176,11 +176,13 @@ class TurnEngine:
     async def session(self, key: SessionKey) -> SessionState:
         """``key``'s state, its persistent scope loaded from the store on first use."""
         state = self.registry.get(key)
-        if not state.loaded:
-            fields = await self.store.load_persistent(key)
-            generation = await self.store.generation(key)
-            state = self.registry.get(key)
-            load_persistent(state, fields, generation)
+        return state if state.loaded else await self._load(key)
+
+    async def _load(self, key: SessionKey) -> SessionState:
+        fields = await self.store.load_persistent(key)
+        generation = await self.store.generation(key)
+        state = self.registry.get(key)
+        load_persistent(state, fields, generation)
         return state
 
     def _generation_is(self, key: SessionKey, generation: int) -> bool:

@@ -145,8 +145,9 @@ class MemoryStore(Store):
         if repeated:
             raise AlreadyAnswered(repeated)
         conversation = self._current(key, session)
+        transcript = self._transcripts[conversation.id]
         for entry in batch.transcript:
-            self._transcripts[conversation.id].append(_stamped(entry, conversation.id))
+            transcript.append(_stamped(entry, conversation.id, moment))
         session.persistent.update(batch.persistent)
         for message_id in batch.answered:
             self._answered.pop(message_id, None)  # a forgotten mark moves to the end
@@ -273,11 +274,11 @@ def _earlier_foreign(session: _Session, head_seq: int, holder: str) -> bool:
     return any(seq < head_seq and r.owner != holder for seq, r in session.pending.items())
 
 
-def _stamped(entry: TranscriptEntry, conversation_id: str) -> TranscriptEntry:
+def _stamped(entry: TranscriptEntry, conversation_id: str, moment: float) -> TranscriptEntry:
     return replace(
         entry,
         conversation_id=entry.conversation_id or conversation_id,
-        created_at=entry.created_at or now(),
+        created_at=entry.created_at or moment,
     )
 
 
