@@ -162,7 +162,7 @@ def build_session_key(source: SessionSource, policy: KeyPolicy = KeyPolicy()) ->
         parts += [source.thread_id or "", user_id]
     elif source.thread_id is not None:
         parts.append(source.thread_id)
-    return SEPARATOR.join(escape_component(part) for part in parts)
+    return SEPARATOR.join([escape_component(part) for part in parts])
 
 
 def parse_session_key(key: str) -> SessionKeyParts:

@@ -124,7 +124,7 @@ class Turn:
         self.once_restore: object = state.conversation.one_turn_restore
         self._loop = asyncio.get_running_loop()
         self.messages = messages
-        self.message_ids = tuple(message.id for message in messages)
+        self.message_ids = tuple([message.id for message in messages])
         """The ids of the inbound messages this turn answers, steered ones included."""
         self.source: SessionSource = messages[-1].source
         self.overrides = overrides
