@@ -83,6 +83,11 @@ class Outbound(msgspec.Struct, frozen=True):
 
     ``in_reply_to`` names the inbound messages this answers, so an adapter can
     route it to the connection that is waiting for it (an HTTP request, say).
+    ``refusal`` is set only on a ``NOTICE`` that refuses those messages: they
+    will never run. It holds the busy outcome's value, ``"rejected"`` (the
+    session is busy and rejects) or ``"queue_full"``, so an adapter can answer
+    in its own terms (the API: 409 or 429) even when the refusal came late,
+    from a session that turned out to be busy in another process.
     """
 
     kind: OutboundKind
@@ -91,6 +96,7 @@ class Outbound(msgspec.Struct, frozen=True):
     text: str
     generation: int = 0
     in_reply_to: tuple[str, ...] = ()
+    refusal: str = ""
 
 
 class ModelChoice(msgspec.Struct, frozen=True):

@@ -93,9 +93,9 @@ def make_config(
 
 @contextlib.asynccontextmanager
 async def serve(
-    config: Config, agent: Agent | None = None, **adapter_options: Any
+    config: Config, agent: Agent | None = None, *, store: str = "memory://", **adapter_options: Any
 ) -> AsyncIterator[Served]:
-    hub = Hub(config, await open_store("memory://"), agent or DemoAgent())
+    hub = Hub(config, await open_store(store), agent or DemoAgent())
     adapter = ApiAdapter(config, **adapter_options)
     hub.add(adapter)
     server = uvicorn.Server(
@@ -193,6 +193,22 @@ async def test_reject_answers_409_while_the_session_is_busy(tmp_path: Path) -> N
         assert caught.value.type == "session_busy"
         assert await first == "slept 2"
         assert await s.ask("hello", "busy") == "echo: hello"
+
+
+async def test_reject_answers_409_when_another_process_runs_the_session(tmp_path: Path) -> None:
+    config = make_config(tmp_path, busy="reject")
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    async with serve(config, store=shared) as runner, serve(config, store=shared) as other:
+        first = asyncio.create_task(runner.ask("sleep 2", "busy"))
+        await runner.running("busy")
+        with pytest.raises(openai.ConflictError) as caught:
+            await other.ask("hello", "busy")
+        assert caught.value.code == "session_busy"
+        with pytest.raises(openai.APIError, match="busy policy is reject"):
+            await other.ask_streaming("and this", "busy")
+        assert other.adapter.waiting == 0
+        assert await first == "slept 2"
+        assert await other.ask("hello", "busy") == "echo: hello"
 
 
 async def test_a_full_queue_answers_429(tmp_path: Path) -> None:

@@ -124,6 +124,8 @@ async def test_queue_cap_answers_queue_full() -> None:
             "Queue full (2 queued) — your message was not run",
         ]
         assert replies[3:] == ["slept 0.1", "echo: a", "echo: b"]
+        refusals = [o.refusal for o in h.delivered(chat_id="c")]
+        assert refusals == ["", "", "queue_full", "", "", ""]
 
 
 async def test_collect_merges_into_one_follow_up_after_debounce() -> None:
@@ -214,6 +216,7 @@ async def test_reject_always_answers_and_never_runs() -> None:
         replies = await h.replies(chat_id="c", count=3)
         assert replies == ["Busy — your message was not run"] * 2 + ["slept 0.05"]
         assert len(recorder.turns[result.session_key]) == 1
+        assert [o.refusal for o in h.delivered(chat_id="c")] == ["rejected", "rejected", ""]
 
 
 async def test_internal_events_queue_without_interrupting() -> None:

@@ -93,6 +93,7 @@ async def test_reject_refuses_a_message_for_a_session_running_elsewhere() -> Non
         await other.send("and this", chat_id="c")  # waits behind the first: refused too
         replies = await other.replies(chat_id="c", count=2)
         assert replies == ["Busy — your message was not run"] * 2
+        assert {o.refusal for o in other.delivered(chat_id="c")} == {"rejected"}
         assert await runner.replies(chat_id="c", count=1) == ["slept 0.5"]
         await asyncio.sleep(0.3)
         assert recorder.turns.get(started.session_key, []) == []

@@ -10,7 +10,8 @@ What stays true:
   ran that message — never an acknowledgement, never another request's reply.
 * Every request is answered: with the turn's reply; with a notice when its
   turn failed, was interrupted or stopped, or its message was dropped; with
-  409 (``reject`` policy), 429 (queue full), 403 (not on the allowlist), 504
+  409 (``reject`` policy, also when the session turns out busy in another
+  process), 429 (queue full), 403 (not on the allowlist), 504
   (no progress for the ceiling) or 503 (shutting down). Bad input gets a 400,
   413 or 415 JSON error, a bad token 401 — never a 500.
 * No web page can drive a session: a chat completion must be sent as
@@ -242,7 +243,7 @@ class ApiAdapter:
                 return json_response(completion(response_id, chat.model, event.text))
             if event.kind is EventKind.GONE:
                 return Response(status_code=499)
-            return error_response(_ending_error(event))
+            return error_response(_ending_error(event, chat.session))
 
     async def _stream(
         self, waiter: Waiter, chat: ChatRequest, response_id: str
@@ -258,7 +259,7 @@ class ApiAdapter:
             elif event.kind is EventKind.COMMENT:
                 yield sse_comment(event.text)
             else:
-                for data in _stream_end(event, streamed, response_id, chat.model):
+                for data in _stream_end(event, streamed, response_id, chat):
                     yield data
                 return
 
@@ -273,10 +274,13 @@ class ApiAdapter:
                 return WaiterEvent(EventKind.COMMENT, "waiting for the turn")
 
 
-def _stream_end(event: WaiterEvent, streamed: str, response_id: str, model: str) -> list[bytes]:
+def _stream_end(
+    event: WaiterEvent, streamed: str, response_id: str, chat: ChatRequest
+) -> list[bytes]:
     """The last events of a stream: the rest of the answer and a stop chunk, or an error."""
     if event.kind is not EventKind.FINAL:
-        return [sse_data(_ending_error(event).body()), sse_data("[DONE]")]
+        return [sse_data(_ending_error(event, chat.session).body()), sse_data("[DONE]")]
+    model = chat.model
     if event.text.startswith(streamed):
         rest = event.text[len(streamed) :]
     else:
@@ -287,7 +291,11 @@ def _stream_end(event: WaiterEvent, streamed: str, response_id: str, model: str)
     return out
 
 
-def _ending_error(event: WaiterEvent) -> ApiRequestError:
+def _ending_error(event: WaiterEvent, session: str) -> ApiRequestError:
+    if event.kind is EventKind.REFUSED:
+        refusal = _busy_refusal(BusyOutcome(event.text), session)
+        if refusal is not None:
+            return refusal
     if event.kind is EventKind.TIMEOUT:
         return ApiRequestError(
             504, "no answer in time; the message may still run", "timeout", "timeout"

@@ -6,7 +6,9 @@ turn was evicted), but some turns end without answering: an interrupted turn
 and a stopped turn are fenced, and ``/stop``, ``/new`` or ``/reset`` drop
 queued messages silently for the connection that sent them. What stays true:
 
-* A waiter is answered exactly once: by its ``REPLY``; by a ``NOTICE`` once
+* A waiter is answered exactly once: by its ``REPLY``; by a ``NOTICE`` that
+  refuses its message (busy ``reject`` found out late, in another process's
+  session: the request gets the same 409 as a local refusal); by a ``NOTICE`` once
   its message is no longer running or queued; with a notice of its own when
   :class:`WaiterTracker` sees its turn fenced (interrupted, stopped) or its
   message gone from the engine for ``settle_grace`` seconds; or with a
@@ -45,6 +47,8 @@ class EventKind(enum.Enum):
     """Information that is not the answer (acks, approval prompts, mid-turn notices)."""
     FINAL = "final"
     """The answer (a reply or a notice); nothing follows."""
+    REFUSED = "refused"
+    """The message was refused without running; ``text`` is the busy outcome; nothing follows."""
     TIMEOUT = "timeout"
     """No progress for the ceiling; nothing follows."""
     SHUTDOWN = "shutdown"
@@ -53,7 +57,9 @@ class EventKind(enum.Enum):
     """The client disconnected; nobody reads what would follow."""
 
 
-_LAST = frozenset({EventKind.FINAL, EventKind.TIMEOUT, EventKind.SHUTDOWN, EventKind.GONE})
+_LAST = frozenset(
+    {EventKind.FINAL, EventKind.REFUSED, EventKind.TIMEOUT, EventKind.SHUTDOWN, EventKind.GONE}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +119,8 @@ class Waiter:
             self.push(WaiterEvent(EventKind.CHUNK, outbound.text))
         elif outbound.kind is OutboundKind.REPLY:
             self.push(WaiterEvent(EventKind.FINAL, outbound.text))
+        elif outbound.refusal:
+            self.push(WaiterEvent(EventKind.REFUSED, outbound.refusal))
         else:
             if outbound.kind is OutboundKind.NOTICE:
                 self.notice = outbound.text

@@ -308,9 +308,13 @@ class TurnEngine:
     ) -> None:
         if outcome not in ALWAYS_ANSWERED and not self._ack_due(state, message):
             return
-        kind = OutboundKind.NOTICE if outcome in ALWAYS_ANSWERED else OutboundKind.ACK
         text = ack_text(outcome, pending.pending_count(state))
-        await self.send(kind, state.key, message.source, text, (message.id,))
+        if outcome in ALWAYS_ANSWERED:
+            await self.send(
+                OutboundKind.NOTICE, state.key, message.source, text, (message.id,), refusal=outcome
+            )
+        else:
+            await self.send(OutboundKind.ACK, state.key, message.source, text, (message.id,))
 
     def _ack_due(self, state: SessionState, message: InboundMessage) -> bool:
         """Ack a person's message that waits on a running turn, at most once per debounce."""
@@ -429,7 +433,14 @@ class TurnEngine:
             self.metrics.busy(BusyOutcome.REJECTED.value, policy.value)
             text = ack_text(BusyOutcome.REJECTED, 0)
             self._spawn(
-                self.send(OutboundKind.NOTICE, state.key, message.source, text, turn.message_ids)
+                self.send(
+                    OutboundKind.NOTICE,
+                    state.key,
+                    message.source,
+                    text,
+                    turn.message_ids,
+                    refusal=BusyOutcome.REJECTED,
+                )
             )
         elif self._ack_due(state, message):
             self._spawn(
@@ -703,12 +714,18 @@ class TurnEngine:
         text: str,
         in_reply_to: tuple[str, ...] = (),
         generation: int | None = None,
+        *,
+        refusal: str = "",
     ) -> None:
-        """Deliver one outbound message; an adapter's failure is logged, never raised."""
+        """Deliver one outbound message; an adapter's failure is logged, never raised.
+
+        ``refusal`` marks a notice refusing ``in_reply_to`` (see :class:`Outbound`).
+        """
         if generation is None:
             state = self.registry.peek(key)
             generation = 0 if state is None else state.persistent.run_generation
-        outbound = Outbound(kind, key, Target.of(source), text, generation, in_reply_to)
+        target = Target.of(source)
+        outbound = Outbound(kind, key, target, text, generation, in_reply_to, refusal)
         try:
             await self._deliver(outbound)
         except Exception:
