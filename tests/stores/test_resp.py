@@ -84,6 +84,30 @@ async def fake_server(answer: bytes | None) -> AsyncIterator[int]:
         await server.wait_closed()
 
 
+@asynccontextmanager
+async def sink_server() -> AsyncIterator[int]:
+    """A TCP server that answers the first read with ``+PONG`` and then never reads again."""
+
+    writers: list[asyncio.StreamWriter] = []
+    done = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reader.read(4096)
+        writer.write(b"+PONG\r\n")
+        await done.wait()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        done.set()
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()
+
+
 def client(port: int, *, retries: int = 0, **settings: object) -> RespClient:
     return RespClient(Endpoint(port=port, **settings), retries=retries)  # type: ignore[arg-type]
 
@@ -102,6 +126,21 @@ class TestBrokenServers:
             assert "no reply for 0.3s" in str(results[0])
             assert 0.25 < time.monotonic() - started < 3
             await silent.close()
+
+    async def test_a_server_that_stops_reading_bounds_the_send_buffer(self) -> None:
+        async with sink_server() as port:
+            stalled = client(port, reply_timeout=1.0)
+            await stalled.execute("PING")  # the sink answers the first read only
+            value = b"x" * 65536
+            commands, high = [], 0
+            for n in range(600):  # ~39 MB, far more than the kernel's socket buffers
+                commands.append(asyncio.create_task(stalled.execute("SET", f"k{n}", value)))
+                await asyncio.sleep(0)
+                high = max(high, stalled.buffered)
+            results = await asyncio.gather(*commands, return_exceptions=True)
+            assert all(isinstance(r, ConnectionError) for r in results)
+            assert 0 < high < 2 * 1024 * 1024, high
+            await stalled.close()
 
     async def test_bytes_that_are_not_resp_close_the_connection(self) -> None:
         async with fake_server(b"hello there\r\n") as port:

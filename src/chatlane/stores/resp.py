@@ -17,6 +17,12 @@ What stays true:
   gets :class:`ConnectionError`. The next command opens a new connection,
   which authenticates, selects the database and sets the client name before
   anything else is sent on it.
+* Writes are bounded. When the connection's send buffer passes the
+  transport's high-water mark (the server reads slower than commands come),
+  new commands wait until it drains below the low-water mark before they are
+  queued; memory grows by at most one loop tick's commands past the mark. A
+  server that stops reading altogether stops replying too, so the reply
+  watchdog closes the connection and the waiting commands fail.
 * :meth:`RespClient.execute` retries :class:`ConnectionError` and
   :class:`TimeoutError` with jittered exponential backoff. A command may thus
   reach the server twice; callers make such commands idempotent (the store's
@@ -91,6 +97,8 @@ class _Connection(asyncio.Protocol):
         self._reply_timeout = reply_timeout
         self._last_progress = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
         self.closed = False
 
     # -- asyncio.Protocol ------------------------------------------------------------
@@ -111,6 +119,34 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"connection lost: {exc}" if exc else "connection closed by the server"
         self._fail_waiting(ConnectionError(reason))
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -- back-pressure -----------------------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        """Bytes written to this connection that the kernel has not taken yet."""
+        transport = self._transport
+        return 0 if transport is None or self.closed else transport.get_write_buffer_size()
+
+    @property
+    def writable(self) -> bool:
+        """Whether a command may be queued now (the send buffer is below the high-water mark)."""
+        return self._writable.is_set()
+
+    async def wait_writable(self) -> None:
+        """Return once the send buffer drained below the low-water mark.
+
+        :raises ConnectionError: if the connection closed meanwhile.
+        """
+        await self._writable.wait()
+        if self.closed:
+            raise ConnectionError("connection closed while its send buffer drained")
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -166,6 +202,7 @@ class _Connection(asyncio.Protocol):
 
     def _fail_waiting(self, error: ConnectionError) -> None:
         self.closed = True
+        self._writable.set()  # wakes commands waiting for room; they see the close
         self._outgoing.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -186,6 +223,12 @@ class RespClient:
         self._connecting: asyncio.Task[_Connection] | None = None
         self._closed = False
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of commands waiting in the send buffer (bounded by back-pressure)."""
+        connection = self._connection
+        return 0 if connection is None else connection.buffered
+
     async def execute(self, *args: Arg) -> Any:
         """Send one command and return its reply (bytes, int, ``None`` or a list of those).
 
@@ -196,6 +239,8 @@ class RespClient:
         if connection is None or connection.closed:
             return await self._execute_retrying(args, 0)
         try:
+            if not connection.writable:
+                await connection.wait_writable()
             return await connection.send(args)
         except ConnectionError as error:
             if self._closed or self.retries == 0:
@@ -208,6 +253,8 @@ class RespClient:
                 await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)))
             try:
                 connection = await self._opened_for_caller()
+                if not connection.writable:
+                    await connection.wait_writable()
                 return await connection.send(args)
             except (ConnectionError, TimeoutError, OSError) as error:
                 if self._closed or attempt == self.retries:
