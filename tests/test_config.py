@@ -9,6 +9,7 @@ import pytest
 from chatlane.config import load_config
 from chatlane.errors import ConfigError
 from chatlane.serve import configure
+from chatlane.server import runtime_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -34,6 +35,12 @@ def test_file_then_environment(tmp_path: Path) -> None:
     assert config.allow == {"telegram": ["42", "43"]}
 
 
+def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
+    text = "[runtime]\nlease_ttl = 12\nfence_check = 0\nmax_active_sessions = 3\n"
+    leases = runtime_settings(load_config(write(tmp_path, text), environ={})).leases
+    assert (leases.ttl, leases.fence_check, leases.max_active_sessions) == (12, 0, 3)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -42,6 +49,7 @@ def test_file_then_environment(tmp_path: Path) -> None:
         ("colour = 1", "unknown configuration key 'colour'"),
         ('[runtime]\nbusy = "wait"', "'runtime.busy': 'wait' is not one of: queue"),
         ("[runtime]\nqueue_cap = 0", "'runtime.queue_cap' = 0: expected > 0"),
+        ("[runtime]\nfence_check = -1", "'runtime.fence_check' = -1.0: expected >= 0"),
         ("[server]\nport = 70000", "'server.port' = 70000: expected a port"),
         ("[allow]\ntelegram = [1.5]", "configuration key 'allow.*.0'"),
         ("this is [ not toml", "is not valid TOML"),

@@ -105,6 +105,7 @@ class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     approval_timeout: float = _ENGINE.approval_timeout
     lease_ttl: float = _ENGINE.leases.ttl
     max_active_sessions: int = _ENGINE.leases.max_active_sessions
+    fence_check: float = _ENGINE.leases.fence_check
 
 
 class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -281,6 +282,7 @@ def _check_positive(runtime: RuntimeConfig) -> None:
         "turn_timeout",
         "approval_timeout",
         "max_active_sessions",
+        "fence_check",
     ):
         value = getattr(runtime, name)
         if value < 0:

@@ -72,7 +72,9 @@ def runtime_settings(config: Config) -> RuntimeSettings:
         per_platform={p: BusyPolicy.parse(v) for p, v in rt.busy_per_platform.items()},
         per_chat_type={ChatType(t): BusyPolicy.parse(v) for t, v in rt.busy_per_chat_type.items()},
     )
-    leases = LeaseSettings(ttl=rt.lease_ttl, max_active_sessions=rt.max_active_sessions)
+    leases = LeaseSettings(
+        ttl=rt.lease_ttl, max_active_sessions=rt.max_active_sessions, fence_check=rt.fence_check
+    )
     return RuntimeSettings(
         busy=busy,
         queue_cap=rt.queue_cap,

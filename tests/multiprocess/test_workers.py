@@ -113,6 +113,30 @@ def test_paused_worker_cannot_write_or_reply(cluster: Cluster) -> None:
     assert answer["worker"] == "taker"
 
 
+def test_stop_sent_to_another_worker_interrupts_the_turn_at_once(cluster: Cluster) -> None:
+    cluster.ttl = 30.0  # renewals every 10 s: only the fence check can stop the turn sooner
+    runner, other = cluster.start("runner"), cluster.start("other")
+    runner.send("stop-chat", "sleep 30", "stop-1")
+    cluster.wait_for(lambda ev: any(e["event"] == "start" for e in ev), 10, "the turn to start")
+    other.send("stop-chat", "/stop", "stop-2")
+    events = cluster.wait_for(
+        lambda ev: (
+            any(e["event"] == "end" and e["worker"] == "runner" for e in ev)
+            and bool(answered_ids(ev).get("stop-2"))
+        ),
+        5,
+        "the runner's turn to end and /stop to answer",
+    )
+    [stopped] = answered_ids(events)["stop-2"]
+    [end] = [e for e in events if e["event"] == "end"]
+    assert (end["t"] - stopped["t"]) / 1e9 < 3
+    events = cluster.wait_for(
+        lambda ev: any(e["event"] == "write" for e in ev), 5, "the runner's late write"
+    )
+    assert [e["result"] for e in events if e["event"] == "write"] == ["refused"]
+    assert "stop-1" not in answered_ids(events)
+
+
 def test_restart_keeps_generations_queue_and_transcript(cluster: Cluster) -> None:
     first = cluster.start("first")
     first.send("restart-chat", "/busy collect", "r-0")

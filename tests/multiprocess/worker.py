@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ class SharedLog:
 
 
 class Agent:
-    """Logs its turns; ``sleep <s>`` holds the turn, then tries a fenced store write."""
+    """Logs its turns; ``sleep <s>`` holds the turn (or less, if interrupted), then writes."""
 
     def __init__(self, log: SharedLog, store: Store) -> None:
         self.log = log
@@ -60,7 +61,8 @@ class Agent:
             self.log.write("end", key=turn.session_key, gen=turn.generation, ids=ids)
 
     async def _hold(self, turn: Turn, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(turn.interrupted.wait(), seconds)
         entry = TranscriptEntry("tool", "late write", turn.generation)
         try:
             await self.store.append_transcript(turn.session_key, turn.generation, entry)

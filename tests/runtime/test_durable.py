@@ -101,6 +101,26 @@ async def test_reject_refuses_a_message_for_a_session_running_elsewhere() -> Non
         assert len(other.delivered(chat_id="c")) == 2
 
 
+async def test_stop_sent_to_another_process_interrupts_the_turn_at_once() -> None:
+    store = MemoryStore()
+    recorder = Recorder()
+    async with (
+        GatewayHarness(EchoAgent(recorder), store=store) as runner,
+        GatewayHarness(EchoAgent(), store=store) as other,
+    ):
+        started = await runner.send("sleep 20", chat_id="c")
+        await asyncio.sleep(0.1)
+        await other.send("/stop", chat_id="c")
+        await other.replies(chat_id="c", count=1)
+        (turn,) = recorder.turns[started.session_key]
+        await asyncio.wait_for(turn.interrupted.wait(), 2)  # renewal would take 10 s
+        await runner.settle()
+        assert runner.delivered(chat_id="c") == []
+        assert await store.pending(started.session_key) == []
+        await runner.send("hello", chat_id="c")
+        assert await runner.replies(chat_id="c", count=1) == ["echo: hello"]
+
+
 async def test_reject_never_refuses_what_was_queued_explicitly() -> None:
     store = MemoryStore()
     fast = LeaseSettings(ttl=0.3, poll=0.02)

@@ -65,6 +65,7 @@ from chatlane.runtime.turn import (
     Turn,
     TurnOverrides,
 )
+from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
 from chatlane.stores.base import Lease, Store
 from chatlane.stores.codec import encode_message
@@ -154,7 +155,15 @@ class TurnEngine:
         self._tasks: set[asyncio.Task[object]] = set()
         self._turn_ended = asyncio.Event()
         self._timers: set[asyncio.TimerHandle] = set()
-        self._background: list[asyncio.Task[None]] = []
+        hooks = UpkeepHooks(
+            self._holding, self._renewed, self._lost, self._evict, self.adopt, self._is_closed
+        )
+        self.upkeep = Upkeep(
+            self.leases,
+            hooks,
+            fence_check=self.settings.leases.fence_check,
+            turn_timeout=self.settings.turn_timeout,
+        )
         self._closed = False
 
     @property
@@ -552,7 +561,9 @@ class TurnEngine:
 
         The session's messages are dropped from the store's queue too, so a
         turn another process runs for it — fenced by the generation bump —
-        is not run again there.
+        is not run again there. For such a turn they are dropped *before* the
+        bump: the process running it sees the bump within its fence check and
+        re-runs what is still queued as its own, which must be nothing.
         """
         state = self.registry.get(key)
         dropped, seqs = pending.drain(state)
@@ -561,16 +572,18 @@ class TurnEngine:
             dropped = [*turn.messages, *dropped]
         if turn is not None and turn.is_current():
             self._supersede(state, turn, STOPPED)
+            await self.store.drop_pending(key, seqs)
+            await self._drop_elsewhere(key)
         else:
             if turn is not None:
                 self._supersede(state, turn, STOPPED)
+            await self.store.drop_pending(key, seqs)
+            await self._drop_elsewhere(key)
             state.persistent.bump_generation()
             await self.store.bump_generation(key)
             if state.turn.agent is AGENT_PENDING and state.turn.ctx is None:
                 state.turn.clear()
                 self._collecting.discard(key)
-        await self.store.drop_pending(key, seqs)
-        await self._drop_elsewhere(key)
         return StopResult(turn is not None and turn.lease is not None, tuple(dropped))
 
     async def _drop_elsewhere(self, key: SessionKey) -> None:
@@ -579,56 +592,31 @@ class TurnEngine:
         if foreign:
             await self.store.drop_pending(key, foreign)
 
-    # -- background: renewals, eviction, adoption --------------------------------
+    # -- background: renewals, fence checks, eviction, adoption -------------------
 
     def _ensure_background(self) -> None:
-        if self._background or self._closed:
-            return
-        self._background.append(asyncio.create_task(self._keep_leases(), name="chatlane-leases"))
-        if self.settings.turn_timeout > 0:
-            self._background.append(asyncio.create_task(self._watch(), name="chatlane-watchdog"))
+        if not self._closed:
+            self.upkeep.start()
 
-    async def _keep_leases(self) -> None:
-        period = self.settings.leases.ttl / 3
-        while not self._closed:
-            await self._renew_once()
-            await asyncio.sleep(period)
+    def _is_closed(self) -> bool:
+        return self._closed
 
-    async def _renew_once(self) -> None:
-        """Renew held leases first (they expire), then the heartbeat, then adopt orphans."""
-        held = [turn for turn in self._turns if turn.lease is not None and turn.is_current()]
-        renewed = await self.leases.renew_all(turn.lease for turn in held if turn.lease)
-        for turn, lease in zip(held, renewed, strict=True):
-            self._after_renewal(turn, lease)
-        try:
-            await self.leases.heartbeat()
-            await adopt_orphans(self.store, self.holder, self.adopt)
-        except ChatlaneError as error:
-            log.warning("heartbeat or adoption failed: %s", error)
+    def _holding(self) -> list[Turn]:
+        return [turn for turn in self._turns if turn.lease is not None and turn.is_current()]
 
-    def _after_renewal(self, turn: Turn, lease: Lease | None) -> None:
-        state = self.registry.get(turn.session_key)
-        if lease is None:
-            self.metrics.lease_failure()
-            self._supersede(state, turn, LEASE_LOST)
-            return
-        if turn.generation in state.turn.lease_tokens:
-            state.turn.lease_tokens[turn.generation] = lease
+    def _renewed(self, turn: Turn, lease: Lease) -> None:
+        tokens = self.registry.get(turn.session_key).turn.lease_tokens
+        if turn.generation in tokens:
+            tokens[turn.generation] = lease
             turn.lease = lease
 
-    async def _watch(self) -> None:
-        period = min(self.settings.turn_timeout / 4, 1.0)
-        while not self._closed:
-            await asyncio.sleep(period)
-            await self.evict_stuck()
+    def _lost(self, turn: Turn, why: str) -> None:
+        self.metrics.lease_failure()
+        self._supersede(self.registry.get(turn.session_key), turn, LEASE_LOST, why)
 
     async def evict_stuck(self) -> int:
         """Evict every turn that made no progress for ``turn_timeout``; return how many."""
-        deadline = time.monotonic() - self.settings.turn_timeout
-        stuck = [t for t in self._turns if t.lease is not None and t.last_progress < deadline]
-        for turn in stuck:
-            await self._evict(turn)
-        return len(stuck)
+        return await self.upkeep.evict_stuck()
 
     async def _evict(self, turn: Turn) -> None:
         state = self.registry.get(turn.session_key)
@@ -748,9 +736,10 @@ class TurnEngine:
         tasks = [turn.task for turn in turns if turn.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.settings.interrupt_grace)
-        for task in [*tasks, *self._background]:
+        background = self.upkeep.tasks
+        for task in [*tasks, *background]:
             task.cancel()
-        await asyncio.gather(*tasks, *self._background, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *background, *self._tasks, return_exceptions=True)
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()

@@ -45,12 +45,18 @@ class LeaseSettings:
         process sharing the store (0 = unlimited).
     :param poll: first wait (seconds) before retrying a busy session; doubles
         up to ``max_poll``.
+    :param fence_check: seconds between two checks that each running turn's
+        generation still holds in the store (one read per running turn), so a
+        turn another process fenced — ``/stop`` or ``/new`` sent there — is
+        interrupted at once instead of at its next renewal; 0 leaves it to the
+        renewal (every ``ttl / 3``).
     """
 
     ttl: float = 30.0
     max_active_sessions: int = 0
     poll: float = 0.005
     max_poll: float = 0.25
+    fence_check: float = 0.5
 
 
 class AcquireWait:
@@ -135,6 +141,15 @@ class LeaseKeeper:
             log.warning("lease lost: %r", result, extra=turn_fields(lease.key, lease.generation))
             renewed.append(None)
         return renewed
+
+    async def moved_on(self, leases: Iterable[Lease]) -> list[bool]:
+        """For each lease, in order, whether the store's generation moved past it.
+
+        :raises ChatlaneError: if the store cannot be read.
+        """
+        held = list(leases)
+        stored = await asyncio.gather(*(self.store.generation(lease.key) for lease in held))
+        return [current > lease.generation for lease, current in zip(held, stored, strict=True)]
 
     async def heartbeat(self) -> None:
         """Tell the store this process is alive for the next ``ttl``."""

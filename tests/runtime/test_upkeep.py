@@ -1,0 +1,61 @@
+"""Background upkeep: fence checks between renewals, and what a failing check does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from chatlane.errors import StoreError
+from chatlane.runtime.leases import LeaseSettings
+from chatlane.stores import MemoryStore
+from chatlane.testing import GatewayHarness
+from chatlane.types import SessionKey
+from tests.runtime.agents import EchoAgent, Recorder
+
+
+class FlakyReads(MemoryStore):
+    """A memory store whose generation reads fail while ``failing`` is set."""
+
+    failing = False
+
+    async def generation(self, key: SessionKey) -> int:
+        if self.failing:
+            raise StoreError("read failed")
+        return await super().generation(key)
+
+
+async def test_a_failed_fence_check_is_logged_and_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FlakyReads()
+    often = LeaseSettings(fence_check=0.02)
+    async with GatewayHarness(EchoAgent(), store=store, leases=often) as h:
+        await h.send("sleep 0.4", chat_id="c")
+        await asyncio.sleep(0.05)
+        with caplog.at_level(logging.WARNING, logger="chatlane.runtime"):
+            store.failing = True
+            await asyncio.sleep(0.1)
+            store.failing = False
+        assert await h.replies(chat_id="c", count=1) == ["slept 0.4"]
+    assert "fence check failed: read failed" in caplog.text
+
+
+async def test_a_bump_in_the_store_fences_the_running_turn_at_once_and_its_message_reruns() -> None:
+    store = MemoryStore()
+    recorder = Recorder()
+    often = LeaseSettings(fence_check=0.02)
+    async with GatewayHarness(EchoAgent(recorder), store=store, leases=often) as h:
+        started = await h.send("sleep 10", chat_id="c")
+        await asyncio.sleep(0.05)
+        bumped = await store.bump_generation(started.session_key)
+        turns = recorder.turns[started.session_key]
+        await asyncio.wait_for(turns[0].interrupted.wait(), 1)
+        for _ in range(200):  # lost, not stopped: still queued, so it runs again
+            if len(turns) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert turns[1].generation > bumped > turns[0].generation
+        assert h.delivered(chat_id="c") == []
+        assert h.gateway.engine.metrics.lease_failures == 1
