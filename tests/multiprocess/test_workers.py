@@ -137,6 +137,27 @@ def test_stop_sent_to_another_worker_interrupts_the_turn_at_once(cluster: Cluste
     assert "stop-1" not in answered_ids(events)
 
 
+def test_a_message_to_another_worker_interrupts_the_turn_under_interrupt(
+    cluster: Cluster,
+) -> None:
+    cluster.ttl = 30.0
+    runner, other = cluster.start("runner"), cluster.start("other")
+    runner.send("int-chat", "/busy interrupt", "int-0")
+    cluster.wait_for(all_answered(["int-0"]), 10, "the /busy answer")
+    runner.send("int-chat", "sleep 30", "int-1")
+    cluster.wait_for(lambda ev: any(e["event"] == "start" for e in ev), 10, "the turn to start")
+    other.send("int-chat", "hello", "int-2")
+    events = cluster.wait_for(all_answered(["int-2"]), 10, "the interrupting message's answer")
+
+    [answer] = answered_ids(events)["int-2"]
+    assert (answer["worker"], answer["text"]) == ("other", "done hello")
+    acks = [e["text"] for e in events if e["event"] == "deliver" and e["kind"] == "ack"]
+    assert acks == ["Interrupting the current task"]
+    starts = [(e["worker"], e["ids"]) for e in events if e["event"] == "start"]
+    assert starts == [("runner", ["int-1"]), ("other", ["int-2"])]
+    assert "int-1" not in answered_ids(events)
+
+
 def test_restart_keeps_generations_queue_and_transcript(cluster: Cluster) -> None:
     first = cluster.start("first")
     first.send("restart-chat", "/busy collect", "r-0")

@@ -121,6 +121,45 @@ async def test_stop_sent_to_another_process_interrupts_the_turn_at_once() -> Non
         assert await runner.replies(chat_id="c", count=1) == ["echo: hello"]
 
 
+async def test_interrupt_reaches_a_turn_another_process_runs() -> None:
+    store = MemoryStore()
+    recorder = Recorder()
+    async with (
+        GatewayHarness(EchoAgent(recorder), store=store, busy="interrupt") as runner,
+        GatewayHarness(EchoAgent(), store=store, busy="interrupt") as other,
+    ):
+        started = await runner.send("sleep 20", chat_id="c")
+        await asyncio.sleep(0.1)
+        await other.send("hello", chat_id="c")
+        replies = await other.replies(chat_id="c", count=2, timeout=3)
+        assert replies == ["Interrupting the current task", "echo: hello"]
+        await runner.settle()
+        (turn,) = recorder.turns[started.session_key]  # interrupted, never run again
+        assert turn.ended_by == "interrupted"
+        assert runner.delivered(chat_id="c") == []
+        assert await store.pending(started.session_key) == []
+        assert runner.gateway.engine.metrics.lease_failures == 0
+
+
+async def test_interrupt_elsewhere_lets_what_that_process_queued_run_first() -> None:
+    store = MemoryStore()
+    async with (
+        GatewayHarness(EchoAgent(), store=store, busy="interrupt") as runner,
+        GatewayHarness(EchoAgent(), store=store, busy="interrupt") as other,
+    ):
+        await runner.send("sleep 20", chat_id="c")
+        await asyncio.sleep(0.05)
+        await runner.send("/queue queued there", chat_id="c")
+        await asyncio.sleep(0.05)
+        await other.send("hello", chat_id="c")
+        assert await other.replies(chat_id="c", count=2, timeout=3) == [
+            "Interrupting the current task",
+            "echo: hello",
+        ]
+        ran_there = [o.text for o in runner.delivered(chat_id="c")]
+        assert ran_there == ["Queued for the next turn (1 queued)", "echo: queued there"]
+
+
 async def test_reject_never_refuses_what_was_queued_explicitly() -> None:
     store = MemoryStore()
     fast = LeaseSettings(ttl=0.3, poll=0.02)

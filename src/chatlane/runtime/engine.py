@@ -49,6 +49,11 @@ from chatlane.runtime.busy import (
     decide,
     resolve_policy,
 )
+from chatlane.runtime.elsewhere import (
+    interrupt_elsewhere,
+    outcome_elsewhere,
+    was_interrupted_elsewhere,
+)
 from chatlane.runtime.leases import AcquireWait, LeaseKeeper, LeaseSettings, new_holder_id
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import kept_in_store, load_persistent, settle_once, stored_fields
@@ -412,10 +417,7 @@ class TurnEngine:
             return
         message = turn.messages[0]
         if isinstance(error, ActiveSessionLimit):
-            text = f"{error}, queued"
-            self._spawn(
-                self.send(OutboundKind.ACK, state.key, message.source, text, turn.message_ids)
-            )
+            self._tell(turn, OutboundKind.ACK, f"{error}, queued")
             return
         log.info(
             "running elsewhere; %d message(s) wait",
@@ -427,36 +429,47 @@ class TurnEngine:
     def _busy_elsewhere(self, state: SessionState, turn: Turn, message: InboundMessage) -> None:
         """The busy policy, for a turn whose session another process runs.
 
-        ``reject`` refuses a fresh message (it leaves the store's queue); every
-        other policy lets it wait for the lease, and the sender gets an ack
-        (debounced, as for a local busy turn). Internal events, re-runs,
-        adopted and explicitly queued (``/queue``) messages just wait: they were
-        accepted to run.
+        See :mod:`chatlane.runtime.elsewhere`: a fresh message is refused
+        under ``reject`` (it leaves the store's queue), interrupts the other
+        process's turn under ``interrupt``, and otherwise waits for the lease;
+        the sender gets the notice or the (debounced) ack.
         """
         if message.internal:
             return
         policy = self.policy_for(state, message)
-        if policy is BusyPolicy.REJECT and turn.refusable:
+        cap, depth = self.settings.queue_cap, self.settings.interrupt_depth
+        outcome = outcome_elsewhere(policy, state, turn, message, queue_cap=cap, depth=depth)
+        if outcome is BusyOutcome.INTERRUPTING:
+            state.conversation.interrupt_streak += 1
+            self.metrics.busy(outcome.value, policy.value)
+            self._spawn(self._interrupt_elsewhere(state, turn, message))
+        elif outcome is BusyOutcome.REJECTED:
             turn.ended_by = REJECTED
             turn.interrupted.set()  # no longer wanted: the lease wait ends
             self.metrics.busy(BusyOutcome.REJECTED.value, policy.value)
             text = ack_text(BusyOutcome.REJECTED, 0)
-            self._spawn(
-                self.send(
-                    OutboundKind.NOTICE,
-                    state.key,
-                    message.source,
-                    text,
-                    turn.message_ids,
-                    refusal=BusyOutcome.REJECTED,
-                )
-            )
+            self._tell(turn, OutboundKind.NOTICE, text, refusal=BusyOutcome.REJECTED)
         elif self._ack_due(state, message):
-            self._spawn(
-                self.send(
-                    OutboundKind.ACK, state.key, message.source, BUSY_ELSEWHERE, turn.message_ids
-                )
+            self._tell(turn, OutboundKind.ACK, BUSY_ELSEWHERE)
+
+    def _tell(self, turn: Turn, kind: OutboundKind, text: str, refusal: str = "") -> None:
+        """Send ``text`` about ``turn``'s messages to their sender, in the background."""
+        source, ids = turn.messages[0].source, turn.message_ids
+        self._spawn(self.send(kind, turn.session_key, source, text, ids, refusal=refusal))
+
+    async def _interrupt_elsewhere(
+        self, state: SessionState, turn: Turn, message: InboundMessage
+    ) -> None:
+        try:
+            interrupted = await interrupt_elsewhere(self.store, state.key)
+        except ChatlaneError as error:
+            log.warning(
+                "could not interrupt the turn elsewhere: %s", error, extra=turn_fields(state.key)
             )
+            return  # the message still waits for its turn
+        log.info("interrupted elsewhere", extra=turn_fields(state.key, interrupted))
+        if self._ack_due(state, message):
+            self._tell(turn, OutboundKind.ACK, ack_text(BusyOutcome.INTERRUPTING, 0))
 
     def _finish(self, state: SessionState, turn: Turn) -> None:
         self._turns.discard(turn)
@@ -524,12 +537,24 @@ class TurnEngine:
         turn = state.turn.ctx
         return turn if isinstance(turn, Turn) else None
 
-    def _supersede(self, state: SessionState, turn: Turn, ended_by: str, detail: str = "") -> None:
-        """Make ``turn`` stale, ask it to stop, and cancel it after the grace period."""
+    def _supersede(
+        self,
+        state: SessionState,
+        turn: Turn,
+        ended_by: str,
+        detail: str = "",
+        *,
+        fenced_in_store: bool = False,
+    ) -> None:
+        """Make ``turn`` stale, ask it to stop, and cancel it after the grace period.
+
+        The store's generation is bumped too, unless it already moved on
+        (``fenced_in_store``, or a lost lease).
+        """
         turn.ended_by = turn.ended_by or ended_by
         if turn.is_current():
             state.persistent.bump_generation()
-            if ended_by != LEASE_LOST:
+            if ended_by != LEASE_LOST and not fenced_in_store:
                 self._spawn(self.store.bump_generation(state.key))
         turn.interrupted.set()
         self.approvals.deny_stale(state)
@@ -610,9 +635,21 @@ class TurnEngine:
             tokens[turn.generation] = lease
             turn.lease = lease
 
-    def _lost(self, turn: Turn, why: str) -> None:
+    async def _lost(self, turn: Turn, why: str) -> None:
+        """``turn``'s lease is gone: fence it, as interrupted if another process said so."""
+        try:
+            interrupted = await was_interrupted_elsewhere(self.store, turn)
+        except ChatlaneError:
+            interrupted = False
+        if not turn.is_current():
+            return
+        state = self.registry.get(turn.session_key)
+        if interrupted:
+            detail = "by a message to another process"
+            self._supersede(state, turn, INTERRUPTED, detail, fenced_in_store=True)
+            return
         self.metrics.lease_failure()
-        self._supersede(self.registry.get(turn.session_key), turn, LEASE_LOST, why)
+        self._supersede(state, turn, LEASE_LOST, why)
 
     async def evict_stuck(self) -> int:
         """Evict every turn that made no progress for ``turn_timeout``; return how many."""

@@ -40,6 +40,8 @@ class UpkeepHooks:
     :param turns: the turns holding a current lease right now.
     :param renewed: ``turn``'s lease was renewed as ``lease``.
     :param lost: ``turn``'s lease is gone (``why`` is for the log): fence it.
+        Another process may have fenced it to interrupt it; the engine asks
+        the store.
     :param evict: ``turn`` made no progress for too long: evict it.
     :param adopt: run a message adopted from a dead process.
     :param closed: whether the engine is closing (the loops end).
@@ -47,7 +49,7 @@ class UpkeepHooks:
 
     turns: Callable[[], list[Turn]]
     renewed: Callable[[Turn, Lease], None]
-    lost: Callable[[Turn, str], None]
+    lost: Callable[[Turn, str], Awaitable[None]]
     evict: Callable[[Turn], Awaitable[None]]
     adopt: Callable[[SessionKey, InboundMessage, int], Awaitable[None]]
     closed: Callable[[], bool]
@@ -96,7 +98,7 @@ class Upkeep:
         renewed = await self._leases.renew_all(_leases_of(held))
         for turn, lease in zip(held, renewed, strict=True):
             if lease is None:
-                self._hooks.lost(turn, "the store refused to renew its lease")
+                await self._hooks.lost(turn, "the store refused to renew its lease")
             else:
                 self._hooks.renewed(turn, lease)
         try:
@@ -117,7 +119,7 @@ class Upkeep:
             return
         for turn, gone in zip(held, moved, strict=True):
             if gone and turn.is_current():
-                self._hooks.lost(turn, "fenced by another process")
+                await self._hooks.lost(turn, "fenced by another process")
 
     async def _watch(self) -> None:
         period = min(self._turn_timeout / 4, 1.0)

@@ -1,0 +1,81 @@
+"""Busy policies for a session another process is running.
+
+A turn that waits for a lease another process holds learns, from its first
+refused acquire, that its session is busy elsewhere. What stays true:
+
+* Only a fresh message (one that found its session idle here) gets its busy
+  policy; internal events, ``/queue``\\ d messages, re-runs and adopted
+  messages were accepted to run, so they wait for the lease whatever the
+  policy says.
+* ``reject`` refuses the message; ``interrupt`` interrupts the other
+  process's turn (within that process's fence check) and the message runs
+  after it, behind whatever that process had queued first, as it would
+  locally; ``queue``, ``collect`` and ``steer`` let it wait its turn (no
+  merging or steering across processes). The ``interrupt`` depth counts this
+  process's interrupts of the session.
+* An interrupt is told through the store, never by a message between
+  processes: the interrupting process records the generation it interrupts
+  as the session's ``interrupted_generation`` field, then bumps the
+  generation. The running process sees the bump, reads the field, and ends
+  its turn as *interrupted* (its messages are done, not re-run) when the
+  field names that turn's generation; any other bump is a lost lease.
+"""
+
+from __future__ import annotations
+
+from chatlane.runtime.busy import BusyContext, BusyOutcome, BusyPolicy, decide
+from chatlane.runtime.turn import Turn
+from chatlane.state import SessionState
+from chatlane.stores.base import Store
+from chatlane.types import InboundMessage, SessionKey
+
+INTERRUPTED_GENERATION = "interrupted_generation"
+"""The persistent field naming the generation another process interrupted."""
+
+
+def outcome_elsewhere(
+    policy: BusyPolicy,
+    state: SessionState,
+    turn: Turn,
+    message: InboundMessage,
+    *,
+    queue_cap: int,
+    depth: int,
+) -> BusyOutcome:
+    """What ``policy`` makes of ``turn``'s ``message`` while another process runs the session.
+
+    Only :attr:`BusyOutcome.REJECTED` and :attr:`BusyOutcome.INTERRUPTING`
+    call for action; every other outcome means the message waits.
+    """
+    if message.internal or not turn.refusable:
+        return BusyOutcome.QUEUED
+    remote = BusyContext(
+        queued=0,
+        queue_cap=queue_cap,
+        internal=False,
+        agent_accepts_steering=False,
+        interrupt_streak=state.conversation.interrupt_streak,
+        interrupt_depth=depth,
+        already_interrupted=False,
+    )
+    return decide(policy, remote)
+
+
+async def interrupt_elsewhere(store: Store, key: SessionKey) -> int:
+    """Mark the turn running ``key`` elsewhere as interrupted and fence it; return its generation.
+
+    :raises ChatlaneError: if the store cannot be reached (nothing may have changed).
+    """
+    running = await store.generation(key)
+    await store.set_persistent(key, None, **{INTERRUPTED_GENERATION: running})
+    await store.bump_generation(key)
+    return running
+
+
+async def was_interrupted_elsewhere(store: Store, turn: Turn) -> bool:
+    """Whether another process fenced ``turn`` to interrupt it (rather than taking its lease).
+
+    :raises ChatlaneError: if the store cannot be read.
+    """
+    fields = await store.load_persistent(turn.session_key)
+    return fields.get(INTERRUPTED_GENERATION) == turn.generation
