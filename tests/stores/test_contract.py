@@ -133,6 +133,19 @@ class TestLeases:
     async def test_unknown_key_has_generation_zero(self, store: Store) -> None:
         assert await store.generation("never-seen") == 0
 
+    async def test_generations_reads_many_keys_in_order(self, store: Store) -> None:
+        odd = ODD_KEYS[-1]
+        for _ in range(3):
+            await store.bump_generation(odd)
+        await store.bump_generation(KEY)
+        keys = [f"k{n}" for n in range(1200)]  # more than one IN list / one MGET
+        await store.bump_generation(keys[700])
+        wanted = [odd, "never-seen", KEY, odd, *keys]
+        found = await store.generations(wanted)
+        assert found[:4] == [3, 0, 1, 3]
+        assert found[4:] == [1 if n == 700 else 0 for n in range(1200)]
+        assert await store.generations([]) == []
+
     @pytest.mark.parametrize("key", ODD_KEYS)
     async def test_odd_keys_are_isolated(self, store: Store, key: str) -> None:
         await store.acquire(key, "p1", 5)

@@ -46,7 +46,7 @@ class LeaseSettings:
     :param poll: first wait (seconds) before retrying a busy session; doubles
         up to ``max_poll``.
     :param fence_check: seconds between two checks that each running turn's
-        generation still holds in the store (one read per running turn), so a
+        generation still holds in the store (one batched read), so a
         turn another process fenced — ``/stop`` or ``/new`` sent there — is
         interrupted at once instead of at its next renewal; 0 leaves it to the
         renewal (every ``ttl / 3``).
@@ -148,7 +148,7 @@ class LeaseKeeper:
         :raises ChatlaneError: if the store cannot be read.
         """
         held = list(leases)
-        stored = await asyncio.gather(*(self.store.generation(lease.key) for lease in held))
+        stored = await self.store.generations([lease.key for lease in held])
         return [current > lease.generation for lease, current in zip(held, stored, strict=True)]
 
     async def heartbeat(self) -> None:

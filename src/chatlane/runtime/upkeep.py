@@ -7,9 +7,10 @@ it closes. What stays true:
   heartbeat and adoption (the lease expires first). A lease the store refuses
   to renew is reported lost; the engine fences its turn.
 * Between renewals, every ``fence_check`` seconds, each running turn's
-  generation is compared with the store's (one read per turn, one round trip
-  on Redis): a turn another process fenced (``/stop`` or ``/new`` sent there)
-  is reported at once, not at the next renewal. A failed check is logged and
+  generation is compared with the store's (one batched read for all of them,
+  :meth:`~chatlane.stores.base.Store.generations`): a turn another process
+  fenced (``/stop`` or ``/new`` sent there, or an interrupt) is reported at
+  once, not at the next renewal. A failed check is logged and
   changes nothing; the renewal still catches the turn.
 * A turn that made no progress for ``turn_timeout`` is handed to the engine to
   evict (the watchdog runs only when ``turn_timeout > 0``).

@@ -30,6 +30,7 @@ What every implementation guarantees — the contract suite in
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -183,6 +184,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def generation(self, key: SessionKey) -> int:
         """``key``'s current generation (0 if it never ran)."""
+
+    async def generations(self, keys: Sequence[SessionKey]) -> list[int]:
+        """The current generation of each of ``keys``, in order (one read where the backend can)."""
+        return list(await asyncio.gather(*(self.generation(key) for key in keys)))
 
     @abc.abstractmethod
     async def active_sessions(self) -> int:

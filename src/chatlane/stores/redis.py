@@ -194,6 +194,12 @@ class RedisStore(Store):
     async def generation(self, key: SessionKey) -> int:
         return int(await self._command("GET", self._keys.one("gen", key)) or 0)
 
+    async def generations(self, keys: Sequence[SessionKey]) -> list[int]:
+        if not keys:
+            return []
+        found = await self._command("MGET", *(self._keys.one("gen", key) for key in keys))
+        return [int(value or 0) for value in found]
+
     async def active_sessions(self) -> int:
         return int(await self._run(lua.ACTIVE, None))
 

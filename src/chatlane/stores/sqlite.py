@@ -67,6 +67,20 @@ def _generation(db: sqlite3.Connection, key: SessionKey) -> int:
     return 0 if found is None else int(found)
 
 
+_IN_CHUNK = 500
+"""Keys per ``IN (...)`` list: far below SQLite's limit on bound parameters."""
+
+
+def _generations(db: sqlite3.Connection, keys: list[SessionKey]) -> list[int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(keys), _IN_CHUNK):
+        chunk = keys[start : start + _IN_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        query = f"SELECT key, generation FROM sessions WHERE key IN ({marks})"
+        found.update(db.execute(query, chunk).fetchall())
+    return [int(found.get(key, 0)) for key in keys]
+
+
 def _bump(db: sqlite3.Connection, key: SessionKey) -> int:
     row = db.execute(
         "INSERT INTO sessions (key, generation) VALUES (?, 1) "
@@ -451,6 +465,10 @@ class SQLiteStore(Store):
 
     async def generation(self, key: SessionKey) -> int:
         return await self._read(lambda db: _generation(db, key))
+
+    async def generations(self, keys: Sequence[SessionKey]) -> list[int]:
+        wanted = list(keys)
+        return await self._read(lambda db: _generations(db, wanted))
 
     async def active_sessions(self) -> int:
         return await self._read(lambda db: _active(db, now()))
