@@ -1,8 +1,8 @@
-r"""The vocabulary of chatlane: what flows in, what flows out, and what an agent is.
+"""The vocabulary of chatlane: what flows in, what flows out, and what an agent is.
 
 Everything here is a small frozen record or a type alias; behaviour lives in
-the modules that use them. The records made for every message are
-``msgspec.Struct``\ s: built in C, they cost a tenth of a frozen dataclass.
+the modules that use them. The records made for every message are frozen
+msgspec structs: built in C, they cost a tenth of a frozen dataclass.
 """
 
 from __future__ import annotations

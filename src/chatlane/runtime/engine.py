@@ -18,7 +18,12 @@ What stays true:
   crash cannot deliver a second answer.
 * A message for a busy session is queued, merged, steered, used to interrupt,
   or refused with a notice (:mod:`chatlane.runtime.busy`); none is dropped.
-* An agent runs in a fresh :class:`contextvars.Context` with its session bound.
+  A session busy in another process gets the same, where it can cross
+  processes (:mod:`chatlane.runtime.elsewhere`).
+* A turn task runs in a fresh :class:`contextvars.Context` with its session
+  bound, from its first step to its last.
+* Leases are renewed, fences checked, stuck turns evicted and dead processes'
+  messages adopted in the background (:mod:`chatlane.runtime.upkeep`).
 """
 
 from __future__ import annotations
@@ -163,12 +168,7 @@ class TurnEngine:
         hooks = UpkeepHooks(
             self._holding, self._renewed, self._lost, self._evict, self.adopt, self._is_closed
         )
-        self.upkeep = Upkeep(
-            self.leases,
-            hooks,
-            fence_check=self.settings.leases.fence_check,
-            turn_timeout=self.settings.turn_timeout,
-        )
+        self.upkeep = Upkeep(self.leases, hooks, turn_timeout=self.settings.turn_timeout)
         self._closed = False
 
     @property

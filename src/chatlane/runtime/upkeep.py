@@ -59,12 +59,9 @@ class UpkeepHooks:
 class Upkeep:
     """Runs the background loops of one engine (see the module docstring)."""
 
-    def __init__(
-        self, leases: LeaseKeeper, hooks: UpkeepHooks, *, fence_check: float, turn_timeout: float
-    ) -> None:
+    def __init__(self, leases: LeaseKeeper, hooks: UpkeepHooks, *, turn_timeout: float) -> None:
         self._leases = leases
         self._hooks = hooks
-        self._fence_check = fence_check
         self._turn_timeout = turn_timeout
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -82,8 +79,9 @@ class Upkeep:
             self._tasks.append(asyncio.create_task(self._watch(), name="chatlane-watchdog"))
 
     async def _keep_leases(self) -> None:
-        period = self._leases.settings.ttl / 3
-        tick = min(self._fence_check or period, period)
+        settings = self._leases.settings
+        period = settings.ttl / 3
+        tick = min(settings.fence_check or period, period)
         renew_at = 0.0
         while not self._hooks.closed():
             if time.monotonic() >= renew_at:
