@@ -158,6 +158,41 @@ def test_a_message_to_another_worker_interrupts_the_turn_under_interrupt(
     assert "int-1" not in answered_ids(events)
 
 
+@pytest.mark.timeout(300)
+def test_interrupts_across_workers_lose_nothing_and_never_overlap(cluster: Cluster) -> None:
+    cluster.ttl = 10.0
+    workers = [cluster.start(f"w{n}") for n in range(2)]
+    chats = [f"ix-{n}" for n in range(20)]
+    for chat in chats:
+        workers[0].send(chat, "/busy interrupt", f"{chat}-busy")
+    cluster.wait_for(all_answered([f"{c}-busy" for c in chats]), 30, "every /busy answer")
+    rng = random.Random(11)
+    ids = []
+    for index in range(6):
+        for chat in chats:
+            text = "sleep 0.3" if rng.random() < 0.5 else f"hello {index}"
+            rng.choice(workers).send(chat, text, f"{chat}-m{index}")
+            ids.append(f"{chat}-m{index}")
+        time.sleep(rng.uniform(0, 0.2))
+    last = [f"{chat}-m5" for chat in chats]  # nothing comes after it to interrupt it
+    cluster.wait_for(all_answered(last), 120, "every chat's last answer")
+    time.sleep(1.0)
+    events = cluster.events()
+
+    answers = answered_ids(events)
+    started = {i for e in events if e["event"] == "start" for i in e["ids"]}
+    for message_id in ids:
+        count = len(answers.get(message_id, []))
+        assert count <= 1, f"{message_id} was answered {count} times"
+        assert count == 1 or message_id in started, f"{message_id} neither ran nor was answered"
+    for key, spans in turn_intervals(events).items():
+        for (_, end, gen), (start, _, next_gen) in itertools.pairwise(spans):
+            assert end <= start, f"two turns of {key} overlapped"
+            assert next_gen > gen, f"generations of {key} did not increase"
+    superseded = [e["detail"] for e in events if e["event"] == "superseded"]
+    assert any("another process" in detail for detail in superseded), superseded
+
+
 def test_restart_keeps_generations_queue_and_transcript(cluster: Cluster) -> None:
     first = cluster.start("first")
     first.send("restart-chat", "/busy collect", "r-0")

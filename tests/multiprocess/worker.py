@@ -72,7 +72,7 @@ class Agent:
 
 
 class FenceLog(logging.Handler):
-    """Turns the engine's 'fenced stale …' log lines into shared-log events."""
+    """Turns the engine's 'fenced stale …' and 'turn superseded …' lines into shared-log events."""
 
     def __init__(self, log: SharedLog) -> None:
         super().__init__(logging.INFO)
@@ -82,6 +82,8 @@ class FenceLog(logging.Handler):
         message = record.getMessage()
         if message.startswith("fenced stale"):
             self.log.write("fenced", detail=message)
+        elif message.startswith("turn superseded"):
+            self.log.write("superseded", detail=message)
 
 
 async def serve(args: argparse.Namespace) -> None:
