@@ -37,8 +37,11 @@ def test_file_then_environment(tmp_path: Path) -> None:
 
 def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
     text = "[runtime]\nlease_ttl = 12\nfence_check = 0\nmax_active_sessions = 3\n"
-    leases = runtime_settings(load_config(write(tmp_path, text), environ={})).leases
+    text += "reread_stored = 0.25\n"
+    settings = runtime_settings(load_config(write(tmp_path, text), environ={}))
+    leases = settings.leases
     assert (leases.ttl, leases.fence_check, leases.max_active_sessions) == (12, 0, 3)
+    assert settings.reread_stored == 0.25
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,7 @@ class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ack_debounce: float = _ENGINE.ack_debounce
     turn_timeout: float = _ENGINE.turn_timeout
     approval_timeout: float = _ENGINE.approval_timeout
+    reread_stored: float = _ENGINE.reread_stored
     lease_ttl: float = _ENGINE.leases.ttl
     max_active_sessions: int = _ENGINE.leases.max_active_sessions
     fence_check: float = _ENGINE.leases.fence_check
@@ -283,6 +284,7 @@ def _check_positive(runtime: RuntimeConfig) -> None:
         "approval_timeout",
         "max_active_sessions",
         "fence_check",
+        "reread_stored",
     ):
         value = getattr(runtime, name)
         if value < 0:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from chatlane.logs import turn_fields
 from chatlane.runtime import pending
 from chatlane.runtime.engine import TurnEngine
+from chatlane.runtime.persisted import CONVERSATION_ID
 from chatlane.stores.base import Conversation
 from chatlane.types import SessionKey
 
@@ -103,8 +104,10 @@ async def end_conversation(
     arrived_meanwhile = state.conversation.queued_events
     state.conversation.clear()
     state.conversation.queued_events = arrived_meanwhile  # came after the stop: they stay
+    state.conversation.conversation_id = current.id
     state.persistent.pending_command_text = None
-    await store.set_persistent(key, None, **dict.fromkeys(CONVERSATION_FIELDS))
+    cleared = dict.fromkeys(CONVERSATION_FIELDS)
+    await store.set_persistent(key, None, **cleared, **{CONVERSATION_ID: current.id})
     log.info(
         "conversation ended (%s): %s -> %s", reason, previous.id, current.id, extra=turn_fields(key)
     )

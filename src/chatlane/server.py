@@ -85,6 +85,7 @@ def runtime_settings(config: Config) -> RuntimeSettings:
         turn_timeout=rt.turn_timeout,
         leases=leases,
         approval_timeout=rt.approval_timeout,
+        reread_stored=rt.reread_stored,
     )
 
 

@@ -169,6 +169,8 @@ class ConversationState:
     """Turns of this conversation interrupted in a row (the ``interrupt`` busy policy's depth)."""
     approval_grants: list[str] = field(default_factory=list)
     """Commands approved with ``/approve session``: allowed until the conversation ends."""
+    conversation_id: str = ""
+    """The store's id of the conversation this scope belongs to, as last read ("" if none)."""
 
     def clear(self) -> None:
         """Reset every field to its default, including fields added by a subclass."""
@@ -223,6 +225,8 @@ class SessionState:
     last_access: float = 0.0
     loaded: bool = False
     """Whether the persistent scope was read from the store since this state was created."""
+    read_at: float = 0.0
+    """When (``time.monotonic()``) the stored choices were last read from the store."""
 
     def touch(self, now: float) -> None:
         """Record an access at clock reading ``now``."""

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from chatlane.identity import SessionSource
-from chatlane.runtime.busy import BUSY_ELSEWHERE
+from chatlane.runtime.busy import BUSY_ELSEWHERE, BusyPolicy
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, WriteBatch, open_store
@@ -158,6 +158,76 @@ async def test_interrupt_elsewhere_lets_what_that_process_queued_run_first() -> 
         ]
         ran_there = [o.text for o in runner.delivered(chat_id="c")]
         assert ran_there == ["Queued for the next turn (1 queued)", "echo: queued there"]
+
+
+class ModelSpy:
+    """Replies with the model the turn runs with; records approval grants it saw."""
+
+    def __init__(self) -> None:
+        self.grants: list[list[str]] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        self.grants.append(list(turn._state.conversation.approval_grants))
+        model = turn.overrides.model
+        return f"model={model.name if model else '-'}"
+
+
+async def test_choices_made_through_another_process_apply_to_the_next_turn() -> None:
+    store = MemoryStore()
+    async with (
+        GatewayHarness(ModelSpy(), store=store, reread_stored=0) as runner,
+        GatewayHarness(ModelSpy(), store=store) as other,
+    ):
+        await runner.send("one", chat_id="c")
+        await runner.send("/model gpt-y --once", chat_id="c")
+        await runner.replies(chat_id="c", count=2)
+        await other.send("/model gpt-x", chat_id="c")
+        await other.send("/busy reject", chat_id="c")
+        await other.replies(chat_id="c", count=2)
+        for count, text in enumerate(("two", "three"), start=3):
+            await runner.send(text, chat_id="c")
+            await runner.replies(chat_id="c", count=count)
+        ran = [o.text for o in runner.delivered(chat_id="c") if o.text.startswith("model=")]
+        assert ran == ["model=-", "model=gpt-y", "model=gpt-x"]  # a --once here goes first
+        key = runner.session_key(chat_id="c")
+        assert runner.session(key).persistent.busy_policy is BusyPolicy.REJECT
+
+
+async def test_a_new_conversation_started_elsewhere_clears_this_process_conversation() -> None:
+    store = MemoryStore()
+    spy = ModelSpy()
+    async with (
+        GatewayHarness(spy, store=store, reread_stored=0) as runner,
+        GatewayHarness(ModelSpy(), store=store) as other,
+    ):
+        await runner.send("/model gpt-x", chat_id="c")
+        key = runner.session_key(chat_id="c")
+        runner.session(key).conversation.approval_grants.append("rm -rf /tmp/x")
+        await runner.send("one", chat_id="c")
+        await runner.send("/model gpt-y --once", chat_id="c")
+        await runner.replies(chat_id="c", count=3)
+        await other.send("/new confirm", chat_id="c")
+        await other.replies(chat_id="c", count=1)
+        for text in ("two", "three"):
+            await runner.send(text, chat_id="c")
+            await runner.replies(chat_id="c", count=4 if text == "two" else 5)
+        ran = [o.text for o in runner.delivered(chat_id="c") if o.text.startswith("model=")]
+        assert ran == ["model=gpt-x", "model=-", "model=-"]  # as after a /new here: --once too
+        assert spy.grants == [["rm -rf /tmp/x"], [], []]
+
+
+async def test_stored_choices_are_trusted_for_reread_stored_seconds() -> None:
+    store = MemoryStore()
+    async with (
+        GatewayHarness(ModelSpy(), store=store, reread_stored=60) as runner,
+        GatewayHarness(ModelSpy(), store=store) as other,
+    ):
+        await runner.send("one", chat_id="c")
+        await runner.replies(chat_id="c", count=1)
+        await other.send("/model gpt-x", chat_id="c")
+        await other.replies(chat_id="c", count=1)
+        await runner.send("two", chat_id="c")
+        assert await runner.replies(chat_id="c", count=2) == ["model=-", "model=-"]
 
 
 async def test_reject_never_refuses_what_was_queued_explicitly() -> None:

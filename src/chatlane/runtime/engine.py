@@ -32,7 +32,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from functools import partial
 
 from chatlane.approvals import ApprovalBroker, ApprovalRequest, prompt_text
@@ -49,7 +48,6 @@ from chatlane.runtime.busy import (
     BusyContext,
     BusyOutcome,
     BusyPolicy,
-    BusySettings,
     ack_text,
     decide,
     resolve_policy,
@@ -59,10 +57,17 @@ from chatlane.runtime.elsewhere import (
     outcome_elsewhere,
     was_interrupted_elsewhere,
 )
-from chatlane.runtime.leases import AcquireWait, LeaseKeeper, LeaseSettings, new_holder_id
+from chatlane.runtime.leases import AcquireWait, LeaseKeeper, new_holder_id
 from chatlane.runtime.output import TurnOutput
-from chatlane.runtime.persisted import kept_in_store, load_persistent, settle_once, stored_fields
+from chatlane.runtime.persisted import (
+    kept_in_store,
+    load_persistent,
+    refresh_persistent,
+    settle_once,
+    stored_fields,
+)
 from chatlane.runtime.recovery import adopt_orphans
+from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.turn import (
     EVICTED,
     FAILED,
@@ -92,44 +97,6 @@ from chatlane.types import (
 )
 
 log = logging.getLogger("chatlane.runtime")
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeSettings:
-    """Tunables of the turn engine; every duration is in seconds.
-
-    :param queue_cap: messages that may wait per session; one more gets a notice.
-    :param collect_debounce: quiet time before a ``collect`` follow-up starts.
-    :param interrupt_grace: how long an interrupted agent may wind down before
-        its task is cancelled.
-    :param interrupt_depth: consecutive interrupts of one session after which
-        ``interrupt`` degrades to ``queue``.
-    :param ack_debounce: minimum time between two acks to one session
-        (notices that a message will not run are never debounced).
-    :param turn_timeout: a turn with no progress for this long is evicted
-        (0 disables eviction).
-    :param leases: lease TTL, the cross-process active-session cap, polling.
-    :param approval_timeout: seconds a tool waits for ``/approve`` before it
-        counts as denied.
-    """
-
-    busy: BusySettings = field(default_factory=BusySettings)
-    queue_cap: int = 32
-    collect_debounce: float = 0.5
-    interrupt_grace: float = 5.0
-    interrupt_depth: int = 3
-    ack_debounce: float = 30.0
-    turn_timeout: float = 600.0
-    leases: LeaseSettings = field(default_factory=LeaseSettings)
-    approval_timeout: float = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class StopResult:
-    """What ``/stop`` did: whether a turn was running and which messages it dropped."""
-
-    stopped_turn: bool
-    dropped: tuple[InboundMessage, ...]
 
 
 class TurnEngine:
@@ -397,9 +364,28 @@ class TurnEngine:
             return False
         turn.bind_lease(lease)
         state.persistent.run_generation = lease.generation
+        if time.monotonic() - state.read_at >= self.settings.reread_stored:
+            await self._reread(state, turn)
         turn.touch()
         self.metrics.turn_started()
         return True
+
+    async def _reread(self, state: SessionState, turn: Turn) -> None:
+        """Take up stored choices another process may have changed (``reread_stored``).
+
+        Only what the store changed reaches the turn: its overrides were
+        resolved when it started, and a ``/model --once`` sent since is for
+        the next turn.
+        """
+        try:
+            fields = await self.store.load_persistent(state.key)
+        except ChatlaneError as error:
+            log.warning("kept the choices read before: %s", error, extra=turn_fields(state.key))
+            return
+        before = TurnOverrides.of(state)
+        if refresh_persistent(state, fields):
+            self.approvals.end_conversation(state)
+        turn.overrides = turn.overrides.rebased(before, TurnOverrides.of(state))
 
     def _still_wanted(self, state: SessionState, turn: Turn) -> bool:
         if self._closed or turn.interrupted.is_set():

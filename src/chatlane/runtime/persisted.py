@@ -13,6 +13,7 @@ What stays true:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,9 @@ from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
 from chatlane.types import ModelChoice, SessionKey
 
 log = logging.getLogger("chatlane.runtime")
+
+CONVERSATION_ID = "conversation_id"
+"""The stored field naming the session's current conversation, written at each boundary."""
 
 
 def encode_tier(tier: ServiceTier) -> str | None:
@@ -99,7 +103,41 @@ def load_persistent(state: SessionState, fields: Mapping[str, object], generatio
         state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
         state.persistent.run_generation = max(state.persistent.run_generation, generation)
         load_overrides(state, fields)
+        state.conversation.conversation_id = _text(fields.get(CONVERSATION_ID))
         state.loaded = True
+        state.read_at = time.monotonic()
+
+
+def refresh_persistent(state: SessionState, fields: Mapping[str, object]) -> bool:
+    """Re-apply the stored choices to a state this process has held for a while.
+
+    Another process may have changed them (``/model``, ``/busy`` …) or
+    started a new conversation since they were read. A new conversation
+    clears this process's conversation scope first — its queue excepted — as
+    a boundary here would. A ``/model --once`` waiting here keeps its model.
+
+    :returns: whether the conversation changed.
+    """
+    conversation = state.conversation
+    stored_id = _text(fields.get(CONVERSATION_ID))
+    changed = stored_id != conversation.conversation_id
+    if changed:
+        queued = conversation.queued_events
+        conversation.clear()
+        conversation.queued_events, conversation.conversation_id = queued, stored_id
+    once = conversation.one_turn_restore is not None
+    model = conversation.model_override
+    conversation.model_override = None
+    load_overrides(state, fields)
+    if once:
+        conversation.model_override = model
+    state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
+    state.read_at = time.monotonic()
+    return changed
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _stored_policy(key: SessionKey, value: object) -> BusyPolicy | None:

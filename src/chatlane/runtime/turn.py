@@ -72,6 +72,15 @@ class TurnOverrides(msgspec.Struct, frozen=True):
             service_tier=conversation.service_tier_override,
         )
 
+    def rebased(self, old: TurnOverrides, new: TurnOverrides) -> TurnOverrides:
+        """These overrides, with each field that ``old`` and ``new`` disagree on from ``new``."""
+        changed = {
+            name: getattr(new, name)
+            for name in self.__struct_fields__
+            if getattr(old, name) != getattr(new, name)
+        }
+        return msgspec.structs.replace(self, **changed) if changed else self
+
 
 class Turn:
     """One run of the agent for one session."""
