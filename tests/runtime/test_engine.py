@@ -8,10 +8,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from chatlane.context import current_session
 from chatlane.errors import StaleGeneration
+from chatlane.gateway import Gateway
+from chatlane.identity import SessionSource
 from chatlane.runtime.turn import Turn
 from chatlane.testing import GatewayHarness
-from chatlane.types import OutboundKind
+from chatlane.types import InboundMessage, Outbound, OutboundKind
 from tests.runtime.agents import EchoAgent, Recorder, hold, streaming_agent
 
 
@@ -237,3 +240,27 @@ async def test_shutdown_fences_running_turns() -> None:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.01)
     assert h.delivered(chat_id="c") == []
+
+
+async def test_deliver_runs_with_the_reply_session_bound_and_the_caller_stays_clean() -> None:
+    seen: dict[str, str] = {}
+    done = asyncio.Event()
+
+    async def deliver(outbound: Outbound) -> None:
+        bound = current_session()
+        seen[outbound.in_reply_to[0]] = bound.chat_id if bound else ""
+        if len(seen) == 3:
+            done.set()
+
+    async def agent(turn: Turn) -> str:
+        await asyncio.sleep(0.01)
+        return "ok"
+
+    gateway = Gateway(agent, deliver)
+    messages = [InboundMessage(SessionSource("test", chat_id=c), "hi") for c in ("a", "b", "c")]
+    for message in messages:
+        await gateway.dispatch(message)
+    assert current_session() is None  # dispatching bound nothing in the caller's context
+    await asyncio.wait_for(done.wait(), 2)
+    assert seen == {m.id: m.source.chat_id for m in messages}
+    await gateway.aclose()
