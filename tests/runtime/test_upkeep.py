@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 
 from chatlane.errors import StoreError
 from chatlane.runtime.leases import LeaseSettings
-from chatlane.stores import MemoryStore
+from chatlane.stores import Lease, MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import SessionKey
 from tests.runtime.agents import EchoAgent, Recorder
@@ -59,3 +60,33 @@ async def test_a_bump_in_the_store_fences_the_running_turn_at_once_and_its_messa
         assert turns[1].generation > bumped > turns[0].generation
         assert h.delivered(chat_id="c") == []
         assert h.gateway.engine.metrics.lease_failures == 1
+
+
+class UnreachableOnRenew(MemoryStore):
+    """Renewals fail as if the store were down; a persistent read would never return."""
+
+    down = False
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        if self.down:
+            raise StoreError("connection refused")
+        return await super().renew(lease, ttl)
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        if self.down:
+            await asyncio.Event().wait()
+        return await super().load_persistent(key)
+
+
+async def test_a_renewal_the_store_cannot_answer_fences_the_turn_without_asking_again() -> None:
+    store = UnreachableOnRenew()
+    recorder = Recorder()
+    fast = LeaseSettings(ttl=0.3, fence_check=0)
+    async with GatewayHarness(EchoAgent(recorder), store=store, leases=fast) as h:
+        started = await h.send("sleep 10", chat_id="c")
+        await asyncio.sleep(0.05)
+        store.down = True
+        (turn,) = recorder.turns[started.session_key]
+        await asyncio.wait_for(turn.interrupted.wait(), 1)
+        assert turn.ended_by == "lease lost"
+        store.down = False

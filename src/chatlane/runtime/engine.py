@@ -621,10 +621,10 @@ class TurnEngine:
             tokens[turn.generation] = lease
             turn.lease = lease
 
-    async def _lost(self, turn: Turn, why: str) -> None:
+    async def _lost(self, turn: Turn, why: str, fenced: bool) -> None:
         """``turn``'s lease is gone: fence it, as interrupted if another process said so."""
         try:
-            interrupted = await was_interrupted_elsewhere(self.store, turn)
+            interrupted = fenced and await was_interrupted_elsewhere(self.store, turn)
         except ChatlaneError:
             interrupted = False
         if not turn.is_current():

@@ -126,21 +126,24 @@ class LeaseKeeper:
         except LeaseError as error:
             log.info("lease already gone: %s", error, extra=turn_fields(state.key, generation))
 
-    async def renew_all(self, leases: Iterable[Lease]) -> list[Lease | None]:
-        """Renew ``leases``, in order: the renewed lease, or ``None`` where it was lost."""
+    async def renew_all(self, leases: Iterable[Lease]) -> list[Lease | BaseException]:
+        """Renew ``leases``, in order: the renewed lease, or why it was lost.
+
+        :class:`LeaseLost` means the store answered that the lease is gone
+        (taken over, or fenced by a generation bump); any other error means
+        the store could not be asked, and counts as lost too.
+        """
         held = list(leases)
         results = await asyncio.gather(
             *(self.store.renew(lease, self.settings.ttl) for lease in held),
             return_exceptions=True,
         )
-        renewed: list[Lease | None] = []
         for lease, result in zip(held, results, strict=True):
-            if isinstance(result, Lease):
-                renewed.append(result)
-                continue
-            log.warning("lease lost: %r", result, extra=turn_fields(lease.key, lease.generation))
-            renewed.append(None)
-        return renewed
+            if not isinstance(result, Lease):
+                log.warning(
+                    "lease lost: %r", result, extra=turn_fields(lease.key, lease.generation)
+                )
+        return results
 
     async def moved_on(self, leases: Iterable[Lease]) -> list[bool]:
         """For each lease, in order, whether the store's generation moved past it.

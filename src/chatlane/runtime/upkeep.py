@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from chatlane.errors import ChatlaneError
+from chatlane.errors import ChatlaneError, LeaseLost
 from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.recovery import adopt_orphans
 from chatlane.runtime.turn import Turn
@@ -41,8 +41,9 @@ class UpkeepHooks:
     :param turns: the turns holding a current lease right now.
     :param renewed: ``turn``'s lease was renewed as ``lease``.
     :param lost: ``turn``'s lease is gone (``why`` is for the log): fence it.
-        Another process may have fenced it to interrupt it; the engine asks
-        the store.
+        When the store said so (``fenced``), another process may have fenced
+        it to interrupt it, and the engine asks the store; when the store
+        could not be reached, it does not wait on it again.
     :param evict: ``turn`` made no progress for too long: evict it.
     :param adopt: run a message adopted from a dead process.
     :param closed: whether the engine is closing (the loops end).
@@ -50,7 +51,7 @@ class UpkeepHooks:
 
     turns: Callable[[], list[Turn]]
     renewed: Callable[[Turn, Lease], None]
-    lost: Callable[[Turn, str], Awaitable[None]]
+    lost: Callable[[Turn, str, bool], Awaitable[None]]
     evict: Callable[[Turn], Awaitable[None]]
     adopt: Callable[[SessionKey, InboundMessage, int], Awaitable[None]]
     closed: Callable[[], bool]
@@ -95,11 +96,12 @@ class Upkeep:
         """Renew held leases first (they expire), then the heartbeat, then adopt orphans."""
         held = self._hooks.turns()
         renewed = await self._leases.renew_all(_leases_of(held))
-        for turn, lease in zip(held, renewed, strict=True):
-            if lease is None:
-                await self._hooks.lost(turn, "the store refused to renew its lease")
+        for turn, result in zip(held, renewed, strict=True):
+            if isinstance(result, Lease):
+                self._hooks.renewed(turn, result)
             else:
-                self._hooks.renewed(turn, lease)
+                fenced = isinstance(result, LeaseLost)
+                await self._hooks.lost(turn, f"its lease could not be renewed: {result}", fenced)
         try:
             await self._leases.heartbeat()
             await adopt_orphans(self._leases.store, self._leases.holder, self._hooks.adopt)
@@ -118,7 +120,7 @@ class Upkeep:
             return
         for turn, gone in zip(held, moved, strict=True):
             if gone and turn.is_current():
-                await self._hooks.lost(turn, "fenced by another process")
+                await self._hooks.lost(turn, "fenced by another process", True)
 
     async def _watch(self) -> None:
         period = min(self._turn_timeout / 4, 1.0)
