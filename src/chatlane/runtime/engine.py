@@ -290,12 +290,10 @@ class TurnEngine:
         if outcome not in ALWAYS_ANSWERED and not self._ack_due(state, message):
             return
         text = ack_text(outcome, pending.pending_count(state))
-        if outcome in ALWAYS_ANSWERED:
-            await self.send(
-                OutboundKind.NOTICE, state.key, message.source, text, (message.id,), refusal=outcome
-            )
-        else:
-            await self.send(OutboundKind.ACK, state.key, message.source, text, (message.id,))
+        refused = outcome in ALWAYS_ANSWERED
+        kind = OutboundKind.NOTICE if refused else OutboundKind.ACK
+        refusal = outcome.value if refused else ""
+        await self.send(kind, state.key, message.source, text, (message.id,), refusal=refusal)
 
     def _ack_due(self, state: SessionState, message: InboundMessage) -> bool:
         """Ack a person's message that waits on a running turn, at most once per debounce."""
@@ -581,15 +579,12 @@ class TurnEngine:
         turn = self._running_turn(state)
         if turn is not None and turn.lease is None:
             dropped = [*turn.messages, *dropped]
-        if turn is not None and turn.is_current():
+        fenced_here = turn is not None and turn.is_current()  # its supersede bumps
+        if turn is not None:
             self._supersede(state, turn, STOPPED)
-            await self.store.drop_pending(key, seqs)
-            await self._drop_elsewhere(key)
-        else:
-            if turn is not None:
-                self._supersede(state, turn, STOPPED)
-            await self.store.drop_pending(key, seqs)
-            await self._drop_elsewhere(key)
+        await self.store.drop_pending(key, seqs)
+        await self._drop_elsewhere(key)
+        if not fenced_here:
             state.persistent.bump_generation()
             await self.store.bump_generation(key)
             if state.turn.agent is AGENT_PENDING and state.turn.ctx is None:
