@@ -100,12 +100,10 @@ def kept_in_store(key: SessionKey, state: SessionState) -> None:
 def load_persistent(state: SessionState, fields: Mapping[str, object], generation: int) -> None:
     """Fill a fresh state's persistent scope and overrides from what the store keeps (once)."""
     if not state.loaded:
-        state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
         state.persistent.run_generation = max(state.persistent.run_generation, generation)
-        load_overrides(state, fields)
         state.conversation.conversation_id = _text(fields.get(CONVERSATION_ID))
+        _apply_choices(state, fields)
         state.loaded = True
-        state.read_at = time.monotonic()
 
 
 def refresh_persistent(state: SessionState, fields: Mapping[str, object]) -> bool:
@@ -128,12 +126,17 @@ def refresh_persistent(state: SessionState, fields: Mapping[str, object]) -> boo
     once = conversation.one_turn_restore is not None
     model = conversation.model_override
     conversation.model_override = None
-    load_overrides(state, fields)
+    _apply_choices(state, fields)
     if once:
         conversation.model_override = model
-    state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
-    state.read_at = time.monotonic()
     return changed
+
+
+def _apply_choices(state: SessionState, fields: Mapping[str, object]) -> None:
+    """The stored busy policy and overrides, taken as read now."""
+    state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
+    load_overrides(state, fields)
+    state.read_at = time.monotonic()
 
 
 def _text(value: object) -> str:
