@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from chatlane.identity import SessionSource
@@ -172,12 +174,21 @@ class ModelSpy:
         return f"model={model.name if model else '-'}"
 
 
-async def test_choices_made_through_another_process_apply_to_the_next_turn() -> None:
+@asynccontextmanager
+async def runner_and_other(
+    runner_agent: ModelSpy, reread_stored: float
+) -> AsyncIterator[tuple[GatewayHarness, GatewayHarness]]:
+    """Two gateways on one store: ``runner`` rereads stored choices every ``reread_stored``."""
     store = MemoryStore()
     async with (
-        GatewayHarness(ModelSpy(), store=store, reread_stored=0) as runner,
+        GatewayHarness(runner_agent, store=store, reread_stored=reread_stored) as runner,
         GatewayHarness(ModelSpy(), store=store) as other,
     ):
+        yield runner, other
+
+
+async def test_choices_made_through_another_process_apply_to_the_next_turn() -> None:
+    async with runner_and_other(ModelSpy(), reread_stored=0) as (runner, other):
         await runner.send("one", chat_id="c")
         await runner.send("/model gpt-y --once", chat_id="c")
         await runner.replies(chat_id="c", count=2)
@@ -194,12 +205,8 @@ async def test_choices_made_through_another_process_apply_to_the_next_turn() -> 
 
 
 async def test_a_new_conversation_started_elsewhere_clears_this_process_conversation() -> None:
-    store = MemoryStore()
     spy = ModelSpy()
-    async with (
-        GatewayHarness(spy, store=store, reread_stored=0) as runner,
-        GatewayHarness(ModelSpy(), store=store) as other,
-    ):
+    async with runner_and_other(spy, reread_stored=0) as (runner, other):
         await runner.send("/model gpt-x", chat_id="c")
         key = runner.session_key(chat_id="c")
         runner.session(key).conversation.approval_grants.append("rm -rf /tmp/x")
@@ -217,11 +224,7 @@ async def test_a_new_conversation_started_elsewhere_clears_this_process_conversa
 
 
 async def test_stored_choices_are_trusted_for_reread_stored_seconds() -> None:
-    store = MemoryStore()
-    async with (
-        GatewayHarness(ModelSpy(), store=store, reread_stored=60) as runner,
-        GatewayHarness(ModelSpy(), store=store) as other,
-    ):
+    async with runner_and_other(ModelSpy(), reread_stored=60) as (runner, other):
         await runner.send("one", chat_id="c")
         await runner.replies(chat_id="c", count=1)
         await other.send("/model gpt-x", chat_id="c")
