@@ -245,6 +245,22 @@ class TestBoundContext:
         ]
         assert await asyncio.gather(*tasks) == [["a", "a"], ["b", "b"], ["c", "c"]]
 
+    def test_two_contexts_of_one_session_never_share_a_write(self) -> None:
+        source = SessionSource("tg", chat_id="5", user_id="u")
+        first, second = bound_context(source, "k"), bound_context(source, "k")
+        assert first is not second
+        first.run(set_cron_delivery, "tg", "9", "")
+        first.run(set_session_vars, "tg", "other")
+        assert second.run(current_cron_target) is None
+        assert second.run(get_session_env, CHAT_ID) == "5"
+        assert bound_context(source, "k").run(get_session_env, CHAT_ID) == "5"
+
+    def test_many_sessions_each_get_their_own(self) -> None:
+        sources = [SessionSource("tg", chat_id=str(n)) for n in range(5000)]
+        contexts = [bound_context(source, f"k{n}") for n, source in enumerate(sources)]
+        assert [c.run(get_session_env, CHAT_ID) for c in contexts] == [str(n) for n in range(5000)]
+        assert bound_context(sources[0], "k0").run(get_session_env, CHAT_ID) == "0"
+
 
 class TestCronContext:
     def test_clears_session_and_sets_target(self, monkeypatch: pytest.MonkeyPatch) -> None:

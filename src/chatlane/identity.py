@@ -16,6 +16,7 @@ What stays true:
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 from chatlane.errors import InvalidSessionKey, InvalidSource
@@ -134,12 +135,14 @@ def unescape_component(value: str) -> str:
     return value
 
 
-def _includes_user(source: SessionSource, policy: KeyPolicy) -> bool:
-    if source.chat_id is None:
+def _includes_user(
+    chat_id: str | None, chat_type: ChatType, thread_id: str | None, policy: KeyPolicy
+) -> bool:
+    if chat_id is None:
         return True
-    if source.chat_type is ChatType.DM:
+    if chat_type is ChatType.DM:
         return False
-    if source.thread_id is not None:
+    if thread_id is not None:
         return policy.thread_sessions_per_user
     return policy.group_sessions_per_user
 
@@ -156,12 +159,26 @@ def build_session_key(source: SessionSource, policy: KeyPolicy = KeyPolicy()) ->
         raise InvalidSource(
             f"a session source needs a chat id or a user id (platform {source.platform!r})"
         )
-    parts = [policy.namespace, source.platform, source.chat_type.value, source.chat_id or ""]
-    user_id = source.user_id if _includes_user(source, policy) else None
-    if user_id is not None:
-        parts += [source.thread_id or "", user_id]
-    elif source.thread_id is not None:
-        parts.append(source.thread_id)
+    return _key_of(
+        source.platform, source.chat_type, source.chat_id, source.thread_id, source.user_id, policy
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_of(
+    platform: str,
+    chat_type: ChatType,
+    chat_id: str | None,
+    thread_id: str | None,
+    user_id: str | None,
+    policy: KeyPolicy,
+) -> str:
+    """The key of a valid source, from the only fields a key depends on (recent ones cached)."""
+    parts = [policy.namespace, platform, chat_type.value, chat_id or ""]
+    if user_id is not None and _includes_user(chat_id, chat_type, thread_id, policy):
+        parts += [thread_id or "", user_id]
+    elif thread_id is not None:
+        parts.append(thread_id)
     return SEPARATOR.join([escape_component(part) for part in parts])
 
 

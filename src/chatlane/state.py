@@ -84,21 +84,32 @@ def reset_field(scope: object, name: str) -> None:
     setattr(scope, name, default_value(scope, name))
 
 
-_FIELD_PLANS: dict[tuple[type[Any], frozenset[str]], tuple[Field[Any], ...]] = {}
+_ResetStep = tuple[str, Any, bool]
+"""One field of a reset: its name, its default or default factory, and which of the two."""
+
+_RESET_PLANS: dict[tuple[type[Any], frozenset[str]], tuple[_ResetStep, ...]] = {}
 
 
-def _reset_plan(cls: type[Any], keep: frozenset[str]) -> tuple[Field[Any], ...]:
+def _reset_plan(cls: type[Any], keep: frozenset[str]) -> tuple[_ResetStep, ...]:
     """The fields a reset of ``cls`` touches, computed once per class (resets run every turn)."""
-    plan = _FIELD_PLANS.get((cls, keep))
+    plan = _RESET_PLANS.get((cls, keep))
     if plan is None:
-        plan = tuple(f for f in fields(cls) if f.name not in keep)
-        _FIELD_PLANS[(cls, keep)] = plan
+        plan = tuple(_reset_step(f) for f in fields(cls) if f.name not in keep)
+        _RESET_PLANS[(cls, keep)] = plan
     return plan
 
 
+def _reset_step(f: Field[Any]) -> _ResetStep:
+    if f.default is not MISSING:
+        return (f.name, f.default, False)
+    if f.default_factory is not MISSING:
+        return (f.name, f.default_factory, True)
+    raise ConfigError(f"state field {f.name!r} has no default, so a scope cannot reset it")
+
+
 def _reset_fields(scope: object, keep: frozenset[str] = frozenset()) -> None:
-    for f in _reset_plan(type(scope), keep):
-        setattr(scope, f.name, _field_default(f))
+    for name, default, is_factory in _reset_plan(type(scope), keep):
+        setattr(scope, name, default() if is_factory else default)
 
 
 _KEEP_LEASE_TOKENS: Final = frozenset({"lease_tokens"})
