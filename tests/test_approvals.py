@@ -159,4 +159,31 @@ async def test_approve_without_a_request_and_malformed() -> None:
         await h.send("/approve forever", chat_id="c")
         replies = await h.replies(chat_id="c", count=2)
         assert replies[0] == "No approval is pending."
-        assert replies[1].endswith("Usage: /approve [all] [once|session|always]")
+        assert replies[1].endswith("Usage: /approve [all] [once|session|always] [#generation]")
+
+
+async def test_an_answer_naming_a_turn_answers_only_that_turns_request() -> None:
+    async with GatewayHarness(approving_agent, approval_timeout=30) as h:
+        await h.send("approve a", chat_id="c")
+        await prompted(h, "c", 1)
+        generation = h.session(h.session_key(chat_id="c")).persistent.run_generation
+        await h.send(f"/approve #{generation + 1}", chat_id="c")
+        await h.send(f"/deny #{generation - 1} not that one", chat_id="c")
+        await h.send(f"/approve session #{generation}", chat_id="c")
+        replies = await h.replies(chat_id="c", count=5)
+        not_pending = "That approval is no longer pending (it was answered, or its turn ended)."
+        assert replies[1:3] == [not_pending, not_pending]
+        assert replies[3:] == ["Approved (session): `a`", "approved: a"]
+
+
+async def test_a_malformed_turn_name_gets_the_usage() -> None:
+    async with GatewayHarness(approving_agent, approval_timeout=30) as h:
+        await h.send("approve a", chat_id="c")
+        await prompted(h, "c", 1)
+        for text in ("/approve #x", "/approve #1 #2", "/deny #-1", "/approve #"):
+            await h.send(text, chat_id="c")
+        replies = await h.replies(chat_id="c", count=5)
+        assert all("does not name one turn" in r for r in replies[1:]), replies
+        await h.send("/approve", chat_id="c")
+        replies = await h.replies(chat_id="c", count=7)
+        assert replies[5:] == ["Approved (once): `a`", "approved: a"]

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,27 +105,65 @@ def test_accepted_messages_survive_a_restart(tmp_path: Path) -> None:
                 client.post(base + "/v1/chat/completions", json=body, headers=headers, timeout=1)
     finally:
         assert stop(process) == 0
-    detail = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            (
-                "import asyncio, json\n"
-                "from chatlane.stores import open_store\n"
-                "async def main():\n"
-                "    s = await open_store('sqlite:///chatlane.db')\n"
-                "    pending = await s.pending('main:api:dm:restart')\n"
-                "    print(json.dumps([r.message_id for r in pending]))\n"
-                "    await s.close()\n"
-                "asyncio.run(main())\n"
-            ),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
+    assert len(pending_ids(tmp_path, "main:api:dm:restart")) == 1
+
+
+def pending_ids(tmp_path: Path, key: str) -> list[str]:
+    """The ids of ``key``'s messages still queued in ``tmp_path``'s SQLite store."""
+    script = (
+        "import asyncio, json, sys\n"
+        "from chatlane.stores import open_store\n"
+        "async def main():\n"
+        "    s = await open_store('sqlite:///chatlane.db')\n"
+        "    pending = await s.pending(sys.argv[1])\n"
+        "    print(json.dumps([r.message_id for r in pending]))\n"
+        "    await s.close()\n"
+        "asyncio.run(main())\n"
     )
-    assert len(json.loads(detail.stdout)) == 1
+    command = [sys.executable, "-c", script, key]
+    detail = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=True)
+    ids: list[str] = json.loads(detail.stdout)
+    return ids
+
+
+@pytest.mark.slow
+def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: Path) -> None:
+    port = free_port()
+    process = start(tmp_path, "--port", str(port))
+    answers: dict[str, tuple[int, str]] = {}
+
+    def ask(name: str, content: str, stream: bool = False) -> None:
+        body = {"model": "chatlane", "messages": [{"role": "user", "content": content}]}
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        headers = {"X-Chatlane-Session": "shutdown"}
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream("POST", url, json={**body, "stream": stream}, headers=headers) as reply,
+        ):
+            answers[name] = (reply.status_code, reply.read().decode())
+
+    asks = [("running", "sleep 30", False), ("queued", "q1", False), ("streamed", "q2", True)]
+    threads = [threading.Thread(target=ask, args=a) for a in asks]
+    try:
+        wait_ready(process)
+        for thread in threads:
+            thread.start()
+            time.sleep(0.4)  # in this order: the first runs, the others queue behind it
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert process.returncode == 0
+    assert "Traceback" not in output
+    assert "Cancel" not in output, output  # no request was still open when uvicorn gave up
+    assert answers["running"][0] == answers["queued"][0] == 503
+    assert "service_unavailable" in answers["running"][1]
+    status, events = answers["streamed"]
+    assert status == 200
+    assert "service_unavailable" in events
+    assert events.rstrip().endswith("data: [DONE]")
+    assert len(pending_ids(tmp_path, "main:api:dm:shutdown")) == 3
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,8 @@ log = logging.getLogger("chatlane.approvals")
 
 _ids = itertools.count(1)
 
+_NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
+
 
 class Grant(enum.StrEnum):
     """How far an approval reaches."""
@@ -141,17 +143,31 @@ class ApprovalBroker:
         return list(_requests(state).values())
 
     async def resolve(
-        self, state: SessionState, user_id: str | None, decision: Decision, everything: bool
+        self,
+        state: SessionState,
+        user_id: str | None,
+        decision: Decision,
+        everything: bool,
+        *,
+        generation: int | None = None,
     ) -> str:
         """Apply ``decision`` from ``user_id`` to the oldest (or every) pending request.
 
+        ``generation`` narrows the answer to the requests of that turn: a
+        button pressed on an old prompt never answers a newer request.
+
         :returns: the reply for the user.
         """
-        stale = self.deny_stale(state)
-        waiting = list(_requests(state).values())
+
+        def meant(request: ApprovalRequest) -> bool:
+            return generation is None or request.generation == generation
+
+        stale = [r for r in self.deny_stale(state) if meant(r)]
+        waiting = [r for r in _requests(state).values() if meant(r)]
         if not waiting:
             told = [f"Denied: `{r.command}` — its turn was stopped" for r in stale]
-            return "\n".join(told) or "No approval is pending."
+            nothing = "No approval is pending." if generation is None else _NOT_PENDING
+            return "\n".join(told) or nothing
         mine = [r for r in waiting if r.user_id in (None, user_id)]
         if not mine:
             return "Only the person whose message started this turn can answer its approval."

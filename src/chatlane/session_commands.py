@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from typing import NamedTuple
 
 from chatlane.approvals import Decision, Grant
 from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
@@ -176,29 +177,46 @@ async def _fast(call: CommandCall) -> str:
 # -- approvals ---------------------------------------------------------------------------
 
 
-def _approval_args(args: str) -> tuple[bool, list[str]]:
-    words = args.split()
+class _ApprovalArgs(NamedTuple):
+    everything: bool
+    words: list[str]
+    generation: int | None
+    """``#<generation>``: answer only the request of that turn (what buttons send)."""
+
+
+def _approval_args(args: str) -> _ApprovalArgs:
+    words, generation = [], None
+    for word in args.split():
+        if not word.startswith("#"):
+            words.append(word)
+        elif generation is None and word[1:].isascii() and word[1:].isdigit():
+            generation = int(word[1:])
+        else:
+            raise UsageError(f"{word!r} does not name one turn (say #<generation>, once).")
     everything = bool(words) and words[0].lower() == "all"
-    return everything, words[1:] if everything else words
+    return _ApprovalArgs(everything, words[1:] if everything else words, generation)
 
 
 async def _approve(call: CommandCall) -> str:
-    everything, words = _approval_args(call.args)
+    args = _approval_args(call.args)
+    words = args.words
     if len(words) > 1 or (words and words[0].lower() not in {g.value for g in Grant}):
         raise UsageError("say once, session or always.")
     grant = Grant(words[0].lower()) if words else Grant.ONCE
-    return await _answer(call, Decision(True, grant), everything)
+    return await _answer(call, Decision(True, grant), args)
 
 
 async def _deny(call: CommandCall) -> str:
-    everything, words = _approval_args(call.args)
-    return await _answer(call, Decision(False, note=" ".join(words)), everything)
+    args = _approval_args(call.args)
+    return await _answer(call, Decision(False, note=" ".join(args.words)), args)
 
 
-async def _answer(call: CommandCall, decision: Decision, everything: bool) -> str:
+async def _answer(call: CommandCall, decision: Decision, args: _ApprovalArgs) -> str:
     state = await call.engine.session(call.session_key)
     user = call.message.source.user_id
-    return await call.engine.approvals.resolve(state, user, decision, everything)
+    return await call.engine.approvals.resolve(
+        state, user, decision, args.everything, generation=args.generation
+    )
 
 
 SESSION_COMMANDS = (
@@ -241,12 +259,16 @@ SESSION_COMMANDS = (
     CommandSpec(
         "approve",
         "allow what a tool asked for",
-        "/approve [all] [once|session|always]",
+        "/approve [all] [once|session|always] [#generation]",
         CommandBusy.DISPATCH,
         _approve,
     ),
     CommandSpec(
-        "deny", "refuse what a tool asked for", "/deny [all] [reason]", CommandBusy.DISPATCH, _deny
+        "deny",
+        "refuse what a tool asked for",
+        "/deny [all] [#generation] [reason]",
+        CommandBusy.DISPATCH,
+        _deny,
     ),
 )
 """Conversation, override and approval commands; every one runs while a turn is busy."""

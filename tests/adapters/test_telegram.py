@@ -16,8 +16,10 @@ import pytest
 from chatlane.adapters import telegram as telegram_adapter
 from chatlane.adapters.telegram import (
     APPROVE_DATA,
+    DENY_DATA,
     MESSAGE_LIMIT,
     TelegramAdapter,
+    button_command,
     readable_updates,
     split_message,
     utf16_len,
@@ -258,11 +260,48 @@ async def test_approval_buttons_answer_as_the_presser(
     assert prompt.reply_markup is not None
     buttons = prompt.reply_markup["inline_keyboard"][0]
     assert [b["text"] for b in buttons] == ["Approve", "Deny"]
-    api.push_button(ALICE, APPROVE_DATA, prompt)
+    api.push_button(ALICE, buttons[0]["callback_data"], prompt)
     sent = await api.wait_for_sent(GROUP, 3)
     assert "approved: rm -rf build" in [s.text for s in sent]
     assert all(s.thread_id == TOPIC for s in sent)
     assert [a["text"] for a in api.answers] == ["Sent /approve"]
+
+
+async def test_a_button_on_an_old_prompt_never_answers_a_newer_request(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(ALICE, ALICE, "approve echo harmless")
+    [old] = await api.wait_for_sent(ALICE)
+    api.push_text(ALICE, ALICE, "/stop")
+    await api.wait_for_sent(ALICE, 2)
+    api.push_text(ALICE, ALICE, "approve rm -rf /")
+    sent = await api.wait_for_sent(ALICE, 3)
+    assert sent[-1].text.startswith("Approval needed: `rm -rf /`")
+    assert old.reply_markup is not None
+    api.push_button(ALICE, old.reply_markup["inline_keyboard"][0][0]["callback_data"], old)
+    sent = await api.wait_for_sent(ALICE, 4)
+    assert sent[-1].text.startswith("That approval is no longer pending")
+    api.push_text(ALICE, ALICE, "/deny")
+    sent = await api.wait_for_sent(ALICE, 6)
+    assert "Denied: `rm -rf /`" in [s.text for s in sent]
+    assert not any("Approved" in s.text for s in sent)
+
+
+async def test_approval_buttons_work_in_a_channel(api: BotApi, adapter: TelegramAdapter) -> None:
+    api.push_text(-1005, 0, "approve rm x", chat_type="channel")
+    [prompt] = await api.wait_for_sent(-1005)
+    assert prompt.reply_markup is not None
+    api.push_button(ALICE, prompt.reply_markup["inline_keyboard"][0][0]["callback_data"], prompt)
+    sent = await api.wait_for_sent(-1005, 3)
+    assert "approved: rm x" in [s.text for s in sent]
+
+
+def test_button_data_names_the_turn_and_old_data_still_answers() -> None:
+    assert button_command(f"{APPROVE_DATA}:7") == "/approve #7"
+    assert button_command(f"{DENY_DATA}:12") == "/deny #12"
+    assert button_command(APPROVE_DATA) == "/approve"
+    for data in ("", "chatlane:approve:x", "chatlane:approve:٣", "other:7", "chatlane:stop:1"):
+        assert button_command(data) is None
 
 
 async def test_a_stale_button_is_answered_without_a_message(

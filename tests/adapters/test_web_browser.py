@@ -178,6 +178,48 @@ async def test_command_help_and_conversations(browser: Browser, host: str) -> No
         await chat.close()
 
 
+async def test_a_stale_approval_card_never_answers_a_newer_request(
+    browser: Browser, host: str
+) -> None:
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        await chat.say("approve echo harmless")
+        await chat.sees(".approval", "echo harmless")
+        await chat.say("/stop")
+        await chat.sees(".msg.assistant", "Stopped the running turn")
+        await chat.say("approve rm -rf /home")
+        await chat.sees(".approval", "rm -rf /home")
+        old = page.locator(".approval", has_text="echo harmless")
+        await old.get_by_role("button", name="Approve", exact=True).click(timeout=UI_WAIT)
+        await chat.sees(".msg.assistant", "That approval is no longer pending")
+        new = page.locator(".approval", has_text="rm -rf /home")
+        await new.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
+        await chat.sees(".msg.assistant", "denied: rm -rf /home")
+        await expect(page.locator(".msg", has_text="Approved")).to_have_count(0)
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
+async def test_a_message_over_the_byte_limit_is_refused_and_kept(
+    browser: Browser, host: str
+) -> None:
+    chat = await ChatPage.open(browser, host)
+    try:
+        text = "漢" * 6000  # 6,000 characters, 18,000 bytes of UTF-8
+        await chat.say(text)
+        await chat.sees(".system.error", "Message too long (18000 bytes")
+        box = chat.page.get_by_role("textbox", name="Message")
+        await expect(box).to_have_value(text)
+        await expect(chat.page.locator(".msg.user")).to_have_count(0)
+        await chat.say("short")
+        await chat.sees(".msg.assistant", "echo: short")
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
 async def test_sign_in_with_the_access_token(browser: Browser, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("open sesame")

@@ -11,7 +11,9 @@ queued messages silently for the connection that sent them. What stays true:
   session: the request gets the same 409 as a local refusal); by a ``NOTICE`` once
   its message is no longer running or queued; with a notice of its own when
   :class:`WaiterTracker` sees its turn fenced (interrupted, stopped) or its
-  message gone from the engine for ``settle_grace`` seconds; or with a
+  message gone from the engine for ``settle_grace`` seconds; with a 503 as
+  soon as the engine is closing (its message stays queued for the next
+  start), before the server stops waiting for open requests; or with a
   timeout after ``ceiling`` seconds without progress in its session.
 * Acknowledgements, approval prompts and mid-turn notices are never the
   answer; they travel alongside it (SSE comments when streaming).
@@ -31,10 +33,8 @@ from chatlane.runtime.turn import INTERRUPTED, STOPPED, Turn
 from chatlane.types import Outbound, OutboundKind
 
 INTERRUPTED_TEXT = "Interrupted by a newer message; this turn's answer was discarded."
-STOPPED_TEXT = "Stopped with /stop before it answered."
-NOT_RUN_TEXT = (
-    "This message was not run: it was dropped (by /stop, /new or /reset) before its turn."
-)
+STOPPED_TEXT = "Stopped (by /stop, /new or /reset) before it answered."
+NOT_RUN_TEXT = "This message was dropped (by /stop, /new or /reset) before it was answered."
 _FENCED_TEXTS = {INTERRUPTED: INTERRUPTED_TEXT, STOPPED: STOPPED_TEXT}
 
 
@@ -144,6 +144,9 @@ class WaiterTracker:
     def check(self, waiter: Waiter) -> None:
         """Answer ``waiter`` now if its message can no longer be answered by a turn."""
         if waiter.finished or not waiter.accepted:
+            return
+        if self.engine.closed:
+            waiter.push(WaiterEvent(EventKind.SHUTDOWN))  # its message stays queued
             return
         turn = self.engine.running_turn(waiter.session_key)
         place = self.place(waiter, turn)

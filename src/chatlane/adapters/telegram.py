@@ -16,7 +16,10 @@ What stays true:
   or space where possible, never inside a character or an emoji sequence);
   streamed ``CHUNK``\\ s are not sent, the complete ``REPLY`` follows them.
 * An approval prompt carries Approve / Deny buttons; pressing one sends
-  ``/approve`` or ``/deny`` as the user who pressed it.
+  ``/approve #<generation>`` or ``/deny #<generation>`` as the user who
+  pressed it, so a button left on an old prompt answers that turn's request
+  or nothing, never a newer one. In a channel, where posts name no user, the
+  press is the channel's, as its posts are.
 * A send refused by flood control (HTTP 429, ``RetryAfter``) is sent again
   after the wait Telegram names, as long as one message's waits add up to at
   most :data:`FLOOD_WAIT_CAP`; nothing was delivered, so a retry cannot
@@ -80,6 +83,7 @@ FLOOD_WAIT_CAP = 60.0
 APPROVE_DATA = "chatlane:approve"
 DENY_DATA = "chatlane:deny"
 _ANSWERS = {APPROVE_DATA: "/approve", DENY_DATA: "/deny"}
+"""Button data prefix → the command a press sends; ``:<generation>`` follows the prefix."""
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -207,7 +211,9 @@ class TelegramAdapter:
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
             buttons = (
-                approval_buttons() if last and outbound.kind is OutboundKind.APPROVAL else None
+                approval_buttons(outbound.generation)
+                if last and outbound.kind is OutboundKind.APPROVAL
+                else None
             )
             if not await _send(app.bot, target, part, buttons):
                 return
@@ -233,14 +239,15 @@ class TelegramAdapter:
         query = update.callback_query
         if query is None:
             return
-        answer = _ANSWERS.get(query.data or "")
+        answer = button_command(query.data or "")
         message = query.message
         if answer is None or not isinstance(message, Message):
             await _answer(query, "This button is no longer active.")
             return
-        await _answer(query, f"Sent {answer}")
+        await _answer(query, f"Sent {answer.partition(' #')[0]}")
         msg_id = f"tg-{message.chat.id}-cb{query.id}"
-        await self._submit(InboundMessage(source_of(message, query.from_user), answer, id=msg_id))
+        presser = None if message.chat.type == "channel" else query.from_user
+        await self._submit(InboundMessage(source_of(message, presser), answer, id=msg_id))
 
     def _addressed_to_me(self, text: str) -> bool:
         """False for a command naming another bot (``/new@OtherBot``); True otherwise."""
@@ -311,16 +318,28 @@ def source_of(message: Message, user: User | None) -> SessionSource:
     )
 
 
-def approval_buttons() -> InlineKeyboardMarkup:
-    """Approve / Deny buttons whose presses become ``/approve`` and ``/deny``."""
+def approval_buttons(generation: int) -> InlineKeyboardMarkup:
+    """Approve / Deny buttons for the request of turn ``generation``."""
     return InlineKeyboardMarkup(
         [
             [
-                InlineKeyboardButton("Approve", callback_data=APPROVE_DATA),
-                InlineKeyboardButton("Deny", callback_data=DENY_DATA),
+                InlineKeyboardButton("Approve", callback_data=f"{APPROVE_DATA}:{generation}"),
+                InlineKeyboardButton("Deny", callback_data=f"{DENY_DATA}:{generation}"),
             ]
         ]
     )
+
+
+def button_command(data: str) -> str | None:
+    """The command a press of a button with ``data`` sends; None for no button of ours.
+
+    ``chatlane:approve:7`` becomes ``/approve #7``; data without a generation
+    (prompts sent by older versions) answers the oldest pending request.
+    """
+    prefix, _, generation = data.rpartition(":")
+    if prefix in _ANSWERS and generation.isascii() and generation.isdigit():
+        return f"{_ANSWERS[prefix]} #{int(generation)}"
+    return _ANSWERS.get(data)
 
 
 def clean_text(text: str) -> str:

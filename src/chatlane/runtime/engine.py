@@ -139,6 +139,11 @@ class TurnEngine:
         self._closed = False
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` began: from then on no turn answers, messages stay queued."""
+        return self._closed
+
+    @property
     def holder(self) -> str:
         """This engine's identity in the store."""
         return self.leases.holder

@@ -52,7 +52,7 @@
     return append(element("p", `system ${kind}`, text));
   }
 
-  function approvalCard(id, text) {
+  function approvalCard(id, text, generation) {
     const card = element("div", "approval");
     card.setAttribute("role", "group");
     card.setAttribute("aria-label", "Approval request");
@@ -60,8 +60,10 @@
     const deny = element("button", "deny", "Deny");
     const outcome = element("span", "approval-outcome");
     approve.type = deny.type = "button";
-    approve.addEventListener("click", () => answer(card, "/approve", "Approved"));
-    deny.addEventListener("click", () => answer(card, "/deny", "Denied"));
+    // "#generation" names this card's turn: a stale card never answers a newer request
+    const turn = Number.isInteger(generation) ? ` #${generation}` : "";
+    approve.addEventListener("click", () => answer(card, `/approve${turn}`, "Approved"));
+    deny.addEventListener("click", () => answer(card, `/deny${turn}`, "Denied"));
     const actions = element("div", "approval-actions");
     actions.append(approve, deny, outcome);
     card.append(element("p", "approval-text", text), actions);
@@ -175,7 +177,7 @@
     ack: (event) => systemLine("ack", event.text),
     notice: (event) => systemLine("notice", event.text),
     error: (event) => systemLine("error", event.text),
-    approval: (event) => approvalCard(event.id, event.text),
+    approval: (event) => approvalCard(event.id, event.text, event.generation),
   };
 
   function setStatus(kind, text) {
@@ -319,6 +321,12 @@
     event.preventDefault();
     const text = input.value;
     if (!text.trim()) return;
+    const size = new TextEncoder().encode(text).length;
+    if (size > input.maxLength) {
+      // the server counts bytes of UTF-8, the textarea counts characters: refuse here, keep the text
+      systemLine("error", `Message too long (${size} bytes; at most ${input.maxLength}).`);
+      return;
+    }
     if (send(text)) {
       input.value = "";
       resize();
