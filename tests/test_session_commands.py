@@ -37,6 +37,17 @@ class TestNew:
             ]
             assert await store.transcript(result.session_key) == []
 
+    async def test_another_command_cancels_too(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            result = await h.send("/new", chat_id="c")
+            first = await store.conversation(result.session_key)
+            await h.send("/status", chat_id="c")
+            await h.send("yes", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+            assert replies[2] == "echo: yes"
+            assert (await store.conversation(result.session_key)).id == first.id
+
     async def test_no_cancels_and_other_text_cancels_and_runs(self) -> None:
         store = MemoryStore()
         async with GatewayHarness(EchoAgent(), store=store) as h:

@@ -121,9 +121,14 @@ class Gateway:
         return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
 
     async def _command_for(self, key: SessionKey, message: InboundMessage) -> ParsedCommand | None:
-        """The command ``message`` means: a slash command, or a yes/no to a pending question."""
+        """The command ``message`` means: a slash command, or a yes/no to a pending question.
+
+        Anything but a yes or no — another command included — cancels a
+        pending confirmation, as its prompt says.
+        """
         parsed = parse_command(message.text)
         if parsed is not None:
+            self._cancel_confirmation(key)
             return parsed
         word = message.text.strip().lower()
         if word not in _YES_OR_NO:
