@@ -103,6 +103,26 @@ async def test_reject_refuses_a_message_for_a_session_running_elsewhere() -> Non
         assert len(other.delivered(chat_id="c")) == 2
 
 
+async def test_a_policy_changed_elsewhere_decides_while_the_session_runs_elsewhere() -> None:
+    store = MemoryStore()
+    fast = LeaseSettings(ttl=0.3, poll=0.02)
+    async with (
+        GatewayHarness(EchoAgent(), store=store, leases=fast) as runner,
+        GatewayHarness(EchoAgent(), store=store, leases=fast, reread_stored=0.05) as other,
+    ):
+        await other.send("/busy reject", chat_id="c")
+        await other.send("hello", chat_id="c")
+        await other.replies(chat_id="c", count=2)
+        await runner.send("/busy queue", chat_id="c")
+        await runner.replies(chat_id="c", count=1)
+        await asyncio.sleep(0.1)  # past other's reread_stored
+        await runner.send("sleep 0.5", chat_id="c")
+        await asyncio.sleep(0.1)
+        await other.send("after the nap", chat_id="c")
+        replies = await other.replies(chat_id="c", count=4)
+        assert replies[2:] == [BUSY_ELSEWHERE, "echo: after the nap"]
+
+
 async def test_stop_sent_to_another_process_interrupts_the_turn_at_once() -> None:
     store = MemoryStore()
     recorder = Recorder()

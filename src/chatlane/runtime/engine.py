@@ -353,7 +353,12 @@ class TurnEngine:
         A turn gives way while it waits if a message accepted before its own
         is queued behind it here: it goes back into the queue in store order,
         so two processes can never wait on each other's earlier messages.
+        Stored choices older than ``reread_stored`` are read before the wait
+        (a busy policy may decide what becomes of the message while another
+        process runs the session) and again once the lease is taken.
         """
+        if self._choices_stale(state):
+            await self._reread(state, turn)
         wanted = partial(self._still_wanted, state, turn)
         lease = await self.leases.acquire(
             state, min(turn.seqs), wanted, partial(self._on_wait, state, turn)
@@ -367,11 +372,14 @@ class TurnEngine:
             return False
         turn.bind_lease(lease)
         state.persistent.run_generation = lease.generation
-        if time.monotonic() - state.read_at >= self.settings.reread_stored:
+        if self._choices_stale(state):
             await self._reread(state, turn)
         turn.touch()
         self.metrics.turn_started()
         return True
+
+    def _choices_stale(self, state: SessionState) -> bool:
+        return time.monotonic() - state.read_at >= self.settings.reread_stored
 
     async def _reread(self, state: SessionState, turn: Turn) -> None:
         """Take up stored choices another process may have changed (``reread_stored``).
