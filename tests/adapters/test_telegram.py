@@ -422,6 +422,18 @@ def test_split_never_separates_an_emoji_sequence() -> None:
     assert parts == ["a" * 4090, family + "b"]
 
 
+@pytest.mark.parametrize("lead", ["", "x", "xy"])
+def test_split_never_separates_a_flag(lead: str) -> None:
+    flag = "\U0001f1e9\U0001f1ea"  # 🇩🇪: two regional indicators, 4 units
+    text = lead + flag * 1024 + "!"
+    parts = split_message(text)
+    assert "".join(parts) == text
+    assert all(utf16_len(part) <= MESSAGE_LIMIT for part in parts)
+    for part in parts:
+        flags = part.removeprefix(lead).rstrip("!")
+        assert flags == flag * (len(flags) // 2), "a part starts or ends inside a flag"
+
+
 def test_split_prefers_newlines_then_spaces() -> None:
     text = "a" * 3000 + " " + "b" * 500 + "\n" + "c" * 1000
     assert split_message(text) == ["a" * 3000 + " " + "b" * 500 + "\n", "c" * 1000]

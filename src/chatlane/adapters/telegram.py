@@ -385,9 +385,24 @@ def _cut_point(text: str, limit: int) -> int:
             return at + 1
     end = max(end, 1)
     cut = end
-    while cut > end // 2 and _joined(text[cut - 1], text[cut]):
+    while cut > end // 2 and _splits(text, cut):
         cut -= 1
     return cut if cut > end // 2 else end
+
+
+def _splits(text: str, cut: int) -> bool:
+    """Whether cutting ``text`` before index ``cut`` would split one visible character."""
+    before, after = text[cut - 1], text[cut]
+    if _is_flag_half(before) and _is_flag_half(after):
+        halves = 0  # regional indicators pair up from the left: 🇩🇪 is two of them
+        while cut - halves > 0 and _is_flag_half(text[cut - halves - 1]):
+            halves += 1
+        return halves % 2 == 1
+    return _joined(before, after)
+
+
+def _is_flag_half(char: str) -> bool:
+    return 0x1F1E6 <= ord(char) <= 0x1F1FF
 
 
 def _joined(before: str, after: str) -> bool:
