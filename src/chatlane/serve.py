@@ -9,7 +9,9 @@ from types import FrameType
 
 import msgspec
 import uvicorn
+from starlette.types import ASGIApp
 
+from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.config import Config, load_config
 from chatlane.errors import ConfigError
 from chatlane.runtime.busy import BusyPolicy
@@ -87,18 +89,22 @@ async def serve(config: Config) -> None:
     hub = await open_hub(config)
     hub.gateway.use_scheduler(scheduler)
     add_adapters(hub)
-    app = build_app(hub)
-    uvicorn_config = uvicorn.Config(
+    await AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub).serve()
+    if hub.startup_error is not None:
+        raise hub.startup_error
+
+
+def uvicorn_config(app: ASGIApp, config: Config) -> uvicorn.Config:
+    """How the HTTP server runs ``app``: where it listens, its shutdown wait, its frame limit."""
+    return uvicorn.Config(
         app,
         host=config.server.host,
         port=config.server.port,
         log_level="warning",
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(config.runtime.interrupt_grace) + 5),
+        ws_max_size=MAX_FRAME_BYTES,
     )
-    await AnnouncingServer(uvicorn_config, config, hub).serve()
-    if hub.startup_error is not None:
-        raise hub.startup_error
 
 
 class AnnouncingServer(uvicorn.Server):

@@ -18,9 +18,10 @@ from websockets.exceptions import ConnectionClosed
 from chatlane.adapters import web
 from chatlane.adapters.web import WebAdapter
 from chatlane.adapters.web_page import AUTH_COOKIE, IDENTITY_COOKIE
-from chatlane.adapters.web_wire import MAX_TEXT
+from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT
 from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig
 from chatlane.identity import SessionSource
+from chatlane.serve import uvicorn_config
 from chatlane.server import build_app, open_hub
 from chatlane.types import Outbound, OutboundKind, Target
 
@@ -34,9 +35,9 @@ async def web_server(config: Config | None = None) -> AsyncIterator[str]:
     config = config or Config()
     hub = await open_hub(config, store_url="memory://")
     hub.add(WebAdapter(config))
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(hub), host="127.0.0.1", port=0, lifespan="on", log_level="warning")
-    )
+    options = uvicorn_config(build_app(hub), config)  # as `chatlane serve` runs it
+    options.host, options.port = "127.0.0.1", 0
+    server = uvicorn.Server(options)
     task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(WAIT):
@@ -365,6 +366,17 @@ async def test_bad_frames_get_error_events_and_the_socket_lives_on(host: str) ->
         await say(ws, "still here \u200d\U0001f9d1\u200d\U0001f4bb \x00")
         events = await until(ws, "reply")
     assert events[-1]["text"] == "echo: still here \u200d\U0001f9d1\u200d\U0001f4bb \x00"
+
+
+async def test_a_frame_past_the_byte_limit_closes_the_socket_unread(host: str) -> None:
+    async with greeted(host, await browser_id(host)) as (ws, _):
+        await ws.send("x" * (MAX_FRAME_BYTES // 4))
+        assert "too large" in (await receive(ws))["text"]
+        await ws.send("x" * (MAX_FRAME_BYTES + 1))
+        with pytest.raises(ConnectionClosed) as closed:
+            await drain(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1009
 
 
 async def test_text_of_exactly_the_limit_is_accepted(host: str) -> None:

@@ -38,6 +38,8 @@ MAX_TEXT = 16 * 1024
 """Most bytes (UTF-8) one message's text may have."""
 MAX_FRAME = 64 * 1024
 """Most characters one client frame may have."""
+MAX_FRAME_BYTES = 1024 * 1024
+"""Most bytes the server reads of one WebSocket frame; a larger one closes the socket (1009)."""
 PREVIEW_CHARS = 80
 HISTORY_ROLES = frozenset({"user", "assistant", "notice"})
 
