@@ -318,6 +318,42 @@ async def test_models_lists_chatlane(tmp_path: Path) -> None:
     async with serve(make_config(tmp_path)) as s:
         models = await s.client.models.list()
         assert [m.id for m in models.data] == ["chatlane"]
+        assert (await s.client.models.retrieve("chatlane")).id == "chatlane"
+        with pytest.raises(openai.NotFoundError) as missing:
+            await s.client.models.retrieve("gpt-none")
+        assert missing.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/chat/completions", 405, "method_not_allowed"),
+        ("POST", "/models", 405, "method_not_allowed"),
+        ("DELETE", "/models/chatlane", 405, "method_not_allowed"),
+        ("GET", "/embeddings", 404, "not_found"),
+        ("POST", "/nowhere/at/all", 404, "not_found"),
+    ],
+)
+async def test_other_v1_requests_get_openai_shaped_errors(
+    tmp_path: Path, method: str, path: str, status: int, code: str
+) -> None:
+    async with serve(make_config(tmp_path)) as s, httpx.AsyncClient() as http:
+        url = f"{s.base_url}{path}"
+        assert (await http.request(method, url)).status_code == 401  # the token comes first
+        response = await http.request(method, url, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == status
+        assert response.json()["error"]["code"] == code
+        if status == 405:
+            assert response.headers["Allow"] in ("GET", "POST")
+
+
+async def test_an_empty_model_name_means_the_default(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s, httpx.AsyncClient() as http:
+        body = {"user": "u", "model": " ", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        response = await http.post(f"{s.base_url}/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200
+        assert response.json()["model"] == "chatlane"
 
 
 BAD_BODIES = [
@@ -334,6 +370,10 @@ BAD_BODIES = [
     (b'{"user": "u", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}', "stream"),
     (b'{"user": 7, "messages": [{"role": "user", "content": "x"}]}', "'user' must be"),
     (b'{"user": "u", "model": 1, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
+    (b'{"user": "u", "model": 0, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
+    (b'{"user": "u", "model": false, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
+    (b'{"user": "u", "model": [], "messages": [{"role": "user", "content": "x"}]}', "'model'"),
+    (b'{"user": "u", "model": {}, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
     (b'{"user": "u", "messages": [{"role": "user", "content": "\\ud800"}]}', "Unicode"),
     (b'{"user": "' + b"u" * 300 + b'", "messages": [{"role": "user", "content": "x"}]}', "256"),
     (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),

@@ -48,12 +48,14 @@ from chatlane.adapters.api_wire import (
     error_response,
     invalid,
     json_response,
+    model_entry,
     model_list,
     parse_chat_request,
     read_body,
     require_json,
     sse_comment,
     sse_data,
+    unrouted_error,
 )
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("chatlane.adapters.api")
 
 SESSION_HEADER = "x-chatlane-session"
+_EVERY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 Disconnected = Callable[[], Awaitable[bool]]
 
 
@@ -115,6 +118,8 @@ class ApiAdapter:
         return [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model, methods=["GET"]),
+            Route("/v1/{rest:path}", self.unrouted, methods=_EVERY_METHOD),
         ]
 
     async def start(self, hub: Hub) -> None:
@@ -146,6 +151,26 @@ class ApiAdapter:
         except ApiRequestError as error:
             return error_response(error)
         return json_response(model_list(self._models))
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        try:
+            self._authorize(request)
+            check_origin(request)
+            if name not in self._models:
+                message = f"no model named {name!r} here"
+                raise ApiRequestError(404, message, "invalid_request_error", "model_not_found")
+        except ApiRequestError as error:
+            return error_response(error)
+        return json_response(model_entry(name))
+
+    async def unrouted(self, request: Request) -> Response:
+        """Any other ``/v1`` request: an OpenAI-shaped 404, or 405 for a known path."""
+        try:
+            self._authorize(request)
+            raise unrouted_error(request.method, request.url.path)
+        except ApiRequestError as error:
+            return error_response(error)
 
     async def chat_completions(self, request: Request) -> Response:
         try:

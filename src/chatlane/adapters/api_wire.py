@@ -37,12 +37,16 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 class ApiRequestError(ChatlaneError):
     """A request the API answers with an error status instead of running it."""
 
-    def __init__(self, status: int, message: str, kind: str, code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, kind: str, code: str | None = None, *, allow: str = ""
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.code = code
+        self.allow = allow
+        """For a 405: the method the path takes (the ``Allow`` header)."""
 
     def body(self) -> dict[str, Any]:
         """The OpenAI-shaped error body."""
@@ -89,9 +93,10 @@ def parse_chat_request(data: object, session_header: str | None) -> ChatRequest:
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise invalid("'stream' must be true or false")
-    model = data.get("model") or DEFAULT_MODEL
-    if not isinstance(model, str):
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
         raise invalid("'model' must be a string")
+    model = (model or "").strip() or DEFAULT_MODEL
     session = _session_name(session_header, data.get("user"))
     return ChatRequest(session, last_user_text(data.get("messages")), stream, model)
 
@@ -187,8 +192,25 @@ def chunk(
 
 def model_list(names: list[str]) -> dict[str, Any]:
     """The ``GET /v1/models`` body."""
-    data = [{"id": n, "object": "model", "created": 0, "owned_by": "chatlane"} for n in names]
-    return {"object": "list", "data": data}
+    return {"object": "list", "data": [model_entry(name) for name in names]}
+
+
+def model_entry(name: str) -> dict[str, Any]:
+    """One model, as ``GET /v1/models/{name}`` answers it."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "chatlane"}
+
+
+_ROUTED = {"/v1/chat/completions": "POST", "/v1/models": "GET"}
+
+
+def unrouted_error(method: str, path: str) -> ApiRequestError:
+    """The error for ``method path`` under ``/v1`` that no route takes: 405 or 404."""
+    allowed = _ROUTED.get(path) or ("GET" if path.startswith("/v1/models/") else None)
+    if allowed is not None:
+        message = f"{method} is not allowed on {path}; use {allowed}"
+        kind = "invalid_request_error"
+        return ApiRequestError(405, message, kind, "method_not_allowed", allow=allowed)
+    return ApiRequestError(404, f"no such endpoint: {path}", "invalid_request_error", "not_found")
 
 
 def encode(value: object) -> bytes:
@@ -318,6 +340,8 @@ def error_response(error: ApiRequestError) -> Response:
     response = json_response(error.body(), error.status)
     if error.status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
+    if error.allow:
+        response.headers["Allow"] = error.allow
     return response
 
 
@@ -334,10 +358,12 @@ __all__ = [
     "error_response",
     "invalid",
     "json_response",
+    "model_entry",
     "model_list",
     "parse_chat_request",
     "read_body",
     "require_json",
     "sse_comment",
     "sse_data",
+    "unrouted_error",
 ]
