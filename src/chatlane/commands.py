@@ -164,10 +164,21 @@ async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
 
 async def _stop(call: CommandCall) -> str:
     result = await call.engine.stop(call.session_key)
-    dropped = len(result.dropped)
-    head = "Stopped the running turn." if result.stopped_turn else "Nothing was running."
-    noun = "message" if dropped == 1 else "messages"
-    return f"{head} Dropped {dropped} queued {noun}."
+    dropped, elsewhere = len(result.dropped), result.dropped_elsewhere
+    if result.stopped_turn:
+        head = "Stopped the running turn."
+    elif elsewhere:
+        head = (
+            "Stopped what another gateway process was running for this chat "
+            f"({elsewhere} {_messages(elsewhere)} dropped there)."
+        )
+    else:
+        head = "Nothing was running."
+    return f"{head} Dropped {dropped} queued {_messages(dropped)}."
+
+
+def _messages(count: int) -> str:
+    return "message" if count == 1 else "messages"
 
 
 async def _queue(call: CommandCall) -> str:

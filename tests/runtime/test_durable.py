@@ -133,7 +133,10 @@ async def test_stop_sent_to_another_process_interrupts_the_turn_at_once() -> Non
         started = await runner.send("sleep 20", chat_id="c")
         await asyncio.sleep(0.1)
         await other.send("/stop", chat_id="c")
-        await other.replies(chat_id="c", count=1)
+        assert await other.replies(chat_id="c", count=1) == [
+            "Stopped what another gateway process was running for this chat "
+            "(1 message dropped there). Dropped 0 queued messages."
+        ]
         (turn,) = recorder.turns[started.session_key]
         await asyncio.wait_for(turn.interrupted.wait(), 2)  # renewal would take 10 s
         await runner.settle()
@@ -340,7 +343,8 @@ async def test_a_stop_from_another_process_fences_the_turn_and_it_is_not_rerun()
         result = await runner.send("sleep 1", chat_id="c")
         await asyncio.sleep(0.1)
         await other.send("/stop", chat_id="c")
-        assert (await other.replies(chat_id="c", count=1))[0].startswith("Nothing was running.")
+        (stopped,) = await other.replies(chat_id="c", count=1)
+        assert stopped.startswith("Stopped what another gateway process was running")
         await asyncio.sleep(1.5)
         assert len(recorder.turns[result.session_key]) == 1
         assert runner.delivered(chat_id="c") == []

@@ -596,20 +596,22 @@ class TurnEngine:
         if turn is not None:
             self._supersede(state, turn, STOPPED)
         await self.store.drop_pending(key, seqs)
-        await self._drop_elsewhere(key)
+        elsewhere = await self._drop_elsewhere(key)
         if not fenced_here:
             state.persistent.bump_generation()
             await self.store.bump_generation(key)
             if state.turn.agent is AGENT_PENDING and state.turn.ctx is None:
                 state.turn.clear()
                 self._collecting.discard(key)
-        return StopResult(turn is not None and turn.lease is not None, tuple(dropped))
+        stopped = turn is not None and turn.lease is not None
+        return StopResult(stopped, tuple(dropped), elsewhere)
 
-    async def _drop_elsewhere(self, key: SessionKey) -> None:
-        """Drop the session's messages that other processes accepted (their turns are fenced)."""
+    async def _drop_elsewhere(self, key: SessionKey) -> int:
+        """Drop the messages other processes accepted (their turns are fenced); count them."""
         foreign = [r.seq for r in await self.store.pending(key) if r.owner != self.holder]
         if foreign:
             await self.store.drop_pending(key, foreign)
+        return len(foreign)
 
     # -- background: renewals, fence checks, eviction, adoption -------------------
 

@@ -53,6 +53,8 @@ class StopResult:
 
     stopped_turn: bool
     dropped: tuple[InboundMessage, ...]
+    dropped_elsewhere: int = 0
+    """Messages other processes had accepted (running there, or queued), dropped from the store."""
 
 
 __all__ = ["RuntimeSettings", "StopResult"]
