@@ -19,13 +19,12 @@ What stays true, whatever way the turn ended:
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 from chatlane.errors import ChatlaneError
-from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.runtime import pending
 from chatlane.runtime.leases import LeaseKeeper
+from chatlane.runtime.output import Send
 from chatlane.runtime.turn import (
     EVICTED,
     FAILED,
@@ -38,17 +37,12 @@ from chatlane.runtime.turn import (
 )
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
-from chatlane.types import InboundMessage, OutboundKind, SessionKey
+from chatlane.types import InboundMessage, OutboundKind
 
 log = logging.getLogger("chatlane.runtime")
 
 MAX_RERUNS = 3
 """Turns that may run one message and lose their lease before the sender gets a notice."""
-
-Send = Callable[
-    [OutboundKind, SessionKey, SessionSource, str, tuple[str, ...], "int | None"],
-    Awaitable[None],
-]
 
 
 class TurnAftermath:

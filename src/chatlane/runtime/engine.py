@@ -17,9 +17,10 @@ What stays true:
   delivered, and a message is answered at most once — a turn re-run after a
   crash cannot deliver a second answer.
 * A message for a busy session is queued, merged, steered, used to interrupt,
-  or refused with a notice (:mod:`chatlane.runtime.busy`); none is dropped.
-  A session busy in another process gets the same, where it can cross
-  processes (:mod:`chatlane.runtime.elsewhere`).
+  or refused with a notice (:mod:`chatlane.runtime.arrivals`, by the rules of
+  :mod:`chatlane.runtime.busy`); none is dropped. A session busy in another
+  process gets the same, where it can cross processes
+  (:mod:`chatlane.runtime.elsewhere`).
 * A turn task runs in a fresh :class:`contextvars.Context` with its session
   bound, from its first step to its last.
 * Leases are renewed, fences checked, stuck turns evicted and dead processes'
@@ -36,28 +37,21 @@ from functools import partial
 
 from chatlane.approvals import ApprovalBroker, ApprovalRequest, prompt_text
 from chatlane.context import bound_context
-from chatlane.errors import ActiveSessionLimit, ChatlaneError
+from chatlane.errors import ChatlaneError
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.aftermath import TurnAftermath
+from chatlane.runtime.arrivals import BusyDesk
 from chatlane.runtime.busy import (
-    ALWAYS_ANSWERED,
-    BUSY_ELSEWHERE,
-    BusyContext,
     BusyOutcome,
     BusyPolicy,
-    ack_text,
-    decide,
-    resolve_policy,
 )
 from chatlane.runtime.elsewhere import (
-    interrupt_elsewhere,
-    outcome_elsewhere,
     was_interrupted_elsewhere,
 )
-from chatlane.runtime.leases import AcquireWait, LeaseKeeper, new_holder_id
+from chatlane.runtime.leases import LeaseKeeper, new_holder_id
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
     kept_in_store,
@@ -73,12 +67,12 @@ from chatlane.runtime.turn import (
     FAILED,
     INTERRUPTED,
     LEASE_LOST,
-    REJECTED,
     REORDERED,
     SHUTDOWN,
     STOPPED,
     Turn,
     TurnOverrides,
+    running_turn_of,
 )
 from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
@@ -93,7 +87,6 @@ from chatlane.types import (
     OutboundKind,
     SessionKey,
     Target,
-    accepts_steering,
 )
 
 log = logging.getLogger("chatlane.runtime")
@@ -126,6 +119,9 @@ class TurnEngine:
             self.store, self._prompt, self._generation_is, self.settings.approval_timeout
         )
         self.aftermath = TurnAftermath(self.store, self.leases, self.send)
+        self.busy = BusyDesk(
+            self.settings, agent, self.store, self.metrics, self.send, self._spawn, self._supersede
+        )
         self._deliver = deliver
         self._turns: set[Turn] = set()
         self._collecting: set[SessionKey] = set()
@@ -206,13 +202,7 @@ class TurnEngine:
         if not state.turn.is_running:
             self._start(state, (message,), (seq,)).refusable = True
             return None
-        policy = self.policy_for(state, message)
-        outcome = self._apply_busy(state, message, seq, policy)
-        self.metrics.busy(outcome.value, policy.value)
-        if outcome in ALWAYS_ANSWERED:
-            await self.store.drop_pending(key, [seq])
-        await self._acknowledge(state, message, outcome)
-        return outcome
+        return await self.busy.arrive(state, message, seq)
 
     async def enqueue(self, key: SessionKey, message: InboundMessage) -> BusyOutcome | None:
         """Queue ``message`` as its own turn, whatever the busy policy (``/queue``).
@@ -253,63 +243,9 @@ class TurnEngine:
         await self.leases.heartbeat()
         return await adopt_orphans(self.store, self.holder, self.adopt)
 
-    def _apply_busy(
-        self, state: SessionState, message: InboundMessage, seq: int, policy: BusyPolicy
-    ) -> BusyOutcome:
-        turn = self._running_turn(state)
-        outcome = decide(policy, self._busy_context(state, message, turn))
-        if outcome is BusyOutcome.QUEUED:
-            pending.enqueue(state, message, seq)
-        elif outcome is BusyOutcome.MERGED:
-            pending.collect(state, message, seq, self.settings.collect_debounce)
-        elif outcome is BusyOutcome.INTERRUPTING and turn is not None:
-            pending.enqueue(state, message, seq)
-            state.conversation.interrupt_streak += 1
-            self._supersede(state, turn, INTERRUPTED)
-        elif outcome is BusyOutcome.STEERED and turn is not None:
-            turn.steer(message, seq)
-        return outcome
-
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
         """The busy policy in force for ``message`` in ``state``'s session."""
-        return resolve_policy(self.settings.busy, message.source, state.persistent.busy_policy)
-
-    def _busy_context(
-        self, state: SessionState, message: InboundMessage, turn: Turn | None
-    ) -> BusyContext:
-        return BusyContext(
-            queued=pending.pending_count(state),
-            queue_cap=self.settings.queue_cap,
-            internal=message.internal,
-            agent_accepts_steering=(
-                turn is not None and not turn.interrupted.is_set() and accepts_steering(self.agent)
-            ),
-            interrupt_streak=state.conversation.interrupt_streak,
-            interrupt_depth=self.settings.interrupt_depth,
-            already_interrupted=_not_interruptible(turn),
-        )
-
-    async def _acknowledge(
-        self, state: SessionState, message: InboundMessage, outcome: BusyOutcome
-    ) -> None:
-        if outcome not in ALWAYS_ANSWERED and not self._ack_due(state, message):
-            return
-        text = ack_text(outcome, pending.pending_count(state))
-        refused = outcome in ALWAYS_ANSWERED
-        kind = OutboundKind.NOTICE if refused else OutboundKind.ACK
-        refusal = outcome.value if refused else ""
-        await self.send(kind, state.key, message.source, text, (message.id,), refusal=refusal)
-
-    def _ack_due(self, state: SessionState, message: InboundMessage) -> bool:
-        """Ack a person's message that waits on a running turn, at most once per debounce."""
-        if message.internal or self._running_turn(state) is None:
-            return False
-        now = time.monotonic()
-        last = state.turn.busy_ack_ts
-        if last and now - last < self.settings.ack_debounce:
-            return False
-        state.turn.busy_ack_ts = now
-        return True
+        return self.busy.policy_for(state, message)
 
     # -- running a turn --------------------------------------------------------
 
@@ -361,7 +297,7 @@ class TurnEngine:
             await self._reread(state, turn)
         wanted = partial(self._still_wanted, state, turn)
         lease = await self.leases.acquire(
-            state, min(turn.seqs), wanted, partial(self._on_wait, state, turn)
+            state, min(turn.seqs), wanted, partial(self.busy.on_wait, state, turn)
         )
         if lease is None:
             return False
@@ -406,67 +342,6 @@ class TurnEngine:
             turn.ended_by = REORDERED
             return False
         return True
-
-    def _on_wait(
-        self, state: SessionState, turn: Turn, error: ChatlaneError, wait: AcquireWait
-    ) -> None:
-        if not wait.first(error):
-            return
-        message = turn.messages[0]
-        if isinstance(error, ActiveSessionLimit):
-            self._tell(turn, OutboundKind.ACK, f"{error}, queued")
-            return
-        log.info(
-            "running elsewhere; %d message(s) wait",
-            len(turn.messages),
-            extra=turn_fields(state.key),
-        )
-        self._busy_elsewhere(state, turn, message)
-
-    def _busy_elsewhere(self, state: SessionState, turn: Turn, message: InboundMessage) -> None:
-        """The busy policy, for a turn whose session another process runs.
-
-        See :mod:`chatlane.runtime.elsewhere`: a fresh message is refused
-        under ``reject`` (it leaves the store's queue), interrupts the other
-        process's turn under ``interrupt``, and otherwise waits for the lease;
-        the sender gets the notice or the (debounced) ack.
-        """
-        if message.internal:
-            return
-        policy = self.policy_for(state, message)
-        cap, depth = self.settings.queue_cap, self.settings.interrupt_depth
-        outcome = outcome_elsewhere(policy, state, turn, message, queue_cap=cap, depth=depth)
-        if outcome is BusyOutcome.INTERRUPTING:
-            state.conversation.interrupt_streak += 1
-            self.metrics.busy(outcome.value, policy.value)
-            self._spawn(self._interrupt_elsewhere(state, turn, message))
-        elif outcome is BusyOutcome.REJECTED:
-            turn.ended_by = REJECTED
-            turn.interrupted.set()  # no longer wanted: the lease wait ends
-            self.metrics.busy(BusyOutcome.REJECTED.value, policy.value)
-            text = ack_text(BusyOutcome.REJECTED, 0)
-            self._tell(turn, OutboundKind.NOTICE, text, refusal=BusyOutcome.REJECTED)
-        elif self._ack_due(state, message):
-            self._tell(turn, OutboundKind.ACK, BUSY_ELSEWHERE)
-
-    def _tell(self, turn: Turn, kind: OutboundKind, text: str, refusal: str = "") -> None:
-        """Send ``text`` about ``turn``'s messages to their sender, in the background."""
-        source, ids = turn.messages[0].source, turn.message_ids
-        self._spawn(self.send(kind, turn.session_key, source, text, ids, refusal=refusal))
-
-    async def _interrupt_elsewhere(
-        self, state: SessionState, turn: Turn, message: InboundMessage
-    ) -> None:
-        try:
-            interrupted = await interrupt_elsewhere(self.store, state.key)
-        except ChatlaneError as error:
-            log.warning(
-                "could not interrupt the turn elsewhere: %s", error, extra=turn_fields(state.key)
-            )
-            return  # the message still waits for its turn
-        log.info("interrupted elsewhere", extra=turn_fields(state.key, interrupted))
-        if self._ack_due(state, message):
-            self._tell(turn, OutboundKind.ACK, ack_text(BusyOutcome.INTERRUPTING, 0))
 
     def _finish(self, state: SessionState, turn: Turn) -> None:
         self._turns.discard(turn)
@@ -527,12 +402,7 @@ class TurnEngine:
     def running_turn(self, key: SessionKey) -> Turn | None:
         """The turn that holds ``key``'s slot, if any (``None`` while idle)."""
         state = self.registry.peek(key)
-        return None if state is None else self._running_turn(state)
-
-    @staticmethod
-    def _running_turn(state: SessionState) -> Turn | None:
-        turn = state.turn.ctx
-        return turn if isinstance(turn, Turn) else None
+        return None if state is None else running_turn_of(state)
 
     def _supersede(
         self,
@@ -572,7 +442,7 @@ class TurnEngine:
         :returns: whether a turn was running.
         """
         state = self.registry.peek(key)
-        turn = None if state is None else self._running_turn(state)
+        turn = None if state is None else running_turn_of(state)
         if state is None or turn is None:
             return False
         self._supersede(state, turn, INTERRUPTED, reason)
@@ -589,7 +459,7 @@ class TurnEngine:
         """
         state = self.registry.get(key)
         dropped, seqs = pending.drain(state)
-        turn = self._running_turn(state)
+        turn = running_turn_of(state)
         if turn is not None and turn.lease is None:
             dropped = [*turn.messages, *dropped]
         fenced_here = turn is not None and turn.is_current()  # its supersede bumps
@@ -678,7 +548,7 @@ class TurnEngine:
         state = self.registry.peek(key)
         if state is None:
             return []
-        turn = self._running_turn(state)
+        turn = running_turn_of(state)
         running = [] if turn is None or turn.answered else list(turn.messages)
         queued = [m for entry in pending.pending_entries(state) for m in entry.messages]
         return [*running, *queued]
@@ -776,11 +646,6 @@ class TurnEngine:
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
-
-
-def _not_interruptible(turn: Turn | None) -> bool:
-    """No agent to interrupt yet (or any more): the message queues instead."""
-    return turn is None or turn.lease is None or turn.interrupted.is_set()
 
 
 def _cancel(task: asyncio.Task[None]) -> None:

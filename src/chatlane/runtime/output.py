@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Protocol
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreError
 from chatlane.identity import SessionSource
@@ -25,10 +26,21 @@ from chatlane.types import Agent, OutboundKind, SessionKey
 
 log = logging.getLogger("chatlane.runtime")
 
-Send = Callable[
-    [OutboundKind, SessionKey, SessionSource, str, tuple[str, ...], "int | None"],
-    Awaitable[None],
-]
+
+class Send(Protocol):
+    """Delivers one outbound message (the engine's ``send``); never raises for the adapter."""
+
+    def __call__(
+        self,
+        kind: OutboundKind,
+        key: SessionKey,
+        source: SessionSource,
+        text: str,
+        in_reply_to: tuple[str, ...] = (),
+        generation: int | None = None,
+        *,
+        refusal: str = "",
+    ) -> Coroutine[object, object, None]: ...
 
 
 class TurnOutput:

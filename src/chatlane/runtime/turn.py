@@ -218,3 +218,9 @@ class Turn:
 
     def __repr__(self) -> str:
         return f"<Turn {self.session_key!r} gen={self.generation} messages={len(self.messages)}>"
+
+
+def running_turn_of(state: SessionState) -> Turn | None:
+    """The turn that holds ``state``'s slot, if any (``None`` while idle or between turns)."""
+    turn = state.turn.ctx
+    return turn if isinstance(turn, Turn) else None

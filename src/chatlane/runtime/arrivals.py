@@ -1,0 +1,219 @@
+"""What becomes of a message that finds its session busy, here or in another process.
+
+:class:`BusyDesk` applies the session's busy policy (:mod:`chatlane.runtime.busy`)
+and tells the sender. What stays true:
+
+* Here, a message for a running session is queued, merged, steered into the
+  run, used to interrupt it, or refused with a notice; a refused message
+  leaves the store's queue at once, so it is never run later.
+* A turn that waits for a lease another process holds gets the policy once,
+  on its first refused acquire (:mod:`chatlane.runtime.elsewhere`): ``reject``
+  refuses it, ``interrupt`` interrupts the other process's turn through the
+  store, anything else lets it wait for the lease.
+* The sender of a message that waits hears so at most once per
+  ``ack_debounce`` per session; refusals ("rejected", "queue full") always
+  answer, and internal events never get an ack.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+
+from chatlane.errors import ActiveSessionLimit, ChatlaneError
+from chatlane.logs import turn_fields
+from chatlane.metrics import Metrics
+from chatlane.runtime import pending
+from chatlane.runtime.busy import (
+    ALWAYS_ANSWERED,
+    BUSY_ELSEWHERE,
+    BusyContext,
+    BusyOutcome,
+    BusyPolicy,
+    ack_text,
+    decide,
+    resolve_policy,
+)
+from chatlane.runtime.elsewhere import interrupt_elsewhere, outcome_elsewhere
+from chatlane.runtime.leases import AcquireWait
+from chatlane.runtime.output import Send
+from chatlane.runtime.settings import RuntimeSettings
+from chatlane.runtime.turn import INTERRUPTED, REJECTED, Turn, running_turn_of
+from chatlane.state import SessionState
+from chatlane.stores.base import Store
+from chatlane.types import Agent, InboundMessage, OutboundKind, accepts_steering
+
+log = logging.getLogger("chatlane.runtime")
+
+Spawn = Callable[[Coroutine[object, object, object]], None]
+"""Runs a coroutine in the background, owned by the engine."""
+Supersede = Callable[[SessionState, Turn, str], None]
+"""Makes a turn stale and asks it to stop (the engine's ``_supersede``)."""
+
+
+class BusyDesk:
+    """Applies busy policies for one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: RuntimeSettings,
+        agent: Agent,
+        store: Store,
+        metrics: Metrics,
+        send: Send,
+        spawn: Spawn,
+        supersede: Supersede,
+    ) -> None:
+        self._settings = settings
+        self._agent = agent
+        self._store = store
+        self._metrics = metrics
+        self._send = send
+        self._spawn = spawn
+        self._supersede = supersede
+
+    def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
+        """The busy policy in force for ``message`` in ``state``'s session."""
+        return resolve_policy(self._settings.busy, message.source, state.persistent.busy_policy)
+
+    # -- the session runs here ---------------------------------------------------
+
+    async def arrive(self, state: SessionState, message: InboundMessage, seq: int) -> BusyOutcome:
+        """Apply the busy policy to ``message`` (stored under ``seq``) and tell its sender."""
+        policy = self.policy_for(state, message)
+        outcome = self._apply(state, message, seq, policy)
+        self._metrics.busy(outcome.value, policy.value)
+        if outcome in ALWAYS_ANSWERED:
+            await self._store.drop_pending(state.key, [seq])
+        await self._acknowledge(state, message, outcome)
+        return outcome
+
+    def _apply(
+        self, state: SessionState, message: InboundMessage, seq: int, policy: BusyPolicy
+    ) -> BusyOutcome:
+        turn = running_turn_of(state)
+        outcome = decide(policy, self._context(state, message, turn))
+        if outcome is BusyOutcome.QUEUED:
+            pending.enqueue(state, message, seq)
+        elif outcome is BusyOutcome.MERGED:
+            pending.collect(state, message, seq, self._settings.collect_debounce)
+        elif outcome is BusyOutcome.INTERRUPTING and turn is not None:
+            pending.enqueue(state, message, seq)
+            state.conversation.interrupt_streak += 1
+            self._supersede(state, turn, INTERRUPTED)
+        elif outcome is BusyOutcome.STEERED and turn is not None:
+            turn.steer(message, seq)
+        return outcome
+
+    def _context(
+        self, state: SessionState, message: InboundMessage, turn: Turn | None
+    ) -> BusyContext:
+        settings = self._settings
+        steerable = turn is not None and not turn.interrupted.is_set()
+        return BusyContext(
+            queued=pending.pending_count(state),
+            queue_cap=settings.queue_cap,
+            internal=message.internal,
+            agent_accepts_steering=steerable and accepts_steering(self._agent),
+            interrupt_streak=state.conversation.interrupt_streak,
+            interrupt_depth=settings.interrupt_depth,
+            already_interrupted=_not_interruptible(turn),
+        )
+
+    async def _acknowledge(
+        self, state: SessionState, message: InboundMessage, outcome: BusyOutcome
+    ) -> None:
+        if outcome not in ALWAYS_ANSWERED and not self._ack_due(state, message):
+            return
+        text = ack_text(outcome, pending.pending_count(state))
+        refused = outcome in ALWAYS_ANSWERED
+        kind = OutboundKind.NOTICE if refused else OutboundKind.ACK
+        refusal = outcome.value if refused else ""
+        await self._send(kind, state.key, message.source, text, (message.id,), refusal=refusal)
+
+    def _ack_due(self, state: SessionState, message: InboundMessage) -> bool:
+        """Ack a person's message that waits on a running turn, at most once per debounce."""
+        if message.internal or running_turn_of(state) is None:
+            return False
+        now = time.monotonic()
+        last = state.turn.busy_ack_ts
+        if last and now - last < self._settings.ack_debounce:
+            return False
+        state.turn.busy_ack_ts = now
+        return True
+
+    # -- the session runs in another process ----------------------------------------
+
+    def on_wait(
+        self, state: SessionState, turn: Turn, error: ChatlaneError, wait: AcquireWait
+    ) -> None:
+        """``turn`` was refused its lease with ``error``; act once per kind of wait."""
+        if not wait.first(error):
+            return
+        if isinstance(error, ActiveSessionLimit):
+            self._tell(turn, OutboundKind.ACK, f"{error}, queued")
+            return
+        log.info(
+            "running elsewhere; %d message(s) wait",
+            len(turn.messages),
+            extra=turn_fields(state.key),
+        )
+        self._elsewhere(state, turn, turn.messages[0])
+
+    def _elsewhere(self, state: SessionState, turn: Turn, message: InboundMessage) -> None:
+        """The busy policy, for a turn whose session another process runs.
+
+        A fresh message is refused under ``reject`` (it leaves the store's
+        queue), interrupts the other process's turn under ``interrupt``, and
+        otherwise waits for the lease; the sender gets the notice or the
+        (debounced) ack.
+        """
+        if message.internal:
+            return
+        policy = self.policy_for(state, message)
+        settings = self._settings
+        outcome = outcome_elsewhere(
+            policy,
+            state,
+            turn,
+            message,
+            queue_cap=settings.queue_cap,
+            depth=settings.interrupt_depth,
+        )
+        if outcome is BusyOutcome.INTERRUPTING:
+            state.conversation.interrupt_streak += 1
+            self._metrics.busy(outcome.value, policy.value)
+            self._spawn(self._interrupt_elsewhere(state, turn, message))
+        elif outcome is BusyOutcome.REJECTED:
+            turn.ended_by = REJECTED
+            turn.interrupted.set()  # no longer wanted: the lease wait ends
+            self._metrics.busy(BusyOutcome.REJECTED.value, policy.value)
+            text = ack_text(BusyOutcome.REJECTED, 0)
+            self._tell(turn, OutboundKind.NOTICE, text, refusal=BusyOutcome.REJECTED)
+        elif self._ack_due(state, message):
+            self._tell(turn, OutboundKind.ACK, BUSY_ELSEWHERE)
+
+    def _tell(self, turn: Turn, kind: OutboundKind, text: str, refusal: str = "") -> None:
+        """Send ``text`` about ``turn``'s messages to their sender, in the background."""
+        source, ids = turn.messages[0].source, turn.message_ids
+        self._spawn(self._send(kind, turn.session_key, source, text, ids, refusal=refusal))
+
+    async def _interrupt_elsewhere(
+        self, state: SessionState, turn: Turn, message: InboundMessage
+    ) -> None:
+        try:
+            interrupted = await interrupt_elsewhere(self._store, state.key)
+        except ChatlaneError as error:
+            log.warning(
+                "could not interrupt the turn elsewhere: %s", error, extra=turn_fields(state.key)
+            )
+            return  # the message still waits for its turn
+        log.info("interrupted elsewhere", extra=turn_fields(state.key, interrupted))
+        if self._ack_due(state, message):
+            self._tell(turn, OutboundKind.ACK, ack_text(BusyOutcome.INTERRUPTING, 0))
+
+
+def _not_interruptible(turn: Turn | None) -> bool:
+    """No agent to interrupt yet (or any more): the message queues instead."""
+    return turn is None or turn.lease is None or turn.interrupted.is_set()
