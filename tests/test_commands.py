@@ -14,6 +14,7 @@ from chatlane.commands import (
     parse_command,
 )
 from chatlane.testing import GatewayHarness
+from chatlane.types import OutboundKind
 from tests.runtime.agents import EchoAgent, Recorder
 
 
@@ -104,6 +105,8 @@ async def test_queue_command_respects_the_cap() -> None:
         await h.send("/queue b", chat_id="c")
         replies = await h.replies(chat_id="c", count=2)
         assert replies[1].startswith("Queue full")
+        [refusal] = [o for o in h.delivered(chat_id="c") if o.text.startswith("Queue full")]
+        assert (refusal.kind, refusal.refusal) == (OutboundKind.NOTICE, "queue_full")
 
 
 async def test_status_idle_and_running() -> None:

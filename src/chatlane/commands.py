@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
-from chatlane.runtime.busy import BusyPolicy, ack_text
+from chatlane.runtime.busy import BusyOutcome, BusyPolicy, ack_text
 from chatlane.runtime.engine import TurnEngine
 from chatlane.state import AGENT_PENDING
 from chatlane.types import InboundMessage, SessionKey
@@ -29,6 +29,18 @@ from chatlane.types import InboundMessage, SessionKey
 log = logging.getLogger("chatlane.commands")
 
 _COMMAND = re.compile(r"/([A-Za-z][A-Za-z0-9_-]{0,31})(?:@(\S+))?(?:\s+(.*))?", re.DOTALL)
+
+
+class CommandRefused(ChatlaneError):
+    """A command refused its message (``/queue`` over the cap): it is answered as a notice.
+
+    ``outcome`` names the refusal, as :attr:`~chatlane.types.Outbound.refusal` carries it.
+    """
+
+    def __init__(self, text: str, outcome: BusyOutcome) -> None:
+        super().__init__(text)
+        self.text = text
+        self.outcome = outcome
 
 
 class UsageError(ChatlaneError, ValueError):
@@ -151,6 +163,8 @@ def _session_busy(engine: TurnEngine, key: SessionKey) -> bool:
 async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
     try:
         return await spec.handler(call)
+    except CommandRefused:
+        raise  # the gateway answers it as a refusal
     except (UsageError, ConfigError) as error:
         detail = str(error)
         return f"{detail}\nUsage: {spec.usage}" if detail else f"Usage: {spec.usage}"
@@ -189,7 +203,10 @@ async def _queue(call: CommandCall) -> str:
     if outcome is None:
         return "Started a turn for it now."
     state = call.engine.registry.get(call.session_key)
-    return ack_text(outcome, pending.pending_count(state))
+    text = ack_text(outcome, pending.pending_count(state))
+    if outcome is BusyOutcome.QUEUE_FULL:
+        raise CommandRefused(text, outcome)
+    return text
 
 
 async def _status(call: CommandCall) -> str:

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from chatlane.commands import CommandRouter, ParsedCommand, default_router, parse_command
+from chatlane.commands import (
+    CommandRefused,
+    CommandRouter,
+    ParsedCommand,
+    default_router,
+    parse_command,
+)
 from chatlane.identity import KeyPolicy, build_session_key
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome
@@ -114,11 +120,24 @@ class Gateway:
             self.scheduler.touch(key, message.source)
         parsed = None if message.internal else await self._command_for(key, message)
         if parsed is not None:
-            reply = await self.router.run(self.engine, key, message, parsed)
-            await self.engine.send(OutboundKind.REPLY, key, message.source, reply, (message.id,))
-            return DispatchResult(key, message.id, command=parsed.name)
+            return await self._run_command(key, message, parsed)
         outcome = await self.engine.submit(key, message)
         return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+
+    async def _run_command(
+        self, key: SessionKey, message: InboundMessage, parsed: ParsedCommand
+    ) -> DispatchResult:
+        """Run ``parsed``; send its reply, or the notice of a command that refused the message."""
+        ids = (message.id,)
+        try:
+            reply = await self.router.run(self.engine, key, message, parsed)
+        except CommandRefused as refused:
+            outcome = refused.outcome
+            notice = OutboundKind.NOTICE
+            await self.engine.send(notice, key, message.source, refused.text, ids, refusal=outcome)
+            return DispatchResult(key, message.id, outcome=outcome, command=parsed.name)
+        await self.engine.send(OutboundKind.REPLY, key, message.source, reply, ids)
+        return DispatchResult(key, message.id, command=parsed.name)
 
     async def _command_for(self, key: SessionKey, message: InboundMessage) -> ParsedCommand | None:
         """The command ``message`` means: a slash command, or a yes/no to a pending question.

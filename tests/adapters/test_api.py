@@ -220,6 +220,9 @@ async def test_a_full_queue_answers_429(tmp_path: Path) -> None:
         with pytest.raises(openai.RateLimitError) as caught:
             await s.ask("third", "full")
         assert caught.value.code == "queue_full"
+        with pytest.raises(openai.RateLimitError) as caught:
+            await s.ask("/queue fourth", "full")  # /queue over the cap is refused the same way
+        assert caught.value.code == "queue_full"
         assert (await first, await second) == ("slept 1", "echo: second")
 
 

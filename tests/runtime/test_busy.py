@@ -207,6 +207,29 @@ async def test_untaken_steers_run_as_their_own_turn() -> None:
         assert replies == ["Steered into the current run", "ran first", "ran steered"]
 
 
+@pytest.mark.parametrize("behind", ["/queue B", "internal B"])
+async def test_untaken_steers_keep_their_place_before_later_messages(behind: str) -> None:
+    async def agent(turn: Turn) -> str:
+        if turn.text == "long":
+            await asyncio.sleep(0.2)
+        return f"ran {turn.text}"
+
+    agent.accepts_steering = True  # type: ignore[attr-defined]
+    async with GatewayHarness(agent, busy="steer") as h:
+        await h.send("long", chat_id="c")
+        await asyncio.sleep(0.05)
+        await h.send("A", chat_id="c")  # steered, never taken
+        if behind.startswith("/queue"):
+            await h.send(behind, chat_id="c")
+        else:
+            await h.send("B", chat_id="c", internal=True)
+        await h.send("C", chat_id="c")
+        await asyncio.wait_for(h.settle(), 5)
+        count = 6 if behind.startswith("/queue") else 5  # /queue answers; C's ack is debounced
+        ran = [r for r in await h.replies(chat_id="c", count=count) if r.startswith("ran ")]
+        assert ran == ["ran long", "ran A", "ran B", "ran C"]
+
+
 async def test_reject_always_answers_and_never_runs() -> None:
     recorder = Recorder()
     async with GatewayHarness(EchoAgent(recorder), busy="reject") as h:

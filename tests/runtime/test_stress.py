@@ -29,8 +29,9 @@ class StressAgent:
 
     accepts_steering = True
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, takes_steers: bool = True) -> None:
         self.random = random.Random(seed)
+        self.takes_steers = takes_steers
         self.active: defaultdict[str, int] = defaultdict(int)
         self.overlaps: list[str] = []
         self.cross_talk: list[str] = []
@@ -56,7 +57,8 @@ class StressAgent:
                 return
             except TimeoutError:
                 pass
-            turn.take_steers()
+            if self.takes_steers:
+                turn.take_steers()
             seen_in_thread = await run_in_thread(get_session_env, "CHATLANE_SESSION_KEY")
             if seen_in_thread != turn.session_key or get_session_env(
                 "CHATLANE_SESSION_CHAT_ID"
@@ -64,10 +66,14 @@ class StressAgent:
                 self.cross_talk.append(turn.session_key)
 
 
-async def _chat(h: GatewayHarness, chat: str, rng: random.Random) -> list[str]:
+async def _chat(h: GatewayHarness, chat: str, rng: random.Random, queue_some: bool) -> list[str]:
+    """Send ``MESSAGES`` messages; with ``queue_some``, about one in five as ``/queue``."""
     sent = []
     for i in range(MESSAGES):
-        result = await h.send(f"{chat}/{i}", chat_id=chat, user_id=f"u-{chat}")
+        text = f"{chat}/{i}"
+        if queue_some and rng.random() < 0.2:
+            text = f"/queue {text}"  # queued whatever the policy: behind any steered message
+        result = await h.send(text, chat_id=chat, user_id=f"u-{chat}")
         sent.append(result.message_id)
         if rng.random() < 0.7:
             await asyncio.sleep(rng.random() * 0.003)
@@ -75,9 +81,13 @@ async def _chat(h: GatewayHarness, chat: str, rng: random.Random) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", list(BusyPolicy))
-async def test_thousand_sessions_under_every_policy(policy: BusyPolicy) -> None:
-    agent = StressAgent(seed=hash(policy.value) & 0xFFFF)
+@pytest.mark.parametrize(
+    ("policy", "takes_steers"),
+    [(policy, True) for policy in BusyPolicy] + [(BusyPolicy.STEER, False)],
+)
+async def test_thousand_sessions_under_every_policy(policy: BusyPolicy, takes_steers: bool) -> None:
+    """``takes_steers=False``: an agent that accepts steering but never takes any."""
+    agent = StressAgent(seed=hash(policy.value) & 0xFFFF, takes_steers=takes_steers)
     rng = random.Random(7)
     async with GatewayHarness(
         agent,
@@ -89,7 +99,7 @@ async def test_thousand_sessions_under_every_policy(policy: BusyPolicy) -> None:
     ) as h:
         chats = [f"chat:{n}" for n in range(SESSIONS)]
         sent = await asyncio.gather(
-            *(_chat(h, chat, random.Random(rng.random())) for chat in chats)
+            *(_chat(h, chat, random.Random(rng.random()), not takes_steers) for chat in chats)
         )
         await h.settle(timeout=50)
 

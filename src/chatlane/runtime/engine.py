@@ -352,7 +352,7 @@ class TurnEngine:
         if turn.ended_by != REORDERED:
             settle_once(state, turn)
         for message, seq in turn.untaken_steers():
-            pending.enqueue(state, message, seq)
+            pending.insert_in_order(state, [message], [seq])  # before what came after it
         if state.turn.ctx is not turn:
             if not state.turn.is_running:
                 self._promote(state)  # an evicted turn's untaken steers still run
