@@ -7,6 +7,7 @@ from pathlib import Path
 
 from chatlane.identity import KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
+from chatlane.runtime.turn import Turn
 from chatlane.testing import GatewayHarness
 from chatlane.types import Outbound, OutboundKind
 from tests.runtime.agents import approving_agent
@@ -187,3 +188,59 @@ async def test_a_malformed_turn_name_gets_the_usage() -> None:
         await h.send("/approve", chat_id="c")
         replies = await h.replies(chat_id="c", count=7)
         assert replies[5:] == ["Approved (once): `a`", "approved: a"]
+
+
+class LeftBehind:
+    """An agent that leaves a task asking for approval ``delay`` seconds after it started."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.decisions: list[bool] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        if turn.text.startswith("start"):
+            self.tasks.append(asyncio.create_task(self._ask(turn)))
+            await asyncio.sleep(0.05)
+            return "started in the background"
+        return f"echo: {turn.text}"
+
+    async def _ask(self, turn: Turn) -> None:
+        await asyncio.sleep(self.delay)
+        self.decisions.append(await turn.request_approval("rm -rf /important"))
+
+
+async def test_a_request_from_a_turn_that_ended_is_denied_and_never_asked() -> None:
+    agent = LeftBehind(delay=0.2)
+    async with GatewayHarness(agent, approval_timeout=30) as h:
+        await h.send("start", chat_id="c")
+        await h.replies(chat_id="c", count=1)
+        await asyncio.wait_for(asyncio.gather(*agent.tasks), 5)
+        await h.send("yes", chat_id="c")
+        assert await h.replies(chat_id="c", count=2) == ["started in the background", "echo: yes"]
+    assert agent.decisions == [False]
+
+
+async def test_a_request_still_waiting_when_its_turn_ends_is_denied_then() -> None:
+    agent = LeftBehind(delay=0.0)
+    async with GatewayHarness(agent, approval_timeout=30) as h:
+        await h.send("start", chat_id="c")
+        await prompted(h, "c", 1)
+        await asyncio.wait_for(asyncio.gather(*agent.tasks), 5)  # ends with its turn
+        await h.send("yes", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+    assert agent.decisions == [False]
+    assert replies[0].startswith("Approval needed: `rm -rf /important`")
+    assert replies[1:] == ["started in the background", "echo: yes"]
+
+
+async def test_the_threadsafe_request_refuses_to_block_the_event_loop() -> None:
+    async def agent(turn: Turn) -> str:
+        return str(turn.request_approval_threadsafe("rm x"))
+
+    async with GatewayHarness(agent) as h:
+        await h.send("go", chat_id="c")
+        await h.send("still alive?", chat_id="other")
+        [failed] = await h.replies(chat_id="c", count=1)
+        assert failed == "Sorry — the agent failed on this message (RuntimeError)."
+        assert len(await h.replies(chat_id="other", count=1)) == 1

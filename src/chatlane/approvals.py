@@ -213,6 +213,13 @@ class ApprovalBroker:
                 request.decided.set_result(Decision(False, note="its turn was stopped"))
         return stale
 
+    def end_turn(self, state: SessionState, generation: int) -> None:
+        """Deny at once what the turn of ``generation`` still waits for: it has ended."""
+        for request in [r for r in _requests(state).values() if r.generation == generation]:
+            _requests(state).pop(request.id, None)
+            if not request.decided.done():
+                request.decided.set_result(Decision(False, note="its turn ended"))
+
     def end_conversation(self, state: SessionState) -> int:
         """Deny every pending request of ``state`` at once; return how many there were."""
         waiting = list(_requests(state).values())

@@ -230,6 +230,24 @@ async def test_untaken_steers_keep_their_place_before_later_messages(behind: str
         assert ran == ["ran long", "ran A", "ran B", "ran C"]
 
 
+async def test_stop_counts_steered_messages_the_agent_never_took() -> None:
+    async def agent(turn: Turn) -> str:
+        await asyncio.sleep(0 if turn.text != "long" else 5)
+        return f"ran {turn.text}"
+
+    agent.accepts_steering = True  # type: ignore[attr-defined]
+    async with GatewayHarness(agent, busy="steer") as h:
+        await h.send("long", chat_id="c")
+        await asyncio.sleep(0.05)
+        await h.send("A", chat_id="c")  # steered, never taken
+        await h.send("/queue B", chat_id="c")
+        await h.send("/stop", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies[2] == "Stopped the running turn. Dropped 2 queued messages."
+        await h.settle()
+        assert not any(r.startswith("ran ") for r in await h.replies(chat_id="c", count=3))
+
+
 async def test_reject_always_answers_and_never_runs() -> None:
     recorder = Recorder()
     async with GatewayHarness(EchoAgent(recorder), busy="reject") as h:

@@ -164,6 +164,44 @@ async def test_interrupt_reaches_a_turn_another_process_runs() -> None:
         assert runner.delivered(chat_id="c") == []
         assert await store.pending(started.session_key) == []
         assert runner.gateway.engine.metrics.lease_failures == 0
+        assert runner.gateway.engine.was_interrupted(started.message_id)  # for API waiters
+
+
+async def test_a_stop_elsewhere_drops_what_waits_here_for_the_lease() -> None:
+    store = MemoryStore()
+    recorder = Recorder()
+    fast = LeaseSettings(ttl=0.5, poll=0.02)
+    async with (
+        GatewayHarness(EchoAgent(), store=store, leases=fast) as runner,
+        GatewayHarness(EchoAgent(recorder), store=store, leases=fast) as other,
+    ):
+        await runner.send("sleep 20", chat_id="c")
+        await asyncio.sleep(0.1)
+        waiting = await other.send("queued over here", chat_id="c")  # waits for the lease
+        await other.replies(chat_id="c", count=1)  # "Queued … (this conversation is busy)"
+        await runner.send("/stop", chat_id="c")
+        (stopped,) = await runner.replies(chat_id="c", count=1)
+        assert stopped.startswith("Stopped the running turn.")
+        await runner.settle()
+        await other.settle()
+        assert recorder.turns.get(waiting.session_key, []) == []  # never ran over there
+        assert await store.pending(waiting.session_key) == []
+        await other.send("after the stop", chat_id="c")
+        replies = await other.replies(chat_id="c", count=2)
+        assert replies[1] == "echo: after the stop"
+
+
+async def test_a_renewal_that_raced_a_finished_turn_is_no_lease_failure() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder)) as h:
+        result = await h.send("hi", chat_id="c")
+        await h.replies(chat_id="c", count=1)
+        await h.settle()
+        (turn,) = recorder.turns[result.session_key]
+        engine = h.gateway.engine
+        await engine._lost(turn, "renewal refused", fenced=True)  # as a late renewal reports
+        assert engine.metrics.lease_failures == 0
+        assert turn.ended_by == ""
 
 
 async def test_interrupt_elsewhere_lets_what_that_process_queued_run_first() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from chatlane.context import run_in_thread
 from chatlane.errors import StoreError
 from chatlane.identity import SessionSource
@@ -200,3 +202,32 @@ async def test_a_store_error_before_the_turn_gets_a_notice() -> None:
         assert notice == "Sorry — the gateway could not reach its store; your message was not run."
         assert await store.pending(result.session_key) == []
         assert h.gateway.engine.is_idle()
+
+
+class AgentGaveUp(BaseException):
+    """Not an ``Exception``: still the agent's own failure."""
+
+
+@pytest.mark.parametrize("escape", ["cancelled subtask", "base exception"])
+async def test_an_agent_that_lets_a_cancellation_out_fails_like_any_agent(escape: str) -> None:
+    async def agent(turn: Turn) -> str:
+        if turn.text != "fail":
+            return f"echo: {turn.text}"
+        if escape == "base exception":
+            raise AgentGaveUp
+        subtask = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        subtask.cancel()
+        await subtask  # raises CancelledError; the turn itself was not cancelled
+        return "unreachable"
+
+    store = MemoryStore()
+    async with GatewayHarness(agent, store=store) as h:
+        result = await h.send("fail", chat_id="c")
+        await h.send("next", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        name = "AgentGaveUp" if escape == "base exception" else "CancelledError"
+        assert replies[0] == "Queued for the next turn (1 queued)"
+        assert replies[1:] == [f"Sorry — the agent failed on this message ({name}).", "echo: next"]
+        await h.settle()
+        assert await store.pending(result.session_key) == []

@@ -8,11 +8,16 @@ from typing import Any
 
 import pytest
 
+from chatlane.context import bind_session, get_session_env
 from chatlane.errors import StoreError
+from chatlane.gateway import Gateway, GatewaySettings
+from chatlane.identity import SessionSource
 from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.settings import RuntimeSettings
+from chatlane.runtime.turn import Turn
 from chatlane.stores import Lease, MemoryStore
 from chatlane.testing import GatewayHarness
-from chatlane.types import SessionKey
+from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder
 
 
@@ -90,3 +95,30 @@ async def test_a_renewal_the_store_cannot_answer_fences_the_turn_without_asking_
         await asyncio.wait_for(turn.interrupted.wait(), 1)
         assert turn.ended_by == "lease lost"
         store.down = False
+
+
+async def test_background_loops_never_keep_the_context_of_whoever_started_them() -> None:
+    seen: list[tuple[OutboundKind, str]] = []
+    evicted = asyncio.Event()
+
+    async def deliver(outbound: Outbound) -> None:
+        seen.append((outbound.kind, get_session_env("CHATLANE_SESSION_CHAT_ID")))
+        if outbound.kind is OutboundKind.NOTICE:
+            evicted.set()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "hang":
+            await asyncio.Event().wait()
+        return "ok"
+
+    settings = GatewaySettings(runtime=RuntimeSettings(turn_timeout=0.3))
+    gateway = Gateway(agent, deliver, settings=settings)
+    try:
+        with bind_session(SessionSource("web", chat_id="OTHER"), session_key="k"):
+            await gateway.dispatch(InboundMessage(SessionSource("web", chat_id="A"), "hi"))
+        await gateway.dispatch(InboundMessage(SessionSource("web", chat_id="C"), "hang"))
+        await asyncio.wait_for(evicted.wait(), 5)
+    finally:
+        await gateway.aclose()
+    assert seen == [(OutboundKind.REPLY, "A"), (OutboundKind.NOTICE, "C")]
+    assert all(chat != "OTHER" for _, chat in seen), seen

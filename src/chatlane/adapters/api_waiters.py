@@ -175,7 +175,9 @@ class WaiterTracker:
         return Place.NOWHERE
 
     def _gone(self, waiter: Waiter, now: float) -> None:
-        if waiter.notice is not None:
+        if self.engine.was_interrupted(waiter.message_id):
+            waiter.push(WaiterEvent(EventKind.FINAL, INTERRUPTED_TEXT))  # even from elsewhere
+        elif waiter.notice is not None:
             waiter.push(WaiterEvent(EventKind.FINAL, waiter.notice))
         elif waiter.nowhere_since is None:
             waiter.nowhere_since = now

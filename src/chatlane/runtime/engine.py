@@ -91,6 +91,9 @@ from chatlane.types import (
 
 log = logging.getLogger("chatlane.runtime")
 
+INTERRUPTED_MEMORY = 4096
+"""How many interrupted messages :meth:`TurnEngine.was_interrupted` remembers."""
+
 
 class TurnEngine:
     """Runs an agent for many sessions at once, one turn per session."""
@@ -127,6 +130,8 @@ class TurnEngine:
         self._collecting: set[SessionKey] = set()
         self._tasks: set[asyncio.Task[object]] = set()
         self._turn_ended = asyncio.Event()
+        self._interrupted_ids: dict[str, None] = {}
+        """Recent messages whose turn was interrupted before it answered (oldest first)."""
         self._timers: set[asyncio.TimerHandle] = set()
         hooks = UpkeepHooks(
             self._holding, self._renewed, self._lost, self._evict, self.adopt, self._is_closed
@@ -273,11 +278,11 @@ class TurnEngine:
                 state.turn.agent = turn
                 text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)
-        except asyncio.CancelledError:
-            log.info("turn cancelled", extra=turn_fields(turn.session_key, turn.generation))
-            raise
-        except Exception as error:
-            await self.output.failure(turn, error)
+        except BaseException as error:
+            if _must_propagate(error):
+                log.info("turn cancelled", extra=turn_fields(turn.session_key, turn.generation))
+                raise
+            await self.output.failure(turn, error)  # the agent's own error, even a CancelledError
             turn.ended_by = turn.ended_by or FAILED
         finally:
             await self.aftermath.settle(state, turn, closing=self._closed)
@@ -303,6 +308,9 @@ class TurnEngine:
             return False
         if not wanted() or lease.generation < state.persistent.run_generation:
             turn.ended_by = turn.ended_by or LEASE_LOST
+        elif lease.generation > state.persistent.run_generation + 1:
+            await self._drop_what_went_meanwhile(state, turn)  # another process ran or stopped
+        if turn.ended_by:
             turn.lease = lease
             turn.generation = lease.generation
             return False
@@ -313,6 +321,23 @@ class TurnEngine:
         turn.touch()
         self.metrics.turn_started()
         return True
+
+    async def _drop_what_went_meanwhile(self, state: SessionState, turn: Turn) -> None:
+        """End ``turn`` unrun if another process dropped its messages (``/stop``, ``/new``).
+
+        Checked only when the generation moved on elsewhere while the turn
+        waited: one read of the store's queue. Messages still queued there go
+        back into the local queue in store order.
+        """
+        alive = {record.seq for record in await self.store.pending(state.key)}
+        if all(seq in alive for seq in turn.seqs):
+            return
+        for message, seq in zip(turn.messages, list(turn.seqs), strict=True):
+            if seq in alive:
+                pending.insert_in_order(state, [message], [seq])
+        turn.seqs = [seq for seq in turn.seqs if seq not in alive]
+        turn.ended_by = STOPPED
+        log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
 
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored
@@ -344,7 +369,7 @@ class TurnEngine:
         return True
 
     def _finish(self, state: SessionState, turn: Turn) -> None:
-        self._turns.discard(turn)
+        self._end(state, turn)
         self._turn_ended.set()
         if turn.lease is not None:
             outcome = "answered" if turn.answered else (turn.ended_by or "fenced")
@@ -361,6 +386,15 @@ class TurnEngine:
             state.conversation.interrupt_streak = 0
         state.turn.clear()
         self._promote(state)
+
+    def _end(self, state: SessionState, turn: Turn) -> None:
+        """The engine is done with ``turn``: it holds no slot and can ask nothing any more."""
+        self._turns.discard(turn)
+        turn.finished = True
+        if turn.ended_by == INTERRUPTED and not turn.answered:
+            self._remember_interrupted(turn.message_ids)
+        if turn.lease is not None:
+            self.approvals.end_turn(state, turn.generation)
 
     def _promote(self, state: SessionState) -> None:
         """Start the session's next pending turn, or wait out a collect debounce."""
@@ -462,6 +496,8 @@ class TurnEngine:
         turn = running_turn_of(state)
         if turn is not None and turn.lease is None:
             dropped = [*turn.messages, *dropped]
+        if turn is not None:
+            dropped = [*turn.waiting_steers(), *dropped]  # told "steered", never run
         fenced_here = turn is not None and turn.is_current()  # its supersede bumps
         if turn is not None:
             self._supersede(state, turn, STOPPED)
@@ -507,8 +543,8 @@ class TurnEngine:
             interrupted = fenced and await was_interrupted_elsewhere(self.store, turn)
         except ChatlaneError:
             interrupted = False
-        if not turn.is_current():
-            return
+        if turn.finished or not turn.is_current():
+            return  # it ended while the renewal was under way: nothing was lost
         state = self.registry.get(turn.session_key)
         if interrupted:
             detail = "by a message to another process"
@@ -529,13 +565,18 @@ class TurnEngine:
         settle_once(state, turn)
         if turn.task is not None:
             turn.task.cancel()
-        self._turns.discard(turn)
+        self._end(state, turn)
         state.turn.clear()
         await self.leases.release(state, turn.generation)
         timeout = self.settings.turn_timeout
         text = f"The running turn made no progress for {timeout:g}s and was stopped."
-        await self.send(OutboundKind.NOTICE, turn.session_key, turn.source, text, turn.message_ids)
+        await self._send_as(turn, OutboundKind.NOTICE, text)
         self._promote(state)
+
+    async def _send_as(self, turn: Turn, kind: OutboundKind, text: str) -> None:
+        """Send about ``turn`` from a background loop, with ``turn``'s session bound."""
+        send = self.send(kind, turn.session_key, turn.source, text, turn.message_ids)
+        await asyncio.create_task(send, context=bound_context(turn.source, turn.session_key))
 
     # -- delivery and shutdown -------------------------------------------------
 
@@ -569,6 +610,20 @@ class TurnEngine:
             )
             for r in self.approvals.pending(state)
         ]
+
+    def was_interrupted(self, message_id: str) -> bool:
+        """Whether a turn that ran ``message_id`` here was interrupted before it answered.
+
+        Remembered for the last :data:`INTERRUPTED_MEMORY` such messages.
+        """
+        return message_id in self._interrupted_ids
+
+    def _remember_interrupted(self, message_ids: tuple[str, ...]) -> None:
+        remembered = self._interrupted_ids
+        for message_id in message_ids:
+            remembered[message_id] = None
+        while len(remembered) > INTERRUPTED_MEMORY:
+            del remembered[next(iter(remembered))]
 
     def is_waiting(self, key: SessionKey, message_id: str) -> bool:
         """Whether ``message_id`` waits in ``key``'s local queue for a turn of its own."""
@@ -646,6 +701,21 @@ class TurnEngine:
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
+
+
+def _must_propagate(error: BaseException) -> bool:
+    """Whether ``error`` ends the turn task itself, rather than being the agent's failure.
+
+    A ``CancelledError`` counts only while this task is being cancelled (an
+    interrupt's grace ran out, an eviction, shutdown); one the agent let out
+    of its own cancelled subtask is its failure, answered like any other.
+    """
+    if isinstance(error, KeyboardInterrupt | SystemExit):
+        return True
+    if isinstance(error, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is None or task.cancelling() > 0
+    return False
 
 
 def _cancel(task: asyncio.Task[None]) -> None:

@@ -87,7 +87,7 @@ class TurnOutput:
         if await self._commit(turn, "assistant", text):
             await self._deliver(turn, OutboundKind.REPLY, text)
 
-    async def failure(self, turn: Turn, error: Exception) -> None:
+    async def failure(self, turn: Turn, error: BaseException) -> None:
         """Tell the sender the agent failed (the traceback goes to the log)."""
         log.error("agent failed", exc_info=error, extra=_fields(turn))
         text = failure_text(error)
@@ -137,7 +137,7 @@ class TurnOutput:
         return False
 
 
-def failure_text(error: Exception) -> str:
+def failure_text(error: BaseException) -> str:
     """What the sender is told when a turn failed."""
     if isinstance(error, StoreError):
         return "Sorry — the gateway could not reach its store; your message was not run."

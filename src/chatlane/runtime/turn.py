@@ -92,6 +92,7 @@ class Turn:
         "answered",
         "approvals",
         "ended_by",
+        "finished",
         "generation",
         "interrupted",
         "last_progress",
@@ -125,6 +126,8 @@ class Turn:
         self.generation = 0
         self.lease: Lease | None = None
         self.ended_by = ""
+        self.finished = False
+        """The engine is done with this turn: whatever still runs for it can ask nothing."""
         self.reruns = 0
         self.refusable = False
         """A fresh message that found its session idle here: the busy policy may refuse it."""
@@ -191,6 +194,10 @@ class Turn:
         """Hand ``message`` to the running agent (engine side of :meth:`take_steers`)."""
         self._steers.append((message, seq))
 
+    def waiting_steers(self) -> list[InboundMessage]:
+        """Messages steered into this run that the agent has not taken yet (a copy)."""
+        return [message for message, _ in self._steers]
+
     def untaken_steers(self) -> list[tuple[InboundMessage, int]]:
         """Steered messages (and seqs) the agent never took (engine side, at the end)."""
         untaken, self._steers = self._steers, []
@@ -200,9 +207,11 @@ class Turn:
         """Ask this turn's user to approve ``command``; True only if they did, in time.
 
         The prompt goes to the chat and thread the turn came from. A stale
-        turn, a timeout and a conversation that ends are all a denial.
+        turn, a timeout and a conversation that ends are all a denial, and so
+        is a request from a turn that already ended (a task it left behind):
+        nobody would see its prompt.
         """
-        if self.approvals is None or self.lease is None:
+        if self.approvals is None or self.lease is None or self.finished:
             return False
         decision = await self.approvals.request(
             self._state, self.generation, self.source.user_id, command, reason
@@ -210,7 +219,20 @@ class Turn:
         return decision.approved
 
     def request_approval_threadsafe(self, command: str, reason: str = "") -> bool:
-        """:meth:`request_approval` for tools running in a worker thread (blocks that thread)."""
+        """:meth:`request_approval` for tools running in a worker thread (blocks that thread).
+
+        :raises RuntimeError: if called on the event loop's own thread, which
+            it would block for good; there, ``await request_approval()``.
+        """
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            raise RuntimeError(
+                "request_approval_threadsafe() would block the event loop; "
+                "await turn.request_approval() instead"
+            )
         future = asyncio.run_coroutine_threadsafe(
             self.request_approval(command, reason), self._loop
         )

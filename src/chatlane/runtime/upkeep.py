@@ -19,6 +19,7 @@ it closes. What stays true:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -72,12 +73,19 @@ class Upkeep:
         return self._tasks
 
     def start(self) -> None:
-        """Start the loops, once."""
+        """Start the loops, once, each in a fresh context: no session is bound there.
+
+        They serve every session, so they never keep a copy of whichever
+        caller (perhaps inside a session's binding) happened to start them.
+        """
         if self._tasks:
             return
-        self._tasks.append(asyncio.create_task(self._keep_leases(), name="chatlane-leases"))
+        loops = [(self._keep_leases(), "chatlane-leases")]
         if self._turn_timeout > 0:
-            self._tasks.append(asyncio.create_task(self._watch(), name="chatlane-watchdog"))
+            loops.append((self._watch(), "chatlane-watchdog"))
+        for loop, name in loops:
+            task = asyncio.create_task(loop, name=name, context=contextvars.Context())
+            self._tasks.append(task)
 
     async def _keep_leases(self) -> None:
         settings = self._leases.settings
