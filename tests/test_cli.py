@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
 from click.testing import CliRunner
 
 from chatlane.cli import main
@@ -33,6 +40,19 @@ def test_build_and_parse_round_trip() -> None:
     assert "user_id=@ada:example.org" in parts
 
 
+def test_parse_shows_an_id_with_control_characters_on_its_own_line() -> None:
+    code, parts = run("key", "parse", "main:web:dm:two\nlines")
+    assert code == 0
+    assert parts.splitlines() == [
+        "namespace=main",
+        "platform=web",
+        "chat_type=dm",
+        "chat_id='two\\nlines'",
+        "thread_id=",
+        "user_id=",
+    ]
+
+
 def test_build_without_ids_is_a_clear_error() -> None:
     code, output = run("key", "build", "--platform", "telegram")
     assert code == 1
@@ -50,3 +70,47 @@ def test_bad_chat_type_is_refused_by_click() -> None:
     code, output = run("key", "build", "--platform", "x", "--chat-id", "1", "--chat-type", "room")
     assert code == 2
     assert "Invalid value for '--chat-type'" in output
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def not_a_gateway() -> Iterator[str]:
+    """An HTTP server that answers every GET with 200 and a page of text."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"<html>hello</html>")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("command", ["sessions", "inspect"])
+def test_admin_commands_explain_a_bad_url_or_token(command: str) -> None:
+    key = ["main:api:dm:x"] if command == "inspect" else []
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    for args in (["--url", "http://[::1"], ["--url", unreachable, "--token", "t\u00e9"]):
+        code, output = run(command, *args, *key)
+        assert code == 1, output
+        assert "cannot reach the gateway" in output
+    with not_a_gateway() as url:
+        code, output = run(command, "--url", url, *key)
+    assert code == 1
+    assert "did not answer as a chatlane gateway (not JSON)" in output

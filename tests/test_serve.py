@@ -173,6 +173,10 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
         (["--store", "ftp://x"], "store URL 'ftp://x'"),
         (["--agent", "python:nowhere:agent"], "cannot import it"),
         (["--host", "0.0.0.0"], "needs a token"),
+        (["--port", "70000"], "--port 70000: expected a port between 1 and 65535"),
+        (["--port", "0"], "--port 0: expected a port"),
+        (["--host", ""], "--host: expected a value"),
+        (["--store", ""], "--store: expected a value"),
     ],
 )
 def test_bad_options_stop_the_start_with_a_clear_message(

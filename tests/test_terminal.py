@@ -308,6 +308,15 @@ async def test_an_unreachable_gateway_is_a_clear_error() -> None:
     assert "Traceback" not in err
 
 
+async def test_a_url_where_no_gateway_answers_is_a_clear_error() -> None:
+    async with serving() as url:
+        code, _, err = await chat_command("--url", url + "/v1", stdin=b"hello\n")
+    assert code == 1
+    assert f"Error: no chatlane gateway answers at {url}/v1 (" in err
+    assert "(HTTP 404)" in err
+    assert "Traceback" not in err
+
+
 async def test_a_wrong_token_is_a_clear_error_and_the_right_one_works(tmp_path: Path) -> None:
     async with serving(token=TOKEN) as url:
         code, _, err = await chat_command("--url", url, "--token", "wrong", stdin=b"hi\n")

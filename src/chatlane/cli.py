@@ -68,14 +68,19 @@ def serve(
 def _admin_get(url: str, path: str, token: str | None) -> Any:
     import httpx
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {b"Authorization": b"Bearer " + token.encode()} if token else {}
     try:
         response = httpx.get(url.rstrip("/") + path, headers=headers, timeout=10)
-    except httpx.HTTPError as error:
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
         raise click.ClickException(f"cannot reach the gateway at {url}: {error}") from None
     if response.status_code != 200:
         raise click.ClickException(f"{url}{path}: HTTP {response.status_code} {response.text}")
-    return response.json()
+    try:
+        return response.json()
+    except ValueError:
+        raise click.ClickException(
+            f"{url}{path} did not answer as a chatlane gateway (not JSON); check --url"
+        ) from None
 
 
 _URL = click.option(
@@ -95,10 +100,11 @@ _TOKEN = click.option(
 def sessions(url: str, token: str | None) -> None:
     """List the sessions a running gateway holds."""
     items = _admin_get(url, "/admin/sessions", token)["sessions"]
-    click.echo(f"{'KEY':<48} {'STATE':<10} {'GEN':>5} {'QUEUED':>6} {'IDLE(s)':>8}")
+    width = max([48, *(len(item["key"]) for item in items)])
+    click.echo(f"{'KEY':<{width}} {'STATE':<10} {'GEN':>5} {'QUEUED':>6} {'IDLE(s)':>8}")
     for item in items:
         click.echo(
-            f"{item['key']:<48} {item['activity']:<10} {item['generation']:>5} "
+            f"{item['key']:<{width}} {item['activity']:<10} {item['generation']:>5} "
             f"{item['queued']:>6} {item['idle_seconds']:>8}"
         )
 
@@ -200,8 +206,9 @@ def key_parse(session_key: str) -> None:
     except ChatlaneError as error:
         raise click.ClickException(str(error)) from None
     for name in ("namespace", "platform", "chat_type", "chat_id", "thread_id", "user_id"):
-        value = getattr(parts, name)
-        click.echo(f"{name}={'' if value is None else value}")
+        value = getattr(parts, name) or ""
+        shown = value if value.isprintable() else repr(value)  # one field per line, always
+        click.echo(f"{name}={shown}")
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m chatlane.cli`

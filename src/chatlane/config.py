@@ -17,6 +17,7 @@ Environment overrides use ``CHATLANE_<SECTION>__<KEY>``, for example
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -207,18 +208,28 @@ def _env_value(value: str) -> Any:
 def _convert(raw: dict[str, Any]) -> Config:
     allow = raw.get("allow")
     if isinstance(allow, dict):
-        raw["allow"] = {platform: _ids(ids) for platform, ids in allow.items()}
+        raw["allow"] = {platform: _ids(platform, ids) for platform, ids in allow.items()}
     try:
         return msgspec.convert(raw, Config, strict=False)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), raw)) from None
 
 
-def _ids(ids: object) -> object:
-    """User ids may be written as numbers (Telegram's are); they are compared as strings."""
-    if isinstance(ids, list):
-        return [str(i) if isinstance(i, int) and not isinstance(i, bool) else i for i in ids]
-    return ids
+def _ids(platform: str, ids: object) -> list[str]:
+    """User ids may be written as numbers (Telegram's are); they are compared as strings.
+
+    :raises ConfigError: naming ``allow.<platform>`` unless ``ids`` is a list of ids.
+    """
+    if not isinstance(ids, list) or not all(_is_id(i) for i in ids):
+        raise ConfigError(
+            f"configuration key {f'allow.{platform}'!r} = {ids!r}: "
+            "expected a list of user ids (strings or whole numbers)"
+        )
+    return [str(i) for i in ids]
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _explain(message: str, raw: dict[str, Any]) -> str:
@@ -245,7 +256,17 @@ def _lookup(raw: Any, path: list[str]) -> Any:
     return raw
 
 
+def check_config(config: Config) -> None:
+    """Validate ``config`` as a whole (``load_config`` does; so must code that changes it).
+
+    :raises ConfigError: naming the key, the value and what was expected.
+    """
+    _check(config)
+
+
 def _check(config: Config) -> None:
+    if not config.namespace:
+        raise ConfigError("configuration key 'namespace' = '': expected a non-empty name")
     runtime = config.runtime
     BusyPolicy.parse(runtime.busy, what="configuration key 'runtime.busy'")
     for platform, policy in runtime.busy_per_platform.items():
@@ -274,7 +295,7 @@ def _check(config: Config) -> None:
 def _check_positive(runtime: RuntimeConfig) -> None:
     for name in ("queue_cap", "interrupt_depth", "lease_ttl"):
         value = getattr(runtime, name)
-        if value <= 0:
+        if not value > 0 or not math.isfinite(value):
             raise ConfigError(f"configuration key 'runtime.{name}' = {value}: expected > 0")
     for name in (
         "collect_debounce",
@@ -287,5 +308,7 @@ def _check_positive(runtime: RuntimeConfig) -> None:
         "reread_stored",
     ):
         value = getattr(runtime, name)
-        if value < 0:
-            raise ConfigError(f"configuration key 'runtime.{name}' = {value}: expected >= 0")
+        if not value >= 0 or not math.isfinite(value):
+            raise ConfigError(
+                f"configuration key 'runtime.{name}' = {value}: expected a finite number >= 0"
+            )

@@ -12,7 +12,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
-from chatlane.config import Config, load_config
+from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling_config import build_scheduler
@@ -35,8 +35,11 @@ def configure(
     :raises ConfigError: for any bad value, naming it.
     """
     config = load_config(config_path)
+    _check_options(host=host, port=port, store=store, agent=agent)
     server = msgspec.structs.replace(
-        config.server, host=host or config.server.host, port=port or config.server.port
+        config.server,
+        host=config.server.host if host is None else host,
+        port=config.server.port if port is None else port,
     )
     runtime = config.runtime
     if busy is not None:
@@ -48,6 +51,7 @@ def configure(
         store=msgspec.structs.replace(config.store, url=store or config.store.url),
         agent=msgspec.structs.replace(config.agent, name=agent or config.agent.name),
     )
+    check_config(config)
     require_token(config)
     if config.telegram.enabled and not config.telegram.token.read(os.environ):
         raise ConfigError(
@@ -56,6 +60,19 @@ def configure(
         )
     build_scheduler(config)
     return config
+
+
+def _check_options(**options: str | int | None) -> None:
+    """Command-line values replace the configuration's, so each must be one.
+
+    :raises ConfigError: for an empty text or a port outside 1 to 65535.
+    """
+    for name, value in options.items():
+        if value == "":
+            raise ConfigError(f"--{name}: expected a value, not an empty string")
+    port = options.get("port")
+    if isinstance(port, int) and not 0 < port < 65536:
+        raise ConfigError(f"--port {port}: expected a port between 1 and 65535")
 
 
 def require_token(config: Config) -> None:

@@ -161,6 +161,15 @@ def whole_reply(response: httpx.Response) -> StreamEvent:
         return StreamEvent(error="the gateway sent an unreadable reply")
 
 
+def _lists_models(response: httpx.Response) -> bool:
+    """Whether ``response`` is a ``GET /v1/models`` answer: a JSON object with a ``data`` list."""
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and isinstance(body.get("data"), list)
+
+
 def response_error(response: httpx.Response) -> str:
     """The gateway's message for an HTTP error (its JSON ``error.message``, else the body)."""
     try:
@@ -341,6 +350,11 @@ class Chat:
             raise self.unreachable(error) from None
         if response.status_code == 401:
             raise TokenRefused(response_error(response))
+        if response.status_code != 200 or not _lists_models(response):
+            raise GatewayUnreachable(
+                f"no chatlane gateway answers at {self.gateway.url} ({response_error(response)}); "
+                "--url is the gateway's base URL, such as http://127.0.0.1:8080"
+            )
 
     async def handle(self, event: Event) -> int | None:
         """Act on one event; an exit status ends the conversation."""
