@@ -18,9 +18,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
-from chatlane.errors import ConfigError
+from chatlane.errors import ConfigError, InvalidSource
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
-from chatlane.identity import ChatType, KeyPolicy, SessionSource
+from chatlane.identity import KeyPolicy, SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.engine import RuntimeSettings
@@ -64,15 +64,28 @@ def _source(
     chat_name: str = "",
     user_name: str = "",
 ) -> SessionSource:
+    """:raises InvalidSource: for an empty ``chat_id`` or an unknown ``chat_type``."""
+    _address(chat_id, thread_id)
     return SessionSource(
         platform,
         chat_id=chat_id,
-        chat_type=ChatType(chat_type),
+        chat_type=chat_type,  # type: ignore[arg-type]  # checked (and converted) by SessionSource
         chat_name=chat_name,
         thread_id=thread_id,
         user_id=user_id,
         user_name=user_name,
     )
+
+
+def _address(chat_id: object, thread_id: object) -> ChatAddress:
+    """Where replies to that chat and thread are filed: ids as text, ``""`` thread as none.
+
+    :raises InvalidSource: for an empty ``chat_id`` (replies could not be told apart).
+    """
+    if chat_id is None or str(chat_id) == "":
+        raise InvalidSource("the harness needs a non-empty chat_id")
+    thread = None if thread_id is None or str(thread_id) == "" else str(thread_id)
+    return (str(chat_id), thread)
 
 
 class GatewayHarness:
@@ -102,15 +115,27 @@ class GatewayHarness:
         self._by_chat: defaultdict[ChatAddress, list[Outbound]] = defaultdict(list)
         self._arrived = asyncio.Condition()
         self._gateway: Gateway | None = None
+        self._closed = False
 
     @property
     def gateway(self) -> Gateway:
-        """The gateway under test (available inside ``async with``)."""
+        """The gateway under test (available inside ``async with``).
+
+        :raises RuntimeError: before the block, and after it (the gateway is closed).
+        """
+        if self._closed:
+            raise RuntimeError("this GatewayHarness was closed; use it inside its `async with`")
         if self._gateway is None:
             raise RuntimeError("use the harness as `async with GatewayHarness(...) as h:`")
         return self._gateway
 
     async def __aenter__(self) -> Self:
+        """Start the gateway; a harness is entered once (make a new one for another run).
+
+        :raises RuntimeError: if this harness was entered before.
+        """
+        if self._gateway is not None or self._closed:
+            raise RuntimeError("a GatewayHarness can be entered once; make a new one")
         store = self._store
         if isinstance(store, str):
             store = await open_store("memory://" if store == "memory" else store)
@@ -126,6 +151,7 @@ class GatewayHarness:
         tb: TracebackType | None,
     ) -> None:
         await self.gateway.aclose()
+        self._closed = True
         if self._owns_store and isinstance(self._store, Store):
             await self._store.close()
 
@@ -155,7 +181,7 @@ class GatewayHarness:
 
     def delivered(self, *, chat_id: str, thread_id: str | None = None) -> list[Outbound]:
         """Everything delivered to that chat and thread so far, chunks included."""
-        return list(self._by_chat[(chat_id, thread_id)])
+        return list(self._by_chat[_address(chat_id, thread_id)])
 
     async def replies(
         self,
@@ -170,14 +196,25 @@ class GatewayHarness:
         Replies are counted from the start of the harness, in delivery order, so
         calling again with a larger ``count`` returns the earlier ones too.
 
+        After the ``async with`` block only what arrived can be read: too few
+        replies then raise at once.
+
         :raises TimeoutError: if fewer than ``count`` arrive within ``timeout``.
+        :raises RuntimeError: before the block starts, or after it with too few replies.
         """
-        address = (chat_id, thread_id)
+        address = _address(chat_id, thread_id)
 
         def complete() -> list[str]:
             found = [o.text for o in self._by_chat[address] if o.kind in _COMPLETE]
             return found[:count]
 
+        if self._gateway is None:
+            raise RuntimeError("use the harness as `async with GatewayHarness(...) as h:`")
+        if self._closed and len(complete()) < count:
+            raise RuntimeError(
+                f"the harness was closed with {len(complete())} of {count} replies "
+                f"for chat {address[0]!r}"
+            )
         async with asyncio.timeout(timeout), self._arrived:
             await self._arrived.wait_for(lambda: len(complete()) >= count)
         return complete()

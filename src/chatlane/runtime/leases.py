@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, LeaseError, LeaseLost, SessionBusy
 from chatlane.logs import turn_fields
+from chatlane.runtime.limits import require_numbers
 from chatlane.state import SessionState
 from chatlane.stores.base import Lease, Store
 
@@ -57,6 +58,13 @@ class LeaseSettings:
     poll: float = 0.005
     max_poll: float = 0.25
     fence_check: float = 0.5
+
+    def __post_init__(self) -> None:
+        require_numbers(
+            self,
+            positive=("ttl", "poll", "max_poll"),
+            non_negative=("max_active_sessions", "fence_check"),
+        )
 
 
 class AcquireWait:

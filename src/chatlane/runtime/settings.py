@@ -1,6 +1,7 @@
 """What a turn engine is configured with, and what ``/stop`` reports.
 
-Plain frozen records: the engine reads them, nothing else changes them.
+Plain frozen records: the engine reads them, nothing else changes them, and
+their numbers are checked when they are made (:mod:`chatlane.runtime.limits`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 
 from chatlane.runtime.busy import BusySettings
 from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.limits import require_numbers
 from chatlane.types import InboundMessage
 
 
@@ -45,6 +47,20 @@ class RuntimeSettings:
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     approval_timeout: float = 300.0
     reread_stored: float = 1.0
+
+    def __post_init__(self) -> None:
+        require_numbers(
+            self,
+            positive=("queue_cap", "interrupt_depth"),
+            non_negative=(
+                "collect_debounce",
+                "interrupt_grace",
+                "ack_debounce",
+                "turn_timeout",
+                "approval_timeout",
+                "reread_stored",
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
