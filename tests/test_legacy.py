@@ -244,6 +244,22 @@ class TestDictSemantics:
         assert runner._session_model_overrides != {"a": "m1", "b": "other"}
         assert dict(runner._session_model_overrides) == {"a": "m1", "b": "m2"}
 
+    def test_copy_and_union_give_plain_dicts_as_dicts_did(self) -> None:
+        runner = Runner()
+        runner._session_model_overrides["a"] = "m1"
+        snapshot = runner._session_model_overrides.copy()
+        merged = runner._session_model_overrides | {"b": "m2"}
+        reversed_merge = {"a": "old", "c": "m3"} | runner._session_model_overrides
+        assert (type(snapshot), snapshot) == (dict, {"a": "m1"})
+        assert (type(merged), merged) == (dict, {"a": "m1", "b": "m2"})
+        assert reversed_merge == {"a": "m1", "c": "m3"}
+        assert runner._session_model_overrides == {"a": "m1"}  # unchanged by | and copy
+        snapshot["a"] = "changed"
+        assert runner._session_model_overrides["a"] == "m1"
+        view = runner._session_model_overrides
+        view |= {"b": "m2"}
+        assert runner._sessions.get("b").conversation.model_override == "m2"
+
     def test_len_iter_in_follow_presence(self) -> None:
         runner = Runner()
         runner._running_agents["a"] = "agent"

@@ -114,7 +114,10 @@ class Gateway:
         """Handle one inbound message: a command, a new turn, or a busy outcome.
 
         A plain "yes" or "no" answers a pending approval or confirmation first.
+        Lone surrogates in the text or source (which no store or wire can
+        carry) are replaced by U+FFFD first.
         """
+        message = message.cleaned()
         key = self.session_key(message)
         if self.scheduler is not None and not message.internal:
             self.scheduler.touch(key, message.source)

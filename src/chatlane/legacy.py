@@ -156,6 +156,26 @@ class LegacyView(MutableMapping[K, Any]):
         for key, value in new.items():
             self[key] = value
 
+    def copy(self) -> dict[K, Any]:
+        """A snapshot as a plain ``dict``, as ``dict.copy()`` gave legacy code."""
+        return dict(self)
+
+    def __or__(self, other: Mapping[K, Any]) -> dict[K, Any]:
+        """``view | other``: a new ``dict`` (the view itself is not changed), as for a dict."""
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return {**self, **other}
+
+    def __ror__(self, other: Mapping[K, Any]) -> dict[K, Any]:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return {**other, **self}
+
+    def __ior__(self, other: Mapping[K, Any]) -> Self:
+        """``view |= other``: each entry of ``other`` is written through to its session."""
+        self.update(other)
+        return self
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(self)!r})"
 

@@ -7,12 +7,14 @@ msgspec structs: built in C, they cost a tenth of a frozen dataclass.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import msgspec
 
@@ -36,6 +38,16 @@ def new_message_id() -> str:
     return f"m-{_PROCESS}-{next(_message_ids)}"
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate (which no UTF-8 can carry) replaced by U+FFFD."""
+    if text.isascii() or _LONE_SURROGATE.search(text) is None:
+        return text
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
 class InboundMessage(msgspec.Struct, frozen=True):
     """One message for a session.
 
@@ -48,6 +60,17 @@ class InboundMessage(msgspec.Struct, frozen=True):
     id: str = msgspec.field(default_factory=new_message_id)
     internal: bool = False
     received_at: float = msgspec.field(default_factory=time.time)
+
+    def cleaned(self) -> InboundMessage:
+        """This message, with lone surrogates in its text and source made U+FFFD.
+
+        Returns ``self`` when there are none (the common case costs a few ``isascii`` calls).
+        """
+        text = clean_text(self.text)
+        source = _clean_source(self.source)
+        if text is self.text and source is self.source:
+            return self
+        return msgspec.structs.replace(self, text=text, source=source)
 
 
 class Target(msgspec.Struct, frozen=True):
@@ -130,3 +153,23 @@ class Agent(Protocol):
 def accepts_steering(agent: object) -> bool:
     """Whether ``agent`` declared that it reads steered text during a turn."""
     return bool(getattr(agent, "accepts_steering", False))
+
+
+_SOURCE_TEXTS = (
+    "platform",
+    "chat_id",
+    "chat_name",
+    "thread_id",
+    "user_id",
+    "user_name",
+    "message_id",
+)
+
+
+def _clean_source(source: SessionSource) -> SessionSource:
+    changed: dict[str, Any] = {}
+    for name in _SOURCE_TEXTS:
+        value = getattr(source, name)
+        if isinstance(value, str) and clean_text(value) is not value:
+            changed[name] = clean_text(value)
+    return dataclasses.replace(source, **changed) if changed else source

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from chatlane.stores.base import Conversation
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, OutboundKind
+from tests.runtime.agents import EchoAgent
 
 
 async def test_a_message_steered_at_a_stopped_turn_queues_instead() -> None:
@@ -231,3 +233,15 @@ async def test_an_agent_that_lets_a_cancellation_out_fails_like_any_agent(escape
         assert replies[1:] == [f"Sorry — the agent failed on this message ({name}).", "echo: next"]
         await h.settle()
         assert await store.pending(result.session_key) == []
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_lone_surrogates_are_replaced_not_fatal(store: str, tmp_path: Path) -> None:
+    url = "memory" if store == "memory" else f"sqlite:///{tmp_path / 'odd.db'}"
+    async with GatewayHarness(EchoAgent(), store=url) as h:
+        result = await h.send("hi \ud83d there", chat_id="c", user_name="ada \udc00")
+        await h.send("/model \ud83d", chat_id="c")
+        replies = await h.replies(chat_id="c", count=2)
+        assert sorted(replies) == ["Model for this conversation: \ufffd", "echo: hi \ufffd there"]
+        state = h.session(result.session_key)
+        assert state.conversation.model_override.name == "\ufffd"

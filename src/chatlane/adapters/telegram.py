@@ -34,7 +34,6 @@ import copy
 import json
 import logging
 import os
-import re
 import unicodedata
 import warnings
 from collections.abc import Sequence
@@ -66,7 +65,7 @@ from chatlane.commands import parse_command
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import ChatType, SessionSource
-from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
+from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
 
 if TYPE_CHECKING:
     from chatlane.server import Hub
@@ -86,7 +85,6 @@ _ANSWERS = {APPROVE_DATA: "/approve", DENY_DATA: "/deny"}
 """Button data prefix → the command a press sends; ``:<generation>`` follows the prefix."""
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
 _NOT_TEXT = "Sorry, I can only read text messages."
 _NOT_HANDLED = "Sorry — your message could not be handled right now; please try again."
@@ -340,11 +338,6 @@ def button_command(data: str) -> str | None:
     if prefix in _ANSWERS and generation.isascii() and generation.isdigit():
         return f"{_ANSWERS[prefix]} #{int(generation)}"
     return _ANSWERS.get(data)
-
-
-def clean_text(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD."""
-    return _SURROGATE.sub("\ufffd", text)
 
 
 def utf16_len(text: str) -> int:
