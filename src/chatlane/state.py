@@ -203,9 +203,9 @@ class PersistentState:
     run_generation: int = 0
     hygiene_failure_streak: int = 0
     busy_policy: Any = None
-    approval_allowlist: list[str] = field(default_factory=list)
-    """Command patterns approved with ``/approve always`` (kept in the store)."""
     """This session's own busy policy (``/busy``), or None for the gateway's."""
+    approval_allowlist: list[str] = field(default_factory=list)
+    """Exact commands approved with ``/approve always`` (kept in the store)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "run_generation":

@@ -4,6 +4,8 @@ or any async callable named as ``python:module:attribute``."""
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from chatlane.config import Config
 from chatlane.errors import ConfigError
@@ -33,9 +35,13 @@ def load_agent(config: Config) -> Agent:
 
 
 def _import_agent(target: str) -> Agent:
+    """Import ``module:attribute``; the working directory is searched first, as uvicorn does."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"agent {target!r}: expected python:module:attribute")
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)  # a console script starts without it
     try:
         module = importlib.import_module(module_name)
         agent: Agent = getattr(module, attribute)
