@@ -119,12 +119,10 @@ class GatewayHarness:
 
     @property
     def gateway(self) -> Gateway:
-        """The gateway under test (available inside ``async with``).
+        """The gateway under test (after the block it stays readable, but closed).
 
-        :raises RuntimeError: before the block, and after it (the gateway is closed).
+        :raises RuntimeError: before the ``async with`` block.
         """
-        if self._closed:
-            raise RuntimeError("this GatewayHarness was closed; use it inside its `async with`")
         if self._gateway is None:
             raise RuntimeError("use the harness as `async with GatewayHarness(...) as h:`")
         return self._gateway
@@ -175,9 +173,15 @@ class GatewayHarness:
         user_name: str = "",
         internal: bool = False,
     ) -> DispatchResult:
-        """Deliver one inbound message, as an adapter would."""
+        """Deliver one inbound message, as an adapter would.
+
+        :raises RuntimeError: outside the ``async with`` block.
+        """
         source = _source(platform, chat_id, chat_type, thread_id, user_id, chat_name, user_name)
-        return await self.gateway.dispatch(InboundMessage(source, text, internal=internal))
+        gateway = self.gateway
+        if self._closed:
+            raise RuntimeError("this GatewayHarness was closed; send inside its `async with`")
+        return await gateway.dispatch(InboundMessage(source, text, internal=internal))
 
     def delivered(self, *, chat_id: str, thread_id: str | None = None) -> list[Outbound]:
         """Everything delivered to that chat and thread so far, chunks included."""
