@@ -107,3 +107,17 @@ async def approving_agent(turn: Turn) -> str:
     else:
         ok = await turn.request_approval(words[1], "the test wants it")
     return f"{'approved' if ok else 'denied'}: {words[1]}"
+
+
+class UntakenSteers:
+    """Accepts steering but never takes any; ``long`` holds its turn for ``hold`` seconds."""
+
+    accepts_steering = True
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+
+    async def __call__(self, turn: Turn) -> str:
+        if turn.text == "long":
+            await asyncio.sleep(self.hold)
+        return f"ran {turn.text}"

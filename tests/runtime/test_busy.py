@@ -19,7 +19,7 @@ from chatlane.runtime.busy import (
 )
 from chatlane.runtime.turn import Turn
 from chatlane.testing import GatewayHarness
-from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent
+from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent, UntakenSteers
 
 IDLE_CTX = BusyContext(
     queued=0,
@@ -209,13 +209,7 @@ async def test_untaken_steers_run_as_their_own_turn() -> None:
 
 @pytest.mark.parametrize("behind", ["/queue B", "internal B"])
 async def test_untaken_steers_keep_their_place_before_later_messages(behind: str) -> None:
-    async def agent(turn: Turn) -> str:
-        if turn.text == "long":
-            await asyncio.sleep(0.2)
-        return f"ran {turn.text}"
-
-    agent.accepts_steering = True  # type: ignore[attr-defined]
-    async with GatewayHarness(agent, busy="steer") as h:
+    async with GatewayHarness(UntakenSteers(hold=0.2), busy="steer") as h:
         await h.send("long", chat_id="c")
         await asyncio.sleep(0.05)
         await h.send("A", chat_id="c")  # steered, never taken
@@ -231,12 +225,7 @@ async def test_untaken_steers_keep_their_place_before_later_messages(behind: str
 
 
 async def test_stop_counts_steered_messages_the_agent_never_took() -> None:
-    async def agent(turn: Turn) -> str:
-        await asyncio.sleep(0 if turn.text != "long" else 5)
-        return f"ran {turn.text}"
-
-    agent.accepts_steering = True  # type: ignore[attr-defined]
-    async with GatewayHarness(agent, busy="steer") as h:
+    async with GatewayHarness(UntakenSteers(hold=5), busy="steer") as h:
         await h.send("long", chat_id="c")
         await asyncio.sleep(0.05)
         await h.send("A", chat_id="c")  # steered, never taken
