@@ -44,13 +44,8 @@ from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.aftermath import TurnAftermath
 from chatlane.runtime.arrivals import BusyDesk
-from chatlane.runtime.busy import (
-    BusyOutcome,
-    BusyPolicy,
-)
-from chatlane.runtime.elsewhere import (
-    was_interrupted_elsewhere,
-)
+from chatlane.runtime.busy import BusyOutcome, BusyPolicy
+from chatlane.runtime.elsewhere import was_interrupted_elsewhere
 from chatlane.runtime.leases import LeaseKeeper, new_holder_id
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
@@ -710,7 +705,7 @@ def _must_propagate(error: BaseException) -> bool:
     interrupt's grace ran out, an eviction, shutdown); one the agent let out
     of its own cancelled subtask is its failure, answered like any other.
     """
-    if isinstance(error, KeyboardInterrupt | SystemExit):
+    if isinstance(error, KeyboardInterrupt | SystemExit | GeneratorExit):
         return True
     if isinstance(error, asyncio.CancelledError):
         task = asyncio.current_task()
