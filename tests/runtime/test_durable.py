@@ -7,14 +7,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from chatlane.errors import StoreError
 from chatlane.identity import SessionSource
 from chatlane.runtime.busy import BUSY_ELSEWHERE, BusyPolicy
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, WriteBatch, open_store
+from chatlane.stores.base import PendingRecord
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
-from chatlane.types import InboundMessage
+from chatlane.types import InboundMessage, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder
 
 
@@ -387,3 +389,76 @@ async def test_a_stop_from_another_process_fences_the_turn_and_it_is_not_rerun()
         assert len(recorder.turns[result.session_key]) == 1
         assert runner.delivered(chat_id="c") == []
         assert await store.pending(result.session_key) == []
+
+
+class Steerable:
+    """Takes steers for a while; records what each of its turns saw."""
+
+    accepts_steering = True
+
+    def __init__(self) -> None:
+        self.ran: list[list[str]] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        seen = [turn.text]
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            seen += turn.take_steers()
+        self.ran.append(seen)
+        return " + ".join(seen)
+
+
+async def stubborn(turn: Turn) -> str:
+    """Ignores being interrupted: its lease stays held until it returns."""
+    await asyncio.sleep(0.6)
+    return f"done: {turn.text}"
+
+
+async def test_a_message_steered_after_a_stop_elsewhere_still_runs() -> None:
+    store = MemoryStore()
+    fast = LeaseSettings(ttl=2, poll=0.02)
+    steerable = Steerable()
+    async with (
+        GatewayHarness(stubborn, store=store, leases=fast, interrupt_grace=5) as runner,
+        GatewayHarness(steerable, busy="steer", store=store, leases=fast) as other,
+    ):
+        await runner.send("nap", chat_id="c")  # holds the lease through the stop's grace
+        await asyncio.sleep(0.1)
+        await other.send("first", chat_id="c")  # waits for the lease over there
+        await asyncio.sleep(0.05)
+        await runner.send("/stop", chat_id="c")  # drops "first" from the store
+        await runner.replies(chat_id="c", count=1)
+        await asyncio.sleep(0.05)
+        await other.send("sent after the stop", chat_id="c")  # steered into the waiting turn
+        await runner.settle()
+        await asyncio.sleep(0.3)
+        await other.settle()
+        assert steerable.ran == [["sent after the stop"]]
+        assert "sent after the stop" in [o.text for o in other.delivered(chat_id="c")]
+
+
+class FlakyQueueRead(MemoryStore):
+    """A memory store whose next ``pending`` read fails once, when told to."""
+
+    fail_next = False
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        if self.fail_next:
+            self.fail_next = False
+            raise StoreError("store blip")
+        return await super().pending(key)
+
+
+async def test_a_failed_queue_check_runs_the_turn_and_frees_the_lease() -> None:
+    store = FlakyQueueRead()
+    async with GatewayHarness(EchoAgent(), store=store, leases=LeaseSettings(ttl=3)) as h:
+        result = await h.send("one", chat_id="c")
+        await h.replies(chat_id="c", count=1)
+        await h.settle()
+        await store.bump_generation(result.session_key)  # another process ran meanwhile
+        store.fail_next = True
+        await h.send("two", chat_id="c")
+        await h.send("three", chat_id="c")
+        replies = await h.replies(chat_id="c", count=4, timeout=1.5)  # well inside the TTL
+        echoed = [reply for reply in replies if reply.startswith("echo")]
+        assert echoed == ["echo: one", "echo: two", "echo: three"]

@@ -58,6 +58,7 @@ from chatlane.runtime.persisted import (
 from chatlane.runtime.recovery import adopt_orphans
 from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.turn import (
+    DROPPED,
     EVICTED,
     FAILED,
     INTERRUPTED,
@@ -301,38 +302,41 @@ class TurnEngine:
         )
         if lease is None:
             return False
-        if not wanted() or lease.generation < state.persistent.run_generation:
+        turn.bind_lease(lease)  # from here the lease is released however the turn ends
+        known = state.persistent.run_generation
+        if not wanted() or lease.generation < known:
             turn.ended_by = turn.ended_by or LEASE_LOST
-        elif lease.generation > state.persistent.run_generation + 1:
-            await self._drop_what_went_meanwhile(state, turn)  # another process ran or stopped
-        if turn.ended_by:
-            turn.lease = lease
-            turn.generation = lease.generation
             return False
-        turn.bind_lease(lease)
         state.persistent.run_generation = lease.generation
+        if lease.generation > known + 1 and await self._dropped_elsewhere(state, turn):
+            return False  # another process ran or stopped the session meanwhile
         if self._choices_stale(state):
             await self._reread(state, turn)
         turn.touch()
         self.metrics.turn_started()
         return True
 
-    async def _drop_what_went_meanwhile(self, state: SessionState, turn: Turn) -> None:
-        """End ``turn`` unrun if another process dropped its messages (``/stop``, ``/new``).
+    async def _dropped_elsewhere(self, state: SessionState, turn: Turn) -> bool:
+        """Whether another process's ``/stop`` or ``/new`` dropped ``turn``'s messages.
 
-        Checked only when the generation moved on elsewhere while the turn
-        waited: one read of the store's queue. Messages still queued there go
-        back into the local queue in store order.
+        Asked only when the generation moved on elsewhere while the turn
+        waited: one read of the store's queue (if it fails, the turn runs).
+        A dropped turn ends unrun as :data:`DROPPED`; its messages still
+        queued in the store wait here again, in store order.
         """
-        alive = {record.seq for record in await self.store.pending(state.key)}
+        try:
+            alive = {record.seq for record in await self.store.pending(state.key)}
+        except ChatlaneError as error:
+            log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
+            return False
         if all(seq in alive for seq in turn.seqs):
-            return
-        for message, seq in zip(turn.messages, list(turn.seqs), strict=True):
+            return False
+        for message, seq in zip(turn.messages, turn.seqs, strict=True):
             if seq in alive:
                 pending.insert_in_order(state, [message], [seq])
-        turn.seqs = [seq for seq in turn.seqs if seq not in alive]
-        turn.ended_by = STOPPED
+        turn.ended_by = DROPPED
         log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
+        return True
 
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from chatlane.approvals import ApprovalBroker
 from chatlane.types import InboundMessage, ModelChoice, SessionKey
 
-STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED, FAILED, REJECTED = (
+STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED, FAILED, REJECTED, DROPPED = (
     "stopped",
     "interrupted",
     "evicted",
@@ -42,12 +42,15 @@ STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED, FAILED, REJECTED
     "reordered",
     "failed",
     "rejected",
+    "dropped",
 )
 """Why a turn ended early (``Turn.ended_by``); decides what happens to its messages:
 stopped, interrupted, evicted, failed and rejected (busy in another process under
 the ``reject`` policy) turns' messages are done (their senders were told); a lost
 lease or a turn that gave way runs them again; at shutdown they stay queued in
-the store for the next process."""
+the store for the next process; a dropped turn never ran because another
+process's ``/stop`` or ``/new`` took its messages out of the store while it
+waited (what is still queued there, steers included, waits here again)."""
 
 
 class TurnOverrides(msgspec.Struct, frozen=True):
@@ -150,7 +153,7 @@ class Turn:
         return "\n".join(message.text for message in self.messages)
 
     def bind_lease(self, lease: Lease) -> None:
-        """Take ``lease``'s generation as this turn's (engine side, once, before the agent)."""
+        """Take ``lease`` and its generation as this turn's (engine side, once, when acquired)."""
         self.lease = lease
         self.generation = lease.generation
 
