@@ -104,7 +104,14 @@ class TestPolicies:
         assert not policy.enabled
 
     @pytest.mark.parametrize(
-        "kwargs", [{"idle_after": 0}, {"idle_after": -1.0}, {"daily_at_hour": 24}]
+        "kwargs",
+        [
+            {"idle_after": 0},
+            {"idle_after": -1.0},
+            {"idle_after": float("inf")},
+            {"idle_after": float("nan")},
+            {"daily_at_hour": 24},
+        ],
     )
     def test_invalid_policy(self, kwargs: dict[str, Any]) -> None:
         with pytest.raises(ConfigError):
@@ -163,6 +170,25 @@ class TestTracker:
 # -- auto-reset: behaviour --------------------------------------------------------------------
 
 
+class GatedTranscript(MemoryStore):
+    """A memory store whose ``hold_read``-th transcript read (counting from 1) waits for a test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_read = 0
+        self.reads = 0
+        self.holding = asyncio.Event()
+        self.let_go = asyncio.Event()
+
+    async def transcript(self, *args: Any, **kwargs: Any) -> list[Any]:
+        if self.hold_read:
+            self.reads += 1
+            if self.reads == self.hold_read:
+                self.holding.set()
+                await self.let_go.wait()
+        return await super().transcript(*args, **kwargs)
+
+
 class TestIdleReset:
     async def test_fires_without_a_new_message_in_the_sessions_own_thread(self) -> None:
         store = MemoryStore()
@@ -195,6 +221,20 @@ class TestIdleReset:
             assert replies == ["slept 0.8", IDLE_NOTICE]
             ended = await store.conversations(result.session_key)
             assert conversation.id in [c.id for c in ended if c.ended_at]
+
+    async def test_a_message_sent_while_the_reset_checks_the_store_calls_it_off(self) -> None:
+        store = GatedTranscript()
+        async with scheduled(Scheduler(idle()), store=store) as h:
+            result = await h.send("hello", chat_id="c")
+            await h.replies(chat_id="c", count=1)
+            old = await store.conversation(result.session_key)
+            store.hold_read = 2  # the reset's second look: inside the before-reset check
+            await asyncio.wait_for(store.holding.wait(), 3)
+            await h.send("sleep 0.2", chat_id="c")  # arrives while the reset awaits the store
+            store.let_go.set()
+            assert await h.replies(chat_id="c", count=2) == ["echo: hello", "slept 0.2"]
+            assert (await store.conversation(result.session_key)).id == old.id
+            assert IDLE_NOTICE not in texts(h, "c")[:2]
 
     async def test_notify_off_resets_silently(self) -> None:
         store = MemoryStore()
@@ -397,6 +437,26 @@ class TestResetAcrossProcesses:
             assert len(scheduler.tracker) == 0
             ended = (await here.gateway.engine.store.conversations(result.session_key))[1]
             assert ended.ended_at
+
+    async def test_one_idle_conversation_is_reset_once_by_two_processes(
+        self, clock: FakeClock
+    ) -> None:
+        async with self.two(clock) as (here, there):
+            there.gateway.use_scheduler(Scheduler(idle(1.0), now=clock))
+            result = await here.send("hello", chat_id="c")
+            await here.replies(chat_id="c", count=1)
+            clock.advance(0.5)
+            await there.send("still here", chat_id="c")
+            await there.replies(chat_id="c", count=1)
+            clock.advance(0.7)
+            await self.pass_of(here)  # postponed: talk went through there
+            clock.advance(1.0)
+            await self.pass_of(there)  # there resets first ...
+            await self.pass_of(here)  # ... and here finds a newer conversation: nothing to do
+            notices = [*texts(here, "c"), *texts(there, "c")].count(RESET_NOTICE)
+            assert notices == 1
+            conversations = await here.gateway.engine.store.conversations(result.session_key)
+            assert len(conversations) == 2
 
     async def test_a_completion_is_not_talk(self, clock: FakeClock) -> None:
         async with self.two(clock) as (here, _):
@@ -747,6 +807,17 @@ class TestCronCommand:
             assert refused.startswith("This chat already has the most jobs it may have (1)")
             assert h.gateway.scheduler is not None
             assert [j.prompt for j in h.gateway.scheduler.list_jobs()] == ["one", "three"]
+
+    async def test_the_cap_holds_for_adds_sent_at_once(self, tmp_path: Path) -> None:
+        scheduler = Scheduler(SchedulerSettings(chat_job_cap=3))
+        async with scheduled(scheduler, store=f"sqlite:///{tmp_path / 'jobs.db'}") as h:
+            await asyncio.gather(
+                *(h.send(f"/cron add @yearly job{n}", chat_id="a") for n in range(8))
+            )
+            replies = await h.replies(chat_id="a", count=8)
+            assert sum(reply.startswith("Added job ") for reply in replies) == 3
+            assert h.gateway.scheduler is not None
+            assert len(h.gateway.scheduler.list_jobs()) == 3
 
     @pytest.mark.parametrize(
         "text",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -76,8 +77,9 @@ class AutoResetPolicy:
     notify: bool = True
 
     def __post_init__(self) -> None:
-        if self.idle_after is not None and not self.idle_after > 0:
-            raise ConfigError(f"auto-reset idle_after must be positive, not {self.idle_after!r}")
+        idle = self.idle_after
+        if idle is not None and not (idle > 0 and math.isfinite(idle)):
+            raise ConfigError(f"auto-reset idle_after must be positive and finite, not {idle!r}")
         if self.daily_at_hour is not None and not 0 <= self.daily_at_hour <= 23:
             raise ConfigError(f"auto-reset daily_at_hour must be 0-23, not {self.daily_at_hour!r}")
 
@@ -197,6 +199,10 @@ class _CalledOff(ChatlaneError):
     """The session came back to life while the before_reset hook ran."""
 
 
+class _AlreadyNew(ChatlaneError):
+    """The current conversation began after the activity the reset was planned on."""
+
+
 class AutoResetter:
     """Finds the sessions due for a reset and resets them through the lifecycle funnel.
 
@@ -246,6 +252,10 @@ class AutoResetter:
         except _CalledOff:
             log.info("auto-reset of %s called off: the session is active again", due.key)
             return False
+        except _AlreadyNew:
+            log.info("auto-reset of %s not needed: a newer conversation began", due.key)
+            self.tracker.forget(due.key)
+            return False
         except Exception:
             log.exception("before_reset (or the store) failed; %s was not reset", due.key)
             self.tracker.forget(due.key)
@@ -260,12 +270,16 @@ class AutoResetter:
         self, engine: TurnEngine, due: DueReset, before_reset: BeforeReset | None
     ) -> BeforeReset:
         async def hook(key: SessionKey, reason: EndReason, conversation: Conversation) -> None:
+            if conversation.started_at > due.last_at:
+                raise _AlreadyNew(key)  # another process's reset, or a /new, came first
             if before_reset is not None:
                 await before_reset(key, reason, conversation)
+            await self._check_store(engine, due)
+            # last, with no await until the funnel stops the session: a message
+            # that arrived during the awaits above calls the reset off
             entry = self.tracker.get(key)
             if entry is None or entry.last_at != due.last_at or _busy(engine, key):
                 self._call_off(due)
-            await self._check_store(engine, due)
 
         return hook
 

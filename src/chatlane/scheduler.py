@@ -29,6 +29,7 @@ import logging
 import re
 import secrets
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -179,9 +180,19 @@ class Scheduler:
         self._book: JobBook | None = None
         self._slots: dict[str, _Slot] = {}
         self._resetting: set[SessionKey] = set()
+        self._adding: weakref.WeakValueDictionary[SessionKey, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self._next_sync = 0.0
+
+    def adding(self, key: SessionKey) -> asyncio.Lock:
+        """The lock under which ``key``'s chat counts its jobs and adds one (this process)."""
+        lock = self._adding.get(key)
+        if lock is None:
+            lock = self._adding[key] = asyncio.Lock()
+        return lock
 
     # -- wiring --------------------------------------------------------------------
 
@@ -552,11 +563,14 @@ _UNQUOTED = re.compile(r"(every\s+\d+\s*[a-z]+|@[a-z]+)(?=\s|$)", re.IGNORECASE)
 
 async def _add(scheduler: Scheduler, call: CommandCall, args: str) -> str:
     schedule, prompt = split_add(args)
-    await scheduler.sync()
-    cap = scheduler.settings.chat_job_cap
-    if len(_chat_jobs(scheduler, call.session_key)) >= cap:
-        return f"This chat already has the most jobs it may have ({cap}); /cron remove one first."
-    job = await scheduler.add_job(schedule, prompt, ORIGIN, origin=call.message.source)
+    async with scheduler.adding(call.session_key):  # the count and the add, one chat at a time
+        await scheduler.sync()
+        cap = scheduler.settings.chat_job_cap
+        if len(_chat_jobs(scheduler, call.session_key)) >= cap:
+            return (
+                f"This chat already has the most jobs it may have ({cap}); /cron remove one first."
+            )
+        job = await scheduler.add_job(schedule, prompt, ORIGIN, origin=call.message.source)
     return f"Added job {job.id} ({job.schedule}); next run {_when(scheduler, job.id)}."
 
 
