@@ -13,6 +13,7 @@ from chatlane.types import Outbound, OutboundKind
 from tests.runtime.agents import approving_agent
 
 SHARED_GROUPS = KeyPolicy(group_sessions_per_user=False)
+NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
 
 
 async def prompted(h: GatewayHarness, chat_id: str, count: int, **where: str) -> None:
@@ -160,7 +161,7 @@ async def test_approve_without_a_request_and_malformed() -> None:
         await h.send("/approve forever", chat_id="c")
         replies = await h.replies(chat_id="c", count=2)
         assert replies[0] == "No approval is pending."
-        assert replies[1].endswith("Usage: /approve [all] [once|session|always] [#generation]")
+        assert replies[1].endswith("Usage: /approve [all] [#request] [once|session|always]")
 
 
 async def test_an_answer_naming_a_turn_answers_only_that_turns_request() -> None:
@@ -170,10 +171,9 @@ async def test_an_answer_naming_a_turn_answers_only_that_turns_request() -> None
         generation = h.session(h.session_key(chat_id="c")).persistent.run_generation
         await h.send(f"/approve #{generation + 1}", chat_id="c")
         await h.send(f"/deny #{generation - 1} not that one", chat_id="c")
-        await h.send(f"/approve session #{generation}", chat_id="c")
+        await h.send(f"/approve #{generation} session", chat_id="c")
         replies = await h.replies(chat_id="c", count=5)
-        not_pending = "That approval is no longer pending (it was answered, or its turn ended)."
-        assert replies[1:3] == [not_pending, not_pending]
+        assert replies[1:3] == [NOT_PENDING, NOT_PENDING]
         assert replies[3:] == ["Approved (session): `a`", "approved: a"]
 
 
@@ -184,7 +184,7 @@ async def test_a_malformed_turn_name_gets_the_usage() -> None:
         for text in ("/approve #x", "/approve #1 #2", "/deny #-1", "/approve #"):
             await h.send(text, chat_id="c")
         replies = await h.replies(chat_id="c", count=5)
-        assert all("does not name one turn" in r for r in replies[1:]), replies
+        assert all("\nUsage: /" in r for r in replies[1:]), replies
         await h.send("/approve", chat_id="c")
         replies = await h.replies(chat_id="c", count=7)
         assert replies[5:] == ["Approved (once): `a`", "approved: a"]
@@ -244,3 +244,37 @@ async def test_the_threadsafe_request_refuses_to_block_the_event_loop() -> None:
         [failed] = await h.replies(chat_id="c", count=1)
         assert failed == "Sorry — the agent failed on this message (RuntimeError)."
         assert len(await h.replies(chat_id="other", count=1)) == 1
+
+
+async def two_requests(turn: Turn) -> str:
+    first = await turn.request_approval("ls build/")
+    second = await turn.request_approval("rm -rf ~/")
+    return f"first={first} second={second}"
+
+
+def approvals_sent(outbox: list[Outbound]) -> list[Outbound]:
+    return [o for o in outbox if o.kind is OutboundKind.APPROVAL]
+
+
+async def test_a_button_names_its_request_not_just_its_turn() -> None:
+    async with GatewayHarness(two_requests, approval_timeout=0.3) as h:
+        await h.send("go", chat_id="c")
+        await h.wait_for(lambda outbox: len(approvals_sent(outbox)) == 2)
+        first, second = approvals_sent(h.outbox)
+        assert first.generation == second.generation
+        assert first.approval_id != second.approval_id
+        await h.send(f"/approve #{first.approval_id}", chat_id="c")  # the timed-out prompt
+        replies = await h.replies(chat_id="c", count=4)
+        assert replies[3] == NOT_PENDING
+        await h.send(f"/approve #{second.approval_id}", chat_id="c")
+        replies = await h.replies(chat_id="c", count=6)
+        assert replies[4:] == ["Approved (once): `rm -rf ~/`", "first=False second=True"]
+
+
+async def test_a_deny_reason_may_mention_a_number() -> None:
+    async with GatewayHarness(approving_agent, approval_timeout=30) as h:
+        await h.send("approve rm x", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send("/deny see issue #12", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies[1:] == ["Denied: `rm x` — see issue #12", "denied: rm x"]

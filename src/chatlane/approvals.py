@@ -18,20 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import itertools
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
-from chatlane.types import SessionKey
+from chatlane.types import OutboundKind, SessionKey
 
 log = logging.getLogger("chatlane.approvals")
 
-_ids = itertools.count(1)
 
 _NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
+
+
+def new_request_id() -> str:
+    """A request id no other request shares, across processes and restarts (``a`` + 8 hex)."""
+    return f"a{secrets.token_hex(4)}"
 
 
 class Grant(enum.StrEnum):
@@ -64,7 +68,8 @@ class ApprovalRequest:
     decided: asyncio.Future[Decision] = field(repr=False)
 
 
-Notify = Callable[[ApprovalRequest, str], Awaitable[None]]
+Notify = Callable[[ApprovalRequest, str, OutboundKind], Awaitable[None]]
+"""Tells the request's chat ``text``: the prompt (``APPROVAL``) or its timeout (``NOTICE``)."""
 IsCurrent = Callable[[SessionKey, int], bool]
 
 
@@ -102,7 +107,7 @@ class ApprovalBroker:
             return Decision(True, note="allowed by an earlier grant")
         request = self._open(state, generation, user_id, command, reason)
         try:
-            await self._notify(request, prompt_text(request))
+            await self._notify(request, prompt_text(request), OutboundKind.APPROVAL)
             return await self._wait(request)
         finally:
             _requests(state).pop(request.id, None)
@@ -122,7 +127,7 @@ class ApprovalBroker:
     ) -> ApprovalRequest:
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         request = ApprovalRequest(
-            f"a{next(_ids)}", state.key, generation, user_id, command, reason, future
+            new_request_id(), state.key, generation, user_id, command, reason, future
         )
         _requests(state)[request.id] = request
         return request
@@ -131,7 +136,8 @@ class ApprovalBroker:
         try:
             return await asyncio.wait_for(asyncio.shield(request.decided), self.timeout)
         except TimeoutError:
-            await self._notify(request, f"Approval for `{request.command}` timed out — denied.")
+            text = f"Approval for `{request.command}` timed out — denied."
+            await self._notify(request, text, OutboundKind.NOTICE)
             return Decision(False, note="timed out")
 
     def has_pending(self, state: SessionState) -> bool:
@@ -150,23 +156,28 @@ class ApprovalBroker:
         everything: bool,
         *,
         generation: int | None = None,
+        request_id: str | None = None,
     ) -> str:
         """Apply ``decision`` from ``user_id`` to the oldest (or every) pending request.
 
-        ``generation`` narrows the answer to the requests of that turn: a
-        button pressed on an old prompt never answers a newer request.
+        ``request_id`` narrows the answer to that one request (what buttons
+        send: a button on an old prompt never answers another request), and
+        ``generation`` to the requests of that turn.
 
         :returns: the reply for the user.
         """
 
         def meant(request: ApprovalRequest) -> bool:
-            return generation is None or request.generation == generation
+            return (generation is None or request.generation == generation) and (
+                request_id is None or request.id == request_id
+            )
 
         stale = [r for r in self.deny_stale(state) if meant(r)]
         waiting = [r for r in _requests(state).values() if meant(r)]
         if not waiting:
             told = [f"Denied: `{r.command}` — its turn was stopped" for r in stale]
-            nothing = "No approval is pending." if generation is None else _NOT_PENDING
+            named = generation is not None or request_id is not None
+            nothing = _NOT_PENDING if named else "No approval is pending."
             return "\n".join(told) or nothing
         mine = [r for r in waiting if r.user_id in (None, user_id)]
         if not mine:

@@ -9,6 +9,7 @@ while a turn is busy (an approval is answered *while* its turn waits).
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from typing import NamedTuple
@@ -180,21 +181,33 @@ async def _fast(call: CommandCall) -> str:
 class _ApprovalArgs(NamedTuple):
     everything: bool
     words: list[str]
-    generation: int | None
-    """``#<generation>``: answer only the request of that turn (what buttons send)."""
+    """The rest: a grant for ``/approve``, the reason for ``/deny``."""
+    generation: int | None = None
+    """``#<generation>``: answer only the requests of that turn."""
+    request_id: str | None = None
+    """``#<request id>`` (``#a1b2c3d4``): answer only that request (what buttons send)."""
+
+
+_REQUEST_ID = re.compile(r"a[0-9a-f]{1,32}")
 
 
 def _approval_args(args: str) -> _ApprovalArgs:
-    words, generation = [], None
-    for word in args.split():
-        if not word.startswith("#"):
-            words.append(word)
-        elif generation is None and word[1:].isascii() and word[1:].isdigit():
-            generation = int(word[1:])
-        else:
-            raise UsageError(f"{word!r} does not name one turn (say #<generation>, once).")
+    """``[all] [#<request id>|#<generation>] rest…``; only the first word may name one.
+
+    :raises UsageError: if that first word starts with ``#`` but names neither.
+    """
+    words = args.split()
     everything = bool(words) and words[0].lower() == "all"
-    return _ApprovalArgs(everything, words[1:] if everything else words, generation)
+    if everything:
+        words = words[1:]
+    if not words or not words[0].startswith("#"):
+        return _ApprovalArgs(everything, words)
+    named, rest = words[0][1:], words[1:]
+    if named.isascii() and named.isdigit():
+        return _ApprovalArgs(everything, rest, generation=int(named))
+    if _REQUEST_ID.fullmatch(named):
+        return _ApprovalArgs(everything, rest, request_id=named)
+    raise UsageError(f"{words[0]!r} names no request (buttons send #<request id>).")
 
 
 async def _approve(call: CommandCall) -> str:
@@ -215,7 +228,12 @@ async def _answer(call: CommandCall, decision: Decision, args: _ApprovalArgs) ->
     state = await call.engine.session(call.session_key)
     user = call.message.source.user_id
     return await call.engine.approvals.resolve(
-        state, user, decision, args.everything, generation=args.generation
+        state,
+        user,
+        decision,
+        args.everything,
+        generation=args.generation,
+        request_id=args.request_id,
     )
 
 
@@ -259,14 +277,14 @@ SESSION_COMMANDS = (
     CommandSpec(
         "approve",
         "allow what a tool asked for",
-        "/approve [all] [once|session|always] [#generation]",
+        "/approve [all] [#request] [once|session|always]",
         CommandBusy.DISPATCH,
         _approve,
     ),
     CommandSpec(
         "deny",
         "refuse what a tool asked for",
-        "/deny [all] [#generation] [reason]",
+        "/deny [all] [#request] [reason]",
         CommandBusy.DISPATCH,
         _deny,
     ),

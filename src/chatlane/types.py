@@ -111,6 +111,9 @@ class Outbound(msgspec.Struct, frozen=True):
     session is busy and rejects) or ``"queue_full"``, so an adapter can answer
     in its own terms (the API: 409 or 429) even when the refusal came late,
     from a session that turned out to be busy in another process.
+    ``approval_id`` is set only on an ``APPROVAL``: the request it asks about,
+    which buttons name (``/approve #<approval_id>``), so that a button on an
+    old prompt never answers another request.
     """
 
     kind: OutboundKind
@@ -120,6 +123,7 @@ class Outbound(msgspec.Struct, frozen=True):
     generation: int = 0
     in_reply_to: tuple[str, ...] = ()
     refusal: str = ""
+    approval_id: str = ""
 
 
 class ModelChoice(msgspec.Struct, frozen=True):

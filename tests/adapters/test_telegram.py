@@ -287,20 +287,27 @@ async def test_a_button_on_an_old_prompt_never_answers_a_newer_request(
     assert not any("Approved" in s.text for s in sent)
 
 
-async def test_approval_buttons_work_in_a_channel(api: BotApi, adapter: TelegramAdapter) -> None:
+async def test_in_a_channel_a_button_only_says_how_to_answer(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
     api.push_text(-1005, 0, "approve rm x", chat_type="channel")
     [prompt] = await api.wait_for_sent(-1005)
     assert prompt.reply_markup is not None
     api.push_button(ALICE, prompt.reply_markup["inline_keyboard"][0][0]["callback_data"], prompt)
+    await api.wait_for_call("answerCallbackQuery")
+    assert [a["text"] for a in api.answers] == [
+        "In a channel, answer by posting /approve or /deny."
+    ]
+    api.push_text(-1005, 0, "/approve", chat_type="channel")  # only its admins can post
     sent = await api.wait_for_sent(-1005, 3)
-    assert "approved: rm x" in [s.text for s in sent]
+    assert [s.text for s in sent][1:] == ["Approved (once): `rm x`", "approved: rm x"]
 
 
-def test_button_data_names_the_turn_and_old_data_still_answers() -> None:
-    assert button_command(f"{APPROVE_DATA}:7") == "/approve #7"
-    assert button_command(f"{DENY_DATA}:12") == "/deny #12"
+def test_button_data_names_the_request_and_old_data_still_answers() -> None:
+    assert button_command(f"{APPROVE_DATA}:a1b2c3d4") == "/approve #a1b2c3d4"
+    assert button_command(f"{DENY_DATA}:a0f") == "/deny #a0f"
     assert button_command(APPROVE_DATA) == "/approve"
-    for data in ("", "chatlane:approve:x", "chatlane:approve:٣", "other:7", "chatlane:stop:1"):
+    for data in ("", "chatlane:approve:x", "chatlane:approve:7", "other:a1", "chatlane:stop:a1"):
         assert button_command(data) is None
 
 

@@ -16,10 +16,11 @@ What stays true:
   or space where possible, never inside a character or an emoji sequence);
   streamed ``CHUNK``\\ s are not sent, the complete ``REPLY`` follows them.
 * An approval prompt carries Approve / Deny buttons; pressing one sends
-  ``/approve #<generation>`` or ``/deny #<generation>`` as the user who
-  pressed it, so a button left on an old prompt answers that turn's request
-  or nothing, never a newer one. In a channel, where posts name no user, the
-  press is the channel's, as its posts are.
+  ``/approve #<request>`` or ``/deny #<request>`` as the user who pressed it,
+  so a button left on an old prompt answers its own request or nothing,
+  never another one. In a channel anyone who reads it can press a button, so
+  there a press only says to answer by posting ``/approve`` or ``/deny``
+  (which only the channel's admins can).
 * A send refused by flood control (HTTP 429, ``RetryAfter``) is sent again
   after the wait Telegram names, as long as one message's waits add up to at
   most :data:`FLOOD_WAIT_CAP`; nothing was delivered, so a retry cannot
@@ -34,6 +35,7 @@ import copy
 import json
 import logging
 import os
+import re
 import unicodedata
 import warnings
 from collections.abc import Sequence
@@ -82,7 +84,8 @@ FLOOD_WAIT_CAP = 60.0
 APPROVE_DATA = "chatlane:approve"
 DENY_DATA = "chatlane:deny"
 _ANSWERS = {APPROVE_DATA: "/approve", DENY_DATA: "/deny"}
-"""Button data prefix → the command a press sends; ``:<generation>`` follows the prefix."""
+"""Button data prefix → the command a press sends; ``:<request id>`` follows the prefix."""
+_IN_A_CHANNEL = "In a channel, answer by posting /approve or /deny."
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
 _JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
@@ -209,7 +212,7 @@ class TelegramAdapter:
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
             buttons = (
-                approval_buttons(outbound.generation)
+                approval_buttons(outbound.approval_id)
                 if last and outbound.kind is OutboundKind.APPROVAL
                 else None
             )
@@ -242,10 +245,12 @@ class TelegramAdapter:
         if answer is None or not isinstance(message, Message):
             await _answer(query, "This button is no longer active.")
             return
+        if message.chat.type == "channel":
+            await _answer(query, _IN_A_CHANNEL)  # any reader can press; only admins can post
+            return
         await _answer(query, f"Sent {answer.partition(' #')[0]}")
         msg_id = f"tg-{message.chat.id}-cb{query.id}"
-        presser = None if message.chat.type == "channel" else query.from_user
-        await self._submit(InboundMessage(source_of(message, presser), answer, id=msg_id))
+        await self._submit(InboundMessage(source_of(message, query.from_user), answer, id=msg_id))
 
     def _addressed_to_me(self, text: str) -> bool:
         """False for a command naming another bot (``/new@OtherBot``); True otherwise."""
@@ -316,13 +321,14 @@ def source_of(message: Message, user: User | None) -> SessionSource:
     )
 
 
-def approval_buttons(generation: int) -> InlineKeyboardMarkup:
-    """Approve / Deny buttons for the request of turn ``generation``."""
+def approval_buttons(request_id: str) -> InlineKeyboardMarkup:
+    """Approve / Deny buttons for the approval request ``request_id``."""
+    suffix = f":{request_id}" if request_id else ""
     return InlineKeyboardMarkup(
         [
             [
-                InlineKeyboardButton("Approve", callback_data=f"{APPROVE_DATA}:{generation}"),
-                InlineKeyboardButton("Deny", callback_data=f"{DENY_DATA}:{generation}"),
+                InlineKeyboardButton("Approve", callback_data=f"{APPROVE_DATA}{suffix}"),
+                InlineKeyboardButton("Deny", callback_data=f"{DENY_DATA}{suffix}"),
             ]
         ]
     )
@@ -331,13 +337,16 @@ def approval_buttons(generation: int) -> InlineKeyboardMarkup:
 def button_command(data: str) -> str | None:
     """The command a press of a button with ``data`` sends; None for no button of ours.
 
-    ``chatlane:approve:7`` becomes ``/approve #7``; data without a generation
-    (prompts sent by older versions) answers the oldest pending request.
+    ``chatlane:approve:a1b2c3d4`` becomes ``/approve #a1b2c3d4``; data without
+    a request (prompts sent by older versions) answers the oldest pending one.
     """
-    prefix, _, generation = data.rpartition(":")
-    if prefix in _ANSWERS and generation.isascii() and generation.isdigit():
-        return f"{_ANSWERS[prefix]} #{int(generation)}"
+    prefix, _, request = data.rpartition(":")
+    if prefix in _ANSWERS and _REQUEST.fullmatch(request):
+        return f"{_ANSWERS[prefix]} #{request}"
     return _ANSWERS.get(data)
+
+
+_REQUEST = re.compile(r"a[0-9a-f]{1,32}")
 
 
 def utf16_len(text: str) -> int:

@@ -10,7 +10,7 @@ Server → client::
     {"type": "history", "conversation": id, "messages": [{"role", "text", "id"}, …]}
     {"type": "conversations", "items": [{"id", "title", "preview", "started_at", "current"}, …]}
     {"type": "chunk" | "reply" | "ack" | "notice" | "approval",
-     "text", "id", "in_reply_to", "generation"}
+     "text", "id", "in_reply_to", "generation"[, "approval_id"]}
     {"type": "user", "text", "id"}            # sent from another tab of this browser
     {"type": "error", "text"}                 # a refused frame or a failed dispatch
 
@@ -94,14 +94,20 @@ def checked_text(text: str) -> str:
 
 
 def outbound_event(outbound: Outbound) -> Event:
-    """``chunk`` ``reply`` ``ack`` ``notice`` or ``approval``; ``id`` groups a turn's events."""
-    return {
+    """``chunk`` ``reply`` ``ack`` ``notice`` or ``approval``; ``id`` groups a turn's events.
+
+    An ``approval`` also names its request (``approval_id``), which its buttons answer.
+    """
+    event: Event = {
         "type": outbound.kind.value,
         "text": outbound.text,
         "id": outbound.in_reply_to[0] if outbound.in_reply_to else "",
         "in_reply_to": list(outbound.in_reply_to),
         "generation": outbound.generation,
     }
+    if outbound.approval_id:
+        event["approval_id"] = outbound.approval_id
+    return event
 
 
 def history_event(conversation_id: str, entries: Iterable[TranscriptEntry]) -> Event:

@@ -172,13 +172,16 @@ class TurnEngine:
         state = self.registry.peek(key)
         return state is not None and state.persistent.run_generation == generation
 
-    async def _prompt(self, request: ApprovalRequest, text: str) -> None:
+    async def _prompt(self, request: ApprovalRequest, text: str, kind: OutboundKind) -> None:
+        """Tell the chat of ``request``'s turn about it (the prompt names the request)."""
         turn = self.running_turn(request.session_key)
         if turn is None:
             log.info("approval prompt dropped: no turn", extra=turn_fields(request.session_key))
             return
-        kind = OutboundKind.APPROVAL if text.startswith("Approval needed") else OutboundKind.NOTICE
-        await self.send(kind, request.session_key, turn.source, text, turn.message_ids)
+        approval_id = request.id if kind is OutboundKind.APPROVAL else ""
+        ids, generation = turn.message_ids, request.generation
+        key, source = request.session_key, turn.source
+        await self.send(kind, key, source, text, ids, generation, approval_id=approval_id)
 
     async def persist_conversation(self, key: SessionKey, **fields: object) -> None:
         """Set conversation overrides of ``key``, here and in the store (a boundary clears both)."""
@@ -605,7 +608,13 @@ class TurnEngine:
         target = Target.of(turn.source)
         return [
             Outbound(
-                OutboundKind.APPROVAL, key, target, prompt_text(r), r.generation, turn.message_ids
+                OutboundKind.APPROVAL,
+                key,
+                target,
+                prompt_text(r),
+                r.generation,
+                turn.message_ids,
+                approval_id=r.id,
             )
             for r in self.approvals.pending(state)
         ]
@@ -661,16 +670,18 @@ class TurnEngine:
         generation: int | None = None,
         *,
         refusal: str = "",
+        approval_id: str = "",
     ) -> None:
         """Deliver one outbound message; an adapter's failure is logged, never raised.
 
-        ``refusal`` marks a notice refusing ``in_reply_to`` (see :class:`Outbound`).
+        ``refusal`` marks a notice refusing ``in_reply_to``, ``approval_id`` the
+        request an ``APPROVAL`` asks about (see :class:`Outbound`).
         """
         if generation is None:
             state = self.registry.peek(key)
             generation = 0 if state is None else state.persistent.run_generation
         target = Target.of(source)
-        outbound = Outbound(kind, key, target, text, generation, in_reply_to, refusal)
+        outbound = Outbound(kind, key, target, text, generation, in_reply_to, refusal, approval_id)
         try:
             await self._deliver(outbound)
         except Exception:

@@ -40,6 +40,7 @@ class Send(Protocol):
         generation: int | None = None,
         *,
         refusal: str = "",
+        approval_id: str = "",
     ) -> Coroutine[object, object, None]: ...
 
 

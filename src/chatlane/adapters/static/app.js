@@ -52,7 +52,7 @@
     return append(element("p", `system ${kind}`, text));
   }
 
-  function approvalCard(id, text, generation) {
+  function approvalCard(id, text, request) {
     const card = element("div", "approval");
     card.setAttribute("role", "group");
     card.setAttribute("aria-label", "Approval request");
@@ -60,10 +60,10 @@
     const deny = element("button", "deny", "Deny");
     const outcome = element("span", "approval-outcome");
     approve.type = deny.type = "button";
-    // "#generation" names this card's turn: a stale card never answers a newer request
-    const turn = Number.isInteger(generation) ? ` #${generation}` : "";
-    approve.addEventListener("click", () => answer(card, `/approve${turn}`, "Approved"));
-    deny.addEventListener("click", () => answer(card, `/deny${turn}`, "Denied"));
+    // "#request" names this card's request: a stale card never answers another one
+    const named = request ? ` #${request}` : "";
+    approve.addEventListener("click", () => answer(card, `/approve${named}`, "Approved"));
+    deny.addEventListener("click", () => answer(card, `/deny${named}`, "Denied"));
     const actions = element("div", "approval-actions");
     actions.append(approve, deny, outcome);
     card.append(element("p", "approval-text", text), actions);
@@ -177,7 +177,7 @@
     ack: (event) => systemLine("ack", event.text),
     notice: (event) => systemLine("notice", event.text),
     error: (event) => systemLine("error", event.text),
-    approval: (event) => approvalCard(event.id, event.text, event.generation),
+    approval: (event) => approvalCard(event.id, event.text, event.approval_id),
   };
 
   function setStatus(kind, text) {
