@@ -73,7 +73,7 @@ async def test_stop_when_idle_still_bumps_generation() -> None:
     async with GatewayHarness(EchoAgent()) as h:
         result = await h.send("/stop", chat_id="c")
         assert await h.replies(chat_id="c", count=1) == [
-            "Nothing was running. Dropped 0 queued messages."
+            "Nothing was running here. Dropped 0 queued messages."
         ]
         assert h.session(result.session_key).persistent.run_generation == 1
 

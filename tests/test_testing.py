@@ -52,6 +52,7 @@ async def test_chats_and_threads_are_addressed_as_the_gateway_names_them() -> No
     [
         ({"queue_cap": "3"}, "RuntimeSettings.queue_cap = '3': expected a finite number > 0"),
         ({"queue_cap": -1}, "RuntimeSettings.queue_cap = -1"),
+        ({"queue_cap": 2.5}, "RuntimeSettings.queue_cap = 2.5: expected a whole number > 0"),
         ({"interrupt_depth": True}, "RuntimeSettings.interrupt_depth = True"),
         ({"turn_timeout": float("nan")}, "RuntimeSettings.turn_timeout = nan"),
         ({"ack_debounce": -0.5}, "expected a finite number >= 0"),

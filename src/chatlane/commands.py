@@ -179,16 +179,11 @@ async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
 async def _stop(call: CommandCall) -> str:
     result = await call.engine.stop(call.session_key)
     dropped, elsewhere = len(result.dropped), result.dropped_elsewhere
-    if result.stopped_turn:
-        head = "Stopped the running turn."
-    elif elsewhere:
-        head = (
-            "Stopped what another gateway process was running for this chat "
-            f"({elsewhere} {_messages(elsewhere)} dropped there)."
-        )
-    else:
-        head = "Nothing was running."
-    return f"{head} Dropped {dropped} queued {_messages(dropped)}."
+    head = "Stopped the running turn." if result.stopped_turn else "Nothing was running here."
+    text = f"{head} Dropped {dropped} queued {_messages(dropped)}"
+    if elsewhere:
+        text += f", and {elsewhere} {_messages(elsewhere)} other gateway processes had taken"
+    return text + "."
 
 
 def _messages(count: int) -> str:

@@ -136,8 +136,8 @@ async def test_stop_sent_to_another_process_interrupts_the_turn_at_once() -> Non
         await asyncio.sleep(0.1)
         await other.send("/stop", chat_id="c")
         assert await other.replies(chat_id="c", count=1) == [
-            "Stopped what another gateway process was running for this chat "
-            "(1 message dropped there). Dropped 0 queued messages."
+            "Nothing was running here. Dropped 0 queued messages, "
+            "and 1 message other gateway processes had taken."
         ]
         (turn,) = recorder.turns[started.session_key]
         await asyncio.wait_for(turn.interrupted.wait(), 2)  # renewal would take 10 s
@@ -384,7 +384,7 @@ async def test_a_stop_from_another_process_fences_the_turn_and_it_is_not_rerun()
         await asyncio.sleep(0.1)
         await other.send("/stop", chat_id="c")
         (stopped,) = await other.replies(chat_id="c", count=1)
-        assert stopped.startswith("Stopped what another gateway process was running")
+        assert stopped.endswith("and 1 message other gateway processes had taken.")
         await asyncio.sleep(1.5)
         assert len(recorder.turns[result.session_key]) == 1
         assert runner.delivered(chat_id="c") == []

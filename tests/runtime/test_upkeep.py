@@ -12,6 +12,7 @@ from chatlane.context import bind_session, get_session_env
 from chatlane.errors import StoreError
 from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import SessionSource
+from chatlane.runtime.engine import TurnEngine
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
@@ -122,3 +123,34 @@ async def test_background_loops_never_keep_the_context_of_whoever_started_them()
         await gateway.aclose()
     assert seen == [(OutboundKind.REPLY, "A"), (OutboundKind.NOTICE, "C")]
     assert all(chat != "OTHER" for _, chat in seen), seen
+
+
+class WatchedEngine(TurnEngine):
+    """Records which chat the lease loop sees bound each time it looks for held leases."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.seen: list[str] = []
+        self.looked_thrice = asyncio.Event()
+        super().__init__(*args, **kwargs)
+
+    def _holding(self) -> list[Turn]:
+        self.seen.append(get_session_env("CHATLANE_SESSION_CHAT_ID"))
+        if len(self.seen) >= 3:
+            self.looked_thrice.set()
+        return super()._holding()
+
+
+async def test_the_lease_loop_runs_with_no_session_bound() -> None:
+    async def deliver(outbound: Outbound) -> None:
+        pass
+
+    settings = RuntimeSettings(leases=LeaseSettings(ttl=0.15, fence_check=0))
+    engine = WatchedEngine(EchoAgent(), deliver, settings=settings)
+    source = SessionSource("web", chat_id="OTHER")
+    try:
+        with bind_session(source, session_key="k"):  # whoever starts the loops
+            await engine.submit("k", InboundMessage(source, "sleep 0.3"))
+        await asyncio.wait_for(engine.looked_thrice.wait(), 5)
+    finally:
+        await engine.aclose()
+    assert set(engine.seen) == {""}

@@ -248,7 +248,7 @@ class TurnEngine:
         return await adopt_orphans(self.store, self.holder, self.adopt)
 
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
-        """The busy policy in force for ``message`` in ``state``'s session."""
+        """The busy policy in force for ``message`` in ``state``'s session (``busy`` decides)."""
         return self.busy.policy_for(state, message)
 
     # -- running a turn --------------------------------------------------------

@@ -64,6 +64,7 @@ class LeaseSettings:
             self,
             positive=("ttl", "poll", "max_poll"),
             non_negative=("max_active_sessions", "fence_check"),
+            whole=("max_active_sessions",),
         )
 
 

@@ -14,9 +14,15 @@ from chatlane.errors import ConfigError
 
 
 def require_numbers(
-    record: object, *, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()
+    record: object,
+    *,
+    positive: tuple[str, ...] = (),
+    non_negative: tuple[str, ...] = (),
+    whole: tuple[str, ...] = (),
 ) -> None:
     """Check that each named field of ``record`` is a finite number in its range.
+
+    Fields also named in ``whole`` are counts: they must be ``int``.
 
     :raises ConfigError: naming the first field that is not.
     """
@@ -26,6 +32,10 @@ def require_numbers(
             if not _in_range(value, strictly_positive=lowest == "> 0"):
                 raise ConfigError(
                     f"{type(record).__name__}.{name} = {value!r}: expected a finite number {lowest}"
+                )
+            if name in whole and not isinstance(value, int):
+                raise ConfigError(
+                    f"{type(record).__name__}.{name} = {value!r}: expected a whole number {lowest}"
                 )
 
 

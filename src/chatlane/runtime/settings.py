@@ -60,6 +60,7 @@ class RuntimeSettings:
                 "approval_timeout",
                 "reread_stored",
             ),
+            whole=("queue_cap", "interrupt_depth"),
         )
 
 
