@@ -308,6 +308,14 @@ async def test_an_unreachable_gateway_is_a_clear_error() -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://[::1"])
+async def test_a_malformed_url_is_a_clear_error(url: str) -> None:
+    code, _, err = await chat_command("--url", url, stdin=b"hello\n")
+    assert code == 1
+    assert f"Error: cannot reach the gateway at {url}: " in err
+    assert "Traceback" not in err
+
+
 async def test_a_url_where_no_gateway_answers_is_a_clear_error() -> None:
     async with serving() as url:
         code, _, err = await chat_command("--url", url + "/v1", stdin=b"hello\n")

@@ -71,3 +71,12 @@ def test_lease_settings_are_checked_when_made() -> None:
     with pytest.raises(ConfigError, match=r"LeaseSettings\.fence_check = inf"):
         LeaseSettings(fence_check=float("inf"))
     assert RuntimeSettings(turn_timeout=0, leases=LeaseSettings(fence_check=0)).turn_timeout == 0
+
+
+async def test_ids_with_lone_surrogates_are_found_as_the_gateway_files_them() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        result = await h.send("ok", chat_id="c\udfff2", thread_id="t\udc00")
+        replies = await h.replies(chat_id="c\udfff2", thread_id="t\udc00", count=1)
+        assert replies == ["echo: ok"]
+        assert h.session_key(chat_id="c\udfff2", thread_id="t\udc00") == result.session_key
+        assert "\ufffd" in result.session_key

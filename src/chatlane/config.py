@@ -296,7 +296,9 @@ def _check_positive(runtime: RuntimeConfig) -> None:
     for name in ("queue_cap", "interrupt_depth", "lease_ttl"):
         value = getattr(runtime, name)
         if not value > 0 or not math.isfinite(value):
-            raise ConfigError(f"configuration key 'runtime.{name}' = {value}: expected > 0")
+            raise ConfigError(
+                f"configuration key 'runtime.{name}' = {value}: expected a finite number > 0"
+            )
     for name in (
         "collect_debounce",
         "interrupt_grace",

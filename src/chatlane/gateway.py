@@ -104,11 +104,11 @@ class Gateway:
             await self._deliver(outbound)
 
     def session_key(self, message: InboundMessage) -> SessionKey:
-        """The session ``message`` belongs to.
+        """The session ``message`` belongs to (lone surrogates read as U+FFFD, as dispatched).
 
         :raises InvalidSource: if its source cannot name a session.
         """
-        return build_session_key(message.source, self.settings.key_policy)
+        return build_session_key(message.cleaned().source, self.settings.key_policy)
 
     async def dispatch(self, message: InboundMessage) -> DispatchResult:
         """Handle one inbound message: a command, a new turn, or a busy outcome.
@@ -118,7 +118,7 @@ class Gateway:
         carry) are replaced by U+FFFD first.
         """
         message = message.cleaned()
-        key = self.session_key(message)
+        key = build_session_key(message.source, self.settings.key_policy)
         if self.scheduler is not None and not message.internal:
             self.scheduler.touch(key, message.source)
         parsed = None if message.internal else await self._command_for(key, message)

@@ -345,6 +345,9 @@ class Chat:
         :raises TokenRefused: on HTTP 401.
         """
         try:
+            port = httpx.URL(self.gateway.url).port
+            if port is not None and not 0 < port < 65536:
+                raise httpx.InvalidURL(f"port {port} is not between 1 and 65535")
             response = await self.http.get(self._url("/v1/models"), headers=self.gateway.headers())
         except (httpx.HTTPError, httpx.InvalidURL) as error:
             raise self.unreachable(error) from None

@@ -26,7 +26,7 @@ from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.state import SessionState
 from chatlane.stores import Store, open_store
-from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target
+from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target, clean_text
 
 _COMPLETE = frozenset(
     {OutboundKind.REPLY, OutboundKind.ACK, OutboundKind.NOTICE, OutboundKind.APPROVAL}
@@ -84,8 +84,8 @@ def _address(chat_id: object, thread_id: object) -> ChatAddress:
     """
     if chat_id is None or str(chat_id) == "":
         raise InvalidSource("the harness needs a non-empty chat_id")
-    thread = None if thread_id is None or str(thread_id) == "" else str(thread_id)
-    return (str(chat_id), thread)
+    thread = None if thread_id is None or str(thread_id) == "" else clean_text(str(thread_id))
+    return (clean_text(str(chat_id)), thread)
 
 
 class GatewayHarness:

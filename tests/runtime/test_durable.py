@@ -462,3 +462,25 @@ async def test_a_failed_queue_check_runs_the_turn_and_frees_the_lease() -> None:
         replies = await h.replies(chat_id="c", count=4, timeout=1.5)  # well inside the TTL
         echoed = [reply for reply in replies if reply.startswith("echo")]
         assert echoed == ["echo: one", "echo: two", "echo: three"]
+
+
+async def test_a_stop_elsewhere_drops_what_waits_in_the_running_process_queue() -> None:
+    store = MemoryStore()
+    recorder = Recorder()
+    async with (
+        GatewayHarness(EchoAgent(recorder), store=store) as runner,
+        GatewayHarness(EchoAgent(), store=store) as other,
+    ):
+        started = await runner.send("sleep 20", chat_id="c")
+        await runner.send("w1", chat_id="c")
+        await runner.send("/queue w2", chat_id="c")
+        await asyncio.sleep(0.1)
+        await other.send("/stop", chat_id="c")
+        (stopped,) = await other.replies(chat_id="c", count=1)
+        assert stopped.endswith("and 3 messages other gateway processes had taken.")
+        await asyncio.wait_for(runner.settle(), 5)
+        assert [t.text for t in recorder.turns[started.session_key]] == ["sleep 20"]
+        assert not any(o.text.startswith("echo: w") for o in runner.outbox)
+        assert await store.pending(started.session_key) == []
+        await runner.send("after", chat_id="c")
+        assert "echo: after" in await runner.replies(chat_id="c", count=3)

@@ -81,9 +81,17 @@ class TurnAftermath:
             await self._rerun_what_is_ours(state, turn)
 
     async def _rerun_what_is_ours(self, state: SessionState, turn: Turn) -> None:
-        ours = {
-            r.seq for r in await self._store.pending(state.key) if r.owner == self._leases.holder
-        }
+        """Queue again what the store still holds for this process; forget what it dropped.
+
+        A lease lost to another process's ``/stop`` or ``/new`` took this
+        session's queued messages out of the store: the local queue lets go
+        of them too, so they never run here.
+        """
+        records = await self._store.pending(state.key)
+        ours = {r.seq for r in records if r.owner == self._leases.holder}
+        gone = pending.keep_only(state, {r.seq for r in records})
+        if gone:
+            log.info("%d queued message(s) left the store", len(gone), extra=turn_fields(state.key))
         pairs = zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
         kept = [(m, s) for m, s in pairs if s in ours]
         if kept and turn.reruns + 1 >= MAX_RERUNS:

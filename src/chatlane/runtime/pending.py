@@ -89,6 +89,24 @@ def collect(state: SessionState, message: InboundMessage, seq: int, debounce: fl
     entry.ready_at = time.monotonic() + debounce
 
 
+def keep_only(state: SessionState, stored: set[int]) -> list[InboundMessage]:
+    """Forget queued messages whose seq is not in ``stored``; return them, oldest first.
+
+    The store is the truth: a message another process dropped (``/stop``,
+    ``/new``) or answered must not run here.
+    """
+    queue = pending_entries(state)
+    gone: list[InboundMessage] = []
+    for entry in list(queue):
+        pairs = list(zip(entry.messages, entry.seqs, strict=True))
+        gone += [message for message, seq in pairs if seq not in stored]
+        entry.messages = [message for message, seq in pairs if seq in stored]
+        entry.seqs = [seq for seq in entry.seqs if seq in stored]
+        if not entry.messages:
+            queue.remove(entry)
+    return gone
+
+
 def drain(state: SessionState) -> tuple[list[InboundMessage], list[int]]:
     """Remove every pending message and return them with their seqs, oldest first."""
     queue = pending_entries(state)

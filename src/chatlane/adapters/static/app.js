@@ -21,7 +21,7 @@
     matches: [],
     selected: -1,
     streams: new Map(), // turn id -> bubble being streamed
-    approvals: new Map(), // turn id -> approval card
+    approvals: new Map(), // turn id -> that turn's approval cards
   };
 
   // -- rendering -------------------------------------------------------------
@@ -62,12 +62,13 @@
     approve.type = deny.type = "button";
     // "#request" names this card's request: a stale card never answers another one
     const named = request ? ` #${request}` : "";
-    approve.addEventListener("click", () => answer(card, `/approve${named}`, "Approved"));
-    deny.addEventListener("click", () => answer(card, `/deny${named}`, "Denied"));
+    // the server says whether the answer counted; the card only says it was sent
+    approve.addEventListener("click", () => answer(card, `/approve${named}`, "Approve sent"));
+    deny.addEventListener("click", () => answer(card, `/deny${named}`, "Deny sent"));
     const actions = element("div", "approval-actions");
     actions.append(approve, deny, outcome);
     card.append(element("p", "approval-text", text), actions);
-    if (id) state.approvals.set(id, card);
+    if (id) state.approvals.set(id, [...(state.approvals.get(id) || []), card]);
     append(card);
     approve.focus();
   }
@@ -104,11 +105,8 @@
     } else {
       bubble("assistant", event.text);
     }
-    const card = state.approvals.get(event.id);
-    if (card) {
-      state.approvals.delete(event.id);
-      settle(card, "Answered");
-    }
+    for (const card of state.approvals.get(event.id) || []) settle(card, "Answered");
+    state.approvals.delete(event.id);
   }
 
   function history(event) {
