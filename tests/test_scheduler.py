@@ -27,7 +27,7 @@ from chatlane.commands import CommandRouter
 from chatlane.context import current_cron_target, get_session_env
 from chatlane.cron import LOCAL, Interval, Job, JobRun, Schedule
 from chatlane.errors import ConfigError, InvalidSessionKey
-from chatlane.gateway import Gateway
+from chatlane.gateway import DispatchResult, Gateway
 from chatlane.identity import ChatType, SessionSource
 from chatlane.lifecycle import EndReason, LifecycleOptions
 from chatlane.runtime.turn import Turn
@@ -393,6 +393,18 @@ class TestResetAcrossProcesses:
             here.gateway.use_scheduler(scheduler)
             yield here, there
 
+    async def talk_here_then_there(
+        self, here: GatewayHarness, there: GatewayHarness, clock: FakeClock
+    ) -> DispatchResult:
+        """ "hello" here, "still here" there 0.5 s later, then 0.7 s of quiet."""
+        result = await here.send("hello", chat_id="c")
+        await here.replies(chat_id="c", count=1)
+        clock.advance(0.5)
+        await there.send("still here", chat_id="c")
+        await there.replies(chat_id="c", count=1)
+        clock.advance(0.7)
+        return result
+
     async def pass_of(self, h: GatewayHarness) -> None:
         scheduler = h.gateway.scheduler
         assert scheduler is not None
@@ -421,12 +433,7 @@ class TestResetAcrossProcesses:
 
     async def test_talk_through_the_other_process_postpones_it(self, clock: FakeClock) -> None:
         async with self.two(clock) as (here, there):
-            result = await here.send("hello", chat_id="c")
-            await here.replies(chat_id="c", count=1)
-            clock.advance(0.5)
-            await there.send("still here", chat_id="c")
-            await there.replies(chat_id="c", count=1)
-            clock.advance(0.7)
+            result = await self.talk_here_then_there(here, there, clock)
             await self.pass_of(here)
             assert texts(here, "c") == ["echo: hello"]
             clock.advance(0.7)
@@ -443,12 +450,7 @@ class TestResetAcrossProcesses:
     ) -> None:
         async with self.two(clock) as (here, there):
             there.gateway.use_scheduler(Scheduler(idle(1.0), now=clock))
-            result = await here.send("hello", chat_id="c")
-            await here.replies(chat_id="c", count=1)
-            clock.advance(0.5)
-            await there.send("still here", chat_id="c")
-            await there.replies(chat_id="c", count=1)
-            clock.advance(0.7)
+            result = await self.talk_here_then_there(here, there, clock)
             await self.pass_of(here)  # postponed: talk went through there
             clock.advance(1.0)
             await self.pass_of(there)  # there resets first ...

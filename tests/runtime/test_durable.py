@@ -125,13 +125,22 @@ async def test_a_policy_changed_elsewhere_decides_while_the_session_runs_elsewhe
         assert replies[2:] == [BUSY_ELSEWHERE, "echo: after the nap"]
 
 
-async def test_stop_sent_to_another_process_interrupts_the_turn_at_once() -> None:
+@asynccontextmanager
+async def recorded_runner_and_other() -> AsyncIterator[
+    tuple[GatewayHarness, GatewayHarness, Recorder, MemoryStore]
+]:
+    """Two gateways on one memory store; the runner's agent records its turns."""
     store = MemoryStore()
     recorder = Recorder()
     async with (
         GatewayHarness(EchoAgent(recorder), store=store) as runner,
         GatewayHarness(EchoAgent(), store=store) as other,
     ):
+        yield runner, other, recorder, store
+
+
+async def test_stop_sent_to_another_process_interrupts_the_turn_at_once() -> None:
+    async with recorded_runner_and_other() as (runner, other, recorder, store):
         started = await runner.send("sleep 20", chat_id="c")
         await asyncio.sleep(0.1)
         await other.send("/stop", chat_id="c")
@@ -465,12 +474,7 @@ async def test_a_failed_queue_check_runs_the_turn_and_frees_the_lease() -> None:
 
 
 async def test_a_stop_elsewhere_drops_what_waits_in_the_running_process_queue() -> None:
-    store = MemoryStore()
-    recorder = Recorder()
-    async with (
-        GatewayHarness(EchoAgent(recorder), store=store) as runner,
-        GatewayHarness(EchoAgent(), store=store) as other,
-    ):
+    async with recorded_runner_and_other() as (runner, other, recorder, store):
         started = await runner.send("sleep 20", chat_id="c")
         await runner.send("w1", chat_id="c")
         await runner.send("/queue w2", chat_id="c")
