@@ -9,7 +9,7 @@ from pathlib import Path
 
 from chatlane.errors import StoreError
 from chatlane.identity import SessionSource
-from chatlane.runtime.busy import BUSY_ELSEWHERE, BusyPolicy
+from chatlane.runtime.busy import BUSY_ELSEWHERE, BusyOutcome, BusyPolicy
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, WriteBatch, open_store
@@ -17,7 +17,7 @@ from chatlane.stores.base import PendingRecord
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, SessionKey
-from tests.runtime.agents import EchoAgent, Recorder
+from tests.runtime.agents import EchoAgent, Recorder, UntakenSteers
 
 
 async def test_answered_messages_leave_the_queue_and_join_the_transcript() -> None:
@@ -488,3 +488,22 @@ async def test_a_stop_elsewhere_drops_what_waits_in_the_running_process_queue() 
         assert await store.pending(started.session_key) == []
         await runner.send("after", chat_id="c")
         assert "echo: after" in await runner.replies(chat_id="c", count=3)
+
+
+async def test_a_stop_elsewhere_drops_what_was_steered_but_never_taken() -> None:
+    store = MemoryStore()
+    async with (
+        GatewayHarness(
+            UntakenSteers(hold=20), store=store, busy="steer", interrupt_grace=0.1
+        ) as runner,
+        GatewayHarness(EchoAgent(), store=store) as other,
+    ):
+        started = await runner.send("long", chat_id="c")
+        await asyncio.sleep(0.1)
+        steered = await runner.send("w1", chat_id="c")
+        assert steered.outcome is BusyOutcome.STEERED
+        await other.send("/stop", chat_id="c")
+        await other.replies(chat_id="c", count=1)
+        await asyncio.wait_for(runner.settle(), 5)
+        assert not any(o.text.startswith("ran ") for o in runner.outbox)
+        assert await store.pending(started.session_key) == []

@@ -84,12 +84,13 @@ class TurnAftermath:
         """Queue again what the store still holds for this process; forget what it dropped.
 
         A lease lost to another process's ``/stop`` or ``/new`` took this
-        session's queued messages out of the store: the local queue lets go
-        of them too, so they never run here.
+        session's queued messages out of the store: the local queue, and the
+        steers the agent never took, let go of them too, so they never run here.
         """
         records = await self._store.pending(state.key)
         ours = {r.seq for r in records if r.owner == self._leases.holder}
-        gone = pending.keep_only(state, {r.seq for r in records})
+        stored = {r.seq for r in records}
+        gone = pending.keep_only(state, stored) + turn.keep_steers(stored)
         if gone:
             log.info("%d queued message(s) left the store", len(gone), extra=turn_fields(state.key))
         pairs = zip((*turn.messages, *turn.steered), turn.seqs, strict=True)

@@ -201,6 +201,12 @@ class Turn:
         """Messages steered into this run that the agent has not taken yet (a copy)."""
         return [message for message, _ in self._steers]
 
+    def keep_steers(self, stored: set[int]) -> list[InboundMessage]:
+        """Let go of untaken steers whose seq is not in ``stored``; return them."""
+        gone = [message for message, seq in self._steers if seq not in stored]
+        self._steers = [(message, seq) for message, seq in self._steers if seq in stored]
+        return gone
+
     def untaken_steers(self) -> list[tuple[InboundMessage, int]]:
         """Steered messages (and seqs) the agent never took (engine side, at the end)."""
         untaken, self._steers = self._steers, []
