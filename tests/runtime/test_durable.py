@@ -507,3 +507,27 @@ async def test_a_stop_elsewhere_drops_what_was_steered_but_never_taken() -> None
         await asyncio.wait_for(runner.settle(), 5)
         assert not any(o.text.startswith("ran ") for o in runner.outbox)
         assert await store.pending(started.session_key) == []
+
+
+async def test_each_dropped_message_is_counted_by_one_stop() -> None:
+    store = MemoryStore()
+    fast = LeaseSettings(ttl=2, poll=0.02)
+    async with (
+        GatewayHarness(stubborn, store=store, leases=fast, interrupt_grace=5) as runner,
+        GatewayHarness(EchoAgent(), store=store, leases=fast) as other,
+    ):
+        await runner.send("nap", chat_id="c")  # holds its slot through the stop's grace
+        await runner.send("queued here", chat_id="c")
+        await asyncio.sleep(0.1)
+        await other.send("waiting over there", chat_id="c")  # waits for the lease
+        await other.send("/stop", chat_id="c")
+        await other.send("/stop", chat_id="c")
+        await runner.send("/stop", chat_id="c")
+        first, second = await other.replies(chat_id="c", count=2)
+        assert first == (
+            "Nothing was running here. Dropped 1 queued message, "
+            "and 2 messages other gateway processes had taken."
+        )
+        assert second == "Nothing was running here. Dropped 0 queued messages."
+        (third,) = [r for r in await runner.replies(chat_id="c", count=2) if "Dropped" in r]
+        assert "other gateway processes" not in third  # what waited over there: counted once

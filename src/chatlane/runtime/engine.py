@@ -496,14 +496,18 @@ class TurnEngine:
         state = self.registry.get(key)
         dropped, seqs = pending.drain(state)
         turn = running_turn_of(state)
-        if turn is not None and turn.lease is None:
-            dropped = [*turn.messages, *dropped]
+        if turn is not None and turn.ended_by:
+            turn = None  # an earlier /stop (or interrupt) already ended it: nothing to count
+        if turn is not None and turn.lease is None:  # waiting for the lease: never ran
+            dropped, seqs = [*turn.messages, *dropped], [*turn.seqs, *seqs]
         if turn is not None:
-            dropped = [*turn.waiting_steers(), *dropped]  # told "steered", never run
+            steers = turn.waiting_steers()  # told "steered", never run
+            dropped = [*(message for message, _ in steers), *dropped]
+            seqs = [*(seq for _, seq in steers), *seqs]
         fenced_here = turn is not None and turn.is_current()  # its supersede bumps
         if turn is not None:
             self._supersede(state, turn, STOPPED)
-        await self.store.drop_pending(key, seqs)
+        await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
         elsewhere = await self._drop_elsewhere(key)
         if not fenced_here:
             state.persistent.bump_generation()

@@ -197,9 +197,9 @@ class Turn:
         """Hand ``message`` to the running agent (engine side of :meth:`take_steers`)."""
         self._steers.append((message, seq))
 
-    def waiting_steers(self) -> list[InboundMessage]:
-        """Messages steered into this run that the agent has not taken yet (a copy)."""
-        return [message for message, _ in self._steers]
+    def waiting_steers(self) -> list[tuple[InboundMessage, int]]:
+        """Messages (and seqs) steered into this run that the agent has not taken yet (a copy)."""
+        return list(self._steers)
 
     def keep_steers(self, stored: set[int]) -> list[InboundMessage]:
         """Let go of untaken steers whose seq is not in ``stored``; return them."""
