@@ -10,7 +10,7 @@ from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.turn import Turn
 from chatlane.testing import GatewayHarness
 from chatlane.types import Outbound, OutboundKind
-from tests.runtime.agents import approving_agent
+from tests.runtime.agents import EchoAgent, approving_agent
 
 SHARED_GROUPS = KeyPolicy(group_sessions_per_user=False)
 NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
@@ -278,3 +278,13 @@ async def test_a_deny_reason_may_mention_a_number() -> None:
         await h.send("/deny see issue #12", chat_id="c")
         replies = await h.replies(chat_id="c", count=3)
         assert replies[1:] == ["Denied: `rm x` — see issue #12", "denied: rm x"]
+
+
+async def test_a_turn_without_requests_leaves_its_session_evictable() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        result = await h.send("hello there", chat_id="c")
+        await h.replies(chat_id="c", count=1)
+        await h.settle()
+        state = h.session(result.session_key)
+        assert state.persistent.approvals is None
+        assert not state.holds_unsaved_data()

@@ -225,9 +225,14 @@ class ApprovalBroker:
         return stale
 
     def end_turn(self, state: SessionState, generation: int) -> None:
-        """Deny at once what the turn of ``generation`` still waits for: it has ended."""
-        for request in [r for r in _requests(state).values() if r.generation == generation]:
-            _requests(state).pop(request.id, None)
+        """Deny at once what the turn of ``generation`` still waits for: it has ended.
+
+        Runs after every turn, so it never creates the session's request map:
+        an empty map would count as unsaved data and pin the session in memory.
+        """
+        requests: dict[str, ApprovalRequest] = state.persistent.approvals or {}
+        for request in [r for r in requests.values() if r.generation == generation]:
+            requests.pop(request.id, None)
             if not request.decided.done():
                 request.decided.set_result(Decision(False, note="its turn ended"))
 
