@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,14 @@ _NOT_PENDING = "That approval is no longer pending (it was answered, or its turn
 def new_request_id() -> str:
     """A request id no other request shares, across processes and restarts (``a`` + 8 hex)."""
     return f"a{secrets.token_hex(4)}"
+
+
+def is_request_id(text: str) -> bool:
+    """Whether ``text`` has the shape :func:`new_request_id` gives (what buttons send)."""
+    return _REQUEST_ID.fullmatch(text) is not None
+
+
+_REQUEST_ID = re.compile(r"a[0-9a-f]{1,32}")
 
 
 class Grant(enum.StrEnum):
@@ -253,4 +262,12 @@ def _requests(state: SessionState) -> dict[str, ApprovalRequest]:
     return requests
 
 
-__all__ = ["ApprovalBroker", "ApprovalRequest", "Decision", "Grant", "prompt_text"]
+__all__ = [
+    "ApprovalBroker",
+    "ApprovalRequest",
+    "Decision",
+    "Grant",
+    "is_request_id",
+    "new_request_id",
+    "prompt_text",
+]

@@ -9,12 +9,11 @@ while a turn is busy (an approval is answered *while* its turn waits).
 
 from __future__ import annotations
 
-import re
 import shlex
 import time
 from typing import NamedTuple
 
-from chatlane.approvals import Decision, Grant
+from chatlane.approvals import Decision, Grant, is_request_id
 from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
 from chatlane.lifecycle import EndReason, end_conversation
 from chatlane.runtime.persisted import apply_once
@@ -188,9 +187,6 @@ class _ApprovalArgs(NamedTuple):
     """``#<request id>`` (``#a1b2c3d4``): answer only that request (what buttons send)."""
 
 
-_REQUEST_ID = re.compile(r"a[0-9a-f]{1,32}")
-
-
 def _approval_args(args: str) -> _ApprovalArgs:
     """``[all] [#<request id>|#<generation>] rest…``; only the first word may name one.
 
@@ -205,7 +201,7 @@ def _approval_args(args: str) -> _ApprovalArgs:
     named, rest = words[0][1:], words[1:]
     if named.isascii() and named.isdigit():
         return _ApprovalArgs(everything, rest, generation=int(named))
-    if _REQUEST_ID.fullmatch(named):
+    if is_request_id(named):
         return _ApprovalArgs(everything, rest, request_id=named)
     raise UsageError(f"{words[0]!r} names no request (buttons send #<request id>).")
 

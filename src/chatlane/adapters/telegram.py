@@ -35,7 +35,6 @@ import copy
 import json
 import logging
 import os
-import re
 import unicodedata
 import warnings
 from collections.abc import Sequence
@@ -63,6 +62,7 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
+from chatlane.approvals import is_request_id
 from chatlane.commands import parse_command
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError, ConfigError
@@ -341,12 +341,9 @@ def button_command(data: str) -> str | None:
     a request (prompts sent by older versions) answers the oldest pending one.
     """
     prefix, _, request = data.rpartition(":")
-    if prefix in _ANSWERS and _REQUEST.fullmatch(request):
+    if prefix in _ANSWERS and is_request_id(request):
         return f"{_ANSWERS[prefix]} #{request}"
     return _ANSWERS.get(data)
-
-
-_REQUEST = re.compile(r"a[0-9a-f]{1,32}")
 
 
 def utf16_len(text: str) -> int:
