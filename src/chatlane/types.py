@@ -174,6 +174,6 @@ def _clean_source(source: SessionSource) -> SessionSource:
     changed: dict[str, Any] = {}
     for name in _SOURCE_TEXTS:
         value = getattr(source, name)
-        if isinstance(value, str) and clean_text(value) is not value:
-            changed[name] = clean_text(value)
+        if isinstance(value, str) and (cleaned := clean_text(value)) is not value:
+            changed[name] = cleaned
     return dataclasses.replace(source, **changed) if changed else source
