@@ -288,3 +288,14 @@ async def test_a_turn_without_requests_leaves_its_session_evictable() -> None:
         state = h.session(result.session_key)
         assert state.persistent.approvals is None
         assert not state.holds_unsaved_data()
+
+
+async def test_a_session_whose_requests_all_ended_is_evictable_again() -> None:
+    async with GatewayHarness(approving_agent, approval_timeout=30) as h:
+        await h.send("approve a", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send("/stop", chat_id="c")  # denies the request of the stopped turn
+        await h.settle()
+        state = h.session(h.session_key(chat_id="c"))
+        assert state.persistent.approvals is None
+        assert not state.holds_unsaved_data()

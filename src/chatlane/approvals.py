@@ -119,7 +119,7 @@ class ApprovalBroker:
             await self._notify(request, prompt_text(request), OutboundKind.APPROVAL)
             return await self._wait(request)
         finally:
-            _requests(state).pop(request.id, None)
+            _forget(state, request)
 
     def _granted(self, state: SessionState, command: str) -> bool:
         """Exact commands, never patterns: ``rm -rf build/*`` is not ``rm -rf build/ ~/``."""
@@ -138,7 +138,9 @@ class ApprovalBroker:
         request = ApprovalRequest(
             new_request_id(), state.key, generation, user_id, command, reason, future
         )
-        _requests(state)[request.id] = request
+        if state.persistent.approvals is None:
+            state.persistent.approvals = {}
+        state.persistent.approvals[request.id] = request
         return request
 
     async def _wait(self, request: ApprovalRequest) -> Decision:
@@ -228,7 +230,7 @@ class ApprovalBroker:
             if not self._is_current(r.session_key, r.generation)
         ]
         for request in stale:
-            _requests(state).pop(request.id, None)
+            _forget(state, request)
             if not request.decided.done():
                 request.decided.set_result(Decision(False, note="its turn was stopped"))
         return stale
@@ -236,12 +238,10 @@ class ApprovalBroker:
     def end_turn(self, state: SessionState, generation: int) -> None:
         """Deny at once what the turn of ``generation`` still waits for: it has ended.
 
-        Runs after every turn, so it never creates the session's request map:
-        an empty map would count as unsaved data and pin the session in memory.
+        Runs after every turn; a session without requests is left as it was.
         """
-        requests: dict[str, ApprovalRequest] = state.persistent.approvals or {}
-        for request in [r for r in requests.values() if r.generation == generation]:
-            requests.pop(request.id, None)
+        for request in [r for r in _requests(state).values() if r.generation == generation]:
+            _forget(state, request)
             if not request.decided.done():
                 request.decided.set_result(Decision(False, note="its turn ended"))
 
@@ -251,15 +251,27 @@ class ApprovalBroker:
         for request in waiting:
             if not request.decided.done():
                 request.decided.set_result(Decision(False, note="the conversation ended"))
-        _requests(state).clear()
+        state.persistent.approvals = None
         return len(waiting)
 
 
 def _requests(state: SessionState) -> dict[str, ApprovalRequest]:
-    if state.persistent.approvals is None:
-        state.persistent.approvals = {}
-    requests: dict[str, ApprovalRequest] = state.persistent.approvals
+    """The session's waiting requests, to read; never creates the map."""
+    requests: dict[str, ApprovalRequest] = state.persistent.approvals or {}
     return requests
+
+
+def _forget(state: SessionState, request: ApprovalRequest) -> None:
+    """Drop ``request``; the map goes back to ``None`` once empty.
+
+    An empty map would count as unsaved data (``holds_unsaved_data``) and
+    keep the session from ever being evicted.
+    """
+    requests = state.persistent.approvals
+    if requests:
+        requests.pop(request.id, None)
+    if not requests:
+        state.persistent.approvals = None
 
 
 __all__ = [
