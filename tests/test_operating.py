@@ -94,3 +94,34 @@ async def test_inspecting_an_unknown_key_creates_nothing(tmp_path: Path) -> None
                 url + "/admin/sessions", headers={"Authorization": f"bearer {TOKEN}"}
             )
             assert lower.status_code == 200
+
+
+async def test_failed_messages_are_listed_and_run_again_by_the_operator(tmp_path: Path) -> None:
+    from chatlane.identity import SessionSource
+    from chatlane.stores.codec import encode_message
+    from chatlane.types import InboundMessage
+
+    async with serve(config_with_token(tmp_path)) as s:
+        store, key = s.hub.store, "main:api:dm:op"
+        message = InboundMessage(SessionSource("api", chat_id="op", user_id="op"), "hello again")
+        seq = await store.enqueue(key, message.id, "a-process", encode_message(message))
+        await store.park(key, [seq], "its turn lost its lease 3 times")
+        url = f"http://127.0.0.1:{s.port}"
+        code, listing = await run_cli("failed", "--url", url, "--token", TOKEN)
+        assert code == 0
+        assert f"{message.id}  {key}  its turn lost its lease 3 times" in listing
+        code, detail = await run_cli("inspect", key, "--url", url, "--token", TOKEN)
+        assert '"reason": "its turn lost its lease 3 times"' in detail
+        code, output = await run_cli("retry", message.id, "--url", url, "--token", TOKEN)
+        assert (code, output) == (0, f"{message.id} is queued again\n")
+        await asyncio.wait_for(s.hub.gateway.engine.wait_idle(), 10)
+        assert [e.content for e in await store.transcript(key)] == [
+            "hello again",
+            "echo: hello again",
+        ]
+        assert await store.failed() == []
+        code, output = await run_cli("retry", message.id, "--url", url, "--token", TOKEN)
+        assert code == 1
+        assert "HTTP 404" in output
+        code, listing = await run_cli("failed", "--url", url, "--token", TOKEN)
+        assert listing == "no failed messages\n"

@@ -1,8 +1,11 @@
-"""Operator endpoints: the sessions a running gateway holds, and one session in detail.
+"""Operator endpoints: the sessions a running gateway holds, one session in detail,
+and the messages set aside as failed.
 
-``GET /admin/sessions`` and ``GET /admin/sessions/{key}`` answer JSON; when an
-access token is configured they require it (``Authorization: Bearer …``).
-Keys are URL-encoded in the path, so keys with ``:`` and ``%`` work.
+``GET /admin/sessions``, ``GET /admin/sessions/{key}`` and ``GET /admin/failed``
+answer JSON; ``POST /admin/failed/{message_id}/retry`` runs a failed message
+again. When an access token is configured they require it
+(``Authorization: Bearer …``). Keys and ids are URL-encoded in the path, so
+``:`` and ``%`` work.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from starlette.routing import BaseRoute, Route
 
 from chatlane.runtime import pending
 from chatlane.state import AGENT_PENDING, SessionState
+from chatlane.stores.base import FailedRecord
 
 if TYPE_CHECKING:
     from chatlane.server import Hub
@@ -72,17 +76,47 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
             return JSONResponse({"error": f"no session {key!r}"}, status_code=404)
         return JSONResponse(await session_detail(hub, key))
 
+    async def failed(request: Request) -> JSONResponse:
+        if not _authorized(request, hub):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
+        return JSONResponse({"failed": [_failed(f) for f in await hub.store.failed(1000)]})
+
+    async def retry(request: Request) -> JSONResponse:
+        if not _authorized(request, hub):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
+        message_id = request.path_params["message_id"]
+        if not await hub.gateway.engine.retry_failed(message_id):
+            return JSONResponse({"error": f"no failed message {message_id!r}"}, status_code=404)
+        return JSONResponse({"retried": message_id})
+
     return [
         Route("/admin/sessions", sessions, methods=["GET"]),
         Route("/admin/sessions/{key:path}", one, methods=["GET"]),
+        Route("/admin/failed", failed, methods=["GET"]),
+        Route("/admin/failed/{message_id:path}/retry", retry, methods=["POST"]),
     ]
+
+
+def _failed(failed: FailedRecord) -> dict[str, Any]:
+    record = failed.record
+    return {
+        "message_id": record.message_id,
+        "key": record.key,
+        "seq": record.seq,
+        "reason": failed.reason,
+        "failed_at": failed.failed_at,
+        "accepted_at": record.accepted_at,
+    }
 
 
 async def _known(hub: Hub, key: str) -> bool:
     """Whether ``key`` names a session, without creating anything for an unknown one."""
     if hub.gateway.engine.registry.peek(key) is not None:
         return True
-    return await hub.store.generation(key) > 0 or bool(await hub.store.pending(key))
+    store = hub.store
+    if await store.generation(key) > 0 or await store.pending(key):
+        return True
+    return any(failed.record.key == key for failed in await store.failed(1000))
 
 
 async def session_detail(hub: Hub, key: str) -> dict[str, Any]:
@@ -108,4 +142,5 @@ async def session_detail(hub: Hub, key: str) -> dict[str, Any]:
             {"seq": r.seq, "message_id": r.message_id, "owner": r.owner}
             for r in await store.pending(key)
         ],
+        "failed": [_failed(f) for f in await store.failed(1000) if f.record.key == key],
     }

@@ -65,12 +65,12 @@ def serve(
         pass
 
 
-def _admin_get(url: str, path: str, token: str | None) -> Any:
+def _admin_get(url: str, path: str, token: str | None, method: str = "GET") -> Any:
     import httpx
 
     headers = {b"Authorization": b"Bearer " + token.encode()} if token else {}
     try:
-        response = httpx.get(url.rstrip("/") + path, headers=headers, timeout=10)
+        response = httpx.request(method, url.rstrip("/") + path, headers=headers, timeout=10)
     except (httpx.HTTPError, httpx.InvalidURL) as error:
         raise click.ClickException(f"cannot reach the gateway at {url}: {error}") from None
     if response.status_code != 200:
@@ -119,6 +119,31 @@ def inspect(session_key: str, url: str, token: str | None) -> None:
 
     detail = _admin_get(url, "/admin/sessions/" + quote(session_key, safe=""), token)
     click.echo(json.dumps(detail, indent=2, ensure_ascii=False))
+
+
+@main.command()
+@_URL
+@_TOKEN
+def failed(url: str, token: str | None) -> None:
+    """List the messages set aside as failed (oldest first), with why."""
+    items = _admin_get(url, "/admin/failed", token)["failed"]
+    if not items:
+        click.echo("no failed messages")
+    for item in items:
+        click.echo(f"{item['message_id']}  {item['key']}  {item['reason']}")
+
+
+@main.command()
+@click.argument("message_id")
+@_URL
+@_TOKEN
+def retry(message_id: str, url: str, token: str | None) -> None:
+    """Run a failed message again (in its place in its session's queue)."""
+    from urllib.parse import quote
+
+    path = f"/admin/failed/{quote(message_id, safe='')}/retry"
+    _admin_get(url, path, token, method="POST")
+    click.echo(f"{message_id} is queued again")
 
 
 @main.command()

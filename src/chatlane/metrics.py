@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
+    from chatlane.runtime.leases import BeatGaps
     from chatlane.server import Hub
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -28,6 +29,7 @@ class Metrics:
         self.busy_outcomes: Counter[tuple[str, str]] = Counter()
         self.lease_failures = 0
         self.stale_refused = 0
+        self.messages_failed = 0
         self._latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self._latency_sum = 0.0
 
@@ -49,7 +51,11 @@ class Metrics:
     def stale(self) -> None:
         self.stale_refused += 1
 
-    def render(self, queue_depth: int, running: int) -> str:
+    def failed(self, count: int) -> None:
+        """``count`` messages were set aside as failed (kept for an operator to retry)."""
+        self.messages_failed += count
+
+    def render(self, queue_depth: int, running: int, beats: BeatGaps | None = None) -> str:
         """The exposition text."""
         lines = [
             *_metric(
@@ -89,6 +95,13 @@ class Metrics:
                 "Writes and replies of stale turns that were refused.",
                 [("", self.stale_refused)],
             ),
+            *_metric(
+                "chatlane_messages_failed_total",
+                "counter",
+                "Messages set aside as failed (kept; an operator can run them again).",
+                [("", self.messages_failed)],
+            ),
+            *(_liveness(beats) if beats is not None else []),
             *self._histogram(),
         ]
         return "\n".join(lines) + "\n"
@@ -114,13 +127,32 @@ class Metrics:
 
         async def endpoint(request: Request) -> PlainTextResponse:
             engine = hub.gateway.engine
-            text = self.render(engine.queue_depth(), engine.running_count())
+            text = self.render(engine.queue_depth(), engine.running_count(), engine.leases.beats)
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         return [Route("/metrics", endpoint, methods=["GET"])]
 
 
-def _metric(name: str, kind: str, help_text: str, samples: list[tuple[str, int]]) -> list[str]:
+def _liveness(beats: BeatGaps) -> list[str]:
+    return [
+        *_metric(
+            "chatlane_heartbeats_total",
+            "counter",
+            "Heartbeats this process wrote to the store.",
+            [("", beats.count)],
+        ),
+        *_metric(
+            "chatlane_heartbeat_gap_max_seconds",
+            "gauge",
+            "The longest time between two of this process's heartbeats.",
+            [("", round(beats.longest, 3))],
+        ),
+    ]
+
+
+def _metric(
+    name: str, kind: str, help_text: str, samples: list[tuple[str, int | float]]
+) -> list[str]:
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for labels, value in samples:
         lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")

@@ -86,9 +86,12 @@ async def test_a_message_arriving_during_a_boundary_survives_it() -> None:
         assert "ran m2" in [o.text for o in h.outbox]
 
 
-async def test_a_turn_that_keeps_losing_its_lease_ends_with_a_notice() -> None:
+async def test_a_turn_that_keeps_losing_its_lease_is_kept_as_failed_and_can_run_again() -> None:
+    blocking = True
+
     def blocking_agent(turn: Turn) -> str:  # holds the event loop past the lease's TTL
-        time.sleep(0.5)
+        if blocking:
+            time.sleep(0.5)
         return "answer"
 
     async def agent(turn: Turn) -> str:
@@ -99,6 +102,17 @@ async def test_a_turn_that_keeps_losing_its_lease_ends_with_a_notice() -> None:
         result = await h.send("hello", chat_id="c")
         [notice] = await h.replies(chat_id="c", count=1, timeout=10)
         assert notice.startswith("Sorry — this message could not be completed")
+        assert "kept as failed" in notice
+        assert await store.pending(result.session_key) == []
+        [failed] = await store.failed()
+        assert failed.record.key == result.session_key
+        assert failed.reason == "its turn lost its lease 3 times"
+        assert h.gateway.engine.metrics.messages_failed == 1
+        blocking = False
+        assert await h.gateway.engine.retry_failed(failed.record.message_id)
+        assert not await h.gateway.engine.retry_failed(failed.record.message_id)
+        assert (await h.replies(chat_id="c", count=2, timeout=10))[1] == "answer"
+        assert await store.failed() == []
         assert await store.pending(result.session_key) == []
 
 

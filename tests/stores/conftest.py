@@ -75,6 +75,30 @@ async def stored_answered_ids(store: Store) -> list[str]:
     return [name.decode() for name in names]
 
 
+async def stored_liveness(store: Store) -> tuple[list[str], list[str]]:
+    """The heartbeats and leases the backend still keeps (read from its own storage), sorted."""
+    from chatlane.stores.memory import MemoryStore
+    from chatlane.stores.redis import RedisStore
+    from chatlane.stores.sqlite import SQLiteStore
+
+    if isinstance(store, MemoryStore):
+        leases = [key for key, s in store._sessions.items() if s.lease is not None]
+        return sorted(store._heartbeats), sorted(leases)
+    if isinstance(store, SQLiteStore):
+        with contextlib.closing(sqlite3.connect(store.location.path)) as db:
+            beats = [row[0] for row in db.execute("SELECT holder FROM heartbeats")]
+            leases = [row[0] for row in db.execute("SELECT key FROM leases")]
+        return sorted(beats), sorted(leases)
+    assert isinstance(store, RedisStore)
+    prefix = store._keys.prefix
+    beats = await store._command("KEYS", f"{prefix}:hb:*")
+    leases = await store._command("KEYS", f"{prefix}:s:*:lease")
+    return (
+        sorted(name.decode().split("{")[1].rstrip("}") for name in beats),
+        sorted(name.decode().split("{")[1].split("}")[0] for name in leases),
+    )
+
+
 @pytest.fixture
 async def reopen(store_url: str) -> AsyncIterator[Reopen]:
     """Open the same store again, as a restarted process (or a second one) would."""

@@ -15,7 +15,7 @@ from chatlane.errors import (
     StaleGeneration,
 )
 from chatlane.stores import Store, TranscriptEntry, WriteBatch
-from tests.stores.conftest import Reopen, stored_answered_ids
+from tests.stores.conftest import Reopen, stored_answered_ids, stored_liveness
 
 KEY = "main:test:dm:c1"
 ODD_KEYS = ["main:tg:group:-1%3A2::7", "k{with}braces", "spaces and\nnewline", "ключ🙂", "a" * 300]
@@ -422,3 +422,123 @@ class TestOwnership:
         results = await asyncio.gather(*(store.adopt(KEY, seqs, "dead", f"p{i}") for i in range(5)))
         adopted = [seq for result in results for seq in result]
         assert sorted(adopted) == seqs
+
+
+class TestBatchedUpkeep:
+    async def test_renew_many_renews_what_is_held_and_reports_what_is_lost(
+        self, store: Store
+    ) -> None:
+        kept = await store.acquire("a", "p1", 5)
+        fenced = await store.acquire("b", "p1", 5)
+        await store.bump_generation("b")
+        expired = await store.acquire("c", "p1", 0.05)
+        await asyncio.sleep(0.15)
+        renewed = await store.renew_many([kept, fenced, expired], 30)
+        assert renewed[1:] == [None, None]
+        first = renewed[0]
+        assert first is not None
+        assert (first.token, first.generation) == (kept.token, kept.generation)
+        assert first.expires_at > kept.expires_at + 20
+        assert await store.renew_many([], 5) == []
+        with pytest.raises(SessionBusy):
+            await store.acquire("a", "p2", 5)
+
+    async def test_adopt_orphans_takes_only_dead_owners_records_in_order(
+        self, store: Store
+    ) -> None:
+        await store.heartbeat("alive", 30)
+        await store.heartbeat("dead", 0.05)
+        x1 = await store.enqueue("x", "m1", "dead", b"1")
+        await store.enqueue("x", "m2", "alive", b"2")
+        x3 = await store.enqueue("x", "m3", "never-beat", b"3")
+        await store.enqueue("y", "m4", "me", b"4")
+        await asyncio.sleep(0.15)
+        await store.heartbeat("me", 30)
+        adopted = await store.adopt_orphans("me", 10)
+        assert [(r.key, r.seq, r.owner, r.payload) for r in adopted] == [
+            ("x", x1, "me", b"1"),
+            ("x", x3, "me", b"3"),
+        ]
+        assert [r.owner for r in await store.pending("x")] == ["me", "alive", "me"]
+        assert await store.adopt_orphans("other", 10) == []
+
+    async def test_adopt_orphans_is_bounded_by_sessions_and_each_record_goes_once(
+        self, store: Store
+    ) -> None:
+        for adopter in ("me", "p0", "p1", "p2"):
+            await store.heartbeat(adopter, 30)
+        for i in range(12):
+            await store.enqueue(f"s{i:02}", f"m{i}", "dead", b"")
+            await store.enqueue(f"s{i:02}", f"n{i}", "dead", b"")
+        first = await store.adopt_orphans("me", 5)
+        assert len({r.key for r in first}) == 5
+        assert len(first) == 10
+        rest = await asyncio.gather(*(store.adopt_orphans(f"p{i}", 100) for i in range(3)))
+        ids = [r.message_id for r in first] + [r.message_id for rs in rest for r in rs]
+        assert sorted(ids) == sorted([f"m{i}" for i in range(12)] + [f"n{i}" for i in range(12)])
+
+
+class TestFailed:
+    async def test_a_parked_message_leaves_the_queue_and_is_kept_with_its_reason(
+        self, store: Store
+    ) -> None:
+        first = await store.enqueue(KEY, "m1", "p1", b"payload")
+        second = await store.enqueue(KEY, "m2", "p1", b"")
+        await store.park(KEY, [first], "lost its lease 3 times")
+        assert [r.seq for r in await store.pending(KEY)] == [second]
+        (failed,) = await store.failed()
+        assert failed.reason == "lost its lease 3 times"
+        assert (failed.record.seq, failed.record.message_id) == (first, "m1")
+        assert failed.record.payload == b"payload"
+        assert failed.failed_at > 0
+        await store.heartbeat("p1", 0.01)
+        await asyncio.sleep(0.05)
+        adopted = await store.adopt_orphans("p2", 10)
+        assert [r.message_id for r in adopted] == ["m2"]
+
+    async def test_a_failed_message_no_longer_holds_back_later_ones(self, store: Store) -> None:
+        first = await store.enqueue(KEY, "m1", "other", b"")
+        second = await store.enqueue(KEY, "m2", "me", b"")
+        await store.park(KEY, [first], "failed")
+        await store.acquire(KEY, "me", 5, head_seq=second)
+
+    async def test_retry_puts_it_back_under_its_seq_once(self, store: Store) -> None:
+        first = await store.enqueue(KEY, "m1", "p1", b"payload")
+        await store.park(KEY, [first], "failed")
+        await store.park(KEY, [first], "parked twice")  # no longer pending: nothing happens
+        record = await store.retry_failed("m1", "p2")
+        assert record is not None
+        assert (record.seq, record.owner, record.payload) == (first, "p2", b"payload")
+        assert [(r.seq, r.owner) for r in await store.pending(KEY)] == [(first, "p2")]
+        assert await store.failed() == []
+        assert await store.retry_failed("m1", "p3") is None
+        assert await store.retry_failed("nothing", "p3") is None
+
+    async def test_failed_lists_oldest_first_within_the_limit(self, store: Store) -> None:
+        for i in range(3):
+            seq = await store.enqueue(f"k{i}", f"m{i}", "p", b"")
+            await store.park(f"k{i}", [seq], f"reason {i}")
+        assert [f.reason for f in await store.failed(2)] == ["reason 0", "reason 1"]
+        assert await store.failed(0) == []
+
+    async def test_failed_messages_survive_a_restart(self, store: Store, reopen: Reopen) -> None:
+        seq = await store.enqueue(KEY, "m1", "p1", b"x")
+        await store.park(KEY, [seq], "failed")
+        await store.close()
+        again = await reopen()
+        assert [f.record.message_id for f in await again.failed()] == ["m1"]
+
+
+class TestPruning:
+    async def test_heartbeats_prune_long_expired_heartbeats_and_leases(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        for module in ("memory", "sqlite"):
+            monkeypatch.setattr(f"chatlane.stores.{module}.PRUNE_AFTER", 0.0)
+        await store.heartbeat("gone", 0.01)
+        await store.acquire(KEY, "gone", 0.01)
+        await store.heartbeat("alive", 30)
+        await store.acquire("held", "alive", 30)
+        await asyncio.sleep(0.05)
+        await store.heartbeat("me", 5)
+        assert await stored_liveness(store) == (["alive", "me"], ["held"])

@@ -2,8 +2,11 @@
 
 What stays true, whatever way the turn ended:
 
-* Its lease is released (once, by generation) and a store error here is
-  logged, never raised — the session's slot must still be freed.
+* Its lease is released (once, by generation). A store that cannot be
+  reached is retried with backoff until it answers or the engine closes;
+  meanwhile the session's slot stays claimed, so no later message overtakes
+  the turn's own. Any other store error is logged, never raised — the
+  session's slot must still be freed.
 * An answered turn's messages already left the durable queue in its commit.
 * Messages of a turn that was stopped, interrupted, evicted, failed or
   rejected leave the queue: their senders were told.
@@ -12,17 +15,22 @@ What stays true, whatever way the turn ended:
 * After a lost lease, only what is still queued in the store under this
   process's name runs again — a message another process adopted is its to
   run, one a ``/stop`` elsewhere dropped is not run at all — and after
-  :data:`MAX_RERUNS` lost leases the sender gets a notice instead.
+  :data:`MAX_RERUNS` lost leases the message is set aside as failed
+  (:meth:`~chatlane.stores.base.Store.park`: kept in the store, visible to
+  the operator, who can run it again) and its sender is told why.
 * At shutdown nothing is dropped: the messages stay queued for the next process.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
+from chatlane.metrics import Metrics
 from chatlane.runtime import pending
+from chatlane.runtime.backoff import retry_store
 from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.output import Send
 from chatlane.runtime.turn import (
@@ -48,27 +56,37 @@ MAX_RERUNS = 3
 class TurnAftermath:
     """Settles finished turns against the store (see the module docstring)."""
 
-    def __init__(self, store: Store, leases: LeaseKeeper, send: Send) -> None:
+    def __init__(self, store: Store, leases: LeaseKeeper, send: Send, metrics: Metrics) -> None:
         self._store = store
         self._leases = leases
         self._send = send
+        self._metrics = metrics
 
-    async def settle(self, state: SessionState, turn: Turn, *, closing: bool) -> None:
+    async def settle(self, state: SessionState, turn: Turn, *, closing: Callable[[], bool]) -> None:
         """Release ``turn``'s lease and decide what becomes of its stored messages."""
         try:
-            if turn.ended_by == STOPPED:
-                untaken = turn.untaken_steers()
-                await self._store.drop_pending(state.key, [seq for _, seq in untaken])
-            if not turn.answered:
-                await self._unanswered(state, turn, closing)
-            if turn.lease is not None:
-                await self._leases.release(state, turn.generation)
+            await retry_store(
+                lambda: self._settle(state, turn, closing()),
+                wanted=lambda: not closing(),
+                what="settling the turn",
+                fields=turn_fields(state.key, turn.generation),
+            )
         except ChatlaneError as error:
             log.error(
                 "could not settle the turn: %s",
                 error,
                 extra=turn_fields(state.key, turn.generation),
             )
+
+    async def _settle(self, state: SessionState, turn: Turn, closing: bool) -> None:
+        if turn.ended_by == STOPPED:
+            untaken = turn.waiting_steers()
+            await self._store.drop_pending(state.key, [seq for _, seq in untaken])
+            turn.untaken_steers()
+        if not turn.answered:
+            await self._unanswered(state, turn, closing)
+        if turn.lease is not None:
+            await self._leases.release(state, turn.generation)
 
     async def _unanswered(self, state: SessionState, turn: Turn, closing: bool) -> None:
         if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED, FAILED, REJECTED):
@@ -104,10 +122,13 @@ class TurnAftermath:
     async def _give_up(
         self, state: SessionState, turn: Turn, kept: list[tuple[InboundMessage, int]]
     ) -> None:
-        await self._store.drop_pending(state.key, [seq for _, seq in kept])
+        reason = f"its turn lost its lease {MAX_RERUNS} times"
+        await self._store.park(state.key, [seq for _, seq in kept], reason)
+        self._metrics.failed(len(kept))
+        log.error("message(s) set aside as failed: %s", reason, extra=turn_fields(state.key))
         text = (
-            "Sorry — this message could not be completed: its turn lost its lease "
-            f"{MAX_RERUNS} times (the gateway may be overloaded or paused)."
+            f"Sorry — this message could not be completed: {reason} (the gateway may be "
+            "overloaded or paused). It is kept as failed; an operator can run it again."
         )
         ids = tuple(m.id for m, _ in kept)
         await self._send(OutboundKind.NOTICE, state.key, turn.source, text, ids, None)

@@ -55,7 +55,7 @@ from chatlane.runtime.persisted import (
     settle_once,
     stored_fields,
 )
-from chatlane.runtime.recovery import adopt_orphans
+from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.turn import (
     DROPPED,
@@ -73,7 +73,7 @@ from chatlane.runtime.turn import (
 from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
 from chatlane.stores.base import Lease, Store
-from chatlane.stores.codec import encode_message
+from chatlane.stores.codec import decode_message, encode_message
 from chatlane.stores.memory import MemoryStore
 from chatlane.types import (
     Agent,
@@ -117,7 +117,7 @@ class TurnEngine:
         self.approvals = ApprovalBroker(
             self.store, self._prompt, self._generation_is, self.settings.approval_timeout
         )
-        self.aftermath = TurnAftermath(self.store, self.leases, self.send)
+        self.aftermath = TurnAftermath(self.store, self.leases, self.send, self.metrics)
         self.busy = BusyDesk(
             self.settings, agent, self.store, self.metrics, self.send, self._spawn, self._supersede
         )
@@ -241,11 +241,25 @@ class TurnEngine:
     async def start(self) -> int:
         """Announce this process and adopt what dead ones left; return how many were adopted.
 
-        Called by the gateway at start; also runs on every lease renewal cycle.
+        Called by the gateway at start; the adoption loop keeps doing it in batches.
         """
         self._ensure_background()
         await self.leases.heartbeat()
-        return await adopt_orphans(self.store, self.holder, self.adopt)
+        batch = self.settings.leases.adopt_batch
+        return await adopt_all(self.store, self.holder, self.adopt, batch)
+
+    async def retry_failed(self, message_id: str) -> bool:
+        """Run a failed message again, here, in its place in its session's queue.
+
+        :returns: whether a failed message with that id was found.
+        :raises ChatlaneError: the store could not be reached.
+        """
+        record = await self.store.retry_failed(message_id, self.holder)
+        if record is None:
+            return False
+        self._ensure_background()
+        await self.adopt(record.key, decode_message(record.payload), record.seq)
+        return True
 
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
         """The busy policy in force for ``message`` in ``state``'s session (``busy`` decides)."""
@@ -284,8 +298,10 @@ class TurnEngine:
             await self.output.failure(turn, error)  # the agent's own error, even a CancelledError
             turn.ended_by = turn.ended_by or FAILED
         finally:
-            await self.aftermath.settle(state, turn, closing=self._closed)
-            self._finish(state, turn)
+            try:
+                await self.aftermath.settle(state, turn, closing=self._is_closed)
+            finally:
+                self._finish(state, turn)
 
     async def _take_lease(self, state: SessionState, turn: Turn) -> bool:
         """Wait for the session's lease and bind it to ``turn``; False if the turn was dropped.
@@ -535,7 +551,14 @@ class TurnEngine:
         return self._closed
 
     def _holding(self) -> list[Turn]:
-        return [turn for turn in self._turns if turn.lease is not None and turn.is_current()]
+        """Turns whose lease is of the session's current generation (even if expired here)."""
+        return [
+            turn
+            for turn in self._turns
+            if turn.lease is not None
+            and not turn.finished
+            and turn.generation == self.registry.get(turn.session_key).persistent.run_generation
+        ]
 
     def _renewed(self, turn: Turn, lease: Lease) -> None:
         tokens = self.registry.get(turn.session_key).turn.lease_tokens
@@ -549,13 +572,15 @@ class TurnEngine:
             interrupted = fenced and await was_interrupted_elsewhere(self.store, turn)
         except ChatlaneError:
             interrupted = False
-        if turn.finished or not turn.is_current():
-            return  # it ended while the renewal was under way: nothing was lost
         state = self.registry.get(turn.session_key)
+        ended = turn.finished or turn.answered or turn.generation not in state.turn.lease_tokens
+        if ended or state.persistent.run_generation != turn.generation:
+            return  # it ended, or was fenced here, while the renewal was under way: no loss
         if interrupted:
             detail = "by a message to another process"
             self._supersede(state, turn, INTERRUPTED, detail, fenced_in_store=True)
             return
+        log.warning("lease lost: %s", why, extra=turn_fields(turn.session_key, turn.generation))
         self.metrics.lease_failure()
         self._supersede(state, turn, LEASE_LOST, why)
 

@@ -5,11 +5,14 @@ What stays true:
 
 * A turn runs only under a lease; the lease's generation becomes the turn's
   generation, so the store refuses the writes of any turn it has fenced off.
-* A held lease is renewed about every ``ttl / 3``. A renewal that fails — the
-  lease expired, was taken over, its generation was bumped, or the store is
-  unreachable — marks the turn lost at once; so does a lease whose expiry has
-  passed on this host's clock (a process paused past its TTL fences itself
-  before it can deliver anything).
+* Every lease a process holds is renewed in one store call
+  (:meth:`~chatlane.stores.base.Store.renew_many`) every
+  :attr:`LeaseSettings.renew_every` seconds (``ttl / 10``), beside the
+  process's heartbeat and never behind other store work. A renewal the store
+  refuses marks the turn lost at once. A renewal the store cannot answer
+  (an outage) changes nothing until the lease's expiry passes on this host's
+  clock; from then the turn is stale (a process paused past its TTL fences
+  itself before it can deliver anything).
 * Each lease is released exactly once, through ``TurnState.lease_tokens``
   keyed by generation: a displaced turn's unwind frees only its own lease.
 """
@@ -41,7 +44,10 @@ def new_holder_id() -> str:
 class LeaseSettings:
     """How turns hold leases.
 
-    :param ttl: seconds a lease lives without renewal.
+    :param ttl: seconds a lease (and a process's heartbeat) lives without
+        renewal; both are renewed every :attr:`renew_every` (``ttl / 10``), so
+        a process whose event loop turns is never taken for dead, and a
+        killed one's sessions are taken over within ``ttl``.
     :param max_active_sessions: sessions that may run at once across every
         process sharing the store (0 = unlimited).
     :param poll: first wait (seconds) before retrying a busy session; doubles
@@ -53,18 +59,30 @@ class LeaseSettings:
         renewal (every ``ttl / 3``).
     """
 
-    ttl: float = 30.0
+    ttl: float = 10.0
     max_active_sessions: int = 0
     poll: float = 0.005
     max_poll: float = 0.25
     fence_check: float = 0.5
+    adopt_batch: int = 256
+    """Sessions whose orphaned messages one adoption cycle takes at most."""
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds between two renewals of every held lease and the heartbeat."""
+        return self.ttl / 10
+
+    @property
+    def adopt_every(self) -> float:
+        """Seconds between two adoption cycles (a full batch is followed at once by the next)."""
+        return self.ttl / 5
 
     def __post_init__(self) -> None:
         require_numbers(
             self,
-            positive=("ttl", "poll", "max_poll"),
+            positive=("ttl", "poll", "max_poll", "adopt_batch"),
             non_negative=("max_active_sessions", "fence_check"),
-            whole=("max_active_sessions",),
+            whole=("max_active_sessions", "adopt_batch"),
         )
 
 
@@ -83,6 +101,22 @@ class AcquireWait:
         return True
 
 
+class BeatGaps:
+    """The gaps between this process's successful heartbeats: the last and the largest."""
+
+    def __init__(self) -> None:
+        self.last_at: float | None = None
+        self.longest = 0.0
+        self.count = 0
+
+    def record(self, moment: float) -> None:
+        """A heartbeat reached the store at ``moment`` (``time.monotonic()``)."""
+        if self.last_at is not None:
+            self.longest = max(self.longest, moment - self.last_at)
+        self.last_at = moment
+        self.count += 1
+
+
 class LeaseKeeper:
     """Acquires, renews and releases the leases of one process's turns."""
 
@@ -90,6 +124,7 @@ class LeaseKeeper:
         self.store = store
         self.holder = holder
         self.settings = settings
+        self.beats = BeatGaps()
 
     async def acquire(
         self,
@@ -135,24 +170,14 @@ class LeaseKeeper:
         except LeaseError as error:
             log.info("lease already gone: %s", error, extra=turn_fields(state.key, generation))
 
-    async def renew_all(self, leases: Iterable[Lease]) -> list[Lease | BaseException]:
-        """Renew ``leases``, in order: the renewed lease, or why it was lost.
+    async def renew_all(self, leases: Iterable[Lease]) -> list[Lease | None]:
+        """Renew ``leases`` in one store call, in order: the renewed lease, or ``None`` if lost.
 
-        :class:`LeaseLost` means the store answered that the lease is gone
-        (taken over, or fenced by a generation bump); any other error means
-        the store could not be asked, and counts as lost too.
+        :raises ChatlaneError: the store could not be asked (an outage): the
+            leases hold until they expire on this host's clock.
         """
         held = list(leases)
-        results = await asyncio.gather(
-            *(self.store.renew(lease, self.settings.ttl) for lease in held),
-            return_exceptions=True,
-        )
-        for lease, result in zip(held, results, strict=True):
-            if not isinstance(result, Lease):
-                log.warning(
-                    "lease lost: %r", result, extra=turn_fields(lease.key, lease.generation)
-                )
-        return results
+        return await self.store.renew_many(held, self.settings.ttl) if held else []
 
     async def moved_on(self, leases: Iterable[Lease]) -> list[bool]:
         """For each lease, in order, whether the store's generation moved past it.
@@ -164,8 +189,12 @@ class LeaseKeeper:
         return [current > lease.generation for lease, current in zip(held, stored, strict=True)]
 
     async def heartbeat(self) -> None:
-        """Tell the store this process is alive for the next ``ttl``."""
+        """Tell the store this process is alive for the next ``ttl``; note the gap since the last.
+
+        :raises ChatlaneError: the store could not be reached.
+        """
         await self.store.heartbeat(self.holder, self.settings.ttl)
+        self.beats.record(time.monotonic())
 
     async def sign_off(self) -> None:
         """Tell the store this process is gone, so its messages can be adopted at once."""
@@ -180,4 +209,11 @@ def locally_expired(lease: Lease | None) -> bool:
     return lease is not None and lease.expires_at <= time.time()
 
 
-__all__ = ["AcquireWait", "LeaseKeeper", "LeaseLost", "LeaseSettings", "locally_expired"]
+__all__ = [
+    "AcquireWait",
+    "BeatGaps",
+    "LeaseKeeper",
+    "LeaseLost",
+    "LeaseSettings",
+    "locally_expired",
+]

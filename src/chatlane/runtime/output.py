@@ -8,6 +8,9 @@ What stays true:
   from the durable queue — in one fenced write *before* it is delivered. A
   refused commit (stale generation, or a message already answered by an
   earlier run) means the reply is dropped and logged, never delivered.
+* A commit the store cannot take (an outage, a write lock held too long) is
+  retried with backoff while the turn is current; a turn whose lease ran out
+  meanwhile counts as having lost it, so its messages run again, in order.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Protocol
 from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreError
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
+from chatlane.runtime.backoff import retry_store
 from chatlane.runtime.turn import LEASE_LOST, Turn
 from chatlane.stores.base import Store, TranscriptEntry, WriteBatch
 from chatlane.types import Agent, OutboundKind, SessionKey
@@ -107,8 +111,8 @@ class TurnOutput:
             turn.ended_by = turn.ended_by or LEASE_LOST
             return self._fenced(turn, "reply")
         try:
-            await self._store.commit(turn.session_key, turn.generation, _answer(turn, role, text))
-        except StaleGeneration:
+            await self._fenced_commit(turn, _answer(turn, role, text))
+        except (StaleGeneration, StoreError):
             turn.ended_by = turn.ended_by or LEASE_LOST
             return self._fenced(turn, "reply commit")
         except AlreadyAnswered as error:
@@ -122,9 +126,21 @@ class TurnOutput:
         """Remove the queued records of messages an earlier run already answered."""
         turn.answered = True
         try:
-            await self._store.commit(turn.session_key, turn.generation, WriteBatch(done=turn.seqs))
-        except StaleGeneration:
+            await self._fenced_commit(turn, WriteBatch(done=turn.seqs))
+        except (StaleGeneration, StoreError):
             self._fenced(turn, "queue cleanup")
+
+    async def _fenced_commit(self, turn: Turn, batch: WriteBatch) -> None:
+        """Commit ``batch`` under ``turn``'s generation, retried through an outage while current.
+
+        :raises StoreError: the store stayed out of reach until the turn went stale.
+        """
+        await retry_store(
+            lambda: self._store.commit(turn.session_key, turn.generation, batch),
+            wanted=turn.is_current,
+            what="commit",
+            fields=_fields(turn),
+        )
 
     async def _deliver(self, turn: Turn, kind: OutboundKind, text: str) -> None:
         await self._send(

@@ -1,12 +1,14 @@
 """Adopting the messages of processes that died, so no accepted message is lost.
 
 A process's pending records carry its holder id, and a live process renews a
-heartbeat. :func:`adopt_orphans` finds records whose owner's heartbeat has
-expired (a crash, ``kill -9``, a pause longer than the TTL, or a clean stop
-that signed off), makes this process their owner — atomically per record, so
-two adopters never both take one — and hands each to ``run`` in store order.
+heartbeat. :func:`adopt_orphans` asks the store, in one call, for the records
+of up to ``limit`` sessions whose owner's heartbeat has expired (a crash,
+``kill -9``, a pause longer than the TTL, or a clean stop that signed off);
+the store makes this process their owner — atomically per record, so two
+adopters never both take one — and each is handed to ``run`` in store order.
 A message re-run this way cannot be answered twice: replies are recorded
-against message ids before delivery.
+against message ids before delivery. A record that cannot be read is set
+aside as failed (:meth:`~chatlane.stores.base.Store.park`), never dropped.
 """
 
 from __future__ import annotations
@@ -25,44 +27,46 @@ log = logging.getLogger("chatlane.runtime")
 Run = Callable[[SessionKey, InboundMessage, int], Awaitable[object]]
 
 
-async def adopt_orphans(store: Store, holder: str, run: Run) -> int:
-    """Adopt every pending record whose owner is dead and ``run`` it; return how many."""
-    adopted = 0
-    for key in await store.pending_keys():
-        records = await store.pending(key)
-        for record in await _adopt(store, holder, key, records):
-            adopted += await _rerun(key, record, run)
-    return adopted
+async def adopt_orphans(store: Store, holder: str, run: Run, limit: int) -> list[PendingRecord]:
+    """Adopt one batch of dead processes' records (``limit`` sessions) and ``run`` them.
+
+    :returns: the records adopted; records of fewer than ``limit`` sessions
+        means nothing more was waiting.
+    :raises ChatlaneError: the store could not be asked (nothing was adopted).
+    """
+    records = await store.adopt_orphans(holder, limit)
+    for record in records:
+        await _rerun(store, record, run)
+    return records
 
 
-async def _adopt(
-    store: Store, holder: str, key: SessionKey, records: list[PendingRecord]
-) -> list[PendingRecord]:
-    owners = sorted({r.owner for r in records if r.owner != holder})
-    if not owners:
-        return []
-    alive = await store.alive(owners)
-    taken: set[int] = set()
-    for owner in (o for o in owners if not alive.get(o, False)):
-        seqs = [r.seq for r in records if r.owner == owner]
-        taken.update(await store.adopt(key, seqs, owner, holder))
-    return [r for r in records if r.seq in taken]
+def sessions_in(records: list[PendingRecord]) -> int:
+    """How many sessions ``records`` belong to."""
+    return len({record.key for record in records})
 
 
-async def _rerun(key: SessionKey, record: PendingRecord, run: Run) -> int:
+async def adopt_all(store: Store, holder: str, run: Run, limit: int) -> int:
+    """Adopt batch after batch until one is not full; return how many messages were adopted."""
+    total = 0
+    while True:
+        records = await adopt_orphans(store, holder, run, limit)
+        total += len(records)
+        if sessions_in(records) < limit:
+            return total
+
+
+async def _rerun(store: Store, record: PendingRecord, run: Run) -> None:
+    key = record.key
     try:
         message = decode_message(record.payload)
     except StoreError as error:
-        log.error(
-            "dropping unreadable pending record %s: %s", record.seq, error, extra=turn_fields(key)
-        )
-        return 0
+        log.error("unreadable pending record %s: %s", record.seq, error, extra=turn_fields(key))
+        await store.park(key, [record.seq], f"unreadable record: {error}")
+        return
     log.info(
-        "adopted message %s (seq %d) from %s",
+        "adopted message %s (seq %d) from a process that stopped",
         message.id,
         record.seq,
-        record.owner,
         extra=turn_fields(key),
     )
     await run(key, message, record.seq)
-    return 1

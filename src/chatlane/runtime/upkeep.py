@@ -1,17 +1,24 @@
-"""An engine's background work: lease renewals, fence checks, heartbeats, adoption, eviction.
+"""An engine's background work: renewals and heartbeats, fence checks, adoption, eviction.
 
-Two loops run per engine, started with its first message and cancelled when
-it closes. What stays true:
+Each kind of upkeep runs in a task of its own, started with the engine's
+first message and cancelled when it closes, so none waits behind another.
+What stays true:
 
-* Every lease a running turn holds is renewed every ``ttl / 3``, before the
-  heartbeat and adoption (the lease expires first). A lease the store refuses
-  to renew is reported lost; the engine fences its turn.
-* Between renewals, every ``fence_check`` seconds, each running turn's
-  generation is compared with the store's (one batched read for all of them,
-  :meth:`~chatlane.stores.base.Store.generations`): a turn another process
-  fenced (``/stop`` or ``/new`` sent there, or an interrupt) is reported at
-  once, not at the next renewal. A failed check is logged and
-  changes nothing; the renewal still catches the turn.
+* Every ``renew_every`` (``ttl / 10``) the process's heartbeat and every lease
+  its running turns hold are renewed, concurrently, each in one store call
+  however many sessions run. A lease the store refuses to renew is reported
+  lost; the engine fences its turn. When the store cannot be reached the
+  turns keep running until their leases expire on this host's clock, and are
+  reported lost then. A lease released while its renewal was under way
+  (the turn committed and ended) is not a loss, and is not logged as one.
+* Every ``fence_check`` seconds each running turn's generation is compared
+  with the store's (one batched read, :meth:`~chatlane.stores.base.Store.generations`):
+  a turn another process fenced (``/stop`` or ``/new`` sent there, or an
+  interrupt) is reported at once, not at the next renewal. A failed check is
+  logged and changes nothing.
+* Every ``adopt_every`` (``ttl / 5``) one bounded batch of dead processes'
+  messages is adopted (one store call, ``adopt_batch`` sessions); a full
+  batch is followed at once by the next.
 * A turn that made no progress for ``turn_timeout`` is handed to the engine to
   evict (the watchdog runs only when ``turn_timeout > 0``).
 """
@@ -22,12 +29,12 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 
-from chatlane.errors import ChatlaneError, LeaseLost
-from chatlane.runtime.leases import LeaseKeeper
-from chatlane.runtime.recovery import adopt_orphans
+from chatlane.errors import ChatlaneError
+from chatlane.runtime.leases import LeaseKeeper, locally_expired
+from chatlane.runtime.recovery import adopt_orphans, sessions_in
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import Lease
 from chatlane.types import InboundMessage, SessionKey
@@ -39,7 +46,8 @@ log = logging.getLogger("chatlane.runtime")
 class UpkeepHooks:
     """What the upkeep asks of its engine.
 
-    :param turns: the turns holding a current lease right now.
+    :param turns: the turns holding a lease of the current generation right
+        now (their lease may have expired on this host's clock).
     :param renewed: ``turn``'s lease was renewed as ``lease``.
     :param lost: ``turn``'s lease is gone (``why`` is for the log): fence it.
         When the store said so (``fenced``), another process may have fenced
@@ -80,41 +88,58 @@ class Upkeep:
         """
         if self._tasks:
             return
-        loops = [(self._keep_leases(), "chatlane-leases")]
+        settings = self._leases.settings
+        loops: list[tuple[Coroutine[object, object, None], str]] = [
+            (self._every(settings.renew_every, self.renew_once), "chatlane-leases"),
+            (self._adopting(), "chatlane-adoption"),
+        ]
+        if settings.fence_check > 0:
+            loops.append((self._every(settings.fence_check, self.check_fences), "chatlane-fences"))
         if self._turn_timeout > 0:
-            loops.append((self._watch(), "chatlane-watchdog"))
+            watch = min(self._turn_timeout / 4, 1.0)
+            loops.append((self._every(watch, self.evict_stuck, first=watch), "chatlane-watchdog"))
         for loop, name in loops:
             task = asyncio.create_task(loop, name=name, context=contextvars.Context())
             self._tasks.append(task)
 
-    async def _keep_leases(self) -> None:
-        settings = self._leases.settings
-        period = settings.ttl / 3
-        tick = min(settings.fence_check or period, period)
-        renew_at = 0.0
+    async def _every(
+        self, period: float, step: Callable[[], Awaitable[object]], first: float = 0.0
+    ) -> None:
+        """Run ``step`` every ``period`` seconds (start to start) until the engine closes."""
+        await asyncio.sleep(first)
         while not self._hooks.closed():
-            if time.monotonic() >= renew_at:
-                renew_at = time.monotonic() + period - tick / 2
-                await self.renew_once()
-            else:
-                await self.check_fences()
-            await asyncio.sleep(tick)
+            started = time.monotonic()
+            await step()
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
     async def renew_once(self) -> None:
-        """Renew held leases first (they expire), then the heartbeat, then adopt orphans."""
+        """Beat and renew every held lease, concurrently; report the leases that are gone."""
         held = self._hooks.turns()
-        renewed = await self._leases.renew_all(_leases_of(held))
-        for turn, result in zip(held, renewed, strict=True):
-            if isinstance(result, Lease):
-                self._hooks.renewed(turn, result)
+        beat, renewal = await asyncio.gather(
+            self._leases.heartbeat(),
+            self._leases.renew_all(_leases_of(held)),
+            return_exceptions=True,
+        )
+        if isinstance(beat, BaseException):
+            _raise_unless_store_error(beat)
+            log.warning("heartbeat failed: %s", beat)
+        if isinstance(renewal, BaseException):
+            _raise_unless_store_error(renewal)
+            await self._unreachable(held, renewal)
+            return
+        for turn, lease in zip(held, renewal, strict=True):
+            if lease is None:
+                await self._hooks.lost(turn, "its lease could not be renewed", True)
             else:
-                fenced = isinstance(result, LeaseLost)
-                await self._hooks.lost(turn, f"its lease could not be renewed: {result}", fenced)
-        try:
-            await self._leases.heartbeat()
-            await adopt_orphans(self._leases.store, self._leases.holder, self._hooks.adopt)
-        except ChatlaneError as error:
-            log.warning("heartbeat or adoption failed: %s", error)
+                self._hooks.renewed(turn, lease)
+
+    async def _unreachable(self, held: list[Turn], error: BaseException) -> None:
+        """The store did not answer: leases hold until they expire here, then they are lost."""
+        log.warning("could not renew %d lease(s): %s", len(held), error)
+        for turn in held:
+            if locally_expired(turn.lease):
+                why = f"its lease expired while the store could not be reached ({error})"
+                await self._hooks.lost(turn, why, False)
 
     async def check_fences(self) -> None:
         """Report each running turn whose generation another process moved past."""
@@ -130,11 +155,23 @@ class Upkeep:
             if gone and turn.is_current():
                 await self._hooks.lost(turn, "fenced by another process", True)
 
-    async def _watch(self) -> None:
-        period = min(self._turn_timeout / 4, 1.0)
+    async def _adopting(self) -> None:
+        settings = self._leases.settings
         while not self._hooks.closed():
-            await asyncio.sleep(period)
-            await self.evict_stuck()
+            count = await self.adopt_once()
+            await asyncio.sleep(0.0 if count >= settings.adopt_batch else settings.adopt_every)
+
+    async def adopt_once(self) -> int:
+        """Adopt one batch of orphaned messages; return how many sessions it held."""
+        leases = self._leases
+        try:
+            records = await adopt_orphans(
+                leases.store, leases.holder, self._hooks.adopt, leases.settings.adopt_batch
+            )
+        except ChatlaneError as error:
+            log.warning("adoption failed: %s", error)
+            return 0
+        return sessions_in(records)
 
     async def evict_stuck(self) -> int:
         """Evict every turn that made no progress for ``turn_timeout``; return how many."""
@@ -147,3 +184,8 @@ class Upkeep:
 
 def _leases_of(turns: Iterable[Turn]) -> list[Lease]:
     return [turn.lease for turn in turns if turn.lease is not None]
+
+
+def _raise_unless_store_error(error: BaseException) -> None:
+    if not isinstance(error, ChatlaneError):
+        raise error

@@ -24,7 +24,13 @@ What every implementation guarantees — the contract suite in
   :class:`~chatlane.errors.LeaseLost`; releasing a lease twice raises
   :class:`~chatlane.errors.LeaseError`.
 * Pending messages are returned in the order the store accepted them
-  (``seq`` grows per key) and stay until removed by a commit or a drop.
+  (``seq`` grows per key) and stay until removed by a commit or a drop, or
+  set aside as failed (:meth:`Store.park`), where they stay until retried.
+* :meth:`Store.renew_many` renews every lease a process holds in one call,
+  and :meth:`Store.adopt_orphans` adopts a bounded batch of dead processes'
+  messages in one call: upkeep costs do not grow with one round trip per session.
+* Each heartbeat also prunes what no one needs any more: answered marks past
+  their retention, heartbeats and leases expired for :data:`PRUNE_AFTER`.
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ from typing import Any
 
 import msgspec
 
+from chatlane.errors import LeaseLost
 from chatlane.types import SessionKey
 
 __all__ = [
     "Conversation",
+    "FailedRecord",
     "Lease",
     "PendingRecord",
     "Store",
@@ -74,6 +82,18 @@ class PendingRecord(msgspec.Struct, frozen=True):
     payload: bytes
     """The encoded :class:`~chatlane.types.InboundMessage` (see :mod:`chatlane.stores.codec`)."""
     accepted_at: float
+
+
+class FailedRecord(msgspec.Struct, frozen=True):
+    """An accepted message that could not be completed, kept until an operator retries it.
+
+    It never runs and is never adopted while it is here; :meth:`Store.retry_failed`
+    puts it back into its session's queue under its original ``seq``.
+    """
+
+    record: PendingRecord
+    reason: str
+    failed_at: float
 
 
 class TranscriptEntry(msgspec.Struct, frozen=True):
@@ -124,6 +144,9 @@ def now() -> float:
     return time.time()
 
 
+PRUNE_AFTER = 60.0
+"""Seconds an expired heartbeat or lease is kept before a heartbeat prunes it."""
+
 ANSWERED_RETENTION = 7 * 24 * 3600.0
 """Seconds a message stays marked answered: far longer than any re-delivery or re-run."""
 
@@ -164,6 +187,26 @@ class Store(abc.ABC):
 
         :raises LeaseLost: it expired, was taken over, or its generation was bumped.
         """
+
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """Renew each of ``leases`` by ``ttl`` seconds from now: one call for a process's leases.
+
+        :returns: in order, the renewed lease, or ``None`` where it was lost
+            (expired, taken over, or its generation was bumped).
+        :raises StoreError: the store could not be asked; nothing is known of the leases.
+        """
+        results = await asyncio.gather(
+            *(self.renew(lease, ttl) for lease in leases), return_exceptions=True
+        )
+        renewed: list[Lease | None] = []
+        for result in results:
+            if isinstance(result, LeaseLost):
+                renewed.append(None)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                renewed.append(result)
+        return renewed
 
     @abc.abstractmethod
     async def release(self, lease: Lease) -> None:
@@ -269,6 +312,52 @@ class Store(abc.ABC):
         record, so of two processes adopting at once each record goes to one.
 
         :returns: the seqs that were adopted, in order.
+        """
+
+    async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
+        """Adopt the records of up to ``limit`` sessions whose owners have no live heartbeat.
+
+        Each record becomes ``holder``'s atomically (of two adopters each gets
+        it once). Failed records are never adopted.
+
+        :returns: the adopted records (with ``holder`` as owner), by session, in ``seq`` order.
+        """
+        keys = await self.pending_keys()
+        queues = await asyncio.gather(*(self.pending(key) for key in keys))
+        owners = sorted({r.owner for records in queues for r in records if r.owner != holder})
+        alive = await self.alive(owners) if owners else {}
+        orphaned = [
+            [r for r in records if r.owner != holder and not alive.get(r.owner, False)]
+            for records in queues
+        ]
+        chosen = [records for records in orphaned if records][:limit]
+        taken = await asyncio.gather(*(self._adopt_all(records, holder) for records in chosen))
+        return [record for records in taken for record in records]
+
+    async def _adopt_all(self, records: list[PendingRecord], holder: str) -> list[PendingRecord]:
+        adopted: list[PendingRecord] = []
+        for owner in sorted({r.owner for r in records}):
+            mine = [r for r in records if r.owner == owner]
+            seqs = set(await self.adopt(mine[0].key, [r.seq for r in mine], owner, holder))
+            adopted += [msgspec.structs.replace(r, owner=holder) for r in mine if r.seq in seqs]
+        return sorted(adopted, key=lambda r: r.seq)
+
+    # -- messages that could not be completed -------------------------------------------
+
+    @abc.abstractmethod
+    async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+        """Set pending records aside as failed, with ``reason``: kept, never run or adopted."""
+
+    @abc.abstractmethod
+    async def failed(self, limit: int = 100) -> list[FailedRecord]:
+        """Failed records, oldest failure first."""
+
+    @abc.abstractmethod
+    async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
+        """Put a failed message back into its session's queue, owned by ``owner``.
+
+        :returns: its pending record (same ``seq`` as before), or ``None`` if
+            no failed message has that id.
         """
 
     # -- process liveness ------------------------------------------------------------

@@ -25,7 +25,9 @@ from chatlane.errors import (
     StaleGeneration,
 )
 from chatlane.stores.base import (
+    PRUNE_AFTER,
     Conversation,
+    FailedRecord,
     Lease,
     PendingRecord,
     Store,
@@ -71,6 +73,8 @@ class MemoryStore(Store):
         self._message_seq: dict[str, int] = {}
         self._seq = itertools.count(1)
         self._heartbeats: dict[str, float] = {}
+        self._failed: dict[str, FailedRecord] = {}
+        """Message id → its failed record; insertion order is failure order."""
 
     # -- generations and leases ----------------------------------------------
 
@@ -248,6 +252,27 @@ class MemoryStore(Store):
             pending[seq] = replace(pending[seq], owner=new_owner)
         return adopted
 
+    async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+        session = self._sessions[key]
+        moment = now()
+        for seq in sorted(seqs):
+            record = session.pending.get(seq)
+            if record is not None:
+                self._remove_pending(session, seq)
+                self._failed[record.message_id] = FailedRecord(record, reason, moment)
+
+    async def failed(self, limit: int = 100) -> list[FailedRecord]:
+        return list(self._failed.values())[: max(limit, 0)]
+
+    async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
+        failed = self._failed.pop(message_id, None)
+        if failed is None:
+            return None
+        record = replace(failed.record, owner=owner)
+        self._sessions[record.key].pending[record.seq] = record
+        self._message_seq[message_id] = record.seq
+        return record
+
     def _remove_pending(self, session: _Session, seq: int) -> None:
         record = session.pending.pop(seq, None)
         if record is not None:
@@ -256,10 +281,20 @@ class MemoryStore(Store):
     # -- process liveness ------------------------------------------------------------
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
-        self._heartbeats[holder] = now() + ttl
-        cutoff = now() - self.answered_retention
+        moment = now()
+        self._heartbeats[holder] = moment + ttl
+        cutoff = moment - self.answered_retention
         while self._answered and next(iter(self._answered.values())) <= cutoff:
             del self._answered[next(iter(self._answered))]
+        self._prune(moment - PRUNE_AFTER)
+
+    def _prune(self, cutoff: float) -> None:
+        """Forget heartbeats and leases that expired before ``cutoff``."""
+        for holder in [h for h, expiry in self._heartbeats.items() if expiry <= cutoff]:
+            del self._heartbeats[holder]
+        for session in self._sessions.values():
+            if session.lease is not None and session.lease.expires_at <= cutoff:
+                session.lease = None
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         moment = now()

@@ -50,6 +50,7 @@ from chatlane.errors import (
 from chatlane.stores import redis_scripts as lua
 from chatlane.stores.base import (
     Conversation,
+    FailedRecord,
     Lease,
     PendingRecord,
     Store,
@@ -81,6 +82,7 @@ class _Queued(msgspec.Struct, array_like=True, frozen=True):
 
 
 _queued = msgspec.msgpack.Decoder(_Queued)
+_failed = msgspec.msgpack.Decoder(FailedRecord)
 
 
 class RedisStore(Store):
@@ -177,6 +179,19 @@ class RedisStore(Store):
         if reply[0] != Status.OK:
             raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
         return replace(lease, expires_at=reply[1] / 1000)
+
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """See :meth:`Store.renew_many`: the renewals share one write to the server."""
+        replies = await asyncio.gather(
+            *(
+                self._run(lua.RENEW, lease.key, lease.token, lease.generation, _ms(ttl), lease.key)
+                for lease in leases
+            )
+        )
+        return [
+            replace(lease, expires_at=reply[1] / 1000) if reply[0] == Status.OK else None
+            for lease, reply in zip(leases, replies, strict=True)
+        ]
 
     async def release(self, lease: Lease) -> None:
         args = (lease.token, lease.generation, _request_id(), lease.key)
@@ -286,6 +301,37 @@ class RedisStore(Store):
         owners = (old_owner, new_owner)
         adopted = await self._run(lua.ADOPT, key, _request_id(), *owners, *sorted(seqs))
         return [int(seq) for seq in adopted]
+
+    async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+        wanted = set(seqs)
+        records = [r for r in await self.pending(key) if r.seq in wanted]
+        if not records:
+            return
+        moment = now()
+        args: list[Arg] = [key, _ms(moment)]
+        for record in records:
+            failed = _msgpack.encode(FailedRecord(record, reason, moment))
+            args += [record.seq, record.message_id, failed]
+        await self._run(lua.PARK, key, *args)
+
+    async def failed(self, limit: int = 100) -> list[FailedRecord]:
+        if limit <= 0:
+            return []
+        ids = await self._command("ZRANGE", self._keys.one("failed_at"), 0, limit - 1)
+        if not ids:
+            return []
+        raws = await self._command("HMGET", self._keys.one("failed"), *ids)
+        return [_decoded(_failed, raw) for raw in raws if raw is not None]
+
+    async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
+        raw = await self._command("HGET", self._keys.one("failed"), message_id)
+        if raw is None:
+            return None
+        record = replace(_decoded(_failed, raw).record, owner=owner)
+        queued = _msgpack.encode(_Queued(record.payload, record.accepted_at))
+        args = (message_id, raw, record.seq, owner, queued, record.key)
+        retried = await self._run(lua.RETRY, record.key, *args)
+        return record if retried else None
 
     # -- process liveness ------------------------------------------------------------
 

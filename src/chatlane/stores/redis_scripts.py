@@ -326,6 +326,46 @@ return adopted
 )
 """ARGV: request id, old owner, new owner, then the seqs in order. Reply: the seqs adopted."""
 
+PARK = _script(
+    "pending pmsg powner msgseq pkeys failed failed_at",
+    """
+local member, moment = ARGV[1], ARGV[2]
+local parked = 0
+for j = 3, #ARGV, 3 do
+  local seq, id, record = ARGV[j], ARGV[j + 1], ARGV[j + 2]
+  if redis.call('ZSCORE', K.pending, id) then
+    remove_pending(seq)
+    redis.call('HSET', K.failed, id, record)
+    redis.call('ZADD', K.failed_at, moment, id)
+    parked = parked + 1
+  end
+end
+forget_if_empty(member)
+return parked
+""",
+)
+"""ARGV: session key, failure time ms, then (seq, message id, encoded failed record) for
+each record. A record no longer pending is left alone. Reply: how many were parked."""
+
+RETRY = _script(
+    "pending pmsg powner msgseq pkeys failed failed_at",
+    """
+local id, expected, seq, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local record, member = ARGV[5], ARGV[6]
+if redis.call('HGET', K.failed, id) ~= expected then return 0 end
+redis.call('HDEL', K.failed, id)
+redis.call('ZREM', K.failed_at, id)
+redis.call('ZADD', K.pending, seq, id)
+redis.call('HSET', K.pmsg, id, record)
+redis.call('HSET', K.powner, id, owner)
+redis.call('HSET', K.msgseq, id, seq)
+redis.call('SADD', K.pkeys, member)
+return 1
+""",
+)
+"""ARGV: message id, its failed record as read, seq, new owner, encoded pending record,
+session key. Reply: 1, or 0 if the failed record changed or went since it was read."""
+
 # -- conversations ---------------------------------------------------------------------------
 
 _CONVERSATION_KEYS = "conv convs ctitle cended"
@@ -395,7 +435,7 @@ conversation's id, then its last ``limit`` entries."""
 
 ALL = (
     *(ACQUIRE, RENEW, RELEASE, BUMP, ACTIVE, COMMIT),
-    *(ENQUEUE, PENDING, DROP, ADOPT),
+    *(ENQUEUE, PENDING, DROP, ADOPT, PARK, RETRY),
     *(CONVERSATION, NEW_CONVERSATION, RESUME, CONVERSATIONS, TRANSCRIPT),
 )
 """Every script, registered once per store."""

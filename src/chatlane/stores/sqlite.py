@@ -37,7 +37,9 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.stores.base import (
+    PRUNE_AFTER,
     Conversation,
+    FailedRecord,
     Lease,
     PendingRecord,
     Store,
@@ -143,6 +145,17 @@ def _renew(db: sqlite3.Connection, lease: Lease, ttl: float) -> Lease:
     if not renewed:
         raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
     return Lease(lease.key, lease.holder, lease.token, lease.generation, moment + ttl)
+
+
+def _renew_many(db: sqlite3.Connection, leases: list[Lease], ttl: float) -> list[Lease | None]:
+    """Every lease's compare-and-set in one transaction; ``None`` for each one lost."""
+    renewed: list[Lease | None] = []
+    for lease in leases:
+        try:
+            renewed.append(_renew(db, lease, ttl))
+        except LeaseLost:
+            renewed.append(None)
+    return renewed
 
 
 def _release(db: sqlite3.Connection, lease: Lease) -> None:
@@ -364,8 +377,74 @@ def _adopt(
     return adopted
 
 
+def _adopt_orphans(db: sqlite3.Connection, holder: str, limit: int) -> list[PendingRecord]:
+    """Take the records of up to ``limit`` sessions whose owners' heartbeats are gone."""
+    moment = now()
+    orphaned = (
+        "SELECT DISTINCT p.key FROM pending p LEFT JOIN heartbeats h ON h.holder = p.owner "
+        "WHERE p.owner != ? AND (h.expires_at IS NULL OR h.expires_at <= ?) "
+        "ORDER BY p.key LIMIT ?"
+    )
+    keys = [row[0] for row in db.execute(orphaned, (holder, moment, limit))]
+    adopted: list[PendingRecord] = []
+    for key in keys:
+        adopted += _adopt_session(db, key, holder, moment)
+    return adopted
+
+
+def _adopt_session(
+    db: sqlite3.Connection, key: SessionKey, holder: str, moment: float
+) -> list[PendingRecord]:
+    rows = db.execute(
+        "UPDATE pending SET owner = ? WHERE key = ? AND owner != ? AND owner NOT IN "
+        "(SELECT holder FROM heartbeats WHERE expires_at > ?) "
+        "RETURNING key, seq, message_id, owner, payload, accepted_at",
+        (holder, key, holder, moment),
+    ).fetchall()
+    return sorted((PendingRecord(*row) for row in rows), key=lambda r: r.seq)
+
+
+def _park(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+    moment = now()
+    for seq in sorted(seqs):
+        db.execute(
+            "INSERT OR REPLACE INTO failed (message_id, key, seq, owner, payload, accepted_at, "
+            "reason, failed_at) SELECT message_id, key, seq, owner, payload, accepted_at, ?, ? "
+            "FROM pending WHERE key = ? AND seq = ?",
+            (reason, moment, key, seq),
+        )
+    _drop(db, key, seqs)
+
+
+def _failed(db: sqlite3.Connection, limit: int) -> list[FailedRecord]:
+    rows = db.execute(
+        "SELECT key, seq, message_id, owner, payload, accepted_at, reason, failed_at "
+        "FROM failed ORDER BY failed_at, seq LIMIT ?",
+        (max(limit, 0),),
+    ).fetchall()
+    return [FailedRecord(PendingRecord(*row[:6]), row[6], row[7]) for row in rows]
+
+
+def _retry_failed(db: sqlite3.Connection, message_id: str, owner: str) -> PendingRecord | None:
+    row = db.execute(
+        "DELETE FROM failed WHERE message_id = ? "
+        "RETURNING key, seq, message_id, owner, payload, accepted_at",
+        (message_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    key, seq, _, _, payload, accepted_at = row
+    record = PendingRecord(key, seq, message_id, owner, payload, accepted_at)
+    db.execute(
+        "INSERT OR REPLACE INTO pending (seq, key, message_id, owner, payload, accepted_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (seq, key, message_id, owner, payload, accepted_at),
+    )
+    return record
+
+
 def _heartbeat(db: sqlite3.Connection, holder: str, ttl: float, retention: float) -> None:
-    """Beat for ``holder``, and forget answered marks past their retention."""
+    """Beat for ``holder``; forget answered marks past their retention and long-dead rows."""
     moment = now()
     db.execute(
         "INSERT INTO heartbeats (holder, expires_at) VALUES (?, ?) "
@@ -373,6 +452,8 @@ def _heartbeat(db: sqlite3.Connection, holder: str, ttl: float, retention: float
         (holder, moment + ttl),
     )
     db.execute("DELETE FROM answered WHERE at <= ?", (moment - retention,))
+    db.execute("DELETE FROM heartbeats WHERE expires_at <= ?", (moment - PRUNE_AFTER,))
+    db.execute("DELETE FROM leases WHERE expires_at <= ?", (moment - PRUNE_AFTER,))
 
 
 def _alive(db: sqlite3.Connection, holders: Sequence[str]) -> dict[str, bool]:
@@ -457,6 +538,12 @@ class SQLiteStore(Store):
     async def renew(self, lease: Lease, ttl: float) -> Lease:
         return await self._write(lambda db: _renew(db, lease, ttl))
 
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        held = list(leases)
+        if not held:
+            return []
+        return await self._write(lambda db: _renew_many(db, held, ttl))
+
     async def release(self, lease: Lease) -> None:
         await self._write(lambda db: _release(db, lease))
 
@@ -530,6 +617,19 @@ class SQLiteStore(Store):
     ) -> list[int]:
         asked = list(seqs)
         return await self._write(lambda db: _adopt(db, key, asked, old_owner, new_owner))
+
+    async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
+        return await self._write(lambda db: _adopt_orphans(db, holder, limit))
+
+    async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+        parked = list(seqs)
+        await self._write(lambda db: _park(db, key, parked, reason))
+
+    async def failed(self, limit: int = 100) -> list[FailedRecord]:
+        return await self._read(lambda db: _failed(db, limit))
+
+    async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
+        return await self._write(lambda db: _retry_failed(db, message_id, owner))
 
     # -- process liveness ------------------------------------------------------------
 

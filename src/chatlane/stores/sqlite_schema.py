@@ -94,7 +94,24 @@ _V1: Migration = (
 _V2: Migration = ("CREATE INDEX answered_at ON answered (at)",)
 """Answered marks are pruned by age (see ``Store.answered_retention``)."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3: Migration = (
+    """CREATE TABLE failed (
+        message_id TEXT PRIMARY KEY,
+        key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        owner TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        accepted_at REAL NOT NULL,
+        reason TEXT NOT NULL,
+        failed_at REAL NOT NULL
+    ) WITHOUT ROWID""",
+    "CREATE INDEX failed_at ON failed (failed_at)",
+    "CREATE INDEX pending_owner ON pending (owner)",
+)
+"""Messages that could not be completed are kept aside until an operator retries them;
+adoption looks pending records up by owner."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
