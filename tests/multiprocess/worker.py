@@ -2,8 +2,9 @@
 
 Reads one JSON message per line on stdin (``{"chat", "text", "id"}``; ``{"quit": true}``
 shuts down gracefully) and appends JSON events to a shared log file: turn
-``start``/``end`` (with a system-wide monotonic clock), every ``deliver``, and
-every ``write`` a turn attempts after sleeping (``accepted`` or ``refused``).
+``start``/``end`` (with a system-wide monotonic clock), every ``deliver``,
+every ``write`` a turn attempts after sleeping (``accepted`` or ``refused``),
+and, when told to quit, its heartbeats (``beats``: how many, the longest gap).
 Prints ``ready`` once the gateway has started.
 """
 
@@ -109,6 +110,8 @@ async def serve(args: argparse.Namespace) -> None:
     await gateway.start()
     print("ready", flush=True)
     await read_messages(gateway)
+    beats = gateway.engine.leases.beats
+    log.write("beats", count=beats.count, longest=beats.longest)
     await gateway.aclose()
     await store.close()
 

@@ -445,9 +445,15 @@ class TurnEngine:
         self._timers.add(handle)
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
+        """Run ``coro`` in the background; its failure is logged, never left unretrieved."""
         task: asyncio.Task[object] = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._spawned_done)
+
+    def _spawned_done(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("background step failed: %r", error, exc_info=error)
 
     # -- control ---------------------------------------------------------------
 

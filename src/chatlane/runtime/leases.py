@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, LeaseError, LeaseLost, SessionBusy
 from chatlane.logs import turn_fields
+from chatlane.runtime.backoff import retry_store
 from chatlane.runtime.limits import require_numbers
 from chatlane.state import SessionState
 from chatlane.stores.base import Lease, Store
@@ -135,13 +136,19 @@ class LeaseKeeper:
     ) -> Lease | None:
         """Wait for ``state``'s lease; ``None`` if ``still_wanted()`` turns false first.
 
+        A store that cannot be reached is waited out (:mod:`chatlane.runtime.backoff`).
         ``on_wait`` is told each time the session is busy elsewhere or at the
         active-session limit; it decides what to say (and may stop wanting).
         """
         wait, delay = AcquireWait(), self.settings.poll
         while still_wanted():
             try:
-                return await self._try(state, head_seq)
+                return await retry_store(
+                    lambda: self._try(state, head_seq),
+                    wanted=still_wanted,
+                    what="taking the lease",
+                    fields=turn_fields(state.key),
+                )
             except (ActiveSessionLimit, SessionBusy) as error:
                 on_wait(error, wait)
             await asyncio.sleep(delay)

@@ -1,0 +1,79 @@
+"""Load alone, with no fault at all, loses nothing: thousands of long turns on two processes.
+
+Two real worker processes share one store (SQLite or Redis) with the default
+lease TTL; each accepts half of :data:`SESSIONS` messages at once, one per
+session, and each message holds its turn for :data:`TURN_SECONDS`. Upkeep
+must keep up with all of them: every message is answered exactly once by the
+turn that first ran it (generation 1, never run twice), no lease is lost, and
+neither process ever goes longer than the renewal period plus a small margin
+without a heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chatlane.runtime.leases import LeaseSettings
+from tests.multiprocess.cluster import Cluster, answered_ids
+from tests.stores.conftest import forget_redis_prefix
+
+pytestmark = pytest.mark.slow
+
+SESSIONS = 3000
+TURN_SECONDS = 60
+DEFAULTS = LeaseSettings()
+BEAT_MARGIN = 2.0
+"""Seconds a heartbeat may come late on a loaded machine (the TTL is five times longer)."""
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def default_ttl_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'shared.db'}"
+    else:
+        base: str = request.getfixturevalue("redis_url")
+        url = f"{base}{'&' if '?' in base else '?'}prefix=load-{secrets.token_hex(6)}"
+    cluster = Cluster(url, tmp_path / "events.jsonl", ttl=DEFAULTS.ttl)
+    yield cluster
+    cluster.stop_all()
+    asyncio.run(forget_redis_prefix(url))
+
+
+@pytest.mark.timeout(600)
+def test_thousands_of_long_turns_on_two_processes_lose_nothing(
+    default_ttl_cluster: Cluster,
+) -> None:
+    cluster = default_ttl_cluster
+    workers = [cluster.start("a"), cluster.start("b")]
+    ids = [f"m{i}" for i in range(SESSIONS)]
+    for i, message_id in enumerate(ids):
+        workers[i % 2].send(f"chat-{i}", f"sleep {TURN_SECONDS}", message_id)
+    events = cluster.wait_for(
+        lambda events: len(answered_ids(events)) >= SESSIONS,
+        timeout=TURN_SECONDS + 240,
+        what=f"{SESSIONS} answers",
+    )
+    for worker in workers:
+        worker.quit()
+    events = cluster.events()
+
+    answers = answered_ids(events)
+    assert sorted(answers) == sorted(ids)
+    assert all(len(answer) == 1 for answer in answers.values())
+    assert {a[0]["kind"] for a in answers.values()} == {"reply"}
+    starts = Counter(i for e in events if e["event"] == "start" for i in e["ids"])
+    assert set(starts.values()) == {1}, "a turn ran twice"
+    assert {e["gen"] for e in events if e["event"] in ("start", "deliver")} == {1}
+    assert not [e for e in events if e["event"] == "superseded"]
+    beats = [e for e in events if e["event"] == "beats"]
+    assert len(beats) == 2
+    assert all(b["count"] >= TURN_SECONDS / DEFAULTS.renew_every / 2 for b in beats)
+    longest = max(b["longest"] for b in beats)
+    print(f"longest heartbeat gap: {longest:.3f} s (renewal period {DEFAULTS.renew_every} s)")
+    assert longest <= DEFAULTS.renew_every + BEAT_MARGIN

@@ -1,0 +1,117 @@
+"""A store outage is survived in order: commits wait it out, nothing is stuck or overtaken.
+
+The outage is real: another connection holds the SQLite file's write lock
+for longer than the store's busy timeout, as a backup, another program or a
+slow disk would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chatlane.runtime.turn import Turn
+from chatlane.stores import Lease, open_store
+from chatlane.stores.sqlite import SQLiteStore
+from chatlane.stores.sqlite_schema import parse_url
+from chatlane.types import SessionKey
+from chatlane.testing import GatewayHarness
+
+
+@contextlib.contextmanager
+def write_lock(path: Path) -> Iterator[None]:
+    """Hold ``path``'s write lock (``BEGIN IMMEDIATE``) until the block ends."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        yield
+        db.execute("COMMIT")
+    finally:
+        db.close()
+
+
+async def until(condition: object, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+
+async def test_a_commit_outlasts_a_held_write_lock_and_later_messages_wait_behind_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "chatlane.db"
+    store = await open_store(f"sqlite:///{path}?busy_timeout=50")
+    running, go = asyncio.Event(), asyncio.Event()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "first":
+            running.set()
+            await go.wait()
+        return f"answer {turn.text}"
+
+    caplog.set_level(logging.WARNING)
+    try:
+        async with GatewayHarness(agent, store=store) as h:
+            first = await h.send("first", chat_id="c")
+            await running.wait()
+            with write_lock(path):
+                go.set()
+                await until(lambda: "commit failed, retrying" in caplog.text)
+            await h.send("second", chat_id="c")
+            assert await h.replies(chat_id="c", count=3) == [
+                "Queued for the next turn (1 queued)",  # it waited behind the first
+                "answer first",
+                "answer second",
+            ]
+            assert await store.pending(first.session_key) == []
+            assert await store.failed() == []
+    finally:
+        await store.close()
+    assert "never retrieved" not in caplog.text
+    assert "could not settle" not in caplog.text
+
+
+class OutageAtFirstAcquire(SQLiteStore):
+    """Another connection takes the file's write lock just as the first lease is asked for."""
+
+    locker: sqlite3.Connection | None = None
+
+    async def acquire(self, key: SessionKey, holder: str, ttl: float, **options: Any) -> Lease:
+        if self.locker is None:
+            self.locker = sqlite3.connect(self.location.path, isolation_level=None)
+            self.locker.execute("BEGIN IMMEDIATE")
+        return await super().acquire(key, holder, ttl, **options)
+
+    def end_outage(self) -> None:
+        assert self.locker is not None
+        self.locker.execute("COMMIT")
+        self.locker.close()
+
+
+async def test_a_turn_waits_out_an_outage_before_it_takes_its_lease(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'chatlane.db'}?busy_timeout=50"
+    store = OutageAtFirstAcquire(url, parse_url(url))
+    await store._writer.start()
+
+    async def agent(turn: Turn) -> str:
+        return f"answer {turn.text}"
+
+    caplog.set_level(logging.WARNING)
+    try:
+        async with GatewayHarness(agent, store=store) as h:
+            await h.send("first", chat_id="c")
+            await until(lambda: "taking the lease failed, retrying" in caplog.text)
+            store.end_outage()
+            assert await h.replies(chat_id="c", count=1) == ["answer first"]
+    finally:
+        await store.close()
+    assert "never retrieved" not in caplog.text
