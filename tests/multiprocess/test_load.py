@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import signal
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +79,30 @@ def test_thousands_of_long_turns_on_two_processes_lose_nothing(
     longest = max(b["longest"] for b in beats)
     print(f"longest heartbeat gap: {longest:.3f} s (renewal period {DEFAULTS.renew_every} s)")
     assert longest <= DEFAULTS.renew_every + BEAT_MARGIN
+
+
+OLD_DEFAULT_TTL = 30.0
+"""The lease TTL before takeover was measured: a killed process held its sessions this long."""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_process_is_taken_over_within_the_default_ttl(
+    default_ttl_cluster: Cluster,
+) -> None:
+    cluster = default_ttl_cluster
+    doomed, survivor = cluster.start("doomed"), cluster.start("survivor")
+    doomed.send("chat", "sleep 600", "m1")
+    cluster.wait_for(lambda events: any(e["event"] == "start" for e in events), 30, "the turn")
+    doomed.signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    survivor.send("chat", "after", "m2")
+    events = cluster.wait_for(
+        lambda events: "m2" in answered_ids(events),
+        timeout=OLD_DEFAULT_TTL,
+        what="the survivor to take the session over",
+    )
+    taken_over = time.monotonic() - killed_at
+    print(f"taken over {taken_over:.1f} s after kill -9 (ttl {DEFAULTS.ttl} s)")
+    starts = [e for e in events if e["event"] == "start" and e["worker"] == "survivor"]
+    assert [e["ids"] for e in starts][:1] == [["m1"]]  # the adopted message runs first, in order
+    survivor.quit()

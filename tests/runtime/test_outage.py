@@ -21,8 +21,9 @@ from chatlane.runtime.turn import Turn
 from chatlane.stores import Lease, open_store
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import parse_url
-from chatlane.types import SessionKey
 from chatlane.testing import GatewayHarness
+from chatlane.types import SessionKey
+from tests.adapters.test_api import eventually
 
 
 @contextlib.contextmanager
@@ -35,12 +36,6 @@ def write_lock(path: Path) -> Iterator[None]:
         db.execute("COMMIT")
     finally:
         db.close()
-
-
-async def until(condition: object, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
 
 
 async def test_a_commit_outlasts_a_held_write_lock_and_later_messages_wait_behind_it(
@@ -63,7 +58,7 @@ async def test_a_commit_outlasts_a_held_write_lock_and_later_messages_wait_behin
             await running.wait()
             with write_lock(path):
                 go.set()
-                await until(lambda: "commit failed, retrying" in caplog.text)
+                await eventually(lambda: "commit failed, retrying" in caplog.text)
             await h.send("second", chat_id="c")
             assert await h.replies(chat_id="c", count=3) == [
                 "Queued for the next turn (1 queued)",  # it waited behind the first
@@ -109,7 +104,7 @@ async def test_a_turn_waits_out_an_outage_before_it_takes_its_lease(
     try:
         async with GatewayHarness(agent, store=store) as h:
             await h.send("first", chat_id="c")
-            await until(lambda: "taking the lease failed, retrying" in caplog.text)
+            await eventually(lambda: "taking the lease failed, retrying" in caplog.text)
             store.end_outage()
             assert await h.replies(chat_id="c", count=1) == ["answer first"]
     finally:

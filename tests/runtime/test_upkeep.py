@@ -19,6 +19,7 @@ from chatlane.runtime.turn import Turn
 from chatlane.stores import Lease, MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
+from tests.adapters.test_api import eventually
 from tests.runtime.agents import EchoAgent, Recorder
 
 
@@ -154,3 +155,49 @@ async def test_the_lease_loop_runs_with_no_session_bound() -> None:
     finally:
         await engine.aclose()
     assert set(engine.seen) == {""}
+
+
+class SlowRenewals(MemoryStore):
+    """Renewals take a round trip's time, so turns end (and release) while one is under way."""
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        await asyncio.sleep(0.03)
+        return await super().renew(lease, ttl)
+
+
+async def test_renewals_racing_releases_are_not_lost_leases(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    often = LeaseSettings(ttl=0.2, fence_check=0)  # a renewal every 20 ms, each taking 30 ms
+    caplog.set_level(logging.INFO, logger="chatlane.runtime")
+    async with GatewayHarness(EchoAgent(), store=SlowRenewals(), leases=often) as h:
+        for round_ in range(20):
+            sends = (h.send(f"sleep 0.0{round_ % 5}", chat_id=f"c{i}") for i in range(20))
+            await asyncio.gather(*sends)
+            await h.settle()
+        assert h.gateway.engine.metrics.lease_failures == 0
+        assert h.gateway.engine.metrics.turns_finished["answered"] == 400
+    assert "lease lost" not in caplog.text
+
+
+async def test_a_renewal_the_store_refuses_is_one_warning_and_one_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    recorder = Recorder()
+    fast = LeaseSettings(ttl=0.3, fence_check=0)
+    caplog.set_level(logging.WARNING, logger="chatlane.runtime")
+    async with GatewayHarness(EchoAgent(recorder), store=store, leases=fast) as h:
+        started = await h.send("sleep 10", chat_id="c")
+        turn = await asyncio.wait_for(_running(recorder, started.session_key), 5)
+        lease = turn.lease
+        assert lease is not None
+        await store.release(lease)  # another process's doing, say: the lease is gone
+        await asyncio.wait_for(turn.interrupted.wait(), 5)
+        assert h.gateway.engine.metrics.lease_failures == 1
+    assert caplog.text.count("lease lost") == 1
+
+
+async def _running(recorder: Recorder, key: SessionKey) -> Turn:
+    await eventually(lambda: bool(recorder.turns.get(key)))
+    return recorder.turns[key][0]

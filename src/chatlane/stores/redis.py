@@ -49,6 +49,7 @@ from chatlane.errors import (
 )
 from chatlane.stores import redis_scripts as lua
 from chatlane.stores.base import (
+    PRUNE_AFTER,
     Conversation,
     FailedRecord,
     Lease,
@@ -69,6 +70,10 @@ __all__ = ["RedisStore"]
 
 OPEN_TIMEOUT = 3.0
 """Seconds :meth:`RedisStore.open` waits for the first ``PING``."""
+
+FULL_SCAN_EVERY = 60.0
+"""Seconds between two adoption scans of every queue when no known process died
+(to find messages of processes that died before their first heartbeat)."""
 
 _msgpack = msgspec.msgpack.Encoder()
 _entries = msgspec.msgpack.Decoder(TranscriptEntry)
@@ -95,6 +100,7 @@ class RedisStore(Store):
         self._keys = keyspace
         self._digests = {script: _sha1(script.source) for script in lua.ALL}
         self._closed = False
+        self._scanned_at = float("-inf")
 
     @classmethod
     async def open(cls, url: str) -> RedisStore:
@@ -302,6 +308,25 @@ class RedisStore(Store):
         adopted = await self._run(lua.ADOPT, key, _request_id(), *owners, *sorted(seqs))
         return [int(seq) for seq in adopted]
 
+    async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
+        """See :meth:`Store.adopt_orphans`: every queue is read only when a process died.
+
+        The ``holders`` set says which processes stopped beating; when none
+        did, only a scan every :data:`FULL_SCAN_EVERY` seconds looks for the
+        messages of a process that died before its first heartbeat.
+        """
+        holders = self._keys.one("holders")
+        dead = await self._command("ZRANGEBYSCORE", holders, "-inf", _ms(now()), "LIMIT", 0, 1)
+        moment = asyncio.get_running_loop().time()
+        if not dead and moment - self._scanned_at < FULL_SCAN_EVERY:
+            return []
+        adopted = await super().adopt_orphans(holder, limit)
+        if len({record.key for record in adopted}) < limit:
+            self._scanned_at = moment
+            cutoff = _ms(now() - PRUNE_AFTER)
+            await self._command("ZREMRANGEBYSCORE", holders, "-inf", cutoff)
+        return adopted
+
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
         wanted = set(seqs)
         records = [r for r in await self.pending(key) if r.seq in wanted]
@@ -338,10 +363,14 @@ class RedisStore(Store):
     async def heartbeat(self, holder: str, ttl: float) -> None:
         """See :meth:`Store.heartbeat`; a ``ttl`` of 0 or less signs ``holder`` off at once."""
         beat = self._keys.heartbeat(holder)
-        cutoff = _ms(now() - self.answered_retention)
+        moment = now()
+        cutoff = _ms(moment - self.answered_retention)
         beating = ("SET", beat, b"1", "PX", _ms(ttl)) if ttl > 0 else ("DEL", beat)
+        listed = ("ZADD", self._keys.one("holders"), _ms(moment + max(ttl, 0.0)), holder)
         forgetting = ("ZREMRANGEBYSCORE", self._keys.one("answered_at"), "-inf", cutoff)
-        await asyncio.gather(self._command(*beating), self._command(*forgetting))  # one write
+        await asyncio.gather(  # one write
+            self._command(*beating), self._command(*listed), self._command(*forgetting)
+        )
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         if not holders:

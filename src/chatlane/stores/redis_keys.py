@@ -53,6 +53,7 @@ GLOBAL_PARTS = frozenset(
         "pkeys",  # set: session keys with at least one pending record
         "answered_at",  # sorted set: inbound message id by when it was answered (ms)
         "msgseq",  # hash: pending message id -> seq (enqueue is idempotent per message id)
+        "holders",  # sorted set: holder by heartbeat expiry (ms); a past score is a dead process
         "failed",  # hash: failed message id -> encoded failed record
         "failed_at",  # sorted set: failed message id by when it failed (ms)
     }
