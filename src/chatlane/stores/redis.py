@@ -69,6 +69,9 @@ __all__ = ["RedisStore"]
 OPEN_TIMEOUT = 3.0
 """Seconds :meth:`RedisStore.open` waits for the first ``PING``."""
 
+FORGET_AT_ONCE = 10_000
+"""Most answered marks one heartbeat forgets (a backlog goes over the next ones)."""
+
 _msgpack = msgspec.msgpack.Encoder()
 _entries = msgspec.msgpack.Decoder(TranscriptEntry)
 
@@ -237,6 +240,19 @@ class RedisStore(Store):
 
     async def is_answered(self, message_id: str) -> bool:
         at = await self._command("ZSCORE", self._keys.one("answered_at"), message_id)
+        return self._kept(at)
+
+    async def answer(self, message_id: str) -> str | None:
+        at, text = await asyncio.gather(  # one write: both read in one round trip
+            self._command("ZSCORE", self._keys.one("answered_at"), message_id),
+            self._command("HGET", self._keys.one("answers"), message_id),
+        )
+        if not self._kept(at):
+            return None
+        return "" if text is None else text.decode()
+
+    def _kept(self, at: bytes | None) -> bool:
+        """Whether an answered mark set at ``at`` (ms, as stored) is within the retention."""
         return at is not None and float(at) / 1000 > now() - self.answered_retention
 
     # -- conversations -----------------------------------------------------------
@@ -294,8 +310,8 @@ class RedisStore(Store):
         beat = self._keys.heartbeat(holder)
         cutoff = _ms(now() - self.answered_retention)
         beating = ("SET", beat, b"1", "PX", _ms(ttl)) if ttl > 0 else ("DEL", beat)
-        forgetting = ("ZREMRANGEBYSCORE", self._keys.one("answered_at"), "-inf", cutoff)
-        await asyncio.gather(self._command(*beating), self._command(*forgetting))  # one write
+        forgetting = self._run(lua.FORGET_ANSWERED, None, cutoff, FORGET_AT_ONCE)
+        await asyncio.gather(self._command(*beating), forgetting)  # one write
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         if not holders:
@@ -328,12 +344,13 @@ def _request_id() -> str:
 
 
 def _batch_args(key: SessionKey, batch: WriteBatch, retention: float) -> list[Arg]:
-    """``batch`` as the commit script's counts and retention, then its encoded items."""
+    """``batch`` as the commit script's counts, retention and answer, then its encoded items."""
     stamp = now()
     entries = [_msgpack.encode(_stamped(entry, stamp)) for entry in batch.transcript]
     fields = [part for item in batch.persistent.items() for part in _json_field(key, *item)]
     counts = (len(entries), len(batch.persistent), len(batch.answered))
-    return [*counts, _ms(retention), *entries, *fields, *batch.answered, *batch.done]
+    head = (*counts, _ms(retention), batch.answer)
+    return [*head, *entries, *fields, *batch.answered, *batch.done]
 
 
 def _json_field(key: SessionKey, name: str, value: Any) -> tuple[str, str]:

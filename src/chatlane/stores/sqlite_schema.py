@@ -94,7 +94,10 @@ _V1: Migration = (
 _V2: Migration = ("CREATE INDEX answered_at ON answered (at)",)
 """Answered marks are pruned by age (see ``Store.answered_retention``)."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3: Migration = ("ALTER TABLE answered ADD COLUMN answer TEXT NOT NULL DEFAULT ''",)
+"""Each answered mark keeps the text it was answered with (``Store.answer``)."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
