@@ -7,10 +7,12 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -164,6 +166,90 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
     assert "service_unavailable" in events
     assert events.rstrip().endswith("data: [DONE]")
     assert len(pending_ids(tmp_path, "main:api:dm:shutdown")) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_paused_gateways_requests_get_the_answer_another_one_committed(tmp_path: Path) -> None:
+    """Gateway A is stopped (SIGSTOP) past the lease TTL mid-turn; B adopts and answers.
+
+    Once A runs again, its waiting requests — one plain, one streamed — get
+    B's answer, never "dropped".
+    """
+    env = {"CHATLANE_RUNTIME__LEASE_TTL": "1.5"}
+    ports = free_port(), free_port()
+    first, second = (start(tmp_path, "--port", str(port), env=env) for port in ports)
+    sessions = {"plain": False, "streamed": True}
+    answers: dict[str, str] = {}
+    threads = [
+        threading.Thread(target=ask_into, args=(answers, ports[0], name, "sleep 3", stream))
+        for name, stream in sessions.items()
+    ]
+    keys = [f"main:api:dm:{name}" for name in sessions]
+    try:
+        wait_ready(first)
+        wait_ready(second)
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: held_leases(tmp_path, keys) == len(keys), "the turns to start on A")
+        first.send_signal(signal.SIGSTOP)
+        wait_for(lambda: answered_count(tmp_path, keys) == len(keys), "B's answers")
+        first.send_signal(signal.SIGCONT)
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        first.send_signal(signal.SIGCONT)
+        stop(first)
+        stop(second)
+    assert answers == {"plain": "slept 3", "streamed": "slept 3"}
+
+
+def ask_into(answers: dict[str, str], port: int, session: str, text: str, stream: bool) -> None:
+    """Ask ``session`` on ``port``; put the answer (streamed chunks joined) in ``answers``."""
+    body = {"model": "chatlane", "messages": [{"role": "user", "content": text}], "stream": stream}
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    with httpx.Client(timeout=60) as client:
+        reply = client.post(url, json=body, headers={"X-Chatlane-Session": session})
+    if not stream:
+        answers[session] = reply.json()["choices"][0]["message"]["content"]
+        return
+    events = [
+        line[len("data: ") :] for line in reply.text.splitlines() if line.startswith("data: ")
+    ]
+    chunks = [json.loads(event) for event in events if event != "[DONE]"]
+    answers[session] = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def held_leases(tmp_path: Path, keys: list[str]) -> int:
+    """How many of ``keys`` hold a live lease in ``tmp_path``'s SQLite store."""
+    marks = ",".join("?" * len(keys))
+    sql = f"SELECT count(*) FROM leases WHERE key IN ({marks}) AND expires_at > ?"
+    return stored_count(tmp_path, sql, (*keys, time.time()))
+
+
+def answered_count(tmp_path: Path, keys: list[str]) -> int:
+    """How many messages of ``keys`` are marked answered in ``tmp_path``'s SQLite store."""
+    marks = ",".join("?" * len(keys))
+    return stored_count(tmp_path, f"SELECT count(*) FROM answered WHERE key IN ({marks})", keys)
+
+
+def stored_count(tmp_path: Path, sql: str, params: Sequence[object]) -> int:
+    path = tmp_path / "chatlane.db"
+    if not path.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(path, timeout=5)) as db:
+        try:
+            found: int = db.execute(sql, tuple(params)).fetchone()[0]
+        except sqlite3.OperationalError:  # the schema is not there yet
+            return 0
+    return found
 
 
 @pytest.mark.parametrize(

@@ -248,6 +248,56 @@ class TestCommit:
         assert len(await store.transcript(KEY)) == 1
 
 
+class TestAnswers:
+    """What a message was answered with, readable from any process while its mark is kept."""
+
+    async def test_each_answered_message_tells_its_answer(self, store: Store) -> None:
+        lease = await store.acquire(KEY, "p1", 5)
+        await store.record_reply(KEY, lease.generation, ["m1", "m2"], "the reply")
+        assert await store.answer("m1") == "the reply"
+        assert await store.answer("m2") == "the reply"
+        assert await store.answer("never-sent") is None
+
+    @pytest.mark.parametrize("text", ["", "line one\nline two", "ответ 🙂", "x" * 70_000])
+    async def test_the_answer_round_trips(self, store: Store, text: str) -> None:
+        await store.commit(KEY, None, WriteBatch(answered=["m1"], answer=text))
+        assert await store.answer("m1") == text
+
+    async def test_a_batch_without_answer_text_answers_with_empty_text(self, store: Store) -> None:
+        await store.commit(KEY, None, WriteBatch(answered=["m1"]))
+        assert await store.answer("m1") == ""
+
+    async def test_a_refused_commit_records_no_answer(self, store: Store) -> None:
+        lease = await store.acquire(KEY, "p1", 5)
+        await store.bump_generation(KEY)
+        stale = WriteBatch(answered=["m1"], answer="stale")
+        with pytest.raises(StaleGeneration):
+            await store.commit(KEY, lease.generation, stale)
+        assert await store.answer("m1") is None
+        await store.commit(KEY, None, WriteBatch(answered=["m1"], answer="kept"))
+        with pytest.raises(AlreadyAnswered):
+            await store.commit(KEY, None, WriteBatch(answered=["m2", "m1"], answer="again"))
+        assert await store.answer("m1") == "kept"
+        assert await store.answer("m2") is None
+
+    async def test_the_answer_is_forgotten_with_its_mark(self, store: Store) -> None:
+        await store.commit(KEY, None, WriteBatch(answered=["old"], answer="first"))
+        store.answered_retention = -1.0  # every mark is past its retention now
+        assert await store.answer("old") is None  # even before a heartbeat prunes it
+        await store.heartbeat("p1", 5)
+        assert await stored_answered_ids(store) == []
+        store.answered_retention = 60.0
+        assert await store.answer("old") is None  # the text went with the mark
+        await store.commit(KEY, None, WriteBatch(answered=["old"], answer="second"))
+        assert await store.answer("old") == "second"
+
+    async def test_another_process_reads_the_answer(self, store: Store, reopen: Reopen) -> None:
+        other = await reopen()
+        lease = await other.acquire(KEY, "p2", 5)
+        await other.record_reply(KEY, lease.generation, ["m1"], "answered over there")
+        assert await store.answer("m1") == "answered over there"
+
+
 class TestTranscripts:
     async def test_entries_in_order_with_limit(self, store: Store) -> None:
         for i in range(5):

@@ -346,6 +346,28 @@ class TestLostServer:
             await store.acquire(KEY, "p1", 5)
 
 
+class TestAnswers:
+    async def test_a_heartbeat_forgets_answers_with_their_marks(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        for n in range(5):
+            await store.commit(KEY, None, WriteBatch(answered=[f"m{n}"], answer=f"answer {n}"))
+        monkeypatch.setattr("chatlane.stores.redis.FORGET_AT_ONCE", 2)
+        store.answered_retention = -1.0  # every mark is past its retention now
+        await store.heartbeat("p1", 5)
+        assert await stored_answers(store) == (["m2", "m3", "m4"], ["m2", "m3", "m4"])
+        await store.heartbeat("p1", 5)
+        await store.heartbeat("p1", 5)
+        assert await stored_answers(store) == ([], [])
+
+
+async def stored_answers(store: RedisStore) -> tuple[list[str], list[str]]:
+    """The ids of the answered marks (oldest first) and of the kept answers (sorted)."""
+    marks = await store._command("ZRANGE", store._keys.one("answered_at"), 0, -1)
+    answers = await store._command("HKEYS", store._keys.one("answers"))
+    return [m.decode() for m in marks], sorted(a.decode() for a in answers)
+
+
 class TestKeys:
     async def test_prefixes_do_not_see_each_other(self, redis_url: str, prefix: str) -> None:
         first = await RedisStore.open(namespaced(redis_url, prefix))

@@ -141,6 +141,7 @@ class TestFile:
         try:
             assert pragma(path, "user_version") == len(MIGRATIONS)
             assert await store.is_answered("m1")
+            assert await store.answer("m1") == ""  # answered before answers were kept
         finally:
             await store.close()
 

@@ -8,8 +8,10 @@ What stays true:
 * Each request's message gets its own id and a waiter registered under that
   id *before* it is dispatched, and the response is the answer of the turn that
   ran that message — never an acknowledgement, never another request's reply.
-* Every request is answered: with the turn's reply; with a notice when its
-  turn failed, was interrupted or stopped, or its message was dropped; with
+* Every request is answered: with the turn's reply — or, when another
+  process adopted and answered its message, the answer committed there; with
+  a notice when its turn failed, was interrupted or stopped, or its message
+  was dropped (never while the store still holds it queued); with
   409 (``reject`` policy, also when the session turns out busy in another
   process), 429 (queue full), 403 (not on the allowlist), 504
   (no progress for the ceiling) or 503 (shutting down). Bad input gets a 400,
@@ -80,9 +82,10 @@ class ApiAdapter:
     :param config: the gateway configuration (token, timeouts, agent).
     :param wait_timeout: seconds a request may wait without progress in its
         session before it gets 504; default ``turn_timeout + interrupt_grace + 30``.
-    :param tick: how often a waiting request checks that its answer can still come.
+    :param tick: how often a waiting request checks that its answer can still come
+        (and, once its message left this process, asks the store: one read a tick).
     :param settle_grace: how long a message may be neither running nor queued
-        before it counts as dropped.
+        here before the store is asked what became of it.
     :param keepalive: seconds of silence after which a stream gets an SSE comment.
     """
 
@@ -243,12 +246,12 @@ class ApiAdapter:
     async def _next(
         self, waiter: Waiter, disconnected: Disconnected | None = None
     ) -> WaiterEvent | None:
-        """The waiter's next event, or ``None`` after a quiet tick (checked by the tracker)."""
+        """The waiter's next event, or ``None`` after a quiet tick (followed by the tracker)."""
         event = await waiter.next_event(self.tick)
         if event is not None:
             return event
         if self._tracker is not None:
-            self._tracker.check(waiter)
+            await self._tracker.follow(waiter)
         if disconnected is not None and await disconnected():
             log.debug("client gone; no longer waiting for %s", waiter.message_id)
             return WaiterEvent(EventKind.GONE)
@@ -264,7 +267,7 @@ class ApiAdapter:
             event = await self._next(waiter, disconnected)
             if event is None or event.kind in (EventKind.CHUNK, EventKind.COMMENT):
                 continue
-            if event.kind is EventKind.FINAL:
+            if event.kind in (EventKind.FINAL, EventKind.KEPT):
                 return json_response(completion(response_id, chat.model, event.text))
             if event.kind is EventKind.GONE:
                 return Response(status_code=499)
@@ -299,21 +302,36 @@ class ApiAdapter:
                 return WaiterEvent(EventKind.COMMENT, "waiting for the turn")
 
 
+KEPT_SEPARATOR = "\n\n[The answer above was interrupted; the answer that was kept:]\n\n"
+"""Sent between a fenced run's streamed chunks and the different answer the store kept."""
+
+
 def _stream_end(
     event: WaiterEvent, streamed: str, response_id: str, chat: ChatRequest
 ) -> list[bytes]:
     """The last events of a stream: the rest of the answer and a stop chunk, or an error."""
-    if event.kind is not EventKind.FINAL:
+    if event.kind not in (EventKind.FINAL, EventKind.KEPT):
         return [sse_data(_ending_error(event, chat.session).body()), sse_data("[DONE]")]
     model = chat.model
-    if event.text.startswith(streamed):
-        rest = event.text[len(streamed) :]
-    else:
-        rest = ("\n" if streamed else "") + event.text
+    rest = _rest(event, streamed)
     out = [sse_data(chunk(response_id, model, {"content": rest}))] if rest else []
     out.append(sse_data(chunk(response_id, model, {}, "stop")))
     out.append(sse_data("[DONE]"))
     return out
+
+
+def _rest(event: WaiterEvent, streamed: str) -> str:
+    """What is still to be streamed of the final ``event`` after ``streamed``.
+
+    The answer itself when it extends what was streamed; else, for an answer
+    the store kept (another run's), a separator and that whole answer — so a
+    client that read a fenced run's chunks is told they were not the answer.
+    """
+    if event.text.startswith(streamed):
+        return event.text[len(streamed) :]
+    if event.kind is EventKind.KEPT:
+        return KEPT_SEPARATOR + event.text
+    return "\n" + event.text
 
 
 def _ending_error(event: WaiterEvent, session: str) -> ApiRequestError:

@@ -2,19 +2,26 @@
 
 An API request is answered by the turn that runs its message. Most answers
 arrive as outbounds (a ``REPLY``, or a ``NOTICE`` when the agent failed or the
-turn was evicted), but some turns end without answering: an interrupted turn
-and a stopped turn are fenced, and ``/stop``, ``/new`` or ``/reset`` drop
-queued messages silently for the connection that sent them. What stays true:
+turn was evicted), but some turns end without answering here: an interrupted
+turn and a stopped turn are fenced, ``/stop``, ``/new`` or ``/reset`` drop
+queued messages silently for the connection that sent them, and a turn that
+lost its lease leaves its message to the process that adopted it. What stays
+true:
 
 * A waiter is answered exactly once: by its ``REPLY``; by a ``NOTICE`` that
   refuses its message (busy ``reject`` found out late, in another process's
-  session: the request gets the same 409 as a local refusal); by a ``NOTICE`` once
-  its message is no longer running or queued; with a notice of its own when
-  :class:`WaiterTracker` sees its turn fenced (interrupted, stopped) or its
-  message gone from the engine for ``settle_grace`` seconds; with a 503 as
-  soon as the engine is closing (its message stays queued for the next
-  start), before the server stops waiting for open requests; or with a
-  timeout after ``ceiling`` seconds without progress in its session.
+  session: the request gets the same 409 as a local refusal); with a notice of
+  its own when :class:`WaiterTracker` sees its turn fenced (interrupted,
+  stopped); once its message is no longer running or queued here, by what the
+  store says became of it (:mod:`chatlane.adapters.api_fates`) — the answer
+  committed for it, wherever it was committed; the ``NOTICE`` it got; or, if
+  the store holds it neither answered nor queued, the "dropped" notice —;
+  with a 503 as soon as the engine is closing (its message stays queued for
+  the next start), before the server stops waiting for open requests; or with
+  a timeout after ``ceiling`` seconds without progress in its session.
+* A message still queued in the store for another process waits there, and
+  a store that cannot be read is not a drop: such a waiter keeps waiting,
+  under the ceiling. Nothing is called "dropped" that the store still holds.
 * Acknowledgements, approval prompts and mid-turn notices are never the
   answer; they travel alongside it (SSE comments when streaming).
 """
@@ -28,6 +35,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from chatlane.adapters.api_fates import Fate, Found, fate_in_store
 from chatlane.runtime.engine import TurnEngine
 from chatlane.runtime.turn import INTERRUPTED, STOPPED, Turn
 from chatlane.types import Outbound, OutboundKind
@@ -47,6 +55,9 @@ class EventKind(enum.Enum):
     """Information that is not the answer (acks, approval prompts, mid-turn notices)."""
     FINAL = "final"
     """The answer (a reply or a notice); nothing follows."""
+    KEPT = "kept"
+    """The answer the store kept for the message (perhaps committed by another process,
+    after this one streamed a run of its own that was fenced); nothing follows."""
     REFUSED = "refused"
     """The message was refused without running; ``text`` is the busy outcome; nothing follows."""
     TIMEOUT = "timeout"
@@ -58,7 +69,10 @@ class EventKind(enum.Enum):
 
 
 _LAST = frozenset(
-    {EventKind.FINAL, EventKind.REFUSED, EventKind.TIMEOUT, EventKind.SHUTDOWN, EventKind.GONE}
+    {
+        *(EventKind.FINAL, EventKind.KEPT, EventKind.REFUSED),
+        *(EventKind.TIMEOUT, EventKind.SHUTDOWN, EventKind.GONE),
+    }
 )
 
 
@@ -81,7 +95,9 @@ class Waiter:
     """One HTTP request waiting for the answer to its message ``message_id``.
 
     ``accepted`` becomes true once the gateway took the message to run it;
-    before that the tracker leaves the waiter alone.
+    before that the tracker leaves the waiter alone. ``ask_store`` is set while
+    its message is neither running nor queued here and the store should be
+    asked what became of it.
     """
 
     message_id: str
@@ -92,6 +108,7 @@ class Waiter:
     steered_into: Turn | None = None
     notice: str | None = None
     nowhere_since: float | None = None
+    ask_store: bool = False
     last_progress: float = field(default_factory=time.monotonic)
     finished: bool = False
 
@@ -133,7 +150,8 @@ class WaiterTracker:
     :param ceiling: seconds without progress (no event for the waiter, and no
         progress of its session's running turn) after which it times out.
     :param settle_grace: seconds a message may be neither running nor queued
-        before it counts as dropped (an eviction notice may still be on its way).
+        here before the store is asked what became of it (an eviction notice
+        may still be on its way).
     """
 
     def __init__(self, engine: TurnEngine, *, ceiling: float, settle_grace: float) -> None:
@@ -141,8 +159,24 @@ class WaiterTracker:
         self.ceiling = ceiling
         self.settle_grace = settle_grace
 
+    async def follow(self, waiter: Waiter) -> None:
+        """:meth:`check` ``waiter``; if its message left this engine, ask the store (one read)."""
+        self.check(waiter)
+        if waiter.finished or not waiter.ask_store:
+            return
+        found = await fate_in_store(
+            self.engine.store, self.engine.holder, waiter.session_key, waiter.message_id
+        )
+        waiter.ask_store = False
+        self._settle(waiter, found)
+
     def check(self, waiter: Waiter) -> None:
-        """Answer ``waiter`` now if its message can no longer be answered by a turn."""
+        """Answer ``waiter`` now if its message can no longer be answered by a turn here.
+
+        A message neither running nor queued here is marked for the store to
+        be asked (:meth:`follow`): at once when a notice came for it, else after
+        ``settle_grace``.
+        """
         if waiter.finished or not waiter.accepted:
             return
         if self.engine.closed:
@@ -159,7 +193,7 @@ class WaiterTracker:
         if place is Place.NOWHERE:
             self._gone(waiter, now)
         else:
-            waiter.nowhere_since = None
+            waiter.nowhere_since, waiter.ask_store = None, False
         self._expire(waiter, turn, now)
 
     def place(self, waiter: Waiter, turn: Turn | None) -> Place:
@@ -177,11 +211,23 @@ class WaiterTracker:
     def _gone(self, waiter: Waiter, now: float) -> None:
         if self.engine.was_interrupted(waiter.message_id):
             waiter.push(WaiterEvent(EventKind.FINAL, INTERRUPTED_TEXT))  # even from elsewhere
-        elif waiter.notice is not None:
-            waiter.push(WaiterEvent(EventKind.FINAL, waiter.notice))
-        elif waiter.nowhere_since is None:
+            return
+        if waiter.nowhere_since is None:
             waiter.nowhere_since = now
-        elif now - waiter.nowhere_since >= self.settle_grace:
+        settled = now - waiter.nowhere_since >= self.settle_grace
+        waiter.ask_store = waiter.notice is not None or settled
+
+    def _settle(self, waiter: Waiter, found: Found) -> None:
+        """Answer ``waiter`` by what the store said, unless its message came back here."""
+        if found.fate is Fate.ANSWERED:
+            waiter.push(WaiterEvent(EventKind.KEPT, found.answer))
+            return
+        turn = self.engine.running_turn(waiter.session_key)
+        if found.fate is Fate.ELSEWHERE or self.place(waiter, turn) is not Place.NOWHERE:
+            return  # it runs, or waits, elsewhere or here again
+        if waiter.notice is not None:
+            waiter.push(WaiterEvent(EventKind.FINAL, waiter.notice))
+        elif found.fate is Fate.GONE:
             waiter.push(WaiterEvent(EventKind.FINAL, NOT_RUN_TEXT))
 
     def _expire(self, waiter: Waiter, turn: Turn | None, now: float) -> None:

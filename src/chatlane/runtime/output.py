@@ -4,8 +4,9 @@ What stays true:
 
 * Nothing is delivered for a turn that is not current: each chunk is checked
   before it goes out, and a stale streaming agent is closed at its next chunk.
-* The reply is committed to the store — transcript, "answered" marks, removal
-  from the durable queue — in one fenced write *before* it is delivered. A
+* The reply is committed to the store — transcript, "answered" marks with the
+  answer's text, removal from the durable queue — in one fenced write *before*
+  it is delivered, so any process can tell what a message was answered with. A
   refused commit (stale generation, or a message already answered by an
   earlier run) means the reply is dropped and logged, never delivered.
 * A commit the store cannot take (an outage, a write lock held too long) is
@@ -171,4 +172,5 @@ def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
     inputs = [*turn.messages, *turn.steered]
     entries = [TranscriptEntry("user", m.text, g, message_id=m.id) for m in inputs]
     entries.append(TranscriptEntry(role, text, g))
-    return WriteBatch(transcript=entries, answered=list(turn.message_ids), done=list(turn.seqs))
+    answered = list(turn.message_ids)
+    return WriteBatch(transcript=entries, answered=answered, done=list(turn.seqs), answer=text)

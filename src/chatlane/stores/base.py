@@ -19,6 +19,9 @@ What every implementation guarantees — the contract suite in
   (:class:`~chatlane.errors.AlreadyAnswered`) for :attr:`Store.answered_retention`
   seconds; an older mark is forgotten (each heartbeat prunes some), so the
   record of answered messages does not grow without bound.
+* While its mark is kept, :meth:`Store.answer` tells what a message was
+  answered with (the reply or the notice, written in the same commit as the
+  mark), whichever process committed it.
 * :meth:`Store.renew` and :meth:`Store.release` succeed only with the lease's
   own token: a lease that expired, was taken over or was fenced off raises
   :class:`~chatlane.errors.LeaseLost`; releasing a lease twice raises
@@ -127,12 +130,15 @@ class WriteBatch(msgspec.Struct):
     :ivar answered: inbound message ids this batch answers; if any was answered
         before, the whole batch is refused with ``AlreadyAnswered``.
     :ivar done: ``seq`` numbers of pending records to remove.
+    :ivar answer: the text that answers each of ``answered`` (the reply, or a
+        notice), kept with their marks and read back by :meth:`Store.answer`.
     """
 
     transcript: list[TranscriptEntry] = msgspec.field(default_factory=list)
     persistent: dict[str, Any] = msgspec.field(default_factory=dict)
     answered: list[str] = msgspec.field(default_factory=list)
     done: list[int] = msgspec.field(default_factory=list)
+    answer: str = ""
 
     def is_empty(self) -> bool:
         """Whether the batch would change nothing."""
@@ -262,6 +268,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def is_answered(self, message_id: str) -> bool:
         """Whether an inbound message was recorded as answered (within the retention)."""
+
+    @abc.abstractmethod
+    async def answer(self, message_id: str) -> str | None:
+        """The text committed as the answer to an inbound message, while its mark is kept.
+
+        ``None`` if it is not recorded as answered (within the retention); the
+        batch's :attr:`WriteBatch.answer` otherwise (empty if it carried none).
+        """
 
     # -- conversations -----------------------------------------------------------
 
@@ -394,5 +408,5 @@ class Store(abc.ABC):
     ) -> None:
         """Record the assistant's reply to ``message_ids``: at most once per message."""
         entry = TranscriptEntry("assistant", text, generation)
-        batch = WriteBatch(transcript=[entry], answered=list(message_ids))
+        batch = WriteBatch(transcript=[entry], answered=list(message_ids), answer=text)
         await self.commit(key, generation, batch)

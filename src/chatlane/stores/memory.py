@@ -51,6 +51,14 @@ def new_conversation_id() -> str:
     return "c_" + secrets.token_hex(8)
 
 
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """An answered mark: when the message was answered, and with what."""
+
+    at: float
+    answer: str
+
+
 @dataclass(slots=True)
 class _Session:
     generation: int = 0
@@ -68,8 +76,8 @@ class MemoryStore(Store):
         self.url = url
         self._sessions: defaultdict[str, _Session] = defaultdict(_Session)
         self._transcripts: defaultdict[str, list[TranscriptEntry]] = defaultdict(list)
-        self._answered: dict[str, float] = {}
-        """Message id → when it was answered; insertion order is time order."""
+        self._answered: dict[str, _Mark] = {}
+        """Message id → its answered mark; insertion order is time order."""
         self._message_seq: dict[str, int] = {}
         self._seq = itertools.count(1)
         self._heartbeats: dict[str, float] = {}
@@ -145,7 +153,7 @@ class MemoryStore(Store):
             raise StaleGeneration(key, generation, session.generation, "commit")
         moment = now()
         cutoff = moment - self.answered_retention
-        repeated = [m for m in batch.answered if self._answered.get(m, cutoff) > cutoff]
+        repeated = [m for m in batch.answered if self._marked(m, cutoff) is not None]
         if repeated:
             raise AlreadyAnswered(repeated)
         conversation = self._current(key, session)
@@ -155,7 +163,7 @@ class MemoryStore(Store):
         session.persistent.update(batch.persistent)
         for message_id in batch.answered:
             self._answered.pop(message_id, None)  # a forgotten mark moves to the end
-            self._answered[message_id] = moment
+            self._answered[message_id] = _Mark(moment, batch.answer)
         for seq in batch.done:
             self._remove_pending(session, seq)
 
@@ -171,8 +179,16 @@ class MemoryStore(Store):
         return self._transcripts[conversation_id][-limit:] if limit > 0 else []
 
     async def is_answered(self, message_id: str) -> bool:
-        cutoff = now() - self.answered_retention
-        return self._answered.get(message_id, cutoff) > cutoff
+        return self._marked(message_id, now() - self.answered_retention) is not None
+
+    async def answer(self, message_id: str) -> str | None:
+        mark = self._marked(message_id, now() - self.answered_retention)
+        return None if mark is None else mark.answer
+
+    def _marked(self, message_id: str, cutoff: float) -> _Mark | None:
+        """``message_id``'s answered mark, if it was set after ``cutoff``."""
+        mark = self._answered.get(message_id)
+        return mark if mark is not None and mark.at > cutoff else None
 
     # -- conversations -----------------------------------------------------------
 
@@ -284,7 +300,7 @@ class MemoryStore(Store):
         moment = now()
         self._heartbeats[holder] = moment + ttl
         cutoff = moment - self.answered_retention
-        while self._answered and next(iter(self._answered.values())) <= cutoff:
+        while self._answered and next(iter(self._answered.values())).at <= cutoff:
             del self._answered[next(iter(self._answered))]
         self._prune(moment - PRUNE_AFTER)
 

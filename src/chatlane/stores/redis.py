@@ -75,6 +75,9 @@ FULL_SCAN_EVERY = 60.0
 """Seconds between two adoption scans of every queue when no known process died
 (to find messages of processes that died before their first heartbeat)."""
 
+FORGET_AT_ONCE = 10_000
+"""Most answered marks one heartbeat forgets (a backlog goes over the next ones)."""
+
 _msgpack = msgspec.msgpack.Encoder()
 _entries = msgspec.msgpack.Decoder(TranscriptEntry)
 
@@ -258,6 +261,19 @@ class RedisStore(Store):
 
     async def is_answered(self, message_id: str) -> bool:
         at = await self._command("ZSCORE", self._keys.one("answered_at"), message_id)
+        return self._kept(at)
+
+    async def answer(self, message_id: str) -> str | None:
+        at, text = await asyncio.gather(  # one write: both read in one round trip
+            self._command("ZSCORE", self._keys.one("answered_at"), message_id),
+            self._command("HGET", self._keys.one("answers"), message_id),
+        )
+        if not self._kept(at):
+            return None
+        return "" if text is None else text.decode()
+
+    def _kept(self, at: bytes | None) -> bool:
+        """Whether an answered mark set at ``at`` (ms, as stored) is within the retention."""
         return at is not None and float(at) / 1000 > now() - self.answered_retention
 
     # -- conversations -----------------------------------------------------------
@@ -367,9 +383,9 @@ class RedisStore(Store):
         cutoff = _ms(moment - self.answered_retention)
         beating = ("SET", beat, b"1", "PX", _ms(ttl)) if ttl > 0 else ("DEL", beat)
         listed = ("ZADD", self._keys.one("holders"), _ms(moment + max(ttl, 0.0)), holder)
-        forgetting = ("ZREMRANGEBYSCORE", self._keys.one("answered_at"), "-inf", cutoff)
+        forgetting = self._run(lua.FORGET_ANSWERED, None, cutoff, FORGET_AT_ONCE)
         await asyncio.gather(  # one write
-            self._command(*beating), self._command(*listed), self._command(*forgetting)
+            self._command(*beating), self._command(*listed), forgetting
         )
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
@@ -403,12 +419,13 @@ def _request_id() -> str:
 
 
 def _batch_args(key: SessionKey, batch: WriteBatch, retention: float) -> list[Arg]:
-    """``batch`` as the commit script's counts and retention, then its encoded items."""
+    """``batch`` as the commit script's counts, retention and answer, then its encoded items."""
     stamp = now()
     entries = [_msgpack.encode(_stamped(entry, stamp)) for entry in batch.transcript]
     fields = [part for item in batch.persistent.items() for part in _json_field(key, *item)]
     counts = (len(entries), len(batch.persistent), len(batch.answered))
-    return [*counts, _ms(retention), *entries, *fields, *batch.answered, *batch.done]
+    head = (*counts, _ms(retention), batch.answer)
+    return [*head, *entries, *fields, *batch.answered, *batch.done]
 
 
 def _json_field(key: SessionKey, name: str, value: Any) -> tuple[str, str]:

@@ -3,7 +3,7 @@
 All keys live under a namespace ``prefix`` (default ``chatlane``) and take one
 of three shapes::
 
-    <prefix>:<kind>                       one per store    (seq, live, pkeys, answered_at, msgseq)
+    <prefix>:<kind>                       one per store    (seq, live, pkeys, answered_at, ...)
     <prefix>:s:{<session>}:<part>         one per session  (gen, lease, last, persist, ...)
     <prefix>:t:{<conversation id>}        one per conversation (its transcript, a list)
     <prefix>:hb:{<holder>}                one per process  (heartbeat, with a PX expiry)
@@ -52,6 +52,7 @@ GLOBAL_PARTS = frozenset(
         "live",  # sorted set: session key by lease expiry (milliseconds)
         "pkeys",  # set: session keys with at least one pending record
         "answered_at",  # sorted set: inbound message id by when it was answered (ms)
+        "answers",  # hash: answered message id -> the answer's text (pruned with answered_at)
         "msgseq",  # hash: pending message id -> seq (enqueue is idempotent per message id)
         "holders",  # sorted set: holder by heartbeat expiry (ms); a past score is a dead process
         "failed",  # hash: failed message id -> encoded failed record

@@ -223,10 +223,10 @@ return redis.call('ZCOUNT', K.live, '(' .. int(now_ms()), '+inf')
 # -- fenced writes ------------------------------------------------------------------------
 
 COMMIT = _script(
-    "gen conv convs ctitle persist pending pmsg powner ops answered_at msgseq pkeys",
+    "gen conv convs ctitle persist pending pmsg powner ops answered_at answers msgseq pkeys",
     """
-local fence, rid, candidate, member = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
-local fields_at = 11 + tonumber(ARGV[7])
+local fence, rid, candidate, member, answer = ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[11]
+local fields_at = 12 + tonumber(ARGV[7])
 local answered_at = fields_at + 2 * tonumber(ARGV[8])
 local done_at = answered_at + tonumber(ARGV[9])
 if seen(rid) then return {OK} end
@@ -241,9 +241,12 @@ for j = answered_at, done_at - 1 do
 end
 if #repeated > 1 then return repeated end
 local transcript = ARGV[4] .. current_conversation(candidate) .. ARGV[5]
-for j = 11, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
+for j = 12, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
 for j = fields_at, answered_at - 1, 2 do redis.call('HSET', K.persist, ARGV[j], ARGV[j + 1]) end
-for j = answered_at, done_at - 1 do redis.call('ZADD', K.answered_at, int(moment), ARGV[j]) end
+for j = answered_at, done_at - 1 do
+  redis.call('ZADD', K.answered_at, int(moment), ARGV[j])
+  redis.call('HSET', K.answers, ARGV[j], answer)
+end
 for j = done_at, #ARGV do remove_pending(ARGV[j]) end
 if done_at <= #ARGV then forget_if_empty(member) end
 remember(rid)
@@ -252,8 +255,20 @@ return {OK}
 )
 """ARGV: generation or '', request id, candidate conversation id, the two transcript
 key affixes, session key, #entries, #fields, #answered, the answered retention (ms),
-then the entries, field/value pairs, answered ids and done seqs.
+the answer's text, then the entries, field/value pairs, answered ids and done seqs.
 Reply: {OK} | {STALE, current} | {ANSWERED, id...}."""
+
+FORGET_ANSWERED = _script(
+    "answered_at answers",
+    """
+local ids = redis.call('ZRANGEBYSCORE', K.answered_at, '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+for _, id in ipairs(ids) do redis.call('HDEL', K.answers, id) end
+if #ids > 0 then redis.call('ZREMRANGEBYRANK', K.answered_at, 0, #ids - 1) end
+return #ids
+""",
+)
+"""ARGV: the cutoff (ms), the most marks to forget. Forgets the oldest answered marks
+set at or before the cutoff, with their answers. Reply: how many it forgot."""
 
 # -- the pending queue ----------------------------------------------------------------------
 
@@ -434,7 +449,7 @@ return out
 conversation's id, then its last ``limit`` entries."""
 
 ALL = (
-    *(ACQUIRE, RENEW, RELEASE, BUMP, ACTIVE, COMMIT),
+    *(ACQUIRE, RENEW, RELEASE, BUMP, ACTIVE, COMMIT, FORGET_ANSWERED),
     *(ENQUEUE, PENDING, DROP, ADOPT, PARK, RETRY),
     *(CONVERSATION, NEW_CONVERSATION, RESUME, CONVERSATIONS, TRANSCRIPT),
 )

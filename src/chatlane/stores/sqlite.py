@@ -194,7 +194,7 @@ def _commit(
     if fields:
         _set_fields(db, key, fields)
     if batch.answered:
-        _mark_answered(db, key, generation, batch.answered)
+        _mark_answered(db, key, generation, batch.answered, batch.answer)
     if batch.done:
         _drop(db, key, batch.done)
 
@@ -230,20 +230,31 @@ def _set_fields(db: sqlite3.Connection, key: SessionKey, fields: list[tuple[str,
 
 
 def _mark_answered(
-    db: sqlite3.Connection, key: SessionKey, generation: int | None, message_ids: list[str]
+    db: sqlite3.Connection,
+    key: SessionKey,
+    generation: int | None,
+    message_ids: list[str],
+    answer: str,
 ) -> None:
     moment = now()
     db.executemany(
-        "INSERT INTO answered (message_id, key, generation, at) VALUES (?, ?, ?, ?) "
+        "INSERT INTO answered (message_id, key, generation, at, answer) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT (message_id) DO UPDATE SET key = excluded.key, "
-        "generation = excluded.generation, at = excluded.at",  # a mark past its retention
-        [(message_id, key, generation, moment) for message_id in message_ids],
+        "generation = excluded.generation, at = excluded.at, "
+        "answer = excluded.answer",  # a mark past its retention
+        [(message_id, key, generation, moment, answer) for message_id in message_ids],
     )
 
 
 def _answered(db: sqlite3.Connection, message_id: str, cutoff: float) -> bool:
     sql = "SELECT 1 FROM answered WHERE message_id = ? AND at > ?"
     return bool(_scalar(db, sql, (message_id, cutoff)))
+
+
+def _answer(db: sqlite3.Connection, message_id: str, cutoff: float) -> str | None:
+    sql = "SELECT answer FROM answered WHERE message_id = ? AND at > ?"
+    found: str | None = _scalar(db, sql, (message_id, cutoff))
+    return found
 
 
 def _drop(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int]) -> None:
@@ -564,7 +575,9 @@ class SQLiteStore(Store):
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
         fields = _encode(key, batch.persistent)
-        frozen = WriteBatch(list(batch.transcript), {}, list(batch.answered), list(batch.done))
+        frozen = WriteBatch(
+            list(batch.transcript), {}, list(batch.answered), list(batch.done), batch.answer
+        )
         retention = self.answered_retention
         await self._write(lambda db: _commit(db, key, generation, frozen, fields, retention))
 
@@ -582,6 +595,10 @@ class SQLiteStore(Store):
     async def is_answered(self, message_id: str) -> bool:
         cutoff = now() - self.answered_retention
         return await self._read(lambda db: _answered(db, message_id, cutoff))
+
+    async def answer(self, message_id: str) -> str | None:
+        cutoff = now() - self.answered_retention
+        return await self._read(lambda db: _answer(db, message_id, cutoff))
 
     # -- conversations -----------------------------------------------------------
 

@@ -94,7 +94,10 @@ _V1: Migration = (
 _V2: Migration = ("CREATE INDEX answered_at ON answered (at)",)
 """Answered marks are pruned by age (see ``Store.answered_retention``)."""
 
-_V3: Migration = (
+_V3: Migration = ("ALTER TABLE answered ADD COLUMN answer TEXT NOT NULL DEFAULT ''",)
+"""Each answered mark keeps the text it was answered with (``Store.answer``)."""
+
+_V4: Migration = (
     """CREATE TABLE failed (
         message_id TEXT PRIMARY KEY,
         key TEXT NOT NULL,
@@ -111,7 +114,7 @@ _V3: Migration = (
 """Messages that could not be completed are kept aside until an operator retries them;
 adoption looks pending records up by owner."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
