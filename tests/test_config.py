@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
 
-from chatlane.config import load_config
+from chatlane.config import Config, ServerConfig, load_config
 from chatlane.errors import ConfigError
-from chatlane.serve import configure
+from chatlane.serve import configure, uvicorn_config
 from chatlane.server import runtime_settings
 
 
@@ -23,6 +24,7 @@ def test_defaults_need_no_file() -> None:
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8080)
     assert config.store.url == "sqlite:///chatlane.db"
     assert (config.agent.name, config.runtime.busy) == ("demo", "queue")
+    assert config.server.keep_alive == 75
 
 
 def test_file_then_environment(tmp_path: Path) -> None:
@@ -57,6 +59,11 @@ def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
         ("[runtime]\nturn_timeout = nan", "'runtime.turn_timeout' = nan: expected a finite"),
         ("[runtime]\nlease_ttl = inf", "'runtime.lease_ttl' = inf: expected a finite number > 0"),
         ("[server]\nport = 70000", "'server.port' = 70000: expected a port"),
+        ("[server]\nkeep_alive = 0", "'server.keep_alive' = 0: expected a whole number of seconds"),
+        ("[server]\nkeep_alive = -5", "'server.keep_alive' = -5: expected a whole number"),
+        ("[server]\nkeep_alive = 2.5", "'server.keep_alive' = 2.5: expected `int`, got `float`"),
+        ("[server]\nkeep_alive = inf", "'server.keep_alive' = inf: expected `int`, got `float`"),
+        ('[server]\nkeep_alive = "long"', "'server.keep_alive' = 'long': expected `int`"),
         ("[allow]\ntelegram = [1.5]", "'allow.telegram' = [1.5]: expected a list of user ids"),
         ('[allow]\ntelegram = "42"', "'allow.telegram' = '42': expected a list of user ids"),
         ('namespace = ""', "'namespace' = '': expected a non-empty name"),
@@ -148,3 +155,25 @@ def test_bad_scheduling_config_is_named(tmp_path: Path, text: str, message: str)
     with pytest.raises(ConfigError) as raised:
         build_scheduler(load_config(write(tmp_path, text), environ={}))
     assert message in str(raised.value)
+
+
+def test_keep_alive_from_file_environment_and_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, "[server]\nkeep_alive = 90\n")
+    assert load_config(path, environ={}).server.keep_alive == 90
+    environ = {"CHATLANE_SERVER__KEEP_ALIVE": "120"}
+    assert load_config(path, environ=environ).server.keep_alive == 120
+    with pytest.raises(ConfigError, match=r"'server\.keep_alive' = 0: expected a whole number"):
+        load_config(path, environ={"CHATLANE_SERVER__KEEP_ALIVE": "0"})
+    monkeypatch.setenv("CHATLANE_SERVER__KEEP_ALIVE", "120")
+    assert configure(str(path), keep_alive=30).server.keep_alive == 30
+    with pytest.raises(ConfigError, match="--keep-alive 0: expected a whole number of seconds > 0"):
+        configure(str(path), keep_alive=0)
+
+
+def test_keep_alive_reaches_uvicorn() -> None:
+    app = Starlette()
+    assert uvicorn_config(app, Config()).timeout_keep_alive == 75
+    config = Config(server=ServerConfig(keep_alive=7))
+    assert uvicorn_config(app, config).timeout_keep_alive == 7

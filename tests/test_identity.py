@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chatlane.errors import InvalidSessionKey, InvalidSource
+from chatlane.errors import InvalidSessionKey, InvalidSessionName, InvalidSource
 from chatlane.identity import (
     ChatType,
     KeyPolicy,
     SessionKeyParts,
     SessionSource,
     build_session_key,
+    check_session_name,
     parse_session_key,
 )
 
@@ -221,3 +224,72 @@ def test_parse_inverts_build(source: SessionSource, policy: KeyPolicy) -> None:
 def test_build_is_deterministic(source: SessionSource, policy: KeyPolicy) -> None:
     if is_keyable(source):
         assert build_session_key(source, policy) == build_session_key(source, policy)
+
+
+# -- session names a client chooses -----------------------------------------------------
+
+STRIP_ALIKE = ["x:y", " x:y", "x:y\x1c", "x:y\u0085"]
+"""``str.strip`` turns every one of these into ``"x:y"``."""
+
+
+def test_of_names_that_strip_alike_only_the_plain_one_is_accepted() -> None:
+    assert check_session_name("x:y") == "x:y"
+    for name, problem in [
+        (" x:y", "U+0020 (SPACE), whitespace at the start, at position 0"),
+        ("x:y\x1c", "U+001C, a control character, at position 3"),
+        ("x:y\u0085", "U+0085, a control character, at position 3"),
+        ("x:y\u2028", "U+2028 (LINE SEPARATOR), a line separator, at position 3"),
+        ("x\u2029y", "U+2029 (PARAGRAPH SEPARATOR), a paragraph separator, at position 1"),
+        ("x:y\u00a0", "U+00A0 (NO-BREAK SPACE), whitespace at the end, at position 3"),
+        ("x\ud800", "U+D800, a lone surrogate, at position 1"),
+        ("a\tb", "U+0009, a control character, at position 1"),
+    ]:
+        with pytest.raises(InvalidSessionName, match=re.escape(problem)):
+            check_session_name(name)
+
+
+def test_names_are_kept_exactly_however_unusual() -> None:
+    for name in ["two words", "caf\u00e9", "cafe\u0301", "\U0001f468\u200d\U0001f469", "x\u3000y"]:
+        assert check_session_name(name) is name
+    with pytest.raises(InvalidSessionName, match="the 'user' field is empty"):
+        check_session_name("", "the 'user' field")
+    with pytest.raises(InvalidSessionName, match="longer than 256"):
+        check_session_name("x" * 257)
+    assert check_session_name("x" * 256)
+
+
+# What ``str.strip``, ``str.splitlines`` or HTTP treat specially, and a few to be kept.
+TRICKY = "xy:% \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2003\u2028\u2029\u200b\u3000\ufeff"
+
+
+@settings(deadline=None)
+@given(st.text(st.sampled_from(TRICKY) | st.characters(), max_size=12))
+def test_an_accepted_name_is_one_nothing_would_change_or_split(name: str) -> None:
+    try:
+        accepted = check_session_name(name)
+    except InvalidSessionName:
+        return
+    assert accepted is name
+    assert name.strip() == name
+    assert name.splitlines() == [name]
+    assert name.encode("utf-8").decode("utf-8") == name
+
+
+@settings(deadline=None)
+@given(
+    st.text(st.sampled_from(TRICKY), max_size=4),
+    st.text(max_size=4),
+    st.text(st.sampled_from(TRICKY), max_size=4),
+)
+def test_distinct_accepted_names_never_share_a_key(before: str, core: str, after: str) -> None:
+    names = {name for name in (core, before + core + after) if _accepted(name)}
+    keys = {build_session_key(SessionSource("api", chat_id=n, user_id=n)) for n in names}
+    assert len(keys) == len(names)
+
+
+def _accepted(name: str) -> bool:
+    try:
+        check_session_name(name)
+    except InvalidSessionName:
+        return False
+    return True

@@ -93,6 +93,41 @@ def test_serve_with_no_config_runs_the_web_chat_and_api(tmp_path: Path) -> None:
     assert (tmp_path / "chatlane.db").exists()
 
 
+def read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response with a ``Content-Length`` from ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += received(sock)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += received(sock)
+    return head
+
+
+def received(sock: socket.socket) -> bytes:
+    data = sock.recv(65536)
+    assert data, "the server closed the connection in the middle of a response"
+    return data
+
+
+@pytest.mark.slow
+def test_an_idle_connection_is_closed_after_the_keep_alive_setting(tmp_path: Path) -> None:
+    port = free_port()
+    process = start(tmp_path, "--port", str(port), "--store", "memory://", "--keep-alive", "1")
+    try:
+        wait_ready(process)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            for _ in range(2):  # the connection is kept for a second request
+                sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                head = read_response(sock)
+                assert head.startswith(b"HTTP/1.1 200")
+                assert b"connection: close" not in head.lower()
+            assert sock.recv(1) == b""  # then, idle, it is closed by the server
+    finally:
+        assert stop(process) == 0
+
+
 @pytest.mark.slow
 def test_accepted_messages_survive_a_restart(tmp_path: Path) -> None:
     port = free_port()
@@ -263,6 +298,7 @@ def stored_count(tmp_path: Path, sql: str, params: Sequence[object]) -> int:
         (["--port", "0"], "--port 0: expected a port"),
         (["--host", ""], "--host: expected a value"),
         (["--store", ""], "--store: expected a value"),
+        (["--keep-alive", "0"], "--keep-alive 0: expected a whole number of seconds > 0"),
     ],
 )
 def test_bad_options_stop_the_start_with_a_clear_message(

@@ -371,12 +371,20 @@ def test_stream_lines_are_classified() -> None:
 
 def test_bad_options_are_usage_errors() -> None:
     assert default_session().startswith("terminal-")
-    assert check_session("ops.team-1@example") == "ops.team-1@example"
+    for name in ("ops.team-1@example", "two words", "caf\u00e9", "x:y"):
+        assert check_session(name) == name  # the gateway's rule, so any name it accepts
     runner = CliRunner()
-    for bad in ("", "two words", "caf\u00e9", "x" * 200):
+    for bad, problem in [
+        ("", "is empty"),
+        (" x:y", "U+0020 (SPACE), whitespace at the start, at position 0"),
+        ("x:y\x1c", "U+001C, a control character, at position 3"),
+        ("x:y\u0085", "U+0085, a control character, at position 3"),
+        ("x" * 300, "longer than 256"),
+    ]:
         result = runner.invoke(main, ["chat", "--session", bad])
         assert result.exit_code == 2, bad
         assert "Invalid value for --session" in result.output
+        assert problem in result.output
     result = runner.invoke(main, ["chat", "--token", "s3cret\n"])
     assert result.exit_code == 2
     assert "Invalid value for --token" in result.output

@@ -33,6 +33,12 @@ def main() -> None:
 @click.option("--agent", default=None, help="demo, openai or python:module:attribute")
 @click.option("--busy", default=None, help="queue, collect, interrupt, steer or reject")
 @click.option(
+    "--keep-alive",
+    type=int,
+    default=None,
+    help="Seconds an idle HTTP connection stays open (default 75).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -46,6 +52,7 @@ def serve(
     store: str | None,
     agent: str | None,
     busy: str | None,
+    keep_alive: int | None,
     log_format: str,
 ) -> None:
     """Run the gateway: web chat and OpenAI-compatible API (and Telegram if enabled)."""
@@ -57,7 +64,15 @@ def serve(
 
     configure_logging(log_format)
     try:
-        config = configure(config_path, host=host, port=port, store=store, agent=agent, busy=busy)
+        config = configure(
+            config_path,
+            host=host,
+            port=port,
+            store=store,
+            agent=agent,
+            busy=busy,
+            keep_alive=keep_alive,
+        )
         asyncio.run(run(config))
     except ChatlaneError as error:
         raise click.ClickException(str(error)) from None

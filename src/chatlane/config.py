@@ -58,6 +58,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int = 8080
     token: Secret = Secret(env="CHATLANE_TOKEN")
     """Required on a non-loopback address: browsers and API clients must present it."""
+    keep_alive: int = 75
+    """Seconds an idle HTTP connection is kept open; longer than clients' and proxies'
+    idle pools, so they close first and never reuse a connection the server is closing."""
 
     def is_loopback(self) -> bool:
         """Whether ``host`` only accepts connections from this machine."""
@@ -278,11 +281,7 @@ def _check(config: Config) -> None:
                 f"expected a chat type: {', '.join(t.value for t in ChatType)}"
             )
         BusyPolicy.parse(policy, what=f"configuration key 'runtime.busy_per_chat_type.{chat_type}'")
-    if not 0 < config.server.port < 65536:
-        raise ConfigError(
-            f"configuration key 'server.port' = {config.server.port}: "
-            "expected a port between 1 and 65535"
-        )
+    _check_server(config.server)
     _check_positive(runtime)
     for chat_type in config.auto_reset.per_chat_type:
         if chat_type not in {t.value for t in ChatType}:
@@ -290,6 +289,18 @@ def _check(config: Config) -> None:
                 f"configuration key 'auto_reset.per_chat_type.{chat_type}': "
                 f"expected a chat type: {', '.join(t.value for t in ChatType)}"
             )
+
+
+def _check_server(server: ServerConfig) -> None:
+    if not 0 < server.port < 65536:
+        raise ConfigError(
+            f"configuration key 'server.port' = {server.port}: expected a port between 1 and 65535"
+        )
+    if not server.keep_alive > 0:
+        raise ConfigError(
+            f"configuration key 'server.keep_alive' = {server.keep_alive}: "
+            "expected a whole number of seconds > 0"
+        )
 
 
 def _check_positive(runtime: RuntimeConfig) -> None:

@@ -21,6 +21,10 @@ class InvalidSessionKey(ChatlaneError, ValueError):
     """A string is not a session key produced by :func:`chatlane.identity.build_session_key`."""
 
 
+class InvalidSessionName(ChatlaneError, ValueError):
+    """A name a client chose for its session cannot be used exactly as written."""
+
+
 class ConfigError(ChatlaneError, ValueError):
     """A configuration key or value is invalid; the message names the key and the expectation."""
 

@@ -11,15 +11,19 @@ What stays true:
   when there is no thread), so the segment count tells a thread from a user and
   :func:`parse_session_key` inverts the key without guessing.
 * Empty ids are the same as missing ids.
+* A session name a client chooses (:func:`check_session_name`) is used exactly
+  as written or refused — never stripped or normalised — so two distinct
+  accepted names always name two distinct sessions.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import unicodedata
 from dataclasses import dataclass, field
 
-from chatlane.errors import InvalidSessionKey, InvalidSource
+from chatlane.errors import InvalidSessionKey, InvalidSessionName, InvalidSource
 
 __all__ = [
     "ChatType",
@@ -27,11 +31,20 @@ __all__ = [
     "SessionKeyParts",
     "SessionSource",
     "build_session_key",
+    "check_session_name",
     "parse_session_key",
 ]
 
 SEPARATOR = ":"
 _ESCAPES = (("%", "%25"), (":", "%3A"))
+MAX_SESSION_NAME = 256
+"""Most characters a session name may have."""
+_REFUSED_CATEGORIES = {
+    "Cc": "a control character",
+    "Cs": "a lone surrogate",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+}
 
 
 class ChatType(enum.StrEnum):
@@ -212,3 +225,53 @@ def parse_session_key(key: str) -> SessionKeyParts:
         user_id=user_id or None,
         segments=segments,
     )
+
+
+def check_session_name(name: str, what: str = "the session name") -> str:
+    """``name`` itself, if a client may name a session with it.
+
+    Names are used exactly as written, never stripped or normalised, so two
+    distinct accepted names always name two distinct sessions. Refused are the
+    names something on the way would change or split (``str.strip`` and HTTP
+    drop outer whitespace; ``str.splitlines`` splits on ``\\x1c``-``\\x1f``,
+    ``\\x85``, U+2028 and U+2029): empty or longer than
+    :data:`MAX_SESSION_NAME`, starting or ending with whitespace, or holding a
+    control character, a line or paragraph separator or a lone surrogate.
+    Everything else — inner spaces, any script, emoji with joiners — is kept.
+
+    :param what: how the error names the value, e.g. ``"the 'user' field"``.
+    :raises InvalidSessionName: naming the offending character and its position.
+    """
+    if not name:
+        raise InvalidSessionName(f"{what} is empty")
+    if len(name) > MAX_SESSION_NAME:
+        raise InvalidSessionName(f"{what} is longer than {MAX_SESSION_NAME} characters")
+    found = _first_refused(name)
+    if found is not None:
+        position, kind = found
+        raise InvalidSessionName(
+            f"{what} has {_describe(name[position])}, {kind}, at position {position} "
+            "(counting from 0): session names are used exactly as sent, so they may not "
+            "start or end with whitespace or hold control or separator characters"
+        )
+    return name
+
+
+def _first_refused(name: str) -> tuple[int, str] | None:
+    """The position and kind of the first character ``name`` may not hold where it is."""
+    if name.isprintable() and not (name[0].isspace() or name[-1].isspace()):
+        return None
+    last = len(name) - 1
+    for position, char in enumerate(name):
+        kind = _REFUSED_CATEGORIES.get(unicodedata.category(char))
+        if kind is None and char.isspace() and position in (0, last):
+            kind = "whitespace at the start" if position == 0 else "whitespace at the end"
+        if kind is not None:
+            return position, kind
+    return None
+
+
+def _describe(char: str) -> str:
+    """``U+001C`` or ``U+00A0 (NO-BREAK SPACE)``."""
+    name = unicodedata.name(char, "")
+    return f"U+{ord(char):04X}" + (f" ({name})" if name else "")

@@ -29,17 +29,19 @@ def configure(
     store: str | None = None,
     agent: str | None = None,
     busy: str | None = None,
+    keep_alive: int | None = None,
 ) -> Config:
     """The configuration file and environment, then the command line on top; validated.
 
     :raises ConfigError: for any bad value, naming it.
     """
     config = load_config(config_path)
-    _check_options(host=host, port=port, store=store, agent=agent)
+    _check_options(host=host, port=port, store=store, agent=agent, keep_alive=keep_alive)
     server = msgspec.structs.replace(
         config.server,
         host=config.server.host if host is None else host,
         port=config.server.port if port is None else port,
+        keep_alive=config.server.keep_alive if keep_alive is None else keep_alive,
     )
     runtime = config.runtime
     if busy is not None:
@@ -65,14 +67,18 @@ def configure(
 def _check_options(**options: str | int | None) -> None:
     """Command-line values replace the configuration's, so each must be one.
 
-    :raises ConfigError: for an empty text or a port outside 1 to 65535.
+    :raises ConfigError: for an empty text, a port outside 1 to 65535 or a
+        keep-alive of no seconds.
     """
     for name, value in options.items():
         if value == "":
-            raise ConfigError(f"--{name}: expected a value, not an empty string")
+            raise ConfigError(f"--{name.replace('_', '-')}: expected a value, not an empty string")
     port = options.get("port")
     if isinstance(port, int) and not 0 < port < 65536:
         raise ConfigError(f"--port {port}: expected a port between 1 and 65535")
+    keep_alive = options.get("keep_alive")
+    if isinstance(keep_alive, int) and not keep_alive > 0:
+        raise ConfigError(f"--keep-alive {keep_alive}: expected a whole number of seconds > 0")
 
 
 def require_token(config: Config) -> None:
@@ -112,11 +118,12 @@ async def serve(config: Config) -> None:
 
 
 def uvicorn_config(app: ASGIApp, config: Config) -> uvicorn.Config:
-    """How the HTTP server runs ``app``: where it listens, its shutdown wait, its frame limit."""
+    """How the HTTP server runs ``app``: address, idle keep-alive, shutdown wait, frame limit."""
     return uvicorn.Config(
         app,
         host=config.server.host,
         port=config.server.port,
+        timeout_keep_alive=config.server.keep_alive,
         log_level="warning",
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(config.runtime.interrupt_grace) + 5),

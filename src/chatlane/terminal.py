@@ -39,20 +39,16 @@ import httpx
 import uvicorn
 
 from chatlane.errors import ChatlaneError
+from chatlane.identity import check_session_name
 
 EXIT_INTERRUPTED = 130
 _SESSION_CHARS = re.compile(r"[^A-Za-z0-9._@:+-]")
-MAX_SESSION = 128
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """Control characters (terminal escapes among them); tab and newline are kept."""
 
 
 class GatewayUnreachable(ChatlaneError, ConnectionError):
     """No connection could be made to the gateway (wrong URL, not running, refused)."""
-
-
-class InvalidSessionName(ChatlaneError, ValueError):
-    """A session name cannot travel in the ``X-Chatlane-Session`` header."""
 
 
 class InvalidToken(ChatlaneError, ValueError):
@@ -73,15 +69,11 @@ def default_session() -> str:
 
 
 def check_session(name: str) -> str:
-    """``name`` if it can name a session in an HTTP header.
+    """``name`` if the gateway accepts it as a session name (it travels as UTF-8, unchanged).
 
-    :raises InvalidSessionName: for an empty, overlong or non-ASCII name, or one with spaces.
+    :raises ~chatlane.errors.InvalidSessionName: as :func:`~chatlane.identity.check_session_name`.
     """
-    if not name or len(name) > MAX_SESSION or _SESSION_CHARS.search(name):
-        raise InvalidSessionName(
-            f"session name {name!r}: use 1-{MAX_SESSION} ASCII letters, digits or . _ @ : + -"
-        )
-    return name
+    return check_session_name(name)
 
 
 def check_token(token: str) -> str:

@@ -152,6 +152,38 @@ async def test_socket_without_identity_cookie_is_closed_4400(host: str) -> None:
     assert closed.value.rcvd.code == 4400
 
 
+RESEMBLING = {
+    "control-after": "{}\x1c",
+    "nel-after": "{}\x85",
+    "control-before": "\x1f{}",
+    "space-after": "{} ",
+    "quoted": '"{}"',
+}
+"""Identity cookies that Starlette's cookie parser would trim or unquote into the id."""
+
+
+@pytest.mark.parametrize("around", RESEMBLING.values(), ids=RESEMBLING.keys())
+async def test_the_page_gives_a_fresh_id_for_a_cookie_that_resembles_one(
+    host: str, around: str
+) -> None:
+    bid = await browser_id(host)
+    cookie = f"{IDENTITY_COOKIE}={around.format(bid)}; other=1"
+    async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+        page = await client.get("/", headers={b"Cookie": cookie.encode("latin-1")})
+    assert page.cookies[IDENTITY_COOKIE] != bid
+
+
+@pytest.mark.parametrize("name", ["nel-after", "space-after", "quoted"])
+async def test_a_socket_whose_cookie_resembles_an_id_is_closed_4400(host: str, name: str) -> None:
+    bid = await browser_id(host)
+    cookie = f"{IDENTITY_COOKIE}={RESEMBLING[name].format(bid)}; other=1"
+    async with chat_socket(host, cookie) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            await receive(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4400
+
+
 async def test_cross_origin_socket_is_closed_4403(host: str) -> None:
     bid = await browser_id(host)
     cookie = f"{IDENTITY_COOKIE}={bid}"

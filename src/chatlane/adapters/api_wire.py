@@ -24,11 +24,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from chatlane.errors import ChatlaneError
+from chatlane.errors import ChatlaneError, InvalidSessionName
+from chatlane.identity import check_session_name
 
 MAX_BODY = 1 << 20
 """Largest request body accepted (1 MiB); larger ones get 413."""
-MAX_SESSION_NAME = 256
 DEFAULT_MODEL = "chatlane"
 JSON_MEDIA_TYPE = "application/json"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -102,14 +102,21 @@ def parse_chat_request(data: object, session_header: str | None) -> ChatRequest:
 
 
 def _session_name(header: str | None, user: object) -> str:
+    """The header if it is non-empty, else ``user``: exactly as sent, or refused with a 400."""
     if user is not None and not isinstance(user, str):
         raise invalid("'user' must be a string")
-    name = (header or "").strip() or (user or "").strip()
-    if not name:
-        raise invalid("name the session: send an X-Chatlane-Session header or set the 'user' field")
-    if len(name) > MAX_SESSION_NAME:
-        raise invalid(f"the session name is longer than {MAX_SESSION_NAME} characters")
-    return _valid_unicode(name, "the session name")
+    if header:
+        return _checked_name(header, "the X-Chatlane-Session header")
+    if user:
+        return _checked_name(user, "the 'user' field")
+    raise invalid("name the session: send an X-Chatlane-Session header or set the 'user' field")
+
+
+def _checked_name(name: str, what: str) -> str:
+    try:
+        return check_session_name(name, what)
+    except InvalidSessionName as error:
+        raise invalid(str(error)) from None
 
 
 def last_user_text(messages: object) -> str:

@@ -5,7 +5,7 @@ What stays true:
 * A browser that loads ``/`` carries a random id in an HttpOnly, SameSite=Lax
   cookie (:data:`IDENTITY_COOKIE`). That id is its chat id and its user id, so
   one browser is one session, shared by its tabs, and no page script or other
-  site can read or choose it.
+  site can read or choose it. A cookie is that id byte for byte or no id at all.
 * When an access token is configured, neither the page nor the WebSocket is
   served without it. ``/?token=…`` trades the token for an HttpOnly cookie that
   holds a proof derived from it (never the token itself) and redirects to ``/``
@@ -51,9 +51,25 @@ SECURITY_HEADERS = {
 
 
 def browser_id(connection: HTTPConnection) -> str | None:
-    """The id in the identity cookie, or ``None`` if it is missing or malformed."""
-    value = connection.cookies.get(IDENTITY_COOKIE, "")
-    return value if _BROWSER_ID.fullmatch(value) else None
+    """The id in the identity cookie exactly as sent, or ``None`` if it is missing or malformed.
+
+    The ``Cookie`` header is read here, not through Starlette's parser, which
+    strips whitespace (``\\x1c``-``\\x1f`` and ``\\x85`` among it) and quotes
+    from values: a value with anything around an id is not that id, so it is
+    refused (the page then hands out a fresh one), never trimmed into it.
+    """
+    value = _identity_cookie(connection.headers.get("cookie", ""))
+    return value if value is not None and _BROWSER_ID.fullmatch(value) else None
+
+
+def _identity_cookie(header: str) -> str | None:
+    """The raw value of the last identity cookie in ``header`` (``name=value; name=value``)."""
+    found = None
+    for pair in header.split(";"):
+        name, equals, value = pair.partition("=")
+        if equals and name.lstrip(" \t") == IDENTITY_COOKIE:
+            found = value
+    return found
 
 
 def new_browser_id() -> str:
