@@ -51,7 +51,11 @@ def free_port() -> int:
         return port
 
 
-def _wait_until_ready(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
+def wait_until_ready(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
+    """Return once the server on ``port`` answers PING.
+
+    :raises TestServerError: it exited, or did not answer within ``timeout`` seconds.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -94,7 +98,7 @@ def redis_server(timeout: float = 10.0) -> Iterator[str]:
         with Path(folder, "server.log").open("wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
             try:
-                _wait_until_ready(port, process, timeout)
+                wait_until_ready(port, process, timeout)
                 yield f"redis://127.0.0.1:{port}/0"
             finally:
                 process.terminate()

@@ -1,8 +1,8 @@
 """A store outage is survived in order: commits wait it out, nothing is stuck or overtaken.
 
-The outage is real: another connection holds the SQLite file's write lock
+The outages are real: another connection holds the SQLite file's write lock
 for longer than the store's busy timeout, as a backup, another program or a
-slow disk would.
+slow disk would; a Redis server goes away and comes back with its data.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from chatlane.stores import Lease, open_store
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import parse_url
 from chatlane.testing import GatewayHarness
+from chatlane.testing_redis import free_port, server_binary, wait_until_ready
 from chatlane.types import SessionKey
 from tests.adapters.test_api import eventually
 
@@ -110,3 +112,55 @@ async def test_a_turn_waits_out_an_outage_before_it_takes_its_lease(
     finally:
         await store.close()
     assert "never retrieved" not in caplog.text
+
+
+@contextlib.contextmanager
+def persistent_redis(folder: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A Redis server of this test's own that keeps its data across a restart (AOF)."""
+    command = [server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder)]
+    command += ["--save", "", "--appendonly", "yes", "--appendfsync", "always"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_ready(port, process, 10)
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+async def test_a_commit_outlasts_a_redis_restart_and_later_messages_wait_behind_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    running, go = asyncio.Event(), asyncio.Event()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "first":
+            running.set()
+            await go.wait()
+        return f"answer {turn.text}"
+
+    caplog.set_level(logging.WARNING)
+    with persistent_redis(tmp_path, port) as server:
+        store = await open_store(f"redis://127.0.0.1:{port}/0")
+        try:
+            async with GatewayHarness(agent, store=store) as h:
+                first = await h.send("first", chat_id="c")
+                await running.wait()
+                server.terminate()  # the outage: the server is gone
+                await asyncio.to_thread(server.wait, 10)
+                go.set()
+                await eventually(lambda: "commit failed, retrying" in caplog.text)
+                with persistent_redis(tmp_path, port):  # back, with its data
+                    await h.send("second", chat_id="c")
+                    assert await h.replies(chat_id="c", count=3) == [
+                        "Queued for the next turn (1 queued)",
+                        "answer first",
+                        "answer second",
+                    ]
+                    assert await store.pending(first.session_key) == []
+                    assert await store.failed() == []
+        finally:
+            await store.close()
+    assert "never retrieved" not in caplog.text
+    assert "could not settle" not in caplog.text
