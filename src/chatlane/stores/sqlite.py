@@ -416,9 +416,12 @@ class SQLiteStore(Store):
 
     @classmethod
     async def open(cls, url: str) -> SQLiteStore:
-        """Open (creating if needed) the file ``url`` names and start its writer thread.
+        """Open the file ``url`` names (creating it only if there is none) and start its
+        writer thread.
 
-        :raises StoreError: a malformed URL, a file that is not a SQLite database,
+        :raises StoreDamaged: the file is empty, fails SQLite's ``quick_check``, or
+            lost committed writes (a deleted WAL); the message says what to do.
+        :raises StoreError: a malformed URL, a file that is not a chatlane store,
             or a schema newer than this version of chatlane knows.
         """
         store = cls(url, parse_url(url))
