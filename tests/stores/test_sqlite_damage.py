@@ -10,12 +10,14 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from chatlane.errors import StoreDamaged, StoreError
 from chatlane.stores import TranscriptEntry, open_store
+from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import MIGRATIONS, migrate
 
 KEY = "main:test:dm:c1"
@@ -40,21 +42,24 @@ def shm(path: Path) -> Path:
     return Path(f"{path}-shm")
 
 
-async def fill(path: Path, entries: int = 200) -> None:
-    """Write a transcript of ``entries`` 1 KB entries, checkpointed into the main file."""
+async def fill(path: Path, entries: int = 200, key: str = KEY) -> None:
+    """Give ``key`` a generation and a transcript of ``entries`` 1 KB entries, checkpointed
+    into the main file."""
     store = await open_store(url(path))
+    await store.bump_generation(key)
     for _ in range(entries // 10):
         batch = [TranscriptEntry("user", "x" * 1000, 0) for _ in range(10)]
-        await store.append_transcript(KEY, None, *batch)
+        await store.append_transcript(key, None, *batch)
     await store.close()
 
 
-def damage_the_middle(path: Path) -> None:
-    """Overwrite four pages in the middle of the file (the header stays intact) with bytes
-    that are no b-tree page."""
+def damage_the_second_half(path: Path) -> None:
+    """Overwrite the second half of the file (the newest transcript pages; the header and
+    the tables' first pages stay intact) with bytes that are no b-tree page."""
+    pages = path.stat().st_size // PAGE
     with path.open("r+b") as file:
-        file.seek(path.stat().st_size // PAGE // 2 * PAGE)
-        file.write(GARBAGE * 4)
+        file.seek(pages // 2 * PAGE)
+        file.write(GARBAGE * (pages - pages // 2))
 
 
 def truncate(path: Path) -> None:
@@ -63,6 +68,12 @@ def truncate(path: Path) -> None:
 
 def size(path: Path) -> int:
     return path.stat().st_size
+
+
+def write_from_elsewhere(path: Path) -> None:
+    """Commit from another connection: the store's connection drops its page cache."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute("INSERT INTO heartbeats VALUES ('elsewhere', 0)")
 
 
 CRASHER = textwrap.dedent(
@@ -173,7 +184,7 @@ class TestRefusedAtOpen:
 
     async def test_a_damaged_page_is_refused_with_sqlites_findings(self, path: Path) -> None:
         await fill(path)
-        damage_the_middle(path)
+        damage_the_second_half(path)
         with pytest.raises(StoreDamaged, match="btreeInitPage") as raised:
             await open_store(url(path))
         assert "restore the store from a backup" in str(raised.value)
@@ -202,3 +213,31 @@ class TestRefusedAtOpen:
         with pytest.raises(StoreDamaged, match="missing but its write-ahead log"):
             await open_store(url(path))
         assert path.name not in os.listdir(path.parent)  # no new store was created
+
+
+class TestDamageWhileRunning:
+    @pytest.fixture
+    async def damaged(self, path: Path) -> AsyncIterator[SQLiteStore]:
+        """An open store whose file then lost the middle of its transcript."""
+        await fill(path)
+        store = await SQLiteStore.open(url(path))
+        assert store.damaged is None
+        damage_the_second_half(path)
+        write_from_elsewhere(path)
+        yield store
+        await store.close()
+
+    async def test_a_malformed_page_is_reported_as_damage(self, damaged: SQLiteStore) -> None:
+        with pytest.raises(StoreDamaged, match="database disk image is malformed") as raised:
+            await damaged.transcript(KEY, limit=1000)
+        assert "restore the store from a backup" in str(raised.value)
+        assert damaged.damaged is not None
+        assert damaged.damaged.reason == "database disk image is malformed"
+
+    async def test_a_damaged_store_refuses_every_later_call(self, damaged: SQLiteStore) -> None:
+        with pytest.raises(StoreDamaged):
+            await damaged.transcript(KEY, limit=1000)
+        with pytest.raises(StoreDamaged, match="malformed"):
+            await damaged.generation("main:test:dm:other")
+        with pytest.raises(StoreDamaged, match="malformed"):
+            await damaged.bump_generation("main:test:dm:other")

@@ -34,6 +34,7 @@ from chatlane.errors import (
     LeaseLost,
     SessionBusy,
     StaleGeneration,
+    StoreDamaged,
     StoreError,
 )
 from chatlane.stores.base import (
@@ -439,9 +440,17 @@ class SQLiteStore(Store):
     def _read(self, op: Operation[T]) -> asyncio.Future[T]:
         return self._submit(op, writes=False)
 
+    @property
+    def damaged(self) -> StoreDamaged | None:
+        """The first damage SQLite reported since the store opened; every later call is refused."""
+        return self._writer.damage
+
     def _submit(self, op: Operation[T], writes: bool) -> asyncio.Future[T]:
         if self._closing is not None:
             raise StoreError("store is closed")
+        damage = self._writer.damage
+        if damage is not None:
+            raise StoreDamaged(str(damage), damage.reason)
         return self._writer.submit(op, writes)
 
     # -- generations and leases ----------------------------------------------
