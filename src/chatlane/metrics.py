@@ -49,7 +49,7 @@ class Metrics:
     def stale(self) -> None:
         self.stale_refused += 1
 
-    def render(self, queue_depth: int, running: int) -> str:
+    def render(self, queue_depth: int, running: int, store_damaged: bool = False) -> str:
         """The exposition text."""
         lines = [
             *_metric(
@@ -77,6 +77,12 @@ class Metrics:
                 "chatlane_queue_depth", "gauge", "Messages waiting for a turn.", [("", queue_depth)]
             ),
             *_metric("chatlane_turns_running", "gauge", "Turns running now.", [("", running)]),
+            *_metric(
+                "chatlane_store_damaged",
+                "gauge",
+                "1 once the store found damage (the gateway then refuses every message).",
+                [("", int(store_damaged))],
+            ),
             *_metric(
                 "chatlane_lease_failures_total",
                 "counter",
@@ -114,7 +120,8 @@ class Metrics:
 
         async def endpoint(request: Request) -> PlainTextResponse:
             engine = hub.gateway.engine
-            text = self.render(engine.queue_depth(), engine.running_count())
+            damaged = hub.store.damaged is not None
+            text = self.render(engine.queue_depth(), engine.running_count(), damaged)
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         return [Route("/metrics", endpoint, methods=["GET"])]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chatlane.context import run_in_thread
-from chatlane.errors import StoreError
+from chatlane.errors import StoreDamaged, StoreError
 from chatlane.identity import SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.leases import LeaseSettings
@@ -182,26 +182,35 @@ async def test_an_adopted_message_runs_with_the_sessions_stored_overrides() -> N
 
 
 class FlakyAcquire(MemoryStore):
-    """One connection blip on the first acquire."""
+    """One store failure on the first acquire."""
 
-    failures = 1
+    def __init__(self, error: StoreError) -> None:
+        super().__init__()
+        self.failure: StoreError | None = error
 
     async def acquire(self, *args: object, **kwargs: object) -> Lease:
-        if self.failures:
-            self.failures -= 1
-            raise StoreError("connection reset")
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
         return await super().acquire(*args, **kwargs)  # type: ignore[arg-type]
 
 
-async def test_a_store_error_before_the_turn_gets_a_notice() -> None:
+@pytest.mark.parametrize(
+    ("error", "told"),
+    [
+        (StoreError("connection reset"), "the gateway could not reach its store"),
+        (StoreDamaged("store damaged", "malformed"), "the gateway's store is damaged"),
+    ],
+)
+async def test_a_store_error_before_the_turn_gets_a_notice(error: StoreError, told: str) -> None:
     async def agent(turn: Turn) -> str:
         return "answer"
 
-    store = FlakyAcquire()
+    store = FlakyAcquire(error)
     async with GatewayHarness(agent, store=store) as h:
         result = await h.send("hello", chat_id="c")
         [notice] = await h.replies(chat_id="c", count=1)
-        assert notice == "Sorry — the gateway could not reach its store; your message was not run."
+        assert notice == f"Sorry — {told}; your message was not run."
         assert await store.pending(result.session_key) == []
         assert h.gateway.engine.is_idle()
 
