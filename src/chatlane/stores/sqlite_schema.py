@@ -170,7 +170,7 @@ def connect(location: Location) -> sqlite3.Connection:
     connection = _open_file(location)
     try:
         _while_busy(location, lambda: _configure(connection, location))
-        check_integrity(connection, location.path)
+        _while_busy(location, lambda: check_integrity(connection, location.path))
         _while_busy(location, lambda: _upgrade(connection, location.path))
     except sqlite3.Error as error:
         connection.close()
