@@ -1,11 +1,16 @@
-"""Operator endpoints: the sessions a running gateway holds, one session in detail,
+"""Operator endpoints: the gateway's health, its sessions, one session in detail,
 and the messages set aside as failed.
 
 ``GET /admin/sessions``, ``GET /admin/sessions/{key}`` and ``GET /admin/failed``
 answer JSON; ``POST /admin/failed/{message_id}/retry`` runs a failed message
 again. When an access token is configured they require it
 (``Authorization: Bearer …``). Keys and ids are URL-encoded in the path, so
-``:`` and ``%`` work.
+``:`` and ``%`` work. A store that fails them is answered with 503 and the
+store's own message, never a traceback.
+
+``GET /health`` needs no token (probes call it): 200 ``{"status": "ok"}``,
+or 503 ``{"status": "unhealthy", "reason": …}`` once the store found damage.
+The reason names the condition, not the store's path.
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ from __future__ import annotations
 import hmac
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from chatlane.errors import StoreError
 from chatlane.runtime import pending
 from chatlane.state import AGENT_PENDING, SessionState
 from chatlane.stores.base import FailedRecord
@@ -59,8 +65,35 @@ def _authorized(request: Request, hub: Hub) -> bool:
     return hmac.compare_digest(sent, token.encode())
 
 
+Endpoint = Callable[[Request], Awaitable[JSONResponse]]
+
+
+def _store_failures_as_503(endpoint: Endpoint) -> Endpoint:
+    """Answer a store that cannot serve the request with 503 and its message."""
+
+    async def guarded(request: Request) -> JSONResponse:
+        try:
+            return await endpoint(request)
+        except StoreError as error:
+            return JSONResponse({"error": str(error)}, status_code=503)
+
+    return guarded
+
+
+def health(hub: Hub) -> JSONResponse:
+    """Whether the gateway can still be trusted with messages (see the module docstring)."""
+    damage = hub.store.damaged
+    if damage is None:
+        return JSONResponse({"status": "ok"})
+    reason = f"the store is damaged: {damage.reason}"
+    return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+
+
 def routes(hub: Hub) -> Sequence[BaseRoute]:
     """The admin routes, bound to ``hub``."""
+
+    async def healthy(request: Request) -> JSONResponse:
+        return health(hub)
 
     async def sessions(request: Request) -> JSONResponse:
         if not _authorized(request, hub):
@@ -90,10 +123,15 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
         return JSONResponse({"retried": message_id})
 
     return [
-        Route("/admin/sessions", sessions, methods=["GET"]),
-        Route("/admin/sessions/{key:path}", one, methods=["GET"]),
-        Route("/admin/failed", failed, methods=["GET"]),
-        Route("/admin/failed/{message_id:path}/retry", retry, methods=["POST"]),
+        Route("/health", healthy, methods=["GET"]),
+        Route("/admin/sessions", _store_failures_as_503(sessions), methods=["GET"]),
+        Route("/admin/sessions/{key:path}", _store_failures_as_503(one), methods=["GET"]),
+        Route("/admin/failed", _store_failures_as_503(failed), methods=["GET"]),
+        Route(
+            "/admin/failed/{message_id:path}/retry",
+            _store_failures_as_503(retry),
+            methods=["POST"],
+        ),
     ]
 
 

@@ -73,4 +73,17 @@ class AlreadyAnswered(ChatlaneError):
 
 
 class StoreError(ChatlaneError):
-    """A store could not be opened or used (bad URL, unreachable server, corrupt file)."""
+    """A store could not be opened or used (bad URL, unreachable server, damaged file)."""
+
+
+class StoreDamaged(StoreError):
+    """A store's data is damaged or incomplete; the message says what to do.
+
+    ``reason`` is the condition alone (SQLite's own words where it gave some),
+    without the file's path, for places that show it to anyone who asks
+    (the health endpoint).
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)

@@ -55,7 +55,13 @@ class Metrics:
         """``count`` messages were set aside as failed (kept for an operator to retry)."""
         self.messages_failed += count
 
-    def render(self, queue_depth: int, running: int, beats: BeatGaps | None = None) -> str:
+    def render(
+        self,
+        queue_depth: int,
+        running: int,
+        beats: BeatGaps | None = None,
+        store_damaged: bool = False,
+    ) -> str:
         """The exposition text."""
         lines = [
             *_metric(
@@ -83,6 +89,12 @@ class Metrics:
                 "chatlane_queue_depth", "gauge", "Messages waiting for a turn.", [("", queue_depth)]
             ),
             *_metric("chatlane_turns_running", "gauge", "Turns running now.", [("", running)]),
+            *_metric(
+                "chatlane_store_damaged",
+                "gauge",
+                "1 once the store found damage (the gateway then refuses every message).",
+                [("", int(store_damaged))],
+            ),
             *_metric(
                 "chatlane_lease_failures_total",
                 "counter",
@@ -127,7 +139,10 @@ class Metrics:
 
         async def endpoint(request: Request) -> PlainTextResponse:
             engine = hub.gateway.engine
-            text = self.render(engine.queue_depth(), engine.running_count(), engine.leases.beats)
+            damaged = hub.store.damaged is not None
+            text = self.render(
+                engine.queue_depth(), engine.running_count(), engine.leases.beats, damaged
+            )
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         return [Route("/metrics", endpoint, methods=["GET"])]

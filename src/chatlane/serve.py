@@ -162,7 +162,7 @@ def announce(config: Config) -> None:
     base = f"http://{config.server.host}:{config.server.port}"
     print(
         f"chatlane is ready\n  web chat: {base}/\n  API:      {base}/v1  "
-        f"(OpenAI-compatible)\n  metrics:  {base}/metrics\n"
+        f"(OpenAI-compatible)\n  metrics:  {base}/metrics   health: {base}/health\n"
         f"  store:    {config.store.url}   agent: {config.agent.name}",
         flush=True,
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chatlane.context import run_in_thread
-from chatlane.errors import StoreError
+from chatlane.errors import StoreDamaged, StoreError
 from chatlane.identity import SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.leases import LeaseSettings
@@ -196,14 +196,17 @@ async def test_an_adopted_message_runs_with_the_sessions_stored_overrides() -> N
 
 
 class FlakyAcquire(MemoryStore):
-    """One connection blip on the first acquire."""
+    """The first ``times`` acquires fail with ``error``."""
 
-    failures = 1
+    def __init__(self, error: StoreError, times: int = 1) -> None:
+        super().__init__()
+        self.error = error
+        self.failures = times
 
     async def acquire(self, *args: object, **kwargs: object) -> Lease:
         if self.failures:
             self.failures -= 1
-            raise StoreError("connection reset")
+            raise self.error
         return await super().acquire(*args, **kwargs)  # type: ignore[arg-type]
 
 
@@ -211,12 +214,24 @@ async def test_a_store_error_before_the_turn_is_waited_out_and_the_message_runs(
     async def agent(turn: Turn) -> str:
         return "answer"
 
-    store = FlakyAcquire()
-    store.failures = 3
+    store = FlakyAcquire(StoreError("connection reset"), times=3)
     async with GatewayHarness(agent, store=store) as h:
         result = await h.send("hello", chat_id="c")
         assert await h.replies(chat_id="c", count=1) == ["answer"]
         assert store.failures == 0
+        assert await store.pending(result.session_key) == []
+        assert h.gateway.engine.is_idle()
+
+
+async def test_a_damaged_store_before_the_turn_gets_a_notice_at_once() -> None:
+    async def agent(turn: Turn) -> str:
+        return "answer"
+
+    store = FlakyAcquire(StoreDamaged("store damaged", "malformed"))
+    async with GatewayHarness(agent, store=store) as h:
+        result = await h.send("hello", chat_id="c")
+        [notice] = await h.replies(chat_id="c", count=1)
+        assert notice == "Sorry — the gateway's store is damaged; your message was not run."
         assert await store.pending(result.session_key) == []
         assert h.gateway.engine.is_idle()
 

@@ -4,7 +4,8 @@ What stays true:
 
 * Only :class:`~chatlane.errors.StoreError` (the store could not be reached
   or used) is retried; every answer the store gave (a stale generation, an
-  answered message, a lost lease) is the caller's to handle.
+  answered message, a lost lease) is the caller's to handle, and so is
+  :class:`~chatlane.errors.StoreDamaged`: damage does not pass by waiting.
 * A call is retried only while ``wanted()`` holds; once it does not, the last
   error is raised, so a caller never waits on a store for work that no longer
   matters (a fenced turn, a closing engine).
@@ -19,7 +20,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-from chatlane.errors import StoreError
+from chatlane.errors import StoreDamaged, StoreError
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -48,7 +49,7 @@ async def retry_store(
         try:
             return await call()
         except StoreError as error:
-            if not wanted():
+            if isinstance(error, StoreDamaged) or not wanted():
                 raise
             level = logging.DEBUG if warned else logging.WARNING
             log.log(level, "%s failed, retrying: %s", what, error, extra=fields)

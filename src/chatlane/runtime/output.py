@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Protocol
 
-from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreError
+from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreDamaged, StoreError
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store
@@ -157,6 +157,8 @@ class TurnOutput:
 
 def failure_text(error: BaseException) -> str:
     """What the sender is told when a turn failed."""
+    if isinstance(error, StoreDamaged):
+        return "Sorry — the gateway's store is damaged; your message was not run."
     if isinstance(error, StoreError):
         return "Sorry — the gateway could not reach its store; your message was not run."
     return f"Sorry — the agent failed on this message ({type(error).__name__})."

@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from chatlane.errors import LeaseLost
+from chatlane.errors import LeaseLost, StoreDamaged
 from chatlane.types import SessionKey
 
 __all__ = [
@@ -390,6 +390,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Flush pending writes and release connections. Idempotent."""
+
+    @property
+    def damaged(self) -> StoreDamaged | None:
+        """Why the store's data can no longer be trusted, once it found that; else None.
+
+        It never goes back to None: a damaged store refuses every later call.
+        Backends whose data cannot be damaged from here keep the default.
+        """
+        return None
 
     # -- derived operations, written once ------------------------------------------
 

@@ -34,6 +34,7 @@ from chatlane.errors import (
     LeaseLost,
     SessionBusy,
     StaleGeneration,
+    StoreDamaged,
     StoreError,
 )
 from chatlane.stores.base import (
@@ -508,9 +509,12 @@ class SQLiteStore(Store):
 
     @classmethod
     async def open(cls, url: str) -> SQLiteStore:
-        """Open (creating if needed) the file ``url`` names and start its writer thread.
+        """Open the file ``url`` names (creating it only if there is none) and start its
+        writer thread.
 
-        :raises StoreError: a malformed URL, a file that is not a SQLite database,
+        :raises StoreDamaged: the file is empty, fails SQLite's ``quick_check``, or
+            lost committed writes (a deleted WAL); the message says what to do.
+        :raises StoreError: a malformed URL, a file that is not a chatlane store,
             or a schema newer than this version of chatlane knows.
         """
         store = cls(url, parse_url(url))
@@ -528,9 +532,17 @@ class SQLiteStore(Store):
     def _read(self, op: Operation[T]) -> asyncio.Future[T]:
         return self._submit(op, writes=False)
 
+    @property
+    def damaged(self) -> StoreDamaged | None:
+        """The first damage SQLite reported since the store opened; every later call is refused."""
+        return self._writer.damage
+
     def _submit(self, op: Operation[T], writes: bool) -> asyncio.Future[T]:
         if self._closing is not None:
             raise StoreError("store is closed")
+        damage = self._writer.damage
+        if damage is not None:
+            raise StoreDamaged(str(damage), damage.reason)
         return self._writer.submit(op, writes)
 
     # -- generations and leases ----------------------------------------------

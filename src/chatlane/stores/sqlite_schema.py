@@ -8,13 +8,19 @@ What stays true:
   :data:`MIGRATIONS` applied. Missing steps are applied in order, in one
   ``BEGIN IMMEDIATE`` transaction, so two processes opening the same new file
   never both migrate it, and a failed step leaves the file as it was.
+* A store file is created only where none exists, whole (see
+  :mod:`chatlane.stores.sqlite_file`); an existing file is opened only if it
+  passes ``quick_check``, has a schema, and after migrating carries the
+  marker row ``meta.store = 'chatlane'``.
 * Nothing here is called on the event loop's thread (the writer thread opens
   the connection), and every failure surfaces as
-  :class:`~chatlane.errors.StoreError` naming the path.
+  :class:`~chatlane.errors.StoreError` naming the path
+  (:class:`~chatlane.errors.StoreDamaged` for damage, saying what to do).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +29,13 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from chatlane.errors import StoreError
+from chatlane.stores.sqlite_file import (
+    check_files,
+    check_integrity,
+    create_if_missing,
+    damaged,
+    is_damage,
+)
 
 __all__ = ["MIGRATIONS", "Location", "connect", "migrate", "parse_url"]
 
@@ -114,7 +127,13 @@ _V4: Migration = (
 """Messages that could not be completed are kept aside until an operator retries them;
 adoption looks pending records up by owner."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
+_V5: Migration = (
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    "INSERT INTO meta (name, value) VALUES ('store', 'chatlane')",
+)
+"""The marker: a file holding this row is a chatlane store (new files get it in their main file)."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
@@ -159,15 +178,20 @@ def _busy_timeout(url: str, query: str) -> int:
 
 
 def connect(location: Location) -> sqlite3.Connection:
-    """Open, configure and migrate the store's file, creating it (and its directory) if missing.
+    """Open, check, configure and migrate the store's file, creating it (and its directory)
+    only if no file is there.
 
+    :raises StoreDamaged: the file is empty, damaged, or lost committed writes.
     :raises StoreError: the directory cannot be created, the file is not a
-        SQLite database, or its schema is newer than this version knows.
+        chatlane store, or its schema is newer than this version knows.
     """
+    create_if_missing(location.path, lambda temporary: _build(temporary, location))
+    check_files(location.path)
     connection = _open_file(location)
     try:
         _while_busy(location, lambda: _configure(connection, location))
-        _while_busy(location, lambda: migrate(connection, location.path))
+        _while_busy(location, lambda: check_integrity(connection, location.path))
+        _while_busy(location, lambda: _upgrade(connection, location.path))
     except sqlite3.Error as error:
         connection.close()
         raise _cannot_open(location.path, error) from error
@@ -177,12 +201,19 @@ def connect(location: Location) -> sqlite3.Connection:
     return connection
 
 
+def _build(temporary: Path, location: Location) -> None:
+    """Fill a new file with the whole schema and marker, checkpointed into the file itself."""
+    with contextlib.closing(sqlite3.connect(temporary, isolation_level=None)) as connection:
+        _configure(connection, location)
+        migrate(connection, location.path)
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
 def _open_file(location: Location) -> sqlite3.Connection:
     timeout = location.busy_timeout_ms / 1000
     try:
-        location.path.parent.mkdir(parents=True, exist_ok=True)
         return sqlite3.connect(location.path, timeout=timeout, isolation_level=None)
-    except (OSError, sqlite3.Error) as error:
+    except sqlite3.Error as error:
         raise _cannot_open(location.path, error) from error
 
 
@@ -209,8 +240,33 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
     return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
-def _cannot_open(path: Path, error: Exception) -> StoreError:
+def _cannot_open(path: Path, error: sqlite3.Error) -> StoreError:
+    if is_damage(error):
+        return damaged(path, str(error))
     return StoreError(f"cannot open SQLite store {str(path)!r}: {error}")
+
+
+def _upgrade(connection: sqlite3.Connection, path: Path) -> None:
+    """Migrate an existing store; a file without a schema was never one, so it is refused.
+
+    Applied steps are checkpointed into the main file at once.
+    """
+    version: int = connection.execute("PRAGMA user_version").fetchone()[0]
+    if version == 0:
+        raise StoreError(
+            f"{str(path)!r} is a SQLite database without chatlane's schema (empty, or "
+            "another program's), and a store is only created where no file exists. Restore "
+            "the store from a backup, or move the file aside to start a new store."
+        )
+    if migrate(connection, path) > version:
+        connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    _check_marker(connection, path)
+
+
+def _check_marker(connection: sqlite3.Connection, path: Path) -> None:
+    marker = connection.execute("SELECT value FROM meta WHERE name = 'store'").fetchone()
+    if marker is None or marker[0] != "chatlane":
+        raise damaged(path, "its schema is there but its marker row (meta.store) is not")
 
 
 def _configure(connection: sqlite3.Connection, location: Location) -> None:

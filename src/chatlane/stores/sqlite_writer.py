@@ -22,12 +22,17 @@ What stays true:
   after a write returned sees that write.
 * A call cancelled while still queued is skipped; one cancelled while its
   transaction runs may still be applied (its result is dropped).
+* Damage SQLite reports while running (a malformed page, a file that is no
+  longer a database) reaches its caller as
+  :class:`~chatlane.errors.StoreDamaged`, and :attr:`Writer.damage` keeps
+  the first such error: from then on the store refuses every call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import sqlite3
 import threading
@@ -35,10 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from chatlane.errors import StoreError
+from chatlane.errors import StoreDamaged, StoreError
+from chatlane.stores.sqlite_file import damaged, is_damage
 from chatlane.stores.sqlite_schema import Location, connect
 
 __all__ = ["MAX_BATCH", "Operation", "Writer", "WriterStats"]
+
+log = logging.getLogger("chatlane.stores.sqlite")
 
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], T]
@@ -78,6 +86,8 @@ class Writer:
         self._stopping = False
         self._stopped: _Call | None = None
         self._thread: threading.Thread | None = None
+        self.damage: StoreDamaged | None = None
+        """The first damage found while running (set once, by the writer thread)."""
 
     def start(self) -> asyncio.Future[None]:
         """Start the thread; the future completes once the file is open and migrated."""
@@ -190,8 +200,19 @@ class Writer:
         return call, result, None
 
     def _store_error(self, error: Exception) -> StoreError:
-        failure = StoreError(f"SQLite store {str(self.location.path)!r}: {error}")
+        if isinstance(error, sqlite3.Error) and is_damage(error):
+            failure: StoreError = self._damaged(error)
+        else:
+            failure = StoreError(f"SQLite store {str(self.location.path)!r}: {error}")
         failure.__cause__ = error
+        return failure
+
+    def _damaged(self, error: sqlite3.Error) -> StoreDamaged:
+        """The caller's error; the first one is also kept (and logged)."""
+        failure = damaged(self.location.path, str(error))
+        if self.damage is None:
+            self.damage = failure
+            log.error("%s", failure)
         return failure
 
     def _fail_queued(self) -> None:
