@@ -558,13 +558,7 @@ class TurnEngine:
 
     def _holding(self) -> list[Turn]:
         """Turns whose lease is of the session's current generation (even if expired here)."""
-        return [
-            turn
-            for turn in self._turns
-            if turn.lease is not None
-            and not turn.finished
-            and turn.generation == self.registry.get(turn.session_key).persistent.run_generation
-        ]
+        return [t for t in self._turns if t.lease is not None and not (t.finished or t.is_fenced())]
 
     def _renewed(self, turn: Turn, lease: Lease) -> None:
         tokens = self.registry.get(turn.session_key).turn.lease_tokens
@@ -579,8 +573,8 @@ class TurnEngine:
         except ChatlaneError:
             interrupted = False
         state = self.registry.get(turn.session_key)
-        ended = turn.finished or turn.answered or turn.generation not in state.turn.lease_tokens
-        if ended or state.persistent.run_generation != turn.generation:
+        released = turn.generation not in state.turn.lease_tokens
+        if turn.finished or turn.answered or released or turn.is_fenced():
             return  # it ended, or was fenced here, while the renewal was under way: no loss
         if interrupted:
             detail = "by a message to another process"

@@ -160,11 +160,11 @@ class Turn:
     def is_current(self) -> bool:
         """Whether this turn may still write state and deliver replies."""
         lease = self.lease
-        return (
-            lease is not None
-            and self._state.persistent.run_generation == self.generation
-            and lease.expires_at > time.time()
-        )
+        return lease is not None and not self.is_fenced() and lease.expires_at > time.time()
+
+    def is_fenced(self) -> bool:
+        """Whether the session's generation moved past this turn's (its lease's expiry aside)."""
+        return self._state.persistent.run_generation != self.generation
 
     def fence(self, what: str = "write") -> None:
         """Refuse ``what`` unless this turn is current.
