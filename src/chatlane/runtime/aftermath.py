@@ -24,7 +24,8 @@ What stays true, whatever way the turn ended:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
@@ -49,6 +50,9 @@ from chatlane.types import InboundMessage, OutboundKind
 
 log = logging.getLogger("chatlane.runtime")
 
+Step = Callable[[SessionState, Turn, bool], Awaitable[None]]
+"""One step of settling a turn: its state, the turn, and whether the engine is closing."""
+
 MAX_RERUNS = 3
 """Turns that may run one message and lose their lease before the sender gets a notice."""
 
@@ -63,28 +67,41 @@ class TurnAftermath:
         self._metrics = metrics
 
     async def settle(self, state: SessionState, turn: Turn, *, closing: Callable[[], bool]) -> None:
-        """Release ``turn``'s lease and decide what becomes of its stored messages."""
-        try:
-            await retry_store(
-                lambda: self._settle(state, turn, closing()),
-                wanted=lambda: not closing(),
-                what="settling the turn",
-                fields=turn_fields(state.key, turn.generation),
-            )
-        except ChatlaneError as error:
-            log.error(
-                "could not settle the turn: %s",
-                error,
-                extra=turn_fields(state.key, turn.generation),
-            )
+        """Release ``turn``'s lease and decide what becomes of its stored messages.
 
-    async def _settle(self, state: SessionState, turn: Turn, closing: bool) -> None:
+        Each step is retried on its own through an outage, so a step that
+        already changed this process's queue never runs twice.
+        """
+        fields = turn_fields(state.key, turn.generation)
+        steps = (self._drop_untaken_steers, self._settle_messages, self._release)
+        for step in steps:
+            try:
+                await retry_store(
+                    partial(self._step, step, state, turn, closing),
+                    wanted=lambda: not closing(),
+                    what="settling the turn",
+                    fields=fields,
+                )
+            except ChatlaneError as error:
+                log.error("could not settle the turn: %s", error, extra=fields)
+
+    @staticmethod
+    async def _step(
+        step: Step, state: SessionState, turn: Turn, closing: Callable[[], bool]
+    ) -> None:
+        await step(state, turn, closing())
+
+    async def _drop_untaken_steers(self, state: SessionState, turn: Turn, closing: bool) -> None:
         if turn.ended_by == STOPPED:
             untaken = turn.waiting_steers()
             await self._store.drop_pending(state.key, [seq for _, seq in untaken])
             turn.untaken_steers()
+
+    async def _settle_messages(self, state: SessionState, turn: Turn, closing: bool) -> None:
         if not turn.answered:
             await self._unanswered(state, turn, closing)
+
+    async def _release(self, state: SessionState, turn: Turn, closing: bool) -> None:
         if turn.lease is not None:
             await self._leases.release(state, turn.generation)
 
