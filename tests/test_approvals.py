@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from chatlane.identity import KeyPolicy
+from chatlane.gateway import Gateway, GatewaySettings
+from chatlane.identity import KeyPolicy, SessionSource
 from chatlane.lifecycle import LifecycleOptions
+from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.testing import GatewayHarness
-from chatlane.types import Outbound, OutboundKind
+from chatlane.types import InboundMessage, Outbound, OutboundKind
 from tests.runtime.agents import EchoAgent, approving_agent
 
 SHARED_GROUPS = KeyPolicy(group_sessions_per_user=False)
@@ -299,3 +301,41 @@ async def test_a_session_whose_requests_all_ended_is_evictable_again() -> None:
         state = h.session(h.session_key(chat_id="c"))
         assert state.persistent.approvals is None
         assert not state.holds_unsaved_data()
+
+
+class SlowTimeoutNotice:
+    """An adapter whose delivery of the timeout notice hangs until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.outbox: list[Outbound] = []
+        self.sending_notice = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, outbound: Outbound) -> None:
+        self.outbox.append(outbound)
+        if outbound.kind is OutboundKind.NOTICE and "timed out" in outbound.text:
+            self.sending_notice.set()
+            await self.release.wait()
+
+
+async def test_an_answer_after_the_deadline_is_refused_while_the_notice_is_sent() -> None:
+    adapter = SlowTimeoutNotice()
+    settings = GatewaySettings(runtime=RuntimeSettings(approval_timeout=0.05))
+    gateway = Gateway(approving_agent, adapter, settings=settings)
+    source = SessionSource("web", chat_id="c", user_id="u")
+    try:
+        await gateway.dispatch(InboundMessage(source, "approve rm -rf /"))
+        await adapter.sending_notice.wait()
+        await gateway.dispatch(InboundMessage(source, "/approve always"))
+        adapter.release.set()
+        await asyncio.wait_for(gateway.engine.wait_idle(), 5)
+        texts = [o.text for o in adapter.outbox]
+        assert not any(text.startswith("Approved") for text in texts), texts
+        assert texts[-1] == "denied: rm -rf /"
+        state = await gateway.engine.session(gateway.session_key(InboundMessage(source, "")))
+        assert state.persistent.approval_allowlist == []
+        stored = await gateway.engine.store.load_persistent(state.key)
+        assert not stored.get("approval_allowlist")
+    finally:
+        adapter.release.set()
+        await gateway.aclose()
