@@ -217,15 +217,25 @@ class Turn:
 
         The prompt goes to the chat and thread the turn came from. A stale
         turn, a timeout and a conversation that ends are all a denial, and so
-        is a request from a turn that already ended (a task it left behind):
-        nobody would see its prompt.
+        is a request from a turn that already ended (a task it left behind) or
+        that is winding down after a stop, interrupt or lost lease
+        (:attr:`interrupted` set): it is denied at once and nothing is sent.
         """
-        if self.approvals is None or self.lease is None or self.finished:
+        if not self._may_ask() or self.approvals is None:
             return False
         decision = await self.approvals.request(
             self._state, self.generation, self.source.user_id, command, reason
         )
         return decision.approved
+
+    def _may_ask(self) -> bool:
+        """Whether this turn still runs as the session's current one, and was not told to stop."""
+        return (
+            self.lease is not None
+            and not self.finished
+            and not self.interrupted.is_set()
+            and self.is_current()
+        )
 
     def request_approval_threadsafe(self, command: str, reason: str = "") -> bool:
         """:meth:`request_approval` for tools running in a worker thread (blocks that thread).
