@@ -29,7 +29,7 @@ from chatlane.errors import ConfigError, StoreError
 from chatlane.gateway import DispatchResult
 from chatlane.server import Hub, open_hub, shutdown
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
-from tests.adapters.botapi import BotApi
+from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
 
 GROUP = -1001234
 TOPIC = 7
@@ -446,3 +446,53 @@ def test_split_prefers_newlines_then_spaces() -> None:
     assert split_message(text) == ["a" * 3000 + " " + "b" * 500 + "\n", "c" * 1000]
     spaced = "a" * 3000 + " " + "b" * 2000
     assert split_message(spaced) == ["a" * 3000 + " ", "b" * 2000]
+
+
+CHANNEL_A, CHANNEL_B = -1009001, -1009002
+
+
+def posts_as(api: BotApi, channel: int, text: str) -> None:
+    """A post in the group on behalf of ``channel`` (``from`` is Telegram's placeholder)."""
+    api.push_text(GROUP, CHANNEL_BOT, text, chat_type="supergroup", sender_chat=channel)
+
+
+async def test_two_sender_chats_in_a_group_share_nothing(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    for channel in (CHANNEL_A, CHANNEL_B):
+        posts_as(api, channel, "whoami")
+    whoami = [s.text for s in await api.wait_for_sent(GROUP, 2)]
+    assert f"user=chat:{CHANNEL_A} " in whoami[0]
+    assert f"user=chat:{CHANNEL_B} " in whoami[1]
+    assert key_of(whoami[0]) != key_of(whoami[1])
+    posts_as(api, CHANNEL_A, "/reasoning high")
+    posts_as(api, CHANNEL_B, "settings")
+    sent = await api.wait_for_sent(GROUP, 4)
+    assert sent[3].text == "model=default reasoning=default tier=default"
+    posts_as(api, CHANNEL_A, "approve rm -rf /srv")
+    await api.wait_for_sent(GROUP, 5)
+    posts_as(api, CHANNEL_B, "/approve always")  # not B's request: B cannot even see it
+    posts_as(api, CHANNEL_A, "/approve always")
+    sent = [s.text for s in await api.wait_for_sent(GROUP, 8)]
+    assert sent[5:] == [
+        "No approval is pending.",
+        "Approved (always): `rm -rf /srv`",
+        "approved: rm -rf /srv",
+    ]
+    posts_as(api, CHANNEL_B, "approve rm -rf /srv")  # A's grant is not B's
+    sent = await api.wait_for_sent(GROUP, 9)
+    assert sent[8].text.startswith("Approval needed: `rm -rf /srv`")
+
+
+async def test_the_allowlist_names_a_sender_chat_never_the_placeholder(
+    api: BotApi, tmp_path: Path
+) -> None:
+    allowed = [f"chat:{CHANNEL_A}", str(CHANNEL_BOT), str(ANONYMOUS_ADMIN)]
+    async with running(telegram_config(api, tmp_path, allow={"telegram": allowed})) as (hub, _):
+        posts_as(api, CHANNEL_B, "whoami")  # from the allowed placeholder, as a stranger
+        api.push_text(GROUP, ANONYMOUS_ADMIN, "whoami", chat_type="supergroup", sender_chat=GROUP)
+        posts_as(api, CHANNEL_A, "whoami")  # handled after the others (updates run in order)
+        await api.wait_for(lambda: any("platform=" in s.text for s in api.sent(GROUP)))
+        await hub.gateway.engine.wait_idle()
+        [reply] = [s.text for s in api.sent(GROUP) if "platform=" in s.text]
+        assert f"user=chat:{CHANNEL_A} " in reply

@@ -2,6 +2,11 @@
 
 What stays true:
 
+* A message's author is its sender — or, for a message sent on behalf of a
+  chat (a channel, an anonymous admin, an automatic forward), that chat as
+  ``chat:<id>`` (:func:`sender_id`), never Telegram's placeholder ``from``
+  shared by every such sender: each has its own session, allowlist entry and
+  approvals.
 * Every text message — commands included, ``/stop@MyBot`` too — goes to
   :meth:`~chatlane.server.Hub.submit` as text, so chatlane's own command
   parser, allowlist and busy policies apply; a forum topic is the thread.
@@ -45,6 +50,7 @@ from starlette.routing import BaseRoute
 from telegram import (
     Bot,
     CallbackQuery,
+    Chat,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
     Message,
@@ -85,6 +91,8 @@ APPROVE_DATA = "chatlane:approve"
 DENY_DATA = "chatlane:deny"
 _ANSWERS = {APPROVE_DATA: "/approve", DENY_DATA: "/deny"}
 """Button data prefix → the command a press sends; ``:<request id>`` follows the prefix."""
+SENDER_CHAT_PREFIX = "chat:"
+"""The user id of a chat posting in a group is this prefix and the chat's id (:func:`sender_id`)."""
 _IN_A_CHANNEL = "In a channel, answer by posting /approve or /deny."
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
@@ -306,19 +314,48 @@ class TokenRedactor(logging.Filter):
 
 
 def source_of(message: Message, user: User | None) -> SessionSource:
-    """Where ``message`` was written, as ``user`` (a forum topic is the thread)."""
+    """Where ``message`` was written, and by whom (a forum topic is the thread).
+
+    The author is ``user`` — or, for a message sent on behalf of a chat,
+    that chat (:func:`sender_id`).
+    """
     chat = message.chat
     topic = message.message_thread_id if message.is_topic_message else None
+    user_id, user_name = _author(message, user)
     return SessionSource(
         PLATFORM,
         chat_id=str(chat.id),
         chat_type=_CHAT_TYPES.get(chat.type, ChatType.GROUP),
         chat_name=chat.effective_name or "",
         thread_id=str(topic) if topic is not None else None,
-        user_id=str(user.id) if user is not None else None,
-        user_name=user.full_name if user is not None else "",
+        user_id=user_id,
+        user_name=user_name,
         message_id=str(message.message_id),
     )
+
+
+def sender_id(sender_chat: Chat) -> str:
+    """The user id of a chat that posts in a group: ``chat:<id>``.
+
+    Telegram puts a placeholder shared by every such sender in ``from``
+    (136817688 for posts as a channel, 1087968824 for anonymous admins,
+    777000 for automatic forwards), so the sender is ``sender_chat``. The
+    ``chat:`` prefix keeps it apart from every person's id (always a number).
+    """
+    return f"{SENDER_CHAT_PREFIX}{sender_chat.id}"
+
+
+def _author(message: Message, user: User | None) -> tuple[str | None, str]:
+    """The id and name of who wrote ``message``: ``sender_chat`` when set, else ``user``.
+
+    A channel's own posts stay without a user: the channel is the chat.
+    """
+    sender_chat = message.sender_chat
+    if sender_chat is not None and message.chat.type != "channel":
+        return sender_id(sender_chat), sender_chat.effective_name or ""
+    if user is None:
+        return None, ""
+    return str(user.id), user.full_name
 
 
 def approval_buttons(request_id: str) -> InlineKeyboardMarkup:
