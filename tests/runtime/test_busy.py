@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -288,7 +289,7 @@ class HoldThenAsk:
 
 async def test_collect_never_merges_two_authors_and_the_author_approves() -> None:
     agent = HoldThenAsk()
-    topic = {"chat_id": "g", "chat_type": "group", "thread_id": "t"}  # one shared session
+    topic: dict[str, Any] = {"chat_id": "g", "chat_type": "group", "thread_id": "t"}  # shared
     async with GatewayHarness(agent, busy="collect", collect_debounce=0.01) as h:
         await h.send("hold", user_id="alice", **topic)
         await h.send("rm -rf /", user_id="alice", **topic)
