@@ -20,6 +20,10 @@ What stays true:
   holds at most 4096 UTF-16 code units, so long texts are split (at a newline
   or space where possible, never inside a character or an emoji sequence);
   streamed ``CHUNK``\\ s are not sent, the complete ``REPLY`` follows them.
+* A sender not on the allowlist is never answered in a group or channel
+  (the refusal is logged and counted); in a private chat they hear so at
+  most once per :data:`REFUSAL_INTERVAL`. A button pressed by such a sender
+  is answered privately (the callback answer) and sends nothing.
 * An approval prompt carries Approve / Deny buttons; pressing one sends
   ``/approve #<request>`` or ``/deny #<request>`` as the user who pressed it,
   so a button left on an old prompt answers its own request or nothing,
@@ -40,9 +44,10 @@ import copy
 import json
 import logging
 import os
+import time
 import unicodedata
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -93,6 +98,11 @@ _ANSWERS = {APPROVE_DATA: "/approve", DENY_DATA: "/deny"}
 """Button data prefix → the command a press sends; ``:<request id>`` follows the prefix."""
 SENDER_CHAT_PREFIX = "chat:"
 """The user id of a chat posting in a group is this prefix and the chat's id (:func:`sender_id`)."""
+REFUSAL_INTERVAL = 3600.0
+"""Seconds between two refusals told to one stranger in a private chat."""
+_REFUSALS_KEPT = 4096
+"""Strangers whose last refusal is remembered; older entries are forgotten first."""
+_NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
 _IN_A_CHANNEL = "In a channel, answer by posting /approve or /deny."
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
@@ -116,14 +126,23 @@ class TelegramAdapter:
     :param config: the gateway configuration (``telegram.token``, ``telegram.api_url``).
     :param poll_timeout: how long one ``getUpdates`` request waits for updates (seconds).
     :param poll_interval: pause between ``getUpdates`` requests (seconds).
+    :param clock: monotonic seconds, for the pace of refusals in private chats.
     """
 
     platform = PLATFORM
 
     def __init__(
-        self, config: Config, *, poll_timeout: float = 30.0, poll_interval: float = 0.0
+        self,
+        config: Config,
+        *,
+        poll_timeout: float = 30.0,
+        poll_interval: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
+        self._clock = clock
+        self._refused_at: dict[str, float] = {}
+        """Stranger's user id → when a private chat last told them they are refused."""
         self._poll_timeout = poll_timeout
         self._poll_interval = poll_interval
         self._hub: Hub | None = None
@@ -256,9 +275,34 @@ class TelegramAdapter:
         if message.chat.type == "channel":
             await _answer(query, _IN_A_CHANNEL)  # any reader can press; only admins can post
             return
-        await _answer(query, f"Sent {answer.partition(' #')[0]}")
         msg_id = f"tg-{message.chat.id}-cb{query.id}"
-        await self._submit(InboundMessage(source_of(message, query.from_user), answer, id=msg_id))
+        inbound = InboundMessage(source_of(message, query.from_user), answer, id=msg_id)
+        if self._hub is None or not self._hub.admit(inbound):
+            await _answer(query, _NOT_ALLOWED)  # privately: the chat sees nothing
+            return
+        await _answer(query, f"Sent {answer.partition(' #')[0]}")
+        await self._submit(inbound)
+
+    async def refuse(self, message: InboundMessage) -> None:
+        """A stranger wrote: silence in groups, a notice in private at most once an hour."""
+        source = message.source
+        if source.chat_type is not ChatType.DM or not self._refusal_due(source.user_id or ""):
+            return
+        target = Target.of(source)
+        await self.deliver(
+            Outbound(OutboundKind.NOTICE, "", target, _NOT_ALLOWED, 0, (message.id,))
+        )
+
+    def _refusal_due(self, user_id: str) -> bool:
+        """Whether ``user_id`` may be told again (:data:`REFUSAL_INTERVAL`); records it if so."""
+        now, last = self._clock(), self._refused_at.get(user_id)
+        if last is not None and now - last < REFUSAL_INTERVAL:
+            return False
+        self._refused_at.pop(user_id, None)
+        self._refused_at[user_id] = now
+        while len(self._refused_at) > _REFUSALS_KEPT:
+            del self._refused_at[next(iter(self._refused_at))]
+        return True
 
     def _addressed_to_me(self, text: str) -> bool:
         """False for a command naming another bot (``/new@OtherBot``); True otherwise."""
