@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
-from chatlane.identity import KeyPolicy
+from chatlane.gateway import Gateway, GatewaySettings
+from chatlane.identity import KeyPolicy, SessionSource
 from chatlane.lifecycle import LifecycleOptions
+from chatlane.runtime.engine import RuntimeSettings
+from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
+from chatlane.stores import open_store
 from chatlane.testing import GatewayHarness
-from chatlane.types import Outbound, OutboundKind
+from chatlane.types import InboundMessage, Outbound, OutboundKind
 from tests.runtime.agents import EchoAgent, approving_agent
+from tests.runtime.test_outage import write_lock
 
 SHARED_GROUPS = KeyPolicy(group_sessions_per_user=False)
 NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
@@ -299,3 +305,77 @@ async def test_a_session_whose_requests_all_ended_is_evictable_again() -> None:
         state = h.session(h.session_key(chat_id="c"))
         assert state.persistent.approvals is None
         assert not state.holds_unsaved_data()
+
+
+class SlowTimeoutNotice:
+    """An adapter whose delivery of the timeout notice hangs until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.outbox: list[Outbound] = []
+        self.sending_notice = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, outbound: Outbound) -> None:
+        self.outbox.append(outbound)
+        if outbound.kind is OutboundKind.NOTICE and "timed out" in outbound.text:
+            self.sending_notice.set()
+            await self.release.wait()
+
+
+async def test_an_answer_after_the_deadline_is_refused_while_the_notice_is_sent() -> None:
+    adapter = SlowTimeoutNotice()
+    settings = GatewaySettings(runtime=RuntimeSettings(approval_timeout=0.05))
+    gateway = Gateway(approving_agent, adapter, settings=settings)
+    source = SessionSource("web", chat_id="c", user_id="u")
+    try:
+        await gateway.dispatch(InboundMessage(source, "approve rm -rf /"))
+        await adapter.sending_notice.wait()
+        await gateway.dispatch(InboundMessage(source, "/approve always"))
+        adapter.release.set()
+        await asyncio.wait_for(gateway.engine.wait_idle(), 5)
+        texts = [o.text for o in adapter.outbox]
+        assert not any(text.startswith("Approved") for text in texts), texts
+        assert texts[-1] == "denied: rm -rf /"
+        state = await gateway.engine.session(gateway.session_key(InboundMessage(source, "")))
+        assert state.persistent.approval_allowlist == []
+        stored = await gateway.engine.store.load_persistent(state.key)
+        assert not stored.get("approval_allowlist")
+    finally:
+        adapter.release.set()
+        await gateway.aclose()
+
+
+class AsksWhileWindingDown:
+    """Its first turn waits to be told to stop, then asks for approval anyway."""
+
+    def __init__(self) -> None:
+        self.running = asyncio.Event()
+        self.asked = asyncio.Event()
+        self.decisions: list[bool] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        if self.running.is_set():
+            return f"echo: {turn.text}"
+        self.running.set()
+        await turn.interrupted.wait()
+        self.decisions.append(await turn.request_approval("rm -rf /"))
+        self.asked.set()
+        return "done"
+
+
+async def test_a_turn_in_its_grace_period_cannot_open_a_request(tmp_path: Path) -> None:
+    path = tmp_path / "chatlane.db"
+    store = await open_store(f"sqlite:///{path}?busy_timeout=50")
+    agent = AsksWhileWindingDown()
+    leases = LeaseSettings(ttl=0.3, fence_check=0)
+    try:
+        settings: dict[str, Any] = {"leases": leases, "approval_timeout": 0.5}
+        async with GatewayHarness(agent, store=store, interrupt_grace=30, **settings) as h:
+            await h.send("first", chat_id="c")
+            await agent.running.wait()
+            with write_lock(path):  # renewals fail until the lease expires: the turn is let go
+                await asyncio.wait_for(agent.asked.wait(), 10)
+            assert agent.decisions == [False]
+            assert approvals_sent(h.outbox) == []
+    finally:
+        await store.close()

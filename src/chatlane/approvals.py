@@ -10,6 +10,10 @@ a plain "yes"/"no" while a request is pending. What stays true:
   of a superseded turn is denied, never granted.
 * Every request ends: approved, denied, timed out (counts as denied), or
   denied at once when its conversation ends — a blocked tool call always returns.
+* A request ends once: the first of answer, timeout and end of turn takes it
+  out of the pending set before anything is awaited, so an answer that comes
+  after the deadline (even while the timeout notice is still being sent) is
+  refused and grants nothing.
 * Grants: ``once`` (this request), ``session`` (matching commands until the
   conversation ends), ``always`` (a pattern kept in the store's allowlist).
 """
@@ -32,6 +36,7 @@ log = logging.getLogger("chatlane.approvals")
 
 
 _NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
+_TOO_LATE = "Too late: the approval for `{command}` timed out — denied."
 
 
 def new_request_id() -> str:
@@ -75,6 +80,12 @@ class ApprovalRequest:
     command: str
     reason: str
     decided: asyncio.Future[Decision] = field(repr=False)
+    deadline: float = 0.0
+    """The event loop's ``time()`` after which no answer is taken (the timeout)."""
+
+    def expired(self) -> bool:
+        """Whether the deadline passed: an answer now is refused, whatever is still sent."""
+        return asyncio.get_running_loop().time() >= self.deadline
 
 
 Notify = Callable[[ApprovalRequest, str, OutboundKind], Awaitable[None]]
@@ -117,9 +128,9 @@ class ApprovalBroker:
         request = self._open(state, generation, user_id, command, reason)
         try:
             await self._notify(request, prompt_text(request), OutboundKind.APPROVAL)
-            return await self._wait(request)
+            return await self._wait(state, request)
         finally:
-            _forget(state, request)
+            _close(state, request, Decision(False, note="its turn ended"))
 
     def _granted(self, state: SessionState, command: str) -> bool:
         """Exact commands, never patterns: ``rm -rf build/*`` is not ``rm -rf build/ ~/``."""
@@ -134,22 +145,28 @@ class ApprovalBroker:
         command: str,
         reason: str,
     ) -> ApprovalRequest:
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Decision] = loop.create_future()
         request = ApprovalRequest(
             new_request_id(), state.key, generation, user_id, command, reason, future
         )
+        request.deadline = loop.time() + self.timeout
         if state.persistent.approvals is None:
             state.persistent.approvals = {}
         state.persistent.approvals[request.id] = request
         return request
 
-    async def _wait(self, request: ApprovalRequest) -> Decision:
+    async def _wait(self, state: SessionState, request: ApprovalRequest) -> Decision:
+        """The request's decision; at the timeout it is closed first, then the chat told."""
+        remaining = request.deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(asyncio.shield(request.decided), self.timeout)
+            return await asyncio.wait_for(asyncio.shield(request.decided), max(remaining, 0.0))
         except TimeoutError:
+            if not _close(state, request, Decision(False, note="timed out")):
+                return request.decided.result()  # answered just as the timer fired
             text = f"Approval for `{request.command}` timed out — denied."
             await self._notify(request, text, OutboundKind.NOTICE)
-            return Decision(False, note="timed out")
+            return request.decided.result()
 
     def has_pending(self, state: SessionState) -> bool:
         """Whether a request waits for an answer in this session."""
@@ -199,14 +216,22 @@ class ApprovalBroker:
     async def _settle(
         self, state: SessionState, request: ApprovalRequest, decision: Decision
     ) -> str:
+        """Close ``request`` with ``decision``, then record its grant; refused once it ended.
+
+        The request is closed before the grant is written (an ``await``), so a
+        timeout firing meanwhile finds it decided and cannot deny it.
+        """
+        if request.expired():
+            _close(state, request, Decision(False, note="timed out"))
+            return _TOO_LATE.format(command=request.command)
         if not self._is_current(request.session_key, request.generation):
             decision = Decision(False, note="its turn was stopped")
+        if not _close(state, request, decision):
+            return _NOT_PENDING
         if decision.approved and decision.grant is Grant.SESSION:
             state.conversation.approval_grants.append(request.command)
         if decision.approved and decision.grant is Grant.ALWAYS:
             await self._allow_always(state, request.command)
-        if not request.decided.done():
-            request.decided.set_result(decision)
         verb = "Approved" if decision.approved else "Denied"
         extra = f" ({decision.grant})" if decision.approved and decision.grant else ""
         note = f" — {decision.note}" if decision.note else ""
@@ -230,9 +255,7 @@ class ApprovalBroker:
             if not self._is_current(r.session_key, r.generation)
         ]
         for request in stale:
-            _forget(state, request)
-            if not request.decided.done():
-                request.decided.set_result(Decision(False, note="its turn was stopped"))
+            _close(state, request, Decision(False, note="its turn was stopped"))
         return stale
 
     def end_turn(self, state: SessionState, generation: int) -> None:
@@ -241,9 +264,7 @@ class ApprovalBroker:
         Runs after every turn; a session without requests is left as it was.
         """
         for request in [r for r in _requests(state).values() if r.generation == generation]:
-            _forget(state, request)
-            if not request.decided.done():
-                request.decided.set_result(Decision(False, note="its turn ended"))
+            _close(state, request, Decision(False, note="its turn ended"))
 
     def end_conversation(self, state: SessionState) -> int:
         """Deny every pending request of ``state`` at once; return how many there were."""
@@ -259,6 +280,18 @@ def _requests(state: SessionState) -> dict[str, ApprovalRequest]:
     """The session's waiting requests, to read; never creates the map."""
     requests: dict[str, ApprovalRequest] = state.persistent.approvals or {}
     return requests
+
+
+def _close(state: SessionState, request: ApprovalRequest, decision: Decision) -> bool:
+    """End ``request`` with ``decision`` unless it already ended; whether this call ended it.
+
+    No ``await`` between the check and the close: whoever closes first decides.
+    """
+    _forget(state, request)
+    if request.decided.done():
+        return False
+    request.decided.set_result(decision)
+    return True
 
 
 def _forget(state: SessionState, request: ApprovalRequest) -> None:

@@ -30,6 +30,7 @@ class Metrics:
         self.lease_failures = 0
         self.stale_refused = 0
         self.messages_failed = 0
+        self.senders_refused: Counter[str] = Counter()
         self._latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self._latency_sum = 0.0
 
@@ -54,6 +55,10 @@ class Metrics:
     def failed(self, count: int) -> None:
         """``count`` messages were set aside as failed (kept for an operator to retry)."""
         self.messages_failed += count
+
+    def refused(self, platform: str) -> None:
+        """A message from a sender not on ``platform``'s allowlist was refused."""
+        self.senders_refused[platform] += 1
 
     def render(
         self,
@@ -112,6 +117,12 @@ class Metrics:
                 "counter",
                 "Messages set aside as failed (kept; an operator can run them again).",
                 [("", self.messages_failed)],
+            ),
+            *_metric(
+                "chatlane_senders_refused_total",
+                "counter",
+                "Messages refused because their sender is not on the allowlist, by platform.",
+                [(f'platform="{p}"', n) for p, n in sorted(self.senders_refused.items())],
             ),
             *(_liveness(beats) if beats is not None else []),
             *self._histogram(),

@@ -3,8 +3,10 @@
 What stays true:
 
 * Every adapter submits through :meth:`Hub.submit`, which authorizes the
-  sender first: a user not on their platform's allowlist gets a clear refusal
-  and nothing runs, nothing is stored.
+  sender first: for a user not on their platform's allowlist nothing runs and
+  nothing is stored; the refusal is logged and counted, and the sender is
+  told — by the adapter's own :meth:`RefusingAdapter.refuse` when it has one
+  (Telegram stays silent in groups), else with a clear notice.
 * Every outbound message goes to the adapter of its target's platform; an
   adapter that is missing or fails is logged, never a crash.
 * Shutdown (SIGINT, SIGTERM) stops accepting, fences running turns, releases
@@ -19,7 +21,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -62,6 +64,18 @@ class Adapter(Protocol):
     async def aclose(self) -> None:
         """Stop receiving and release connections."""
         ...
+
+
+@runtime_checkable
+class RefusingAdapter(Protocol):
+    """An adapter that tells a refused sender in its own terms (or not at all)."""
+
+    async def refuse(self, message: InboundMessage) -> None:
+        """``message``'s sender is not on the allowlist: tell them, if and how it is safe."""
+        ...
+
+
+_NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
 
 
 def runtime_settings(config: Config) -> RuntimeSettings:
@@ -129,22 +143,31 @@ class Hub:
         allowed = self.config.allow.get(message.source.platform)
         return allowed is None or (message.source.user_id or "") in allowed
 
+    def admit(self, message: InboundMessage) -> bool:
+        """Whether the sender may use the gateway; a refusal is logged and counted, not told."""
+        if self.authorized(message):
+            return True
+        source = message.source
+        log.info("refused user %r on %s", source.user_id, source.platform)
+        self.metrics.refused(source.platform)
+        return False
+
     async def submit(self, message: InboundMessage) -> DispatchResult | None:
         """Authorize and dispatch one message; ``None`` if the sender was refused."""
-        if not self.authorized(message):
-            log.info("refused user %r on %s", message.source.user_id, message.source.platform)
-            await self.deliver(
-                Outbound(
-                    OutboundKind.NOTICE,
-                    "",
-                    Target.of(message.source),
-                    "Sorry, you are not allowed to use this assistant.",
-                    0,
-                    (message.id,),
-                )
-            )
+        if not self.admit(message):
+            await self._refuse(message)
             return None
         return await self.gateway.dispatch(message)
+
+    async def _refuse(self, message: InboundMessage) -> None:
+        """Tell a refused sender: through their adapter's ``refuse``, else with a notice."""
+        adapter: object = self.adapters.get(message.source.platform)  # refuse() is optional
+        if isinstance(adapter, RefusingAdapter):
+            await adapter.refuse(message)
+            return
+        target = Target.of(message.source)
+        notice = Outbound(OutboundKind.NOTICE, "", target, _NOT_ALLOWED, 0, (message.id,))
+        await self.deliver(notice)
 
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to its platform's adapter."""

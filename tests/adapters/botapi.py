@@ -34,6 +34,10 @@ from starlette.routing import Route
 
 BOT_ID = 700000001
 BOT_USERNAME = "chatlane_bot"
+CHANNEL_BOT = 136817688
+"""The placeholder ``from`` of every message sent on behalf of a channel."""
+ANONYMOUS_ADMIN = 1087968824
+"""The placeholder ``from`` of every message an anonymous group admin sends."""
 MESSAGE_LIMIT = 4096
 WAIT = 20.0
 """How long the ``wait_for_…`` helpers wait (seconds)."""
@@ -154,8 +158,13 @@ class BotApi:
         text: str,
         thread_id: int | None = None,
         chat_type: str = "private",
+        sender_chat: int | None = None,
     ) -> int:
         """Queue a text message from ``user`` in ``chat``; its message id.
+
+        With ``sender_chat`` the message is sent on behalf of that channel, as
+        Telegram shows it: ``from`` is the placeholder ``user`` (such as
+        :data:`CHANNEL_BOT`) and ``sender_chat`` the channel.
 
         :raises ValueError: for a text Telegram would not accept (over 4096 UTF-16 units).
         """
@@ -165,6 +174,12 @@ class BotApi:
         if text.startswith("/"):
             command = text.split()[0] if text.split() else text
             fields["entities"] = [{"type": "bot_command", "offset": 0, "length": len(command)}]
+        if sender_chat is not None:
+            fields["sender_chat"] = {
+                "id": sender_chat,
+                "type": "channel",
+                "title": f"Channel {sender_chat}",
+            }
         return self.push_message(chat, user, fields, thread_id, chat_type)
 
     def push_message(
@@ -218,6 +233,13 @@ class BotApi:
         """
         await self._wait(lambda: len(self.sent(chat_id)) >= count, WAIT)
         return self.sent(chat_id)
+
+    async def wait_for(self, done: Callable[[], bool]) -> None:
+        """Wait until ``done()`` holds, checked after every request and update.
+
+        :raises TimeoutError: after :data:`WAIT` seconds.
+        """
+        await self._wait(done, WAIT)
 
     async def wait_for_call(self, method: str, count: int = 1) -> None:
         """Wait until ``method`` was called at least ``count`` times.

@@ -18,6 +18,7 @@ from chatlane.adapters.telegram import (
     APPROVE_DATA,
     DENY_DATA,
     MESSAGE_LIMIT,
+    REFUSAL_INTERVAL,
     TelegramAdapter,
     button_command,
     readable_updates,
@@ -29,7 +30,7 @@ from chatlane.errors import ConfigError, StoreError
 from chatlane.gateway import DispatchResult
 from chatlane.server import Hub, open_hub, shutdown
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
-from tests.adapters.botapi import BotApi
+from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
 
 GROUP = -1001234
 TOPIC = 7
@@ -51,10 +52,10 @@ def telegram_config(api: BotApi, tmp_path: Path, token: str | None = None, **ext
 
 
 @contextlib.asynccontextmanager
-async def running(config: Config) -> AsyncIterator[tuple[Hub, TelegramAdapter]]:
-    """A hub with the demo agent and the Telegram adapter, polling."""
+async def running(config: Config, **options: Any) -> AsyncIterator[tuple[Hub, TelegramAdapter]]:
+    """A hub with the demo agent and the Telegram adapter (made with ``options``), polling."""
     hub = await open_hub(config, store_url="memory://")
-    adapter = TelegramAdapter(config, poll_timeout=5)
+    adapter = TelegramAdapter(config, poll_timeout=5, **options)
     hub.add(adapter)
     await hub.gateway.start()
     try:
@@ -446,3 +447,105 @@ def test_split_prefers_newlines_then_spaces() -> None:
     assert split_message(text) == ["a" * 3000 + " " + "b" * 500 + "\n", "c" * 1000]
     spaced = "a" * 3000 + " " + "b" * 2000
     assert split_message(spaced) == ["a" * 3000 + " ", "b" * 2000]
+
+
+CHANNEL_A, CHANNEL_B = -1009001, -1009002
+
+
+def posts_as(api: BotApi, channel: int, text: str) -> None:
+    """A post in the group on behalf of ``channel`` (``from`` is Telegram's placeholder)."""
+    api.push_text(GROUP, CHANNEL_BOT, text, chat_type="supergroup", sender_chat=channel)
+
+
+async def test_two_sender_chats_in_a_group_share_nothing(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    for channel in (CHANNEL_A, CHANNEL_B):
+        posts_as(api, channel, "whoami")
+    whoami = [s.text for s in await api.wait_for_sent(GROUP, 2)]
+    assert f"user=chat:{CHANNEL_A} " in whoami[0]
+    assert f"user=chat:{CHANNEL_B} " in whoami[1]
+    assert key_of(whoami[0]) != key_of(whoami[1])
+    posts_as(api, CHANNEL_A, "/reasoning high")
+    posts_as(api, CHANNEL_B, "settings")
+    sent = await api.wait_for_sent(GROUP, 4)
+    assert sent[3].text == "model=default reasoning=default tier=default"
+    posts_as(api, CHANNEL_A, "approve rm -rf /srv")
+    await api.wait_for_sent(GROUP, 5)
+    posts_as(api, CHANNEL_B, "/approve always")  # not B's request: B cannot even see it
+    posts_as(api, CHANNEL_A, "/approve always")
+    texts = [s.text for s in await api.wait_for_sent(GROUP, 8)]
+    assert texts[5:] == [
+        "No approval is pending.",
+        "Approved (always): `rm -rf /srv`",
+        "approved: rm -rf /srv",
+    ]
+    posts_as(api, CHANNEL_B, "approve rm -rf /srv")  # A's grant is not B's
+    sent = await api.wait_for_sent(GROUP, 9)
+    assert sent[8].text.startswith("Approval needed: `rm -rf /srv`")
+
+
+async def test_the_allowlist_names_a_sender_chat_never_the_placeholder(
+    api: BotApi, tmp_path: Path
+) -> None:
+    allowed = [f"chat:{CHANNEL_A}", str(CHANNEL_BOT), str(ANONYMOUS_ADMIN)]
+    async with running(telegram_config(api, tmp_path, allow={"telegram": allowed})) as (hub, _):
+        posts_as(api, CHANNEL_B, "whoami")  # from the allowed placeholder, as a stranger
+        api.push_text(GROUP, ANONYMOUS_ADMIN, "whoami", chat_type="supergroup", sender_chat=GROUP)
+        posts_as(api, CHANNEL_A, "whoami")  # handled after the others (updates run in order)
+        await api.wait_for(lambda: any("platform=" in s.text for s in api.sent(GROUP)))
+        await hub.gateway.engine.wait_idle()
+        [reply] = [s.text for s in api.sent(GROUP) if "platform=" in s.text]
+        assert f"user=chat:{CHANNEL_A} " in reply
+
+
+NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
+
+
+class Clock:
+    """Monotonic seconds that move only when a test moves them."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_stranger_is_never_answered_in_a_group_and_hourly_in_private(
+    api: BotApi, tmp_path: Path
+) -> None:
+    clock = Clock()
+    config = telegram_config(api, tmp_path, allow={"telegram": [str(ALICE)]})
+    async with running(config, clock=clock) as (hub, _):
+        api.push_text(GROUP, BOB, "hello", chat_type="supergroup")
+        api.push_text(GROUP, ALICE, "hello", chat_type="supergroup")  # handled after Bob's
+        [reply] = await api.wait_for_sent(GROUP)
+        assert reply.text == "echo: hello"
+        assert hub.metrics.senders_refused["telegram"] == 1
+        for _ in range(2):
+            api.push_text(BOB, BOB, "hello")
+        api.push_text(ALICE, ALICE, "hello")
+        await api.wait_for_sent(ALICE)
+        assert [s.text for s in api.sent(BOB)] == [NOT_ALLOWED]
+        assert hub.metrics.senders_refused["telegram"] == 3
+        clock.now += REFUSAL_INTERVAL
+        api.push_text(BOB, BOB, "hello")
+        assert [s.text for s in await api.wait_for_sent(BOB, 2)] == [NOT_ALLOWED] * 2
+        assert api.sent(GROUP) == [reply]
+    assert "chatlane_senders_refused_total" in hub.metrics.render(0, 0)
+
+
+async def test_a_strangers_button_press_is_answered_privately(api: BotApi, tmp_path: Path) -> None:
+    config = telegram_config(api, tmp_path, allow={"telegram": [str(ALICE)]})
+    async with running(config):
+        api.push_text(GROUP, ALICE, "approve rm -rf build", thread_id=TOPIC, chat_type="supergroup")
+        [prompt] = await api.wait_for_sent(GROUP)
+        assert prompt.reply_markup is not None
+        approve = prompt.reply_markup["inline_keyboard"][0][0]["callback_data"]
+        api.push_button(BOB, approve, prompt)
+        await api.wait_for_call("answerCallbackQuery")
+        api.push_button(ALICE, approve, prompt)
+        sent = [s.text for s in await api.wait_for_sent(GROUP, 3)]
+    assert [a["text"] for a in api.answers] == [NOT_ALLOWED, "Sent /approve"]
+    assert sent[1:] == ["Approved (once): `rm -rf build`", "approved: rm -rf build"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from chatlane.runtime.busy import (
 )
 from chatlane.runtime.turn import Turn
 from chatlane.testing import GatewayHarness
+from chatlane.types import OutboundKind
 from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent, UntakenSteers
 
 IDLE_CTX = BusyContext(
@@ -264,3 +266,45 @@ async def test_other_sessions_are_never_delayed_by_a_busy_one() -> None:
         await h.send("sleep 5", chat_id="slow")
         await h.send("hi", chat_id="fast")
         assert await h.replies(chat_id="fast", count=1, timeout=1) == ["echo: hi"]
+
+
+class HoldThenAsk:
+    """``hold`` waits for :attr:`go`; ``rm …`` asks for approval of its first message."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.authors: list[list[str | None]] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        self.authors.append([m.source.user_id for m in turn.messages])
+        if turn.text == "hold":
+            await self.go.wait()
+            return "held"
+        command = turn.messages[0].text
+        if command.startswith("rm"):
+            approved = await turn.request_approval(command)
+            return f"{'approved' if approved else 'denied'}: {command}"
+        return f"echo: {turn.text}"
+
+
+async def test_collect_never_merges_two_authors_and_the_author_approves() -> None:
+    agent = HoldThenAsk()
+    topic: dict[str, Any] = {"chat_id": "g", "chat_type": "group", "thread_id": "t"}  # shared
+    async with GatewayHarness(agent, busy="collect", collect_debounce=0.01) as h:
+        await h.send("hold", user_id="alice", **topic)
+        await h.send("rm -rf /", user_id="alice", **topic)
+        await h.send("and some more", user_id="bob", **topic)
+        agent.go.set()
+        await h.wait_for(lambda out: any(o.kind is OutboundKind.APPROVAL for o in out))
+        await h.send("/approve", user_id="bob", **topic)
+        await h.send("/deny", user_id="alice", **topic)
+        replies = await h.replies(chat_id="g", thread_id="t", count=6)
+        assert not any(r.startswith("Approved") for r in replies), replies
+        assert replies[3:] == [
+            "Only the person whose message started this turn can answer its approval.",
+            "Denied: `rm -rf /`",
+            "denied: rm -rf /",
+        ]
+        replies = await h.replies(chat_id="g", thread_id="t", count=7)
+    assert replies[-1] == "echo: and some more"
+    assert agent.authors == [["alice"], ["alice"], ["bob"]]

@@ -2,6 +2,11 @@
 
 What stays true:
 
+* A message's author is its sender — or, for a message sent on behalf of a
+  chat (a channel, an anonymous admin, an automatic forward), that chat as
+  ``chat:<id>`` (:func:`sender_id`), never Telegram's placeholder ``from``
+  shared by every such sender: each has its own session, allowlist entry and
+  approvals.
 * Every text message — commands included, ``/stop@MyBot`` too — goes to
   :meth:`~chatlane.server.Hub.submit` as text, so chatlane's own command
   parser, allowlist and busy policies apply; a forum topic is the thread.
@@ -15,6 +20,10 @@ What stays true:
   holds at most 4096 UTF-16 code units, so long texts are split (at a newline
   or space where possible, never inside a character or an emoji sequence);
   streamed ``CHUNK``\\ s are not sent, the complete ``REPLY`` follows them.
+* A sender not on the allowlist is never answered in a group or channel
+  (the refusal is logged and counted); in a private chat they hear so at
+  most once per :data:`REFUSAL_INTERVAL`. A button pressed by such a sender
+  is answered privately (the callback answer) and sends nothing.
 * An approval prompt carries Approve / Deny buttons; pressing one sends
   ``/approve #<request>`` or ``/deny #<request>`` as the user who pressed it,
   so a button left on an old prompt answers its own request or nothing,
@@ -35,9 +44,10 @@ import copy
 import json
 import logging
 import os
+import time
 import unicodedata
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -45,6 +55,7 @@ from starlette.routing import BaseRoute
 from telegram import (
     Bot,
     CallbackQuery,
+    Chat,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
     Message,
@@ -85,6 +96,13 @@ APPROVE_DATA = "chatlane:approve"
 DENY_DATA = "chatlane:deny"
 _ANSWERS = {APPROVE_DATA: "/approve", DENY_DATA: "/deny"}
 """Button data prefix → the command a press sends; ``:<request id>`` follows the prefix."""
+SENDER_CHAT_PREFIX = "chat:"
+"""The user id of a chat posting in a group is this prefix and the chat's id (:func:`sender_id`)."""
+REFUSAL_INTERVAL = 3600.0
+"""Seconds between two refusals told to one stranger in a private chat."""
+_REFUSALS_KEPT = 4096
+"""Strangers whose last refusal is remembered; older entries are forgotten first."""
+_NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
 _IN_A_CHANNEL = "In a channel, answer by posting /approve or /deny."
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
@@ -108,14 +126,23 @@ class TelegramAdapter:
     :param config: the gateway configuration (``telegram.token``, ``telegram.api_url``).
     :param poll_timeout: how long one ``getUpdates`` request waits for updates (seconds).
     :param poll_interval: pause between ``getUpdates`` requests (seconds).
+    :param clock: monotonic seconds, for the pace of refusals in private chats.
     """
 
     platform = PLATFORM
 
     def __init__(
-        self, config: Config, *, poll_timeout: float = 30.0, poll_interval: float = 0.0
+        self,
+        config: Config,
+        *,
+        poll_timeout: float = 30.0,
+        poll_interval: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
+        self._clock = clock
+        self._refused_at: dict[str, float] = {}
+        """Stranger's user id → when a private chat last told them they are refused."""
         self._poll_timeout = poll_timeout
         self._poll_interval = poll_interval
         self._hub: Hub | None = None
@@ -248,9 +275,34 @@ class TelegramAdapter:
         if message.chat.type == "channel":
             await _answer(query, _IN_A_CHANNEL)  # any reader can press; only admins can post
             return
-        await _answer(query, f"Sent {answer.partition(' #')[0]}")
         msg_id = f"tg-{message.chat.id}-cb{query.id}"
-        await self._submit(InboundMessage(source_of(message, query.from_user), answer, id=msg_id))
+        inbound = InboundMessage(source_of(message, query.from_user), answer, id=msg_id)
+        if self._hub is None or not self._hub.admit(inbound):
+            await _answer(query, _NOT_ALLOWED)  # privately: the chat sees nothing
+            return
+        await _answer(query, f"Sent {answer.partition(' #')[0]}")
+        await self._submit(inbound)
+
+    async def refuse(self, message: InboundMessage) -> None:
+        """A stranger wrote: silence in groups, a notice in private at most once an hour."""
+        source = message.source
+        if source.chat_type is not ChatType.DM or not self._refusal_due(source.user_id or ""):
+            return
+        target = Target.of(source)
+        await self.deliver(
+            Outbound(OutboundKind.NOTICE, "", target, _NOT_ALLOWED, 0, (message.id,))
+        )
+
+    def _refusal_due(self, user_id: str) -> bool:
+        """Whether ``user_id`` may be told again (:data:`REFUSAL_INTERVAL`); records it if so."""
+        now, last = self._clock(), self._refused_at.get(user_id)
+        if last is not None and now - last < REFUSAL_INTERVAL:
+            return False
+        self._refused_at.pop(user_id, None)
+        self._refused_at[user_id] = now
+        while len(self._refused_at) > _REFUSALS_KEPT:
+            del self._refused_at[next(iter(self._refused_at))]
+        return True
 
     def _addressed_to_me(self, text: str) -> bool:
         """False for a command naming another bot (``/new@OtherBot``); True otherwise."""
@@ -306,19 +358,48 @@ class TokenRedactor(logging.Filter):
 
 
 def source_of(message: Message, user: User | None) -> SessionSource:
-    """Where ``message`` was written, as ``user`` (a forum topic is the thread)."""
+    """Where ``message`` was written, and by whom (a forum topic is the thread).
+
+    The author is ``user`` — or, for a message sent on behalf of a chat,
+    that chat (:func:`sender_id`).
+    """
     chat = message.chat
     topic = message.message_thread_id if message.is_topic_message else None
+    user_id, user_name = _author(message, user)
     return SessionSource(
         PLATFORM,
         chat_id=str(chat.id),
         chat_type=_CHAT_TYPES.get(chat.type, ChatType.GROUP),
         chat_name=chat.effective_name or "",
         thread_id=str(topic) if topic is not None else None,
-        user_id=str(user.id) if user is not None else None,
-        user_name=user.full_name if user is not None else "",
+        user_id=user_id,
+        user_name=user_name,
         message_id=str(message.message_id),
     )
+
+
+def sender_id(sender_chat: Chat) -> str:
+    """The user id of a chat that posts in a group: ``chat:<id>``.
+
+    Telegram puts a placeholder shared by every such sender in ``from``
+    (136817688 for posts as a channel, 1087968824 for anonymous admins,
+    777000 for automatic forwards), so the sender is ``sender_chat``. The
+    ``chat:`` prefix keeps it apart from every person's id (always a number).
+    """
+    return f"{SENDER_CHAT_PREFIX}{sender_chat.id}"
+
+
+def _author(message: Message, user: User | None) -> tuple[str | None, str]:
+    """The id and name of who wrote ``message``: ``sender_chat`` when set, else ``user``.
+
+    A channel's own posts stay without a user: the channel is the chat.
+    """
+    sender_chat = message.sender_chat
+    if sender_chat is not None and message.chat.type != "channel":
+        return sender_id(sender_chat), sender_chat.effective_name or ""
+    if user is None:
+        return None, ""
+    return str(user.id), user.full_name
 
 
 def approval_buttons(request_id: str) -> InlineKeyboardMarkup:

@@ -175,7 +175,7 @@ class TurnEngine:
     async def _prompt(self, request: ApprovalRequest, text: str, kind: OutboundKind) -> None:
         """Tell the chat of ``request``'s turn about it (the prompt names the request)."""
         turn = self.running_turn(request.session_key)
-        if turn is None:
+        if turn is None or (kind is OutboundKind.APPROVAL and request.decided.done()):
             log.info("approval prompt dropped: no turn", extra=turn_fields(request.session_key))
             return
         approval_id = request.id if kind is OutboundKind.APPROVAL else ""
@@ -483,6 +483,8 @@ class TurnEngine:
                 self._spawn(self.store.bump_generation(state.key))
         turn.interrupted.set()
         self.approvals.deny_stale(state)
+        if turn.lease is not None:
+            self.approvals.end_turn(state, turn.generation)  # even if its generation still holds
         log.info(
             "turn superseded (%s%s)",
             ended_by,

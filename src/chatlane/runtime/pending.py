@@ -2,8 +2,9 @@
 
 The queue lives in the session's conversation scope (``queued_events``), one
 :class:`PendingEntry` per future turn. An entry made by the ``collect`` policy
-keeps absorbing messages until it starts, and does not start before its
-``ready_at`` (the debounce deadline).
+keeps absorbing its author's messages until it starts, and does not start
+before its ``ready_at`` (the debounce deadline). The messages of one entry
+always have one author.
 """
 
 from __future__ import annotations
@@ -79,14 +80,27 @@ def smallest_seq(state: SessionState) -> int | None:
 
 
 def collect(state: SessionState, message: InboundMessage, seq: int, debounce: float) -> None:
-    """Merge ``message`` into the last collecting entry (or start one) and push its deadline."""
+    """Merge ``message`` into the last collecting entry of its author (or start one).
+
+    Only the last entry can take it, and only if the same user wrote that
+    entry's messages: a message of another author waits as its own turn, so
+    every turn has one author — the one who answers its approvals. The
+    entry's deadline is pushed back by ``debounce``.
+    """
     queue = pending_entries(state)
-    if not queue or not queue[-1].collecting:
+    if not queue or not _takes(queue[-1], message):
         queue.append(PendingEntry(collecting=True))
     entry = queue[-1]
     entry.messages.append(message)
     entry.seqs.append(seq)
     entry.ready_at = time.monotonic() + debounce
+
+
+def _takes(entry: PendingEntry, message: InboundMessage) -> bool:
+    """Whether a collecting ``entry`` may absorb ``message``: same author, never another."""
+    if not entry.collecting or not entry.messages:
+        return False
+    return entry.messages[0].source.user_id == message.source.user_id
 
 
 def keep_only(state: SessionState, stored: set[int]) -> list[InboundMessage]:

@@ -148,6 +148,19 @@ class Turn:
         self.task: asyncio.Task[None] | None = None
 
     @property
+    def author(self) -> str | None:
+        """The user whose messages this turn runs, and the only one who can answer its approvals.
+
+        ``collect`` never merges messages of two authors, so every message of
+        the turn (steered ones aside) has this user id; ``None`` for a source
+        without a user (a channel post), whose requests anyone there can answer.
+        """
+        return self.messages[0].source.user_id
+
+    def _one_author(self) -> bool:
+        return all(message.source.user_id == self.author for message in self.messages)
+
+    @property
     def text(self) -> str:
         """The input: one message's text, or every merged message's text in order."""
         return "\n".join(message.text for message in self.messages)
@@ -215,17 +228,30 @@ class Turn:
     async def request_approval(self, command: str, reason: str = "") -> bool:
         """Ask this turn's user to approve ``command``; True only if they did, in time.
 
-        The prompt goes to the chat and thread the turn came from. A stale
-        turn, a timeout and a conversation that ends are all a denial, and so
-        is a request from a turn that already ended (a task it left behind):
-        nobody would see its prompt.
+        The prompt goes to the chat and thread the turn came from; only the
+        turn's :attr:`author` can answer it. A stale turn, a timeout and a
+        conversation that ends are all a denial. So is, at once and with
+        nothing sent, a request from a turn that already ended (a task it left
+        behind), that is winding down after a stop, interrupt or lost lease
+        (:attr:`interrupted` set), or whose messages have two authors (it
+        could name no one to answer).
         """
-        if self.approvals is None or self.lease is None or self.finished:
+        if not self._may_ask() or self.approvals is None:
             return False
         decision = await self.approvals.request(
-            self._state, self.generation, self.source.user_id, command, reason
+            self._state, self.generation, self.author, command, reason
         )
         return decision.approved
+
+    def _may_ask(self) -> bool:
+        """Whether this turn runs as the session's current one, has one author, and may go on."""
+        return (
+            self.lease is not None
+            and not self.finished
+            and not self.interrupted.is_set()
+            and self.is_current()
+            and self._one_author()
+        )
 
     def request_approval_threadsafe(self, command: str, reason: str = "") -> bool:
         """:meth:`request_approval` for tools running in a worker thread (blocks that thread).
