@@ -15,6 +15,8 @@ What stays true:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -181,9 +183,20 @@ def _open_file(location: Location) -> sqlite3.Connection:
     timeout = location.busy_timeout_ms / 1000
     try:
         location.path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(location.path)
         return sqlite3.connect(location.path, timeout=timeout, isolation_level=None)
     except (OSError, sqlite3.Error) as error:
         raise _cannot_open(location.path, error) from error
+
+
+def _create_private(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 if it does not exist (an existing file is kept).
+
+    SQLite gives the WAL and shared-memory files the database file's mode, so
+    they are 0600 too.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
 def _while_busy(location: Location, action: Callable[[], object]) -> None:
