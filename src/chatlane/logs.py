@@ -2,7 +2,8 @@
 
 Code logs with ``extra=turn_fields(key, generation)``; :func:`configure_logging`
 renders those fields as ``session=… gen=…`` after the message, or as JSON
-lines with ``--log-format json``. Secrets are never passed to a logger.
+lines with ``--log-format json``. Secrets are never passed to a logger, and
+the handler redacts every URL (:mod:`chatlane.redaction`).
 
 What stays true: one record is one line (a traceback follows on lines of its
 own). Newlines, ESC and every other non-printable character in a message or
@@ -17,6 +18,8 @@ import logging
 import sys
 import time
 from typing import Any
+
+from chatlane.redaction import URL_REDACTOR
 
 FIELDS = ("session_key", "generation")
 
@@ -95,8 +98,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
-    """Send logs to stderr as text or JSON lines."""
+    """Send logs to stderr as text or JSON lines, every URL in them redacted."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(URL_REDACTOR)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
