@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -114,3 +115,65 @@ def test_admin_commands_explain_a_bad_url_or_token(command: str) -> None:
         code, output = run(command, "--url", url, *key)
     assert code == 1
     assert "did not answer as a chatlane gateway (not JSON)" in output
+
+
+EVIL = "main:web:dm:x\n\x1b[2J\x1b]0;owned\x07\x9b31m\u202e"
+
+
+@contextmanager
+def gateway_answering(body: object) -> Iterator[str]:
+    """An HTTP server that answers every GET and POST with ``body`` as JSON."""
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            payload = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("command", "body"),
+    [
+        (
+            ["sessions"],
+            {
+                "sessions": [
+                    {
+                        "key": EVIL,
+                        "activity": "idle\x1b[0m",
+                        "generation": 1,
+                        "queued": 0,
+                        "idle_seconds": 5,
+                    }
+                ]
+            },
+        ),
+        (["inspect", "main:web:dm:x"], {"key": EVIL, "transcript": [{"content": EVIL}]}),
+        (["failed"], {"failed": [{"message_id": "m\r1", "key": EVIL, "reason": EVIL}]}),
+    ],
+)
+def test_admin_output_shows_control_characters_escaped(command: list[str], body: object) -> None:
+    with gateway_answering(body) as url:
+        code, output = run(*command, "--url", url)
+    assert code == 0, output
+    assert {c for c in output if not c.isprintable()} == {"\n"}
+    lines = {"sessions": 2, "failed": 1}
+    if command[0] in lines:
+        assert len(output.splitlines()) == lines[command[0]], "a forged row"

@@ -177,3 +177,14 @@ def test_keep_alive_reaches_uvicorn() -> None:
     assert uvicorn_config(app, Config()).timeout_keep_alive == 75
     config = Config(server=ServerConfig(keep_alive=7))
     assert uvicorn_config(app, config).timeout_keep_alive == 7
+
+
+def test_allowed_base_urls_are_plain_urls_and_a_bad_one_is_not_repeated() -> None:
+    assert load_config(environ={}).agent.openai.allowed_base_urls == []
+    good = '["https://llm.example.com/v1", "http://10.0.0.5:8000/v1"]'
+    config = load_config(environ={"CHATLANE_AGENT__OPENAI__ALLOWED_BASE_URLS": good})
+    assert len(config.agent.openai.allowed_base_urls) == 2
+    bad = '["https://llm.example.com/v1", "https://me:hunter2@h/v1?key=hunter2"]'
+    with pytest.raises(ConfigError, match=r"'agent\.openai\.allowed_base_urls\[1\]'") as error:
+        load_config(environ={"CHATLANE_AGENT__OPENAI__ALLOWED_BASE_URLS": bad})
+    assert "hunter2" not in str(error.value)

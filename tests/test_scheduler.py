@@ -30,6 +30,7 @@ from chatlane.errors import ConfigError, InvalidSessionKey
 from chatlane.gateway import DispatchResult, Gateway
 from chatlane.identity import ChatType, SessionSource
 from chatlane.lifecycle import EndReason, LifecycleOptions
+from chatlane.redaction import CREDENTIALS_REFUSED
 from chatlane.runtime.turn import Turn
 from chatlane.scheduler import CRON_COMMAND, Scheduler, SchedulerSettings
 from chatlane.stores import MemoryStore
@@ -761,6 +762,15 @@ async def streaming_agent(turn: Turn) -> AsyncIterator[str]:
 
 
 class TestCronCommand:
+    async def test_a_prompt_with_a_credential_is_refused_unrepeated(self) -> None:
+        scheduler = Scheduler(SchedulerSettings(period=0.02), now=FakeClock())
+        async with scheduled(scheduler) as h:
+            await h.send("/cron add every 1h post it with token=hunter2hunter2", chat_id="c")
+            (reply,) = await h.replies(chat_id="c", count=1)
+            assert reply.startswith(CREDENTIALS_REFUSED)
+            assert "hunter2" not in reply
+            assert scheduler.list_jobs() == []
+
     async def test_add_from_a_chat_captures_its_origin(self) -> None:
         clock = FakeClock()
         scheduler = Scheduler(SchedulerSettings(period=0.02), now=clock)

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from chatlane.endpoints import EndpointPolicy
 from chatlane.lifecycle import LifecycleOptions
+from chatlane.redaction import CREDENTIALS_REFUSED
+from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
@@ -15,6 +18,15 @@ from chatlane.types import ModelChoice
 from tests.runtime.agents import EchoAgent, settings_agent
 
 NO_CONFIRM = LifecycleOptions(confirm_new=False)
+
+
+class EndpointSettingsAgent:
+    """``settings_agent`` that lets chats choose its one endpoint, ``http://x/v1``."""
+
+    endpoints = EndpointPolicy.of("http://x/v1")
+
+    async def __call__(self, turn: Turn) -> str:
+        return await settings_agent(turn)
 
 
 class TestNew:
@@ -127,8 +139,8 @@ class TestResume:
 class TestOverrides:
     async def test_model_is_sticky_shown_and_persisted(self, tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / 'o.db'}"
-        async with GatewayHarness(settings_agent, store=url) as h:
-            await h.send("/model gpt-x --provider openai --base-url http://x/v1", chat_id="c")
+        async with GatewayHarness(EndpointSettingsAgent(), store=url) as h:
+            await h.send("/model gpt-x --provider openai --base-url http://x/v1/", chat_id="c")
             await h.send("/model", chat_id="c")
             await h.send("go", chat_id="c")
             replies = await h.replies(chat_id="c", count=3)
@@ -143,8 +155,35 @@ class TestOverrides:
         async with GatewayHarness(settings_agent, store=store) as h:
             await h.send("/model gpt-x --api-key sk-secret", chat_id="c")
             [reply] = await h.replies(chat_id="c", count=1)
-            assert "API keys are never stored" in reply
+            assert reply.startswith(CREDENTIALS_REFUSED)
             assert "sk-secret" not in str(await store.load_persistent(h.session_key(chat_id="c")))
+
+    @pytest.mark.parametrize(
+        "command",
+        [
+            "/model sk-proj-hunter2hunter2hunter2",
+            "/model gpt-x --provider api_key=hunter2",
+            "/model gpt-x --base-url http://me:hunter2@x/v1",
+            "/model gpt-x --base-url https://x/v1?api_key=hunter2",
+            "/model gpt-x --token=hunter2",
+        ],
+    )
+    async def test_credentials_anywhere_are_refused_unrepeated(self, command: str) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EndpointSettingsAgent(), store=store) as h:
+            await h.send(command, chat_id="c")
+            [reply] = await h.replies(chat_id="c", count=1)
+            assert reply.startswith(CREDENTIALS_REFUSED)
+            assert "hunter2" not in reply
+            assert "hunter2" not in str(await store.load_persistent(h.session_key(chat_id="c")))
+
+    async def test_an_agent_without_an_endpoint_policy_takes_no_endpoint(self) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            await h.send("/model gpt-x --base-url http://x/v1", chat_id="c")
+            await h.send("/model", chat_id="c")
+            replies = await h.replies(chat_id="c", count=2)
+            assert replies[0].startswith("this agent takes no endpoint from a chat.")
+            assert replies[1] == "Model: the default"
 
     @pytest.mark.parametrize(
         "bad", ["/model", "/model a b", "/model x --provider", "/model x --y 1", '/model "unclosed']

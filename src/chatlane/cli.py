@@ -11,6 +11,7 @@ from chatlane import __version__
 from chatlane.errors import ChatlaneError
 from chatlane.identity import ChatType, KeyPolicy, SessionSource, build_session_key
 from chatlane.identity import parse_session_key as _parse_session_key
+from chatlane.logs import escape_controls, escape_json_controls
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,13 +116,19 @@ _TOKEN = click.option(
 def sessions(url: str, token: str | None) -> None:
     """List the sessions a running gateway holds."""
     items = _admin_get(url, "/admin/sessions", token)["sessions"]
-    width = max([48, *(len(item["key"]) for item in items)])
+    keys = [_shown(item["key"]) for item in items]
+    width = max([48, *map(len, keys)])
     click.echo(f"{'KEY':<{width}} {'STATE':<10} {'GEN':>5} {'QUEUED':>6} {'IDLE(s)':>8}")
-    for item in items:
+    for key_, item in zip(keys, items, strict=True):
         click.echo(
-            f"{item['key']:<{width}} {item['activity']:<10} {item['generation']:>5} "
-            f"{item['queued']:>6} {item['idle_seconds']:>8}"
+            f"{key_:<{width}} {_shown(item['activity']):<10} {_shown(item['generation']):>5} "
+            f"{_shown(item['queued']):>6} {_shown(item['idle_seconds']):>8}"
         )
+
+
+def _shown(value: object) -> str:
+    """``value`` as one line of plain text: control characters and escapes shown escaped."""
+    return escape_controls(str(value))
 
 
 @main.command()
@@ -133,7 +140,7 @@ def inspect(session_key: str, url: str, token: str | None) -> None:
     from urllib.parse import quote
 
     detail = _admin_get(url, "/admin/sessions/" + quote(session_key, safe=""), token)
-    click.echo(json.dumps(detail, indent=2, ensure_ascii=False))
+    click.echo(escape_json_controls(json.dumps(detail, indent=2, ensure_ascii=False)))
 
 
 @main.command()
@@ -145,7 +152,8 @@ def failed(url: str, token: str | None) -> None:
     if not items:
         click.echo("no failed messages")
     for item in items:
-        click.echo(f"{item['message_id']}  {item['key']}  {item['reason']}")
+        fields = (item["message_id"], item["key"], item["reason"])
+        click.echo("  ".join(map(_shown, fields)))
 
 
 @main.command()
@@ -158,7 +166,7 @@ def retry(message_id: str, url: str, token: str | None) -> None:
 
     path = f"/admin/failed/{quote(message_id, safe='')}/retry"
     _admin_get(url, path, token, method="POST")
-    click.echo(f"{message_id} is queued again")
+    click.echo(f"{_shown(message_id)} is queued again")
 
 
 @main.command()

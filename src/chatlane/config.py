@@ -27,8 +27,10 @@ from typing import Any
 
 import msgspec
 
+from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType
+from chatlane.redaction import redact_urls
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.runtime.engine import RuntimeSettings
 
@@ -83,6 +85,9 @@ class OpenAIConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str = "gpt-4o-mini"
     api_key: Secret = Secret(env="OPENAI_API_KEY")
     history: int = 20
+    allowed_base_urls: list[str] = msgspec.field(default_factory=list)
+    """Endpoints chat users may choose with ``/model --base-url`` (origin and path prefix);
+    empty: none but ``base_url``."""
 
 
 class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -282,6 +287,7 @@ def _check(config: Config) -> None:
             )
         BusyPolicy.parse(policy, what=f"configuration key 'runtime.busy_per_chat_type.{chat_type}'")
     _check_server(config.server)
+    _check_openai(config.agent.openai)
     _check_positive(runtime)
     for chat_type in config.auto_reset.per_chat_type:
         if chat_type not in {t.value for t in ChatType}:
@@ -301,6 +307,18 @@ def _check_server(server: ServerConfig) -> None:
             f"configuration key 'server.keep_alive' = {server.keep_alive}: "
             "expected a whole number of seconds > 0"
         )
+
+
+def _check_openai(openai: OpenAIConfig) -> None:
+    for index, url in enumerate(openai.allowed_base_urls):
+        try:
+            Prefix.parse(normal(url))
+        except EndpointRefused:
+            key = f"agent.openai.allowed_base_urls[{index}]"
+            raise ConfigError(
+                f"configuration key {key!r} = {redact_urls(url)!r}: "
+                "expected an http(s) URL without userinfo, query, fragment or escapes"
+            ) from None
 
 
 def _check_positive(runtime: RuntimeConfig) -> None:

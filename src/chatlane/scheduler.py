@@ -57,6 +57,7 @@ from chatlane.cron import (
 )
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import SessionSource, build_session_key, parse_session_key
+from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import TurnEngine
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey, Target
@@ -563,6 +564,8 @@ _UNQUOTED = re.compile(r"(every\s+\d+\s*[a-z]+|@[a-z]+)(?=\s|$)", re.IGNORECASE)
 
 async def _add(scheduler: Scheduler, call: CommandCall, args: str) -> str:
     schedule, prompt = split_add(args)
+    if looks_like_credential(prompt):
+        raise UsageError(CREDENTIALS_REFUSED)
     async with scheduler.adding(call.session_key):  # the count and the add, one chat at a time
         await scheduler.sync()
         cap = scheduler.settings.chat_job_cap

@@ -13,9 +13,13 @@ import shlex
 import time
 from typing import NamedTuple
 
+import msgspec
+
 from chatlane.approvals import Decision, Grant, is_request_id
 from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
+from chatlane.endpoints import EndpointRefused, endpoint_policy
 from chatlane.lifecycle import EndReason, end_conversation
+from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
 from chatlane.runtime.persisted import apply_once
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import Conversation
@@ -104,6 +108,13 @@ def _find(conversations: list[Conversation], wanted: str) -> Conversation | None
 
 
 def _parse_model(args: str) -> tuple[ModelChoice, bool]:
+    """``[--once] <name> [--provider P] [--base-url URL]``, credentials refused unrepeated.
+
+    :raises UsageError: for malformed arguments, an API key, or anything shaped
+        like a credential in the name, the provider or the URL.
+    """
+    if looks_like_credential(args):
+        raise UsageError(CREDENTIALS_REFUSED)
     try:
         words = shlex.split(args)
     except ValueError as error:
@@ -115,13 +126,13 @@ def _parse_model(args: str) -> tuple[ModelChoice, bool]:
     while words:
         word = words.pop(0)
         if word in ("--api-key", "--key") or word.startswith("--api-key="):
-            raise UsageError("API keys are never stored; set them in the environment instead.")
+            raise UsageError(CREDENTIALS_REFUSED)
         if word in options:
             if not words:
                 raise UsageError(f"{word} needs a value.")
             options[word] = words.pop(0)
         elif word.startswith("--"):
-            raise UsageError(f"unknown option {word}.")
+            raise UsageError(f"unknown option {word.partition('=')[0]}.")
         else:
             names.append(word)
     if len(names) != 1:
@@ -136,12 +147,29 @@ async def _model(call: CommandCall) -> str:
         current = state.conversation.model_override
         return f"Model: {current.describe() if current else 'the default'}"
     choice, once = _parse_model(call.args)
+    if choice.base_url:
+        choice = await _allowed_endpoint(call, choice)
     if once:
         apply_once(state, choice)
         return f"Next turn only: {choice.describe()}"
     state.conversation.one_turn_restore = None
     await engine.persist_conversation(key, model_override=choice)
     return f"Model for this conversation: {choice.describe()}"
+
+
+async def _allowed_endpoint(call: CommandCall, choice: ModelChoice) -> ModelChoice:
+    """``choice`` with its endpoint normalized, if the agent lets a chat choose it.
+
+    :raises UsageError: if the agent takes no endpoint from a chat or its policy refuses this one.
+    """
+    policy = endpoint_policy(call.engine.agent)
+    if policy is None:
+        raise UsageError("this agent takes no endpoint from a chat.")
+    try:
+        base_url = await policy.check(choice.base_url)
+    except EndpointRefused as refused:
+        raise UsageError(str(refused)) from None
+    return msgspec.structs.replace(choice, base_url=base_url)
 
 
 async def _reasoning(call: CommandCall) -> str:

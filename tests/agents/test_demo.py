@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from chatlane.agents.demo import DemoAgent
 from chatlane.testing import GatewayHarness
@@ -59,3 +60,26 @@ async def test_settings_and_approve() -> None:
         replies = await h.replies(chat_id="c", count=5)
         assert replies[1] == "model=default reasoning=high tier=default"
         assert replies[4] == "denied: ls"
+
+
+async def test_sleep_waits_on_the_interrupted_event_instead_of_polling() -> None:
+    async with GatewayHarness(DemoAgent(), interrupt_grace=30.0) as h:
+        await h.send("sleep 30", chat_id="c")
+        key = h.session_key(chat_id="c")
+        await until(lambda: h.gateway.engine.running_turn(key) is not None)
+        turn = h.gateway.engine.running_turn(key)
+        assert turn is not None
+        # the sleeping agent is parked on the event itself (asyncio keeps its waiters)
+        await until(lambda: bool(turn.interrupted._waiters))
+        await h.send("/stop", chat_id="c")
+        replies = await h.replies(chat_id="c", count=1, timeout=10)
+        assert replies == ["Stopped the running turn. Dropped 0 queued messages."]
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Yield to the loop until ``predicate`` holds (at most 10 s)."""
+    async with asyncio.timeout(10):
+        while True:
+            if predicate():
+                return
+            await asyncio.sleep(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -45,3 +46,15 @@ def test_an_agent_module_in_the_working_directory_is_found(
 def test_a_bad_agent_name_is_a_clear_error(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_agent(named(name))
+
+
+def test_the_working_directory_leaves_the_path_after_the_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mybot_leaving.py").write_text("async def answer(turn):\n    return 'hi'\n")
+    (tmp_path / "shadow_for_loading.py").write_text("SHADOWED = True\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    load_agent(named("python:mybot_leaving:answer"))
+    assert str(tmp_path) not in sys.path
+    assert importlib.util.find_spec("shadow_for_loading") is None, "a later import is shadowed"

@@ -5,18 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chatlane.adapters.api import ApiAdapter
 from chatlane.agents.demo import DemoAgent
-from chatlane.agents.openai_agent import OpenAIAgent, request_options, upstream_session
+from chatlane.agents.openai_agent import (
+    EndpointFailed,
+    OpenAIAgent,
+    request_options,
+    upstream_session,
+)
 from chatlane.config import Config, OpenAIConfig, RuntimeConfig, Secret, ServerConfig
+from chatlane.endpoints import NOT_ALLOWED
+from chatlane.runtime.output import failure_text
 from chatlane.runtime.turn import TurnOverrides
 from chatlane.server import Hub, build_app
 from chatlane.state import SERVICE_TIER_UNSET
@@ -25,6 +36,15 @@ from chatlane.testing import GatewayHarness
 from chatlane.types import ModelChoice, OutboundKind
 
 TOKEN = "upstream-token"
+ENDPOINT_FAILED = failure_text(EndpointFailed())
+"""The one answer a chat gets when a model endpoint cannot be used, whatever the cause."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @dataclass
@@ -101,22 +121,31 @@ async def upstream(tmp_path: Path, busy: str = "queue") -> AsyncIterator[Upstrea
 
 @contextlib.asynccontextmanager
 async def downstream(
-    up: Upstream, tmp_path: Path, busy: str = "queue", **settings: Any
+    up: Upstream,
+    tmp_path: Path,
+    busy: str = "queue",
+    allowed: Sequence[str] = (),
+    **settings: Any,
 ) -> AsyncIterator[tuple[GatewayHarness, OpenAIAgent]]:
     """A second gateway whose agent is the OpenAI agent pointed at ``up``."""
     key_file = tmp_path / "api-key"
     key_file.write_text(TOKEN)
     config = OpenAIConfig(
-        base_url=up.base_url, model="upstream-model", api_key=Secret(file=str(key_file))
+        base_url=up.base_url,
+        model="upstream-model",
+        api_key=Secret(file=str(key_file)),
+        allowed_base_urls=list(allowed),
     )
-    store: Store = await open_store("memory://")
+    own_store = "store" not in settings
+    store: Store = settings.pop("store") if not own_store else await open_store("memory://")
     agent = OpenAIAgent(config, store=store)
     try:
         async with GatewayHarness(agent, busy=busy, store=store, **settings) as h:
             yield h, agent
     finally:
         await agent.aclose()
-        await store.close()
+        if own_store:
+            await store.close()
 
 
 async def test_a_turn_goes_through_the_whole_chain(tmp_path: Path) -> None:
@@ -174,16 +203,100 @@ async def test_overrides_reach_the_upstream(tmp_path: Path) -> None:
 
 
 async def test_the_key_goes_only_to_the_configured_endpoint(tmp_path: Path) -> None:
-    async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
+    async with upstream(tmp_path) as up:
         elsewhere = f"http://localhost:{up.port}/v1"
-        await h.send(f"/model m --base-url {elsewhere}", chat_id="c")
+        async with downstream(up, tmp_path, allowed=[elsewhere]) as (h, _):
+            await h.send(f"/model m --base-url {elsewhere}", chat_id="c")
+            await h.send("hi", chat_id="c")
+            replies = await h.replies(chat_id="c", count=2, timeout=20)
+            assert replies[1] == ENDPOINT_FAILED  # the upstream said 401
+            assert up.recorder.requests[-1].headers["authorization"] == "Bearer none"
+            await h.send(f"/model m --base-url {up.base_url}/", chat_id="c")
+            await h.send("hi", chat_id="c")
+            assert (await h.replies(chat_id="c", count=4, timeout=20))[3] == "echo: hi"
+
+
+@dataclass
+class Bystander:
+    """A plain HTTP server inside the gateway's network that nobody allowed a chat to reach."""
+
+    port: int
+    request_lines: list[bytes]
+
+
+@contextlib.asynccontextmanager
+async def bystander() -> AsyncIterator[Bystander]:
+    """Records each request line and answers an empty 200."""
+    lines: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        lines.append((await reader.readline()).strip())
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield Bystander(server.sockets[0].getsockname()[1], lines)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_chat_cannot_send_the_gateway_to_an_unlisted_url(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, bystander() as inside, downstream(up, tmp_path) as (h, _):
+        target = f"http://127.0.0.1:{inside.port}/internal/admin?x="
+        await h.send(f"/model m --base-url {target}", chat_id="c")
         await h.send("hi", chat_id="c")
-        replies = await h.replies(chat_id="c", count=2, timeout=20)
-        assert "AuthenticationError" in replies[1]
-        assert up.recorder.requests[-1].headers["authorization"] == "Bearer none"
-        await h.send(f"/model m --base-url {up.base_url}/", chat_id="c")
+        refused, answered = await h.replies(chat_id="c", count=2, timeout=20)
+        assert refused.startswith(NOT_ALLOWED)
+        assert str(inside.port) not in refused
+        assert answered == "echo: hi"  # the configured endpoint, as before
+        assert inside.request_lines == []
+        assert up.recorder.requests[-1].json()["model"] == "upstream-model"
+
+
+async def test_a_stored_endpoint_no_longer_allowed_is_not_called(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, bystander() as inside:
+        chosen = f"http://127.0.0.1:{inside.port}/v1"
+        store = await open_store("memory://")
+        async with downstream(up, tmp_path, allowed=[chosen], store=store) as (h, _):
+            await h.send(f"/model m --base-url {chosen}", chat_id="c")
+            await h.replies(chat_id="c", count=1, timeout=20)
+        async with downstream(up, tmp_path, store=store) as (h, _):  # the operator took it out
+            await h.send("hi", chat_id="c")
+            assert await h.replies(chat_id="c", count=1, timeout=20) == [ENDPOINT_FAILED]
+        assert inside.request_lines == []
+        await store.close()
+
+
+async def test_endpoint_errors_read_the_same_whatever_answered(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, bystander() as inside:
+        closed = f"http://127.0.0.1:{free_port()}/v1"
+        missing = f"http://127.0.0.1:{up.port}/nothing/here"
+        empty = f"http://127.0.0.1:{inside.port}/v1"
+        allowed = [closed, missing, empty]
+        async with downstream(up, tmp_path, allowed=allowed) as (h, _):
+            for index, url in enumerate(allowed):
+                await h.send(f"/model m --base-url {url}", chat_id=f"c{index}")
+                await h.send("hi", chat_id=f"c{index}")
+            answers = {(await h.replies(chat_id=f"c{i}", count=2, timeout=60))[1] for i in range(3)}
+        assert answers == {ENDPOINT_FAILED}
+
+
+async def test_the_http_clients_request_log_is_redacted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="httpx")
+    async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
+        url = f"http://me:hunter2@127.0.0.1:{up.port}/v1/models?token=hunter2"
+        async with httpx.AsyncClient() as client:
+            await client.get(url)
         await h.send("hi", chat_id="c")
-        assert (await h.replies(chat_id="c", count=4, timeout=20))[3] == "echo: hi"
+        await h.replies(chat_id="c", count=1, timeout=20)
+    requests = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert any("/v1/models?token=***" in line for line in requests), requests
+    assert not any("hunter2" in line for line in requests)
 
 
 async def test_stop_closes_the_stream_at_once(tmp_path: Path) -> None:

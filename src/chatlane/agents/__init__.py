@@ -3,9 +3,11 @@ or any async callable named as ``python:module:attribute``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
+from collections.abc import Iterator
 
 from chatlane.config import Config
 from chatlane.errors import ConfigError
@@ -35,18 +37,40 @@ def load_agent(config: Config) -> Agent:
 
 
 def _import_agent(target: str) -> Agent:
-    """Import ``module:attribute``; the working directory is searched first, as uvicorn does."""
+    """Import ``module:attribute``; the working directory is searched first, as uvicorn does.
+
+    The working directory is on ``sys.path`` only while the agent's module is
+    imported, so a file there (a ``telegram.py``) cannot shadow a package that
+    is imported later.
+    """
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"agent {target!r}: expected python:module:attribute")
-    here = os.getcwd()
-    if "" not in sys.path and here not in sys.path:
-        sys.path.insert(0, here)  # a console script starts without it
     try:
-        module = importlib.import_module(module_name)
+        with _working_directory_first():
+            module = importlib.import_module(module_name)
         agent: Agent = getattr(module, attribute)
     except (ImportError, AttributeError) as error:
         raise ConfigError(f"agent python:{target}: cannot import it ({error})") from None
     if not callable(agent):
         raise ConfigError(f"agent python:{target} is not callable")
     return agent
+
+
+@contextlib.contextmanager
+def _working_directory_first() -> Iterator[None]:
+    """Put the working directory first on ``sys.path`` for the block, unless it is there.
+
+    A console script starts without it; whatever this adds is taken out again.
+    """
+    here = os.getcwd()
+    if "" in sys.path or here in sys.path:
+        yield
+        return
+    sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(here)
+        sys.path_importer_cache.pop(here, None)

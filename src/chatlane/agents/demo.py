@@ -3,8 +3,9 @@
 * ``whoami`` → ``platform=… chat=… thread=… user=… key=… gen=…``, read with
   ``get_session_env`` inside ``run_in_thread`` (a tool in a worker thread sees
   its own session and no other);
-* ``sleep <seconds>`` (at most 60) → holds the turn, checking ``interrupted``
-  every 50 ms; replies ``slept <seconds>`` unless interrupted;
+* ``sleep <seconds>`` (at most 60) → holds the turn, waiting on its
+  ``interrupted`` event (no polling) and marking progress once a second;
+  replies ``slept <seconds>`` unless interrupted;
 * ``approve <command>`` → asks for approval; ``approved: …`` or ``denied: …``;
 * ``settings`` → ``model=… reasoning=… tier=…`` as resolved for this turn;
 * anything else → ``echo: <text>``, streamed in a few chunks.
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from chatlane.context import get_session_env, run_in_thread
@@ -20,6 +22,8 @@ from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET
 
 MAX_SLEEP = 60.0
+PROGRESS_EVERY = 1.0
+"""Seconds between the progress marks of a sleeping turn (so it is not evicted as stuck)."""
 
 
 def _whoami_line(generation: int) -> str:
@@ -58,13 +62,27 @@ async def _sleep(turn: Turn, argument: str) -> str:
         return "usage: sleep <seconds> (at most 60)"
     if seconds != seconds or seconds < 0:
         return "usage: sleep <seconds> (at most 60)"
-    deadline = asyncio.get_running_loop().time() + seconds
-    while asyncio.get_running_loop().time() < deadline:
-        if turn.interrupted.is_set():
-            return f"interrupted after less than {seconds:g}s"
-        await asyncio.sleep(0.05)
-        turn.touch()
+    if await _interrupted_within(turn, seconds):
+        return f"interrupted after less than {seconds:g}s"
     return f"slept {seconds:g}"
+
+
+async def _interrupted_within(turn: Turn, seconds: float) -> bool:
+    """Wait up to ``seconds`` on ``turn.interrupted``; True as soon as it is set.
+
+    The wait wakes only when the event is set or once per :data:`PROGRESS_EVERY`
+    to mark progress, never to poll.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(left, PROGRESS_EVERY)):
+                await turn.interrupted.wait()
+        if turn.interrupted.is_set():
+            return True
+        turn.touch()
+    return turn.interrupted.is_set()
 
 
 def _settings(turn: Turn) -> str:

@@ -13,6 +13,14 @@ What stays true:
   ``/model --base-url`` elsewhere is called without it, so no chat user can
   redirect the key to a server of their choice. The key is never logged and
   never part of ``repr``.
+* A chat-chosen endpoint is called only if :attr:`OpenAIAgent.endpoints`
+  allows it at the turn that uses it (see :mod:`chatlane.endpoints`).
+* Whatever goes wrong with an endpoint — refused, unreachable, an error
+  status, a broken stream — the turn fails with one :class:`EndpointFailed`,
+  so a chat learns nothing about which ports answer; the log has the cause,
+  its URLs redacted.
+* At most :data:`CLIENT_CACHE_SIZE` HTTP clients are kept, one per endpoint,
+  the least recently used closed first.
 * An interrupted turn closes its HTTP stream at once — while waiting for the
   next chunk too — and yields nothing more.
 * The upstream session is named by a hash of the session key (the
@@ -30,10 +38,15 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, OpenAIError
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
+from chatlane.agents.clients import ClientCache
 from chatlane.config import OpenAIConfig
+from chatlane.endpoints import EndpointPolicy, EndpointRefused, Resolver, system_resolver
+from chatlane.errors import ChatlaneError
+from chatlane.logs import turn_fields
+from chatlane.redaction import redact_client_logs
 from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import TranscriptEntry
@@ -45,6 +58,19 @@ SESSION_HEADER = "X-Chatlane-Session"
 NO_KEY = "none"
 """Sent (as the SDK needs some key) to endpoints that must not see the configured one."""
 _HISTORY_ROLES = frozenset({"user", "assistant"})
+CLIENT_CACHE_SIZE = 8
+"""HTTP clients kept at once (each holds a connection pool); the least recently used goes."""
+
+
+class EmptyCompletion(ChatlaneError):
+    """The endpoint answered, but with no completion chunk at all."""
+
+
+class EndpointFailed(ChatlaneError):
+    """The model endpoint could not be used for a turn; says the same whatever the cause."""
+
+    def __init__(self) -> None:
+        super().__init__("the model endpoint could not be used")
 
 
 class TranscriptSource(Protocol):
@@ -62,6 +88,8 @@ class OpenAIAgent:
     :param store: where history is read; may be given later with :meth:`bind`.
         Without one, each turn sends only its own input.
     :param environ: where the API key's environment variable is read (default ``os.environ``).
+    :param resolve: how chat-chosen endpoints' host names are resolved (the system's by default).
+    :raises EndpointRefused: for an entry of ``config.allowed_base_urls`` that is not a plain URL.
     """
 
     accepts_steering = False
@@ -72,11 +100,15 @@ class OpenAIAgent:
         store: TranscriptSource | None = None,
         *,
         environ: Mapping[str, str] | None = None,
+        resolve: Resolver = system_resolver,
     ) -> None:
         self.config = config
+        self.endpoints = EndpointPolicy.of(config.base_url, config.allowed_base_urls, resolve)
+        """Which endpoints a chat may choose; the ``/model`` command applies it too."""
         self._api_key = config.api_key.read(os.environ if environ is None else environ)
         self._store = store
-        self._clients: dict[str, AsyncOpenAI] = {}
+        self._clients = ClientCache(self._client, CLIENT_CACHE_SIZE)
+        redact_client_logs()
 
     def bind(self, store: TranscriptSource) -> None:
         """Read history from ``store`` from now on (the gateway's store, once it is open)."""
@@ -90,22 +122,15 @@ class OpenAIAgent:
 
     async def _reply(self, turn: Turn) -> AsyncIterator[str]:
         messages = await self.messages(turn)
-        client, model = self._endpoint(turn.overrides.model)
-        stream = await client.chat.completions.create(
-            model=model,
-            messages=messages,
-            stream=True,
-            extra_headers={SESSION_HEADER: upstream_session(turn.session_key)},
-            **request_options(turn.overrides),
-        )
-        async with (
-            stream,
-            contextlib.aclosing(until_interrupted(stream, turn.interrupted)) as chunks,
-        ):
-            async for chunk in chunks:
-                text = delta_text(chunk)
-                if text:
+        try:
+            base_url, model = await self._endpoint(turn.overrides.model)
+            async with self._clients.use(base_url) as client:
+                async for text in _stream(client, model, messages, turn):
                     yield text
+        except (OpenAIError, EndpointRefused, EmptyCompletion) as error:
+            fields = turn_fields(turn.session_key, turn.generation)
+            log.warning("the model endpoint failed: %r", error, extra=fields)
+            raise EndpointFailed from error
 
     async def messages(self, turn: Turn) -> list[ChatCompletionMessageParam]:
         """The history of ``turn``'s conversation, then its input."""
@@ -115,21 +140,58 @@ class OpenAIAgent:
             history = [_message(e.role, e.content) for e in entries if e.role in _HISTORY_ROLES]
         return [*history, {"role": "user", "content": turn.text}]
 
-    def _endpoint(self, choice: ModelChoice | None) -> tuple[AsyncOpenAI, str]:
-        """The client for the turn's endpoint and the model name to ask for."""
-        base_url = _normal(choice.base_url if choice and choice.base_url else self.config.base_url)
-        client = self._clients.get(base_url)
-        if client is None:
-            trusted = base_url == _normal(self.config.base_url)
-            key = self._api_key if trusted and self._api_key else NO_KEY
-            client = self._clients[base_url] = AsyncOpenAI(base_url=base_url, api_key=key)
-        return client, choice.name if choice else self.config.model
+    async def _endpoint(self, choice: ModelChoice | None) -> tuple[str, str]:
+        """The turn's endpoint and the model name to ask for.
+
+        :raises EndpointRefused: if a chat chose an endpoint the policy does not allow (now).
+        """
+        base_url = self.endpoints.configured
+        if choice is not None and choice.base_url:
+            base_url = await self.endpoints.check(choice.base_url)
+        return base_url, choice.name if choice else self.config.model
+
+    def _client(self, base_url: str) -> AsyncOpenAI:
+        """A client for ``base_url``: with the API key only if it is the configured endpoint."""
+        trusted = base_url == self.endpoints.configured
+        key = self._api_key if trusted and self._api_key else NO_KEY
+        return AsyncOpenAI(base_url=base_url, api_key=key)
+
+    def open_endpoints(self) -> list[str]:
+        """The endpoints with an open client, least recently used first."""
+        return self._clients.urls()
 
     async def aclose(self) -> None:
         """Close every HTTP client this agent opened."""
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.close()
+        await self._clients.aclose()
+
+
+async def _stream(
+    client: AsyncOpenAI, model: str, messages: list[ChatCompletionMessageParam], turn: Turn
+) -> AsyncIterator[str]:
+    """The text of one streamed completion, until it ends or ``turn`` is interrupted.
+
+    :raises EmptyCompletion: if the endpoint answered without a single completion chunk
+        (as any HTTP server that is not a model endpoint does).
+    """
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=messages,
+        stream=True,
+        extra_headers={SESSION_HEADER: upstream_session(turn.session_key)},
+        **request_options(turn.overrides),
+    )
+    async with (
+        stream,
+        contextlib.aclosing(until_interrupted(stream, turn.interrupted)) as chunks,
+    ):
+        received = False
+        async for chunk in chunks:
+            received = True
+            text = delta_text(chunk)
+            if text:
+                yield text
+    if not received and not turn.interrupted.is_set():
+        raise EmptyCompletion
 
 
 def request_options(overrides: TurnOverrides) -> dict[str, Any]:
@@ -186,8 +248,11 @@ def _message(role: str, content: str) -> ChatCompletionMessageParam:
     return {"role": "user", "content": content}
 
 
-def _normal(url: str) -> str:
-    return url.strip().rstrip("/")
-
-
-__all__ = ["OpenAIAgent", "TranscriptSource", "request_options", "upstream_session"]
+__all__ = [
+    "CLIENT_CACHE_SIZE",
+    "EndpointFailed",
+    "OpenAIAgent",
+    "TranscriptSource",
+    "request_options",
+    "upstream_session",
+]

@@ -100,12 +100,18 @@ def create_if_missing(path: Path, build: Callable[[Path], None]) -> None:
 def _link_new(path: Path, build: Callable[[Path], None]) -> None:
     temporary = path.with_name(f".{path.name}.new-{secrets.token_hex(6)}")
     try:
+        _create_private(temporary)
         build(temporary)
         with contextlib.suppress(FileExistsError):  # another process created it first
             os.link(temporary, path)
         _sync_directory(path.parent)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _create_private(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 (SQLite gives its WAL and shared memory that mode)."""
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
 def _sync_directory(directory: Path) -> None:
