@@ -74,3 +74,15 @@ class AlreadyAnswered(ChatlaneError):
 
 class StoreError(ChatlaneError):
     """A store could not be opened or used (bad URL, unreachable server, corrupt file)."""
+
+
+class GatewayFull(ChatlaneError):
+    """A process-wide limit is reached; the message was refused before it was stored.
+
+    ``limit`` names the setting (``queued_bytes``, ``live_sessions``), so an
+    adapter can answer with an explicit refusal (503) rather than a guess.
+    """
+
+    def __init__(self, limit: str, detail: str) -> None:
+        self.limit = limit
+        super().__init__(f"the gateway is full ({limit}): {detail}; try again later")
