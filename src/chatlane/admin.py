@@ -3,7 +3,8 @@ and the messages set aside as failed.
 
 ``GET /admin/sessions``, ``GET /admin/sessions/{key}`` and ``GET /admin/failed``
 answer JSON; ``POST /admin/failed/{message_id}/retry`` runs a failed message
-again. When an access token is configured they require it
+again; ``/admin/cron`` lists and removes scheduled jobs (:mod:`chatlane.admin_cron`).
+When an access token is configured they require it
 (``Authorization: Bearer …``). Keys and ids are URL-encoded in the path, so
 ``:`` and ``%`` work.
 """
@@ -20,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from chatlane import admin_cron
 from chatlane.runtime import pending
 from chatlane.state import AGENT_PENDING, SessionState
 from chatlane.stores.base import FailedRecord
@@ -94,6 +96,7 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
         Route("/admin/sessions/{key:path}", one, methods=["GET"]),
         Route("/admin/failed", failed, methods=["GET"]),
         Route("/admin/failed/{message_id:path}/retry", retry, methods=["POST"]),
+        *admin_cron.routes(hub, lambda request: _authorized(request, hub)),
     ]
 
 

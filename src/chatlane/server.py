@@ -34,6 +34,7 @@ from chatlane.identity import ChatType, KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.metrics import Metrics
 from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.stores import Store, open_store
@@ -86,6 +87,9 @@ def runtime_settings(config: Config) -> RuntimeSettings:
         leases=leases,
         approval_timeout=rt.approval_timeout,
         reread_stored=rt.reread_stored,
+        capacity=CapacitySettings(
+            queued_bytes=config.limits.queued_bytes, live_sessions=config.limits.live_sessions
+        ),
     )
 
 
@@ -126,8 +130,7 @@ class Hub:
 
     def authorized(self, message: InboundMessage) -> bool:
         """Whether the sender may use the gateway (platforms without an allowlist allow all)."""
-        allowed = self.config.allow.get(message.source.platform)
-        return allowed is None or (message.source.user_id or "") in allowed
+        return self.config.allows(message.source)
 
     async def submit(self, message: InboundMessage) -> DispatchResult | None:
         """Authorize and dispatch one message; ``None`` if the sender was refused."""
