@@ -225,12 +225,20 @@ class TestBoundContext:
         assert bound.run(current_session) == expected
         assert current_session() is None
 
-    def test_other_variables_are_never_set_there(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setenv("CHATLANE_CRON_AUTO_DELIVER_PLATFORM", "from-env")
+    def test_cron_variables_are_cleared_there(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A turn is bound: a stale delivery target in the environment never reaches it."""
+        for name in CRON_VAR_NAMES:
+            monkeypatch.setenv(name, "stale")
+            monkeypatch.setenv(name.replace("CHATLANE_", "HERMES_"), "stale")
         with cron_context("tg", "9"):
             bound = bound_context(SessionSource("tg", chat_id="5"), "k")
         assert bound.run(current_cron_target) is None
-        assert bound.run(get_session_env, "CHATLANE_CRON_AUTO_DELIVER_PLATFORM") == "from-env"
+        for name in CRON_VAR_NAMES:
+            assert bound.run(get_session_env, name, "default") == ""
+            assert bound.run(get_session_env, name.replace("CHATLANE_", "HERMES_")) == ""
+        child = bound.run(subprocess_env)
+        assert {name: child[name] for name in CRON_VAR_NAMES} == dict.fromkeys(CRON_VAR_NAMES, "")
+        assert child["HERMES_CRON_AUTO_DELIVER_CHAT_ID"] == ""
 
     async def test_a_task_created_with_it_sees_the_session_to_its_end(self) -> None:
         async def body() -> list[str]:

@@ -3,7 +3,8 @@ and the messages set aside as failed.
 
 ``GET /admin/sessions``, ``GET /admin/sessions/{key}`` and ``GET /admin/failed``
 answer JSON; ``POST /admin/failed/{message_id}/retry`` runs a failed message
-again. When an access token is configured they require it
+again; ``/admin/cron`` lists and removes scheduled jobs (:mod:`chatlane.admin_cron`).
+When an access token is configured they require it
 (``Authorization: Bearer …``). Keys and ids are URL-encoded in the path, so
 ``:`` and ``%`` work. A store that fails them is answered with 503 and the
 store's own message, never a traceback.
@@ -25,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from chatlane import admin_cron
 from chatlane.errors import StoreError
 from chatlane.runtime import pending
 from chatlane.state import AGENT_PENDING, SessionState
@@ -132,6 +134,7 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
             _store_failures_as_503(retry),
             methods=["POST"],
         ),
+        *admin_cron.routes(hub, lambda request: _authorized(request, hub)),
     ]
 
 

@@ -169,6 +169,40 @@ def retry(message_id: str, url: str, token: str | None) -> None:
     click.echo(f"{_shown(message_id)} is queued again")
 
 
+@main.group()
+def cron() -> None:
+    """List and remove the scheduled jobs of a running gateway (whoever made them)."""
+
+
+@cron.command("list")
+@_URL
+@_TOKEN
+def cron_list(url: str, token: str | None) -> None:
+    """List every job: id, next run, where it came from, whether it is paused."""
+    items = _admin_get(url, "/admin/cron", token)["jobs"]
+    if not items:
+        click.echo("no scheduled jobs")
+    for item in items:
+        made = "configured" if item["configured"] else (item["principal"] or "api")
+        paused = "  (paused)" if item["paused"] else ""
+        click.echo(
+            f"{item['id']}  {item['schedule']}  next {item['next_run_text']}  "
+            f"{made}  {item['session'] or item['target']}{paused}  {item['prompt']!r}"
+        )
+
+
+@cron.command("remove")
+@click.argument("job_id")
+@_URL
+@_TOKEN
+def cron_remove(job_id: str, url: str, token: str | None) -> None:
+    """Remove a stored job, in every process sharing the store."""
+    from urllib.parse import quote
+
+    _admin_get(url, f"/admin/cron/{quote(job_id, safe='')}", token, method="DELETE")
+    click.echo(f"removed job {job_id}")
+
+
 @main.command()
 @_URL
 @click.option("--session", default=None, help="Session name (default: terminal-<user name>).")

@@ -29,10 +29,11 @@ import msgspec
 
 from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
-from chatlane.identity import ChatType
+from chatlane.identity import ChatType, SessionSource
 from chatlane.redaction import redact_urls
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.runtime.engine import RuntimeSettings
+from chatlane.scheduler import SchedulerSettings
 
 ENV_PREFIX = "CHATLANE_"
 
@@ -114,8 +115,41 @@ class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     approval_timeout: float = _ENGINE.approval_timeout
     reread_stored: float = _ENGINE.reread_stored
     lease_ttl: float = _ENGINE.leases.ttl
-    max_active_sessions: int = _ENGINE.leases.max_active_sessions
+    max_active_sessions: int = 64
+    """Turns running at once across every process sharing the store (0: unlimited).
+
+    The library's engine leaves this unlimited (an application embedding it
+    decides); a gateway serving strangers starts bounded."""
     fence_check: float = _ENGINE.leases.fence_check
+
+
+class LimitsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Process-wide limits: what all sessions, sockets and clients may hold together."""
+
+    queued_bytes: int = _ENGINE.capacity.queued_bytes
+    """Bytes of unanswered messages one process holds; one more is refused."""
+    live_sessions: int = _ENGINE.capacity.live_sessions
+    """Sessions with a turn running, waiting or collecting in one process."""
+    sockets: int = 256
+    """Web chat WebSockets open at once in one process."""
+
+
+class WebConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id_secret: Secret = Secret()
+    """Signs browser ids; default: a 0600 file next to a SQLite store, else made at start."""
+
+
+class ApiClientConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One API client: its own token, and the session names it may use."""
+
+    token: Secret
+    prefix: str = ""
+    """Every session name the client uses starts with it; default ``<client name>:``."""
+
+
+class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    clients: dict[str, ApiClientConfig] = msgspec.field(default_factory=dict)
+    """When set, every ``/v1`` request needs one client's token, and names only its sessions."""
 
 
 class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -148,9 +182,20 @@ class CronJobConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: str = ""
 
 
+_SCHEDULER = SchedulerSettings()
+
+
 class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timezone: str = "UTC"
     """Of cron expressions and daily reset hours; the same in every process."""
+    chat_job_cap: int = _SCHEDULER.chat_job_cap
+    """Jobs one chat may create with ``/cron add``."""
+    user_job_cap: int = _SCHEDULER.user_job_cap
+    """Jobs one user (or API client) may create with ``/cron add``, over all their chats."""
+    total_job_cap: int = _SCHEDULER.total_job_cap
+    """Jobs all chats together may create with ``/cron add``."""
+    min_interval: float = _SCHEDULER.min_interval
+    """Seconds that must at least pass between two runs of a job made from a chat."""
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -160,6 +205,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     store: StoreConfig = StoreConfig()
     agent: AgentConfig = AgentConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    limits: LimitsConfig = LimitsConfig()
+    api: ApiConfig = ApiConfig()
+    web: WebConfig = WebConfig()
     allow: dict[str, list[str]] = msgspec.field(default_factory=dict)
     """Per-platform allowlists of user ids; a platform not listed allows everyone."""
     telegram: TelegramConfig = TelegramConfig()
@@ -168,6 +216,15 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     auto_reset: AutoResetConfig = AutoResetConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     cron: list[CronJobConfig] = msgspec.field(default_factory=list)
+
+    def allows(self, source: SessionSource) -> bool:
+        """Whether ``source``'s user may use the gateway (a platform not in ``allow``: all may).
+
+        The one authorization rule, for a message and for every run of a job
+        created from a chat alike.
+        """
+        allowed = self.allow.get(source.platform)
+        return allowed is None or (source.user_id or "") in allowed
 
 
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -289,6 +346,15 @@ def _check(config: Config) -> None:
     _check_server(config.server)
     _check_openai(config.agent.openai)
     _check_positive(runtime)
+    _check_whole("limits", config.limits, ("queued_bytes", "live_sessions", "sockets"))
+    _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
+    _check_api_clients(config.api)
+    interval = config.scheduler.min_interval
+    if not interval >= 0 or not math.isfinite(interval):
+        raise ConfigError(
+            f"configuration key 'scheduler.min_interval' = {interval}: "
+            "expected a finite number of seconds >= 0"
+        )
     for chat_type in config.auto_reset.per_chat_type:
         if chat_type not in {t.value for t in ChatType}:
             raise ConfigError(
@@ -343,3 +409,38 @@ def _check_positive(runtime: RuntimeConfig) -> None:
             raise ConfigError(
                 f"configuration key 'runtime.{name}' = {value}: expected a finite number >= 0"
             )
+
+
+def _check_whole(section: str, record: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(record, name)
+        if not value > 0:
+            raise ConfigError(
+                f"configuration key '{section}.{name}' = {value}: expected a whole number > 0"
+            )
+
+
+def _check_api_clients(api: ApiConfig) -> None:
+    """Each client has a token source; no client's prefix starts another's (or is empty).
+
+    :raises ConfigError: naming the client.
+    """
+    prefixes = {name: client_prefix(name, client) for name, client in api.clients.items()}
+    for name, client in api.clients.items():
+        if not (client.token.env or client.token.file):
+            raise ConfigError(
+                f"configuration key 'api.clients.{name}.token': expected {{ env = … }} "
+                "or { file = … }"
+            )
+        for other, prefix in prefixes.items():
+            if other != name and prefix.startswith(prefixes[name]):
+                raise ConfigError(
+                    f"configuration key 'api.clients.{name}.prefix' = {prefixes[name]!r}: "
+                    f"client {other!r} uses {prefix!r}, which starts with it, so {name!r} "
+                    "could name its sessions"
+                )
+
+
+def client_prefix(name: str, client: ApiClientConfig) -> str:
+    """The session-name prefix of API client ``name``: its own, or ``<name>:``."""
+    return client.prefix or f"{name}:"

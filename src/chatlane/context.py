@@ -15,7 +15,8 @@ copy of its context — sees only its own values. What stays true:
    sentinel default), *set*, or *cleared* (``""``). After a turn clears its
    context, lookups return ``""`` and never fall back to stale process
    environment; only code that never bound a session (CLI, cron scheduler,
-   plain scripts) falls back to ``os.environ``.
+   plain scripts) falls back to ``os.environ``. A turn's context
+   (:func:`bound_context`) is bound: its cron delivery variables are cleared.
 
 Each name below is also readable under its ``HERMES_`` alias (same variable),
 so code written for a Hermes-style gateway changes only its import.
@@ -313,6 +314,7 @@ setting seven variables, and a variable set in one copy is set in that
 copy alone. Kept in insertion order; the oldest goes when the limit is hit.
 """
 _BOUND_TEMPLATE_LIMIT: Final = 4096
+_CLEARED_CRON: Final = ("",) * len(CRON_VAR_NAMES)
 
 
 def bound_context(source: SessionSource, session_key: str) -> contextvars.Context:
@@ -320,16 +322,19 @@ def bound_context(source: SessionSource, session_key: str) -> contextvars.Contex
 
     A task created with it (``asyncio.create_task(..., context=...)``) runs
     with the session bound from its first step to its last, as if its whole
-    body were inside :func:`bind_session`; every other variable is *never
-    set* there, whatever the creator's context holds. The engine runs each
-    turn this way: binding once costs a fraction of entering and leaving a
-    ``with`` block, and the context dies with the task.
+    body were inside :func:`bind_session`. The cron delivery variables are
+    *cleared* there (``""``), whatever the creator's context or the process
+    environment holds: a turn is bound, so nothing in it falls back to
+    ``os.environ``, and a stale delivery target can never reach a tool or a
+    child process. The engine runs each turn this way: binding once costs a
+    fraction of entering and leaving a ``with`` block, and the context dies
+    with the task.
     """
     values = _source_values(source, session_key)
     template = _BOUND_TEMPLATES.get(values)
     if template is None:
         template = contextvars.Context()
-        template.run(_set_each, _SESSION_VARS, values)
+        template.run(_set_each, _SESSION_VARS + _CRON_VARS, values + _CLEARED_CRON)
         if len(_BOUND_TEMPLATES) >= _BOUND_TEMPLATE_LIMIT:
             _BOUND_TEMPLATES.pop(next(iter(_BOUND_TEMPLATES)), None)
         _BOUND_TEMPLATES[values] = template

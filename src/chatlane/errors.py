@@ -87,3 +87,15 @@ class StoreDamaged(StoreError):
     def __init__(self, message: str, reason: str) -> None:
         self.reason = reason
         super().__init__(message)
+
+
+class GatewayFull(ChatlaneError):
+    """A process-wide limit is reached; the message was refused before it was stored.
+
+    ``limit`` names the setting (``queued_bytes``, ``live_sessions``), so an
+    adapter can answer with an explicit refusal (503) rather than a guess.
+    """
+
+    def __init__(self, limit: str, detail: str) -> None:
+        self.limit = limit
+        super().__init__(f"the gateway is full ({limit}): {detail}; try again later")

@@ -26,10 +26,8 @@ import asyncio
 import contextvars
 import datetime as dt
 import logging
-import re
 import secrets
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,7 +40,6 @@ from chatlane.autoreset import (
     DueReset,
     resolve,
 )
-from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
 from chatlane.context import cron_context
 from chatlane.cron import (
     LOCAL,
@@ -55,11 +52,12 @@ from chatlane.cron import (
     parse_schedule,
     run_source,
 )
+from chatlane.cron_chat import CRON_COMMAND, CRON_USAGE, cron_command, split_add
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import SessionSource, build_session_key, parse_session_key
-from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import TurnEngine
+from chatlane.runtime.limits import require_numbers
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey, Target
 
 if TYPE_CHECKING:
@@ -106,6 +104,11 @@ class SchedulerSettings:
     :param track_cap: at most this many sessions are tracked for auto-reset.
     :param claim_ttl: lease TTL while a process claims a job's tick.
     :param chat_job_cap: how many jobs one chat may create with ``/cron add``.
+    :param user_job_cap: how many jobs one principal (platform and user id: a
+        person or an API client, whatever its session names) may create with
+        ``/cron add``, over all their chats.
+    :param total_job_cap: how many jobs all chats together may create with ``/cron add``.
+    :param min_interval: the least time between two runs of a job made from a chat.
     :param close_grace: how long :meth:`Scheduler.aclose` lets running jobs
         and resets finish before cancelling them.
     """
@@ -118,11 +121,20 @@ class SchedulerSettings:
     claim_ttl: float = 30.0
     chat_job_cap: int = 10
     close_grace: float = 5.0
+    user_job_cap: int = 20
+    total_job_cap: int = 1000
+    min_interval: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("period", "sync_every", "claim_ttl"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"scheduler {name} must be positive")
+        require_numbers(
+            self,
+            positive=("chat_job_cap", "user_job_cap", "total_job_cap"),
+            non_negative=("min_interval",),
+            whole=("chat_job_cap", "user_job_cap", "total_job_cap"),
+        )
 
 
 @dataclass(slots=True)
@@ -159,6 +171,9 @@ class Scheduler:
         the same in every process.
     :param action: what a job does at its tick (default :meth:`submit_prompt`).
     :param now: the clock, epoch seconds (injectable for tests).
+    :param authorize: whether a chat's sender may use the gateway now (the same
+        check as for a message); a job created from a chat whose creator it
+        refuses is paused: its ticks pass without running. ``None``: all may.
     """
 
     def __init__(
@@ -168,8 +183,10 @@ class Scheduler:
         jobs: Iterable[Job] = (),
         action: JobAction | None = None,
         now: Callable[[], float] = time.time,
+        authorize: Callable[[SessionSource], bool] | None = None,
     ) -> None:
         self.settings = settings or SchedulerSettings()
+        self.authorize = authorize
         self.tracker = ActivityTracker(self.settings.track_cap)
         self._configured = _unique(jobs)
         self._action = action or self.submit_prompt
@@ -181,19 +198,23 @@ class Scheduler:
         self._book: JobBook | None = None
         self._slots: dict[str, _Slot] = {}
         self._resetting: set[SessionKey] = set()
-        self._adding: weakref.WeakValueDictionary[SessionKey, asyncio.Lock] = (
-            weakref.WeakValueDictionary()
-        )
+        self._adding = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self._next_sync = 0.0
 
     def adding(self, key: SessionKey) -> asyncio.Lock:
-        """The lock under which ``key``'s chat counts its jobs and adds one (this process)."""
-        lock = self._adding.get(key)
-        if lock is None:
-            lock = self._adding[key] = asyncio.Lock()
-        return lock
+        """The lock under which a chat (``key``) counts jobs and adds one (this process).
+
+        One lock for every chat: the caps per principal and in total span chats.
+        """
+        return self._adding
+
+    def is_paused(self, job: Job) -> bool:
+        """Whether ``job`` was created from a chat whose creator may not use the gateway now."""
+        return (
+            job.origin is not None and self.authorize is not None and not self.authorize(job.origin)
+        )
 
     # -- wiring --------------------------------------------------------------------
 
@@ -405,6 +426,11 @@ class Scheduler:
         """Every job this process knows, oldest first."""
         return sorted((s.job for s in self._slots.values()), key=lambda j: (j.created_at, j.id))
 
+    def is_configured(self, job_id: str) -> bool:
+        """Whether ``job_id`` comes from the configuration (never stored, not removable)."""
+        slot = self._slots.get(job_id)
+        return slot is not None and slot.configured
+
     def next_run(self, job_id: str) -> float | None:
         """When ``job_id`` runs next (epoch seconds), if it is known."""
         slot = self._slots.get(job_id)
@@ -438,6 +464,11 @@ class Scheduler:
         return JobRun(job, tick, key, source, f"{CRON_ID}{job.id}:{tick:.0f}")
 
     async def _run(self, run: JobRun) -> None:
+        if self.is_paused(run.job):
+            log.info(
+                "job %s paused: its creator is not allowed; tick %.0f skipped", run.job.id, run.tick
+            )
+            return
         target = Target.of(run.source)
         with cron_context(target.platform, target.chat_id, target.thread_id):
             try:
@@ -494,120 +525,3 @@ def _unique(jobs: Iterable[Job]) -> tuple[Job, ...]:
             raise ConfigError(f"two configured jobs share the id {job.id!r}")
         found[job.id] = job
     return tuple(found.values())
-
-
-# -- the /cron command ------------------------------------------------------------------------
-
-CRON_USAGE = (
-    '/cron add "<minute hour day month weekday>" <prompt> | /cron add every <n>s|m|h <prompt>'
-    " | /cron list | /cron remove <id>"
-)
-
-
-def cron_command(scheduler: Scheduler | None) -> CommandSpec:
-    """The ``/cron`` command for ``scheduler`` (``None``: it says scheduling is off)."""
-
-    async def handler(call: CommandCall) -> str:
-        if scheduler is None:
-            return "Scheduled jobs are not enabled on this gateway."
-        return await _cron(scheduler, call)
-
-    return CommandSpec(
-        "cron",
-        "schedule a prompt for this chat, list or remove jobs",
-        CRON_USAGE,
-        CommandBusy.DISPATCH,
-        handler,
-    )
-
-
-CRON_COMMAND = cron_command(None)
-"""The placeholder in :func:`~chatlane.commands.default_router`; a scheduler replaces it."""
-
-
-async def _cron(scheduler: Scheduler, call: CommandCall) -> str:
-    verb, _, rest = call.args.strip().partition(" ")
-    verb, rest = verb.lower(), rest.strip()
-    if verb == "add":
-        return await _add(scheduler, call, rest)
-    if verb == "list" and not rest:
-        await scheduler.sync()
-        return _listing(scheduler, call.session_key)
-    if verb in ("remove", "rm") and rest and len(rest.split()) == 1:
-        return await _remove(scheduler, call.session_key, rest)
-    raise UsageError("")
-
-
-def split_add(args: str) -> tuple[str, str]:
-    """Split ``/cron add`` arguments into the schedule and the prompt.
-
-    :raises UsageError: if the schedule is neither quoted nor ``every …``/``@…``, or no
-        prompt follows it.
-    """
-    text = args.strip()
-    if text[:1] in ('"', "'"):
-        end = text.find(text[0], 1)
-        if end < 0:
-            raise UsageError("the schedule's closing quote is missing.")
-        schedule, prompt = text[1:end], text[end + 1 :]
-    elif match := _UNQUOTED.match(text):
-        schedule, prompt = match.group(1), text[match.end() :]
-    else:
-        raise UsageError('quote a cron expression ("*/30 * * * *") or write every <n>s|m|h.')
-    if not prompt.strip():
-        raise UsageError("say what the job should ask, after the schedule.")
-    return schedule, prompt.strip()
-
-
-_UNQUOTED = re.compile(r"(every\s+\d+\s*[a-z]+|@[a-z]+)(?=\s|$)", re.IGNORECASE)
-
-
-async def _add(scheduler: Scheduler, call: CommandCall, args: str) -> str:
-    schedule, prompt = split_add(args)
-    if looks_like_credential(prompt):
-        raise UsageError(CREDENTIALS_REFUSED)
-    async with scheduler.adding(call.session_key):  # the count and the add, one chat at a time
-        await scheduler.sync()
-        cap = scheduler.settings.chat_job_cap
-        if len(_chat_jobs(scheduler, call.session_key)) >= cap:
-            return (
-                f"This chat already has the most jobs it may have ({cap}); /cron remove one first."
-            )
-        job = await scheduler.add_job(schedule, prompt, ORIGIN, origin=call.message.source)
-    return f"Added job {job.id} ({job.schedule}); next run {_when(scheduler, job.id)}."
-
-
-def _chat_jobs(scheduler: Scheduler, key: SessionKey) -> list[Job]:
-    policy = scheduler.gateway.settings.key_policy
-    return [
-        job
-        for job in scheduler.list_jobs()
-        if job.origin is not None and build_session_key(job.origin, policy) == key
-    ]
-
-
-def _listing(scheduler: Scheduler, key: SessionKey) -> str:
-    jobs = _chat_jobs(scheduler, key)
-    if not jobs:
-        return "No jobs for this chat. Add one with /cron add."
-    lines = [f"{j.id} {j.schedule} — next {_when(scheduler, j.id)} — {j.prompt}" for j in jobs]
-    return "Jobs of this chat:\n" + "\n".join(lines)
-
-
-async def _remove(scheduler: Scheduler, key: SessionKey, job_id: str) -> str:
-    await scheduler.sync()
-    if job_id not in {job.id for job in _chat_jobs(scheduler, key)}:
-        raise UsageError(f"this chat has no job {job_id!r}; send /cron list.")
-    await scheduler.remove_job(job_id)
-    return f"Removed job {job_id}."
-
-
-def _when(scheduler: Scheduler, job_id: str) -> str:
-    moment = scheduler.next_run(job_id)
-    if moment is None:
-        return "never"
-    try:
-        when = dt.datetime.fromtimestamp(moment, scheduler.settings.tz)
-    except (OverflowError, OSError, ValueError):  # beyond the years datetime can name
-        return f"at epoch second {moment:.0f}"
-    return when.strftime("%Y-%m-%d %H:%M %Z")

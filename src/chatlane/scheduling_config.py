@@ -38,7 +38,9 @@ def auto_reset_settings(config: Config) -> AutoResetSettings:
 
 
 def build_scheduler(config: Config) -> Scheduler:
-    """The scheduler for ``config``'s auto-reset policies and cron jobs.
+    """The scheduler for ``config``'s auto-reset policies, cron jobs and ``/cron`` limits.
+
+    A job created from a chat runs only while ``config`` allows its creator.
 
     :raises ConfigError: for an unknown time zone, a bad policy or a bad job (named).
     """
@@ -56,5 +58,13 @@ def build_scheduler(config: Config) -> Scheduler:
             jobs.append(Job(job.schedule, job.prompt, job.target, id=job.id))
         except ConfigError as error:
             raise ConfigError(f"configuration key 'cron.{index}': {error}") from None
-    settings = SchedulerSettings(auto_reset=auto_reset_settings(config), tz=tz)
-    return Scheduler(settings, jobs=jobs)
+    limits = config.scheduler
+    settings = SchedulerSettings(
+        auto_reset=auto_reset_settings(config),
+        tz=tz,
+        chat_job_cap=limits.chat_job_cap,
+        user_job_cap=limits.user_job_cap,
+        total_job_cap=limits.total_job_cap,
+        min_interval=limits.min_interval,
+    )
+    return Scheduler(settings, jobs=jobs, authorize=config.allows)

@@ -36,6 +36,7 @@ from chatlane.identity import ChatType, KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.metrics import Metrics
 from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.stores import Store, open_store
@@ -100,6 +101,9 @@ def runtime_settings(config: Config) -> RuntimeSettings:
         leases=leases,
         approval_timeout=rt.approval_timeout,
         reread_stored=rt.reread_stored,
+        capacity=CapacitySettings(
+            queued_bytes=config.limits.queued_bytes, live_sessions=config.limits.live_sessions
+        ),
     )
 
 
@@ -140,8 +144,7 @@ class Hub:
 
     def authorized(self, message: InboundMessage) -> bool:
         """Whether the sender may use the gateway (platforms without an allowlist allow all)."""
-        allowed = self.config.allow.get(message.source.platform)
-        return allowed is None or (message.source.user_id or "") in allowed
+        return self.config.allows(message.source)
 
     def admit(self, message: InboundMessage) -> bool:
         """Whether the sender may use the gateway; a refusal is logged and counted, not told."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
@@ -19,21 +20,23 @@ from chatlane.adapters import web
 from chatlane.adapters.web import WebAdapter
 from chatlane.adapters.web_page import AUTH_COOKIE, IDENTITY_COOKIE
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT
-from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig
+from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig, StoreConfig
 from chatlane.identity import SessionSource
 from chatlane.serve import uvicorn_config
 from chatlane.server import build_app, open_hub
 from chatlane.types import Outbound, OutboundKind, Target
 
 Event = dict[str, Any]
+MEMORY = StoreConfig(url="memory://")
+"""Tests keep nothing on disk (a SQLite store would also get a browser-id secret file)."""
 WAIT = 10.0
 
 
 @contextlib.asynccontextmanager
 async def web_server(config: Config | None = None) -> AsyncIterator[str]:
     """A hub with only the web adapter, served on a free port; yields ``host:port``."""
-    config = config or Config()
-    hub = await open_hub(config, store_url="memory://")
+    config = msgspec.structs.replace(config or Config(), store=MEMORY)
+    hub = await open_hub(config)
     hub.add(WebAdapter(config))
     options = uvicorn_config(build_app(hub), config)  # as `chatlane serve` runs it
     options.host, options.port = "127.0.0.1", 0
@@ -213,8 +216,9 @@ async def test_whoami_names_this_browsers_own_session(host: str) -> None:
     async with greeted(host, bid) as (ws, _):
         await say(ws, "whoami")
         (reply,) = [e for e in await until(ws, "reply") if e["type"] == "reply"]
-    assert f"key=main:web:dm:{bid} " in reply["text"]
-    assert f"platform=web chat={bid} thread= user={bid} " in reply["text"]
+    issued = bid.partition(".")[0]  # the cookie holds the id and the server's signature
+    assert f"key=main:web:dm:{issued} " in reply["text"]
+    assert f"platform=web chat={issued} thread= user={issued} " in reply["text"]
 
 
 async def test_history_comes_back_on_reconnect_and_only_to_its_browser(host: str) -> None:
@@ -419,7 +423,7 @@ async def test_text_of_exactly_the_limit_is_accepted(host: str) -> None:
 
 
 async def test_outbound_for_a_chat_without_socket_is_dropped() -> None:
-    adapter = WebAdapter(Config())
+    adapter = WebAdapter(Config(store=MEMORY))
     target = Target.of(SessionSource("web", chat_id="nobody-home-123456"))
     await adapter.deliver(Outbound(OutboundKind.REPLY, "k", target, "lost in the transcript"))
 

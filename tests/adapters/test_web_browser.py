@@ -66,8 +66,9 @@ class ChatPage:
         await expect(self.page.locator("#status")).to_have_text("Connected", timeout=UI_WAIT)
 
     async def browser_id(self) -> str:
+        """The id this browser was issued (its cookie holds it with the server's signature)."""
         cookies = await self.context.cookies()
-        return next(c["value"] for c in cookies if c["name"] == IDENTITY_COOKIE)
+        return next(c["value"] for c in cookies if c["name"] == IDENTITY_COOKIE).partition(".")[0]
 
     async def say(self, text: str) -> None:
         box = self.page.get_by_role("textbox", name="Message")

@@ -21,7 +21,10 @@ What stays true:
   preflight, and none is granted), and a request whose ``Origin`` is not the
   gateway's own gets 403.
 * When an access token is configured every route needs it as a bearer token,
-  compared in constant time.
+  compared in constant time. With ``[api.clients]`` every route needs a
+  client's token instead, and a client names only its own sessions
+  (:mod:`chatlane.adapters.api_clients`).
+* A message refused by a process-wide limit gets 503, code ``gateway_full``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from chatlane.adapters.api_clients import ApiClient, ApiClients
 from chatlane.adapters.api_waiters import EventKind, Waiter, WaiterEvent, WaiterTracker
 from chatlane.adapters.api_wire import (
     ApiRequestError,
@@ -60,7 +64,7 @@ from chatlane.adapters.api_wire import (
     unrouted_error,
 )
 from chatlane.config import Config
-from chatlane.errors import ChatlaneError
+from chatlane.errors import ChatlaneError, GatewayFull
 from chatlane.gateway import DispatchResult
 from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.busy import BusyOutcome
@@ -101,7 +105,9 @@ class ApiAdapter:
         keepalive: float = 15.0,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self._token = config.server.token.read(os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        self._token = config.server.token.read(environ)
+        self.clients = ApiClients.from_config(config, environ)
         self._models = _model_names(config)
         self.wait_timeout = _default_ceiling(config) if wait_timeout is None else wait_timeout
         self.tick = tick
@@ -180,9 +186,12 @@ class ApiAdapter:
             self._authorize(request)
             check_origin(request)
             require_json(request)
+            client = self._client(request)
             data = decode_json(await read_body(request))
             chat = parse_chat_request(data, session_header(request))
-            waiter = await self._submit(chat)
+            if client is not None:
+                client.check_session(chat.session)
+            waiter = await self._submit(chat, client)
         except ApiRequestError as error:
             return error_response(error)
         response_id = f"chatcmpl-{waiter.message_id.removeprefix('api-')}"
@@ -195,30 +204,46 @@ class ApiAdapter:
             self._forget(waiter)
 
     def _authorize(self, request: Request) -> None:
-        """:raises ApiRequestError: (401) unless the bearer token matches (when one is set)."""
+        """:raises ApiRequestError: (401) unless the bearer token matches (when one is set).
+
+        With ``[api.clients]``, the token must be a client's (:meth:`_client`).
+        """
+        if self.clients.enabled:
+            self._client(request)
+            return
         if not self._token:
             return
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
         expected = self._token.encode()
         given = presented.strip().encode("latin-1")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
-            raise ApiRequestError(
-                401, "missing or invalid bearer token", "authentication_error", "invalid_api_key"
-            )
+            raise _unauthenticated()
+
+    def _client(self, request: Request) -> ApiClient | None:
+        """The client whose token the request carries; ``None`` when no clients are configured.
+
+        :raises ApiRequestError: (401) if clients are configured and the token is none of theirs.
+        """
+        if not self.clients.enabled:
+            return None
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        client = self.clients.identify(presented.strip().encode("latin-1"))
+        if scheme.lower() != "bearer" or client is None:
+            raise _unauthenticated()
+        return client
 
     # -- dispatch ------------------------------------------------------------------------
 
-    async def _submit(self, chat: ChatRequest) -> Waiter:
-        """Register a waiter, then dispatch its message.
+    async def _submit(self, chat: ChatRequest, client: ApiClient | None) -> Waiter:
+        """Register a waiter, then dispatch its message (sent by ``client``, when there is one).
 
         :raises ApiRequestError: if the message will not run (403, 409, 429, 503).
         """
         hub, tracker = self._hub, self._tracker
         if hub is None or tracker is None or self._closed:
             raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
-        source = SessionSource(
-            "api", chat_id=chat.session, user_id=chat.session, chat_type=ChatType.DM
-        )
+        sender = chat.session if client is None else client.name
+        source = SessionSource("api", chat_id=chat.session, user_id=sender, chat_type=ChatType.DM)
         message = InboundMessage(source, chat.text, id=f"api-{uuid.uuid4().hex}")
         waiter = self._waiters[message.id] = Waiter(message.id)
         try:
@@ -302,6 +327,12 @@ class ApiAdapter:
                 return WaiterEvent(EventKind.COMMENT, "waiting for the turn")
 
 
+def _unauthenticated() -> ApiRequestError:
+    return ApiRequestError(
+        401, "missing or invalid bearer token", "authentication_error", "invalid_api_key"
+    )
+
+
 KEPT_SEPARATOR = "\n\n[The answer above was interrupted; the answer that was kept:]\n\n"
 """Sent between a fenced run's streamed chunks and the different answer the store kept."""
 
@@ -352,10 +383,14 @@ async def _dispatch(hub: Hub, message: InboundMessage, session: str) -> Dispatch
     """Submit ``message``; return how the gateway took it.
 
     :raises ApiRequestError: a refused user (403), a busy session (409), a full
-        queue (429), or a gateway that could not take it (503).
+        queue (429), a process-wide limit (503, code ``gateway_full``), or a
+        gateway that could not take it (503).
     """
     try:
         result = await hub.submit(message)
+    except GatewayFull as error:
+        log.warning("refused: %s", error)
+        raise ApiRequestError(503, str(error), "service_unavailable", "gateway_full") from None
     except ChatlaneError as error:
         log.warning("dispatch failed: %s", error)
         raise ApiRequestError(

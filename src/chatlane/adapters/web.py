@@ -16,6 +16,11 @@ What stays true:
 * Reading never waits for the gateway: each message is submitted in a task of
   its own, after the chat's previous message was dispatched (or after
   :data:`HANDOFF` seconds, so a slow dispatch cannot hold up an ``/approve``).
+* Browser ids are signed by the server (:mod:`chatlane.adapters.web_ids`): a
+  socket whose cookie holds no id this server issued is closed with 4400, so
+  no client can invent browsers to get past :data:`MAX_TABS`; and no more
+  than ``limits.sockets`` sockets are served at once (one more is closed with
+  1013).
 * Writing never waits for a browser: each socket has its own outbox and
   writer task; a socket that falls :data:`OUTBOX_LIMIT` events behind is closed.
 * Bad input gets an ``error`` event and the socket stays open; nothing a
@@ -35,7 +40,8 @@ from urllib.parse import urlsplit
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from chatlane.adapters.web_page import Gate, WebPage, browser_id
+from chatlane.adapters.web_ids import BrowserIds, id_secret
+from chatlane.adapters.web_page import Gate, WebPage
 from chatlane.adapters.web_wire import (
     Event,
     InvalidWebMessage,
@@ -60,6 +66,7 @@ log = logging.getLogger("chatlane.adapters.web")
 OUTBOX_LIMIT = 512
 MAX_TABS = 32
 """Most open sockets one browser may have; more are closed with 1013."""
+SERVER_FULL = (1013, "the server has too many open connections; try again later")
 HANDOFF = 1.0
 HISTORY_LIMIT = 200
 CONVERSATION_LIMIT = 20
@@ -129,12 +136,15 @@ class WebAdapter:
 
     platform = "web"
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, ids: BrowserIds | None = None) -> None:
         self.config = config
         self.gate = Gate(config.server.token.read(os.environ))
-        self.page = WebPage(self.gate)
+        self.ids = ids if ids is not None else BrowserIds(id_secret(config))
+        self.page = WebPage(self.gate, self.ids)
         self._hub: Hub | None = None
         self._chats: dict[str, WebChat] = {}
+        self._open = 0
+        """Sockets being served now, across every browser (at most ``limits.sockets``)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def routes(self) -> Sequence[BaseRoute]:
@@ -177,7 +187,7 @@ class WebAdapter:
     async def socket(self, websocket: WebSocket) -> None:
         """Serve one WebSocket: check it, greet it, then read messages until it closes."""
         await websocket.accept()
-        bid = browser_id(websocket)
+        bid = self.ids.read(websocket)
         refusal = self._refusal(websocket) or (None if bid else NO_IDENTITY)
         if refusal is not None or bid is None:
             await websocket.close(*(refusal or NO_IDENTITY))
@@ -185,16 +195,23 @@ class WebAdapter:
         await self._serve(websocket, self._join(bid))
 
     async def _serve(self, websocket: WebSocket, chat: WebChat) -> None:
+        if self._open >= self.config.limits.sockets:
+            log.warning("web: %d sockets open; refused one more", self._open)
+            self._leave(chat, None)
+            await websocket.close(*SERVER_FULL)
+            return
         if len(chat.connections) >= MAX_TABS:
             await websocket.close(CLOSE_TRY_LATER, "too many open tabs")
             return
         connection = Connection(websocket)
         chat.connections.add(connection)
+        self._open += 1
         writer = asyncio.create_task(connection.pump())
         try:
             await self._greet(chat, connection)
             await self._read(chat, connection)
         finally:
+            self._open -= 1
             self._leave(chat, connection)
             writer.cancel()
             await asyncio.wait({writer})
@@ -218,8 +235,9 @@ class WebAdapter:
             chat = self._chats[bid] = WebChat(source, key)
         return chat
 
-    def _leave(self, chat: WebChat, connection: Connection) -> None:
-        chat.connections.discard(connection)
+    def _leave(self, chat: WebChat, connection: Connection | None) -> None:
+        if connection is not None:
+            chat.connections.discard(connection)
         bid = chat.source.chat_id or ""
         if not chat.connections and self._chats.get(bid) is chat:
             del self._chats[bid]

@@ -2,10 +2,12 @@
 
 What stays true:
 
-* A browser that loads ``/`` carries a random id in an HttpOnly, SameSite=Lax
-  cookie (:data:`IDENTITY_COOKIE`). That id is its chat id and its user id, so
-  one browser is one session, shared by its tabs, and no page script or other
-  site can read or choose it. A cookie is that id byte for byte or no id at all.
+* A browser that loads ``/`` carries a random id, signed by the server
+  (:mod:`chatlane.adapters.web_ids`), in an HttpOnly, SameSite=Lax cookie
+  (:data:`IDENTITY_COOKIE`). That id is its chat id and its user id, so one
+  browser is one session, shared by its tabs, and no page script, other site
+  or client can read, choose or invent it. A cookie is a signed id byte for
+  byte or no id at all.
 * When an access token is configured, neither the page nor the WebSocket is
   served without it. ``/?token=…`` trades the token for an HttpOnly cookie that
   holds a proof derived from it (never the token itself) and redirects to ``/``
@@ -19,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
-import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,15 +29,14 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-IDENTITY_COOKIE = "chatlane_web"
-"""Holds the browser's random id (its chat and user id)."""
+from chatlane.adapters.web_ids import IDENTITY_COOKIE as IDENTITY_COOKIE
+from chatlane.adapters.web_ids import BrowserIds
+
 AUTH_COOKIE = "chatlane_web_auth"
 """Holds a proof of the access token, set after ``/?token=…``."""
 IDENTITY_MAX_AGE = 400 * 24 * 3600
 AUTH_MAX_AGE = 30 * 24 * 3600
 STATIC_DIR = Path(__file__).with_name("static")
-
-_BROWSER_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -48,33 +47,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-
-
-def browser_id(connection: HTTPConnection) -> str | None:
-    """The id in the identity cookie exactly as sent, or ``None`` if it is missing or malformed.
-
-    The ``Cookie`` header is read here, not through Starlette's parser, which
-    strips whitespace (``\\x1c``-``\\x1f`` and ``\\x85`` among it) and quotes
-    from values: a value with anything around an id is not that id, so it is
-    refused (the page then hands out a fresh one), never trimmed into it.
-    """
-    value = _identity_cookie(connection.headers.get("cookie", ""))
-    return value if value is not None and _BROWSER_ID.fullmatch(value) else None
-
-
-def _identity_cookie(header: str) -> str | None:
-    """The raw value of the last identity cookie in ``header`` (``name=value; name=value``)."""
-    found = None
-    for pair in header.split(";"):
-        name, equals, value = pair.partition("=")
-        if equals and name.lstrip(" \t") == IDENTITY_COOKIE:
-            found = value
-    return found
-
-
-def new_browser_id() -> str:
-    """A fresh random browser id (144 bits)."""
-    return secrets.token_urlsafe(18)
 
 
 def _same(given: str, expected: str) -> bool:
@@ -118,8 +90,9 @@ class Gate:
 class WebPage:
     """``/`` (the chat page or the sign-in page) and ``/web/static/…`` (its assets)."""
 
-    def __init__(self, gate: Gate) -> None:
+    def __init__(self, gate: Gate, ids: BrowserIds) -> None:
         self.gate = gate
+        self.ids = ids
         self._index = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
 
     def routes(self) -> Sequence[BaseRoute]:
@@ -139,10 +112,10 @@ class WebPage:
             self.gate.remember(response)
         else:
             response = HTMLResponse(self._index, headers=SECURITY_HEADERS)
-        if browser_id(request) is None:
+        if self.ids.read(request) is None:
             response.set_cookie(
                 IDENTITY_COOKIE,
-                new_browser_id(),
+                self.ids.issue(),
                 max_age=IDENTITY_MAX_AGE,
                 httponly=True,
                 samesite="lax",

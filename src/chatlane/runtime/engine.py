@@ -45,6 +45,7 @@ from chatlane.runtime import pending
 from chatlane.runtime.aftermath import TurnAftermath
 from chatlane.runtime.arrivals import BusyDesk
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
+from chatlane.runtime.capacity import Capacity
 from chatlane.runtime.elsewhere import was_interrupted_elsewhere
 from chatlane.runtime.leases import LeaseKeeper, new_holder_id
 from chatlane.runtime.output import TurnOutput
@@ -133,6 +134,7 @@ class TurnEngine:
             self._holding, self._renewed, self._lost, self._evict, self.adopt, self._is_closed
         )
         self.upkeep = Upkeep(self.leases, hooks, turn_timeout=self.settings.turn_timeout)
+        self.capacity = Capacity(self.settings.capacity, self._held, self._live_count)
         self._closed = False
 
     @property
@@ -151,10 +153,13 @@ class TurnEngine:
         """Persist ``message``, then run it now if its session is idle, else apply the busy policy.
 
         :returns: ``None`` when a turn started for the message, else the busy outcome.
+        :raises GatewayFull: a process-wide limit (:mod:`chatlane.runtime.capacity`) is
+            reached; nothing was stored.
         """
-        await self.session(key)
-        seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
-        return await self.accept(key, message, seq)
+        state = await self.session(key)
+        with self.capacity.admit(message, new_session=not state.is_busy):
+            seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
+            return await self.accept(key, message, seq)
 
     async def session(self, key: SessionKey) -> SessionState:
         """``key``'s state, its persistent scope loaded from the store on first use."""
@@ -672,6 +677,15 @@ class TurnEngine:
     def queue_depth(self) -> int:
         """Messages waiting for a turn in this process, across every session."""
         return sum(pending.pending_count(state) for _, state in self.registry.items())
+
+    def _held(self) -> list[InboundMessage]:
+        """Every message this process holds unanswered, across every live session."""
+        keys = {turn.session_key for turn in self._turns} | self._collecting
+        return [message for key in keys for message in self.unanswered(key)]
+
+    def _live_count(self) -> int:
+        """Sessions with a turn running or waiting, or collecting, in this process."""
+        return len(self._turns) + len(self._collecting)
 
     def running_count(self) -> int:
         """Turns running (or waiting for their lease) in this process."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chatlane.runtime.busy import BusySettings
+from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.limits import require_numbers
 from chatlane.types import InboundMessage
@@ -35,6 +36,8 @@ class RuntimeSettings:
         ``/reasoning``, ``/fast``, ``/busy``, the approval allowlist, the
         current conversation) are trusted before a turn reads them again, so
         what another process changed applies here too (0: at every turn).
+    :param capacity: process-wide limits on the bytes of unanswered messages and
+        on live sessions (:mod:`chatlane.runtime.capacity`).
     """
 
     busy: BusySettings = field(default_factory=BusySettings)
@@ -47,6 +50,7 @@ class RuntimeSettings:
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     approval_timeout: float = 300.0
     reread_stored: float = 1.0
+    capacity: CapacitySettings = field(default_factory=CapacitySettings)
 
     def __post_init__(self) -> None:
         require_numbers(

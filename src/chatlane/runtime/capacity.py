@@ -1,0 +1,124 @@
+"""Process-wide limits: what every session of one engine may hold together.
+
+Per-session caps (``queue_cap``) bound one session; sessions are named by
+their senders, so those caps alone bound nothing in sum. :class:`Capacity`
+bounds the sum. What stays true:
+
+* A message is admitted, or refused with :class:`~chatlane.errors.GatewayFull`
+  *before* it is stored, when it would take this process past
+  ``queued_bytes`` (bytes of the messages it holds unanswered, running or
+  queued) or would make one session more live than ``live_sessions``
+  (sessions with a turn running, waiting for its lease or collecting here).
+* The byte count never under-counts: a message is counted from its admission
+  until a recount of what the engine still holds no longer finds it. Recounts
+  happen only when the count reaches the limit, so a quiet gateway pays one
+  dictionary write per message.
+* Sessions being admitted concurrently are counted while they are stored,
+  so messages arriving at once cannot all slip in under the live limit.
+* Messages already accepted (adopted after a restart, retried, re-queued
+  after a lost lease) are never refused: only new arrivals are admitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from chatlane.errors import GatewayFull
+from chatlane.runtime.limits import require_numbers
+from chatlane.types import InboundMessage
+
+MESSAGE_OVERHEAD = 256
+"""Bytes counted per message on top of its text: ids, source and bookkeeping."""
+
+
+@dataclass(frozen=True, slots=True)
+class CapacitySettings:
+    """Process-wide limits of one engine.
+
+    :param queued_bytes: bytes of unanswered messages (UTF-8 text plus
+        :data:`MESSAGE_OVERHEAD` each) this process may hold at once.
+    :param live_sessions: sessions that may have a turn running, waiting or
+        collecting in this process at once; a message for one more is refused.
+    """
+
+    queued_bytes: int = 64 * 1024 * 1024
+    live_sessions: int = 10_000
+
+    def __post_init__(self) -> None:
+        names = ("queued_bytes", "live_sessions")
+        require_numbers(self, positive=names, whole=names)
+
+
+def message_bytes(message: InboundMessage) -> int:
+    """What ``message`` counts against ``queued_bytes``."""
+    return len(message.text.encode("utf-8", "surrogatepass")) + MESSAGE_OVERHEAD
+
+
+class Capacity:
+    """Admits new messages against :class:`CapacitySettings` (see the module docstring).
+
+    :param held: every message the engine holds unanswered right now (for recounts).
+    :param live: how many sessions are live in the engine right now.
+    """
+
+    def __init__(
+        self,
+        settings: CapacitySettings,
+        held: Callable[[], Iterable[InboundMessage]],
+        live: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self._held = held
+        self._live = live
+        self._sizes: dict[str, int] = {}
+        self._total = 0
+        self._arriving = 0
+        self._storing: dict[str, InboundMessage] = {}
+        """Admitted messages not yet held by the engine (being stored): recounts keep them."""
+
+    @property
+    def counted_bytes(self) -> int:
+        """Bytes counted now (at least what is held: stale entries go at the next recount)."""
+        return self._total
+
+    @contextmanager
+    def admit(self, message: InboundMessage, *, new_session: bool) -> Iterator[None]:
+        """Count ``message`` in, for the body of the block (where it is stored and accepted).
+
+        :param new_session: its session is not live yet, so it would make one more.
+        :raises GatewayFull: if a limit would be passed; nothing was counted.
+        """
+        if new_session:
+            self._check_live()
+        self._reserve(message)
+        self._arriving += new_session
+        self._storing[message.id] = message
+        try:
+            yield
+        finally:
+            self._arriving -= new_session
+            self._storing.pop(message.id, None)
+
+    def _check_live(self) -> None:
+        limit = self.settings.live_sessions
+        live = self._live() + self._arriving
+        if live >= limit:
+            raise GatewayFull("live_sessions", f"{live} sessions are live (limit {limit})")
+
+    def _reserve(self, message: InboundMessage) -> None:
+        size, limit = message_bytes(message), self.settings.queued_bytes
+        if self._total + size > limit:
+            self._recount()
+        if self._total + size > limit:
+            raise GatewayFull(
+                "queued_bytes", f"{self._total} bytes wait to be answered (limit {limit})"
+            )
+        self._total += size - self._sizes.get(message.id, 0)
+        self._sizes[message.id] = size
+
+    def _recount(self) -> None:
+        held = [*self._held(), *self._storing.values()]
+        self._sizes = {m.id: message_bytes(m) for m in held}
+        self._total = sum(self._sizes.values())

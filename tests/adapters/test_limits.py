@@ -1,0 +1,238 @@
+"""Global limits and client identity, attacked over real servers: the openai SDK and WebSockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from openai import AsyncOpenAI
+from websockets.exceptions import ConnectionClosed
+
+from chatlane.adapters import web
+from chatlane.adapters.api import ApiAdapter
+from chatlane.adapters.web_ids import SECRET_SUFFIX, BrowserIds, id_secret
+from chatlane.adapters.web_page import IDENTITY_COOKIE
+from chatlane.agents.demo import DemoAgent
+from chatlane.config import (
+    ApiClientConfig,
+    ApiConfig,
+    Config,
+    LimitsConfig,
+    Secret,
+    StoreConfig,
+    check_config,
+    load_config,
+)
+from chatlane.errors import ConfigError
+from chatlane.runtime.turn import Turn
+from chatlane.server import Hub, build_app
+from chatlane.stores import open_store
+from tests.adapters.test_api import TOKEN, eventually, make_config
+from tests.adapters.test_web import browser_id, chat_socket, drain, greeted, web_server
+
+MIB = 1024 * 1024
+
+
+class HeldAgent:
+    """Answers only once ``release`` is set, so messages stay held by the gateway."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        await self.release.wait()
+        return "done"
+
+
+@contextlib.asynccontextmanager
+async def served(hub: Hub, token: str = TOKEN) -> AsyncIterator[AsyncOpenAI]:
+    """``hub`` (with its adapters added) on a real uvicorn server; an SDK client for it."""
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(hub), host="127.0.0.1", port=0, lifespan="on", log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: server.started)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=token, max_retries=0)
+    try:
+        async with client:
+            yield client
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def api_hub(config: Config, agent: object) -> Hub:
+    hub = Hub(config, await open_store("memory://"), agent)  # type: ignore[arg-type]
+    hub.add(ApiAdapter(config))
+    return hub
+
+
+def ask(client: AsyncOpenAI, text: str, session: str) -> asyncio.Task[object]:
+    create = client.chat.completions.create(
+        model="chatlane", messages=[{"role": "user", "content": text}], user=session
+    )
+    return asyncio.ensure_future(create)
+
+
+# -- queued bytes and live sessions ---------------------------------------------------------
+
+
+async def test_big_bodies_under_invented_names_stop_at_the_global_byte_limit(
+    tmp_path: Path,
+) -> None:
+    """Each session keeps under its own cap; their sum is refused with an explicit 503."""
+    config = make_config(tmp_path, limits=LimitsConfig(queued_bytes=3 * MIB))
+    agent = HeldAgent()
+    hub = await api_hub(config, agent)
+    body = "x" * (MIB - 4096)
+    async with served(hub) as client:
+        held = [ask(client, body, f"invented-{n}") for n in range(3)]
+        engine = hub.gateway.engine
+        keys = [f"main:api:dm:invented-{n}" for n in range(3)]
+        await eventually(lambda: all(engine.unanswered(key) for key in keys))
+        with pytest.raises(openai.InternalServerError) as refused:
+            await client.chat.completions.create(
+                model="chatlane", messages=[{"role": "user", "content": body}], user="invented-9"
+            )
+        assert refused.value.status_code == 503
+        assert refused.value.code == "gateway_full"
+        assert "queued_bytes" in refused.value.message
+        agent.release.set()
+        assert len(await asyncio.gather(*held)) == 3
+        reply = await client.chat.completions.create(
+            model="chatlane", messages=[{"role": "user", "content": body}], user="invented-9"
+        )
+        assert reply.choices[0].message.content == "done"
+
+
+async def test_a_session_beyond_the_live_limit_is_refused_but_a_live_one_queues(
+    tmp_path: Path,
+) -> None:
+    config = make_config(tmp_path, limits=LimitsConfig(live_sessions=2))
+    agent = HeldAgent()
+    hub = await api_hub(config, agent)
+    engine = hub.gateway.engine
+    async with served(hub) as client:
+        held = [ask(client, "hi", "a"), ask(client, "hi", "b")]
+        await eventually(lambda: engine.running_count() == 2)
+        with pytest.raises(openai.InternalServerError) as refused:
+            await client.chat.completions.create(
+                model="chatlane", messages=[{"role": "user", "content": "hi"}], user="c"
+            )
+        assert (refused.value.status_code, refused.value.code) == (503, "gateway_full")
+        assert "live_sessions" in refused.value.message
+        held.append(ask(client, "again", "a"))  # a live session still queues
+        await eventually(lambda: len(engine.unanswered("main:api:dm:a")) == 2)
+        agent.release.set()
+        assert len(await asyncio.gather(*held)) == 3
+
+
+def test_active_turns_are_bounded_by_default() -> None:
+    assert load_config(environ={}).runtime.max_active_sessions == 64
+
+
+# -- sockets and browser ids ---------------------------------------------------------------
+
+
+async def closed_with(host: str, cookie: str) -> tuple[int, str]:
+    async with chat_socket(host, cookie) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            await drain(ws)
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+async def test_sockets_beyond_the_global_limit_are_closed_1013() -> None:
+    async with web_server(Config(limits=LimitsConfig(sockets=3))) as host:
+        bids = [await browser_id(host) for _ in range(4)]
+        async with contextlib.AsyncExitStack() as open_sockets:
+            for bid in bids[:3]:
+                await open_sockets.enter_async_context(greeted(host, bid))
+            code, reason = await closed_with(host, f"{IDENTITY_COOKIE}={bids[3]}")
+            assert code == 1013
+            assert "too many open connections" in reason
+
+
+@pytest.mark.parametrize(
+    "invented",
+    ["A" * 24, "A" * 24 + "." + "B" * 43],
+    ids=["unsigned", "forged-signature"],
+)
+async def test_an_invented_browser_id_is_refused_so_the_tab_limit_holds(
+    invented: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(web, "MAX_TABS", 1)
+    async with web_server() as host:
+        bid = await browser_id(host)
+        async with greeted(host, bid):
+            assert await closed_with(host, f"{IDENTITY_COOKIE}={bid}") == (
+                1013,
+                "too many open tabs",
+            )
+            code, _ = await closed_with(host, f"{IDENTITY_COOKIE}={invented}")
+            assert code == 4400
+        async with httpx.AsyncClient(base_url=f"http://{host}") as page:
+            fresh = await page.get("/", headers={"Cookie": f"{IDENTITY_COOKIE}={invented}"})
+        assert fresh.cookies[IDENTITY_COOKIE] != invented
+
+
+def test_the_id_secret_is_a_private_file_next_to_the_database(tmp_path: Path) -> None:
+    config = Config(store=StoreConfig(url=f"sqlite:///{tmp_path / 'chat.db'}"))
+    first = id_secret(config)
+    path = tmp_path / ("chat.db" + SECRET_SUFFIX)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    issued = BrowserIds(first).issue()
+    assert BrowserIds(id_secret(config)).verify(issued) == issued.partition(".")[0]
+    assert BrowserIds(b"another secret, 32 bytes long...").verify(issued) is None
+
+
+# -- API clients -----------------------------------------------------------------------------
+
+
+def clients_config(tmp_path: Path) -> Config:
+    for name in ("alice", "bob"):
+        (tmp_path / name).write_text(f"{name}-token")
+    clients = {
+        name: ApiClientConfig(token=Secret(file=str(tmp_path / name))) for name in ("alice", "bob")
+    }
+    return make_config(tmp_path, api=ApiConfig(clients=clients))
+
+
+async def test_a_client_can_never_name_another_clients_session(tmp_path: Path) -> None:
+    config = clients_config(tmp_path)
+    hub = await api_hub(config, DemoAgent())
+    async with served(hub, token="alice-token") as alice:
+        reply = await alice.chat.completions.create(
+            model="chatlane", messages=[{"role": "user", "content": "whoami"}], user="alice:x"
+        )
+        assert "user=alice key=main:api:dm:alice%3Ax " in (reply.choices[0].message.content or "")
+        for stolen in ("bob:x", "bob:", "alicex", "x"):
+            with pytest.raises(openai.PermissionDeniedError) as refused:
+                await alice.chat.completions.create(
+                    model="chatlane", messages=[{"role": "user", "content": "hi"}], user=stolen
+                )
+            assert refused.value.code == "session_not_allowed"
+        for token in (TOKEN, "bob-token!", ""):
+            anonymous = alice.with_options(api_key=token or "-")
+            with pytest.raises(openai.AuthenticationError):
+                await anonymous.chat.completions.create(
+                    model="chatlane", messages=[{"role": "user", "content": "hi"}], user="bob:x"
+                )
+        assert hub.gateway.engine.registry.peek("main:api:dm:bob%3Ax") is None
+
+
+def test_client_prefixes_that_overlap_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "t").write_text("t")
+    token = Secret(file=str(tmp_path / "t"))
+    clients = {"a": ApiClientConfig(token, prefix="team"), "b": ApiClientConfig(token, "team-b")}
+    with pytest.raises(ConfigError, match="could name its sessions"):
+        check_config(Config(api=ApiConfig(clients=clients)))
