@@ -120,12 +120,20 @@ class Metrics:
         return lines
 
     def routes(self, hub: Hub) -> Sequence[BaseRoute]:
-        """``GET /metrics``."""
+        """``GET /metrics``: behind the access token unless ``server.metrics_public``."""
         from starlette.requests import Request
         from starlette.responses import PlainTextResponse
         from starlette.routing import Route
 
+        public = hub.config.server.metrics_public
+
         async def endpoint(request: Request) -> PlainTextResponse:
+            if not public and not hub.access.admits_bearer(request.headers):
+                return PlainTextResponse(
+                    "a valid bearer token is required\n",
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             engine = hub.gateway.engine
             text = self.render(engine.queue_depth(), engine.running_count(), engine.leases.beats)
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

@@ -21,12 +21,12 @@ What stays true:
   preflight, and none is granted), and a request whose ``Origin`` is not the
   gateway's own gets 403.
 * When an access token is configured every route needs it as a bearer token,
-  compared in constant time.
+  compared in constant time against the :class:`~chatlane.access.AccessToken`
+  given (``chatlane serve`` gives the hub's, so a reload reaches the API too).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import time
@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from chatlane.access import AccessToken
 from chatlane.adapters.api_waiters import EventKind, Waiter, WaiterEvent, WaiterTracker
 from chatlane.adapters.api_wire import (
     ApiRequestError,
@@ -87,6 +88,8 @@ class ApiAdapter:
     :param settle_grace: how long a message may be neither running nor queued
         here before the store is asked what became of it.
     :param keepalive: seconds of silence after which a stream gets an SSE comment.
+    :param access: the token to check (the hub's, so a reload reaches this adapter);
+        default: read once from the configuration and ``environ``.
     """
 
     platform = "api"
@@ -100,8 +103,10 @@ class ApiAdapter:
         settle_grace: float = 1.0,
         keepalive: float = 15.0,
         environ: Mapping[str, str] | None = None,
+        access: AccessToken | None = None,
     ) -> None:
-        self._token = config.server.token.read(os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        self._access = access or AccessToken(config.server.token, environ)
         self._models = _model_names(config)
         self.wait_timeout = _default_ceiling(config) if wait_timeout is None else wait_timeout
         self.tick = tick
@@ -196,12 +201,7 @@ class ApiAdapter:
 
     def _authorize(self, request: Request) -> None:
         """:raises ApiRequestError: (401) unless the bearer token matches (when one is set)."""
-        if not self._token:
-            return
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        expected = self._token.encode()
-        given = presented.strip().encode("latin-1")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
+        if not self._access.admits_bearer(request.headers):
             raise ApiRequestError(
                 401, "missing or invalid bearer token", "authentication_error", "invalid_api_key"
             )

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from chatlane.access import AccessToken
 from chatlane.adapters.web_page import Gate, WebPage, browser_id
 from chatlane.adapters.web_wire import (
     Event,
@@ -129,9 +130,11 @@ class WebAdapter:
 
     platform = "web"
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, access: AccessToken | None = None) -> None:
+        """``access``: the hub's token, so a reload reaches the web chat (default: read here)."""
         self.config = config
-        self.gate = Gate(config.server.token.read(os.environ))
+        access = access or AccessToken(config.server.token, os.environ)
+        self.gate = Gate(access, ttl=config.server.sign_in_ttl)
         self.page = WebPage(self.gate)
         self._hub: Hub | None = None
         self._chats: dict[str, WebChat] = {}
