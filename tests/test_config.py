@@ -97,6 +97,7 @@ def test_non_loopback_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="needs a token"):
         configure(None, host="0.0.0.0")
     monkeypatch.setenv("CHATLANE_TOKEN", "t")
+    monkeypatch.setenv("CHATLANE_SERVER__ALLOWED_HOSTS", '["chat.example"]')
     assert configure(None, host="0.0.0.0").server.host == "0.0.0.0"
 
 

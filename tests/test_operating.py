@@ -65,7 +65,9 @@ async def test_metrics_count_turns_and_busy_outcomes(tmp_path: Path) -> None:
                 model="chatlane", messages=[{"role": "user", "content": text}], user="m"
             )
         async with httpx.AsyncClient() as client:
-            text = (await client.get(f"http://127.0.0.1:{s.port}/metrics")).text
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            url = f"http://127.0.0.1:{s.port}/metrics"
+            text = (await client.get(url, headers=headers)).text
         assert "chatlane_turns_started_total 1" in text
         assert 'chatlane_turns_finished_total{outcome="answered"} 1' in text
         assert 'chatlane_turn_duration_seconds_bucket{le="+Inf"} 1' in text

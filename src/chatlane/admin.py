@@ -5,9 +5,11 @@ and the messages set aside as failed.
 answer JSON; ``POST /admin/failed/{message_id}/retry`` runs a failed message
 again; ``/admin/cron`` lists and removes scheduled jobs (:mod:`chatlane.admin_cron`).
 When an access token is configured they require it
-(``Authorization: Bearer …``). Keys and ids are URL-encoded in the path, so
-``:`` and ``%`` work. A store that fails them is answered with 503 and the
-store's own message, never a traceback.
+(``Authorization: Bearer …``): the one the gateway read at start or at its
+last reload; a gateway whose token became empty or unreadable refuses all.
+Keys and ids are URL-encoded in the path, so ``:`` and ``%`` work. A store
+that fails them is answered with 503 and the store's own message, never a
+traceback.
 
 ``GET /health`` needs no token (probes call it): 200 ``{"status": "ok"}``,
 or 503 ``{"status": "unhealthy", "reason": …}`` once the store found damage.
@@ -16,8 +18,6 @@ The reason names the condition, not the store's path.
 
 from __future__ import annotations
 
-import hmac
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -55,16 +55,8 @@ def session_summary(state: SessionState, hub: Hub) -> dict[str, Any]:
 
 
 def _authorized(request: Request, hub: Hub) -> bool:
-    token = hub.config.server.token.read(os.environ)
-    if not token:
-        return True
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    # headers arrive decoded as Latin-1: recover the bytes the client sent (UTF-8 tokens work)
-    sent = given.strip().encode("latin-1", errors="replace")
-    return hmac.compare_digest(sent, token.encode())
+    """No token is configured, or the request carries the hub's current one (never reread)."""
+    return hub.access.admits_bearer(request.headers)
 
 
 Endpoint = Callable[[Request], Awaitable[JSONResponse]]

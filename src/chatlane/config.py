@@ -64,6 +64,26 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     keep_alive: int = 75
     """Seconds an idle HTTP connection is kept open; longer than clients' and proxies'
     idle pools, so they close first and never reuse a connection the server is closing."""
+    header_timeout: float = 10.0
+    """Seconds a client has to send a request's headers (a WebSocket handshake's
+    included), from connecting or from the first byte of its next request."""
+    max_connections: int = 1000
+    """Most connections open at once (HTTP and WebSocket); more are answered 503 and
+    closed. Lowered at start to fit the process's open-file limit."""
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    """``Host`` names answered besides the loopback names and ``host``
+    (``*.example.com`` matches subdomains, ``*`` any name)."""
+    metrics_public: bool = False
+    """Serve ``/metrics`` without the token even when one is configured."""
+    sign_in_ttl: int = 7 * 24 * 3600
+    """Seconds a web chat sign-in lasts before the browser must present the token again."""
+
+    def is_wildcard(self) -> bool:
+        """Whether ``host`` listens on every address (``0.0.0.0``, ``::``)."""
+        try:
+            return ipaddress.ip_address(self.host).is_unspecified
+        except ValueError:
+            return False
 
     def is_loopback(self) -> bool:
         """Whether ``host`` only accepts connections from this machine."""
@@ -373,6 +393,17 @@ def _check_server(server: ServerConfig) -> None:
             f"configuration key 'server.keep_alive' = {server.keep_alive}: "
             "expected a whole number of seconds > 0"
         )
+    _check_limits(server)
+
+
+def _check_limits(server: ServerConfig) -> None:
+    """Header deadline, connection cap and sign-in lifetime are finite and > 0."""
+    for name in ("header_timeout", "max_connections", "sign_in_ttl"):
+        value = getattr(server, name)
+        if not value > 0 or not math.isfinite(value):
+            raise ConfigError(
+                f"configuration key 'server.{name}' = {value}: expected a finite number > 0"
+            )
 
 
 def _check_openai(openai: OpenAIConfig) -> None:

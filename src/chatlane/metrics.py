@@ -143,12 +143,20 @@ class Metrics:
         return lines
 
     def routes(self, hub: Hub) -> Sequence[BaseRoute]:
-        """``GET /metrics``."""
+        """``GET /metrics``: behind the access token unless ``server.metrics_public``."""
         from starlette.requests import Request
         from starlette.responses import PlainTextResponse
         from starlette.routing import Route
 
+        public = hub.config.server.metrics_public
+
         async def endpoint(request: Request) -> PlainTextResponse:
+            if not public and not hub.access.admits_bearer(request.headers):
+                return PlainTextResponse(
+                    "a valid bearer token is required\n",
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             engine = hub.gateway.engine
             damaged = hub.store.damaged is not None
             text = self.render(

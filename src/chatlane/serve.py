@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import resource
+import signal
 import socket
 from types import FrameType
 
@@ -14,6 +17,7 @@ from starlette.types import ASGIApp
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
+from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling_config import build_scheduler
 from chatlane.server import Hub, build_app, open_hub
@@ -82,14 +86,20 @@ def _check_options(**options: str | int | None) -> None:
 
 
 def require_token(config: Config) -> None:
-    """A non-loopback address needs an access token.
+    """A non-loopback address needs an access token; a wildcard one, the names it answers to.
 
-    :raises ConfigError: if none is configured.
+    :raises ConfigError: if either is missing.
     """
     if not config.server.is_loopback() and not config.server.token.read(os.environ):
         raise ConfigError(
             f"configuration key 'server.host' = {config.server.host!r}: listening beyond this "
             "machine needs a token (set CHATLANE_TOKEN, or server.token.env / server.token.file)"
+        )
+    if config.server.is_wildcard() and not config.server.allowed_hosts:
+        raise ConfigError(
+            f"configuration key 'server.host' = {config.server.host!r}: listening on every "
+            "address needs the names clients use in 'server.allowed_hosts' (every request "
+            "addressed to another name is refused)"
         )
 
 
@@ -98,8 +108,8 @@ def add_adapters(hub: Hub) -> None:
     from chatlane.adapters.api import ApiAdapter
     from chatlane.adapters.web import WebAdapter
 
-    hub.add(WebAdapter(hub.config))
-    hub.add(ApiAdapter(hub.config))
+    hub.add(WebAdapter(hub.config, access=hub.access))
+    hub.add(ApiAdapter(hub.config, access=hub.access))
     if hub.config.telegram.enabled:
         from chatlane.adapters.telegram import TelegramAdapter
 
@@ -117,12 +127,34 @@ async def serve(config: Config) -> None:
         raise hub.startup_error
 
 
+FILES_KEPT = 64 + MAX_LINGERING
+"""Open files kept free of connections: for the store, logs and the agent, and for
+refused connections while they linger."""
+
+
+def connection_limits(config: Config) -> ConnectionLimits:
+    """The header deadline, and ``max_connections`` lowered to fit the open-file limit."""
+    wanted = config.server.max_connections
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fits = wanted if soft == resource.RLIM_INFINITY else max(1, min(wanted, soft - FILES_KEPT))
+    if fits < wanted:
+        log.warning(
+            "server.max_connections = %d does not fit the open-file limit (%d): using %d",
+            wanted,
+            soft,
+            fits,
+        )
+    return ConnectionLimits(header_timeout=config.server.header_timeout, max_connections=fits)
+
+
 def uvicorn_config(app: ASGIApp, config: Config) -> uvicorn.Config:
-    """How the HTTP server runs ``app``: address, idle keep-alive, shutdown wait, frame limit."""
+    """How the HTTP server runs ``app``: address, header deadline, connection cap, idle
+    keep-alive, shutdown wait, frame limit."""
     return uvicorn.Config(
         app,
         host=config.server.host,
         port=config.server.port,
+        http=guarded_protocol(connection_limits(config)),
         timeout_keep_alive=config.server.keep_alive,
         log_level="warning",
         lifespan="on",
@@ -132,7 +164,8 @@ def uvicorn_config(app: ASGIApp, config: Config) -> uvicorn.Config:
 
 
 class AnnouncingServer(uvicorn.Server):
-    """Prints the URLs once the socket is bound (so "ready" means ready)."""
+    """Prints the URLs once the socket is bound (so "ready" means ready); reloads the
+    access token on SIGHUP."""
 
     def __init__(self, uvicorn_config: uvicorn.Config, config: Config, hub: Hub) -> None:
         super().__init__(uvicorn_config)
@@ -146,6 +179,8 @@ class AnnouncingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Stop the turns first, so requests waiting on them are answered, not held open."""
+        if hasattr(signal, "SIGHUP"):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await self.hub.gateway.aclose()
         await super().shutdown(sockets)
 
@@ -154,6 +189,8 @@ class AnnouncingServer(uvicorn.Server):
         if self.hub.startup_error is not None:
             self.should_exit = True
         elif self.started:
+            if hasattr(signal, "SIGHUP"):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.hub.access.reload)
             announce(self.chatlane_config)
 
 

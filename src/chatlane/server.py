@@ -9,6 +9,9 @@ What stays true:
   (Telegram stays silent in groups), else with a clear notice.
 * Every outbound message goes to the adapter of its target's platform; an
   adapter that is missing or fails is logged, never a crash.
+* Every route answers only requests addressed to a name the operator allowed
+  (``Host``), with or without a token; every route that checks the token asks
+  the hub's one :class:`~chatlane.access.AccessToken`.
 * Shutdown (SIGINT, SIGTERM) stops accepting, fences running turns, releases
   their leases and closes the store: accepted messages stay in the durable
   queue for the next start.
@@ -28,6 +31,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
 
+from chatlane.access import AccessToken
 from chatlane.agents import load_agent
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError
@@ -125,10 +129,13 @@ class Hub:
     agent: Agent
     adapters: dict[str, Adapter] = field(default_factory=dict)
     gateway: Gateway = field(init=False)
+    access: AccessToken = field(init=False)
+    """The access token every route checks, read once here (a reload swaps it everywhere)."""
     startup_error: ChatlaneError | None = None
     """Why the gateway or an adapter could not start (the server then stops at once)."""
 
     def __post_init__(self) -> None:
+        self.access = AccessToken(self.config.server.token, os.environ)
         self.gateway = Gateway(
             self.agent, self.deliver, settings=gateway_settings(self.config), store=self.store
         )
@@ -222,16 +229,19 @@ def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
-def _host_check(config: Config) -> list[Middleware]:
-    """Without a token, answer only requests addressed to a loopback name.
+def allowed_hosts(config: Config) -> list[str]:
+    """The ``Host`` names answered: loopback names, the listening address, ``allowed_hosts``."""
+    return sorted({*LOOPBACK_NAMES, config.server.host, *config.server.allowed_hosts})
 
-    A token protects every route; without one, a web page elsewhere could still
-    reach a loopback gateway through DNS rebinding, which a ``Host`` check stops.
+
+def _host_check(config: Config) -> list[Middleware]:
+    """Answer only requests addressed to an allowed name, on every route, token or not.
+
+    Without a token a web page elsewhere could reach a loopback gateway through
+    DNS rebinding; with one, a name the operator never meant to serve is
+    refused too. Anything else gets 400.
     """
-    if config.server.token.read(os.environ):
-        return []
-    hosts = sorted({*LOOPBACK_NAMES, config.server.host})
-    return [Middleware(TrustedHostMiddleware, allowed_hosts=hosts)]
+    return [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(config))]
 
 
 async def shutdown(hub: Hub) -> None:

@@ -13,12 +13,23 @@ import httpx
 import msgspec
 import pytest
 import uvicorn
+from starlette.applications import Starlette
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from chatlane.access import AccessToken
 from chatlane.adapters import web
 from chatlane.adapters.web import WebAdapter
-from chatlane.adapters.web_page import AUTH_COOKIE, IDENTITY_COOKIE
+from chatlane.adapters.web_ids import BrowserIds
+from chatlane.adapters.web_page import (
+    AUTH_COOKIE,
+    IDENTITY_COOKIE,
+    SIGN_IN_ATTEMPTS,
+    SIGN_IN_WINDOW,
+    Gate,
+    SignInLimiter,
+    WebPage,
+)
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT
 from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig, StoreConfig
 from chatlane.identity import SessionSource
@@ -438,6 +449,11 @@ def token_config(tmp_path: Path) -> Config:
     return Config(server=ServerConfig(token=Secret(file=str(token_file))))
 
 
+async def sign_in(client: httpx.AsyncClient, token: str) -> httpx.Response:
+    """Post the sign-in form as a browser does."""
+    return await client.post("/", data={"token": token})
+
+
 async def test_token_guards_the_page(token_config: Config) -> None:
     async with (
         web_server(token_config) as host,
@@ -445,30 +461,104 @@ async def test_token_guards_the_page(token_config: Config) -> None:
     ):
         denied = await client.get("/")
         assert denied.status_code == 401
-        assert 'name="token"' in denied.text
+        assert '<form method="post" action="/">' in denied.text
         assert IDENTITY_COOKIE not in denied.cookies
-        wrong = await client.get("/", params={"token": "guess ✗"})
+        in_url = await client.get("/", params={"token": "s3cret-tøken"})
+        assert in_url.status_code == 401  # a token in the address is never taken
+        assert AUTH_COOKIE not in in_url.cookies
+        wrong = await sign_in(client, "guess ✗")
         assert wrong.status_code == 401
         assert "not right" in wrong.text
-        signed_in = await client.get("/", params={"token": "s3cret-tøken"})
+        signed_in = await sign_in(client, "s3cret-tøken")
         assert signed_in.status_code == 303
         assert signed_in.headers["location"] == "/"
         assert "s3cret" not in signed_in.cookies[AUTH_COOKIE]
         assert (await client.get("/")).status_code == 200
 
 
+async def test_each_sign_in_is_its_own_session_with_an_expiry(token_config: Config) -> None:
+    async with web_server(token_config) as host:
+        cookies = []
+        for _ in range(2):
+            async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+                response = await sign_in(client, "s3cret-tøken")
+                header = response.headers["set-cookie"]
+                assert f"Max-Age={7 * 24 * 3600}" in header
+                assert "HttpOnly" in header
+                cookies.append(response.cookies[AUTH_COOKIE])
+        assert cookies[0] != cookies[1]  # per browser, not a function of the token
+
+
+async def test_a_sign_in_ends_at_its_expiry(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret")
+    now = [1_000_000.0]
+    access = AccessToken(Secret(file=str(token_file)), {})
+    ids = BrowserIds(b"a test secret of 32 bytes, fixed")
+    page = WebPage(Gate(access, ttl=60, clock=lambda: now[0]), ids)
+    app = Starlette(routes=list(page.routes()))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        assert (await sign_in(client, "s3cret")).status_code == 303
+        assert (await client.get("/")).status_code == 200
+        now[0] += 59
+        assert (await client.get("/")).status_code == 200
+        now[0] += 1
+        assert (await client.get("/")).status_code == 401
+
+
+async def test_wrong_tokens_are_rate_limited(token_config: Config) -> None:
+    async with (
+        web_server(token_config) as host,
+        httpx.AsyncClient(base_url=f"http://{host}") as client,
+    ):
+        for attempt in range(SIGN_IN_ATTEMPTS):
+            assert (await sign_in(client, f"guess {attempt}")).status_code == 401
+        limited = await sign_in(client, "s3cret-tøken")  # even the right one, for now
+        assert limited.status_code == 429
+        assert 0 < int(limited.headers["retry-after"]) <= SIGN_IN_WINDOW
+        assert AUTH_COOKIE not in limited.cookies
+
+
+def test_the_limiter_lets_a_client_try_again_after_the_window() -> None:
+    now = [0.0]
+    limiter = SignInLimiter(attempts=2, window=60, clock=lambda: now[0], max_clients=2)
+    limiter.failed("a")
+    now[0] = 10
+    limiter.failed("a")
+    assert limiter.retry_after("a") == 50
+    assert limiter.retry_after("b") == 0
+    now[0] = 60
+    assert limiter.retry_after("a") == 0  # the first failure is a window old
+
+
+async def test_a_cross_site_sign_in_is_refused(token_config: Config) -> None:
+    async with (
+        web_server(token_config) as host,
+        httpx.AsyncClient(base_url=f"http://{host}") as client,
+    ):
+        for headers in (
+            {"Origin": "http://elsewhere.example"},
+            {"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+        ):
+            response = await client.post("/", data={"token": "s3cret-tøken"}, headers=headers)
+            assert response.status_code == 403
+            assert AUTH_COOKIE not in response.cookies
+
+
 async def test_token_guards_the_socket(token_config: Config) -> None:
     async with web_server(token_config) as host:
         async with httpx.AsyncClient(base_url=f"http://{host}") as client:
-            await client.get("/", params={"token": "s3cret-tøken"})
-            bid, proof = client.cookies[IDENTITY_COOKIE], client.cookies[AUTH_COOKIE]
+            await sign_in(client, "s3cret-tøken")
+            bid, session = client.cookies[IDENTITY_COOKIE], client.cookies[AUTH_COOKIE]
         identity = f"{IDENTITY_COOKIE}={bid}"
-        async with chat_socket(host, identity) as ws:
-            with pytest.raises(ConnectionClosed) as closed:
-                await receive(ws)
-        assert closed.value.rcvd is not None
-        assert closed.value.rcvd.code == 4401
-        async with chat_socket(host, f"{identity}; {AUTH_COOKIE}={proof}") as ws:
+        for path in ("/ws", "/ws?token=s3cret-t%C3%B8ken"):
+            async with chat_socket(host, identity, path) as ws:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await receive(ws)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 4401
+        async with chat_socket(host, f"{identity}; {AUTH_COOKIE}={session}") as ws:
             assert (await receive(ws))["type"] == "commands"
-        async with chat_socket(host, identity, "/ws?token=s3cret-t%C3%B8ken") as ws:
+        async with chat_socket(host, identity, Authorization="Bearer s3cret-t\xc3\xb8ken") as ws:
             assert (await receive(ws))["type"] == "commands"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
-from chatlane.adapters.web_page import IDENTITY_COOKIE
+from chatlane.adapters.web_page import AUTH_COOKIE, IDENTITY_COOKIE
 from chatlane.config import Config, Secret, ServerConfig
 from tests.adapters.test_web import web_server
 
@@ -229,6 +229,8 @@ async def test_sign_in_with_the_access_token(browser: Browser, tmp_path: Path) -
         context = await browser.new_context(viewport={"width": 1100, "height": 720})
         try:
             page = await context.new_page()
+            requests: list[str] = []
+            page.on("request", lambda request: requests.append(request.url))
             response = await page.goto(f"http://{host}/")
             assert response is not None
             assert response.status == 401
@@ -245,5 +247,26 @@ async def test_sign_in_with_the_access_token(browser: Browser, tmp_path: Path) -
             await chat.say("signed in")
             await chat.sees(".msg.assistant", "echo: signed in")
             assert chat.errors == []
+            assert not [url for url in requests if "sesame" in url or "token=" in url]
+            (session,) = [c for c in await context.cookies() if c["name"] == AUTH_COOKIE]
+            assert "sesame" not in session["value"]
+            assert session["expires"] > 0  # a session with an expiry, not a browser-long one
+            assert session["httpOnly"]
+            assert session["value"] != await signed_in_elsewhere(browser, host)
         finally:
             await context.close()
+
+
+async def signed_in_elsewhere(browser: Browser, host: str) -> str:
+    """Sign in from another browser profile; its sign-in cookie."""
+    context = await browser.new_context()
+    try:
+        page = await context.new_page()
+        await page.goto(f"http://{host}/")
+        await page.get_by_label("Access token").fill("open sesame")
+        await page.get_by_role("button", name="Sign in").click()
+        await ChatPage(context, page).connected()
+        (session,) = [c for c in await context.cookies() if c["name"] == AUTH_COOKIE]
+        return session["value"]
+    finally:
+        await context.close()

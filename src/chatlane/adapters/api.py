@@ -21,15 +21,15 @@ What stays true:
   preflight, and none is granted), and a request whose ``Origin`` is not the
   gateway's own gets 403.
 * When an access token is configured every route needs it as a bearer token,
-  compared in constant time. With ``[api.clients]`` every route needs a
-  client's token instead, and a client names only its own sessions
-  (:mod:`chatlane.adapters.api_clients`).
+  compared in constant time against the :class:`~chatlane.access.AccessToken`
+  given (``chatlane serve`` gives the hub's, so a reload reaches the API too).
+  With ``[api.clients]`` every route needs a client's token instead, and a
+  client names only its own sessions (:mod:`chatlane.adapters.api_clients`).
 * A message refused by a process-wide limit gets 503, code ``gateway_full``.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import time
@@ -41,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from chatlane.access import AccessToken
 from chatlane.adapters.api_clients import ApiClient, ApiClients
 from chatlane.adapters.api_waiters import EventKind, Waiter, WaiterEvent, WaiterTracker
 from chatlane.adapters.api_wire import (
@@ -91,6 +92,8 @@ class ApiAdapter:
     :param settle_grace: how long a message may be neither running nor queued
         here before the store is asked what became of it.
     :param keepalive: seconds of silence after which a stream gets an SSE comment.
+    :param access: the token to check (the hub's, so a reload reaches this adapter);
+        default: read once from the configuration and ``environ``.
     """
 
     platform = "api"
@@ -104,9 +107,10 @@ class ApiAdapter:
         settle_grace: float = 1.0,
         keepalive: float = 15.0,
         environ: Mapping[str, str] | None = None,
+        access: AccessToken | None = None,
     ) -> None:
         environ = os.environ if environ is None else environ
-        self._token = config.server.token.read(environ)
+        self._access = access or AccessToken(config.server.token, environ)
         self.clients = ApiClients.from_config(config, environ)
         self._models = _model_names(config)
         self.wait_timeout = _default_ceiling(config) if wait_timeout is None else wait_timeout
@@ -211,12 +215,7 @@ class ApiAdapter:
         if self.clients.enabled:
             self._client(request)
             return
-        if not self._token:
-            return
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        expected = self._token.encode()
-        given = presented.strip().encode("latin-1")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
+        if not self._access.admits_bearer(request.headers):
             raise _unauthenticated()
 
     def _client(self, request: Request) -> ApiClient | None:

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from chatlane.access import AccessToken
 from chatlane.adapters.web_ids import BrowserIds, id_secret
 from chatlane.adapters.web_page import Gate, WebPage
 from chatlane.adapters.web_wire import (
@@ -136,9 +137,13 @@ class WebAdapter:
 
     platform = "web"
 
-    def __init__(self, config: Config, *, ids: BrowserIds | None = None) -> None:
+    def __init__(
+        self, config: Config, *, ids: BrowserIds | None = None, access: AccessToken | None = None
+    ) -> None:
+        """``access``: the hub's token, so a reload reaches the web chat (default: read here)."""
         self.config = config
-        self.gate = Gate(config.server.token.read(os.environ))
+        access = access or AccessToken(config.server.token, os.environ)
+        self.gate = Gate(access, ttl=config.server.sign_in_ttl)
         self.ids = ids if ids is not None else BrowserIds(id_secret(config))
         self.page = WebPage(self.gate, self.ids)
         self._hub: Hub | None = None

@@ -9,9 +9,10 @@ What stays true:
   or client can read, choose or invent it. A cookie is a signed id byte for
   byte or no id at all.
 * When an access token is configured, neither the page nor the WebSocket is
-  served without it. ``/?token=…`` trades the token for an HttpOnly cookie that
-  holds a proof derived from it (never the token itself) and redirects to ``/``
-  so the token leaves the address bar. Every comparison is constant-time.
+  served without a sign-in. The sign-in form *posts* the token (it never
+  appears in a URL); a right one gets a per-browser HttpOnly cookie that
+  expires (:class:`Gate`), wrong ones are rate-limited per client address
+  (:class:`SignInLimiter`). Every comparison is constant-time.
 * The page is plain HTML, CSS and JavaScript shipped inside the package: no
   build step, nothing fetched from another origin (the Content-Security-Policy
   says so).
@@ -21,21 +22,32 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+import math
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from chatlane.access import AccessToken
 from chatlane.adapters.web_ids import IDENTITY_COOKIE as IDENTITY_COOKIE
 from chatlane.adapters.web_ids import BrowserIds
 
 AUTH_COOKIE = "chatlane_web_auth"
-"""Holds a proof of the access token, set after ``/?token=…``."""
+"""Holds the browser's sign-in: an expiry and a nonce, signed with the token's key."""
+SIGN_IN_PURPOSE = b"chatlane web sign-in"
 IDENTITY_MAX_AGE = 400 * 24 * 3600
-AUTH_MAX_AGE = 30 * 24 * 3600
+AUTH_MAX_AGE = 7 * 24 * 3600
+SIGN_IN_ATTEMPTS = 5
+"""Wrong tokens one client address may post within :data:`SIGN_IN_WINDOW` seconds."""
+SIGN_IN_WINDOW = 60.0
+MAX_FORM_BYTES = 4096
 STATIC_DIR = Path(__file__).with_name("static")
 
 SECURITY_HEADERS = {
@@ -49,69 +61,160 @@ SECURITY_HEADERS = {
 }
 
 
-def _same(given: str, expected: str) -> bool:
-    """Constant-time equality that accepts any Unicode (``compare_digest`` wants ASCII str)."""
-    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
-
-
 class Gate:
-    """Admits a connection when no token is configured, or when it presents the token."""
+    """Admits a connection when no token is required, or when it is signed in.
 
-    def __init__(self, token: str) -> None:
-        self._token = token
-        digest = hmac.new(token.encode(), b"chatlane web session", hashlib.sha256)
-        self._proof = digest.hexdigest() if token else ""
+    A sign-in is a cookie of its own per browser: a random nonce and an expiry,
+    signed with a key derived from the access token. It is no function of the
+    token alone, it ends at its expiry, and a token reload ends every sign-in.
+    Scripts may instead send ``Authorization: Bearer <token>``.
+
+    :param access: the gateway's token (the hub's, so a reload reaches the web chat).
+    :param ttl: seconds a sign-in lasts.
+    :param clock: wall-clock seconds (the expiry is written into the cookie).
+    """
+
+    def __init__(
+        self,
+        access: AccessToken,
+        *,
+        ttl: int = AUTH_MAX_AGE,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._access = access
+        self.ttl = ttl
+        self._clock = clock
 
     @property
     def required(self) -> bool:
         """Whether a token must be presented."""
-        return bool(self._token)
+        return self._access.required
 
     def admits(self, connection: HTTPConnection) -> bool:
-        """The auth cookie holds the token's proof, or ``?token=`` is the token."""
-        if not self._token:
+        """No token is required, the sign-in cookie is valid, or the bearer token is right."""
+        if not self._access.required:
             return True
-        return _same(connection.cookies.get(AUTH_COOKIE, ""), self._proof) or self.token_given(
-            connection
-        )
+        cookie = connection.cookies.get(AUTH_COOKIE, "")
+        return self._valid(cookie) or self._access.admits_bearer(connection.headers)
 
-    def token_given(self, connection: HTTPConnection) -> bool:
-        """``?token=`` is present and right."""
-        given = connection.query_params.get("token")
-        return given is not None and bool(self._token) and _same(given, self._token)
+    def sign_in(self, token: bytes) -> str | None:
+        """A fresh sign-in cookie value if ``token`` is right, else ``None``."""
+        if not self._access.matches(token):
+            return None
+        expires = int(self._clock()) + self.ttl
+        payload = f"{expires}.{secrets.token_urlsafe(18)}"
+        return f"{payload}.{self._signature(payload)}"
 
-    def remember(self, response: Response) -> None:
-        """Set the auth cookie, so later requests need no ``?token=``."""
+    def remember(self, response: Response, cookie: str, *, secure: bool) -> None:
+        """Set the sign-in cookie (``Secure`` when the page was reached over HTTPS)."""
         response.set_cookie(
-            AUTH_COOKIE, self._proof, max_age=AUTH_MAX_AGE, httponly=True, samesite="lax"
+            AUTH_COOKIE, cookie, max_age=self.ttl, httponly=True, samesite="lax", secure=secure
         )
+
+    def _valid(self, cookie: str) -> bool:
+        payload, _, signature = cookie.rpartition(".")
+        expires, _, nonce = payload.partition(".")
+        if not (expires.isdigit() and nonce and int(expires) > self._clock()):
+            return False
+        expected = self._signature(payload)
+        return bool(expected) and hmac.compare_digest(signature.encode(), expected.encode())
+
+    def _signature(self, payload: str) -> str:
+        """HMAC-SHA256 of ``payload`` under the current token's key; ``""`` while it has none."""
+        key = self._access.derive(SIGN_IN_PURPOSE)
+        if key is None:
+            return ""
+        return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+class SignInLimiter:
+    """Counts wrong tokens per client address; after ``attempts`` within ``window``
+    seconds, that address may not try again until the oldest failure is ``window`` old.
+
+    At most ``max_clients`` addresses are remembered (the longest-known is forgotten
+    first), so the table cannot grow without bound.
+    """
+
+    def __init__(
+        self,
+        attempts: int = SIGN_IN_ATTEMPTS,
+        window: float = SIGN_IN_WINDOW,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_clients: int = 10_000,
+    ) -> None:
+        self.attempts = attempts
+        self.window = window
+        self._clock = clock
+        self._max_clients = max_clients
+        self._failures: dict[str, deque[float]] = {}
+
+    def retry_after(self, client: str) -> float:
+        """Seconds until ``client`` may try again; ``0`` if it may now."""
+        failures = self._recent(client)
+        if len(failures) < self.attempts:
+            return 0.0
+        return failures[0] + self.window - self._clock()
+
+    def failed(self, client: str) -> None:
+        """Record a wrong token from ``client``."""
+        failures = self._recent(client)
+        if client not in self._failures and len(self._failures) >= self._max_clients:
+            del self._failures[next(iter(self._failures))]
+        failures.append(self._clock())
+        self._failures[client] = failures
+
+    def _recent(self, client: str) -> deque[float]:
+        failures = self._failures.get(client, deque())
+        while failures and failures[0] <= self._clock() - self.window:
+            failures.popleft()
+        if not failures:
+            self._failures.pop(client, None)
+        return failures
 
 
 class WebPage:
-    """``/`` (the chat page or the sign-in page) and ``/web/static/…`` (its assets)."""
+    """``/`` (the chat page or the sign-in page), ``POST /`` (signing in) and
+    ``/web/static/…`` (the page's assets)."""
 
-    def __init__(self, gate: Gate, ids: BrowserIds) -> None:
+    def __init__(self, gate: Gate, ids: BrowserIds, limiter: SignInLimiter | None = None) -> None:
         self.gate = gate
         self.ids = ids
+        self.limiter = limiter or SignInLimiter()
         self._index = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
 
     def routes(self) -> Sequence[BaseRoute]:
         """The page's HTTP routes."""
         return [
             Route("/", self.index, methods=["GET"]),
+            Route("/", self.sign_in, methods=["POST"]),
             Mount("/web/static", StaticFiles(directory=STATIC_DIR), name="web-static"),
         ]
 
     async def index(self, request: Request) -> Response:
-        """The chat page; a valid ``?token=`` is traded for a cookie first."""
+        """The chat page, or the sign-in page (401) until the browser signed in."""
         if not self.gate.admits(request):
-            return sign_in_page(wrong="token" in request.query_params)
-        response: Response
-        if self.gate.token_given(request):
-            response = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
-            self.gate.remember(response)
-        else:
-            response = HTMLResponse(self._index, headers=SECURITY_HEADERS)
+            return sign_in_page()
+        return self._with_identity(request, HTMLResponse(self._index, headers=SECURITY_HEADERS))
+
+    async def sign_in(self, request: Request) -> Response:
+        """Trade a posted token for a sign-in cookie; wrong tokens are rate-limited per client."""
+        if not _same_origin(request):
+            return PlainTextResponse("cross-origin sign-in refused", status_code=403)
+        client = request.client.host if request.client is not None else ""
+        wait = self.limiter.retry_after(client)
+        if wait > 0:
+            return sign_in_page(retry_after=wait)
+        cookie = self.gate.sign_in(await posted_token(request))
+        if cookie is None:
+            self.limiter.failed(client)
+            return sign_in_page(wrong=True)
+        response = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
+        self.gate.remember(response, cookie, secure=request.url.scheme == "https")
+        return self._with_identity(request, response)
+
+    def _with_identity(self, request: Request, response: Response) -> Response:
+        """``response``, giving the browser a signed identity cookie if it has none."""
         if self.ids.read(request) is None:
             response.set_cookie(
                 IDENTITY_COOKIE,
@@ -121,6 +224,35 @@ class WebPage:
                 samesite="lax",
             )
         return response
+
+
+def _same_origin(request: Request) -> bool:
+    """Not posted by another site's page.
+
+    Browsers say where a request comes from in ``Sec-Fetch-Site``; without it,
+    an ``Origin`` must be the page's own host. ``Origin: null`` is what the
+    page's own form sends under ``Referrer-Policy: no-referrer``, so it is
+    judged by ``Sec-Fetch-Site`` alone. A client that sends neither is not a browser.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return site in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    return origin in (None, "null") or urlsplit(origin).netloc == request.headers.get("host")
+
+
+async def posted_token(request: Request) -> bytes:
+    """The ``token`` field of a form post of at most :data:`MAX_FORM_BYTES`; ``b""`` otherwise."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        return b""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return b""
+    fields = parse_qs(body.decode("latin-1"), encoding="utf-8", errors="replace")
+    return fields.get("token", [""])[0].encode("utf-8")
 
 
 _SIGN_IN = """<!doctype html>
@@ -137,7 +269,7 @@ _SIGN_IN = """<!doctype html>
 <h1>chatlane</h1>
 <p>This chat needs an access token.</p>
 {error}
-<form method="get" action="/">
+<form method="post" action="/">
 <label for="token">Access token</label>
 <input id="token" name="token" type="password" autocomplete="current-password" required>
 <button type="submit">Sign in</button>
@@ -148,7 +280,13 @@ _SIGN_IN = """<!doctype html>
 """
 
 
-def sign_in_page(*, wrong: bool) -> HTMLResponse:
-    """The 401 page: a form that sends the token as ``?token=``."""
+def sign_in_page(*, wrong: bool = False, retry_after: float = 0.0) -> HTMLResponse:
+    """The sign-in form (posting the token): 401, or 429 with ``Retry-After`` while limited."""
+    if retry_after > 0:
+        seconds = math.ceil(retry_after)
+        text = f"Too many wrong tokens: try again in {seconds} s."
+        error = f'<p class="error" role="alert">{text}</p>'
+        headers = {**SECURITY_HEADERS, "Retry-After": str(seconds)}
+        return HTMLResponse(_SIGN_IN.format(error=error), status_code=429, headers=headers)
     error = '<p class="error" role="alert">That token is not right.</p>' if wrong else ""
     return HTMLResponse(_SIGN_IN.format(error=error), status_code=401, headers=SECURITY_HEADERS)
