@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -990,3 +991,19 @@ class TestWiring:
 
 async def _drop(outbound: Outbound) -> None:
     return None
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("chatlane.scheduler", "chatlane.scheduling.loop"),
+        ("chatlane.cron", "chatlane.scheduling.cron"),
+        ("chatlane.autoreset", "chatlane.scheduling.autoreset"),
+        ("chatlane.cron_chat", "chatlane.scheduling.chat"),
+        ("chatlane.scheduling_config", "chatlane.scheduling.settings"),
+    ],
+)
+def test_the_old_module_names_export_the_same_objects(old: str, new: str) -> None:
+    before, after = importlib.import_module(old), importlib.import_module(new)
+    for name in before.__all__:
+        assert getattr(before, name) is getattr(after, name), name

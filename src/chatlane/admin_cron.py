@@ -16,13 +16,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from chatlane.cron import Job
-from chatlane.cron_chat import principal_of, when_text
 from chatlane.errors import ConfigError
 from chatlane.identity import build_session_key
+from chatlane.scheduling.chat import principal_of, when_text
+from chatlane.scheduling.cron import Job
 
 if TYPE_CHECKING:
-    from chatlane.scheduler import Scheduler
+    from chatlane.scheduling.loop import Scheduler
     from chatlane.server import Hub
 
 UNAUTHORIZED = {"error": "a valid bearer token is required"}

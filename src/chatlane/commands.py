@@ -283,7 +283,7 @@ BUILTIN_COMMANDS = (
 
 def default_router(options: LifecycleOptions | None = None) -> CommandRouter:
     """A router with every built-in command: turn control, conversations, overrides, approvals."""
-    from chatlane.scheduler import CRON_COMMAND
+    from chatlane.scheduling.chat import CRON_COMMAND
     from chatlane.session_commands import SESSION_COMMANDS
 
     return CommandRouter((*BUILTIN_COMMANDS, *SESSION_COMMANDS, CRON_COMMAND), options)

@@ -31,7 +31,7 @@ from chatlane.stores.base import Store
 from chatlane.types import Agent, Deliver, InboundMessage, Outbound, OutboundKind, SessionKey
 
 if TYPE_CHECKING:
-    from chatlane.scheduler import Scheduler
+    from chatlane.scheduling.loop import Scheduler
 
 _YES_OR_NO = YES | NO
 """Words that answer a pending approval or confirmation."""
@@ -88,7 +88,7 @@ class Gateway:
             self.use_scheduler(scheduler)
 
     def use_scheduler(self, scheduler: Scheduler) -> None:
-        """Attach ``scheduler`` (see :mod:`chatlane.scheduler`).
+        """Attach ``scheduler`` (see :mod:`chatlane.scheduling`).
 
         It then sees every message a person sends, may hold back deliveries
         for its own jobs, and starts and stops with the gateway; if the gateway

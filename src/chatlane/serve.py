@@ -19,7 +19,7 @@ from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
 from chatlane.runtime.busy import BusyPolicy
-from chatlane.scheduling_config import build_scheduler
+from chatlane.scheduling.settings import build_scheduler
 from chatlane.server import Hub, build_app, open_hub
 
 log = logging.getLogger("chatlane.server")
