@@ -4,7 +4,8 @@
 session (:mod:`chatlane.identity`), routes slash commands to the
 :class:`~chatlane.commands.CommandRouter` (they may run while a turn is busy),
 and hands everything else to the :class:`~chatlane.runtime.engine.TurnEngine`.
-Replies leave through the adapter's ``deliver`` function only.
+Replies leave through the adapter's ``deliver`` function only, after passing
+every outbound filter (:meth:`Gateway.add_outbound_filter`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.session_commands import NO, YES
 from chatlane.state import SessionRegistry
 from chatlane.stores.base import Store
-from chatlane.types import Agent, Deliver, InboundMessage, Outbound, OutboundKind, SessionKey
+from chatlane.types import (
+    Agent,
+    Deliver,
+    InboundMessage,
+    Outbound,
+    OutboundFilter,
+    OutboundKind,
+    SessionKey,
+)
 
 if TYPE_CHECKING:
     from chatlane.scheduling.loop import Scheduler
@@ -74,6 +83,7 @@ class Gateway:
         self.settings = settings or GatewaySettings()
         self.router = router if router is not None else default_router(self.settings.lifecycle)
         self._deliver = deliver
+        self._filters: list[OutboundFilter] = []
         self._closed = False
         self.scheduler: Scheduler | None = None
         self.engine = TurnEngine(
@@ -90,17 +100,30 @@ class Gateway:
     def use_scheduler(self, scheduler: Scheduler) -> None:
         """Attach ``scheduler`` (see :mod:`chatlane.scheduling`).
 
-        It then sees every message a person sends, may hold back deliveries
-        for its own jobs, and starts and stops with the gateway; if the gateway
-        already started, call ``await scheduler.start()`` yourself.
+        It then sees every message a person sends, adds its outbound filters
+        (which hold back deliveries for its own jobs), and starts and stops
+        with the gateway; if the gateway already started, call ``await
+        scheduler.start()`` yourself.
 
         :raises RuntimeError: if ``scheduler`` is attached to another gateway.
         """
         scheduler.bind(self)
         self.scheduler = scheduler
 
+    def add_outbound_filter(self, keep: OutboundFilter) -> None:
+        """Deliver only what ``keep`` returns True for.
+
+        Every outbound message — replies, chunks, acks, notices — passes the
+        filters in the order they were added, just before the adapter's
+        ``deliver``; the first that returns False holds it back (later ones do
+        not see it). A filter changes only what is delivered, never what is
+        stored; one that raises is logged like a failed delivery. It runs on
+        the delivery path of every message, so it must be quick.
+        """
+        self._filters.append(keep)
+
     async def _deliver_out(self, outbound: Outbound) -> None:
-        if self.scheduler is None or self.scheduler.deliverable(outbound):
+        if all(keep(outbound) for keep in self._filters):
             await self._deliver(outbound)
 
     def session_key(self, message: InboundMessage) -> SessionKey:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from chatlane.scheduling.loop import (
     CRON_COMMAND,
-    CRON_ID,
     CRON_USAGE,
-    DONE_ID,
     LOCAL,
     ORIGIN,
     SILENT,
@@ -23,6 +21,7 @@ from chatlane.scheduling.loop import (
     cron_command,
     split_add,
 )
+from chatlane.scheduling.silent import CRON_ID, DONE_ID
 
 __all__ = [
     "CRON_COMMAND",

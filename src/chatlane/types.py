@@ -142,6 +142,10 @@ class ModelChoice(msgspec.Struct, frozen=True):
 Deliver: TypeAlias = Callable[[Outbound], Awaitable[None]]
 """An adapter's send function. Raising is logged and never breaks a turn."""
 
+OutboundFilter: TypeAlias = Callable[[Outbound], bool]
+"""Whether an outbound message may reach its chat (False holds it back); see
+:meth:`chatlane.gateway.Gateway.add_outbound_filter`."""
+
 
 class Agent(Protocol):
     """An async callable that answers a turn.

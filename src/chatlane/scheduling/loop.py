@@ -1,8 +1,10 @@
 """The scheduler: auto-resets on time, cron jobs, and background completions.
 
 A :class:`Scheduler` is attached to one :class:`~chatlane.gateway.Gateway`,
-which starts and stops it and shows it every message (for auto-reset) and
-every delivery (to hold back what must not reach a chat). What stays true:
+which starts and stops it and shows it every message (for auto-reset); the
+scheduler registers outbound filters with it that hold back what must not
+reach a chat (:mod:`chatlane.scheduling.silent`) and note every reply a
+person gets (activity). What stays true:
 
 * A job's prompt reaches its target session as an internal
   :class:`~chatlane.types.InboundMessage`: it goes through that session's
@@ -13,7 +15,8 @@ every delivery (to hold back what must not reach a chat). What stays true:
   so jobs running at once never see each other's target.
 * A reply of exactly ``[SILENT]`` to a scheduler-made message is not
   delivered, nor are the streamed chunks of such replies, nor anything for a
-  ``local`` job (its result is kept in the store's transcript only).
+  ``local`` job (its result is kept in the store's transcript only): the
+  gateway's filter from :func:`~chatlane.scheduling.silent.silent_filter`.
 * Each tick of a job runs at most once across every process sharing the
   store: a process runs a tick only after recording it under the job's lease
   with a fenced write (:class:`JobBook`); a tick is named by its epoch, which
@@ -58,6 +61,7 @@ from chatlane.scheduling.cron import (
     parse_schedule,
     run_source,
 )
+from chatlane.scheduling.silent import CRON_ID, DONE_ID, SILENT, from_scheduler, silent_filter
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey, Target
 
 if TYPE_CHECKING:
@@ -81,11 +85,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("chatlane.scheduler")
-
-SILENT = "[SILENT]"
-"""A reply that is exactly this (spaces aside) to a job or completion is not delivered."""
-CRON_ID, DONE_ID = "chatlane-cron:", "chatlane-done:"
-"""Prefixes of the ids of messages the scheduler makes."""
 
 JobAction = Callable[[JobRun], Awaitable[None]]
 """What a job does when its tick comes (called inside its cron context)."""
@@ -223,9 +222,13 @@ class Scheduler:
 
         :raises RuntimeError: if already attached to another gateway.
         """
-        if self._gateway is not None and self._gateway is not gateway:
+        if self._gateway is gateway:
+            return
+        if self._gateway is not None:
             raise RuntimeError("this scheduler is attached to another gateway")
         self._gateway = gateway
+        gateway.add_outbound_filter(silent_filter(self._local_prefix()))
+        gateway.add_outbound_filter(self._note_reply)
         engine = gateway.engine
         self._book = JobBook(engine.store, self.namespace, engine.holder, self.settings.claim_ttl)
         if gateway.router.get("cron") is CRON_COMMAND:
@@ -327,18 +330,11 @@ class Scheduler:
         if resolve(self.settings.auto_reset, source).enabled:
             self.tracker.touch(key, source, self._now())
 
-    def deliverable(self, outbound: Outbound) -> bool:
-        """Whether ``outbound`` may reach its chat; a reply to a person counts as activity."""
-        if outbound.session_key.startswith(self._local_prefix()):
-            return False
-        ids = outbound.in_reply_to
-        if not ids or not all(i.startswith((CRON_ID, DONE_ID)) for i in ids):
-            if outbound.kind is OutboundKind.REPLY:
-                self.tracker.refresh(outbound.session_key, self._now())
-            return True
-        if outbound.kind is OutboundKind.CHUNK:
-            return False
-        return not (outbound.kind is OutboundKind.REPLY and outbound.text.strip() == SILENT)
+    def _note_reply(self, outbound: Outbound) -> bool:
+        """A reply to a person counts as activity (an outbound filter that holds nothing back)."""
+        if outbound.kind is OutboundKind.REPLY and not from_scheduler(outbound):
+            self.tracker.refresh(outbound.session_key, self._now())
+        return True
 
     def _local_prefix(self) -> str:
         return f"{self.namespace}:cron:local:"
