@@ -67,26 +67,31 @@ async def test_one_client_is_one_principal_whatever_its_session_names(tmp_path: 
 
 
 async def test_a_job_of_a_user_removed_from_the_allowlist_is_paused_not_run() -> None:
-    allowed = {"ann"}
+    """The gateway's one check decides: ann's job pauses while ann is refused."""
+    allowed = {"ann", "bob"}
     clock = FakeClock()
-    scheduler = Scheduler(
-        SchedulerSettings(period=0.02), now=clock, authorize=lambda s: s.user_id in allowed
-    )
-    async with scheduled(scheduler) as h:
-        await h.send("/cron add every 1m ping", chat_id="c", user_id="ann")
-        await h.replies(chat_id="c", count=1)
-        allowed.clear()
+    scheduler = Scheduler(SchedulerSettings(period=0.02), now=clock)
+
+    async def send(text: str, user_id: str) -> None:  # in a thread: one session for both
+        await h.send(text, chat_id="g", chat_type="group", thread_id="t", user_id=user_id)
+
+    async with scheduled(scheduler, allow=lambda s: s.user_id in allowed) as h:
+        await send("/cron add every 1m ping", "ann")
+        await h.replies(chat_id="g", thread_id="t", count=1)
+        allowed.discard("ann")
         clock.advance(60)
-        await h.send("/cron list", chat_id="c", user_id="ann")
-        listing = (await h.replies(chat_id="c", count=2))[1]
+        await send("/cron list", "bob")
+        listing = (await h.replies(chat_id="g", thread_id="t", count=2))[1]
         assert "(paused: its creator is not allowed)" in listing
+        [job] = scheduler.list_jobs()
+        assert scheduler.is_paused(job)
         await scheduler.run_once()
         await scheduler.wait_idle()
         await h.settle()
-        assert [o.text for o in h.delivered(chat_id="c")][2:] == []
+        assert [o.text for o in h.delivered(chat_id="g", thread_id="t")][2:] == []
         allowed.add("ann")
         clock.advance(60)
-        assert (await h.replies(chat_id="c", count=3))[2] == "echo: ping"
+        assert (await h.replies(chat_id="g", thread_id="t", count=3))[2] == "echo: ping"
 
 
 async def test_the_operator_lists_and_removes_any_job(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Gateway wiring: from an inbound message to the engine or a command.
 
-:meth:`Gateway.dispatch` is the one entry point adapters call. It names the
-session (:mod:`chatlane.identity`), routes slash commands to the
+:meth:`Gateway.dispatch` is the one entry point adapters call. It first asks
+whether the sender may use the gateway (:mod:`chatlane.authorization`), then
+names the session (:mod:`chatlane.identity`), routes slash commands to the
 :class:`~chatlane.commands.CommandRouter` (they may run while a turn is busy),
 and hands everything else to the :class:`~chatlane.runtime.engine.TurnEngine`.
 Replies leave through the adapter's ``deliver`` function only, after passing
@@ -10,11 +11,14 @@ every outbound filter (:meth:`Gateway.add_outbound_filter`).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
+from chatlane.authorization import NOT_ALLOWED, Authorize, allow_all
 from chatlane.commands import (
     CommandRefused,
     CommandRouter,
@@ -22,7 +26,7 @@ from chatlane.commands import (
     default_router,
     parse_command,
 )
-from chatlane.identity import KeyPolicy, build_session_key
+from chatlane.identity import KeyPolicy, SessionSource, build_session_key
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
@@ -37,32 +41,49 @@ from chatlane.types import (
     OutboundFilter,
     OutboundKind,
     SessionKey,
+    Target,
 )
 
 if TYPE_CHECKING:
     from chatlane.scheduling.loop import Scheduler
 
+log = logging.getLogger("chatlane.gateway")
+
 _YES_OR_NO = YES | NO
 """Words that answer a pending approval or confirmation."""
+
+Refuse: TypeAlias = Callable[[InboundMessage], Awaitable[None]]
+"""How a refused sender is told (or not); see :meth:`Gateway.notify_refused`."""
 
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
-    """How the gateway names sessions and runs turns."""
+    """How the gateway authorizes senders, names sessions and runs turns.
+
+    :param authorize: whether a sender (or a job's creator) may use the
+        gateway; everyone by default. An :class:`~chatlane.authorization.Allowlist`
+        is one.
+    """
 
     key_policy: KeyPolicy = field(default_factory=KeyPolicy)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     lifecycle: LifecycleOptions = field(default_factory=LifecycleOptions)
+    authorize: Authorize = allow_all
 
 
 class DispatchResult(msgspec.Struct, frozen=True):
-    """What became of one inbound message."""
+    """What became of one inbound message.
+
+    ``refused`` is True when the sender was not authorized: nothing ran and
+    nothing was stored.
+    """
 
     session_key: SessionKey
     message_id: str
     started: bool = False
     outcome: BusyOutcome | None = None
     command: str | None = None
+    refused: bool = False
 
 
 class Gateway:
@@ -79,10 +100,12 @@ class Gateway:
         store: Store | None = None,
         holder: str | None = None,
         scheduler: Scheduler | None = None,
+        refuse: Refuse | None = None,
     ) -> None:
         self.settings = settings or GatewaySettings()
         self.router = router if router is not None else default_router(self.settings.lifecycle)
         self._deliver = deliver
+        self._refuse = refuse or self.notify_refused
         self._filters: list[OutboundFilter] = []
         self._closed = False
         self.scheduler: Scheduler | None = None
@@ -133,14 +156,48 @@ class Gateway:
         """
         return build_session_key(message.cleaned().source, self.settings.key_policy)
 
+    def authorized(self, source: SessionSource) -> bool:
+        """Whether ``source``'s sender may use the gateway now (``settings.authorize``).
+
+        The one check, for a message and for every run of a job created from a chat.
+        """
+        return self.settings.authorize(source)
+
+    def admit(self, message: InboundMessage) -> bool:
+        """Whether ``message``'s sender may use the gateway; a refusal is logged and counted.
+
+        The sender is not told here (:meth:`dispatch` does that).
+        """
+        if self.authorized(message.source):
+            return True
+        source = message.source
+        log.info("refused user %r on %s", source.user_id, source.platform)
+        self.engine.metrics.refused(source.platform)
+        return False
+
+    async def notify_refused(self, message: InboundMessage) -> None:
+        """Tell a refused sender with a notice to their chat (the default ``refuse``)."""
+        target = Target.of(message.source)
+        notice = Outbound(OutboundKind.NOTICE, "", target, NOT_ALLOWED, 0, (message.id,))
+        await self._deliver_out(notice)
+
     async def dispatch(self, message: InboundMessage) -> DispatchResult:
-        """Handle one inbound message: a command, a new turn, or a busy outcome.
+        """Handle one inbound message: a refusal, a command, a new turn, or a busy outcome.
+
+        Step 1 is authorization: a sender :meth:`authorized` refuses is
+        logged, counted (``chatlane_senders_refused_total``) and told through
+        the ``refuse`` hook (a notice by default), and the result says
+        ``refused``; nothing runs and nothing is stored.
 
         A plain "yes" or "no" answers a pending approval or confirmation first.
         Lone surrogates in the text or source (which no store or wire can
         carry) are replaced by U+FFFD first.
         """
         message = message.cleaned()
+        if not self.admit(message):
+            await self._refuse(message)
+            key = build_session_key(message.source, self.settings.key_policy)
+            return DispatchResult(key, message.id, refused=True)
         key = build_session_key(message.source, self.settings.key_policy)
         if self.scheduler is not None and not message.internal:
             self.scheduler.touch(key, message.source)

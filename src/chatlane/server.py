@@ -2,11 +2,12 @@
 
 What stays true:
 
-* Every adapter submits through :meth:`Hub.submit`, which authorizes the
-  sender first: for a user not on their platform's allowlist nothing runs and
-  nothing is stored; the refusal is logged and counted, and the sender is
-  told — by the adapter's own :meth:`RefusingAdapter.refuse` when it has one
-  (Telegram stays silent in groups), else with a clear notice.
+* Every adapter submits through :meth:`Hub.submit` to the gateway, whose
+  first step checks the sender against ``[allow]`` (:meth:`Config.allows`):
+  for a user not on their platform's allowlist nothing runs and nothing is
+  stored; the refusal is logged and counted, and the sender is told — by the
+  adapter's own :meth:`RefusingAdapter.refuse` when it has one (Telegram
+  stays silent in groups), else with a clear notice.
 * Every outbound message goes to the adapter of its target's platform; an
   adapter that is missing or fails is logged, never a crash.
 * Every route answers only requests addressed to a name the operator allowed
@@ -44,7 +45,7 @@ from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.stores import Store, open_store
-from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target
+from chatlane.types import Agent, InboundMessage, Outbound
 
 log = logging.getLogger("chatlane.server")
 
@@ -80,9 +81,6 @@ class RefusingAdapter(Protocol):
         ...
 
 
-_NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
-
-
 def runtime_settings(config: Config) -> RuntimeSettings:
     """The engine's settings from the configuration (already validated)."""
     rt = config.runtime
@@ -112,11 +110,12 @@ def runtime_settings(config: Config) -> RuntimeSettings:
 
 
 def gateway_settings(config: Config) -> GatewaySettings:
-    """How the gateway names sessions, runs turns and ends conversations."""
+    """How the gateway authorizes senders, names sessions, runs turns and ends conversations."""
     return GatewaySettings(
         key_policy=KeyPolicy(namespace=config.namespace),
         runtime=runtime_settings(config),
         lifecycle=LifecycleOptions(confirm_new=config.confirm_new),
+        authorize=config.allows,
     )
 
 
@@ -137,7 +136,11 @@ class Hub:
     def __post_init__(self) -> None:
         self.access = AccessToken(self.config.server.token, os.environ)
         self.gateway = Gateway(
-            self.agent, self.deliver, settings=gateway_settings(self.config), store=self.store
+            self.agent,
+            self.deliver,
+            settings=gateway_settings(self.config),
+            store=self.store,
+            refuse=self._refuse,
         )
 
     @property
@@ -149,24 +152,12 @@ class Hub:
         """Serve ``adapter``'s platform."""
         self.adapters[adapter.platform] = adapter
 
-    def authorized(self, message: InboundMessage) -> bool:
-        """Whether the sender may use the gateway (platforms without an allowlist allow all)."""
-        return self.config.allows(message.source)
-
     def admit(self, message: InboundMessage) -> bool:
         """Whether the sender may use the gateway; a refusal is logged and counted, not told."""
-        if self.authorized(message):
-            return True
-        source = message.source
-        log.info("refused user %r on %s", source.user_id, source.platform)
-        self.metrics.refused(source.platform)
-        return False
+        return self.gateway.admit(message)
 
-    async def submit(self, message: InboundMessage) -> DispatchResult | None:
-        """Authorize and dispatch one message; ``None`` if the sender was refused."""
-        if not self.admit(message):
-            await self._refuse(message)
-            return None
+    async def submit(self, message: InboundMessage) -> DispatchResult:
+        """Dispatch one message; the gateway authorizes it first (``refused`` if it refuses)."""
         return await self.gateway.dispatch(message)
 
     async def _refuse(self, message: InboundMessage) -> None:
@@ -175,9 +166,7 @@ class Hub:
         if isinstance(adapter, RefusingAdapter):
             await adapter.refuse(message)
             return
-        target = Target.of(message.source)
-        notice = Outbound(OutboundKind.NOTICE, "", target, _NOT_ALLOWED, 0, (message.id,))
-        await self.deliver(notice)
+        await self.gateway.notify_refused(message)
 
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to its platform's adapter."""

@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
+from chatlane.authorization import Allowlist, Authorize, allow_all
 from chatlane.errors import ConfigError, InvalidSource
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy, SessionSource
@@ -36,10 +37,16 @@ _RUNTIME_FIELDS = frozenset(f.name for f in dataclasses.fields(RuntimeSettings))
 ChatAddress = tuple[str | None, str | None]
 
 
-def harness_settings(busy: str | BusyPolicy, settings: dict[str, Any]) -> GatewaySettings:
+Allow = Mapping[str, Iterable[str]] | Authorize
+"""Who may use a harness's gateway: user ids per platform, or a check of the sender."""
+
+
+def harness_settings(
+    busy: str | BusyPolicy, settings: dict[str, Any], allow: Allow | None = None
+) -> GatewaySettings:
     """Gateway settings from the harness's keyword arguments.
 
-    :raises ConfigError: for a keyword that is not a runtime setting.
+    :raises ConfigError: for a keyword that is not a runtime setting, or a bad allowlist.
     """
     extra = {"key_policy", "lifecycle"}
     unknown = sorted(set(settings) - _RUNTIME_FIELDS - extra)
@@ -52,7 +59,15 @@ def harness_settings(busy: str | BusyPolicy, settings: dict[str, Any]) -> Gatewa
     lifecycle = settings.pop("lifecycle", LifecycleOptions())
     busy_settings = BusySettings(default=BusyPolicy.parse(str(busy)))
     runtime = RuntimeSettings(busy=busy_settings, **settings)
-    return GatewaySettings(key_policy, runtime, lifecycle)
+    return GatewaySettings(key_policy, runtime, lifecycle, _authorize(allow))
+
+
+def _authorize(allow: Allow | None) -> Authorize:
+    if allow is None:
+        return allow_all
+    if isinstance(allow, Mapping):
+        return Allowlist(allow)
+    return allow
 
 
 def _source(
@@ -95,6 +110,10 @@ class GatewayHarness:
     :param busy: the gateway-wide busy policy.
     :param store: ``"memory"``, a store URL (``sqlite:///…``, ``redis://…``) or a
         :class:`~chatlane.stores.Store` (which the harness then does not close).
+    :param allow: who may use the gateway, as ``[allow]`` in the configuration:
+        user ids per platform (``{"test": ["u1"]}``; a platform not named allows
+        everyone), or any ``authorize(source) -> bool``. Everyone by default.
+        A refused sender gets the refusal notice and nothing runs.
     :param settings: any :class:`~chatlane.runtime.engine.RuntimeSettings` field
         (``queue_cap``, ``collect_debounce``, ``turn_timeout``, …) or ``key_policy``.
     """
@@ -105,10 +124,11 @@ class GatewayHarness:
         *,
         busy: str | BusyPolicy = "queue",
         store: str | Store = "memory",
+        allow: Allow | None = None,
         **settings: Any,
     ) -> None:
         self._agent = agent
-        self._settings = harness_settings(busy, settings)
+        self._settings = harness_settings(busy, settings, allow)
         self._store = store
         self._owns_store = isinstance(store, str)
         self.outbox: list[Outbound] = []

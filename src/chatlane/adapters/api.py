@@ -395,7 +395,7 @@ async def _dispatch(hub: Hub, message: InboundMessage, session: str) -> Dispatch
         raise ApiRequestError(
             503, f"the gateway could not take the message: {error}", "server_error"
         ) from None
-    if result is None:
+    if result.refused:
         raise ApiRequestError(
             403, "you are not allowed to use this assistant", "permission_error", "not_allowed"
         )

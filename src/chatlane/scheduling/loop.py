@@ -170,9 +170,10 @@ class Scheduler:
         the same in every process.
     :param action: what a job does at its tick (default :meth:`submit_prompt`).
     :param now: the clock, epoch seconds (injectable for tests).
-    :param authorize: whether a chat's sender may use the gateway now (the same
-        check as for a message); a job created from a chat whose creator it
-        refuses is paused: its ticks pass without running. ``None``: all may.
+
+    A job created from a chat whose creator the gateway's check
+    (:meth:`Gateway.authorized <chatlane.gateway.Gateway.authorized>`, the same
+    as for a message) refuses is paused: its ticks pass without running.
     """
 
     def __init__(
@@ -182,10 +183,8 @@ class Scheduler:
         jobs: Iterable[Job] = (),
         action: JobAction | None = None,
         now: Callable[[], float] = time.time,
-        authorize: Callable[[SessionSource], bool] | None = None,
     ) -> None:
         self.settings = settings or SchedulerSettings()
-        self.authorize = authorize
         self.tracker = ActivityTracker(self.settings.track_cap)
         self._configured = _unique(jobs)
         self._action = action or self.submit_prompt
@@ -210,10 +209,11 @@ class Scheduler:
         return self._adding
 
     def is_paused(self, job: Job) -> bool:
-        """Whether ``job`` was created from a chat whose creator may not use the gateway now."""
-        return (
-            job.origin is not None and self.authorize is not None and not self.authorize(job.origin)
-        )
+        """Whether ``job`` was created from a chat whose creator may not use the gateway now.
+
+        :raises RuntimeError: before :meth:`bind`.
+        """
+        return job.origin is not None and not self.gateway.authorized(job.origin)
 
     # -- wiring --------------------------------------------------------------------
 

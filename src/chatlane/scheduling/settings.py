@@ -40,7 +40,8 @@ def auto_reset_settings(config: Config) -> AutoResetSettings:
 def build_scheduler(config: Config) -> Scheduler:
     """The scheduler for ``config``'s auto-reset policies, cron jobs and ``/cron`` limits.
 
-    A job created from a chat runs only while ``config`` allows its creator.
+    A job created from a chat runs only while its gateway allows its creator
+    (:func:`chatlane.server.gateway_settings` makes that ``config.allows``).
 
     :raises ConfigError: for an unknown time zone, a bad policy or a bad job (named).
     """
@@ -67,4 +68,4 @@ def build_scheduler(config: Config) -> Scheduler:
         total_job_cap=limits.total_job_cap,
         min_interval=limits.min_interval,
     )
-    return Scheduler(settings, jobs=jobs, authorize=config.allows)
+    return Scheduler(settings, jobs=jobs)
