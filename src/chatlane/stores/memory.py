@@ -8,7 +8,6 @@ SQLite and Redis stores give across processes, here within one.
 from __future__ import annotations
 
 import itertools
-import secrets
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,20 +34,8 @@ from chatlane.stores.base import (
     WriteBatch,
     now,
 )
+from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.types import SessionKey
-
-_TOKEN_PREFIX = secrets.token_hex(8)
-_token_numbers = itertools.count(1)
-
-
-def new_token() -> str:
-    """A lease token: never reused in this process, unguessable from another."""
-    return f"{_TOKEN_PREFIX}-{next(_token_numbers)}"
-
-
-def new_conversation_id() -> str:
-    """A conversation id: random and URL-safe."""
-    return "c_" + secrets.token_hex(8)
 
 
 @dataclass(frozen=True, slots=True)

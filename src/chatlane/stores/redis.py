@@ -59,7 +59,7 @@ from chatlane.stores.base import (
     WriteBatch,
     now,
 )
-from chatlane.stores.memory import new_conversation_id, new_token
+from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.stores.redis_keys import Keyspace
 from chatlane.stores.redis_scripts import LuaScript, Status
 from chatlane.stores.redis_url import parse_url, redact

@@ -48,7 +48,7 @@ from chatlane.stores.base import (
     WriteBatch,
     now,
 )
-from chatlane.stores.memory import new_conversation_id, new_token
+from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.stores.sqlite_schema import Location, parse_url
 from chatlane.stores.sqlite_writer import MAX_BATCH, Operation, Writer, WriterStats
 from chatlane.types import SessionKey
