@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -13,6 +14,7 @@ from chatlane.errors import (
     LeaseLost,
     SessionBusy,
     StaleGeneration,
+    StoreError,
 )
 from chatlane.stores import Store, TranscriptEntry, WriteBatch
 from tests.stores.conftest import Reopen, stored_answered_ids, stored_liveness
@@ -246,6 +248,42 @@ class TestCommit:
         await store.bump_generation("other")
         await store.append_transcript(KEY, lease.generation, entry("ok", lease.generation))
         assert len(await store.transcript(KEY)) == 1
+
+
+class TestValues:
+    """Persistent values are JSON, kept apart from the caller's objects, in every backend."""
+
+    @pytest.mark.parametrize("bad", [{1, 2}, b"bytes", object(), float, 1j])
+    async def test_a_value_that_is_not_json_is_refused_whole(
+        self, store: Store, bad: object
+    ) -> None:
+        with pytest.raises(StoreError, match=r"'when'.*not JSON-compatible"):
+            await store.set_persistent(KEY, None, ok=1, when=bad)
+        assert await store.load_persistent(KEY) == {}
+
+    async def test_json_shapes_come_back_as_json(self, store: Store) -> None:
+        odd = {"inf": float("inf"), "big": 2**100, "lone": "\ud800"}
+        await store.set_persistent(KEY, None, t=(1, "two"), d={1: "one"}, nan=float("nan"), **odd)
+        loaded = await store.load_persistent(KEY)
+        assert math.isnan(loaded.pop("nan"))
+        assert loaded == {"t": [1, "two"], "d": {"1": "one"}, **odd}
+
+    async def test_changing_what_was_written_changes_nothing_stored(self, store: Store) -> None:
+        value: dict[str, list[int]] = {"ids": [1]}
+        batch = WriteBatch(persistent={"d": value})
+        await store.commit(KEY, None, batch)
+        value["ids"].append(2)
+        value["new"] = []
+        batch.persistent["d"] = "replaced"
+        assert await store.load_persistent(KEY) == {"d": {"ids": [1]}}
+
+    async def test_changing_what_was_read_changes_nothing_stored(self, store: Store) -> None:
+        await store.set_persistent(KEY, None, d={"ids": [1]}, l=[1])
+        read = await store.load_persistent(KEY)
+        read["d"]["ids"].append(2)
+        read["l"].clear()
+        read["added"] = True
+        assert await store.load_persistent(KEY) == {"d": {"ids": [1]}, "l": [1]}
 
 
 class TestAnswers:

@@ -3,6 +3,10 @@
 Every operation runs without an ``await`` between its check and its write, so
 each one is atomic with respect to the event loop — the same guarantees the
 SQLite and Redis stores give across processes, here within one.
+
+Persistent values are kept as JSON text, as the other stores keep them
+(:mod:`chatlane.stores.codec`): a value they would refuse is refused here
+too, and what a caller passes in or gets back is never the stored object.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from chatlane.stores.base import (
     WriteBatch,
     now,
 )
+from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.types import SessionKey
 
@@ -50,7 +55,8 @@ class _Mark:
 class _Session:
     generation: int = 0
     lease: Lease | None = None
-    persistent: dict[str, Any] = field(default_factory=dict)
+    persistent: dict[str, str] = field(default_factory=dict)
+    """Field name → its value as JSON text: stored apart from the caller's objects."""
     conversations: list[Conversation] = field(default_factory=list)
     current: str = ""
     pending: dict[int, PendingRecord] = field(default_factory=dict)
@@ -135,6 +141,7 @@ class MemoryStore(Store):
     # -- fenced writes and reads -----------------------------------------------
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        fields = {name: encode_value(key, name, value) for name, value in batch.persistent.items()}
         session = self._sessions[key]
         if generation is not None and generation != session.generation:
             raise StaleGeneration(key, generation, session.generation, "commit")
@@ -147,7 +154,7 @@ class MemoryStore(Store):
         transcript = self._transcripts[conversation.id]
         for entry in batch.transcript:
             transcript.append(_stamped(entry, conversation.id, moment))
-        session.persistent.update(batch.persistent)
+        session.persistent.update(fields)
         for message_id in batch.answered:
             self._answered.pop(message_id, None)  # a forgotten mark moves to the end
             self._answered[message_id] = _Mark(moment, batch.answer)
@@ -156,7 +163,9 @@ class MemoryStore(Store):
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         session = self._sessions.get(key)
-        return {} if session is None else dict(session.persistent)
+        if session is None:
+            return {}
+        return {name: decode_value(key, name, value) for name, value in session.persistent.items()}
 
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100

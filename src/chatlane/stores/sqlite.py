@@ -22,7 +22,6 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -48,6 +47,7 @@ from chatlane.stores.base import (
     WriteBatch,
     now,
 )
+from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.stores.sqlite_schema import Location, parse_url
 from chatlane.stores.sqlite_writer import MAX_BATCH, Operation, Writer, WriterStats
@@ -266,7 +266,7 @@ def _load_persistent(db: sqlite3.Connection, key: SessionKey) -> dict[str, Any]:
     rows = db.execute(
         "SELECT field, value FROM persistent WHERE key = ? ORDER BY rowid", (key,)
     ).fetchall()
-    return {name: _decode(key, name, value) for name, value in rows}
+    return {name: decode_value(key, name, value) for name, value in rows}
 
 
 def _transcript(
@@ -478,24 +478,8 @@ def _alive(db: sqlite3.Connection, holders: Sequence[str]) -> dict[str, bool]:
 
 
 def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Fields as JSON text (ASCII, so any ``str`` — even a lone surrogate — round-trips)."""
-    return [(name, _encoded(key, name, value)) for name, value in fields.items()]
-
-
-def _encoded(key: SessionKey, name: str, value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError) as error:
-        raise StoreError(
-            f"persistent field {name!r} of {key!r} is not JSON-compatible: {error}"
-        ) from None
-
-
-def _decode(key: SessionKey, name: str, value: str) -> Any:
-    try:
-        return json.loads(value)
-    except ValueError:
-        raise StoreError(f"corrupt persistent field {name!r} of {key!r}: {value[:80]!r}") from None
+    """Fields as JSON text (see :func:`~chatlane.stores.codec.encode_value`)."""
+    return [(name, encode_value(key, name, value)) for name, value in fields.items()]
 
 
 class SQLiteStore(Store):
