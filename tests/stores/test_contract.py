@@ -17,7 +17,7 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.stores import Store, TranscriptEntry, WriteBatch
-from tests.stores.conftest import Reopen, stored_answered_ids, stored_liveness
+from tests.stores.conftest import Reopen, StoreClock, stored_answered_ids, stored_liveness
 
 KEY = "main:test:dm:c1"
 ODD_KEYS = ["main:tg:group:-1%3A2::7", "k{with}braces", "spaces and\nnewline", "ключ🙂", "a" * 300]
@@ -52,31 +52,31 @@ class TestLeases:
         assert len(winners) == 1
         assert all(isinstance(r, SessionBusy) for r in results if r not in winners)
 
-    async def test_expired_lease_can_be_taken(self, store: Store) -> None:
+    async def test_expired_lease_can_be_taken(self, store: Store, clock: StoreClock) -> None:
         old = await store.acquire(KEY, "p1", 0.2)
-        await asyncio.sleep(0.35)
+        await clock.advance(0.35)
         new = await store.acquire(KEY, "p2", 5)
         assert new.generation == old.generation + 1
 
-    async def test_renew_extends(self, store: Store) -> None:
+    async def test_renew_extends(self, store: Store, clock: StoreClock) -> None:
         lease = await store.acquire(KEY, "p1", 0.4)
-        await asyncio.sleep(0.2)
+        await clock.advance(0.2)
         renewed = await store.renew(lease, 2)
         assert renewed.expires_at > lease.expires_at
-        await asyncio.sleep(0.4)
+        await clock.advance(0.4)
         with pytest.raises(SessionBusy):
             await store.acquire(KEY, "p2", 5)
 
-    async def test_renew_after_takeover_is_lost(self, store: Store) -> None:
+    async def test_renew_after_takeover_is_lost(self, store: Store, clock: StoreClock) -> None:
         lease = await store.acquire(KEY, "p1", 0.2)
-        await asyncio.sleep(0.35)
+        await clock.advance(0.35)
         await store.acquire(KEY, "p2", 5)
         with pytest.raises(LeaseLost):
             await store.renew(lease, 5)
 
-    async def test_renew_after_expiry_is_lost(self, store: Store) -> None:
+    async def test_renew_after_expiry_is_lost(self, store: Store, clock: StoreClock) -> None:
         lease = await store.acquire(KEY, "p1", 0.2)
-        await asyncio.sleep(0.35)
+        await clock.advance(0.35)
         with pytest.raises(LeaseLost):
             await store.renew(lease, 5)
 
@@ -86,9 +86,11 @@ class TestLeases:
         with pytest.raises(LeaseLost):
             await store.renew(lease, 5)
 
-    async def test_stale_release_never_frees_the_successor(self, store: Store) -> None:
+    async def test_stale_release_never_frees_the_successor(
+        self, store: Store, clock: StoreClock
+    ) -> None:
         old = await store.acquire(KEY, "p1", 0.2)
-        await asyncio.sleep(0.35)
+        await clock.advance(0.35)
         await store.acquire(KEY, "p2", 5)
         with pytest.raises(LeaseLost):
             await store.release(old)
@@ -126,9 +128,11 @@ class TestLeases:
         assert await store.active_sessions() == 2
         assert await store.generation("c") == 0
 
-    async def test_expired_leases_do_not_count_as_active(self, store: Store) -> None:
+    async def test_expired_leases_do_not_count_as_active(
+        self, store: Store, clock: StoreClock
+    ) -> None:
         await store.acquire("a", "p1", 0.2)
-        await asyncio.sleep(0.35)
+        await clock.advance(0.35)
         assert await store.active_sessions() == 0
         await store.acquire("b", "p1", 5, max_active=1)
 
@@ -197,14 +201,16 @@ class TestCommit:
         assert await store.is_answered("m1")
         assert not await store.is_answered("m3")
 
-    async def test_an_answered_mark_is_forgotten_after_its_retention(self, store: Store) -> None:
+    async def test_an_answered_mark_is_forgotten_after_its_retention(
+        self, store: Store, clock: StoreClock
+    ) -> None:
         store.answered_retention = 1.0
         await store.commit(KEY, None, WriteBatch(answered=["old"]))
-        await asyncio.sleep(0.5)
+        await clock.advance(0.5)
         await store.commit(KEY, None, WriteBatch(answered=["new"]))
         with pytest.raises(AlreadyAnswered):
             await store.commit(KEY, None, WriteBatch(answered=["old"]))
-        await asyncio.sleep(0.7)  # "old" is past its retention, "new" is not
+        await clock.advance(0.7)  # "old" is past its retention, "new" is not
         await store.heartbeat("p1", 5)
         assert not await store.is_answered("old")
         assert await store.is_answered("new")
@@ -213,10 +219,12 @@ class TestCommit:
         await store.commit(KEY, None, WriteBatch(answered=["old"]))  # a mark of its own again
         assert await store.is_answered("old")
 
-    async def test_a_heartbeat_deletes_marks_past_their_retention(self, store: Store) -> None:
+    async def test_a_heartbeat_deletes_marks_past_their_retention(
+        self, store: Store, clock: StoreClock
+    ) -> None:
         store.answered_retention = 0.6
         await store.commit(KEY, None, WriteBatch(answered=["m1", "m2"]))
-        await asyncio.sleep(0.7)
+        await clock.advance(0.7)
         await store.commit(KEY, None, WriteBatch(answered=["m3"]))
         assert sorted(await stored_answered_ids(store)) == ["m1", "m2", "m3"]
         await store.heartbeat("p1", 5)
@@ -432,11 +440,11 @@ class TestPendingQueue:
 
 
 class TestLiveness:
-    async def test_heartbeat_expires(self, store: Store) -> None:
+    async def test_heartbeat_expires(self, store: Store, clock: StoreClock) -> None:
         await store.heartbeat("p1", 0.2)
         await store.heartbeat("p2", 5)
         assert await store.alive(["p1", "p2", "p3"]) == {"p1": True, "p2": True, "p3": False}
-        await asyncio.sleep(0.35)
+        await clock.advance(0.35)
         assert (await store.alive(["p1"]))["p1"] is False
 
 
@@ -482,11 +490,11 @@ class TestAcrossProcesses:
         assert await again.is_answered("m0")
 
     async def test_generations_are_never_reused_after_restart(
-        self, store: Store, reopen: Reopen
+        self, store: Store, reopen: Reopen, clock: StoreClock
     ) -> None:
         lease = await store.acquire(KEY, "p1", 0.1)
         await store.close()
-        await asyncio.sleep(0.2)
+        await clock.advance(0.2)
         again = await reopen()
         assert (await again.acquire(KEY, "p2", 5)).generation == lease.generation + 1
 
@@ -514,13 +522,13 @@ class TestOwnership:
 
 class TestBatchedUpkeep:
     async def test_renew_many_renews_what_is_held_and_reports_what_is_lost(
-        self, store: Store
+        self, store: Store, clock: StoreClock
     ) -> None:
         kept = await store.acquire("a", "p1", 5)
         fenced = await store.acquire("b", "p1", 5)
         await store.bump_generation("b")
         expired = await store.acquire("c", "p1", 0.05)
-        await asyncio.sleep(0.15)
+        await clock.advance(0.15)
         renewed = await store.renew_many([kept, fenced, expired], 30)
         assert renewed[1:] == [None, None]
         first = renewed[0]
@@ -532,7 +540,7 @@ class TestBatchedUpkeep:
             await store.acquire("a", "p2", 5)
 
     async def test_adopt_orphans_takes_only_dead_owners_records_in_order(
-        self, store: Store
+        self, store: Store, clock: StoreClock
     ) -> None:
         await store.heartbeat("alive", 30)
         await store.heartbeat("dead", 0.05)
@@ -540,7 +548,7 @@ class TestBatchedUpkeep:
         await store.enqueue("x", "m2", "alive", b"2")
         x3 = await store.enqueue("x", "m3", "never-beat", b"3")
         await store.enqueue("y", "m4", "me", b"4")
-        await asyncio.sleep(0.15)
+        await clock.advance(0.15)
         await store.heartbeat("me", 30)
         adopted = await store.adopt_orphans("me", 10)
         assert [(r.key, r.seq, r.owner, r.payload) for r in adopted] == [
@@ -568,7 +576,7 @@ class TestBatchedUpkeep:
 
 class TestFailed:
     async def test_a_parked_message_leaves_the_queue_and_is_kept_with_its_reason(
-        self, store: Store
+        self, store: Store, clock: StoreClock
     ) -> None:
         first = await store.enqueue(KEY, "m1", "p1", b"payload")
         second = await store.enqueue(KEY, "m2", "p1", b"")
@@ -580,7 +588,7 @@ class TestFailed:
         assert failed.record.payload == b"payload"
         assert failed.failed_at > 0
         await store.heartbeat("p1", 0.01)
-        await asyncio.sleep(0.05)
+        await clock.advance(0.05)
         adopted = await store.adopt_orphans("p2", 10)
         assert [r.message_id for r in adopted] == ["m2"]
 
@@ -619,7 +627,7 @@ class TestFailed:
 
 class TestPruning:
     async def test_heartbeats_prune_long_expired_heartbeats_and_leases(
-        self, store: Store, monkeypatch: pytest.MonkeyPatch
+        self, store: Store, monkeypatch: pytest.MonkeyPatch, clock: StoreClock
     ) -> None:
         for module in ("memory", "sqlite"):
             monkeypatch.setattr(f"chatlane.stores.{module}.PRUNE_AFTER", 0.0)
@@ -627,6 +635,6 @@ class TestPruning:
         await store.acquire(KEY, "gone", 0.01)
         await store.heartbeat("alive", 30)
         await store.acquire("held", "alive", 30)
-        await asyncio.sleep(0.05)
+        await clock.advance(0.05)
         await store.heartbeat("me", 5)
         assert await stored_liveness(store) == (["alive", "me"], ["held"])

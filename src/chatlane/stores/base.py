@@ -41,7 +41,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -50,6 +50,9 @@ from chatlane.errors import LeaseLost, StoreDamaged
 from chatlane.types import SessionKey
 
 __all__ = [
+    "ANSWERED_RETENTION",
+    "PRUNE_AFTER",
+    "Clock",
     "Conversation",
     "FailedRecord",
     "Lease",
@@ -57,6 +60,7 @@ __all__ = [
     "Store",
     "TranscriptEntry",
     "WriteBatch",
+    "now",
 ]
 
 
@@ -143,6 +147,10 @@ class WriteBatch(msgspec.Struct):
     def is_empty(self) -> bool:
         """Whether the batch would change nothing."""
         return not (self.transcript or self.persistent or self.answered or self.done)
+
+
+Clock = Callable[[], float]
+"""Where a store reads the time: wall-clock seconds (tests pass a clock they advance)."""
 
 
 def now() -> float:
