@@ -378,15 +378,13 @@ class TestResetAcrossProcesses:
     """Two harnesses sharing one store stand for two processes; only the first auto-resets."""
 
     @pytest.fixture(autouse=True)
-    def clock(self, monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    def clock(self) -> FakeClock:
         """One clock for the scheduler and the store, as the wall clock is in production."""
-        clock = FakeClock(time.time())
-        monkeypatch.setattr("chatlane.stores.memory.now", clock)
-        return clock
+        return FakeClock(time.time())
 
     @asynccontextmanager
     async def two(self, clock: FakeClock) -> AsyncIterator[tuple[GatewayHarness, GatewayHarness]]:
-        store = MemoryStore()
+        store = MemoryStore(clock=clock)
         scheduler = Scheduler(idle(1.0), now=clock)
         async with (
             GatewayHarness(EchoAgent(), store=store) as here,

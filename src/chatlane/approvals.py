@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
+from chatlane.stores.fields import APPROVAL_ALLOWLIST
 from chatlane.types import OutboundKind, SessionKey
 
 log = logging.getLogger("chatlane.approvals")
@@ -241,7 +242,7 @@ class ApprovalBroker:
         allowlist = state.persistent.approval_allowlist
         if command not in allowlist:
             allowlist.append(command)
-        await self._store.set_persistent(state.key, None, approval_allowlist=list(allowlist))
+        await self._store.set_persistent(state.key, None, **{APPROVAL_ALLOWLIST: list(allowlist)})
 
     def deny_stale(self, state: SessionState) -> list[ApprovalRequest]:
         """Deny at once the requests of turns that are no longer current; return them.

@@ -24,6 +24,7 @@ from chatlane.runtime import pending
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy, ack_text
 from chatlane.runtime.engine import TurnEngine
 from chatlane.state import AGENT_PENDING
+from chatlane.stores.fields import BUSY_POLICY
 from chatlane.types import InboundMessage, SessionKey
 
 log = logging.getLogger("chatlane.commands")
@@ -228,10 +229,10 @@ async def _busy(call: CommandCall) -> str:
     if not call.args:
         return f"Busy policy: {engine.policy_for(state, call.message)}"
     if call.args.lower() == "default":
-        await engine.persist(key, busy_policy=None)
+        await engine.persist(key, **{BUSY_POLICY: None})
         return f"Busy policy reset to the default ({engine.policy_for(state, call.message)})."
     policy = BusyPolicy.parse(call.args, what="/busy")
-    await engine.persist(key, busy_policy=policy)
+    await engine.persist(key, **{BUSY_POLICY: policy})
     return f"Busy policy for this session: {policy}"
 
 

@@ -27,14 +27,11 @@ from dataclasses import dataclass
 from chatlane.logs import turn_fields
 from chatlane.runtime import pending
 from chatlane.runtime.engine import TurnEngine
-from chatlane.runtime.persisted import CONVERSATION_ID
 from chatlane.stores.base import Conversation
+from chatlane.stores.fields import CONVERSATION_ID, CONVERSATION_OVERRIDES
 from chatlane.types import SessionKey
 
 log = logging.getLogger("chatlane.lifecycle")
-
-CONVERSATION_FIELDS = ("model_override", "reasoning_override", "service_tier_override")
-"""Conversation-scoped overrides that are also kept in the store (so they survive restarts)."""
 
 
 class EndReason(enum.StrEnum):
@@ -106,7 +103,7 @@ async def end_conversation(
     state.conversation.queued_events = arrived_meanwhile  # came after the stop: they stay
     state.conversation.conversation_id = current.id
     state.persistent.pending_command_text = None
-    cleared = dict.fromkeys(CONVERSATION_FIELDS)
+    cleared = dict.fromkeys(CONVERSATION_OVERRIDES)
     await store.set_persistent(key, None, **cleared, **{CONVERSATION_ID: current.id})
     log.info(
         "conversation ended (%s): %s -> %s", reason, previous.id, current.id, extra=turn_fields(key)

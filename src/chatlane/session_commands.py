@@ -23,6 +23,7 @@ from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
 from chatlane.runtime.persisted import apply_once
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import Conversation
+from chatlane.stores.fields import MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIER_OVERRIDE
 from chatlane.types import ModelChoice
 
 YES = frozenset({"yes", "y", "ok", "confirm"})
@@ -153,7 +154,7 @@ async def _model(call: CommandCall) -> str:
         apply_once(state, choice)
         return f"Next turn only: {choice.describe()}"
     state.conversation.one_turn_restore = None
-    await engine.persist_conversation(key, model_override=choice)
+    await engine.persist_conversation(key, **{MODEL_OVERRIDE: choice})
     return f"Model for this conversation: {choice.describe()}"
 
 
@@ -179,11 +180,11 @@ async def _reasoning(call: CommandCall) -> str:
     if not value:
         return f"Reasoning effort: {state.conversation.reasoning_override or 'the default'}"
     if value == "default":
-        await engine.persist_conversation(key, reasoning_override=None)
+        await engine.persist_conversation(key, **{REASONING_OVERRIDE: None})
         return "Reasoning effort: back to the default."
     if value not in REASONING:
         raise UsageError(f"{value!r} is not one of: {', '.join(REASONING)}, default.")
-    await engine.persist_conversation(key, reasoning_override=value)
+    await engine.persist_conversation(key, **{REASONING_OVERRIDE: value})
     return f"Reasoning effort for this conversation: {value}"
 
 
@@ -198,7 +199,7 @@ async def _fast(call: CommandCall) -> str:
         return f"Fast mode: {shown}"
     if value not in tiers:
         raise UsageError(f"{value!r} is not one of: on, off, default.")
-    await engine.persist_conversation(key, service_tier_override=tiers[value])
+    await engine.persist_conversation(key, **{SERVICE_TIER_OVERRIDE: tiers[value]})
     return f"Fast mode: {value}"
 
 

@@ -7,7 +7,6 @@ import pytest
 from chatlane.identity import SessionSource
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.elsewhere import (
-    INTERRUPTED_GENERATION,
     interrupt_elsewhere,
     outcome_elsewhere,
     was_interrupted_elsewhere,
@@ -15,6 +14,7 @@ from chatlane.runtime.elsewhere import (
 from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import SessionState
 from chatlane.stores import MemoryStore
+from chatlane.stores.fields import INTERRUPTED_GENERATION
 from chatlane.types import InboundMessage
 
 SOURCE = SessionSource("test", chat_id="c", user_id="u")

@@ -1,16 +1,23 @@
-"""One fixture, ``store``, parametrized over every backend; the contract suite uses only it."""
+"""One fixture, ``store``, parametrized over every backend; the contract suite uses only it.
+
+The ``clock`` fixture is the time that store reads: tests move it on with
+:meth:`StoreClock.advance` instead of sleeping past a TTL.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from chatlane.stores import Store, open_store
+from chatlane.stores import MemoryStore, Store, open_store
+from chatlane.stores.sqlite import SQLiteStore
 
 BACKENDS = ["memory", "sqlite", "redis"]
 
@@ -34,9 +41,53 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return _url(kind, tmp_path, redis_base)
 
 
+class StoreClock:
+    """The time a store under test reads, moved on by the test.
+
+    The memory and SQLite stores read this clock, which stands still except
+    for a microsecond per read (so two events are never at one instant, as
+    with the wall clock) and jumps on :meth:`advance`. The Redis store reads
+    its server's ``TIME``, which no test can move: for it, :meth:`advance`
+    really waits, so its tests keep short TTLs.
+    """
+
+    TICK = 1e-6
+
+    def __init__(self, *, real: bool) -> None:
+        self.real = real
+        self._now = time.time()
+
+    def __call__(self) -> float:
+        if self.real:
+            return time.time()
+        self._now += self.TICK
+        return self._now
+
+    async def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass for the store: at once, or (Redis) by waiting."""
+        if self.real:
+            await asyncio.sleep(seconds)
+        else:
+            self._now += seconds
+
+
 @pytest.fixture
-async def store(store_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(store_url)
+def clock(store_url: str) -> StoreClock:
+    return StoreClock(real=store_url.startswith("redis"))
+
+
+async def open_with_clock(url: str, clock: StoreClock) -> Store:
+    """Open the store ``url`` names, reading ``clock`` where the backend takes one."""
+    if url.startswith("memory://"):
+        return MemoryStore(url, clock=clock)
+    if url.startswith("sqlite://"):
+        return await SQLiteStore.open(url, clock=clock)
+    return await open_store(url)
+
+
+@pytest.fixture
+async def store(store_url: str, clock: StoreClock) -> AsyncIterator[Store]:
+    opened = await open_with_clock(store_url, clock)
     yield opened
     await opened.close()
     await forget_redis_prefix(store_url)
@@ -60,9 +111,7 @@ async def forget_redis_prefix(url: str) -> None:
 
 async def stored_answered_ids(store: Store) -> list[str]:
     """Every answered mark the backend still keeps, oldest first (read from its own storage)."""
-    from chatlane.stores.memory import MemoryStore
     from chatlane.stores.redis import RedisStore
-    from chatlane.stores.sqlite import SQLiteStore
 
     if isinstance(store, MemoryStore):
         return list(store._answered)
@@ -77,9 +126,7 @@ async def stored_answered_ids(store: Store) -> list[str]:
 
 async def stored_liveness(store: Store) -> tuple[list[str], list[str]]:
     """The heartbeats and leases the backend still keeps (read from its own storage), sorted."""
-    from chatlane.stores.memory import MemoryStore
     from chatlane.stores.redis import RedisStore
-    from chatlane.stores.sqlite import SQLiteStore
 
     if isinstance(store, MemoryStore):
         leases = [key for key, s in store._sessions.items() if s.lease is not None]
@@ -100,14 +147,14 @@ async def stored_liveness(store: Store) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture
-async def reopen(store_url: str) -> AsyncIterator[Reopen]:
+async def reopen(store_url: str, clock: StoreClock) -> AsyncIterator[Reopen]:
     """Open the same store again, as a restarted process (or a second one) would."""
     if store_url.startswith("memory://"):
         pytest.skip("the memory store lives and dies with its process")
     opened: list[Store] = []
 
     async def _open() -> Store:
-        opened.append(await open_store(store_url))
+        opened.append(await open_with_clock(store_url, clock))
         return opened[-1]
 
     yield _open

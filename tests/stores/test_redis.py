@@ -313,19 +313,6 @@ class TestConnections:
         assert await store._command("ECHO", "after") == b"after"
 
 
-class TestPersistentValues:
-    async def test_values_are_json_as_in_sqlite(self, store: RedisStore) -> None:
-        await store.set_persistent(KEY, None, nan=float("nan"), big=2**100, lone="\ud800")
-        loaded = await store.load_persistent(KEY)
-        assert loaded["nan"] != loaded["nan"]
-        assert (loaded["big"], loaded["lone"]) == (2**100, "\ud800")
-
-    async def test_a_value_that_is_not_json_is_refused_whole(self, store: RedisStore) -> None:
-        with pytest.raises(StoreError, match="'blob'"):
-            await store.set_persistent(KEY, None, ok=1, blob=b"bytes")
-        assert await store.load_persistent(KEY) == {}
-
-
 class TestLostServer:
     async def test_renew_after_the_server_went_away_is_lease_lost(self, prefix: str) -> None:
         with throwaway_server() as url:

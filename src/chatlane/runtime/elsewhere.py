@@ -27,10 +27,8 @@ from chatlane.runtime.busy import BusyContext, BusyOutcome, BusyPolicy, decide
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
+from chatlane.stores.fields import INTERRUPTED_GENERATION
 from chatlane.types import InboundMessage, SessionKey
-
-INTERRUPTED_GENERATION = "interrupted_generation"
-"""The persistent field naming the generation another process interrupted."""
 
 
 def outcome_elsewhere(

@@ -24,12 +24,17 @@ from chatlane.logs import turn_fields
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
+from chatlane.stores.fields import (
+    APPROVAL_ALLOWLIST,
+    BUSY_POLICY,
+    CONVERSATION_ID,
+    MODEL_OVERRIDE,
+    REASONING_OVERRIDE,
+    SERVICE_TIER_OVERRIDE,
+)
 from chatlane.types import ModelChoice, SessionKey
 
 log = logging.getLogger("chatlane.runtime")
-
-CONVERSATION_ID = "conversation_id"
-"""The stored field naming the session's current conversation, written at each boundary."""
 
 
 def encode_tier(tier: ServiceTier) -> str | None:
@@ -54,7 +59,7 @@ def stored_fields(fields: Mapping[str, object]) -> dict[str, Any]:
             value = value.value
         elif isinstance(value, ModelChoice):
             value = msgspec.to_builtins(value)
-        elif name == "service_tier_override":
+        elif name == SERVICE_TIER_OVERRIDE:
             value = encode_tier(value)  # type: ignore[arg-type]
         stored[name] = value
     return stored
@@ -62,13 +67,13 @@ def stored_fields(fields: Mapping[str, object]) -> dict[str, Any]:
 
 def load_overrides(state: SessionState, fields: Mapping[str, object]) -> None:
     """Apply the stored conversation overrides and approval allowlist to a fresh state."""
-    model = fields.get("model_override")
+    model = fields.get(MODEL_OVERRIDE)
     if isinstance(model, dict) and isinstance(model.get("name"), str):
         state.conversation.model_override = msgspec.convert(model, ModelChoice)
-    reasoning = fields.get("reasoning_override")
+    reasoning = fields.get(REASONING_OVERRIDE)
     state.conversation.reasoning_override = reasoning if isinstance(reasoning, str) else None
-    state.conversation.service_tier_override = decode_tier(fields.get("service_tier_override"))
-    allowlist = fields.get("approval_allowlist")
+    state.conversation.service_tier_override = decode_tier(fields.get(SERVICE_TIER_OVERRIDE))
+    allowlist = fields.get(APPROVAL_ALLOWLIST)
     if isinstance(allowlist, list):
         state.persistent.approval_allowlist = [p for p in allowlist if isinstance(p, str)]
 
@@ -134,7 +139,7 @@ def refresh_persistent(state: SessionState, fields: Mapping[str, object]) -> boo
 
 def _apply_choices(state: SessionState, fields: Mapping[str, object]) -> None:
     """The stored busy policy and overrides, taken as read now."""
-    state.persistent.busy_policy = _stored_policy(state.key, fields.get("busy_policy"))
+    state.persistent.busy_policy = _stored_policy(state.key, fields.get(BUSY_POLICY))
     load_overrides(state, fields)
     state.read_at = time.monotonic()
 

@@ -43,6 +43,7 @@ from chatlane.errors import (
 )
 from chatlane.identity import ChatType, SessionSource, unescape_component
 from chatlane.stores.base import Lease, Store
+from chatlane.stores.fields import JOB_PREFIX, LAST_TICK, job_field
 from chatlane.types import SessionKey, Target
 
 log = logging.getLogger("chatlane.scheduler")
@@ -404,7 +405,7 @@ class JobBook:
         """Every stored job by id; a record that no longer reads as a job is logged and skipped."""
         jobs = {}
         for name, value in (await self.store.load_persistent(self.key)).items():
-            if not name.startswith("job:") or value is None:
+            if not name.startswith(JOB_PREFIX) or value is None:
                 continue
             try:
                 job = msgspec.convert(value, Job)
@@ -417,20 +418,20 @@ class JobBook:
     async def save(self, job: Job) -> None:
         """Store ``job`` (replacing one with its id)."""
         await self.store.set_persistent(
-            self.key, None, **{f"job:{job.id}": msgspec.to_builtins(job)}
+            self.key, None, **{job_field(job.id): msgspec.to_builtins(job)}
         )
 
     async def delete(self, job_id: str) -> None:
         """Remove a stored job and its claim record."""
-        await self.store.set_persistent(self.key, None, **{f"job:{job_id}": None})
-        await self.store.set_persistent(self._claim_key(job_id), None, last_tick=None)
+        await self.store.set_persistent(self.key, None, **{job_field(job_id): None})
+        await self.store.set_persistent(self._claim_key(job_id), None, **{LAST_TICK: None})
 
     def _claim_key(self, job_id: str) -> str:
         return f"{self.key}:job:{job_id}"
 
     async def claim(self, job_id: str, tick: float, *, stored: bool = True) -> Claim:
         """Claim ``tick`` of ``job_id`` (see :class:`Claim`); ``stored=False``: a configured job."""
-        if stored and (await self.store.load_persistent(self.key)).get(f"job:{job_id}") is None:
+        if stored and (await self.store.load_persistent(self.key)).get(job_field(job_id)) is None:
             return Claim.GONE
         try:
             lease = await self.store.acquire(self._claim_key(job_id), self.holder, self.ttl)
@@ -442,11 +443,11 @@ class JobBook:
             await self._release(lease)
 
     async def _record(self, lease: Lease, tick: float) -> Claim:
-        last = (await self.store.load_persistent(lease.key)).get("last_tick")
+        last = (await self.store.load_persistent(lease.key)).get(LAST_TICK)
         if isinstance(last, int | float) and last >= tick:
             return Claim.TAKEN
         try:
-            await self.store.set_persistent(lease.key, lease.generation, last_tick=tick)
+            await self.store.set_persistent(lease.key, lease.generation, **{LAST_TICK: tick})
         except StaleGeneration:
             return Claim.BUSY
         return Claim.CLAIMED

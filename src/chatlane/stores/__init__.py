@@ -12,8 +12,13 @@ from __future__ import annotations
 from chatlane.errors import StoreError
 from chatlane.stores.base import (
     Conversation,
+    Conversations,
     Lease,
+    Leases,
+    Liveness,
+    PendingQueue,
     PendingRecord,
+    SessionData,
     Store,
     TranscriptEntry,
     WriteBatch,
@@ -47,9 +52,14 @@ async def open_store(url: str) -> Store:
 
 __all__ = [
     "Conversation",
+    "Conversations",
     "Lease",
+    "Leases",
+    "Liveness",
     "MemoryStore",
+    "PendingQueue",
     "PendingRecord",
+    "SessionData",
     "Store",
     "TranscriptEntry",
     "WriteBatch",

@@ -1,16 +1,25 @@
-"""Stored and wire encodings of inbound messages (msgspec JSON).
+"""Stored encodings every backend shares: inbound messages and persistent values.
 
-Encoding is total for every :class:`~chatlane.types.InboundMessage`; decoding
-checks types, so a corrupt record raises :class:`~chatlane.errors.StoreError`
-instead of handing the engine a half-built message.
+* Messages are msgspec JSON. Encoding is total for every
+  :class:`~chatlane.types.InboundMessage`; decoding checks types, so a corrupt
+  record raises :class:`~chatlane.errors.StoreError` instead of handing the
+  engine a half-built message.
+* Persistent values are stdlib JSON text, ASCII-escaped, so every ``str``
+  round-trips (lone surrogates included), and so do big ints, ``NaN`` and the
+  infinities. A value that is not JSON-compatible is refused with
+  :class:`~chatlane.errors.StoreError` naming the field; tuples come back as
+  lists and non-``str`` dict keys as strings — in every backend alike.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import msgspec
 
 from chatlane.errors import StoreError
-from chatlane.types import InboundMessage
+from chatlane.types import InboundMessage, SessionKey
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(InboundMessage)
@@ -30,3 +39,27 @@ def decode_message(payload: bytes) -> InboundMessage:
         return _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise StoreError(f"corrupt pending message record: {error}") from None
+
+
+def encode_value(key: SessionKey, name: str, value: Any) -> str:
+    """The stored form of persistent field ``name`` of ``key``.
+
+    :raises StoreError: ``value`` is not JSON-compatible.
+    """
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as error:
+        raise StoreError(
+            f"persistent field {name!r} of {key!r} is not JSON-compatible: {error}"
+        ) from None
+
+
+def decode_value(key: SessionKey, name: str, stored: str | bytes) -> Any:
+    """Read a value written by :func:`encode_value`.
+
+    :raises StoreError: ``stored`` is not JSON.
+    """
+    try:
+        return json.loads(stored)
+    except ValueError:
+        raise StoreError(f"corrupt persistent field {name!r} of {key!r}: {stored[:80]!r}") from None

@@ -3,12 +3,15 @@
 Every operation runs without an ``await`` between its check and its write, so
 each one is atomic with respect to the event loop — the same guarantees the
 SQLite and Redis stores give across processes, here within one.
+
+Persistent values are kept as JSON text, as the other stores keep them
+(:mod:`chatlane.stores.codec`): a value they would refuse is refused here
+too, and what a caller passes in or gets back is never the stored object.
 """
 
 from __future__ import annotations
 
 import itertools
-import secrets
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from chatlane.errors import (
 )
 from chatlane.stores.base import (
     PRUNE_AFTER,
+    Clock,
     Conversation,
     FailedRecord,
     Lease,
@@ -35,20 +39,9 @@ from chatlane.stores.base import (
     WriteBatch,
     now,
 )
+from chatlane.stores.codec import decode_value, encode_value
+from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.types import SessionKey
-
-_TOKEN_PREFIX = secrets.token_hex(8)
-_token_numbers = itertools.count(1)
-
-
-def new_token() -> str:
-    """A lease token: never reused in this process, unguessable from another."""
-    return f"{_TOKEN_PREFIX}-{next(_token_numbers)}"
-
-
-def new_conversation_id() -> str:
-    """A conversation id: random and URL-safe."""
-    return "c_" + secrets.token_hex(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +56,8 @@ class _Mark:
 class _Session:
     generation: int = 0
     lease: Lease | None = None
-    persistent: dict[str, Any] = field(default_factory=dict)
+    persistent: dict[str, str] = field(default_factory=dict)
+    """Field name → its value as JSON text: stored apart from the caller's objects."""
     conversations: list[Conversation] = field(default_factory=list)
     current: str = ""
     pending: dict[int, PendingRecord] = field(default_factory=dict)
@@ -72,8 +66,10 @@ class _Session:
 class MemoryStore(Store):
     """A :class:`~chatlane.stores.base.Store` in this process's memory."""
 
-    def __init__(self, url: str = "memory://") -> None:
+    def __init__(self, url: str = "memory://", *, clock: Clock = now) -> None:
+        """:param clock: where the store reads the time (wall-clock seconds by default)."""
         self.url = url
+        self._clock = clock
         self._sessions: defaultdict[str, _Session] = defaultdict(_Session)
         self._transcripts: defaultdict[str, list[TranscriptEntry]] = defaultdict(list)
         self._answered: dict[str, _Mark] = {}
@@ -88,7 +84,7 @@ class MemoryStore(Store):
 
     def _live_lease(self, session: _Session) -> Lease | None:
         lease = session.lease
-        return lease if lease is not None and lease.expires_at > now() else None
+        return lease if lease is not None and lease.expires_at > self._clock() else None
 
     async def acquire(
         self,
@@ -107,7 +103,7 @@ class MemoryStore(Store):
         if max_active and (active := self._active()) >= max_active:
             raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")
         session.generation += 1
-        session.lease = Lease(key, holder, new_token(), session.generation, now() + ttl)
+        session.lease = Lease(key, holder, new_token(), session.generation, self._clock() + ttl)
         return session.lease
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -115,7 +111,9 @@ class MemoryStore(Store):
         held = self._live_lease(session)
         if held is None or held.token != lease.token or session.generation != lease.generation:
             raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
-        session.lease = Lease(lease.key, lease.holder, lease.token, lease.generation, now() + ttl)
+        session.lease = Lease(
+            lease.key, lease.holder, lease.token, lease.generation, self._clock() + ttl
+        )
         return session.lease
 
     async def release(self, lease: Lease) -> None:
@@ -148,10 +146,11 @@ class MemoryStore(Store):
     # -- fenced writes and reads -----------------------------------------------
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        fields = {name: encode_value(key, name, value) for name, value in batch.persistent.items()}
         session = self._sessions[key]
         if generation is not None and generation != session.generation:
             raise StaleGeneration(key, generation, session.generation, "commit")
-        moment = now()
+        moment = self._clock()
         cutoff = moment - self.answered_retention
         repeated = [m for m in batch.answered if self._marked(m, cutoff) is not None]
         if repeated:
@@ -160,7 +159,7 @@ class MemoryStore(Store):
         transcript = self._transcripts[conversation.id]
         for entry in batch.transcript:
             transcript.append(_stamped(entry, conversation.id, moment))
-        session.persistent.update(batch.persistent)
+        session.persistent.update(fields)
         for message_id in batch.answered:
             self._answered.pop(message_id, None)  # a forgotten mark moves to the end
             self._answered[message_id] = _Mark(moment, batch.answer)
@@ -169,7 +168,9 @@ class MemoryStore(Store):
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         session = self._sessions.get(key)
-        return {} if session is None else dict(session.persistent)
+        if session is None:
+            return {}
+        return {name: decode_value(key, name, value) for name, value in session.persistent.items()}
 
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
@@ -179,10 +180,10 @@ class MemoryStore(Store):
         return self._transcripts[conversation_id][-limit:] if limit > 0 else []
 
     async def is_answered(self, message_id: str) -> bool:
-        return self._marked(message_id, now() - self.answered_retention) is not None
+        return self._marked(message_id, self._clock() - self.answered_retention) is not None
 
     async def answer(self, message_id: str) -> str | None:
-        mark = self._marked(message_id, now() - self.answered_retention)
+        mark = self._marked(message_id, self._clock() - self.answered_retention)
         return None if mark is None else mark.answer
 
     def _marked(self, message_id: str, cutoff: float) -> _Mark | None:
@@ -199,14 +200,15 @@ class MemoryStore(Store):
         return self._start(key, session, "")
 
     def _start(self, key: SessionKey, session: _Session, title: str) -> Conversation:
-        conversation = Conversation(new_conversation_id(), key, now(), title=title)
+        conversation = Conversation(new_conversation_id(), key, self._clock(), title=title)
         session.conversations.append(conversation)
         session.current = conversation.id
         return conversation
 
     def _end_current(self, session: _Session) -> None:
+        moment = self._clock()
         session.conversations = [
-            _ended(c) if c.id == session.current else c for c in session.conversations
+            _ended(c, moment) if c.id == session.current else c for c in session.conversations
         ]
 
     async def conversation(self, key: SessionKey) -> Conversation:
@@ -242,7 +244,7 @@ class MemoryStore(Store):
         if known is not None:
             return known
         seq = next(self._seq)
-        record = PendingRecord(key, seq, message_id, owner, payload, now())
+        record = PendingRecord(key, seq, message_id, owner, payload, self._clock())
         self._sessions[key].pending[seq] = record
         self._message_seq[message_id] = seq
         return seq
@@ -270,7 +272,7 @@ class MemoryStore(Store):
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
         session = self._sessions[key]
-        moment = now()
+        moment = self._clock()
         for seq in sorted(seqs):
             record = session.pending.get(seq)
             if record is not None:
@@ -297,7 +299,7 @@ class MemoryStore(Store):
     # -- process liveness ------------------------------------------------------------
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
-        moment = now()
+        moment = self._clock()
         self._heartbeats[holder] = moment + ttl
         cutoff = moment - self.answered_retention
         while self._answered and next(iter(self._answered.values())).at <= cutoff:
@@ -313,7 +315,7 @@ class MemoryStore(Store):
                 session.lease = None
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
-        moment = now()
+        moment = self._clock()
         return {h: self._heartbeats.get(h, 0.0) > moment for h in holders}
 
     async def close(self) -> None:
@@ -333,5 +335,5 @@ def _stamped(entry: TranscriptEntry, conversation_id: str, moment: float) -> Tra
     )
 
 
-def _ended(conversation: Conversation) -> Conversation:
-    return replace(conversation, ended_at=now())
+def _ended(conversation: Conversation, moment: float) -> Conversation:
+    return replace(conversation, ended_at=moment)

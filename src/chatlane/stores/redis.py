@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -59,7 +58,8 @@ from chatlane.stores.base import (
     WriteBatch,
     now,
 )
-from chatlane.stores.memory import new_conversation_id, new_token
+from chatlane.stores.codec import decode_value, encode_value
+from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.stores.redis_keys import Keyspace
 from chatlane.stores.redis_scripts import LuaScript, Status
 from chatlane.stores.redis_url import parse_url, redact
@@ -243,7 +243,7 @@ class RedisStore(Store):
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         flat = await self._command("HGETALL", self._keys.one("persist", key))
         pairs = zip(flat[::2], flat[1::2], strict=True)
-        return {name.decode(): _json_value(key, name, raw) for name, raw in pairs}
+        return {name.decode(): decode_value(key, name.decode(), raw) for name, raw in pairs}
 
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
@@ -429,23 +429,11 @@ def _batch_args(key: SessionKey, batch: WriteBatch, retention: float) -> list[Ar
 
 
 def _json_field(key: SessionKey, name: str, value: Any) -> tuple[str, str]:
-    """A persistent field as stdlib JSON, as the SQLite store keeps it (ASCII; NaN survives).
+    """A persistent field as stdlib JSON, as every store keeps it (ASCII; NaN survives).
 
     :raises StoreError: ``value`` is not JSON-compatible.
     """
-    try:
-        return name, json.dumps(value)
-    except (TypeError, ValueError) as error:
-        raise StoreError(
-            f"persistent field {name!r} of {key!r} is not JSON-compatible: {error}"
-        ) from None
-
-
-def _json_value(key: SessionKey, name: bytes, raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise StoreError(f"corrupt persistent field {name!r} of {key!r}: {raw[:80]!r}") from None
+    return name, encode_value(key, name, value)
 
 
 def _stamped(entry: TranscriptEntry, stamp: float) -> TranscriptEntry:

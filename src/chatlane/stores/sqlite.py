@@ -13,8 +13,9 @@ What stays true:
   in a deferred ``BEGIN`` and never blocks another process's writer.
 * Every check an operation makes (generation, lease, answered ids) runs
   before its first write, in the transaction that writes.
-* Lease expiry and heartbeats use wall-clock time (:func:`~chatlane.stores.base.now`),
-  read inside the transaction that checks them.
+* Lease expiry and heartbeats use the store's clock (wall-clock time,
+  :func:`~chatlane.stores.base.now`, unless another is injected), read inside
+  the transaction that checks them.
 * An operation depends on the database alone, so the writer may run it again
   after a rollback (see :mod:`chatlane.stores.sqlite_writer`).
 """
@@ -22,7 +23,6 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -39,6 +39,7 @@ from chatlane.errors import (
 )
 from chatlane.stores.base import (
     PRUNE_AFTER,
+    Clock,
     Conversation,
     FailedRecord,
     Lease,
@@ -48,7 +49,8 @@ from chatlane.stores.base import (
     WriteBatch,
     now,
 )
-from chatlane.stores.memory import new_conversation_id, new_token
+from chatlane.stores.codec import decode_value, encode_value
+from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.stores.sqlite_schema import Location, parse_url
 from chatlane.stores.sqlite_writer import MAX_BATCH, Operation, Writer, WriterStats
 from chatlane.types import SessionKey
@@ -99,6 +101,7 @@ def _active(db: sqlite3.Connection, moment: float) -> int:
 
 def _acquire(
     db: sqlite3.Connection,
+    clock: Clock,
     key: SessionKey,
     holder: str,
     ttl: float,
@@ -106,7 +109,7 @@ def _acquire(
     max_active: int,
 ) -> Lease:
     """Check that ``key`` is free and take it, in one transaction holding the write lock."""
-    moment = now()
+    moment = clock()
     _check_free(db, key, holder, head_seq, max_active, moment)
     lease = Lease(key, holder, new_token(), _bump(db, key), moment + ttl)
     db.execute(
@@ -135,9 +138,9 @@ def _check_free(
         raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")
 
 
-def _renew(db: sqlite3.Connection, lease: Lease, ttl: float) -> Lease:
+def _renew(db: sqlite3.Connection, clock: Clock, lease: Lease, ttl: float) -> Lease:
     """One compare-and-set: only the live, unfenced holding with ``lease.token`` is extended."""
-    moment = now()
+    moment = clock()
     renewed = db.execute(
         "UPDATE leases SET expires_at = ? WHERE key = ? AND token = ? AND expires_at > ? "
         "AND generation = (SELECT generation FROM sessions WHERE key = ?) AND generation = ?",
@@ -148,12 +151,14 @@ def _renew(db: sqlite3.Connection, lease: Lease, ttl: float) -> Lease:
     return Lease(lease.key, lease.holder, lease.token, lease.generation, moment + ttl)
 
 
-def _renew_many(db: sqlite3.Connection, leases: list[Lease], ttl: float) -> list[Lease | None]:
+def _renew_many(
+    db: sqlite3.Connection, clock: Clock, leases: list[Lease], ttl: float
+) -> list[Lease | None]:
     """Every lease's compare-and-set in one transaction; ``None`` for each one lost."""
     renewed: list[Lease | None] = []
     for lease in leases:
         try:
-            renewed.append(_renew(db, lease, ttl))
+            renewed.append(_renew(db, clock, lease, ttl))
         except LeaseLost:
             renewed.append(None)
     return renewed
@@ -172,6 +177,7 @@ def _release(db: sqlite3.Connection, lease: Lease) -> None:
 
 def _commit(
     db: sqlite3.Connection,
+    clock: Clock,
     key: SessionKey,
     generation: int | None,
     batch: WriteBatch,
@@ -185,24 +191,26 @@ def _commit(
     current, conversation = (0, None) if row is None else (int(row[0]), row[1])
     if generation is not None and generation != current:
         raise StaleGeneration(key, generation, current, "commit")
-    cutoff = now() - retention if batch.answered else 0.0
+    cutoff = clock() - retention if batch.answered else 0.0
     repeated = [m for m in batch.answered if _answered(db, m, cutoff)]
     if repeated:
         raise AlreadyAnswered(repeated)
-    conversation = conversation or _start(db, key, "").id
+    conversation = conversation or _start(db, clock, key, "").id
     if batch.transcript:  # each statement only when it has rows: every call costs a step
-        _append(db, conversation, batch.transcript)
+        _append(db, clock, conversation, batch.transcript)
     if fields:
         _set_fields(db, key, fields)
     if batch.answered:
-        _mark_answered(db, key, generation, batch.answered, batch.answer)
+        _mark_answered(db, clock, key, generation, batch.answered, batch.answer)
     if batch.done:
         _drop(db, key, batch.done)
 
 
-def _append(db: sqlite3.Connection, conversation: str, entries: list[TranscriptEntry]) -> None:
+def _append(
+    db: sqlite3.Connection, clock: Clock, conversation: str, entries: list[TranscriptEntry]
+) -> None:
     """Append to ``conversation``; an entry naming another conversation keeps its own name."""
-    moment = now()
+    moment = clock()
     rows = [
         (
             conversation,
@@ -232,12 +240,13 @@ def _set_fields(db: sqlite3.Connection, key: SessionKey, fields: list[tuple[str,
 
 def _mark_answered(
     db: sqlite3.Connection,
+    clock: Clock,
     key: SessionKey,
     generation: int | None,
     message_ids: list[str],
     answer: str,
 ) -> None:
-    moment = now()
+    moment = clock()
     db.executemany(
         "INSERT INTO answered (message_id, key, generation, at, answer) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT (message_id) DO UPDATE SET key = excluded.key, "
@@ -266,13 +275,13 @@ def _load_persistent(db: sqlite3.Connection, key: SessionKey) -> dict[str, Any]:
     rows = db.execute(
         "SELECT field, value FROM persistent WHERE key = ? ORDER BY rowid", (key,)
     ).fetchall()
-    return {name: _decode(key, name, value) for name, value in rows}
+    return {name: decode_value(key, name, value) for name, value in rows}
 
 
 def _transcript(
-    db: sqlite3.Connection, key: SessionKey, conversation_id: str | None, limit: int
+    db: sqlite3.Connection, clock: Clock, key: SessionKey, conversation_id: str | None, limit: int
 ) -> list[TranscriptEntry]:
-    conversation = _current(db, key).id if conversation_id is None else conversation_id
+    conversation = _current(db, clock, key).id if conversation_id is None else conversation_id
     if limit <= 0:
         return []
     rows = db.execute(
@@ -289,17 +298,17 @@ def _transcript(
 _CONVERSATION = "SELECT c.id, c.key, c.started_at, c.ended_at, c.title FROM conversations c"
 
 
-def _current(db: sqlite3.Connection, key: SessionKey) -> Conversation:
+def _current(db: sqlite3.Connection, clock: Clock, key: SessionKey) -> Conversation:
     """``key``'s current conversation, started (and made current) if it has none."""
     row = db.execute(
         f"{_CONVERSATION} JOIN sessions s ON c.id = s.current_conversation WHERE s.key = ?",
         (key,),
     ).fetchone()
-    return _start(db, key, "") if row is None else Conversation(*row)
+    return _start(db, clock, key, "") if row is None else Conversation(*row)
 
 
-def _start(db: sqlite3.Connection, key: SessionKey, title: str) -> Conversation:
-    conversation = Conversation(new_conversation_id(), key, now(), title=title)
+def _start(db: sqlite3.Connection, clock: Clock, key: SessionKey, title: str) -> Conversation:
+    conversation = Conversation(new_conversation_id(), key, clock(), title=title)
     db.execute(
         "INSERT INTO conversations (id, key, started_at, title) VALUES (?, ?, ?, ?)",
         (conversation.id, key, conversation.started_at, title),
@@ -312,24 +321,28 @@ def _start(db: sqlite3.Connection, key: SessionKey, title: str) -> Conversation:
     return conversation
 
 
-def _end_current(db: sqlite3.Connection, key: SessionKey) -> None:
+def _end_current(db: sqlite3.Connection, clock: Clock, key: SessionKey) -> None:
     db.execute(
         "UPDATE conversations SET ended_at = ? "
         "WHERE id = (SELECT current_conversation FROM sessions WHERE key = ?)",
-        (now(), key),
+        (clock(), key),
     )
 
 
-def _new_conversation(db: sqlite3.Connection, key: SessionKey, title: str) -> Conversation:
-    _end_current(db, key)
-    return _start(db, key, title)
+def _new_conversation(
+    db: sqlite3.Connection, clock: Clock, key: SessionKey, title: str
+) -> Conversation:
+    _end_current(db, clock, key)
+    return _start(db, clock, key, title)
 
 
-def _resume(db: sqlite3.Connection, key: SessionKey, conversation_id: str) -> Conversation:
+def _resume(
+    db: sqlite3.Connection, clock: Clock, key: SessionKey, conversation_id: str
+) -> Conversation:
     ours = "SELECT 1 FROM conversations WHERE id = ? AND key = ?"
     if not _scalar(db, ours, (conversation_id, key)):
         raise KeyError(conversation_id)
-    _end_current(db, key)
+    _end_current(db, clock, key)
     db.execute("UPDATE conversations SET ended_at = 0 WHERE id = ?", (conversation_id,))
     db.execute("UPDATE sessions SET current_conversation = ? WHERE key = ?", (conversation_id, key))
     return Conversation(
@@ -337,9 +350,11 @@ def _resume(db: sqlite3.Connection, key: SessionKey, conversation_id: str) -> Co
     )
 
 
-def _conversations(db: sqlite3.Connection, key: SessionKey, limit: int) -> list[Conversation]:
+def _conversations(
+    db: sqlite3.Connection, clock: Clock, key: SessionKey, limit: int
+) -> list[Conversation]:
     """Newest first; equal start times keep the order they were started in."""
-    _current(db, key)
+    _current(db, clock, key)
     rows = db.execute(
         f"{_CONVERSATION} WHERE c.key = ? ORDER BY c.started_at DESC, c.rowid LIMIT ?",
         (key, limit if limit >= 0 else -1),
@@ -351,7 +366,12 @@ def _conversations(db: sqlite3.Connection, key: SessionKey, limit: int) -> list[
 
 
 def _enqueue(
-    db: sqlite3.Connection, key: SessionKey, message_id: str, owner: str, payload: bytes
+    db: sqlite3.Connection,
+    clock: Clock,
+    key: SessionKey,
+    message_id: str,
+    owner: str,
+    payload: bytes,
 ) -> int:
     known = _scalar(db, "SELECT seq FROM pending WHERE message_id = ?", (message_id,))
     if known is not None:
@@ -359,7 +379,7 @@ def _enqueue(
     row = db.execute(
         "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
         "VALUES (?, ?, ?, ?, ?) RETURNING seq",
-        (key, message_id, owner, payload, now()),
+        (key, message_id, owner, payload, clock()),
     ).fetchone()
     return int(row[0])
 
@@ -389,9 +409,11 @@ def _adopt(
     return adopted
 
 
-def _adopt_orphans(db: sqlite3.Connection, holder: str, limit: int) -> list[PendingRecord]:
+def _adopt_orphans(
+    db: sqlite3.Connection, clock: Clock, holder: str, limit: int
+) -> list[PendingRecord]:
     """Take the records of up to ``limit`` sessions whose owners' heartbeats are gone."""
-    moment = now()
+    moment = clock()
     orphaned = (
         "SELECT DISTINCT p.key FROM pending p LEFT JOIN heartbeats h ON h.holder = p.owner "
         "WHERE p.owner != ? AND (h.expires_at IS NULL OR h.expires_at <= ?) "
@@ -416,8 +438,10 @@ def _adopt_session(
     return sorted((PendingRecord(*row) for row in rows), key=lambda r: r.seq)
 
 
-def _park(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
-    moment = now()
+def _park(
+    db: sqlite3.Connection, clock: Clock, key: SessionKey, seqs: Sequence[int], reason: str
+) -> None:
+    moment = clock()
     for seq in sorted(seqs):
         db.execute(
             "INSERT OR REPLACE INTO failed (message_id, key, seq, owner, payload, accepted_at, "
@@ -455,9 +479,11 @@ def _retry_failed(db: sqlite3.Connection, message_id: str, owner: str) -> Pendin
     return record
 
 
-def _heartbeat(db: sqlite3.Connection, holder: str, ttl: float, retention: float) -> None:
+def _heartbeat(
+    db: sqlite3.Connection, clock: Clock, holder: str, ttl: float, retention: float
+) -> None:
     """Beat for ``holder``; forget answered marks past their retention and long-dead rows."""
-    moment = now()
+    moment = clock()
     db.execute(
         "INSERT INTO heartbeats (holder, expires_at) VALUES (?, ?) "
         "ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at",
@@ -468,8 +494,8 @@ def _heartbeat(db: sqlite3.Connection, holder: str, ttl: float, retention: float
     db.execute("DELETE FROM leases WHERE expires_at <= ?", (moment - PRUNE_AFTER,))
 
 
-def _alive(db: sqlite3.Connection, holders: Sequence[str]) -> dict[str, bool]:
-    moment = now()
+def _alive(db: sqlite3.Connection, clock: Clock, holders: Sequence[str]) -> dict[str, bool]:
+    moment = clock()
     sql = "SELECT expires_at FROM heartbeats WHERE holder = ?"
     return {holder: (_scalar(db, sql, (holder,)) or 0.0) > moment for holder in holders}
 
@@ -478,37 +504,23 @@ def _alive(db: sqlite3.Connection, holders: Sequence[str]) -> dict[str, bool]:
 
 
 def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Fields as JSON text (ASCII, so any ``str`` — even a lone surrogate — round-trips)."""
-    return [(name, _encoded(key, name, value)) for name, value in fields.items()]
-
-
-def _encoded(key: SessionKey, name: str, value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError) as error:
-        raise StoreError(
-            f"persistent field {name!r} of {key!r} is not JSON-compatible: {error}"
-        ) from None
-
-
-def _decode(key: SessionKey, name: str, value: str) -> Any:
-    try:
-        return json.loads(value)
-    except ValueError:
-        raise StoreError(f"corrupt persistent field {name!r} of {key!r}: {value[:80]!r}") from None
+    """Fields as JSON text (see :func:`~chatlane.stores.codec.encode_value`)."""
+    return [(name, encode_value(key, name, value)) for name, value in fields.items()]
 
 
 class SQLiteStore(Store):
     """A :class:`~chatlane.stores.base.Store` in one SQLite file; open it with :meth:`open`."""
 
-    def __init__(self, url: str, location: Location) -> None:
+    def __init__(self, url: str, location: Location, *, clock: Clock = now) -> None:
+        """:param clock: where the store reads the time (wall-clock seconds by default)."""
         self.url = url
+        self._clock = clock
         self.location = location
         self._writer = Writer(location)
         self._closing: asyncio.Future[None] | None = None
 
     @classmethod
-    async def open(cls, url: str) -> SQLiteStore:
+    async def open(cls, url: str, *, clock: Clock = now) -> SQLiteStore:
         """Open the file ``url`` names (creating it only if there is none) and start its
         writer thread.
 
@@ -517,7 +529,7 @@ class SQLiteStore(Store):
         :raises StoreError: a malformed URL, a file that is not a chatlane store,
             or a schema newer than this version of chatlane knows.
         """
-        store = cls(url, parse_url(url))
+        store = cls(url, parse_url(url), clock=clock)
         await store._writer.start()
         return store
 
@@ -556,16 +568,18 @@ class SQLiteStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Lease:
-        return await self._write(lambda db: _acquire(db, key, holder, ttl, head_seq, max_active))
+        return await self._write(
+            lambda db: _acquire(db, self._clock, key, holder, ttl, head_seq, max_active)
+        )
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
-        return await self._write(lambda db: _renew(db, lease, ttl))
+        return await self._write(lambda db: _renew(db, self._clock, lease, ttl))
 
     async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
         held = list(leases)
         if not held:
             return []
-        return await self._write(lambda db: _renew_many(db, held, ttl))
+        return await self._write(lambda db: _renew_many(db, self._clock, held, ttl))
 
     async def release(self, lease: Lease) -> None:
         await self._write(lambda db: _release(db, lease))
@@ -581,7 +595,7 @@ class SQLiteStore(Store):
         return await self._read(lambda db: _generations(db, wanted))
 
     async def active_sessions(self) -> int:
-        return await self._read(lambda db: _active(db, now()))
+        return await self._read(lambda db: _active(db, self._clock()))
 
     # -- fenced writes and reads -----------------------------------------------
 
@@ -591,7 +605,9 @@ class SQLiteStore(Store):
             list(batch.transcript), {}, list(batch.answered), list(batch.done), batch.answer
         )
         retention = self.answered_retention
-        await self._write(lambda db: _commit(db, key, generation, frozen, fields, retention))
+        await self._write(
+            lambda db: _commit(db, self._clock, key, generation, frozen, fields, retention)
+        )
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return await self._read(lambda db: _load_persistent(db, key))
@@ -600,36 +616,38 @@ class SQLiteStore(Store):
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
     ) -> list[TranscriptEntry]:
         def op(db: sqlite3.Connection) -> list[TranscriptEntry]:
-            return _transcript(db, key, conversation_id, limit)
+            return _transcript(db, self._clock, key, conversation_id, limit)
 
         return await self._submit(op, writes=conversation_id is None)
 
     async def is_answered(self, message_id: str) -> bool:
-        cutoff = now() - self.answered_retention
+        cutoff = self._clock() - self.answered_retention
         return await self._read(lambda db: _answered(db, message_id, cutoff))
 
     async def answer(self, message_id: str) -> str | None:
-        cutoff = now() - self.answered_retention
+        cutoff = self._clock() - self.answered_retention
         return await self._read(lambda db: _answer(db, message_id, cutoff))
 
     # -- conversations -----------------------------------------------------------
 
     async def conversation(self, key: SessionKey) -> Conversation:
-        return await self._write(lambda db: _current(db, key))
+        return await self._write(lambda db: _current(db, self._clock, key))
 
     async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
-        return await self._write(lambda db: _new_conversation(db, key, title))
+        return await self._write(lambda db: _new_conversation(db, self._clock, key, title))
 
     async def resume_conversation(self, key: SessionKey, conversation_id: str) -> Conversation:
-        return await self._write(lambda db: _resume(db, key, conversation_id))
+        return await self._write(lambda db: _resume(db, self._clock, key, conversation_id))
 
     async def conversations(self, key: SessionKey, limit: int = 20) -> list[Conversation]:
-        return await self._write(lambda db: _conversations(db, key, limit))
+        return await self._write(lambda db: _conversations(db, self._clock, key, limit))
 
     # -- the durable pending queue -------------------------------------------------
 
     async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
-        return await self._write(lambda db: _enqueue(db, key, message_id, owner, payload))
+        return await self._write(
+            lambda db: _enqueue(db, self._clock, key, message_id, owner, payload)
+        )
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
         return await self._read(lambda db: _pending(db, key))
@@ -648,11 +666,11 @@ class SQLiteStore(Store):
         return await self._write(lambda db: _adopt(db, key, asked, old_owner, new_owner))
 
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
-        return await self._write(lambda db: _adopt_orphans(db, holder, limit))
+        return await self._write(lambda db: _adopt_orphans(db, self._clock, holder, limit))
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
         parked = list(seqs)
-        await self._write(lambda db: _park(db, key, parked, reason))
+        await self._write(lambda db: _park(db, self._clock, key, parked, reason))
 
     async def failed(self, limit: int = 100) -> list[FailedRecord]:
         return await self._read(lambda db: _failed(db, limit))
@@ -664,11 +682,11 @@ class SQLiteStore(Store):
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
         retention = self.answered_retention
-        await self._write(lambda db: _heartbeat(db, holder, ttl, retention))
+        await self._write(lambda db: _heartbeat(db, self._clock, holder, ttl, retention))
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         asked = list(holders)
-        return await self._read(lambda db: _alive(db, asked))
+        return await self._read(lambda db: _alive(db, self._clock, asked))
 
     async def close(self) -> None:
         """Commit every queued operation, stop the writer thread and close the file.

@@ -1,0 +1,66 @@
+"""The names of the persistent fields chatlane keeps in a store, in one place.
+
+A store keeps, per session key, a map of field name to JSON value
+(:meth:`~chatlane.stores.base.Store.load_persistent`). These are the names the
+runtime reads and writes; every module names a field through this module,
+never by a string of its own, so a stored name cannot drift between the
+writer and the reader. A stored name outlives the process that wrote it:
+renaming one is a data migration, not a refactoring.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "APPROVAL_ALLOWLIST",
+    "BUSY_POLICY",
+    "CONVERSATION_ID",
+    "CONVERSATION_OVERRIDES",
+    "INTERRUPTED_GENERATION",
+    "JOB_PREFIX",
+    "LAST_TICK",
+    "MODEL_OVERRIDE",
+    "REASONING_OVERRIDE",
+    "SERVICE_TIER_OVERRIDE",
+    "job_field",
+]
+
+# -- a session's fields ----------------------------------------------------------------
+
+CONVERSATION_ID: Final = "conversation_id"
+"""The session's current conversation, written at each conversation boundary."""
+
+BUSY_POLICY: Final = "busy_policy"
+"""The session's busy policy, by name (``/busy``); absent or null: the default."""
+
+MODEL_OVERRIDE: Final = "model_override"
+"""The conversation's model, as ``{"name", "provider", "base_url"}`` (never an API key)."""
+
+REASONING_OVERRIDE: Final = "reasoning_override"
+"""The conversation's reasoning effort, by name."""
+
+SERVICE_TIER_OVERRIDE: Final = "service_tier_override"
+"""The conversation's service tier: ``"priority"``, ``"normal"``, or null (unset)."""
+
+CONVERSATION_OVERRIDES: Final = (MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIER_OVERRIDE)
+"""The conversation-scoped fields: a conversation boundary clears them together."""
+
+APPROVAL_ALLOWLIST: Final = "approval_allowlist"
+"""Commands the session approved for good (``always``), as a list of strings."""
+
+INTERRUPTED_GENERATION: Final = "interrupted_generation"
+"""The generation another process interrupted (so its turn ends as interrupted, not lost)."""
+
+# -- the scheduler's fields (kept under the scheduler's own keys) -------------------------
+
+JOB_PREFIX: Final = "job:"
+"""A stored cron job is the field ``job:<id>`` of the scheduler's key."""
+
+LAST_TICK: Final = "last_tick"
+"""The last tick of a job that was claimed, kept under the job's claim key."""
+
+
+def job_field(job_id: str) -> str:
+    """The field that holds the stored cron job ``job_id``."""
+    return f"{JOB_PREFIX}{job_id}"

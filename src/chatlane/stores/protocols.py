@@ -1,0 +1,278 @@
+"""The store contract, as small protocols: one per thing a store keeps.
+
+A backend implements all five (:class:`~chatlane.stores.base.Store` is their
+union), but code that needs one slice can ask for that slice alone:
+
+* :class:`Leases` — who runs a session now, and its generation (the fencing token);
+* :class:`SessionData` — fenced writes and reads of a session's persistent
+  fields, transcript and answered marks;
+* :class:`Conversations` — a session's conversations, one of them current;
+* :class:`PendingQueue` — accepted messages waiting for their turn, and the
+  ones set aside as failed;
+* :class:`Liveness` — which processes are alive.
+
+The contract suite has one module per protocol (``tests/stores/contract/``),
+each run over every backend. Operations derived from a protocol's own
+methods are written here, once; a backend overrides one only to do it in
+fewer round trips.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from chatlane.errors import LeaseLost
+from chatlane.stores.records import (
+    Conversation,
+    FailedRecord,
+    Lease,
+    PendingRecord,
+    TranscriptEntry,
+    WriteBatch,
+)
+from chatlane.types import SessionKey
+
+__all__ = ["Conversations", "Leases", "Liveness", "PendingQueue", "SessionData"]
+
+
+class Leases(Protocol):
+    """Generations and leases: at most one live lease per session, across processes."""
+
+    @abc.abstractmethod
+    async def acquire(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Lease:
+        """Take ``key``'s lease for ``ttl`` seconds and bump its generation.
+
+        :param head_seq: if given, succeed only when no pending record of
+            ``key`` owned by another holder has a smaller ``seq`` (so messages
+            run in store order across processes; a process orders its own).
+        :param max_active: if positive, succeed only while fewer than this many
+            other sessions hold a live lease.
+        :raises SessionBusy: another live lease exists, or an earlier message must run first.
+        :raises ActiveSessionLimit: ``max_active`` sessions already run.
+        """
+
+    @abc.abstractmethod
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        """Extend ``lease`` by ``ttl`` seconds from now.
+
+        :raises LeaseLost: it expired, was taken over, or its generation was bumped.
+        """
+
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """Renew each of ``leases`` by ``ttl`` seconds from now: one call for a process's leases.
+
+        :returns: in order, the renewed lease, or ``None`` where it was lost
+            (expired, taken over, or its generation was bumped).
+        :raises StoreError: the store could not be asked; nothing is known of the leases.
+        """
+        results = await asyncio.gather(
+            *(self.renew(lease, ttl) for lease in leases), return_exceptions=True
+        )
+        renewed: list[Lease | None] = []
+        for result in results:
+            if isinstance(result, LeaseLost):
+                renewed.append(None)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                renewed.append(result)
+        return renewed
+
+    @abc.abstractmethod
+    async def release(self, lease: Lease) -> None:
+        """Give ``lease`` up.
+
+        :raises LeaseError: it was already released.
+        :raises LeaseLost: another holder has (or had) the session since.
+        """
+
+    @abc.abstractmethod
+    async def bump_generation(self, key: SessionKey) -> int:
+        """Advance ``key``'s generation (stop, interrupt, eviction) and return it.
+
+        The current lease stays with its holder, but every write it makes from
+        now on is refused, and its renewal fails.
+        """
+
+    @abc.abstractmethod
+    async def generation(self, key: SessionKey) -> int:
+        """``key``'s current generation (0 if it never ran)."""
+
+    async def generations(self, keys: Sequence[SessionKey]) -> list[int]:
+        """The current generation of each of ``keys``, in order (one read where the backend can)."""
+        return list(await asyncio.gather(*(self.generation(key) for key in keys)))
+
+    @abc.abstractmethod
+    async def active_sessions(self) -> int:
+        """How many sessions hold a live lease, across every process."""
+
+
+class SessionData(Protocol):
+    """A session's data, written only under its current generation (fenced) or unfenced.
+
+    Persistent values are JSON (:mod:`chatlane.stores.codec`): a value that is
+    not is refused with :class:`~chatlane.errors.StoreError`, and what a caller
+    passes in or reads back is never the stored object.
+    """
+
+    @abc.abstractmethod
+    async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        """Apply ``batch`` atomically, if ``generation`` is still current.
+
+        ``generation=None`` writes unfenced (for commands run outside a turn).
+
+        :raises StaleGeneration: the generation moved on; nothing was written.
+        :raises AlreadyAnswered: a message in ``batch.answered`` was answered
+            before; nothing was written.
+        :raises StoreError: a persistent value is not JSON-compatible; nothing was written.
+        """
+
+    @abc.abstractmethod
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        """Every persistent field stored for ``key`` (a fresh copy)."""
+
+    @abc.abstractmethod
+    async def transcript(
+        self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
+    ) -> list[TranscriptEntry]:
+        """The last ``limit`` entries of a conversation (default: the current one), oldest first."""
+
+    @abc.abstractmethod
+    async def is_answered(self, message_id: str) -> bool:
+        """Whether an inbound message was recorded as answered (within the retention)."""
+
+    @abc.abstractmethod
+    async def answer(self, message_id: str) -> str | None:
+        """The text committed as the answer to an inbound message, while its mark is kept.
+
+        ``None`` if it is not recorded as answered (within the retention); the
+        batch's :attr:`WriteBatch.answer` otherwise (empty if it carried none).
+        """
+
+    async def append_transcript(
+        self, key: SessionKey, generation: int | None, *entries: TranscriptEntry
+    ) -> None:
+        """Append entries to the current conversation (fenced by ``generation``)."""
+        await self.commit(key, generation, WriteBatch(transcript=list(entries)))
+
+    async def set_persistent(self, key: SessionKey, generation: int | None, **fields: Any) -> None:
+        """Set persistent fields (fenced by ``generation`` unless it is None)."""
+        await self.commit(key, generation, WriteBatch(persistent=dict(fields)))
+
+    async def record_reply(
+        self, key: SessionKey, generation: int, message_ids: Sequence[str], text: str
+    ) -> None:
+        """Record the assistant's reply to ``message_ids``: at most once per message."""
+        entry = TranscriptEntry("assistant", text, generation)
+        batch = WriteBatch(transcript=[entry], answered=list(message_ids), answer=text)
+        await self.commit(key, generation, batch)
+
+
+class Conversations(Protocol):
+    """A session's conversations: exactly one is current, started on first use."""
+
+    @abc.abstractmethod
+    async def conversation(self, key: SessionKey) -> Conversation:
+        """``key``'s current conversation, started on first use."""
+
+    @abc.abstractmethod
+    async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
+        """End ``key``'s current conversation and start a new one."""
+
+    @abc.abstractmethod
+    async def resume_conversation(self, key: SessionKey, conversation_id: str) -> Conversation:
+        """End the current conversation and make an earlier one current again.
+
+        :raises KeyError: no such conversation for ``key``.
+        """
+
+    @abc.abstractmethod
+    async def conversations(self, key: SessionKey, limit: int = 20) -> list[Conversation]:
+        """``key``'s conversations, newest first."""
+
+
+class PendingQueue(Protocol):
+    """Accepted messages, in the order the store accepted them, until done, dropped or parked."""
+
+    @abc.abstractmethod
+    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+        """Persist an accepted message and return its ``seq`` (idempotent per message id)."""
+
+    @abc.abstractmethod
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        """``key``'s pending records, in the order they were accepted."""
+
+    @abc.abstractmethod
+    async def pending_keys(self) -> list[SessionKey]:
+        """Every key with at least one pending record."""
+
+    @abc.abstractmethod
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        """Remove pending records (answered with a notice instead of a run)."""
+
+    @abc.abstractmethod
+    async def adopt(
+        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+    ) -> list[int]:
+        """Make ``new_owner`` the owner of those records still owned by ``old_owner``.
+
+        Used to take over the messages of a process that died. Atomic per
+        record, so of two processes adopting at once each record goes to one.
+
+        :returns: the seqs that were adopted, in order.
+        """
+
+    @abc.abstractmethod
+    async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
+        """Adopt the records of up to ``limit`` sessions whose owners have no live heartbeat.
+
+        Each record becomes ``holder``'s atomically (of two adopters each gets
+        it once). Failed records are never adopted.
+
+        :returns: the adopted records (with ``holder`` as owner), by session, in ``seq`` order.
+        """
+
+    # -- messages that could not be completed -------------------------------------------
+
+    @abc.abstractmethod
+    async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+        """Set pending records aside as failed, with ``reason``: kept, never run or adopted."""
+
+    @abc.abstractmethod
+    async def failed(self, limit: int = 100) -> list[FailedRecord]:
+        """Failed records, oldest failure first."""
+
+    @abc.abstractmethod
+    async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
+        """Put a failed message back into its session's queue, owned by ``owner``.
+
+        :returns: its pending record (same ``seq`` as before), or ``None`` if
+            no failed message has that id.
+        """
+
+
+class Liveness(Protocol):
+    """Process heartbeats: a process whose heartbeat expired is dead, and its messages orphans."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, holder: str, ttl: float) -> None:
+        """Record that process ``holder`` is alive for the next ``ttl`` seconds.
+
+        Also prunes what no one needs any more: answered marks past their
+        retention, heartbeats and leases long expired.
+        """
+
+    @abc.abstractmethod
+    async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
+        """Which of ``holders`` sent a heartbeat that has not expired."""

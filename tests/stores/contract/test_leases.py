@@ -1,0 +1,176 @@
+"""The contract of :class:`~chatlane.stores.protocols.Leases`, over every backend.
+
+Tests that let time pass use the ``clock`` fixture: it moves the memory and
+SQLite stores' clock at once, and waits for real with Redis, which reads its
+server's ``TIME`` (so TTLs here stay short).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chatlane.errors import (
+    ActiveSessionLimit,
+    LeaseError,
+    LeaseLost,
+    SessionBusy,
+)
+from chatlane.stores import Store, WriteBatch
+from tests.stores.conftest import StoreClock
+from tests.stores.contract.common import KEY, ODD_KEYS
+
+
+class TestLeases:
+    async def test_acquire_bumps_the_generation(self, store: Store) -> None:
+        first = await store.acquire(KEY, "p1", 5)
+        await store.release(first)
+        second = await store.acquire(KEY, "p1", 5)
+        assert (first.generation, second.generation) == (1, 2)
+        assert first.token != second.token
+        assert second.holder == "p1"
+        assert second.key == KEY
+        assert await store.generation(KEY) == 2
+
+    async def test_held_lease_makes_the_session_busy(self, store: Store) -> None:
+        await store.acquire(KEY, "p1", 5)
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p2", 5)
+        assert await store.generation(KEY) == 1
+
+    async def test_one_winner_among_concurrent_acquires(self, store: Store) -> None:
+        results = await asyncio.gather(
+            *(store.acquire(KEY, f"p{i}", 5) for i in range(30)), return_exceptions=True
+        )
+        winners = [r for r in results if not isinstance(r, BaseException)]
+        assert len(winners) == 1
+        assert all(isinstance(r, SessionBusy) for r in results if r not in winners)
+
+    async def test_expired_lease_can_be_taken(self, store: Store, clock: StoreClock) -> None:
+        old = await store.acquire(KEY, "p1", 0.2)
+        await clock.advance(0.35)
+        new = await store.acquire(KEY, "p2", 5)
+        assert new.generation == old.generation + 1
+
+    async def test_renew_extends(self, store: Store, clock: StoreClock) -> None:
+        lease = await store.acquire(KEY, "p1", 0.4)
+        await clock.advance(0.2)
+        renewed = await store.renew(lease, 2)
+        assert renewed.expires_at > lease.expires_at
+        await clock.advance(0.4)
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p2", 5)
+
+    async def test_renew_after_takeover_is_lost(self, store: Store, clock: StoreClock) -> None:
+        lease = await store.acquire(KEY, "p1", 0.2)
+        await clock.advance(0.35)
+        await store.acquire(KEY, "p2", 5)
+        with pytest.raises(LeaseLost):
+            await store.renew(lease, 5)
+
+    async def test_renew_after_expiry_is_lost(self, store: Store, clock: StoreClock) -> None:
+        lease = await store.acquire(KEY, "p1", 0.2)
+        await clock.advance(0.35)
+        with pytest.raises(LeaseLost):
+            await store.renew(lease, 5)
+
+    async def test_renew_after_bump_is_lost(self, store: Store) -> None:
+        lease = await store.acquire(KEY, "p1", 5)
+        assert await store.bump_generation(KEY) == 2
+        with pytest.raises(LeaseLost):
+            await store.renew(lease, 5)
+
+    async def test_stale_release_never_frees_the_successor(
+        self, store: Store, clock: StoreClock
+    ) -> None:
+        old = await store.acquire(KEY, "p1", 0.2)
+        await clock.advance(0.35)
+        await store.acquire(KEY, "p2", 5)
+        with pytest.raises(LeaseLost):
+            await store.release(old)
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p3", 5)
+
+    async def test_double_release_is_misuse(self, store: Store) -> None:
+        lease = await store.acquire(KEY, "p1", 5)
+        await store.release(lease)
+        with pytest.raises(LeaseError) as raised:
+            await store.release(lease)
+        assert not isinstance(raised.value, LeaseLost)
+
+    async def test_bumped_lease_can_still_be_released_by_its_holder(self, store: Store) -> None:
+        lease = await store.acquire(KEY, "p1", 5)
+        await store.bump_generation(KEY)
+        await store.release(lease)
+        assert (await store.acquire(KEY, "p2", 5)).generation == 3
+
+    async def test_head_seq_keeps_store_order(self, store: Store) -> None:
+        first = await store.enqueue(KEY, "m1", "p1", b"1")
+        second = await store.enqueue(KEY, "m2", "p2", b"2")
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p2", 5, head_seq=second)
+        lease = await store.acquire(KEY, "p1", 5, head_seq=first)
+        await store.commit(KEY, lease.generation, WriteBatch(done=[first]))
+        await store.release(lease)
+        await store.acquire(KEY, "p2", 5, head_seq=second)
+
+    async def test_max_active_caps_running_sessions(self, store: Store) -> None:
+        await store.acquire("a", "p1", 5, max_active=2)
+        await store.acquire("b", "p1", 5, max_active=2)
+        with pytest.raises(ActiveSessionLimit, match=r"\(2/2\)"):
+            await store.acquire("c", "p2", 5, max_active=2)
+        assert await store.active_sessions() == 2
+        assert await store.generation("c") == 0
+
+    async def test_expired_leases_do_not_count_as_active(
+        self, store: Store, clock: StoreClock
+    ) -> None:
+        await store.acquire("a", "p1", 0.2)
+        await clock.advance(0.35)
+        assert await store.active_sessions() == 0
+        await store.acquire("b", "p1", 5, max_active=1)
+
+    async def test_unknown_key_has_generation_zero(self, store: Store) -> None:
+        assert await store.generation("never-seen") == 0
+
+    async def test_generations_reads_many_keys_in_order(self, store: Store) -> None:
+        odd = ODD_KEYS[-1]
+        for _ in range(3):
+            await store.bump_generation(odd)
+        await store.bump_generation(KEY)
+        keys = [f"k{n}" for n in range(1200)]  # more than one IN list / one MGET
+        await store.bump_generation(keys[700])
+        wanted = [odd, "never-seen", KEY, odd, *keys]
+        found = await store.generations(wanted)
+        assert found[:4] == [3, 0, 1, 3]
+        assert found[4:] == [1 if n == 700 else 0 for n in range(1200)]
+        assert await store.generations([]) == []
+
+    @pytest.mark.parametrize("key", ODD_KEYS)
+    async def test_odd_keys_are_isolated(self, store: Store, key: str) -> None:
+        await store.acquire(key, "p1", 5)
+        other = await store.acquire(key + ":x", "p1", 5)
+        assert other.generation == 1
+        with pytest.raises(SessionBusy):
+            await store.acquire(key, "p2", 5)
+
+
+class TestRenewMany:
+    async def test_renew_many_renews_what_is_held_and_reports_what_is_lost(
+        self, store: Store, clock: StoreClock
+    ) -> None:
+        kept = await store.acquire("a", "p1", 5)
+        fenced = await store.acquire("b", "p1", 5)
+        await store.bump_generation("b")
+        expired = await store.acquire("c", "p1", 0.05)
+        await clock.advance(0.15)
+        renewed = await store.renew_many([kept, fenced, expired], 30)
+        assert renewed[1:] == [None, None]
+        first = renewed[0]
+        assert first is not None
+        assert (first.token, first.generation) == (kept.token, kept.generation)
+        assert first.expires_at > kept.expires_at + 20
+        assert await store.renew_many([], 5) == []
+        with pytest.raises(SessionBusy):
+            await store.acquire("a", "p2", 5)
