@@ -17,14 +17,17 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy, ack_text
-from chatlane.runtime.engine import TurnEngine
 from chatlane.state import AGENT_PENDING
 from chatlane.types import InboundMessage, SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.runtime.engine import TurnEngine
 
 log = logging.getLogger("chatlane.commands")
 

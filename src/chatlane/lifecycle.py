@@ -23,13 +23,16 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chatlane.logs import turn_fields
 from chatlane.runtime import pending
-from chatlane.runtime.engine import TurnEngine
 from chatlane.runtime.persisted import CONVERSATION_ID
 from chatlane.stores.base import Conversation
 from chatlane.types import SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.runtime.engine import TurnEngine
 
 log = logging.getLogger("chatlane.lifecycle")
 

@@ -56,12 +56,12 @@ from chatlane.cron_chat import CRON_COMMAND, CRON_USAGE, cron_command, split_add
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import SessionSource, build_session_key, parse_session_key
 from chatlane.runtime.busy import BusyOutcome
-from chatlane.runtime.engine import TurnEngine
 from chatlane.runtime.limits import require_numbers
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey, Target
 
 if TYPE_CHECKING:
     from chatlane.gateway import Gateway
+    from chatlane.runtime.engine import TurnEngine
 
 __all__ = [
     "CRON_COMMAND",
