@@ -9,8 +9,11 @@ from starlette.applications import Starlette
 
 from chatlane.config import Config, ServerConfig, load_config
 from chatlane.errors import ConfigError
+from chatlane.identity import ChatType
+from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.capacity import CapacitySettings
+from chatlane.runtime.settings import RuntimeSettings
 from chatlane.serve import configure, uvicorn_config
-from chatlane.server import runtime_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -23,7 +26,7 @@ def test_defaults_need_no_file() -> None:
     config = load_config(environ={})
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8080)
     assert config.store.url == "sqlite:///chatlane.db"
-    assert (config.agent.name, config.runtime.busy) == ("demo", "queue")
+    assert (config.agent.name, config.runtime.busy.default) == ("demo", "queue")
     assert config.server.keep_alive == 75
 
 
@@ -33,17 +36,39 @@ def test_file_then_environment(tmp_path: Path) -> None:
         path, environ={"CHATLANE_RUNTIME__BUSY": "reject", "CHATLANE_ALLOW__TELEGRAM": "[42, 43]"}
     )
     assert config.server.port == 9000
-    assert config.runtime.busy == "reject"
+    assert config.runtime.busy.default == "reject"
     assert config.allow == {"telegram": ["42", "43"]}
 
 
 def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
     text = "[runtime]\nlease_ttl = 12\nfence_check = 0\nmax_active_sessions = 3\n"
     text += "reread_stored = 0.25\n"
-    settings = runtime_settings(load_config(write(tmp_path, text), environ={}))
+    settings = load_config(write(tmp_path, text), environ={}).runtime
     leases = settings.leases
     assert (leases.ttl, leases.fence_check, leases.max_active_sessions) == (12, 0, 3)
     assert settings.reread_stored == 0.25
+
+
+def test_the_runtime_table_decodes_into_the_engine_settings(tmp_path: Path) -> None:
+    text = '[runtime]\nbusy = " Collect "\nqueue_cap = 7\n'
+    text += '[runtime.busy_per_chat_type]\ngroup = "reject"\n[limits]\nqueued_bytes = 4096\n'
+    environ = {
+        "CHATLANE_RUNTIME__BUSY_PER_PLATFORM": '{ telegram = "interrupt" }',
+        "CHATLANE_RUNTIME__LEASE_TTL": "20",
+        "CHATLANE_LIMITS__LIVE_SESSIONS": "9",
+    }
+    runtime = load_config(write(tmp_path, text), environ=environ).runtime
+    assert isinstance(runtime, RuntimeSettings)
+    assert runtime.busy == BusySettings(
+        BusyPolicy.COLLECT, {"telegram": BusyPolicy.INTERRUPT}, {ChatType.GROUP: BusyPolicy.REJECT}
+    )
+    assert (runtime.queue_cap, runtime.leases.ttl, runtime.leases.max_active_sessions) == (
+        7,
+        20,
+        64,
+    )
+    assert runtime.capacity == CapacitySettings(queued_bytes=4096, live_sessions=9)
+    assert load_config(environ={}).runtime == Config().runtime
 
 
 @pytest.mark.parametrize(
@@ -52,9 +77,26 @@ def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
         ('[server]\nport = "abc"', "configuration key 'server.port' = 'abc': expected `int`"),
         ("[server]\nprot = 1", "unknown configuration key 'server.prot'"),
         ("colour = 1", "unknown configuration key 'colour'"),
-        ('[runtime]\nbusy = "wait"', "'runtime.busy': 'wait' is not one of: queue"),
-        ("[runtime]\nqueue_cap = 0", "'runtime.queue_cap' = 0: expected a finite number > 0"),
-        ("[runtime]\nfence_check = -1", "'runtime.fence_check' = -1.0: expected a finite"),
+        ('[runtime]\nbusy = "wait"', "'runtime.busy' = 'wait': expected one of: queue, collect"),
+        ("[runtime]\nqueue_cap = 0", "'runtime.queue_cap' = 0: expected a whole number > 0"),
+        ("[runtime]\nqueue_cap = 2.5", "'runtime.queue_cap' = 2.5: expected a whole number > 0"),
+        (
+            "[runtime]\nfence_check = -1",
+            "'runtime.fence_check' = -1: expected a finite number >= 0",
+        ),
+        (
+            "[runtime]\nmax_active_sessions = -1",
+            "'runtime.max_active_sessions' = -1: expected a whole",
+        ),
+        ("[runtime]\nleases = 1", "unknown configuration key 'runtime.leases'"),
+        ("[runtime]\nqueue = 1", "unknown configuration key 'runtime.queue'"),
+        ("[limits]\nqueued_bytes = 0", "'limits.queued_bytes' = 0: expected a whole number > 0"),
+        ("[limits]\nlive_sessions = 1.5", "'limits.live_sessions' = 1.5: expected a whole number"),
+        ("[limits]\nsocket = 1", "unknown configuration key 'limits.socket'"),
+        (
+            '[runtime.busy_per_platform]\ntelegram = "later"',
+            "'runtime.busy_per_platform.telegram': expected one of: queue",
+        ),
         ("[runtime]\ninterrupt_grace = inf", "'runtime.interrupt_grace' = inf: expected a finite"),
         ("[runtime]\nturn_timeout = nan", "'runtime.turn_timeout' = nan: expected a finite"),
         ("[runtime]\nlease_ttl = inf", "'runtime.lease_ttl' = inf: expected a finite number > 0"),
@@ -68,7 +110,10 @@ def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
         ('[allow]\ntelegram = "42"', "'allow.telegram' = '42': expected a list of user ids"),
         ('namespace = ""', "'namespace' = '': expected a non-empty name"),
         ("this is [ not toml", "is not valid TOML"),
-        ('[runtime.busy_per_chat_type]\nroom = "queue"', "'runtime.busy_per_chat_type"),
+        (
+            '[runtime.busy_per_chat_type]\nroom = "queue"',
+            "'runtime.busy_per_chat_type.room': expected one of: dm, group",
+        ),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:
@@ -103,7 +148,7 @@ def test_non_loopback_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_command_line_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     config = configure(None, port=9999, store="memory://", agent="demo", busy="steer")
-    assert (config.server.port, config.store.url, config.runtime.busy) == (
+    assert (config.server.port, config.store.url, config.runtime.busy.default) == (
         9999,
         "memory://",
         "steer",

@@ -528,7 +528,7 @@ def test_view_behaves_like_a_dict_model(name: str, data: st.DataObject) -> None:
         assert apply(ViewOps(runner, name), op) == apply(model, op)
         assert view(runner, name) == model.items
         assert len(view(runner, name)) == len(model.items)
-        assert set(view(runner, name)) == set(model.items)
+        assert list(view(runner, name)) == list(model.items)
 
 
 def test_scope_classes_are_dataclasses_of_the_right_scope() -> None:
@@ -536,3 +536,84 @@ def test_scope_classes_are_dataclasses_of_the_right_scope() -> None:
     classes[Scope.PERSISTENT] = PersistentState
     for spec in LEGACY_FIELD_SPECS.values():
         assert hasattr(classes[spec.scope](), spec.field)
+
+
+class DictRunner:
+    """A runner written the old way: its own ``{key: state}`` dict, no registry."""
+
+    _running_agents = legacy_dict_property("_running_agents")
+    _queued_events = legacy_dict_property("_queued_events")
+    _turn_lease_tokens = legacy_lease_token_property()
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, SessionState] = {}
+
+
+class BareRunner:
+    """A runner with nothing but legacy properties, assigned in ``__init__`` as before."""
+
+    _running_agents = legacy_dict_property("_running_agents")
+    _queued_events = legacy_dict_property("_queued_events")
+
+    def __init__(self) -> None:
+        self._running_agents = {}
+        self._queued_events = {}
+
+
+class TestDropIn:
+    def test_a_plain_dict_of_sessions_works(self) -> None:
+        runner = DictRunner()
+        runner._running_agents["k"] = "agent"
+        runner._turn_lease_tokens[("k", 1)] = "t"
+        state = runner._sessions["k"]
+        assert (state.key, state.turn.agent, state.turn.lease_tokens) == ("k", "agent", {1: "t"})
+        assert dict(runner._running_agents) == {"k": "agent"}
+        assert "other" not in runner._running_agents
+        runner._sessions["j"] = SessionState()
+        runner._sessions["j"].turn.agent = "b"
+        assert list(runner._running_agents) == ["k", "j"]
+
+    def test_a_runner_without_sessions_gets_a_registry(self) -> None:
+        runner = BareRunner()
+        runner._queued_events.setdefault("k", []).append("e")
+        assert runner._queued_events == {"k": ["e"]}
+        assert "k" not in runner._running_agents
+        sessions = vars(runner)["_sessions"]
+        assert isinstance(sessions, SessionRegistry)
+        assert sessions.get("k").conversation.queued_events == ["e"]
+
+    def test_session_state_needs_no_key(self) -> None:
+        state = SessionState()
+        assert state.key == ""
+        assert not state.is_busy
+
+    @pytest.mark.parametrize("how", ["clear", "assign", "delete attribute"])
+    def test_clear_detaches_a_held_empty_list(self, how: str) -> None:
+        runner = Runner()
+        held = runner._queued_events.setdefault("k", [])
+        assert "k" not in runner._queued_events
+        if how == "clear":
+            runner._queued_events.clear()
+        elif how == "assign":
+            runner._queued_events = {}
+        else:
+            del runner._queued_events
+        held.append("stale")
+        assert "k" not in runner._queued_events
+        assert runner._sessions.get("k").conversation.queued_events == []
+
+    def test_views_keep_insertion_order_across_writes_elsewhere(self) -> None:
+        runner = Runner()
+        runner._running_agents["a"] = "x"
+        runner._running_agents["b"] = "y"
+        runner._session_model_overrides["a"] = "m"
+        assert list(runner._running_agents) == ["a", "b"]
+        runner._running_agents["a"] = "z"
+        assert list(runner._running_agents.items()) == [("a", "z"), ("b", "y")]
+        runner._turn_lease_tokens[("b", 1)] = "t1"
+        runner._turn_lease_tokens[("a", 1)] = "t2"
+        runner._session_model_overrides["b"] = "n"
+        assert list(runner._turn_lease_tokens) == [("b", 1), ("a", 1)]
+        del runner._running_agents["a"]
+        runner._running_agents["a"] = "again"
+        assert list(runner._running_agents) == ["b", "a"]

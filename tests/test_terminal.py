@@ -23,7 +23,9 @@ from click.testing import CliRunner
 from chatlane.adapters.api import ApiAdapter
 from chatlane.agents.demo import DemoAgent
 from chatlane.cli import main
-from chatlane.config import Config, RuntimeConfig
+from chatlane.config import Config
+from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
@@ -271,7 +273,7 @@ class Gate:
 
 async def test_a_busy_rejection_prints_the_gateway_message(tmp_path: Path) -> None:
     gate = Gate()
-    config = Config(runtime=RuntimeConfig(busy="reject"))
+    config = Config(runtime=RuntimeSettings(busy=BusySettings(BusyPolicy.REJECT)))
     async with serving(gate, config) as url:
         holding = asyncio.create_task(
             chat_command("--url", url, "--session", "busy", stdin=b"hold\n")

@@ -17,15 +17,18 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy, ack_text
-from chatlane.runtime.engine import TurnEngine
 from chatlane.state import AGENT_PENDING
 from chatlane.stores.fields import BUSY_POLICY
 from chatlane.types import InboundMessage, SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.runtime.engine import TurnEngine
 
 log = logging.getLogger("chatlane.commands")
 

@@ -12,10 +12,17 @@ What stays true:
 
 Environment overrides use ``CHATLANE_<SECTION>__<KEY>``, for example
 ``CHATLANE_SERVER__PORT=9000`` or ``CHATLANE_RUNTIME__BUSY=interrupt``.
+
+``[runtime]`` (with ``[limits]``'s ``queued_bytes`` and ``live_sessions``)
+decodes straight into the engine's :class:`~chatlane.runtime.settings.RuntimeSettings`:
+its enums and bounds are checked by the decoder. The file keeps its flat keys
+(``lease_ttl``, ``busy_per_platform`` …); :data:`RUNTIME_KEYS` says where each
+lives in the settings, and errors name the file's key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import os
@@ -23,7 +30,8 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 import msgspec
 
@@ -31,8 +39,7 @@ from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
 from chatlane.redaction import redact_urls
-from chatlane.runtime.busy import BusyPolicy
-from chatlane.runtime.engine import RuntimeSettings
+from chatlane.runtime.settings import LeaseSettings, RuntimeSettings
 from chatlane.scheduler import SchedulerSettings
 
 ENV_PREFIX = "CHATLANE_"
@@ -118,38 +125,41 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     openai: OpenAIConfig = OpenAIConfig()
 
 
-_ENGINE = RuntimeSettings()
-"""The engine's own defaults: the configuration's defaults are read from them, never repeated."""
+GATEWAY_MAX_ACTIVE_SESSIONS: Final = 64
+"""``runtime.max_active_sessions`` of ``chatlane serve``: the library's engine leaves it
+unlimited (an application embedding it decides); a gateway serving strangers starts bounded."""
 
+GATEWAY_RUNTIME: Final = RuntimeSettings(
+    leases=LeaseSettings(max_active_sessions=GATEWAY_MAX_ACTIVE_SESSIONS)
+)
+"""The runtime settings of ``chatlane serve`` when the file sets none."""
 
-class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    busy: str = _ENGINE.busy.default.value
-    busy_per_platform: dict[str, str] = msgspec.field(default_factory=dict)
-    busy_per_chat_type: dict[str, str] = msgspec.field(default_factory=dict)
-    queue_cap: int = _ENGINE.queue_cap
-    collect_debounce: float = _ENGINE.collect_debounce
-    interrupt_grace: float = _ENGINE.interrupt_grace
-    interrupt_depth: int = _ENGINE.interrupt_depth
-    ack_debounce: float = _ENGINE.ack_debounce
-    turn_timeout: float = _ENGINE.turn_timeout
-    approval_timeout: float = _ENGINE.approval_timeout
-    reread_stored: float = _ENGINE.reread_stored
-    lease_ttl: float = _ENGINE.leases.ttl
-    max_active_sessions: int = 64
-    """Turns running at once across every process sharing the store (0: unlimited).
+RUNTIME_KEYS: Final[Mapping[tuple[str, str], tuple[str, ...]]] = MappingProxyType(
+    {
+        ("runtime", "busy"): ("busy", "default"),
+        ("runtime", "busy_per_platform"): ("busy", "per_platform"),
+        ("runtime", "busy_per_chat_type"): ("busy", "per_chat_type"),
+        ("runtime", "lease_ttl"): ("leases", "ttl"),
+        ("runtime", "max_active_sessions"): ("leases", "max_active_sessions"),
+        ("runtime", "fence_check"): ("leases", "fence_check"),
+        ("limits", "queued_bytes"): ("capacity", "queued_bytes"),
+        ("limits", "live_sessions"): ("capacity", "live_sessions"),
+    }
+)
+"""Where a file key that is not a plain field of :class:`RuntimeSettings` lives in it.
 
-    The library's engine leaves this unlimited (an application embedding it
-    decides); a gateway serving strangers starts bounded."""
-    fence_check: float = _ENGINE.leases.fence_check
+Every other ``[runtime]`` key is a field of the same name (``queue_cap`` …)."""
+
+_RUNTIME_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(RuntimeSettings)) - {
+    "busy",
+    "leases",
+    "capacity",
+}
 
 
 class LimitsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Process-wide limits: what all sessions, sockets and clients may hold together."""
+    """Process-wide limits the runtime does not hold (its own are ``runtime.capacity``)."""
 
-    queued_bytes: int = _ENGINE.capacity.queued_bytes
-    """Bytes of unanswered messages one process holds; one more is refused."""
-    live_sessions: int = _ENGINE.capacity.live_sessions
-    """Sessions with a turn running, waiting or collecting in one process."""
     sockets: int = 256
     """Web chat WebSockets open at once in one process."""
 
@@ -224,7 +234,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     server: ServerConfig = ServerConfig()
     store: StoreConfig = StoreConfig()
     agent: AgentConfig = AgentConfig()
-    runtime: RuntimeConfig = RuntimeConfig()
+    runtime: RuntimeSettings = GATEWAY_RUNTIME
+    """Decoded from ``[runtime]`` and ``[limits]`` (see :data:`RUNTIME_KEYS`)."""
     limits: LimitsConfig = LimitsConfig()
     api: ApiConfig = ApiConfig()
     web: WebConfig = WebConfig()
@@ -295,9 +306,48 @@ def _convert(raw: dict[str, Any]) -> Config:
     if isinstance(allow, dict):
         raw["allow"] = {platform: _ids(platform, ids) for platform, ids in allow.items()}
     try:
-        return msgspec.convert(raw, Config, strict=False)
+        return msgspec.convert(_settings_layout(raw), Config, strict=False)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), raw)) from None
+
+
+def _settings_layout(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with ``[runtime]`` and the runtime's ``[limits]`` keys where the settings keep them.
+
+    :raises ConfigError: for a ``[runtime]`` key that is not a setting.
+    """
+    runtime, limits = raw.get("runtime", {}), raw.get("limits", {})
+    if not (isinstance(runtime, dict) and isinstance(limits, dict)):
+        return raw  # the decoder names the section that is not a table
+    settings: dict[str, Any] = {"leases": {"max_active_sessions": GATEWAY_MAX_ACTIVE_SESSIONS}}
+    kept_limits: dict[str, Any] = {}
+    for section, table in (("runtime", runtime), ("limits", limits)):
+        for key, value in table.items():
+            where = RUNTIME_KEYS.get((section, key))
+            if where is None and section == "runtime" and key in _RUNTIME_FIELDS:
+                where = (key,)
+            if where is not None:
+                _put(settings, where, _policy_names(value) if where[0] == "busy" else value)
+            elif section == "limits":
+                kept_limits[key] = value
+            else:
+                raise ConfigError(f"unknown configuration key 'runtime.{key}'")
+    return {**raw, "runtime": settings, "limits": kept_limits}
+
+
+def _put(table: dict[str, Any], where: tuple[str, ...], value: Any) -> None:
+    for part in where[:-1]:
+        table = table.setdefault(part, {})
+    table[where[-1]] = value
+
+
+def _policy_names(value: Any) -> Any:
+    """Busy policy names are read as ``BusyPolicy.parse`` reads them: case and spaces aside."""
+    if isinstance(value, str):
+        return value.strip().lower()
+    if isinstance(value, dict):
+        return {key: _policy_names(policy) for key, policy in value.items()}
+    return value
 
 
 def _ids(platform: str, ids: object) -> list[str]:
@@ -318,16 +368,77 @@ def _is_id(value: object) -> bool:
 
 
 def _explain(message: str, raw: dict[str, Any]) -> str:
-    """``Expected `int`, got `str` - at `$.server.port``` → key, value and expectation."""
-    what, _, where = message.partition(" - at `$")
+    """``Expected `int`, got `str` - at `$.server.port``` → key, value and expectation.
+
+    The decoder's path is in the settings' layout; the key named is the file's.
+    """
+    what, _, where = message.partition(" - at `")
     parts = re.findall(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]", where)
     path = ["".join(groups).replace("...", "*") for groups in parts]
     if what.startswith("Object contains unknown field"):
-        return f"unknown configuration key {'.'.join([*path, what.split('`')[1]])!r}"
-    key = ".".join(path)
-    value = _lookup(raw, path)
-    shown = f" = {value!r}" if value is not None else ""
-    return f"configuration key {key!r}{shown}: {what.lower()}"
+        return f"unknown configuration key {'.'.join([*_file_path(path), what.split('`')[1]])!r}"
+    info = _type_at(path)
+    bad = re.match(r"Invalid enum value (.*)", what)
+    if where.startswith("key` in "):
+        info = info.key_type if isinstance(info, msgspec.inspect.DictType) else None
+        path = [*path, "*"]
+    file_path = _file_path(path)
+    if bad is not None and file_path[-1:] == ["*"]:
+        file_path[-1] = _entry_named(raw, file_path[:-1], bad.group(1))
+        shown = ""
+    else:
+        value = _lookup(raw, file_path)
+        shown = f" = {value!r}" if value is not None else ""
+    expected = _expectation(info)
+    why = f"expected {expected}" if expected else what.lower()
+    return f"configuration key {'.'.join(file_path)!r}{shown}: {why}"
+
+
+def _file_path(path: list[str]) -> list[str]:
+    """A decoder path in the settings' layout as the file's key path."""
+    if path[:1] == ["runtime"]:
+        for (section, key), where in RUNTIME_KEYS.items():
+            if tuple(path[1 : 1 + len(where)]) == where:
+                return [section, key, *path[1 + len(where) :]]
+    return path
+
+
+def _type_at(path: list[str]) -> msgspec.inspect.Type | None:
+    """The decoded type at ``path`` (``*``: any entry of a dict or list), if it can be told."""
+    info: msgspec.inspect.Type | None = msgspec.inspect.type_info(Config)
+    for part in path:
+        if isinstance(info, msgspec.inspect.StructType | msgspec.inspect.DataclassType):
+            info = next((f.type for f in info.fields if f.encode_name == part), None)
+        elif isinstance(info, msgspec.inspect.DictType):
+            info = info.value_type
+        elif isinstance(info, msgspec.inspect.ListType):
+            info = info.item_type
+        else:
+            return None
+    return info
+
+
+def _expectation(info: msgspec.inspect.Type | None) -> str:
+    """What a bounded number or an enum must be, in words ("" for anything else)."""
+    if isinstance(info, msgspec.inspect.EnumType):
+        return "one of: " + ", ".join(str(member.value) for member in info.cls)
+    if isinstance(info, msgspec.inspect.IntType | msgspec.inspect.FloatType):
+        kind = "whole" if isinstance(info, msgspec.inspect.IntType) else "finite"
+        if info.gt is not None:
+            return f"a {kind} number > {info.gt}"
+        if info.ge is not None:
+            return f"a {kind} number >= {info.ge}"
+    return ""
+
+
+def _entry_named(raw: dict[str, Any], path: list[str], bad: str) -> str:
+    """The key of the entry of table ``path`` whose value (or key) the decoder refused."""
+    table = _lookup(raw, path)
+    if isinstance(table, dict):
+        for key, value in table.items():
+            if bad in (repr(key), repr(_policy_names(value))):
+                return str(key)
+    return "*"
 
 
 def _lookup(raw: Any, path: list[str]) -> Any:
@@ -352,21 +463,9 @@ def check_config(config: Config) -> None:
 def _check(config: Config) -> None:
     if not config.namespace:
         raise ConfigError("configuration key 'namespace' = '': expected a non-empty name")
-    runtime = config.runtime
-    BusyPolicy.parse(runtime.busy, what="configuration key 'runtime.busy'")
-    for platform, policy in runtime.busy_per_platform.items():
-        BusyPolicy.parse(policy, what=f"configuration key 'runtime.busy_per_platform.{platform}'")
-    for chat_type, policy in runtime.busy_per_chat_type.items():
-        if chat_type not in {t.value for t in ChatType}:
-            raise ConfigError(
-                f"configuration key 'runtime.busy_per_chat_type.{chat_type}': "
-                f"expected a chat type: {', '.join(t.value for t in ChatType)}"
-            )
-        BusyPolicy.parse(policy, what=f"configuration key 'runtime.busy_per_chat_type.{chat_type}'")
     _check_server(config.server)
     _check_openai(config.agent.openai)
-    _check_positive(runtime)
-    _check_whole("limits", config.limits, ("queued_bytes", "live_sessions", "sockets"))
+    _check_whole("limits", config.limits, ("sockets",))
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
     interval = config.scheduler.min_interval
@@ -416,30 +515,6 @@ def _check_openai(openai: OpenAIConfig) -> None:
                 f"configuration key {key!r} = {redact_urls(url)!r}: "
                 "expected an http(s) URL without userinfo, query, fragment or escapes"
             ) from None
-
-
-def _check_positive(runtime: RuntimeConfig) -> None:
-    for name in ("queue_cap", "interrupt_depth", "lease_ttl"):
-        value = getattr(runtime, name)
-        if not value > 0 or not math.isfinite(value):
-            raise ConfigError(
-                f"configuration key 'runtime.{name}' = {value}: expected a finite number > 0"
-            )
-    for name in (
-        "collect_debounce",
-        "interrupt_grace",
-        "ack_debounce",
-        "turn_timeout",
-        "approval_timeout",
-        "max_active_sessions",
-        "fence_check",
-        "reread_stored",
-    ):
-        value = getattr(runtime, name)
-        if not value >= 0 or not math.isfinite(value):
-            raise ConfigError(
-                f"configuration key 'runtime.{name}' = {value}: expected a finite number >= 0"
-            )
 
 
 def _check_whole(section: str, record: object, names: tuple[str, ...]) -> None:

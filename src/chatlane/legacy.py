@@ -7,10 +7,14 @@ field of every session in ``runner._sessions``; nothing is copied, so the view
 and :class:`~chatlane.state.SessionState` can never drift apart. What stays true:
 
 * a key is in a view exactly when its field is *present* (:class:`Presence`);
+* ``runner._sessions`` may be a :class:`~chatlane.state.SessionRegistry`, a
+  plain dict of states, or missing (a registry is made on first use);
 * reading never creates a session; writing creates it through
-  ``runner._session_state(key)`` (even an absent value: ``setdefault(key, [])``
-  must hand back the list the session now holds);
+  ``runner._session_state(key)`` when the runner has one (even an absent
+  value: ``setdefault(key, [])`` must hand back the list the session now holds);
 * ``del`` resets the field to its default, so the key leaves the view;
+  ``clear()`` resets it on every session, present or not;
+* keys iterate in the order they entered the view, as in a dict;
 * ``_session_run_generation`` still only grows: a write that would lower a
   generation (including ``del`` and ``clear``) raises :class:`ValueError`.
 """
@@ -18,7 +22,7 @@ and :class:`~chatlane.state.SessionState` can never drift apart. What stays true
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Generic, Protocol, Self, TypeVar, overload
@@ -138,15 +142,105 @@ LEGACY_FIELD_SPECS: Final[Mapping[str, LegacyFieldSpec]] = MappingProxyType(
 
 
 class LegacyRunner(Protocol):
-    """What a class needs to carry legacy properties: a registry and a get-or-create hook."""
+    """What a class carrying legacy properties may offer; both hooks are optional.
 
-    _sessions: SessionRegistry
+    ``_sessions`` is a :class:`~chatlane.state.SessionRegistry` or a plain
+    ``dict`` of :class:`~chatlane.state.SessionState` by key (without one, the
+    first view to touch the runner gives it a registry); ``_session_state(key)``
+    gets or creates a session (without one, ``_sessions`` is asked).
+    """
+
+    _sessions: SessionRegistry | MutableMapping[str, SessionState]
 
     def _session_state(self, key: str) -> SessionState: ...
 
 
+Sessions = SessionRegistry | MutableMapping[str, SessionState]
+
+_ORDERS: Final = "_legacy_view_order"
+"""The runner attribute holding each view's key order (views are made afresh on every access)."""
+
+
+def _sessions(runner: Any) -> Sessions:
+    """``runner._sessions``; a runner without one gets a :class:`SessionRegistry` now."""
+    sessions: Sessions | None = getattr(runner, "_sessions", None)
+    if sessions is None:
+        sessions = runner._sessions = SessionRegistry()
+    return sessions
+
+
+def _peek(runner: Any, key: str) -> SessionState | None:
+    """The session of ``key`` if it exists; never creates one nor counts as an access."""
+    sessions = _sessions(runner)
+    if isinstance(sessions, SessionRegistry):
+        return sessions.peek(key)
+    return sessions.get(key)
+
+
+def _session_items(runner: Any) -> list[tuple[str, SessionState]]:
+    return list(_sessions(runner).items())
+
+
+def _get_or_create(runner: Any, key: str) -> SessionState:
+    """The session of ``key``, through ``runner._session_state`` when the runner has one."""
+    hook: Callable[[str], SessionState] | None = getattr(runner, "_session_state", None)
+    if hook is not None:
+        return hook(key)
+    sessions = _sessions(runner)
+    if isinstance(sessions, SessionRegistry):
+        return sessions.get(key)
+    state = sessions.get(key)
+    if state is None:
+        state = sessions[key] = SessionState(key)
+    return state
+
+
 class LegacyView(MutableMapping[K, Any]):
-    """A live mapping over session state; equal to any mapping with the same items."""
+    """A live mapping over session state; equal to any mapping with the same items.
+
+    Keys iterate in the order they entered this view, as in the dict it
+    replaces: overwriting a key keeps its place, removing and adding it again
+    moves it to the end, and writes through other views change nothing here.
+    """
+
+    def __init__(self, runner: Any, name: str) -> None:
+        self._runner = runner
+        self._name = name
+
+    def _live(self) -> Iterator[K]:
+        """The keys present now, in the runner's session order."""
+        raise NotImplementedError
+
+    def _has(self, key: K) -> bool:
+        """Whether ``key`` is present now."""
+        raise NotImplementedError
+
+    def _order(self) -> dict[K, None]:
+        orders: dict[str, dict[K, None]] = self._runner.__dict__.setdefault(_ORDERS, {})
+        return orders.setdefault(self._name, {})
+
+    def _write(self, key: K, write: Callable[[], None]) -> None:
+        """Run ``write`` for ``key``, keeping the key's place if it stays present."""
+        order = self._order()
+        if not self._has(key):
+            order.pop(key, None)
+        write()
+        if self._has(key):
+            order.setdefault(key, None)
+        else:
+            order.pop(key, None)
+
+    def __iter__(self) -> Iterator[K]:
+        order, live = self._order(), list(self._live())
+        present = set(live)
+        for key in [key for key in order if key not in present]:
+            del order[key]
+        for key in live:
+            order.setdefault(key, None)
+        return iter(list(order))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
     def replace(self, entries: Mapping[K, Any] | None) -> None:
         """Make the view hold exactly ``entries`` (``None`` means empty), applied in order."""
@@ -183,8 +277,8 @@ class LegacyView(MutableMapping[K, Any]):
 class LegacyFieldView(LegacyView[str]):
     """One field across every session of a runner, keyed by session key."""
 
-    def __init__(self, runner: LegacyRunner, spec: LegacyFieldSpec) -> None:
-        self._runner = runner
+    def __init__(self, runner: Any, spec: LegacyFieldSpec) -> None:
+        super().__init__(runner, spec.name)
         self._spec = spec
 
     def _scope(self, state: SessionState) -> Any:
@@ -194,32 +288,51 @@ class LegacyFieldView(LegacyView[str]):
         return is_present(self._spec.presence, getattr(self._scope(state), self._spec.field))
 
     def _present_state(self, key: str) -> SessionState:
-        state = self._runner._sessions.peek(key)
+        state = _peek(self._runner, key)
         if state is None or not self._present(state):
             raise KeyError(key)
         return state
+
+    def _live(self) -> Iterator[str]:
+        return (key for key, state in _session_items(self._runner) if self._present(state))
+
+    def _has(self, key: str) -> bool:
+        state = _peek(self._runner, key)
+        return state is not None and self._present(state)
 
     def __getitem__(self, key: str) -> Any:
         return getattr(self._scope(self._present_state(key)), self._spec.field)
 
     def __setitem__(self, key: str, value: Any) -> None:
-        state = self._runner._session_state(key)
-        setattr(self._scope(state), self._spec.field, value)
+        def write() -> None:
+            setattr(self._scope(_get_or_create(self._runner, key)), self._spec.field, value)
+
+        self._write(key, write)
 
     def __delitem__(self, key: str) -> None:
         reset_field(self._scope(self._present_state(key)), self._spec.field)
+        self._order().pop(key, None)
 
-    def __iter__(self) -> Iterator[str]:
-        return (key for key, state in self._runner._sessions.items() if self._present(state))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+    def replace(self, entries: Mapping[str, Any] | None) -> None:
+        """Reset the field on every session not in ``entries``, then write ``entries`` in order."""
+        new = dict(entries or {})
+        self._reset(keep=new.keys())
+        for key, value in new.items():
+            self[key] = value
 
     def clear(self) -> None:
-        """Reset the field on every session where it is present (no ``popitem`` loop)."""
-        for _, state in self._runner._sessions.items():
-            if self._present(state):
+        """Reset the field on every session, present or not (no ``popitem`` loop).
+
+        A session holding an absent value (an empty list handed out by
+        ``setdefault``) gets a fresh default too, so nothing stays attached.
+        """
+        self._reset(keep=())
+
+    def _reset(self, keep: Collection[str]) -> None:
+        for key, state in _session_items(self._runner):
+            if key not in keep:
                 reset_field(self._scope(state), self._spec.field)
+                self._order().pop(key, None)
 
 
 def _lease_key(key: object) -> LeaseKey:
@@ -236,15 +349,26 @@ class LegacyLeaseTokenView(LegacyView[LeaseKey]):
     A key that is not a ``(session_key, generation)`` pair raises :class:`KeyError`.
     """
 
-    def __init__(self, runner: LegacyRunner) -> None:
-        self._runner = runner
+    def __init__(self, runner: Any) -> None:
+        super().__init__(runner, "_turn_lease_tokens")
 
     def _tokens(self, key: LeaseKey) -> tuple[dict[int, Any], int]:
         session_key, generation = _lease_key(key)
-        state = self._runner._sessions.peek(session_key)
+        state = _peek(self._runner, session_key)
         if state is None or generation not in state.turn.lease_tokens:
             raise KeyError(key)
         return state.turn.lease_tokens, generation
+
+    def _live(self) -> Iterator[LeaseKey]:
+        for session_key, state in _session_items(self._runner):
+            yield from ((session_key, g) for g in list(state.turn.lease_tokens))
+
+    def _has(self, key: LeaseKey) -> bool:
+        try:
+            self._tokens(key)
+        except KeyError:
+            return False
+        return True
 
     def __getitem__(self, key: LeaseKey) -> Any:
         tokens, generation = self._tokens(key)
@@ -252,23 +376,22 @@ class LegacyLeaseTokenView(LegacyView[LeaseKey]):
 
     def __setitem__(self, key: LeaseKey, token: Any) -> None:
         session_key, generation = _lease_key(key)
-        self._runner._session_state(session_key).turn.lease_tokens[generation] = token
+
+        def write() -> None:
+            _get_or_create(self._runner, session_key).turn.lease_tokens[generation] = token
+
+        self._write((session_key, generation), write)
 
     def __delitem__(self, key: LeaseKey) -> None:
         tokens, generation = self._tokens(key)
         del tokens[generation]
-
-    def __iter__(self) -> Iterator[LeaseKey]:
-        for session_key, state in self._runner._sessions.items():
-            yield from ((session_key, g) for g in list(state.turn.lease_tokens))
-
-    def __len__(self) -> int:
-        return sum(len(state.turn.lease_tokens) for _, state in self._runner._sessions.items())
+        self._order().pop(key, None)
 
     def clear(self) -> None:
         """Drop every session's lease tokens (no ``popitem`` loop)."""
-        for _, state in self._runner._sessions.items():
+        for _, state in _session_items(self._runner):
             state.turn.lease_tokens.clear()
+        self._order().clear()
 
 
 class LegacyProperty(Generic[K]):
@@ -278,7 +401,7 @@ class LegacyProperty(Generic[K]):
     ``del runner.attr`` clears the view.
     """
 
-    def __init__(self, make_view: Callable[[LegacyRunner], LegacyView[K]], doc: str) -> None:
+    def __init__(self, make_view: Callable[[Any], LegacyView[K]], doc: str) -> None:
         self._make_view = make_view
         self.__doc__ = doc
 
@@ -286,17 +409,15 @@ class LegacyProperty(Generic[K]):
     def __get__(self, obj: None, owner: type[Any] | None = None) -> Self: ...
 
     @overload
-    def __get__(self, obj: LegacyRunner, owner: type[Any] | None = None) -> LegacyView[K]: ...
+    def __get__(self, obj: Any, owner: type[Any] | None = None) -> LegacyView[K]: ...
 
-    def __get__(
-        self, obj: LegacyRunner | None, owner: type[Any] | None = None
-    ) -> Self | LegacyView[K]:
+    def __get__(self, obj: Any | None, owner: type[Any] | None = None) -> Self | LegacyView[K]:
         return self if obj is None else self._make_view(obj)
 
-    def __set__(self, obj: LegacyRunner, entries: Mapping[K, Any] | None) -> None:
+    def __set__(self, obj: Any, entries: Mapping[K, Any] | None) -> None:
         self._make_view(obj).replace(entries)
 
-    def __delete__(self, obj: LegacyRunner) -> None:
+    def __delete__(self, obj: Any) -> None:
         self._make_view(obj).clear()
 
 

@@ -23,13 +23,16 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chatlane.logs import turn_fields
 from chatlane.runtime import pending
-from chatlane.runtime.engine import TurnEngine
 from chatlane.stores.base import Conversation
 from chatlane.stores.fields import CONVERSATION_ID, CONVERSATION_OVERRIDES
 from chatlane.types import SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.runtime.engine import TurnEngine
 
 log = logging.getLogger("chatlane.lifecycle")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import resource
@@ -49,7 +50,10 @@ def configure(
     )
     runtime = config.runtime
     if busy is not None:
-        runtime = msgspec.structs.replace(runtime, busy=BusyPolicy.parse(busy, what="--busy").value)
+        policy = BusyPolicy.parse(busy, what="--busy")
+        runtime = dataclasses.replace(
+            runtime, busy=dataclasses.replace(runtime.busy, default=policy)
+        )
     config = msgspec.structs.replace(
         config,
         server=server,

@@ -32,18 +32,15 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
 
+from chatlane import admin
 from chatlane.access import AccessToken
 from chatlane.agents import load_agent
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
-from chatlane.identity import ChatType, KeyPolicy
+from chatlane.identity import KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.metrics import Metrics
-from chatlane.runtime.busy import BusyPolicy, BusySettings
-from chatlane.runtime.capacity import CapacitySettings
-from chatlane.runtime.engine import RuntimeSettings
-from chatlane.runtime.leases import LeaseSettings
 from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound
 
@@ -81,39 +78,11 @@ class RefusingAdapter(Protocol):
         ...
 
 
-def runtime_settings(config: Config) -> RuntimeSettings:
-    """The engine's settings from the configuration (already validated)."""
-    rt = config.runtime
-    busy = BusySettings(
-        default=BusyPolicy.parse(rt.busy),
-        per_platform={p: BusyPolicy.parse(v) for p, v in rt.busy_per_platform.items()},
-        per_chat_type={ChatType(t): BusyPolicy.parse(v) for t, v in rt.busy_per_chat_type.items()},
-    )
-    leases = LeaseSettings(
-        ttl=rt.lease_ttl, max_active_sessions=rt.max_active_sessions, fence_check=rt.fence_check
-    )
-    return RuntimeSettings(
-        busy=busy,
-        queue_cap=rt.queue_cap,
-        collect_debounce=rt.collect_debounce,
-        interrupt_grace=rt.interrupt_grace,
-        interrupt_depth=rt.interrupt_depth,
-        ack_debounce=rt.ack_debounce,
-        turn_timeout=rt.turn_timeout,
-        leases=leases,
-        approval_timeout=rt.approval_timeout,
-        reread_stored=rt.reread_stored,
-        capacity=CapacitySettings(
-            queued_bytes=config.limits.queued_bytes, live_sessions=config.limits.live_sessions
-        ),
-    )
-
-
 def gateway_settings(config: Config) -> GatewaySettings:
     """How the gateway authorizes senders, names sessions, runs turns and ends conversations."""
     return GatewaySettings(
         key_policy=KeyPolicy(namespace=config.namespace),
-        runtime=runtime_settings(config),
+        runtime=config.runtime,
         lifecycle=LifecycleOptions(confirm_new=config.confirm_new),
         authorize=config.allows,
     )
@@ -205,8 +174,6 @@ def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette
             yield
         finally:
             await shutdown(hub)
-
-    from chatlane import admin
 
     routes: list[BaseRoute] = [*hub.metrics.routes(hub), *admin.routes(hub)]
     for adapter in hub.adapters.values():

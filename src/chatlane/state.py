@@ -227,9 +227,13 @@ def _check_generation(current: int, new: object) -> None:
 
 @dataclass(slots=True)
 class SessionState:
-    """Everything one session remembers, grouped by scope; ``last_access`` is a clock reading."""
+    """Everything one session remembers, grouped by scope; ``last_access`` is a clock reading.
 
-    key: str
+    ``key`` may be left out (``SessionState()``), as a gateway that keeps its
+    own ``{key: state}`` dict does.
+    """
+
+    key: str = ""
     turn: TurnState = field(default_factory=TurnState)
     conversation: ConversationState = field(default_factory=ConversationState)
     persistent: PersistentState = field(default_factory=PersistentState)

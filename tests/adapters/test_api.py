@@ -21,7 +21,10 @@ from chatlane.adapters.api import ApiAdapter
 from chatlane.adapters.api_waiters import INTERRUPTED_TEXT, NOT_RUN_TEXT, STOPPED_TEXT
 from chatlane.adapters.api_wire import ApiRequestError, check_origin
 from chatlane.agents.demo import DemoAgent
-from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig
+from chatlane.config import Config, Secret, ServerConfig
+from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.capacity import CapacitySettings
+from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
@@ -83,12 +86,22 @@ class Served:
 
 
 def make_config(
-    tmp_path: Path, *, busy: str = "queue", queue_cap: int = 32, **fields: Any
+    tmp_path: Path,
+    *,
+    busy: str = "queue",
+    queue_cap: int = 32,
+    capacity: CapacitySettings | None = None,
+    **fields: Any,
 ) -> Config:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     server = ServerConfig(token=Secret(file=str(token_file)))
-    return Config(server=server, runtime=RuntimeConfig(busy=busy, queue_cap=queue_cap), **fields)
+    runtime = RuntimeSettings(
+        busy=BusySettings(BusyPolicy(busy)),
+        queue_cap=queue_cap,
+        capacity=capacity or CapacitySettings(),
+    )
+    return Config(server=server, runtime=runtime, **fields)
 
 
 @contextlib.asynccontextmanager

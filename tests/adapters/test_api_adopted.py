@@ -26,9 +26,10 @@ from chatlane.adapters.api_waiters import (
     WaiterEvent,
     WaiterTracker,
 )
-from chatlane.config import Config, RuntimeConfig
+from chatlane.config import Config
 from chatlane.errors import StoreError
 from chatlane.runtime.engine import TurnEngine
+from chatlane.runtime.settings import LeaseSettings, RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, WriteBatch
 from chatlane.stores.base import PendingRecord
@@ -62,8 +63,8 @@ def answering(text: str) -> Agent:
 def configs(tmp_path: Path) -> tuple[Config, Config]:
     """The paused gateway renews rarely (its one heartbeat is at start); the other adopts often."""
     base = make_config(tmp_path)
-    paused = RuntimeConfig(lease_ttl=60.0, interrupt_grace=0.1)
-    adopter = RuntimeConfig(lease_ttl=0.6, interrupt_grace=0.1)
+    paused = RuntimeSettings(leases=LeaseSettings(ttl=60.0), interrupt_grace=0.1)
+    adopter = RuntimeSettings(leases=LeaseSettings(ttl=0.6), interrupt_grace=0.1)
     return replace(base, runtime=paused), replace(base, runtime=adopter)
 
 

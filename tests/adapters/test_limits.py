@@ -32,6 +32,7 @@ from chatlane.config import (
     load_config,
 )
 from chatlane.errors import ConfigError
+from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.turn import Turn
 from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
@@ -90,7 +91,7 @@ async def test_big_bodies_under_invented_names_stop_at_the_global_byte_limit(
     tmp_path: Path,
 ) -> None:
     """Each session keeps under its own cap; their sum is refused with an explicit 503."""
-    config = make_config(tmp_path, limits=LimitsConfig(queued_bytes=3 * MIB))
+    config = make_config(tmp_path, capacity=CapacitySettings(queued_bytes=3 * MIB))
     agent = HeldAgent()
     hub = await api_hub(config, agent)
     body = "x" * (MIB - 4096)
@@ -117,7 +118,7 @@ async def test_big_bodies_under_invented_names_stop_at_the_global_byte_limit(
 async def test_a_session_beyond_the_live_limit_is_refused_but_a_live_one_queues(
     tmp_path: Path,
 ) -> None:
-    config = make_config(tmp_path, limits=LimitsConfig(live_sessions=2))
+    config = make_config(tmp_path, capacity=CapacitySettings(live_sessions=2))
     agent = HeldAgent()
     hub = await api_hub(config, agent)
     engine = hub.gateway.engine
@@ -137,7 +138,7 @@ async def test_a_session_beyond_the_live_limit_is_refused_but_a_live_one_queues(
 
 
 def test_active_turns_are_bounded_by_default() -> None:
-    assert load_config(environ={}).runtime.max_active_sessions == 64
+    assert load_config(environ={}).runtime.leases.max_active_sessions == 64
 
 
 # -- sockets and browser ids ---------------------------------------------------------------

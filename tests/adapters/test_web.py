@@ -31,8 +31,10 @@ from chatlane.adapters.web_page import (
     WebPage,
 )
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT
-from chatlane.config import Config, RuntimeConfig, Secret, ServerConfig, StoreConfig
+from chatlane.config import Config, Secret, ServerConfig, StoreConfig
 from chatlane.identity import SessionSource
+from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.settings import RuntimeSettings
 from chatlane.serve import uvicorn_config
 from chatlane.server import build_app, open_hub
 from chatlane.types import Outbound, OutboundKind, Target
@@ -281,7 +283,7 @@ async def test_refused_sender_gets_a_notice() -> None:
 
 
 async def test_busy_reject_policy_gives_a_notice() -> None:
-    config = Config(runtime=RuntimeConfig(busy="reject"))
+    config = Config(runtime=RuntimeSettings(busy=BusySettings(BusyPolicy.REJECT)))
     async with web_server(config) as host, greeted(host, await browser_id(host)) as (ws, _):
         await say(ws, "sleep 1")
         await asyncio.sleep(0.2)

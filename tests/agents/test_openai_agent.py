@@ -25,9 +25,11 @@ from chatlane.agents.openai_agent import (
     request_options,
     upstream_session,
 )
-from chatlane.config import Config, OpenAIConfig, RuntimeConfig, Secret, ServerConfig
+from chatlane.config import Config, OpenAIConfig, Secret, ServerConfig
 from chatlane.endpoints import NOT_ALLOWED
+from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.output import failure_text
+from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import TurnOverrides
 from chatlane.server import Hub, build_app
 from chatlane.state import SERVICE_TIER_UNSET
@@ -101,7 +103,7 @@ async def upstream(tmp_path: Path, busy: str = "queue") -> AsyncIterator[Upstrea
     token_file.write_text(TOKEN)
     config = Config(
         server=ServerConfig(token=Secret(file=str(token_file))),
-        runtime=RuntimeConfig(busy=busy),
+        runtime=RuntimeSettings(busy=BusySettings(BusyPolicy(busy))),
     )
     hub = Hub(config, await open_store("memory://"), DemoAgent())
     adapter = ApiAdapter(config)

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from chatlane.errors import GatewayFull
-from chatlane.runtime.limits import require_numbers
+from chatlane.runtime.limits import Count, check_bounds
 from chatlane.types import InboundMessage
 
 MESSAGE_OVERHEAD = 256
@@ -43,12 +43,11 @@ class CapacitySettings:
         collecting in this process at once; a message for one more is refused.
     """
 
-    queued_bytes: int = 64 * 1024 * 1024
-    live_sessions: int = 10_000
+    queued_bytes: Count = 64 * 1024 * 1024
+    live_sessions: Count = 10_000
 
     def __post_init__(self) -> None:
-        names = ("queued_bytes", "live_sessions")
-        require_numbers(self, positive=names, whole=names)
+        check_bounds(self)
 
 
 def message_bytes(message: InboundMessage) -> int:

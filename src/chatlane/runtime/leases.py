@@ -24,12 +24,11 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, LeaseError, LeaseLost, SessionBusy
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store
-from chatlane.runtime.limits import require_numbers
+from chatlane.runtime.settings import LeaseSettings
 from chatlane.state import SessionState
 from chatlane.stores.base import Lease, Store
 
@@ -39,52 +38,6 @@ log = logging.getLogger("chatlane.runtime")
 def new_holder_id() -> str:
     """A process's identity in the store: unique per process start."""
     return f"h-{secrets.token_hex(6)}"
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseSettings:
-    """How turns hold leases.
-
-    :param ttl: seconds a lease (and a process's heartbeat) lives without
-        renewal; both are renewed every :attr:`renew_every` (``ttl / 10``), so
-        a process whose event loop turns is never taken for dead, and a
-        killed one's sessions are taken over within ``ttl``.
-    :param max_active_sessions: sessions that may run at once across every
-        process sharing the store (0 = unlimited).
-    :param poll: first wait (seconds) before retrying a busy session; doubles
-        up to ``max_poll``.
-    :param fence_check: seconds between two checks that each running turn's
-        generation still holds in the store (one batched read), so a
-        turn another process fenced — ``/stop`` or ``/new`` sent there — is
-        interrupted at once instead of at its next renewal; 0 leaves it to the
-        renewal (every ``ttl / 3``).
-    """
-
-    ttl: float = 10.0
-    max_active_sessions: int = 0
-    poll: float = 0.005
-    max_poll: float = 0.25
-    fence_check: float = 0.5
-    adopt_batch: int = 256
-    """Sessions whose orphaned messages one adoption cycle takes at most."""
-
-    @property
-    def renew_every(self) -> float:
-        """Seconds between two renewals of every held lease and the heartbeat."""
-        return self.ttl / 10
-
-    @property
-    def adopt_every(self) -> float:
-        """Seconds between two adoption cycles (a full batch is followed at once by the next)."""
-        return self.ttl / 5
-
-    def __post_init__(self) -> None:
-        require_numbers(
-            self,
-            positive=("ttl", "poll", "max_poll", "adopt_batch"),
-            non_negative=("max_active_sessions", "fence_check"),
-            whole=("max_active_sessions", "adopt_batch"),
-        )
 
 
 class AcquireWait:

@@ -2,6 +2,8 @@
 
 Plain frozen records: the engine reads them, nothing else changes them, and
 their numbers are checked when they are made (:mod:`chatlane.runtime.limits`).
+They are also what the configuration's ``[runtime]`` table decodes into
+(:mod:`chatlane.config`): one type, one set of defaults and bounds.
 """
 
 from __future__ import annotations
@@ -10,9 +12,49 @@ from dataclasses import dataclass, field
 
 from chatlane.runtime.busy import BusySettings
 from chatlane.runtime.capacity import CapacitySettings
-from chatlane.runtime.leases import LeaseSettings
-from chatlane.runtime.limits import require_numbers
+from chatlane.runtime.limits import Count, CountOrZero, PositiveSeconds, Seconds, check_bounds
 from chatlane.types import InboundMessage
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSettings:
+    """How turns hold leases.
+
+    :param ttl: seconds a lease (and a process's heartbeat) lives without
+        renewal; both are renewed every :attr:`renew_every` (``ttl / 10``), so
+        a process whose event loop turns is never taken for dead, and a
+        killed one's sessions are taken over within ``ttl``.
+    :param max_active_sessions: sessions that may run at once across every
+        process sharing the store (0 = unlimited).
+    :param poll: first wait (seconds) before retrying a busy session; doubles
+        up to ``max_poll``.
+    :param fence_check: seconds between two checks that each running turn's
+        generation still holds in the store (one batched read), so a
+        turn another process fenced — ``/stop`` or ``/new`` sent there — is
+        interrupted at once instead of at its next renewal; 0 leaves it to the
+        renewal (every ``ttl / 3``).
+    """
+
+    ttl: PositiveSeconds = 10.0
+    max_active_sessions: CountOrZero = 0
+    poll: PositiveSeconds = 0.005
+    max_poll: PositiveSeconds = 0.25
+    fence_check: Seconds = 0.5
+    adopt_batch: Count = 256
+    """Sessions whose orphaned messages one adoption cycle takes at most."""
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds between two renewals of every held lease and the heartbeat."""
+        return self.ttl / 10
+
+    @property
+    def adopt_every(self) -> float:
+        """Seconds between two adoption cycles (a full batch is followed at once by the next)."""
+        return self.ttl / 5
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,31 +83,19 @@ class RuntimeSettings:
     """
 
     busy: BusySettings = field(default_factory=BusySettings)
-    queue_cap: int = 32
-    collect_debounce: float = 0.5
-    interrupt_grace: float = 5.0
-    interrupt_depth: int = 3
-    ack_debounce: float = 30.0
-    turn_timeout: float = 600.0
+    queue_cap: Count = 32
+    collect_debounce: Seconds = 0.5
+    interrupt_grace: Seconds = 5.0
+    interrupt_depth: Count = 3
+    ack_debounce: Seconds = 30.0
+    turn_timeout: Seconds = 600.0
     leases: LeaseSettings = field(default_factory=LeaseSettings)
-    approval_timeout: float = 300.0
-    reread_stored: float = 1.0
+    approval_timeout: Seconds = 300.0
+    reread_stored: Seconds = 1.0
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
 
     def __post_init__(self) -> None:
-        require_numbers(
-            self,
-            positive=("queue_cap", "interrupt_depth"),
-            non_negative=(
-                "collect_debounce",
-                "interrupt_grace",
-                "ack_debounce",
-                "turn_timeout",
-                "approval_timeout",
-                "reread_stored",
-            ),
-            whole=("queue_cap", "interrupt_depth"),
-        )
+        check_bounds(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,4 +108,4 @@ class StopResult:
     """Messages other processes had accepted (running there, or queued), dropped from the store."""
 
 
-__all__ = ["RuntimeSettings", "StopResult"]
+__all__ = ["LeaseSettings", "RuntimeSettings", "StopResult"]

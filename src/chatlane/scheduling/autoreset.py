@@ -31,14 +31,16 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from chatlane.errors import ChatlaneError, ConfigError, LeaseError, SessionBusy
 from chatlane.identity import ChatType, SessionSource
 from chatlane.lifecycle import BeforeReset, EndReason, end_conversation
-from chatlane.runtime.engine import TurnEngine
 from chatlane.stores.base import Conversation
 from chatlane.types import OutboundKind, SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.runtime.engine import TurnEngine
 
 __all__ = [
     "Activity",

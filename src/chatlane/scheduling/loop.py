@@ -39,7 +39,6 @@ from chatlane.context import cron_context
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import SessionSource, build_session_key, parse_session_key
 from chatlane.runtime.busy import BusyOutcome
-from chatlane.runtime.engine import TurnEngine
 from chatlane.runtime.limits import require_numbers
 from chatlane.scheduling.autoreset import (
     ActivityTracker,
@@ -66,6 +65,7 @@ from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey, T
 
 if TYPE_CHECKING:
     from chatlane.gateway import Gateway
+    from chatlane.runtime.engine import TurnEngine
 
 __all__ = [
     "CRON_COMMAND",
