@@ -123,7 +123,6 @@ async def test_another_user_in_a_shared_group_cannot_approve() -> None:
         await prompted(h, "g", 1)
         await h.send("/approve", chat_id="g", chat_type="group", user_id="intruder")
         await h.send("yes", chat_id="g", chat_type="group", user_id="intruder")
-        await asyncio.sleep(0.05)
         replies = await h.replies(chat_id="g", count=3)
         assert (
             replies[1:]

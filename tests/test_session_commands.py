@@ -86,12 +86,12 @@ class TestNew:
     async def test_boundary_interrupts_the_turn_and_drops_the_queue(self) -> None:
         async with GatewayHarness(EchoAgent(), lifecycle=NO_CONFIRM) as h:
             result = await h.send("sleep 5", chat_id="c")
-            await asyncio.sleep(0.02)
+            await h.until_running(chat_id="c")
             await h.send("queued", chat_id="c")
             await h.send("/new", chat_id="c")
             replies = await h.replies(chat_id="c", count=2)
             assert replies[1] == "Started a new conversation. Dropped 1 queued message."
-            await asyncio.sleep(0.05)
+            await h.settle()
             state = h.session(result.session_key)
             assert not state.turn.is_running
             assert state.persistent.run_generation == 2
@@ -242,7 +242,7 @@ class TestModelOnce:
             await h.send("/model sticky", chat_id="c")
             await h.send("/model --once once-a", chat_id="c")
             await h.send("sleep 5", chat_id="c")
-            await asyncio.sleep(0.05)
+            await h.until_running(chat_id="c")
             await h.send("/stop", chat_id="c")
             await asyncio.sleep(0.05)
             await h.send("after", chat_id="c")
@@ -275,7 +275,7 @@ async def test_once_restored_when_the_turn_is_interrupted() -> None:
         await h.send("/model sticky", chat_id="c")
         await h.send("/model --once once-a", chat_id="c")
         await h.send("sleep 5", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.until_running(chat_id="c")
         await h.send("now", chat_id="c")
         replies = await h.replies(chat_id="c", count=4)
         assert replies[2] == "Interrupting the current task"
