@@ -291,6 +291,16 @@ class TestAnswers:
         await store.commit(KEY, None, WriteBatch(answered=["old"], answer="second"))
         assert await store.answer("old") == "second"
 
+    async def test_a_mark_past_its_retention_does_not_block_a_new_answer(
+        self, store: Store
+    ) -> None:
+        store.answered_retention = 0.005
+        await store.commit(KEY, None, WriteBatch(answered=["old"], answer="first"))
+        await asyncio.sleep(0.05)  # "old" is past its retention; no heartbeat pruned it
+        await store.commit(KEY, None, WriteBatch(answered=["old"], answer="second"))
+        store.answered_retention = 60.0
+        assert await store.answer("old") == "second"
+
     async def test_another_process_reads_the_answer(self, store: Store, reopen: Reopen) -> None:
         other = await reopen()
         lease = await other.acquire(KEY, "p2", 5)
