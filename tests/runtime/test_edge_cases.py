@@ -64,7 +64,12 @@ async def test_a_newer_once_given_during_a_turn_applies_to_the_next() -> None:
 class SlowConversations(MemoryStore):
     """Stands in for SQLite and Redis, whose calls really yield to the event loop."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+
     async def new_conversation(self, key: str, title: str = "") -> Conversation:
+        self.entered.set()
         await asyncio.sleep(0.05)
         return await super().new_conversation(key, title)
 
@@ -75,11 +80,12 @@ async def test_a_message_arriving_during_a_boundary_survives_it() -> None:
         return "ran " + turn.text
 
     options = LifecycleOptions(confirm_new=False)
-    async with GatewayHarness(agent, store=SlowConversations(), lifecycle=options) as h:
+    store = SlowConversations()
+    async with GatewayHarness(agent, store=store, lifecycle=options) as h:
         await h.send("m1", chat_id="c")
         await h.until_running(chat_id="c")
         boundary = asyncio.create_task(h.send("/new", chat_id="c"))
-        await asyncio.sleep(0.01)
+        await store.entered.wait()  # the boundary has stopped m1's turn and is under way
         await h.send("m2", chat_id="c")
         await boundary
         await h.settle()
