@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy, SessionSource
@@ -12,7 +15,8 @@ from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
-from chatlane.stores import open_store
+from chatlane.stores import MemoryStore, open_store
+from chatlane.stores.base import Conversation
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, Outbound, OutboundKind
 from tests.runtime.agents import EchoAgent, approving_agent
@@ -123,7 +127,6 @@ async def test_another_user_in_a_shared_group_cannot_approve() -> None:
         await prompted(h, "g", 1)
         await h.send("/approve", chat_id="g", chat_type="group", user_id="intruder")
         await h.send("yes", chat_id="g", chat_type="group", user_id="intruder")
-        await asyncio.sleep(0.05)
         replies = await h.replies(chat_id="g", count=3)
         assert (
             replies[1:]
@@ -379,3 +382,52 @@ async def test_a_turn_in_its_grace_period_cannot_open_a_request(tmp_path: Path) 
             assert approvals_sent(h.outbox) == []
     finally:
         await store.close()
+
+
+async def test_a_turn_whose_lease_ran_out_here_is_denied_without_a_prompt() -> None:
+    decisions: list[bool] = []
+
+    async def agent(turn: Turn) -> str:
+        if decisions:
+            return "ran again"  # the stale run's messages run again, under a new lease
+        assert turn.lease is not None
+        expired = msgspec.structs.replace(turn.lease, expires_at=time.time() - 1)
+        turn.lease = expired  # as a process paused past its lease finds it
+        decisions.append(await turn.request_approval("rm -rf /important"))
+        return "asked"
+
+    async with GatewayHarness(agent, approval_timeout=2) as h:
+        await h.send("go", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["ran again"]
+    assert decisions == [False]
+    assert not any(o.kind is OutboundKind.APPROVAL for o in h.outbox)
+
+
+class GatedConversations(MemoryStore):
+    """Holds a boundary between its stop and its new conversation until ``gate`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.held = asyncio.Event()
+
+    async def new_conversation(self, key: str, title: str = "") -> Conversation:
+        self.held.set()
+        await self.gate.wait()
+        return await super().new_conversation(key, title)
+
+
+async def test_a_boundary_denies_a_request_opened_while_it_ran() -> None:
+    store = GatedConversations()
+    options = LifecycleOptions(confirm_new=False)
+    async with GatewayHarness(
+        approving_agent, store=store, lifecycle=options, approval_timeout=30
+    ) as h:
+        boundary = asyncio.create_task(h.send("/new", chat_id="c"))
+        await store.held.wait()  # stopped; the new conversation is not there yet
+        await h.send("approve a", chat_id="c")
+        await prompted(h, "c", 1)
+        store.gate.set()
+        await boundary
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies[1:] == ["Started a new conversation.", "denied: a"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from chatlane.commands import (
@@ -54,13 +52,13 @@ async def test_stop_interrupts_and_drops_the_queue() -> None:
     recorder = Recorder()
     async with GatewayHarness(EchoAgent(recorder)) as h:
         result = await h.send("sleep 5", chat_id="c")
-        await asyncio.sleep(0.01)
+        await h.until_running(chat_id="c")
         await h.send("a", chat_id="c")
         await h.send("b", chat_id="c")
         await h.send("/stop", chat_id="c")
         replies = await h.replies(chat_id="c", count=2)
         assert replies[1] == "Stopped the running turn. Dropped 2 queued messages."
-        await asyncio.sleep(0.05)
+        await h.settle()
         state = h.session(result.session_key)
         assert state.persistent.run_generation == 2
         assert not state.turn.is_running
@@ -116,7 +114,7 @@ async def test_status_idle_and_running() -> None:
         assert idle.startswith("Status: idle")
         assert "busy policy: queue (default)" in idle
         await h.send("sleep 5", chat_id="c")
-        await asyncio.sleep(0.01)
+        await h.until_running(chat_id="c")
         await h.send("x", chat_id="c")
         await h.send("/status", chat_id="c")
         running = (await h.replies(chat_id="c", count=3))[2]
@@ -188,9 +186,9 @@ class TestBusyBehaviourIsData:
         async with GatewayHarness(EchoAgent()) as h:
             h.gateway.router.register(self.spec(busy, seen))
             await h.send("sleep 0.2", chat_id="c")
-            await asyncio.sleep(0.01)
+            await h.until_running(chat_id="c")
             await h.send("/probe", chat_id="c")
-            await asyncio.sleep(0.3)
+            await h.settle()
             return [o.text for o in h.delivered(chat_id="c")], seen
 
     async def test_dispatch_runs_while_busy(self) -> None:

@@ -86,12 +86,12 @@ class TestNew:
     async def test_boundary_interrupts_the_turn_and_drops_the_queue(self) -> None:
         async with GatewayHarness(EchoAgent(), lifecycle=NO_CONFIRM) as h:
             result = await h.send("sleep 5", chat_id="c")
-            await asyncio.sleep(0.02)
+            await h.until_running(chat_id="c")
             await h.send("queued", chat_id="c")
             await h.send("/new", chat_id="c")
             replies = await h.replies(chat_id="c", count=2)
             assert replies[1] == "Started a new conversation. Dropped 1 queued message."
-            await asyncio.sleep(0.05)
+            await h.settle()
             state = h.session(result.session_key)
             assert not state.turn.is_running
             assert state.persistent.run_generation == 2
@@ -242,9 +242,9 @@ class TestModelOnce:
             await h.send("/model sticky", chat_id="c")
             await h.send("/model --once once-a", chat_id="c")
             await h.send("sleep 5", chat_id="c")
-            await asyncio.sleep(0.05)
+            await h.until_running(chat_id="c")
             await h.send("/stop", chat_id="c")
-            await asyncio.sleep(0.05)
+            await h.settle()
             await h.send("after", chat_id="c")
             replies = await h.replies(chat_id="c", count=4)
             assert replies[3].startswith("model=sticky ")
@@ -257,6 +257,26 @@ class TestModelOnce:
             await h.send("sleep 5", chat_id="c")
             await h.replies(chat_id="c", count=3, timeout=3)
             assert h.session(key).conversation.model_override == ModelChoice("sticky")
+
+    async def test_a_once_from_a_conversation_that_ended_elsewhere_is_not_restored(
+        self,
+    ) -> None:
+        store = MemoryStore()
+        async with (
+            GatewayHarness(settings_agent, store=store, reread_stored=0) as here,
+            GatewayHarness(settings_agent, store=store, lifecycle=NO_CONFIRM) as there,
+        ):
+            await here.send("/model sticky", chat_id="c")
+            await here.send("/model --once once-a", chat_id="c")
+            await here.replies(chat_id="c", count=2)
+            await there.send("/new", chat_id="c")
+            await there.replies(chat_id="c", count=1)
+            await here.send("go", chat_id="c")  # takes up the new conversation before it runs
+            replies = await here.replies(chat_id="c", count=3)
+            await here.settle()
+            assert replies[2].startswith("model=default ")
+            conversation = here.session(here.session_key(chat_id="c")).conversation
+            assert conversation.model_override is None  # "sticky" was the old conversation's
 
     async def test_settled_by_a_boundary(self) -> None:
         async with GatewayHarness(settings_agent, lifecycle=NO_CONFIRM) as h:
@@ -275,7 +295,7 @@ async def test_once_restored_when_the_turn_is_interrupted() -> None:
         await h.send("/model sticky", chat_id="c")
         await h.send("/model --once once-a", chat_id="c")
         await h.send("sleep 5", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.until_running(chat_id="c")
         await h.send("now", chat_id="c")
         replies = await h.replies(chat_id="c", count=4)
         assert replies[2] == "Interrupting the current task"

@@ -80,3 +80,20 @@ async def test_ids_with_lone_surrogates_are_found_as_the_gateway_files_them() ->
         assert replies == ["echo: ok"]
         assert h.session_key(chat_id="c\udfff2", thread_id="t\udc00") == result.session_key
         assert "\ufffd" in result.session_key
+
+
+async def test_until_running_and_until_queued_wait_on_the_engine() -> None:
+    async with GatewayHarness(EchoAgent(), busy="queue") as h:
+        started = await h.send("sleep 5", chat_id="c")
+        await h.until_running(chat_id="c")
+        assert h.gateway.engine.running_turn(started.session_key) is not None
+        for text in ("a", "b"):
+            await h.send(text, chat_id="c")
+        await h.until_queued(chat_id="c", count=2)
+        with pytest.raises(TimeoutError, match="fewer than 3 messages were queued"):
+            await h.until_queued(chat_id="c", count=3, timeout=0.05)
+        with pytest.raises(TimeoutError, match="no agent was running"):
+            await h.until_running(chat_id="elsewhere", timeout=0.05)
+        h.gateway.engine.interrupt(started.session_key)
+    with pytest.raises(RuntimeError, match="async with"):
+        await h.until_running(chat_id="c")

@@ -23,8 +23,11 @@ from chatlane.errors import ConfigError, InvalidSource
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy, SessionSource
 from chatlane.lifecycle import LifecycleOptions
+from chatlane.metrics import Metrics
+from chatlane.runtime import pending
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.engine import RuntimeSettings
+from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target, clean_text
@@ -33,6 +36,8 @@ _COMPLETE = frozenset(
     {OutboundKind.REPLY, OutboundKind.ACK, OutboundKind.NOTICE, OutboundKind.APPROVAL}
 )
 _RUNTIME_FIELDS = frozenset(f.name for f in dataclasses.fields(RuntimeSettings)) - {"busy"}
+_WATCHED_METRICS = ("turn_started", "turn_finished", "busy", "failed")
+"""The engine's counters whose updates wake :meth:`GatewayHarness.until_running` and co."""
 
 ChatAddress = tuple[str | None, str | None]
 
@@ -134,6 +139,7 @@ class GatewayHarness:
         self.outbox: list[Outbound] = []
         self._by_chat: defaultdict[ChatAddress, list[Outbound]] = defaultdict(list)
         self._arrived = asyncio.Condition()
+        self._changed = asyncio.Event()
         self._gateway: Gateway | None = None
         self._closed = False
 
@@ -159,8 +165,25 @@ class GatewayHarness:
             store = await open_store("memory://" if store == "memory" else store)
         self._store = store
         self._gateway = Gateway(self._agent, self._record, settings=self._settings, store=store)
+        self._watch(self._gateway.engine.metrics)
         await self._gateway.start()
         return self
+
+    def _watch(self, metrics: Metrics) -> None:
+        """Wake the ``until_*`` waiters whenever the engine counts a turn or an arrival."""
+        for name in _WATCHED_METRICS:
+            counted = getattr(metrics, name)
+
+            def then_notify(*args: Any, _counted: Callable[..., None] = counted) -> None:
+                _counted(*args)
+                self._notify()
+
+            setattr(metrics, name, then_notify)
+
+    def _notify(self) -> None:
+        """Something changed: every waiter looks at its condition again."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def __aexit__(
         self,
@@ -179,6 +202,7 @@ class GatewayHarness:
             target = outbound.target
             self._by_chat[(target.chat_id, target.thread_id)].append(outbound)
             self._arrived.notify_all()
+        self._notify()
 
     async def send(
         self,
@@ -201,7 +225,10 @@ class GatewayHarness:
         gateway = self.gateway
         if self._closed:
             raise RuntimeError("this GatewayHarness was closed; send inside its `async with`")
-        return await gateway.dispatch(InboundMessage(source, text, internal=internal))
+        try:
+            return await gateway.dispatch(InboundMessage(source, text, internal=internal))
+        finally:
+            self._notify()
 
     def delivered(self, *, chat_id: str, thread_id: str | None = None) -> list[Outbound]:
         """Everything delivered to that chat and thread so far, chunks included."""
@@ -263,6 +290,88 @@ class GatewayHarness:
         """
         async with asyncio.timeout(timeout):
             await self.gateway.engine.wait_idle()
+
+    async def until_running(
+        self,
+        *,
+        chat_id: str,
+        user_id: str = "u1",
+        platform: str = "test",
+        chat_type: str = "dm",
+        thread_id: str | None = None,
+        text: str | None = None,
+        timeout: float = 5.0,  # noqa: ASYNC109 - like replies()
+    ) -> None:
+        """Wait until a turn of that source's session holds its lease and its agent was called.
+
+        It returns once the agent has run up to its first ``await``, so a
+        message sent next finds the session busy with a started turn. With
+        ``text``, only a turn whose text is ``text`` counts (to wait for the
+        turn that follows an interrupted one).
+
+        :raises TimeoutError: if no such agent runs there within ``timeout``.
+        """
+        key = self.session_key(
+            chat_id=chat_id,
+            user_id=user_id,
+            platform=platform,
+            chat_type=chat_type,
+            thread_id=thread_id,
+        )
+
+        def running() -> bool:
+            turn = self.session(key).turn.agent  # a Turn once its agent was called
+            return isinstance(turn, Turn) and (text is None or turn.text == text)
+
+        await self._until(running, timeout, f"no agent was running for {key!r}")
+
+    async def until_queued(
+        self,
+        *,
+        chat_id: str,
+        count: int,
+        user_id: str = "u1",
+        platform: str = "test",
+        chat_type: str = "dm",
+        thread_id: str | None = None,
+        timeout: float = 5.0,  # noqa: ASYNC109 - like replies()
+    ) -> None:
+        """Wait until at least ``count`` messages of that source's session wait for a turn.
+
+        :raises TimeoutError: if fewer than ``count`` are queued within ``timeout``.
+        """
+        key = self.session_key(
+            chat_id=chat_id,
+            user_id=user_id,
+            platform=platform,
+            chat_type=chat_type,
+            thread_id=thread_id,
+        )
+
+        def queued() -> bool:
+            return pending.pending_count(self.session(key)) >= count
+
+        await self._until(queued, timeout, f"fewer than {count} messages were queued for {key!r}")
+
+    async def _until(
+        self,
+        holds: Callable[[], bool],
+        timeout: float,  # noqa: ASYNC109 - like replies()
+        failure: str,
+    ) -> None:
+        """Wait, woken by each change the harness sees, until ``holds()``.
+
+        :raises TimeoutError: naming ``failure`` and ``timeout``.
+        :raises RuntimeError: outside the ``async with`` block.
+        """
+        if self._gateway is None or self._closed:
+            raise RuntimeError("wait inside the harness's `async with` block")
+        try:
+            async with asyncio.timeout(timeout):
+                while not holds():
+                    await self._changed.wait()
+        except TimeoutError:
+            raise TimeoutError(f"{failure} within {timeout} s") from None
 
     def session(self, session_key: str) -> SessionState:
         """The live state of ``session_key`` (created if it does not exist yet)."""

@@ -136,7 +136,7 @@ async def test_collect_merges_into_one_follow_up_after_debounce() -> None:
         result = await h.send("sleep 0.05", chat_id="c")
         for text in ("a", "b"):
             await h.send(text, chat_id="c")
-        await asyncio.sleep(0.1)  # the first turn ended; the debounce is still running
+        await h.replies(chat_id="c", count=2)  # the first turn ended; the debounce is still running
         await h.send("c", chat_id="c")
         replies = await h.replies(chat_id="c", count=3)
         assert replies == ["Added to the next turn (1 collected)", "slept 0.05", "echo: a\nb\nc"]
@@ -148,7 +148,7 @@ async def test_interrupt_stops_the_run_and_runs_the_new_message() -> None:
     recorder = Recorder()
     async with GatewayHarness(EchoAgent(recorder), busy="interrupt") as h:
         result = await h.send("sleep 5", chat_id="c")
-        await asyncio.sleep(0.01)
+        await h.until_running(chat_id="c")
         await h.send("now", chat_id="c")
         replies = await h.replies(chat_id="c", count=2)
         assert replies == ["Interrupting the current task", "echo: now"]
@@ -164,8 +164,8 @@ async def test_interrupt_depth_degrades_to_queue() -> None:
     ) as h:
         result = await h.send("sleep 5", chat_id="c")
         for i in range(3):
-            await asyncio.sleep(0.02)
-            await h.send(f"sleep {5 + i}", chat_id="c")
+            await h.until_running(chat_id="c", text=f"sleep {5 + i}")
+            await h.send(f"sleep {6 + i}", chat_id="c")
         replies = await h.replies(chat_id="c", count=3)
         assert replies == [
             "Interrupting the current task",
@@ -213,7 +213,7 @@ async def test_untaken_steers_run_as_their_own_turn() -> None:
 async def test_untaken_steers_keep_their_place_before_later_messages(behind: str) -> None:
     async with GatewayHarness(UntakenSteers(hold=0.2), busy="steer") as h:
         await h.send("long", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.until_running(chat_id="c")
         await h.send("A", chat_id="c")  # steered, never taken
         if behind.startswith("/queue"):
             await h.send(behind, chat_id="c")
@@ -229,7 +229,7 @@ async def test_untaken_steers_keep_their_place_before_later_messages(behind: str
 async def test_stop_counts_steered_messages_the_agent_never_took() -> None:
     async with GatewayHarness(UntakenSteers(hold=5), busy="steer") as h:
         await h.send("long", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.until_running(chat_id="c")
         await h.send("A", chat_id="c")  # steered, never taken
         await h.send("/queue B", chat_id="c")
         await h.send("/stop", chat_id="c")

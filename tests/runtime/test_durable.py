@@ -92,7 +92,7 @@ async def test_reject_refuses_a_message_for_a_session_running_elsewhere() -> Non
         GatewayHarness(EchoAgent(recorder), store=store, busy="reject", leases=fast) as other,
     ):
         started = await runner.send("sleep 0.5", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("hello", chat_id="c")
         await other.send("and this", chat_id="c")  # waits behind the first: refused too
         replies = await other.replies(chat_id="c", count=2)
@@ -119,7 +119,7 @@ async def test_a_policy_changed_elsewhere_decides_while_the_session_runs_elsewhe
         await runner.replies(chat_id="c", count=1)
         await asyncio.sleep(0.1)  # past other's reread_stored
         await runner.send("sleep 0.5", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("after the nap", chat_id="c")
         replies = await other.replies(chat_id="c", count=4)
         assert replies[2:] == [BUSY_ELSEWHERE, "echo: after the nap"]
@@ -142,7 +142,7 @@ async def recorded_runner_and_other() -> AsyncIterator[
 async def test_stop_sent_to_another_process_interrupts_the_turn_at_once() -> None:
     async with recorded_runner_and_other() as (runner, other, recorder, store):
         started = await runner.send("sleep 20", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("/stop", chat_id="c")
         assert await other.replies(chat_id="c", count=1) == [
             "Nothing was running here. Dropped 0 queued messages, "
@@ -165,7 +165,7 @@ async def test_interrupt_reaches_a_turn_another_process_runs() -> None:
         GatewayHarness(EchoAgent(), store=store, busy="interrupt") as other,
     ):
         started = await runner.send("sleep 20", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("hello", chat_id="c")
         replies = await other.replies(chat_id="c", count=2, timeout=3)
         assert replies == ["Interrupting the current task", "echo: hello"]
@@ -187,7 +187,7 @@ async def test_a_stop_elsewhere_drops_what_waits_here_for_the_lease() -> None:
         GatewayHarness(EchoAgent(recorder), store=store, leases=fast) as other,
     ):
         await runner.send("sleep 20", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         waiting = await other.send("queued over here", chat_id="c")  # waits for the lease
         await other.replies(chat_id="c", count=1)  # "Queued … (this conversation is busy)"
         await runner.send("/stop", chat_id="c")
@@ -222,9 +222,9 @@ async def test_interrupt_elsewhere_lets_what_that_process_queued_run_first() -> 
         GatewayHarness(EchoAgent(), store=store, busy="interrupt") as other,
     ):
         await runner.send("sleep 20", chat_id="c")
-        await asyncio.sleep(0.05)
+        await runner.until_running(chat_id="c")
         await runner.send("/queue queued there", chat_id="c")
-        await asyncio.sleep(0.05)
+        await runner.until_queued(chat_id="c", count=1)
         await other.send("hello", chat_id="c")
         assert await other.replies(chat_id="c", count=2, timeout=3) == [
             "Interrupting the current task",
@@ -313,7 +313,7 @@ async def test_reject_never_refuses_what_was_queued_explicitly() -> None:
         GatewayHarness(EchoAgent(), store=store, busy="reject", leases=fast) as other,
     ):
         await runner.send("sleep 0.5", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("/queue hello", chat_id="c")
         replies = await other.replies(chat_id="c", count=3, timeout=5)
         assert replies == ["Started a turn for it now.", BUSY_ELSEWHERE, "echo: hello"]
@@ -337,7 +337,7 @@ async def test_active_session_cap_queues_with_a_notice() -> None:
         EchoAgent(), store=store, leases=LeaseSettings(max_active_sessions=1)
     ) as h:
         await h.send("sleep 0.2", chat_id="a")
-        await asyncio.sleep(0.02)
+        await h.until_running(chat_id="a")
         await h.send("hi", chat_id="b")
         replies = await h.replies(chat_id="b", count=2)
         assert replies == ["at the active session limit (1/1), queued", "echo: hi"]
@@ -390,7 +390,7 @@ async def test_a_stop_from_another_process_fences_the_turn_and_it_is_not_rerun()
         GatewayHarness(EchoAgent(), store=store, leases=fast) as other,
     ):
         result = await runner.send("sleep 1", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("/stop", chat_id="c")
         (stopped,) = await other.replies(chat_id="c", count=1)
         assert stopped.endswith("and 1 message other gateway processes had taken.")
@@ -432,7 +432,7 @@ async def test_a_message_steered_after_a_stop_elsewhere_still_runs() -> None:
         GatewayHarness(steerable, busy="steer", store=store, leases=fast) as other,
     ):
         await runner.send("nap", chat_id="c")  # holds the lease through the stop's grace
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("first", chat_id="c")  # waits for the lease over there
         await asyncio.sleep(0.05)
         await runner.send("/stop", chat_id="c")  # drops "first" from the store
@@ -478,7 +478,7 @@ async def test_a_stop_elsewhere_drops_what_waits_in_the_running_process_queue() 
         started = await runner.send("sleep 20", chat_id="c")
         await runner.send("w1", chat_id="c")
         await runner.send("/queue w2", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("/stop", chat_id="c")
         (stopped,) = await other.replies(chat_id="c", count=1)
         assert stopped.endswith("and 3 messages other gateway processes had taken.")
@@ -499,7 +499,7 @@ async def test_a_stop_elsewhere_drops_what_was_steered_but_never_taken() -> None
         GatewayHarness(EchoAgent(), store=store) as other,
     ):
         started = await runner.send("long", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         steered = await runner.send("w1", chat_id="c")
         assert steered.outcome is BusyOutcome.STEERED
         await other.send("/stop", chat_id="c")
@@ -518,7 +518,7 @@ async def test_each_dropped_message_is_counted_by_one_stop() -> None:
     ):
         await runner.send("nap", chat_id="c")  # holds its slot through the stop's grace
         await runner.send("queued here", chat_id="c")
-        await asyncio.sleep(0.1)
+        await runner.until_running(chat_id="c")
         await other.send("waiting over there", chat_id="c")  # waits for the lease
         await other.send("/stop", chat_id="c")
         await other.send("/stop", chat_id="c")

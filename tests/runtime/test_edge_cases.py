@@ -32,7 +32,7 @@ async def test_a_message_steered_at_a_stopped_turn_queues_instead() -> None:
     agent.accepts_steering = True  # type: ignore[attr-defined]
     async with GatewayHarness(agent, busy="steer") as h:
         await h.send("first", chat_id="c")
-        await asyncio.sleep(0.02)
+        await h.until_running(chat_id="c")
         await h.send("/stop", chat_id="c")
         result = await h.send("do X instead", chat_id="c")
         assert result.outcome is not None
@@ -52,7 +52,7 @@ async def test_a_newer_once_given_during_a_turn_applies_to_the_next() -> None:
     async with GatewayHarness(agent) as h:
         for text in ("/model base", "/model --once A", "m1"):
             await h.send(text, chat_id="c")
-        await asyncio.sleep(0.02)
+        await h.until_running(chat_id="c")
         for text in ("/model --once B", "m2"):
             await h.send(text, chat_id="c")
         await h.settle()
@@ -64,7 +64,12 @@ async def test_a_newer_once_given_during_a_turn_applies_to_the_next() -> None:
 class SlowConversations(MemoryStore):
     """Stands in for SQLite and Redis, whose calls really yield to the event loop."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+
     async def new_conversation(self, key: str, title: str = "") -> Conversation:
+        self.entered.set()
         await asyncio.sleep(0.05)
         return await super().new_conversation(key, title)
 
@@ -75,11 +80,12 @@ async def test_a_message_arriving_during_a_boundary_survives_it() -> None:
         return "ran " + turn.text
 
     options = LifecycleOptions(confirm_new=False)
-    async with GatewayHarness(agent, store=SlowConversations(), lifecycle=options) as h:
+    store = SlowConversations()
+    async with GatewayHarness(agent, store=store, lifecycle=options) as h:
         await h.send("m1", chat_id="c")
-        await asyncio.sleep(0.02)
+        await h.until_running(chat_id="c")
         boundary = asyncio.create_task(h.send("/new", chat_id="c"))
-        await asyncio.sleep(0.01)
+        await store.entered.wait()  # the boundary has stopped m1's turn and is under way
         await h.send("m2", chat_id="c")
         await boundary
         await h.settle()
@@ -128,7 +134,7 @@ async def test_an_evicted_turns_untaken_steers_still_run() -> None:
     agent.accepts_steering = True  # type: ignore[attr-defined]
     async with GatewayHarness(agent, busy="steer", turn_timeout=0.3) as h:
         await h.send("stuck", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.until_running(chat_id="c")
         await h.send("steer me", chat_id="c")
         await h.wait_for(lambda out: any(o.text == "ok" for o in out), timeout=5)
         assert ran == ["stuck", "steer me"]
@@ -168,7 +174,7 @@ async def test_a_stopped_turns_request_never_takes_the_next_answer() -> None:
         await h.send("one", chat_id="c")
         await h.wait_for(lambda out: any(o.kind is OutboundKind.APPROVAL for o in out))
         await h.send("/stop", chat_id="c")
-        await asyncio.sleep(0.1)
+        await h.settle()
         await h.send("two", chat_id="c")
         await h.wait_for(lambda out: sum(o.kind is OutboundKind.APPROVAL for o in out) == 2)
         await h.send("yes", chat_id="c")

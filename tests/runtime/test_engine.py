@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -13,8 +14,10 @@ from chatlane.errors import StaleGeneration
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
 from chatlane.runtime.turn import Turn
+from chatlane.stores import MemoryStore
+from chatlane.stores.base import Lease
 from chatlane.testing import GatewayHarness
-from chatlane.types import InboundMessage, Outbound, OutboundKind
+from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder, hold, streaming_agent
 
 
@@ -77,7 +80,7 @@ async def test_turn_context_is_bound_and_cleared() -> None:
     assert recorder.cross_talk == []
 
 
-async def test_stale_turn_output_is_fenced(caplog: pytest.LogCaptureFixture) -> None:
+async def test_stale_turn_output_is_fenced() -> None:
     release = asyncio.Event()
     fence_errors: list[StaleGeneration] = []
 
@@ -90,18 +93,17 @@ async def test_stale_turn_output_is_fenced(caplog: pytest.LogCaptureFixture) -> 
             fence_errors.append(error)
         yield "after"
 
-    caplog.set_level(logging.INFO, "chatlane.runtime")
     async with GatewayHarness(agent) as h:
         result = await h.send("go", chat_id="c")
-        await asyncio.sleep(0.01)
+        await h.until_running(chat_id="c")
         h.gateway.engine.interrupt(result.session_key)
         release.set()
-        await asyncio.sleep(0.05)
+        await h.settle()
         texts = [o.text for o in h.delivered(chat_id="c")]
         assert texts == ["before "]
     assert fence_errors
     assert fence_errors[0].generation == 1
-    assert "fenced stale reply" in caplog.text
+    assert h.gateway.engine.metrics.stale_refused == 1  # the reply, after the interrupt
 
 
 async def test_agent_failure_becomes_a_notice_and_session_goes_on() -> None:
@@ -153,7 +155,7 @@ async def test_delivery_failure_is_logged_not_raised(caplog: pytest.LogCaptureFi
 
         engine._deliver = broken
         await h.send("a", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.settle()
         assert "delivery failed" in caplog.text
         assert engine.running_turn(h.session_key(chat_id="c")) is None
 
@@ -221,7 +223,7 @@ async def test_interrupted_agent_that_ignores_it_is_cancelled_after_grace() -> N
 
     async with GatewayHarness(agent, busy="interrupt", interrupt_grace=0.1) as h:
         await h.send("stubborn", chat_id="c")
-        await asyncio.sleep(0.01)
+        await h.until_running(chat_id="c")
         await h.send("next", chat_id="c")
         assert await h.replies(chat_id="c", count=2) == [
             "Interrupting the current task",
@@ -237,7 +239,7 @@ async def test_shutdown_fences_running_turns() -> None:
     h = GatewayHarness(agent)
     async with h:
         await h.send("sleep", chat_id="c")
-        await asyncio.sleep(0.01)
+        await h.until_running(chat_id="c")
     await asyncio.sleep(0.01)
     assert h.delivered(chat_id="c") == []
 
@@ -264,3 +266,79 @@ async def test_deliver_runs_with_the_reply_session_bound_and_the_caller_stays_cl
     await asyncio.wait_for(done.wait(), 2)
     assert seen == {m.id: m.source.chat_id for m in messages}
     await gateway.aclose()
+
+
+class LateLease(MemoryStore):
+    """Its first lease is handed out only once ``gate`` is set (a slow store call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.held = asyncio.Event()
+
+    async def acquire(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Lease:
+        if not self.held.is_set():
+            self.held.set()
+            await self.gate.wait()
+        return await super().acquire(key, holder, ttl, head_seq=head_seq, max_active=max_active)
+
+
+async def test_a_lease_older_than_the_local_generation_does_not_run_the_turn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = LateLease()
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder), store=store) as h:
+        started = await h.send("hello", chat_id="c")
+        await store.held.wait()  # the store is handing out generation 1
+        state = h.session(started.session_key)
+        state.persistent.bump_generation()
+        state.persistent.bump_generation()  # this process moved on to 2 meanwhile
+        store.gate.set()
+        assert await h.replies(chat_id="c", count=1) == ["echo: hello"]
+        (turn,) = recorder.turns[started.session_key]
+        assert turn.generation == 2
+        assert h.gateway.engine.metrics.turns_finished == {"lease lost": 1, "answered": 1}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+class StuckSettling(MemoryStore):
+    """``drop_pending`` never returns for the tasks in ``stuck`` (the store stopped answering)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck: set[asyncio.Task[Any]] = set()
+        self.hanging = asyncio.Event()
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        if asyncio.current_task() in self.stuck:
+            self.hanging.set()
+            await asyncio.Event().wait()
+        await super().drop_pending(key, seqs)
+
+
+async def test_shutdown_releases_the_lease_of_a_turn_cut_off_while_settling() -> None:
+    store = StuckSettling()
+
+    async def agent(turn: Turn) -> str:
+        await turn.interrupted.wait()
+        task = asyncio.current_task()
+        assert task is not None
+        store.stuck.add(task)  # settling this stopped turn will hang
+        return "stopped"
+
+    async with GatewayHarness(agent, store=store, interrupt_grace=0.05) as h:
+        started = await h.send("go", chat_id="c")
+        await h.until_running(chat_id="c")
+        await h.send("/stop", chat_id="c")
+        await store.hanging.wait()
+    lease = await store.acquire(started.session_key, "next-process", 10)
+    assert lease.holder == "next-process"

@@ -41,7 +41,7 @@ async def test_a_failed_fence_check_is_logged_and_changes_nothing(
     often = LeaseSettings(fence_check=0.02)
     async with GatewayHarness(EchoAgent(), store=store, leases=often) as h:
         await h.send("sleep 0.4", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.until_running(chat_id="c")
         with caplog.at_level(logging.WARNING, logger="chatlane.runtime"):
             store.failing = True
             await asyncio.sleep(0.1)
@@ -56,7 +56,7 @@ async def test_a_bump_in_the_store_fences_the_running_turn_at_once_and_its_messa
     often = LeaseSettings(fence_check=0.02)
     async with GatewayHarness(EchoAgent(recorder), store=store, leases=often) as h:
         started = await h.send("sleep 10", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.until_running(chat_id="c")
         bumped = await store.bump_generation(started.session_key)
         turns = recorder.turns[started.session_key]
         await asyncio.wait_for(turns[0].interrupted.wait(), 1)
@@ -91,7 +91,7 @@ async def test_a_renewal_the_store_cannot_answer_fences_the_turn_without_asking_
     fast = LeaseSettings(ttl=0.3, fence_check=0)
     async with GatewayHarness(EchoAgent(recorder), store=store, leases=fast) as h:
         started = await h.send("sleep 10", chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.until_running(chat_id="c")
         store.down = True
         (turn,) = recorder.turns[started.session_key]
         await asyncio.wait_for(turn.interrupted.wait(), 1)
@@ -165,11 +165,8 @@ class SlowRenewals(MemoryStore):
         return await super().renew(lease, ttl)
 
 
-async def test_renewals_racing_releases_are_not_lost_leases(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_renewals_racing_releases_are_not_lost_leases() -> None:
     often = LeaseSettings(ttl=0.2, fence_check=0)  # a renewal every 20 ms, each taking 30 ms
-    caplog.set_level(logging.INFO, logger="chatlane.runtime")
     async with GatewayHarness(EchoAgent(), store=SlowRenewals(), leases=often) as h:
         for round_ in range(20):
             sends = (h.send(f"sleep 0.0{round_ % 5}", chat_id=f"c{i}") for i in range(20))
@@ -177,7 +174,6 @@ async def test_renewals_racing_releases_are_not_lost_leases(
             await h.settle()
         assert h.gateway.engine.metrics.lease_failures == 0
         assert h.gateway.engine.metrics.turns_finished["answered"] == 400
-    assert "lease lost" not in caplog.text
 
 
 async def test_a_renewal_the_store_refuses_is_one_warning_and_one_failure(

@@ -197,6 +197,16 @@ class TestAnswers:
         await store.commit(KEY, None, WriteBatch(answered=["old"], answer="second"))
         assert await store.answer("old") == "second"
 
+    async def test_a_mark_past_its_retention_does_not_block_a_new_answer(
+        self, store: Store, clock: StoreClock
+    ) -> None:
+        store.answered_retention = 1.0
+        await store.commit(KEY, None, WriteBatch(answered=["old"], answer="first"))
+        await clock.advance(1.5)  # "old" is past its retention; no heartbeat pruned it
+        await store.commit(KEY, None, WriteBatch(answered=["old"], answer="second"))
+        store.answered_retention = 60.0
+        assert await store.answer("old") == "second"
+
     async def test_another_process_reads_the_answer(self, store: Store, reopen: Reopen) -> None:
         other = await reopen()
         lease = await other.acquire(KEY, "p2", 5)
