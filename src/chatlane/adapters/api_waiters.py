@@ -36,14 +36,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from chatlane.adapters.api_fates import Fate, Found, fate_in_store
+from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.engine import TurnEngine
-from chatlane.runtime.turn import INTERRUPTED, STOPPED, Turn
+from chatlane.runtime.turn import Turn
 from chatlane.types import Outbound, OutboundKind
 
 INTERRUPTED_TEXT = "Interrupted by a newer message; this turn's answer was discarded."
 STOPPED_TEXT = "Stopped (by /stop, /new or /reset) before it answered."
 NOT_RUN_TEXT = "This message was dropped (by /stop, /new or /reset) before it was answered."
-_FENCED_TEXTS = {INTERRUPTED: INTERRUPTED_TEXT, STOPPED: STOPPED_TEXT}
+_FENCED_TEXTS = {TurnEnd.INTERRUPTED: INTERRUPTED_TEXT, TurnEnd.STOPPED: STOPPED_TEXT}
 
 
 class EventKind(enum.Enum):
@@ -244,7 +245,7 @@ def fenced_reason(turn: Turn) -> str | None:
     """
     if not turn.interrupted.is_set():
         return None
-    return _FENCED_TEXTS.get(turn.ended_by)
+    return None if turn.ended_by is None else _FENCED_TEXTS.get(turn.ended_by)
 
 
 __all__ = ["EventKind", "Waiter", "WaiterEvent", "WaiterTracker", "fenced_reason"]

@@ -32,18 +32,10 @@ from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.backoff import retry_store
+from chatlane.runtime.ending import Fate, TurnEnd, fate
 from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.output import Send
-from chatlane.runtime.turn import (
-    EVICTED,
-    FAILED,
-    INTERRUPTED,
-    LEASE_LOST,
-    REJECTED,
-    REORDERED,
-    STOPPED,
-    Turn,
-)
+from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
 from chatlane.types import InboundMessage, OutboundKind
@@ -92,28 +84,23 @@ class TurnAftermath:
         await step(state, turn, closing())
 
     async def _drop_untaken_steers(self, state: SessionState, turn: Turn, closing: bool) -> None:
-        if turn.ended_by == STOPPED:
+        if turn.ended_by is TurnEnd.STOPPED:
             untaken = turn.waiting_steers()
             await self._store.drop_pending(state.key, [seq for _, seq in untaken])
             turn.untaken_steers()
 
     async def _settle_messages(self, state: SessionState, turn: Turn, closing: bool) -> None:
-        if not turn.answered:
-            await self._unanswered(state, turn, closing)
+        ending = fate(turn.ended_by, answered=turn.answered, closing=closing)
+        if ending is Fate.DROP:
+            await self._store.drop_pending(state.key, turn.seqs)
+        elif ending is Fate.REQUEUE:
+            requeue(state, turn)
+        elif ending is Fate.RERUN:
+            await self._rerun_what_is_ours(state, turn)
 
     async def _release(self, state: SessionState, turn: Turn, closing: bool) -> None:
         if turn.lease is not None:
             await self._leases.release(state, turn.generation)
-
-    async def _unanswered(self, state: SessionState, turn: Turn, closing: bool) -> None:
-        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED, FAILED, REJECTED):
-            await self._store.drop_pending(state.key, turn.seqs)
-        elif closing:
-            return  # shutting down: they stay queued for the next process
-        elif turn.ended_by == REORDERED:
-            requeue(state, turn)
-        elif turn.ended_by == LEASE_LOST:
-            await self._rerun_what_is_ours(state, turn)
 
     async def _rerun_what_is_ours(self, state: SessionState, turn: Turn) -> None:
         """Queue again what the store still holds for this process; forget what it dropped.

@@ -47,6 +47,7 @@ from chatlane.runtime.arrivals import BusyDesk
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
 from chatlane.runtime.elsewhere import was_interrupted_elsewhere
+from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, new_holder_id
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
@@ -58,19 +59,7 @@ from chatlane.runtime.persisted import (
 )
 from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopResult
-from chatlane.runtime.turn import (
-    DROPPED,
-    EVICTED,
-    FAILED,
-    INTERRUPTED,
-    LEASE_LOST,
-    REORDERED,
-    SHUTDOWN,
-    STOPPED,
-    Turn,
-    TurnOverrides,
-    running_turn_of,
-)
+from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
 from chatlane.stores.base import Lease, Store
@@ -301,7 +290,7 @@ class TurnEngine:
                 log.info("turn cancelled", extra=turn_fields(turn.session_key, turn.generation))
                 raise
             await self.output.failure(turn, error)  # the agent's own error, even a CancelledError
-            turn.ended_by = turn.ended_by or FAILED
+            turn.end(TurnEnd.FAILED)
         finally:
             try:
                 await self.aftermath.settle(state, turn, closing=self._is_closed)
@@ -329,7 +318,7 @@ class TurnEngine:
         turn.bind_lease(lease)  # from here the lease is released however the turn ends
         known = state.persistent.run_generation
         if not wanted() or lease.generation < known:
-            turn.ended_by = turn.ended_by or LEASE_LOST
+            turn.end(TurnEnd.LEASE_LOST)
             return False
         state.persistent.run_generation = lease.generation
         if lease.generation > known + 1 and await self._dropped_elsewhere(state, turn):
@@ -345,7 +334,7 @@ class TurnEngine:
 
         Asked only when the generation moved on elsewhere while the turn
         waited: one read of the store's queue (if it fails, the turn runs).
-        A dropped turn ends unrun as :data:`DROPPED`; its messages still
+        A dropped turn ends unrun as :data:`TurnEnd.DROPPED`; its messages still
         queued in the store wait here again, in store order.
         """
         try:
@@ -358,7 +347,7 @@ class TurnEngine:
         for message, seq in zip(turn.messages, turn.seqs, strict=True):
             if seq in alive:
                 pending.insert_in_order(state, [message], [seq])
-        turn.ended_by = DROPPED
+        turn.end(TurnEnd.DROPPED)
         log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
         return True
 
@@ -387,7 +376,7 @@ class TurnEngine:
             return False
         earlier = pending.smallest_seq(state)
         if earlier is not None and earlier < min(turn.seqs):
-            turn.ended_by = REORDERED
+            turn.end(TurnEnd.REORDERED)
             return False
         return True
 
@@ -397,7 +386,7 @@ class TurnEngine:
         if turn.lease is not None:
             outcome = "answered" if turn.answered else (turn.ended_by or "fenced")
             self.metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
-        if turn.ended_by != REORDERED:
+        if turn.ended_by != TurnEnd.REORDERED:
             settle_once(state, turn)
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
@@ -414,7 +403,7 @@ class TurnEngine:
         """The engine is done with ``turn``: it holds no slot and can ask nothing any more."""
         self._turns.discard(turn)
         turn.finished = True
-        if turn.ended_by == INTERRUPTED and not turn.answered:
+        if turn.ended_by == TurnEnd.INTERRUPTED and not turn.answered:
             self._remember_interrupted(turn.message_ids)
         if turn.lease is not None:
             self.approvals.end_turn(state, turn.generation)
@@ -471,7 +460,7 @@ class TurnEngine:
         self,
         state: SessionState,
         turn: Turn,
-        ended_by: str,
+        ended_by: TurnEnd,
         detail: str = "",
         *,
         fenced_in_store: bool = False,
@@ -481,10 +470,10 @@ class TurnEngine:
         The store's generation is bumped too, unless it already moved on
         (``fenced_in_store``, or a lost lease).
         """
-        turn.ended_by = turn.ended_by or ended_by
+        turn.end(ended_by)
         if turn.is_current():
             state.persistent.bump_generation()
-            if ended_by != LEASE_LOST and not fenced_in_store:
+            if ended_by != TurnEnd.LEASE_LOST and not fenced_in_store:
                 self._spawn(self.store.bump_generation(state.key))
         turn.interrupted.set()
         self.approvals.deny_stale(state)
@@ -510,7 +499,7 @@ class TurnEngine:
         turn = None if state is None else running_turn_of(state)
         if state is None or turn is None:
             return False
-        self._supersede(state, turn, INTERRUPTED, reason)
+        self._supersede(state, turn, TurnEnd.INTERRUPTED, reason)
         return True
 
     async def stop(self, key: SessionKey) -> StopResult:
@@ -535,7 +524,7 @@ class TurnEngine:
             seqs = [*(seq for _, seq in steers), *seqs]
         fenced_here = turn is not None and turn.is_current()  # its supersede bumps
         if turn is not None:
-            self._supersede(state, turn, STOPPED)
+            self._supersede(state, turn, TurnEnd.STOPPED)
         await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
         elsewhere = await self._drop_elsewhere(key)
         if not fenced_here:
@@ -585,11 +574,11 @@ class TurnEngine:
             return  # it ended, or was fenced here, while the renewal was under way: no loss
         if interrupted:
             detail = "by a message to another process"
-            self._supersede(state, turn, INTERRUPTED, detail, fenced_in_store=True)
+            self._supersede(state, turn, TurnEnd.INTERRUPTED, detail, fenced_in_store=True)
             return
         log.warning("lease lost: %s", why, extra=turn_fields(turn.session_key, turn.generation))
         self.metrics.lease_failure()
-        self._supersede(state, turn, LEASE_LOST, why)
+        self._supersede(state, turn, TurnEnd.LEASE_LOST, why)
 
     async def evict_stuck(self) -> int:
         """Evict every turn that made no progress for ``turn_timeout``; return how many."""
@@ -599,7 +588,7 @@ class TurnEngine:
         state = self.registry.get(turn.session_key)
         if state.turn.ctx is not turn:
             return
-        self._supersede(state, turn, EVICTED)
+        self._supersede(state, turn, TurnEnd.EVICTED)
         settle_once(state, turn)
         if turn.task is not None:
             turn.task.cancel()
@@ -745,7 +734,7 @@ class TurnEngine:
         self._timers.clear()
         turns = list(self._turns)
         for turn in turns:
-            self._supersede(self.registry.get(turn.session_key), turn, SHUTDOWN)
+            self._supersede(self.registry.get(turn.session_key), turn, TurnEnd.SHUTDOWN)
         tasks = [turn.task for turn in turns if turn.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.settings.interrupt_grace)

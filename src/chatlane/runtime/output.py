@@ -25,7 +25,8 @@ from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreDamaged, Stor
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store
-from chatlane.runtime.turn import LEASE_LOST, Turn
+from chatlane.runtime.ending import TurnEnd
+from chatlane.runtime.turn import Turn
 from chatlane.stores.base import Store, TranscriptEntry, WriteBatch
 from chatlane.types import Agent, OutboundKind, SessionKey
 
@@ -109,12 +110,12 @@ class TurnOutput:
         lease, so its messages are run again if they are still its own.
         """
         if not turn.is_current():
-            turn.ended_by = turn.ended_by or LEASE_LOST
+            turn.end(TurnEnd.LEASE_LOST)
             return self._fenced(turn, "reply")
         try:
             await self._fenced_commit(turn, _answer(turn, role, text))
         except (StaleGeneration, StoreError):
-            turn.ended_by = turn.ended_by or LEASE_LOST
+            turn.end(TurnEnd.LEASE_LOST)
             return self._fenced(turn, "reply commit")
         except AlreadyAnswered as error:
             log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
