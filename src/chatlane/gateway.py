@@ -25,6 +25,7 @@ from chatlane.identity import KeyPolicy, build_session_key
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
+from chatlane.runtime.outcomes import OnOutcome
 from chatlane.session_commands import NO, YES
 from chatlane.state import SessionRegistry
 from chatlane.stores.base import Store
@@ -70,7 +71,9 @@ class Gateway:
         store: Store | None = None,
         holder: str | None = None,
         scheduler: Scheduler | None = None,
+        on_outcome: OnOutcome | None = None,
     ) -> None:
+        """``on_outcome`` hears the one outcome of every message the gateway accepted."""
         self.settings = settings or GatewaySettings()
         self.router = router if router is not None else default_router(self.settings.lifecycle)
         self._deliver = deliver
@@ -83,6 +86,7 @@ class Gateway:
             registry=registry,
             store=store,
             holder=holder,
+            on_outcome=on_outcome,
         )
         if scheduler is not None:
             self.use_scheduler(scheduler)

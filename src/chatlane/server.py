@@ -43,6 +43,7 @@ from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target
 
@@ -77,6 +78,15 @@ class RefusingAdapter(Protocol):
 
     async def refuse(self, message: InboundMessage) -> None:
         """``message``'s sender is not on the allowlist: tell them, if and how it is safe."""
+        ...
+
+
+@runtime_checkable
+class OutcomeAdapter(Protocol):
+    """An adapter that hears how each message it received ended (the API finishes requests)."""
+
+    def outcome(self, outcome: MessageOutcome) -> None:
+        """``outcome`` is the one outcome of a message this adapter's platform sent."""
         ...
 
 
@@ -137,7 +147,11 @@ class Hub:
     def __post_init__(self) -> None:
         self.access = AccessToken(self.config.server.token, os.environ)
         self.gateway = Gateway(
-            self.agent, self.deliver, settings=gateway_settings(self.config), store=self.store
+            self.agent,
+            self.deliver,
+            settings=gateway_settings(self.config),
+            store=self.store,
+            on_outcome=self.outcome,
         )
 
     @property
@@ -178,6 +192,12 @@ class Hub:
         target = Target.of(message.source)
         notice = Outbound(OutboundKind.NOTICE, "", target, _NOT_ALLOWED, 0, (message.id,))
         await self.deliver(notice)
+
+    def outcome(self, outcome: MessageOutcome) -> None:
+        """Hand a message's outcome to its platform's adapter, if that adapter listens."""
+        adapter: object = self.adapters.get(outcome.platform)  # outcome() is optional
+        if isinstance(adapter, OutcomeAdapter):
+            adapter.outcome(outcome)
 
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to its platform's adapter."""

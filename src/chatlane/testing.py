@@ -24,6 +24,7 @@ from chatlane.identity import KeyPolicy, SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.engine import RuntimeSettings
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.state import SessionState
 from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target, clean_text
@@ -112,6 +113,8 @@ class GatewayHarness:
         self._store = store
         self._owns_store = isinstance(store, str)
         self.outbox: list[Outbound] = []
+        self.outcomes: list[MessageOutcome] = []
+        """The outcome of every message the gateway accepted, as emitted (one each)."""
         self._by_chat: defaultdict[ChatAddress, list[Outbound]] = defaultdict(list)
         self._arrived = asyncio.Condition()
         self._gateway: Gateway | None = None
@@ -138,7 +141,13 @@ class GatewayHarness:
         if isinstance(store, str):
             store = await open_store("memory://" if store == "memory" else store)
         self._store = store
-        self._gateway = Gateway(self._agent, self._record, settings=self._settings, store=store)
+        self._gateway = Gateway(
+            self._agent,
+            self._record,
+            settings=self._settings,
+            store=store,
+            on_outcome=self.outcomes.append,
+        )
         await self._gateway.start()
         return self
 

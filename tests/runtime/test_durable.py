@@ -12,6 +12,7 @@ from chatlane.identity import SessionSource
 from chatlane.runtime.busy import BUSY_ELSEWHERE, BusyOutcome, BusyPolicy
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, WriteBatch, open_store
 from chatlane.stores.base import PendingRecord
@@ -176,7 +177,8 @@ async def test_interrupt_reaches_a_turn_another_process_runs() -> None:
         assert runner.delivered(chat_id="c") == []
         assert await store.pending(started.session_key) == []
         assert runner.gateway.engine.metrics.lease_failures == 0
-        assert runner.gateway.engine.was_interrupted(started.message_id)  # for API waiters
+        outcomes = [(o.message_id, o.outcome) for o in runner.outcomes]
+        assert outcomes == [(started.message_id, Outcome.INTERRUPTED)]  # told to API waiters
 
 
 async def test_a_stop_elsewhere_drops_what_waits_here_for_the_lease() -> None:

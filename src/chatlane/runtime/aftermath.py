@@ -34,6 +34,7 @@ from chatlane.runtime import pending
 from chatlane.runtime.backoff import retry_store
 from chatlane.runtime.ending import Fate, TurnEnd, fate
 from chatlane.runtime.leases import LeaseKeeper
+from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.output import Send
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
@@ -52,11 +53,19 @@ MAX_RERUNS = 3
 class TurnAftermath:
     """Settles finished turns against the store (see the module docstring)."""
 
-    def __init__(self, store: Store, leases: LeaseKeeper, send: Send, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: Store,
+        leases: LeaseKeeper,
+        send: Send,
+        metrics: Metrics,
+        outcomes: OutcomeLedger,
+    ) -> None:
         self._store = store
         self._leases = leases
         self._send = send
         self._metrics = metrics
+        self._outcomes = outcomes
 
     async def settle(self, state: SessionState, turn: Turn, *, closing: Callable[[], bool]) -> None:
         """Release ``turn``'s lease and decide what becomes of its stored messages.
@@ -93,6 +102,7 @@ class TurnAftermath:
         ending = fate(turn.ended_by, answered=turn.answered, closing=closing)
         if ending is Fate.DROP:
             await self._store.drop_pending(state.key, turn.seqs)
+            self._outcomes.end(turn.message_ids, *_told(turn.ended_by))
         elif ending is Fate.REQUEUE:
             requeue(state, turn)
         elif ending is Fate.RERUN:
@@ -115,7 +125,8 @@ class TurnAftermath:
         gone = pending.keep_only(state, stored) + turn.keep_steers(stored)
         if gone:
             log.info("%d queued message(s) left the store", len(gone), extra=turn_fields(state.key))
-        pairs = zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
+        pairs = list(zip((*turn.messages, *turn.steered), turn.seqs, strict=True))
+        self._outcomes.watch([*(m.id for m in gone), *(m.id for m, s in pairs if s not in ours)])
         kept = [(m, s) for m, s in pairs if s in ours]
         if kept and turn.reruns + 1 >= MAX_RERUNS:
             await self._give_up(state, turn, kept)
@@ -135,7 +146,22 @@ class TurnAftermath:
             "overloaded or paused). It is kept as failed; an operator can run it again."
         )
         ids = tuple(m.id for m, _ in kept)
+        self._outcomes.end(ids, Outcome.FAILED, text, reason)
         await self._send(OutboundKind.NOTICE, state.key, turn.source, text, ids, None)
+
+
+_TOLD_AS = {
+    TurnEnd.STOPPED: Outcome.STOPPED,
+    TurnEnd.INTERRUPTED: Outcome.INTERRUPTED,
+    TurnEnd.REJECTED: Outcome.REFUSED,
+}
+"""How a turn whose senders were told why it ended ends its messages (others: failed)."""
+
+
+def _told(end: TurnEnd | None) -> tuple[Outcome, str, str]:
+    """The outcome, text and reason of a turn whose messages leave because it ended early."""
+    outcome = Outcome.FAILED if end is None else _TOLD_AS.get(end, Outcome.FAILED)
+    return outcome, "", "" if end is None else end.value
 
 
 def requeue(state: SessionState, turn: Turn) -> None:

@@ -49,6 +49,7 @@ from chatlane.runtime.capacity import Capacity
 from chatlane.runtime.elsewhere import was_interrupted_elsewhere
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, new_holder_id
+from chatlane.runtime.outcomes import MessageOutcome, OnOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
     kept_in_store,
@@ -61,6 +62,7 @@ from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
+from chatlane.runtime.watch import settle_watched
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
 from chatlane.stores.base import Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
@@ -77,9 +79,6 @@ from chatlane.types import (
 
 log = logging.getLogger("chatlane.runtime")
 
-INTERRUPTED_MEMORY = 4096
-"""How many interrupted messages :meth:`TurnEngine.was_interrupted` remembers."""
-
 
 class TurnEngine:
     """Runs an agent for many sessions at once, one turn per session."""
@@ -93,6 +92,7 @@ class TurnEngine:
         registry: SessionRegistry | None = None,
         store: Store | None = None,
         holder: str | None = None,
+        on_outcome: OnOutcome | None = None,
     ) -> None:
         self.agent = agent
         self.settings = settings or RuntimeSettings()
@@ -102,12 +102,16 @@ class TurnEngine:
         self.store = store if store is not None else MemoryStore()
         self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)
         self.metrics = Metrics()
-        self.output = TurnOutput(self.store, self.send)
+        self.outcomes = OutcomeLedger(on_outcome or _unheard)
+        """Every accepted message's one outcome (:mod:`chatlane.runtime.outcomes`)."""
+        self.output = TurnOutput(self.store, self.send, self.outcomes)
         self.output.on_fenced = self.metrics.stale
         self.approvals = ApprovalBroker(
             self.store, self._prompt, self._generation_is, self.settings.approval_timeout
         )
-        self.aftermath = TurnAftermath(self.store, self.leases, self.send, self.metrics)
+        self.aftermath = TurnAftermath(
+            self.store, self.leases, self.send, self.metrics, self.outcomes
+        )
         self.busy = BusyDesk(
             self.settings, agent, self.store, self.metrics, self.send, self._spawn, self._supersede
         )
@@ -116,11 +120,15 @@ class TurnEngine:
         self._collecting: set[SessionKey] = set()
         self._tasks: set[asyncio.Task[object]] = set()
         self._turn_ended = asyncio.Event()
-        self._interrupted_ids: dict[str, None] = {}
-        """Recent messages whose turn was interrupted before it answered (oldest first)."""
         self._timers: set[asyncio.TimerHandle] = set()
         hooks = UpkeepHooks(
-            self._holding, self._renewed, self._lost, self._evict, self.adopt, self._is_closed
+            self._holding,
+            self._renewed,
+            self._lost,
+            self._evict,
+            self.adopt,
+            self._is_closed,
+            partial(settle_watched, self.store, self.outcomes),
         )
         self.upkeep = Upkeep(self.leases, hooks, turn_timeout=self.settings.turn_timeout)
         self.capacity = Capacity(self.settings.capacity, self._held, self._live_count)
@@ -196,6 +204,7 @@ class TurnEngine:
     ) -> BusyOutcome | None:
         """Run or queue a message already in the durable queue under ``seq``."""
         self._ensure_background()
+        self.outcomes.open(key, message)
         state = self.registry.get(key)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,)).refusable = True
@@ -209,10 +218,15 @@ class TurnEngine:
             :attr:`BusyOutcome.QUEUE_FULL` (refused: the caller tells the sender).
         """
         self._ensure_background()
+        self.outcomes.open(key, message)  # a refusal below is its outcome
         state = await self.session(key)
         if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
             return BusyOutcome.QUEUE_FULL
-        seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
+        try:
+            seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
+        except ChatlaneError as error:
+            self.outcomes.end([message.id], Outcome.FAILED, reason=str(error))
+            raise
         state = self.registry.get(key)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
@@ -225,6 +239,7 @@ class TurnEngine:
 
     async def adopt(self, key: SessionKey, message: InboundMessage, seq: int) -> None:
         """Run a message adopted from a dead process: now if idle, else in store order."""
+        self.outcomes.open(key, message)
         await self.session(key)
         state = self.registry.get(key)
         if not state.turn.is_running:
@@ -347,6 +362,8 @@ class TurnEngine:
         for message, seq in zip(turn.messages, turn.seqs, strict=True):
             if seq in alive:
                 pending.insert_in_order(state, [message], [seq])
+            else:
+                self.outcomes.watch([message.id])
         turn.end(TurnEnd.DROPPED)
         log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
         return True
@@ -403,8 +420,6 @@ class TurnEngine:
         """The engine is done with ``turn``: it holds no slot and can ask nothing any more."""
         self._turns.discard(turn)
         turn.finished = True
-        if turn.ended_by == TurnEnd.INTERRUPTED and not turn.answered:
-            self._remember_interrupted(turn.message_ids)
         if turn.lease is not None:
             self.approvals.end_turn(state, turn.generation)
 
@@ -534,6 +549,7 @@ class TurnEngine:
                 state.turn.clear()
                 self._collecting.discard(key)
         stopped = turn is not None and turn.lease is not None
+        self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
         return StopResult(stopped, tuple(dropped), elsewhere)
 
     async def _drop_elsewhere(self, key: SessionKey) -> int:
@@ -597,6 +613,7 @@ class TurnEngine:
         await self.leases.release(state, turn.generation)
         timeout = self.settings.turn_timeout
         text = f"The running turn made no progress for {timeout:g}s and was stopped."
+        self.outcomes.end(turn.message_ids, Outcome.FAILED, text, reason=TurnEnd.EVICTED)
         await self._send_as(turn, OutboundKind.NOTICE, text)
         self._promote(state)
 
@@ -644,24 +661,10 @@ class TurnEngine:
             for r in self.approvals.pending(state)
         ]
 
-    def was_interrupted(self, message_id: str) -> bool:
-        """Whether a turn that ran ``message_id`` here was interrupted before it answered.
-
-        Remembered for the last :data:`INTERRUPTED_MEMORY` such messages.
-        """
-        return message_id in self._interrupted_ids
-
-    def _remember_interrupted(self, message_ids: tuple[str, ...]) -> None:
-        remembered = self._interrupted_ids
-        for message_id in message_ids:
-            remembered[message_id] = None
-        while len(remembered) > INTERRUPTED_MEMORY:
-            del remembered[next(iter(remembered))]
-
-    def is_waiting(self, key: SessionKey, message_id: str) -> bool:
-        """Whether ``message_id`` waits in ``key``'s local queue for a turn of its own."""
-        state = self.registry.peek(key)
-        return state is not None and pending.holds(state, message_id)
+    def last_progress(self, key: SessionKey) -> float:
+        """When ``key``'s running turn last made progress (``time.monotonic()``; 0.0: none runs)."""
+        turn = self.running_turn(key)
+        return 0.0 if turn is None else turn.last_progress
 
     def queue_depth(self) -> int:
         """Messages waiting for a turn in this process, across every session."""
@@ -716,6 +719,8 @@ class TurnEngine:
             generation = 0 if state is None else state.persistent.run_generation
         target = Target.of(source)
         outbound = Outbound(kind, key, target, text, generation, in_reply_to, refusal, approval_id)
+        if refusal:
+            self.outcomes.end(in_reply_to, Outcome.REFUSED, text, reason=refusal)
         try:
             await self._deliver(outbound)
         except Exception:
@@ -745,6 +750,7 @@ class TurnEngine:
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
+        self.outcomes.end(self.outcomes.open_ids(), Outcome.SHUT_DOWN)
 
 
 def _must_propagate(error: BaseException) -> bool:
@@ -760,6 +766,10 @@ def _must_propagate(error: BaseException) -> bool:
         task = asyncio.current_task()
         return task is None or task.cancelling() > 0
     return False
+
+
+def _unheard(outcome: MessageOutcome) -> None:
+    """No one listens for outcomes (the engine was built without ``on_outcome``)."""
 
 
 def _cancel(task: asyncio.Task[None]) -> None:
