@@ -30,6 +30,7 @@ from chatlane.identity import KeyPolicy, SessionSource, build_session_key
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
+from chatlane.runtime.outcomes import OnOutcome
 from chatlane.session_commands import NO, YES
 from chatlane.state import SessionRegistry
 from chatlane.stores.base import Store
@@ -101,7 +102,9 @@ class Gateway:
         holder: str | None = None,
         scheduler: Scheduler | None = None,
         refuse: Refuse | None = None,
+        on_outcome: OnOutcome | None = None,
     ) -> None:
+        """``on_outcome`` hears the one outcome of every message the gateway accepted."""
         self.settings = settings or GatewaySettings()
         self.router = router if router is not None else default_router(self.settings.lifecycle)
         self._deliver = deliver
@@ -116,6 +119,7 @@ class Gateway:
             registry=registry,
             store=store,
             holder=holder,
+            on_outcome=on_outcome,
         )
         if scheduler is not None:
             self.use_scheduler(scheduler)

@@ -41,6 +41,7 @@ from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.metrics import Metrics
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound
 
@@ -78,6 +79,15 @@ class RefusingAdapter(Protocol):
         ...
 
 
+@runtime_checkable
+class OutcomeAdapter(Protocol):
+    """An adapter that hears how each message it received ended (the API finishes requests)."""
+
+    def outcome(self, outcome: MessageOutcome) -> None:
+        """``outcome`` is the one outcome of a message this adapter's platform sent."""
+        ...
+
+
 def gateway_settings(config: Config) -> GatewaySettings:
     """How the gateway authorizes senders, names sessions, runs turns and ends conversations."""
     return GatewaySettings(
@@ -110,6 +120,7 @@ class Hub:
             settings=gateway_settings(self.config),
             store=self.store,
             refuse=self._refuse,
+            on_outcome=self.outcome,
         )
 
     @property
@@ -136,6 +147,12 @@ class Hub:
             await adapter.refuse(message)
             return
         await self.gateway.notify_refused(message)
+
+    def outcome(self, outcome: MessageOutcome) -> None:
+        """Hand a message's outcome to its platform's adapter, if that adapter listens."""
+        adapter: object = self.adapters.get(outcome.platform)  # outcome() is optional
+        if isinstance(adapter, OutcomeAdapter):
+            adapter.outcome(outcome)
 
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to its platform's adapter."""

@@ -27,6 +27,7 @@ from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.engine import RuntimeSettings
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores import Store, open_store
@@ -137,6 +138,8 @@ class GatewayHarness:
         self._store = store
         self._owns_store = isinstance(store, str)
         self.outbox: list[Outbound] = []
+        self.outcomes: list[MessageOutcome] = []
+        """The outcome of every message the gateway accepted, as emitted (one each)."""
         self._by_chat: defaultdict[ChatAddress, list[Outbound]] = defaultdict(list)
         self._arrived = asyncio.Condition()
         self._changed = asyncio.Event()
@@ -164,7 +167,13 @@ class GatewayHarness:
         if isinstance(store, str):
             store = await open_store("memory://" if store == "memory" else store)
         self._store = store
-        self._gateway = Gateway(self._agent, self._record, settings=self._settings, store=store)
+        self._gateway = Gateway(
+            self._agent,
+            self._record,
+            settings=self._settings,
+            store=store,
+            on_outcome=self.outcomes.append,
+        )
         self._watch(self._gateway.engine.metrics)
         await self._gateway.start()
         return self

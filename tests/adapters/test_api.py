@@ -268,7 +268,7 @@ async def test_interrupted_request_is_answered_with_a_notice(tmp_path: Path) -> 
 
 
 async def test_stop_answers_the_stopped_and_the_dropped_requests(tmp_path: Path) -> None:
-    async with serve(make_config(tmp_path), settle_grace=0.3) as s:
+    async with serve(make_config(tmp_path)) as s:
         running = asyncio.create_task(s.ask("sleep 20", "st"))
         await s.running("st")
         queued = asyncio.create_task(s.ask_streaming("never", "st"))

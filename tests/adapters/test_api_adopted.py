@@ -18,22 +18,16 @@ import pytest
 from msgspec.structs import replace
 
 from chatlane.adapters.api import KEPT_SEPARATOR
-from chatlane.adapters.api_fates import Fate, fate_in_store
-from chatlane.adapters.api_waiters import (
-    NOT_RUN_TEXT,
-    EventKind,
-    Waiter,
-    WaiterEvent,
-    WaiterTracker,
-)
 from chatlane.config import Config
 from chatlane.errors import StoreError
-from chatlane.runtime.engine import TurnEngine
+from chatlane.identity import SessionSource
+from chatlane.runtime.outcomes import MessageOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.settings import LeaseSettings, RuntimeSettings
 from chatlane.runtime.turn import Turn
+from chatlane.runtime.watch import settle_watched
 from chatlane.stores import MemoryStore, Store, WriteBatch
 from chatlane.stores.base import PendingRecord
-from chatlane.types import Agent, Outbound
+from chatlane.types import Agent, InboundMessage
 from tests.adapters.test_api import Served, eventually, make_config, serve
 
 SESSION = "adopted"
@@ -95,7 +89,7 @@ async def test_the_adopting_process_answer_reaches_the_first_request(
     config_a, config_b = configs(tmp_path)
     shared = f"sqlite:///{tmp_path / 'shared.db'}"
     async with (
-        serve(config_a, run, store=shared, settle_grace=0.2) as first,
+        serve(config_a, run, store=shared) as first,
         serve(config_b, answering("answered by the adopter"), store=shared) as second,
     ):
         ask = first.ask_streaming if stream else first.ask
@@ -117,7 +111,7 @@ async def test_a_kept_answer_that_extends_the_stream_sends_only_the_rest(tmp_pat
     shared = f"sqlite:///{tmp_path / 'shared.db'}"
     whole = STREAMED + "and the rest"
     async with (
-        serve(config_a, run, store=shared, settle_grace=0.2) as first,
+        serve(config_a, run, store=shared) as first,
         serve(config_b, answering(whole), store=shared) as second,
     ):
         asked = asyncio.create_task(first.ask_streaming("hello", SESSION))
@@ -128,19 +122,7 @@ async def test_a_kept_answer_that_extends_the_stream_sends_only_the_rest(tmp_pat
         assert "".join(await asked) == whole
 
 
-# -- what the store says, and what the tracker makes of it ------------------------------
-
-
-async def test_the_store_tells_each_fate() -> None:
-    store = MemoryStore()
-    await store.enqueue(KEY, "mine", "h-here", b"")
-    await store.enqueue(KEY, "theirs", "h-there", b"")
-    await store.commit(KEY, None, WriteBatch(answered=["done"], answer="the answer"))
-    fates = {m: await fate_in_store(store, "h-here", KEY, m) for m in ("mine", "theirs", "done")}
-    assert fates["mine"].fate is Fate.HERE
-    assert fates["theirs"].fate is Fate.ELSEWHERE
-    assert (fates["done"].fate, fates["done"].answer) == (Fate.ANSWERED, "the answer")
-    assert (await fate_in_store(store, "h-here", KEY, "dropped")).fate is Fate.GONE
+# -- what the store says became of a watched message ------------------------------------
 
 
 class Unreadable(MemoryStore):
@@ -148,37 +130,53 @@ class Unreadable(MemoryStore):
         raise StoreError("the store is out of reach")
 
 
-async def followed(store: Store, *, notice: str | None = None, ticks: int = 3) -> list[WaiterEvent]:
-    """What a waiter whose message is nowhere in the engine receives over a few ticks."""
-
-    async def deliver(outbound: Outbound) -> None:
-        return None
-
-    engine = TurnEngine(answering("unused"), deliver, store=store, holder="h-here")
-    tracker = WaiterTracker(engine, ceiling=3600.0, settle_grace=0.0)
-    waiter = Waiter("m1", session_key=KEY, accepted=True, notice=notice)
-    for _ in range(ticks):
-        await tracker.follow(waiter)
-    return list(waiter.events)
+def watching(message_id: str = "m1") -> tuple[OutcomeLedger, list[MessageOutcome]]:
+    """A ledger holding ``message_id`` open and watched, and the outcomes it emits."""
+    heard: list[MessageOutcome] = []
+    ledger = OutcomeLedger(heard.append)
+    ledger.open(KEY, InboundMessage(SessionSource("api", chat_id=SESSION), "hi", id=message_id))
+    ledger.watch([message_id])
+    return ledger, heard
 
 
-async def test_an_unreadable_store_keeps_the_request_waiting() -> None:
-    assert await followed(Unreadable()) == []
-    notice = "Sorry — the agent failed on this message (RuntimeError)."
-    assert await followed(Unreadable(), notice=notice) == [WaiterEvent(EventKind.FINAL, notice)]
+async def test_an_unreadable_store_ends_nothing() -> None:
+    ledger, heard = watching()
+    with pytest.raises(StoreError):
+        await settle_watched(Unreadable(), ledger)
+    assert heard == []
+    assert ledger.is_open("m1")
 
 
-async def test_a_message_queued_for_another_process_keeps_the_request_waiting() -> None:
+async def test_a_message_queued_for_another_process_stays_watched() -> None:
     store = MemoryStore()
     await store.enqueue(KEY, "m1", "h-there", b"")
-    assert await followed(store, notice="a notice while it ran") == []
+    ledger, heard = watching()
+    assert await settle_watched(store, ledger) == 0
+    assert heard == []
+    assert ledger.watched() == {"m1": KEY}
 
 
 async def test_a_message_the_store_neither_answered_nor_queues_was_dropped() -> None:
-    assert await followed(MemoryStore()) == [WaiterEvent(EventKind.FINAL, NOT_RUN_TEXT)]
+    ledger, heard = watching()
+    await settle_watched(MemoryStore(), ledger)
+    assert [(o.message_id, o.outcome) for o in heard] == [("m1", Outcome.DROPPED)]
 
 
 async def test_a_message_answered_elsewhere_gets_the_kept_answer() -> None:
     store = MemoryStore()
     await store.commit(KEY, None, WriteBatch(answered=["m1"], answer="kept"))
-    assert await followed(store) == [WaiterEvent(EventKind.KEPT, "kept")]
+    ledger, heard = watching()
+    await settle_watched(store, ledger)
+    assert [(o.outcome, o.text) for o in heard] == [(Outcome.ANSWERED, "kept")]
+    assert not ledger.is_open("m1")
+
+
+async def test_a_message_set_aside_elsewhere_failed_with_its_reason() -> None:
+    store = MemoryStore()
+    seq = await store.enqueue(KEY, "m1", "h-there", b"")
+    await store.park(KEY, [seq], "its turn lost its lease 3 times")
+    ledger, heard = watching()
+    await settle_watched(store, ledger)
+    assert [(o.outcome, o.reason) for o in heard] == [
+        (Outcome.FAILED, "its turn lost its lease 3 times")
+    ]

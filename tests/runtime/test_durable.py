@@ -10,7 +10,9 @@ from pathlib import Path
 from chatlane.errors import StoreError
 from chatlane.identity import SessionSource
 from chatlane.runtime.busy import BUSY_ELSEWHERE, BusyOutcome, BusyPolicy
+from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, WriteBatch, open_store
 from chatlane.stores.base import PendingRecord
@@ -171,11 +173,12 @@ async def test_interrupt_reaches_a_turn_another_process_runs() -> None:
         assert replies == ["Interrupting the current task", "echo: hello"]
         await runner.settle()
         (turn,) = recorder.turns[started.session_key]  # interrupted, never run again
-        assert turn.ended_by == "interrupted"
+        assert turn.ended_by is TurnEnd.INTERRUPTED
         assert runner.delivered(chat_id="c") == []
         assert await store.pending(started.session_key) == []
         assert runner.gateway.engine.metrics.lease_failures == 0
-        assert runner.gateway.engine.was_interrupted(started.message_id)  # for API waiters
+        outcomes = [(o.message_id, o.outcome) for o in runner.outcomes]
+        assert outcomes == [(started.message_id, Outcome.INTERRUPTED)]  # told to API waiters
 
 
 async def test_a_stop_elsewhere_drops_what_waits_here_for_the_lease() -> None:
@@ -212,7 +215,7 @@ async def test_a_renewal_that_raced_a_finished_turn_is_no_lease_failure() -> Non
         engine = h.gateway.engine
         await engine._lost(turn, "renewal refused", fenced=True)  # as a late renewal reports
         assert engine.metrics.lease_failures == 0
-        assert turn.ended_by == ""
+        assert turn.ended_by is None
 
 
 async def test_interrupt_elsewhere_lets_what_that_process_queued_run_first() -> None:

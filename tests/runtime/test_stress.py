@@ -2,20 +2,22 @@
 
 Checked for every session: its messages are seen in the order they were sent;
 never two of its turns run at once (the agent itself counts); every message is
-run, merged, steered or answered with a notice — exactly once; and no agent
-ever sees another session's context, in its task or in a worker thread.
+run, merged, steered or answered with a notice — exactly once, and ends in
+exactly one emitted outcome; and no agent ever sees another session's context,
+in its task or in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 
 from chatlane.context import get_session_env, run_in_thread
 from chatlane.runtime.busy import BusyPolicy
+from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind
@@ -116,6 +118,15 @@ async def test_thousand_sessions_under_every_policy(policy: BusyPolicy, takes_st
         assert accounted == set(ids), f"{key} lost {set(ids) - accounted}"
         assert not set(seen) & noticed.get(key, set()), f"{key} both ran and refused a message"
     assert sum(len(ids) for ids in sent) == SESSIONS * MESSAGES
+    outcomes = Counter(outcome.message_id for outcome in h.outcomes)
+    every_id = [message_id for ids in sent for message_id in ids]
+    assert {message_id: outcomes[message_id] for message_id in every_id} == dict.fromkeys(
+        every_id, 1
+    ), "a message ended with no outcome, or with more than one"
+    assert set(outcomes) == set(every_id)
+    for outcome in h.outcomes:
+        if outcome.outcome is Outcome.ANSWERED:
+            assert outcome.message_id in agent.seen[outcome.session_key]
 
 
 def _noticed(h: GatewayHarness) -> dict[str, set[str]]:

@@ -12,6 +12,7 @@ from chatlane.context import bind_session, get_session_env
 from chatlane.errors import StoreError
 from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import SessionSource
+from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.engine import TurnEngine
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.settings import RuntimeSettings
@@ -95,7 +96,7 @@ async def test_a_renewal_the_store_cannot_answer_fences_the_turn_without_asking_
         store.down = True
         (turn,) = recorder.turns[started.session_key]
         await asyncio.wait_for(turn.interrupted.wait(), 1)
-        assert turn.ended_by == "lease lost"
+        assert turn.ended_by is TurnEnd.LEASE_LOST
         store.down = False
 
 

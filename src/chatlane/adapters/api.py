@@ -43,7 +43,7 @@ from starlette.routing import BaseRoute, Route
 
 from chatlane.access import AccessToken
 from chatlane.adapters.api_clients import ApiClient, ApiClients
-from chatlane.adapters.api_waiters import EventKind, Waiter, WaiterEvent, WaiterTracker
+from chatlane.adapters.api_waiters import EventKind, Waiter, WaiterEvent
 from chatlane.adapters.api_wire import (
     ApiRequestError,
     ChatRequest,
@@ -69,6 +69,7 @@ from chatlane.errors import ChatlaneError, GatewayFull
 from chatlane.gateway import DispatchResult
 from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.busy import BusyOutcome
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.types import InboundMessage, Outbound
 
 if TYPE_CHECKING:
@@ -87,10 +88,8 @@ class ApiAdapter:
     :param config: the gateway configuration (token, timeouts, agent).
     :param wait_timeout: seconds a request may wait without progress in its
         session before it gets 504; default ``turn_timeout + interrupt_grace + 30``.
-    :param tick: how often a waiting request checks that its answer can still come
-        (and, once its message left this process, asks the store: one read a tick).
-    :param settle_grace: how long a message may be neither running nor queued
-        here before the store is asked what became of it.
+    :param tick: how often a quiet request checks its ceiling and whether the
+        gateway is closing (its answer itself arrives as its message's outcome).
     :param keepalive: seconds of silence after which a stream gets an SSE comment.
     :param access: the token to check (the hub's, so a reload reaches this adapter);
         default: read once from the configuration and ``environ``.
@@ -104,7 +103,6 @@ class ApiAdapter:
         *,
         wait_timeout: float | None = None,
         tick: float = 0.2,
-        settle_grace: float = 1.0,
         keepalive: float = 15.0,
         environ: Mapping[str, str] | None = None,
         access: AccessToken | None = None,
@@ -115,11 +113,9 @@ class ApiAdapter:
         self._models = _model_names(config)
         self.wait_timeout = _default_ceiling(config) if wait_timeout is None else wait_timeout
         self.tick = tick
-        self.settle_grace = settle_grace
         self.keepalive = keepalive
         self._waiters: dict[str, Waiter] = {}
         self._hub: Hub | None = None
-        self._tracker: WaiterTracker | None = None
         self._closed = False
 
     @property
@@ -137,9 +133,6 @@ class ApiAdapter:
 
     async def start(self, hub: Hub) -> None:
         self._hub = hub
-        self._tracker = WaiterTracker(
-            hub.gateway.engine, ceiling=self.wait_timeout, settle_grace=self.settle_grace
-        )
 
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to the requests waiting for the messages it answers."""
@@ -148,6 +141,12 @@ class ApiAdapter:
             waiter.take(outbound)
         if not waiters:
             log.debug("no request waits for %s to %s; dropped", outbound.kind, outbound.session_key)
+
+    def outcome(self, outcome: MessageOutcome) -> None:
+        """Finish the request waiting for ``outcome``'s message, if one does."""
+        waiter = self._waiters.get(outcome.message_id)
+        if waiter is not None:
+            waiter.end(outcome)
 
     async def aclose(self) -> None:
         """Answer every waiting request with 503; their messages stay queued in the store."""
@@ -238,8 +237,8 @@ class ApiAdapter:
 
         :raises ApiRequestError: if the message will not run (403, 409, 429, 503).
         """
-        hub, tracker = self._hub, self._tracker
-        if hub is None or tracker is None or self._closed:
+        hub = self._hub
+        if hub is None or self._closed:
             raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
         sender = chat.session if client is None else client.name
         source = SessionSource("api", chat_id=chat.session, user_id=sender, chat_type=ChatType.DM)
@@ -250,19 +249,8 @@ class ApiAdapter:
         except BaseException:
             self._forget(waiter)
             raise
-        self._accept(waiter, result, tracker)
-        return waiter
-
-    def _accept(self, waiter: Waiter, result: DispatchResult, tracker: WaiterTracker) -> None:
-        """Start tracking ``waiter``; an interrupt or a command may have fenced other waiters."""
         waiter.session_key = result.session_key
-        if result.outcome is BusyOutcome.STEERED:
-            waiter.steered_into = tracker.engine.running_turn(result.session_key)
-        waiter.accepted = True
-        if result.outcome is BusyOutcome.INTERRUPTING or result.command is not None:
-            for other in list(self._waiters.values()):
-                if other is not waiter and other.session_key == result.session_key:
-                    tracker.check(other)
+        return waiter
 
     def _forget(self, waiter: Waiter) -> None:
         self._waiters.pop(waiter.message_id, None)
@@ -270,12 +258,15 @@ class ApiAdapter:
     async def _next(
         self, waiter: Waiter, disconnected: Disconnected | None = None
     ) -> WaiterEvent | None:
-        """The waiter's next event, or ``None`` after a quiet tick (followed by the tracker)."""
+        """The next event, or ``None`` after a quiet tick (the ceiling and shutdown checked)."""
         event = await waiter.next_event(self.tick)
         if event is not None:
             return event
-        if self._tracker is not None:
-            await self._tracker.follow(waiter)
+        hub = self._hub
+        if hub is not None and hub.gateway.engine.closed:
+            waiter.push(WaiterEvent(EventKind.SHUTDOWN))  # its message stays queued
+        elif hub is not None:
+            waiter.expire(self.wait_timeout, hub.gateway.engine.last_progress(waiter.session_key))
         if disconnected is not None and await disconnected():
             log.debug("client gone; no longer waiting for %s", waiter.message_id)
             return WaiterEvent(EventKind.GONE)
@@ -291,7 +282,7 @@ class ApiAdapter:
             event = await self._next(waiter, disconnected)
             if event is None or event.kind in (EventKind.CHUNK, EventKind.COMMENT):
                 continue
-            if event.kind in (EventKind.FINAL, EventKind.KEPT):
+            if event.kind is EventKind.FINAL:
                 return json_response(completion(response_id, chat.model, event.text))
             if event.kind is EventKind.GONE:
                 return Response(status_code=499)
@@ -340,7 +331,7 @@ def _stream_end(
     event: WaiterEvent, streamed: str, response_id: str, chat: ChatRequest
 ) -> list[bytes]:
     """The last events of a stream: the rest of the answer and a stop chunk, or an error."""
-    if event.kind not in (EventKind.FINAL, EventKind.KEPT):
+    if event.kind is not EventKind.FINAL:
         return [sse_data(_ending_error(event, chat.session).body()), sse_data("[DONE]")]
     model = chat.model
     rest = _rest(event, streamed)
@@ -359,14 +350,14 @@ def _rest(event: WaiterEvent, streamed: str) -> str:
     """
     if event.text.startswith(streamed):
         return event.text[len(streamed) :]
-    if event.kind is EventKind.KEPT:
+    if event.answer:
         return KEPT_SEPARATOR + event.text
     return "\n" + event.text
 
 
 def _ending_error(event: WaiterEvent, session: str) -> ApiRequestError:
     if event.kind is EventKind.REFUSED:
-        refusal = _busy_refusal(BusyOutcome(event.text), session)
+        refusal = _busy_refusal(_busy_outcome(event.text), session)
         if refusal is not None:
             return refusal
     if event.kind is EventKind.TIMEOUT:
@@ -403,6 +394,13 @@ async def _dispatch(hub: Hub, message: InboundMessage, session: str) -> Dispatch
     if refusal is not None:
         raise refusal
     return result
+
+
+def _busy_outcome(reason: str) -> BusyOutcome | None:
+    try:
+        return BusyOutcome(reason)
+    except ValueError:
+        return None
 
 
 def _busy_refusal(outcome: BusyOutcome | None, session: str) -> ApiRequestError | None:

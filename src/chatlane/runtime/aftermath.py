@@ -32,18 +32,11 @@ from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.backoff import retry_store
+from chatlane.runtime.ending import Fate, TurnEnd, fate
 from chatlane.runtime.leases import LeaseKeeper
+from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.output import Send
-from chatlane.runtime.turn import (
-    EVICTED,
-    FAILED,
-    INTERRUPTED,
-    LEASE_LOST,
-    REJECTED,
-    REORDERED,
-    STOPPED,
-    Turn,
-)
+from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
 from chatlane.types import InboundMessage, OutboundKind
@@ -60,11 +53,19 @@ MAX_RERUNS = 3
 class TurnAftermath:
     """Settles finished turns against the store (see the module docstring)."""
 
-    def __init__(self, store: Store, leases: LeaseKeeper, send: Send, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: Store,
+        leases: LeaseKeeper,
+        send: Send,
+        metrics: Metrics,
+        outcomes: OutcomeLedger,
+    ) -> None:
         self._store = store
         self._leases = leases
         self._send = send
         self._metrics = metrics
+        self._outcomes = outcomes
 
     async def settle(self, state: SessionState, turn: Turn, *, closing: Callable[[], bool]) -> None:
         """Release ``turn``'s lease and decide what becomes of its stored messages.
@@ -92,28 +93,24 @@ class TurnAftermath:
         await step(state, turn, closing())
 
     async def _drop_untaken_steers(self, state: SessionState, turn: Turn, closing: bool) -> None:
-        if turn.ended_by == STOPPED:
+        if turn.ended_by is TurnEnd.STOPPED:
             untaken = turn.waiting_steers()
             await self._store.drop_pending(state.key, [seq for _, seq in untaken])
             turn.untaken_steers()
 
     async def _settle_messages(self, state: SessionState, turn: Turn, closing: bool) -> None:
-        if not turn.answered:
-            await self._unanswered(state, turn, closing)
+        ending = fate(turn.ended_by, answered=turn.answered, closing=closing)
+        if ending is Fate.DROP:
+            await self._store.drop_pending(state.key, turn.seqs)
+            self._outcomes.end(turn.message_ids, *_told(turn.ended_by))
+        elif ending is Fate.REQUEUE:
+            requeue(state, turn)
+        elif ending is Fate.RERUN:
+            await self._rerun_what_is_ours(state, turn)
 
     async def _release(self, state: SessionState, turn: Turn, closing: bool) -> None:
         if turn.lease is not None:
             await self._leases.release(state, turn.generation)
-
-    async def _unanswered(self, state: SessionState, turn: Turn, closing: bool) -> None:
-        if turn.ended_by in (STOPPED, INTERRUPTED, EVICTED, FAILED, REJECTED):
-            await self._store.drop_pending(state.key, turn.seqs)
-        elif closing:
-            return  # shutting down: they stay queued for the next process
-        elif turn.ended_by == REORDERED:
-            requeue(state, turn)
-        elif turn.ended_by == LEASE_LOST:
-            await self._rerun_what_is_ours(state, turn)
 
     async def _rerun_what_is_ours(self, state: SessionState, turn: Turn) -> None:
         """Queue again what the store still holds for this process; forget what it dropped.
@@ -128,7 +125,8 @@ class TurnAftermath:
         gone = pending.keep_only(state, stored) + turn.keep_steers(stored)
         if gone:
             log.info("%d queued message(s) left the store", len(gone), extra=turn_fields(state.key))
-        pairs = zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
+        pairs = list(zip((*turn.messages, *turn.steered), turn.seqs, strict=True))
+        self._outcomes.watch([*(m.id for m in gone), *(m.id for m, s in pairs if s not in ours)])
         kept = [(m, s) for m, s in pairs if s in ours]
         if kept and turn.reruns + 1 >= MAX_RERUNS:
             await self._give_up(state, turn, kept)
@@ -148,7 +146,22 @@ class TurnAftermath:
             "overloaded or paused). It is kept as failed; an operator can run it again."
         )
         ids = tuple(m.id for m, _ in kept)
+        self._outcomes.end(ids, Outcome.FAILED, text, reason)
         await self._send(OutboundKind.NOTICE, state.key, turn.source, text, ids, None)
+
+
+_TOLD_AS = {
+    TurnEnd.STOPPED: Outcome.STOPPED,
+    TurnEnd.INTERRUPTED: Outcome.INTERRUPTED,
+    TurnEnd.REJECTED: Outcome.REFUSED,
+}
+"""How a turn whose senders were told why it ended ends its messages (others: failed)."""
+
+
+def _told(end: TurnEnd | None) -> tuple[Outcome, str, str]:
+    """The outcome, text and reason of a turn whose messages leave because it ended early."""
+    outcome = Outcome.FAILED if end is None else _TOLD_AS.get(end, Outcome.FAILED)
+    return outcome, "", "" if end is None else end.value
 
 
 def requeue(state: SessionState, turn: Turn) -> None:

@@ -36,10 +36,11 @@ from chatlane.runtime.busy import (
     resolve_policy,
 )
 from chatlane.runtime.elsewhere import interrupt_elsewhere, outcome_elsewhere
+from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import AcquireWait
 from chatlane.runtime.output import Send
 from chatlane.runtime.settings import RuntimeSettings
-from chatlane.runtime.turn import INTERRUPTED, REJECTED, Turn, running_turn_of
+from chatlane.runtime.turn import Turn, running_turn_of
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
 from chatlane.types import Agent, InboundMessage, OutboundKind, accepts_steering
@@ -48,7 +49,7 @@ log = logging.getLogger("chatlane.runtime")
 
 Spawn = Callable[[Coroutine[object, object, object]], None]
 """Runs a coroutine in the background, owned by the engine."""
-Supersede = Callable[[SessionState, Turn, str], None]
+Supersede = Callable[[SessionState, Turn, TurnEnd], None]
 """Makes a turn stale and asks it to stop (the engine's ``_supersede``)."""
 
 
@@ -101,7 +102,7 @@ class BusyDesk:
         elif outcome is BusyOutcome.INTERRUPTING and turn is not None:
             pending.enqueue(state, message, seq)
             state.conversation.interrupt_streak += 1
-            self._supersede(state, turn, INTERRUPTED)
+            self._supersede(state, turn, TurnEnd.INTERRUPTED)
         elif outcome is BusyOutcome.STEERED and turn is not None:
             turn.steer(message, seq)
         return outcome
@@ -186,7 +187,7 @@ class BusyDesk:
             self._metrics.busy(outcome.value, policy.value)
             self._spawn(self._interrupt_elsewhere(state, turn, message))
         elif outcome is BusyOutcome.REJECTED:
-            turn.ended_by = REJECTED
+            turn.end(TurnEnd.REJECTED)
             turn.interrupted.set()  # no longer wanted: the lease wait ends
             self._metrics.busy(BusyOutcome.REJECTED.value, policy.value)
             text = ack_text(BusyOutcome.REJECTED, 0)

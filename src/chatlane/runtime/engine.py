@@ -47,7 +47,9 @@ from chatlane.runtime.arrivals import BusyDesk
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
 from chatlane.runtime.elsewhere import was_interrupted_elsewhere
+from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, new_holder_id
+from chatlane.runtime.outcomes import MessageOutcome, OnOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
     kept_in_store,
@@ -58,20 +60,9 @@ from chatlane.runtime.persisted import (
 )
 from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopResult
-from chatlane.runtime.turn import (
-    DROPPED,
-    EVICTED,
-    FAILED,
-    INTERRUPTED,
-    LEASE_LOST,
-    REORDERED,
-    SHUTDOWN,
-    STOPPED,
-    Turn,
-    TurnOverrides,
-    running_turn_of,
-)
+from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
+from chatlane.runtime.watch import settle_watched
 from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
 from chatlane.stores.base import Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
@@ -88,9 +79,6 @@ from chatlane.types import (
 
 log = logging.getLogger("chatlane.runtime")
 
-INTERRUPTED_MEMORY = 4096
-"""How many interrupted messages :meth:`TurnEngine.was_interrupted` remembers."""
-
 
 class TurnEngine:
     """Runs an agent for many sessions at once, one turn per session."""
@@ -104,6 +92,7 @@ class TurnEngine:
         registry: SessionRegistry | None = None,
         store: Store | None = None,
         holder: str | None = None,
+        on_outcome: OnOutcome | None = None,
     ) -> None:
         self.agent = agent
         self.settings = settings or RuntimeSettings()
@@ -113,12 +102,16 @@ class TurnEngine:
         self.store = store if store is not None else MemoryStore()
         self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)
         self.metrics = Metrics()
-        self.output = TurnOutput(self.store, self.send)
+        self.outcomes = OutcomeLedger(on_outcome or _unheard)
+        """Every accepted message's one outcome (:mod:`chatlane.runtime.outcomes`)."""
+        self.output = TurnOutput(self.store, self.send, self.outcomes)
         self.output.on_fenced = self.metrics.stale
         self.approvals = ApprovalBroker(
             self.store, self._prompt, self._generation_is, self.settings.approval_timeout
         )
-        self.aftermath = TurnAftermath(self.store, self.leases, self.send, self.metrics)
+        self.aftermath = TurnAftermath(
+            self.store, self.leases, self.send, self.metrics, self.outcomes
+        )
         self.busy = BusyDesk(
             self.settings, agent, self.store, self.metrics, self.send, self._spawn, self._supersede
         )
@@ -127,11 +120,15 @@ class TurnEngine:
         self._collecting: set[SessionKey] = set()
         self._tasks: set[asyncio.Task[object]] = set()
         self._turn_ended = asyncio.Event()
-        self._interrupted_ids: dict[str, None] = {}
-        """Recent messages whose turn was interrupted before it answered (oldest first)."""
         self._timers: set[asyncio.TimerHandle] = set()
         hooks = UpkeepHooks(
-            self._holding, self._renewed, self._lost, self._evict, self.adopt, self._is_closed
+            self._holding,
+            self._renewed,
+            self._lost,
+            self._evict,
+            self.adopt,
+            self._is_closed,
+            partial(settle_watched, self.store, self.outcomes),
         )
         self.upkeep = Upkeep(self.leases, hooks, turn_timeout=self.settings.turn_timeout)
         self.capacity = Capacity(self.settings.capacity, self._held, self._live_count)
@@ -207,6 +204,7 @@ class TurnEngine:
     ) -> BusyOutcome | None:
         """Run or queue a message already in the durable queue under ``seq``."""
         self._ensure_background()
+        self.outcomes.open(key, message)
         state = self.registry.get(key)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,)).refusable = True
@@ -220,10 +218,15 @@ class TurnEngine:
             :attr:`BusyOutcome.QUEUE_FULL` (refused: the caller tells the sender).
         """
         self._ensure_background()
+        self.outcomes.open(key, message)  # a refusal below is its outcome
         state = await self.session(key)
         if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
             return BusyOutcome.QUEUE_FULL
-        seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
+        try:
+            seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
+        except ChatlaneError as error:
+            self.outcomes.end([message.id], Outcome.FAILED, reason=str(error))
+            raise
         state = self.registry.get(key)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
@@ -236,6 +239,7 @@ class TurnEngine:
 
     async def adopt(self, key: SessionKey, message: InboundMessage, seq: int) -> None:
         """Run a message adopted from a dead process: now if idle, else in store order."""
+        self.outcomes.open(key, message)
         await self.session(key)
         state = self.registry.get(key)
         if not state.turn.is_running:
@@ -301,7 +305,7 @@ class TurnEngine:
                 log.info("turn cancelled", extra=turn_fields(turn.session_key, turn.generation))
                 raise
             await self.output.failure(turn, error)  # the agent's own error, even a CancelledError
-            turn.ended_by = turn.ended_by or FAILED
+            turn.end(TurnEnd.FAILED)
         finally:
             try:
                 await self.aftermath.settle(state, turn, closing=self._is_closed)
@@ -329,7 +333,7 @@ class TurnEngine:
         turn.bind_lease(lease)  # from here the lease is released however the turn ends
         known = state.persistent.run_generation
         if not wanted() or lease.generation < known:
-            turn.ended_by = turn.ended_by or LEASE_LOST
+            turn.end(TurnEnd.LEASE_LOST)
             return False
         state.persistent.run_generation = lease.generation
         if lease.generation > known + 1 and await self._dropped_elsewhere(state, turn):
@@ -345,7 +349,7 @@ class TurnEngine:
 
         Asked only when the generation moved on elsewhere while the turn
         waited: one read of the store's queue (if it fails, the turn runs).
-        A dropped turn ends unrun as :data:`DROPPED`; its messages still
+        A dropped turn ends unrun as :data:`TurnEnd.DROPPED`; its messages still
         queued in the store wait here again, in store order.
         """
         try:
@@ -358,7 +362,9 @@ class TurnEngine:
         for message, seq in zip(turn.messages, turn.seqs, strict=True):
             if seq in alive:
                 pending.insert_in_order(state, [message], [seq])
-        turn.ended_by = DROPPED
+            else:
+                self.outcomes.watch([message.id])
+        turn.end(TurnEnd.DROPPED)
         log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
         return True
 
@@ -387,7 +393,7 @@ class TurnEngine:
             return False
         earlier = pending.smallest_seq(state)
         if earlier is not None and earlier < min(turn.seqs):
-            turn.ended_by = REORDERED
+            turn.end(TurnEnd.REORDERED)
             return False
         return True
 
@@ -397,7 +403,7 @@ class TurnEngine:
         if turn.lease is not None:
             outcome = "answered" if turn.answered else (turn.ended_by or "fenced")
             self.metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
-        if turn.ended_by != REORDERED:
+        if turn.ended_by != TurnEnd.REORDERED:
             settle_once(state, turn)
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
@@ -414,8 +420,6 @@ class TurnEngine:
         """The engine is done with ``turn``: it holds no slot and can ask nothing any more."""
         self._turns.discard(turn)
         turn.finished = True
-        if turn.ended_by == INTERRUPTED and not turn.answered:
-            self._remember_interrupted(turn.message_ids)
         if turn.lease is not None:
             self.approvals.end_turn(state, turn.generation)
 
@@ -471,7 +475,7 @@ class TurnEngine:
         self,
         state: SessionState,
         turn: Turn,
-        ended_by: str,
+        ended_by: TurnEnd,
         detail: str = "",
         *,
         fenced_in_store: bool = False,
@@ -481,10 +485,10 @@ class TurnEngine:
         The store's generation is bumped too, unless it already moved on
         (``fenced_in_store``, or a lost lease).
         """
-        turn.ended_by = turn.ended_by or ended_by
+        turn.end(ended_by)
         if turn.is_current():
             state.persistent.bump_generation()
-            if ended_by != LEASE_LOST and not fenced_in_store:
+            if ended_by != TurnEnd.LEASE_LOST and not fenced_in_store:
                 self._spawn(self.store.bump_generation(state.key))
         turn.interrupted.set()
         self.approvals.deny_stale(state)
@@ -510,7 +514,7 @@ class TurnEngine:
         turn = None if state is None else running_turn_of(state)
         if state is None or turn is None:
             return False
-        self._supersede(state, turn, INTERRUPTED, reason)
+        self._supersede(state, turn, TurnEnd.INTERRUPTED, reason)
         return True
 
     async def stop(self, key: SessionKey) -> StopResult:
@@ -535,7 +539,7 @@ class TurnEngine:
             seqs = [*(seq for _, seq in steers), *seqs]
         fenced_here = turn is not None and turn.is_current()  # its supersede bumps
         if turn is not None:
-            self._supersede(state, turn, STOPPED)
+            self._supersede(state, turn, TurnEnd.STOPPED)
         await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
         elsewhere = await self._drop_elsewhere(key)
         if not fenced_here:
@@ -545,6 +549,7 @@ class TurnEngine:
                 state.turn.clear()
                 self._collecting.discard(key)
         stopped = turn is not None and turn.lease is not None
+        self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
         return StopResult(stopped, tuple(dropped), elsewhere)
 
     async def _drop_elsewhere(self, key: SessionKey) -> int:
@@ -585,11 +590,11 @@ class TurnEngine:
             return  # it ended, or was fenced here, while the renewal was under way: no loss
         if interrupted:
             detail = "by a message to another process"
-            self._supersede(state, turn, INTERRUPTED, detail, fenced_in_store=True)
+            self._supersede(state, turn, TurnEnd.INTERRUPTED, detail, fenced_in_store=True)
             return
         log.warning("lease lost: %s", why, extra=turn_fields(turn.session_key, turn.generation))
         self.metrics.lease_failure()
-        self._supersede(state, turn, LEASE_LOST, why)
+        self._supersede(state, turn, TurnEnd.LEASE_LOST, why)
 
     async def evict_stuck(self) -> int:
         """Evict every turn that made no progress for ``turn_timeout``; return how many."""
@@ -599,7 +604,7 @@ class TurnEngine:
         state = self.registry.get(turn.session_key)
         if state.turn.ctx is not turn:
             return
-        self._supersede(state, turn, EVICTED)
+        self._supersede(state, turn, TurnEnd.EVICTED)
         settle_once(state, turn)
         if turn.task is not None:
             turn.task.cancel()
@@ -608,6 +613,7 @@ class TurnEngine:
         await self.leases.release(state, turn.generation)
         timeout = self.settings.turn_timeout
         text = f"The running turn made no progress for {timeout:g}s and was stopped."
+        self.outcomes.end(turn.message_ids, Outcome.FAILED, text, reason=TurnEnd.EVICTED)
         await self._send_as(turn, OutboundKind.NOTICE, text)
         self._promote(state)
 
@@ -655,24 +661,10 @@ class TurnEngine:
             for r in self.approvals.pending(state)
         ]
 
-    def was_interrupted(self, message_id: str) -> bool:
-        """Whether a turn that ran ``message_id`` here was interrupted before it answered.
-
-        Remembered for the last :data:`INTERRUPTED_MEMORY` such messages.
-        """
-        return message_id in self._interrupted_ids
-
-    def _remember_interrupted(self, message_ids: tuple[str, ...]) -> None:
-        remembered = self._interrupted_ids
-        for message_id in message_ids:
-            remembered[message_id] = None
-        while len(remembered) > INTERRUPTED_MEMORY:
-            del remembered[next(iter(remembered))]
-
-    def is_waiting(self, key: SessionKey, message_id: str) -> bool:
-        """Whether ``message_id`` waits in ``key``'s local queue for a turn of its own."""
-        state = self.registry.peek(key)
-        return state is not None and pending.holds(state, message_id)
+    def last_progress(self, key: SessionKey) -> float:
+        """When ``key``'s running turn last made progress (``time.monotonic()``; 0.0: none runs)."""
+        turn = self.running_turn(key)
+        return 0.0 if turn is None else turn.last_progress
 
     def queue_depth(self) -> int:
         """Messages waiting for a turn in this process, across every session."""
@@ -727,6 +719,8 @@ class TurnEngine:
             generation = 0 if state is None else state.persistent.run_generation
         target = Target.of(source)
         outbound = Outbound(kind, key, target, text, generation, in_reply_to, refusal, approval_id)
+        if refusal:
+            self.outcomes.end(in_reply_to, Outcome.REFUSED, text, reason=refusal)
         try:
             await self._deliver(outbound)
         except Exception:
@@ -745,7 +739,7 @@ class TurnEngine:
         self._timers.clear()
         turns = list(self._turns)
         for turn in turns:
-            self._supersede(self.registry.get(turn.session_key), turn, SHUTDOWN)
+            self._supersede(self.registry.get(turn.session_key), turn, TurnEnd.SHUTDOWN)
         tasks = [turn.task for turn in turns if turn.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.settings.interrupt_grace)
@@ -756,6 +750,7 @@ class TurnEngine:
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
+        self.outcomes.end(self.outcomes.open_ids(), Outcome.SHUT_DOWN)
 
 
 def _must_propagate(error: BaseException) -> bool:
@@ -771,6 +766,10 @@ def _must_propagate(error: BaseException) -> bool:
         task = asyncio.current_task()
         return task is None or task.cancelling() > 0
     return False
+
+
+def _unheard(outcome: MessageOutcome) -> None:
+    """No one listens for outcomes (the engine was built without ``on_outcome``)."""
 
 
 def _cancel(task: asyncio.Task[None]) -> None:

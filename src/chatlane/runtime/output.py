@@ -25,7 +25,9 @@ from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreDamaged, Stor
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store
-from chatlane.runtime.turn import LEASE_LOST, Turn
+from chatlane.runtime.ending import TurnEnd
+from chatlane.runtime.outcomes import Outcome, OutcomeLedger
+from chatlane.runtime.turn import Turn
 from chatlane.stores.base import Store, TranscriptEntry, WriteBatch
 from chatlane.types import Agent, OutboundKind, SessionKey
 
@@ -52,9 +54,10 @@ class Send(Protocol):
 class TurnOutput:
     """Runs agents and turns what they produce into committed, fenced deliveries."""
 
-    def __init__(self, store: Store, send: Send) -> None:
+    def __init__(self, store: Store, send: Send, outcomes: OutcomeLedger) -> None:
         self._store = store
         self._send = send
+        self._outcomes = outcomes
         self.on_fenced: Callable[[], None] | None = None
 
     async def run_agent(self, agent: Agent, turn: Turn) -> str:
@@ -89,7 +92,10 @@ class TurnOutput:
         return "".join(parts)
 
     async def reply(self, turn: Turn, text: str) -> None:
-        """Commit the reply for ``turn``'s messages, then deliver it (if still current)."""
+        """Commit the reply for ``turn``'s messages, then deliver it (if still current).
+
+        Once committed, the messages are answered, delivered or not.
+        """
         if await self._commit(turn, "assistant", text):
             await self._deliver(turn, OutboundKind.REPLY, text)
 
@@ -98,29 +104,39 @@ class TurnOutput:
         log.error("agent failed", exc_info=error, extra=_fields(turn))
         text = failure_text(error)
         # a turn without a lease never ran: there is nothing to fence or record
-        if turn.lease is None or await self._commit(turn, "notice", text):
+        if turn.lease is None:
+            self._outcomes.end(turn.message_ids, Outcome.FAILED, text, type(error).__name__)
+        if turn.lease is None or await self._commit(turn, "notice", text, type(error).__name__):
             await self._deliver(turn, OutboundKind.NOTICE, text)
 
-    async def _commit(self, turn: Turn, role: str, text: str) -> bool:
+    async def _commit(self, turn: Turn, role: str, text: str, failure: str = "") -> bool:
         """Record the answer; True if it may be delivered.
+
+        Once recorded, the turn's messages have their outcome: answered, or
+        failed (``failure`` names why) when the answer is a failure notice.
 
         A turn fenced for no reason the engine recorded (its lease expired on
         this host's clock, or the store moved on) counts as having lost its
         lease, so its messages are run again if they are still its own.
         """
         if not turn.is_current():
-            turn.ended_by = turn.ended_by or LEASE_LOST
+            turn.end(TurnEnd.LEASE_LOST)
             return self._fenced(turn, "reply")
         try:
             await self._fenced_commit(turn, _answer(turn, role, text))
         except (StaleGeneration, StoreError):
-            turn.ended_by = turn.ended_by or LEASE_LOST
+            turn.end(TurnEnd.LEASE_LOST)
             return self._fenced(turn, "reply commit")
         except AlreadyAnswered as error:
             log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
             await self._forget(turn)
+            self._outcomes.watch(turn.message_ids)  # the store has the answer
             return False
         turn.answered = True
+        if failure:
+            self._outcomes.end(turn.message_ids, Outcome.FAILED, text, failure)
+        else:
+            self._outcomes.end(turn.message_ids, Outcome.ANSWERED, text)
         return turn.is_current() or self._fenced(turn, "delivery")
 
     async def _forget(self, turn: Turn) -> None:

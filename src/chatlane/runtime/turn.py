@@ -26,31 +26,13 @@ import msgspec
 
 from chatlane.errors import StaleGeneration
 from chatlane.identity import SessionSource
+from chatlane.runtime.ending import TurnEnd
 from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
 from chatlane.stores.base import Lease
 
 if TYPE_CHECKING:
     from chatlane.approvals import ApprovalBroker
 from chatlane.types import InboundMessage, ModelChoice, SessionKey
-
-STOPPED, INTERRUPTED, EVICTED, LEASE_LOST, SHUTDOWN, REORDERED, FAILED, REJECTED, DROPPED = (
-    "stopped",
-    "interrupted",
-    "evicted",
-    "lease lost",
-    "shutdown",
-    "reordered",
-    "failed",
-    "rejected",
-    "dropped",
-)
-"""Why a turn ended early (``Turn.ended_by``); decides what happens to its messages:
-stopped, interrupted, evicted, failed and rejected (busy in another process under
-the ``reject`` policy) turns' messages are done (their senders were told); a lost
-lease or a turn that gave way runs them again; at shutdown they stay queued in
-the store for the next process; a dropped turn never ran because another
-process's ``/stop`` or ``/new`` took its messages out of the store while it
-waited (what is still queued there, steers included, waits here again)."""
 
 
 class TurnOverrides(msgspec.Struct, frozen=True):
@@ -128,7 +110,8 @@ class Turn:
         self.session_key: SessionKey = state.key
         self.generation = 0
         self.lease: Lease | None = None
-        self.ended_by = ""
+        self.ended_by: TurnEnd | None = None
+        """Why the turn ended early, once recorded (:meth:`end`); ``None`` while it has not."""
         self.finished = False
         """The engine is done with this turn: whatever still runs for it can ask nothing."""
         self.reruns = 0
@@ -164,6 +147,11 @@ class Turn:
     def text(self) -> str:
         """The input: one message's text, or every merged message's text in order."""
         return "\n".join(message.text for message in self.messages)
+
+    def end(self, reason: TurnEnd) -> None:
+        """Record why this turn ended early; the first reason recorded stands (engine side)."""
+        if self.ended_by is None:
+            self.ended_by = reason
 
     def bind_lease(self, lease: Lease) -> None:
         """Take ``lease`` and its generation as this turn's (engine side, once, when acquired)."""

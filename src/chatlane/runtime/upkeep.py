@@ -16,6 +16,10 @@ What stays true:
   a turn another process fenced (``/stop`` or ``/new`` sent there, or an
   interrupt) is reported at once, not at the next renewal. A failed check is
   logged and changes nothing.
+* Every ``fence_check`` seconds (or ``renew_every``), the messages this process
+  accepted that left for another process are looked up in the store (one
+  batch), and those whose fate is known get their outcome
+  (:mod:`chatlane.runtime.watch`).
 * Every ``adopt_every`` (``ttl / 5``) one bounded batch of dead processes'
   messages is adopted (one store call, ``adopt_batch`` sessions); a full
   batch is followed at once by the next.
@@ -56,6 +60,8 @@ class UpkeepHooks:
     :param evict: ``turn`` made no progress for too long: evict it.
     :param adopt: run a message adopted from a dead process.
     :param closed: whether the engine is closing (the loops end).
+    :param settle_watched: end the messages that left for another process
+        whose fate the store knows (one batched read).
     """
 
     turns: Callable[[], list[Turn]]
@@ -64,6 +70,7 @@ class UpkeepHooks:
     evict: Callable[[Turn], Awaitable[None]]
     adopt: Callable[[SessionKey, InboundMessage, int], Awaitable[None]]
     closed: Callable[[], bool]
+    settle_watched: Callable[[], Awaitable[int]]
 
 
 class Upkeep:
@@ -95,6 +102,8 @@ class Upkeep:
         ]
         if settings.fence_check > 0:
             loops.append((self._every(settings.fence_check, self.check_fences), "chatlane-fences"))
+        watch_every = settings.fence_check or settings.renew_every
+        loops.append((self._every(watch_every, self.settle_watched), "chatlane-outcomes"))
         if self._turn_timeout > 0:
             watch = min(self._turn_timeout / 4, 1.0)
             loops.append((self._every(watch, self.evict_stuck, first=watch), "chatlane-watchdog"))
@@ -154,6 +163,14 @@ class Upkeep:
         for turn, gone in zip(held, moved, strict=True):
             if gone and turn.is_current():
                 await self._hooks.lost(turn, "fenced by another process", True)
+
+    async def settle_watched(self) -> int:
+        """End what the store says became of messages that left for another process."""
+        try:
+            return await self._hooks.settle_watched()
+        except ChatlaneError as error:
+            log.warning("could not read what became of messages elsewhere: %s", error)
+            return 0
 
     async def _adopting(self) -> None:
         settings = self._leases.settings

@@ -1,0 +1,108 @@
+"""What became of each accepted message: exactly one outcome, emitted, never polled.
+
+Every message an engine accepts — received here, queued with ``/queue``,
+adopted from a dead process, or run again by an operator — ends in exactly
+one :class:`MessageOutcome`, handed to the engine's ``on_outcome`` callback
+(the gateway routes it to the adapter of the message's platform). What stays
+true:
+
+* **At most one**: the ledger forgets a message once its outcome is emitted;
+  a second end is ignored, so every path may say what it knows without
+  counting on the others.
+* **At least one**: every way a message leaves this process's hands ends it
+  here — answered, refused, dropped, interrupted, stopped, failed, or still
+  held when the engine closes (shut down). A message that left for another
+  process (adopted there after a lost lease, or dropped by a ``/stop`` sent
+  there) is *watched*: the upkeep asks the store, in one batch, what became
+  of it, and ends it with what the store says (the answer committed there,
+  set aside as failed, or dropped) once the store no longer queues it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from chatlane.types import InboundMessage, SessionKey
+
+
+class Outcome(enum.StrEnum):
+    """How an accepted message ended."""
+
+    ANSWERED = "answered"
+    """A turn committed an answer to it (``text``), here or in another process."""
+    REFUSED = "refused"
+    """It was refused without running (``reason``: the busy outcome, e.g. ``rejected``)."""
+    DROPPED = "dropped"
+    """``/stop``, ``/new`` or ``/reset`` dropped it before it ran."""
+    INTERRUPTED = "interrupted"
+    """A newer message interrupted its turn; that turn's answer was discarded."""
+    STOPPED = "stopped"
+    """``/stop`` (or ``/new``, ``/reset``) stopped its running turn."""
+    SHUT_DOWN = "shut down"
+    """The engine closed while it was held; it stays queued for the next process."""
+    FAILED = "failed"
+    """Its turn failed (``text`` is the notice its sender got; ``reason`` says why)."""
+
+
+class MessageOutcome(msgspec.Struct, frozen=True):
+    """The one outcome of one accepted message."""
+
+    message_id: str
+    session_key: SessionKey
+    platform: str
+    outcome: Outcome
+    text: str = ""
+    """The answer (``ANSWERED``) or the notice its sender got (``FAILED``, ``REFUSED``)."""
+    reason: str = ""
+
+
+OnOutcome = Callable[[MessageOutcome], None]
+
+
+class OutcomeLedger:
+    """The messages an engine holds open, each ended once (see the module docstring)."""
+
+    def __init__(self, emit: OnOutcome) -> None:
+        self._emit = emit
+        self._open: dict[str, tuple[SessionKey, str]] = {}
+        self._watched: dict[str, SessionKey] = {}
+
+    def open(self, key: SessionKey, message: InboundMessage) -> None:
+        """``message`` was accepted (or adopted) here: it will end in one outcome."""
+        self._open.setdefault(message.id, (key, message.source.platform))
+
+    def end(
+        self, message_ids: Iterable[str], outcome: Outcome, text: str = "", reason: str = ""
+    ) -> None:
+        """Emit ``outcome`` for each of ``message_ids`` still open (the others ended before)."""
+        for message_id in message_ids:
+            held = self._open.pop(message_id, None)
+            self._watched.pop(message_id, None)
+            if held is not None:
+                key, platform = held
+                self._emit(MessageOutcome(message_id, key, platform, outcome, text, reason))
+
+    def watch(self, message_ids: Iterable[str]) -> None:
+        """These open messages left for another process: ask the store what becomes of them."""
+        for message_id in message_ids:
+            held = self._open.get(message_id)
+            if held is not None:
+                self._watched[message_id] = held[0]
+
+    def watched(self) -> dict[str, SessionKey]:
+        """The watched messages and their sessions (a copy)."""
+        return dict(self._watched)
+
+    def open_ids(self) -> list[str]:
+        """Every message still open, oldest first."""
+        return list(self._open)
+
+    def is_open(self, message_id: str) -> bool:
+        """Whether ``message_id`` has not ended yet."""
+        return message_id in self._open
+
+
+__all__ = ["MessageOutcome", "OnOutcome", "Outcome", "OutcomeLedger"]
