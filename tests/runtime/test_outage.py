@@ -62,7 +62,7 @@ async def test_a_commit_outlasts_a_held_write_lock_and_later_messages_wait_behin
                 go.set()
                 await eventually(lambda: "commit failed, retrying" in caplog.text)
             await h.send("second", chat_id="c")
-            assert await h.replies(chat_id="c", count=3) == [
+            assert await h.replies(chat_id="c", count=3, timeout=60) == [
                 "Queued for the next turn (1 queued)",  # it waited behind the first
                 "answer first",
                 "answer second",
@@ -108,7 +108,7 @@ async def test_a_turn_waits_out_an_outage_before_it_takes_its_lease(
             await h.send("first", chat_id="c")
             await eventually(lambda: "taking the lease failed, retrying" in caplog.text)
             store.end_outage()
-            assert await h.replies(chat_id="c", count=1) == ["answer first"]
+            assert await h.replies(chat_id="c", count=1, timeout=60) == ["answer first"]
     finally:
         await store.close()
     assert "never retrieved" not in caplog.text
@@ -153,7 +153,7 @@ async def test_a_commit_outlasts_a_redis_restart_and_later_messages_wait_behind_
                 await eventually(lambda: "commit failed, retrying" in caplog.text)
                 with persistent_redis(tmp_path, port):  # back, with its data
                     await h.send("second", chat_id="c")
-                    assert await h.replies(chat_id="c", count=3) == [
+                    assert await h.replies(chat_id="c", count=3, timeout=60) == [
                         "Queued for the next turn (1 queued)",
                         "answer first",
                         "answer second",
