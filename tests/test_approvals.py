@@ -295,7 +295,7 @@ async def test_a_turn_without_requests_leaves_its_session_evictable() -> None:
         await h.replies(chat_id="c", count=1)
         await h.settle()
         state = h.session(result.session_key)
-        assert state.persistent.approvals is None
+        assert state.turn.approval_requests == {}
         assert not state.holds_unsaved_data()
 
 
@@ -306,7 +306,7 @@ async def test_a_session_whose_requests_all_ended_is_evictable_again() -> None:
         await h.send("/stop", chat_id="c")  # denies the request of the stopped turn
         await h.settle()
         state = h.session(h.session_key(chat_id="c"))
-        assert state.persistent.approvals is None
+        assert state.turn.approval_requests == {}
         assert not state.holds_unsaved_data()
 
 

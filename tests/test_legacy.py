@@ -132,7 +132,7 @@ class TestSpecs:
     def test_scopes(self) -> None:
         assert LEGACY_FIELD_SPECS["_busy_ack_ts"].scope is Scope.TURN
         assert LEGACY_FIELD_SPECS["_session_vc_last"].scope is Scope.CONVERSATION
-        assert LEGACY_FIELD_SPECS["_pending_approvals"].scope is Scope.PERSISTENT
+        assert LEGACY_FIELD_SPECS["_pending_approvals"].scope is Scope.TURN
 
     def test_specs_are_read_only(self) -> None:
         with pytest.raises(TypeError):
@@ -444,6 +444,7 @@ def values_for(name: str) -> st.SearchStrategy[Any]:
         float: st.sampled_from([0.0, 1.5, 2.0]),
         str: st.text(max_size=2),
         list: st.lists(st.integers(0, 3), max_size=2),
+        dict: st.dictionaries(st.sampled_from(["r1", "r2"]), st.integers(0, 3), max_size=2),
         bool: st.booleans(),
         int: st.integers(0, 4),
     }

@@ -232,17 +232,17 @@ class TestResetScope:
         state = SessionState("k")
         dirty_conversation(state.conversation)
         state.turn.agent = "agent"
-        state.persistent.approvals = "a"
+        state.persistent.busy_policy = "a"
         reset_scope(state, Scope.CONVERSATION)
         assert state.conversation == ConversationState()
         assert state.turn.agent == "agent"
-        assert state.persistent.approvals == "a"
+        assert state.persistent.busy_policy == "a"
 
     def test_persistent_scope_is_never_reset_wholesale(self) -> None:
-        state = SessionState("k", persistent=PersistentState(approvals="a"))
+        state = SessionState("k", persistent=PersistentState(busy_policy="a"))
         with pytest.raises(ValueError, match="never reset wholesale"):
             reset_scope(state, Scope.PERSISTENT)
-        assert state.persistent.approvals == "a"
+        assert state.persistent.busy_policy == "a"
 
 
 class TestSessionState:
@@ -255,10 +255,10 @@ class TestSessionState:
     @pytest.mark.parametrize(
         "persistent",
         [
-            PersistentState(approvals="a"),
+            PersistentState(busy_policy="a"),
             PersistentState(update_prompt_pending=True),
             PersistentState(native_image_paths=["/x.png"]),
-            PersistentState(pending_command_text="/model x"),
+            PersistentState(approval_allowlist=["ls"]),
             PersistentState(hygiene_failure_streak=2),
             MyPersistent(karma=1),
         ],
@@ -398,7 +398,7 @@ class TestEvictionByCap:
 
     def test_unsaved_data_is_kept_without_a_hook(self) -> None:
         registry = SessionRegistry(max_sessions=1)
-        registry.get("a").persistent.approvals = "pending"
+        registry.get("a").persistent.busy_policy = "pending"
         registry.get("b")
         assert "a" in registry
 
@@ -406,10 +406,10 @@ class TestEvictionByCap:
         seen: list[tuple[str, Any, bool]] = []
 
         def on_evict(key: str, state: SessionState) -> None:
-            seen.append((key, state.persistent.approvals, key in registry))
+            seen.append((key, state.persistent.busy_policy, key in registry))
 
         registry = SessionRegistry(max_sessions=1, on_evict=on_evict)
-        registry.get("a").persistent.approvals = "pending"
+        registry.get("a").persistent.busy_policy = "pending"
         registry.get("b")
         assert seen == [("a", "pending", True)]
         assert list(registry) == ["b"]

@@ -27,6 +27,7 @@ from chatlane.config import Config
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
+from chatlane.secrets import resolve_secrets
 from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
 from chatlane.terminal import (
@@ -126,7 +127,7 @@ async def serving(
     """A gateway with the API adapter on a free loopback port; yields its URL."""
     config = config or Config()
     hub = Hub(config, await open_store("memory://"), agent or DemoAgent())
-    hub.add(ApiAdapter(config, environ={"CHATLANE_TOKEN": token}))
+    hub.add(ApiAdapter(config, secrets=resolve_secrets(config, {"CHATLANE_TOKEN": token})))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         app = build_app(hub)

@@ -20,8 +20,8 @@ import hmac
 import logging
 from collections.abc import Mapping
 
-from chatlane.config import Secret
 from chatlane.errors import ConfigError
+from chatlane.secrets import TokenSource
 
 log = logging.getLogger("chatlane.access")
 
@@ -29,15 +29,13 @@ log = logging.getLogger("chatlane.access")
 class AccessToken:
     """The gateway's access token (or the absence of one), shared by every route.
 
-    :param secret: where the token comes from.
-    :param environ: the environment a ``Secret(env=…)`` is read from.
-    :raises ConfigError: if the secret's file cannot be read at start.
+    :param source: the token as read at start (:func:`~chatlane.secrets.resolve_secrets`),
+        and where :meth:`reload` reads it again.
     """
 
-    def __init__(self, secret: Secret, environ: Mapping[str, str]) -> None:
-        self._secret = secret
-        self._environ = environ
-        self._value = secret.read(environ).encode()
+    def __init__(self, source: TokenSource) -> None:
+        self._source = source
+        self._value = source.value.encode()
         self._required = bool(self._value)
 
     @property
@@ -70,11 +68,13 @@ class AccessToken:
     def reload(self) -> None:
         """Read the secret again and use it from now on, for every route.
 
-        An empty or unreadable secret on a gateway that had a token locks it:
-        every request is refused until a later reload finds a token.
+        A token file is read again; a token from an environment variable keeps
+        its value from start. An empty or unreadable secret on a gateway that
+        had a token locks it: every request is refused until a later reload
+        finds a token.
         """
         try:
-            value = self._secret.read(self._environ).encode()
+            value = self._source.reread().encode()
         except ConfigError as error:
             log.error("access token not reloaded, refusing all requests: %s", error)
             value = b""

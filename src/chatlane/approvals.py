@@ -72,7 +72,7 @@ class Decision:
 
 @dataclass(slots=True)
 class ApprovalRequest:
-    """One pending request; lives in its session's ``persistent.approvals``."""
+    """One pending request; lives in its turn's slot (``turn.approval_requests``) until it ends."""
 
     id: str
     session_key: SessionKey
@@ -152,9 +152,7 @@ class ApprovalBroker:
             new_request_id(), state.key, generation, user_id, command, reason, future
         )
         request.deadline = loop.time() + self.timeout
-        if state.persistent.approvals is None:
-            state.persistent.approvals = {}
-        state.persistent.approvals[request.id] = request
+        state.turn.approval_requests[request.id] = request
         return request
 
     async def _wait(self, state: SessionState, request: ApprovalRequest) -> Decision:
@@ -273,13 +271,13 @@ class ApprovalBroker:
         for request in waiting:
             if not request.decided.done():
                 request.decided.set_result(Decision(False, note="the conversation ended"))
-        state.persistent.approvals = None
+        state.turn.approval_requests.clear()
         return len(waiting)
 
 
 def _requests(state: SessionState) -> dict[str, ApprovalRequest]:
-    """The session's waiting requests, to read; never creates the map."""
-    requests: dict[str, ApprovalRequest] = state.persistent.approvals or {}
+    """The session's waiting requests (its running turn's)."""
+    requests: dict[str, ApprovalRequest] = state.turn.approval_requests
     return requests
 
 
@@ -296,16 +294,7 @@ def _close(state: SessionState, request: ApprovalRequest, decision: Decision) ->
 
 
 def _forget(state: SessionState, request: ApprovalRequest) -> None:
-    """Drop ``request``; the map goes back to ``None`` once empty.
-
-    An empty map would count as unsaved data (``holds_unsaved_data``) and
-    keep the session from ever being evicted.
-    """
-    requests = state.persistent.approvals
-    if requests:
-        requests.pop(request.id, None)
-    if not requests:
-        state.persistent.approvals = None
+    state.turn.approval_requests.pop(request.id, None)
 
 
 __all__ = [

@@ -60,12 +60,12 @@ def serve(
     import asyncio
 
     from chatlane.logs import configure_logging
-    from chatlane.serve import configure
+    from chatlane.serve import prepare
     from chatlane.serve import serve as run
 
     configure_logging(log_format)
     try:
-        config = configure(
+        config, secrets = prepare(
             config_path,
             host=host,
             port=port,
@@ -74,7 +74,7 @@ def serve(
             busy=busy,
             keep_alive=keep_alive,
         )
-        asyncio.run(run(config))
+        asyncio.run(run(config, secrets))
     except ChatlaneError as error:
         raise click.ClickException(str(error)) from None
     except KeyboardInterrupt:

@@ -243,16 +243,16 @@ class Gateway:
         state = await self.engine.session(key)
         if self.engine.approvals.has_pending(state):
             return ParsedCommand("approve" if word in YES else "deny", "")
-        confirm = state.persistent.pending_command_text
-        state.persistent.pending_command_text = None
+        confirm = state.conversation.pending_command_text
+        state.conversation.pending_command_text = None
         if confirm and word in YES:
             return parse_command(confirm)
         return ParsedCommand("cancelled", "") if confirm else None
 
     def _cancel_confirmation(self, key: SessionKey) -> None:
         state = self.engine.registry.peek(key)
-        if state is not None and state.persistent.pending_command_text is not None:
-            state.persistent.pending_command_text = None
+        if state is not None and state.conversation.pending_command_text is not None:
+            state.conversation.pending_command_text = None
 
     async def start(self) -> int:
         """Announce this process to the store and adopt messages dead processes left.

@@ -123,10 +123,10 @@ _TABLE: Final = (
     ("_pending_turn_sidecar_notes", Scope.CONVERSATION, "sidecar_notes"),
     ("_session_ephemeral_pin", Scope.CONVERSATION, "ephemeral_pin"),
     ("_session_vc_last", Scope.CONVERSATION, "vc_last"),
-    ("_pending_approvals", Scope.PERSISTENT, "approvals"),
+    ("_pending_approvals", Scope.TURN, "approval_requests"),
     ("_update_prompt_pending", Scope.PERSISTENT, "update_prompt_pending"),
     ("_pending_native_image_paths_by_session", Scope.PERSISTENT, "native_image_paths"),
-    ("_pending_messages", Scope.PERSISTENT, "pending_command_text"),
+    ("_pending_messages", Scope.CONVERSATION, "pending_command_text"),
     ("_session_run_generation", Scope.PERSISTENT, "run_generation"),
 )
 

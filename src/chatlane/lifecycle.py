@@ -105,7 +105,6 @@ async def end_conversation(
     state.conversation.clear()
     state.conversation.queued_events = arrived_meanwhile  # came after the stop: they stay
     state.conversation.conversation_id = current.id
-    state.persistent.pending_command_text = None
     cleared = dict.fromkeys(CONVERSATION_OVERRIDES)
     await store.set_persistent(key, None, **cleared, **{CONVERSATION_ID: current.id})
     log.info(

@@ -1,11 +1,14 @@
-"""Running the server: configuration plus command-line overrides, adapters, uvicorn."""
+"""Running the server: configuration plus command-line overrides, secrets, adapters, uvicorn.
+
+Secrets are read once, by :func:`prepare` (:func:`~chatlane.secrets.resolve_secrets`),
+checked there, and handed to the hub, the agent and every adapter by :func:`serve`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-import os
 import resource
 import signal
 import socket
@@ -21,6 +24,7 @@ from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
+from chatlane.secrets import Secrets, resolve_secrets
 from chatlane.server import Hub, build_app, open_hub
 
 log = logging.getLogger("chatlane.server")
@@ -36,9 +40,38 @@ def configure(
     busy: str | None = None,
     keep_alive: int | None = None,
 ) -> Config:
-    """The configuration file and environment, then the command line on top; validated.
+    """The configuration file and environment, then the command line on top; validated,
+    with the secrets it needs present (see :func:`prepare`).
 
-    :raises ConfigError: for any bad value, naming it.
+    :raises ConfigError: for any bad value or missing secret, naming it.
+    """
+    config, _ = prepare(
+        config_path,
+        host=host,
+        port=port,
+        store=store,
+        agent=agent,
+        busy=busy,
+        keep_alive=keep_alive,
+    )
+    return config
+
+
+def prepare(
+    config_path: str | None,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    store: str | None = None,
+    agent: str | None = None,
+    busy: str | None = None,
+    keep_alive: int | None = None,
+) -> tuple[Config, Secrets]:
+    """What ``chatlane serve`` starts with: the validated configuration (as :func:`configure`)
+    and its secrets, read once and checked.
+
+    :raises ConfigError: for any bad value, a secret file that cannot be read or a
+        missing token, naming it.
     """
     config = load_config(config_path)
     _check_options(host=host, port=port, store=store, agent=agent, keep_alive=keep_alive)
@@ -62,14 +95,15 @@ def configure(
         agent=msgspec.structs.replace(config.agent, name=agent or config.agent.name),
     )
     check_config(config)
-    require_token(config)
-    if config.telegram.enabled and not config.telegram.token.read(os.environ):
+    secrets = resolve_secrets(config)
+    require_token(config, secrets)
+    if config.telegram.enabled and not secrets.telegram_token:
         raise ConfigError(
             "telegram is enabled but has no bot token: set TELEGRAM_BOT_TOKEN "
             "(or configuration key 'telegram.token.env' / 'telegram.token.file')"
         )
     build_scheduler(config)
-    return config
+    return config, secrets
 
 
 def _check_options(**options: str | int | None) -> None:
@@ -89,12 +123,12 @@ def _check_options(**options: str | int | None) -> None:
         raise ConfigError(f"--keep-alive {keep_alive}: expected a whole number of seconds > 0")
 
 
-def require_token(config: Config) -> None:
+def require_token(config: Config, secrets: Secrets) -> None:
     """A non-loopback address needs an access token; a wildcard one, the names it answers to.
 
     :raises ConfigError: if either is missing.
     """
-    if not config.server.is_loopback() and not config.server.token.read(os.environ):
+    if not config.server.is_loopback() and not secrets.access_token.value:
         raise ConfigError(
             f"configuration key 'server.host' = {config.server.host!r}: listening beyond this "
             "machine needs a token (set CHATLANE_TOKEN, or server.token.env / server.token.file)"
@@ -107,25 +141,31 @@ def require_token(config: Config) -> None:
         )
 
 
-def add_adapters(hub: Hub) -> None:
-    """The web chat and the API always; Telegram when enabled."""
+def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
+    """The web chat and the API always; Telegram when enabled. All share the hub's
+    access token; ``secrets`` (default: read now) gives them the rest."""
     from chatlane.adapters.api import ApiAdapter
     from chatlane.adapters.web import WebAdapter
 
-    hub.add(WebAdapter(hub.config, access=hub.access))
-    hub.add(ApiAdapter(hub.config, access=hub.access))
+    secrets = resolve_secrets(hub.config) if secrets is None else secrets
+    hub.add(WebAdapter(hub.config, access=hub.access, secrets=secrets))
+    hub.add(ApiAdapter(hub.config, access=hub.access, secrets=secrets))
     if hub.config.telegram.enabled:
         from chatlane.adapters.telegram import TelegramAdapter
 
-        hub.add(TelegramAdapter(hub.config))
+        hub.add(TelegramAdapter(hub.config, secrets=secrets))
 
 
-async def serve(config: Config) -> None:
-    """Run until SIGINT or SIGTERM; then shut down gracefully."""
+async def serve(config: Config, secrets: Secrets | None = None) -> None:
+    """Run until SIGINT or SIGTERM; then shut down gracefully.
+
+    :param secrets: as :func:`prepare` read them (default: read now).
+    """
+    secrets = resolve_secrets(config) if secrets is None else secrets
     scheduler = build_scheduler(config)
-    hub = await open_hub(config)
+    hub = await open_hub(config, secrets=secrets)
     hub.gateway.use_scheduler(scheduler)
-    add_adapters(hub)
+    add_adapters(hub, secrets)
     await AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub).serve()
     if hub.startup_error is not None:
         raise hub.startup_error

@@ -13,6 +13,9 @@ What stays true:
 * Every route answers only requests addressed to a name the operator allowed
   (``Host``), with or without a token; every route that checks the token asks
   the hub's one :class:`~chatlane.access.AccessToken`.
+* Secrets are read once, by :func:`~chatlane.secrets.resolve_secrets`, and
+  handed to the hub, the agent and the adapters; nothing here reads the
+  environment.
 * Shutdown (SIGINT, SIGTERM) stops accepting, fences running turns, releases
   their leases and closes the store: accepted messages stay in the durable
   queue for the next start.
@@ -22,9 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Protocol, runtime_checkable
 
 from starlette.applications import Starlette
@@ -42,6 +44,7 @@ from chatlane.identity import KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.metrics import Metrics
 from chatlane.runtime.outcomes import MessageOutcome
+from chatlane.secrets import Secrets, TokenSource, resolve_secrets
 from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound
 
@@ -100,20 +103,28 @@ def gateway_settings(config: Config) -> GatewaySettings:
 
 @dataclass
 class Hub:
-    """What adapters talk to: authorization, the gateway, and delivery by platform."""
+    """What adapters talk to: authorization, the gateway, and delivery by platform.
+
+    ``secrets`` gives the access token read at start; without it, the token is
+    read here from the configuration and the environment.
+    """
 
     config: Config
     store: Store
     agent: Agent
     adapters: dict[str, Adapter] = field(default_factory=dict)
+    secrets: InitVar[Secrets | None] = None
     gateway: Gateway = field(init=False)
     access: AccessToken = field(init=False)
-    """The access token every route checks, read once here (a reload swaps it everywhere)."""
+    """The access token every route checks, one for all (a reload swaps it everywhere)."""
     startup_error: ChatlaneError | None = None
     """Why the gateway or an adapter could not start (the server then stops at once)."""
 
-    def __post_init__(self) -> None:
-        self.access = AccessToken(self.config.server.token, os.environ)
+    def __post_init__(self, secrets: Secrets | None) -> None:
+        if secrets is None:
+            self.access = AccessToken(TokenSource.read(self.config.server.token))
+        else:
+            self.access = AccessToken(secrets.access_token)
         self.gateway = Gateway(
             self.agent,
             self.deliver,
@@ -163,14 +174,22 @@ class Hub:
         await adapter.deliver(outbound)
 
 
-async def open_hub(config: Config, store_url: str | None = None) -> Hub:
-    """Open the store and build the hub (adapters are added by the caller)."""
-    agent = load_agent(config)
+async def open_hub(
+    config: Config, store_url: str | None = None, *, secrets: Secrets | None = None
+) -> Hub:
+    """Open the store and build the hub (adapters are added by the caller).
+
+    :param secrets: read at start (default: :func:`~chatlane.secrets.resolve_secrets`
+        reads them now); the agent and the hub get theirs from it.
+    :raises ConfigError: for an agent that cannot be loaded or a secret file that cannot be read.
+    """
+    secrets = resolve_secrets(config) if secrets is None else secrets
+    agent = load_agent(config, secrets)
     store = await open_store(store_url or config.store.url)
     bind = getattr(agent, "bind", None)
     if callable(bind):
         bind(store)
-    return Hub(config, store, agent)
+    return Hub(config, store, agent, secrets=secrets)
 
 
 def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette:

@@ -46,7 +46,7 @@ async def _boundary(call: CommandCall, reason: EndReason) -> str:
     options = call.router.options
     if options.confirm_new and call.args.lower() != "confirm":
         state = await call.engine.session(call.session_key)
-        state.persistent.pending_command_text = f"/{reason.value} confirm"
+        state.conversation.pending_command_text = f"/{reason.value} confirm"
         return (
             f"Start a new conversation? The current one will be closed. "
             f"Reply yes (or /{reason.value} confirm) to go ahead; anything else cancels."

@@ -133,6 +133,8 @@ class TurnState:
     lease: Any = None
     busy_ack_ts: float = 0.0
     lease_tokens: dict[int, Any] = field(default_factory=dict)
+    approval_requests: dict[str, Any] = field(default_factory=dict)
+    """This turn's approval requests still waiting, by id: live futures, never stored."""
 
     @property
     def is_running(self) -> bool:
@@ -182,6 +184,8 @@ class ConversationState:
     """Commands approved with ``/approve session``: allowed until the conversation ends."""
     conversation_id: str = ""
     """The store's id of the conversation this scope belongs to, as last read ("" if none)."""
+    pending_command_text: str | None = None
+    """The command a plain "yes" confirms (``/new confirm``); any other message cancels it."""
 
     def clear(self) -> None:
         """Reset every field to its default, including fields added by a subclass."""
@@ -196,10 +200,8 @@ class PersistentState:
     raises :class:`ValueError`, so a generation is never handed out twice.
     """
 
-    approvals: Any = None
     update_prompt_pending: bool = False
     native_image_paths: list[str] = field(default_factory=list)
-    pending_command_text: str | None = None
     run_generation: int = 0
     hygiene_failure_streak: int = 0
     busy_policy: Any = None

@@ -525,16 +525,19 @@ async def local_gateway(store_url: str) -> AsyncIterator[tuple[str, str]]:
     """An in-process gateway (configured agent, API adapter) on a free loopback port.
 
     Yields its URL and access token; on exit it shuts down like ``chatlane serve``.
+    Its secrets are read once, here (:func:`~chatlane.secrets.resolve_secrets`).
 
-    :raises ChatlaneError: for a bad configuration or store, or a failed start.
+    :raises ChatlaneError: for a bad configuration, secret or store, or a failed start.
     """
     from chatlane.adapters.api import ApiAdapter
     from chatlane.config import load_config
+    from chatlane.secrets import resolve_secrets
     from chatlane.server import build_app, open_hub
 
     config = load_config()
-    hub = await open_hub(config, store_url)
-    hub.add(ApiAdapter(config))
+    secrets = resolve_secrets(config)
+    hub = await open_hub(config, store_url, secrets=secrets)
+    hub.add(ApiAdapter(config, access=hub.access, secrets=secrets))
     app = build_app(hub)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -542,7 +545,7 @@ async def local_gateway(store_url: str) -> AsyncIterator[tuple[str, str]]:
         task = asyncio.create_task(_serve(server, sock))
         try:
             await _started(server, task)
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}", config.server.token.read(os.environ)
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}", secrets.access_token.value
         finally:
             server.should_exit = True
             await task

@@ -26,6 +26,7 @@ from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
+from chatlane.secrets import Secrets
 from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
 from chatlane.types import Agent
@@ -488,7 +489,7 @@ async def test_a_steered_request_is_answered_by_a_later_turn(tmp_path: Path) -> 
 
 async def test_no_token_configured_means_no_auth(tmp_path: Path) -> None:
     config = Config(server=ServerConfig(token=Secret(env="CHATLANE_TEST_UNSET_TOKEN")))
-    async with serve(config, environ={}) as s:
+    async with serve(config, secrets=Secrets()) as s:
         async with httpx.AsyncClient() as http:
             response = await http.post(
                 f"{s.base_url}/chat/completions",
@@ -508,7 +509,7 @@ def no_token_config() -> Config:
     "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "application/jsonp"]
 )
 async def test_a_body_not_sent_as_json_is_415(tmp_path: Path, content_type: str | None) -> None:
-    async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
+    async with serve(no_token_config(), secrets=Secrets()) as s, httpx.AsyncClient() as http:
         before = await s.generation("alice")
         headers = {} if content_type is None else {"Content-Type": content_type}
         response = await http.post(
@@ -525,7 +526,7 @@ async def test_a_body_not_sent_as_json_is_415(tmp_path: Path, content_type: str 
     ["https://evil.example", "null", "http://localhost:{port}", "https://127.0.0.1:{port}"],
 )
 async def test_a_foreign_origin_is_403(tmp_path: Path, origin: str) -> None:
-    async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
+    async with serve(no_token_config(), secrets=Secrets()) as s, httpx.AsyncClient() as http:
         before = await s.generation("alice")
         headers = {"Content-Type": "application/json", "Origin": origin.format(port=s.port)}
         url = f"{s.base_url}/chat/completions"
@@ -539,7 +540,7 @@ async def test_a_foreign_origin_is_403(tmp_path: Path, origin: str) -> None:
 
 
 async def test_the_gateways_own_origin_and_a_json_charset_are_accepted(tmp_path: Path) -> None:
-    async with serve(no_token_config(), environ={}) as s, httpx.AsyncClient() as http:
+    async with serve(no_token_config(), secrets=Secrets()) as s, httpx.AsyncClient() as http:
         before = await s.generation("alice")
         headers = {
             "Content-Type": "Application/JSON; charset=utf-8",

@@ -35,6 +35,7 @@ from chatlane.config import Config, Secret, ServerConfig, StoreConfig
 from chatlane.identity import SessionSource
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
+from chatlane.secrets import TokenSource
 from chatlane.serve import uvicorn_config
 from chatlane.server import build_app, open_hub
 from chatlane.types import Outbound, OutboundKind, Target
@@ -495,7 +496,7 @@ async def test_a_sign_in_ends_at_its_expiry(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("s3cret")
     now = [1_000_000.0]
-    access = AccessToken(Secret(file=str(token_file)), {})
+    access = AccessToken(TokenSource.read(Secret(file=str(token_file))))
     ids = BrowserIds(b"a test secret of 32 bytes, fixed")
     page = WebPage(Gate(access, ttl=60, clock=lambda: now[0]), ids)
     app = Starlette(routes=list(page.routes()))

@@ -344,7 +344,7 @@ def test_request_options() -> None:
 
 
 def test_the_key_stays_out_of_repr(tmp_path: Path) -> None:
-    agent = OpenAIAgent(OpenAIConfig(api_key=Secret(env="K")), environ={"K": "sk-very-secret"})
+    agent = OpenAIAgent(OpenAIConfig(api_key=Secret(env="K")), api_key="sk-very-secret")
     assert "sk-very-secret" not in repr(agent)
     assert "sk-very-secret" not in repr(agent.config)
 

@@ -31,10 +31,9 @@ What stays true:
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -70,6 +69,7 @@ from chatlane.gateway import DispatchResult
 from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.outcomes import MessageOutcome
+from chatlane.secrets import Secrets, TokenSource, read_client_tokens
 from chatlane.types import InboundMessage, Outbound
 
 if TYPE_CHECKING:
@@ -91,8 +91,9 @@ class ApiAdapter:
     :param tick: how often a quiet request checks its ceiling and whether the
         gateway is closing (its answer itself arrives as its message's outcome).
     :param keepalive: seconds of silence after which a stream gets an SSE comment.
-    :param access: the token to check (the hub's, so a reload reaches this adapter);
-        default: read once from the configuration and ``environ``.
+    :param access: the token to check (the hub's, so a reload reaches this adapter).
+    :param secrets: read at start, for the token (without ``access``) and the
+        ``[api.clients]`` tokens; without them, both are read here (:mod:`chatlane.secrets`).
     """
 
     platform = "api"
@@ -104,12 +105,15 @@ class ApiAdapter:
         wait_timeout: float | None = None,
         tick: float = 0.2,
         keepalive: float = 15.0,
-        environ: Mapping[str, str] | None = None,
         access: AccessToken | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
-        environ = os.environ if environ is None else environ
-        self._access = access or AccessToken(config.server.token, environ)
-        self.clients = ApiClients.from_config(config, environ)
+        if access is None:
+            source = secrets.access_token if secrets else TokenSource.read(config.server.token)
+            access = AccessToken(source)
+        self._access = access
+        tokens = secrets.api_client_tokens if secrets else read_client_tokens(config)
+        self.clients = ApiClients.from_config(config, tokens)
         self._models = _model_names(config)
         self.wait_timeout = _default_ceiling(config) if wait_timeout is None else wait_timeout
         self.tick = tick

@@ -51,21 +51,22 @@ class ApiClients:
         self._by_digest = [(_digest(token), client) for token, client in tokens.items()]
 
     @classmethod
-    def from_config(cls, config: Config, environ: Mapping[str, str]) -> ApiClients:
-        """Read every client's token.
+    def from_config(cls, config: Config, tokens: Mapping[str, str]) -> ApiClients:
+        """Every configured client, with its token from ``tokens`` (by client name, read at
+        start: :attr:`~chatlane.secrets.Secrets.api_client_tokens`).
 
         :raises ConfigError: for a client whose token is empty, or two clients sharing one.
         """
-        tokens: dict[str, ApiClient] = {}
+        clients: dict[str, ApiClient] = {}
         for name, client in config.api.clients.items():
-            token = client.token.read(environ)
+            token = tokens.get(name, "")
             if not token:
                 raise ConfigError(f"configuration key 'api.clients.{name}.token': it is empty")
-            if token in tokens:
-                other = tokens[token].name
+            if token in clients:
+                other = clients[token].name
                 raise ConfigError(f"api clients {other!r} and {name!r} have the same token")
-            tokens[token] = ApiClient(name, client_prefix(name, client))
-        return cls(tokens)
+            clients[token] = ApiClient(name, client_prefix(name, client))
+        return cls(clients)
 
     @property
     def enabled(self) -> bool:

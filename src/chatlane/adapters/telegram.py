@@ -43,7 +43,6 @@ import asyncio
 import copy
 import json
 import logging
-import os
 import time
 import unicodedata
 import warnings
@@ -78,6 +77,7 @@ from chatlane.commands import parse_command
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import ChatType, SessionSource
+from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
 
 if TYPE_CHECKING:
@@ -124,6 +124,8 @@ class TelegramAdapter:
     """The Telegram bot: receives by long polling, sends with ``sendMessage``.
 
     :param config: the gateway configuration (``telegram.token``, ``telegram.api_url``).
+    :param secrets: read at start, for the bot token; without them, :meth:`start`
+        reads ``telegram.token`` (:func:`~chatlane.secrets.read_secret`).
     :param poll_timeout: how long one ``getUpdates`` request waits for updates (seconds).
     :param poll_interval: pause between ``getUpdates`` requests (seconds).
     :param clock: monotonic seconds, for the pace of refusals in private chats.
@@ -135,11 +137,13 @@ class TelegramAdapter:
         self,
         config: Config,
         *,
+        secrets: Secrets | None = None,
         poll_timeout: float = 30.0,
         poll_interval: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
+        self._token = None if secrets is None else secrets.telegram_token
         self._clock = clock
         self._refused_at: dict[str, float] = {}
         """Stranger's user id → when a private chat last told them they are refused."""
@@ -162,7 +166,7 @@ class TelegramAdapter:
         """
         if self._app is not None:
             raise ChatlaneError("the Telegram adapter is already running")
-        token = self._config.telegram.token.read(os.environ)
+        token = read_secret(self._config.telegram.token) if self._token is None else self._token
         if not token:
             raise ConfigError(
                 "telegram is enabled but has no bot token: set TELEGRAM_BOT_TOKEN "

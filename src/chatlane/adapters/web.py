@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -57,6 +56,7 @@ from chatlane.adapters.web_wire import (
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError, StoreError
 from chatlane.identity import ChatType, SessionSource
+from chatlane.secrets import Secrets, TokenSource
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 
 if TYPE_CHECKING:
@@ -138,13 +138,25 @@ class WebAdapter:
     platform = "web"
 
     def __init__(
-        self, config: Config, *, ids: BrowserIds | None = None, access: AccessToken | None = None
+        self,
+        config: Config,
+        *,
+        ids: BrowserIds | None = None,
+        access: AccessToken | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
-        """``access``: the hub's token, so a reload reaches the web chat (default: read here)."""
+        """``access``: the hub's token, so a reload reaches the web chat; ``secrets``: read
+        at start, for the token (without ``access``) and ``web.id_secret`` (without ``ids``).
+        Without them, what is needed is read here (:mod:`chatlane.secrets`).
+        """
         self.config = config
-        access = access or AccessToken(config.server.token, os.environ)
+        if access is None:
+            source = secrets.access_token if secrets else TokenSource.read(config.server.token)
+            access = AccessToken(source)
         self.gate = Gate(access, ttl=config.server.sign_in_ttl)
-        self.ids = ids if ids is not None else BrowserIds(id_secret(config))
+        if ids is None:
+            ids = BrowserIds(id_secret(config, secrets.web_id_secret if secrets else None))
+        self.ids = ids
         self.page = WebPage(self.gate, self.ids)
         self._hub: Hub | None = None
         self._chats: dict[str, WebChat] = {}

@@ -31,6 +31,7 @@ from starlette.requests import HTTPConnection
 
 from chatlane.config import Config
 from chatlane.errors import ConfigError
+from chatlane.secrets import read_secret
 
 log = logging.getLogger("chatlane.adapters.web")
 
@@ -87,12 +88,15 @@ def _identity_cookie(header: str) -> str | None:
     return found
 
 
-def id_secret(config: Config) -> bytes:
+def id_secret(config: Config, configured: str | None = None) -> bytes:
     """The secret browser ids are signed with, for ``config`` (see the module docstring).
 
+    :param configured: ``web.id_secret`` as read at start (``""``: not configured);
+        default: read now (:func:`~chatlane.secrets.read_secret`).
     :raises ConfigError: if the configured secret or the secret file cannot be read.
     """
-    configured = config.web.id_secret.read(os.environ)
+    if configured is None:
+        configured = read_secret(config.web.id_secret)
     if configured:
         return configured.encode()
     path = secret_path(config.store.url)

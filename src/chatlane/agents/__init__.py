@@ -11,11 +11,15 @@ from collections.abc import Iterator
 
 from chatlane.config import Config
 from chatlane.errors import ConfigError
+from chatlane.secrets import Secrets
 from chatlane.types import Agent
 
 
-def load_agent(config: Config) -> Agent:
+def load_agent(config: Config, secrets: Secrets | None = None) -> Agent:
     """The agent ``config.agent.name`` names.
+
+    ``secrets`` gives the ``openai`` agent its key, read at start; without it,
+    the agent reads its key itself.
 
     :raises ConfigError: for an unknown name or an attribute that cannot be imported.
     """
@@ -27,7 +31,8 @@ def load_agent(config: Config) -> Agent:
     if name == "openai":
         from chatlane.agents.openai_agent import OpenAIAgent
 
-        return OpenAIAgent(config.agent.openai)
+        api_key = None if secrets is None else secrets.openai_api_key
+        return OpenAIAgent(config.agent.openai, api_key=api_key)
     if name.startswith("python:"):
         return _import_agent(name.removeprefix("python:"))
     raise ConfigError(

@@ -34,8 +34,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
 
 from openai import AsyncOpenAI, OpenAIError
@@ -48,6 +47,7 @@ from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
 from chatlane.redaction import redact_client_logs
 from chatlane.runtime.turn import Turn, TurnOverrides
+from chatlane.secrets import read_secret
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import TranscriptEntry
 from chatlane.types import ModelChoice, SessionKey
@@ -87,7 +87,8 @@ class OpenAIAgent:
     :param config: endpoint, default model, API key source and history length.
     :param store: where history is read; may be given later with :meth:`bind`.
         Without one, each turn sends only its own input.
-    :param environ: where the API key's environment variable is read (default ``os.environ``).
+    :param api_key: the key, read at start (:func:`~chatlane.secrets.resolve_secrets`);
+        default: read now from ``config.api_key`` (:func:`~chatlane.secrets.read_secret`).
     :param resolve: how chat-chosen endpoints' host names are resolved (the system's by default).
     :raises EndpointRefused: for an entry of ``config.allowed_base_urls`` that is not a plain URL.
     """
@@ -99,13 +100,13 @@ class OpenAIAgent:
         config: OpenAIConfig,
         store: TranscriptSource | None = None,
         *,
-        environ: Mapping[str, str] | None = None,
+        api_key: str | None = None,
         resolve: Resolver = system_resolver,
     ) -> None:
         self.config = config
         self.endpoints = EndpointPolicy.of(config.base_url, config.allowed_base_urls, resolve)
         """Which endpoints a chat may choose; the ``/model`` command applies it too."""
-        self._api_key = config.api_key.read(os.environ if environ is None else environ)
+        self._api_key = read_secret(config.api_key) if api_key is None else api_key
         self._store = store
         self._clients = ClientCache(self._client, CLIENT_CACHE_SIZE)
         redact_client_logs()

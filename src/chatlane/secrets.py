@@ -1,0 +1,103 @@
+"""Secrets: read once at start, from the files and variables the configuration names.
+
+What stays true:
+
+* This is the one module that reads a secret's value (:func:`read_secret`);
+  no other reads the environment for one (``config.py`` decodes only the
+  ``CHATLANE_<SECTION>__<KEY>`` overrides). ``chatlane serve`` and the local
+  gateway of ``chatlane chat`` call :func:`resolve_secrets` once at start and
+  hand the :class:`Secrets` to the hub, the adapters and the agent; a piece
+  built without them reads the one value it needs here.
+* Values live in memory only: kept out of ``repr``, never logged, never
+  written to the store.
+* Only the access token is read again, and only on an explicit reload
+  (:meth:`TokenSource.reread`): a token file rotated in place is picked up; a
+  token from an environment variable keeps the value read at start (a running
+  process's environment does not change).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from chatlane.config import Config, Secret
+
+
+def read_secret(secret: Secret, environ: Mapping[str, str] | None = None) -> str:
+    """``secret``'s value: its file, else its variable in ``environ`` (default ``os.environ``).
+
+    :returns: ``""`` if nothing is configured or the variable is unset.
+    :raises ConfigError: if the file cannot be read.
+    """
+    return secret.read(os.environ if environ is None else environ)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSource:
+    """The access token as read at start, and where a reload reads it again."""
+
+    secret: Secret = field(default_factory=Secret)
+    value: str = field(default="", repr=False)
+
+    @classmethod
+    def read(cls, secret: Secret, environ: Mapping[str, str] | None = None) -> TokenSource:
+        """Read ``secret`` now (see :func:`read_secret`).
+
+        :raises ConfigError: if its file cannot be read.
+        """
+        return cls(secret, read_secret(secret, environ))
+
+    def reread(self) -> str:
+        """The token now: its file read again, else the value read at start.
+
+        :raises ConfigError: if the file cannot be read.
+        """
+        return read_secret(self.secret, {}) if self.secret.file else self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Secrets:
+    """Every secret a gateway uses, read once; ``Secrets()`` holds none."""
+
+    access_token: TokenSource = TokenSource()
+    telegram_token: str = field(default="", repr=False)
+    openai_api_key: str = field(default="", repr=False)
+    web_id_secret: str = field(default="", repr=False)
+    """``web.id_secret``; ``""``: not configured (:func:`~chatlane.adapters.web_ids.id_secret`)."""
+    api_client_tokens: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}), repr=False
+    )
+    """Each ``[api.clients]`` client's token, by client name."""
+
+
+def read_client_tokens(
+    config: Config, environ: Mapping[str, str] | None = None
+) -> Mapping[str, str]:
+    """Each ``[api.clients]`` client's token, by client name (see :func:`read_secret`).
+
+    :raises ConfigError: if a token file cannot be read.
+    """
+    tokens = {name: read_secret(c.token, environ) for name, c in config.api.clients.items()}
+    return MappingProxyType(tokens)
+
+
+def resolve_secrets(config: Config, environ: Mapping[str, str] | None = None) -> Secrets:
+    """Read the secrets ``config`` uses, once: the access token, every API client's token,
+    ``web.id_secret``; the Telegram token when Telegram is enabled; the OpenAI key when
+    the agent is ``openai``. Variables are looked up in ``environ`` (default ``os.environ``).
+
+    :raises ConfigError: if a secret file cannot be read.
+    """
+    environ = os.environ if environ is None else environ
+    telegram = read_secret(config.telegram.token, environ) if config.telegram.enabled else ""
+    openai = config.agent.name == "openai"
+    return Secrets(
+        access_token=TokenSource.read(config.server.token, environ),
+        telegram_token=telegram,
+        openai_api_key=read_secret(config.agent.openai.api_key, environ) if openai else "",
+        web_id_secret=read_secret(config.web.id_secret, environ),
+        api_client_tokens=read_client_tokens(config, environ),
+    )

@@ -1,0 +1,139 @@
+"""Secrets: read once, in one module, from what the configuration names; never shown."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import chatlane
+from chatlane.access import AccessToken
+from chatlane.config import (
+    AgentConfig,
+    ApiClientConfig,
+    ApiConfig,
+    Config,
+    OpenAIConfig,
+    ServerConfig,
+    TelegramConfig,
+    WebConfig,
+)
+from chatlane.config import Secret as Named
+from chatlane.errors import ConfigError
+from chatlane.secrets import Secrets, TokenSource, read_secret, resolve_secrets
+
+PACKAGE = Path(chatlane.__file__).parent
+MAY_READ_THE_ENVIRONMENT = {
+    "config.py": "decodes the CHATLANE_<SECTION>__<KEY> overrides",
+    "context.py": "the context layer's documented legacy fallback",
+    "secrets.py": "the one place secrets are read",
+    "testing_redis.py": "REDIS_URL, for tests",
+}
+ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb"}
+
+
+def names_in(node: ast.AST) -> set[str]:
+    """The names ``node`` uses, binds or imports (``os.environ``: ``environ``)."""
+    if isinstance(node, ast.Attribute):
+        return {node.attr}
+    if isinstance(node, ast.Name):
+        return {node.id}
+    if isinstance(node, ast.arg):
+        return {node.arg}
+    if isinstance(node, ast.ImportFrom) and node.module == "os":
+        return {alias.name for alias in node.names}
+    return set()
+
+
+def environment_reads(tree: ast.AST) -> list[int]:
+    """Lines that touch the environment: ``os.environ``, ``getenv``, a name ``environ``."""
+    located = (n for n in ast.walk(tree) if isinstance(n, ast.expr | ast.stmt | ast.arg))
+    return [node.lineno for node in located if names_in(node) & ENVIRONMENT_NAMES]
+
+
+def test_no_module_reads_the_environment_on_its_own() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative in MAY_READ_THE_ENVIRONMENT:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found += [f"{relative}:{line}" for line in environment_reads(tree)]
+    assert found == [], "read secrets through chatlane.secrets, configuration through config"
+
+
+def test_the_check_sees_every_way_in() -> None:
+    source = (
+        "import os\nfrom os import environ\nos.environ['X']\nos.getenv('X')\ndef f(environ): ...\n"
+    )
+    assert sorted(environment_reads(ast.parse(source))) == [2, 3, 4, 5]
+
+
+def test_resolve_reads_what_the_configuration_uses(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("t0ken\n")
+    config = Config(
+        server=ServerConfig(token=Named(file=str(token_file))),
+        agent=AgentConfig(name="openai", openai=OpenAIConfig(api_key=Named(env="KEY"))),
+        telegram=TelegramConfig(enabled=True, token=Named(env="BOT")),
+        web=WebConfig(id_secret=Named(env="WEB")),
+        api=ApiConfig(clients={"alice": ApiClientConfig(token=Named(env="ALICE"))}),
+    )
+    environ = {"KEY": "sk-1", "BOT": "1:x", "WEB": "w" * 16, "ALICE": "a-token"}
+    secrets = resolve_secrets(config, environ)
+    assert secrets.access_token.value == "t0ken"
+    assert (secrets.openai_api_key, secrets.telegram_token) == ("sk-1", "1:x")
+    assert secrets.web_id_secret == "w" * 16
+    assert dict(secrets.api_client_tokens) == {"alice": "a-token"}
+
+
+def test_secrets_of_unused_features_are_not_read(tmp_path: Path) -> None:
+    missing = Named(file=str(tmp_path / "missing"))
+    config = Config(
+        agent=AgentConfig(name="demo", openai=OpenAIConfig(api_key=missing)),
+        telegram=TelegramConfig(enabled=False, token=missing),
+    )
+    secrets = resolve_secrets(config, {})
+    assert (secrets.openai_api_key, secrets.telegram_token) == ("", "")
+    with pytest.raises(ConfigError, match="secret file"):
+        resolve_secrets(Config(server=ServerConfig(token=missing)), {})
+
+
+def test_no_value_is_ever_shown() -> None:
+    config = Config(
+        agent=AgentConfig(name="openai"),
+        telegram=TelegramConfig(enabled=True),
+        web=WebConfig(id_secret=Named(env="WEB")),
+        api=ApiConfig(clients={"alice": ApiClientConfig(token=Named(env="ALICE"))}),
+    )
+    values = {
+        "CHATLANE_TOKEN": "value-token",
+        "OPENAI_API_KEY": "value-key",
+        "TELEGRAM_BOT_TOKEN": "value-bot",
+        "WEB": "value-web-id-secret",
+        "ALICE": "value-alice",
+    }
+    shown = repr(resolve_secrets(config, values))
+    assert "value-" not in shown
+    assert "CHATLANE_TOKEN" in shown  # where it comes from may be shown
+
+
+def test_a_reload_rereads_a_file_and_keeps_a_variables_value(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("first")
+    from_file = TokenSource.read(Named(file=str(token_file)))
+    token_file.write_text("second")
+    assert (from_file.value, from_file.reread()) == ("first", "second")
+    from_variable = TokenSource.read(Named(env="T"), {"T": "kept"})
+    assert from_variable.reread() == "kept"
+    access = AccessToken(from_file)
+    assert access.matches(b"first")
+    access.reload()
+    assert access.matches(b"second")
+    assert not access.matches(b"first")
+
+
+def test_nothing_configured_is_no_secret() -> None:
+    assert read_secret(Named(), {"CHATLANE_TOKEN": "x"}) == ""
+    assert not AccessToken(Secrets().access_token).required
