@@ -207,7 +207,7 @@ class TurnEngine:
         self.outcomes.open(key, message)
         state = self.registry.get(key)
         if not state.turn.is_running:
-            self._start(state, (message,), (seq,)).refusable = True
+            self._start(state, (message,), (seq,), refusable=True)
             return None
         return await self.busy.arrive(state, message, seq)
 
@@ -282,16 +282,25 @@ class TurnEngine:
         messages: tuple[InboundMessage, ...],
         seqs: tuple[int, ...],
         reruns: int = 0,
+        *,
+        refusable: bool = False,
     ) -> Turn:
-        turn = Turn(state, messages, seqs, TurnOverrides.of(state))
-        turn.approvals = self.approvals
-        turn.reruns = reruns
+        overrides = TurnOverrides.of(state)
+        turn = Turn(
+            state,
+            messages,
+            seqs,
+            overrides,
+            reruns=reruns,
+            refusable=refusable,
+            approvals=self.approvals,
+        )
         slot = state.turn
         slot.agent, slot.event, slot.ctx = AGENT_PENDING, messages[0], turn
         slot.started_ts = time.time()
         self._turns.add(turn)
         context = bound_context(turn.source, turn.session_key)
-        turn.task = asyncio.create_task(self._drive(state, turn), context=context)
+        turn.attach(asyncio.create_task(self._drive(state, turn), context=context))
         return turn
 
     async def _drive(self, state: SessionState, turn: Turn) -> None:
@@ -386,7 +395,7 @@ class TurnEngine:
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):
             self.approvals.end_conversation(state)
-        turn.overrides = turn.overrides.rebased(before, TurnOverrides.of(state))
+        turn.rebase_overrides(before, TurnOverrides.of(state))
 
     def _still_wanted(self, state: SessionState, turn: Turn) -> bool:
         if self._closed or turn.interrupted.is_set():
@@ -419,7 +428,7 @@ class TurnEngine:
     def _end(self, state: SessionState, turn: Turn) -> None:
         """The engine is done with ``turn``: it holds no slot and can ask nothing any more."""
         self._turns.discard(turn)
-        turn.finished = True
+        turn.mark_finished()
         if turn.lease is not None:
             self.approvals.end_turn(state, turn.generation)
 
@@ -576,7 +585,7 @@ class TurnEngine:
         tokens = self.registry.get(turn.session_key).turn.lease_tokens
         if turn.generation in tokens:
             tokens[turn.generation] = lease
-            turn.lease = lease
+            turn.renewed(lease)
 
     async def _lost(self, turn: Turn, why: str, fenced: bool) -> None:
         """``turn``'s lease is gone: fence it, as interrupted if another process said so."""
