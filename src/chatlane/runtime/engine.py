@@ -63,7 +63,7 @@ from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
 from chatlane.runtime.watch import settle_watched
-from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
+from chatlane.state import SessionRegistry, SessionState, SlotPhase
 from chatlane.stores.base import Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
 from chatlane.stores.memory import MemoryStore
@@ -295,9 +295,7 @@ class TurnEngine:
             refusable=refusable,
             approvals=self.approvals,
         )
-        slot = state.turn
-        slot.agent, slot.event, slot.ctx = AGENT_PENDING, messages[0], turn
-        slot.started_ts = time.time()
+        state.turn.claim(turn, time.time())
         self._turns.add(turn)
         context = bound_context(turn.source, turn.session_key)
         turn.attach(asyncio.create_task(self._drive(state, turn), context=context))
@@ -306,7 +304,7 @@ class TurnEngine:
     async def _drive(self, state: SessionState, turn: Turn) -> None:
         try:
             if await self._take_lease(state, turn):
-                state.turn.agent = turn
+                state.turn.run(turn)
                 text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)
         except BaseException as error:
@@ -416,7 +414,7 @@ class TurnEngine:
             settle_once(state, turn)
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
-        if state.turn.ctx is not turn:
+        if not state.turn.holds(turn):
             if not state.turn.is_running:
                 self._promote(state)  # an evicted turn's untaken steers still run
             return
@@ -439,7 +437,7 @@ class TurnEngine:
             return
         delay = queue[0].delay()
         if delay > 0:
-            state.turn.agent, state.turn.started_ts = AGENT_PENDING, time.time()
+            state.turn.collect(time.time())
             self._collecting.add(state.key)
             self._call_later(delay, self._promote_after_debounce, state)
             return
@@ -448,7 +446,7 @@ class TurnEngine:
 
     def _promote_after_debounce(self, state: SessionState) -> None:
         self._collecting.discard(state.key)
-        if state.turn.ctx is None and state.turn.agent is AGENT_PENDING:
+        if state.turn.phase is SlotPhase.COLLECTING:
             state.turn.clear()
             self._promote(state)
 
@@ -554,7 +552,7 @@ class TurnEngine:
         if not fenced_here:
             state.persistent.bump_generation()
             await self.store.bump_generation(key)
-            if state.turn.agent is AGENT_PENDING and state.turn.ctx is None:
+            if state.turn.phase is SlotPhase.COLLECTING:
                 state.turn.clear()
                 self._collecting.discard(key)
         stopped = turn is not None and turn.lease is not None
@@ -611,7 +609,7 @@ class TurnEngine:
 
     async def _evict(self, turn: Turn) -> None:
         state = self.registry.get(turn.session_key)
-        if state.turn.ctx is not turn:
+        if not state.turn.holds(turn):
             return
         self._supersede(state, turn, TurnEnd.EVICTED)
         settle_once(state, turn)

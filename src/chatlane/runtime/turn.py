@@ -389,5 +389,4 @@ class Turn:
 
 def running_turn_of(state: SessionState) -> Turn | None:
     """The turn that holds ``state``'s slot, if any (``None`` while idle or between turns)."""
-    turn = state.turn.ctx
-    return turn if isinstance(turn, Turn) else None
+    return state.turn.current
