@@ -392,7 +392,7 @@ async def test_a_turn_whose_lease_ran_out_here_is_denied_without_a_prompt() -> N
             return "ran again"  # the stale run's messages run again, under a new lease
         assert turn.lease is not None
         expired = msgspec.structs.replace(turn.lease, expires_at=time.time() - 1)
-        turn.lease = expired  # as a process paused past its lease finds it
+        turn.renewed(expired)  # as a process paused past its lease finds it
         decisions.append(await turn.request_approval("rm -rf /important"))
         return "asked"
 

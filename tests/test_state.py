@@ -20,6 +20,7 @@ from chatlane.state import (
     Scope,
     SessionRegistry,
     SessionState,
+    SlotPhase,
     TurnState,
     default_value,
     reset_field,
@@ -52,7 +53,8 @@ class FakeClock:
 
 
 def dirty_turn(turn: TurnState) -> None:
-    turn.agent, turn.event, turn.ctx, turn.lease = "agent", "event", "ctx", "lease"
+    turn.agent, turn.lease = "agent", "lease"
+    turn.approval_requests["a1"] = "request"
     turn.started_ts = turn.busy_ack_ts = 5.0
     turn.store_lease_token(1, "token-1")
 
@@ -81,9 +83,48 @@ class TestTurnState:
         assert turn.busy_ack_ts == 0.0
         assert not turn.is_running
 
-    @pytest.mark.parametrize(("agent", "started"), [(AGENT_PENDING, 0.0), (None, 3.0)])
-    def test_running_while_pending_or_started(self, agent: Any, started: float) -> None:
-        assert TurnState(agent=agent, started_ts=started).is_running
+    @pytest.mark.parametrize(
+        ("phase", "started"),
+        [
+            (SlotPhase.CLAIMED, 0.0),
+            (SlotPhase.COLLECTING, 0.0),
+            (SlotPhase.RUNNING, 0.0),
+            (SlotPhase.IDLE, 3.0),
+        ],
+    )
+    def test_running_while_claimed_collecting_running_or_started(
+        self, phase: SlotPhase, started: float
+    ) -> None:
+        assert TurnState(phase=phase, started_ts=started).is_running
+
+    def test_the_slot_moves_claimed_running_idle(self) -> None:
+        slot, turn, other = TurnState(), object(), object()
+        slot.claim(turn, 5.0)  # type: ignore[arg-type]
+        assert (slot.phase, slot.agent, slot.started_ts) == (SlotPhase.CLAIMED, AGENT_PENDING, 5.0)
+        assert slot.holds(turn)
+        assert not slot.holds(other)
+        assert not slot.holds(None)
+        slot.run(other)  # type: ignore[arg-type]
+        assert slot.phase is SlotPhase.CLAIMED  # only the claiming turn runs
+        slot.run(turn)  # type: ignore[arg-type]
+        assert (slot.phase, slot.agent) == (SlotPhase.RUNNING, turn)
+        slot.clear()
+        assert (slot.phase, slot.current, slot.agent) == (SlotPhase.IDLE, None, None)
+        slot.collect(6.0)
+        assert (slot.phase, slot.agent, slot.is_running) == (
+            SlotPhase.COLLECTING,
+            AGENT_PENDING,
+            True,
+        )
+
+    def test_the_legacy_agent_name_moves_the_slot_too(self) -> None:
+        slot = TurnState()
+        slot.agent = AGENT_PENDING
+        assert slot.phase is SlotPhase.CLAIMED
+        slot.agent = "an agent of the old runner"
+        assert (slot.phase, slot.agent) == (SlotPhase.RUNNING, "an agent of the old runner")
+        slot.agent = None
+        assert (slot.phase, slot.agent, slot.legacy_agent) == (SlotPhase.IDLE, None, None)
 
     def test_clear_resets_every_field_but_lease_tokens(self) -> None:
         turn = TurnState()
@@ -248,7 +289,7 @@ class TestResetScope:
 class TestSessionState:
     def test_busy_while_running_or_holding_a_lease(self) -> None:
         assert not SessionState("k").is_busy
-        assert SessionState("k", turn=TurnState(agent=AGENT_PENDING)).is_busy
+        assert SessionState("k", turn=TurnState(phase=SlotPhase.CLAIMED)).is_busy
         assert SessionState("k", turn=TurnState(lease="l")).is_busy
         assert SessionState("k", turn=TurnState(lease_tokens={1: "t"})).is_busy
 

@@ -29,7 +29,7 @@ from starlette.routing import BaseRoute, Route
 from chatlane import admin_cron
 from chatlane.errors import StoreError
 from chatlane.runtime import pending
-from chatlane.state import AGENT_PENDING, SessionState
+from chatlane.state import SessionState, SlotPhase
 from chatlane.stores.base import FailedRecord
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def _activity(state: SessionState, hub: Hub) -> str:
     turn = hub.gateway.engine.running_turn(state.key)
     if turn is not None:
         return "running"
-    return "collecting" if state.turn.agent is AGENT_PENDING else "idle"
+    return "collecting" if state.turn.phase is SlotPhase.COLLECTING else "idle"
 
 
 def session_summary(state: SessionState, hub: Hub) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy, ack_text
-from chatlane.state import AGENT_PENDING
+from chatlane.state import SlotPhase
 from chatlane.stores.fields import BUSY_POLICY
 from chatlane.types import InboundMessage, SessionKey
 
@@ -214,7 +214,7 @@ async def _status(call: CommandCall) -> str:
     turn = engine.running_turn(key)
     if turn is not None:
         activity = f"running for {time.monotonic() - turn.started_at:.1f}s"
-    elif state.turn.agent is AGENT_PENDING:
+    elif state.turn.phase is SlotPhase.COLLECTING:
         activity = "collecting messages for the next turn"
     else:
         activity = "idle"

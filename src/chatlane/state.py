@@ -21,9 +21,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from chatlane.errors import ConfigError, LeaseError
+
+if TYPE_CHECKING:
+    from chatlane.runtime.turn import Turn
 
 __all__ = [
     "AGENT_PENDING",
@@ -34,6 +37,7 @@ __all__ = [
     "Scope",
     "SessionRegistry",
     "SessionState",
+    "SlotPhase",
     "TurnState",
     "default_value",
     "reset_field",
@@ -54,6 +58,7 @@ class ServiceTierUnset(enum.Enum):
 
 
 AGENT_PENDING: Final = AgentPending.AGENT_PENDING
+"""What the legacy ``agent`` projection shows while a turn is claimed or collecting."""
 SERVICE_TIER_UNSET: Final = ServiceTierUnset.SERVICE_TIER_UNSET
 
 ServiceTier = str | None | Literal[ServiceTierUnset.SERVICE_TIER_UNSET]
@@ -71,11 +76,16 @@ def _field_default(f: Field[Any]) -> Any:
 def default_value(scope: object, name: str) -> Any:
     """A fresh default for field ``name`` of a scope instance or class.
 
+    A projected field (:attr:`TurnState.agent`) has the default its legacy dict had.
+
     :raises AttributeError: if the scope has no field ``name``.
     """
     for f in fields(scope):  # type: ignore[arg-type]
         if f.name == name:
             return _field_default(f)
+    projected: dict[str, Any] = getattr(scope, "PROJECTED_DEFAULTS", {})
+    if name in projected:
+        return projected[name]
     raise AttributeError(f"{type(scope).__name__} has no state field {name!r}")
 
 
@@ -115,31 +125,93 @@ def _reset_fields(scope: object, keep: frozenset[str] = frozenset()) -> None:
 _KEEP_LEASE_TOKENS: Final = frozenset({"lease_tokens"})
 
 
+class SlotPhase(enum.Enum):
+    """Where a session's turn slot is; a slot moves idle → claimed → running → idle.
+
+    ``collecting`` is the wait before a ``collect`` follow-up claims it.
+    """
+
+    IDLE = "idle"
+    """No turn: a message for the session starts one at once."""
+    COLLECTING = "collecting"
+    """Waiting out a collect debounce; the next turn claims the slot after it."""
+    CLAIMED = "claimed"
+    """A turn holds the slot and waits for its lease."""
+    RUNNING = "running"
+    """The turn's agent runs under its lease."""
+
+
 @dataclass(slots=True)
 class TurnState:
-    """What one running turn holds; :meth:`clear` runs at the end of every turn.
+    """One session's turn slot and what its turn holds; :meth:`clear` runs after every turn.
 
-    ``agent`` is ``None`` when idle and :data:`AGENT_PENDING` while an agent
-    starts. ``started_ts`` and ``busy_ack_ts`` are ``0.0`` when unset.
+    The slot is a small state machine (:class:`SlotPhase`) moved only by
+    :meth:`claim`, :meth:`run`, :meth:`collect` and :meth:`clear`; ``current``
+    is the claimed or running :class:`~chatlane.runtime.turn.Turn`.
+    ``started_ts`` and ``busy_ack_ts`` are ``0.0`` when unset.
     ``lease_tokens`` maps the generation that acquired a token to the token; it
     survives :meth:`clear`, because a displaced turn's unwind must free only
     its own token, never its successor's.
+
+    ``agent`` is the old dict-per-field name, projected from the slot for
+    the legacy views (:mod:`chatlane.legacy`): ``None`` while idle,
+    :data:`AGENT_PENDING` while claimed or collecting, the running agent
+    (or turn) while running; assigning it moves the slot the same way.
     """
 
-    agent: Any = None
-    event: Any = None
-    ctx: Any = None
+    PROJECTED_DEFAULTS: ClassVar[dict[str, Any]] = {"agent": None}
+
+    phase: SlotPhase = SlotPhase.IDLE
+    current: Turn | None = None
     started_ts: float = 0.0
     lease: Any = None
+    """A lease a legacy runner holds (the engine keeps its own in ``lease_tokens``)."""
     busy_ack_ts: float = 0.0
     lease_tokens: dict[int, Any] = field(default_factory=dict)
     approval_requests: dict[str, Any] = field(default_factory=dict)
     """This turn's approval requests still waiting, by id: live futures, never stored."""
+    legacy_agent: Any = None
+    """What a legacy runner assigned to ``agent`` while running (not a chatlane turn)."""
 
     @property
     def is_running(self) -> bool:
         """A turn has claimed the session (its agent may still be starting)."""
-        return self.agent is not None or self.started_ts != 0.0
+        return self.phase is not SlotPhase.IDLE or self.started_ts != 0.0
+
+    def claim(self, turn: Turn, now: float) -> None:
+        """``turn`` takes the slot (idle or collecting) and waits for its lease."""
+        self.phase, self.current, self.started_ts = SlotPhase.CLAIMED, turn, now
+
+    def run(self, turn: Turn) -> None:
+        """``turn``, which claimed the slot, took its lease: its agent runs."""
+        if self.current is turn:
+            self.phase = SlotPhase.RUNNING
+
+    def collect(self, now: float) -> None:
+        """Hold the slot empty while a collect debounce runs out."""
+        self.phase, self.current, self.started_ts = SlotPhase.COLLECTING, None, now
+
+    def holds(self, turn: object) -> bool:
+        """Whether ``turn`` is the slot's current turn."""
+        return self.current is turn and turn is not None
+
+    @property
+    def agent(self) -> Any:
+        """The legacy projection of the slot (see the class docstring)."""
+        if self.phase is SlotPhase.RUNNING:
+            return self.current if self.current is not None else self.legacy_agent
+        if self.phase is SlotPhase.IDLE:
+            return None
+        return AGENT_PENDING
+
+    @agent.setter
+    def agent(self, value: Any) -> None:
+        if value is None:
+            self.phase, self.current, self.legacy_agent = SlotPhase.IDLE, None, None
+        elif value is AGENT_PENDING:
+            self.phase = SlotPhase.CLAIMED
+        else:
+            self.phase, self.legacy_agent = SlotPhase.RUNNING, value
 
     def clear(self) -> None:
         """Reset every field, including subclass fields, except ``lease_tokens``."""

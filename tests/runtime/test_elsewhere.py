@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from chatlane.identity import SessionSource
@@ -22,8 +23,8 @@ SOURCE = SessionSource("test", chat_id="c", user_id="u")
 
 async def waiting_turn(*, fresh: bool = True, internal: bool = False) -> tuple[SessionState, Turn]:
     state = SessionState("main:test:dm:c")
-    turn = Turn(state, (InboundMessage(SOURCE, "hi", internal=internal),), (1,), TurnOverrides())
-    turn.refusable = fresh
+    message = InboundMessage(SOURCE, "hi", internal=internal)
+    turn = Turn(state, (message,), (1,), TurnOverrides(), refusable=fresh)
     return state, turn
 
 
@@ -71,5 +72,6 @@ async def test_an_interrupt_names_the_running_generation_and_fences_it() -> None
     _, turn = await waiting_turn()
     turn.bind_lease(lease)
     assert await was_interrupted_elsewhere(store, turn)
-    turn.generation += 1  # a later turn of the session was not the one interrupted
-    assert not await was_interrupted_elsewhere(store, turn)
+    _, later = await waiting_turn()  # a later turn of the session was not the one interrupted
+    later.bind_lease(msgspec.structs.replace(lease, generation=lease.generation + 1))
+    assert not await was_interrupted_elsewhere(store, later)

@@ -342,3 +342,38 @@ async def test_shutdown_releases_the_lease_of_a_turn_cut_off_while_settling() ->
         await store.hanging.wait()
     lease = await store.acquire(started.session_key, "next-process", 10)
     assert lease.holder == "next-process"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "generation",
+        "seqs",
+        "lease",
+        "ended_by",
+        "answered",
+        "finished",
+        "reruns",
+        "task",
+        "messages",
+        "message_ids",
+        "source",
+        "overrides",
+        "steered",
+        "session_key",
+    ],
+)
+async def test_an_agent_cannot_assign_what_the_engine_keeps(name: str) -> None:
+    refused: list[str] = []
+
+    async def agent(turn: Turn) -> str:
+        try:
+            setattr(turn, name, getattr(turn, name))
+        except AttributeError:
+            refused.append(name)
+        return f"gen {turn.generation}"
+
+    async with GatewayHarness(agent) as h:
+        await h.send("hi", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["gen 1"]
+    assert refused == [name]

@@ -167,6 +167,6 @@ def _told(end: TurnEnd | None) -> tuple[Outcome, str, str]:
 def requeue(state: SessionState, turn: Turn) -> None:
     """Put a turn's messages back into the local queue, in store order."""
     count = len(turn.messages)
-    pending.insert_in_order(state, list(turn.messages), turn.seqs[:count])
+    pending.insert_in_order(state, list(turn.messages), list(turn.seqs[:count]))
     for message, seq in zip(turn.steered, turn.seqs[count:], strict=True):
         pending.insert_in_order(state, [message], [seq])

@@ -63,7 +63,7 @@ from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
 from chatlane.runtime.watch import settle_watched
-from chatlane.state import AGENT_PENDING, SessionRegistry, SessionState
+from chatlane.state import SessionRegistry, SessionState, SlotPhase
 from chatlane.stores.base import Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
 from chatlane.stores.memory import MemoryStore
@@ -207,7 +207,7 @@ class TurnEngine:
         self.outcomes.open(key, message)
         state = self.registry.get(key)
         if not state.turn.is_running:
-            self._start(state, (message,), (seq,)).refusable = True
+            self._start(state, (message,), (seq,), refusable=True)
             return None
         return await self.busy.arrive(state, message, seq)
 
@@ -282,22 +282,29 @@ class TurnEngine:
         messages: tuple[InboundMessage, ...],
         seqs: tuple[int, ...],
         reruns: int = 0,
+        *,
+        refusable: bool = False,
     ) -> Turn:
-        turn = Turn(state, messages, seqs, TurnOverrides.of(state))
-        turn.approvals = self.approvals
-        turn.reruns = reruns
-        slot = state.turn
-        slot.agent, slot.event, slot.ctx = AGENT_PENDING, messages[0], turn
-        slot.started_ts = time.time()
+        overrides = TurnOverrides.of(state)
+        turn = Turn(
+            state,
+            messages,
+            seqs,
+            overrides,
+            reruns=reruns,
+            refusable=refusable,
+            approvals=self.approvals,
+        )
+        state.turn.claim(turn, time.time())
         self._turns.add(turn)
         context = bound_context(turn.source, turn.session_key)
-        turn.task = asyncio.create_task(self._drive(state, turn), context=context)
+        turn.attach(asyncio.create_task(self._drive(state, turn), context=context))
         return turn
 
     async def _drive(self, state: SessionState, turn: Turn) -> None:
         try:
             if await self._take_lease(state, turn):
-                state.turn.agent = turn
+                state.turn.run(turn)
                 text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)
         except BaseException as error:
@@ -386,7 +393,7 @@ class TurnEngine:
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):
             self.approvals.end_conversation(state)
-        turn.overrides = turn.overrides.rebased(before, TurnOverrides.of(state))
+        turn.rebase_overrides(before, TurnOverrides.of(state))
 
     def _still_wanted(self, state: SessionState, turn: Turn) -> bool:
         if self._closed or turn.interrupted.is_set():
@@ -407,7 +414,7 @@ class TurnEngine:
             settle_once(state, turn)
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
-        if state.turn.ctx is not turn:
+        if not state.turn.holds(turn):
             if not state.turn.is_running:
                 self._promote(state)  # an evicted turn's untaken steers still run
             return
@@ -419,7 +426,7 @@ class TurnEngine:
     def _end(self, state: SessionState, turn: Turn) -> None:
         """The engine is done with ``turn``: it holds no slot and can ask nothing any more."""
         self._turns.discard(turn)
-        turn.finished = True
+        turn.mark_finished()
         if turn.lease is not None:
             self.approvals.end_turn(state, turn.generation)
 
@@ -430,7 +437,7 @@ class TurnEngine:
             return
         delay = queue[0].delay()
         if delay > 0:
-            state.turn.agent, state.turn.started_ts = AGENT_PENDING, time.time()
+            state.turn.collect(time.time())
             self._collecting.add(state.key)
             self._call_later(delay, self._promote_after_debounce, state)
             return
@@ -439,7 +446,7 @@ class TurnEngine:
 
     def _promote_after_debounce(self, state: SessionState) -> None:
         self._collecting.discard(state.key)
-        if state.turn.ctx is None and state.turn.agent is AGENT_PENDING:
+        if state.turn.phase is SlotPhase.COLLECTING:
             state.turn.clear()
             self._promote(state)
 
@@ -545,7 +552,7 @@ class TurnEngine:
         if not fenced_here:
             state.persistent.bump_generation()
             await self.store.bump_generation(key)
-            if state.turn.agent is AGENT_PENDING and state.turn.ctx is None:
+            if state.turn.phase is SlotPhase.COLLECTING:
                 state.turn.clear()
                 self._collecting.discard(key)
         stopped = turn is not None and turn.lease is not None
@@ -576,7 +583,7 @@ class TurnEngine:
         tokens = self.registry.get(turn.session_key).turn.lease_tokens
         if turn.generation in tokens:
             tokens[turn.generation] = lease
-            turn.lease = lease
+            turn.renewed(lease)
 
     async def _lost(self, turn: Turn, why: str, fenced: bool) -> None:
         """``turn``'s lease is gone: fence it, as interrupted if another process said so."""
@@ -602,7 +609,7 @@ class TurnEngine:
 
     async def _evict(self, turn: Turn) -> None:
         state = self.registry.get(turn.session_key)
-        if state.turn.ctx is not turn:
+        if not state.turn.holds(turn):
             return
         self._supersede(state, turn, TurnEnd.EVICTED)
         settle_once(state, turn)

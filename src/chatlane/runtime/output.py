@@ -132,7 +132,7 @@ class TurnOutput:
             await self._forget(turn)
             self._outcomes.watch(turn.message_ids)  # the store has the answer
             return False
-        turn.answered = True
+        turn.mark_answered()
         if failure:
             self._outcomes.end(turn.message_ids, Outcome.FAILED, text, failure)
         else:
@@ -141,9 +141,9 @@ class TurnOutput:
 
     async def _forget(self, turn: Turn) -> None:
         """Remove the queued records of messages an earlier run already answered."""
-        turn.answered = True
+        turn.mark_answered()
         try:
-            await self._fenced_commit(turn, WriteBatch(done=turn.seqs))
+            await self._fenced_commit(turn, WriteBatch(done=list(turn.seqs)))
         except (StaleGeneration, StoreError):
             self._fenced(turn, "queue cleanup")
 

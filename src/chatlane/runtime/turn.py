@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -67,33 +68,47 @@ class TurnOverrides(msgspec.Struct, frozen=True):
         return msgspec.structs.replace(self, **changed) if changed else self
 
 
+@dataclass(slots=True)
+class TurnRecord:
+    """The engine's bookkeeping of one turn, apart from what its agent sees.
+
+    The agent reads a :class:`Turn`, whose attributes are read-only; only
+    the engine changes this record, through the turn's engine-side methods.
+    """
+
+    seqs: list[int]
+    """The store's ``seq`` of each message the turn answers, steered ones included."""
+    once_restore: object
+    reruns: int = 0
+    """How many earlier turns ran these messages and lost their lease."""
+    refusable: bool = False
+    """A fresh message that found its session idle here: the busy policy may refuse it."""
+    approvals: ApprovalBroker | None = None
+    generation: int = 0
+    lease: Lease | None = None
+    ended_by: TurnEnd | None = None
+    """Why the turn ended early, once recorded (:meth:`Turn.end`)."""
+    answered: bool = False
+    finished: bool = False
+    """The engine is done with the turn: whatever still runs for it can ask nothing."""
+    task: asyncio.Task[None] | None = None
+    last_progress: float = field(default_factory=time.monotonic)
+
+
 class Turn:
-    """One run of the agent for one session."""
+    """One run of the agent for one session; read-only for the agent (see the module docstring)."""
 
     __slots__ = (
         "_loop",
+        "_message_ids",
+        "_messages",
+        "_overrides",
+        "_record",
         "_state",
+        "_steered",
         "_steers",
-        "answered",
-        "approvals",
-        "ended_by",
-        "finished",
-        "generation",
         "interrupted",
-        "last_progress",
-        "lease",
-        "message_ids",
-        "messages",
-        "once_restore",
-        "overrides",
-        "refusable",
-        "reruns",
-        "seqs",
-        "session_key",
-        "source",
         "started_at",
-        "steered",
-        "task",
     )
 
     def __init__(
@@ -102,33 +117,139 @@ class Turn:
         messages: tuple[InboundMessage, ...],
         seqs: tuple[int, ...],
         overrides: TurnOverrides,
+        *,
+        reruns: int = 0,
+        refusable: bool = False,
+        approvals: ApprovalBroker | None = None,
     ) -> None:
         self._state = state
         self._steers: list[tuple[InboundMessage, int]] = []
-        self.steered: list[InboundMessage] = []
-        self.seqs = list(seqs)
-        self.session_key: SessionKey = state.key
-        self.generation = 0
-        self.lease: Lease | None = None
-        self.ended_by: TurnEnd | None = None
-        """Why the turn ended early, once recorded (:meth:`end`); ``None`` while it has not."""
-        self.finished = False
-        """The engine is done with this turn: whatever still runs for it can ask nothing."""
-        self.reruns = 0
-        self.refusable = False
-        """A fresh message that found its session idle here: the busy policy may refuse it."""
-        self.answered = False
-        self.approvals: ApprovalBroker | None = None
-        self.once_restore: object = state.conversation.one_turn_restore
+        self._steered: list[InboundMessage] = []
+        self._record = TurnRecord(
+            list(seqs),
+            state.conversation.one_turn_restore,
+            reruns=reruns,
+            refusable=refusable,
+            approvals=approvals,
+        )
         self._loop = asyncio.get_running_loop()
-        self.messages = messages
-        self.message_ids = tuple([message.id for message in messages])
-        """The ids of the inbound messages this turn answers, steered ones included."""
-        self.source: SessionSource = messages[-1].source
-        self.overrides = overrides
+        self._messages = messages
+        self._message_ids = tuple([message.id for message in messages])
+        self._overrides = overrides
         self.interrupted = asyncio.Event()
-        self.started_at = self.last_progress = time.monotonic()
-        self.task: asyncio.Task[None] | None = None
+        """Set when the turn is told to stop (stop, interrupt, eviction, lost lease, shutdown)."""
+        self.started_at = self._record.last_progress
+
+    # -- what the agent reads --------------------------------------------------
+
+    @property
+    def session_key(self) -> SessionKey:
+        """The session this turn runs for."""
+        return self._state.key
+
+    @property
+    def messages(self) -> tuple[InboundMessage, ...]:
+        """The messages this turn was started with, oldest first (steered ones: :attr:`steered`)."""
+        return self._messages
+
+    @property
+    def message_ids(self) -> tuple[str, ...]:
+        """The ids of the inbound messages this turn answers, steered ones included."""
+        return self._message_ids
+
+    @property
+    def steered(self) -> tuple[InboundMessage, ...]:
+        """Messages steered into this run that the agent took (:meth:`take_steers`)."""
+        return tuple(self._steered)
+
+    @property
+    def source(self) -> SessionSource:
+        """Where the turn's last message came from (its replies go there)."""
+        return self._messages[-1].source
+
+    @property
+    def overrides(self) -> TurnOverrides:
+        """The model settings this turn runs with."""
+        return self._overrides
+
+    @property
+    def generation(self) -> int:
+        """The fencing token: set once, when the lease is taken, before the agent starts."""
+        return self._record.generation
+
+    # -- what the engine reads (the record's fields, read-only here) -------------
+
+    @property
+    def seqs(self) -> tuple[int, ...]:
+        """The store's ``seq`` of each message this turn answers (engine side)."""
+        return tuple(self._record.seqs)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease the turn runs under, as last renewed (engine side)."""
+        return self._record.lease
+
+    @property
+    def ended_by(self) -> TurnEnd | None:
+        """Why the turn ended early, once recorded; ``None`` while it has not."""
+        return self._record.ended_by
+
+    @property
+    def answered(self) -> bool:
+        """Whether the turn's answer was committed."""
+        return self._record.answered
+
+    @property
+    def finished(self) -> bool:
+        """Whether the engine is done with the turn."""
+        return self._record.finished
+
+    @property
+    def reruns(self) -> int:
+        """How many earlier turns ran these messages and lost their lease."""
+        return self._record.reruns
+
+    @property
+    def refusable(self) -> bool:
+        """A fresh message that found its session idle here: the busy policy may refuse it."""
+        return self._record.refusable
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task running the turn (engine side)."""
+        return self._record.task
+
+    @property
+    def once_restore(self) -> object:
+        """The ``/model --once`` snapshot this turn settles, if it used one (engine side)."""
+        return self._record.once_restore
+
+    @property
+    def last_progress(self) -> float:
+        """When the turn last made progress (``time.monotonic()``)."""
+        return self._record.last_progress
+
+    # -- what the engine changes ---------------------------------------------------
+
+    def attach(self, task: asyncio.Task[None]) -> None:
+        """The task that runs this turn (engine side, once)."""
+        self._record.task = task
+
+    def renewed(self, lease: Lease) -> None:
+        """The turn's lease was renewed as ``lease`` (engine side)."""
+        self._record.lease = lease
+
+    def mark_answered(self) -> None:
+        """The turn's answer was committed (engine side)."""
+        self._record.answered = True
+
+    def mark_finished(self) -> None:
+        """The engine is done with the turn (engine side)."""
+        self._record.finished = True
+
+    def rebase_overrides(self, old: TurnOverrides, new: TurnOverrides) -> None:
+        """Take up what the store changed between ``old`` and ``new`` (engine side)."""
+        self._overrides = self._overrides.rebased(old, new)
 
     @property
     def author(self) -> str | None:
@@ -150,13 +271,13 @@ class Turn:
 
     def end(self, reason: TurnEnd) -> None:
         """Record why this turn ended early; the first reason recorded stands (engine side)."""
-        if self.ended_by is None:
-            self.ended_by = reason
+        if self._record.ended_by is None:
+            self._record.ended_by = reason
 
     def bind_lease(self, lease: Lease) -> None:
         """Take ``lease`` and its generation as this turn's (engine side, once, when acquired)."""
-        self.lease = lease
-        self.generation = lease.generation
+        self._record.lease = lease
+        self._record.generation = lease.generation
 
     def is_current(self) -> bool:
         """Whether this turn may still write state and deliver replies."""
@@ -183,16 +304,16 @@ class Turn:
         """
         steers, self._steers = self._steers, []
         for message, seq in steers:
-            self.steered.append(message)
-            self.seqs.append(seq)
-            self.message_ids += (message.id,)
+            self._steered.append(message)
+            self._record.seqs.append(seq)
+            self._message_ids += (message.id,)
         if steers:
             self.touch()
         return [message.text for message, _ in steers]
 
     def touch(self) -> None:
         """Record progress, so the turn is not evicted as stuck."""
-        self.last_progress = time.monotonic()
+        self._record.last_progress = time.monotonic()
 
     def steer(self, message: InboundMessage, seq: int) -> None:
         """Hand ``message`` to the running agent (engine side of :meth:`take_steers`)."""
@@ -224,9 +345,10 @@ class Turn:
         (:attr:`interrupted` set), or whose messages have two authors (it
         could name no one to answer).
         """
-        if not self._may_ask() or self.approvals is None:
+        approvals = self._record.approvals
+        if not self._may_ask() or approvals is None:
             return False
-        decision = await self.approvals.request(
+        decision = await approvals.request(
             self._state, self.generation, self.author, command, reason
         )
         return decision.approved
@@ -267,5 +389,4 @@ class Turn:
 
 def running_turn_of(state: SessionState) -> Turn | None:
     """The turn that holds ``state``'s slot, if any (``None`` while idle or between turns)."""
-    turn = state.turn.ctx
-    return turn if isinstance(turn, Turn) else None
+    return state.turn.current
