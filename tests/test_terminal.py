@@ -24,10 +24,10 @@ from chatlane.adapters.api import ApiAdapter
 from chatlane.agents.demo import DemoAgent
 from chatlane.cli import main
 from chatlane.config import Config
+from chatlane.hub import Hub, build_app
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
-from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
 from chatlane.terminal import (
     RemoteGateway,

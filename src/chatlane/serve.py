@@ -1,4 +1,7 @@
-"""Running the server: configuration plus command-line overrides, adapters, uvicorn."""
+"""Running ``chatlane serve``: configuration plus command-line overrides, adapters, uvicorn.
+
+What it runs — the gateway, its adapters and their ASGI app — is :mod:`chatlane.hub`.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +22,9 @@ from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
+from chatlane.hub import Hub, build_app, open_hub
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
-from chatlane.server import Hub, build_app, open_hub
 
 log = logging.getLogger("chatlane.server")
 

@@ -530,7 +530,7 @@ async def local_gateway(store_url: str) -> AsyncIterator[tuple[str, str]]:
     """
     from chatlane.adapters.api import ApiAdapter
     from chatlane.config import load_config
-    from chatlane.server import build_app, open_hub
+    from chatlane.hub import build_app, open_hub
 
     config = load_config()
     hub = await open_hub(config, store_url)
