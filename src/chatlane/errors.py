@@ -33,10 +33,6 @@ class SessionBusy(ChatlaneError):
     """A session already runs a turn and the message was refused rather than queued."""
 
 
-class QueueFull(SessionBusy):
-    """A session's pending queue is at its cap; the message was refused with a notice."""
-
-
 class StaleGeneration(ChatlaneError):
     """A write or delivery was attempted for a turn whose generation is no longer current."""
 
