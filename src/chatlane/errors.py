@@ -30,7 +30,11 @@ class ConfigError(ChatlaneError, ValueError):
 
 
 class SessionBusy(ChatlaneError):
-    """A session already runs a turn and the message was refused rather than queued."""
+    """A session cannot be taken now: it already runs a turn, or must wait its turn."""
+
+
+class EarlierMessageFirst(SessionBusy):
+    """An earlier message of the session, claimed by another holder, must run first."""
 
 
 class StaleGeneration(ChatlaneError):

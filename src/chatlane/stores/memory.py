@@ -22,6 +22,7 @@ from msgspec.structs import replace
 from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
+    EarlierMessageFirst,
     LeaseError,
     LeaseLost,
     SessionBusy,
@@ -99,7 +100,7 @@ class MemoryStore(Store):
         if self._live_lease(session) is not None:
             raise SessionBusy(f"session {key!r} is running elsewhere")
         if head_seq is not None and _earlier_foreign(session, head_seq, holder):
-            raise SessionBusy(f"an earlier message of {key!r} runs first")
+            raise EarlierMessageFirst(f"an earlier message of {key!r} runs first")
         if max_active and (active := self._active()) >= max_active:
             raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")
         session.generation += 1

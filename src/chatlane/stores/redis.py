@@ -40,6 +40,7 @@ from msgspec.structs import replace
 from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
+    EarlierMessageFirst,
     LeaseError,
     LeaseLost,
     SessionBusy,
@@ -478,5 +479,5 @@ def _refusal(key: SessionKey, status: Status, reply: Sequence[Any], cap: int) ->
     if status is Status.LIMIT:
         return ActiveSessionLimit(f"at the active session limit ({reply[1]}/{cap})")
     if status is Status.EARLIER:
-        return SessionBusy(f"an earlier message of {key!r} runs first")
+        return EarlierMessageFirst(f"an earlier message of {key!r} runs first")
     return SessionBusy(f"session {key!r} is running elsewhere")

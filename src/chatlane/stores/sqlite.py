@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
+    EarlierMessageFirst,
     LeaseError,
     LeaseLost,
     SessionBusy,
@@ -132,7 +133,7 @@ def _check_free(
         raise SessionBusy(f"session {key!r} is running elsewhere")
     earlier = "SELECT 1 FROM pending WHERE key = ? AND seq < ? AND owner != ? LIMIT 1"
     if head_seq is not None and _scalar(db, earlier, (key, head_seq, holder)):
-        raise SessionBusy(f"an earlier message of {key!r} runs first")
+        raise EarlierMessageFirst(f"an earlier message of {key!r} runs first")
     active = _active(db, moment) if max_active else 0
     if max_active and active >= max_active:
         raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")

@@ -13,6 +13,7 @@ import pytest
 
 from chatlane.errors import (
     ActiveSessionLimit,
+    EarlierMessageFirst,
     LeaseError,
     LeaseLost,
     SessionBusy,
@@ -114,6 +115,19 @@ class TestLeases:
         await store.commit(KEY, lease.generation, WriteBatch(done=[first]))
         await store.release(lease)
         await store.acquire(KEY, "p2", 5, head_seq=second)
+
+    async def test_an_earlier_message_of_another_holder_is_its_own_refusal(
+        self, store: Store
+    ) -> None:
+        await store.enqueue(KEY, "m1", "p1", b"1")
+        later = await store.enqueue(KEY, "m2", "p2", b"2")
+        with pytest.raises(EarlierMessageFirst, match=r"an earlier message of .* runs first"):
+            await store.acquire(KEY, "p2", 5, head_seq=later)
+        assert await store.generation(KEY) == 0
+        await store.acquire(KEY, "p1", 5)
+        with pytest.raises(SessionBusy) as raised:
+            await store.acquire(KEY, "p2", 5, head_seq=later)
+        assert not isinstance(raised.value, EarlierMessageFirst)
 
     async def test_max_active_caps_running_sessions(self, store: Store) -> None:
         await store.acquire("a", "p1", 5, max_active=2)
