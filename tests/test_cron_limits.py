@@ -10,9 +10,9 @@ from chatlane.adapters.api import ApiAdapter
 from chatlane.agents.demo import DemoAgent
 from chatlane.config import ApiClientConfig, ApiConfig, Config, SchedulerConfig, Secret
 from chatlane.cron import Job
+from chatlane.hub import Hub
 from chatlane.scheduler import Scheduler, SchedulerSettings
 from chatlane.scheduling_config import build_scheduler
-from chatlane.server import Hub
 from chatlane.stores import open_store
 from tests.adapters.test_api import TOKEN, make_config
 from tests.adapters.test_limits import served

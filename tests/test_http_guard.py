@@ -16,8 +16,8 @@ import pytest
 import uvicorn
 
 from chatlane.config import Config, ServerConfig
+from chatlane.hub import build_app, open_hub
 from chatlane.serve import add_adapters, connection_limits, uvicorn_config
-from chatlane.server import build_app, open_hub
 from tests.test_serve import free_port, read_response, start, stop, wait_ready
 
 WAIT = 20.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -21,6 +22,8 @@ PURE = (
     "chatlane.config",
 )
 PACKAGE = Path(chatlane.__file__).parent
+MOVED = {"chatlane.server": "chatlane.hub"}
+"""Old module paths kept as re-exports, and where their names live now."""
 
 
 @pytest.mark.parametrize("module", PURE)
@@ -72,3 +75,15 @@ def test_runtime_modules_import_no_cycle() -> None:
 
     for name in sorted(graph):
         visit(name, ())
+
+
+@pytest.mark.parametrize(("old", "new"), MOVED.items())
+def test_a_moved_module_still_exports_every_public_name(old: str, new: str) -> None:
+    before, after = importlib.import_module(old), importlib.import_module(new)
+    defined = {
+        name
+        for name, value in vars(after).items()
+        if not name.startswith("_") and getattr(value, "__module__", None) == new
+    }
+    assert defined <= set(before.__all__)
+    assert all(getattr(before, name) is getattr(after, name) for name in before.__all__)

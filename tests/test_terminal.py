@@ -24,14 +24,14 @@ from chatlane.adapters.api import ApiAdapter
 from chatlane.agents.demo import DemoAgent
 from chatlane.cli import main
 from chatlane.config import Config
+from chatlane.hub import Hub, build_app
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.secrets import resolve_secrets
-from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
 from chatlane.terminal import (
-    Gateway,
+    RemoteGateway,
     TokenRefused,
     check_session,
     converse,
@@ -168,7 +168,7 @@ async def converse_with(
     out, err = io.StringIO(), io.StringIO()
     fd = os.open(path, os.O_RDONLY)
     try:
-        code = await converse(Gateway(url, session, token), fd, out, err)
+        code = await converse(RemoteGateway(url, session, token), fd, out, err)
     finally:
         os.close(fd)
     return code, out.getvalue(), err.getvalue()
@@ -250,7 +250,7 @@ async def test_the_reply_streams_in_pieces(tmp_path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         async with serving(two_pieces) as url:
-            assert await converse(Gateway(url, "pieces"), fd, screen, err) == 0
+            assert await converse(RemoteGateway(url, "pieces"), fd, screen, err) == 0
     finally:
         os.close(fd)
     assert screen.getvalue() == "first piece, second piece\n"

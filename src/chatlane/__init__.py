@@ -11,7 +11,6 @@ from chatlane.errors import (
     InvalidSource,
     LeaseError,
     LeaseLost,
-    QueueFull,
     SessionBusy,
     StaleGeneration,
 )
@@ -37,7 +36,6 @@ __all__ = [
     "KeyPolicy",
     "LeaseError",
     "LeaseLost",
-    "QueueFull",
     "SessionBusy",
     "SessionSource",
     "StaleGeneration",

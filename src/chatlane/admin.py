@@ -33,7 +33,7 @@ from chatlane.state import SessionState, SlotPhase
 from chatlane.stores.base import FailedRecord
 
 if TYPE_CHECKING:
-    from chatlane.server import Hub
+    from chatlane.hub import Hub
 
 
 def _activity(state: SessionState, hub: Hub) -> str:

@@ -22,8 +22,8 @@ from chatlane.scheduling.chat import principal_of, when_text
 from chatlane.scheduling.cron import Job
 
 if TYPE_CHECKING:
+    from chatlane.hub import Hub
     from chatlane.scheduling.loop import Scheduler
-    from chatlane.server import Hub
 
 UNAUTHORIZED = {"error": "a valid bearer token is required"}
 

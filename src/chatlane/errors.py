@@ -30,34 +30,70 @@ class ConfigError(ChatlaneError, ValueError):
 
 
 class SessionBusy(ChatlaneError):
-    """A session already runs a turn and the message was refused rather than queued."""
+    """A session cannot be taken now: it already runs a turn, or must wait its turn.
+
+    ``key`` is the session's key.
+    """
+
+    def __init__(self, message: str, *, key: str) -> None:
+        self.key = key
+        super().__init__(message)
 
 
-class QueueFull(SessionBusy):
-    """A session's pending queue is at its cap; the message was refused with a notice."""
+class EarlierMessageFirst(SessionBusy):
+    """An earlier message of the session, claimed by another holder, must run first."""
 
 
 class StaleGeneration(ChatlaneError):
-    """A write or delivery was attempted for a turn whose generation is no longer current."""
+    """A write or delivery was attempted for a turn whose generation is no longer current.
 
-    def __init__(self, session_key: str, generation: int, current: int, reason: str = "") -> None:
-        self.session_key = session_key
+    ``key`` is the session's key, ``generation`` the turn's, ``current`` the
+    session's generation now.
+    """
+
+    def __init__(self, key: str, generation: int, current: int, reason: str = "") -> None:
+        self.key = key
         self.generation = generation
         self.current = current
         self.reason = reason
         detail = f" ({reason})" if reason else ""
         super().__init__(
-            f"stale generation {generation} for session {session_key!r}; "
-            f"current is {current}{detail}"
+            f"stale generation {generation} for session {key!r}; current is {current}{detail}"
         )
+
+    @property
+    def session_key(self) -> str:
+        """The same as :attr:`key`."""
+        return self.key
 
 
 class LeaseError(ChatlaneError):
-    """A lease was misused: released twice, released with a foreign token, or never held."""
+    """A lease was misused: released twice, released with a foreign token, or never held.
+
+    ``key`` and ``generation`` name the session and the lease's generation;
+    ``None`` where the raiser does not know them (a turn's state refusing a
+    second lease token knows no key).
+    """
+
+    def __init__(
+        self, message: str, *, key: str | None = None, generation: int | None = None
+    ) -> None:
+        self.key = key
+        self.generation = generation
+        super().__init__(message)
 
 
 class LeaseLost(LeaseError):
-    """A held lease expired or was taken over; the holder must stop acting for the session."""
+    """A held lease expired or was taken over; the holder must stop acting for the session.
+
+    ``key`` and ``generation`` are the lost lease's.
+    """
+
+    key: str
+    generation: int
+
+    def __init__(self, message: str, *, key: str, generation: int) -> None:
+        super().__init__(message, key=key, generation=generation)
 
 
 class ActiveSessionLimit(SessionBusy):
@@ -65,10 +101,15 @@ class ActiveSessionLimit(SessionBusy):
 
 
 class AlreadyAnswered(ChatlaneError):
-    """An inbound message was answered before; a second answer is refused."""
+    """An inbound message was answered before; a second answer is refused.
 
-    def __init__(self, message_ids: list[str]) -> None:
+    ``key`` is the session whose commit was refused, ``message_ids`` the
+    messages in it that were answered already.
+    """
+
+    def __init__(self, message_ids: list[str], *, key: str) -> None:
         self.message_ids = message_ids
+        self.key = key
         super().__init__(f"already answered: {', '.join(message_ids)}")
 
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
+    from chatlane.hub import Hub
     from chatlane.runtime.leases import BeatGaps
-    from chatlane.server import Hub
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 

@@ -1,5 +1,6 @@
-"""Running the server: configuration plus command-line overrides, secrets, adapters, uvicorn.
+"""Running ``chatlane serve``: configuration and overrides, secrets, adapters, uvicorn.
 
+What it runs — the gateway, its adapters and their ASGI app — is :mod:`chatlane.hub`.
 Secrets are read once, by :func:`prepare` (:func:`~chatlane.secrets.resolve_secrets`),
 checked there, and handed to the hub, the agent and every adapter by :func:`serve`.
 """
@@ -22,10 +23,10 @@ from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
+from chatlane.hub import Hub, build_app, open_hub
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
 from chatlane.secrets import Secrets, resolve_secrets
-from chatlane.server import Hub, build_app, open_hub
 
 log = logging.getLogger("chatlane.server")
 

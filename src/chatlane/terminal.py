@@ -87,8 +87,8 @@ def check_token(token: str) -> str:
 
 
 @dataclass(frozen=True)
-class Gateway:
-    """Where to send messages and as whom."""
+class RemoteGateway:
+    """A gateway reached over HTTP: where to send messages, and as which session and token."""
 
     url: str
     session: str
@@ -309,7 +309,7 @@ def _read_lines(fd: int, put: Callable[[Event], None]) -> None:
 class Chat:
     """The prompt loop: lines in, streamed replies out."""
 
-    def __init__(self, gateway: Gateway, http: httpx.AsyncClient, console: Console) -> None:
+    def __init__(self, gateway: RemoteGateway, http: httpx.AsyncClient, console: Console) -> None:
         self.gateway = gateway
         self.http = http
         self.console = console
@@ -480,7 +480,7 @@ def on_sigint(chat: Chat) -> Iterator[None]:
 
 
 async def converse(
-    gateway: Gateway, stdin_fd: int = 0, out: TextIO | None = None, err: TextIO | None = None
+    gateway: RemoteGateway, stdin_fd: int = 0, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     """Run one terminal conversation with ``gateway``; the exit status.
 
@@ -531,8 +531,8 @@ async def local_gateway(store_url: str) -> AsyncIterator[tuple[str, str]]:
     """
     from chatlane.adapters.api import ApiAdapter
     from chatlane.config import load_config
+    from chatlane.hub import build_app, open_hub
     from chatlane.secrets import resolve_secrets
-    from chatlane.server import build_app, open_hub
 
     config = load_config()
     secrets = resolve_secrets(config)
@@ -559,6 +559,6 @@ async def run_chat(url: str, session: str, token: str, local_store: str | None) 
     :raises ChatlaneError: if the conversation cannot start (see :func:`converse`).
     """
     if local_store is None:
-        return await converse(Gateway(url, session, token))
+        return await converse(RemoteGateway(url, session, token))
     async with local_gateway(local_store) as (local_url, local_token):
-        return await converse(Gateway(local_url, session, token or local_token))
+        return await converse(RemoteGateway(local_url, session, token or local_token))

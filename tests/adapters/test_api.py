@@ -22,12 +22,12 @@ from chatlane.adapters.api_waiters import INTERRUPTED_TEXT, NOT_RUN_TEXT, STOPPE
 from chatlane.adapters.api_wire import ApiRequestError, check_origin
 from chatlane.agents.demo import DemoAgent
 from chatlane.config import Config, Secret, ServerConfig
+from chatlane.hub import Hub, build_app
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.secrets import Secrets
-from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
 from chatlane.types import Agent
 

@@ -32,9 +32,9 @@ from chatlane.config import (
     load_config,
 )
 from chatlane.errors import ConfigError
+from chatlane.hub import Hub, build_app
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.turn import Turn
-from chatlane.server import Hub, build_app
 from chatlane.stores import open_store
 from tests.adapters.test_api import TOKEN, eventually, make_config
 from tests.adapters.test_web import browser_id, chat_socket, drain, greeted, web_server

@@ -28,7 +28,7 @@ from chatlane.adapters.telegram import (
 from chatlane.config import Config, Secret, TelegramConfig
 from chatlane.errors import ConfigError, StoreError
 from chatlane.gateway import DispatchResult
-from chatlane.server import Hub, open_hub, shutdown
+from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
 

@@ -32,12 +32,12 @@ from chatlane.adapters.web_page import (
 )
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT
 from chatlane.config import Config, Secret, ServerConfig, StoreConfig
+from chatlane.hub import build_app, open_hub
 from chatlane.identity import SessionSource
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.secrets import TokenSource
 from chatlane.serve import uvicorn_config
-from chatlane.server import build_app, open_hub
 from chatlane.types import Outbound, OutboundKind, Target
 
 Event = dict[str, Any]

@@ -27,11 +27,11 @@ from chatlane.agents.openai_agent import (
 )
 from chatlane.config import Config, OpenAIConfig, Secret, ServerConfig
 from chatlane.endpoints import NOT_ALLOWED
+from chatlane.hub import Hub, build_app
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.output import failure_text
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import TurnOverrides
-from chatlane.server import Hub, build_app
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores import Store, open_store
 from chatlane.testing import GatewayHarness

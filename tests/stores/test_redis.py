@@ -322,6 +322,7 @@ class TestLostServer:
         with pytest.raises(LeaseLost, match="could not be renewed") as raised:
             await store.renew(lease, 30)
         assert isinstance(raised.value.__cause__, StoreError)
+        assert (raised.value.key, raised.value.generation) == (KEY, lease.generation)
         with pytest.raises(StoreError):
             await store.generation(KEY)
         assert time.monotonic() - started < 15

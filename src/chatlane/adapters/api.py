@@ -73,7 +73,7 @@ from chatlane.secrets import Secrets, TokenSource, read_client_tokens
 from chatlane.types import InboundMessage, Outbound
 
 if TYPE_CHECKING:
-    from chatlane.server import Hub
+    from chatlane.hub import Hub
 
 log = logging.getLogger("chatlane.adapters.api")
 

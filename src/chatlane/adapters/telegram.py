@@ -8,7 +8,7 @@ What stays true:
   shared by every such sender: each has its own session, allowlist entry and
   approvals.
 * Every text message — commands included, ``/stop@MyBot`` too — goes to
-  :meth:`~chatlane.server.Hub.submit` as text, so chatlane's own command
+  :meth:`~chatlane.hub.Hub.submit` as text, so chatlane's own command
   parser, allowlist and busy policies apply; a forum topic is the thread.
   A command addressed to another bot (``/new@OtherBot``) is not chatlane's
   and is ignored.
@@ -81,7 +81,7 @@ from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
 
 if TYPE_CHECKING:
-    from chatlane.server import Hub
+    from chatlane.hub import Hub
 
 log = logging.getLogger("chatlane.adapters.telegram")
 

@@ -60,7 +60,7 @@ from chatlane.secrets import Secrets, TokenSource
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 
 if TYPE_CHECKING:
-    from chatlane.server import Hub
+    from chatlane.hub import Hub
 
 log = logging.getLogger("chatlane.adapters.web")
 

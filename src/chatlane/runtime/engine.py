@@ -52,8 +52,8 @@ from chatlane.runtime.leases import LeaseKeeper, new_holder_id
 from chatlane.runtime.outcomes import MessageOutcome, OnOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
-    kept_in_store,
     load_persistent,
+    nothing_to_save,
     refresh_persistent,
     settle_once,
     stored_fields,
@@ -97,7 +97,7 @@ class TurnEngine:
         self.agent = agent
         self.settings = settings or RuntimeSettings()
         self.registry = (
-            registry if registry is not None else SessionRegistry(on_evict=kept_in_store)
+            registry if registry is not None else SessionRegistry(on_evict=nothing_to_save)
         )
         self.store = store if store is not None else MemoryStore()
         self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)

@@ -98,8 +98,13 @@ def settle_once(state: SessionState, turn: Turn) -> None:
     conversation.one_turn_restore = None
 
 
-def kept_in_store(key: SessionKey, state: SessionState) -> None:
-    """Evicting a session loses nothing: its persistent fields and queue live in the store."""
+def nothing_to_save(key: SessionKey, state: SessionState) -> None:
+    """The ``on_evict`` hook of a registry whose sessions the store keeps: it does nothing.
+
+    An evicted session loses nothing, since its persistent fields and queue
+    live in the store. Passing this hook, rather than none, is what lets the
+    registry evict a session that holds such data.
+    """
 
 
 def load_persistent(state: SessionState, fields: Mapping[str, object], generation: int) -> None:

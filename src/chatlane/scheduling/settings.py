@@ -41,7 +41,7 @@ def build_scheduler(config: Config) -> Scheduler:
     """The scheduler for ``config``'s auto-reset policies, cron jobs and ``/cron`` limits.
 
     A job created from a chat runs only while its gateway allows its creator
-    (:func:`chatlane.server.gateway_settings` makes that ``config.allows``).
+    (:func:`chatlane.hub.gateway_settings` makes that ``config.allows``).
 
     :raises ConfigError: for an unknown time zone, a bad policy or a bad job (named).
     """

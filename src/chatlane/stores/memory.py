@@ -22,6 +22,7 @@ from msgspec.structs import replace
 from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
+    EarlierMessageFirst,
     LeaseError,
     LeaseLost,
     SessionBusy,
@@ -97,11 +98,13 @@ class MemoryStore(Store):
     ) -> Lease:
         session = self._sessions[key]
         if self._live_lease(session) is not None:
-            raise SessionBusy(f"session {key!r} is running elsewhere")
+            raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
         if head_seq is not None and _earlier_foreign(session, head_seq, holder):
-            raise SessionBusy(f"an earlier message of {key!r} runs first")
+            raise EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key)
         if max_active and (active := self._active()) >= max_active:
-            raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")
+            raise ActiveSessionLimit(
+                f"at the active session limit ({active}/{max_active})", key=key
+            )
         session.generation += 1
         session.lease = Lease(key, holder, new_token(), session.generation, self._clock() + ttl)
         return session.lease
@@ -110,7 +113,11 @@ class MemoryStore(Store):
         session = self._sessions[lease.key]
         held = self._live_lease(session)
         if held is None or held.token != lease.token or session.generation != lease.generation:
-            raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
+            raise LeaseLost(
+                f"lease on {lease.key!r} (generation {lease.generation}) was lost",
+                key=lease.key,
+                generation=lease.generation,
+            )
         session.lease = Lease(
             lease.key, lease.holder, lease.token, lease.generation, self._clock() + ttl
         )
@@ -123,9 +130,15 @@ class MemoryStore(Store):
             session.lease = None
             return
         if held is None and session.generation == lease.generation:
-            raise LeaseError(f"lease on {lease.key!r} was already released")
+            raise LeaseError(
+                f"lease on {lease.key!r} was already released",
+                key=lease.key,
+                generation=lease.generation,
+            )
         raise LeaseLost(
-            f"lease on {lease.key!r} was taken over since generation {lease.generation}"
+            f"lease on {lease.key!r} was taken over since generation {lease.generation}",
+            key=lease.key,
+            generation=lease.generation,
         )
 
     async def bump_generation(self, key: SessionKey) -> int:
@@ -154,7 +167,7 @@ class MemoryStore(Store):
         cutoff = moment - self.answered_retention
         repeated = [m for m in batch.answered if self._marked(m, cutoff) is not None]
         if repeated:
-            raise AlreadyAnswered(repeated)
+            raise AlreadyAnswered(repeated, key=key)
         conversation = self._current(key, session)
         transcript = self._transcripts[conversation.id]
         for entry in batch.transcript:

@@ -58,7 +58,9 @@ class Leases(Protocol):
             run in store order across processes; a process orders its own).
         :param max_active: if positive, succeed only while fewer than this many
             other sessions hold a live lease.
-        :raises SessionBusy: another live lease exists, or an earlier message must run first.
+        :raises SessionBusy: another live lease exists.
+        :raises EarlierMessageFirst: (a ``SessionBusy``) with ``head_seq``, a pending
+            record of another holder has a smaller ``seq``.
         :raises ActiveSessionLimit: ``max_active`` sessions already run.
         """
 

@@ -40,6 +40,7 @@ from msgspec.structs import replace
 from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
+    EarlierMessageFirst,
     LeaseError,
     LeaseLost,
     SessionBusy,
@@ -184,9 +185,17 @@ class RedisStore(Store):
         try:
             reply = await self._run(lua.RENEW, lease.key, *args)
         except StoreError as error:
-            raise LeaseLost(f"lease on {lease.key!r} could not be renewed: {error}") from error
+            raise LeaseLost(
+                f"lease on {lease.key!r} could not be renewed: {error}",
+                key=lease.key,
+                generation=lease.generation,
+            ) from error
         if reply[0] != Status.OK:
-            raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
+            raise LeaseLost(
+                f"lease on {lease.key!r} (generation {lease.generation}) was lost",
+                key=lease.key,
+                generation=lease.generation,
+            )
         return replace(lease, expires_at=reply[1] / 1000)
 
     async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
@@ -206,10 +215,16 @@ class RedisStore(Store):
         args = (lease.token, lease.generation, _request_id(), lease.key)
         status = (await self._run(lua.RELEASE, lease.key, *args))[0]
         if status == Status.RELEASED:
-            raise LeaseError(f"lease on {lease.key!r} was already released")
+            raise LeaseError(
+                f"lease on {lease.key!r} was already released",
+                key=lease.key,
+                generation=lease.generation,
+            )
         if status == Status.LOST:
             raise LeaseLost(
-                f"lease on {lease.key!r} was taken over since generation {lease.generation}"
+                f"lease on {lease.key!r} was taken over since generation {lease.generation}",
+                key=lease.key,
+                generation=lease.generation,
             )
 
     async def bump_generation(self, key: SessionKey) -> int:
@@ -238,7 +253,7 @@ class RedisStore(Store):
         if reply[0] == Status.STALE:
             raise StaleGeneration(key, int(fence), int(reply[1]), "commit")
         if reply[0] == Status.ANSWERED:
-            raise AlreadyAnswered([message_id.decode() for message_id in reply[1:]])
+            raise AlreadyAnswered([message_id.decode() for message_id in reply[1:]], key=key)
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         flat = await self._command("HGETALL", self._keys.one("persist", key))
@@ -476,7 +491,7 @@ def _decoded(decoder: Any, raw: bytes) -> Any:
 def _refusal(key: SessionKey, status: Status, reply: Sequence[Any], cap: int) -> SessionBusy:
     """The error for an acquire the script refused."""
     if status is Status.LIMIT:
-        return ActiveSessionLimit(f"at the active session limit ({reply[1]}/{cap})")
+        return ActiveSessionLimit(f"at the active session limit ({reply[1]}/{cap})", key=key)
     if status is Status.EARLIER:
-        return SessionBusy(f"an earlier message of {key!r} runs first")
-    return SessionBusy(f"session {key!r} is running elsewhere")
+        return EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key)
+    return SessionBusy(f"session {key!r} is running elsewhere", key=key)

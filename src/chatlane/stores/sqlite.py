@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
+    EarlierMessageFirst,
     LeaseError,
     LeaseLost,
     SessionBusy,
@@ -129,13 +130,13 @@ def _check_free(
     moment: float,
 ) -> None:
     if _scalar(db, "SELECT 1 FROM leases WHERE key = ? AND expires_at > ?", (key, moment)):
-        raise SessionBusy(f"session {key!r} is running elsewhere")
+        raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
     earlier = "SELECT 1 FROM pending WHERE key = ? AND seq < ? AND owner != ? LIMIT 1"
     if head_seq is not None and _scalar(db, earlier, (key, head_seq, holder)):
-        raise SessionBusy(f"an earlier message of {key!r} runs first")
+        raise EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key)
     active = _active(db, moment) if max_active else 0
     if max_active and active >= max_active:
-        raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})")
+        raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})", key=key)
 
 
 def _renew(db: sqlite3.Connection, clock: Clock, lease: Lease, ttl: float) -> Lease:
@@ -147,7 +148,11 @@ def _renew(db: sqlite3.Connection, clock: Clock, lease: Lease, ttl: float) -> Le
         (moment + ttl, lease.key, lease.token, moment, lease.key, lease.generation),
     ).rowcount
     if not renewed:
-        raise LeaseLost(f"lease on {lease.key!r} (generation {lease.generation}) was lost")
+        raise LeaseLost(
+            f"lease on {lease.key!r} (generation {lease.generation}) was lost",
+            key=lease.key,
+            generation=lease.generation,
+        )
     return Lease(lease.key, lease.holder, lease.token, lease.generation, moment + ttl)
 
 
@@ -171,8 +176,16 @@ def _release(db: sqlite3.Connection, lease: Lease) -> None:
         return
     held = _scalar(db, "SELECT 1 FROM leases WHERE key = ?", (lease.key,))
     if not held and _generation(db, lease.key) == lease.generation:
-        raise LeaseError(f"lease on {lease.key!r} was already released")
-    raise LeaseLost(f"lease on {lease.key!r} was taken over since generation {lease.generation}")
+        raise LeaseError(
+            f"lease on {lease.key!r} was already released",
+            key=lease.key,
+            generation=lease.generation,
+        )
+    raise LeaseLost(
+        f"lease on {lease.key!r} was taken over since generation {lease.generation}",
+        key=lease.key,
+        generation=lease.generation,
+    )
 
 
 def _commit(
@@ -194,7 +207,7 @@ def _commit(
     cutoff = clock() - retention if batch.answered else 0.0
     repeated = [m for m in batch.answered if _answered(db, m, cutoff)]
     if repeated:
-        raise AlreadyAnswered(repeated)
+        raise AlreadyAnswered(repeated, key=key)
     conversation = conversation or _start(db, clock, key, "").id
     if batch.transcript:  # each statement only when it has rows: every call costs a step
         _append(db, clock, conversation, batch.transcript)

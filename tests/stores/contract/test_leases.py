@@ -13,6 +13,7 @@ import pytest
 
 from chatlane.errors import (
     ActiveSessionLimit,
+    EarlierMessageFirst,
     LeaseError,
     LeaseLost,
     SessionBusy,
@@ -115,6 +116,19 @@ class TestLeases:
         await store.release(lease)
         await store.acquire(KEY, "p2", 5, head_seq=second)
 
+    async def test_an_earlier_message_of_another_holder_is_its_own_refusal(
+        self, store: Store
+    ) -> None:
+        await store.enqueue(KEY, "m1", "p1", b"1")
+        later = await store.enqueue(KEY, "m2", "p2", b"2")
+        with pytest.raises(EarlierMessageFirst, match=r"an earlier message of .* runs first"):
+            await store.acquire(KEY, "p2", 5, head_seq=later)
+        assert await store.generation(KEY) == 0
+        await store.acquire(KEY, "p1", 5)
+        with pytest.raises(SessionBusy) as raised:
+            await store.acquire(KEY, "p2", 5, head_seq=later)
+        assert not isinstance(raised.value, EarlierMessageFirst)
+
     async def test_max_active_caps_running_sessions(self, store: Store) -> None:
         await store.acquire("a", "p1", 5, max_active=2)
         await store.acquire("b", "p1", 5, max_active=2)
@@ -154,6 +168,46 @@ class TestLeases:
         assert other.generation == 1
         with pytest.raises(SessionBusy):
             await store.acquire(key, "p2", 5)
+
+
+class TestRefusalsNameTheirSession:
+    """Every refusal carries the session's key (and the lease's generation) as attributes."""
+
+    KEY = ODD_KEYS[0]
+
+    async def test_busy_refusals_carry_the_key(self, store: Store) -> None:
+        await store.enqueue(self.KEY, "m1", "p1", b"1")
+        later = await store.enqueue(self.KEY, "m2", "p2", b"2")
+        with pytest.raises(EarlierMessageFirst) as earlier:
+            await store.acquire(self.KEY, "p2", 5, head_seq=later)
+        await store.acquire(self.KEY, "p1", 5, max_active=1)
+        with pytest.raises(SessionBusy) as running:
+            await store.acquire(self.KEY, "p2", 5)
+        with pytest.raises(ActiveSessionLimit) as limited:
+            await store.acquire("other", "p2", 5, max_active=1)
+        assert (earlier.value.key, running.value.key, limited.value.key) == (
+            self.KEY,
+            self.KEY,
+            "other",
+        )
+        assert str(running.value) == f"session {self.KEY!r} is running elsewhere"
+
+    async def test_lease_errors_carry_the_key_and_generation(
+        self, store: Store, clock: StoreClock
+    ) -> None:
+        await store.bump_generation(self.KEY)
+        old = await store.acquire(self.KEY, "p1", 0.2)
+        await clock.advance(0.35)
+        new = await store.acquire(self.KEY, "p2", 5)
+        with pytest.raises(LeaseLost) as renewed:
+            await store.renew(old, 5)
+        with pytest.raises(LeaseLost) as released:
+            await store.release(old)
+        await store.release(new)
+        with pytest.raises(LeaseError) as twice:
+            await store.release(new)
+        found = [(e.value.key, e.value.generation) for e in (renewed, released, twice)]
+        assert found == [(self.KEY, 2), (self.KEY, 2), (self.KEY, 3)]
 
 
 class TestRenewMany:

@@ -41,7 +41,8 @@ class TestCommit:
         )
         with pytest.raises(StaleGeneration) as raised:
             await store.commit(KEY, lease.generation, batch)
-        assert (raised.value.generation, raised.value.current) == (1, 2)
+        assert (raised.value.key, raised.value.generation, raised.value.current) == (KEY, 1, 2)
+        assert raised.value.session_key == KEY
         assert await store.transcript(KEY) == []
         assert await store.load_persistent(KEY) == {}
         assert not await store.is_answered("m1")
@@ -56,7 +57,7 @@ class TestCommit:
         await store.record_reply(KEY, lease.generation, ["m1", "m2"], "first answer")
         with pytest.raises(AlreadyAnswered) as raised:
             await store.record_reply(KEY, lease.generation, ["m3", "m2"], "second answer")
-        assert raised.value.message_ids == ["m2"]
+        assert (raised.value.key, raised.value.message_ids) == (KEY, ["m2"])
         assert [e.content for e in await store.transcript(KEY)] == ["first answer"]
         assert await store.is_answered("m1")
         assert not await store.is_answered("m3")
