@@ -153,7 +153,7 @@ async def test_delivery_failure_is_logged_not_raised(caplog: pytest.LogCaptureFi
         async def broken(_: object) -> None:
             raise ConnectionError("adapter down")
 
-        engine._deliver = broken
+        engine.outlet._deliver = broken
         await h.send("a", chat_id="c")
         await h.settle()
         assert "delivery failed" in caplog.text

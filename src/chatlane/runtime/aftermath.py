@@ -35,7 +35,7 @@ from chatlane.runtime.backoff import retry_store
 from chatlane.runtime.ending import Fate, TurnEnd, fate
 from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
-from chatlane.runtime.output import Send
+from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
@@ -57,13 +57,13 @@ class TurnAftermath:
         self,
         store: Store,
         leases: LeaseKeeper,
-        send: Send,
+        outlet: Outlet,
         metrics: Metrics,
         outcomes: OutcomeLedger,
     ) -> None:
         self._store = store
         self._leases = leases
-        self._send = send
+        self._outlet = outlet
         self._metrics = metrics
         self._outcomes = outcomes
 
@@ -147,7 +147,7 @@ class TurnAftermath:
         )
         ids = tuple(m.id for m, _ in kept)
         self._outcomes.end(ids, Outcome.FAILED, text, reason)
-        await self._send(OutboundKind.NOTICE, state.key, turn.source, text, ids, None)
+        await self._outlet.send(OutboundKind.NOTICE, state.key, turn.source, text, ids, None)
 
 
 _TOLD_AS = {

@@ -38,7 +38,7 @@ from chatlane.runtime.busy import (
 from chatlane.runtime.elsewhere import interrupt_elsewhere, outcome_elsewhere
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import AcquireWait
-from chatlane.runtime.output import Send
+from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn, running_turn_of
 from chatlane.state import SessionState
@@ -62,7 +62,7 @@ class BusyDesk:
         agent: Agent,
         store: Store,
         metrics: Metrics,
-        send: Send,
+        outlet: Outlet,
         spawn: Spawn,
         supersede: Supersede,
     ) -> None:
@@ -70,7 +70,7 @@ class BusyDesk:
         self._agent = agent
         self._store = store
         self._metrics = metrics
-        self._send = send
+        self._outlet = outlet
         self._spawn = spawn
         self._supersede = supersede
 
@@ -131,7 +131,9 @@ class BusyDesk:
         refused = outcome in ALWAYS_ANSWERED
         kind = OutboundKind.NOTICE if refused else OutboundKind.ACK
         refusal = outcome.value if refused else ""
-        await self._send(kind, state.key, message.source, text, (message.id,), refusal=refusal)
+        await self._outlet.send(
+            kind, state.key, message.source, text, (message.id,), refusal=refusal
+        )
 
     def _ack_due(self, state: SessionState, message: InboundMessage) -> bool:
         """Ack a person's message that waits on a running turn, at most once per debounce."""
@@ -198,7 +200,7 @@ class BusyDesk:
     def _tell(self, turn: Turn, kind: OutboundKind, text: str, refusal: str = "") -> None:
         """Send ``text`` about ``turn``'s messages to their sender, in the background."""
         source, ids = turn.messages[0].source, turn.message_ids
-        self._spawn(self._send(kind, turn.session_key, source, text, ids, refusal=refusal))
+        self._spawn(self._outlet.send(kind, turn.session_key, source, text, ids, refusal=refusal))
 
     async def _interrupt_elsewhere(
         self, state: SessionState, turn: Turn, message: InboundMessage

@@ -38,7 +38,6 @@ from functools import partial
 from chatlane.approvals import ApprovalBroker, ApprovalRequest, prompt_text
 from chatlane.context import bound_context
 from chatlane.errors import ChatlaneError
-from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
@@ -50,6 +49,7 @@ from chatlane.runtime.elsewhere import was_interrupted_elsewhere
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, new_holder_id
 from chatlane.runtime.outcomes import MessageOutcome, OnOutcome, Outcome, OutcomeLedger
+from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
     load_persistent,
@@ -104,18 +104,26 @@ class TurnEngine:
         self.metrics = Metrics()
         self.outcomes = OutcomeLedger(on_outcome or _unheard)
         """Every accepted message's one outcome (:mod:`chatlane.runtime.outcomes`)."""
-        self.output = TurnOutput(self.store, self.send, self.outcomes)
+        self.outlet = Outlet(deliver, self.outcomes, self._generation_of)
+        self.send = self.outlet.send
+        """Deliver one outbound message (:meth:`Outlet.send`); never raises for the adapter."""
+        self.output = TurnOutput(self.store, self.outlet, self.outcomes)
         self.output.on_fenced = self.metrics.stale
         self.approvals = ApprovalBroker(
             self.store, self._prompt, self._generation_is, self.settings.approval_timeout
         )
         self.aftermath = TurnAftermath(
-            self.store, self.leases, self.send, self.metrics, self.outcomes
+            self.store, self.leases, self.outlet, self.metrics, self.outcomes
         )
         self.busy = BusyDesk(
-            self.settings, agent, self.store, self.metrics, self.send, self._spawn, self._supersede
+            self.settings,
+            agent,
+            self.store,
+            self.metrics,
+            self.outlet,
+            self._spawn,
+            self._supersede,
         )
-        self._deliver = deliver
         self._turns: set[Turn] = set()
         self._collecting: set[SessionKey] = set()
         self._tasks: set[asyncio.Task[object]] = set()
@@ -169,6 +177,10 @@ class TurnEngine:
         state = self.registry.get(key)
         load_persistent(state, fields, generation)
         return state
+
+    def _generation_of(self, key: SessionKey) -> int:
+        state = self.registry.peek(key)
+        return 0 if state is None else state.persistent.run_generation
 
     def _generation_is(self, key: SessionKey, generation: int) -> bool:
         state = self.registry.peek(key)
@@ -621,13 +633,8 @@ class TurnEngine:
         timeout = self.settings.turn_timeout
         text = f"The running turn made no progress for {timeout:g}s and was stopped."
         self.outcomes.end(turn.message_ids, Outcome.FAILED, text, reason=TurnEnd.EVICTED)
-        await self._send_as(turn, OutboundKind.NOTICE, text)
+        await self.outlet.about(turn, OutboundKind.NOTICE, text)
         self._promote(state)
-
-    async def _send_as(self, turn: Turn, kind: OutboundKind, text: str) -> None:
-        """Send about ``turn`` from a background loop, with ``turn``'s session bound."""
-        send = self.send(kind, turn.session_key, turn.source, text, turn.message_ids)
-        await asyncio.create_task(send, context=bound_context(turn.source, turn.session_key))
 
     # -- delivery and shutdown -------------------------------------------------
 
@@ -703,35 +710,6 @@ class TurnEngine:
         while not self.is_idle():
             self._turn_ended.clear()
             await self._turn_ended.wait()
-
-    async def send(
-        self,
-        kind: OutboundKind,
-        key: SessionKey,
-        source: SessionSource,
-        text: str,
-        in_reply_to: tuple[str, ...] = (),
-        generation: int | None = None,
-        *,
-        refusal: str = "",
-        approval_id: str = "",
-    ) -> None:
-        """Deliver one outbound message; an adapter's failure is logged, never raised.
-
-        ``refusal`` marks a notice refusing ``in_reply_to``, ``approval_id`` the
-        request an ``APPROVAL`` asks about (see :class:`Outbound`).
-        """
-        if generation is None:
-            state = self.registry.peek(key)
-            generation = 0 if state is None else state.persistent.run_generation
-        target = Target.of(source)
-        outbound = Outbound(kind, key, target, text, generation, in_reply_to, refusal, approval_id)
-        if refusal:
-            self.outcomes.end(in_reply_to, Outcome.REFUSED, text, reason=refusal)
-        try:
-            await self._deliver(outbound)
-        except Exception:
-            log.exception("delivery failed (%s)", kind, extra=turn_fields(key, generation))
 
     async def aclose(self) -> None:
         """Stop every turn and release its lease; unanswered messages stay queued in the store.

@@ -18,45 +18,27 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreDamaged, StoreError
-from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
+from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import Store, TranscriptEntry, WriteBatch
-from chatlane.types import Agent, OutboundKind, SessionKey
+from chatlane.types import Agent, OutboundKind
 
 log = logging.getLogger("chatlane.runtime")
-
-
-class Send(Protocol):
-    """Delivers one outbound message (the engine's ``send``); never raises for the adapter."""
-
-    def __call__(
-        self,
-        kind: OutboundKind,
-        key: SessionKey,
-        source: SessionSource,
-        text: str,
-        in_reply_to: tuple[str, ...] = (),
-        generation: int | None = None,
-        *,
-        refusal: str = "",
-        approval_id: str = "",
-    ) -> Coroutine[object, object, None]: ...
 
 
 class TurnOutput:
     """Runs agents and turns what they produce into committed, fenced deliveries."""
 
-    def __init__(self, store: Store, send: Send, outcomes: OutcomeLedger) -> None:
+    def __init__(self, store: Store, outlet: Outlet, outcomes: OutcomeLedger) -> None:
         self._store = store
-        self._send = send
+        self._outlet = outlet
         self._outcomes = outcomes
         self.on_fenced: Callable[[], None] | None = None
 
@@ -160,9 +142,7 @@ class TurnOutput:
         )
 
     async def _deliver(self, turn: Turn, kind: OutboundKind, text: str) -> None:
-        await self._send(
-            kind, turn.session_key, turn.source, text, turn.message_ids, turn.generation
-        )
+        await self._outlet.to_turn(turn, kind, text)
 
     def _fenced(self, turn: Turn, what: str) -> bool:
         log.info("fenced stale %s", what, extra=_fields(turn))

@@ -1,0 +1,91 @@
+"""The one way out of the engine: outbound messages to the adapter's ``deliver``.
+
+Every helper of the engine (turn output, busy policies, the aftermath of a
+turn, approval prompts, eviction notices) sends through one :class:`Outlet`,
+so what stays true is said once:
+
+* An adapter's failure to deliver is logged, never raised into a turn.
+* An outbound that carries no generation is stamped with the session's
+  current one.
+* A notice refusing messages (``refusal``) is also their outcome, ended in
+  the ledger before it is delivered.
+* :meth:`Outlet.about` sends about a turn from anywhere (a background loop
+  included) with the turn's session bound, so the adapter sees that session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from chatlane.context import bound_context
+from chatlane.identity import SessionSource
+from chatlane.logs import turn_fields
+from chatlane.runtime.outcomes import Outcome, OutcomeLedger
+from chatlane.runtime.turn import Turn
+from chatlane.types import Deliver, Outbound, OutboundKind, SessionKey, Target
+
+log = logging.getLogger("chatlane.runtime")
+
+
+class Outlet:
+    """Delivers the engine's outbound messages (see the module docstring)."""
+
+    def __init__(
+        self,
+        deliver: Deliver,
+        outcomes: OutcomeLedger,
+        generation_of: Callable[[SessionKey], int],
+    ) -> None:
+        self._deliver = deliver
+        self._outcomes = outcomes
+        self._generation_of = generation_of
+
+    async def send(
+        self,
+        kind: OutboundKind,
+        key: SessionKey,
+        source: SessionSource,
+        text: str,
+        in_reply_to: tuple[str, ...] = (),
+        generation: int | None = None,
+        *,
+        refusal: str = "",
+        approval_id: str = "",
+    ) -> None:
+        """Deliver one outbound message; an adapter's failure is logged, never raised.
+
+        ``refusal`` marks a notice refusing ``in_reply_to``, ``approval_id`` the
+        request an ``APPROVAL`` asks about (see :class:`~chatlane.types.Outbound`).
+        """
+        if generation is None:
+            generation = self._generation_of(key)
+        target = Target.of(source)
+        outbound = Outbound(kind, key, target, text, generation, in_reply_to, refusal, approval_id)
+        if refusal:
+            self._outcomes.end(in_reply_to, Outcome.REFUSED, text, reason=refusal)
+        try:
+            await self._deliver(outbound)
+        except Exception:
+            log.exception("delivery failed (%s)", kind, extra=turn_fields(key, generation))
+
+    async def to_turn(self, turn: Turn, kind: OutboundKind, text: str, refusal: str = "") -> None:
+        """Send ``text`` to the sender of ``turn``'s messages, in reply, at its generation."""
+        await self.send(
+            kind,
+            turn.session_key,
+            turn.source,
+            text,
+            turn.message_ids,
+            turn.generation,
+            refusal=refusal,
+        )
+
+    async def about(self, turn: Turn, kind: OutboundKind, text: str) -> None:
+        """Send about ``turn`` from a background loop, with ``turn``'s session bound."""
+        send = self.send(kind, turn.session_key, turn.source, text, turn.message_ids)
+        await asyncio.create_task(send, context=bound_context(turn.source, turn.session_key))
+
+
+__all__ = ["Outlet"]
