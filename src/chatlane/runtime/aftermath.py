@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from functools import partial
 
-from chatlane.errors import ChatlaneError
+from chatlane.errors import ChatlaneError, StoreError
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
-from chatlane.runtime.backoff import retry_store
+from chatlane.runtime.backoff import retry_store, retryable
 from chatlane.runtime.ending import Fate, TurnEnd, fate
 from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
@@ -73,24 +72,38 @@ class TurnAftermath:
         Each step is retried on its own through an outage, so a step that
         already changed this process's queue never runs twice.
         """
-        fields = turn_fields(state.key, turn.generation)
         steps = (self._drop_untaken_steers, self._settle_messages, self._release)
         for step in steps:
             try:
-                await retry_store(
-                    partial(self._step, step, state, turn, closing),
-                    wanted=lambda: not closing(),
-                    what="settling the turn",
-                    fields=fields,
-                )
+                await step(state, turn, closing())
+            except StoreError as error:
+                await self._outlast(step, state, turn, closing, error)
             except ChatlaneError as error:
-                log.error("could not settle the turn: %s", error, extra=fields)
+                log.error("could not settle the turn: %s", error, extra=_fields(turn))
 
-    @staticmethod
-    async def _step(
-        step: Step, state: SessionState, turn: Turn, closing: Callable[[], bool]
+    async def _outlast(
+        self,
+        step: Step,
+        state: SessionState,
+        turn: Turn,
+        closing: Callable[[], bool],
+        error: StoreError,
     ) -> None:
-        await step(state, turn, closing())
+        """Retry ``step`` through an outage until the store answers or the engine closes."""
+        fields = _fields(turn)
+        if not retryable(error) or closing():
+            log.error("could not settle the turn: %s", error, extra=fields)
+            return
+        log.warning("settling the turn failed, retrying: %s", error, extra=fields)
+        try:
+            await retry_store(
+                lambda: step(state, turn, closing()),
+                wanted=lambda: not closing(),
+                what="settling the turn",
+                fields=fields,
+            )
+        except ChatlaneError as failure:
+            log.error("could not settle the turn: %s", failure, extra=fields)
 
     async def _drop_untaken_steers(self, state: SessionState, turn: Turn, closing: bool) -> None:
         if turn.ended_by is TurnEnd.STOPPED:
@@ -170,3 +183,7 @@ def requeue(state: SessionState, turn: Turn) -> None:
     pending.insert_in_order(state, list(turn.messages), list(turn.seqs[:count]))
     for message, seq in zip(turn.steered, turn.seqs[count:], strict=True):
         pending.insert_in_order(state, [message], [seq])
+
+
+def _fields(turn: Turn) -> dict[str, object]:
+    return turn_fields(turn.session_key, turn.generation)

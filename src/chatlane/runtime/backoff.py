@@ -33,6 +33,11 @@ MAX_DELAY = 2.0
 """The longest wait between two tries."""
 
 
+def retryable(error: StoreError) -> bool:
+    """Whether waiting may cure ``error`` (an outage may pass; damage does not)."""
+    return not isinstance(error, StoreDamaged)
+
+
 async def retry_store(
     call: Callable[[], Awaitable[T]],
     *,
@@ -49,7 +54,7 @@ async def retry_store(
         try:
             return await call()
         except StoreError as error:
-            if isinstance(error, StoreDamaged) or not wanted():
+            if not retryable(error) or not wanted():
                 raise
             level = logging.DEBUG if warned else logging.WARNING
             log.log(level, "%s failed, retrying: %s", what, error, extra=fields)

@@ -25,9 +25,16 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 
-from chatlane.errors import ActiveSessionLimit, ChatlaneError, LeaseError, LeaseLost, SessionBusy
+from chatlane.errors import (
+    ActiveSessionLimit,
+    ChatlaneError,
+    LeaseError,
+    LeaseLost,
+    SessionBusy,
+    StoreError,
+)
 from chatlane.logs import turn_fields
-from chatlane.runtime.backoff import retry_store
+from chatlane.runtime.backoff import MAX_DELAY, retryable
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.state import SessionState
 from chatlane.stores.base import Lease, Store
@@ -93,19 +100,21 @@ class LeaseKeeper:
         ``on_wait`` is told each time the session is busy elsewhere or at the
         active-session limit; it decides what to say (and may stop wanting).
         """
-        wait, delay = AcquireWait(), self.settings.poll
+        wait, delay, longest = AcquireWait(), self.settings.poll, self.settings.max_poll
         while still_wanted():
             try:
-                return await retry_store(
-                    lambda: self._try(state, head_seq),
-                    wanted=still_wanted,
-                    what="taking the lease",
-                    fields=turn_fields(state.key),
-                )
+                return await self._try(state, head_seq)
             except (ActiveSessionLimit, SessionBusy) as error:
                 on_wait(error, wait)
+            except StoreError as error:
+                if not retryable(error):
+                    raise
+                if wait.first(error):
+                    fields = turn_fields(state.key)
+                    log.warning("taking the lease failed, retrying: %s", error, extra=fields)
+                longest = MAX_DELAY  # an outage: back off further than a busy session
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.settings.max_poll)
+            delay = min(delay * 2, longest)
         return None
 
     async def _try(self, state: SessionState, head_seq: int | None) -> Lease:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 
 from chatlane.context import bound_context
 from chatlane.identity import SessionSource
@@ -70,9 +70,11 @@ class Outlet:
         except Exception:
             log.exception("delivery failed (%s)", kind, extra=turn_fields(key, generation))
 
-    async def to_turn(self, turn: Turn, kind: OutboundKind, text: str, refusal: str = "") -> None:
+    def to_turn(
+        self, turn: Turn, kind: OutboundKind, text: str, refusal: str = ""
+    ) -> Coroutine[object, object, None]:
         """Send ``text`` to the sender of ``turn``'s messages, in reply, at its generation."""
-        await self.send(
+        return self.send(
             kind,
             turn.session_key,
             turn.source,

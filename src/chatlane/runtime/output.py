@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreDamaged, StoreError
 from chatlane.logs import turn_fields
-from chatlane.runtime.backoff import retry_store
+from chatlane.runtime.backoff import retry_store, retryable
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
@@ -134,12 +134,18 @@ class TurnOutput:
 
         :raises StoreError: the store stayed out of reach until the turn went stale.
         """
-        await retry_store(
-            lambda: self._store.commit(turn.session_key, turn.generation, batch),
-            wanted=turn.is_current,
-            what="commit",
-            fields=_fields(turn),
-        )
+        try:
+            await self._store.commit(turn.session_key, turn.generation, batch)
+        except StoreError as error:
+            if not retryable(error) or not turn.is_current():
+                raise
+            log.warning("commit failed, retrying: %s", error, extra=_fields(turn))
+            await retry_store(
+                lambda: self._store.commit(turn.session_key, turn.generation, batch),
+                wanted=turn.is_current,
+                what="commit",
+                fields=_fields(turn),
+            )
 
     async def _deliver(self, turn: Turn, kind: OutboundKind, text: str) -> None:
         await self._outlet.to_turn(turn, kind, text)
