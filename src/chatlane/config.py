@@ -3,7 +3,8 @@
 What stays true:
 
 * Configuration is read here and passed down; no other module reads
-  environment variables (except the context layer's documented legacy lookup).
+  environment variables (except :mod:`chatlane.secrets`, which resolves every
+  secret once at start, and the context layer's documented legacy lookup).
 * A bad key or value stops the start with a :class:`~chatlane.errors.ConfigError`
   that names the key, the value and what was expected — never a traceback.
 * Secrets (API keys, bot tokens, the access token) are named by the
