@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import resource
 import socket
 import subprocess
@@ -190,3 +191,12 @@ def read_to_end(sock: socket.socket) -> bytes:
         while chunk := sock.recv(65536):
             data += chunk
     return data
+
+
+async def test_a_hub_opened_on_another_store_writes_nothing_beside_the_configured_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where the default store (sqlite:///chatlane.db) would be
+    async with served():
+        pass
+    assert await asyncio.to_thread(os.listdir, tmp_path) == []

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import InitVar, dataclass, field
 from typing import Protocol, runtime_checkable
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -182,13 +183,21 @@ async def open_hub(
 ) -> Hub:
     """Open the store and build the hub (adapters are added by the caller).
 
+    :param store_url: the store to open instead of ``config.store.url``; the
+        hub's configuration then names it, so nothing derived from the store's
+        location (the web id secret file beside a SQLite database) lands beside
+        the one the file names.
     :param secrets: read at start (default: :func:`~chatlane.secrets.resolve_secrets`
         reads them now); the agent and the hub get theirs from it.
     :raises ConfigError: for an agent that cannot be loaded or a secret file that cannot be read.
     """
+    if store_url is not None:
+        config = msgspec.structs.replace(
+            config, store=msgspec.structs.replace(config.store, url=store_url)
+        )
     secrets = resolve_secrets(config) if secrets is None else secrets
     agent = load_agent(config, secrets)
-    store = await open_store(store_url or config.store.url)
+    store = await open_store(config.store.url)
     bind = getattr(agent, "bind", None)
     if callable(bind):
         bind(store)
