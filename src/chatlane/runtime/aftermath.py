@@ -36,14 +36,13 @@ from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
-from chatlane.state import SessionState
 from chatlane.stores.base import Store
 from chatlane.types import InboundMessage, OutboundKind
 
 log = logging.getLogger("chatlane.runtime")
 
-Step = Callable[[SessionState, Turn, bool], Awaitable[None]]
-"""One step of settling a turn: its state, the turn, and whether the engine is closing."""
+Step = Callable[[Turn, bool], Awaitable[None]]
+"""One step of settling a turn: the turn, and whether the engine is closing."""
 
 MAX_RERUNS = 3
 """Turns that may run one message and lose their lease before the sender gets a notice."""
@@ -66,7 +65,7 @@ class TurnAftermath:
         self._metrics = metrics
         self._outcomes = outcomes
 
-    async def settle(self, state: SessionState, turn: Turn, *, closing: Callable[[], bool]) -> None:
+    async def settle(self, turn: Turn, *, closing: Callable[[], bool]) -> None:
         """Release ``turn``'s lease and decide what becomes of its stored messages.
 
         Each step is retried on its own through an outage, so a step that
@@ -75,16 +74,15 @@ class TurnAftermath:
         steps = (self._drop_untaken_steers, self._settle_messages, self._release)
         for step in steps:
             try:
-                await step(state, turn, closing())
+                await step(turn, closing())
             except StoreError as error:
-                await self._outlast(step, state, turn, closing, error)
+                await self._outlast(step, turn, closing, error)
             except ChatlaneError as error:
                 log.error("could not settle the turn: %s", error, extra=_fields(turn))
 
     async def _outlast(
         self,
         step: Step,
-        state: SessionState,
         turn: Turn,
         closing: Callable[[], bool],
         error: StoreError,
@@ -97,7 +95,7 @@ class TurnAftermath:
         log.warning("settling the turn failed, retrying: %s", error, extra=fields)
         try:
             await retry_store(
-                lambda: step(state, turn, closing()),
+                lambda: step(turn, closing()),
                 wanted=lambda: not closing(),
                 what="settling the turn",
                 fields=fields,
@@ -105,33 +103,37 @@ class TurnAftermath:
         except ChatlaneError as failure:
             log.error("could not settle the turn: %s", failure, extra=fields)
 
-    async def _drop_untaken_steers(self, state: SessionState, turn: Turn, closing: bool) -> None:
+    async def _drop_untaken_steers(self, turn: Turn, closing: bool) -> None:
+        state = turn.session_state
         if turn.ended_by is TurnEnd.STOPPED:
             untaken = turn.waiting_steers()
             await self._store.drop_pending(state.key, [seq for _, seq in untaken])
             turn.untaken_steers()
 
-    async def _settle_messages(self, state: SessionState, turn: Turn, closing: bool) -> None:
+    async def _settle_messages(self, turn: Turn, closing: bool) -> None:
+        state = turn.session_state
         ending = fate(turn.ended_by, answered=turn.answered, closing=closing)
         if ending is Fate.DROP:
             await self._store.drop_pending(state.key, turn.seqs)
             self._outcomes.end(turn.message_ids, *_told(turn.ended_by))
         elif ending is Fate.REQUEUE:
-            requeue(state, turn)
+            requeue(turn)
         elif ending is Fate.RERUN:
-            await self._rerun_what_is_ours(state, turn)
+            await self._rerun_what_is_ours(turn)
 
-    async def _release(self, state: SessionState, turn: Turn, closing: bool) -> None:
+    async def _release(self, turn: Turn, closing: bool) -> None:
+        state = turn.session_state
         if turn.lease is not None:
             await self._leases.release(state, turn.generation)
 
-    async def _rerun_what_is_ours(self, state: SessionState, turn: Turn) -> None:
+    async def _rerun_what_is_ours(self, turn: Turn) -> None:
         """Queue again what the store still holds for this process; forget what it dropped.
 
         A lease lost to another process's ``/stop`` or ``/new`` took this
         session's queued messages out of the store: the local queue, and the
         steers the agent never took, let go of them too, so they never run here.
         """
+        state = turn.session_state
         records = await self._store.pending(state.key)
         ours = {r.seq for r in records if r.owner == self._leases.holder}
         stored = {r.seq for r in records}
@@ -142,14 +144,13 @@ class TurnAftermath:
         self._outcomes.watch([*(m.id for m in gone), *(m.id for m, s in pairs if s not in ours)])
         kept = [(m, s) for m, s in pairs if s in ours]
         if kept and turn.reruns + 1 >= MAX_RERUNS:
-            await self._give_up(state, turn, kept)
+            await self._give_up(turn, kept)
             return
         for message, seq in kept:
             pending.insert_in_order(state, [message], [seq], turn.reruns + 1)
 
-    async def _give_up(
-        self, state: SessionState, turn: Turn, kept: list[tuple[InboundMessage, int]]
-    ) -> None:
+    async def _give_up(self, turn: Turn, kept: list[tuple[InboundMessage, int]]) -> None:
+        state = turn.session_state
         reason = f"its turn lost its lease {MAX_RERUNS} times"
         await self._store.park(state.key, [seq for _, seq in kept], reason)
         self._metrics.failed(len(kept))
@@ -177,8 +178,9 @@ def _told(end: TurnEnd | None) -> tuple[Outcome, str, str]:
     return outcome, "", "" if end is None else end.value
 
 
-def requeue(state: SessionState, turn: Turn) -> None:
+def requeue(turn: Turn) -> None:
     """Put a turn's messages back into the local queue, in store order."""
+    state = turn.session_state
     count = len(turn.messages)
     pending.insert_in_order(state, list(turn.messages), list(turn.seqs[:count]))
     for message, seq in zip(turn.steered, turn.seqs[count:], strict=True):

@@ -148,10 +148,9 @@ class BusyDesk:
 
     # -- the session runs in another process ----------------------------------------
 
-    def on_wait(
-        self, state: SessionState, turn: Turn, error: ChatlaneError, wait: AcquireWait
-    ) -> None:
+    def on_wait(self, turn: Turn, error: ChatlaneError, wait: AcquireWait) -> None:
         """``turn`` was refused its lease with ``error``; act once per kind of wait."""
+        state = turn.session_state
         if not wait.first(error):
             return
         if isinstance(error, ActiveSessionLimit):
@@ -162,9 +161,9 @@ class BusyDesk:
             len(turn.messages),
             extra=turn_fields(state.key),
         )
-        self._elsewhere(state, turn, turn.messages[0])
+        self._elsewhere(turn, turn.messages[0])
 
-    def _elsewhere(self, state: SessionState, turn: Turn, message: InboundMessage) -> None:
+    def _elsewhere(self, turn: Turn, message: InboundMessage) -> None:
         """The busy policy, for a turn whose session another process runs.
 
         A fresh message is refused under ``reject`` (it leaves the store's
@@ -172,6 +171,7 @@ class BusyDesk:
         otherwise waits for the lease; the sender gets the notice or the
         (debounced) ack.
         """
+        state = turn.session_state
         if message.internal:
             return
         policy = self.policy_for(state, message)
@@ -187,7 +187,7 @@ class BusyDesk:
         if outcome is BusyOutcome.INTERRUPTING:
             state.conversation.interrupt_streak += 1
             self._metrics.busy(outcome.value, policy.value)
-            self._spawn(self._interrupt_elsewhere(state, turn, message))
+            self._spawn(self._interrupt_elsewhere(turn, message))
         elif outcome is BusyOutcome.REJECTED:
             turn.end(TurnEnd.REJECTED)
             turn.interrupted.set()  # no longer wanted: the lease wait ends
@@ -202,9 +202,8 @@ class BusyDesk:
         source, ids = turn.messages[0].source, turn.message_ids
         self._spawn(self._outlet.send(kind, turn.session_key, source, text, ids, refusal=refusal))
 
-    async def _interrupt_elsewhere(
-        self, state: SessionState, turn: Turn, message: InboundMessage
-    ) -> None:
+    async def _interrupt_elsewhere(self, turn: Turn, message: InboundMessage) -> None:
+        state = turn.session_state
         try:
             interrupted = await interrupt_elsewhere(self._store, state.key)
         except ChatlaneError as error:

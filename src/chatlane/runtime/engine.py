@@ -310,12 +310,13 @@ class TurnEngine:
         state.turn.claim(turn, time.time())
         self._turns.add(turn)
         context = bound_context(turn.source, turn.session_key)
-        turn.attach(asyncio.create_task(self._drive(state, turn), context=context))
+        turn.attach(asyncio.create_task(self._drive(turn), context=context))
         return turn
 
-    async def _drive(self, state: SessionState, turn: Turn) -> None:
+    async def _drive(self, turn: Turn) -> None:
+        state = turn.session_state
         try:
-            if await self._take_lease(state, turn):
+            if await self._take_lease(turn):
                 state.turn.run(turn)
                 text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)
@@ -327,11 +328,11 @@ class TurnEngine:
             turn.end(TurnEnd.FAILED)
         finally:
             try:
-                await self.aftermath.settle(state, turn, closing=self._is_closed)
+                await self.aftermath.settle(turn, closing=self._is_closed)
             finally:
-                self._finish(state, turn)
+                self._finish(turn)
 
-    async def _take_lease(self, state: SessionState, turn: Turn) -> bool:
+    async def _take_lease(self, turn: Turn) -> bool:
         """Wait for the session's lease and bind it to ``turn``; False if the turn was dropped.
 
         A turn gives way while it waits if a message accepted before its own
@@ -341,11 +342,12 @@ class TurnEngine:
         (a busy policy may decide what becomes of the message while another
         process runs the session) and again once the lease is taken.
         """
+        state = turn.session_state
         if self._choices_stale(state):
-            await self._reread(state, turn)
-        wanted = partial(self._still_wanted, state, turn)
+            await self._reread(turn)
+        wanted = partial(self._still_wanted, turn)
         lease = await self.leases.acquire(
-            state, min(turn.seqs), wanted, partial(self.busy.on_wait, state, turn)
+            state, min(turn.seqs), wanted, partial(self.busy.on_wait, turn)
         )
         if lease is None:
             return False
@@ -355,15 +357,15 @@ class TurnEngine:
             turn.end(TurnEnd.LEASE_LOST)
             return False
         state.persistent.run_generation = lease.generation
-        if lease.generation > known + 1 and await self._dropped_elsewhere(state, turn):
+        if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
             return False  # another process ran or stopped the session meanwhile
         if self._choices_stale(state):
-            await self._reread(state, turn)
+            await self._reread(turn)
         turn.touch()
         self.metrics.turn_started()
         return True
 
-    async def _dropped_elsewhere(self, state: SessionState, turn: Turn) -> bool:
+    async def _dropped_elsewhere(self, turn: Turn) -> bool:
         """Whether another process's ``/stop`` or ``/new`` dropped ``turn``'s messages.
 
         Asked only when the generation moved on elsewhere while the turn
@@ -371,6 +373,7 @@ class TurnEngine:
         A dropped turn ends unrun as :data:`TurnEnd.DROPPED`; its messages still
         queued in the store wait here again, in store order.
         """
+        state = turn.session_state
         try:
             alive = {record.seq for record in await self.store.pending(state.key)}
         except ChatlaneError as error:
@@ -390,13 +393,14 @@ class TurnEngine:
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored
 
-    async def _reread(self, state: SessionState, turn: Turn) -> None:
+    async def _reread(self, turn: Turn) -> None:
         """Take up stored choices another process may have changed (``reread_stored``).
 
         Only what the store changed reaches the turn: its overrides were
         resolved when it started, and a ``/model --once`` sent since is for
         the next turn.
         """
+        state = turn.session_state
         try:
             fields = await self.store.load_persistent(state.key)
         except ChatlaneError as error:
@@ -407,7 +411,8 @@ class TurnEngine:
             self.approvals.end_conversation(state)
         turn.rebase_overrides(before, TurnOverrides.of(state))
 
-    def _still_wanted(self, state: SessionState, turn: Turn) -> bool:
+    def _still_wanted(self, turn: Turn) -> bool:
+        state = turn.session_state
         if self._closed or turn.interrupted.is_set():
             return False
         earlier = pending.smallest_seq(state)
@@ -416,14 +421,15 @@ class TurnEngine:
             return False
         return True
 
-    def _finish(self, state: SessionState, turn: Turn) -> None:
-        self._end(state, turn)
+    def _finish(self, turn: Turn) -> None:
+        state = turn.session_state
+        self._end(turn)
         self._turn_ended.set()
         if turn.lease is not None:
             outcome = "answered" if turn.answered else (turn.ended_by or "fenced")
             self.metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
         if turn.ended_by != TurnEnd.REORDERED:
-            settle_once(state, turn)
+            settle_once(turn)
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
         if not state.turn.holds(turn):
@@ -435,8 +441,9 @@ class TurnEngine:
         state.turn.clear()
         self._promote(state)
 
-    def _end(self, state: SessionState, turn: Turn) -> None:
+    def _end(self, turn: Turn) -> None:
         """The engine is done with ``turn``: it holds no slot and can ask nothing any more."""
+        state = turn.session_state
         self._turns.discard(turn)
         turn.mark_finished()
         if turn.lease is not None:
@@ -624,10 +631,10 @@ class TurnEngine:
         if not state.turn.holds(turn):
             return
         self._supersede(state, turn, TurnEnd.EVICTED)
-        settle_once(state, turn)
+        settle_once(turn)
         if turn.task is not None:
             turn.task.cancel()
-        self._end(state, turn)
+        self._end(turn)
         state.turn.clear()
         await self.leases.release(state, turn.generation)
         timeout = self.settings.turn_timeout

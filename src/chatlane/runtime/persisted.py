@@ -86,8 +86,9 @@ def apply_once(state: SessionState, model: ModelChoice) -> None:
     conversation.model_override = model
 
 
-def settle_once(state: SessionState, turn: Turn) -> None:
+def settle_once(turn: Turn) -> None:
     """Restore the model a ``--once`` override replaced, if ``turn`` is the one that used it."""
+    state = turn.session_state
     snapshot = turn.once_restore
     conversation = state.conversation
     if snapshot is None or conversation.one_turn_restore is not snapshot:

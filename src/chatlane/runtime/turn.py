@@ -180,6 +180,11 @@ class Turn:
     # -- what the engine reads (the record's fields, read-only here) -------------
 
     @property
+    def session_state(self) -> SessionState:
+        """The state of the session this turn runs for (engine side)."""
+        return self._state
+
+    @property
     def seqs(self) -> tuple[int, ...]:
         """The store's ``seq`` of each message this turn answers (engine side)."""
         return tuple(self._record.seqs)
