@@ -150,7 +150,7 @@ class Gateway:
         self._filters.append(keep)
 
     async def _deliver_out(self, outbound: Outbound) -> None:
-        if all(keep(outbound) for keep in self._filters):
+        if not self._filters or all(keep(outbound) for keep in self._filters):
             await self._deliver(outbound)
 
     def session_key(self, message: InboundMessage) -> SessionKey:

@@ -21,8 +21,7 @@ bounds the sum. What stays true:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from chatlane.errors import GatewayFull
@@ -82,11 +81,9 @@ class Capacity:
         """Bytes counted now (at least what is held: stale entries go at the next recount)."""
         return self._total
 
-    @contextmanager
-    def admit(self, message: InboundMessage, *, new_session: bool) -> Iterator[None]:
-        """Count ``message`` in, for the body of the block (where it is stored and accepted).
+    def reserve(self, message: InboundMessage, *, new_session: bool) -> None:
+        """Count ``message`` in while it is stored and accepted; :meth:`settled` ends that.
 
-        :param new_session: its session is not live yet, so it would make one more.
         :raises GatewayFull: if a limit would be passed; nothing was counted.
         """
         if new_session:
@@ -94,11 +91,11 @@ class Capacity:
         self._reserve(message)
         self._arriving += new_session
         self._storing[message.id] = message
-        try:
-            yield
-        finally:
-            self._arriving -= new_session
-            self._storing.pop(message.id, None)
+
+    def settled(self, message: InboundMessage, *, new_session: bool) -> None:
+        """``message`` is stored and accepted (or refused): the engine holds it from now on."""
+        self._arriving -= new_session
+        self._storing.pop(message.id, None)
 
     def _check_live(self) -> None:
         limit = self.settings.live_sessions

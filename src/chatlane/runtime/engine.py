@@ -162,9 +162,13 @@ class TurnEngine:
             reached; nothing was stored.
         """
         state = await self.session(key)
-        with self.capacity.admit(message, new_session=not state.is_busy):
+        new_session = not state.is_busy
+        self.capacity.reserve(message, new_session=new_session)
+        try:
             seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
             return await self.accept(key, message, seq)
+        finally:
+            self.capacity.settled(message, new_session=new_session)
 
     async def session(self, key: SessionKey) -> SessionState:
         """``key``'s state, its persistent scope loaded from the store on first use."""
