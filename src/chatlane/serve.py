@@ -14,6 +14,7 @@ import resource
 import signal
 import socket
 from types import FrameType
+from typing import TypedDict, Unpack
 
 import msgspec
 import uvicorn
@@ -31,30 +32,24 @@ from chatlane.secrets import Secrets, resolve_secrets
 log = logging.getLogger("chatlane.server")
 
 
-def configure(
-    config_path: str | None,
-    *,
-    host: str | None = None,
-    port: int | None = None,
-    store: str | None = None,
-    agent: str | None = None,
-    busy: str | None = None,
-    keep_alive: int | None = None,
-) -> Config:
+class Overrides(TypedDict, total=False):
+    """What the ``chatlane serve`` command line sets on top of the configuration."""
+
+    host: str | None
+    port: int | None
+    store: str | None
+    agent: str | None
+    busy: str | None
+    keep_alive: int | None
+
+
+def configure(config_path: str | None, **overrides: Unpack[Overrides]) -> Config:
     """The configuration file and environment, then the command line on top; validated,
     with the secrets it needs present (see :func:`prepare`).
 
     :raises ConfigError: for any bad value or missing secret, naming it.
     """
-    config, _ = prepare(
-        config_path,
-        host=host,
-        port=port,
-        store=store,
-        agent=agent,
-        busy=busy,
-        keep_alive=keep_alive,
-    )
+    config, _ = prepare(config_path, **overrides)
     return config
 
 

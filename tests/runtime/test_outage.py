@@ -28,6 +28,19 @@ from chatlane.types import OutboundKind, SessionKey
 from tests.adapters.test_api import eventually
 
 
+class HeldFirst:
+    """Answers every message; the one saying "first" waits for ``go`` once it runs."""
+
+    def __init__(self) -> None:
+        self.running, self.go = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        if turn.text == "first":
+            self.running.set()
+            await self.go.wait()
+        return f"answer {turn.text}"
+
+
 async def answers(h: GatewayHarness, count: int) -> list[str]:
     """The first ``count`` answers (replies, not acks) to chat ``c``, in the order delivered."""
     async with asyncio.timeout(60):
@@ -55,21 +68,15 @@ async def test_a_commit_outlasts_a_held_write_lock_and_later_messages_wait_behin
 ) -> None:
     path = tmp_path / "chatlane.db"
     store = await open_store(f"sqlite:///{path}?busy_timeout=50")
-    running, go = asyncio.Event(), asyncio.Event()
-
-    async def agent(turn: Turn) -> str:
-        if turn.text == "first":
-            running.set()
-            await go.wait()
-        return f"answer {turn.text}"
+    agent = HeldFirst()
 
     caplog.set_level(logging.WARNING)
     try:
         async with GatewayHarness(agent, store=store) as h:
             first = await h.send("first", chat_id="c")
-            await running.wait()
+            await agent.running.wait()
             with write_lock(path):
-                go.set()
+                agent.go.set()
                 await eventually(lambda: "commit failed, retrying" in caplog.text)
             await h.send("second", chat_id="c")  # the first's commit may still be waiting
             assert await answers(h, 2) == ["answer first", "answer second"]
@@ -138,13 +145,7 @@ async def test_a_commit_outlasts_a_redis_restart_and_later_messages_wait_behind_
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     port = free_port()
-    running, go = asyncio.Event(), asyncio.Event()
-
-    async def agent(turn: Turn) -> str:
-        if turn.text == "first":
-            running.set()
-            await go.wait()
-        return f"answer {turn.text}"
+    agent = HeldFirst()
 
     caplog.set_level(logging.WARNING)
     with persistent_redis(tmp_path, port) as server:
@@ -152,10 +153,10 @@ async def test_a_commit_outlasts_a_redis_restart_and_later_messages_wait_behind_
         try:
             async with GatewayHarness(agent, store=store) as h:
                 first = await h.send("first", chat_id="c")
-                await running.wait()
+                await agent.running.wait()
                 server.terminate()  # the outage: the server is gone
                 await asyncio.to_thread(server.wait, 10)
-                go.set()
+                agent.go.set()
                 await eventually(lambda: "commit failed, retrying" in caplog.text)
                 with persistent_redis(tmp_path, port):  # back, with its data
                     await h.send("second", chat_id="c")

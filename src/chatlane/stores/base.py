@@ -59,7 +59,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from chatlane.errors import StoreDamaged
+from chatlane.errors import LeaseError, LeaseLost, StoreDamaged
 from chatlane.stores.protocols import Conversations, Leases, Liveness, PendingQueue, SessionData
 from chatlane.stores.records import (
     Conversation,
@@ -92,6 +92,18 @@ __all__ = [
 
 Clock = Callable[[], float]
 """Where a store reads the time: wall-clock seconds (tests pass a clock they advance)."""
+
+
+def already_released(lease: Lease) -> LeaseError:
+    """The error for releasing ``lease`` a second time (every backend raises this one)."""
+    message = f"lease on {lease.key!r} was already released"
+    return LeaseError(message, key=lease.key, generation=lease.generation)
+
+
+def taken_over(lease: Lease) -> LeaseLost:
+    """The error for releasing ``lease`` after another holder took the session."""
+    message = f"lease on {lease.key!r} was taken over since generation {lease.generation}"
+    return LeaseLost(message, key=lease.key, generation=lease.generation)
 
 
 def now() -> float:

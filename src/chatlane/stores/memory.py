@@ -23,7 +23,6 @@ from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
     EarlierMessageFirst,
-    LeaseError,
     LeaseLost,
     SessionBusy,
     StaleGeneration,
@@ -38,7 +37,9 @@ from chatlane.stores.base import (
     Store,
     TranscriptEntry,
     WriteBatch,
+    already_released,
     now,
+    taken_over,
 )
 from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import new_conversation_id, new_token
@@ -130,16 +131,8 @@ class MemoryStore(Store):
             session.lease = None
             return
         if held is None and session.generation == lease.generation:
-            raise LeaseError(
-                f"lease on {lease.key!r} was already released",
-                key=lease.key,
-                generation=lease.generation,
-            )
-        raise LeaseLost(
-            f"lease on {lease.key!r} was taken over since generation {lease.generation}",
-            key=lease.key,
-            generation=lease.generation,
-        )
+            raise already_released(lease)
+        raise taken_over(lease)
 
     async def bump_generation(self, key: SessionKey) -> int:
         session = self._sessions[key]

@@ -41,7 +41,6 @@ from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
     EarlierMessageFirst,
-    LeaseError,
     LeaseLost,
     SessionBusy,
     StaleGeneration,
@@ -57,7 +56,9 @@ from chatlane.stores.base import (
     Store,
     TranscriptEntry,
     WriteBatch,
+    already_released,
     now,
+    taken_over,
 )
 from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import new_conversation_id, new_token
@@ -215,17 +216,9 @@ class RedisStore(Store):
         args = (lease.token, lease.generation, _request_id(), lease.key)
         status = (await self._run(lua.RELEASE, lease.key, *args))[0]
         if status == Status.RELEASED:
-            raise LeaseError(
-                f"lease on {lease.key!r} was already released",
-                key=lease.key,
-                generation=lease.generation,
-            )
+            raise already_released(lease)
         if status == Status.LOST:
-            raise LeaseLost(
-                f"lease on {lease.key!r} was taken over since generation {lease.generation}",
-                key=lease.key,
-                generation=lease.generation,
-            )
+            raise taken_over(lease)
 
     async def bump_generation(self, key: SessionKey) -> int:
         return int(await self._run(lua.BUMP, key, _request_id()))

@@ -31,7 +31,6 @@ from chatlane.errors import (
     ActiveSessionLimit,
     AlreadyAnswered,
     EarlierMessageFirst,
-    LeaseError,
     LeaseLost,
     SessionBusy,
     StaleGeneration,
@@ -48,7 +47,9 @@ from chatlane.stores.base import (
     Store,
     TranscriptEntry,
     WriteBatch,
+    already_released,
     now,
+    taken_over,
 )
 from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import new_conversation_id, new_token
@@ -176,16 +177,8 @@ def _release(db: sqlite3.Connection, lease: Lease) -> None:
         return
     held = _scalar(db, "SELECT 1 FROM leases WHERE key = ?", (lease.key,))
     if not held and _generation(db, lease.key) == lease.generation:
-        raise LeaseError(
-            f"lease on {lease.key!r} was already released",
-            key=lease.key,
-            generation=lease.generation,
-        )
-    raise LeaseLost(
-        f"lease on {lease.key!r} was taken over since generation {lease.generation}",
-        key=lease.key,
-        generation=lease.generation,
-    )
+        raise already_released(lease)
+    raise taken_over(lease)
 
 
 def _commit(
