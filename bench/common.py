@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
+import platform
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -71,6 +73,38 @@ def check_counts(side: str, what: str, counts: Mapping[int, int], expected: int)
     if wrong:
         sample = dict(list(wrong.items())[:5])
         raise BenchError(f"{side}: {len(wrong)} session {what}s != {expected}, e.g. {sample}")
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPU model, CPUs, Python, load average (1, 5, 15 min)."""
+    return {
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "load_average": [round(load, 2) for load in os.getloadavg()],
+    }
+
+
+def cpu_model() -> str:
+    """The first ``model name`` in ``/proc/cpuinfo``, else what :mod:`platform` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_machine(facts: dict[str, Any]) -> str:
+    """One line for a table's head, from :func:`machine`'s facts."""
+    load = " ".join(f"{value:.2f}" for value in facts["load_average"])
+    return (
+        f"{facts['cpu']}, {facts['cpus']} CPUs ({facts['cpus_usable']} usable), "
+        f"{facts['python']}, load average {load}"
+    )
 
 
 def positive(text: str) -> int:

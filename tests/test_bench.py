@@ -48,3 +48,18 @@ def test_stores_runs_every_line() -> None:
         *("redis-py/ping", "resp/ping", "aiogram/redis"),
     }
     assert all(line["median_us"] > 0 for line in report["lines"].values())
+
+
+def test_http_runs_both_servers_in_every_cell() -> None:
+    report = run_bench(
+        "http", "--sessions", "20", "--requests", "40", "--warmup", "8", "--concurrency", "1,4"
+    )
+    assert [(c["mode"], c["concurrency"]) for c in report["cells"]] == [
+        (mode, n) for mode in ("non-streaming", "streaming") for n in (1, 4)
+    ]
+    for cell in report["cells"]:
+        for side in ("chatlane", "floor"):
+            assert cell[side]["median"]["requests_per_s"] > 0
+            assert cell[side]["requests_per_round"] == 40
+        assert cell["floor"]["events_per_response"] == cell["chatlane"]["events_per_response"]
+    assert "passed" in report
