@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from chatlane.gateway import Gateway, GatewaySettings
-from chatlane.identity import KeyPolicy, SessionSource
+from chatlane.identity import KeyPolicy, SessionKey, SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
@@ -411,7 +411,7 @@ class GatedConversations(MemoryStore):
         self.gate = asyncio.Event()
         self.held = asyncio.Event()
 
-    async def new_conversation(self, key: str, title: str = "") -> Conversation:
+    async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
         self.held.set()
         await self.gate.wait()
         return await super().new_conversation(key, title)

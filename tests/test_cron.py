@@ -299,7 +299,9 @@ class TestJobBook:
         assert sorted(await jobs.load()) == ["j2"]
 
     async def test_a_record_that_is_no_longer_a_job_is_skipped(self, store: Store) -> None:
-        await store.set_persistent("main:scheduler", None, **{"job:bad": {"schedule": "nope"}})
+        await store.set_persistent(
+            SessionKey("main:scheduler"), None, **{"job:bad": {"schedule": "nope"}}
+        )
         await book(store).save(Job("@daily", "fine", id="ok"))
         assert list(await book(store).load()) == ["ok"]
 
@@ -317,7 +319,7 @@ class TestJobBook:
         assert await book(store).claim("cfg-1", 100.0, stored=False) is Claim.CLAIMED
 
     async def test_busy_while_another_process_claims(self, store: Store) -> None:
-        await store.acquire("main:scheduler:job:j", "other", 30.0)
+        await store.acquire(SessionKey("main:scheduler:job:j"), "other", 30.0)
         assert await book(store).claim("j", 100.0, stored=False) is Claim.BUSY
 
 

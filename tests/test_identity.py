@@ -15,6 +15,7 @@ from chatlane.identity import (
     SessionKeyParts,
     SessionSource,
     build_session_key,
+    check_session_key,
     check_session_name,
     parse_session_key,
 )
@@ -136,9 +137,11 @@ class TestErrors:
             "a:b:dm:",
         ],
     )
-    def test_parse_rejects_malformed(self, bad: str) -> None:
+    def test_parse_and_check_reject_malformed(self, bad: str) -> None:
         with pytest.raises(InvalidSessionKey):
             parse_session_key(bad)
+        with pytest.raises(InvalidSessionKey):
+            check_session_key(bad)
 
 
 class TestEscaping:
@@ -218,6 +221,16 @@ def test_parse_inverts_build(source: SessionSource, policy: KeyPolicy) -> None:
     parts = parse_session_key(build_session_key(source, policy))
     namespace, platform, chat_type, chat_id, thread_id, user_id = identity_of(source, policy)
     assert parts == SessionKeyParts(namespace, platform, chat_type, chat_id, thread_id, user_id)  # type: ignore[arg-type]
+
+
+@given(sources, policies)
+def test_check_takes_every_built_key_as_it_is(source: SessionSource, policy: KeyPolicy) -> None:
+    if not is_keyable(source):
+        return
+    built = build_session_key(source, policy)
+    checked = check_session_key(str(built))
+    assert checked == built
+    assert type(checked) is str  # a SessionKey is a plain str at run time
 
 
 @given(sources, policies)

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chatlane.errors import ConfigError
+from chatlane.identity import SessionKey
 from chatlane.legacy import (
     LEGACY_FIELD_SPECS,
     LegacyFieldView,
@@ -94,13 +95,18 @@ class Runner:
         self._sessions = SessionRegistry()
 
     def _session_state(self, key: str) -> SessionState:
-        return self._sessions.get(key)
+        return self._sessions.get(SessionKey(key))  # a legacy runner's keys are its own
 
 
 def view(runner: Runner, name: str) -> LegacyView[str]:
     got = getattr(runner, name)
     assert isinstance(got, LegacyFieldView)
     return got
+
+
+def state_of(runner: Runner, key: str) -> SessionState:
+    """The session the runner's views write ``key`` to."""
+    return runner._sessions.get(SessionKey(key))
 
 
 def field_of(state: SessionState, name: str) -> Any:
@@ -116,7 +122,7 @@ class TestSpecs:
     @pytest.mark.parametrize("name", NAMES)
     def test_spec_names_a_real_field_with_its_default(self, name: str) -> None:
         spec = LEGACY_FIELD_SPECS[name]
-        scope = getattr(SessionState("k"), spec.scope.value)
+        scope = getattr(SessionState(), spec.scope.value)
         assert spec.name == name
         assert getattr(scope, spec.field) == spec.default
         assert spec.presence is presence_for(spec.default)
@@ -148,14 +154,14 @@ class TestRoundTrip:
     def test_view_writes_the_field(self, name: str) -> None:
         runner = Runner()
         view(runner, name)["k"] = SAMPLES[name]
-        assert field_of(runner._sessions.get("k"), name) == SAMPLES[name]
+        assert field_of(state_of(runner, "k"), name) == SAMPLES[name]
         assert view(runner, name) == {"k": SAMPLES[name]}
 
     @pytest.mark.parametrize("name", NAMES)
     def test_field_shows_in_the_view(self, name: str) -> None:
         runner = Runner()
         spec = LEGACY_FIELD_SPECS[name]
-        setattr(getattr(runner._sessions.get("k"), spec.scope.value), spec.field, SAMPLES[name])
+        setattr(getattr(state_of(runner, "k"), spec.scope.value), spec.field, SAMPLES[name])
         assert view(runner, name)["k"] == SAMPLES[name]
         assert "k" in view(runner, name)
         assert list(view(runner, name)) == ["k"]
@@ -165,22 +171,22 @@ class TestRoundTrip:
         runner = Runner()
         view(runner, name)["k"] = SAMPLES[name]
         del view(runner, name)["k"]
-        assert field_of(runner._sessions.get("k"), name) == LEGACY_FIELD_SPECS[name].default
+        assert field_of(state_of(runner, "k"), name) == LEGACY_FIELD_SPECS[name].default
         assert "k" not in view(runner, name)
 
     def test_example_from_the_spec(self) -> None:
         runner = Runner()
         runner._running_agents["k"] = "agent"
-        assert runner._sessions.get("k").turn.agent == "agent"
+        assert state_of(runner, "k").turn.agent == "agent"
         runner._running_agents = {}
-        assert runner._sessions.get("k").turn.agent is None
+        assert state_of(runner, "k").turn.agent is None
 
 
 class TestPresence:
     @pytest.mark.parametrize("name", sorted(ABSENT))
     def test_typed_default_absent_when_falsy(self, name: str) -> None:
         runner = Runner()
-        runner._sessions.get("k")
+        state_of(runner, "k")
         view(runner, name)["k"] = ABSENT[name]
         assert "k" not in view(runner, name)
         assert len(view(runner, name)) == 0
@@ -197,7 +203,7 @@ class TestPresence:
         runner = Runner()
         runner._session_service_tier_overrides["k"] = None
         assert runner._session_service_tier_overrides["k"] is None
-        assert runner._sessions.get("k").conversation.service_tier_override is None
+        assert state_of(runner, "k").conversation.service_tier_override is None
         runner._session_service_tier_overrides["k"] = SERVICE_TIER_UNSET
         assert "k" not in runner._session_service_tier_overrides
 
@@ -218,7 +224,7 @@ class TestDictSemantics:
 
     def test_del_absent_raises_key_error(self) -> None:
         runner = Runner()
-        runner._sessions.get("k")
+        state_of(runner, "k")
         with pytest.raises(KeyError):
             del runner._running_agents["k"]
         with pytest.raises(KeyError):
@@ -231,7 +237,7 @@ class TestDictSemantics:
 
     def test_setdefault_on_an_existing_session(self) -> None:
         runner = Runner()
-        runner._sessions.get("k")
+        state_of(runner, "k")
         runner._pending_native_image_paths_by_session.setdefault("k", []).append("/a.png")
         assert runner._pending_native_image_paths_by_session == {"k": ["/a.png"]}
 
@@ -258,12 +264,12 @@ class TestDictSemantics:
         assert runner._session_model_overrides["a"] == "m1"
         view = runner._session_model_overrides
         view |= {"b": "m2"}
-        assert runner._sessions.get("b").conversation.model_override == "m2"
+        assert state_of(runner, "b").conversation.model_override == "m2"
 
     def test_len_iter_in_follow_presence(self) -> None:
         runner = Runner()
         runner._running_agents["a"] = "agent"
-        runner._sessions.get("b")
+        state_of(runner, "b")
         assert len(runner._running_agents) == 1
         assert list(runner._running_agents) == ["a"]
         assert "b" not in runner._running_agents
@@ -272,7 +278,7 @@ class TestDictSemantics:
         runner = Runner()
         runner._queued_events.setdefault("k", []).append("e1")
         runner._queued_events.setdefault("k", []).append("e2")
-        assert runner._sessions.get("k").conversation.queued_events == ["e1", "e2"]
+        assert state_of(runner, "k").conversation.queued_events == ["e1", "e2"]
 
     def test_pop_with_default(self) -> None:
         runner = Runner()
@@ -311,14 +317,14 @@ class TestProperty:
         runner._session_model_overrides["b"] = "m2"
         runner._session_model_overrides = {"b": "m3", "c": "m4"}
         assert runner._session_model_overrides == {"b": "m3", "c": "m4"}
-        assert runner._sessions.get("a").conversation.model_override is None
+        assert state_of(runner, "a").conversation.model_override is None
 
     def test_setter_with_none_empties(self) -> None:
         runner = Runner()
         runner._running_agents_ts["a"] = 1.0
         runner._running_agents_ts = None
         assert runner._running_agents_ts == {}
-        assert runner._sessions.get("a").turn.started_ts == 0.0
+        assert state_of(runner, "a").turn.started_ts == 0.0
 
     def test_assigning_the_view_to_itself_keeps_it(self) -> None:
         runner = Runner()
@@ -343,7 +349,7 @@ class TestRunGeneration:
         gens["k"] = gens.get("k", 0) + 1
         gens["k"] = gens.get("k", 0) + 1
         assert gens["k"] == 2
-        assert runner._sessions.get("k").persistent.run_generation == 2
+        assert state_of(runner, "k").persistent.run_generation == 2
 
     def test_lowering_raises_and_keeps_the_value(self) -> None:
         runner = Runner()
@@ -380,15 +386,15 @@ class TestLeaseTokenView:
         runner = Runner()
         runner._turn_lease_tokens[("k", 1)] = "t1"
         runner._turn_lease_tokens[("k", 2)] = "t2"
-        assert runner._sessions.get("k").turn.lease_tokens == {1: "t1", 2: "t2"}
+        assert state_of(runner, "k").turn.lease_tokens == {1: "t1", 2: "t2"}
         assert runner._turn_lease_tokens == {("k", 1): "t1", ("k", 2): "t2"}
         assert len(runner._turn_lease_tokens) == 2
 
     def test_reflects_state_helpers(self) -> None:
         runner = Runner()
-        runner._sessions.get("k").turn.store_lease_token(4, "t4")
+        state_of(runner, "k").turn.store_lease_token(4, "t4")
         assert runner._turn_lease_tokens[("k", 4)] == "t4"
-        runner._sessions.get("k").turn.release_lease_token(4)
+        state_of(runner, "k").turn.release_lease_token(4)
         assert ("k", 4) not in runner._turn_lease_tokens
 
     def test_pop_releases_exactly_once(self) -> None:
@@ -420,7 +426,7 @@ class TestLeaseTokenView:
         runner = Runner()
         runner._turn_lease_tokens[("a", 1)] = "t1"
         runner._turn_lease_tokens[("b", 2)] = "t2"
-        runner._sessions.end_turn("a")
+        runner._sessions.end_turn(SessionKey("a"))
         assert len(runner._turn_lease_tokens) == 2
         runner._turn_lease_tokens.clear()
         assert runner._turn_lease_tokens == {}
@@ -581,7 +587,7 @@ class TestDropIn:
         assert "k" not in runner._running_agents
         sessions = vars(runner)["_sessions"]
         assert isinstance(sessions, SessionRegistry)
-        assert sessions.get("k").conversation.queued_events == ["e"]
+        assert sessions.get(SessionKey("k")).conversation.queued_events == ["e"]
 
     def test_session_state_needs_no_key(self) -> None:
         state = SessionState()
@@ -601,7 +607,7 @@ class TestDropIn:
             del runner._queued_events
         held.append("stale")
         assert "k" not in runner._queued_events
-        assert runner._sessions.get("k").conversation.queued_events == []
+        assert state_of(runner, "k").conversation.queued_events == []
 
     def test_views_keep_insertion_order_across_writes_elsewhere(self) -> None:
         runner = Runner()

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from chatlane.cli import main
 from chatlane.config import Config, Secret, ServerConfig
 from tests.adapters.test_api import TOKEN, serve
+from tests.keys import chat_key
 
 
 def config_with_token(tmp_path: Path) -> Config:
@@ -90,7 +91,7 @@ async def test_inspecting_an_unknown_key_creates_nothing(tmp_path: Path) -> None
         )
         assert code == 1
         assert "HTTP 404" in output
-        assert await s.hub.store.generation("main:api:dm:nobody") == 0
+        assert await s.hub.store.generation(chat_key("nobody", "api")) == 0
         async with httpx.AsyncClient() as client:
             lower = await client.get(
                 url + "/admin/sessions", headers={"Authorization": f"bearer {TOKEN}"}
@@ -104,7 +105,7 @@ async def test_failed_messages_are_listed_and_run_again_by_the_operator(tmp_path
     from chatlane.types import InboundMessage
 
     async with serve(config_with_token(tmp_path)) as s:
-        store, key = s.hub.store, "main:api:dm:op"
+        store, key = s.hub.store, chat_key("op", "api")
         message = InboundMessage(SessionSource("api", chat_id="op", user_id="op"), "hello again")
         seq = await store.enqueue(key, message.id, "a-process", encode_message(message))
         await store.park(key, [seq], "its turn lost its lease 3 times")

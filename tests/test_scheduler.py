@@ -29,7 +29,7 @@ from chatlane.context import current_cron_target, get_session_env
 from chatlane.cron import LOCAL, Interval, Job, JobRun, Schedule
 from chatlane.errors import ConfigError, InvalidSessionKey
 from chatlane.gateway import DispatchResult, Gateway
-from chatlane.identity import ChatType, SessionSource
+from chatlane.identity import ChatType, SessionSource, check_session_key
 from chatlane.lifecycle import EndReason, LifecycleOptions
 from chatlane.redaction import CREDENTIALS_REFUSED
 from chatlane.runtime.turn import Turn
@@ -39,6 +39,7 @@ from chatlane.stores.base import Conversation
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, SessionKey
+from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent
 
 IDLE_NOTICE = (
@@ -147,21 +148,23 @@ class TestPolicies:
 class TestTracker:
     def test_bounded_least_recently_active_dropped(self) -> None:
         tracker = ActivityTracker(cap=2)
-        for i, key in enumerate(["a", "b", "a", "c"]):
-            tracker.touch(key, SessionSource("web", chat_id=key), float(i))
-        assert [key for key, _ in tracker.snapshot()] == ["a", "c"]
+        keys = {name: chat_key(name, "web") for name in "abc"}
+        for i, name in enumerate("abac"):
+            tracker.touch(keys[name], SessionSource("web", chat_id=name), float(i))
+        assert [key for key, _ in tracker.snapshot()] == [keys["a"], keys["c"]]
         assert len(tracker) == 2
 
     def test_refresh_only_tracked_and_forget(self) -> None:
         tracker = ActivityTracker()
-        tracker.refresh("x", 5.0)
-        assert tracker.get("x") is None
-        tracker.touch("x", SessionSource("web", chat_id="x"), 1.0)
-        tracker.refresh("x", 5.0)
-        entry = tracker.get("x")
+        key = chat_key("x", "web")
+        tracker.refresh(key, 5.0)
+        assert tracker.get(key) is None
+        tracker.touch(key, SessionSource("web", chat_id="x"), 1.0)
+        tracker.refresh(key, 5.0)
+        entry = tracker.get(key)
         assert entry is not None
         assert entry.last_at == 5.0
-        tracker.forget("x")
+        tracker.forget(key)
         assert len(tracker) == 0
 
     def test_invalid_cap(self) -> None:
@@ -593,7 +596,7 @@ class TestJobs:
             await scheduler.wait_idle()
             await h.settle()
             assert h.outbox == []
-            entries = await store.transcript("main:cron:local:n")
+            entries = await store.transcript(SessionKey("main:cron:local:n"))
             assert [e.content for e in entries] == ["nightly", "echo: nightly"]
             assert list(agent.recorder.turns) == ["main:cron:local:n"]
 
@@ -628,7 +631,7 @@ class TestBadJobs:
         origin = msgspec.to_builtins(SessionSource("test", chat_id="c"))
         endless: dict[str, Any] = {"schedule": "every " + "9" * 400 + "s", "prompt": "boom"}
         endless |= {"target": "origin", "origin": origin, "id": "bad", "created_at": START}
-        await store.set_persistent("main:scheduler", None, **{"job:bad": endless})
+        await store.set_persistent(SessionKey("main:scheduler"), None, **{"job:bad": endless})
         clock = FakeClock()
         async with scheduled(
             Scheduler(SchedulerSettings(period=0.02), now=clock), store=store
@@ -721,7 +724,7 @@ class TestBadJobs:
         origin = msgspec.to_builtins(SessionSource("test", chat_id="c"))
         late: dict[str, Any] = {"schedule": "every 1m", "prompt": "late", "target": "origin"}
         late |= {"origin": origin, "id": "late", "created_at": 1e300}
-        await store.set_persistent("main:scheduler", None, **{"job:late": late})
+        await store.set_persistent(SessionKey("main:scheduler"), None, **{"job:late": late})
         async with scheduled(Scheduler(), store=store) as h:
             await h.send("/cron list", chat_id="c")
             (listing,) = await h.replies(chat_id="c", count=1)
@@ -881,11 +884,11 @@ class TestCompletions:
             assert scheduler is not None
             source = SessionSource("test", chat_id="c1", chat_type=ChatType.GROUP, user_id="u")
             await scheduler.notify_completion(source, "one")
-            await scheduler.notify_completion("main:test:thread:c2:t9", "two")
+            await scheduler.notify_completion(check_session_key("main:test:thread:c2:t9"), "two")
             assert await h.replies(chat_id="c1", count=1) == ["echo: one"]
             assert await h.replies(chat_id="c2", thread_id="t9", count=1) == ["echo: two"]
             with pytest.raises(InvalidSessionKey):
-                await scheduler.notify_completion("not-a-key", "three")
+                await scheduler.notify_completion(SessionKey("not-a-key"), "three")
 
     async def test_silent_completion(self) -> None:
         async with scheduled(Scheduler(), silent_agent) as h:

@@ -12,10 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.keys import chat_key
 from tests.stores.test_sqlite_damage import damage_the_second_half, fill, write_from_elsewhere
 from tests.test_serve import free_port, start, stop, wait_ready
 
-KEY = "main:api:dm:big"
+KEY = chat_key("big", "api")
 
 
 def serve_once(tmp_path: Path, port: int) -> subprocess.CompletedProcess[str]:

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chatlane.errors import ConfigError, LeaseError
+from chatlane.identity import SessionKey
 from chatlane.state import (
     AGENT_PENDING,
     SERVICE_TIER_UNSET,
@@ -42,6 +43,10 @@ class MyConversation(ConversationState):
 @dataclass(slots=True)
 class MyPersistent(PersistentState):
     karma: int = 0
+
+
+A, B, C = SessionKey("a"), SessionKey("b"), SessionKey("c")
+"""Three sessions' keys (the registry never reads what a key says)."""
 
 
 class FakeClock:
@@ -262,7 +267,7 @@ class TestFieldHelpers:
 
 class TestResetScope:
     def test_turn_scope_only(self) -> None:
-        state = SessionState("k")
+        state = SessionState()
         dirty_turn(state.turn)
         state.conversation.model_override = "m"
         reset_scope(state, Scope.TURN)
@@ -270,7 +275,7 @@ class TestResetScope:
         assert state.conversation.model_override == "m"
 
     def test_conversation_scope_only(self) -> None:
-        state = SessionState("k")
+        state = SessionState()
         dirty_conversation(state.conversation)
         state.turn.agent = "agent"
         state.persistent.busy_policy = "a"
@@ -280,7 +285,7 @@ class TestResetScope:
         assert state.persistent.busy_policy == "a"
 
     def test_persistent_scope_is_never_reset_wholesale(self) -> None:
-        state = SessionState("k", persistent=PersistentState(busy_policy="a"))
+        state = SessionState(persistent=PersistentState(busy_policy="a"))
         with pytest.raises(ValueError, match="never reset wholesale"):
             reset_scope(state, Scope.PERSISTENT)
         assert state.persistent.busy_policy == "a"
@@ -288,10 +293,10 @@ class TestResetScope:
 
 class TestSessionState:
     def test_busy_while_running_or_holding_a_lease(self) -> None:
-        assert not SessionState("k").is_busy
-        assert SessionState("k", turn=TurnState(phase=SlotPhase.CLAIMED)).is_busy
-        assert SessionState("k", turn=TurnState(lease="l")).is_busy
-        assert SessionState("k", turn=TurnState(lease_tokens={1: "t"})).is_busy
+        assert not SessionState().is_busy
+        assert SessionState(turn=TurnState(phase=SlotPhase.CLAIMED)).is_busy
+        assert SessionState(turn=TurnState(lease="l")).is_busy
+        assert SessionState(turn=TurnState(lease_tokens={1: "t"})).is_busy
 
     @pytest.mark.parametrize(
         "persistent",
@@ -305,15 +310,15 @@ class TestSessionState:
         ],
     )
     def test_unsaved_persistent_data(self, persistent: PersistentState) -> None:
-        assert SessionState("k", persistent=persistent).holds_unsaved_data()
+        assert SessionState(persistent=persistent).holds_unsaved_data()
 
     def test_queued_events_are_unsaved_data(self) -> None:
-        state = SessionState("k")
+        state = SessionState()
         state.conversation.queued_events.append("e")
         assert state.holds_unsaved_data()
 
     def test_generation_and_conversation_choices_are_not_unsaved_data(self) -> None:
-        state = SessionState("k", persistent=PersistentState(run_generation=7))
+        state = SessionState(persistent=PersistentState(run_generation=7))
         state.conversation.model_override = "m"
         assert not state.holds_unsaved_data()
 
@@ -321,63 +326,63 @@ class TestSessionState:
 class TestRegistryBasics:
     def test_get_creates_once(self) -> None:
         registry = SessionRegistry()
-        state = registry.get("a")
-        assert state.key == "a"
-        assert registry.get("a") is state
-        assert "a" in registry
+        state = registry.get(A)
+        assert state.key == A
+        assert registry.get(A) is state
+        assert A in registry
         assert len(registry) == 1
 
     def test_peek_does_not_create(self) -> None:
         registry = SessionRegistry()
-        assert registry.peek("a") is None
-        assert "a" not in registry
+        assert registry.peek(A) is None
+        assert A not in registry
         assert len(registry) == 0
 
     def test_iteration_and_items(self) -> None:
         registry = SessionRegistry()
-        a, b = registry.get("a"), registry.get("b")
-        assert list(registry) == ["a", "b"]
-        assert registry.items() == [("a", a), ("b", b)]
+        a, b = registry.get(A), registry.get(B)
+        assert list(registry) == [A, B]
+        assert registry.items() == [(A, a), (B, b)]
 
     def test_iteration_is_a_snapshot(self) -> None:
         registry = SessionRegistry()
-        registry.get("a")
+        registry.get(A)
         for key in registry:
-            registry.get(key + "x")
-        assert list(registry) == ["a", "ax"]
+            registry.get(SessionKey(key + "x"))
+        assert list(registry) == [A, SessionKey("ax")]
 
     def test_uses_the_given_scope_classes(self) -> None:
         registry = SessionRegistry(
             turn_cls=MyTurn, conversation_cls=MyConversation, persistent_cls=MyPersistent
         )
-        state = registry.get("a")
+        state = registry.get(A)
         assert isinstance(state.turn, MyTurn)
         assert isinstance(state.conversation, MyConversation)
         assert isinstance(state.persistent, MyPersistent)
 
     def test_end_turn_clears_turn_scope_only(self) -> None:
         registry = SessionRegistry()
-        state = registry.get("a")
+        state = registry.get(A)
         dirty_turn(state.turn)
         state.conversation.model_override = "m"
-        registry.end_turn("a")
+        registry.end_turn(A)
         assert state.turn == TurnState(lease_tokens={1: "token-1"})
         assert state.conversation.model_override == "m"
 
     def test_end_conversation_clears_conversation_scope_only(self) -> None:
         registry = SessionRegistry(conversation_cls=MyConversation)
-        state = registry.get("a")
+        state = registry.get(A)
         assert isinstance(state.conversation, MyConversation)
         state.conversation.topic = "cats"
         state.turn.agent = "agent"
-        registry.end_conversation("a")
+        registry.end_conversation(A)
         assert state.conversation == MyConversation()
         assert state.turn.agent == "agent"
 
     def test_end_on_unknown_key_creates_nothing(self) -> None:
         registry = SessionRegistry()
-        registry.end_turn("a")
-        registry.end_conversation("a")
+        registry.end_turn(A)
+        registry.end_conversation(A)
         assert len(registry) == 0
 
 
@@ -408,40 +413,40 @@ class TestRegistryConfig:
 class TestEvictionByCap:
     def test_least_recently_used_goes_first(self) -> None:
         registry = SessionRegistry(max_sessions=2)
-        registry.get("a")
-        registry.get("b")
-        registry.get("a")
-        registry.get("c")
-        assert list(registry) == ["a", "c"]
+        registry.get(A)
+        registry.get(B)
+        registry.get(A)
+        registry.get(C)
+        assert list(registry) == [A, C]
 
     def test_peek_is_not_an_access(self) -> None:
         registry = SessionRegistry(max_sessions=2)
-        registry.get("a")
-        registry.get("b")
-        registry.peek("a")
-        registry.get("c")
-        assert list(registry) == ["b", "c"]
+        registry.get(A)
+        registry.get(B)
+        registry.peek(A)
+        registry.get(C)
+        assert list(registry) == [B, C]
 
     def test_running_session_is_never_evicted(self) -> None:
         registry = SessionRegistry(max_sessions=1)
-        registry.get("a").turn.agent = AGENT_PENDING
-        registry.get("b")
-        assert "a" in registry
-        assert "b" in registry
+        registry.get(A).turn.agent = AGENT_PENDING
+        registry.get(B)
+        assert A in registry
+        assert B in registry
 
     def test_registry_shrinks_back_once_the_turn_ends(self) -> None:
         registry = SessionRegistry(max_sessions=1)
-        registry.get("a").turn.started_ts = 1.0
-        registry.get("b")
-        registry.end_turn("a")
-        registry.get("c")
-        assert list(registry) == ["c"]
+        registry.get(A).turn.started_ts = 1.0
+        registry.get(B)
+        registry.end_turn(A)
+        registry.get(C)
+        assert list(registry) == [C]
 
     def test_unsaved_data_is_kept_without_a_hook(self) -> None:
         registry = SessionRegistry(max_sessions=1)
-        registry.get("a").persistent.busy_policy = "pending"
-        registry.get("b")
-        assert "a" in registry
+        registry.get(A).persistent.busy_policy = "pending"
+        registry.get(B)
+        assert A in registry
 
     def test_on_evict_sees_the_state_before_removal(self) -> None:
         seen: list[tuple[str, Any, bool]] = []
@@ -450,31 +455,33 @@ class TestEvictionByCap:
             seen.append((key, state.persistent.busy_policy, key in registry))
 
         registry = SessionRegistry(max_sessions=1, on_evict=on_evict)
-        registry.get("a").persistent.busy_policy = "pending"
-        registry.get("b")
-        assert seen == [("a", "pending", True)]
-        assert list(registry) == ["b"]
+        registry.get(A).persistent.busy_policy = "pending"
+        registry.get(B)
+        assert seen == [(A, "pending", True)]
+        assert list(registry) == [B]
 
     def test_failing_hook_keeps_the_session(self) -> None:
         def on_evict(key: str, state: SessionState) -> None:
             raise OSError("store down")
 
         registry = SessionRegistry(max_sessions=1, on_evict=on_evict)
-        registry.get("a")
+        registry.get(A)
         with pytest.raises(OSError, match="store down"):
-            registry.get("b")
-        assert "a" in registry
+            registry.get(B)
+        assert A in registry
 
     def test_generation_is_not_reused_after_eviction(self) -> None:
         registry = SessionRegistry(max_sessions=1)
-        registry.get("a").persistent.run_generation = 7
-        registry.get("b")
-        assert "a" not in registry
+        registry.get(A).persistent.run_generation = 7
+        registry.get(B)
+        assert A not in registry
         assert registry.generation_floor == 7
-        assert registry.get("a").persistent.run_generation == 7
+        assert registry.get(A).persistent.run_generation == 7
 
-    @given(st.lists(st.sampled_from("abcdefgh"), max_size=40), st.integers(1, 4))
-    def test_never_exceeds_the_cap_when_nothing_is_pinned(self, keys: list[str], cap: int) -> None:
+    @given(st.lists(st.sampled_from("abcdefgh").map(SessionKey), max_size=40), st.integers(1, 4))
+    def test_never_exceeds_the_cap_when_nothing_is_pinned(
+        self, keys: list[SessionKey], cap: int
+    ) -> None:
         registry = SessionRegistry(max_sessions=cap)
         for key in keys:
             registry.get(key)
@@ -486,27 +493,27 @@ class TestEvictionByIdleTime:
     def test_idle_session_is_evicted_on_next_access(self) -> None:
         clock = FakeClock()
         registry = SessionRegistry(idle_ttl=60, clock=clock)
-        registry.get("a")
+        registry.get(A)
         clock.now += 61
-        registry.get("b")
-        assert list(registry) == ["b"]
+        registry.get(B)
+        assert list(registry) == [B]
 
     def test_access_within_ttl_keeps_it(self) -> None:
         clock = FakeClock()
         registry = SessionRegistry(idle_ttl=60, clock=clock)
-        registry.get("a")
+        registry.get(A)
         clock.now += 59
-        registry.get("a")
+        registry.get(A)
         clock.now += 59
         assert registry.evict_idle() == []
-        assert "a" in registry
+        assert A in registry
 
     def test_accessed_key_survives_its_own_expiry(self) -> None:
         clock = FakeClock()
         registry = SessionRegistry(idle_ttl=60, clock=clock)
-        state = registry.get("a")
+        state = registry.get(A)
         clock.now += 100
-        assert registry.get("a") is state
+        assert registry.get(A) is state
 
     def test_evict_idle_returns_keys_and_spares_running_sessions(self) -> None:
         clock = FakeClock()
@@ -514,30 +521,30 @@ class TestEvictionByIdleTime:
         registry = SessionRegistry(
             idle_ttl=60, clock=clock, on_evict=lambda key, _: evicted.append(key)
         )
-        registry.get("a")
-        registry.get("b").turn.agent = "agent"
-        registry.get("c")
+        registry.get(A)
+        registry.get(B).turn.agent = "agent"
+        registry.get(C)
         clock.now += 61
-        assert registry.evict_idle() == ["a", "c"]
-        assert evicted == ["a", "c"]
-        assert list(registry) == ["b"]
+        assert registry.evict_idle() == [A, C]
+        assert evicted == [A, C]
+        assert list(registry) == [B]
 
     def test_spared_session_counts_as_used_now(self) -> None:
         clock = FakeClock()
         registry = SessionRegistry(idle_ttl=60, clock=clock)
-        registry.get("a").turn.agent = "agent"
+        registry.get(A).turn.agent = "agent"
         clock.now += 61
         registry.evict_idle()
-        assert registry.get("a").turn.agent == "agent"
-        registry.end_turn("a")
+        assert registry.get(A).turn.agent == "agent"
+        registry.end_turn(A)
         clock.now += 30
         assert registry.evict_idle() == []
         clock.now += 31
-        assert registry.evict_idle() == ["a"]
+        assert registry.evict_idle() == [A]
 
     def test_without_ttl_nothing_expires(self) -> None:
         clock = FakeClock()
         registry = SessionRegistry(clock=clock)
-        registry.get("a")
+        registry.get(A)
         clock.now += 10**9
         assert registry.evict_idle() == []

@@ -17,8 +17,10 @@ from chatlane.errors import (
 from chatlane.identity import (
     ChatType,
     KeyPolicy,
+    SessionKey,
     SessionSource,
     build_session_key,
+    check_session_key,
     parse_session_key,
 )
 
@@ -37,9 +39,11 @@ __all__ = [
     "LeaseError",
     "LeaseLost",
     "SessionBusy",
+    "SessionKey",
     "SessionSource",
     "StaleGeneration",
     "__version__",
     "build_session_key",
+    "check_session_key",
     "parse_session_key",
 ]

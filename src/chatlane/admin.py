@@ -28,6 +28,7 @@ from starlette.routing import BaseRoute, Route
 
 from chatlane import admin_cron
 from chatlane.errors import StoreError
+from chatlane.identity import SessionKey
 from chatlane.runtime import pending
 from chatlane.state import SessionState, SlotPhase
 from chatlane.stores.base import FailedRecord
@@ -98,7 +99,9 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
     async def one(request: Request) -> JSONResponse:
         if not _authorized(request, hub):
             return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
-        key = request.path_params["key"]
+        # taken as it is: reserved keys (a local cron job's session) are listed, so they can be
+        # inspected, and an unknown key is a 404
+        key = SessionKey(request.path_params["key"])
         if not await _known(hub, key):
             return JSONResponse({"error": f"no session {key!r}"}, status_code=404)
         return JSONResponse(await session_detail(hub, key))
@@ -142,7 +145,7 @@ def _failed(failed: FailedRecord) -> dict[str, Any]:
     }
 
 
-async def _known(hub: Hub, key: str) -> bool:
+async def _known(hub: Hub, key: SessionKey) -> bool:
     """Whether ``key`` names a session, without creating anything for an unknown one."""
     if hub.gateway.engine.registry.peek(key) is not None:
         return True
@@ -152,7 +155,7 @@ async def _known(hub: Hub, key: str) -> bool:
     return any(failed.record.key == key for failed in await store.failed(1000))
 
 
-async def session_detail(hub: Hub, key: str) -> dict[str, Any]:
+async def session_detail(hub: Hub, key: SessionKey) -> dict[str, Any]:
     """One session's live state, stored fields and recent transcript."""
     state = hub.gateway.engine.registry.peek(key)
     store = hub.store

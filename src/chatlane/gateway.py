@@ -26,7 +26,7 @@ from chatlane.commands import (
     default_router,
     parse_command,
 )
-from chatlane.identity import KeyPolicy, SessionSource, build_session_key
+from chatlane.identity import NO_SESSION, KeyPolicy, SessionSource, build_session_key
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
@@ -182,7 +182,7 @@ class Gateway:
     async def notify_refused(self, message: InboundMessage) -> None:
         """Tell a refused sender with a notice to their chat (the default ``refuse``)."""
         target = Target.of(message.source)
-        notice = Outbound(OutboundKind.NOTICE, "", target, NOT_ALLOWED, 0, (message.id,))
+        notice = Outbound(OutboundKind.NOTICE, NO_SESSION, target, NOT_ALLOWED, 0, (message.id,))
         await self._deliver_out(notice)
 
     async def dispatch(self, message: InboundMessage) -> DispatchResult:

@@ -22,15 +22,19 @@ import enum
 import functools
 import unicodedata
 from dataclasses import dataclass, field
+from typing import Final, NewType
 
 from chatlane.errors import InvalidSessionKey, InvalidSessionName, InvalidSource
 
 __all__ = [
+    "NO_SESSION",
     "ChatType",
     "KeyPolicy",
+    "SessionKey",
     "SessionKeyParts",
     "SessionSource",
     "build_session_key",
+    "check_session_key",
     "check_session_name",
     "parse_session_key",
 ]
@@ -45,6 +49,24 @@ _REFUSED_CATEGORIES = {
     "Zl": "a line separator",
     "Zp": "a paragraph separator",
 }
+
+SessionKey = NewType("SessionKey", str)
+"""The name of one session, as :func:`build_session_key` makes it.
+
+What a ``SessionKey`` guarantees is where it came from, so that a chat id, a
+user id or a session name is never taken for one (under ``mypy --strict``,
+passing one where a key is expected is an error). A key comes from
+:func:`build_session_key` (the one producer of keys for sources), from
+:func:`check_session_key` (text from outside that :func:`parse_session_key`
+reads), from a store reading back the keys it was given, or is one of the
+keys chatlane reserves and no source can be given: the scheduler's records,
+local cron jobs' sessions and :data:`NO_SESSION`. At run time it is a plain
+``str``: JSON, dict keys and store keys are unchanged.
+"""
+
+NO_SESSION: Final = SessionKey("")
+"""The empty key, which names no session: an outbound notice to a sender who
+has none, a :class:`~chatlane.state.SessionState` made without a key."""
 
 
 class ChatType(enum.StrEnum):
@@ -160,7 +182,7 @@ def _includes_user(
     return policy.group_sessions_per_user
 
 
-def build_session_key(source: SessionSource, policy: KeyPolicy = KeyPolicy()) -> str:
+def build_session_key(source: SessionSource, policy: KeyPolicy = KeyPolicy()) -> SessionKey:
     """Name the session ``source`` belongs to under ``policy``.
 
     :raises InvalidSource: if the source has no platform, or neither a chat id
@@ -185,14 +207,14 @@ def _key_of(
     thread_id: str | None,
     user_id: str | None,
     policy: KeyPolicy,
-) -> str:
+) -> SessionKey:
     """The key of a valid source, from the only fields a key depends on (recent ones cached)."""
     parts = [policy.namespace, platform, chat_type.value, chat_id or ""]
     if user_id is not None and _includes_user(chat_id, chat_type, thread_id, policy):
         parts += [thread_id or "", user_id]
     elif thread_id is not None:
         parts.append(thread_id)
-    return SEPARATOR.join([escape_component(part) for part in parts])
+    return SessionKey(SEPARATOR.join([escape_component(part) for part in parts]))
 
 
 def parse_session_key(key: str) -> SessionKeyParts:
@@ -225,6 +247,18 @@ def parse_session_key(key: str) -> SessionKeyParts:
         user_id=user_id or None,
         segments=segments,
     )
+
+
+def check_session_key(key: str) -> SessionKey:
+    """``key`` itself, as a :data:`SessionKey`, if it has the shape of one.
+
+    The way in for a key kept or sent as text (typed by an operator, read from
+    a file) to an API that takes a key.
+
+    :raises InvalidSessionKey: if :func:`parse_session_key` cannot read it.
+    """
+    parse_session_key(key)
+    return SessionKey(key)
 
 
 def check_session_name(name: str, what: str = "the session name") -> str:

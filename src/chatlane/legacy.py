@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, Final, Generic, Protocol, Self, TypeVar, overload
 
 from chatlane.errors import ConfigError
+from chatlane.identity import SessionKey
 from chatlane.state import (
     SERVICE_TIER_UNSET,
     ConversationState,
@@ -173,7 +174,7 @@ def _peek(runner: Any, key: str) -> SessionState | None:
     """The session of ``key`` if it exists; never creates one nor counts as an access."""
     sessions = _sessions(runner)
     if isinstance(sessions, SessionRegistry):
-        return sessions.peek(key)
+        return sessions.peek(SessionKey(key))  # the runner's own key, taken as it is
     return sessions.get(key)
 
 
@@ -188,10 +189,10 @@ def _get_or_create(runner: Any, key: str) -> SessionState:
         return hook(key)
     sessions = _sessions(runner)
     if isinstance(sessions, SessionRegistry):
-        return sessions.get(key)
+        return sessions.get(SessionKey(key))  # the runner's own key, taken as it is
     state = sessions.get(key)
     if state is None:
-        state = sessions[key] = SessionState(key)
+        state = sessions[key] = SessionState(SessionKey(key))
     return state
 
 

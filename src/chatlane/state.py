@@ -24,6 +24,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from chatlane.errors import ConfigError, LeaseError
+from chatlane.identity import NO_SESSION, SessionKey
 
 if TYPE_CHECKING:
     from chatlane.runtime.turn import Turn
@@ -303,11 +304,12 @@ def _check_generation(current: int, new: object) -> None:
 class SessionState:
     """Everything one session remembers, grouped by scope; ``last_access`` is a clock reading.
 
-    ``key`` may be left out (``SessionState()``), as a gateway that keeps its
-    own ``{key: state}`` dict does.
+    ``key`` may be left out (``SessionState()`` has
+    :data:`~chatlane.identity.NO_SESSION`), as a gateway that keeps its own
+    ``{key: state}`` dict does.
     """
 
-    key: str = ""
+    key: SessionKey = NO_SESSION
     turn: TurnState = field(default_factory=TurnState)
     conversation: ConversationState = field(default_factory=ConversationState)
     persistent: PersistentState = field(default_factory=PersistentState)
@@ -363,7 +365,7 @@ def reset_scope(state: SessionState, scope: Scope) -> None:
         raise ValueError("persistent state has per-field lifecycles and is never reset wholesale")
 
 
-EvictHook = Callable[[str, SessionState], None]
+EvictHook = Callable[[SessionKey, SessionState], None]
 """Called with ``(key, state)`` before a session leaves the registry; may persist it."""
 
 
@@ -422,10 +424,10 @@ class SessionRegistry:
         self._idle_ttl = idle_ttl
         self._on_evict = on_evict
         self._clock = clock
-        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self._sessions: OrderedDict[SessionKey, SessionState] = OrderedDict()
         self._generation_floor = 0
 
-    def get(self, key: str) -> SessionState:
+    def get(self, key: SessionKey) -> SessionState:
         """The state of ``key``, created if needed; counts as an access and may evict others."""
         state = self._sessions.get(key)
         if state is None:
@@ -435,7 +437,7 @@ class SessionRegistry:
         self._sweep(key, now)
         return state
 
-    def peek(self, key: str) -> SessionState | None:
+    def peek(self, key: SessionKey) -> SessionState | None:
         """The state of ``key`` if it exists; neither creates nor counts as an access."""
         return self._sessions.get(key)
 
@@ -445,11 +447,11 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[SessionKey]:
         """Keys, least recently used first, from a snapshot (safe while sessions change)."""
         return iter(list(self._sessions))
 
-    def items(self) -> list[tuple[str, SessionState]]:
+    def items(self) -> list[tuple[SessionKey, SessionState]]:
         """A snapshot of ``(key, state)`` pairs, least recently used first."""
         return list(self._sessions.items())
 
@@ -458,11 +460,11 @@ class SessionRegistry:
         """The highest ``run_generation`` of any evicted session; new sessions start there."""
         return self._generation_floor
 
-    def end_turn(self, key: str) -> None:
+    def end_turn(self, key: SessionKey) -> None:
         """Clear the turn scope of ``key`` (lease tokens stay); no-op for an unknown key."""
         self._end(key, Scope.TURN)
 
-    def end_conversation(self, key: str) -> None:
+    def end_conversation(self, key: SessionKey) -> None:
         """Clear the conversation scope of ``key`` only; no-op for an unknown key.
 
         The turn scope is left alone: a boundary such as ``/new`` may arrive
@@ -470,29 +472,29 @@ class SessionRegistry:
         """
         self._end(key, Scope.CONVERSATION)
 
-    def evict_idle(self) -> list[str]:
+    def evict_idle(self) -> list[SessionKey]:
         """Evict every evictable session idle for longer than ``idle_ttl``; return their keys."""
         now = self._clock()
         return self._evict_while(self._expired(now), None, now)
 
-    def _end(self, key: str, scope: Scope) -> None:
+    def _end(self, key: SessionKey, scope: Scope) -> None:
         state = self._sessions.get(key)
         if state is not None:
             reset_scope(state, scope)
             self._touch(key, state, self._clock())
 
-    def _create(self, key: str) -> SessionState:
+    def _create(self, key: SessionKey) -> SessionState:
         turn_cls, conversation_cls, persistent_cls = self._classes
         state = SessionState(key, turn_cls(), conversation_cls(), persistent_cls())
         state.persistent.run_generation = self._generation_floor
         self._sessions[key] = state
         return state
 
-    def _touch(self, key: str, state: SessionState, now: float) -> None:
+    def _touch(self, key: SessionKey, state: SessionState, now: float) -> None:
         state.touch(now)
         self._sessions.move_to_end(key)
 
-    def _sweep(self, keep: str, now: float) -> None:
+    def _sweep(self, keep: SessionKey, now: float) -> None:
         if self._idle_ttl is None and len(self._sessions) <= self._max_sessions:
             return
         self._evict_while(self._expired(now), keep, now)
@@ -503,10 +505,10 @@ class SessionRegistry:
         return lambda state: ttl is not None and now - state.last_access > ttl
 
     def _evict_while(
-        self, wanted: Callable[[SessionState], bool], keep: str | None, now: float
-    ) -> list[str]:
+        self, wanted: Callable[[SessionState], bool], keep: SessionKey | None, now: float
+    ) -> list[SessionKey]:
         """Walk sessions oldest first while ``wanted(oldest)``; each is evicted or refreshed."""
-        evicted: list[str] = []
+        evicted: list[SessionKey] = []
         for _ in range(len(self._sessions)):
             key, state = next(iter(self._sessions.items()))
             if key == keep or not wanted(state):
@@ -523,7 +525,7 @@ class SessionRegistry:
             return False
         return self._on_evict is not None or not state.holds_unsaved_data()
 
-    def _evict(self, key: str, state: SessionState) -> None:
+    def _evict(self, key: SessionKey, state: SessionState) -> None:
         if self._on_evict is not None:
             self._on_evict(key, state)
         del self._sessions[key]

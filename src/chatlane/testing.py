@@ -21,7 +21,7 @@ from typing import Any, Self
 from chatlane.authorization import Allowlist, Authorize, allow_all
 from chatlane.errors import ConfigError, InvalidSource
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
-from chatlane.identity import KeyPolicy, SessionSource
+from chatlane.identity import KeyPolicy, SessionKey, SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
@@ -382,7 +382,7 @@ class GatewayHarness:
         except TimeoutError:
             raise TimeoutError(f"{failure} within {timeout} s") from None
 
-    def session(self, session_key: str) -> SessionState:
+    def session(self, session_key: SessionKey) -> SessionState:
         """The live state of ``session_key`` (created if it does not exist yet)."""
         return self.gateway.engine.registry.get(session_key)
 
@@ -394,7 +394,7 @@ class GatewayHarness:
         platform: str = "test",
         chat_type: str = "dm",
         thread_id: str | None = None,
-    ) -> str:
+    ) -> SessionKey:
         """The key the harness's gateway gives to messages from that source."""
         source = _source(platform, chat_id, chat_type, thread_id, user_id)
         return self.gateway.session_key(InboundMessage(source, ""))

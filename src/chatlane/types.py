@@ -18,13 +18,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import msgspec
 
+from chatlane.identity import SessionKey as SessionKey  # named beside the one function making keys
 from chatlane.identity import SessionSource
 
 if TYPE_CHECKING:
     from chatlane.runtime.turn import Turn
-
-SessionKey: TypeAlias = str
-"""A key made by :func:`chatlane.identity.build_session_key`."""
 
 AgentResult: TypeAlias = "str | AsyncIterator[str]"
 """What an agent produces: a whole reply, or text chunks streamed as they come."""

@@ -30,6 +30,7 @@ from chatlane.runtime.turn import Turn
 from chatlane.secrets import Secrets
 from chatlane.stores import open_store
 from chatlane.types import Agent
+from tests.keys import chat_key
 
 TOKEN = "s3cret-token"
 
@@ -77,7 +78,7 @@ class Served:
 
     async def running(self, session: str) -> Turn:
         """Wait until ``session``'s turn holds its lease."""
-        key = f"main:api:dm:{session}"
+        key = chat_key(session, "api")
         async with asyncio.timeout(10):
             while True:
                 turn = self.hub.gateway.engine.running_turn(key)
@@ -466,7 +467,7 @@ async def test_a_disconnected_plain_request_stops_waiting(tmp_path: Path) -> Non
                     model="chatlane", messages=[{"role": "user", "content": "sleep 2"}], user="d"
                 )
         await eventually(lambda: s.adapter.waiting == 0)
-        assert s.hub.gateway.engine.running_turn("main:api:dm:d") is not None
+        assert s.hub.gateway.engine.running_turn(chat_key("d", "api")) is not None
 
 
 async def test_collected_requests_share_the_merged_reply(tmp_path: Path) -> None:

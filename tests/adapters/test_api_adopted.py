@@ -20,7 +20,7 @@ from msgspec.structs import replace
 from chatlane.adapters.api import KEPT_SEPARATOR
 from chatlane.config import Config
 from chatlane.errors import StoreError
-from chatlane.identity import SessionSource
+from chatlane.identity import SessionKey, SessionSource
 from chatlane.runtime.outcomes import MessageOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.settings import LeaseSettings, RuntimeSettings
 from chatlane.runtime.turn import Turn
@@ -29,9 +29,10 @@ from chatlane.stores import MemoryStore, Store, WriteBatch
 from chatlane.stores.base import PendingRecord
 from chatlane.types import Agent, InboundMessage
 from tests.adapters.test_api import Served, eventually, make_config, serve
+from tests.keys import chat_key
 
 SESSION = "adopted"
-KEY = f"main:api:dm:{SESSION}"
+KEY = chat_key(SESSION, "api")
 STREAMED = "first run: "
 
 
@@ -126,7 +127,7 @@ async def test_a_kept_answer_that_extends_the_stream_sends_only_the_rest(tmp_pat
 
 
 class Unreadable(MemoryStore):
-    async def pending(self, key: str) -> list[PendingRecord]:
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
         raise StoreError("the store is out of reach")
 
 

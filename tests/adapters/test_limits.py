@@ -38,6 +38,7 @@ from chatlane.runtime.turn import Turn
 from chatlane.stores import open_store
 from tests.adapters.test_api import TOKEN, eventually, make_config
 from tests.adapters.test_web import browser_id, chat_socket, drain, greeted, web_server
+from tests.keys import chat_key
 
 MIB = 1024 * 1024
 
@@ -98,7 +99,7 @@ async def test_big_bodies_under_invented_names_stop_at_the_global_byte_limit(
     async with served(hub) as client:
         held = [ask(client, body, f"invented-{n}") for n in range(3)]
         engine = hub.gateway.engine
-        keys = [f"main:api:dm:invented-{n}" for n in range(3)]
+        keys = [chat_key(f"invented-{n}", "api") for n in range(3)]
         await eventually(lambda: all(engine.unanswered(key) for key in keys))
         with pytest.raises(openai.InternalServerError) as refused:
             await client.chat.completions.create(
@@ -132,7 +133,7 @@ async def test_a_session_beyond_the_live_limit_is_refused_but_a_live_one_queues(
         assert (refused.value.status_code, refused.value.code) == (503, "gateway_full")
         assert "live_sessions" in refused.value.message
         held.append(ask(client, "again", "a"))  # a live session still queues
-        await eventually(lambda: len(engine.unanswered("main:api:dm:a")) == 2)
+        await eventually(lambda: len(engine.unanswered(chat_key("a", "api"))) == 2)
         agent.release.set()
         assert len(await asyncio.gather(*held)) == 3
 
@@ -228,7 +229,7 @@ async def test_a_client_can_never_name_another_clients_session(tmp_path: Path) -
                 await anonymous.chat.completions.create(
                     model="chatlane", messages=[{"role": "user", "content": "hi"}], user="bob:x"
                 )
-        assert hub.gateway.engine.registry.peek("main:api:dm:bob%3Ax") is None
+        assert hub.gateway.engine.registry.peek(chat_key("bob:x", "api")) is None
 
 
 def test_client_prefixes_that_overlap_are_refused(tmp_path: Path) -> None:

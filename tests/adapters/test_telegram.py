@@ -31,6 +31,7 @@ from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
+from tests.keys import chat_key
 
 GROUP = -1001234
 TOPIC = 7
@@ -128,7 +129,9 @@ async def test_a_9000_character_reply_becomes_three_messages(
     text = line * 90
     assert len(text) == 9000
     target = Target("telegram", str(ALICE))
-    await adapter.deliver(Outbound(OutboundKind.REPLY, "k", target, text))
+    await adapter.deliver(
+        Outbound(OutboundKind.REPLY, chat_key(str(ALICE), "telegram"), target, text)
+    )
     parts = api.sent(ALICE)[1:]
     assert len(parts) == 3
     assert all(utf16_len(part.text) <= MESSAGE_LIMIT for part in parts)
@@ -407,7 +410,9 @@ async def test_delivery_after_close_is_dropped(api: BotApi, tmp_path: Path) -> N
     config = telegram_config(api, tmp_path)
     async with running(config) as (_, adapter):
         pass
-    await adapter.deliver(Outbound(OutboundKind.REPLY, "k", Target("telegram", "42"), "late"))
+    await adapter.deliver(
+        Outbound(OutboundKind.REPLY, chat_key("42", "telegram"), Target("telegram", "42"), "late")
+    )
     assert api.sent(42) == []
 
 

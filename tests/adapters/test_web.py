@@ -33,7 +33,7 @@ from chatlane.adapters.web_page import (
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT
 from chatlane.config import Config, Secret, ServerConfig, StoreConfig
 from chatlane.hub import build_app, open_hub
-from chatlane.identity import SessionSource
+from chatlane.identity import SessionSource, build_session_key
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.secrets import TokenSource
@@ -438,8 +438,9 @@ async def test_text_of_exactly_the_limit_is_accepted(host: str) -> None:
 
 async def test_outbound_for_a_chat_without_socket_is_dropped() -> None:
     adapter = WebAdapter(Config(store=MEMORY))
-    target = Target.of(SessionSource("web", chat_id="nobody-home-123456"))
-    await adapter.deliver(Outbound(OutboundKind.REPLY, "k", target, "lost in the transcript"))
+    source = SessionSource("web", chat_id="nobody-home-123456")
+    key, target = build_session_key(source), Target.of(source)
+    await adapter.deliver(Outbound(OutboundKind.REPLY, key, target, "lost in the transcript"))
 
 
 # -- the access token -----------------------------------------------------------------

@@ -36,6 +36,7 @@ from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores import Store, open_store
 from chatlane.testing import GatewayHarness
 from chatlane.types import ModelChoice, OutboundKind
+from tests.keys import chat_key
 
 TOKEN = "upstream-token"
 ENDPOINT_FAILED = failure_text(EndpointFailed())
@@ -312,7 +313,7 @@ async def test_stop_closes_the_stream_at_once(tmp_path: Path) -> None:
         async with asyncio.timeout(10):
             await h.settle()
         await eventually(lambda: up.adapter.waiting == 0)
-        key = f"main:api:dm:{upstream_session(h.session_key(chat_id='c'))}"
+        key = chat_key(upstream_session(h.session_key(chat_id="c")), "api")
         assert up.hub.gateway.engine.running_turn(key) is not None, "the upstream still sleeps"
         replies = await h.replies(chat_id="c", count=1)
         assert replies == ["Stopped the running turn. Dropped 0 queued messages."]

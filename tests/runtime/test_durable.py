@@ -19,6 +19,7 @@ from chatlane.stores.base import PendingRecord
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, SessionKey
+from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent, Recorder, UntakenSteers
 
 
@@ -41,7 +42,7 @@ async def test_a_rerun_of_an_answered_message_is_not_delivered_twice() -> None:
     store = MemoryStore()
     source = SessionSource("test", chat_id="c", user_id="u1")
     message = InboundMessage(source, "hello", id="m-once")
-    key = "main:test:dm:c"
+    key = chat_key("c")
     await store.commit(key, None, WriteBatch(answered=["m-once"]))
     await store.enqueue(key, "m-once", "h-dead", encode_message(message))
     async with GatewayHarness(EchoAgent(), store=store) as h:
@@ -55,7 +56,7 @@ async def test_messages_of_a_dead_process_are_adopted_and_run(tmp_path: Path) ->
     url = f"sqlite:///{tmp_path / 'c.db'}"
     store = await open_store(url)
     source = SessionSource("test", chat_id="c", user_id="u1")
-    key = "main:test:dm:c"
+    key = chat_key("c")
     for n in range(3):
         message = InboundMessage(source, f"left behind {n}", id=f"m-{n}")
         await store.enqueue(key, message.id, "h-gone", encode_message(message))
@@ -71,7 +72,7 @@ async def test_messages_of_a_dead_process_are_adopted_and_run(tmp_path: Path) ->
 
 async def test_session_running_elsewhere_waits_for_the_lease() -> None:
     store = MemoryStore()
-    key = "main:test:dm:c"
+    key = chat_key("c")
     foreign = await store.acquire(key, "h-other", 30)
     async with GatewayHarness(EchoAgent(), store=store) as h:
         await h.send("hello", chat_id="c")
@@ -324,7 +325,7 @@ async def test_reject_never_refuses_what_was_queued_explicitly() -> None:
 
 async def test_an_internal_event_for_a_session_running_elsewhere_just_waits() -> None:
     store = MemoryStore()
-    key = "main:test:dm:c"
+    key = chat_key("c")
     foreign = await store.acquire(key, "h-other", 30)
     async with GatewayHarness(EchoAgent(), store=store, busy="reject") as h:
         await h.send("cron result", chat_id="c", internal=True)

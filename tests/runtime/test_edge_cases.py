@@ -11,7 +11,7 @@ import pytest
 
 from chatlane.context import run_in_thread
 from chatlane.errors import StoreDamaged, StoreError
-from chatlane.identity import SessionSource
+from chatlane.identity import SessionKey, SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
@@ -68,7 +68,7 @@ class SlowConversations(MemoryStore):
         super().__init__()
         self.entered = asyncio.Event()
 
-    async def new_conversation(self, key: str, title: str = "") -> Conversation:
+    async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
         self.entered.set()
         await asyncio.sleep(0.05)
         return await super().new_conversation(key, title)

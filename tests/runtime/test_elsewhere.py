@@ -17,12 +17,13 @@ from chatlane.state import SessionState
 from chatlane.stores import MemoryStore
 from chatlane.stores.fields import INTERRUPTED_GENERATION
 from chatlane.types import InboundMessage
+from tests.keys import chat_key
 
 SOURCE = SessionSource("test", chat_id="c", user_id="u")
 
 
 async def waiting_turn(*, fresh: bool = True, internal: bool = False) -> tuple[SessionState, Turn]:
-    state = SessionState("main:test:dm:c")
+    state = SessionState(chat_key("c"))
     message = InboundMessage(SOURCE, "hi", internal=internal)
     turn = Turn(state, (message,), (1,), TurnOverrides(), refusable=fresh)
     return state, turn
@@ -64,7 +65,7 @@ async def test_interrupts_past_the_depth_wait_instead() -> None:
 
 async def test_an_interrupt_names_the_running_generation_and_fences_it() -> None:
     store = MemoryStore()
-    key = "main:test:dm:c"
+    key = chat_key("c")
     lease = await store.acquire(key, "h-runner", 30)
     assert await interrupt_elsewhere(store, key) == lease.generation
     assert await store.generation(key) == lease.generation + 1

@@ -22,6 +22,7 @@ from chatlane.stores import Lease, MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 from tests.adapters.test_api import eventually
+from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent, Recorder
 
 
@@ -152,7 +153,7 @@ async def test_the_lease_loop_runs_with_no_session_bound() -> None:
     source = SessionSource("web", chat_id="OTHER")
     try:
         with bind_session(source, session_key="k"):  # whoever starts the loops
-            await engine.submit("k", InboundMessage(source, "sleep 0.3"))
+            await engine.submit(chat_key("k"), InboundMessage(source, "sleep 0.3"))
         await asyncio.wait_for(engine.looked_thrice.wait(), 5)
     finally:
         await engine.aclose()

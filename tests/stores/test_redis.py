@@ -15,17 +15,21 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from chatlane.errors import LeaseLost, SessionBusy, StoreError
+from chatlane.identity import SessionKey
 from chatlane.stores import TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
 from chatlane.stores.redis_url import parse_url
 from chatlane.stores.resp import Arg, _Connection
+from tests.keys import chat_key, odd_keys
 from tests.stores.servers import redis_server
 
 T = TypeVar("T")
 
-KEY = "main:test:dm:c1"
-BRACED_KEYS = ["a}b", "a", "a}", "{a}", "a%7Db", "a%7db", "%", "", "}{", "a}:gen", "{", "}", "%25"]
+KEY = chat_key("c1")
+BRACED_KEYS = odd_keys(
+    "a}b", "a", "a}", "{a}", "a%7Db", "a%7db", "%", "", "}{", "a}:gen", "{", "}", "%25"
+)
 
 
 @contextmanager
@@ -95,7 +99,7 @@ class TestScripts:
             await store.commit(KEY, lease.generation, WriteBatch([entry("hi", 1)]))
             await store.release(lease)
             await admin.script_flush()
-            keys = [f"k{i}" for i in range(30)]
+            keys = [chat_key(f"k{i}") for i in range(30)]
             acquired = asyncio.gather(*(store.acquire(k, "p1", 5) for k in keys))
             leases, _ = await asyncio.gather(acquired, flush_scripts(admin))
             assert [lease.generation for lease in leases] == [1] * 30
@@ -107,7 +111,7 @@ class TestScripts:
     async def test_each_check_and_set_is_one_round_trip(
         self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        await scenario(store, "warm-up", lambda name: None)
+        await scenario(store, chat_key("warm-up"), lambda name: None)
         sent = RoundTrips(monkeypatch)
         await scenario(store, KEY, sent.start)
         assert sent.counts == dict.fromkeys(STEPS, 1)
@@ -143,7 +147,7 @@ STEPS = [
 ]
 
 
-async def scenario(store: RedisStore, key: str, step: Callable[[str], None]) -> None:
+async def scenario(store: RedisStore, key: SessionKey, step: Callable[[str], None]) -> None:
     """Every store operation once, each announced to ``step`` before it runs (see STEPS)."""
     step("acquire")
     lease = await store.acquire(key, "p1", 5, head_seq=10**9, max_active=100)
@@ -173,7 +177,7 @@ async def scenario(store: RedisStore, key: str, step: Callable[[str], None]) -> 
         await read()
 
 
-def reads(store: RedisStore, key: str) -> dict[str, Callable[[], Awaitable[object]]]:
+def reads(store: RedisStore, key: SessionKey) -> dict[str, Callable[[], Awaitable[object]]]:
     return {
         "conversations": lambda: store.conversations(key),
         "transcript": lambda: store.transcript(key),
@@ -192,7 +196,7 @@ class TestDroppedConnections:
         stop = asyncio.Event()
         killer = asyncio.create_task(kill_until(admin, name, stop))
         try:
-            await asyncio.gather(*(turns(store, f"k{i}", 25) for i in range(10)))
+            await asyncio.gather(*(turns(store, chat_key(f"k{i}"), 25) for i in range(10)))
         finally:
             stop.set()
             killed = await killer
@@ -200,15 +204,15 @@ class TestDroppedConnections:
         assert killed > 0
         check = await RedisStore.open(namespaced(redis_url, prefix))
         for i in range(10):
-            assert await check.generation(f"k{i}") == 25
-            assert len(await check.transcript(f"k{i}", limit=100)) == 25
+            assert await check.generation(chat_key(f"k{i}")) == 25
+            assert len(await check.transcript(chat_key(f"k{i}"), limit=100)) == 25
         await check.close()
         await purge(redis_url, prefix)
 
     async def test_a_reply_lost_after_the_script_ran_is_applied_once(
         self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        await scenario(store, "warm-up", lambda step: None)
+        await scenario(store, chat_key("warm-up"), lambda step: None)
         lose = LostReply(monkeypatch)
         seq = await store.enqueue(KEY, "m1", "dead", b"")
         lease = await lose.next(store.acquire(KEY, "p1", 5))
@@ -238,7 +242,7 @@ async def kill_until(admin: Redis, name: str, stop: asyncio.Event) -> int:
     return killed
 
 
-async def turns(store: RedisStore, key: str, count: int) -> None:
+async def turns(store: RedisStore, key: SessionKey, count: int) -> None:
     """``count`` full turns on ``key``: acquire, commit one entry, release."""
     for _ in range(count):
         lease = await store.acquire(key, "p1", 5)
@@ -291,7 +295,7 @@ class TestConnections:
         store = await RedisStore.open(namespaced(redis_url, prefix, client_name=name))
         try:
             seqs = await asyncio.gather(
-                *(store.enqueue(f"k{i}", f"m{i}", "p", b"") for i in range(200))
+                *(store.enqueue(chat_key(f"k{i}"), f"m{i}", "p", b"") for i in range(200))
             )
             assert len(set(seqs)) == 200
             echoes = await asyncio.gather(*(store._command("ECHO", i) for i in range(500)))
@@ -387,8 +391,10 @@ class TestKeys:
                 await store.acquire(key, "p2", 5)
             assert [r.payload for r in await store.pending(key)] == [key.encode()]
 
-    @given(st.text(), st.text())
-    def test_a_session_is_one_hash_slot_and_one_name(self, key: str, other: str) -> None:
+    @given(st.text().map(SessionKey), st.text().map(SessionKey))
+    def test_a_session_is_one_hash_slot_and_one_name(
+        self, key: SessionKey, other: SessionKey
+    ) -> None:
         keyspace = Keyspace("p")
         tags = {hash_tag(keyspace.one(part, key)) for part in SESSION_PARTS}
         assert tags == {escape(key)}

@@ -19,6 +19,7 @@ from chatlane.errors import StoreError
 from chatlane.stores.redis import RedisStore
 from chatlane.stores.resp import Endpoint, ReplyError, RespClient
 from chatlane.testing_redis import free_port, server_binary
+from tests.keys import chat_key
 
 
 @contextmanager
@@ -212,7 +213,7 @@ class TestAuth:
     async def test_the_password_in_the_url_is_sent_first(self) -> None:
         with private_server("--requirepass", "s3cret") as port:
             store = await RedisStore.open(f"redis://:s3cret@127.0.0.1:{port}/3?prefix=auth")
-            assert (await store.acquire("k", "p1", 5)).generation == 1
+            assert (await store.acquire(chat_key("k"), "p1", 5)).generation == 1
             await store.close()
             started = time.monotonic()
             with pytest.raises(StoreError, match=r"WRONGPASS|invalid password") as raised:
@@ -224,7 +225,7 @@ class TestAuth:
         acl = ["--user", "bot", "on", ">pw", "~*", "+@all"]
         with private_server(*acl) as port:
             store = await RedisStore.open(f"redis://bot:pw@127.0.0.1:{port}/0")
-            assert await store.generation("k") == 0
+            assert await store.generation(chat_key("k")) == 0
             await store.close()
 
 
@@ -258,11 +259,11 @@ class TestTls:
         with private_server(*tls):
             ca = certificate / "cert.pem"
             store = await RedisStore.open(f"rediss://:s3cret@localhost:{port}/0?ssl_ca_certs={ca}")
-            assert (await store.acquire("k", "p1", 5)).generation == 1
+            assert (await store.acquire(chat_key("k"), "p1", 5)).generation == 1
             await store.close()
             with pytest.raises(StoreError, match=r"CERTIFICATE_VERIFY_FAILED|certificate"):
                 await RedisStore.open(f"rediss://:s3cret@localhost:{port}/0")
             unchecked = f"rediss://:s3cret@localhost:{port}/0?ssl_cert_reqs=none"
             store = await RedisStore.open(unchecked)
-            assert await store.generation("k") == 1
+            assert await store.generation(chat_key("k")) == 1
             await store.close()

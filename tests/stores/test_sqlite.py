@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from chatlane.errors import SessionBusy, StaleGeneration, StoreError
+from chatlane.identity import SessionKey
 from chatlane.stores import MemoryStore, Store, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import MIGRATIONS, Location, connect, migrate, parse_url
+from tests.keys import chat_key
 
-KEY = "main:test:dm:c1"
+KEY = chat_key("c1")
 
 
 @pytest.fixture
@@ -263,14 +265,16 @@ class TestWriterThread:
 
         async def writer(n: int) -> None:
             for i in range(10):
-                await store.append_transcript(f"k{n}", None, TranscriptEntry("user", "x" * 500, i))
+                await store.append_transcript(
+                    chat_key(f"k{n}"), None, TranscriptEntry("user", "x" * 500, i)
+                )
 
         probing = asyncio.ensure_future(probe())
         await asyncio.gather(store._write(slow_write), *(writer(n) for n in range(50)))
         done.set()
         await probing
         assert turns >= 10
-        assert len(await store.transcript("k49", limit=100)) == 10
+        assert len(await store.transcript(chat_key("k49"), limit=100)) == 10
 
 
 class TestLifecycle:
@@ -380,7 +384,7 @@ async def test_processes_opening_a_new_file_at_once(path: Path) -> None:
     processes = [start(OPENER, f"sqlite:///{path}") for _ in range(6)]
     await asyncio.to_thread(go, processes)
     opened = await open_store(f"sqlite:///{path}")
-    assert await opened.generation("opened") == 6
+    assert await opened.generation(SessionKey("opened")) == 6
     await opened.close()
 
 

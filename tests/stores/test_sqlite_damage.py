@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from chatlane.errors import StoreDamaged, StoreError
+from chatlane.identity import SessionKey
 from chatlane.stores import TranscriptEntry, open_store
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import MIGRATIONS, migrate
+from tests.keys import chat_key
 
-KEY = "main:test:dm:c1"
+KEY = chat_key("c1")
 PAGE = 4096
 GARBAGE = b"\xde\xad\xbe\xef" * (PAGE // 4)
 
@@ -42,7 +44,7 @@ def shm(path: Path) -> Path:
     return Path(f"{path}-shm")
 
 
-async def fill(path: Path, entries: int = 200, key: str = KEY) -> None:
+async def fill(path: Path, entries: int = 200, key: SessionKey = KEY) -> None:
     """Give ``key`` a generation and a transcript of ``entries`` 1 KB entries, checkpointed
     into the main file."""
     store = await open_store(url(path))
@@ -238,6 +240,6 @@ class TestDamageWhileRunning:
         with pytest.raises(StoreDamaged):
             await damaged.transcript(KEY, limit=1000)
         with pytest.raises(StoreDamaged, match="malformed"):
-            await damaged.generation("main:test:dm:other")
+            await damaged.generation(chat_key("other"))
         with pytest.raises(StoreDamaged, match="malformed"):
-            await damaged.bump_generation("main:test:dm:other")
+            await damaged.bump_generation(chat_key("other"))

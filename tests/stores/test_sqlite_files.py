@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from chatlane.stores import open_store
+from tests.keys import chat_key
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ async def test_the_database_and_its_wal_are_created_0600(tmp_path: Path) -> None
     path = tmp_path / "new" / "chatlane.db"
     store = await open_store(f"sqlite:///{path}")
     try:
-        await store.enqueue("main:web:dm:c", "m1", "owner", b"payload")
+        await store.enqueue(chat_key("c", "web"), "m1", "owner", b"payload")
         wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
         assert {p.name: mode(p) for p in (path, wal, shm)} == {
             p.name: 0o600 for p in (path, wal, shm)

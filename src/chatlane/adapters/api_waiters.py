@@ -24,6 +24,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from chatlane.identity import NO_SESSION, SessionKey
 from chatlane.runtime.outcomes import MessageOutcome, Outcome
 from chatlane.types import Outbound, OutboundKind
 
@@ -72,7 +73,7 @@ class Waiter:
     message_id: str
     events: deque[WaiterEvent] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
-    session_key: str = ""
+    session_key: SessionKey = NO_SESSION
     last_progress: float = field(default_factory=time.monotonic)
     finished: bool = False
 

@@ -76,7 +76,7 @@ from chatlane.approvals import is_request_id
 from chatlane.commands import parse_command
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError, ConfigError
-from chatlane.identity import ChatType, SessionSource
+from chatlane.identity import NO_SESSION, ChatType, SessionSource
 from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
 
@@ -265,7 +265,9 @@ class TelegramAdapter:
         message = update.effective_message
         if message is not None:
             source = source_of(message, message.from_user)
-            await self.deliver(Outbound(OutboundKind.NOTICE, "", Target.of(source), _NOT_TEXT))
+            await self.deliver(
+                Outbound(OutboundKind.NOTICE, NO_SESSION, Target.of(source), _NOT_TEXT)
+            )
 
     async def _on_button(self, update: Update, context: object) -> None:
         query = update.callback_query
@@ -294,7 +296,7 @@ class TelegramAdapter:
             return
         target = Target.of(source)
         await self.deliver(
-            Outbound(OutboundKind.NOTICE, "", target, _NOT_ALLOWED, 0, (message.id,))
+            Outbound(OutboundKind.NOTICE, NO_SESSION, target, _NOT_ALLOWED, 0, (message.id,))
         )
 
     def _refusal_due(self, user_id: str) -> bool:
@@ -331,7 +333,7 @@ class TelegramAdapter:
     async def _not_handled(self, message: InboundMessage) -> None:
         target = Target.of(message.source)
         await self.deliver(
-            Outbound(OutboundKind.NOTICE, "", target, _NOT_HANDLED, 0, (message.id,))
+            Outbound(OutboundKind.NOTICE, NO_SESSION, target, _NOT_HANDLED, 0, (message.id,))
         )
 
     async def _on_error(self, update: object, context: Any) -> None:

@@ -392,12 +392,14 @@ class JobBook:
     (one field per job, so processes adding jobs at once never overwrite each
     other). The last claimed tick of a job is the field ``last_tick`` of
     ``<namespace>:scheduler:job:<id>``, written under that key's lease with
-    the lease's generation. Neither key can be a session key.
+    the lease's generation. Both are store keys that no source can be given
+    (:func:`~chatlane.identity.parse_session_key` refuses them), so neither is
+    ever a session's.
     """
 
     def __init__(self, store: Store, namespace: str, holder: str, ttl: float) -> None:
         self.store = store
-        self.key = f"{namespace}:scheduler"
+        self.key = SessionKey(f"{namespace}:scheduler")
         self.holder = holder
         self.ttl = ttl
 
@@ -426,8 +428,8 @@ class JobBook:
         await self.store.set_persistent(self.key, None, **{job_field(job_id): None})
         await self.store.set_persistent(self._claim_key(job_id), None, **{LAST_TICK: None})
 
-    def _claim_key(self, job_id: str) -> str:
-        return f"{self.key}:job:{job_id}"
+    def _claim_key(self, job_id: str) -> SessionKey:
+        return SessionKey(f"{self.key}:job:{job_id}")
 
     async def claim(self, job_id: str, tick: float, *, stored: bool = True) -> Claim:
         """Claim ``tick`` of ``job_id`` (see :class:`Claim`); ``stored=False``: a configured job."""

@@ -454,7 +454,7 @@ class Scheduler:
     def _job_run(self, job: Job, tick: float) -> JobRun:
         source = run_source(job)
         if job.target == LOCAL:
-            key = f"{self._local_prefix()}{job.id}"
+            key = SessionKey(f"{self._local_prefix()}{job.id}")  # a shape no source has
         else:
             key = build_session_key(source, self.gateway.settings.key_policy)
         return JobRun(job, tick, key, source, f"{CRON_ID}{job.id}:{tick:.0f}")

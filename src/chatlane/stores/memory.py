@@ -72,7 +72,7 @@ class MemoryStore(Store):
         """:param clock: where the store reads the time (wall-clock seconds by default)."""
         self.url = url
         self._clock = clock
-        self._sessions: defaultdict[str, _Session] = defaultdict(_Session)
+        self._sessions: defaultdict[SessionKey, _Session] = defaultdict(_Session)
         self._transcripts: defaultdict[str, list[TranscriptEntry]] = defaultdict(list)
         self._answered: dict[str, _Mark] = {}
         """Message id → its answered mark; insertion order is time order."""

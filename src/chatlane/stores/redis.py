@@ -317,7 +317,7 @@ class RedisStore(Store):
 
     async def pending_keys(self) -> list[SessionKey]:
         members = await self._command("SMEMBERS", self._keys.one("pkeys"))
-        return sorted(member.decode() for member in members)
+        return sorted(SessionKey(member.decode()) for member in members)
 
     async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
         if seqs:

@@ -304,13 +304,19 @@ def _transcript(
 _CONVERSATION = "SELECT c.id, c.key, c.started_at, c.ended_at, c.title FROM conversations c"
 
 
+def _conversation(row: Sequence[Any]) -> Conversation:
+    """A row of :data:`_CONVERSATION` as a conversation (the key was stored from one)."""
+    id_, key, started_at, ended_at, title = row
+    return Conversation(id_, SessionKey(key), started_at, ended_at, title)
+
+
 def _current(db: sqlite3.Connection, clock: Clock, key: SessionKey) -> Conversation:
     """``key``'s current conversation, started (and made current) if it has none."""
     row = db.execute(
         f"{_CONVERSATION} JOIN sessions s ON c.id = s.current_conversation WHERE s.key = ?",
         (key,),
     ).fetchone()
-    return _start(db, clock, key, "") if row is None else Conversation(*row)
+    return _start(db, clock, key, "") if row is None else _conversation(row)
 
 
 def _start(db: sqlite3.Connection, clock: Clock, key: SessionKey, title: str) -> Conversation:
@@ -351,8 +357,8 @@ def _resume(
     _end_current(db, clock, key)
     db.execute("UPDATE conversations SET ended_at = 0 WHERE id = ?", (conversation_id,))
     db.execute("UPDATE sessions SET current_conversation = ? WHERE key = ?", (conversation_id, key))
-    return Conversation(
-        *db.execute(f"{_CONVERSATION} WHERE c.id = ?", (conversation_id,)).fetchone()
+    return _conversation(
+        db.execute(f"{_CONVERSATION} WHERE c.id = ?", (conversation_id,)).fetchone()
     )
 
 
@@ -365,7 +371,7 @@ def _conversations(
         f"{_CONVERSATION} WHERE c.key = ? ORDER BY c.started_at DESC, c.rowid LIMIT ?",
         (key, limit if limit >= 0 else -1),
     ).fetchall()
-    return [Conversation(*row) for row in rows][:limit]
+    return [_conversation(row) for row in rows][:limit]
 
 
 # -- the pending queue and liveness ------------------------------------------------------
@@ -390,17 +396,24 @@ def _enqueue(
     return int(row[0])
 
 
+def _pending_record(row: Sequence[Any]) -> PendingRecord:
+    """A ``key, seq, message_id, owner, payload, accepted_at`` row (the key was stored from one)."""
+    key, seq, message_id, owner, payload, accepted_at = row
+    return PendingRecord(SessionKey(key), seq, message_id, owner, payload, accepted_at)
+
+
 def _pending(db: sqlite3.Connection, key: SessionKey) -> list[PendingRecord]:
     rows = db.execute(
         "SELECT key, seq, message_id, owner, payload, accepted_at FROM pending "
         "WHERE key = ? ORDER BY seq",
         (key,),
     ).fetchall()
-    return [PendingRecord(*row) for row in rows]
+    return [_pending_record(row) for row in rows]
 
 
 def _pending_keys(db: sqlite3.Connection) -> list[SessionKey]:
-    return [row[0] for row in db.execute("SELECT DISTINCT key FROM pending ORDER BY key")]
+    rows = db.execute("SELECT DISTINCT key FROM pending ORDER BY key")
+    return [SessionKey(row[0]) for row in rows]
 
 
 def _adopt(
@@ -425,7 +438,7 @@ def _adopt_orphans(
         "WHERE p.owner != ? AND (h.expires_at IS NULL OR h.expires_at <= ?) "
         "ORDER BY p.key LIMIT ?"
     )
-    keys = [row[0] for row in db.execute(orphaned, (holder, moment, limit))]
+    keys = [SessionKey(row[0]) for row in db.execute(orphaned, (holder, moment, limit))]
     adopted: list[PendingRecord] = []
     for key in keys:
         adopted += _adopt_session(db, key, holder, moment)
@@ -441,7 +454,7 @@ def _adopt_session(
         "RETURNING key, seq, message_id, owner, payload, accepted_at",
         (holder, key, holder, moment),
     ).fetchall()
-    return sorted((PendingRecord(*row) for row in rows), key=lambda r: r.seq)
+    return sorted((_pending_record(row) for row in rows), key=lambda r: r.seq)
 
 
 def _park(
@@ -464,7 +477,7 @@ def _failed(db: sqlite3.Connection, limit: int) -> list[FailedRecord]:
         "FROM failed ORDER BY failed_at, seq LIMIT ?",
         (max(limit, 0),),
     ).fetchall()
-    return [FailedRecord(PendingRecord(*row[:6]), row[6], row[7]) for row in rows]
+    return [FailedRecord(_pending_record(row[:6]), row[6], row[7]) for row in rows]
 
 
 def _retry_failed(db: sqlite3.Connection, message_id: str, owner: str) -> PendingRecord | None:
@@ -476,7 +489,7 @@ def _retry_failed(db: sqlite3.Connection, message_id: str, owner: str) -> Pendin
     if row is None:
         return None
     key, seq, _, _, payload, accepted_at = row
-    record = PendingRecord(key, seq, message_id, owner, payload, accepted_at)
+    record = PendingRecord(SessionKey(key), seq, message_id, owner, payload, accepted_at)
     db.execute(
         "INSERT OR REPLACE INTO pending (seq, key, message_id, owner, payload, accepted_at) "
         "VALUES (?, ?, ?, ?, ?, ?)",

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from chatlane.stores import TranscriptEntry
+from tests.keys import chat_key, odd_keys
 
-KEY = "main:test:dm:c1"
-ODD_KEYS = ["main:tg:group:-1%3A2::7", "k{with}braces", "spaces and\nnewline", "ключ🙂", "a" * 300]
+KEY = chat_key("c1")
+ODD_KEYS = odd_keys(
+    "main:tg:group:-1%3A2::7", "k{with}braces", "spaces and\nnewline", "ключ🙂", "a" * 300
+)
 """Keys with separators, braces, whitespace, non-ASCII and length: each must stay its own."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chatlane.stores import Store
+from tests.keys import chat_key
 from tests.stores.contract.common import KEY, entry
 
 
@@ -41,6 +42,6 @@ class TestConversations:
             await store.resume_conversation(KEY, "c_nope")
 
     async def test_resume_of_another_sessions_conversation_is_refused(self, store: Store) -> None:
-        theirs = await store.conversation("someone-else")
+        theirs = await store.conversation(chat_key("someone-else"))
         with pytest.raises(KeyError):
             await store.resume_conversation(KEY, theirs.id)

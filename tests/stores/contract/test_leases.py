@@ -18,7 +18,9 @@ from chatlane.errors import (
     LeaseLost,
     SessionBusy,
 )
+from chatlane.identity import SessionKey
 from chatlane.stores import Store, WriteBatch
+from tests.keys import chat_key
 from tests.stores.conftest import StoreClock
 from tests.stores.contract.common import KEY, ODD_KEYS
 
@@ -130,41 +132,41 @@ class TestLeases:
         assert not isinstance(raised.value, EarlierMessageFirst)
 
     async def test_max_active_caps_running_sessions(self, store: Store) -> None:
-        await store.acquire("a", "p1", 5, max_active=2)
-        await store.acquire("b", "p1", 5, max_active=2)
+        await store.acquire(chat_key("a"), "p1", 5, max_active=2)
+        await store.acquire(chat_key("b"), "p1", 5, max_active=2)
         with pytest.raises(ActiveSessionLimit, match=r"\(2/2\)"):
-            await store.acquire("c", "p2", 5, max_active=2)
+            await store.acquire(chat_key("c"), "p2", 5, max_active=2)
         assert await store.active_sessions() == 2
-        assert await store.generation("c") == 0
+        assert await store.generation(chat_key("c")) == 0
 
     async def test_expired_leases_do_not_count_as_active(
         self, store: Store, clock: StoreClock
     ) -> None:
-        await store.acquire("a", "p1", 0.2)
+        await store.acquire(chat_key("a"), "p1", 0.2)
         await clock.advance(0.35)
         assert await store.active_sessions() == 0
-        await store.acquire("b", "p1", 5, max_active=1)
+        await store.acquire(chat_key("b"), "p1", 5, max_active=1)
 
     async def test_unknown_key_has_generation_zero(self, store: Store) -> None:
-        assert await store.generation("never-seen") == 0
+        assert await store.generation(chat_key("never-seen")) == 0
 
     async def test_generations_reads_many_keys_in_order(self, store: Store) -> None:
         odd = ODD_KEYS[-1]
         for _ in range(3):
             await store.bump_generation(odd)
         await store.bump_generation(KEY)
-        keys = [f"k{n}" for n in range(1200)]  # more than one IN list / one MGET
+        keys = [chat_key(f"k{n}") for n in range(1200)]  # more than one IN list / one MGET
         await store.bump_generation(keys[700])
-        wanted = [odd, "never-seen", KEY, odd, *keys]
+        wanted = [odd, chat_key("never-seen"), KEY, odd, *keys]
         found = await store.generations(wanted)
         assert found[:4] == [3, 0, 1, 3]
         assert found[4:] == [1 if n == 700 else 0 for n in range(1200)]
         assert await store.generations([]) == []
 
     @pytest.mark.parametrize("key", ODD_KEYS)
-    async def test_odd_keys_are_isolated(self, store: Store, key: str) -> None:
+    async def test_odd_keys_are_isolated(self, store: Store, key: SessionKey) -> None:
         await store.acquire(key, "p1", 5)
-        other = await store.acquire(key + ":x", "p1", 5)
+        other = await store.acquire(SessionKey(f"{key}:x"), "p1", 5)
         assert other.generation == 1
         with pytest.raises(SessionBusy):
             await store.acquire(key, "p2", 5)
@@ -184,11 +186,11 @@ class TestRefusalsNameTheirSession:
         with pytest.raises(SessionBusy) as running:
             await store.acquire(self.KEY, "p2", 5)
         with pytest.raises(ActiveSessionLimit) as limited:
-            await store.acquire("other", "p2", 5, max_active=1)
+            await store.acquire(chat_key("other"), "p2", 5, max_active=1)
         assert (earlier.value.key, running.value.key, limited.value.key) == (
             self.KEY,
             self.KEY,
-            "other",
+            chat_key("other"),
         )
         assert str(running.value) == f"session {self.KEY!r} is running elsewhere"
 
@@ -214,10 +216,10 @@ class TestRenewMany:
     async def test_renew_many_renews_what_is_held_and_reports_what_is_lost(
         self, store: Store, clock: StoreClock
     ) -> None:
-        kept = await store.acquire("a", "p1", 5)
-        fenced = await store.acquire("b", "p1", 5)
-        await store.bump_generation("b")
-        expired = await store.acquire("c", "p1", 0.05)
+        kept = await store.acquire(chat_key("a"), "p1", 5)
+        fenced = await store.acquire(chat_key("b"), "p1", 5)
+        await store.bump_generation(chat_key("b"))
+        expired = await store.acquire(chat_key("c"), "p1", 0.05)
         await clock.advance(0.15)
         renewed = await store.renew_many([kept, fenced, expired], 30)
         assert renewed[1:] == [None, None]
@@ -227,4 +229,4 @@ class TestRenewMany:
         assert first.expires_at > kept.expires_at + 20
         assert await store.renew_many([], 5) == []
         with pytest.raises(SessionBusy):
-            await store.acquire("a", "p2", 5)
+            await store.acquire(chat_key("a"), "p2", 5)

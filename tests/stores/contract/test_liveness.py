@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from chatlane.stores import Store
+from tests.keys import chat_key
 from tests.stores.conftest import StoreClock, stored_liveness
 from tests.stores.contract.common import KEY
 
@@ -32,7 +33,8 @@ class TestPruning:
         await store.heartbeat("gone", 0.01)
         await store.acquire(KEY, "gone", 0.01)
         await store.heartbeat("alive", 30)
-        await store.acquire("held", "alive", 30)
+        held = chat_key("held")
+        await store.acquire(held, "alive", 30)
         await clock.advance(0.05)
         await store.heartbeat("me", 5)
-        assert await stored_liveness(store) == (["alive", "me"], ["held"])
+        assert await stored_liveness(store) == (["alive", "me"], [held])

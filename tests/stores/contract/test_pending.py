@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from chatlane.stores import Store
+from tests.keys import chat_key
 from tests.stores.conftest import Reopen, StoreClock
 from tests.stores.contract.common import KEY
 
@@ -31,12 +32,13 @@ class TestPendingQueue:
         assert (await store.pending(KEY))[0].payload == payload
 
     async def test_pending_keys_and_drop(self, store: Store) -> None:
-        a = await store.enqueue("a", "m1", "p1", b"")
-        await store.enqueue("b", "m2", "p1", b"")
-        assert sorted(await store.pending_keys()) == ["a", "b"]
-        await store.drop_pending("a", [a])
-        assert await store.pending_keys() == ["b"]
-        assert await store.pending("a") == []
+        a, b = chat_key("a"), chat_key("b")
+        seq = await store.enqueue(a, "m1", "p1", b"")
+        await store.enqueue(b, "m2", "p1", b"")
+        assert sorted(await store.pending_keys()) == [a, b]
+        await store.drop_pending(a, [seq])
+        assert await store.pending_keys() == [b]
+        assert await store.pending(a) == []
 
     async def test_concurrent_enqueues_get_distinct_ordered_seqs(self, store: Store) -> None:
         seqs = await asyncio.gather(*(store.enqueue(KEY, f"m{i}", "p", b"") for i in range(40)))
@@ -71,18 +73,19 @@ class TestAdoptOrphans:
     ) -> None:
         await store.heartbeat("alive", 30)
         await store.heartbeat("dead", 0.05)
-        x1 = await store.enqueue("x", "m1", "dead", b"1")
-        await store.enqueue("x", "m2", "alive", b"2")
-        x3 = await store.enqueue("x", "m3", "never-beat", b"3")
-        await store.enqueue("y", "m4", "me", b"4")
+        x, y = chat_key("x"), chat_key("y")
+        x1 = await store.enqueue(x, "m1", "dead", b"1")
+        await store.enqueue(x, "m2", "alive", b"2")
+        x3 = await store.enqueue(x, "m3", "never-beat", b"3")
+        await store.enqueue(y, "m4", "me", b"4")
         await clock.advance(0.15)
         await store.heartbeat("me", 30)
         adopted = await store.adopt_orphans("me", 10)
         assert [(r.key, r.seq, r.owner, r.payload) for r in adopted] == [
-            ("x", x1, "me", b"1"),
-            ("x", x3, "me", b"3"),
+            (x, x1, "me", b"1"),
+            (x, x3, "me", b"3"),
         ]
-        assert [r.owner for r in await store.pending("x")] == ["me", "alive", "me"]
+        assert [r.owner for r in await store.pending(x)] == ["me", "alive", "me"]
         assert await store.adopt_orphans("other", 10) == []
 
     async def test_adopt_orphans_is_bounded_by_sessions_and_each_record_goes_once(
@@ -91,8 +94,8 @@ class TestAdoptOrphans:
         for adopter in ("me", "p0", "p1", "p2"):
             await store.heartbeat(adopter, 30)
         for i in range(12):
-            await store.enqueue(f"s{i:02}", f"m{i}", "dead", b"")
-            await store.enqueue(f"s{i:02}", f"n{i}", "dead", b"")
+            await store.enqueue(chat_key(f"s{i:02}"), f"m{i}", "dead", b"")
+            await store.enqueue(chat_key(f"s{i:02}"), f"n{i}", "dead", b"")
         first = await store.adopt_orphans("me", 5)
         assert len({r.key for r in first}) == 5
         assert len(first) == 10
@@ -139,8 +142,8 @@ class TestFailed:
 
     async def test_failed_lists_oldest_first_within_the_limit(self, store: Store) -> None:
         for i in range(3):
-            seq = await store.enqueue(f"k{i}", f"m{i}", "p", b"")
-            await store.park(f"k{i}", [seq], f"reason {i}")
+            seq = await store.enqueue(chat_key(f"k{i}"), f"m{i}", "p", b"")
+            await store.park(chat_key(f"k{i}"), [seq], f"reason {i}")
         assert [f.reason for f in await store.failed(2)] == ["reason 0", "reason 1"]
         assert await store.failed(0) == []
 

@@ -17,6 +17,7 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.stores import Store, TranscriptEntry, WriteBatch
+from tests.keys import chat_key
 from tests.stores.conftest import Reopen, StoreClock, stored_answered_ids
 from tests.stores.contract.common import KEY, entry
 
@@ -114,7 +115,7 @@ class TestCommit:
 
     async def test_generation_fencing_is_per_key(self, store: Store) -> None:
         lease = await store.acquire(KEY, "p1", 5)
-        await store.bump_generation("other")
+        await store.bump_generation(chat_key("other"))
         await store.append_transcript(KEY, lease.generation, entry("ok", lease.generation))
         assert len(await store.transcript(KEY)) == 1
 
@@ -237,6 +238,6 @@ class TestTranscripts:
         )
 
     async def test_sessions_have_separate_transcripts(self, store: Store) -> None:
-        await store.append_transcript("a", None, entry("for a", 0))
-        await store.append_transcript("b", None, entry("for b", 0))
-        assert [e.content for e in await store.transcript("a")] == ["for a"]
+        await store.append_transcript(chat_key("a"), None, entry("for a", 0))
+        await store.append_transcript(chat_key("b"), None, entry("for b", 0))
+        assert [e.content for e in await store.transcript(chat_key("a"))] == ["for a"]
