@@ -6,7 +6,11 @@ import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import AsyncIterator
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -195,6 +199,33 @@ def test_the_id_secret_is_a_private_file_next_to_the_database(tmp_path: Path) ->
     issued = BrowserIds(first).issue()
     assert BrowserIds(id_secret(config)).verify(issued) == issued.partition(".")[0]
     assert BrowserIds(b"another secret, 32 bytes long...").verify(issued) is None
+
+
+def started_together(count: int, start: Callable[[], bytes]) -> list[bytes]:
+    """``start()`` in ``count`` threads released at the same moment; what each returned."""
+    barrier = threading.Barrier(count)
+
+    def run(_: int) -> bytes:
+        barrier.wait()
+        return start()
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(run, range(count)))
+
+
+def test_processes_starting_together_all_read_the_one_whole_secret(tmp_path: Path) -> None:
+    """Several gateways on one database start at once: none reads a half-written secret."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # interleave the threads as densely as the interpreter can
+    try:
+        for attempt in range(30):
+            config = Config(store=StoreConfig(url=f"sqlite:///{tmp_path / f'{attempt}.db'}"))
+            secrets = set(started_together(8, partial(id_secret, config)))
+            assert len(secrets) == 1
+            assert len(secrets.pop()) == 32
+            assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []
+    finally:
+        sys.setswitchinterval(switch)
 
 
 # -- API clients -----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ its tabs are counted together. What stays true:
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -119,16 +120,32 @@ def secret_path(store_url: str) -> Path | None:
 
 
 def _file_secret(path: Path) -> bytes:
-    """The secret in ``path``, made first (mode 0600, never replaced) if it does not exist."""
+    """The secret in ``path``, made first (mode 0600, never replaced) if it does not exist.
+
+    The file appears whole or not at all: it is written under a temporary
+    name and linked into place, so a second process starting at the same
+    moment reads either nothing (and makes its own, which loses the link) or
+    the whole secret — never an empty file.
+    """
+    if not path.exists():
+        _publish_secret(path)
+    return _read_secret(path)
+
+
+def _publish_secret(path: Path) -> None:
+    """Write a new secret to ``path`` unless one appeared meanwhile (the first one wins)."""
+    draft = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read_secret(path)
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_hex(32))
+        with contextlib.suppress(FileExistsError):
+            os.link(draft, path)
     except OSError as error:
         raise ConfigError(f"web id secret {str(path)!r}: {error.strerror}") from None
-    with os.fdopen(descriptor, "w") as file:
-        file.write(secrets.token_hex(32))
-    return _read_secret(path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(draft)
 
 
 def _read_secret(path: Path) -> bytes:
