@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -172,6 +173,15 @@ class TestLeaseTokens:
             turn.store_lease_token(1, "other")
         assert turn.lease_tokens == {1: "t"}
 
+    def test_the_last_token_out_frees_the_dicts_table(self) -> None:
+        turn = TurnState()
+        empty = sys.getsizeof(turn.lease_tokens)
+        tokens = turn.lease_tokens
+        turn.store_lease_token(1, "t")
+        turn.release_lease_token(1)
+        assert turn.lease_tokens is tokens
+        assert sys.getsizeof(turn.lease_tokens) == empty
+
 
 class TestConversationState:
     def test_defaults(self) -> None:
@@ -232,6 +242,15 @@ class TestPersistentState:
         persistent = PersistentState(run_generation=1)
         with pytest.raises(ValueError, match="only grows"):
             reset_field(persistent, "run_generation")
+
+    def test_restart_takes_the_stores_generation_even_if_lower(self) -> None:
+        persistent = PersistentState(run_generation=7)
+        persistent.restart_generation(3)
+        assert persistent.run_generation == 3
+        with pytest.raises(ValueError, match="only grows"):
+            persistent.restart_generation(-1)
+        with pytest.raises(ValueError, match="only grows"):
+            persistent.run_generation = 2
 
     def test_generation_cannot_start_negative(self) -> None:
         with pytest.raises(ValueError, match="only grows"):
@@ -476,7 +495,8 @@ class TestEvictionByCap:
         registry.get(B)
         assert A not in registry
         assert registry.generation_floor == 7
-        assert registry.get(A).persistent.run_generation == 7
+        state = registry.get(A)
+        assert state.persistent.run_generation == state.generation_floor == 7
 
     @given(st.lists(st.sampled_from("abcdefgh").map(SessionKey), max_size=40), st.integers(1, 4))
     def test_never_exceeds_the_cap_when_nothing_is_pinned(

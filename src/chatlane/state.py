@@ -228,8 +228,16 @@ class TurnState:
         self.lease_tokens[generation] = token
 
     def release_lease_token(self, generation: int) -> Any | None:
-        """Pop the token of ``generation``: the first call returns it, later calls ``None``."""
-        return self.lease_tokens.pop(generation, None)
+        """Pop the token of ``generation``: the first call returns it, later calls ``None``.
+
+        The last token out frees the dict's table (an emptied dict keeps it),
+        so an idle session costs no more than one that never ran a turn.
+        """
+        tokens = self.lease_tokens
+        token = tokens.pop(generation, None)
+        if not tokens:
+            tokens.clear()
+        return token
 
 
 @dataclass(slots=True)
@@ -292,6 +300,18 @@ class PersistentState:
         self.run_generation += 1
         return self.run_generation
 
+    def restart_generation(self, generation: int) -> None:
+        """Take ``generation`` from the store that hands generations out, even if it is lower.
+
+        Only for a state a registry just made, before its first turn: its
+        ``run_generation`` was the registry's floor, the highest generation of
+        *other* sessions it evicted, never one handed out for this session.
+
+        :raises ValueError: for a negative generation.
+        """
+        _check_generation(0, generation)
+        object.__setattr__(self, "run_generation", generation)
+
 
 def _check_generation(current: int, new: object) -> None:
     if not isinstance(new, int) or isinstance(new, bool):
@@ -318,6 +338,8 @@ class SessionState:
     """Whether the persistent scope was read from the store since this state was created."""
     read_at: float = 0.0
     """When (``time.monotonic()``) the stored choices were last read from the store."""
+    generation_floor: int = 0
+    """The ``run_generation`` the registry made this state with (its floor then)."""
 
     def touch(self, now: float) -> None:
         """Record an access at clock reading ``now``."""
@@ -456,6 +478,11 @@ class SessionRegistry:
         return list(self._sessions.items())
 
     @property
+    def max_sessions(self) -> int:
+        """How many sessions the registry keeps before it evicts idle ones."""
+        return self._max_sessions
+
+    @property
     def generation_floor(self) -> int:
         """The highest ``run_generation`` of any evicted session; new sessions start there."""
         return self._generation_floor
@@ -486,7 +513,7 @@ class SessionRegistry:
     def _create(self, key: SessionKey) -> SessionState:
         turn_cls, conversation_cls, persistent_cls = self._classes
         state = SessionState(key, turn_cls(), conversation_cls(), persistent_cls())
-        state.persistent.run_generation = self._generation_floor
+        state.persistent.run_generation = state.generation_floor = self._generation_floor
         self._sessions[key] = state
         return state
 

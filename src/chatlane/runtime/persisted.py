@@ -109,9 +109,17 @@ def nothing_to_save(key: SessionKey, state: SessionState) -> None:
 
 
 def load_persistent(state: SessionState, fields: Mapping[str, object], generation: int) -> None:
-    """Fill a fresh state's persistent scope and overrides from what the store keeps (once)."""
+    """Fill a fresh state's persistent scope and overrides from what the store keeps (once).
+
+    The store's ``generation`` is the session's: the registry's floor a fresh
+    state started at only stood in for it (a session evicted at a lower
+    generation than others comes back at its own, or its leases would all
+    look stale). Bumps made here since the state was made still count.
+    """
     if not state.loaded:
-        state.persistent.run_generation = max(state.persistent.run_generation, generation)
+        persistent = state.persistent
+        bumped_here = persistent.run_generation - state.generation_floor
+        persistent.restart_generation(max(generation, bumped_here))
         state.conversation.conversation_id = _text(fields.get(CONVERSATION_ID))
         _apply_choices(state, fields)
         state.loaded = True
