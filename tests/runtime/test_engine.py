@@ -377,3 +377,22 @@ async def test_an_agent_cannot_assign_what_the_engine_keeps(name: str) -> None:
         await h.send("hi", chat_id="c")
         assert await h.replies(chat_id="c", count=1) == ["gen 1"]
     assert refused == [name]
+
+
+async def test_queue_depth_counts_the_messages_waiting_behind_running_turns() -> None:
+    release = asyncio.Event()
+
+    async def agent(turn: Turn) -> str:
+        await release.wait()
+        return "done"
+
+    async with GatewayHarness(agent, busy="queue") as h:
+        for text in ("one", "two", "three"):
+            await h.send(text, chat_id="a")
+        await h.send("alone", chat_id="b")
+        for n in range(50):  # idle sessions the registry holds count for nothing
+            await h.send("/busy", chat_id=f"idle{n}")
+        assert h.gateway.engine.queue_depth() == 2
+        release.set()
+        await h.settle()
+        assert h.gateway.engine.queue_depth() == 0

@@ -10,9 +10,12 @@ bounds the sum. What stays true:
   queued) or would make one session more live than ``live_sessions``
   (sessions with a turn running, waiting for its lease or collecting here).
 * The byte count never under-counts: a message is counted from its admission
-  until a recount of what the engine still holds no longer finds it. Recounts
-  happen only when the count reaches the limit, so a quiet gateway pays one
-  dictionary write per message.
+  until a recount of what the engine still holds no longer finds it. A
+  recount happens when the count reaches the limit, or when the messages
+  counted reach twice what the last recount found (at least
+  :data:`RECOUNT_FLOOR`): what is remembered stays within a small multiple
+  of what the engine holds, however many sessions came and went, and a
+  message pays for a constant share of recounting on average.
 * Sessions being admitted concurrently are counted while they are stored,
   so messages arriving at once cannot all slip in under the live limit.
 * Messages already accepted (adopted after a restart, retried, re-queued
@@ -30,6 +33,8 @@ from chatlane.types import InboundMessage
 
 MESSAGE_OVERHEAD = 256
 """Bytes counted per message on top of its text: ids, source and bookkeeping."""
+RECOUNT_FLOOR = 1024
+"""Messages counted before a recount, however few the engine held at the last one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,7 @@ class Capacity:
         self._arriving = 0
         self._storing: dict[str, InboundMessage] = {}
         """Admitted messages not yet held by the engine (being stored): recounts keep them."""
+        self._recount_at = RECOUNT_FLOOR
 
     @property
     def counted_bytes(self) -> int:
@@ -105,7 +111,7 @@ class Capacity:
 
     def _reserve(self, message: InboundMessage) -> None:
         size, limit = message_bytes(message), self.settings.queued_bytes
-        if self._total + size > limit:
+        if self._total + size > limit or len(self._sizes) >= self._recount_at:
             self._recount()
         if self._total + size > limit:
             raise GatewayFull(
@@ -118,3 +124,4 @@ class Capacity:
         held = [*self._held(), *self._storing.values()]
         self._sizes = {m.id: message_bytes(m) for m in held}
         self._total = sum(self._sizes.values())
+        self._recount_at = max(RECOUNT_FLOOR, 2 * len(self._sizes))

@@ -692,13 +692,21 @@ class TurnEngine:
         return 0.0 if turn is None else turn.last_progress
 
     def queue_depth(self) -> int:
-        """Messages waiting for a turn in this process, across every session."""
-        return sum(pending.pending_count(state) for _, state in self.registry.items())
+        """Messages waiting for a turn in this process, across every session.
+
+        Messages wait only behind a running turn or a collect debounce, so only
+        live sessions are counted, not every session the registry holds.
+        """
+        states = (self.registry.peek(key) for key in self._live_keys())
+        return sum(pending.pending_count(state) for state in states if state is not None)
 
     def _held(self) -> list[InboundMessage]:
         """Every message this process holds unanswered, across every live session."""
-        keys = {turn.session_key for turn in self._turns} | self._collecting
-        return [message for key in keys for message in self.unanswered(key)]
+        return [message for key in self._live_keys() for message in self.unanswered(key)]
+
+    def _live_keys(self) -> set[SessionKey]:
+        """Sessions with a turn running or waiting, or collecting, in this process."""
+        return {turn.session_key for turn in self._turns} | self._collecting
 
     def _live_count(self) -> int:
         """Sessions with a turn running or waiting, or collecting, in this process."""

@@ -81,6 +81,11 @@ class MemoryStore(Store):
         self._heartbeats: dict[str, float] = {}
         self._failed: dict[str, FailedRecord] = {}
         """Message id → its failed record; insertion order is failure order."""
+        self._leased: set[SessionKey] = set()
+        """Every session holding a lease, and those that held one until a heartbeat drops them."""
+        self._queued: set[SessionKey] = set()
+        """Every session with pending messages, and those that had some until
+        :meth:`pending_keys` drops them."""
 
     # -- generations and leases ----------------------------------------------
 
@@ -108,6 +113,7 @@ class MemoryStore(Store):
             )
         session.generation += 1
         session.lease = Lease(key, holder, new_token(), session.generation, self._clock() + ttl)
+        self._leased.add(key)
         return session.lease
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -147,7 +153,8 @@ class MemoryStore(Store):
         return self._active()
 
     def _active(self) -> int:
-        return sum(1 for s in self._sessions.values() if self._live_lease(s) is not None)
+        sessions = self._sessions
+        return sum(1 for key in self._leased if self._live_lease(sessions[key]) is not None)
 
     # -- fenced writes and reads -----------------------------------------------
 
@@ -253,6 +260,7 @@ class MemoryStore(Store):
         record = PendingRecord(key, seq, message_id, owner, payload, self._clock())
         self._sessions[key].pending[seq] = record
         self._message_seq[message_id] = seq
+        self._queued.add(key)
         return seq
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
@@ -260,7 +268,9 @@ class MemoryStore(Store):
         return [] if session is None else [session.pending[s] for s in sorted(session.pending)]
 
     async def pending_keys(self) -> list[SessionKey]:
-        return sorted(key for key, session in self._sessions.items() if session.pending)
+        sessions = self._sessions
+        self._queued = {key for key in self._queued if sessions[key].pending}
+        return sorted(self._queued)
 
     async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
         session = self._sessions[key]
@@ -295,12 +305,16 @@ class MemoryStore(Store):
         record = replace(failed.record, owner=owner)
         self._sessions[record.key].pending[record.seq] = record
         self._message_seq[message_id] = record.seq
+        self._queued.add(record.key)
         return record
 
     def _remove_pending(self, session: _Session, seq: int) -> None:
-        record = session.pending.pop(seq, None)
+        pending = session.pending
+        record = pending.pop(seq, None)
         if record is not None:
             self._message_seq.pop(record.message_id, None)
+        if not pending:
+            pending.clear()  # an emptied dict keeps its table until cleared
 
     # -- process liveness ------------------------------------------------------------
 
@@ -313,12 +327,21 @@ class MemoryStore(Store):
         self._prune(moment - PRUNE_AFTER)
 
     def _prune(self, cutoff: float) -> None:
-        """Forget heartbeats and leases that expired before ``cutoff``."""
+        """Forget heartbeats and leases that expired before ``cutoff``.
+
+        Only sessions that held a lease since the last prune are looked at, so a
+        heartbeat costs what changed since the last one, not the number of sessions.
+        """
         for holder in [h for h, expiry in self._heartbeats.items() if expiry <= cutoff]:
             del self._heartbeats[holder]
-        for session in self._sessions.values():
+        kept: set[SessionKey] = set()
+        for key in self._leased:
+            session = self._sessions[key]
             if session.lease is not None and session.lease.expires_at <= cutoff:
                 session.lease = None
+            if session.lease is not None:
+                kept.add(key)
+        self._leased = kept
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         moment = self._clock()

@@ -1,0 +1,50 @@
+"""Process-wide limits: the byte count never under-counts, and what it remembers stays bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from chatlane.errors import GatewayFull
+from chatlane.identity import SessionSource
+from chatlane.runtime.capacity import RECOUNT_FLOOR, Capacity, CapacitySettings, message_bytes
+from chatlane.types import InboundMessage
+
+SOURCE = SessionSource("test", chat_id="c", user_id="u")
+
+
+def admit(capacity: Capacity, message: InboundMessage) -> None:
+    capacity.reserve(message, new_session=False)
+    capacity.settled(message, new_session=False)
+
+
+def test_answered_messages_are_forgotten_however_many_came_and_went() -> None:
+    held: list[InboundMessage] = []
+    capacity = Capacity(CapacitySettings(), lambda: held, lambda: 0)
+    size = message_bytes(InboundMessage(SOURCE, "hello"))
+    for _ in range(20 * RECOUNT_FLOOR):
+        admit(capacity, InboundMessage(SOURCE, "hello"))  # answered at once: never held
+    assert capacity.counted_bytes <= (RECOUNT_FLOOR + 1) * size
+
+
+def test_held_messages_stay_counted_through_recounts() -> None:
+    held = [InboundMessage(SOURCE, "waiting") for _ in range(3 * RECOUNT_FLOOR)]
+    capacity = Capacity(CapacitySettings(), lambda: held, lambda: 0)
+    for message in held:
+        admit(capacity, message)
+    for _ in range(10 * RECOUNT_FLOOR):
+        admit(capacity, InboundMessage(SOURCE, "passing"))
+    assert capacity.counted_bytes >= sum(message_bytes(m) for m in held)
+
+
+def test_the_byte_limit_still_refuses_what_would_pass_it() -> None:
+    held: list[InboundMessage] = []
+    message = InboundMessage(SOURCE, "x" * 100)
+    capacity = Capacity(
+        CapacitySettings(queued_bytes=3 * message_bytes(message)), lambda: held, lambda: 0
+    )
+    for _ in range(3):
+        admitted = InboundMessage(SOURCE, "x" * 100)
+        admit(capacity, admitted)
+        held.append(admitted)
+    with pytest.raises(GatewayFull):
+        capacity.reserve(InboundMessage(SOURCE, "x" * 100), new_session=False)
