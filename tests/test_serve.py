@@ -270,9 +270,17 @@ def held_leases(tmp_path: Path, keys: list[str]) -> int:
 
 
 def answered_count(tmp_path: Path, keys: list[str]) -> int:
-    """How many messages of ``keys`` are marked answered in ``tmp_path``'s SQLite store."""
+    """How many answers to ``keys`` are committed in ``tmp_path``'s SQLite store.
+
+    A commit writes the answer to the transcript and marks its messages
+    answered in one transaction, so either tells.
+    """
     marks = ",".join("?" * len(keys))
-    return stored_count(tmp_path, f"SELECT count(*) FROM answered WHERE key IN ({marks})", keys)
+    sql = (
+        "SELECT count(*) FROM transcript t JOIN sessions s ON t.conversation_id = "
+        f"s.current_conversation WHERE s.key IN ({marks}) AND t.role = 'assistant'"
+    )
+    return stored_count(tmp_path, sql, keys)
 
 
 def stored_count(tmp_path: Path, sql: str, params: Sequence[object]) -> int:

@@ -147,6 +147,33 @@ class TestFile:
         finally:
             await store.close()
 
+    async def test_step_6_keeps_conversations_and_answered_marks(self, path: Path) -> None:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            migrate(db, path, MIGRATIONS[:5])
+            db.execute(
+                "INSERT INTO conversations (id, key, started_at, ended_at, title) "
+                "VALUES ('c_old', 'k', 1.0, 2.0, 'first'), ('c_now', 'k', 3.0, 0, '')"
+            )
+            db.execute("INSERT INTO sessions VALUES ('k', 4, 'c_now')")
+            db.execute("INSERT INTO answered VALUES ('m1', 'k', 4, 1e12, 'hi')")
+        store = await SQLiteStore.open(f"sqlite:///{path}")
+        try:
+            key = SessionKey("k")
+            listed = await store.conversations(key)
+            assert [(c.id, c.title, c.ended_at) for c in listed] == [
+                ("c_now", "", 0.0),
+                ("c_old", "first", 2.0),
+            ]
+            assert (await store.conversation(key)).id == "c_now"
+            assert await store.answer("m1") == "hi"
+        finally:
+            await store.close()
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            answered = [row[1] for row in db.execute("PRAGMA table_info(answered)")]
+            assert answered == ["message_id", "at", "answer"]
+            with pytest.raises(sqlite3.OperationalError, match="rowid"):
+                db.execute("SELECT rowid FROM conversations")
+
     def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
         steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:

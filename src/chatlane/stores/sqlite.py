@@ -207,7 +207,7 @@ def _commit(
     if fields:
         _set_fields(db, key, fields)
     if batch.answered:
-        _mark_answered(db, clock, key, generation, batch.answered, batch.answer)
+        _mark_answered(db, clock, batch.answered, batch.answer)
     if batch.done:
         _drop(db, key, batch.done)
 
@@ -245,20 +245,14 @@ def _set_fields(db: sqlite3.Connection, key: SessionKey, fields: list[tuple[str,
 
 
 def _mark_answered(
-    db: sqlite3.Connection,
-    clock: Clock,
-    key: SessionKey,
-    generation: int | None,
-    message_ids: list[str],
-    answer: str,
+    db: sqlite3.Connection, clock: Clock, message_ids: list[str], answer: str
 ) -> None:
     moment = clock()
     db.executemany(
-        "INSERT INTO answered (message_id, key, generation, at, answer) VALUES (?, ?, ?, ?, ?) "
-        "ON CONFLICT (message_id) DO UPDATE SET key = excluded.key, "
-        "generation = excluded.generation, at = excluded.at, "
+        "INSERT INTO answered (message_id, at, answer) VALUES (?, ?, ?) "
+        "ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, "
         "answer = excluded.answer",  # a mark past its retention
-        [(message_id, key, generation, moment, answer) for message_id in message_ids],
+        [(message_id, moment, answer) for message_id in message_ids],
     )
 
 
@@ -365,10 +359,10 @@ def _resume(
 def _conversations(
     db: sqlite3.Connection, clock: Clock, key: SessionKey, limit: int
 ) -> list[Conversation]:
-    """Newest first; equal start times keep the order they were started in."""
+    """Newest first; equal start times keep the order they were started in (their ids')."""
     _current(db, clock, key)
     rows = db.execute(
-        f"{_CONVERSATION} WHERE c.key = ? ORDER BY c.started_at DESC, c.rowid LIMIT ?",
+        f"{_CONVERSATION} WHERE c.key = ? ORDER BY c.started_at DESC, c.id LIMIT ?",
         (key, limit if limit >= 0 else -1),
     ).fetchall()
     return [_conversation(row) for row in rows][:limit]

@@ -133,7 +133,34 @@ _V5: Migration = (
 )
 """The marker: a file holding this row is a chatlane store (new files get it in their main file)."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
+_V6: Migration = (
+    """CREATE TABLE conversations_v6 (
+        id TEXT PRIMARY KEY,
+        key TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL NOT NULL DEFAULT 0,
+        title TEXT NOT NULL DEFAULT ''
+    ) WITHOUT ROWID""",
+    "INSERT INTO conversations_v6 (id, key, started_at, ended_at, title) "
+    "SELECT id, key, started_at, ended_at, title FROM conversations",
+    "DROP TABLE conversations",
+    "ALTER TABLE conversations_v6 RENAME TO conversations",
+    "CREATE INDEX conversations_key ON conversations (key, started_at)",
+    """CREATE TABLE answered_v6 (
+        message_id TEXT PRIMARY KEY,
+        at REAL NOT NULL,
+        answer TEXT NOT NULL DEFAULT ''
+    ) WITHOUT ROWID""",
+    "INSERT INTO answered_v6 (message_id, at, answer) SELECT message_id, at, answer FROM answered",
+    "DROP TABLE answered",
+    "ALTER TABLE answered_v6 RENAME TO answered",
+    "CREATE INDEX answered_at ON answered (at)",
+)
+"""Smaller and append-mostly: a conversation is stored once, by its id (no rowid and
+separate id index; ids come in creation order, see ``new_conversation_id``), and an
+answered mark keeps only what is read back (id, time, answer), not its key and generation."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
