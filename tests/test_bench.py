@@ -15,10 +15,14 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def run_bench(module: str, *args: str) -> dict[str, Any]:
-    """``python -m bench.<module> … --json``; its report (the script raises on a wrong result)."""
+def run_bench(module: str, *args: str, rounds: bool = True) -> dict[str, Any]:
+    """``python -m bench.<module> … --json``; its report (the script raises on a wrong result).
+
+    :param rounds: pass ``--rounds 1`` (every script that times rounds takes it).
+    """
+    one_round = ["--rounds", "1"] if rounds else []
     done = subprocess.run(
-        [sys.executable, "-m", f"bench.{module}", *args, "--rounds", "1", "--json"],
+        [sys.executable, "-m", f"bench.{module}", *args, *one_round, "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -63,3 +67,30 @@ def test_http_runs_both_servers_in_every_cell() -> None:
             assert cell[side]["requests_per_round"] == 40
         assert cell["floor"]["events_per_response"] == cell["chatlane"]["events_per_response"]
     assert "passed" in report
+
+
+def test_memory_measures_every_configuration_and_brings_sessions_back() -> None:
+    args = ["--sessions", "120", "--warmup", "10", "--sample", "5", "--room", "40"]
+    report = run_bench("memory", *args, rounds=False)
+    configurations = report["configurations"]
+    assert [(c["store"], c["registry"]) for c in configurations] == [
+        (store, registry) for store in ("memory", "sqlite") for registry in ("evicting", "resident")
+    ]
+    for c in configurations:
+        assert c["sampled_came_back"] == 5
+        evicting = c["registry"] == "evicting"
+        assert c["sampled_left_memory"] == (5 if evicting else 0)
+        assert c["resident_sessions"] == (40 if evicting else 130)
+    assert len(report["targets"]) == 3
+    assert report["machine"]["cpus"] >= 1
+
+
+def test_scale_prints_the_curve_of_each_store_and_the_file_size() -> None:
+    report = run_bench("scale", "--checkpoints", "20,40", "--probes", "5")
+    for store in ("memory", "sqlite"):
+        curve = report["stores"][store]["curve"]
+        assert [point["sessions"] for point in curve] == [20, 40]
+        assert all(point["median_us"] > 0 for point in curve)
+    assert report["stores"]["sqlite"]["file"]["sessions"] == 45  # 40, then 5 probes
+    assert report["stores"]["memory"]["file"] is None
+    assert len(report["targets"]) == 3
