@@ -19,7 +19,8 @@ from typing import Any, cast
 import pytest
 
 from chatlane.context import current_session
-from chatlane.stores import Store, open_store
+from chatlane.runtime.outcomes import Outcome
+from chatlane.stores import Admission, MemoryStore, Store, open_store
 from chatlane.testing import GatewayHarness
 from tests.runtime.agents import EchoAgent
 from tests.stores.conftest import forget_redis_prefix
@@ -143,3 +144,37 @@ async def test_a_turn_that_waited_reads_its_choices_with_the_lease(
     # the generation moved on elsewhere meanwhile: the turn checks its messages are still queued
     assert set(calls[1:-1]) == {"acquire_and_read", "pending"}
     assert "load_persistent" not in calls
+
+
+class SlowFirstAdmission(MemoryStore):
+    """The first message's admission (lease given) reaches the engine only once ``gate`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.admitted = asyncio.Event()
+
+    async def enqueue_and_acquire(self, *args: Any, **kwargs: Any) -> Admission:
+        admission = await super().enqueue_and_acquire(*args, **kwargs)
+        if not self.admitted.is_set():
+            self.admitted.set()
+            await self.gate.wait()
+        return admission
+
+
+async def test_a_lease_taken_for_a_message_that_finds_a_turn_started_is_given_back() -> None:
+    store = SlowFirstAdmission()
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        first = asyncio.create_task(h.send("first", chat_id="c1"))
+        await store.admitted.wait()  # "first" is queued and holds the lease, unseen yet
+        second = await h.send("second", chat_id="c1")  # idle here: it starts a turn, refused
+        assert second.started
+        store.gate.set()
+        assert not (await first).started  # a turn is running: it waits behind it
+        replies = await h.replies(chat_id="c1", count=3)
+        await h.settle()
+        key = h.session_key(chat_id="c1")
+    assert [r for r in replies if r.startswith("echo")] == ["echo: first", "echo: second"]
+    assert await store.pending(key) == []
+    assert await store.active_sessions() == 0
+    assert [o.outcome for o in h.outcomes].count(Outcome.ANSWERED) == 2
