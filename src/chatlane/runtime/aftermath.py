@@ -2,11 +2,12 @@
 
 What stays true, whatever way the turn ended:
 
-* Its lease is released (once, by generation). A store that cannot be
-  reached is retried with backoff until it answers or the engine closes;
-  meanwhile the session's slot stays claimed, so no later message overtakes
-  the turn's own. Any other store error is logged, never raised — the
-  session's slot must still be freed.
+* Its lease is released (once, by generation), unless the commit that
+  answered it released it already. A store that cannot be reached is
+  retried with backoff until it answers or the engine closes; meanwhile the
+  session's slot stays claimed, so no later message overtakes the turn's own.
+  Any other store error is logged, never raised — the session's slot must
+  still be freed.
 * An answered turn's messages already left the durable queue in its commit.
 * Messages of a turn that was stopped, interrupted, evicted, failed or
   rejected leave the queue: their senders were told.

@@ -13,6 +13,11 @@ What stays true:
 * Each turn runs under a lease whose generation is the turn's generation.
   Stop, interrupt, eviction and a lost lease make the turn stale; the store
   refuses a stale turn's commit and the engine delivers nothing for it.
+* A message to a session idle here is queued and given the session's lease
+  (with its stored choices) in one store call, and a turn that answers
+  commits and releases its lease in one more: two store calls per turn
+  (:mod:`chatlane.runtime.leases`). A turn whose lease was refused waits for
+  it as any other.
 * A reply is recorded against the messages it answers before it is
   delivered, and a message is answered at most once — a turn re-run after a
   crash cannot deliver a second answer.
@@ -37,7 +42,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
 from chatlane.approvals import ApprovalBroker, prompt_text
 from chatlane.context import bound_context
@@ -66,7 +73,7 @@ from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep
 from chatlane.state import SessionRegistry, SessionState
-from chatlane.stores.base import Store
+from chatlane.stores.base import Admission, Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
 from chatlane.stores.memory import MemoryStore
 from chatlane.types import (
@@ -111,7 +118,7 @@ class TurnEngine:
         self.outlet = Outlet(deliver, self.outcomes, self.slots)
         self.send = self.outlet.send
         """Deliver one outbound message (:meth:`Outlet.send`); never raises for the adapter."""
-        self.output = TurnOutput(self.store, self.outlet, self.outcomes)
+        self.output = TurnOutput(self.leases, self.outlet, self.outcomes)
         self.output.on_fenced = self.metrics.stale
         self.approvals = ApprovalBroker(
             self.store, self.slots, self.outlet, self.settings.approval_timeout
@@ -156,8 +163,13 @@ class TurnEngine:
         new_session = not state.is_busy
         self.capacity.reserve(message, new_session=new_session)
         try:
-            seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
-            return await self.accept(key, message, seq)
+            payload = encode_message(message)
+            if state.turn.is_running or self.slots.closed:
+                seq = await self.store.enqueue(key, message.id, self.holder, payload)
+                return await self.accept(key, message, seq)
+            stale = self._choices_stale(state)
+            admission = await self.leases.admit(state, message.id, payload, choices=stale)
+            return await self.accept(key, message, admission.seq, admission)
         finally:
             self.capacity.settled(message, new_session=new_session)
 
@@ -188,15 +200,25 @@ class TurnEngine:
         await self.store.set_persistent(key, None, **stored_fields(fields))
 
     async def accept(
-        self, key: SessionKey, message: InboundMessage, seq: int
+        self,
+        key: SessionKey,
+        message: InboundMessage,
+        seq: int,
+        admission: Admission | None = None,
     ) -> BusyOutcome | None:
-        """Run or queue a message already in the durable queue under ``seq``."""
+        """Run or queue a message already in the durable queue under ``seq``.
+
+        :param admission: what the store said when it queued the message for an
+            idle session: the lease it gave (or why not) and the stored choices.
+        """
         self._ensure_background()
         self.outcomes.open(key, message)
         state = self.registry.get(key)
         if not state.turn.is_running:
-            self._start(state, (message,), (seq,), refusable=True)
+            self._start(state, (message,), (seq,), refusable=True, admission=admission)
             return None
+        if admission is not None and admission.lease is not None:
+            self.slots.spawn(self.leases.let_go(state, admission.lease))  # a turn started meanwhile
         return await self.busy.arrive(state, message, seq)
 
     async def enqueue(self, key: SessionKey, message: InboundMessage) -> BusyOutcome | None:
@@ -272,6 +294,7 @@ class TurnEngine:
         reruns: int = 0,
         *,
         refusable: bool = False,
+        admission: Admission | None = None,
     ) -> Turn:
         """Claim ``state``'s slot for a turn of ``messages`` and drive it in a task of its own."""
         overrides = TurnOverrides.of(state)
@@ -286,13 +309,13 @@ class TurnEngine:
         )
         self.slots.claim(turn)
         context = bound_context(turn.source, turn.session_key)
-        turn.attach(asyncio.create_task(self._drive(turn), context=context))
+        turn.attach(asyncio.create_task(self._drive(turn, admission), context=context))
         return turn
 
-    async def _drive(self, turn: Turn) -> None:
+    async def _drive(self, turn: Turn, admission: Admission | None) -> None:
         state = turn.session_state
         try:
-            if await self._take_lease(turn):
+            if await self._take_lease(turn, admission):
                 state.turn.run(turn)
                 text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)
@@ -308,38 +331,56 @@ class TurnEngine:
             finally:
                 self.slots.finish(turn)
 
-    async def _take_lease(self, turn: Turn) -> bool:
-        """Wait for the session's lease and bind it to ``turn``; False if the turn was dropped.
+    async def _take_lease(self, turn: Turn, admission: Admission | None) -> bool:
+        """Take the session's lease for ``turn``; False if the turn was dropped.
 
-        A turn gives way while it waits if a message accepted before its own
-        is queued behind it here: it goes back into the queue in store order,
-        so two processes can never wait on each other's earlier messages.
-        Stored choices older than ``reread_stored`` are read before the wait
-        (a busy policy may decide what becomes of the message while another
-        process runs the session) and again once the lease is taken.
+        The lease the store gave with the message (``admission``) is the
+        turn's at once; otherwise the turn waits for it. A turn gives way
+        while it waits if a message accepted before its own is queued behind
+        it here: it goes back into the queue in store order, so two processes
+        can never wait on each other's earlier messages. Stored choices older
+        than ``reread_stored`` are taken up before the wait (a busy policy may
+        decide what becomes of the message while another process runs the
+        session) and again once the lease is taken — from what the store
+        read with the message and with the lease, or with a read of their own
+        where it could not.
         """
         state = turn.session_state
-        if self._choices_stale(state):
-            await self._reread(turn)
-        wanted = partial(self._still_wanted, turn)
-        lease = await self.leases.acquire(
-            state, min(turn.seqs), wanted, partial(self.busy.on_wait, turn)
-        )
-        if lease is None:
+        if admission is not None and admission.lease is not None:
+            self.leases.hold(state, admission.lease)  # released however the turn ends
+        await self._take_choices(turn, None if admission is None else admission.persistent)
+        taken = await self._lease_for(turn, admission)
+        if taken is None:
             return False
+        lease, choices = taken
         turn.bind_lease(lease)  # from here the lease is released however the turn ends
         known = state.persistent.run_generation
-        if not wanted() or lease.generation < known:
+        if not self._still_wanted(turn) or lease.generation < known:
             turn.end(TurnEnd.LEASE_LOST)
             return False
         state.persistent.run_generation = lease.generation
         if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
             return False  # another process ran or stopped the session meanwhile
-        if self._choices_stale(state):
-            await self._reread(turn)
+        await self._take_choices(turn, choices)
         turn.touch()
         self.metrics.turn_started()
         return True
+
+    async def _lease_for(
+        self, turn: Turn, admission: Admission | None
+    ) -> tuple[Lease, dict[str, Any] | None] | None:
+        """The lease given with the message, or the one waited for, and the choices read with it."""
+        if admission is not None and admission.lease is not None:
+            return admission.lease, admission.persistent
+        state = turn.session_state
+        taken = await self.leases.acquire(
+            state,
+            min(turn.seqs),
+            partial(self._still_wanted, turn),
+            partial(self.busy.on_wait, turn),
+            refused=None if admission is None else admission.refusal,
+        )
+        return None if taken is None else (taken.lease, taken.persistent)
 
     async def _dropped_elsewhere(self, turn: Turn) -> bool:
         """Whether another process's ``/stop`` or ``/new`` dropped ``turn``'s messages.
@@ -369,19 +410,24 @@ class TurnEngine:
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored
 
-    async def _reread(self, turn: Turn) -> None:
-        """Take up stored choices another process may have changed (``reread_stored``).
+    async def _take_choices(self, turn: Turn, fields: Mapping[str, object] | None) -> None:
+        """Take up stored choices another process may have changed, if older than
+        ``reread_stored``: ``fields`` if the store read them with the message or
+        the lease, else a read of their own.
 
         Only what the store changed reaches the turn: its overrides were
         resolved when it started, and a ``/model --once`` sent since is for
         the next turn.
         """
         state = turn.session_state
-        try:
-            fields = await self.store.load_persistent(state.key)
-        except ChatlaneError as error:
-            log.warning("kept the choices read before: %s", error, extra=turn_fields(state.key))
+        if not self._choices_stale(state):
             return
+        if fields is None:
+            try:
+                fields = await self.store.load_persistent(state.key)
+            except ChatlaneError as error:
+                log.warning("kept the choices read before: %s", error, extra=turn_fields(state.key))
+                return
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):
             self.approvals.end_conversation(state)

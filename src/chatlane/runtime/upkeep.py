@@ -131,9 +131,19 @@ class Upkeep:
             await step()
             await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
+    def _leased(self) -> list[Turn]:
+        """The live turns whose lease this process still holds.
+
+        An answered turn's lease went with the commit that answered it: it is
+        neither renewed nor fence-checked while its reply is delivered.
+        """
+        return [
+            t for t in self._slots.holding() if t.generation in t.session_state.turn.lease_tokens
+        ]
+
     async def renew_once(self) -> None:
         """Beat and renew every held lease, concurrently; the turns whose lease is gone lose it."""
-        held = self._slots.holding()
+        held = self._leased()
         beat, renewal = await asyncio.gather(
             self._leases.heartbeat(),
             self._leases.renew_all(_leases_of(held)),
@@ -162,7 +172,7 @@ class Upkeep:
 
     async def check_fences(self) -> None:
         """Fence each running turn whose generation another process moved past."""
-        held = self._slots.holding()
+        held = self._leased()
         if not held:
             return
         try:
