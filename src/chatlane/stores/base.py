@@ -6,7 +6,8 @@ right now), **persistent fields**, **conversations** with their
 **transcripts**, a **durable pending queue** of accepted messages, and the set
 of inbound messages already **answered**. :class:`Store` is the union of the
 small protocols of :mod:`chatlane.stores.protocols` (leases, session data,
-conversations, the pending queue, liveness); the records it keeps are in
+conversations, the pending queue, liveness) and of a turn's fused calls
+(:class:`~chatlane.stores.protocols.Turns`); the records it keeps are in
 :mod:`chatlane.stores.records`, the ids it makes in :mod:`chatlane.stores.ids`,
 the names of the persistent fields chatlane uses in :mod:`chatlane.stores.fields`.
 
