@@ -144,7 +144,7 @@ async def four_calls(store: Store, key: SessionKey, n: int) -> None:
 
 
 async def engine_calls(store: Store, key: SessionKey, n: int) -> None:
-    """The same writes as :func:`four_calls` in one commit, as ``TurnEngine`` makes them."""
+    """The same writes as :func:`four_calls` in one commit: 3 calls."""
     lease = await store.acquire(key, HOLDER, LEASE_TTL)
     generation = lease.generation
     entry = TranscriptEntry("user", "hello", generation)
@@ -152,7 +152,46 @@ async def engine_calls(store: Store, key: SessionKey, n: int) -> None:
     await store.release(lease)
 
 
-FORMS: dict[str, TurnForm] = {"turn": four_calls, "engine": engine_calls}
+def answer(key: SessionKey, n: int, generation: int, seq: int) -> WriteBatch:
+    """A turn's commit as ``TurnEngine`` makes it: the input and the reply, answered, dequeued."""
+    entries = [TranscriptEntry("user", "hello", generation, message_id=f"{key}#{n}")]
+    return WriteBatch(
+        transcript=entries,
+        persistent={"counter": n},
+        answered=[f"{key}#{n}"],
+        done=[seq],
+        answer="ok",
+    )
+
+
+async def unfused_calls(store: Store, key: SessionKey, n: int) -> None:
+    """A message to an idle session with the separate calls: enqueue, acquire, read the
+    stored choices, commit, release (5 calls)."""
+    seq = await store.enqueue(key, f"{key}#{n}", HOLDER, b"message")
+    lease = await store.acquire(key, HOLDER, LEASE_TTL, head_seq=seq)
+    await store.load_persistent(key)
+    await store.commit(key, lease.generation, answer(key, n, lease.generation, seq))
+    await store.release(lease)
+
+
+async def fused_calls(store: Store, key: SessionKey, n: int, *, read: bool = True) -> None:
+    """The same message with the fused calls, as ``TurnEngine`` makes them: 2 calls."""
+    admission = await store.enqueue_and_acquire(
+        key, f"{key}#{n}", HOLDER, b"message", LEASE_TTL, with_persistent=read
+    )
+    lease = admission.lease
+    if lease is None:
+        raise BenchError(f"{key}: the lease was refused: {admission.refusal}")
+    await store.commit_and_release(lease, answer(key, n, lease.generation, admission.seq))
+
+
+FORMS: dict[str, TurnForm] = {
+    "turn": four_calls,
+    "engine": engine_calls,
+    "unfused": unfused_calls,
+    "fused": fused_calls,
+    "fused-bare": functools.partial(fused_calls, read=False),
+}
 
 
 def session_key(session: int) -> SessionKey:
@@ -203,14 +242,18 @@ async def opened(url: str) -> AsyncIterator[Store]:
 
 async def check_store(line: str, store: Store, keys: list[SessionKey], turns: int) -> None:
     """:raises BenchError: unless every session shows exactly ``turns`` turns."""
-    generations, counters, entries = {}, {}, {}
+    generations, counters, entries, queued = {}, {}, {}, {}
     for session, key in enumerate(keys):
         generations[session] = await store.generation(key)
         counters[session] = (await store.load_persistent(key)).get("counter", 0)
         entries[session] = len(await store.transcript(key, limit=turns + 1))
+        queued[session] = len(await store.pending(key))
     check_counts(line, "generation", generations, turns)
     check_counts(line, "counter", counters, turns)
     check_counts(line, "transcript length", entries, turns)
+    check_counts(line, "messages still queued", queued, 0)
+    if await store.active_sessions():
+        raise BenchError(f"{line}: a lease was never released")
 
 
 async def run_store(
@@ -396,8 +439,12 @@ async def measure(
 
 
 LEGEND = (
-    "turn   = acquire + append_transcript + set_persistent + release (4 store calls)",
-    "engine = acquire + commit(WriteBatch: the same entry and field) + release (3 calls)",
+    "turn       = acquire + append_transcript + set_persistent + release (4 store calls)",
+    "engine     = acquire + commit(WriteBatch: the same entry and field) + release (3 calls)",
+    "unfused    = a message to an idle session, separate calls: enqueue + acquire +",
+    "             load_persistent + commit(entry, field, answered, dequeued) + release (5)",
+    "fused      = the same message: enqueue_and_acquire + commit_and_release (2 calls)",
+    "fused-bare = fused without reading the stored choices (with_persistent=False)",
 )
 REDIS_LEGEND = (
     "redis-py/ping = one PING (a raw round trip)",
@@ -417,11 +464,11 @@ def render(report: Report) -> str:
     if report.redis is not None:
         lines += REDIS_LEGEND
         lines.append(f"redis: {redact(report.redis.url)} ({report.redis.origin})")
-    lines += [f"{'line':<15}{'median µs/op':>13}{'ops/s':>10}   rounds µs/op"]
+    lines += [f"{'line':<20}{'median µs/op':>13}{'ops/s':>10}   rounds µs/op"]
     for name, timed in report.rounds_us.items():
         median = statistics.median(timed)
         shown = " ".join(f"{r:.1f}" for r in timed)
-        lines.append(f"{name:<15}{median:>13.1f}{1e6 / median:>10.0f}   {shown}")
+        lines.append(f"{name:<20}{median:>13.1f}{1e6 / median:>10.0f}   {shown}")
     for target in report.targets():
         verdict = "PASS" if target.passed else "FAIL"
         figures = f"{target.measured:.1f} µs vs {target.limit:.1f} µs"

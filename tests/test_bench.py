@@ -47,7 +47,7 @@ def test_stores_runs_every_line() -> None:
         *(
             f"{store}/{form}"
             for store in ("memory", "sqlite", "redis")
-            for form in ("turn", "engine")
+            for form in ("turn", "engine", "unfused", "fused", "fused-bare")
         ),
         *("redis-py/ping", "resp/ping", "aiogram/redis"),
     }

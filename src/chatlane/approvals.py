@@ -25,13 +25,19 @@ import enum
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from chatlane.logs import turn_fields
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
 from chatlane.stores.fields import APPROVAL_ALLOWLIST
 from chatlane.types import OutboundKind, SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.runtime.outlet import Outlet
+    from chatlane.runtime.slots import Slots
 
 log = logging.getLogger("chatlane.approvals")
 
@@ -89,9 +95,8 @@ class ApprovalRequest:
         return asyncio.get_running_loop().time() >= self.deadline
 
 
-Notify = Callable[[ApprovalRequest, str, OutboundKind], Awaitable[None]]
-"""Tells the request's chat ``text``: the prompt (``APPROVAL``) or its timeout (``NOTICE``)."""
 IsCurrent = Callable[[SessionKey, int], bool]
+"""Whether a generation is still its session's current one."""
 
 
 def prompt_text(request: ApprovalRequest) -> str:
@@ -105,12 +110,17 @@ def prompt_text(request: ApprovalRequest) -> str:
 
 
 class ApprovalBroker:
-    """Creates, resolves and cleans up approval requests for one engine."""
+    """Creates, resolves and cleans up approval requests for one engine.
 
-    def __init__(self, store: Store, notify: Notify, is_current: IsCurrent, timeout: float) -> None:
+    :param slots: the engine's slots: which turn runs, and which generation is current.
+    :param outlet: where prompts and timeout notices go.
+    """
+
+    def __init__(self, store: Store, slots: Slots, outlet: Outlet, timeout: float) -> None:
         self._store = store
-        self._notify = notify
-        self._is_current = is_current
+        self._slots = slots
+        self._outlet = outlet
+        self._is_current = slots.generation_is
         self.timeout = timeout
 
     async def request(
@@ -167,6 +177,21 @@ class ApprovalBroker:
             await self._notify(request, text, OutboundKind.NOTICE)
             return request.decided.result()
 
+    async def _notify(self, request: ApprovalRequest, text: str, kind: OutboundKind) -> None:
+        """Tell ``request``'s chat: the prompt (``APPROVAL``) or its timeout (``NOTICE``).
+
+        Nothing is sent when no turn runs in the session, nor a prompt for a
+        request already decided.
+        """
+        turn = self._slots.running_turn(request.session_key)
+        if turn is None or (kind is OutboundKind.APPROVAL and request.decided.done()):
+            log.info("approval prompt dropped: no turn", extra=turn_fields(request.session_key))
+            return
+        approval_id = request.id if kind is OutboundKind.APPROVAL else ""
+        ids, generation = turn.message_ids, request.generation
+        key, source = request.session_key, turn.source
+        await self._outlet.send(kind, key, source, text, ids, generation, approval_id=approval_id)
+
     def has_pending(self, state: SessionState) -> bool:
         """Whether a request waits for an answer in this session."""
         return bool(_requests(state))
@@ -199,7 +224,7 @@ class ApprovalBroker:
                 request_id is None or request.id == request_id
             )
 
-        stale = [r for r in self.deny_stale(state) if meant(r)]
+        stale = [r for r in deny_stale(state, self._is_current) if meant(r)]
         waiting = [r for r in _requests(state).values() if meant(r)]
         if not waiting:
             told = [f"Denied: `{r.command}` — its turn was stopped" for r in stale]
@@ -242,29 +267,6 @@ class ApprovalBroker:
             allowlist.append(command)
         await self._store.set_persistent(state.key, None, **{APPROVAL_ALLOWLIST: list(allowlist)})
 
-    def deny_stale(self, state: SessionState) -> list[ApprovalRequest]:
-        """Deny at once the requests of turns that are no longer current; return them.
-
-        Called when a turn is superseded, so its tool call returns and its
-        request can never take an answer meant for a newer one.
-        """
-        stale = [
-            r
-            for r in _requests(state).values()
-            if not self._is_current(r.session_key, r.generation)
-        ]
-        for request in stale:
-            _close(state, request, Decision(False, note="its turn was stopped"))
-        return stale
-
-    def end_turn(self, state: SessionState, generation: int) -> None:
-        """Deny at once what the turn of ``generation`` still waits for: it has ended.
-
-        Runs after every turn; a session without requests is left as it was.
-        """
-        for request in [r for r in _requests(state).values() if r.generation == generation]:
-            _close(state, request, Decision(False, note="its turn ended"))
-
     def end_conversation(self, state: SessionState) -> int:
         """Deny every pending request of ``state`` at once; return how many there were."""
         waiting = list(_requests(state).values())
@@ -273,6 +275,27 @@ class ApprovalBroker:
                 request.decided.set_result(Decision(False, note="the conversation ended"))
         state.turn.approval_requests.clear()
         return len(waiting)
+
+
+def deny_stale(state: SessionState, is_current: IsCurrent) -> list[ApprovalRequest]:
+    """Deny at once the requests of turns that are no longer current; return them.
+
+    Called when a turn is superseded, so its tool call returns and its
+    request can never take an answer meant for a newer one.
+    """
+    stale = [r for r in _requests(state).values() if not is_current(r.session_key, r.generation)]
+    for request in stale:
+        _close(state, request, Decision(False, note="its turn was stopped"))
+    return stale
+
+
+def end_turn_requests(state: SessionState, generation: int) -> None:
+    """Deny at once what the turn of ``generation`` still waits for: it has ended.
+
+    Runs after every turn; a session without requests is left as it was.
+    """
+    for request in [r for r in _requests(state).values() if r.generation == generation]:
+        _close(state, request, Decision(False, note="its turn ended"))
 
 
 def _requests(state: SessionState) -> dict[str, ApprovalRequest]:
@@ -302,6 +325,8 @@ __all__ = [
     "ApprovalRequest",
     "Decision",
     "Grant",
+    "deny_stale",
+    "end_turn_requests",
     "is_request_id",
     "new_request_id",
     "prompt_text",

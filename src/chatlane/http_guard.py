@@ -93,9 +93,11 @@ class GuardedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # a refused request is dropped unread
-        if self._deadline is None and self._between_requests():
-            self._arm()
+        starts = self._deadline is None and self._between_requests()
+        before = self.cycle
         super().data_received(data)
+        if starts and self.cycle is before:
+            self._arm()  # a request's first bytes came, but not all its headers
         self._settle()
 
     def on_response_complete(self) -> None:

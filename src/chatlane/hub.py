@@ -35,12 +35,12 @@ from typing import Protocol, runtime_checkable
 import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import BaseRoute
 
 from chatlane import admin
 from chatlane.access import AccessToken
 from chatlane.agents import load_agent
+from chatlane.asgi import App, HostCheck
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
@@ -165,9 +165,10 @@ class Hub:
 
     def outcome(self, outcome: MessageOutcome) -> None:
         """Hand a message's outcome to its platform's adapter, if that adapter listens."""
-        adapter: object = self.adapters.get(outcome.platform)  # outcome() is optional
-        if isinstance(adapter, OutcomeAdapter):
-            adapter.outcome(outcome)
+        # outcome() is optional (OutcomeAdapter); a plain look-up, as every message ends here
+        hear = getattr(self.adapters.get(outcome.platform), "outcome", None)
+        if hear is not None:
+            hear(outcome)
 
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to its platform's adapter."""
@@ -226,8 +227,7 @@ def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette
     routes: list[BaseRoute] = [*hub.metrics.routes(hub), *admin.routes(hub)]
     for adapter in hub.adapters.values():
         routes.extend(adapter.routes())
-    middleware = _host_check(hub.config)
-    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    return App(routes, lifespan=lifespan, middleware=_host_check(hub.config))
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -243,9 +243,9 @@ def _host_check(config: Config) -> list[Middleware]:
 
     Without a token a web page elsewhere could reach a loopback gateway through
     DNS rebinding; with one, a name the operator never meant to serve is
-    refused too. Anything else gets 400.
+    refused too. Anything else gets 400 (:class:`~chatlane.asgi.HostCheck`).
     """
-    return [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(config))]
+    return [Middleware(HostCheck, allowed_hosts=allowed_hosts(config))]
 
 
 async def shutdown(hub: Hub) -> None:

@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from chatlane.adapters.api import ApiAdapter
 from chatlane.adapters.api_waiters import INTERRUPTED_TEXT, NOT_RUN_TEXT, STOPPED_TEXT
-from chatlane.adapters.api_wire import ApiRequestError, check_origin
+from chatlane.adapters.api_wire import ApiRequestError, ChunkEvents, check_origin, chunk, sse_data
 from chatlane.agents.demo import DemoAgent
 from chatlane.config import Config, Secret, ServerConfig
 from chatlane.hub import Hub, build_app
@@ -579,6 +579,39 @@ def test_check_origin_compares_scheme_host_and_port(
         with pytest.raises(ApiRequestError) as caught:
             check_origin(request)
         assert caught.value.status == 403
+
+
+@pytest.mark.parametrize("text", ["echo: hi", 'quote " and \\ slash', "ünï\ncødé 👋", "\ud800", ""])
+def test_chunk_events_are_the_chunks_json_encodes(text: str) -> None:
+    chunks = ChunkEvents("chatcmpl-1", 'model "ü"')
+    created = json.loads(chunks.content("")[6:])["created"]
+
+    def expected(delta: dict[str, str], finish_reason: str | None = None) -> bytes:
+        value = chunk("chatcmpl-1", 'model "ü"', delta, finish_reason)
+        return sse_data({**value, "created": created})
+
+    assert chunks.content(text) == expected({"content": text})
+    assert chunks.delta({"role": "assistant", "content": ""}) == expected(
+        {"role": "assistant", "content": ""}
+    )
+    assert chunks.delta({}, "stop") == expected({}, "stop")
+
+
+async def test_a_quiet_stream_is_kept_alive_with_comments(tmp_path: Path) -> None:
+    async with (
+        serve(make_config(tmp_path), keepalive=0.1, tick=0.02) as s,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        body = {"user": "k", "stream": True, "messages": [{"role": "user", "content": "sleep 1"}]}
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        url = f"{s.base_url}/chat/completions"
+        async with http.stream("POST", url, json=body, headers=headers) as response:
+            text = (await response.aread()).decode()
+        assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert text.count(": waiting for the turn\n\n") >= 3
+        assert '"content": "slept 1"' in text
+        assert text.endswith("data: [DONE]\n\n")
+        assert s.adapter.waiting == 0
 
 
 async def eventually(predicate: Callable[[], bool | Awaitable[bool]]) -> None:

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from chatlane.errors import GatewayFull
 from chatlane.identity import SessionSource
 from chatlane.runtime.capacity import RECOUNT_FLOOR, Capacity, CapacitySettings, message_bytes
+from chatlane.runtime.slots import Slots
 from chatlane.types import InboundMessage
 
 SOURCE = SessionSource("test", chat_id="c", user_id="u")
+
+
+class Held:
+    """What the engine's slots tell a capacity: the messages held, and no live session."""
+
+    def __init__(self, messages: list[InboundMessage]) -> None:
+        self.messages = messages
+
+    def held(self) -> list[InboundMessage]:
+        return self.messages
+
+    def live_count(self) -> int:
+        return 0
+
+
+def capacity_over(held: list[InboundMessage], settings: CapacitySettings | None = None) -> Capacity:
+    return Capacity(settings or CapacitySettings(), cast(Slots, Held(held)))
 
 
 def admit(capacity: Capacity, message: InboundMessage) -> None:
@@ -19,7 +39,7 @@ def admit(capacity: Capacity, message: InboundMessage) -> None:
 
 def test_answered_messages_are_forgotten_however_many_came_and_went() -> None:
     held: list[InboundMessage] = []
-    capacity = Capacity(CapacitySettings(), lambda: held, lambda: 0)
+    capacity = capacity_over(held)
     size = message_bytes(InboundMessage(SOURCE, "hello"))
     for _ in range(20 * RECOUNT_FLOOR):
         admit(capacity, InboundMessage(SOURCE, "hello"))  # answered at once: never held
@@ -28,7 +48,7 @@ def test_answered_messages_are_forgotten_however_many_came_and_went() -> None:
 
 def test_held_messages_stay_counted_through_recounts() -> None:
     held = [InboundMessage(SOURCE, "waiting") for _ in range(3 * RECOUNT_FLOOR)]
-    capacity = Capacity(CapacitySettings(), lambda: held, lambda: 0)
+    capacity = capacity_over(held)
     for message in held:
         admit(capacity, message)
     for _ in range(10 * RECOUNT_FLOOR):
@@ -39,9 +59,7 @@ def test_held_messages_stay_counted_through_recounts() -> None:
 def test_the_byte_limit_still_refuses_what_would_pass_it() -> None:
     held: list[InboundMessage] = []
     message = InboundMessage(SOURCE, "x" * 100)
-    capacity = Capacity(
-        CapacitySettings(queued_bytes=3 * message_bytes(message)), lambda: held, lambda: 0
-    )
+    capacity = capacity_over(held, CapacitySettings(queued_bytes=3 * message_bytes(message)))
     for _ in range(3):
         admitted = InboundMessage(SOURCE, "x" * 100)
         admit(capacity, admitted)

@@ -214,7 +214,7 @@ async def test_a_renewal_that_raced_a_finished_turn_is_no_lease_failure() -> Non
         await h.settle()
         (turn,) = recorder.turns[result.session_key]
         engine = h.gateway.engine
-        await engine._lost(turn, "renewal refused", fenced=True)  # as a late renewal reports
+        await engine.upkeep.lease_lost(turn, "renewal refused", fenced=True)  # a late renewal
         assert engine.metrics.lease_failures == 0
         assert turn.ended_by is None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from chatlane.identity import SessionKey, SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
-from chatlane.stores import Lease, MemoryStore
+from chatlane.stores import Admission, MemoryStore, Taken
 from chatlane.stores.base import Conversation
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
@@ -202,18 +203,30 @@ async def test_an_adopted_message_runs_with_the_sessions_stored_overrides() -> N
 
 
 class FlakyAcquire(MemoryStore):
-    """The first ``times`` acquires fail with ``error``."""
+    """It queues a message without its lease, and the turn's first ``times`` requests
+    for the lease fail with ``error``.
+
+    A message queued without a lease or a refusal is what a store whose fused
+    enqueue is not one transaction gives when its lease request failed: the
+    turn waits for the lease.
+    """
 
     def __init__(self, error: StoreError, times: int = 1) -> None:
         super().__init__()
         self.error = error
         self.failures = times
 
-    async def acquire(self, *args: object, **kwargs: object) -> Lease:
+    async def enqueue_and_acquire(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, *_: Any, **__: Any
+    ) -> Admission:
+        seq = await self.enqueue(key, message_id, owner, payload)
+        return Admission(seq, lease=None, refusal=None, persistent=None)
+
+    async def acquire_and_read(self, *args: Any, **kwargs: Any) -> Taken:
         if self.failures:
             self.failures -= 1
             raise self.error
-        return await super().acquire(*args, **kwargs)  # type: ignore[arg-type]
+        return await super().acquire_and_read(*args, **kwargs)
 
 
 async def test_a_store_error_before_the_turn_is_waited_out_and_the_message_runs() -> None:

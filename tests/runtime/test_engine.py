@@ -14,8 +14,7 @@ from chatlane.errors import StaleGeneration
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
 from chatlane.runtime.turn import Turn
-from chatlane.stores import MemoryStore
-from chatlane.stores.base import Lease
+from chatlane.stores import Admission, MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder, hold, streaming_agent
@@ -269,26 +268,19 @@ async def test_deliver_runs_with_the_reply_session_bound_and_the_caller_stays_cl
 
 
 class LateLease(MemoryStore):
-    """Its first lease is handed out only once ``gate`` is set (a slow store call)."""
+    """Its first lease, given with the message it queues, comes only once ``gate`` is set."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gate = asyncio.Event()
         self.held = asyncio.Event()
 
-    async def acquire(
-        self,
-        key: SessionKey,
-        holder: str,
-        ttl: float,
-        *,
-        head_seq: int | None = None,
-        max_active: int = 0,
-    ) -> Lease:
+    async def enqueue_and_acquire(self, *args: Any, **kwargs: Any) -> Admission:
+        admission = await super().enqueue_and_acquire(*args, **kwargs)
         if not self.held.is_set():
             self.held.set()
             await self.gate.wait()
-        return await super().acquire(key, holder, ttl, head_seq=head_seq, max_active=max_active)
+        return admission
 
 
 async def test_a_lease_older_than_the_local_generation_does_not_run_the_turn(
@@ -297,12 +289,13 @@ async def test_a_lease_older_than_the_local_generation_does_not_run_the_turn(
     store = LateLease()
     recorder = Recorder()
     async with GatewayHarness(EchoAgent(recorder), store=store) as h:
-        started = await h.send("hello", chat_id="c")
+        sending = asyncio.create_task(h.send("hello", chat_id="c"))
         await store.held.wait()  # the store is handing out generation 1
-        state = h.session(started.session_key)
+        state = h.session(h.session_key(chat_id="c"))
         state.persistent.bump_generation()
         state.persistent.bump_generation()  # this process moved on to 2 meanwhile
         store.gate.set()
+        started = await sending
         assert await h.replies(chat_id="c", count=1) == ["echo: hello"]
         (turn,) = recorder.turns[started.session_key]
         assert turn.generation == 2

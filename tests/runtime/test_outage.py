@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from chatlane.runtime.turn import Turn
-from chatlane.stores import Lease, open_store
+from chatlane.stores import Taken, open_store
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import parse_url
 from chatlane.testing import GatewayHarness
@@ -89,15 +89,18 @@ async def test_a_commit_outlasts_a_held_write_lock_and_later_messages_wait_behin
 
 
 class OutageAtFirstAcquire(SQLiteStore):
-    """Another connection takes the file's write lock just as the first lease is asked for."""
+    """Another connection takes the file's write lock just as a waiting turn first asks
+    for its lease again."""
 
     locker: sqlite3.Connection | None = None
 
-    async def acquire(self, key: SessionKey, holder: str, ttl: float, **options: Any) -> Lease:
+    async def acquire_and_read(
+        self, key: SessionKey, holder: str, ttl: float, **options: Any
+    ) -> Taken:
         if self.locker is None:
             self.locker = sqlite3.connect(self.location.path, isolation_level=None)
             self.locker.execute("BEGIN IMMEDIATE")
-        return await super().acquire(key, holder, ttl, **options)
+        return await super().acquire_and_read(key, holder, ttl, **options)
 
     def end_outage(self) -> None:
         assert self.locker is not None
@@ -118,10 +121,13 @@ async def test_a_turn_waits_out_an_outage_before_it_takes_its_lease(
     caplog.set_level(logging.WARNING)
     try:
         async with GatewayHarness(agent, store=store) as h:
-            await h.send("first", chat_id="c")
+            elsewhere = await store.acquire(h.session_key(chat_id="c"), "another-process", 30)
+            await h.send("first", chat_id="c")  # queued; its turn waits for the lease
             await eventually(lambda: "taking the lease failed, retrying" in caplog.text)
             store.end_outage()
-            assert await h.replies(chat_id="c", count=1, timeout=60) == ["answer first"]
+            await store.release(elsewhere)
+            told = await h.replies(chat_id="c", count=2, timeout=60)
+            assert told == ["Queued for the next turn (this conversation is busy)", "answer first"]
     finally:
         await store.close()
     assert "never retrieved" not in caplog.text

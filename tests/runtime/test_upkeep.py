@@ -17,6 +17,7 @@ from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.engine import TurnEngine
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.settings import RuntimeSettings
+from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
 from chatlane.stores import Lease, MemoryStore
 from chatlane.testing import GatewayHarness
@@ -129,35 +130,37 @@ async def test_background_loops_never_keep_the_context_of_whoever_started_them()
     assert all(chat != "OTHER" for _, chat in seen), seen
 
 
-class WatchedEngine(TurnEngine):
+class WatchedSlots:
     """Records which chat the lease loop sees bound each time it looks for held leases."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, slots: Slots) -> None:
         self.seen: list[str] = []
         self.looked_thrice = asyncio.Event()
-        super().__init__(*args, **kwargs)
+        self._holding = slots.holding
 
-    def _holding(self) -> list[Turn]:
+    def holding(self) -> list[Turn]:
         self.seen.append(get_session_env("CHATLANE_SESSION_CHAT_ID"))
         if len(self.seen) >= 3:
             self.looked_thrice.set()
-        return super()._holding()
+        return self._holding()
 
 
-async def test_the_lease_loop_runs_with_no_session_bound() -> None:
+async def test_the_lease_loop_runs_with_no_session_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     async def deliver(outbound: Outbound) -> None:
         pass
 
     settings = RuntimeSettings(leases=LeaseSettings(ttl=0.15, fence_check=0))
-    engine = WatchedEngine(EchoAgent(), deliver, settings=settings)
+    engine = TurnEngine(EchoAgent(), deliver, settings=settings)
+    watched = WatchedSlots(engine.slots)
+    monkeypatch.setattr(engine.slots, "holding", watched.holding)
     source = SessionSource("web", chat_id="OTHER")
     try:
         with bind_session(source, session_key="k"):  # whoever starts the loops
             await engine.submit(chat_key("k"), InboundMessage(source, "sleep 0.3"))
-        await asyncio.wait_for(engine.looked_thrice.wait(), 5)
+        await asyncio.wait_for(watched.looked_thrice.wait(), 5)
     finally:
         await engine.aclose()
-    assert set(engine.seen) == {""}
+    assert set(watched.seen) == {""}
 
 
 class RenewalsAnswerLate(MemoryStore):

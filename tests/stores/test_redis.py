@@ -143,6 +143,7 @@ class RoundTrips:
 STEPS = [
     *("acquire", "renew", "enqueue", "adopt", "commit", "bump_generation", "release"),
     *("conversation", "new_conversation", "resume_conversation", "drop_pending"),
+    *("enqueue_and_acquire", "commit_and_release", "acquire_and_read"),
     *("conversations", "transcript", "pending", "active_sessions", "generation"),
 ]
 
@@ -172,6 +173,13 @@ async def scenario(store: RedisStore, key: SessionKey, step: Callable[[str], Non
     await store.resume_conversation(key, old.id)
     step("drop_pending")
     await store.drop_pending(key, [seq])
+    step("enqueue_and_acquire")
+    admission = await store.enqueue_and_acquire(key, f"{key}-m2", "p1", b"", 5, max_active=100)
+    assert admission.lease is not None
+    step("commit_and_release")
+    await store.commit_and_release(admission.lease, WriteBatch(done=[admission.seq]))
+    step("acquire_and_read")
+    await store.acquire_and_read(key, "p1", 5, head_seq=10**9, max_active=100)
     for name, read in reads(store, key).items():
         step(name)
         await read()
@@ -229,6 +237,26 @@ class TestDroppedConnections:
         assert [c.id for c in await store.conversations(KEY)] == [second.id, first.id]
         assert await store.pending(KEY) == []
         assert (await store.acquire(KEY, "p2", 5)).generation == 3
+
+    async def test_a_lost_reply_to_a_fused_call_is_applied_once(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        await scenario(store, chat_key("warm-up"), lambda step: None)
+        lose = LostReply(monkeypatch)
+        await store.set_persistent(KEY, None, busy_policy="queue")
+        admission = await lose.next(store.enqueue_and_acquire(KEY, "m1", "p1", b"", 5))
+        assert admission.lease is not None
+        assert (admission.lease.generation, admission.persistent) == (1, {"busy_policy": "queue"})
+        assert [r.message_id for r in await store.pending(KEY)] == ["m1"]
+        batch = WriteBatch([entry("once", 1)], answered=["m1"], done=[admission.seq])
+        assert await lose.next(store.commit_and_release(admission.lease, batch)) is True
+        taken = await lose.next(store.acquire_and_read(KEY, "p2", 5))
+        assert (taken.lease.generation, taken.persistent) == (2, {"busy_policy": "queue"})
+        assert lose.lost == 3
+        assert [e.content for e in await store.transcript(KEY)] == ["once"]
+        assert await store.pending(KEY) == []
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p3", 5)
 
 
 async def kill_until(admin: Redis, name: str, stop: asyncio.Event) -> int:

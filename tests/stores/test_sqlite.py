@@ -248,6 +248,25 @@ class TestWriterThread:
         assert store.stats.reruns == reruns + 1
         assert await store.alive(["half"]) == {"half": False}
 
+    async def test_a_turn_is_two_operations_and_a_refusal_reruns_nothing(
+        self, store: SQLiteStore, path: Path
+    ) -> None:
+        before = (store.stats.operations, store.stats.reruns)
+        admission = await store.enqueue_and_acquire(KEY, "m1", "p1", b"", 5)
+        assert admission.lease is not None
+        await store.commit_and_release(admission.lease, WriteBatch(done=[admission.seq]))
+        assert store.stats.operations - before[0] == 2
+        await store.acquire(KEY, "p2", 5)
+        with write_lock(path) as release:  # many admissions, some refused, in one batch
+            calls = [store.enqueue_and_acquire(KEY, f"m{i}", "p1", b"", 5) for i in range(20)]
+            tasks = [asyncio.ensure_future(call) for call in calls]
+            await asyncio.sleep(0.05)
+            release.set()
+            admissions = await asyncio.gather(*tasks)
+        assert all(isinstance(a.refusal, SessionBusy) for a in admissions)
+        assert store.stats.reruns == before[1]
+        assert len(await store.pending(KEY)) == 20
+
     async def test_reads_do_not_wait_for_the_write_lock(
         self, store: SQLiteStore, path: Path
     ) -> None:

@@ -31,24 +31,26 @@ What stays true:
 from __future__ import annotations
 
 import logging
+import secrets
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from chatlane.access import AccessToken
 from chatlane.adapters.api_clients import ApiClient, ApiClients
-from chatlane.adapters.api_waiters import EventKind, Waiter, WaiterEvent
+from chatlane.adapters.api_waiters import EventKind, Ticker, Waiter, WaiterEvent
 from chatlane.adapters.api_wire import (
     ApiRequestError,
+    AsgiEndpoint,
     ChatRequest,
-    SseResponse,
+    ChunkEvents,
+    EventStream,
     check_origin,
-    chunk,
     completion,
     decode_json,
     error_response,
@@ -59,6 +61,7 @@ from chatlane.adapters.api_wire import (
     parse_chat_request,
     read_body,
     require_json,
+    send_json,
     sse_comment,
     sse_data,
     unrouted_error,
@@ -119,6 +122,7 @@ class ApiAdapter:
         self.tick = tick
         self.keepalive = keepalive
         self._waiters: dict[str, Waiter] = {}
+        self._ticker = Ticker(self._waiters, tick)
         self._hub: Hub | None = None
         self._closed = False
 
@@ -129,7 +133,7 @@ class ApiAdapter:
 
     def routes(self) -> Sequence[BaseRoute]:
         return [
-            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/chat/completions", AsgiEndpoint(self.chat_completions), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model, methods=["GET"]),
             Route("/v1/{rest:path}", self.unrouted, methods=_EVERY_METHOD),
@@ -162,7 +166,7 @@ class ApiAdapter:
 
     async def models(self, request: Request) -> Response:
         try:
-            self._authorize(request)
+            self._authenticate(request)
             check_origin(request)
         except ApiRequestError as error:
             return error_response(error)
@@ -171,7 +175,7 @@ class ApiAdapter:
     async def model(self, request: Request) -> Response:
         name = request.path_params["model"]
         try:
-            self._authorize(request)
+            self._authenticate(request)
             check_origin(request)
             if name not in self._models:
                 message = f"no model named {name!r} here"
@@ -183,51 +187,71 @@ class ApiAdapter:
     async def unrouted(self, request: Request) -> Response:
         """Any other ``/v1`` request: an OpenAI-shaped 404, or 405 for a known path."""
         try:
-            self._authorize(request)
+            self._authenticate(request)
             raise unrouted_error(request.method, request.url.path)
         except ApiRequestError as error:
             return error_response(error)
 
-    async def chat_completions(self, request: Request) -> Response:
+    async def chat_completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/chat/completions``, as an ASGI app: the answer is sent as it comes."""
+        request = Request(scope, receive)
         try:
-            self._authorize(request)
-            check_origin(request)
-            require_json(request)
-            client = self._client(request)
-            data = decode_json(await read_body(request))
-            chat = parse_chat_request(data, session_header(request))
-            if client is not None:
-                client.check_session(chat.session)
+            chat, client = await self._read(request)
             waiter = await self._submit(chat, client)
         except ApiRequestError as error:
-            return error_response(error)
+            await error_response(error)(scope, receive, send)
+            return
         response_id = f"chatcmpl-{waiter.message_id.removeprefix('api-')}"
         if chat.stream:
-            events = self._stream(waiter, chat, response_id)
-            return SseResponse(events, on_close=lambda: self._forget(waiter))
+            try:
+                await self._stream(waiter, chat, response_id, request.is_disconnected, send)
+            finally:
+                self._forget(waiter)
+            return
         try:
-            return await self._complete(waiter, chat, response_id, request.is_disconnected)
+            event = await self._last_event(waiter, request.is_disconnected)
         finally:
             self._forget(waiter)
+        if event is None:
+            await Response(status_code=499)(scope, receive, send)
+        elif event.kind is EventKind.FINAL:
+            await send_json(send, completion(response_id, chat.model, event.text))
+        else:
+            await error_response(_ending_error(event, chat.session))(scope, receive, send)
 
-    def _authorize(self, request: Request) -> None:
-        """:raises ApiRequestError: (401) unless the bearer token matches (when one is set).
+    async def _read(self, request: Request) -> tuple[ChatRequest, ApiClient | None]:
+        """The checked request, and the client that sent it (with ``[api.clients]``).
 
-        With ``[api.clients]``, the token must be a client's (:meth:`_client`).
+        :raises ApiRequestError: for a bad token (401), a foreign origin (403), a
+            body not sent as JSON (415), too large (413) or unreadable (400), or
+            a session the client may not name (403).
+        """
+        client = self._authenticate(request)
+        check_origin(request)
+        require_json(request)
+        data = decode_json(await read_body(request))
+        chat = parse_chat_request(data, session_header(request))
+        if client is not None:
+            client.check_session(chat.session)
+        return chat, client
+
+    def _authenticate(self, request: Request) -> ApiClient | None:
+        """The client the request's token names (``None`` without ``[api.clients]``).
+
+        :raises ApiRequestError: (401) unless the token is a client's, or without
+            clients the access token (when one is set).
         """
         if self.clients.enabled:
-            self._client(request)
-            return
+            return self._client(request)
         if not self._access.admits_bearer(request.headers):
             raise _unauthenticated()
+        return None
 
-    def _client(self, request: Request) -> ApiClient | None:
-        """The client whose token the request carries; ``None`` when no clients are configured.
+    def _client(self, request: Request) -> ApiClient:
+        """The client whose token the request carries (clients are configured).
 
-        :raises ApiRequestError: (401) if clients are configured and the token is none of theirs.
+        :raises ApiRequestError: (401) if the token is none of theirs.
         """
-        if not self.clients.enabled:
-            return None
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
         client = self.clients.identify(presented.strip().encode("latin-1"))
         if scheme.lower() != "bearer" or client is None:
@@ -246,8 +270,9 @@ class ApiAdapter:
             raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
         sender = chat.session if client is None else client.name
         source = SessionSource("api", chat_id=chat.session, user_id=sender, chat_type=ChatType.DM)
-        message = InboundMessage(source, chat.text, id=f"api-{uuid.uuid4().hex}")
-        waiter = self._waiters[message.id] = Waiter(message.id)
+        message = InboundMessage(source, chat.text, id=f"api-{secrets.token_hex(16)}")
+        waiter = self._waiters[message.id] = Waiter(message.id, stream=chat.stream)
+        self._ticker.start()
         try:
             result = await _dispatch(hub, message, chat.session)
         except BaseException:
@@ -259,66 +284,71 @@ class ApiAdapter:
     def _forget(self, waiter: Waiter) -> None:
         self._waiters.pop(waiter.message_id, None)
 
-    async def _next(
-        self, waiter: Waiter, disconnected: Disconnected | None = None
-    ) -> WaiterEvent | None:
-        """The next event, or ``None`` after a quiet tick (the ceiling and shutdown checked)."""
-        event = await waiter.next_event(self.tick)
-        if event is not None:
-            return event
+    async def _checked(self, waiter: Waiter, disconnected: Disconnected) -> bool:
+        """On a tick: end a request whose gateway is closing or whose ceiling passed
+        (its last event is then queued); whether its client is gone."""
         hub = self._hub
         if hub is not None and hub.gateway.engine.closed:
             waiter.push(WaiterEvent(EventKind.SHUTDOWN))  # its message stays queued
         elif hub is not None:
             waiter.expire(self.wait_timeout, hub.gateway.engine.last_progress(waiter.session_key))
-        if disconnected is not None and await disconnected():
+        if await disconnected():
             log.debug("client gone; no longer waiting for %s", waiter.message_id)
-            return WaiterEvent(EventKind.GONE)
-        return None
+            return True
+        return False
 
     # -- answers --------------------------------------------------------------------------
 
-    async def _complete(
-        self, waiter: Waiter, chat: ChatRequest, response_id: str, disconnected: Disconnected
-    ) -> Response:
-        """The non-streaming answer: wait for the final event."""
+    async def _last_event(self, waiter: Waiter, disconnected: Disconnected) -> WaiterEvent | None:
+        """What a request that does not stream is answered by; ``None`` if its client left.
+
+        Such a waiter queues only its last event, so it wakes for that (or for a tick).
+        """
         while True:
-            event = await self._next(waiter, disconnected)
-            if event is None or event.kind in (EventKind.CHUNK, EventKind.COMMENT):
-                continue
-            if event.kind is EventKind.FINAL:
-                return json_response(completion(response_id, chat.model, event.text))
-            if event.kind is EventKind.GONE:
-                return Response(status_code=499)
-            return error_response(_ending_error(event, chat.session))
+            events, ticked = await waiter.wait()
+            if events:
+                return events[-1]
+            if ticked and await self._checked(waiter, disconnected):
+                return None
 
     async def _stream(
-        self, waiter: Waiter, chat: ChatRequest, response_id: str
-    ) -> AsyncIterator[bytes]:
-        """The streaming answer: chunks as they come, the final rest, then ``[DONE]``."""
-        yield sse_data(chunk(response_id, chat.model, {"role": "assistant", "content": ""}))
-        streamed = ""
-        while True:
-            event = await self._next_streamed(waiter)
-            if event.kind is EventKind.CHUNK:
-                streamed += event.text
-                yield sse_data(chunk(response_id, chat.model, {"content": event.text}))
-            elif event.kind is EventKind.COMMENT:
-                yield sse_comment(event.text)
-            else:
-                for data in _stream_end(event, streamed, response_id, chat):
-                    yield data
-                return
+        self,
+        waiter: Waiter,
+        chat: ChatRequest,
+        response_id: str,
+        disconnected: Disconnected,
+        send: Send,
+    ) -> None:
+        """The streaming answer: chunks as they come, the final rest, then ``[DONE]``.
 
-    async def _next_streamed(self, waiter: Waiter) -> WaiterEvent:
-        """The next event, or a keep-alive comment after ``keepalive`` seconds of silence."""
-        deadline = time.monotonic() + self.keepalive
+        What arrived together is sent together, in one write; a comment keeps a
+        quiet stream alive after ``keepalive`` seconds.
+        """
+        chunks = ChunkEvents(response_id, chat.model)
+        stream = EventStream(send)
+        await stream.start(chunks.delta({"role": "assistant", "content": ""}))
+        streamed = ""
+        quiet_until = time.monotonic() + self.keepalive
         while True:
-            event = await self._next(waiter)
-            if event is not None:
-                return event
-            if time.monotonic() >= deadline:
-                return WaiterEvent(EventKind.COMMENT, "waiting for the turn")
+            events, ticked = await waiter.wait()
+            data: list[bytes] = []
+            for event in events:
+                if event.kind is EventKind.CHUNK:
+                    streamed += event.text
+                    data.append(chunks.content(event.text))
+                elif event.kind is EventKind.COMMENT:
+                    data.append(sse_comment(event.text))
+                else:
+                    data += _stream_end(event, streamed, chunks, chat.session)
+                    await stream.end(data)
+                    return
+            if ticked and await self._checked(waiter, disconnected):
+                return
+            if not data and time.monotonic() >= quiet_until:
+                data.append(sse_comment("waiting for the turn"))
+            if data:
+                quiet_until = time.monotonic() + self.keepalive
+                await stream.send(data)
 
 
 def _unauthenticated() -> ApiRequestError:
@@ -332,15 +362,14 @@ KEPT_SEPARATOR = "\n\n[The answer above was interrupted; the answer that was kep
 
 
 def _stream_end(
-    event: WaiterEvent, streamed: str, response_id: str, chat: ChatRequest
+    event: WaiterEvent, streamed: str, chunks: ChunkEvents, session: str
 ) -> list[bytes]:
     """The last events of a stream: the rest of the answer and a stop chunk, or an error."""
     if event.kind is not EventKind.FINAL:
-        return [sse_data(_ending_error(event, chat.session).body()), sse_data("[DONE]")]
-    model = chat.model
+        return [sse_data(_ending_error(event, session).body()), sse_data("[DONE]")]
     rest = _rest(event, streamed)
-    out = [sse_data(chunk(response_id, model, {"content": rest}))] if rest else []
-    out.append(sse_data(chunk(response_id, model, {}, "stop")))
+    out = [chunks.content(rest)] if rest else []
+    out.append(chunks.delta({}, "stop"))
     out.append(sse_data("[DONE]"))
     return out
 
@@ -452,4 +481,4 @@ def _default_ceiling(config: Config) -> float:
     return (runtime.turn_timeout or 3600.0) + runtime.interrupt_grace + 30.0
 
 
-__all__ = ["ApiAdapter", "SseResponse"]
+__all__ = ["ApiAdapter"]

@@ -9,19 +9,22 @@ The adapter never looks inside the engine to guess. What stays true:
   a failure, interruption, stop or drop notice; a refusal, as 409 or 429) —
   for a command, which no turn runs, its reply or the notice refusing it —
   a 503 once the engine is closing (its message stays queued for the next
-  start), a 504 after ``ceiling`` seconds without progress, or the client
-  leaving. Nothing is queued after it.
+  start), or a 504 after ``ceiling`` seconds without progress. Nothing is
+  queued after it.
 * Chunks, acknowledgements, approval prompts and mid-turn notices travel
-  beside it (SSE comments when streaming); none of them is the answer.
+  beside it (SSE comments when streaming); none of them is the answer. A
+  request that does not stream is not woken by them: they only mark progress.
+* A request is woken once for whatever arrived meanwhile, not once per
+  event; a :class:`Ticker` also wakes every waiting request each ``tick``
+  seconds, so it checks its ceiling, the gateway and its client with no timer
+  of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from chatlane.identity import NO_SESSION, SessionKey
@@ -49,13 +52,9 @@ class EventKind(enum.Enum):
     """No progress for the ceiling; nothing follows."""
     SHUTDOWN = "shutdown"
     """The gateway is stopping; nothing follows."""
-    GONE = "gone"
-    """The client disconnected; nobody reads what would follow."""
 
 
-_LAST = frozenset(
-    {EventKind.FINAL, EventKind.REFUSED, EventKind.TIMEOUT, EventKind.SHUTDOWN, EventKind.GONE}
-)
+_LAST = frozenset({EventKind.FINAL, EventKind.REFUSED, EventKind.TIMEOUT, EventKind.SHUTDOWN})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +67,23 @@ class WaiterEvent:
 
 @dataclass(eq=False, slots=True)
 class Waiter:
-    """One HTTP request waiting for the outcome of its message ``message_id``."""
+    """One HTTP request waiting for the outcome of its message ``message_id``.
+
+    A waiter that does not ``stream`` keeps only its last event: chunks and
+    comments mark progress but are not queued, so they never wake it.
+    """
 
     message_id: str
-    events: deque[WaiterEvent] = field(default_factory=deque)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    stream: bool = True
+    events: list[WaiterEvent] = field(default_factory=list)
     session_key: SessionKey = NO_SESSION
     last_progress: float = field(default_factory=time.monotonic)
     finished: bool = False
+    checked_at: float = field(default_factory=time.monotonic)
+    """When the waiter was last ticked (or registered)."""
+    ticked: bool = field(default=False, init=False)
+    """A tick came since the last :meth:`wait`: time to check the ceiling and the client."""
+    _wakeup: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
 
     def push(self, event: WaiterEvent) -> None:
         """Queue ``event``; nothing is queued after the last one."""
@@ -83,17 +91,36 @@ class Waiter:
             return
         self.finished = event.kind in _LAST
         self.last_progress = time.monotonic()
-        self.events.append(event)
-        self.ready.set()
+        if self.finished or self.stream:
+            self.events.append(event)
+            self._wake()
 
-    async def next_event(self, tick: float) -> WaiterEvent | None:
-        """The next event, or ``None`` if none came within ``tick`` seconds."""
-        if not self.events:
-            self.ready.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(tick):
-                    await self.ready.wait()
-        return self.events.popleft() if self.events else None
+    def tick(self) -> None:
+        """Wake the request so it checks its ceiling and its client (the adapter ticks)."""
+        self.ticked = True
+        self._wake()
+
+    async def wait(self) -> tuple[list[WaiterEvent], bool]:
+        """Every event queued so far, in order, and whether a tick came meanwhile.
+
+        It returns as soon as either is there: events that arrive together are
+        taken together (one wake-up, however many chunks an agent produced
+        meanwhile), and a tick may come with no event.
+        """
+        if not self.events and not self.ticked:
+            wakeup = self._wakeup = asyncio.get_running_loop().create_future()
+            try:
+                await wakeup
+            finally:
+                self._wakeup = None
+        events, self.events = self.events, []
+        ticked, self.ticked = self.ticked, False
+        return events, ticked
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
     def take(self, outbound: Outbound) -> None:
         """Turn one outbound for this waiter's message into an event.
@@ -121,6 +148,39 @@ class Waiter:
             self.push(WaiterEvent(EventKind.TIMEOUT))
 
 
+class Ticker:
+    """One timer for every waiting request, firing every ``period`` seconds while any waits.
+
+    Each firing ticks the waiters that were not ticked for half a ``period`` or
+    more: a request is ticked about every ``period`` seconds, first within one
+    and a half, and a request answered sooner than half a ``period`` never is.
+    Waiting costs no timer of its own.
+    """
+
+    def __init__(self, waiters: dict[str, Waiter], period: float) -> None:
+        self._waiters = waiters
+        self._period = period
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Make sure the timer runs on this event loop (call once a waiter is registered)."""
+        loop = asyncio.get_running_loop()
+        if self._handle is None or self._loop is not loop:
+            self._loop = loop
+            self._handle = loop.call_later(self._period, self._tick)
+
+    def _tick(self) -> None:
+        self._handle = None
+        now = time.monotonic()
+        for waiter in list(self._waiters.values()):
+            if now - waiter.checked_at >= self._period / 2:
+                waiter.checked_at = now
+                waiter.tick()
+        if self._waiters:
+            self.start()
+
+
 _NOTICES = {
     Outcome.INTERRUPTED: INTERRUPTED_TEXT,
     Outcome.STOPPED: STOPPED_TEXT,
@@ -144,4 +204,4 @@ def event_for(outcome: MessageOutcome) -> WaiterEvent:
     return WaiterEvent(EventKind.FINAL, _NOTICES[kind])
 
 
-__all__ = ["EventKind", "Waiter", "WaiterEvent", "event_for"]
+__all__ = ["EventKind", "Ticker", "Waiter", "WaiterEvent", "event_for"]

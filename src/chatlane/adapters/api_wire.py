@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from chatlane.errors import ChatlaneError, InvalidSessionName
@@ -197,6 +197,36 @@ def chunk(
     }
 
 
+class ChunkEvents:
+    """The ``data:`` events of one streamed completion, a ``chat.completion.chunk`` each.
+
+    Each is the event :func:`sse_data` makes of :func:`chunk`, except that they
+    share one ``created`` time, as the chunks of OpenAI's own streams do; the
+    part they share is encoded once.
+    """
+
+    def __init__(self, response_id: str, model: str) -> None:
+        shared = json.dumps(
+            {
+                "id": response_id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": model,
+            }
+        )
+        self._head = f'data: {shared[:-1]}, "choices": [{{"index": 0, "delta": '.encode()
+
+    def delta(self, delta: dict[str, str], finish_reason: str | None = None) -> bytes:
+        """The event of a chunk holding ``delta`` (and ending with ``finish_reason``)."""
+        rest = f', "finish_reason": {json.dumps(finish_reason)}}}]}}\n\n'
+        return self._head + json.dumps(delta).encode() + rest.encode()
+
+    def content(self, text: str) -> bytes:
+        """The event of a chunk holding ``text`` (``{"content": text}``)."""
+        content = json.dumps(text).encode()
+        return b"".join((self._head, b'{"content": ', content, b'}, "finish_reason": null}]}\n\n'))
+
+
 def model_list(names: list[str]) -> dict[str, Any]:
     """The ``GET /v1/models`` body."""
     return {"object": "list", "data": [model_entry(name) for name in names]}
@@ -240,22 +270,54 @@ def sse_comment(text: str) -> bytes:
 # -- HTTP ------------------------------------------------------------------------------
 
 
-class SseResponse(StreamingResponse):
-    """A ``text/event-stream`` response that runs ``on_close`` however it ends."""
+class AsgiEndpoint:
+    """An ASGI callable as a route's endpoint: Starlette runs it as it is, with no
+    :class:`Request` or :class:`Response` in between (a bound method it would wrap)."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
-        super().__init__(
-            content,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-        self._on_close = on_close
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self._app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
+        await self._app(scope, receive, send)
+
+
+JSON_HEADERS = [(b"content-type", JSON_MEDIA_TYPE.encode())]
+SSE_HEADERS = [
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+]
+
+
+async def send_json(send: Send, value: object) -> None:
+    """Send ``value`` as a ``200`` JSON response (what :func:`json_response` sends)."""
+    body = encode(value)
+    length = (b"content-length", str(len(body)).encode())
+    await send({"type": "http.response.start", "status": 200, "headers": [length, *JSON_HEADERS]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class EventStream:
+    """A ``text/event-stream`` response, sent through ``send`` as its events come.
+
+    Each :meth:`send` is one write, however many events it holds; :meth:`end`
+    sends the last of them with the end of the response.
+    """
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+
+    async def start(self, first: bytes) -> None:
+        """Send the headers and the first event."""
+        await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await self.send([first])
+
+    async def send(self, events: list[bytes]) -> None:
+        body = b"".join(events)
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def end(self, events: list[bytes]) -> None:
+        await self._send({"type": "http.response.body", "body": b"".join(events)})
 
 
 def require_json(request: Request) -> None:
@@ -315,26 +377,32 @@ def _origin_key(url: str) -> tuple[str, str, int] | None:
 async def read_body(request: Request) -> bytes:
     """The request body, at most :data:`MAX_BODY` bytes.
 
-    :raises ApiRequestError: (413) for a larger body.
+    :raises ApiRequestError: (413) for a larger body, (400) if the client left
+        before sending all of it.
     """
-    too_large = ApiRequestError(
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise _too_large()
+    receive = request.receive
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise invalid("the client disconnected while sending the body")
+        body += message.get("body", b"")
+        if len(body) > MAX_BODY:
+            raise _too_large()
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _too_large() -> ApiRequestError:
+    return ApiRequestError(
         413,
         f"the request body is larger than {MAX_BODY} bytes",
         "invalid_request_error",
         "request_too_large",
     )
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY:
-        raise too_large
-    body = bytearray()
-    try:
-        async for part in request.stream():
-            body += part
-            if len(body) > MAX_BODY:
-                raise too_large
-    except ClientDisconnect:
-        raise invalid("the client disconnected while sending the body") from None
-    return bytes(body)
 
 
 def json_response(body: object, status: int = 200) -> Response:
@@ -355,8 +423,10 @@ def error_response(error: ApiRequestError) -> Response:
 __all__ = [
     "MAX_BODY",
     "ApiRequestError",
+    "AsgiEndpoint",
     "ChatRequest",
-    "SseResponse",
+    "ChunkEvents",
+    "EventStream",
     "check_origin",
     "chunk",
     "completion",
@@ -370,6 +440,7 @@ __all__ = [
     "parse_chat_request",
     "read_body",
     "require_json",
+    "send_json",
     "sse_comment",
     "sse_data",
     "unrouted_error",

@@ -94,8 +94,8 @@ def _settings(turn: Turn) -> str:
 
 
 async def _echo(turn: Turn) -> AsyncIterator[str]:
+    """The echo in pieces of a third of its length, all at once (as a burst of tokens)."""
     text = f"echo: {turn.text}"
     size = max(1, len(text) // 3)
     for start in range(0, len(text), size):
         yield text[start : start + size]
-        await asyncio.sleep(0)

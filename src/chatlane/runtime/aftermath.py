@@ -2,11 +2,12 @@
 
 What stays true, whatever way the turn ended:
 
-* Its lease is released (once, by generation). A store that cannot be
-  reached is retried with backoff until it answers or the engine closes;
-  meanwhile the session's slot stays claimed, so no later message overtakes
-  the turn's own. Any other store error is logged, never raised — the
-  session's slot must still be freed.
+* Its lease is released (once, by generation), unless the commit that
+  answered it released it already. A store that cannot be reached is
+  retried with backoff until it answers or the engine closes; meanwhile the
+  session's slot stays claimed, so no later message overtakes the turn's own.
+  Any other store error is logged, never raised — the session's slot must
+  still be freed.
 * An answered turn's messages already left the durable queue in its commit.
 * Messages of a turn that was stopped, interrupted, evicted, failed or
   rejected leave the queue: their senders were told.
@@ -35,6 +36,7 @@ from chatlane.runtime.ending import Fate, TurnEnd, fate
 from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
+from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import Store
 from chatlane.types import InboundMessage, OutboundKind
@@ -49,7 +51,10 @@ MAX_RERUNS = 3
 
 
 class TurnAftermath:
-    """Settles finished turns against the store (see the module docstring)."""
+    """Settles finished turns against the store (see the module docstring).
+
+    :param slots: the engine's slots: whether the engine is closing.
+    """
 
     def __init__(
         self,
@@ -58,14 +63,16 @@ class TurnAftermath:
         outlet: Outlet,
         metrics: Metrics,
         outcomes: OutcomeLedger,
+        slots: Slots,
     ) -> None:
         self._store = store
         self._leases = leases
         self._outlet = outlet
         self._metrics = metrics
         self._outcomes = outcomes
+        self._slots = slots
 
-    async def settle(self, turn: Turn, *, closing: Callable[[], bool]) -> None:
+    async def settle(self, turn: Turn) -> None:
         """Release ``turn``'s lease and decide what becomes of its stored messages.
 
         Each step is retried on its own through an outage, so a step that
@@ -74,29 +81,23 @@ class TurnAftermath:
         steps = (self._drop_untaken_steers, self._settle_messages, self._release)
         for step in steps:
             try:
-                await step(turn, closing())
+                await step(turn, self._slots.closed)
             except StoreError as error:
-                await self._outlast(step, turn, closing, error)
+                await self._outlast(step, turn, error)
             except ChatlaneError as error:
                 log.error("could not settle the turn: %s", error, extra=_fields(turn))
 
-    async def _outlast(
-        self,
-        step: Step,
-        turn: Turn,
-        closing: Callable[[], bool],
-        error: StoreError,
-    ) -> None:
+    async def _outlast(self, step: Step, turn: Turn, error: StoreError) -> None:
         """Retry ``step`` through an outage until the store answers or the engine closes."""
-        fields = _fields(turn)
-        if not retryable(error) or closing():
+        fields, slots = _fields(turn), self._slots
+        if not retryable(error) or slots.closed:
             log.error("could not settle the turn: %s", error, extra=fields)
             return
         log.warning("settling the turn failed, retrying: %s", error, extra=fields)
         try:
             await retry_store(
-                lambda: step(turn, closing()),
-                wanted=lambda: not closing(),
+                lambda: step(turn, slots.closed),
+                wanted=lambda: not slots.closed,
                 what="settling the turn",
                 fields=fields,
             )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine
 
 from chatlane.errors import ActiveSessionLimit, ChatlaneError
 from chatlane.logs import turn_fields
@@ -40,6 +39,7 @@ from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import AcquireWait
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.settings import RuntimeSettings
+from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, running_turn_of
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
@@ -47,14 +47,13 @@ from chatlane.types import Agent, InboundMessage, OutboundKind, accepts_steering
 
 log = logging.getLogger("chatlane.runtime")
 
-Spawn = Callable[[Coroutine[object, object, object]], None]
-"""Runs a coroutine in the background, owned by the engine."""
-Supersede = Callable[[SessionState, Turn, TurnEnd], None]
-"""Makes a turn stale and asks it to stop (the engine's ``_supersede``)."""
-
 
 class BusyDesk:
-    """Applies busy policies for one engine (see the module docstring)."""
+    """Applies busy policies for one engine (see the module docstring).
+
+    :param slots: the engine's slots: a turn interrupted is superseded there,
+        and what the desk sends in the background runs there.
+    """
 
     def __init__(
         self,
@@ -63,16 +62,14 @@ class BusyDesk:
         store: Store,
         metrics: Metrics,
         outlet: Outlet,
-        spawn: Spawn,
-        supersede: Supersede,
+        slots: Slots,
     ) -> None:
         self._settings = settings
         self._agent = agent
         self._store = store
         self._metrics = metrics
         self._outlet = outlet
-        self._spawn = spawn
-        self._supersede = supersede
+        self._slots = slots
 
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
         """The busy policy in force for ``message`` in ``state``'s session."""
@@ -102,7 +99,7 @@ class BusyDesk:
         elif outcome is BusyOutcome.INTERRUPTING and turn is not None:
             pending.enqueue(state, message, seq)
             state.conversation.interrupt_streak += 1
-            self._supersede(state, turn, TurnEnd.INTERRUPTED)
+            self._slots.supersede(turn, TurnEnd.INTERRUPTED)
         elif outcome is BusyOutcome.STEERED and turn is not None:
             turn.steer(message, seq)
         return outcome
@@ -187,7 +184,7 @@ class BusyDesk:
         if outcome is BusyOutcome.INTERRUPTING:
             state.conversation.interrupt_streak += 1
             self._metrics.busy(outcome.value, policy.value)
-            self._spawn(self._interrupt_elsewhere(turn, message))
+            self._slots.spawn(self._interrupt_elsewhere(turn, message))
         elif outcome is BusyOutcome.REJECTED:
             turn.end(TurnEnd.REJECTED)
             turn.interrupted.set()  # no longer wanted: the lease wait ends
@@ -200,7 +197,9 @@ class BusyDesk:
     def _tell(self, turn: Turn, kind: OutboundKind, text: str, refusal: str = "") -> None:
         """Send ``text`` about ``turn``'s messages to their sender, in the background."""
         source, ids = turn.messages[0].source, turn.message_ids
-        self._spawn(self._outlet.send(kind, turn.session_key, source, text, ids, refusal=refusal))
+        self._slots.spawn(
+            self._outlet.send(kind, turn.session_key, source, text, ids, refusal=refusal)
+        )
 
     async def _interrupt_elsewhere(self, turn: Turn, message: InboundMessage) -> None:
         state = turn.session_state

@@ -24,12 +24,15 @@ bounds the sum. What stays true:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chatlane.errors import GatewayFull
 from chatlane.runtime.limits import Count, check_bounds
 from chatlane.types import InboundMessage
+
+if TYPE_CHECKING:
+    from chatlane.runtime.slots import Slots
 
 MESSAGE_OVERHEAD = 256
 """Bytes counted per message on top of its text: ids, source and bookkeeping."""
@@ -62,19 +65,14 @@ def message_bytes(message: InboundMessage) -> int:
 class Capacity:
     """Admits new messages against :class:`CapacitySettings` (see the module docstring).
 
-    :param held: every message the engine holds unanswered right now (for recounts).
-    :param live: how many sessions are live in the engine right now.
+    :param slots: the engine's slots: the messages it holds unanswered right
+        now (for recounts) and how many sessions are live.
     """
 
-    def __init__(
-        self,
-        settings: CapacitySettings,
-        held: Callable[[], Iterable[InboundMessage]],
-        live: Callable[[], int],
-    ) -> None:
+    def __init__(self, settings: CapacitySettings, slots: Slots) -> None:
         self.settings = settings
-        self._held = held
-        self._live = live
+        self._held = slots.held
+        self._live = slots.live_count
         self._sizes: dict[str, int] = {}
         self._total = 0
         self._arriving = 0

@@ -13,6 +13,11 @@ What stays true:
 * Each turn runs under a lease whose generation is the turn's generation.
   Stop, interrupt, eviction and a lost lease make the turn stale; the store
   refuses a stale turn's commit and the engine delivers nothing for it.
+* A message to a session idle here is queued and given the session's lease
+  (with its stored choices) in one store call, and a turn that answers
+  commits and releases its lease in one more: two store calls per turn
+  (:mod:`chatlane.runtime.leases`). A turn whose lease was refused waits for
+  it as any other.
 * A reply is recorded against the messages it answers before it is
   delivered, and a message is answered at most once — a turn re-run after a
   crash cannot deliver a second answer.
@@ -25,6 +30,11 @@ What stays true:
   bound, from its first step to its last.
 * Leases are renewed, fences checked, stuck turns evicted and dead processes'
   messages adopted in the background (:mod:`chatlane.runtime.upkeep`).
+* The engine only orchestrates: which turns are live, promotion, timers and
+  superseding belong to :class:`~chatlane.runtime.slots.Slots`, outbound
+  messages to :class:`~chatlane.runtime.outlet.Outlet`; its helpers get those
+  two, never callables into the engine (the slots' ``start`` and the
+  upkeep's ``adopt`` aside: starting a turn is the engine's own work).
 """
 
 from __future__ import annotations
@@ -32,10 +42,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
-from chatlane.approvals import ApprovalBroker, ApprovalRequest, prompt_text
+from chatlane.approvals import ApprovalBroker, prompt_text
 from chatlane.context import bound_context
 from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
@@ -45,7 +56,6 @@ from chatlane.runtime.aftermath import TurnAftermath
 from chatlane.runtime.arrivals import BusyDesk
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
-from chatlane.runtime.elsewhere import was_interrupted_elsewhere
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, new_holder_id
 from chatlane.runtime.outcomes import MessageOutcome, OnOutcome, Outcome, OutcomeLedger
@@ -55,16 +65,15 @@ from chatlane.runtime.persisted import (
     load_persistent,
     nothing_to_save,
     refresh_persistent,
-    settle_once,
     stored_fields,
 )
 from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopResult
+from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
-from chatlane.runtime.upkeep import Upkeep, UpkeepHooks
-from chatlane.runtime.watch import settle_watched
-from chatlane.state import SessionRegistry, SessionState, SlotPhase
-from chatlane.stores.base import Lease, Store
+from chatlane.runtime.upkeep import Upkeep
+from chatlane.state import SessionRegistry, SessionState
+from chatlane.stores.base import Admission, Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
 from chatlane.stores.memory import MemoryStore
 from chatlane.types import (
@@ -104,48 +113,37 @@ class TurnEngine:
         self.metrics = Metrics()
         self.outcomes = OutcomeLedger(on_outcome or _unheard)
         """Every accepted message's one outcome (:mod:`chatlane.runtime.outcomes`)."""
-        self.outlet = Outlet(deliver, self.outcomes, self._generation_of)
+        self.slots = Slots(self.registry, self.store, self.settings, self.metrics, self._start)
+        """Live turns, timers and promotion (:mod:`chatlane.runtime.slots`)."""
+        self.outlet = Outlet(deliver, self.outcomes, self.slots)
         self.send = self.outlet.send
         """Deliver one outbound message (:meth:`Outlet.send`); never raises for the adapter."""
-        self.output = TurnOutput(self.store, self.outlet, self.outcomes)
+        self.output = TurnOutput(self.leases, self.outlet, self.outcomes)
         self.output.on_fenced = self.metrics.stale
         self.approvals = ApprovalBroker(
-            self.store, self._prompt, self._generation_is, self.settings.approval_timeout
+            self.store, self.slots, self.outlet, self.settings.approval_timeout
         )
         self.aftermath = TurnAftermath(
-            self.store, self.leases, self.outlet, self.metrics, self.outcomes
+            self.store, self.leases, self.outlet, self.metrics, self.outcomes, self.slots
         )
         self.busy = BusyDesk(
-            self.settings,
-            agent,
-            self.store,
-            self.metrics,
+            self.settings, agent, self.store, self.metrics, self.outlet, self.slots
+        )
+        self.upkeep = Upkeep(
+            self.leases,
+            self.slots,
             self.outlet,
-            self._spawn,
-            self._supersede,
-        )
-        self._turns: set[Turn] = set()
-        self._collecting: set[SessionKey] = set()
-        self._tasks: set[asyncio.Task[object]] = set()
-        self._turn_ended = asyncio.Event()
-        self._timers: set[asyncio.TimerHandle] = set()
-        hooks = UpkeepHooks(
-            self._holding,
-            self._renewed,
-            self._lost,
-            self._evict,
+            self.outcomes,
+            self.metrics,
             self.adopt,
-            self._is_closed,
-            partial(settle_watched, self.store, self.outcomes),
+            turn_timeout=self.settings.turn_timeout,
         )
-        self.upkeep = Upkeep(self.leases, hooks, turn_timeout=self.settings.turn_timeout)
-        self.capacity = Capacity(self.settings.capacity, self._held, self._live_count)
-        self._closed = False
+        self.capacity = Capacity(self.settings.capacity, self.slots)
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` began: from then on no turn answers, messages stay queued."""
-        return self._closed
+        return self.slots.closed
 
     @property
     def holder(self) -> str:
@@ -165,8 +163,13 @@ class TurnEngine:
         new_session = not state.is_busy
         self.capacity.reserve(message, new_session=new_session)
         try:
-            seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
-            return await self.accept(key, message, seq)
+            payload = encode_message(message)
+            if state.turn.is_running or self.slots.closed:
+                seq = await self.store.enqueue(key, message.id, self.holder, payload)
+                return await self.accept(key, message, seq)
+            stale = self._choices_stale(state)
+            admission = await self.leases.admit(state, message.id, payload, choices=stale)
+            return await self.accept(key, message, admission.seq, admission)
         finally:
             self.capacity.settled(message, new_session=new_session)
 
@@ -181,25 +184,6 @@ class TurnEngine:
         state = self.registry.get(key)
         load_persistent(state, fields, generation)
         return state
-
-    def _generation_of(self, key: SessionKey) -> int:
-        state = self.registry.peek(key)
-        return 0 if state is None else state.persistent.run_generation
-
-    def _generation_is(self, key: SessionKey, generation: int) -> bool:
-        state = self.registry.peek(key)
-        return state is not None and state.persistent.run_generation == generation
-
-    async def _prompt(self, request: ApprovalRequest, text: str, kind: OutboundKind) -> None:
-        """Tell the chat of ``request``'s turn about it (the prompt names the request)."""
-        turn = self.running_turn(request.session_key)
-        if turn is None or (kind is OutboundKind.APPROVAL and request.decided.done()):
-            log.info("approval prompt dropped: no turn", extra=turn_fields(request.session_key))
-            return
-        approval_id = request.id if kind is OutboundKind.APPROVAL else ""
-        ids, generation = turn.message_ids, request.generation
-        key, source = request.session_key, turn.source
-        await self.send(kind, key, source, text, ids, generation, approval_id=approval_id)
 
     async def persist_conversation(self, key: SessionKey, **fields: object) -> None:
         """Set conversation overrides of ``key``, here and in the store (a boundary clears both)."""
@@ -216,15 +200,25 @@ class TurnEngine:
         await self.store.set_persistent(key, None, **stored_fields(fields))
 
     async def accept(
-        self, key: SessionKey, message: InboundMessage, seq: int
+        self,
+        key: SessionKey,
+        message: InboundMessage,
+        seq: int,
+        admission: Admission | None = None,
     ) -> BusyOutcome | None:
-        """Run or queue a message already in the durable queue under ``seq``."""
+        """Run or queue a message already in the durable queue under ``seq``.
+
+        :param admission: what the store said when it queued the message for an
+            idle session: the lease it gave (or why not) and the stored choices.
+        """
         self._ensure_background()
         self.outcomes.open(key, message)
         state = self.registry.get(key)
         if not state.turn.is_running:
-            self._start(state, (message,), (seq,), refusable=True)
+            self._start(state, (message,), (seq,), refusable=True, admission=admission)
             return None
+        if admission is not None and admission.lease is not None:
+            self.slots.spawn(self.leases.let_go(state, admission.lease))  # a turn started meanwhile
         return await self.busy.arrive(state, message, seq)
 
     async def enqueue(self, key: SessionKey, message: InboundMessage) -> BusyOutcome | None:
@@ -300,7 +294,9 @@ class TurnEngine:
         reruns: int = 0,
         *,
         refusable: bool = False,
+        admission: Admission | None = None,
     ) -> Turn:
+        """Claim ``state``'s slot for a turn of ``messages`` and drive it in a task of its own."""
         overrides = TurnOverrides.of(state)
         turn = Turn(
             state,
@@ -311,16 +307,15 @@ class TurnEngine:
             refusable=refusable,
             approvals=self.approvals,
         )
-        state.turn.claim(turn, time.time())
-        self._turns.add(turn)
+        self.slots.claim(turn)
         context = bound_context(turn.source, turn.session_key)
-        turn.attach(asyncio.create_task(self._drive(turn), context=context))
+        turn.attach(asyncio.create_task(self._drive(turn, admission), context=context))
         return turn
 
-    async def _drive(self, turn: Turn) -> None:
+    async def _drive(self, turn: Turn, admission: Admission | None) -> None:
         state = turn.session_state
         try:
-            if await self._take_lease(turn):
+            if await self._take_lease(turn, admission):
                 state.turn.run(turn)
                 text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)
@@ -332,42 +327,60 @@ class TurnEngine:
             turn.end(TurnEnd.FAILED)
         finally:
             try:
-                await self.aftermath.settle(turn, closing=self._is_closed)
+                await self.aftermath.settle(turn)
             finally:
-                self._finish(turn)
+                self.slots.finish(turn)
 
-    async def _take_lease(self, turn: Turn) -> bool:
-        """Wait for the session's lease and bind it to ``turn``; False if the turn was dropped.
+    async def _take_lease(self, turn: Turn, admission: Admission | None) -> bool:
+        """Take the session's lease for ``turn``; False if the turn was dropped.
 
-        A turn gives way while it waits if a message accepted before its own
-        is queued behind it here: it goes back into the queue in store order,
-        so two processes can never wait on each other's earlier messages.
-        Stored choices older than ``reread_stored`` are read before the wait
-        (a busy policy may decide what becomes of the message while another
-        process runs the session) and again once the lease is taken.
+        The lease the store gave with the message (``admission``) is the
+        turn's at once; otherwise the turn waits for it. A turn gives way
+        while it waits if a message accepted before its own is queued behind
+        it here: it goes back into the queue in store order, so two processes
+        can never wait on each other's earlier messages. Stored choices older
+        than ``reread_stored`` are taken up before the wait (a busy policy may
+        decide what becomes of the message while another process runs the
+        session) and again once the lease is taken — from what the store
+        read with the message and with the lease, or with a read of their own
+        where it could not.
         """
         state = turn.session_state
-        if self._choices_stale(state):
-            await self._reread(turn)
-        wanted = partial(self._still_wanted, turn)
-        lease = await self.leases.acquire(
-            state, min(turn.seqs), wanted, partial(self.busy.on_wait, turn)
-        )
-        if lease is None:
+        if admission is not None and admission.lease is not None:
+            self.leases.hold(state, admission.lease)  # released however the turn ends
+        await self._take_choices(turn, None if admission is None else admission.persistent)
+        taken = await self._lease_for(turn, admission)
+        if taken is None:
             return False
+        lease, choices = taken
         turn.bind_lease(lease)  # from here the lease is released however the turn ends
         known = state.persistent.run_generation
-        if not wanted() or lease.generation < known:
+        if not self._still_wanted(turn) or lease.generation < known:
             turn.end(TurnEnd.LEASE_LOST)
             return False
         state.persistent.run_generation = lease.generation
         if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
             return False  # another process ran or stopped the session meanwhile
-        if self._choices_stale(state):
-            await self._reread(turn)
+        await self._take_choices(turn, choices)
         turn.touch()
         self.metrics.turn_started()
         return True
+
+    async def _lease_for(
+        self, turn: Turn, admission: Admission | None
+    ) -> tuple[Lease, dict[str, Any] | None] | None:
+        """The lease given with the message, or the one waited for, and the choices read with it."""
+        if admission is not None and admission.lease is not None:
+            return admission.lease, admission.persistent
+        state = turn.session_state
+        taken = await self.leases.acquire(
+            state,
+            min(turn.seqs),
+            partial(self._still_wanted, turn),
+            partial(self.busy.on_wait, turn),
+            refused=None if admission is None else admission.refusal,
+        )
+        return None if taken is None else (taken.lease, taken.persistent)
 
     async def _dropped_elsewhere(self, turn: Turn) -> bool:
         """Whether another process's ``/stop`` or ``/new`` dropped ``turn``'s messages.
@@ -397,19 +410,24 @@ class TurnEngine:
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored
 
-    async def _reread(self, turn: Turn) -> None:
-        """Take up stored choices another process may have changed (``reread_stored``).
+    async def _take_choices(self, turn: Turn, fields: Mapping[str, object] | None) -> None:
+        """Take up stored choices another process may have changed, if older than
+        ``reread_stored``: ``fields`` if the store read them with the message or
+        the lease, else a read of their own.
 
         Only what the store changed reaches the turn: its overrides were
         resolved when it started, and a ``/model --once`` sent since is for
         the next turn.
         """
         state = turn.session_state
-        try:
-            fields = await self.store.load_persistent(state.key)
-        except ChatlaneError as error:
-            log.warning("kept the choices read before: %s", error, extra=turn_fields(state.key))
+        if not self._choices_stale(state):
             return
+        if fields is None:
+            try:
+                fields = await self.store.load_persistent(state.key)
+            except ChatlaneError as error:
+                log.warning("kept the choices read before: %s", error, extra=turn_fields(state.key))
+                return
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):
             self.approvals.end_conversation(state)
@@ -417,7 +435,7 @@ class TurnEngine:
 
     def _still_wanted(self, turn: Turn) -> bool:
         state = turn.session_state
-        if self._closed or turn.interrupted.is_set():
+        if self.slots.closed or turn.interrupted.is_set():
             return False
         earlier = pending.smallest_seq(state)
         if earlier is not None and earlier < min(turn.seqs):
@@ -425,114 +443,11 @@ class TurnEngine:
             return False
         return True
 
-    def _finish(self, turn: Turn) -> None:
-        state = turn.session_state
-        self._end(turn)
-        self._turn_ended.set()
-        if turn.lease is not None:
-            outcome = "answered" if turn.answered else (turn.ended_by or "fenced")
-            self.metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
-        if turn.ended_by != TurnEnd.REORDERED:
-            settle_once(turn)
-        for message, seq in turn.untaken_steers():
-            pending.insert_in_order(state, [message], [seq])  # before what came after it
-        if not state.turn.holds(turn):
-            if not state.turn.is_running:
-                self._promote(state)  # an evicted turn's untaken steers still run
-            return
-        if not turn.interrupted.is_set():
-            state.conversation.interrupt_streak = 0
-        state.turn.clear()
-        self._promote(state)
-
-    def _end(self, turn: Turn) -> None:
-        """The engine is done with ``turn``: it holds no slot and can ask nothing any more."""
-        state = turn.session_state
-        self._turns.discard(turn)
-        turn.mark_finished()
-        if turn.lease is not None:
-            self.approvals.end_turn(state, turn.generation)
-
-    def _promote(self, state: SessionState) -> None:
-        """Start the session's next pending turn, or wait out a collect debounce."""
-        queue = pending.pending_entries(state)
-        if not queue or self._closed:
-            return
-        delay = queue[0].delay()
-        if delay > 0:
-            state.turn.collect(time.time())
-            self._collecting.add(state.key)
-            self._call_later(delay, self._promote_after_debounce, state)
-            return
-        entry = queue.pop(0)
-        self._start(state, tuple(entry.messages), tuple(entry.seqs), entry.reruns)
-
-    def _promote_after_debounce(self, state: SessionState) -> None:
-        self._collecting.discard(state.key)
-        if state.turn.phase is SlotPhase.COLLECTING:
-            state.turn.clear()
-            self._promote(state)
-
-    def _call_later(self, delay: float, callback: object, *args: object) -> None:
-        loop = asyncio.get_running_loop()
-
-        def fire() -> None:
-            self._timers.discard(handle)
-            callback(*args)  # type: ignore[operator]
-
-        handle = loop.call_later(delay, fire)
-        self._timers.add(handle)
-
-    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
-        """Run ``coro`` in the background; its failure is logged, never left unretrieved."""
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._spawned_done)
-
-    def _spawned_done(self, task: asyncio.Task[object]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("background step failed: %r", error, exc_info=error)
-
     # -- control ---------------------------------------------------------------
 
     def running_turn(self, key: SessionKey) -> Turn | None:
         """The turn that holds ``key``'s slot, if any (``None`` while idle)."""
-        state = self.registry.peek(key)
-        return None if state is None else running_turn_of(state)
-
-    def _supersede(
-        self,
-        state: SessionState,
-        turn: Turn,
-        ended_by: TurnEnd,
-        detail: str = "",
-        *,
-        fenced_in_store: bool = False,
-    ) -> None:
-        """Make ``turn`` stale, ask it to stop, and cancel it after the grace period.
-
-        The store's generation is bumped too, unless it already moved on
-        (``fenced_in_store``, or a lost lease).
-        """
-        turn.end(ended_by)
-        if turn.is_current():
-            state.persistent.bump_generation()
-            if ended_by != TurnEnd.LEASE_LOST and not fenced_in_store:
-                self._spawn(self.store.bump_generation(state.key))
-        turn.interrupted.set()
-        self.approvals.deny_stale(state)
-        if turn.lease is not None:
-            self.approvals.end_turn(state, turn.generation)  # even if its generation still holds
-        log.info(
-            "turn superseded (%s%s)",
-            ended_by,
-            detail and f": {detail}",
-            extra=turn_fields(turn.session_key, turn.generation),
-        )
-        task = turn.task
-        if task is not None and not task.done():
-            self._call_later(self.settings.interrupt_grace, _cancel, task)
+        return self.slots.running_turn(key)
 
     def interrupt(self, key: SessionKey, reason: str = "") -> bool:
         """Stop ``key``'s running turn (fenced from now on); its queue is kept.
@@ -540,11 +455,10 @@ class TurnEngine:
         :param reason: why, for the log.
         :returns: whether a turn was running.
         """
-        state = self.registry.peek(key)
-        turn = None if state is None else running_turn_of(state)
-        if state is None or turn is None:
+        turn = self.slots.running_turn(key)
+        if turn is None:
             return False
-        self._supersede(state, turn, TurnEnd.INTERRUPTED, reason)
+        self.slots.supersede(turn, TurnEnd.INTERRUPTED, reason)
         return True
 
     async def stop(self, key: SessionKey) -> StopResult:
@@ -569,15 +483,13 @@ class TurnEngine:
             seqs = [*(seq for _, seq in steers), *seqs]
         fenced_here = turn is not None and turn.is_current()  # its supersede bumps
         if turn is not None:
-            self._supersede(state, turn, TurnEnd.STOPPED)
+            self.slots.supersede(turn, TurnEnd.STOPPED)
         await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
         elsewhere = await self._drop_elsewhere(key)
         if not fenced_here:
             state.persistent.bump_generation()
             await self.store.bump_generation(key)
-            if state.turn.phase is SlotPhase.COLLECTING:
-                state.turn.clear()
-                self._collecting.discard(key)
+            self.slots.stop_collecting(state)
         stopped = turn is not None and turn.lease is not None
         self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
         return StopResult(stopped, tuple(dropped), elsewhere)
@@ -592,60 +504,12 @@ class TurnEngine:
     # -- background: renewals, fence checks, eviction, adoption -------------------
 
     def _ensure_background(self) -> None:
-        if not self._closed:
+        if not self.slots.closed:
             self.upkeep.start()
-
-    def _is_closed(self) -> bool:
-        return self._closed
-
-    def _holding(self) -> list[Turn]:
-        """Turns whose lease is of the session's current generation (even if expired here)."""
-        return [t for t in self._turns if t.lease is not None and not (t.finished or t.is_fenced())]
-
-    def _renewed(self, turn: Turn, lease: Lease) -> None:
-        tokens = self.registry.get(turn.session_key).turn.lease_tokens
-        if turn.generation in tokens:
-            tokens[turn.generation] = lease
-            turn.renewed(lease)
-
-    async def _lost(self, turn: Turn, why: str, fenced: bool) -> None:
-        """``turn``'s lease is gone: fence it, as interrupted if another process said so."""
-        try:
-            interrupted = fenced and await was_interrupted_elsewhere(self.store, turn)
-        except ChatlaneError:
-            interrupted = False
-        state = self.registry.get(turn.session_key)
-        released = turn.generation not in state.turn.lease_tokens
-        if turn.finished or turn.answered or released or turn.is_fenced():
-            return  # it ended, or was fenced here, while the renewal was under way: no loss
-        if interrupted:
-            detail = "by a message to another process"
-            self._supersede(state, turn, TurnEnd.INTERRUPTED, detail, fenced_in_store=True)
-            return
-        log.warning("lease lost: %s", why, extra=turn_fields(turn.session_key, turn.generation))
-        self.metrics.lease_failure()
-        self._supersede(state, turn, TurnEnd.LEASE_LOST, why)
 
     async def evict_stuck(self) -> int:
         """Evict every turn that made no progress for ``turn_timeout``; return how many."""
         return await self.upkeep.evict_stuck()
-
-    async def _evict(self, turn: Turn) -> None:
-        state = self.registry.get(turn.session_key)
-        if not state.turn.holds(turn):
-            return
-        self._supersede(state, turn, TurnEnd.EVICTED)
-        settle_once(turn)
-        if turn.task is not None:
-            turn.task.cancel()
-        self._end(turn)
-        state.turn.clear()
-        await self.leases.release(state, turn.generation)
-        timeout = self.settings.turn_timeout
-        text = f"The running turn made no progress for {timeout:g}s and was stopped."
-        self.outcomes.end(turn.message_ids, Outcome.FAILED, text, reason=TurnEnd.EVICTED)
-        await self.outlet.about(turn, OutboundKind.NOTICE, text)
-        self._promote(state)
 
     # -- delivery and shutdown -------------------------------------------------
 
@@ -655,13 +519,7 @@ class TurnEngine:
         The running turn's messages, then the queued ones: what a transcript
         does not show yet (a turn writes its input when it commits).
         """
-        state = self.registry.peek(key)
-        if state is None:
-            return []
-        turn = running_turn_of(state)
-        running = [] if turn is None or turn.answered else list(turn.messages)
-        queued = [m for entry in pending.pending_entries(state) for m in entry.messages]
-        return [*running, *queued]
+        return self.slots.unanswered(key)
 
     def pending_approvals(self, key: SessionKey) -> list[Outbound]:
         """The prompts of ``key``'s approval requests still waiting, as first sent.
@@ -697,24 +555,12 @@ class TurnEngine:
         Messages wait only behind a running turn or a collect debounce, so only
         live sessions are counted, not every session the registry holds.
         """
-        states = (self.registry.peek(key) for key in self._live_keys())
+        states = (self.registry.peek(key) for key in self.slots.live_keys())
         return sum(pending.pending_count(state) for state in states if state is not None)
-
-    def _held(self) -> list[InboundMessage]:
-        """Every message this process holds unanswered, across every live session."""
-        return [message for key in self._live_keys() for message in self.unanswered(key)]
-
-    def _live_keys(self) -> set[SessionKey]:
-        """Sessions with a turn running or waiting, or collecting, in this process."""
-        return {turn.session_key for turn in self._turns} | self._collecting
-
-    def _live_count(self) -> int:
-        """Sessions with a turn running or waiting, or collecting, in this process."""
-        return len(self._turns) + len(self._collecting)
 
     def running_count(self) -> int:
         """Turns running (or waiting for their lease) in this process."""
-        return len(self._turns)
+        return self.slots.running_count()
 
     def is_idle(self) -> bool:
         """No turn runs and no session waits out a collect debounce.
@@ -722,13 +568,11 @@ class TurnEngine:
         Messages only wait behind a running turn or a debounce, so an idle
         engine has nothing pending (unless it was closed with work queued).
         """
-        return not self._turns and not self._collecting
+        return self.slots.is_idle()
 
     async def wait_idle(self) -> None:
         """Return once :meth:`is_idle` holds (wrap in a timeout to bound the wait)."""
-        while not self.is_idle():
-            self._turn_ended.clear()
-            await self._turn_ended.wait()
+        await self.slots.wait_idle()
 
     async def aclose(self) -> None:
         """Stop every turn and release its lease; unanswered messages stay queued in the store.
@@ -737,20 +581,14 @@ class TurnEngine:
         to wind down before they are cancelled. Every lease still held is then
         released, so the next process can take the sessions over at once.
         """
-        self._closed = True
-        for handle in self._timers:
-            handle.cancel()
-        self._timers.clear()
-        turns = list(self._turns)
-        for turn in turns:
-            self._supersede(self.registry.get(turn.session_key), turn, TurnEnd.SHUTDOWN)
+        turns = self.slots.close()
         tasks = [turn.task for turn in turns if turn.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.settings.interrupt_grace)
         background = self.upkeep.tasks
         for task in [*tasks, *background]:
             task.cancel()
-        await asyncio.gather(*tasks, *background, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *background, *self.slots.spawned(), return_exceptions=True)
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
@@ -774,11 +612,6 @@ def _must_propagate(error: BaseException) -> bool:
 
 def _unheard(outcome: MessageOutcome) -> None:
     """No one listens for outcomes (the engine was built without ``on_outcome``)."""
-
-
-def _cancel(task: asyncio.Task[None]) -> None:
-    if not task.done():
-        task.cancel()
 
 
 __all__ = ["RuntimeSettings", "StopResult", "TurnEngine"]

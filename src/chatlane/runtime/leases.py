@@ -15,6 +15,13 @@ What stays true:
   itself before it can deliver anything).
 * Each lease is released exactly once, through ``TurnState.lease_tokens``
   keyed by generation: a displaced turn's unwind frees only its own lease.
+  A turn that answers releases its lease in the commit that records the
+  answer (:meth:`LeaseKeeper.commit_and_release`), and its entry is settled
+  there; every other ending releases it afterwards, as before.
+* A message to a session idle here takes the session's lease in the store
+  call that queues it (:meth:`LeaseKeeper.admit`), and a turn that waits for
+  it reads the session's stored choices with it: a turn costs two store
+  calls, from the message's arrival to its answer.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import MAX_DELAY, retryable
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.state import SessionState
-from chatlane.stores.base import Lease, Store
+from chatlane.stores.base import Admission, Lease, Store, Taken, WriteBatch
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -87,47 +94,116 @@ class LeaseKeeper:
         self.settings = settings
         self.beats = BeatGaps()
 
+    async def admit(
+        self, state: SessionState, message_id: str, payload: bytes, *, choices: bool
+    ) -> Admission:
+        """Queue a message for ``state``'s session and take the session's lease with it.
+
+        One store call: the message is durable whatever becomes of the lease.
+        The lease, if given, is not yet recorded here: the turn that runs the
+        message takes it with :meth:`hold` (or gives it back with :meth:`let_go`).
+
+        :param choices: also read the session's stored choices.
+        :raises ChatlaneError: the store could not be asked; nothing was queued.
+        """
+        settings = self.settings
+        return await self.store.enqueue_and_acquire(
+            state.key,
+            message_id,
+            self.holder,
+            payload,
+            settings.ttl,
+            max_active=settings.max_active_sessions,
+            with_persistent=choices,
+        )
+
+    def hold(self, state: SessionState, lease: Lease) -> None:
+        """Record ``lease`` (taken with its message) as the one its generation must release."""
+        state.turn.store_lease_token(lease.generation, lease)
+
+    async def let_go(self, state: SessionState, lease: Lease) -> None:
+        """Give back a lease taken with a message that no turn runs now (once; errors logged)."""
+        self.hold(state, lease)
+        try:
+            await self.release(state, lease.generation)
+        except ChatlaneError as error:  # it expires within the TTL; the session waits till then
+            log.warning("could not give back a lease: %s", error, extra=turn_fields(state.key))
+
     async def acquire(
         self,
         state: SessionState,
         head_seq: int | None,
         still_wanted: Callable[[], bool],
         on_wait: Callable[[ChatlaneError, AcquireWait], object],
-    ) -> Lease | None:
+        *,
+        refused: SessionBusy | None = None,
+    ) -> Taken | None:
         """Wait for ``state``'s lease; ``None`` if ``still_wanted()`` turns false first.
 
-        A store that cannot be reached is waited out (:mod:`chatlane.runtime.backoff`).
-        ``on_wait`` is told each time the session is busy elsewhere or at the
-        active-session limit; it decides what to say (and may stop wanting).
+        The lease comes with the session's stored choices, read in the same
+        store call. A store that cannot be reached is waited out
+        (:mod:`chatlane.runtime.backoff`). ``on_wait`` is told each time the
+        session is busy elsewhere or at the active-session limit; it decides
+        what to say (and may stop wanting).
+
+        :param refused: the store already refused the lease (when the message
+            was queued): the wait starts from that answer instead of asking again.
         """
         wait, delay, longest = AcquireWait(), self.settings.poll, self.settings.max_poll
         while still_wanted():
-            try:
-                return await self._try(state, head_seq)
-            except (ActiveSessionLimit, SessionBusy) as error:
-                on_wait(error, wait)
-            except StoreError as error:
-                if not retryable(error):
-                    raise
-                if wait.first(error):
-                    fields = turn_fields(state.key)
-                    log.warning("taking the lease failed, retrying: %s", error, extra=fields)
-                longest = MAX_DELAY  # an outage: back off further than a busy session
+            if refused is not None:
+                on_wait(refused, wait)
+                refused = None
+            else:
+                try:
+                    return await self._try(state, head_seq)
+                except (ActiveSessionLimit, SessionBusy) as error:
+                    on_wait(error, wait)
+                except StoreError as error:
+                    if not retryable(error):
+                        raise
+                    self._outage(state, error, wait)
+                    longest = MAX_DELAY  # an outage: back off further than a busy session
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
         return None
 
-    async def _try(self, state: SessionState, head_seq: int | None) -> Lease:
+    def _outage(self, state: SessionState, error: StoreError, wait: AcquireWait) -> None:
+        if wait.first(error):
+            fields = turn_fields(state.key)
+            log.warning("taking the lease failed, retrying: %s", error, extra=fields)
+
+    async def _try(self, state: SessionState, head_seq: int | None) -> Taken:
         settings = self.settings
-        lease = await self.store.acquire(
+        taken = await self.store.acquire_and_read(
             state.key,
             self.holder,
             settings.ttl,
             head_seq=head_seq,
             max_active=settings.max_active_sessions,
         )
-        state.turn.store_lease_token(lease.generation, lease)
-        return lease
+        self.hold(state, taken.lease)
+        return taken
+
+    async def commit_and_release(
+        self, state: SessionState, generation: int, batch: WriteBatch
+    ) -> None:
+        """Commit a turn's last batch under ``generation``; release its lease in the same write.
+
+        The lease is released only if this generation still holds it here
+        (once: an eviction may have released it already), and only if the
+        commit applies; the entry in ``lease_tokens`` is settled once the store
+        says it released the lease.
+
+        :raises StaleGeneration: the generation moved on: nothing was written or released.
+        :raises AlreadyAnswered: nothing was written or released.
+        :raises StoreError: the store could not be asked.
+        """
+        lease = state.turn.lease_tokens.get(generation)
+        if lease is None:
+            await self.store.commit(state.key, generation, batch)
+        elif await self.store.commit_and_release(lease, batch):
+            state.turn.release_lease_token(generation)
 
     async def release(self, state: SessionState, generation: int) -> None:
         """Release the lease taken for ``generation``, if it is still held (once only)."""

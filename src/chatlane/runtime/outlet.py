@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 
 from chatlane.context import bound_context
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
+from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
 from chatlane.types import Deliver, Outbound, OutboundKind, SessionKey, Target
 
@@ -30,17 +31,15 @@ log = logging.getLogger("chatlane.runtime")
 
 
 class Outlet:
-    """Delivers the engine's outbound messages (see the module docstring)."""
+    """Delivers the engine's outbound messages (see the module docstring).
 
-    def __init__(
-        self,
-        deliver: Deliver,
-        outcomes: OutcomeLedger,
-        generation_of: Callable[[SessionKey], int],
-    ) -> None:
+    :param slots: the engine's slots, for a session's current generation.
+    """
+
+    def __init__(self, deliver: Deliver, outcomes: OutcomeLedger, slots: Slots) -> None:
         self._deliver = deliver
         self._outcomes = outcomes
-        self._generation_of = generation_of
+        self._generation_of = slots.generation_of
 
     async def send(
         self,

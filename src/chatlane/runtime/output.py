@@ -9,6 +9,10 @@ What stays true:
   it is delivered, so any process can tell what a message was answered with. A
   refused commit (stale generation, or a message already answered by an
   earlier run) means the reply is dropped and logged, never delivered.
+* That write also releases the turn's lease (the turn's work with the store
+  is done; a committed reply is delivered without it), so the session's next
+  turn, here or elsewhere, need not wait for a release of its own. A refused
+  commit releases nothing: the turn's aftermath does, as for any other ending.
 * A commit the store cannot take (an outage, a write lock held too long) is
   retried with backoff while the turn is current; a turn whose lease ran out
   meanwhile counts as having lost it, so its messages run again, in order.
@@ -24,10 +28,11 @@ from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreDamaged, Stor
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store, retryable
 from chatlane.runtime.ending import TurnEnd
+from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
-from chatlane.stores.base import Store, TranscriptEntry, WriteBatch
+from chatlane.stores.base import TranscriptEntry, WriteBatch
 from chatlane.types import Agent, OutboundKind
 
 log = logging.getLogger("chatlane.runtime")
@@ -36,8 +41,8 @@ log = logging.getLogger("chatlane.runtime")
 class TurnOutput:
     """Runs agents and turns what they produce into committed, fenced deliveries."""
 
-    def __init__(self, store: Store, outlet: Outlet, outcomes: OutcomeLedger) -> None:
-        self._store = store
+    def __init__(self, leases: LeaseKeeper, outlet: Outlet, outcomes: OutcomeLedger) -> None:
+        self._leases = leases
         self._outlet = outlet
         self._outcomes = outcomes
         self.on_fenced: Callable[[], None] | None = None
@@ -130,18 +135,21 @@ class TurnOutput:
             self._fenced(turn, "queue cleanup")
 
     async def _fenced_commit(self, turn: Turn, batch: WriteBatch) -> None:
-        """Commit ``batch`` under ``turn``'s generation, retried through an outage while current.
+        """Commit ``batch`` under ``turn``'s generation, releasing its lease with it.
+
+        Retried through an outage while the turn is current.
 
         :raises StoreError: the store stayed out of reach until the turn went stale.
         """
+        state, generation = turn.session_state, turn.generation
         try:
-            await self._store.commit(turn.session_key, turn.generation, batch)
+            await self._leases.commit_and_release(state, generation, batch)
         except StoreError as error:
             if not retryable(error) or not turn.is_current():
                 raise
             log.warning("commit failed, retrying: %s", error, extra=_fields(turn))
             await retry_store(
-                lambda: self._store.commit(turn.session_key, turn.generation, batch),
+                lambda: self._leases.commit_and_release(state, generation, batch),
                 wanted=turn.is_current,
                 what="commit",
                 fields=_fields(turn),

@@ -6,11 +6,12 @@ What stays true:
 
 * Every ``renew_every`` (``ttl / 10``) the process's heartbeat and every lease
   its running turns hold are renewed, concurrently, each in one store call
-  however many sessions run. A lease the store refuses to renew is reported
-  lost; the engine fences its turn. When the store cannot be reached the
-  turns keep running until their leases expire on this host's clock, and are
-  reported lost then. A lease released while its renewal was under way
-  (the turn committed and ended) is not a loss, and is not logged as one.
+  however many sessions run. A lease the store refuses to renew is lost: its
+  turn is superseded (as interrupted when another process fenced it to
+  interrupt it). When the store cannot be reached the turns keep running
+  until their leases expire on this host's clock, and are lost then. A lease
+  released while its renewal was under way (the turn committed and ended) is
+  not a loss, and is not logged as one.
 * Every ``fence_check`` seconds each running turn's generation is compared
   with the store's (one batched read, :meth:`~chatlane.stores.base.Store.generations`):
   a turn another process fenced (``/stop`` or ``/new`` sent there, or an
@@ -23,8 +24,14 @@ What stays true:
 * Every ``adopt_every`` (``ttl / 5``) one bounded batch of dead processes'
   messages is adopted (one store call, ``adopt_batch`` sessions); a full
   batch is followed at once by the next.
-* A turn that made no progress for ``turn_timeout`` is handed to the engine to
-  evict (the watchdog runs only when ``turn_timeout > 0``).
+* A turn that made no progress for ``turn_timeout`` is evicted: superseded and
+  cancelled at once, its lease released, its messages failed and its sender
+  told, and the session's next turn started (the watchdog runs only when
+  ``turn_timeout > 0``).
+
+The upkeep reaches the turns through the engine's :class:`~chatlane.runtime.slots.Slots`;
+its one call back into the engine is ``adopt``, which runs an adopted message
+as the engine runs any other.
 """
 
 from __future__ import annotations
@@ -34,51 +41,54 @@ import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from dataclasses import dataclass
 
 from chatlane.errors import ChatlaneError
+from chatlane.logs import turn_fields
+from chatlane.metrics import Metrics
+from chatlane.runtime.elsewhere import was_interrupted_elsewhere
+from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, locally_expired
+from chatlane.runtime.outcomes import Outcome, OutcomeLedger
+from chatlane.runtime.outlet import Outlet
+from chatlane.runtime.persisted import settle_once
 from chatlane.runtime.recovery import adopt_orphans, sessions_in
+from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
+from chatlane.runtime.watch import settle_watched
 from chatlane.stores.base import Lease
-from chatlane.types import InboundMessage, SessionKey
+from chatlane.types import InboundMessage, OutboundKind, SessionKey
 
 log = logging.getLogger("chatlane.runtime")
 
-
-@dataclass(frozen=True, slots=True)
-class UpkeepHooks:
-    """What the upkeep asks of its engine.
-
-    :param turns: the turns holding a lease of the current generation right
-        now (their lease may have expired on this host's clock).
-    :param renewed: ``turn``'s lease was renewed as ``lease``.
-    :param lost: ``turn``'s lease is gone (``why`` is for the log): fence it.
-        When the store said so (``fenced``), another process may have fenced
-        it to interrupt it, and the engine asks the store; when the store
-        could not be reached, it does not wait on it again.
-    :param evict: ``turn`` made no progress for too long: evict it.
-    :param adopt: run a message adopted from a dead process.
-    :param closed: whether the engine is closing (the loops end).
-    :param settle_watched: end the messages that left for another process
-        whose fate the store knows (one batched read).
-    """
-
-    turns: Callable[[], list[Turn]]
-    renewed: Callable[[Turn, Lease], None]
-    lost: Callable[[Turn, str, bool], Awaitable[None]]
-    evict: Callable[[Turn], Awaitable[None]]
-    adopt: Callable[[SessionKey, InboundMessage, int], Awaitable[None]]
-    closed: Callable[[], bool]
-    settle_watched: Callable[[], Awaitable[int]]
+Adopt = Callable[[SessionKey, InboundMessage, int], Awaitable[None]]
+"""Runs a message adopted from a dead process (the engine's ``adopt``)."""
 
 
 class Upkeep:
-    """Runs the background loops of one engine (see the module docstring)."""
+    """Runs the background loops of one engine (see the module docstring).
 
-    def __init__(self, leases: LeaseKeeper, hooks: UpkeepHooks, *, turn_timeout: float) -> None:
+    :param slots: the engine's slots: the turns holding leases, and the way
+        to supersede, end and promote.
+    :param adopt: run a message adopted from a dead process.
+    """
+
+    def __init__(
+        self,
+        leases: LeaseKeeper,
+        slots: Slots,
+        outlet: Outlet,
+        outcomes: OutcomeLedger,
+        metrics: Metrics,
+        adopt: Adopt,
+        *,
+        turn_timeout: float,
+    ) -> None:
         self._leases = leases
-        self._hooks = hooks
+        self._slots = slots
+        self._outlet = outlet
+        self._outcomes = outcomes
+        self._metrics = metrics
+        self._adopt = adopt
         self._turn_timeout = turn_timeout
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -116,14 +126,24 @@ class Upkeep:
     ) -> None:
         """Run ``step`` every ``period`` seconds (start to start) until the engine closes."""
         await asyncio.sleep(first)
-        while not self._hooks.closed():
+        while not self._slots.closed:
             started = time.monotonic()
             await step()
             await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
+    def _leased(self) -> list[Turn]:
+        """The live turns whose lease this process still holds.
+
+        An answered turn's lease went with the commit that answered it: it is
+        neither renewed nor fence-checked while its reply is delivered.
+        """
+        return [
+            t for t in self._slots.holding() if t.generation in t.session_state.turn.lease_tokens
+        ]
+
     async def renew_once(self) -> None:
-        """Beat and renew every held lease, concurrently; report the leases that are gone."""
-        held = self._hooks.turns()
+        """Beat and renew every held lease, concurrently; the turns whose lease is gone lose it."""
+        held = self._leased()
         beat, renewal = await asyncio.gather(
             self._leases.heartbeat(),
             self._leases.renew_all(_leases_of(held)),
@@ -138,9 +158,9 @@ class Upkeep:
             return
         for turn, lease in zip(held, renewal, strict=True):
             if lease is None:
-                await self._hooks.lost(turn, "its lease could not be renewed", True)
+                await self.lease_lost(turn, "its lease could not be renewed", fenced=True)
             else:
-                self._hooks.renewed(turn, lease)
+                _renewed(turn, lease)
 
     async def _unreachable(self, held: list[Turn], error: BaseException) -> None:
         """The store did not answer: leases hold until they expire here, then they are lost."""
@@ -148,11 +168,11 @@ class Upkeep:
         for turn in held:
             if locally_expired(turn.lease):
                 why = f"its lease expired while the store could not be reached ({error})"
-                await self._hooks.lost(turn, why, False)
+                await self.lease_lost(turn, why, fenced=False)
 
     async def check_fences(self) -> None:
-        """Report each running turn whose generation another process moved past."""
-        held = self._hooks.turns()
+        """Fence each running turn whose generation another process moved past."""
+        held = self._leased()
         if not held:
             return
         try:
@@ -162,19 +182,43 @@ class Upkeep:
             return
         for turn, gone in zip(held, moved, strict=True):
             if gone and turn.is_current():
-                await self._hooks.lost(turn, "fenced by another process", True)
+                await self.lease_lost(turn, "fenced by another process", fenced=True)
+
+    async def lease_lost(self, turn: Turn, why: str, *, fenced: bool) -> None:
+        """``turn``'s lease is gone (``why`` is for the log): supersede it.
+
+        When the store said so (``fenced``), another process may have fenced
+        it to interrupt it, and the store is asked; then the turn ends as
+        interrupted. A turn that ended, or was fenced here, while the renewal
+        was under way lost nothing.
+        """
+        store = self._leases.store
+        try:
+            interrupted = fenced and await was_interrupted_elsewhere(store, turn)
+        except ChatlaneError:
+            interrupted = False
+        released = turn.generation not in turn.session_state.turn.lease_tokens
+        if turn.finished or turn.answered or released or turn.is_fenced():
+            return
+        if interrupted:
+            detail = "by a message to another process"
+            self._slots.supersede(turn, TurnEnd.INTERRUPTED, detail, fenced_in_store=True)
+            return
+        log.warning("lease lost: %s", why, extra=turn_fields(turn.session_key, turn.generation))
+        self._metrics.lease_failure()
+        self._slots.supersede(turn, TurnEnd.LEASE_LOST, why)
 
     async def settle_watched(self) -> int:
         """End what the store says became of messages that left for another process."""
         try:
-            return await self._hooks.settle_watched()
+            return await settle_watched(self._leases.store, self._outcomes)
         except ChatlaneError as error:
             log.warning("could not read what became of messages elsewhere: %s", error)
             return 0
 
     async def _adopting(self) -> None:
         settings = self._leases.settings
-        while not self._hooks.closed():
+        while not self._slots.closed:
             count = await self.adopt_once()
             await asyncio.sleep(0.0 if count >= settings.adopt_batch else settings.adopt_every)
 
@@ -183,7 +227,7 @@ class Upkeep:
         leases = self._leases
         try:
             records = await adopt_orphans(
-                leases.store, leases.holder, self._hooks.adopt, leases.settings.adopt_batch
+                leases.store, leases.holder, self._adopt, leases.settings.adopt_batch
             )
         except ChatlaneError as error:
             log.warning("adoption failed: %s", error)
@@ -193,10 +237,35 @@ class Upkeep:
     async def evict_stuck(self) -> int:
         """Evict every turn that made no progress for ``turn_timeout``; return how many."""
         deadline = time.monotonic() - self._turn_timeout
-        stuck = [turn for turn in self._hooks.turns() if turn.last_progress < deadline]
+        stuck = [turn for turn in self._slots.holding() if turn.last_progress < deadline]
         for turn in stuck:
-            await self._hooks.evict(turn)
+            await self._evict(turn)
         return len(stuck)
+
+    async def _evict(self, turn: Turn) -> None:
+        state, slots = turn.session_state, self._slots
+        if not state.turn.holds(turn):
+            return
+        slots.supersede(turn, TurnEnd.EVICTED)
+        settle_once(turn)
+        if turn.task is not None:
+            turn.task.cancel()
+        slots.end(turn)
+        state.turn.clear()
+        await self._leases.release(state, turn.generation)
+        timeout = self._turn_timeout
+        text = f"The running turn made no progress for {timeout:g}s and was stopped."
+        self._outcomes.end(turn.message_ids, Outcome.FAILED, text, reason=TurnEnd.EVICTED)
+        await self._outlet.about(turn, OutboundKind.NOTICE, text)
+        slots.promote(state)
+
+
+def _renewed(turn: Turn, lease: Lease) -> None:
+    """``turn``'s lease was renewed as ``lease``, unless it was released meanwhile."""
+    tokens = turn.session_state.turn.lease_tokens
+    if turn.generation in tokens:
+        tokens[turn.generation] = lease
+        turn.renewed(lease)
 
 
 def _leases_of(turns: Iterable[Turn]) -> list[Lease]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from chatlane.errors import StoreError
 from chatlane.stores.base import (
+    Admission,
     Conversation,
     Conversations,
     Lease,
@@ -20,7 +21,9 @@ from chatlane.stores.base import (
     PendingRecord,
     SessionData,
     Store,
+    Taken,
     TranscriptEntry,
+    Turns,
     WriteBatch,
 )
 from chatlane.stores.memory import MemoryStore
@@ -51,6 +54,7 @@ async def open_store(url: str) -> Store:
 
 
 __all__ = [
+    "Admission",
     "Conversation",
     "Conversations",
     "Lease",
@@ -61,7 +65,9 @@ __all__ = [
     "PendingRecord",
     "SessionData",
     "Store",
+    "Taken",
     "TranscriptEntry",
+    "Turns",
     "WriteBatch",
     "open_store",
 ]

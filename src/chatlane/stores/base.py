@@ -6,7 +6,8 @@ right now), **persistent fields**, **conversations** with their
 **transcripts**, a **durable pending queue** of accepted messages, and the set
 of inbound messages already **answered**. :class:`Store` is the union of the
 small protocols of :mod:`chatlane.stores.protocols` (leases, session data,
-conversations, the pending queue, liveness); the records it keeps are in
+conversations, the pending queue, liveness) and of a turn's fused calls
+(:class:`~chatlane.stores.protocols.Turns`); the records it keeps are in
 :mod:`chatlane.stores.records`, the ids it makes in :mod:`chatlane.stores.ids`,
 the names of the persistent fields chatlane uses in :mod:`chatlane.stores.fields`.
 
@@ -35,6 +36,12 @@ against each backend:
 * Pending messages are returned in the order the store accepted them
   (``seq`` grows per key) and stay until removed by a commit or a drop, or
   set aside as failed (:meth:`Store.park`), where they stay until retried.
+* A turn costs two calls (:class:`~chatlane.stores.protocols.Turns`):
+  :meth:`Store.enqueue_and_acquire` queues a message and takes its session's
+  lease (or says why not, never losing the message) with the session's
+  persistent fields, and :meth:`Store.commit_and_release` commits the reply
+  and releases the lease — each one transaction in every backend, a refused
+  commit releasing nothing.
 * :meth:`Store.renew_many` renews every lease a process holds in one call,
   and :meth:`Store.adopt_orphans` adopts a bounded batch of dead processes'
   messages in one call: upkeep costs do not grow with one round trip per session.
@@ -60,12 +67,21 @@ from collections.abc import Callable
 import msgspec
 
 from chatlane.errors import LeaseError, LeaseLost, StoreDamaged
-from chatlane.stores.protocols import Conversations, Leases, Liveness, PendingQueue, SessionData
+from chatlane.stores.protocols import (
+    Conversations,
+    Leases,
+    Liveness,
+    PendingQueue,
+    SessionData,
+    Turns,
+)
 from chatlane.stores.records import (
+    Admission,
     Conversation,
     FailedRecord,
     Lease,
     PendingRecord,
+    Taken,
     TranscriptEntry,
     WriteBatch,
 )
@@ -73,6 +89,7 @@ from chatlane.stores.records import (
 __all__ = [
     "ANSWERED_RETENTION",
     "PRUNE_AFTER",
+    "Admission",
     "Clock",
     "Conversation",
     "Conversations",
@@ -84,7 +101,9 @@ __all__ = [
     "PendingRecord",
     "SessionData",
     "Store",
+    "Taken",
     "TranscriptEntry",
+    "Turns",
     "WriteBatch",
     "now",
 ]
@@ -118,7 +137,7 @@ ANSWERED_RETENTION = 7 * 24 * 3600.0
 """Seconds a message stays marked answered: far longer than any re-delivery or re-run."""
 
 
-class Store(Leases, SessionData, Conversations, PendingQueue, Liveness):
+class Store(Turns, Leases, SessionData, Conversations, PendingQueue, Liveness):
     """A backend for sessions, leases and durable queues: every protocol of the contract.
 
     See the module docstring, and :mod:`chatlane.stores.protocols` for each slice.

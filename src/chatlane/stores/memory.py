@@ -29,12 +29,14 @@ from chatlane.errors import (
 )
 from chatlane.stores.base import (
     PRUNE_AFTER,
+    Admission,
     Clock,
     Conversation,
     FailedRecord,
     Lease,
     PendingRecord,
     Store,
+    Taken,
     TranscriptEntry,
     WriteBatch,
     already_released,
@@ -102,6 +104,11 @@ class MemoryStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Lease:
+        return self._acquire(key, holder, ttl, head_seq, max_active)
+
+    def _acquire(
+        self, key: SessionKey, holder: str, ttl: float, head_seq: int | None, max_active: int
+    ) -> Lease:
         session = self._sessions[key]
         if self._live_lease(session) is not None:
             raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
@@ -131,6 +138,9 @@ class MemoryStore(Store):
         return session.lease
 
     async def release(self, lease: Lease) -> None:
+        self._release(lease)
+
+    def _release(self, lease: Lease) -> None:
         session = self._sessions[lease.key]
         held = session.lease
         if held is not None and held.token == lease.token:
@@ -159,6 +169,9 @@ class MemoryStore(Store):
     # -- fenced writes and reads -----------------------------------------------
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        self._commit(key, generation, batch)
+
+    def _commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
         fields = {name: encode_value(key, name, value) for name, value in batch.persistent.items()}
         session = self._sessions[key]
         if generation is not None and generation != session.generation:
@@ -180,6 +193,9 @@ class MemoryStore(Store):
             self._remove_pending(session, seq)
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        return self._load_persistent(key)
+
+    def _load_persistent(self, key: SessionKey) -> dict[str, Any]:
         session = self._sessions.get(key)
         if session is None:
             return {}
@@ -203,6 +219,49 @@ class MemoryStore(Store):
         """``message_id``'s answered mark, if it was set after ``cutoff``."""
         mark = self._answered.get(message_id)
         return mark if mark is not None and mark.at > cutoff else None
+
+    # -- a turn's fused calls: no await inside, so each is atomic ---------------------
+
+    async def enqueue_and_acquire(
+        self,
+        key: SessionKey,
+        message_id: str,
+        owner: str,
+        payload: bytes,
+        ttl: float,
+        *,
+        max_active: int = 0,
+        with_persistent: bool = True,
+    ) -> Admission:
+        seq = self._enqueue(key, message_id, owner, payload)
+        lease: Lease | None = None
+        refusal: SessionBusy | None = None
+        try:
+            lease = self._acquire(key, owner, ttl, seq, max_active)
+        except SessionBusy as error:
+            refusal = error
+        persistent = self._load_persistent(key) if with_persistent else None
+        return Admission(seq, lease, refusal, persistent)
+
+    async def acquire_and_read(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Taken:
+        lease = self._acquire(key, holder, ttl, head_seq, max_active)
+        return Taken(lease, self._load_persistent(key))
+
+    async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
+        self._commit(lease.key, lease.generation, batch)
+        held = self._sessions[lease.key].lease
+        if held is None or held.token != lease.token:
+            return False  # released before: a successor would have moved the generation
+        self._release(lease)
+        return True
 
     # -- conversations -----------------------------------------------------------
 
@@ -253,6 +312,9 @@ class MemoryStore(Store):
     # -- the durable pending queue -------------------------------------------------
 
     async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+        return self._enqueue(key, message_id, owner, payload)
+
+    def _enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
         known = self._message_seq.get(message_id)
         if known is not None:
             return known

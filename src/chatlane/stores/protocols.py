@@ -9,7 +9,9 @@ union), but code that needs one slice can ask for that slice alone:
 * :class:`Conversations` — a session's conversations, one of them current;
 * :class:`PendingQueue` — accepted messages waiting for their turn, and the
   ones set aside as failed;
-* :class:`Liveness` — which processes are alive.
+* :class:`Liveness` — which processes are alive;
+* :class:`Turns` — a turn's own calls, fused: a message queued together with
+  its session's lease, a reply committed together with the lease's release.
 
 The contract suite has one module per protocol (``tests/stores/contract/``),
 each run over every backend. Operations derived from a protocol's own
@@ -24,18 +26,20 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from chatlane.errors import LeaseLost
+from chatlane.errors import LeaseError, LeaseLost, SessionBusy, StoreError
 from chatlane.stores.records import (
+    Admission,
     Conversation,
     FailedRecord,
     Lease,
     PendingRecord,
+    Taken,
     TranscriptEntry,
     WriteBatch,
 )
 from chatlane.types import SessionKey
 
-__all__ = ["Conversations", "Leases", "Liveness", "PendingQueue", "SessionData"]
+__all__ = ["Conversations", "Leases", "Liveness", "PendingQueue", "SessionData", "Turns"]
 
 
 class Leases(Protocol):
@@ -278,3 +282,96 @@ class Liveness(Protocol):
     @abc.abstractmethod
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         """Which of ``holders`` sent a heartbeat that has not expired."""
+
+
+class Turns(Leases, SessionData, PendingQueue, Protocol):
+    """What one turn asks of the store, in two calls: enqueue with acquire, commit with release.
+
+    Each operation keeps the rules of the separate methods it fuses, and is
+    written here from them (correct, in more round trips). Every backend
+    chatlane ships overrides all three to run each as one transaction — one
+    writer-thread operation in SQLite, one Lua script in Redis — so a message
+    to an idle session costs two store calls from its arrival to its answer.
+    """
+
+    async def enqueue_and_acquire(
+        self,
+        key: SessionKey,
+        message_id: str,
+        owner: str,
+        payload: bytes,
+        ttl: float,
+        *,
+        max_active: int = 0,
+        with_persistent: bool = True,
+    ) -> Admission:
+        """Persist an accepted message, and take ``key``'s lease for ``owner`` with it.
+
+        The message is queued as by :meth:`PendingQueue.enqueue` (idempotent
+        per message id) whatever becomes of the lease. The lease is taken by
+        the rules of :meth:`Leases.acquire` with ``head_seq`` the message's
+        ``seq``; what ``acquire`` would raise is returned as
+        :attr:`Admission.refusal` instead.
+
+        :param with_persistent: also read the session's persistent fields
+            (:attr:`Admission.persistent`), as :meth:`SessionData.load_persistent` would.
+        :raises StoreError: the store could not be asked; nothing was queued
+            (in this derived form: unless the queueing itself succeeded, in
+            which case the lease is left to be waited for).
+        """
+        seq = await self.enqueue(key, message_id, owner, payload)
+        lease: Lease | None = None
+        refusal: SessionBusy | None = None
+        try:
+            lease = await self.acquire(key, owner, ttl, head_seq=seq, max_active=max_active)
+        except SessionBusy as error:
+            refusal = error
+        except StoreError:
+            lease = None  # the message is queued: its caller waits for the lease instead
+        persistent = await self._read_persistent(key) if with_persistent else None
+        return Admission(seq, lease, refusal, persistent)
+
+    async def acquire_and_read(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Taken:
+        """:meth:`Leases.acquire`, returning the session's persistent fields read with the lease.
+
+        :raises SessionBusy: as :meth:`Leases.acquire` (and its subclasses).
+        """
+        lease = await self.acquire(key, holder, ttl, head_seq=head_seq, max_active=max_active)
+        return Taken(lease, await self._read_persistent(key))
+
+    async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
+        """Commit ``batch`` under ``lease``'s generation and give the lease up, all at once.
+
+        The commit is :meth:`SessionData.commit` fenced by ``lease.generation``;
+        only when it applies is the lease released, as :meth:`Leases.release`
+        would, so the session can be taken at once by any holder. A refused
+        commit releases nothing.
+
+        :returns: whether the lease was released: ``False`` if it had been
+            released already (the commit still applied) — or, in this derived
+            form, if the release could not be made; then release it yourself.
+        :raises StaleGeneration: the generation moved on; nothing was written or released.
+        :raises AlreadyAnswered: as :meth:`SessionData.commit`; nothing was written or released.
+        :raises StoreError: as :meth:`SessionData.commit`.
+        """
+        await self.commit(lease.key, lease.generation, batch)
+        try:
+            await self.release(lease)
+        except (LeaseError, StoreError):
+            return False
+        return True
+
+    async def _read_persistent(self, key: SessionKey) -> dict[str, Any] | None:
+        """The persistent fields, or ``None`` if they could not be read (the caller reads later)."""
+        try:
+            return await self.load_persistent(key)
+        except StoreError:
+            return None

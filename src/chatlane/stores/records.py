@@ -10,13 +10,16 @@ from typing import Any
 
 import msgspec
 
+from chatlane.errors import SessionBusy
 from chatlane.types import SessionKey
 
 __all__ = [
+    "Admission",
     "Conversation",
     "FailedRecord",
     "Lease",
     "PendingRecord",
+    "Taken",
     "TranscriptEntry",
     "WriteBatch",
 ]
@@ -34,6 +37,34 @@ class Lease(msgspec.Struct, frozen=True):
     token: str
     generation: int
     expires_at: float
+
+
+class Taken(msgspec.Struct, frozen=True):
+    """A lease just taken, and the session's persistent fields as that transaction read them."""
+
+    lease: Lease
+    persistent: dict[str, Any] | None
+    """Every persistent field of the session (a fresh copy, as ``load_persistent`` returns);
+    ``None`` only from a store whose fused operation is not one transaction, when the read
+    failed after the lease was taken."""
+
+
+class Admission(msgspec.Struct, frozen=True):
+    """A message made durable, and the lease its session could or could not be given with it.
+
+    Exactly one of ``lease`` and ``refusal`` is set, unless the lease could
+    not be asked for at all (a store whose fused operation is not one
+    transaction, during an outage): then both are ``None``, and the caller
+    waits for the lease as it would for a refused one. The message is queued
+    under ``seq`` either way.
+    """
+
+    seq: int
+    lease: Lease | None
+    refusal: SessionBusy | None
+    """Why the lease was not given: what ``acquire`` would have raised."""
+    persistent: dict[str, Any] | None
+    """The session's persistent fields, read in the same transaction; ``None`` if not asked."""
 
 
 class PendingRecord(msgspec.Struct, frozen=True):

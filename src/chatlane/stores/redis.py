@@ -49,11 +49,13 @@ from chatlane.errors import (
 from chatlane.stores import redis_scripts as lua
 from chatlane.stores.base import (
     PRUNE_AFTER,
+    Admission,
     Conversation,
     FailedRecord,
     Lease,
     PendingRecord,
     Store,
+    Taken,
     TranscriptEntry,
     WriteBatch,
     already_released,
@@ -176,9 +178,7 @@ class RedisStore(Store):
         token = new_token()
         head = "" if head_seq is None else head_seq
         reply = await self._run(lua.ACQUIRE, key, token, holder, _ms(ttl), head, max_active, key)
-        if reply[0] == Status.OK:
-            return Lease(key, holder, token, int(reply[1]), reply[2] / 1000)
-        raise _refusal(key, Status(reply[0]), reply, max_active)
+        return _granted(key, holder, token, reply, max_active)
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
         """See :meth:`Store.renew`; failing to reach the server also raises ``LeaseLost``."""
@@ -238,20 +238,25 @@ class RedisStore(Store):
     # -- fenced writes and reads -----------------------------------------------
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        await self._commit(key, generation, batch, "")
+
+    async def _commit(
+        self, key: SessionKey, generation: int | None, batch: WriteBatch, token: str
+    ) -> bool:
+        """The commit script; with a lease's ``token``, it releases that lease if it applies."""
         fence = "" if generation is None else str(generation)
         affixes = self._keys.transcript_affixes()
         head = (fence, _request_id(), new_conversation_id(), *affixes, key)
-        args = _batch_args(key, batch, self.answered_retention)
+        args = _batch_args(key, batch, self.answered_retention, token)
         reply = await self._run(lua.COMMIT, key, *head, *args)
         if reply[0] == Status.STALE:
             raise StaleGeneration(key, int(fence), int(reply[1]), "commit")
         if reply[0] == Status.ANSWERED:
             raise AlreadyAnswered([message_id.decode() for message_id in reply[1:]], key=key)
+        return bool(reply[1])
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
-        flat = await self._command("HGETALL", self._keys.one("persist", key))
-        pairs = zip(flat[::2], flat[1::2], strict=True)
-        return {name.decode(): decode_value(key, name.decode(), raw) for name, raw in pairs}
+        return _fields(key, await self._command("HGETALL", self._keys.one("persist", key)))
 
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
@@ -283,6 +288,50 @@ class RedisStore(Store):
     def _kept(self, at: bytes | None) -> bool:
         """Whether an answered mark set at ``at`` (ms, as stored) is within the retention."""
         return at is not None and float(at) / 1000 > now() - self.answered_retention
+
+    # -- a turn's fused calls: one script each ------------------------------------------
+
+    async def enqueue_and_acquire(
+        self,
+        key: SessionKey,
+        message_id: str,
+        owner: str,
+        payload: bytes,
+        ttl: float,
+        *,
+        max_active: int = 0,
+        with_persistent: bool = True,
+    ) -> Admission:
+        record = _msgpack.encode(_Queued(payload, now()))
+        token = new_token()
+        args = (message_id, owner, record, key, token, _ms(ttl), max_active, int(with_persistent))
+        seq, granted, flat = await self._run(lua.ENQUEUE_ACQUIRE, key, *args)
+        lease: Lease | None = None
+        refusal: SessionBusy | None = None
+        try:
+            lease = _granted(key, owner, token, granted, max_active)
+        except SessionBusy as error:
+            refusal = error
+        persistent = _fields(key, flat) if with_persistent else None
+        return Admission(int(seq), lease, refusal, persistent)
+
+    async def acquire_and_read(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Taken:
+        token = new_token()
+        head = "" if head_seq is None else head_seq
+        args = (token, holder, _ms(ttl), head, max_active, key)
+        granted, flat = await self._run(lua.ACQUIRE_READ, key, *args)
+        return Taken(_granted(key, holder, token, granted, max_active), _fields(key, flat))
+
+    async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
+        return await self._commit(lease.key, lease.generation, batch, lease.token)
 
     # -- conversations -----------------------------------------------------------
 
@@ -426,13 +475,14 @@ def _request_id() -> str:
     return secrets.token_hex(8)
 
 
-def _batch_args(key: SessionKey, batch: WriteBatch, retention: float) -> list[Arg]:
-    """``batch`` as the commit script's counts, retention and answer, then its encoded items."""
+def _batch_args(key: SessionKey, batch: WriteBatch, retention: float, token: str) -> list[Arg]:
+    """``batch`` as the commit script's counts, retention, answer and release token, then
+    its encoded items."""
     stamp = now()
     entries = [_msgpack.encode(_stamped(entry, stamp)) for entry in batch.transcript]
     fields = [part for item in batch.persistent.items() for part in _json_field(key, *item)]
     counts = (len(entries), len(batch.persistent), len(batch.answered))
-    head = (*counts, _ms(retention), batch.answer)
+    head = (*counts, _ms(retention), batch.answer, token)
     return [*head, *entries, *fields, *batch.answered, *batch.done]
 
 
@@ -479,6 +529,22 @@ def _decoded(decoder: Any, raw: bytes) -> Any:
         return decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise StoreError(f"corrupt record in the redis store: {error}") from None
+
+
+def _fields(key: SessionKey, flat: Sequence[bytes]) -> dict[str, Any]:
+    """Persistent fields from ``HGETALL``'s field/value pairs."""
+    pairs = zip(flat[::2], flat[1::2], strict=True)
+    return {name.decode(): decode_value(key, name.decode(), raw) for name, raw in pairs}
+
+
+def _granted(key: SessionKey, holder: str, token: str, reply: Sequence[Any], cap: int) -> Lease:
+    """The lease an acquire script's reply grants.
+
+    :raises SessionBusy: (or a subclass) the script refused it.
+    """
+    if reply[0] == Status.OK:
+        return Lease(key, holder, token, int(reply[1]), reply[2] / 1000)
+    raise _refusal(key, Status(reply[0]), reply, cap)
 
 
 def _refusal(key: SessionKey, status: Status, reply: Sequence[Any], cap: int) -> SessionBusy:

@@ -131,6 +131,41 @@ end
 local function forget_if_empty(member)
   if redis.call('EXISTS', K.pending) == 0 then redis.call('SREM', K.pkeys, member) end
 end
+
+local function enqueue(id, owner, record, member)
+  local known = redis.call('HGET', K.msgseq, id)
+  if known then return tonumber(known) end
+  local seq = redis.call('INCR', K.seq)
+  redis.call('ZADD', K.pending, seq, id)
+  redis.call('HSET', K.pmsg, id, record)
+  redis.call('HSET', K.powner, id, owner)
+  redis.call('HSET', K.msgseq, id, seq)
+  redis.call('SADD', K.pkeys, member)
+  return seq
+end
+
+local function acquire(token, holder, ttl, head, cap, member)
+  local held = redis.call('GET', K.lease)
+  if holds(held, token) then
+    local generation = tonumber(string.match(held, '^[^|]*|(%d+)|'))
+    return {OK, generation, now_ms() + redis.call('PTTL', K.lease)}
+  end
+  if held then return {BUSY} end
+  if head ~= '' then
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.pending, '-inf', '(' .. head)) do
+      if redis.call('HGET', K.powner, id) ~= holder then return {EARLIER} end
+    end
+  end
+  local now = now_ms()
+  redis.call('ZREMRANGEBYSCORE', K.live, '-inf', int(now))
+  local active = redis.call('ZCARD', K.live)
+  if cap > 0 and active >= cap then return {LIMIT, active} end
+  local generation = redis.call('INCR', K.gen)
+  redis.call('SET', K.lease, token .. '|' .. generation .. '|' .. holder, 'PX', ttl)
+  redis.call('SET', K.last, token)
+  redis.call('ZADD', K.live, int(now + ttl), member)
+  return {OK, generation, now + ttl}
+end
 """
 
 # -- generations and leases --------------------------------------------------------------
@@ -138,28 +173,7 @@ end
 ACQUIRE = _script(
     "gen lease last pending powner live",
     """
-local token, holder, ttl, head = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local cap, member = tonumber(ARGV[5]), ARGV[6]
-local held = redis.call('GET', K.lease)
-if holds(held, token) then
-  local generation = tonumber(string.match(held, '^[^|]*|(%d+)|'))
-  return {OK, generation, now_ms() + redis.call('PTTL', K.lease)}
-end
-if held then return {BUSY} end
-if head ~= '' then
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.pending, '-inf', '(' .. head)) do
-    if redis.call('HGET', K.powner, id) ~= holder then return {EARLIER} end
-  end
-end
-local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', K.live, '-inf', int(now))
-local active = redis.call('ZCARD', K.live)
-if cap > 0 and active >= cap then return {LIMIT, active} end
-local generation = redis.call('INCR', K.gen)
-redis.call('SET', K.lease, token .. '|' .. generation .. '|' .. holder, 'PX', ttl)
-redis.call('SET', K.last, token)
-redis.call('ZADD', K.live, int(now + ttl), member)
-return {OK, generation, now + ttl}
+return acquire(ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), ARGV[6])
 """,
 )
 """ARGV: token, holder, ttl ms, head seq or '', max active, session key.
@@ -223,13 +237,15 @@ return redis.call('ZCOUNT', K.live, '(' .. int(now_ms()), '+inf')
 # -- fenced writes ------------------------------------------------------------------------
 
 COMMIT = _script(
-    "gen conv convs ctitle persist pending pmsg powner ops answered_at answers msgseq pkeys",
+    "gen conv convs ctitle persist pending pmsg powner ops answered_at answers msgseq pkeys "
+    "lease last live",
     """
 local fence, rid, candidate, member, answer = ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[11]
-local fields_at = 12 + tonumber(ARGV[7])
+local token = ARGV[12]
+local fields_at = 13 + tonumber(ARGV[7])
 local answered_at = fields_at + 2 * tonumber(ARGV[8])
 local done_at = answered_at + tonumber(ARGV[9])
-if seen(rid) then return {OK} end
+if seen(rid) then return {OK, token ~= '' and redis.call('GET', K.last) ~= token and 1 or 0} end
 local current = redis.call('GET', K.gen) or '0'
 if fence ~= '' and fence ~= current then return {STALE, tonumber(current)} end
 local moment = answered_at < done_at and now_ms() or 0
@@ -241,7 +257,7 @@ for j = answered_at, done_at - 1 do
 end
 if #repeated > 1 then return repeated end
 local transcript = ARGV[4] .. current_conversation(candidate) .. ARGV[5]
-for j = 12, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
+for j = 13, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
 for j = fields_at, answered_at - 1, 2 do redis.call('HSET', K.persist, ARGV[j], ARGV[j + 1]) end
 for j = answered_at, done_at - 1 do
   redis.call('ZADD', K.answered_at, int(moment), ARGV[j])
@@ -249,14 +265,22 @@ for j = answered_at, done_at - 1 do
 end
 for j = done_at, #ARGV do remove_pending(ARGV[j]) end
 if done_at <= #ARGV then forget_if_empty(member) end
+local released = 0
+if token ~= '' and redis.call('GET', K.last) == token then
+  redis.call('DEL', K.lease, K.last)
+  redis.call('ZREM', K.live, member)
+  released = 1
+end
 remember(rid)
-return {OK}
+return {OK, released}
 """,
 )
 """ARGV: generation or '', request id, candidate conversation id, the two transcript
 key affixes, session key, #entries, #fields, #answered, the answered retention (ms),
-the answer's text, then the entries, field/value pairs, answered ids and done seqs.
-Reply: {OK} | {STALE, current} | {ANSWERED, id...}."""
+the answer's text, the token of a lease to release with the commit or '', then the
+entries, field/value pairs, answered ids and done seqs.
+Reply: {OK, 1 if the lease was released else 0} | {STALE, current} | {ANSWERED, id...}.
+The lease is released (as :data:`RELEASE` would) only by a commit that applied."""
 
 FORGET_ANSWERED = _script(
     "answered_at answers",
@@ -275,16 +299,7 @@ set at or before the cutoff, with their answers. Reply: how many it forgot."""
 ENQUEUE = _script(
     "pending pmsg powner seq msgseq pkeys",
     """
-local id, owner, record, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local known = redis.call('HGET', K.msgseq, id)
-if known then return tonumber(known) end
-local seq = redis.call('INCR', K.seq)
-redis.call('ZADD', K.pending, seq, id)
-redis.call('HSET', K.pmsg, id, record)
-redis.call('HSET', K.powner, id, owner)
-redis.call('HSET', K.msgseq, id, seq)
-redis.call('SADD', K.pkeys, member)
-return seq
+return enqueue(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 """,
 )
 """ARGV: message id, owner, encoded record, session key. Reply: the seq (the known one
@@ -381,6 +396,35 @@ return 1
 """ARGV: message id, its failed record as read, seq, new owner, encoded pending record,
 session key. Reply: 1, or 0 if the failed record changed or went since it was read."""
 
+# -- a turn's fused calls ----------------------------------------------------------------------
+
+ENQUEUE_ACQUIRE = _script(
+    "pending pmsg powner seq msgseq pkeys gen lease last live persist",
+    """
+local id, owner, record, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local token, ttl, cap = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local seq = enqueue(id, owner, record, member)
+local granted = acquire(token, owner, ttl, int(seq), cap, member)
+local fields = {}
+if ARGV[8] == '1' then fields = redis.call('HGETALL', K.persist) end
+return {seq, granted, fields}
+""",
+)
+"""ARGV: message id, owner, encoded record, session key, token, ttl ms, max active,
+'1' to read the persistent fields. Reply: {seq, the reply :data:`ACQUIRE` would give
+with the seq as head seq, the persistent fields as field/value pairs (empty if not asked)}.
+The message is queued whatever the lease's answer."""
+
+ACQUIRE_READ = _script(
+    "gen lease last pending powner live persist",
+    """
+local granted = acquire(ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), ARGV[6])
+if granted[1] ~= OK then return {granted, {}} end
+return {granted, redis.call('HGETALL', K.persist)}
+""",
+)
+"""ARGV: as :data:`ACQUIRE`. Reply: {its reply, the persistent fields as field/value pairs}."""
+
 # -- conversations ---------------------------------------------------------------------------
 
 _CONVERSATION_KEYS = "conv convs ctitle cended"
@@ -450,7 +494,7 @@ conversation's id, then its last ``limit`` entries."""
 
 ALL = (
     *(ACQUIRE, RENEW, RELEASE, BUMP, ACTIVE, COMMIT, FORGET_ANSWERED),
-    *(ENQUEUE, PENDING, DROP, ADOPT, PARK, RETRY),
+    *(ENQUEUE, PENDING, DROP, ADOPT, PARK, RETRY, ENQUEUE_ACQUIRE, ACQUIRE_READ),
     *(CONVERSATION, NEW_CONVERSATION, RESUME, CONVERSATIONS, TRANSCRIPT),
 )
 """Every script, registered once per store."""

@@ -2,8 +2,9 @@
 
 Every call becomes an operation — a function of the connection — run by the
 store's writer thread (:mod:`chatlane.stores.sqlite_writer`: group commit, no
-``sqlite3`` call on the event loop). The operations below keep the store's
-contract inside SQLite's transactions.
+``sqlite3`` call on the event loop). The operations below (and the durable
+queue's, in :mod:`chatlane.stores.sqlite_queue`) keep the store's contract
+inside SQLite's transactions; a turn's fused calls are one operation each.
 
 What stays true:
 
@@ -37,14 +38,17 @@ from chatlane.errors import (
     StoreDamaged,
     StoreError,
 )
+from chatlane.stores import sqlite_queue as pq
 from chatlane.stores.base import (
     PRUNE_AFTER,
+    Admission,
     Clock,
     Conversation,
     FailedRecord,
     Lease,
     PendingRecord,
     Store,
+    Taken,
     TranscriptEntry,
     WriteBatch,
     already_released,
@@ -209,7 +213,7 @@ def _commit(
     if batch.answered:
         _mark_answered(db, clock, batch.answered, batch.answer)
     if batch.done:
-        _drop(db, key, batch.done)
+        pq.drop(db, key, batch.done)
 
 
 def _append(
@@ -265,10 +269,6 @@ def _answer(db: sqlite3.Connection, message_id: str, cutoff: float) -> str | Non
     sql = "SELECT answer FROM answered WHERE message_id = ? AND at > ?"
     found: str | None = _scalar(db, sql, (message_id, cutoff))
     return found
-
-
-def _drop(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int]) -> None:
-    db.executemany("DELETE FROM pending WHERE key = ? AND seq = ?", [(key, seq) for seq in seqs])
 
 
 def _load_persistent(db: sqlite3.Connection, key: SessionKey) -> dict[str, Any]:
@@ -368,128 +368,7 @@ def _conversations(
     return [_conversation(row) for row in rows][:limit]
 
 
-# -- the pending queue and liveness ------------------------------------------------------
-
-
-def _enqueue(
-    db: sqlite3.Connection,
-    clock: Clock,
-    key: SessionKey,
-    message_id: str,
-    owner: str,
-    payload: bytes,
-) -> int:
-    known = _scalar(db, "SELECT seq FROM pending WHERE message_id = ?", (message_id,))
-    if known is not None:
-        return int(known)
-    row = db.execute(
-        "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
-        "VALUES (?, ?, ?, ?, ?) RETURNING seq",
-        (key, message_id, owner, payload, clock()),
-    ).fetchone()
-    return int(row[0])
-
-
-def _pending_record(row: Sequence[Any]) -> PendingRecord:
-    """A ``key, seq, message_id, owner, payload, accepted_at`` row (the key was stored from one)."""
-    key, seq, message_id, owner, payload, accepted_at = row
-    return PendingRecord(SessionKey(key), seq, message_id, owner, payload, accepted_at)
-
-
-def _pending(db: sqlite3.Connection, key: SessionKey) -> list[PendingRecord]:
-    rows = db.execute(
-        "SELECT key, seq, message_id, owner, payload, accepted_at FROM pending "
-        "WHERE key = ? ORDER BY seq",
-        (key,),
-    ).fetchall()
-    return [_pending_record(row) for row in rows]
-
-
-def _pending_keys(db: sqlite3.Connection) -> list[SessionKey]:
-    rows = db.execute("SELECT DISTINCT key FROM pending ORDER BY key")
-    return [SessionKey(row[0]) for row in rows]
-
-
-def _adopt(
-    db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
-) -> list[int]:
-    owned = "SELECT 1 FROM pending WHERE key = ? AND seq = ? AND owner = ?"
-    adopted = [seq for seq in sorted(seqs) if _scalar(db, owned, (key, seq, old_owner))]
-    db.executemany(
-        "UPDATE pending SET owner = ? WHERE key = ? AND seq = ?",
-        [(new_owner, key, seq) for seq in adopted],
-    )
-    return adopted
-
-
-def _adopt_orphans(
-    db: sqlite3.Connection, clock: Clock, holder: str, limit: int
-) -> list[PendingRecord]:
-    """Take the records of up to ``limit`` sessions whose owners' heartbeats are gone."""
-    moment = clock()
-    orphaned = (
-        "SELECT DISTINCT p.key FROM pending p LEFT JOIN heartbeats h ON h.holder = p.owner "
-        "WHERE p.owner != ? AND (h.expires_at IS NULL OR h.expires_at <= ?) "
-        "ORDER BY p.key LIMIT ?"
-    )
-    keys = [SessionKey(row[0]) for row in db.execute(orphaned, (holder, moment, limit))]
-    adopted: list[PendingRecord] = []
-    for key in keys:
-        adopted += _adopt_session(db, key, holder, moment)
-    return adopted
-
-
-def _adopt_session(
-    db: sqlite3.Connection, key: SessionKey, holder: str, moment: float
-) -> list[PendingRecord]:
-    rows = db.execute(
-        "UPDATE pending SET owner = ? WHERE key = ? AND owner != ? AND owner NOT IN "
-        "(SELECT holder FROM heartbeats WHERE expires_at > ?) "
-        "RETURNING key, seq, message_id, owner, payload, accepted_at",
-        (holder, key, holder, moment),
-    ).fetchall()
-    return sorted((_pending_record(row) for row in rows), key=lambda r: r.seq)
-
-
-def _park(
-    db: sqlite3.Connection, clock: Clock, key: SessionKey, seqs: Sequence[int], reason: str
-) -> None:
-    moment = clock()
-    for seq in sorted(seqs):
-        db.execute(
-            "INSERT OR REPLACE INTO failed (message_id, key, seq, owner, payload, accepted_at, "
-            "reason, failed_at) SELECT message_id, key, seq, owner, payload, accepted_at, ?, ? "
-            "FROM pending WHERE key = ? AND seq = ?",
-            (reason, moment, key, seq),
-        )
-    _drop(db, key, seqs)
-
-
-def _failed(db: sqlite3.Connection, limit: int) -> list[FailedRecord]:
-    rows = db.execute(
-        "SELECT key, seq, message_id, owner, payload, accepted_at, reason, failed_at "
-        "FROM failed ORDER BY failed_at, seq LIMIT ?",
-        (max(limit, 0),),
-    ).fetchall()
-    return [FailedRecord(_pending_record(row[:6]), row[6], row[7]) for row in rows]
-
-
-def _retry_failed(db: sqlite3.Connection, message_id: str, owner: str) -> PendingRecord | None:
-    row = db.execute(
-        "DELETE FROM failed WHERE message_id = ? "
-        "RETURNING key, seq, message_id, owner, payload, accepted_at",
-        (message_id,),
-    ).fetchone()
-    if row is None:
-        return None
-    key, seq, _, _, payload, accepted_at = row
-    record = PendingRecord(SessionKey(key), seq, message_id, owner, payload, accepted_at)
-    db.execute(
-        "INSERT OR REPLACE INTO pending (seq, key, message_id, owner, payload, accepted_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (seq, key, message_id, owner, payload, accepted_at),
-    )
-    return record
+# -- liveness ------------------------------------------------------------------------------
 
 
 def _heartbeat(
@@ -513,12 +392,58 @@ def _alive(db: sqlite3.Connection, clock: Clock, holders: Sequence[str]) -> dict
     return {holder: (_scalar(db, sql, (holder,)) or 0.0) > moment for holder in holders}
 
 
+# -- a turn's fused calls: each one operation, so one transaction ------------------------
+
+
+def _enqueue_and_acquire(
+    db: sqlite3.Connection,
+    clock: Clock,
+    key: SessionKey,
+    message: tuple[str, str, bytes],
+    ttl: float,
+    max_active: int,
+    with_persistent: bool,
+) -> Admission:
+    """Queue the message, then take the lease for it; a refusal is returned, the queueing kept."""
+    message_id, owner, payload = message
+    seq = pq.enqueue(db, clock, key, message_id, owner, payload)
+    lease: Lease | None = None
+    refusal: SessionBusy | None = None
+    try:  # every check of _acquire runs before its first write: a refusal writes nothing
+        lease = _acquire(db, clock, key, owner, ttl, seq, max_active)
+    except SessionBusy as error:
+        refusal = error
+    persistent = _load_persistent(db, key) if with_persistent else None
+    return Admission(seq, lease, refusal, persistent)
+
+
+def _commit_and_release(
+    db: sqlite3.Connection,
+    clock: Clock,
+    lease: Lease,
+    batch: WriteBatch,
+    fields: list[tuple[str, str]],
+    retention: float,
+) -> bool:
+    """The fenced commit, then the lease's own row deleted: nothing is released if it is refused."""
+    _commit(db, clock, lease.key, lease.generation, batch, fields, retention)
+    freed = "DELETE FROM leases WHERE key = ? AND token = ?"
+    return bool(db.execute(freed, (lease.key, lease.token)).rowcount)
+
+
 # -- persistent values: JSON text, encoded on the caller's side ---------------------------
 
 
 def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Fields as JSON text (see :func:`~chatlane.stores.codec.encode_value`)."""
     return [(name, encode_value(key, name, value)) for name, value in fields.items()]
+
+
+def _frozen(batch: WriteBatch) -> WriteBatch:
+    """A copy of ``batch`` the caller can no longer change (its fields go apart, encoded)."""
+    return WriteBatch(
+        list(batch.transcript), {}, list(batch.answered), list(batch.done), batch.answer
+    )
 
 
 class SQLiteStore(Store):
@@ -614,9 +539,7 @@ class SQLiteStore(Store):
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
         fields = _encode(key, batch.persistent)
-        frozen = WriteBatch(
-            list(batch.transcript), {}, list(batch.answered), list(batch.done), batch.answer
-        )
+        frozen = _frozen(batch)
         retention = self.answered_retention
         await self._write(
             lambda db: _commit(db, self._clock, key, generation, frozen, fields, retention)
@@ -641,6 +564,49 @@ class SQLiteStore(Store):
         cutoff = self._clock() - self.answered_retention
         return await self._read(lambda db: _answer(db, message_id, cutoff))
 
+    # -- a turn's fused calls ------------------------------------------------------
+
+    async def enqueue_and_acquire(
+        self,
+        key: SessionKey,
+        message_id: str,
+        owner: str,
+        payload: bytes,
+        ttl: float,
+        *,
+        max_active: int = 0,
+        with_persistent: bool = True,
+    ) -> Admission:
+        message = (message_id, owner, payload)
+        return await self._write(
+            lambda db: _enqueue_and_acquire(
+                db, self._clock, key, message, ttl, max_active, with_persistent
+            )
+        )
+
+    async def acquire_and_read(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Taken:
+        def op(db: sqlite3.Connection) -> Taken:
+            lease = _acquire(db, self._clock, key, holder, ttl, head_seq, max_active)
+            return Taken(lease, _load_persistent(db, key))
+
+        return await self._write(op)
+
+    async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
+        fields = _encode(lease.key, batch.persistent)
+        frozen = _frozen(batch)
+        retention = self.answered_retention
+        return await self._write(
+            lambda db: _commit_and_release(db, self._clock, lease, frozen, fields, retention)
+        )
+
     # -- conversations -----------------------------------------------------------
 
     async def conversation(self, key: SessionKey) -> Conversation:
@@ -659,37 +625,37 @@ class SQLiteStore(Store):
 
     async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
         return await self._write(
-            lambda db: _enqueue(db, self._clock, key, message_id, owner, payload)
+            lambda db: pq.enqueue(db, self._clock, key, message_id, owner, payload)
         )
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
-        return await self._read(lambda db: _pending(db, key))
+        return await self._read(lambda db: pq.pending(db, key))
 
     async def pending_keys(self) -> list[SessionKey]:
-        return await self._read(_pending_keys)
+        return await self._read(pq.pending_keys)
 
     async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
         dropped = list(seqs)
-        await self._write(lambda db: _drop(db, key, dropped))
+        await self._write(lambda db: pq.drop(db, key, dropped))
 
     async def adopt(
         self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
     ) -> list[int]:
         asked = list(seqs)
-        return await self._write(lambda db: _adopt(db, key, asked, old_owner, new_owner))
+        return await self._write(lambda db: pq.adopt(db, key, asked, old_owner, new_owner))
 
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
-        return await self._write(lambda db: _adopt_orphans(db, self._clock, holder, limit))
+        return await self._write(lambda db: pq.adopt_orphans(db, self._clock, holder, limit))
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
         parked = list(seqs)
-        await self._write(lambda db: _park(db, self._clock, key, parked, reason))
+        await self._write(lambda db: pq.park(db, self._clock, key, parked, reason))
 
     async def failed(self, limit: int = 100) -> list[FailedRecord]:
-        return await self._read(lambda db: _failed(db, limit))
+        return await self._read(lambda db: pq.failed(db, limit))
 
     async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
-        return await self._write(lambda db: _retry_failed(db, message_id, owner))
+        return await self._write(lambda db: pq.retry_failed(db, message_id, owner))
 
     # -- process liveness ------------------------------------------------------------
 

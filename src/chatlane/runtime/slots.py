@@ -1,0 +1,273 @@
+"""The turn slots of one process's sessions: who holds them, what comes next, and when.
+
+:class:`Slots` is the one owner of this process's turn slots and of
+everything time-based about them: the live turns, the sessions waiting out a
+``collect`` debounce, timers, background tasks, promotion of a session's next
+pending turn, and superseding a turn. The engine's helpers are handed it
+instead of callables into the engine. What stays true:
+
+* A turn is live from :meth:`Slots.claim` until :meth:`Slots.end`; live turns
+  and collecting sessions are what :meth:`Slots.is_idle`,
+  :meth:`Slots.live_count` and :meth:`Slots.held` count, and an ended turn
+  wakes :meth:`Slots.wait_idle`.
+* When a turn is finished its session's slot is freed only if the turn still
+  holds it; then the session's next pending turn starts at once, through the
+  one ``start`` given at construction, or the slot is held empty until a
+  ``collect`` debounce runs out. Steers the agent never took go back into
+  the queue first, in store order. Nothing is promoted once
+  :meth:`Slots.close` was called.
+* A superseded turn is stale from that moment: the session's generation is
+  bumped here, and in the store unless the store already moved on; its
+  approval requests are denied at once; its task is cancelled after
+  ``interrupt_grace`` unless it ended by then.
+* Timers set before :meth:`Slots.close` are cancelled by it; a background
+  task's failure is logged, never left unretrieved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+
+from chatlane.approvals import deny_stale, end_turn_requests
+from chatlane.logs import turn_fields
+from chatlane.metrics import Metrics
+from chatlane.runtime import pending
+from chatlane.runtime.ending import TurnEnd
+from chatlane.runtime.persisted import settle_once
+from chatlane.runtime.settings import RuntimeSettings
+from chatlane.runtime.turn import Turn, running_turn_of
+from chatlane.state import SessionRegistry, SessionState, SlotPhase
+from chatlane.stores.base import Store
+from chatlane.types import InboundMessage, SessionKey
+
+log = logging.getLogger("chatlane.runtime")
+
+StartTurn = Callable[[SessionState, tuple[InboundMessage, ...], tuple[int, ...], int], Turn]
+"""Starts a turn for a session's messages (seqs, reruns); it calls :meth:`Slots.claim`."""
+
+
+class Slots:
+    """Owns one process's turn slots, timers and promotion (see the module docstring).
+
+    :param start: the engine's way to start (and drive) a turn; the only call
+        back into the engine, made to promote a session's next pending turn.
+    """
+
+    def __init__(
+        self,
+        registry: SessionRegistry,
+        store: Store,
+        settings: RuntimeSettings,
+        metrics: Metrics,
+        start: StartTurn,
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self._settings = settings
+        self._metrics = metrics
+        self._start = start
+        self._turns: set[Turn] = set()
+        self._collecting: set[SessionKey] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._turn_ended = asyncio.Event()
+        self.closed = False
+        """Whether :meth:`close` was called (only it sets this): from then on nothing is promoted.
+
+        A plain attribute, not a property: it is read several times per message.
+        """
+
+    # -- a turn's life in its slot ------------------------------------------------
+
+    def claim(self, turn: Turn) -> None:
+        """``turn`` takes its session's slot (idle or collecting): it is live from now on."""
+        turn.session_state.turn.claim(turn, time.time())
+        self._turns.add(turn)
+
+    def finish(self, turn: Turn) -> None:
+        """``turn``'s task is done: end it, free its slot if it still holds it, promote."""
+        state = turn.session_state
+        self.end(turn)
+        self._turn_ended.set()
+        if turn.lease is not None:
+            outcome = "answered" if turn.answered else (turn.ended_by or "fenced")
+            self._metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
+        if turn.ended_by != TurnEnd.REORDERED:
+            settle_once(turn)
+        for message, seq in turn.untaken_steers():
+            pending.insert_in_order(state, [message], [seq])  # before what came after it
+        if not state.turn.holds(turn):
+            if not state.turn.is_running:
+                self.promote(state)  # an evicted turn's untaken steers still run
+            return
+        if not turn.interrupted.is_set():
+            state.conversation.interrupt_streak = 0
+        state.turn.clear()
+        self.promote(state)
+
+    def end(self, turn: Turn) -> None:
+        """The engine is done with ``turn``: it is no longer live and can ask nothing any more."""
+        self._turns.discard(turn)
+        turn.mark_finished()
+        if turn.lease is not None:
+            end_turn_requests(turn.session_state, turn.generation)
+
+    def promote(self, state: SessionState) -> None:
+        """Start the session's next pending turn, or wait out a collect debounce."""
+        queue = pending.pending_entries(state)
+        if not queue or self.closed:
+            return
+        delay = queue[0].delay()
+        if delay > 0:
+            state.turn.collect(time.time())
+            self._collecting.add(state.key)
+            self._call_later(delay, self._promote_after_debounce, state)
+            return
+        entry = queue.pop(0)
+        self._start(state, tuple(entry.messages), tuple(entry.seqs), entry.reruns)
+
+    def _promote_after_debounce(self, state: SessionState) -> None:
+        self._collecting.discard(state.key)
+        if state.turn.phase is SlotPhase.COLLECTING:
+            state.turn.clear()
+            self.promote(state)
+
+    def stop_collecting(self, state: SessionState) -> None:
+        """Free ``state``'s slot if it is held empty for a debounce (its queue was dropped)."""
+        if state.turn.phase is SlotPhase.COLLECTING:
+            state.turn.clear()
+            self._collecting.discard(state.key)
+
+    def supersede(
+        self, turn: Turn, ended_by: TurnEnd, detail: str = "", *, fenced_in_store: bool = False
+    ) -> None:
+        """Make ``turn`` stale, ask it to stop, and cancel it after the grace period.
+
+        The store's generation is bumped too, unless it already moved on
+        (``fenced_in_store``, or a lost lease).
+        """
+        state = turn.session_state
+        turn.end(ended_by)
+        if turn.is_current():
+            state.persistent.bump_generation()
+            if ended_by != TurnEnd.LEASE_LOST and not fenced_in_store:
+                self.spawn(self._store.bump_generation(state.key))
+        turn.interrupted.set()
+        deny_stale(state, self.generation_is)
+        if turn.lease is not None:
+            end_turn_requests(state, turn.generation)  # even if its generation still holds
+        log.info(
+            "turn superseded (%s%s)",
+            ended_by,
+            detail and f": {detail}",
+            extra=turn_fields(turn.session_key, turn.generation),
+        )
+        task = turn.task
+        if task is not None and not task.done():
+            self._call_later(self._settings.interrupt_grace, _cancel, task)
+
+    def close(self) -> list[Turn]:
+        """Promote nothing from now on, cancel timers, supersede every live turn; return them."""
+        self.closed = True
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+        turns = list(self._turns)
+        for turn in turns:
+            self.supersede(turn, TurnEnd.SHUTDOWN)
+        return turns
+
+    # -- timers and background tasks -------------------------------------------------
+
+    def _call_later(self, delay: float, callback: Callable[..., object], *args: object) -> None:
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._timers.discard(handle)
+            callback(*args)
+
+        handle = loop.call_later(delay, fire)
+        self._timers.add(handle)
+
+    def spawn(self, coro: Coroutine[object, object, object]) -> None:
+        """Run ``coro`` in the background; its failure is logged, never left unretrieved."""
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._spawned_done)
+
+    def _spawned_done(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("background step failed: %r", error, exc_info=error)
+
+    def spawned(self) -> list[asyncio.Task[object]]:
+        """The background tasks not done yet (:meth:`spawn`)."""
+        return list(self._tasks)
+
+    # -- what the slots hold ------------------------------------------------------------
+
+    def running_turn(self, key: SessionKey) -> Turn | None:
+        """The turn that holds ``key``'s slot, if any (``None`` while idle)."""
+        state = self._registry.peek(key)
+        return None if state is None else running_turn_of(state)
+
+    def generation_of(self, key: SessionKey) -> int:
+        """``key``'s current generation here (0 for a session this process does not know)."""
+        state = self._registry.peek(key)
+        return 0 if state is None else state.persistent.run_generation
+
+    def generation_is(self, key: SessionKey, generation: int) -> bool:
+        """Whether ``generation`` is ``key``'s current one here."""
+        state = self._registry.peek(key)
+        return state is not None and state.persistent.run_generation == generation
+
+    def holding(self) -> list[Turn]:
+        """Live turns whose lease is of the session's current generation (even if expired here)."""
+        return [t for t in self._turns if t.lease is not None and not (t.finished or t.is_fenced())]
+
+    def unanswered(self, key: SessionKey) -> list[InboundMessage]:
+        """``key``'s messages held here that no commit answered yet: running first, then queued."""
+        state = self._registry.peek(key)
+        if state is None:
+            return []
+        turn = running_turn_of(state)
+        running = [] if turn is None or turn.answered else list(turn.messages)
+        queued = [m for entry in pending.pending_entries(state) for m in entry.messages]
+        return [*running, *queued]
+
+    def held(self) -> list[InboundMessage]:
+        """Every message this process holds unanswered, across every live session."""
+        return [message for key in self.live_keys() for message in self.unanswered(key)]
+
+    def live_keys(self) -> set[SessionKey]:
+        """Sessions with a turn running or waiting, or collecting, in this process."""
+        return {turn.session_key for turn in self._turns} | self._collecting
+
+    def live_count(self) -> int:
+        """Sessions with a turn running or waiting, or collecting, in this process."""
+        return len(self._turns) + len(self._collecting)
+
+    def running_count(self) -> int:
+        """Turns running (or waiting for their lease) in this process."""
+        return len(self._turns)
+
+    def is_idle(self) -> bool:
+        """No turn is live and no session waits out a collect debounce."""
+        return not self._turns and not self._collecting
+
+    async def wait_idle(self) -> None:
+        """Return once :meth:`is_idle` holds (wrap in a timeout to bound the wait)."""
+        while not self.is_idle():
+            self._turn_ended.clear()
+            await self._turn_ended.wait()
+
+
+def _cancel(task: asyncio.Task[None]) -> None:
+    if not task.done():
+        task.cancel()
+
+
+__all__ = ["Slots", "StartTurn"]

@@ -1,0 +1,180 @@
+"""What a turn asks of its store: a message to an idle session costs two calls, on every backend.
+
+The store is wrapped in :class:`CountingStore`, which passes every call
+through unchanged and notes its name and the task that made it; calls made
+by the engine's background upkeep (renewals, heartbeats, fence checks,
+adoption) are left out of a turn's count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from chatlane.context import current_session
+from chatlane.runtime.outcomes import Outcome
+from chatlane.stores import Admission, MemoryStore, Store, open_store
+from chatlane.testing import GatewayHarness
+from tests.runtime.agents import EchoAgent
+from tests.stores.conftest import forget_redis_prefix
+
+FUSED = ["enqueue_and_acquire", "commit_and_release"]
+
+
+class CountingStore:
+    """Passes every call through to ``store``, noting each call's name and who made it.
+
+    A call is the turn's if it was made from the task that sent the message
+    (the dispatch that queues it) or in the context a turn binds to its
+    session; the engine's upkeep runs in neither.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.calls: list[tuple[str, bool]] = []
+        self.sender: asyncio.Task[Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.store, name)
+        if not inspect.iscoroutinefunction(found):
+            return found
+
+        @functools.wraps(found)
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, self._by_a_turn()))
+            return await found(*args, **kwargs)
+
+        return counted
+
+    def _by_a_turn(self) -> bool:
+        return asyncio.current_task() is self.sender or current_session() is not None
+
+    def made_by_turns(self) -> list[str]:
+        """The calls noted since the last :meth:`watch`, but those of the engine's upkeep."""
+        return [name for name, by_turn in self.calls if by_turn]
+
+    def watch(self) -> None:
+        """Count from now on, and count the calls this task makes."""
+        self.calls.clear()
+        self.sender = asyncio.current_task()
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def counted(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[CountingStore]:
+    url = "memory://"
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'chatlane.db'}"
+    elif request.param == "redis":
+        base: str = request.getfixturevalue("redis_url")
+        url = f"{base}{'&' if '?' in base else '?'}prefix=calls-{secrets.token_hex(6)}"
+    store = await open_store(url)
+    yield CountingStore(store)
+    await store.close()
+    await forget_redis_prefix(url)
+
+
+async def one_turn(h: GatewayHarness, counted: CountingStore, text: str) -> list[str]:
+    """Send ``text`` to chat c1 and wait until its turn is over; the store calls it cost."""
+    counted.watch()
+    result = await h.send(text, chat_id="c1")
+    assert result.started
+    await h.settle()
+    return counted.made_by_turns()
+
+
+@pytest.mark.parametrize("reread_stored", [0.0, 60.0], ids=["choices-stale", "choices-fresh"])
+async def test_a_message_to_an_idle_session_costs_two_store_calls(
+    counted: CountingStore, reread_stored: float
+) -> None:
+    store = cast(Store, counted)
+    async with GatewayHarness(EchoAgent(), store=store, reread_stored=reread_stored) as h:
+        first = await one_turn(h, counted, "first")
+        assert first[-2:] == FUSED  # after reading a session this process never saw
+        for n in range(3):
+            assert await one_turn(h, counted, f"again {n}") == FUSED
+        replies = await h.replies(chat_id="c1", count=4)
+    assert replies == ["echo: first", "echo: again 0", "echo: again 1", "echo: again 2"]
+    key = h.session_key(chat_id="c1")
+    real = counted.store
+    assert await real.pending(key) == []
+    assert await real.active_sessions() == 0
+    assert await real.generation(key) == 4
+    assert len(await real.transcript(key)) == 8
+
+
+async def test_stored_choices_changed_elsewhere_reach_the_next_turn_without_a_read(
+    counted: CountingStore,
+) -> None:
+    store = cast(Store, counted)
+    async with GatewayHarness(EchoAgent(), store=store, reread_stored=0.0) as h:
+        await one_turn(h, counted, "first")
+        key = h.session_key(chat_id="c1")
+        await counted.store.set_persistent(key, None, busy_policy="reject")  # another process
+        assert await one_turn(h, counted, "second") == FUSED
+        state = h.gateway.engine.registry.get(key)
+        assert state.persistent.busy_policy is not None
+        assert state.persistent.busy_policy.value == "reject"
+
+
+async def test_a_turn_that_waited_reads_its_choices_with_the_lease(
+    counted: CountingStore,
+) -> None:
+    store = cast(Store, counted)
+    async with GatewayHarness(EchoAgent(), store=store, reread_stored=0.0) as h:
+        await one_turn(h, counted, "first")
+        key = h.session_key(chat_id="c1")
+        elsewhere = await counted.store.acquire(key, "another-process", 30)
+        counted.watch()
+        result = await h.send("second", chat_id="c1")
+        assert result.started
+        await asyncio.sleep(0.05)  # it waits, asking again now and then
+        await counted.store.release(elsewhere)
+        await h.settle()
+        calls = counted.made_by_turns()
+    assert calls[0] == "enqueue_and_acquire"
+    assert calls[-1] == "commit_and_release"
+    assert "acquire_and_read" in calls
+    # the generation moved on elsewhere meanwhile: the turn checks its messages are still queued
+    assert set(calls[1:-1]) == {"acquire_and_read", "pending"}
+    assert "load_persistent" not in calls
+
+
+class SlowFirstAdmission(MemoryStore):
+    """The first message's admission (lease given) reaches the engine only once ``gate`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.admitted = asyncio.Event()
+
+    async def enqueue_and_acquire(self, *args: Any, **kwargs: Any) -> Admission:
+        admission = await super().enqueue_and_acquire(*args, **kwargs)
+        if not self.admitted.is_set():
+            self.admitted.set()
+            await self.gate.wait()
+        return admission
+
+
+async def test_a_lease_taken_for_a_message_that_finds_a_turn_started_is_given_back() -> None:
+    store = SlowFirstAdmission()
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        first = asyncio.create_task(h.send("first", chat_id="c1"))
+        await store.admitted.wait()  # "first" is queued and holds the lease, unseen yet
+        second = await h.send("second", chat_id="c1")  # idle here: it starts a turn, refused
+        assert second.started
+        store.gate.set()
+        assert not (await first).started  # a turn is running: it waits behind it
+        replies = await h.replies(chat_id="c1", count=3)
+        await h.settle()
+        key = h.session_key(chat_id="c1")
+    assert [r for r in replies if r.startswith("echo")] == ["echo: first", "echo: second"]
+    assert await store.pending(key) == []
+    assert await store.active_sessions() == 0
+    assert [o.outcome for o in h.outcomes].count(Outcome.ANSWERED) == 2
