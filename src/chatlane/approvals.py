@@ -294,7 +294,10 @@ def end_turn_requests(state: SessionState, generation: int) -> None:
 
     Runs after every turn; a session without requests is left as it was.
     """
-    for request in [r for r in _requests(state).values() if r.generation == generation]:
+    requests = _requests(state)
+    if not requests:
+        return
+    for request in [r for r in requests.values() if r.generation == generation]:
         _close(state, request, Decision(False, note="its turn ended"))
 
 

@@ -451,12 +451,14 @@ class SessionRegistry:
 
     def get(self, key: SessionKey) -> SessionState:
         """The state of ``key``, created if needed; counts as an access and may evict others."""
-        state = self._sessions.get(key)
+        sessions = self._sessions
+        state = sessions.get(key)
         if state is None:
             state = self._create(key)
-        now = self._clock()
-        self._touch(key, state, now)
-        self._sweep(key, now)
+        now = state.last_access = self._clock()
+        sessions.move_to_end(key)
+        if self._idle_ttl is not None or len(sessions) > self._max_sessions:
+            self._sweep(key, now)
         return state
 
     def peek(self, key: SessionKey) -> SessionState | None:
@@ -522,8 +524,6 @@ class SessionRegistry:
         self._sessions.move_to_end(key)
 
     def _sweep(self, keep: SessionKey, now: float) -> None:
-        if self._idle_ttl is None and len(self._sessions) <= self._max_sessions:
-            return
         self._evict_while(self._expired(now), keep, now)
         self._evict_while(lambda _: len(self._sessions) > self._max_sessions, keep, now)
 

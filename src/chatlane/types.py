@@ -173,9 +173,18 @@ _SOURCE_TEXTS = (
 
 
 def _clean_source(source: SessionSource) -> SessionSource:
+    if _ascii_texts(source):
+        return source  # the common case: one string built and checked, no field by field
     changed: dict[str, Any] = {}
     for name in _SOURCE_TEXTS:
         value = getattr(source, name)
         if isinstance(value, str) and (cleaned := clean_text(value)) is not value:
             changed[name] = cleaned
     return dataclasses.replace(source, **changed) if changed else source
+
+
+def _ascii_texts(source: SessionSource) -> bool:
+    """Whether every text of ``source`` is ASCII (so none holds a lone surrogate)."""
+    s = source
+    texts = f"{s.platform}{s.chat_id}{s.chat_name}{s.thread_id}{s.user_id}{s.user_name}"
+    return f"{texts}{s.message_id}".isascii()

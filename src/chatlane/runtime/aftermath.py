@@ -78,6 +78,9 @@ class TurnAftermath:
         Each step is retried on its own through an outage, so a step that
         already changed this process's queue never runs twice.
         """
+        answered = turn.answered and turn.ended_by is None
+        if answered and not self._leases.holds(turn.session_state, turn.generation):
+            return  # answered, and the commit released the lease: no step has work
         steps = (self._drop_untaken_steers, self._settle_messages, self._release)
         for step in steps:
             try:

@@ -169,7 +169,7 @@ class TurnEngine:
                 return await self.accept(key, message, seq)
             stale = self._choices_stale(state)
             admission = await self.leases.admit(state, message.id, payload, choices=stale)
-            return await self.accept(key, message, admission.seq, admission)
+            return await self.accept(key, message, admission.seq, admission, state)
         finally:
             self.capacity.settled(message, new_session=new_session)
 
@@ -205,15 +205,20 @@ class TurnEngine:
         message: InboundMessage,
         seq: int,
         admission: Admission | None = None,
+        held: SessionState | None = None,
     ) -> BusyOutcome | None:
         """Run or queue a message already in the durable queue under ``seq``.
 
         :param admission: what the store said when it queued the message for an
             idle session: the lease it gave (or why not) and the stored choices.
+        :param held: ``key``'s state as the caller read it before the store
+            call; used if the registry still holds it, else read again.
         """
         self._ensure_background()
         self.outcomes.open(key, message)
-        state = self.registry.get(key)
+        state = held if held is not None and self.registry.peek(key) is held else None
+        if state is None:
+            state = self.registry.get(key)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,), refusable=True, admission=admission)
             return None
@@ -348,11 +353,13 @@ class TurnEngine:
         state = turn.session_state
         if admission is not None and admission.lease is not None:
             self.leases.hold(state, admission.lease)  # released however the turn ends
-        await self._take_choices(turn, None if admission is None else admission.persistent)
-        taken = await self._lease_for(turn, admission)
-        if taken is None:
-            return False
-        lease, choices = taken
+            lease, choices = admission.lease, admission.persistent  # taken up once, below
+        else:
+            await self._take_choices(turn, None if admission is None else admission.persistent)
+            taken = await self._wait_for_lease(turn, admission)
+            if taken is None:
+                return False
+            lease, choices = taken
         turn.bind_lease(lease)  # from here the lease is released however the turn ends
         known = state.persistent.run_generation
         if not self._still_wanted(turn) or lease.generation < known:
@@ -366,12 +373,10 @@ class TurnEngine:
         self.metrics.turn_started()
         return True
 
-    async def _lease_for(
+    async def _wait_for_lease(
         self, turn: Turn, admission: Admission | None
     ) -> tuple[Lease, dict[str, Any] | None] | None:
-        """The lease given with the message, or the one waited for, and the choices read with it."""
-        if admission is not None and admission.lease is not None:
-            return admission.lease, admission.persistent
+        """The lease waited for, and the choices read with it; ``None`` if the turn was dropped."""
         state = turn.session_state
         taken = await self.leases.acquire(
             state,
@@ -431,7 +436,9 @@ class TurnEngine:
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):
             self.approvals.end_conversation(state)
-        turn.rebase_overrides(before, TurnOverrides.of(state))
+        after = TurnOverrides.of(state)
+        if after != before:
+            turn.rebase_overrides(before, after)
 
     def _still_wanted(self, turn: Turn) -> bool:
         state = turn.session_state

@@ -121,6 +121,10 @@ class LeaseKeeper:
         """Record ``lease`` (taken with its message) as the one its generation must release."""
         state.turn.store_lease_token(lease.generation, lease)
 
+    def holds(self, state: SessionState, generation: int) -> bool:
+        """Whether the lease taken for ``generation`` is still to be released here."""
+        return generation in state.turn.lease_tokens
+
     async def let_go(self, state: SessionState, lease: Lease) -> None:
         """Give back a lease taken with a message that no turn runs now (once; errors logged)."""
         self.hold(state, lease)

@@ -88,10 +88,11 @@ def apply_once(state: SessionState, model: ModelChoice) -> None:
 
 def settle_once(turn: Turn) -> None:
     """Restore the model a ``--once`` override replaced, if ``turn`` is the one that used it."""
-    state = turn.session_state
     snapshot = turn.once_restore
-    conversation = state.conversation
-    if snapshot is None or conversation.one_turn_restore is not snapshot:
+    if snapshot is None:
+        return
+    conversation = turn.session_state.conversation
+    if conversation.one_turn_restore is not snapshot:
         return
     if conversation.model_override is not turn.overrides.model:
         return  # a newer --once arrived during this turn: the next turn uses it, then restores

@@ -89,31 +89,37 @@ class Slots:
 
     def finish(self, turn: Turn) -> None:
         """``turn``'s task is done: end it, free its slot if it still holds it, promote."""
-        state = turn.session_state
-        self.end(turn)
+        state, ended_by = turn.session_state, turn.ended_by
+        ran = self.end(turn)
         self._turn_ended.set()
-        if turn.lease is not None:
-            outcome = "answered" if turn.answered else (turn.ended_by or "fenced")
+        if ran:
+            outcome = "answered" if turn.answered else (ended_by or "fenced")
             self._metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
-        if turn.ended_by != TurnEnd.REORDERED:
+        if ended_by is not TurnEnd.REORDERED:
             settle_once(turn)
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
-        if not state.turn.holds(turn):
-            if not state.turn.is_running:
+        slot = state.turn
+        if not slot.holds(turn):
+            if not slot.is_running:
                 self.promote(state)  # an evicted turn's untaken steers still run
             return
         if not turn.interrupted.is_set():
             state.conversation.interrupt_streak = 0
-        state.turn.clear()
+        slot.clear()
         self.promote(state)
 
-    def end(self, turn: Turn) -> None:
-        """The engine is done with ``turn``: it is no longer live and can ask nothing any more."""
+    def end(self, turn: Turn) -> bool:
+        """The engine is done with ``turn``: it is no longer live and can ask nothing any more.
+
+        :returns: whether the turn ran under a lease.
+        """
         self._turns.discard(turn)
         turn.mark_finished()
-        if turn.lease is not None:
-            end_turn_requests(turn.session_state, turn.generation)
+        if turn.lease is None:
+            return False
+        end_turn_requests(turn.session_state, turn.generation)
+        return True
 
     def promote(self, state: SessionState) -> None:
         """Start the session's next pending turn, or wait out a collect debounce."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -68,8 +67,7 @@ class TurnOverrides(msgspec.Struct, frozen=True):
         return msgspec.structs.replace(self, **changed) if changed else self
 
 
-@dataclass(slots=True)
-class TurnRecord:
+class TurnRecord(msgspec.Struct):
     """The engine's bookkeeping of one turn, apart from what its agent sees.
 
     The agent reads a :class:`Turn`, whose attributes are read-only; only
@@ -92,7 +90,7 @@ class TurnRecord:
     finished: bool = False
     """The engine is done with the turn: whatever still runs for it can ask nothing."""
     task: asyncio.Task[None] | None = None
-    last_progress: float = field(default_factory=time.monotonic)
+    last_progress: float = msgspec.field(default_factory=time.monotonic)
 
 
 class Turn:
@@ -286,12 +284,15 @@ class Turn:
 
     def is_current(self) -> bool:
         """Whether this turn may still write state and deliver replies."""
-        lease = self.lease
-        return lease is not None and not self.is_fenced() and lease.expires_at > time.time()
+        record = self._record
+        lease = record.lease
+        if lease is None or self._state.persistent.run_generation != record.generation:
+            return False
+        return lease.expires_at > time.time()
 
     def is_fenced(self) -> bool:
         """Whether the session's generation moved past this turn's (its lease's expiry aside)."""
-        return self._state.persistent.run_generation != self.generation
+        return self._state.persistent.run_generation != self._record.generation
 
     def fence(self, what: str = "write") -> None:
         """Refuse ``what`` unless this turn is current.

@@ -172,7 +172,8 @@ class MemoryStore(Store):
         self._commit(key, generation, batch)
 
     def _commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
-        fields = {name: encode_value(key, name, value) for name, value in batch.persistent.items()}
+        persistent = batch.persistent
+        fields = {n: encode_value(key, n, v) for n, v in persistent.items()} if persistent else None
         session = self._sessions[key]
         if generation is not None and generation != session.generation:
             raise StaleGeneration(key, generation, session.generation, "commit")
@@ -185,7 +186,8 @@ class MemoryStore(Store):
         transcript = self._transcripts[conversation.id]
         for entry in batch.transcript:
             transcript.append(_stamped(entry, conversation.id, moment))
-        session.persistent.update(fields)
+        if fields:
+            session.persistent.update(fields)
         for message_id in batch.answered:
             self._answered.pop(message_id, None)  # a forgotten mark moves to the end
             self._answered[message_id] = _Mark(moment, batch.answer)
