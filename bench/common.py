@@ -1,5 +1,5 @@
 """What every benchmark shares: the lanes that bound messages in flight, the timer,
-the correctness checks, and the aiogram side's handler and updates.
+the correctness checks, targets, and the aiogram side's handler and updates.
 
 What stays true: the same seeded plan on every side, inputs built before the
 clock starts, a GC before every timed section, and a run whose side did not do
@@ -16,6 +16,7 @@ import platform
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -54,17 +55,33 @@ def user_id(session: int) -> int:
     return 1_000 + session
 
 
+@dataclass(frozen=True, slots=True)
+class Elapsed:
+    """One timed section: wall time, and the process's CPU time (every thread), in ns."""
+
+    wall_ns: int
+    cpu_ns: int
+
+
 async def drive(lanes: Sequence[Sequence[T]], handle: Callable[[T], Awaitable[None]]) -> int:
     """Handle every lane in its own worker task; return the wall time in ns (after a GC)."""
+    return (await drive_timed(lanes, handle)).wall_ns
+
+
+async def drive_timed(
+    lanes: Sequence[Sequence[T]], handle: Callable[[T], Awaitable[None]]
+) -> Elapsed:
+    """:func:`drive`, with the CPU time of the same section beside the wall time."""
 
     async def worker(lane: Sequence[T]) -> None:
         for item in lane:
             await handle(item)
 
     gc.collect()
-    start = time.perf_counter_ns()
+    cpu_start, wall_start = time.process_time_ns(), time.perf_counter_ns()
     await asyncio.gather(*(worker(lane) for lane in lanes))
-    return time.perf_counter_ns() - start
+    wall_end, cpu_end = time.perf_counter_ns(), time.process_time_ns()
+    return Elapsed(wall_end - wall_start, cpu_end - cpu_start)
 
 
 def check_counts(side: str, what: str, counts: Mapping[int, int], expected: int) -> None:
@@ -73,6 +90,31 @@ def check_counts(side: str, what: str, counts: Mapping[int, int], expected: int)
     if wrong:
         sample = dict(list(wrong.items())[:5])
         raise BenchError(f"{side}: {len(wrong)} session {what}s != {expected}, e.g. {sample}")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target: ``measured`` against ``limit`` (both in the unit the rule names)."""
+
+    rule: str
+    measured: float
+    limit: float
+
+    @property
+    def passed(self) -> bool:
+        return self.measured <= self.limit
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "measured": round(self.measured, 3),
+            "limit": round(self.limit, 3),
+            "passed": self.passed,
+        }
 
 
 def machine() -> dict[str, Any]:

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchError, describe_machine, machine, positive
+from bench.common import BenchError, Target, describe_machine, machine, positive
 from bench.population import (
     MB,
     STORES,
@@ -198,27 +198,6 @@ def child(encoded: str) -> int:
 def decode(found: dict[str, Any]) -> Result:
     config = Config(**found.pop("config"))
     return Result(config=config, **{**found, "top_allocations": tuple(found["top_allocations"])})
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One target: ``measured`` against ``limit`` (both in the unit the rule names)."""
-
-    rule: str
-    measured: float
-    limit: float
-
-    @property
-    def passed(self) -> bool:
-        return self.measured <= self.limit
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "measured": round(self.measured, 3),
-            "limit": round(self.limit, 3),
-            "passed": self.passed,
-        }
 
 
 def targets(results: Sequence[Result]) -> list[Target]:

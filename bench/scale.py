@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import BenchError, describe_machine, machine, positive
+from bench.common import BenchError, Target, describe_machine, machine, positive
 from bench.memory import store_list
 from bench.population import MB, ROOT, STORES, Population, bench_store, command_line
 
@@ -246,25 +246,6 @@ def measure_store(store: str, checkpoints: Sequence[int], args: argparse.Namespa
     file = next((FileSize(**e["file"]) for e in ends if e["file"] is not None), None)
     points = tuple(Point(n, tuple(rounds[n])) for n in checkpoints)
     return Result(store, points, file)
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    rule: str
-    measured: float
-    limit: float
-
-    @property
-    def passed(self) -> bool:
-        return self.measured <= self.limit
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "measured": round(self.measured, 3),
-            "limit": self.limit,
-            "passed": self.passed,
-        }
 
 
 def targets(results: Sequence[Result]) -> list[Target]:

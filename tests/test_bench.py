@@ -34,11 +34,23 @@ def run_bench(module: str, *args: str, rounds: bool = True) -> dict[str, Any]:
     return report
 
 
-def test_dispatch_runs_both_sides() -> None:
+def test_dispatch_runs_every_side() -> None:
     report = run_bench("dispatch", "--sessions", "20", "--messages", "3")
-    for side in ("chatlane", "aiogram", "aiogram_raw_updates", "floor"):
-        assert report[side]["median_us"] > 0
-    assert "passed" in report
+    sides = report["sides"]
+    assert list(sides) == ["chatlane", "chatlane/raw", "aiogram", "aiogram/raw", "floor"]
+    for side in sides.values():
+        for clock in ("wall", "cpu"):
+            assert len(side[clock]["rounds_us"]) == 1
+            assert side[clock]["median_us"] > 0
+    assert set(report["ratios"]) == {
+        "chatlane / floor",
+        "chatlane / aiogram",
+        "aiogram / floor",
+        "chatlane/raw / aiogram/raw",
+    }
+    assert all(ratio["cpu"] > 0 and ratio["wall"] > 0 for ratio in report["ratios"].values())
+    assert [target["limit"] for target in report["targets"]] == [3.0, 0.25]
+    assert report["passed"] == all(target["passed"] for target in report["targets"])
 
 
 def test_stores_runs_every_line() -> None:

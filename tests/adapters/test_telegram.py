@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from telegram import Update
 
 from chatlane.adapters import telegram as telegram_adapter
 from chatlane.adapters.telegram import (
@@ -21,6 +22,7 @@ from chatlane.adapters.telegram import (
     REFUSAL_INTERVAL,
     TelegramAdapter,
     button_command,
+    inbound_text,
     readable_updates,
     split_message,
     utf16_len,
@@ -29,6 +31,7 @@ from chatlane.config import Config, Secret, TelegramConfig
 from chatlane.errors import ConfigError, StoreError
 from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, open_hub, shutdown
+from chatlane.identity import ChatType
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
 from tests.keys import chat_key
@@ -352,6 +355,33 @@ async def test_an_unreadable_update_is_skipped_not_fetched_forever(
     assert reply.text == "echo: still here"
     assert api.calls.count("getUpdates") - polls < 10
     assert "skipped Telegram update 1000: cannot read it" in caplog.text
+
+
+def text_update(text: str) -> Update:
+    """A private-chat text message from Alice, parsed as polling parses it."""
+    chat = {"id": ALICE, "type": "private", "first_name": "Alice"}
+    user = {"id": ALICE, "is_bot": False, "first_name": "Alice"}
+    fields = {"message_id": 9, "date": 0, "chat": chat, "from": user, "text": text}
+    return Update.de_json({"update_id": 1, "message": fields}, None)
+
+
+def test_a_text_update_becomes_the_message_chatlane_gets() -> None:
+    inbound = inbound_text(text_update("hello \ud800"), "MyBot")
+    assert inbound is not None
+    assert (inbound.id, inbound.text) == (f"tg-{ALICE}-9", "hello \ufffd")
+    source = inbound.source
+    assert (source.chat_id, source.chat_type, source.user_id) == (
+        str(ALICE),
+        ChatType.DM,
+        str(ALICE),
+    )
+    assert (source.user_name, source.message_id) == ("Alice", "9")
+
+
+def test_no_message_is_made_for_another_bot_or_without_text() -> None:
+    assert inbound_text(text_update("/new@OtherBot"), "MyBot") is None
+    assert inbound_text(text_update("/new@mybot"), "MyBot") is not None
+    assert inbound_text(Update.de_json({"update_id": 2}, None), "MyBot") is None
 
 
 def test_readable_updates_leaves_other_payloads_alone() -> None:

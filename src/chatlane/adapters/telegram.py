@@ -251,14 +251,9 @@ class TelegramAdapter:
                 return
 
     async def _on_text(self, update: Update, context: object) -> None:
-        message = update.effective_message
-        if message is None or message.text is None:
-            return
-        text = clean_text(message.text)
-        if not self._addressed_to_me(text):
-            return
-        msg_id = f"tg-{message.chat.id}-{message.message_id}"
-        await self._submit(InboundMessage(source_of(message, message.from_user), text, id=msg_id))
+        inbound = inbound_text(update, self._username)
+        if inbound is not None:
+            await self._submit(inbound)
 
     async def _on_other(self, update: Update, context: object) -> None:
         """A photo, sticker or voice note in a private chat: say what is understood."""
@@ -310,13 +305,6 @@ class TelegramAdapter:
             del self._refused_at[next(iter(self._refused_at))]
         return True
 
-    def _addressed_to_me(self, text: str) -> bool:
-        """False for a command naming another bot (``/new@OtherBot``); True otherwise."""
-        command = parse_command(text)
-        if command is None or command.mention is None:
-            return True
-        return command.mention.casefold() == self._username.casefold()
-
     async def _submit(self, message: InboundMessage) -> None:
         """Hand ``message`` to the hub; if the hub fails, tell the chat instead of going silent."""
         if self._hub is None:
@@ -361,6 +349,30 @@ class TokenRedactor(logging.Filter):
             text = logging.Formatter().formatException(record.exc_info)
             record.exc_text = text.replace(self._token, "<token>")
         return True
+
+
+def inbound_text(update: Update, username: str) -> InboundMessage | None:
+    """The message chatlane gets for ``update``'s text, or None.
+
+    None when the update holds no text message, or when its text is a command
+    addressed to another bot than ``username`` (:func:`addressed_to`).
+    """
+    message = update.effective_message
+    if message is None or message.text is None:
+        return None
+    text = clean_text(message.text)
+    if not addressed_to(text, username):
+        return None
+    msg_id = f"tg-{message.chat.id}-{message.message_id}"
+    return InboundMessage(source_of(message, message.from_user), text, id=msg_id)
+
+
+def addressed_to(text: str, username: str) -> bool:
+    """False for a command naming another bot than ``username`` (``/new@OtherBot``); else True."""
+    command = parse_command(text)
+    if command is None or command.mention is None:
+        return True
+    return command.mention.casefold() == username.casefold()
 
 
 def source_of(message: Message, user: User | None) -> SessionSource:
