@@ -96,7 +96,7 @@ def settle_once(turn: Turn) -> None:
         return
     if conversation.model_override is not turn.overrides.model:
         return  # a newer --once arrived during this turn: the next turn uses it, then restores
-    conversation.model_override = snapshot["model_override"]  # type: ignore[index]
+    conversation.model_override = snapshot["model_override"]
     conversation.one_turn_restore = None
 
 
