@@ -200,30 +200,37 @@ async def test_a_malformed_turn_name_gets_the_usage() -> None:
 
 
 class LeftBehind:
-    """An agent that leaves a task asking for approval ``delay`` seconds after it started."""
+    """An agent whose ``start`` turn leaves behind a task that asks for approval.
 
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
+    The task asks once ``ask`` is set; the turn answers once ``finish`` is set.
+    """
+
+    def __init__(self) -> None:
+        self.ask = asyncio.Event()
+        self.finish = asyncio.Event()
         self.decisions: list[bool] = []
         self.tasks: list[asyncio.Task[None]] = []
 
     async def __call__(self, turn: Turn) -> str:
         if turn.text.startswith("start"):
             self.tasks.append(asyncio.create_task(self._ask(turn)))
-            await asyncio.sleep(0.05)
+            await self.finish.wait()
             return "started in the background"
         return f"echo: {turn.text}"
 
     async def _ask(self, turn: Turn) -> None:
-        await asyncio.sleep(self.delay)
+        await self.ask.wait()
         self.decisions.append(await turn.request_approval("rm -rf /important"))
 
 
 async def test_a_request_from_a_turn_that_ended_is_denied_and_never_asked() -> None:
-    agent = LeftBehind(delay=0.2)
+    agent = LeftBehind()
+    agent.finish.set()
     async with GatewayHarness(agent, approval_timeout=30) as h:
         await h.send("start", chat_id="c")
         await h.replies(chat_id="c", count=1)
+        await h.settle()  # the turn has ended
+        agent.ask.set()
         await asyncio.wait_for(asyncio.gather(*agent.tasks), 5)
         await h.send("yes", chat_id="c")
         assert await h.replies(chat_id="c", count=2) == ["started in the background", "echo: yes"]
@@ -231,10 +238,12 @@ async def test_a_request_from_a_turn_that_ended_is_denied_and_never_asked() -> N
 
 
 async def test_a_request_still_waiting_when_its_turn_ends_is_denied_then() -> None:
-    agent = LeftBehind(delay=0.0)
+    agent = LeftBehind()
+    agent.ask.set()
     async with GatewayHarness(agent, approval_timeout=30) as h:
         await h.send("start", chat_id="c")
         await prompted(h, "c", 1)
+        agent.finish.set()
         await asyncio.wait_for(asyncio.gather(*agent.tasks), 5)  # ends with its turn
         await h.send("yes", chat_id="c")
         replies = await h.replies(chat_id="c", count=3)

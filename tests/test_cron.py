@@ -31,6 +31,7 @@ from chatlane.identity import ChatType, SessionSource
 from chatlane.stores import MemoryStore, Store, open_store
 from chatlane.stores.base import Lease
 from chatlane.types import SessionKey, Target
+from tests.stores.conftest import StoreClock
 
 UTC = dt.UTC
 NEW_YORK = ZoneInfo("America/New_York")
@@ -331,26 +332,30 @@ class UnreleasingStore(MemoryStore):
 
 
 async def test_a_claim_stands_when_its_lease_cannot_be_given_back() -> None:
-    store = UnreleasingStore()
+    clock = StoreClock(real=False)
+    store = UnreleasingStore(clock=clock)
     assert await book(store, "p1", ttl=0.05).claim("j", 100.0, stored=False) is Claim.CLAIMED
-    await asyncio.sleep(0.1)
+    await clock.advance(0.1)  # past the lease that was never given back
     assert await book(store, "p2").claim("j", 100.0, stored=False) is Claim.TAKEN
 
 
 class StallingStore(MemoryStore):
-    """A memory store whose reads can be held, to play a process that stalls mid-claim."""
+    """A memory store whose first read of job ``j`` is held until ``resume`` is set.
+
+    It plays a process that stalls mid-claim; its clock moves only when the test moves it.
+    """
 
     def __init__(self) -> None:
-        super().__init__()
-        self.stall = asyncio.Event()
+        self.clock = StoreClock(real=False)
+        super().__init__(clock=self.clock)
         self.stalled = asyncio.Event()
+        self.resume = asyncio.Event()
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         fields = await super().load_persistent(key)
-        if key.endswith(":job:j") and not self.stall.is_set():
-            self.stall.set()
+        if key.endswith(":job:j") and not self.stalled.is_set():
             self.stalled.set()
-            await asyncio.sleep(0.2)
+            await self.resume.wait()
         return fields
 
 
@@ -358,7 +363,8 @@ async def test_a_claimer_that_stalls_past_its_lease_cannot_claim() -> None:
     store = StallingStore()
     slow = asyncio.create_task(book(store, "slow", ttl=0.05).claim("j", 100.0, stored=False))
     await store.stalled.wait()
-    await asyncio.sleep(0.1)
+    await store.clock.advance(0.1)  # the stalled claimer's lease runs out meanwhile
     assert await book(store, "fast").claim("j", 100.0, stored=False) is Claim.CLAIMED
+    store.resume.set()
     assert await slow is Claim.BUSY
     assert await book(store, "slow").claim("j", 100.0, stored=False) is Claim.TAKEN

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -221,7 +220,7 @@ class TestModelOnce:
         await h.send("/model --once once-a", chat_id="c")
         await h.send("/model --once once-b", chat_id="c")
         await h.send(first, chat_id="c")
-        await asyncio.sleep(0.05)
+        await h.settle()
         await h.send("after", chat_id="c")
         return await h.replies(chat_id="c", count=5, timeout=5)
 

@@ -2,11 +2,14 @@
 
 Two real worker processes share one store (SQLite or Redis) with the default
 lease TTL; each accepts half of :data:`SESSIONS` messages at once, one per
-session, and each message holds its turn for :data:`TURN_SECONDS`. Upkeep
-must keep up with all of them: every message is answered exactly once by the
-turn that first ran it (generation 1, never run twice), no lease is lost, and
-neither process ever goes longer than the renewal period plus a small margin
-without a heartbeat.
+session, and each message holds its turn for :data:`TURN_SECONDS` (six
+TTLs). Upkeep must keep up with all of them: every message is answered
+exactly once by the turn that first ran it (generation 1, never run twice:
+neither process was ever taken for dead), and every lease was renewed in
+time: no renewal was refused, no lease was lost, and each turn still held a
+live lease when it ended. How late heartbeats came is printed, never checked
+against a clock: a loaded machine may delay them, and what a delay must never
+cost (a lease, a rerun, an answer) is what is checked.
 """
 
 from __future__ import annotations
@@ -31,8 +34,6 @@ pytestmark = pytest.mark.slow
 SESSIONS = 3000
 TURN_SECONDS = 60
 DEFAULTS = LeaseSettings()
-BEAT_MARGIN = 2.0
-"""Seconds a heartbeat may come late on a loaded machine (the TTL is five times longer)."""
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -57,8 +58,8 @@ def test_thousands_of_long_turns_on_two_processes_lose_nothing(
     ids = [f"m{i}" for i in range(SESSIONS)]
     for i, message_id in enumerate(ids):
         workers[i % 2].send(f"chat-{i}", f"sleep {TURN_SECONDS}", message_id)
-    events = cluster.wait_for(
-        lambda events: len(answered_ids(events)) >= SESSIONS,
+    cluster.wait_for(
+        lambda events: len(answered_ids(events)) >= SESSIONS or bool(lapsed(events)),
         timeout=TURN_SECONDS + 240,
         what=f"{SESSIONS} answers",
     )
@@ -66,6 +67,10 @@ def test_thousands_of_long_turns_on_two_processes_lose_nothing(
         worker.quit()
     events = cluster.events()
 
+    assert not lapsed(events), f"{len(lapsed(events))} turns ended without a live lease"
+    counters = [e for e in events if e["event"] == "leases"]
+    assert len(counters) == 2
+    assert all((c["lost"], c["stale"]) == (0, 0) for c in counters), counters
     answers = answered_ids(events)
     assert sorted(answers) == sorted(ids)
     assert all(len(answer) == 1 for answer in answers.values())
@@ -74,12 +79,17 @@ def test_thousands_of_long_turns_on_two_processes_lose_nothing(
     assert set(starts.values()) == {1}, "a turn ran twice"
     assert {e["gen"] for e in events if e["event"] in ("start", "deliver")} == {1}
     assert not [e for e in events if e["event"] == "superseded"]
-    beats = [e for e in events if e["event"] == "beats"]
-    assert len(beats) == 2
-    assert all(b["count"] >= TURN_SECONDS / DEFAULTS.renew_every / 2 for b in beats)
-    longest = max(b["longest"] for b in beats)
-    print(f"longest heartbeat gap: {longest:.3f} s (renewal period {DEFAULTS.renew_every} s)")
-    assert longest <= DEFAULTS.renew_every + BEAT_MARGIN
+    assert not [e for e in events if e["event"] == "fenced"]
+    for beats in (e for e in events if e["event"] == "beats"):
+        print(
+            f"{beats['worker']}: {beats['count']} heartbeats, the longest gap "
+            f"{beats['longest']:.3f} s (renewal period {DEFAULTS.renew_every} s)"
+        )
+
+
+def lapsed(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turns that ended without a live lease (one not renewed in time, or fenced)."""
+    return [e for e in events if e["event"] == "end" and not e["current"]]
 
 
 OLD_DEFAULT_TTL = 30.0

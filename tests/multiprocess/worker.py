@@ -2,9 +2,11 @@
 
 Reads one JSON message per line on stdin (``{"chat", "text", "id"}``; ``{"quit": true}``
 shuts down gracefully) and appends JSON events to a shared log file: turn
-``start``/``end`` (with a system-wide monotonic clock), every ``deliver``,
-every ``write`` a turn attempts after sleeping (``accepted`` or ``refused``),
-and, when told to quit, its heartbeats (``beats``: how many, the longest gap).
+``start``/``end`` (with a system-wide monotonic clock; ``end`` also says
+whether the turn still held a live lease then), every ``deliver``, every
+``write`` a turn attempts after sleeping (``accepted`` or ``refused``), and,
+when told to quit, its heartbeats (``beats``: how many, the longest gap) and
+its lease counters (``leases``: leases lost, stale writes and replies refused).
 Prints ``ready`` once the gateway has started.
 """
 
@@ -59,7 +61,10 @@ class Agent:
                 await asyncio.sleep(0.001 + (hash(turn.text) % 5) / 1000)
             return f"done {turn.text}"
         finally:
-            self.log.write("end", key=turn.session_key, gen=turn.generation, ids=ids)
+            current = turn.is_current()  # its lease was renewed in time and still holds
+            self.log.write(
+                "end", key=turn.session_key, gen=turn.generation, ids=ids, current=current
+            )
 
     async def _hold(self, turn: Turn, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -112,6 +117,8 @@ async def serve(args: argparse.Namespace) -> None:
     await read_messages(gateway)
     beats = gateway.engine.leases.beats
     log.write("beats", count=beats.count, longest=beats.longest)
+    metrics = gateway.engine.metrics
+    log.write("leases", lost=metrics.lease_failures, stale=metrics.stale_refused)
     await gateway.aclose()
     await store.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -163,6 +164,7 @@ class TestEviction:
     async def test_stuck_turn_is_evicted_and_cannot_touch_successor(self) -> None:
         recorder = Recorder()
         late: list[str] = []
+        answer = asyncio.Event()
 
         async def agent(turn: Turn) -> str:
             recorder.enter(turn)
@@ -173,8 +175,9 @@ class TestEviction:
                     except asyncio.CancelledError:
                         late.append("cancelled")
                 return "late reply"
-            for _ in range(12):
-                await asyncio.sleep(0.1)
+            while not answer.is_set():  # makes progress until the test lets it answer
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(answer.wait(), 0.05)
                 turn.touch()
             return "fresh"
 
@@ -184,12 +187,16 @@ class TestEviction:
             replies = await h.replies(chat_id="c", count=2, timeout=3)
             assert replies[1].startswith("The running turn made no progress")
             state = h.session(result.session_key)
-            await asyncio.sleep(1.0)  # the stuck task finishes while "next" still runs
+            stuck = recorder.turns[result.session_key][0].task
+            assert stuck is not None
+            async with asyncio.timeout(10):  # the stuck task finishes while "next" still runs
+                await asyncio.wait({stuck})
             successor = h.gateway.engine.running_turn(result.session_key)
             assert successor is not None
             assert successor.generation == 3
             assert state.turn.lease_tokens == {3: successor.lease}
             assert "late reply" not in [o.text for o in h.delivered(chat_id="c")]
+            answer.set()
             assert await h.replies(chat_id="c", count=3, timeout=3) == [
                 replies[0],
                 replies[1],

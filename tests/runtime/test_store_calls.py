@@ -29,7 +29,7 @@ FUSED = ["enqueue_and_acquire", "commit_and_release"]
 
 
 class CountingStore:
-    """Passes every call through to ``store``, noting each call's name and who made it.
+    """Passes every call through to ``store``, noting each call's name, who made it, and refusals.
 
     A call is the turn's if it was made from the task that sent the message
     (the dispatch that queues it) or in the context a turn binds to its
@@ -39,7 +39,10 @@ class CountingStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.calls: list[tuple[str, bool]] = []
+        self.refused: list[str] = []
+        """The calls noted since the last :meth:`watch` that raised, by name."""
         self.sender: asyncio.Task[Any] | None = None
+        self._answered = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self.store, name)
@@ -49,7 +52,14 @@ class CountingStore:
         @functools.wraps(found)
         async def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls.append((name, self._by_a_turn()))
-            return await found(*args, **kwargs)
+            try:
+                return await found(*args, **kwargs)
+            except Exception:
+                self.refused.append(name)
+                raise
+            finally:
+                self._answered.set()
+                self._answered = asyncio.Event()
 
         return counted
 
@@ -63,7 +73,14 @@ class CountingStore:
     def watch(self) -> None:
         """Count from now on, and count the calls this task makes."""
         self.calls.clear()
+        self.refused.clear()
         self.sender = asyncio.current_task()
+
+    async def until_refused(self, name: str) -> None:
+        """Wait until a call to ``name`` noted since the last :meth:`watch` raised."""
+        async with asyncio.timeout(10):
+            while name not in self.refused:
+                await self._answered.wait()
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -134,7 +151,7 @@ async def test_a_turn_that_waited_reads_its_choices_with_the_lease(
         counted.watch()
         result = await h.send("second", chat_id="c1")
         assert result.started
-        await asyncio.sleep(0.05)  # it waits, asking again now and then
+        await counted.until_refused("acquire_and_read")  # it waits, asking again now and then
         await counted.store.release(elsewhere)
         await h.settle()
         calls = counted.made_by_turns()

@@ -43,15 +43,25 @@ async def test_a_failed_fence_check_is_logged_and_changes_nothing(
 ) -> None:
     store = FlakyReads()
     often = LeaseSettings(fence_check=0.02)
-    async with GatewayHarness(EchoAgent(), store=store, leases=often) as h:
-        await h.send("sleep 0.4", chat_id="c")
+    finish = asyncio.Event()
+    runs: list[int] = []
+
+    async def agent(turn: Turn) -> str:
+        runs.append(turn.generation)
+        await finish.wait()
+        return "finished"
+
+    async with GatewayHarness(agent, store=store, leases=often) as h:
+        await h.send("go", chat_id="c")
         await h.until_running(chat_id="c")
         with caplog.at_level(logging.WARNING, logger="chatlane.runtime"):
             store.failing = True
-            await asyncio.sleep(0.1)
+            await eventually(lambda: "fence check failed: read failed" in caplog.text)
             store.failing = False
-        assert await h.replies(chat_id="c", count=1) == ["slept 0.4"]
-    assert "fence check failed: read failed" in caplog.text
+        finish.set()
+        assert await h.replies(chat_id="c", count=1) == ["finished"]
+        assert runs == [1]  # not fenced: it ran once
+        assert h.gateway.engine.metrics.lease_failures == 0
 
 
 async def test_a_bump_in_the_store_fences_the_running_turn_at_once_and_its_message_reruns() -> None:
@@ -64,10 +74,7 @@ async def test_a_bump_in_the_store_fences_the_running_turn_at_once_and_its_messa
         bumped = await store.bump_generation(started.session_key)
         turns = recorder.turns[started.session_key]
         await asyncio.wait_for(turns[0].interrupted.wait(), 1)
-        for _ in range(200):  # lost, not stopped: still queued, so it runs again
-            if len(turns) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(turns) == 2)  # lost, not stopped: still queued, it reruns
         assert turns[1].generation > bumped > turns[0].generation
         assert h.delivered(chat_id="c") == []
         assert h.gateway.engine.metrics.lease_failures == 1

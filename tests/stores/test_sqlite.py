@@ -11,7 +11,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ from chatlane.identity import SessionKey
 from chatlane.stores import MemoryStore, Store, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import MIGRATIONS, Location, connect, migrate, parse_url
+from tests.adapters.test_api import eventually
 from tests.keys import chat_key
 
 KEY = chat_key("c1")
@@ -59,6 +60,32 @@ def write_lock(path: Path) -> Iterator[threading.Event]:
     finally:
         release.set()
         thread.join(5)
+
+
+@contextlib.asynccontextmanager
+async def writer_held(store: SQLiteStore) -> AsyncIterator[Callable[[int], Awaitable[None]]]:
+    """Keep ``store``'s writer thread inside one operation until the block ends.
+
+    Calls made meanwhile wait in the writer's queue and are taken together
+    once the block ends. The yielded ``queued(count)`` waits until ``count``
+    calls wait there.
+    """
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(_: sqlite3.Connection) -> None:
+        entered.set()
+        release.wait(10)
+
+    async def queued(count: int) -> None:
+        await eventually(lambda: store._writer._queue.qsize() >= count)
+
+    held = store._write(hold)
+    try:
+        await eventually(entered.is_set)
+        yield queued
+    finally:
+        release.set()
+        await held
 
 
 def pragma(path: Path, name: str) -> object:
@@ -201,27 +228,24 @@ class TestWriterThread:
         assert store.stats.transactions - before < 20
         assert await store.load_persistent(KEY) == {f"f{i}": i for i in range(200)}
 
-    async def test_a_failing_operation_rolls_back_only_itself(
-        self, store: SQLiteStore, path: Path
-    ) -> None:
+    async def test_a_failing_operation_rolls_back_only_itself(self, store: SQLiteStore) -> None:
         lease = await store.acquire(KEY, "p1", 5)
         before = store.stats.transactions
-        with write_lock(path) as release:
+        async with writer_held(store) as queued:
             commits = [
                 store.set_persistent(KEY, lease.generation, **{f"f{i}": i}) for i in range(20)
             ]
             stale = store.set_persistent(KEY, lease.generation - 1, stale=True)
             tasks = [asyncio.ensure_future(c) for c in [*commits, stale]]
-            await asyncio.sleep(0.05)
-            release.set()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            await queued(len(tasks))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         assert store.stats.transactions - before <= 2  # the stale one shared a transaction
         assert results[:20] == [None] * 20
         assert isinstance(results[20], StaleGeneration)
         assert await store.load_persistent(KEY) == {f"f{i}": i for i in range(20)}
 
     async def test_an_operation_failing_after_it_wrote_undoes_only_its_own_writes(
-        self, store: SQLiteStore, path: Path
+        self, store: SQLiteStore
     ) -> None:
         def writes_then_fails(db: sqlite3.Connection) -> None:
             db.execute("INSERT INTO heartbeats (holder, expires_at) VALUES ('half', 1e12)")
@@ -231,13 +255,12 @@ class TestWriterThread:
             await store._write(writes_then_fails)
 
         reruns = store.stats.reruns
-        with write_lock(path) as release:
+        async with writer_held(store) as queued:
             commits = [store.set_persistent(KEY, None, **{f"f{i}": i}) for i in range(20)]
             broken = write_in_turn()  # queued in task order, between the commits
             tasks = [asyncio.ensure_future(c) for c in [*commits[:10], broken, *commits[10:]]]
-            await asyncio.sleep(0.05)
-            release.set()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            await queued(len(tasks))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         assert isinstance(results[10], ValueError)
         assert results[:10] + results[11:] == [None] * 20
         assert store.stats.reruns == reruns + 1
@@ -249,7 +272,7 @@ class TestWriterThread:
         assert await store.alive(["half"]) == {"half": False}
 
     async def test_a_turn_is_two_operations_and_a_refusal_reruns_nothing(
-        self, store: SQLiteStore, path: Path
+        self, store: SQLiteStore
     ) -> None:
         before = (store.stats.operations, store.stats.reruns)
         admission = await store.enqueue_and_acquire(KEY, "m1", "p1", b"", 5)
@@ -257,12 +280,11 @@ class TestWriterThread:
         await store.commit_and_release(admission.lease, WriteBatch(done=[admission.seq]))
         assert store.stats.operations - before[0] == 2
         await store.acquire(KEY, "p2", 5)
-        with write_lock(path) as release:  # many admissions, some refused, in one batch
+        async with writer_held(store) as queued:  # many admissions, all refused, in one batch
             calls = [store.enqueue_and_acquire(KEY, f"m{i}", "p1", b"", 5) for i in range(20)]
             tasks = [asyncio.ensure_future(call) for call in calls]
-            await asyncio.sleep(0.05)
-            release.set()
-            admissions = await asyncio.gather(*tasks)
+            await queued(len(tasks))
+        admissions = await asyncio.gather(*tasks)
         assert all(isinstance(a.refusal, SessionBusy) for a in admissions)
         assert store.stats.reruns == before[1]
         assert len(await store.pending(KEY)) == 20
@@ -274,18 +296,13 @@ class TestWriterThread:
         with write_lock(path):
             assert await asyncio.wait_for(store.generation(KEY), 1) == 1
 
-    async def test_a_call_cancelled_while_queued_is_never_applied(
-        self, store: SQLiteStore, path: Path
-    ) -> None:
-        with write_lock(path) as release:
-            first = asyncio.ensure_future(store.heartbeat("p1", 5))
-            await asyncio.sleep(0.05)  # the writer now waits for the lock with `first`
+    async def test_a_call_cancelled_while_queued_is_never_applied(self, store: SQLiteStore) -> None:
+        async with writer_held(store) as queued:
             cancelled = asyncio.ensure_future(store.acquire(KEY, "p1", 5))
-            await asyncio.sleep(0.01)
+            await queued(1)
             cancelled.cancel()
-            release.set()
-            await first
         assert await store.generation(KEY) == 0
+        assert cancelled.cancelled()
 
     async def test_event_loop_stays_responsive(self, store: SQLiteStore) -> None:
         """A write that takes a second holds up its caller, never the event loop.
