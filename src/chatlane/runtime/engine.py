@@ -111,7 +111,7 @@ class TurnEngine:
         self.store = store if store is not None else MemoryStore()
         self.leases = LeaseKeeper(self.store, holder or new_holder_id(), self.settings.leases)
         self.metrics = Metrics()
-        self.outcomes = OutcomeLedger(on_outcome or _unheard)
+        self.outcomes = OutcomeLedger(on_outcome)
         """Every accepted message's one outcome (:mod:`chatlane.runtime.outcomes`)."""
         self.slots = Slots(self.registry, self.store, self.settings, self.metrics, self._start)
         """Live turns, timers and promotion (:mod:`chatlane.runtime.slots`)."""
@@ -615,10 +615,6 @@ def _must_propagate(error: BaseException) -> bool:
         task = asyncio.current_task()
         return task is None or task.cancelling() > 0
     return False
-
-
-def _unheard(outcome: MessageOutcome) -> None:
-    """No one listens for outcomes (the engine was built without ``on_outcome``)."""
 
 
 __all__ = ["RuntimeSettings", "StopResult", "TurnEngine"]

@@ -65,7 +65,8 @@ OnOutcome = Callable[[MessageOutcome], None]
 class OutcomeLedger:
     """The messages an engine holds open, each ended once (see the module docstring)."""
 
-    def __init__(self, emit: OnOutcome) -> None:
+    def __init__(self, emit: OnOutcome | None) -> None:
+        """``emit`` hears each outcome; ``None``: no one listens (outcomes are still kept once)."""
         self._emit = emit
         self._open: dict[str, tuple[SessionKey, str]] = {}
         self._watched: dict[str, SessionKey] = {}
@@ -81,7 +82,7 @@ class OutcomeLedger:
         for message_id in message_ids:
             held = self._open.pop(message_id, None)
             self._watched.pop(message_id, None)
-            if held is not None:
+            if held is not None and self._emit is not None:
                 key, platform = held
                 self._emit(MessageOutcome(message_id, key, platform, outcome, text, reason))
 

@@ -71,7 +71,7 @@ class TurnOutput:
                     break
                 turn.touch()
                 parts.append(chunk)
-                await self._deliver(turn, OutboundKind.CHUNK, chunk)
+                await self._outlet.to_turn(turn, OutboundKind.CHUNK, chunk)
         finally:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
@@ -84,7 +84,7 @@ class TurnOutput:
         Once committed, the messages are answered, delivered or not.
         """
         if await self._commit(turn, "assistant", text):
-            await self._deliver(turn, OutboundKind.REPLY, text)
+            await self._outlet.to_turn(turn, OutboundKind.REPLY, text)
 
     async def failure(self, turn: Turn, error: BaseException) -> None:
         """Tell the sender the agent failed (the traceback goes to the log)."""
@@ -94,7 +94,7 @@ class TurnOutput:
         if turn.lease is None:
             self._outcomes.end(turn.message_ids, Outcome.FAILED, text, type(error).__name__)
         if turn.lease is None or await self._commit(turn, "notice", text, type(error).__name__):
-            await self._deliver(turn, OutboundKind.NOTICE, text)
+            await self._outlet.to_turn(turn, OutboundKind.NOTICE, text)
 
     async def _commit(self, turn: Turn, role: str, text: str, failure: str = "") -> bool:
         """Record the answer; True if it may be delivered.
@@ -154,9 +154,6 @@ class TurnOutput:
                 what="commit",
                 fields=_fields(turn),
             )
-
-    async def _deliver(self, turn: Turn, kind: OutboundKind, text: str) -> None:
-        await self._outlet.to_turn(turn, kind, text)
 
     def _fenced(self, turn: Turn, what: str) -> bool:
         log.info("fenced stale %s", what, extra=_fields(turn))

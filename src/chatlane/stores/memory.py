@@ -179,7 +179,8 @@ class MemoryStore(Store):
             raise StaleGeneration(key, generation, session.generation, "commit")
         moment = self._clock()
         cutoff = moment - self.answered_retention
-        repeated = [m for m in batch.answered if self._marked(m, cutoff) is not None]
+        marks = self._answered
+        repeated = [m for m in batch.answered if (mark := marks.get(m)) and mark.at > cutoff]
         if repeated:
             raise AlreadyAnswered(repeated, key=key)
         conversation = self._current(key, session)
@@ -189,8 +190,8 @@ class MemoryStore(Store):
         if fields:
             session.persistent.update(fields)
         for message_id in batch.answered:
-            self._answered.pop(message_id, None)  # a forgotten mark moves to the end
-            self._answered[message_id] = _Mark(moment, batch.answer)
+            marks.pop(message_id, None)  # a forgotten mark moves to the end
+            marks[message_id] = _Mark(moment, batch.answer)
         for seq in batch.done:
             self._remove_pending(session, seq)
 
