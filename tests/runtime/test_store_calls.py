@@ -20,6 +20,7 @@ import pytest
 
 from chatlane.context import current_session
 from chatlane.runtime.outcomes import Outcome
+from chatlane.runtime.turn import Turn
 from chatlane.stores import Admission, MemoryStore, Store, open_store
 from chatlane.testing import GatewayHarness
 from tests.runtime.agents import EchoAgent
@@ -113,7 +114,7 @@ async def test_a_message_to_an_idle_session_costs_two_store_calls(
     store = cast(Store, counted)
     async with GatewayHarness(EchoAgent(), store=store, reread_stored=reread_stored) as h:
         first = await one_turn(h, counted, "first")
-        assert first[-2:] == FUSED  # after reading a session this process never saw
+        assert first == FUSED  # a session this process never saw is read with its lease
         for n in range(3):
             assert await one_turn(h, counted, f"again {n}") == FUSED
         replies = await h.replies(chat_id="c1", count=4)
@@ -138,6 +139,50 @@ async def test_stored_choices_changed_elsewhere_reach_the_next_turn_without_a_re
         state = h.gateway.engine.registry.get(key)
         assert state.persistent.busy_policy is not None
         assert state.persistent.busy_policy.value == "reject"
+
+
+class Seen:
+    """Replies ``ok`` and notes each turn's generation and model override."""
+
+    def __init__(self) -> None:
+        self.turns: list[tuple[int, str | None]] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        model = turn.overrides.model
+        self.turns.append((turn.generation, None if model is None else model.name))
+        return "ok"
+
+
+async def test_a_session_another_process_ran_is_read_with_its_first_lease(
+    counted: CountingStore,
+) -> None:
+    agent, store = Seen(), cast(Store, counted)
+    async with GatewayHarness(agent, store=store) as h:
+        key = h.session_key(chat_id="c1")
+        for _ in range(3):  # another process ran three turns and chose a model
+            await counted.store.release(await counted.store.acquire(key, "elsewhere", 30))
+        await counted.store.set_persistent(key, None, model_override={"name": "m-elsewhere"})
+        assert await one_turn(h, counted, "first here") == FUSED
+        assert await one_turn(h, counted, "second here") == FUSED
+    assert agent.turns == [(4, "m-elsewhere"), (5, "m-elsewhere")]
+    assert await counted.store.generation(key) == 5
+
+
+async def test_a_session_busy_elsewhere_is_read_before_its_turn_waits(
+    counted: CountingStore,
+) -> None:
+    agent, store = Seen(), cast(Store, counted)
+    async with GatewayHarness(agent, store=store) as h:
+        key = h.session_key(chat_id="c1")
+        elsewhere = await counted.store.acquire(key, "another-process", 30)
+        counted.watch()
+        assert (await h.send("first here", chat_id="c1")).started
+        await counted.until_refused("acquire_and_read")  # it waits for the lease
+        await counted.store.release(elsewhere)
+        await h.settle()
+        calls = counted.made_by_turns()
+    assert calls[:3] == ["enqueue_and_acquire", "load_persistent", "generation"]
+    assert agent.turns == [(2, None)]
 
 
 async def test_a_turn_that_waited_reads_its_choices_with_the_lease(

@@ -58,7 +58,7 @@ from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, new_holder_id
-from chatlane.runtime.outcomes import MessageOutcome, OnOutcome, Outcome, OutcomeLedger
+from chatlane.runtime.outcomes import OnOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
@@ -159,16 +159,19 @@ class TurnEngine:
         :raises GatewayFull: a process-wide limit (:mod:`chatlane.runtime.capacity`) is
             reached; nothing was stored.
         """
-        state = await self.session(key)
+        state = self.registry.get(key)
         new_session = not state.is_busy
         self.capacity.reserve(message, new_session=new_session)
         try:
             payload = encode_message(message)
             if state.turn.is_running or self.slots.closed:
+                state = state if state.loaded else await self._load(key)
                 seq = await self.store.enqueue(key, message.id, self.holder, payload)
                 return await self.accept(key, message, seq)
-            stale = self._choices_stale(state)
+            stale = not state.loaded or self._choices_stale(state)
             admission = await self.leases.admit(state, message.id, payload, choices=stale)
+            if not state.loaded:
+                state = await self._load_admitted(key, admission)
             return await self.accept(key, message, admission.seq, admission, state)
         finally:
             self.capacity.settled(message, new_session=new_session)
@@ -183,6 +186,20 @@ class TurnEngine:
         generation = await self.store.generation(key)
         state = self.registry.get(key)
         load_persistent(state, fields, generation)
+        return state
+
+    async def _load_admitted(self, key: SessionKey, admission: Admission) -> SessionState:
+        """Load a session this process had not read from what the store said with its lease.
+
+        The lease was the generation's next one (taking a lease bumps it by
+        one) and came with the stored fields: no read of its own is needed.
+        Without a lease, the session is read as on any first use.
+        """
+        lease, fields = admission.lease, admission.persistent
+        if lease is None or fields is None:
+            return await self._load(key)
+        state = self.registry.get(key)
+        load_persistent(state, fields, lease.generation - 1)
         return state
 
     async def persist_conversation(self, key: SessionKey, **fields: object) -> None:

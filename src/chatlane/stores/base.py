@@ -18,7 +18,7 @@ against each backend:
 * :meth:`Store.acquire` is one atomic check-and-set: it fails with
   :class:`~chatlane.errors.SessionBusy` while another live lease exists (or
   with its subclass :class:`~chatlane.errors.EarlierMessageFirst` while a
-  message queued earlier must run first), and on success bumps the generation.
+  message queued earlier must run first), and on success bumps the generation by one.
 * Every write made for a turn goes through :meth:`Store.commit` with that
   turn's generation and is refused as a whole, atomically, with
   :class:`~chatlane.errors.StaleGeneration` once the generation moved on. An
