@@ -330,8 +330,9 @@ class TurnEngine:
             approvals=self.approvals,
         )
         self.slots.claim(turn)
-        context = bound_context(turn.source, turn.session_key)
-        turn.attach(asyncio.create_task(self._drive(turn, admission), context=context))
+        context = bound_context(messages[-1].source, state.key)
+        loop = asyncio.get_running_loop()
+        turn.attach(loop.create_task(self._drive(turn, admission), context=context))
         return turn
 
     async def _drive(self, turn: Turn, admission: Admission | None) -> None:

@@ -95,7 +95,7 @@ class Slots:
         if ran:
             outcome = "answered" if turn.answered else (ended_by or "fenced")
             self._metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
-        if ended_by is not TurnEnd.REORDERED:
+        if ended_by is not TurnEnd.REORDERED and turn.once_restore is not None:
             settle_once(turn)
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
