@@ -123,6 +123,29 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await bob.close()
 
 
+async def test_typing_on_never_answers_an_approval_that_appears(
+    browser: Browser, host: str
+) -> None:
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        box = page.get_by_role("textbox", name="Message")
+        await chat.say("approve rm -rf x")
+        await chat.sees(".approval", "rm -rf x")
+        await expect(box).to_be_focused()  # the card never takes the keyboard
+        await page.keyboard.type("still typing ")  # a space and an Enter land in the box
+        await page.keyboard.press("Enter")
+        await chat.sees(".msg.user", "still typing")
+        approve = page.get_by_role("button", name="Approve", exact=True)
+        await expect(approve).to_be_enabled()
+        await expect(page.locator(".msg.assistant", has_text="approved")).to_have_count(0)
+        await page.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
+        await chat.sees(".msg.assistant", "denied: rm -rf x")
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
 async def test_a_waiting_approval_survives_a_reload(browser: Browser, host: str) -> None:
     chat = await ChatPage.open(browser, host)
     try:

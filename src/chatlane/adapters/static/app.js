@@ -69,8 +69,9 @@
     actions.append(approve, deny, outcome);
     card.append(element("p", "approval-text", text), actions);
     if (id) state.approvals.set(id, [...(state.approvals.get(id) || []), card]);
+    // focus stays where the user is: a key typed into the message box must never
+    // approve; answering takes a click, or Tab to the buttons (the log announces the card)
     append(card);
-    approve.focus();
   }
 
   function answer(card, command, label) {
