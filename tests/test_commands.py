@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 import pytest
 
 from chatlane.commands import (
@@ -11,8 +14,11 @@ from chatlane.commands import (
     ParsedCommand,
     parse_command,
 )
+from chatlane.errors import StoreError
+from chatlane.runtime.outcomes import Outcome
+from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
-from chatlane.types import OutboundKind
+from chatlane.types import OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder
 
 
@@ -217,3 +223,89 @@ class TestBusyBehaviourIsData:
             assert await h.replies(chat_id="c", count=1) == [
                 "/bad failed unexpectedly; the error was logged."
             ]
+
+
+QUEUED_LINE = re.compile(r"  #(\d+) \d+s ann: “(.*)”")
+
+
+def last_text(h: GatewayHarness) -> str:
+    """The last thing delivered to chat c (a command's reply is sent before dispatch returns)."""
+    return h.delivered(chat_id="c")[-1].text
+
+
+async def queued_ids(h: GatewayHarness) -> dict[str, int]:
+    """What ``/status`` lists as queued: each message's preview and its short id."""
+    await h.send("/status", chat_id="c")
+    return {text: int(seq) for seq, text in QUEUED_LINE.findall(last_text(h))}
+
+
+async def test_status_lists_the_queue_and_unqueue_takes_one_message_out() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send("sleep 30", chat_id="c", user_name="ann")
+        await h.until_running(chat_id="c")
+        first = await h.send("first in line", chat_id="c", user_name="ann")
+        await h.send("second\nin   line " + "x" * 60, chat_id="c", user_name="ann")
+        listed = await queued_ids(h)
+        long_preview = "second in line " + "x" * 24 + "…"
+        assert list(listed) == ["first in line", long_preview]
+        assert listed["first in line"] < listed[long_preview]
+
+        await h.send(f"/unqueue #{listed['first in line']}", chat_id="c", user_name="ann")
+        notice, answer = h.delivered(chat_id="c")[-2:]
+        assert notice.kind is OutboundKind.NOTICE
+        assert notice.text == "Taken out of the queue, will not run: “first in line”"
+        assert notice.in_reply_to == (first.message_id,)
+        assert answer.text.startswith(f"Took #{listed['first in line']} out of the queue")
+        assert list(await queued_ids(h)) == [long_preview]
+        await h.send("/stop", chat_id="c")
+        await h.settle()
+        key = h.session_key(chat_id="c")
+        assert await h.gateway.engine.store.pending(key) == []
+    [dropped] = [o for o in h.outcomes if o.message_id == first.message_id]
+    assert dropped.outcome is Outcome.DROPPED
+    assert not any(o.text.startswith("echo: first") for o in h.delivered(chat_id="c"))
+
+
+@pytest.mark.parametrize(
+    ("args", "answer"),
+    [
+        ("", "Usage: /unqueue #<id>"),
+        ("first", "Usage: /unqueue #<id>"),
+        ("#12 #13", "Usage: /unqueue #<id>"),
+        ("#999999", "No message #999999 waits here (/status lists the queue)."),
+        ("7", "No message #7 waits here (/status lists the queue)."),
+    ],
+)
+async def test_unqueue_explains_what_it_cannot_do(args: str, answer: str) -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send(f"/unqueue {args}", chat_id="c")
+        assert answer in last_text(h)
+
+
+class DropFails(MemoryStore):
+    """Refuses the first ``drop_pending`` as an outage would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 1
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("the store is out of reach")
+        await super().drop_pending(key, seqs)
+
+
+async def test_a_message_the_store_could_not_drop_waits_in_its_place() -> None:
+    async with GatewayHarness(EchoAgent(), store=DropFails()) as h:
+        await h.send("sleep 30", chat_id="c", user_name="ann")
+        await h.until_running(chat_id="c")
+        for text in ("one", "two", "three"):
+            await h.send(text, chat_id="c", user_name="ann")
+        listed = await queued_ids(h)
+        await h.send(f"/unqueue #{listed['two']}", chat_id="c")
+        assert last_text(h).startswith(f"Could not take #{listed['two']} out of the queue (")
+        assert await queued_ids(h) == listed  # back in its place
+        await h.send(f"/unqueue #{listed['two']}", chat_id="c")
+        assert list(await queued_ids(h)) == ["one", "three"]
+        await h.send("/stop", chat_id="c")

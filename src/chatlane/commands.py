@@ -220,10 +220,39 @@ async def _status(call: CommandCall) -> str:
         activity = "idle"
     policy = engine.policy_for(state, call.message)
     origin = "session" if state.persistent.busy_policy is not None else "default"
-    return (
-        f"Status: {activity}\ngeneration: {state.persistent.run_generation}\n"
-        f"queued: {pending.pending_count(state)}\nbusy policy: {policy} ({origin})"
-    )
+    lines = [
+        f"Status: {activity}",
+        f"generation: {state.persistent.run_generation}",
+        f"queued: {pending.pending_count(state)}",
+        *(_queued_line(seq, message) for seq, message in pending.queued(state)),
+        f"busy policy: {policy} ({origin})",
+    ]
+    return "\n".join(lines)
+
+
+def _queued_line(seq: int, message: InboundMessage) -> str:
+    """One waiting message: its short id (for ``/unqueue``), its age, its author, its start."""
+    age = max(0, round(time.time() - message.received_at))
+    source = message.source
+    author = source.user_name or source.user_id or source.chat_name or "someone"
+    return f"  #{seq} {age}s {author}: {pending.preview(message)}"
+
+
+_SHORT_ID = re.compile(r"#?(\d{1,18})")
+
+
+async def _unqueue(call: CommandCall) -> str:
+    found = _SHORT_ID.fullmatch(call.args.strip())
+    if found is None:
+        raise UsageError("/unqueue needs the #id of a queued message, as /status lists it.")
+    seq = int(found.group(1))
+    try:
+        message = await call.engine.unqueue(call.session_key, seq)
+    except ChatlaneError as error:
+        return f"Could not take #{seq} out of the queue ({error}); it still waits."
+    if message is None:
+        return f"No message #{seq} waits here (/status lists the queue)."
+    return f"Took #{seq} out of the queue: {pending.preview(message)}; its sender was told."
 
 
 async def _busy(call: CommandCall) -> str:
@@ -260,10 +289,17 @@ BUILTIN_COMMANDS = (
     ),
     CommandSpec(
         "status",
-        "show whether a turn runs, the generation and the queue",
+        "show whether a turn runs, the generation and each queued message",
         "/status",
         CommandBusy.DISPATCH,
         _status,
+    ),
+    CommandSpec(
+        "unqueue",
+        "take one queued message out of the queue (its sender is told)",
+        "/unqueue #<id>",
+        CommandBusy.DISPATCH,
+        _unqueue,
     ),
     CommandSpec(
         "busy",

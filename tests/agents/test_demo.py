@@ -83,3 +83,20 @@ async def until(predicate: Callable[[], bool]) -> None:
             if predicate():
                 return
             await asyncio.sleep(0)
+
+
+async def test_stream_sends_numbered_chunks_and_stops_when_interrupted() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        await h.send("stream 3", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["1\n2\n3\n"]
+        chunks = [o.text for o in h.delivered(chat_id="c") if o.kind.value == "chunk"]
+        assert chunks == ["1\n", "2\n", "3\n"]
+        for n, text in enumerate(("stream 0", "stream 51", "stream x", "stream")):
+            await h.send(text, chat_id=f"u{n}")
+            assert await h.replies(chat_id=f"u{n}", count=1) == ["usage: stream <n> (1 to 50)"]
+        await h.send("stream 50", chat_id="g")
+        await h.until_running(chat_id="g")
+        await h.send("/stop", chat_id="g")
+        await h.settle()
+    streamed = [o.text for o in h.delivered(chat_id="g") if o.kind.value == "chunk"]
+    assert len(streamed) < 50

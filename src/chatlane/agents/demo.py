@@ -8,6 +8,9 @@
   replies ``slept <seconds>`` unless interrupted;
 * ``approve <command>`` → asks for approval; ``approved: …`` or ``denied: …``;
 * ``settings`` → ``model=… reasoning=… tier=…`` as resolved for this turn;
+* ``stream <n>`` (at most 50) → ``1``, ``2`` … ``n`` as chunks 0.2 s apart, so a
+  message sent meanwhile shows what the busy policy does; an interrupt ends
+  the stream at once (the reply is what was streamed so far);
 * anything else → ``echo: <text>``, streamed in a few chunks.
 """
 
@@ -22,6 +25,9 @@ from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET
 
 MAX_SLEEP = 60.0
+MAX_STREAM = 50
+STREAM_EVERY = 0.2
+"""Seconds between the chunks of ``stream <n>``."""
 PROGRESS_EVERY = 1.0
 """Seconds between the progress marks of a sleeping turn (so it is not evicted as stuck)."""
 
@@ -52,6 +58,8 @@ class DemoAgent:
             return f"{'approved' if approved else 'denied'}: {rest}"
         if command == "settings":
             return _settings(turn)
+        if command == "stream":
+            return _stream(turn, rest)
         return _echo(turn)
 
 
@@ -83,6 +91,17 @@ async def _interrupted_within(turn: Turn, seconds: float) -> bool:
             return True
         turn.touch()
     return turn.interrupted.is_set()
+
+
+async def _stream(turn: Turn, argument: str) -> AsyncIterator[str]:
+    """``1`` … ``n``, one chunk every :data:`STREAM_EVERY` seconds, until interrupted."""
+    if not argument.isdecimal() or not 1 <= int(argument) <= MAX_STREAM:
+        yield f"usage: stream <n> (1 to {MAX_STREAM})"
+        return
+    for number in range(1, int(argument) + 1):
+        if number > 1 and await _interrupted_within(turn, STREAM_EVERY):
+            return
+        yield f"{number}\n"
 
 
 def _settings(turn: Turn) -> str:

@@ -519,6 +519,32 @@ class TurnEngine:
         self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
         return StopResult(stopped, tuple(dropped), elsewhere)
 
+    async def unqueue(self, key: SessionKey, seq: int) -> InboundMessage | None:
+        """``/unqueue``: take one waiting message out of this process's queue and the store's.
+
+        It ends as dropped and its sender is told. The message leaves the
+        queue here before the store is asked, so it can never start meanwhile.
+
+        :returns: the message, or ``None`` if none waits here under ``seq``.
+        :raises ChatlaneError: the store could not drop it: it waits again, in its place.
+        """
+        state = self.registry.peek(key)
+        taken = None if state is None else pending.take(state, seq)
+        if state is None or taken is None:
+            return None
+        message, reruns = taken
+        try:
+            await self.store.drop_pending(key, [seq])
+        except ChatlaneError:
+            pending.insert_in_order(state, [message], [seq], reruns)
+            raise
+        if not pending.pending_entries(state):
+            self.slots.stop_collecting(state)
+        text = f"Taken out of the queue, will not run: {pending.preview(message)}"
+        await self.send(OutboundKind.NOTICE, key, message.source, text, (message.id,))
+        self.outcomes.end([message.id], Outcome.DROPPED, text)
+        return message
+
     async def _drop_elsewhere(self, key: SessionKey) -> int:
         """Drop the messages other processes accepted (their turns are fenced); count them."""
         foreign = [r.seq for r in await self.store.pending(key) if r.owner != self.holder]

@@ -71,6 +71,39 @@ def holds(state: SessionState, message_id: str) -> bool:
     return any(m.id == message_id for entry in pending_entries(state) for m in entry.messages)
 
 
+def queued(state: SessionState) -> list[tuple[int, InboundMessage]]:
+    """Every waiting message with its store ``seq``, in the order they will run."""
+    entries = pending_entries(state)
+    return [pair for e in entries for pair in zip(e.seqs, e.messages, strict=True)]
+
+
+def take(state: SessionState, seq: int) -> tuple[InboundMessage, int] | None:
+    """Take the message stored under ``seq`` out of the queue; it and its entry's reruns.
+
+    An entry left empty leaves the queue; ``None`` if no message waits under ``seq``.
+    """
+    queue = pending_entries(state)
+    for entry in queue:
+        if seq in entry.seqs:
+            index = entry.seqs.index(seq)
+            message = entry.messages.pop(index)
+            del entry.seqs[index]
+            if not entry.messages:
+                queue.remove(entry)
+            return message, entry.reruns
+    return None
+
+
+PREVIEW_CHARS = 40
+
+
+def preview(message: InboundMessage) -> str:
+    """The start of ``message``'s text on one line, quoted, to name it in a notice or a list."""
+    text = " ".join(message.text.split())
+    short = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+    return f"“{short}”"
+
+
 def smallest_seq(state: SessionState) -> int | None:
     """The smallest store seq waiting in the session's queue, if any."""
     queue = pending_entries(state)
