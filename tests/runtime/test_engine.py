@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from operator import attrgetter
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from chatlane.context import current_session
 from chatlane.errors import StaleGeneration
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
-from chatlane.runtime.turn import Turn
+from chatlane.runtime.turn import AS_DEFINED, PLAIN_READS, Turn
 from chatlane.stores import Admission, MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
@@ -377,6 +378,31 @@ async def test_an_agent_cannot_assign_what_the_engine_keeps(name: str) -> None:
         await h.send("hi", chat_id="c")
         assert await h.replies(chat_id="c", count=1) == ["gen 1"]
     assert refused == [name]
+
+
+async def test_each_plain_read_reads_what_its_definition_reads() -> None:
+    seen: list[Turn] = []
+
+    async def agent(turn: Turn) -> str:
+        seen.append(turn)
+        return "ok"
+
+    async with GatewayHarness(agent) as h:
+        await h.send("hi", chat_id="c")
+        await h.replies(chat_id="c", count=1)
+        await h.settle()
+    [turn] = seen
+    for path in PLAIN_READS.values():  # a distinct value behind each path: no two reads agree
+        owner, _, field = path.rpartition(".")
+        target = turn if not owner else attrgetter(owner)(turn)
+        if field not in ("key", "_state"):  # the state stays real: its key is read through it
+            setattr(target, field, object())
+    assert set(PLAIN_READS) == set(AS_DEFINED)
+    for name in PLAIN_READS:
+        defined = AS_DEFINED[name].fget
+        assert defined is not None
+        assert getattr(turn, name) is defined(turn), name
+        assert getattr(Turn, name).__doc__ == AS_DEFINED[name].__doc__
 
 
 async def test_queue_depth_counts_the_messages_waiting_behind_running_turns() -> None:

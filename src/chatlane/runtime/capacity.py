@@ -59,7 +59,9 @@ class CapacitySettings:
 
 def message_bytes(message: InboundMessage) -> int:
     """What ``message`` counts against ``queued_bytes``."""
-    return len(message.text.encode("utf-8", "surrogatepass")) + MESSAGE_OVERHEAD
+    text = message.text
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return size + MESSAGE_OVERHEAD
 
 
 class Capacity:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -391,6 +392,44 @@ class Turn:
 
     def __repr__(self) -> str:
         return f"<Turn {self.session_key!r} gen={self.generation} messages={len(self.messages)}>"
+
+
+PLAIN_READS: dict[str, str] = {
+    "session_key": "_state.key",
+    "messages": "_messages",
+    "message_ids": "_message_ids",
+    "overrides": "_overrides",
+    "generation": "_record.generation",
+    "session_state": "_state",
+    "lease": "_record.lease",
+    "ended_by": "_record.ended_by",
+    "answered": "_record.answered",
+    "finished": "_record.finished",
+    "reruns": "_record.reruns",
+    "refusable": "_record.refusable",
+    "task": "_record.task",
+    "once_restore": "_record.once_restore",
+    "last_progress": "_record.last_progress",
+}
+"""The read-only properties of :class:`Turn` that only read an attribute, with its path.
+
+The engine reads them many times per message, so each is served by a getter
+built in C (:func:`operator.attrgetter`) instead of its Python body, which
+stays the typed, documented definition; a test checks the two read the same.
+"""
+
+
+AS_DEFINED: dict[str, property] = {}
+"""The Python definitions :data:`PLAIN_READS` replaced, kept to check them against."""
+
+
+def _read_plainly(cls: type[Turn]) -> None:
+    for name, path in PLAIN_READS.items():
+        defined = AS_DEFINED[name] = cls.__dict__[name]
+        setattr(cls, name, property(attrgetter(path), doc=defined.__doc__))
+
+
+_read_plainly(Turn)
 
 
 def running_turn_of(state: SessionState) -> Turn | None:

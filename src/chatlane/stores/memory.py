@@ -112,7 +112,11 @@ class MemoryStore(Store):
         session = self._sessions[key]
         if self._live_lease(session) is not None:
             raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
-        if head_seq is not None and _earlier_foreign(session, head_seq, holder):
+        if (
+            head_seq is not None
+            and len(session.pending) > 1
+            and _earlier_foreign(session, head_seq, holder)
+        ):
             raise EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key)
         if max_active and (active := self._active()) >= max_active:
             raise ActiveSessionLimit(
