@@ -304,7 +304,7 @@ BUILTIN_COMMANDS = (
     CommandSpec(
         "busy",
         "set what happens to messages sent while a turn runs",
-        "/busy [queue|collect|interrupt|steer|reject|default]",
+        "/busy [queue|collect|rollback|steer|reject|default]",
         CommandBusy.DISPATCH,
         _busy,
     ),

@@ -308,3 +308,20 @@ async def test_collect_never_merges_two_authors_and_the_author_approves() -> Non
         replies = await h.replies(chat_id="g", thread_id="t", count=7)
     assert replies[-1] == "echo: and some more"
     assert agent.authors == [["alice"], ["alice"], ["bob"]]
+
+
+@pytest.mark.parametrize("name", ["rollback", "interrupt", " Interrupt "])
+def test_rollback_is_read_by_its_name_and_its_former_one(name: str) -> None:
+    assert BusyPolicy.parse(name) is BusyPolicy.ROLLBACK
+    assert BusyPolicy.INTERRUPT is BusyPolicy.ROLLBACK
+    assert "interrupt" not in [policy.value for policy in BusyPolicy]
+
+
+async def test_a_session_choice_stored_as_interrupt_reads_as_rollback() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        key = h.session_key(chat_id="c")
+        await h.gateway.engine.store.set_persistent(key, None, busy_policy="interrupt")
+        await h.send("/busy", chat_id="c")
+        await h.send("/busy interrupt", chat_id="d")
+        assert await h.replies(chat_id="c", count=1) == ["Busy policy: rollback"]
+        assert await h.replies(chat_id="d", count=1) == ["Busy policy for this session: rollback"]

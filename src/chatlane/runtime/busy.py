@@ -25,8 +25,10 @@ class BusyPolicy(enum.StrEnum):
     """First in, first out: the message becomes its own turn after the current one."""
     COLLECT = "collect"
     """Merged with the other messages that arrive while busy into one follow-up turn."""
-    INTERRUPT = "interrupt"
-    """The running turn is told to stop and the message runs next."""
+    ROLLBACK = "rollback"
+    """The running turn is stopped, nothing of it is kept, and the message runs next."""
+    INTERRUPT = "rollback"
+    """The former name of :attr:`ROLLBACK`, still read everywhere a policy is named."""
     STEER = "steer"
     """The text is handed to the running turn, if its agent accepts steering."""
     REJECT = "reject"
@@ -39,7 +41,14 @@ class BusyPolicy(enum.StrEnum):
             return cls(value.strip().lower())
         except ValueError:
             choices = ", ".join(p.value for p in cls)
-            raise ConfigError(f"{what}: {value!r} is not one of: {choices}") from None
+            raise ConfigError(
+                f"{what}: {value!r} is not one of: {choices} (or interrupt, for rollback)"
+            ) from None
+
+    @classmethod
+    def _missing_(cls, value: object) -> BusyPolicy | None:
+        """``interrupt`` (the former name, in configs and stores) reads as :attr:`ROLLBACK`."""
+        return cls.ROLLBACK if value == "interrupt" else None
 
 
 class BusyOutcome(enum.StrEnum):
@@ -126,7 +135,7 @@ def _preferred(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
         return BusyOutcome.MERGED
     if policy is BusyPolicy.STEER and ctx.agent_accepts_steering and ctx.queued == 0:
         return BusyOutcome.STEERED
-    if policy is BusyPolicy.INTERRUPT and _may_interrupt(ctx):
+    if policy is BusyPolicy.ROLLBACK and _may_interrupt(ctx):
         return BusyOutcome.INTERRUPTING
     return BusyOutcome.QUEUED
 
