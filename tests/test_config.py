@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from chatlane.config import Config, ServerConfig, load_config
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType
-from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.busy import BusyPolicy, BusySettings, Overflow
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.serve import configure, uvicorn_config
@@ -50,7 +50,7 @@ def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
 
 
 def test_the_runtime_table_decodes_into_the_engine_settings(tmp_path: Path) -> None:
-    text = '[runtime]\nbusy = " Collect "\nqueue_cap = 7\n'
+    text = '[runtime]\nbusy = " Collect "\nqueue_cap = 7\noverflow = "drop-oldest"\n'
     text += '[runtime.busy_per_chat_type]\ngroup = "reject"\n[limits]\nqueued_bytes = 4096\n'
     environ = {
         "CHATLANE_RUNTIME__BUSY_PER_PLATFORM": '{ telegram = "interrupt" }',
@@ -60,7 +60,7 @@ def test_the_runtime_table_decodes_into_the_engine_settings(tmp_path: Path) -> N
     runtime = load_config(write(tmp_path, text), environ=environ).runtime
     assert isinstance(runtime, RuntimeSettings)
     assert runtime.busy == BusySettings(
-        BusyPolicy.COLLECT, {"telegram": BusyPolicy.INTERRUPT}, {ChatType.GROUP: BusyPolicy.REJECT}
+        BusyPolicy.COLLECT, {"telegram": BusyPolicy.ROLLBACK}, {ChatType.GROUP: BusyPolicy.REJECT}
     )
     assert (runtime.queue_cap, runtime.leases.ttl, runtime.leases.max_active_sessions) == (
         7,
@@ -68,6 +68,7 @@ def test_the_runtime_table_decodes_into_the_engine_settings(tmp_path: Path) -> N
         64,
     )
     assert runtime.capacity == CapacitySettings(queued_bytes=4096, live_sessions=9)
+    assert runtime.overflow is Overflow.DROP_OLDEST
     assert load_config(environ={}).runtime == Config().runtime
 
 
@@ -80,6 +81,10 @@ def test_the_runtime_table_decodes_into_the_engine_settings(tmp_path: Path) -> N
         ('[runtime]\nbusy = "wait"', "'runtime.busy' = 'wait': expected one of: queue, collect"),
         ("[runtime]\nqueue_cap = 0", "'runtime.queue_cap' = 0: expected a whole number > 0"),
         ("[runtime]\nqueue_cap = 2.5", "'runtime.queue_cap' = 2.5: expected a whole number > 0"),
+        (
+            '[runtime]\noverflow = "drop-newest"',
+            "'runtime.overflow' = 'drop-newest': expected one of: refuse-new, drop-oldest",
+        ),
         (
             "[runtime]\nfence_check = -1",
             "'runtime.fence_check' = -1: expected a finite number >= 0",

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from chatlane.errors import ConfigError
+from chatlane.errors import ConfigError, StoreError
 from chatlane.identity import ChatType, SessionSource
+from chatlane.runtime.arrivals import DROPPED_OLDEST
 from chatlane.runtime.busy import (
     BusyContext,
     BusyOutcome,
     BusyPolicy,
     BusySettings,
+    Overflow,
     decide,
     resolve_policy,
 )
+from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
+from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
-from chatlane.types import OutboundKind
+from chatlane.types import OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent, UntakenSteers
 
 IDLE_CTX = BusyContext(
@@ -325,3 +330,79 @@ async def test_a_session_choice_stored_as_interrupt_reads_as_rollback() -> None:
         await h.send("/busy interrupt", chat_id="d")
         assert await h.replies(chat_id="c", count=1) == ["Busy policy: rollback"]
         assert await h.replies(chat_id="d", count=1) == ["Busy policy for this session: rollback"]
+
+
+class Gate:
+    """Holds the turn of ``hold`` until :attr:`opened`; answers ``ran: <text>``."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        if turn.text == "hold":
+            await self.opened.wait()
+        return f"ran: {turn.text}"
+
+
+class FirstDropFails(MemoryStore):
+    """Refuses the first ``drop_pending`` as an outage would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused_once = False
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        if not self.refused_once:
+            self.refused_once = True
+            raise StoreError("the store is out of reach")
+        await super().drop_pending(key, seqs)
+
+
+async def test_drop_oldest_makes_room_and_tells_the_dropped_message_sender() -> None:
+    gate = Gate()
+    async with GatewayHarness(gate, queue_cap=2, overflow=Overflow.DROP_OLDEST) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        sent = {text: await h.send(text, chat_id="c") for text in ("a", "b", "c")}
+        assert [r.outcome for r in sent.values()] == [BusyOutcome.QUEUED] * 3
+        [notice] = [o for o in h.delivered(chat_id="c") if o.kind is OutboundKind.NOTICE]
+        assert notice.text == f"{DROPPED_OLDEST}: “a”"
+        assert notice.in_reply_to == (sent["a"].message_id,)
+        gate.opened.set()
+        await h.settle()
+        key = h.session_key(chat_id="c")
+        assert await h.gateway.engine.store.pending(key) == []
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", "ran: b", "ran: c"]
+    ends = {o.message_id: o.outcome for o in h.outcomes}
+    assert ends[sent["a"].message_id] is Outcome.DROPPED
+    assert ends[sent["c"].message_id] is Outcome.ANSWERED
+    assert h.gateway.engine.metrics.busy_outcomes[("dropped_oldest", "queue")] == 1
+
+
+async def test_a_message_the_store_would_not_drop_still_runs() -> None:
+    gate = Gate()
+    store = FirstDropFails()
+    async with GatewayHarness(gate, store=store, queue_cap=1, overflow="drop-oldest") as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        for text in ("a", "b"):
+            await h.send(text, chat_id="c")
+        gate.opened.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", "ran: a", "ran: b"]  # the queue went one past its cap
+
+
+async def test_refuse_new_is_the_default_overflow() -> None:
+    gate = Gate()
+    async with GatewayHarness(gate, queue_cap=1) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        await h.send("a", chat_id="c")
+        refused = await h.send("b", chat_id="c")
+        assert refused.outcome is BusyOutcome.QUEUE_FULL
+        gate.opened.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", "ran: a"]

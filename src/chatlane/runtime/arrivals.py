@@ -10,6 +10,12 @@ and tells the sender. What stays true:
   on its first refused acquire (:mod:`chatlane.runtime.elsewhere`): ``reject``
   refuses it, ``interrupt`` interrupts the other process's turn through the
   store, anything else lets it wait for the lease.
+* A message that finds the queue full is refused, unless the overflow is
+  ``drop-oldest``: then the oldest waiting message leaves the queue (here
+  and in the store, its sender told) and the new one waits in its place.
+* A message taken out of the queue (overflow, ``/unqueue``) leaves it here
+  before the store is asked, so it never starts meanwhile; if the store cannot
+  drop it, it waits again in its place.
 * The sender of a message that waits hears so at most once per
   ``ack_debounce`` per session; refusals ("rejected", "queue full") always
   answer, and internal events never get an ack.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from chatlane.errors import ActiveSessionLimit, ChatlaneError
 from chatlane.logs import turn_fields
@@ -30,6 +37,7 @@ from chatlane.runtime.busy import (
     BusyContext,
     BusyOutcome,
     BusyPolicy,
+    Overflow,
     ack_text,
     decide,
     resolve_policy,
@@ -37,6 +45,7 @@ from chatlane.runtime.busy import (
 from chatlane.runtime.elsewhere import interrupt_elsewhere, outcome_elsewhere
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import AcquireWait
+from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.slots import Slots
@@ -46,6 +55,9 @@ from chatlane.stores.base import Store
 from chatlane.types import Agent, InboundMessage, OutboundKind, accepts_steering
 
 log = logging.getLogger("chatlane.runtime")
+
+DROPPED_OLDEST = "Dropped from a full queue to make room for a newer message"
+"""The notice the sender of a message dropped by the ``drop-oldest`` overflow gets."""
 
 
 class BusyDesk:
@@ -62,6 +74,7 @@ class BusyDesk:
         store: Store,
         metrics: Metrics,
         outlet: Outlet,
+        outcomes: OutcomeLedger,
         slots: Slots,
     ) -> None:
         self._settings = settings
@@ -69,6 +82,7 @@ class BusyDesk:
         self._store = store
         self._metrics = metrics
         self._outlet = outlet
+        self._outcomes = outcomes
         self._slots = slots
 
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
@@ -81,6 +95,11 @@ class BusyDesk:
         """Apply the busy policy to ``message`` (stored under ``seq``) and tell its sender."""
         policy = self.policy_for(state, message)
         outcome = self._apply(state, message, seq, policy)
+        room = self._room(state) if outcome is BusyOutcome.QUEUE_FULL else None
+        if room is not None:  # the oldest left the queue here: the new message takes its place
+            outcome = self._apply(state, message, seq, policy)
+            self._metrics.busy("dropped_oldest", policy.value)
+            await self._let_go(state, room, DROPPED_OLDEST)
         self._metrics.busy(outcome.value, policy.value)
         if outcome in ALWAYS_ANSWERED:
             await self._store.drop_pending(state.key, [seq])
@@ -103,6 +122,52 @@ class BusyDesk:
         elif outcome is BusyOutcome.STEERED and turn is not None:
             turn.steer(message, seq)
         return outcome
+
+    def _room(self, state: SessionState) -> Taken | None:
+        """Under ``drop-oldest``, take the oldest waiting message out of the queue here."""
+        waiting = pending.queued(state)
+        if self._settings.overflow is not Overflow.DROP_OLDEST or not waiting:
+            return None
+        seq, _ = waiting[0]
+        return _taken(state, seq)
+
+    async def take_out(self, state: SessionState, seq: int, notice: str) -> InboundMessage | None:
+        """Take the message waiting under ``seq`` out of the queue, here and in the store.
+
+        It ends as dropped; its sender gets ``notice`` with the start of its text.
+
+        :returns: the message, or ``None`` if none waits here under ``seq``.
+        :raises ChatlaneError: the store could not drop it: it waits again, in its place.
+        """
+        taken = _taken(state, seq)
+        if taken is None:
+            return None
+        await self._let_go(state, taken, notice, reraise=True)
+        return taken.message
+
+    async def _let_go(
+        self, state: SessionState, taken: Taken, notice: str, *, reraise: bool = False
+    ) -> None:
+        """Drop a message taken out of the queue from the store too, and tell its sender.
+
+        If the store cannot drop it, it waits again in its place (even past the
+        cap: a message the store keeps is never lost), and the error is logged
+        or, with ``reraise``, raised.
+        """
+        message, seq = taken.message, taken.seq
+        try:
+            await self._store.drop_pending(state.key, [seq])
+        except ChatlaneError as error:
+            pending.insert_in_order(state, [message], [seq], taken.reruns)
+            if reraise:
+                raise
+            log.warning("could not drop a message: %s", error, extra=turn_fields(state.key))
+            return
+        if not pending.pending_entries(state):
+            self._slots.stop_collecting(state)
+        text = f"{notice}: {pending.preview(message)}"
+        await self._outlet.send(OutboundKind.NOTICE, state.key, message.source, text, (message.id,))
+        self._outcomes.end([message.id], Outcome.DROPPED, text)
 
     def _context(
         self, state: SessionState, message: InboundMessage, turn: Turn | None
@@ -213,6 +278,20 @@ class BusyDesk:
         log.info("interrupted elsewhere", extra=turn_fields(state.key, interrupted))
         if self._ack_due(state, message):
             self._tell(turn, OutboundKind.ACK, ack_text(BusyOutcome.INTERRUPTING, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A message taken out of a session's queue here, not yet out of the store's."""
+
+    message: InboundMessage
+    seq: int
+    reruns: int
+
+
+def _taken(state: SessionState, seq: int) -> Taken | None:
+    found = pending.take(state, seq)
+    return None if found is None else Taken(found[0], seq, found[1])
 
 
 def _not_interruptible(turn: Turn | None) -> bool:

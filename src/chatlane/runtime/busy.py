@@ -51,6 +51,24 @@ class BusyPolicy(enum.StrEnum):
         return cls.ROLLBACK if value == "interrupt" else None
 
 
+class Overflow(enum.StrEnum):
+    """What one more message does to a session whose queue holds ``queue_cap`` messages."""
+
+    REFUSE_NEW = "refuse-new"
+    """The new message is refused with a "Queue full" notice; the queue stays as it is."""
+    DROP_OLDEST = "drop-oldest"
+    """The oldest waiting message is dropped (its sender is told) and the new one waits."""
+
+    @classmethod
+    def parse(cls, value: str) -> Overflow:
+        """Read an overflow name, raising :class:`ConfigError` that lists the choices."""
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            choices = ", ".join(o.value for o in cls)
+            raise ConfigError(f"overflow: {value!r} is not one of: {choices}") from None
+
+
 class BusyOutcome(enum.StrEnum):
     """What the engine does with a message for a busy session."""
 

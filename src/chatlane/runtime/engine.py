@@ -127,7 +127,7 @@ class TurnEngine:
             self.store, self.leases, self.outlet, self.metrics, self.outcomes, self.slots
         )
         self.busy = BusyDesk(
-            self.settings, agent, self.store, self.metrics, self.outlet, self.slots
+            self.settings, agent, self.store, self.metrics, self.outlet, self.outcomes, self.slots
         )
         self.upkeep = Upkeep(
             self.leases,
@@ -529,21 +529,9 @@ class TurnEngine:
         :raises ChatlaneError: the store could not drop it: it waits again, in its place.
         """
         state = self.registry.peek(key)
-        taken = None if state is None else pending.take(state, seq)
-        if state is None or taken is None:
+        if state is None:
             return None
-        message, reruns = taken
-        try:
-            await self.store.drop_pending(key, [seq])
-        except ChatlaneError:
-            pending.insert_in_order(state, [message], [seq], reruns)
-            raise
-        if not pending.pending_entries(state):
-            self.slots.stop_collecting(state)
-        text = f"Taken out of the queue, will not run: {pending.preview(message)}"
-        await self.send(OutboundKind.NOTICE, key, message.source, text, (message.id,))
-        self.outcomes.end([message.id], Outcome.DROPPED, text)
-        return message
+        return await self.busy.take_out(state, seq, "Taken out of the queue, will not run")
 
     async def _drop_elsewhere(self, key: SessionKey) -> int:
         """Drop the messages other processes accepted (their turns are fenced); count them."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chatlane.runtime.busy import BusySettings
+from chatlane.runtime.busy import BusySettings, Overflow
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.limits import Count, CountOrZero, PositiveSeconds, Seconds, check_bounds
 from chatlane.types import InboundMessage
@@ -61,7 +61,10 @@ class LeaseSettings:
 class RuntimeSettings:
     """Tunables of the turn engine; every duration is in seconds.
 
-    :param queue_cap: messages that may wait per session; one more gets a notice.
+    :param queue_cap: messages that may wait per session.
+    :param overflow: what one more message does to a full queue
+        (:class:`~chatlane.runtime.busy.Overflow`): refused (the default), or
+        the oldest waiting message makes room for it.
     :param collect_debounce: quiet time before a ``collect`` follow-up starts.
     :param interrupt_grace: how long an interrupted agent may wind down before
         its task is cancelled.
@@ -84,6 +87,7 @@ class RuntimeSettings:
 
     busy: BusySettings = field(default_factory=BusySettings)
     queue_cap: Count = 32
+    overflow: Overflow = Overflow.REFUSE_NEW
     collect_debounce: Seconds = 0.5
     interrupt_grace: Seconds = 5.0
     interrupt_depth: Count = 3
@@ -96,6 +100,7 @@ class RuntimeSettings:
 
     def __post_init__(self) -> None:
         check_bounds(self)
+        object.__setattr__(self, "overflow", Overflow.parse(self.overflow))
 
 
 @dataclass(frozen=True, slots=True)
