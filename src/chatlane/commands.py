@@ -105,6 +105,10 @@ class CommandSpec:
     handler: CommandHandler
     hidden: bool = False
     """Not listed by /help (used for the answer to a plain "no")."""
+    sends_as: str = ""
+    """A busy policy: the command's text is sent on as a message under it
+    (``/steer``, ``/now``) instead of running ``handler``, which only runs
+    when the text is missing."""
 
 
 class CommandRouter:
@@ -268,6 +272,10 @@ async def _busy(call: CommandCall) -> str:
     return f"Busy policy for this session: {policy}"
 
 
+async def _needs_text(call: CommandCall) -> str:
+    raise UsageError("This command sends its text as a message: give the text.")
+
+
 async def _cancelled(call: CommandCall) -> str:
     return "Cancelled; nothing changed."
 
@@ -286,6 +294,22 @@ BUILTIN_COMMANDS = (
     ),
     CommandSpec(
         "queue", "queue text as its own turn", "/queue <text>", CommandBusy.DISPATCH, _queue
+    ),
+    CommandSpec(
+        "steer",
+        "hand the text to the running turn (queued if it cannot take it)",
+        "/steer <text>",
+        CommandBusy.DISPATCH,
+        _needs_text,
+        sends_as="steer",
+    ),
+    CommandSpec(
+        "now",
+        "send the text now: the running turn is stopped and rolled back",
+        "/now <text>",
+        CommandBusy.DISPATCH,
+        _needs_text,
+        sends_as="rollback",
     ),
     CommandSpec(
         "status",

@@ -207,9 +207,17 @@ class Gateway:
             self.scheduler.touch(key, message.source)
         parsed = None if message.internal else await self._command_for(key, message)
         if parsed is not None:
-            return await self._run_command(key, message, parsed)
+            policy = self._sends_as(parsed)
+            if not policy:
+                return await self._run_command(key, message, parsed)
+            message = msgspec.structs.replace(message, text=parsed.args, busy_policy=policy)
         outcome = await self.engine.submit(key, message)
         return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+
+    def _sends_as(self, parsed: ParsedCommand) -> str:
+        """The busy policy ``parsed`` sends its text on under (``/steer``, ``/now``), if any."""
+        spec = self.router.get(parsed.name)
+        return spec.sends_as if spec is not None and parsed.args else ""
 
     async def _run_command(
         self, key: SessionKey, message: InboundMessage, parsed: ParsedCommand

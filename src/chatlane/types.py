@@ -51,6 +51,9 @@ class InboundMessage(msgspec.Struct, frozen=True):
 
     ``internal`` marks messages the gateway made itself (a background task's
     completion, a cron result): they never interrupt a running turn, they queue.
+    ``busy_policy`` names the busy policy this one message asks for over its
+    session's (``/steer``, ``/now``); empty: the session's. It is stored with
+    the message, so it holds in whichever process runs the session.
     """
 
     source: SessionSource
@@ -58,6 +61,7 @@ class InboundMessage(msgspec.Struct, frozen=True):
     id: str = msgspec.field(default_factory=new_message_id)
     internal: bool = False
     received_at: float = msgspec.field(default_factory=time.time)
+    busy_policy: str = ""
 
     def cleaned(self) -> InboundMessage:
         """This message, with lone surrogates in its text and source made U+FFFD.

@@ -406,3 +406,46 @@ async def test_refuse_new_is_the_default_overflow() -> None:
         await h.settle()
     ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
     assert ran == ["ran: hold", "ran: a"]
+
+
+async def test_steer_command_steers_one_message_whatever_the_session_policy() -> None:
+    async with GatewayHarness(SteeringAgent(), ack_debounce=0) as h:  # the session queues
+        await h.send("start", chat_id="c")
+        left = await h.send("/steer left", chat_id="c")
+        right = await h.send("/steer right", chat_id="c")
+        assert (left.outcome, right.outcome) == (BusyOutcome.STEERED, BusyOutcome.STEERED)
+        assert (await h.replies(chat_id="c", count=3))[-1] == "start + left + right"
+        await h.settle()
+    ends = {o.message_id: o.outcome for o in h.outcomes}
+    assert ends[left.message_id] is ends[right.message_id] is Outcome.ANSWERED
+
+
+async def test_now_command_rolls_the_running_turn_back_and_runs_first() -> None:
+    async with GatewayHarness(EchoAgent(), ack_debounce=0) as h:  # the session queues
+        await h.send("sleep 30", chat_id="c")
+        await h.until_running(chat_id="c")
+        await h.send("queued behind", chat_id="c")
+        urgent = await h.send("/now urgent", chat_id="c")
+        assert urgent.outcome is BusyOutcome.INTERRUPTING
+        await h.settle()
+    texts = [o.text for o in h.delivered(chat_id="c") if o.kind is not OutboundKind.CHUNK]
+    assert "Interrupting the current task" in texts
+    assert texts.index("echo: queued behind") < texts.index("echo: urgent")
+    assert not any(text.startswith("slept") for text in texts)
+
+
+@pytest.mark.parametrize("command", ["/steer", "/now", "/now   "])
+async def test_steer_and_now_without_text_show_their_usage(command: str) -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        result = await h.send(command, chat_id="c")
+        [reply] = await h.replies(chat_id="c", count=1)
+    assert result.command == command.split()[0][1:]
+    assert "give the text" in reply
+    assert "Usage: /" in reply
+
+
+async def test_now_on_an_idle_session_is_a_plain_message() -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        result = await h.send("/now hello", chat_id="c")
+        assert result.started
+        assert await h.replies(chat_id="c", count=1) == ["echo: hello"]

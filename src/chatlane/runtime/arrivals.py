@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from chatlane.errors import ActiveSessionLimit, ChatlaneError
+from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
@@ -86,7 +86,12 @@ class BusyDesk:
         self._slots = slots
 
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
-        """The busy policy in force for ``message`` in ``state``'s session."""
+        """The busy policy in force for ``message``: its own if it names one, else its session's."""
+        if message.busy_policy:
+            try:
+                return BusyPolicy.parse(message.busy_policy)
+            except ConfigError as error:
+                log.warning("ignoring the message's busy policy: %s", error)
         return resolve_policy(self._settings.busy, message.source, state.persistent.busy_policy)
 
     # -- the session runs here ---------------------------------------------------
