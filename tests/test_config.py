@@ -51,6 +51,7 @@ def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
 
 def test_the_runtime_table_decodes_into_the_engine_settings(tmp_path: Path) -> None:
     text = '[runtime]\nbusy = " Collect "\nqueue_cap = 7\noverflow = "drop-oldest"\n'
+    text += "coalesce = { telegram = 1.5 }\ncoalesce_max_wait = 4\n"
     text += '[runtime.busy_per_chat_type]\ngroup = "reject"\n[limits]\nqueued_bytes = 4096\n'
     environ = {
         "CHATLANE_RUNTIME__BUSY_PER_PLATFORM": '{ telegram = "interrupt" }',
@@ -69,6 +70,7 @@ def test_the_runtime_table_decodes_into_the_engine_settings(tmp_path: Path) -> N
     )
     assert runtime.capacity == CapacitySettings(queued_bytes=4096, live_sessions=9)
     assert runtime.overflow is Overflow.DROP_OLDEST
+    assert (dict(runtime.coalesce), runtime.coalesce_max_wait) == ({"telegram": 1.5}, 4)
     assert load_config(environ={}).runtime == Config().runtime
 
 
@@ -81,6 +83,7 @@ def test_the_runtime_table_decodes_into_the_engine_settings(tmp_path: Path) -> N
         ('[runtime]\nbusy = "wait"', "'runtime.busy' = 'wait': expected one of: queue, collect"),
         ("[runtime]\nqueue_cap = 0", "'runtime.queue_cap' = 0: expected a whole number > 0"),
         ("[runtime]\nqueue_cap = 2.5", "'runtime.queue_cap' = 2.5: expected a whole number > 0"),
+        ("[runtime]\ncoalesce = { telegram = -1 }", "'runtime.coalesce.*': expected a finite"),
         (
             '[runtime]\noverflow = "drop-newest"',
             "'runtime.overflow' = 'drop-newest': expected one of: refuse-new, drop-oldest",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from chatlane.errors import ConfigError, StoreError
 from chatlane.identity import ChatType, SessionSource
+from chatlane.runtime import pending
 from chatlane.runtime.arrivals import DROPPED_OLDEST
 from chatlane.runtime.busy import (
     BusyContext,
@@ -22,10 +24,13 @@ from chatlane.runtime.busy import (
     resolve_policy,
 )
 from chatlane.runtime.outcomes import Outcome
+from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
+from chatlane.state import SessionRegistry
 from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
-from chatlane.types import OutboundKind, SessionKey
+from chatlane.types import InboundMessage, OutboundKind, SessionKey
+from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent, UntakenSteers
 
 IDLE_CTX = BusyContext(
@@ -449,3 +454,61 @@ async def test_now_on_an_idle_session_is_a_plain_message() -> None:
         result = await h.send("/now hello", chat_id="c")
         assert result.started
         assert await h.replies(chat_id="c", count=1) == ["echo: hello"]
+
+
+async def test_an_idle_session_coalesces_a_senders_split_message() -> None:
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder), coalesce={"test": 0.3}) as h:
+        first = await h.send("the first half", chat_id="c")
+        second = await h.send("and the second", chat_id="c")
+        assert (first.started, first.outcome) == (False, BusyOutcome.MERGED)
+        assert second.outcome is BusyOutcome.MERGED
+        assert await h.replies(chat_id="c", count=1) == ["echo: the first half\nand the second"]
+        await h.settle()
+        key = h.session_key(chat_id="c")
+        assert await h.gateway.engine.store.pending(key) == []
+    ends = {o.message_id: o.outcome for o in h.outcomes}
+    assert ends[first.message_id] is ends[second.message_id] is Outcome.ANSWERED
+
+
+async def test_coalescing_keeps_each_author_apart_and_other_platforms_unchanged() -> None:
+    async with GatewayHarness(EchoAgent(), coalesce={"test": 0.3}) as h:
+        for user, text in (("ann", "from ann"), ("bob", "from bob"), ("ann", "more from ann")):
+            await h.send(text, chat_id="g", chat_type="group", user_id=user)
+        plain = await h.send("right away", chat_id="c", platform="web")
+        assert plain.started
+        replies = await h.replies(chat_id="g", count=2)
+    assert sorted(replies) == ["echo: from ann\nmore from ann", "echo: from bob"]
+
+
+async def test_stop_empties_a_coalescing_buffer() -> None:
+    async with GatewayHarness(EchoAgent(), coalesce={"test": 30}) as h:
+        held = await h.send("wait for it", chat_id="c")
+        await h.send("/stop", chat_id="c")
+        [reply] = await h.replies(chat_id="c", count=1)
+        assert reply == "Nothing was running here. Dropped 1 queued message."
+        await h.send("next", chat_id="c")
+        await h.send("/status", chat_id="c")
+        status = h.delivered(chat_id="c")[-1].text
+        assert status.startswith("Status: collecting messages for the next turn")
+        await h.send("/stop", chat_id="c")
+    assert {o.message_id: o.outcome for o in h.outcomes}[held.message_id] is Outcome.DROPPED
+
+
+def test_a_coalescing_turn_never_waits_past_its_max_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    state = SessionRegistry().get(chat_key("c"))
+    source = SessionSource("test", chat_id="c", user_id="u")
+    for seq in range(1, 50):  # a steady stream, a message every half second
+        pending.collect(state, InboundMessage(source, f"m{seq}"), seq, 1.0, max_wait=5.0)
+        [entry] = pending.pending_entries(state)
+        assert entry.ready_at == min(clock[0] + 1.0, 1005.0)
+        clock[0] += 0.5
+    assert entry.delay() == 0  # it starts, however steadily messages came
+
+
+@pytest.mark.parametrize("window", [-1, float("inf"), float("nan"), "soon", True])
+def test_a_bad_coalescing_window_is_named(window: object) -> None:
+    with pytest.raises(ConfigError, match=r"coalesce\.telegram"):
+        RuntimeSettings(coalesce={"telegram": window})  # type: ignore[dict-item]

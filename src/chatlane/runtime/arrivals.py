@@ -50,7 +50,7 @@ from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, running_turn_of
-from chatlane.state import SessionState
+from chatlane.state import SessionState, SlotPhase
 from chatlane.stores.base import Store
 from chatlane.types import Agent, InboundMessage, OutboundKind, accepts_steering
 
@@ -111,10 +111,33 @@ class BusyDesk:
         await self._acknowledge(state, message, outcome)
         return outcome
 
+    # -- coalescing: an idle session waits for more of a sender's messages --------------
+
+    def coalesces(self, message: InboundMessage) -> bool:
+        """Whether ``message``'s platform coalesces messages to an idle session."""
+        return not message.internal and self._settings.coalesce.get(message.source.platform, 0) > 0
+
+    def coalesce(self, state: SessionState, message: InboundMessage, seq: int) -> BusyOutcome:
+        """Hold ``message`` (already stored) for its session's next turn, with what follows it.
+
+        The turn starts once its sender was quiet for the platform's window,
+        or ``coalesce_max_wait`` after its first message; a message of another
+        sender waits as its own turn. Nothing is acknowledged: no turn runs.
+        """
+        settings = self._settings
+        window = settings.coalesce.get(message.source.platform, 0)
+        pending.collect(state, message, seq, window, settings.coalesce_max_wait)
+        if state.turn.phase is SlotPhase.IDLE:
+            self._slots.promote(state)  # holds the slot until the window runs out
+        return BusyOutcome.MERGED
+
     def _apply(
         self, state: SessionState, message: InboundMessage, seq: int, policy: BusyPolicy
     ) -> BusyOutcome:
         turn = running_turn_of(state)
+        coalescing = turn is None and state.turn.phase is SlotPhase.COLLECTING
+        if coalescing and self.coalesces(message) and not self._full(state):
+            return self.coalesce(state, message, seq)
         outcome = decide(policy, self._context(state, message, turn))
         if outcome is BusyOutcome.QUEUED:
             pending.enqueue(state, message, seq)
@@ -173,6 +196,9 @@ class BusyDesk:
         text = f"{notice}: {pending.preview(message)}"
         await self._outlet.send(OutboundKind.NOTICE, state.key, message.source, text, (message.id,))
         self._outcomes.end([message.id], Outcome.DROPPED, text)
+
+    def _full(self, state: SessionState) -> bool:
+        return pending.pending_count(state) >= self._settings.queue_cap
 
     def _context(
         self, state: SessionState, message: InboundMessage, turn: Turn | None

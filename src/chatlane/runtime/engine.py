@@ -164,7 +164,7 @@ class TurnEngine:
         self.capacity.reserve(message, new_session=new_session)
         try:
             payload = encode_message(message)
-            if state.turn.is_running or self.slots.closed:
+            if state.turn.is_running or self.slots.closed or self.busy.coalesces(message):
                 state = state if state.loaded else await self._load(key)
                 seq = await self.store.enqueue(key, message.id, self.holder, payload)
                 return await self.accept(key, message, seq)
@@ -236,6 +236,8 @@ class TurnEngine:
         state = held if held is not None and self.registry.peek(key) is held else None
         if state is None:
             state = self.registry.get(key)
+        if not state.turn.is_running and self.busy.coalesces(message):
+            return self.busy.coalesce(state, message, seq)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,), refusable=True, admission=admission)
             return None

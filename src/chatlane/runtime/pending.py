@@ -9,6 +9,7 @@ always have one author.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ class PendingEntry:
     """``time.monotonic()`` reading before which a collecting entry does not start."""
     reruns: int = 0
     """How many earlier turns ran these messages and lost their lease before answering."""
+    latest: float = math.inf
+    """``time.monotonic()`` reading a collecting entry never waits past, however often pushed."""
 
     def delay(self) -> float:
         """Seconds until this entry may start (0 when it may start now)."""
@@ -112,21 +115,29 @@ def smallest_seq(state: SessionState) -> int | None:
     return min((seq for entry in queue for seq in entry.seqs), default=None)
 
 
-def collect(state: SessionState, message: InboundMessage, seq: int, debounce: float) -> None:
+def collect(
+    state: SessionState,
+    message: InboundMessage,
+    seq: int,
+    debounce: float,
+    max_wait: float = math.inf,
+) -> None:
     """Merge ``message`` into the last collecting entry of its author (or start one).
 
     Only the last entry can take it, and only if the same user wrote that
     entry's messages: a message of another author waits as its own turn, so
     every turn has one author — the one who answers its approvals. The
-    entry's deadline is pushed back by ``debounce``.
+    entry's deadline is pushed back by ``debounce``, but never past
+    ``max_wait`` after the entry started.
     """
     queue = pending_entries(state)
+    now = time.monotonic()
     if not queue or not _takes(queue[-1], message):
-        queue.append(PendingEntry(collecting=True))
+        queue.append(PendingEntry(collecting=True, latest=now + max_wait))
     entry = queue[-1]
     entry.messages.append(message)
     entry.seqs.append(seq)
-    entry.ready_at = time.monotonic() + debounce
+    entry.ready_at = min(now + debounce, entry.latest)
 
 
 def _takes(entry: PendingEntry, message: InboundMessage) -> bool:

@@ -8,8 +8,12 @@ They are also what the configuration's ``[runtime]`` table decodes into
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
+from chatlane.errors import ConfigError
 from chatlane.runtime.busy import BusySettings, Overflow
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.limits import Count, CountOrZero, PositiveSeconds, Seconds, check_bounds
@@ -66,6 +70,11 @@ class RuntimeSettings:
         (:class:`~chatlane.runtime.busy.Overflow`): refused (the default), or
         the oldest waiting message makes room for it.
     :param collect_debounce: quiet time before a ``collect`` follow-up starts.
+    :param coalesce: per platform, the quiet time an idle session waits for
+        more of a sender's messages before its turn starts (messages that
+        arrive within it become one turn); none by default.
+    :param coalesce_max_wait: the longest a coalescing turn waits after its
+        first message, however steadily messages keep coming.
     :param interrupt_grace: how long an interrupted agent may wind down before
         its task is cancelled.
     :param interrupt_depth: consecutive interrupts of one session after which
@@ -89,6 +98,8 @@ class RuntimeSettings:
     queue_cap: Count = 32
     overflow: Overflow = Overflow.REFUSE_NEW
     collect_debounce: Seconds = 0.5
+    coalesce: Mapping[str, Seconds] = field(default_factory=dict)
+    coalesce_max_wait: Seconds = 5.0
     interrupt_grace: Seconds = 5.0
     interrupt_depth: Count = 3
     ack_debounce: Seconds = 30.0
@@ -101,6 +112,17 @@ class RuntimeSettings:
     def __post_init__(self) -> None:
         check_bounds(self)
         object.__setattr__(self, "overflow", Overflow.parse(self.overflow))
+        object.__setattr__(self, "coalesce", _windows(self.coalesce))
+
+
+def _windows(coalesce: Mapping[str, float]) -> Mapping[str, float]:
+    """``coalesce`` frozen, every window a finite number of seconds >= 0."""
+    for platform, seconds in coalesce.items():
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise ConfigError(f"coalesce.{platform}: expected seconds, got {seconds!r}")
+        if not 0 <= seconds < math.inf:
+            raise ConfigError(f"coalesce.{platform} = {seconds}: expected a finite number >= 0")
+    return MappingProxyType(dict(coalesce))
 
 
 @dataclass(frozen=True, slots=True)
