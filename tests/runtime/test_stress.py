@@ -47,9 +47,9 @@ class StressAgent:
         try:
             self.seen[key].extend(turn.message_ids)
             await self._work(turn)
-            self.seen[key].extend(m.id for m in turn.steered if m.id not in self.seen[key])
             return f"done {turn.generation}"
-        finally:
+        finally:  # steered text it took counts as seen, even if the turn was cancelled
+            self.seen[key].extend(m.id for m in turn.steered if m.id not in self.seen[key])
             self.active[key] -= 1
 
     async def _work(self, turn: Turn) -> None:
@@ -68,13 +68,25 @@ class StressAgent:
                 self.cross_talk.append(turn.session_key)
 
 
-async def _chat(h: GatewayHarness, chat: str, rng: random.Random, queue_some: bool) -> list[str]:
-    """Send ``MESSAGES`` messages; with ``queue_some``, about one in five as ``/queue``."""
+async def _chat(
+    h: GatewayHarness,
+    chat: str,
+    rng: random.Random,
+    queue_some: bool,
+    commands: tuple[str, ...] = (),
+) -> list[str]:
+    """Send ``MESSAGES`` messages; with ``queue_some``, about one in five as ``/queue``.
+
+    ``commands`` (such as ``/steer``, ``/now``): about one message in four is
+    sent as one of them, picked at random.
+    """
     sent = []
     for i in range(MESSAGES):
         text = f"{chat}/{i}"
         if queue_some and rng.random() < 0.2:
             text = f"/queue {text}"  # queued whatever the policy: behind any steered message
+        elif commands and rng.random() < 0.25:
+            text = f"{rng.choice(commands)} {text}"
         result = await h.send(text, chat_id=chat, user_id=f"u-{chat}")
         sent.append(result.message_id)
         if rng.random() < 0.7:
@@ -90,18 +102,50 @@ async def _chat(h: GatewayHarness, chat: str, rng: random.Random, queue_some: bo
 async def test_thousand_sessions_under_every_policy(policy: BusyPolicy, takes_steers: bool) -> None:
     """``takes_steers=False``: an agent that accepts steering but never takes any."""
     agent = StressAgent(seed=hash(policy.value) & 0xFFFF, takes_steers=takes_steers)
+    await _stress(agent, {"busy": policy}, queue_some=not takes_steers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant",
+    ["drop-oldest", "coalesce", "steer-and-now"],
+)
+async def test_thousand_sessions_under_overflow_coalescing_and_per_message_policies(
+    variant: str,
+) -> None:
+    """A full queue dropping its oldest; coalescing idle sessions; `/steer` and `/now` mixed in."""
+    agent = StressAgent(seed=len(variant))
+    settings: dict[str, object] = {"busy": BusyPolicy.QUEUE}
+    commands: tuple[str, ...] = ()
+    if variant == "drop-oldest":
+        settings["overflow"] = "drop-oldest"
+    elif variant == "coalesce":
+        settings["coalesce"] = {"test": 0.002}
+    else:
+        commands = ("/steer", "/now")
+    await _stress(agent, settings, commands=commands)
+
+
+async def _stress(
+    agent: StressAgent,
+    settings: dict[str, object],
+    *,
+    queue_some: bool = False,
+    commands: tuple[str, ...] = (),
+) -> None:
+    """Every session's messages, sent at once, checked as the module docstring says."""
     rng = random.Random(7)
     async with GatewayHarness(
         agent,
-        busy=policy,
         queue_cap=8,
         collect_debounce=0.002,
         interrupt_grace=0.05,
         ack_debounce=0.0,
+        **settings,
     ) as h:
         chats = [f"chat:{n}" for n in range(SESSIONS)]
         sent = await asyncio.gather(
-            *(_chat(h, chat, random.Random(rng.random()), not takes_steers) for chat in chats)
+            *(_chat(h, chat, random.Random(rng.random()), queue_some, commands) for chat in chats)
         )
         await h.settle(timeout=50)
 
