@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter, defaultdict
+from typing import Any
 
 import pytest
 
@@ -115,7 +116,7 @@ async def test_thousand_sessions_under_overflow_coalescing_and_per_message_polic
 ) -> None:
     """A full queue dropping its oldest; coalescing idle sessions; `/steer` and `/now` mixed in."""
     agent = StressAgent(seed=len(variant))
-    settings: dict[str, object] = {"busy": BusyPolicy.QUEUE}
+    settings: dict[str, Any] = {"busy": BusyPolicy.QUEUE}
     commands: tuple[str, ...] = ()
     if variant == "drop-oldest":
         settings["overflow"] = "drop-oldest"
@@ -128,7 +129,7 @@ async def test_thousand_sessions_under_overflow_coalescing_and_per_message_polic
 
 async def _stress(
     agent: StressAgent,
-    settings: dict[str, object],
+    settings: dict[str, Any],
     *,
     queue_some: bool = False,
     commands: tuple[str, ...] = (),
