@@ -512,3 +512,21 @@ def test_a_coalescing_turn_never_waits_past_its_max_wait(monkeypatch: pytest.Mon
 def test_a_bad_coalescing_window_is_named(window: object) -> None:
     with pytest.raises(ConfigError, match=r"coalesce\.telegram"):
         RuntimeSettings(coalesce={"telegram": window})  # type: ignore[dict-item]
+
+
+def test_the_queue_stays_in_store_order_whatever_order_messages_reach_it() -> None:
+    state = SessionRegistry().get(chat_key("c"))
+    source = SessionSource("test", chat_id="c", user_id="u")
+    for seq in (5, 9, 2, 7):
+        pending.enqueue(state, InboundMessage(source, f"m{seq}"), seq)
+    pending.collect(state, InboundMessage(source, "m1"), 1, 0.5)  # earlier than all: its own turn
+    pending.collect(state, InboundMessage(source, "m10"), 10, 0.5)
+    pending.collect(state, InboundMessage(source, "m11"), 11, 0.5)  # joins m10's entry
+    assert [entry.seqs for entry in pending.pending_entries(state)] == [
+        [1],
+        [2],
+        [5],
+        [7],
+        [9],
+        [10, 11],
+    ]

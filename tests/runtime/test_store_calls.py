@@ -23,6 +23,7 @@ from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import Admission, MemoryStore, Store, open_store
 from chatlane.testing import GatewayHarness
+from chatlane.types import SessionKey
 from tests.runtime.agents import EchoAgent
 from tests.stores.conftest import forget_redis_prefix
 
@@ -240,3 +241,36 @@ async def test_a_lease_taken_for_a_message_that_finds_a_turn_started_is_given_ba
     assert await store.pending(key) == []
     assert await store.active_sessions() == 0
     assert [o.outcome for o in h.outcomes].count(Outcome.ANSWERED) == 2
+
+
+class SlowFirstLoad(MemoryStore):
+    """The first ``load_persistent`` waits for :attr:`gate` (its caller is between the
+    store call that queued its message and the engine taking the message in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.reading = asyncio.Event()
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        if not self.reading.is_set():
+            self.reading.set()
+            await self.gate.wait()
+        return await super().load_persistent(key)
+
+
+async def test_messages_taken_in_out_of_store_order_still_run_in_store_order() -> None:
+    store = SlowFirstLoad()
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        key = h.session_key(chat_id="c1")
+        elsewhere = await store.acquire(key, "another-process", 30)
+        first = asyncio.create_task(h.send("a", chat_id="c1"))  # queued first, read slowly
+        await store.reading.wait()
+        for text in ("z", "b", "c"):  # queued after it, taken in before it
+            await h.send(text, chat_id="c1")
+        store.gate.set()
+        await first
+        await store.release(elsewhere)
+        replies = await h.replies(chat_id="c1", count=5, timeout=10)  # one ack, four answers
+    echoes = [reply for reply in replies if reply.startswith("echo: ")]
+    assert echoes == ["echo: a", "echo: z", "echo: b", "echo: c"]

@@ -5,6 +5,13 @@ The queue lives in the session's conversation scope (``queued_events``), one
 keeps absorbing its author's messages until it starts, and does not start
 before its ``ready_at`` (the debounce deadline). The messages of one entry
 always have one author.
+
+The queue is kept in store order (by ``seq``) however messages reach it: a
+message can be taken in here after one the store accepted later (its own
+store call answered first), and the next turn must still be the earliest
+one. A turn waiting for its lease gives way to an earlier message queued
+behind it, so a queue out of order could start the same later turn again
+and again.
 """
 
 from __future__ import annotations
@@ -51,8 +58,12 @@ def pending_count(state: SessionState) -> int:
 
 
 def enqueue(state: SessionState, message: InboundMessage, seq: int) -> None:
-    """Queue ``message`` as its own future turn."""
-    pending_entries(state).append(PendingEntry([message], [seq]))
+    """Queue ``message`` as its own future turn, in its place in store order."""
+    queue = pending_entries(state)
+    if queue and queue[-1].seqs and max(queue[-1].seqs) > seq:
+        insert_in_order(state, [message], [seq])  # the store accepted it before the last one
+    else:
+        queue.append(PendingEntry([message], [seq]))
 
 
 def insert_in_order(
@@ -131,6 +142,9 @@ def collect(
     ``max_wait`` after the entry started.
     """
     queue = pending_entries(state)
+    if queue and queue[-1].seqs and max(queue[-1].seqs) > seq:
+        insert_in_order(state, [message], [seq])  # earlier than what collects: its own turn
+        return
     now = time.monotonic()
     if not queue or not _takes(queue[-1], message):
         queue.append(PendingEntry(collecting=True, latest=now + max_wait))
