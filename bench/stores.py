@@ -78,7 +78,8 @@ TARGET_REDIS_RATIO = 5.0
 TARGET_SQLITE_US = 150.0
 """SQLite passes when a turn costs at most this many µs of CPU."""
 TARGET_OVER_MEMORY = 8.0
-"""SQLite and Redis pass when an engine turn costs at most this many times memory's, in CPU."""
+"""SQLite and Redis pass when an engine turn (the ``fused`` line) costs at most this many
+times memory's, in CPU."""
 MAX_REDIS_IN_FLIGHT = 100
 """redis-py's default pool (aiogram's and the PING line's) fails past 100 concurrent commands."""
 LEASE_TTL = 30.0
@@ -391,7 +392,10 @@ def figures_json(rounds: tuple[float, ...]) -> dict[str, Any]:
 
 
 RATIO_FORMS = ("engine", "fused")
-"""The forms whose durable-store / memory ratios are shown; ``engine``'s are judged."""
+"""The forms whose durable-store / memory ratios are shown."""
+JUDGED_FORM = "fused"
+"""The form judged against memory: the two calls a ``TurnEngine`` turn makes today (``engine``
+is the older three-call pattern, kept for comparison with earlier figures)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,11 +436,12 @@ class Report:
         if sqlite is not None:
             rule = f"sqlite turn <= {TARGET_SQLITE_US:g} µs, CPU µs"
             found.append(Target(rule, sqlite, TARGET_SQLITE_US))
-        memory = self.cpu("memory/engine")
+        memory = self.cpu(f"memory/{JUDGED_FORM}")
         for backend in ("sqlite", "redis"):
-            durable = self.cpu(f"{backend}/engine")
+            durable = self.cpu(f"{backend}/{JUDGED_FORM}")
             if memory is not None and durable is not None:
-                rule = f"{backend} engine / memory engine <= {TARGET_OVER_MEMORY:g}x, CPU ratio"
+                limit = f"{TARGET_OVER_MEMORY:g}x"
+                rule = f"{backend} engine turn ({JUDGED_FORM}) / memory's <= {limit}, CPU"
                 found.append(Target(rule, durable / memory, TARGET_OVER_MEMORY))
         return found
 

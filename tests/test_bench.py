@@ -83,21 +83,24 @@ def test_stores_judges_durable_engine_turns_against_memory_on_cpu() -> None:
         return Rounds(wall_us=(cpu * 3,), cpu_us=(cpu,))
 
     lines = {
+        "memory/fused": line(10.0),
+        "sqlite/fused": line(79.0),
+        "redis/fused": line(81.0),
         "memory/engine": line(10.0),
-        "sqlite/engine": line(79.0),
-        "redis/engine": line(81.0),
+        "sqlite/engine": line(90.0),
         "sqlite/turn": line(151.0),
     }
     report = Report(Workload(1, 1, 1), None, lines, {})
     verdicts = {target.rule.split(",")[0]: target.passed for target in report.targets()}
     assert verdicts == {
         "sqlite turn <= 150 µs": False,
-        "sqlite engine / memory engine <= 8x": True,
-        "redis engine / memory engine <= 8x": False,
+        "sqlite engine turn (fused) / memory's <= 8x": True,
+        "redis engine turn (fused) / memory's <= 8x": False,
     }
     assert report.ratios() == {
-        "sqlite/engine / memory/engine": (7.9, 7.9),
-        "redis/engine / memory/engine": (8.1, 8.1),
+        "sqlite/engine / memory/engine": (9.0, 9.0),
+        "sqlite/fused / memory/fused": (7.9, 7.9),
+        "redis/fused / memory/fused": (8.1, 8.1),
     }
 
 
