@@ -10,6 +10,9 @@ Redis server. What stays true:
   overlap, and at most ``in_flight`` operations are in flight.
 * Every input is prepared before the clock starts; only the store calls (or
   ``feed_update``, or the ``PING``) are timed.
+* Each timed section records its wall time and the process's CPU time (every
+  thread: the SQLite writer's too, not the Redis server's); a figure is µs
+  per operation, the median over rounds. Targets are judged on CPU time.
 * Each run starts on an empty namespace: a new memory store, a new SQLite file,
   a new Redis key prefix. A run's Redis keys are deleted afterwards, by prefix
   (never ``FLUSHDB``).
@@ -48,9 +51,13 @@ from redis.asyncio import Redis
 from bench.common import (
     BOT_ID,
     BenchError,
+    Elapsed,
+    Target,
     aiogram_counters,
     check_counts,
-    drive,
+    describe_machine,
+    drive_timed,
+    machine,
     on_message,
     plan_lanes,
     positive,
@@ -69,7 +76,10 @@ BACKENDS = ("memory", "sqlite", "redis")
 TARGET_REDIS_RATIO = 5.0
 """Redis passes when aiogram's cost per update is at least this many times its cost per turn."""
 TARGET_SQLITE_US = 150.0
-"""SQLite passes when a turn costs at most this many µs."""
+"""SQLite passes when a turn costs at most this many µs of CPU."""
+TARGET_OVER_MEMORY = 8.0
+"""SQLite and Redis pass when an engine turn (the ``fused`` line) costs at most this many
+times memory's, in CPU."""
 MAX_REDIS_IN_FLIGHT = 100
 """redis-py's default pool (aiogram's and the PING line's) fails past 100 concurrent commands."""
 LEASE_TTL = 30.0
@@ -258,13 +268,13 @@ async def check_store(line: str, store: Store, keys: list[SessionKey], turns: in
 
 async def run_store(
     backend: str, form: str, redis_url: str, workload: Workload, lanes: list[list[int]]
-) -> int:
-    """One timed run of ``form`` turns on a fresh ``backend`` store; the wall time in ns."""
+) -> Elapsed:
+    """One timed run of ``form`` turns on a fresh ``backend`` store."""
     keys = [session_key(s) for s in range(workload.sessions)]
     inputs = numbered(lanes, keys)
     turn = FORMS[form]
     async with fresh_store(backend, redis_url) as store:
-        elapsed = await drive(inputs, lambda item: turn(store, *item))
+        elapsed = await drive_timed(inputs, lambda item: turn(store, *item))
         await check_store(f"{backend}/{form}", store, keys, workload.turns)
     return elapsed
 
@@ -272,8 +282,8 @@ async def run_store(
 # --- redis-py and aiogram on the same server ---------------------------------------------
 
 
-async def run_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -> int:
-    """One timed run of a ``PING`` per turn on a fresh redis-py client; the wall time in ns."""
+async def run_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -> Elapsed:
+    """One timed run of a ``PING`` per turn on a fresh redis-py client."""
     client = Redis.from_url(redis_url)
     try:
         return await time_pings("redis-py", client.ping, workload, lanes)
@@ -281,7 +291,7 @@ async def run_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -
         await client.aclose()
 
 
-async def run_resp_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -> int:
+async def run_resp_ping(redis_url: str, workload: Workload, lanes: list[list[int]]) -> Elapsed:
     """The same ``PING``s through the client chatlane's Redis store uses (one connection)."""
     client = RespClient(parse_url(redis_url)[0])
     await client.execute("PING")  # connected before the clock starts, as the store is
@@ -297,8 +307,8 @@ async def run_resp_ping(redis_url: str, workload: Workload, lanes: list[list[int
 
 async def time_pings(
     side: str, ping: Callable[[], Awaitable[object]], workload: Workload, lanes: list[list[int]]
-) -> int:
-    """Wall time in ns of one ``PING`` per turn of ``lanes``; raises unless each was answered."""
+) -> Elapsed:
+    """One ``PING`` per turn of ``lanes``, timed; raises unless each was answered."""
     answered = 0
 
     async def one(_: int) -> None:
@@ -306,14 +316,14 @@ async def time_pings(
         pong = await ping()  # awaited first: `answered += await …` would lose counts
         answered += bool(pong)
 
-    elapsed = await drive(lanes, one)
+    elapsed = await drive_timed(lanes, one)
     if answered != workload.total:
         raise BenchError(f"{side}: {answered} PONGs for {workload.total} PINGs")
     return elapsed
 
 
-async def run_aiogram(redis_url: str, workload: Workload, lanes: list[list[int]]) -> int:
-    """One timed run on a fresh dispatcher and key prefix; the wall time in ns."""
+async def run_aiogram(redis_url: str, workload: Workload, lanes: list[list[int]]) -> Elapsed:
+    """One timed run on a fresh dispatcher and key prefix."""
     prefix = unique_prefix("aiogram")
     storage = RedisStorage(Redis.from_url(redis_url), key_builder=DefaultKeyBuilder(prefix=prefix))
     dp = Dispatcher(storage=storage, events_isolation=storage.create_isolation())
@@ -327,7 +337,7 @@ async def run_aiogram(redis_url: str, workload: Workload, lanes: list[list[int]]
             raise BenchError("aiogram left an update unhandled")
 
     try:
-        elapsed = await drive(inputs, handle)
+        elapsed = await drive_timed(inputs, handle)
         counters = await aiogram_counters(storage, workload.sessions)
     finally:
         await bot.session.close()
@@ -339,7 +349,7 @@ async def run_aiogram(redis_url: str, workload: Workload, lanes: list[list[int]]
 
 # --- measuring and reporting --------------------------------------------------
 
-Run = Callable[[Workload, list[list[int]]], Awaitable[int]]
+Run = Callable[[Workload, list[list[int]]], Awaitable[Elapsed]]
 
 
 def plan_lines(backends: Sequence[str], redis_url: str) -> dict[str, Run]:
@@ -356,71 +366,102 @@ def plan_lines(backends: Sequence[str], redis_url: str) -> dict[str, Run]:
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
-    """One target check: ``measured`` µs against a ``limit`` in µs."""
+class Rounds:
+    """One line's µs per operation in every timed round: wall time and CPU time."""
 
-    name: str
-    rule: str
-    measured: float
-    limit: float
+    wall_us: tuple[float, ...]
+    cpu_us: tuple[float, ...]
 
     @property
-    def passed(self) -> bool:
-        return self.measured <= self.limit
+    def wall(self) -> float:
+        return statistics.median(self.wall_us)
 
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """µs per operation of every timed round, per line."""
-
-    workload: Workload
-    redis: RedisServer | None
-    rounds_us: dict[str, tuple[float, ...]]
-
-    def median(self, line: str) -> float | None:
-        rounds = self.rounds_us.get(line)
-        return None if rounds is None else statistics.median(rounds)
-
-    def targets(self) -> list[Target]:
-        """The checks whose lines were measured."""
-        found: list[Target] = []
-        redis, aiogram = self.median("redis/turn"), self.median("aiogram/redis")
-        if redis is not None and aiogram is not None:
-            rule = f"redis turn <= aiogram update / {TARGET_REDIS_RATIO:g}"
-            found.append(Target("redis", rule, redis, aiogram / TARGET_REDIS_RATIO))
-        sqlite = self.median("sqlite/turn")
-        if sqlite is not None:
-            rule = f"sqlite turn <= {TARGET_SQLITE_US:g} µs"
-            found.append(Target("sqlite", rule, sqlite, TARGET_SQLITE_US))
-        return found
+    @property
+    def cpu(self) -> float:
+        return statistics.median(self.cpu_us)
 
     def as_json(self) -> dict[str, Any]:
-        w = self.workload
-        server = self.redis
-        return {
-            "workload": {"sessions": w.sessions, "turns": w.turns, "in_flight": w.in_flight},
-            "redis": None
-            if server is None
-            else {"url": redact(server.url), "origin": server.origin},
-            "lines": {name: line_json(rounds) for name, rounds in self.rounds_us.items()},
-            "targets": {t.name: target_json(t) for t in self.targets()},
-        }
+        return {"wall": figures_json(self.wall_us), "cpu": figures_json(self.cpu_us)}
 
 
-def line_json(rounds: tuple[float, ...]) -> dict[str, Any]:
+def figures_json(rounds: tuple[float, ...]) -> dict[str, Any]:
     return {
         "rounds_us": [round(r, 3) for r in rounds],
         "median_us": round(statistics.median(rounds), 3),
     }
 
 
-def target_json(target: Target) -> dict[str, Any]:
-    return {
-        "rule": target.rule,
-        "measured_us": round(target.measured, 3),
-        "limit_us": round(target.limit, 3),
-        "passed": target.passed,
-    }
+RATIO_FORMS = ("engine", "fused")
+"""The forms whose durable-store / memory ratios are shown."""
+JUDGED_FORM = "fused"
+"""The form judged against memory: the two calls a ``TurnEngine`` turn makes today (``engine``
+is the older three-call pattern, kept for comparison with earlier figures)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Every line's rounds, and what they were measured on."""
+
+    workload: Workload
+    redis: RedisServer | None
+    lines: dict[str, Rounds]
+    machine: dict[str, Any]
+
+    def cpu(self, line: str) -> float | None:
+        rounds = self.lines.get(line)
+        return None if rounds is None else rounds.cpu
+
+    def ratios(self) -> dict[str, tuple[float, float]]:
+        """``<store>/<form> / memory/<form>``, CPU and wall, for the stores measured."""
+        found: dict[str, tuple[float, float]] = {}
+        for form in RATIO_FORMS:
+            memory = self.lines.get(f"memory/{form}")
+            for backend in ("sqlite", "redis"):
+                durable = self.lines.get(f"{backend}/{form}")
+                if memory is not None and durable is not None:
+                    found[f"{backend}/{form} / memory/{form}"] = (
+                        durable.cpu / memory.cpu,
+                        durable.wall / memory.wall,
+                    )
+        return found
+
+    def targets(self) -> list[Target]:
+        """The checks whose lines were measured, all on CPU time."""
+        found: list[Target] = []
+        redis, aiogram = self.cpu("redis/turn"), self.cpu("aiogram/redis")
+        if redis is not None and aiogram is not None:
+            rule = f"redis turn <= aiogram update / {TARGET_REDIS_RATIO:g}, CPU µs"
+            found.append(Target(rule, redis, aiogram / TARGET_REDIS_RATIO))
+        sqlite = self.cpu("sqlite/turn")
+        if sqlite is not None:
+            rule = f"sqlite turn <= {TARGET_SQLITE_US:g} µs, CPU µs"
+            found.append(Target(rule, sqlite, TARGET_SQLITE_US))
+        memory = self.cpu(f"memory/{JUDGED_FORM}")
+        for backend in ("sqlite", "redis"):
+            durable = self.cpu(f"{backend}/{JUDGED_FORM}")
+            if memory is not None and durable is not None:
+                limit = f"{TARGET_OVER_MEMORY:g}x"
+                rule = f"{backend} engine turn ({JUDGED_FORM}) / memory's <= {limit}, CPU"
+                found.append(Target(rule, durable / memory, TARGET_OVER_MEMORY))
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        w = self.workload
+        server = self.redis
+        return {
+            "machine": self.machine,
+            "workload": {"sessions": w.sessions, "turns": w.turns, "in_flight": w.in_flight},
+            "redis": None
+            if server is None
+            else {"url": redact(server.url), "origin": server.origin},
+            "lines": {name: rounds.as_json() for name, rounds in self.lines.items()},
+            "ratios": {
+                name: {"cpu": round(cpu, 3), "wall": round(wall, 3)}
+                for name, (cpu, wall) in self.ratios().items()
+            },
+            "targets": [target.as_json() for target in self.targets()],
+            "passed": all(target.passed for target in self.targets()),
+        }
 
 
 async def measure(
@@ -431,11 +472,15 @@ async def measure(
     lines = plan_lines(backends, "" if redis is None else redis.url)
     for run in lines.values():
         await run(workload, lanes)
-    timed: dict[str, list[float]] = {name: [] for name in lines}
+    wall: dict[str, list[float]] = {name: [] for name in lines}
+    cpu: dict[str, list[float]] = {name: [] for name in lines}
     for _ in range(rounds):
         for name, run in lines.items():
-            timed[name].append(await run(workload, lanes) / workload.total / 1_000)
-    return Report(workload, redis, {name: tuple(us) for name, us in timed.items()})
+            elapsed = await run(workload, lanes)
+            wall[name].append(elapsed.wall_ns / workload.total / 1_000)
+            cpu[name].append(elapsed.cpu_ns / workload.total / 1_000)
+    timed = {name: Rounds(tuple(wall[name]), tuple(cpu[name])) for name in lines}
+    return Report(workload, redis, timed, machine())
 
 
 LEGEND = (
@@ -455,8 +500,9 @@ REDIS_LEGEND = (
 
 def render(report: Report) -> str:
     w = report.workload
-    rounds = len(next(iter(report.rounds_us.values()), ()))
+    rounds = len(next(iter(report.lines.values())).cpu_us) if report.lines else 0
     lines = [
+        f"machine: {describe_machine(report.machine)}",
         f"workload: {w.sessions} sessions x {w.turns} turns = {w.total}, "
         f"{w.in_flight} in flight, {rounds} rounds (+1 warmup)",
     ]
@@ -464,15 +510,23 @@ def render(report: Report) -> str:
     if report.redis is not None:
         lines += REDIS_LEGEND
         lines.append(f"redis: {redact(report.redis.url)} ({report.redis.origin})")
-    lines += [f"{'line':<20}{'median µs/op':>13}{'ops/s':>10}   rounds µs/op"]
-    for name, timed in report.rounds_us.items():
-        median = statistics.median(timed)
-        shown = " ".join(f"{r:.1f}" for r in timed)
-        lines.append(f"{name:<20}{median:>13.1f}{1e6 / median:>10.0f}   {shown}")
+    lines += [
+        "µs per operation, medians of the rounds; CPU = this process's CPU time (every thread)",
+        f"{'line':<20}{'CPU':>8}{'wall':>8}{'ops/s':>9}   rounds CPU | wall",
+    ]
+    for name, measured in report.lines.items():
+        cpu = " ".join(f"{r:.1f}" for r in measured.cpu_us)
+        wall = " ".join(f"{r:.1f}" for r in measured.wall_us)
+        per_second = 1e6 / measured.wall
+        lines.append(
+            f"{name:<20}{measured.cpu:>8.1f}{measured.wall:>8.1f}{per_second:>9.0f}"
+            f"   {cpu} | {wall}"
+        )
+    for name, (cpu_ratio, wall_ratio) in report.ratios().items():
+        lines.append(f"ratio {name}: CPU {cpu_ratio:.2f}, wall {wall_ratio:.2f}")
     for target in report.targets():
-        verdict = "PASS" if target.passed else "FAIL"
-        figures = f"{target.measured:.1f} µs vs {target.limit:.1f} µs"
-        lines.append(f"target: {target.rule} ({figures}): {verdict}")
+        figures = f"{target.measured:.2f} vs {target.limit:.2f}"
+        lines.append(f"target: {target.rule} ({figures}): {target.verdict}")
     return "\n".join(lines)
 
 

@@ -63,7 +63,45 @@ def test_stores_runs_every_line() -> None:
         ),
         *("redis-py/ping", "resp/ping", "aiogram/redis"),
     }
-    assert all(line["median_us"] > 0 for line in report["lines"].values())
+    for line in report["lines"].values():
+        for clock in ("wall", "cpu"):
+            assert len(line[clock]["rounds_us"]) == 1
+            assert line[clock]["median_us"] > 0
+    assert set(report["ratios"]) == {
+        f"{store}/{form} / memory/{form}"
+        for store in ("sqlite", "redis")
+        for form in ("engine", "fused")
+    }
+    assert [target["limit"] for target in report["targets"]][1:] == [150.0, 8.0, 8.0]
+    assert report["passed"] == all(target["passed"] for target in report["targets"])
+
+
+def test_stores_judges_durable_engine_turns_against_memory_on_cpu() -> None:
+    from bench.stores import Report, Rounds, Workload
+
+    def line(cpu: float) -> Rounds:
+        return Rounds(wall_us=(cpu * 3,), cpu_us=(cpu,))
+
+    lines = {
+        "memory/fused": line(10.0),
+        "sqlite/fused": line(79.0),
+        "redis/fused": line(81.0),
+        "memory/engine": line(10.0),
+        "sqlite/engine": line(90.0),
+        "sqlite/turn": line(151.0),
+    }
+    report = Report(Workload(1, 1, 1), None, lines, {})
+    verdicts = {target.rule.split(",")[0]: target.passed for target in report.targets()}
+    assert verdicts == {
+        "sqlite turn <= 150 µs": False,
+        "sqlite engine turn (fused) / memory's <= 8x": True,
+        "redis engine turn (fused) / memory's <= 8x": False,
+    }
+    assert report.ratios() == {
+        "sqlite/engine / memory/engine": (9.0, 9.0),
+        "sqlite/fused / memory/fused": (7.9, 7.9),
+        "redis/fused / memory/fused": (8.1, 8.1),
+    }
 
 
 def test_http_runs_both_servers_in_every_cell() -> None:

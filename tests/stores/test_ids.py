@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from unittest import mock
 
@@ -34,3 +35,19 @@ def test_conversation_ids_differ_in_their_random_part() -> None:
     with mock.patch("chatlane.stores.ids.time.time_ns", return_value=0):
         tails = {new_conversation_id()[10:] for _ in range(200)}
     assert len(tails) == 200
+
+
+def test_a_forked_process_never_hands_out_its_parents_lease_tokens() -> None:
+    parent = [new_token() for _ in range(3)]
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        os.write(writer, " ".join(new_token() for _ in range(3)).encode())
+        os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader) as pipe:
+        forked = pipe.read().split()
+    assert not set(forked) & set(parent)
+    assert {token.rpartition("-")[0] for token in forked} != {parent[0].rpartition("-")[0]}
+    assert new_token() not in forked

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -17,6 +18,8 @@ from redis.asyncio import Redis
 from chatlane.errors import LeaseLost, SessionBusy, StoreError
 from chatlane.identity import SessionKey
 from chatlane.stores import TranscriptEntry, WriteBatch, open_store
+from chatlane.stores import redis as redis_store_module
+from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
 from chatlane.stores.redis_url import parse_url
@@ -386,6 +389,69 @@ async def stored_answers(store: RedisStore) -> tuple[list[str], list[str]]:
     marks = await store._command("ZRANGE", store._keys.one("answered_at"), 0, -1)
     answers = await store._command("HKEYS", store._keys.one("answers"))
     return [m.decode() for m in marks], sorted(a.decode() for a in answers)
+
+
+class TestShortcuts:
+    """What a store remembers to send less stays a shortcut: the server has the last word."""
+
+    async def test_a_session_seen_with_a_conversation_gets_no_new_id(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        made: list[str] = []
+
+        def counted() -> str:
+            made.append(new_conversation_id())
+            return made[-1]
+
+        monkeypatch.setattr("chatlane.stores.redis.new_conversation_id", counted)
+        await store.commit(KEY, None, WriteBatch([entry("one", 0)]))
+        await store.commit(KEY, None, WriteBatch([entry("two", 0)]))
+        assert len(made) == 1
+        assert (await store.conversation(KEY)).id == made[0]
+        assert [e.content for e in await store.transcript(KEY)] == ["one", "two"]
+
+    async def test_a_conversation_gone_behind_the_stores_back_is_started_again(
+        self, store: RedisStore, admin: Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        await store.commit(KEY, None, WriteBatch([entry("one", 0)]))
+        first = (await store.conversation(KEY)).id
+        await admin.delete(store._keys.one("conv", KEY))
+        sent = RoundTrips(monkeypatch)
+        sent.start("commit")
+        await store.commit(KEY, None, WriteBatch([entry("two", 0)], persistent={"n": 1}))
+        assert sent.counts == {"commit": 2}  # refused without writing, then sent with an id
+        current = await store.conversation(KEY)
+        assert current.id != first
+        assert [e.content for e in await store.transcript(KEY)] == ["two"]
+        assert [e.content for e in await store.transcript(KEY, first)] == ["one"]
+        assert await store.load_persistent(KEY) == {"n": 1}
+
+    async def test_what_a_store_remembers_is_bounded(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr("chatlane.stores.redis.REMEMBERED", 3)
+        for n in range(10):
+            key = chat_key(f"k{n}")
+            lease = await store.acquire(key, "p1", 5)
+            await store.commit_and_release(lease, WriteBatch([entry("hi", lease.generation)]))
+            assert len(store._heads) <= 3
+            assert len(store._conversing) <= 3
+        assert [await store.generation(chat_key(f"k{n}")) for n in range(10)] == [1] * 10
+
+
+def test_a_forked_process_draws_its_own_request_ids() -> None:
+    parent = redis_store_module._request_id()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        os.write(writer, redis_store_module._request_id().encode())
+        os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader) as pipe:
+        forked = pipe.read()
+    assert forked.rpartition("-")[0] != parent.rpartition("-")[0]
+    assert redis_store_module._request_id() != parent
 
 
 class TestKeys:

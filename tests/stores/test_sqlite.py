@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from chatlane.errors import SessionBusy, StaleGeneration, StoreError
+from chatlane.errors import (
+    ActiveSessionLimit,
+    AlreadyAnswered,
+    SessionBusy,
+    StaleGeneration,
+    StoreError,
+)
 from chatlane.identity import SessionKey
 from chatlane.stores import MemoryStore, Store, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.sqlite import SQLiteStore
@@ -378,6 +384,51 @@ class TestValues:
         await chosen.commit(KEY, None, WriteBatch(transcript=[named]))
         assert await chosen.transcript(KEY) == [named]
         assert await chosen.transcript(KEY, first.id) == []
+
+
+class TestRefusalsWriteNothing:
+    """A refused lease or answer leaves every row as it was, and says why it was refused."""
+
+    async def test_a_busy_session_at_the_active_limit_is_refused_as_busy(
+        self, store: SQLiteStore, path: Path
+    ) -> None:
+        held = await store.acquire(KEY, "p1", 30, max_active=1)
+        with pytest.raises(SessionBusy) as raised:
+            await store.acquire(KEY, "p2", 30, max_active=1)
+        assert not isinstance(raised.value, ActiveSessionLimit)
+        with pytest.raises(ActiveSessionLimit):
+            await store.acquire(chat_key("other"), "p2", 30, max_active=1)
+        assert await store.generations([KEY, chat_key("other")]) == [1, 0]
+        await store.close()
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            rows = db.execute("SELECT key, holder, token, generation FROM leases").fetchall()
+        assert rows == [(KEY, "p1", held.token, 1)]
+
+    async def test_a_live_lease_is_never_overwritten(self, store: SQLiteStore, path: Path) -> None:
+        first = await store.acquire(KEY, "p1", 30)
+        await store.release(first)
+        second = await store.acquire(KEY, "p2", 30)  # a released lease's row is taken again
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p1", 30)
+        assert (second.generation, await store.generation(KEY)) == (2, 2)
+        await store.commit(KEY, second.generation, WriteBatch(persistent={"n": 1}))
+        await store.close()
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            rows = db.execute("SELECT holder, token, generation FROM leases").fetchall()
+        assert rows == [("p2", second.token, 2)]
+
+    async def test_a_repeated_answer_is_refused_before_any_write(self, store: SQLiteStore) -> None:
+        lease = await store.acquire(KEY, "p1", 30)
+        entry = TranscriptEntry("user", "hi", lease.generation, message_id="m1")
+        answered = WriteBatch(transcript=[entry], answered=["m1"], answer="first")
+        await store.commit(KEY, lease.generation, answered)
+        again = WriteBatch(transcript=[entry], persistent={"n": 2}, answered=["m1"], answer="x")
+        with pytest.raises(AlreadyAnswered):
+            await store.commit(KEY, lease.generation, again)
+        assert await store.answer("m1") == "first"
+        assert [e.content for e in await store.transcript(KEY)] == ["hi"]
+        assert await store.load_persistent(KEY) == {}
+        assert store.stats.reruns == 0  # refused by its own first write: nothing to undo
 
 
 CONTENDER = textwrap.dedent(

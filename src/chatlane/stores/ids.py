@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 import string
 import threading
@@ -12,6 +13,15 @@ __all__ = ["new_conversation_id", "new_token"]
 
 _TOKEN_PREFIX = secrets.token_hex(8)
 _token_numbers = itertools.count(1)
+
+
+def _new_token_prefix() -> None:
+    """A forked child draws its own prefix: parent and child never hand out the same token."""
+    global _TOKEN_PREFIX, _token_numbers
+    _TOKEN_PREFIX, _token_numbers = secrets.token_hex(8), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_token_prefix)
 
 _DIGITS = string.digits + string.ascii_uppercase + string.ascii_lowercase
 """Base 62 in ASCII order, so equal-width numbers sort as their text does."""

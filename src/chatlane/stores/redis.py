@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import os
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -82,6 +83,10 @@ FULL_SCAN_EVERY = 60.0
 FORGET_AT_ONCE = 10_000
 """Most answered marks one heartbeat forgets (a backlog goes over the next ones)."""
 
+REMEMBERED = 16_384
+"""Most (script, session) command heads, and sessions seen with a conversation, a store
+remembers; past that it forgets them all and starts again (they are only shortcuts)."""
+
 _msgpack = msgspec.msgpack.Encoder()
 _entries = msgspec.msgpack.Decoder(TranscriptEntry)
 
@@ -106,6 +111,10 @@ class RedisStore(Store):
         self._client = client
         self._keys = keyspace
         self._digests = {script: _sha1(script.source) for script in lua.ALL}
+        self._heads: dict[tuple[LuaScript, SessionKey | None], tuple[Arg, ...]] = {}
+        """``EVALSHA``, digest, key count and keys, by script and session."""
+        self._conversing: set[SessionKey] = set()
+        """Sessions a commit of this store found with a conversation (a hint: see COMMIT)."""
         self._closed = False
         self._scanned_at = float("-inf")
 
@@ -139,30 +148,44 @@ class RedisStore(Store):
         The script is sent by digest (``EVALSHA``); if the server forgot it
         (restart, ``SCRIPT FLUSH``), it is sent again whole, which also caches it.
         """
-        keys = self._keys.keys(script.keys, key)
-        with self._failures():
+        head = self._heads.get((script, key))
+        if head is None:
+            head = self._head(script, key)
+        if self._closed:
+            raise self._closed_error()
+        try:
             try:
-                return await self._client.execute(
-                    "EVALSHA", self._digests[script], len(keys), *keys, *args
-                )
+                return await self._client.execute(*head, *args)
             except ReplyError as error:
                 if not str(error).startswith("NOSCRIPT"):
                     raise
-            return await self._client.execute("EVAL", script.source, len(keys), *keys, *args)
+            return await self._client.execute("EVAL", script.source, *head[2:], *args)
+        except (ReplyError, ConnectionError) as error:
+            raise self._failure(error) from error
+
+    def _head(self, script: LuaScript, key: SessionKey | None) -> tuple[Arg, ...]:
+        """``EVALSHA``, the digest, the key count and the keys of ``script`` on ``key``."""
+        keys = self._keys.keys(script.keys, key)
+        head: tuple[Arg, ...] = ("EVALSHA", self._digests[script], len(keys), *keys)
+        if len(self._heads) >= REMEMBERED:
+            self._heads.clear()
+        self._heads[script, key] = head
+        return head
 
     async def _command(self, *args: Arg) -> Any:
         """Run one plain command; any Redis failure becomes :class:`StoreError`."""
-        with self._failures():
-            return await self._client.execute(*args)
-
-    @contextmanager
-    def _failures(self) -> Iterator[None]:
         if self._closed:
-            raise StoreError(f"{self._name} is closed")
+            raise self._closed_error()
         try:
-            yield
+            return await self._client.execute(*args)
         except (ReplyError, ConnectionError) as error:
-            raise StoreError(f"{self._name}: {type(error).__name__}: {error}") from error
+            raise self._failure(error) from error
+
+    def _closed_error(self) -> StoreError:
+        return StoreError(f"{self._name} is closed")
+
+    def _failure(self, error: ReplyError | ConnectionError) -> StoreError:
+        return StoreError(f"{self._name}: {type(error).__name__}: {error}")
 
     # -- generations and leases ----------------------------------------------
 
@@ -245,14 +268,25 @@ class RedisStore(Store):
     ) -> bool:
         """The commit script; with a lease's ``token``, it releases that lease if it applies."""
         fence = "" if generation is None else str(generation)
-        affixes = self._keys.transcript_affixes()
-        head = (fence, _request_id(), new_conversation_id(), *affixes, key)
+        head, tail = self._keys.transcript_affixes()
         args = _batch_args(key, batch, self.answered_retention, token)
-        reply = await self._run(lua.COMMIT, key, *head, *args)
+        rid = _request_id()
+        # A session seen with a conversation keeps one (nothing deletes it), so no new id is
+        # made for it; should it have none after all, the script says so and writes nothing.
+        candidate = "" if key in self._conversing else new_conversation_id()
+        reply = await self._run(lua.COMMIT, key, fence, rid, candidate, head, tail, key, *args)
+        if reply[0] == Status.UNSTARTED:
+            self._conversing.discard(key)
+            candidate = new_conversation_id()
+            reply = await self._run(lua.COMMIT, key, fence, rid, candidate, head, tail, key, *args)
         if reply[0] == Status.STALE:
             raise StaleGeneration(key, int(fence), int(reply[1]), "commit")
         if reply[0] == Status.ANSWERED:
             raise AlreadyAnswered([message_id.decode() for message_id in reply[1:]], key=key)
+        if candidate:
+            if len(self._conversing) >= REMEMBERED:
+                self._conversing.clear()
+            self._conversing.add(key)
         return bool(reply[1])
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
@@ -470,9 +504,23 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+_request_prefix = secrets.token_hex(8)
+_request_numbers = itertools.count(1)
+
+
+def _new_request_prefix() -> None:
+    """A forked process draws its own prefix: two processes never share a request id."""
+    global _request_prefix, _request_numbers
+    _request_prefix, _request_numbers = secrets.token_hex(8), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_request_prefix)
+
+
 def _request_id() -> str:
-    """The id that makes a retried script apply once."""
-    return secrets.token_hex(8)
+    """The id that makes a retried script apply once: 64 random bits drawn per process,
+    then a count (cheaper than drawing random bits for every request)."""
+    return f"{_request_prefix}-{next(_request_numbers)}"
 
 
 def _batch_args(key: SessionKey, batch: WriteBatch, retention: float, token: str) -> list[Arg]:

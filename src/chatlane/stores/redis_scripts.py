@@ -44,6 +44,7 @@ class Status(enum.IntEnum):
     ANSWERED = 5
     LOST = 6
     RELEASED = 7
+    UNSTARTED = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +257,10 @@ for j = answered_at, done_at - 1 do
   if at and tonumber(at) > cutoff then repeated[#repeated + 1] = ARGV[j] end
 end
 if #repeated > 1 then return repeated end
-local transcript = ARGV[4] .. current_conversation(candidate) .. ARGV[5]
+local conversation = redis.call('GET', K.conv)
+if not conversation and candidate == '' then return {UNSTARTED} end
+conversation = conversation or start_conversation(candidate, '')
+local transcript = ARGV[4] .. conversation .. ARGV[5]
 for j = 13, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
 for j = fields_at, answered_at - 1, 2 do redis.call('HSET', K.persist, ARGV[j], ARGV[j + 1]) end
 for j = answered_at, done_at - 1 do
@@ -275,11 +279,13 @@ remember(rid)
 return {OK, released}
 """,
 )
-"""ARGV: generation or '', request id, candidate conversation id, the two transcript
-key affixes, session key, #entries, #fields, #answered, the answered retention (ms),
-the answer's text, the token of a lease to release with the commit or '', then the
-entries, field/value pairs, answered ids and done seqs.
-Reply: {OK, 1 if the lease was released else 0} | {STALE, current} | {ANSWERED, id...}.
+"""ARGV: generation or '', request id, candidate conversation id (or '' from a caller that
+saw the session's conversation started), the two transcript key affixes, session key,
+#entries, #fields, #answered, the answered retention (ms), the answer's text, the token of
+a lease to release with the commit or '', then the entries, field/value pairs, answered
+ids and done seqs.
+Reply: {OK, 1 if the lease was released else 0} | {STALE, current} | {ANSWERED, id...} |
+{UNSTARTED} (no candidate, and the session has no conversation: nothing was written).
 The lease is released (as :data:`RELEASE` would) only by a commit that applied."""
 
 FORGET_ANSWERED = _script(

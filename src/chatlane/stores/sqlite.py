@@ -105,6 +105,23 @@ def _active(db: sqlite3.Connection, moment: float) -> int:
     return int(_scalar(db, "SELECT count(*) FROM leases WHERE expires_at > ?", (moment,)))
 
 
+_TAKE = (
+    "INSERT INTO leases (key, holder, token, generation, expires_at) "
+    "VALUES (?1, ?2, ?3, coalesce((SELECT generation FROM sessions WHERE key = ?1), 0) + 1, ?4) "
+    "ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
+    "generation = excluded.generation, expires_at = excluded.expires_at "
+    "WHERE leases.expires_at <= ?5 RETURNING generation"
+)
+"""Take ``key``'s lease unless a live one holds it: no row comes back (and nothing is
+written) while it is busy. Its generation is the session's next one, stored just after
+(:data:`_BUMP_TO`, in the same transaction, under the write lock)."""
+
+_BUMP_TO = (
+    "INSERT INTO sessions (key, generation) VALUES (?, ?) "
+    "ON CONFLICT (key) DO UPDATE SET generation = excluded.generation"
+)
+
+
 def _acquire(
     db: sqlite3.Connection,
     clock: Clock,
@@ -114,19 +131,30 @@ def _acquire(
     head_seq: int | None,
     max_active: int,
 ) -> Lease:
-    """Check that ``key`` is free and take it, in one transaction holding the write lock."""
+    """Check that ``key`` is free and take it, in one transaction holding the write lock.
+
+    Every refusal writes nothing: the queue and the active-session checks are reads,
+    and the lease is written only where none is live (:data:`_TAKE`), before the
+    session's generation is bumped. A busy session is reported as busy whichever
+    check found it (the order a separate check of each would give).
+    """
     moment = clock()
-    _check_free(db, key, holder, head_seq, max_active, moment)
-    lease = Lease(key, holder, new_token(), _bump(db, key), moment + ttl)
-    db.execute(
-        "INSERT OR REPLACE INTO leases (key, holder, token, generation, expires_at) "
-        "VALUES (?, ?, ?, ?, ?)",
-        (lease.key, lease.holder, lease.token, lease.generation, lease.expires_at),
-    )
-    return lease
+    if head_seq is not None or max_active:
+        _check_turn(db, key, holder, head_seq, max_active, moment)
+    token = new_token()
+    taken = db.execute(_TAKE, (key, holder, token, moment + ttl, moment)).fetchone()
+    if taken is None:
+        raise _busy(key)
+    generation: int = taken[0]
+    db.execute(_BUMP_TO, (key, generation))
+    return Lease(key, holder, token, generation, moment + ttl)
 
 
-def _check_free(
+def _busy(key: SessionKey) -> SessionBusy:
+    return SessionBusy(f"session {key!r} is running elsewhere", key=key)
+
+
+def _check_turn(
     db: sqlite3.Connection,
     key: SessionKey,
     holder: str,
@@ -134,14 +162,20 @@ def _check_free(
     max_active: int,
     moment: float,
 ) -> None:
-    if _scalar(db, "SELECT 1 FROM leases WHERE key = ? AND expires_at > ?", (key, moment)):
-        raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
+    """Refuse a turn that must wait for an earlier message or a free slot (busy comes first)."""
     earlier = "SELECT 1 FROM pending WHERE key = ? AND seq < ? AND owner != ? LIMIT 1"
     if head_seq is not None and _scalar(db, earlier, (key, head_seq, holder)):
+        _refuse_if_busy(db, key, moment)
         raise EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key)
     active = _active(db, moment) if max_active else 0
     if max_active and active >= max_active:
+        _refuse_if_busy(db, key, moment)
         raise ActiveSessionLimit(f"at the active session limit ({active}/{max_active})", key=key)
+
+
+def _refuse_if_busy(db: sqlite3.Connection, key: SessionKey, moment: float) -> None:
+    if _scalar(db, "SELECT 1 FROM leases WHERE key = ? AND expires_at > ?", (key, moment)):
+        raise _busy(key)
 
 
 def _renew(db: sqlite3.Connection, clock: Clock, lease: Lease, ttl: float) -> Lease:
@@ -201,17 +235,20 @@ def _commit(
     current, conversation = (0, None) if row is None else (int(row[0]), row[1])
     if generation is not None and generation != current:
         raise StaleGeneration(key, generation, current, "commit")
-    cutoff = clock() - retention if batch.answered else 0.0
-    repeated = [m for m in batch.answered if _answered(db, m, cutoff)]
-    if repeated:
-        raise AlreadyAnswered(repeated, key=key)
+    answered = batch.answered
+    if len(answered) == 1:  # a turn's own message: checked and marked in one statement
+        _mark_first_answer(db, clock, key, answered[0], batch.answer, retention)
+    elif answered:
+        cutoff = clock() - retention
+        repeated = [m for m in answered if _answered(db, m, cutoff)]
+        if repeated:
+            raise AlreadyAnswered(repeated, key=key)
+        _mark_answered(db, clock, answered, batch.answer)
     conversation = conversation or _start(db, clock, key, "").id
     if batch.transcript:  # each statement only when it has rows: every call costs a step
         _append(db, clock, conversation, batch.transcript)
     if fields:
         _set_fields(db, key, fields)
-    if batch.answered:
-        _mark_answered(db, clock, batch.answered, batch.answer)
     if batch.done:
         pq.drop(db, key, batch.done)
 
@@ -233,31 +270,59 @@ def _append(
         )
         for e in entries
     ]
-    db.executemany(
-        "INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation, "
-        "message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        rows,
-    )
+    _many(db, _APPEND, rows)
+
+
+_APPEND = (
+    "INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation, "
+    "message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_SET_FIELD = (
+    "INSERT INTO persistent (key, field, value) VALUES (?, ?, ?) "
+    "ON CONFLICT (key, field) DO UPDATE SET value = excluded.value"
+)
+_MARK_ANSWERED = (
+    "INSERT INTO answered (message_id, at, answer) VALUES (?, ?, ?) "
+    "ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, "
+    "answer = excluded.answer"  # a mark past its retention
+)
+
+
+def _many(db: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``executemany``, or ``execute`` for one row (the common case, and cheaper)."""
+    if len(rows) == 1:
+        db.execute(sql, rows[0])
+    else:
+        db.executemany(sql, rows)
 
 
 def _set_fields(db: sqlite3.Connection, key: SessionKey, fields: list[tuple[str, str]]) -> None:
-    db.executemany(
-        "INSERT INTO persistent (key, field, value) VALUES (?, ?, ?) "
-        "ON CONFLICT (key, field) DO UPDATE SET value = excluded.value",
-        [(key, name, value) for name, value in fields],
-    )
+    _many(db, _SET_FIELD, [(key, name, value) for name, value in fields])
 
 
 def _mark_answered(
     db: sqlite3.Connection, clock: Clock, message_ids: list[str], answer: str
 ) -> None:
     moment = clock()
-    db.executemany(
-        "INSERT INTO answered (message_id, at, answer) VALUES (?, ?, ?) "
-        "ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, "
-        "answer = excluded.answer",  # a mark past its retention
-        [(message_id, moment, answer) for message_id in message_ids],
-    )
+    _many(db, _MARK_ANSWERED, [(message_id, moment, answer) for message_id in message_ids])
+
+
+def _mark_first_answer(
+    db: sqlite3.Connection,
+    clock: Clock,
+    key: SessionKey,
+    message_id: str,
+    answer: str,
+    retention: float,
+) -> None:
+    """Mark ``message_id`` answered unless a mark within ``retention`` says it was already:
+    then nothing is written and :class:`AlreadyAnswered` is raised."""
+    moment = clock()
+    marked = db.execute(
+        f"{_MARK_ANSWERED} WHERE answered.at <= ?", (message_id, moment, answer, moment - retention)
+    ).rowcount
+    if not marked:
+        raise AlreadyAnswered([message_id], key=key)
 
 
 def _answered(db: sqlite3.Connection, message_id: str, cutoff: float) -> bool:
@@ -477,9 +542,13 @@ class SQLiteStore(Store):
         return self._writer.stats
 
     def _write(self, op: Operation[T]) -> asyncio.Future[T]:
+        if self._closing is None and self._writer.damage is None:  # one hop on the hot path
+            return self._writer.submit(op, True)
         return self._submit(op, writes=True)
 
     def _read(self, op: Operation[T]) -> asyncio.Future[T]:
+        if self._closing is None and self._writer.damage is None:
+            return self._writer.submit(op, False)
         return self._submit(op, writes=False)
 
     @property

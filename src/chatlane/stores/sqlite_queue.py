@@ -36,7 +36,12 @@ __all__ = [
 
 def drop(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int]) -> None:
     """Remove ``key``'s records ``seqs`` (those already gone are no error)."""
-    db.executemany("DELETE FROM pending WHERE key = ? AND seq = ?", [(key, seq) for seq in seqs])
+    if len(seqs) == 1:  # a turn's own message: one statement, not a batch of one
+        db.execute("DELETE FROM pending WHERE key = ? AND seq = ?", (key, seqs[0]))
+    else:
+        db.executemany(
+            "DELETE FROM pending WHERE key = ? AND seq = ?", [(key, seq) for seq in seqs]
+        )
 
 
 def enqueue(
@@ -48,14 +53,13 @@ def enqueue(
     payload: bytes,
 ) -> int:
     """Queue a message and return its ``seq``: the one it has if it is queued already."""
-    known = db.execute("SELECT seq FROM pending WHERE message_id = ?", (message_id,)).fetchone()
-    if known is not None:
-        return int(known[0])
     row = db.execute(
         "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
-        "VALUES (?, ?, ?, ?, ?) RETURNING seq",
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING RETURNING seq",
         (key, message_id, owner, payload, clock()),
     ).fetchone()
+    if row is None:  # queued already: nothing was written
+        row = db.execute("SELECT seq FROM pending WHERE message_id = ?", (message_id,)).fetchone()
     return int(row[0])
 
 

@@ -65,14 +65,9 @@ class WriterStats:
     """Batches rolled back and run again, one savepoint per operation, because one raised."""
 
 
-@dataclass(slots=True, eq=False)
-class _Call:
-    op: Operation[Any]
-    writes: bool
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-
-
+_Call = tuple[Operation[Any], bool, asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+"""A queued call: its operation, whether it may write, and the loop and future awaiting it
+(a plain tuple: one is built per store call, on the event loop's thread)."""
 _Outcome = tuple[_Call, Any, BaseException | None]
 
 
@@ -95,13 +90,13 @@ class Writer:
         name = f"chatlane-sqlite:{self.location.path}"
         self._thread = threading.Thread(target=self._main, args=(ready,), name=name, daemon=True)
         self._thread.start()
-        return ready.future
+        return ready[3]
 
     def submit(self, op: Operation[T], writes: bool) -> asyncio.Future[T]:
         """Queue ``op``; never blocks the event loop."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_Call(op, writes, loop, future))
+        self._queue.put((op, writes, loop, future))
         return future
 
     def stop(self) -> asyncio.Future[None]:
@@ -111,7 +106,7 @@ class Writer:
             self._queue.put(None)
         else:
             _deliver([(self._stopped, None, None)])
-        return self._stopped.future
+        return self._stopped[3]
 
     def _main(self, ready: _Call) -> None:
         try:
@@ -142,7 +137,7 @@ class Writer:
         return batch or None
 
     def _run(self, connection: sqlite3.Connection, batch: list[_Call]) -> None:
-        calls = [call for call in batch if not call.future.cancelled()]
+        calls = [call for call in batch if not call[3].cancelled()]
         if not calls:
             return
         try:
@@ -153,7 +148,7 @@ class Writer:
         _deliver(outcomes)
 
     def _transaction(self, connection: sqlite3.Connection, calls: list[_Call]) -> list[_Outcome]:
-        begin = "BEGIN IMMEDIATE" if any(c.writes for c in calls) else "BEGIN"
+        begin = "BEGIN IMMEDIATE" if any(c[1] for c in calls) else "BEGIN"
         connection.execute(begin)
         outcomes = self._run_plain(connection, calls)
         if outcomes is None:
@@ -176,7 +171,7 @@ class Writer:
         outcomes: list[_Outcome] = []
         for call in calls:
             try:
-                outcomes.append((call, call.op(connection), None))
+                outcomes.append((call, call[0](connection), None))
             except Exception as error:  # decided below: delivered, or the batch runs again
                 _rollback(connection)
                 if len(calls) > 1:
@@ -190,7 +185,7 @@ class Writer:
         """Run one operation in its own savepoint: its failure undoes only its own writes."""
         connection.execute("SAVEPOINT op")
         try:
-            result = call.op(connection)
+            result = call[0](connection)
         except Exception as error:  # delivered to this call's future, never swallowed
             connection.execute("ROLLBACK TO op")
             connection.execute("RELEASE op")
@@ -230,7 +225,7 @@ class Writer:
 
 def _signal() -> _Call:
     loop = asyncio.get_running_loop()
-    return _Call(lambda _: None, False, loop, loop.create_future())
+    return (lambda _: None, False, loop, loop.create_future())
 
 
 def _rollback(connection: sqlite3.Connection) -> None:
@@ -244,7 +239,7 @@ def _deliver(outcomes: list[_Outcome]) -> None:
     """Hand outcomes to their event loops, one wake-up per loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
     for outcome in outcomes:
-        by_loop.setdefault(outcome[0].loop, []).append(outcome)
+        by_loop.setdefault(outcome[0][2], []).append(outcome)
     for loop, settled in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits these
             loop.call_soon_threadsafe(_settle, settled)
@@ -252,9 +247,10 @@ def _deliver(outcomes: list[_Outcome]) -> None:
 
 def _settle(outcomes: list[_Outcome]) -> None:
     for call, result, error in outcomes:
-        if call.future.done():
+        future = call[3]
+        if future.done():
             continue
         if error is None:
-            call.future.set_result(result)
+            future.set_result(result)
         else:
-            call.future.set_exception(error)
+            future.set_exception(error)
