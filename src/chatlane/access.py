@@ -49,9 +49,14 @@ class AccessToken:
 
     def admits_bearer(self, headers: Mapping[str, str]) -> bool:
         """No token is required, or ``Authorization: Bearer <token>`` carries it."""
+        return self.admits_authorization(headers.get("authorization", ""))
+
+    def admits_authorization(self, authorization: str) -> bool:
+        """:meth:`admits_bearer` for the ``Authorization`` header's value (``""`` if absent),
+        as Starlette hands it over (decoded as Latin-1)."""
         if not self._required:
             return True
-        scheme, _, given = headers.get("authorization", "").partition(" ")
+        scheme, _, given = authorization.partition(" ")
         # headers arrive decoded as Latin-1: recover the bytes the client sent (UTF-8 tokens work)
         sent = given.strip().encode("latin-1", errors="replace")
         return scheme.lower() == "bearer" and self.matches(sent)

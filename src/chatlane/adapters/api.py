@@ -31,7 +31,7 @@ What stays true:
 from __future__ import annotations
 
 import logging
-import secrets
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -51,17 +51,19 @@ from chatlane.adapters.api_wire import (
     ChunkEvents,
     EventStream,
     check_origin,
-    completion,
+    check_origin_of,
+    completion_body,
     decode_json,
     error_response,
+    first_headers,
     invalid,
     json_response,
     model_entry,
     model_list,
     parse_chat_request,
-    read_body,
-    require_json,
-    send_json,
+    receive_body,
+    require_json_type,
+    send_json_body,
     sse_comment,
     sse_data,
     unrouted_error,
@@ -144,10 +146,13 @@ class ApiAdapter:
 
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to the requests waiting for the messages it answers."""
-        waiters = [self._waiters[i] for i in outbound.in_reply_to if i in self._waiters]
-        for waiter in waiters:
-            waiter.take(outbound)
-        if not waiters:
+        taken = False
+        for message_id in outbound.in_reply_to:
+            waiter = self._waiters.get(message_id)
+            if waiter is not None:
+                waiter.take(outbound)
+                taken = True
+        if not taken:
             log.debug("no request waits for %s to %s; dropped", outbound.kind, outbound.session_key)
 
     def outcome(self, outcome: MessageOutcome) -> None:
@@ -196,7 +201,7 @@ class ApiAdapter:
         """``POST /v1/chat/completions``, as an ASGI app: the answer is sent as it comes."""
         request = Request(scope, receive)
         try:
-            chat, client = await self._read(request)
+            chat, client = await self._read(scope, receive)
             waiter = await self._submit(chat, client)
         except ApiRequestError as error:
             await error_response(error)(scope, receive, send)
@@ -215,22 +220,28 @@ class ApiAdapter:
         if event is None:
             await Response(status_code=499)(scope, receive, send)
         elif event.kind is EventKind.FINAL:
-            await send_json(send, completion(response_id, chat.model, event.text))
+            await send_json_body(send, completion_body(response_id, chat.model, event.text))
         else:
             await error_response(_ending_error(event, chat.session))(scope, receive, send)
 
-    async def _read(self, request: Request) -> tuple[ChatRequest, ApiClient | None]:
+    async def _read(self, scope: Scope, receive: Receive) -> tuple[ChatRequest, ApiClient | None]:
         """The checked request, and the client that sent it (with ``[api.clients]``).
+
+        The checks of every other route, in the same order, on headers read in one pass.
 
         :raises ApiRequestError: for a bad token (401), a foreign origin (403), a
             body not sent as JSON (415), too large (413) or unreadable (400), or
             a session the client may not name (403).
         """
-        client = self._authenticate(request)
-        check_origin(request)
-        require_json(request)
-        data = decode_json(await read_body(request))
-        chat = parse_chat_request(data, session_header(request))
+        headers = first_headers(scope)
+        client = self._authenticated(headers.get(b"authorization", b"").decode("latin-1"))
+        origin = headers.get(b"origin")
+        if origin is not None:
+            host = headers.get(b"host", b"").decode("latin-1")
+            check_origin_of(origin.decode("latin-1"), scope.get("scheme", "http"), host)
+        require_json_type(headers.get(b"content-type", b"").decode("latin-1"))
+        data = decode_json(await receive_body(receive, headers.get(b"content-length", b"")))
+        chat = parse_chat_request(data, _session_header(headers.get(b"x-chatlane-session")))
         if client is not None:
             client.check_session(chat.session)
         return chat, client
@@ -241,18 +252,22 @@ class ApiAdapter:
         :raises ApiRequestError: (401) unless the token is a client's, or without
             clients the access token (when one is set).
         """
+        return self._authenticated(request.headers.get("authorization", ""))
+
+    def _authenticated(self, authorization: str) -> ApiClient | None:
+        """:meth:`_authenticate`, given the ``Authorization`` header (``""`` if absent)."""
         if self.clients.enabled:
-            return self._client(request)
-        if not self._access.admits_bearer(request.headers):
+            return self._client(authorization)
+        if not self._access.admits_authorization(authorization):
             raise _unauthenticated()
         return None
 
-    def _client(self, request: Request) -> ApiClient:
-        """The client whose token the request carries (clients are configured).
+    def _client(self, authorization: str) -> ApiClient:
+        """The client whose token the ``Authorization`` header carries (clients are configured).
 
         :raises ApiRequestError: (401) if the token is none of theirs.
         """
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        scheme, _, presented = authorization.partition(" ")
         client = self.clients.identify(presented.strip().encode("latin-1"))
         if scheme.lower() != "bearer" or client is None:
             raise _unauthenticated()
@@ -270,7 +285,7 @@ class ApiAdapter:
             raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
         sender = chat.session if client is None else client.name
         source = SessionSource("api", chat_id=chat.session, user_id=sender, chat_type=ChatType.DM)
-        message = InboundMessage(source, chat.text, id=f"api-{secrets.token_hex(16)}")
+        message = InboundMessage(source, chat.text, id=f"api-{os.urandom(16).hex()}")
         waiter = self._waiters[message.id] = Waiter(message.id, stream=chat.stream)
         self._ticker.start()
         try:
@@ -461,10 +476,15 @@ def session_header(request: Request) -> str | None:
     :raises ApiRequestError: (400) if its bytes are not UTF-8.
     """
     value = request.headers.get(SESSION_HEADER)
+    return None if value is None else _session_header(value.encode("latin-1"))
+
+
+def _session_header(value: bytes | None) -> str | None:
+    """:func:`session_header` for the header's bytes (``None`` if absent)."""
     if value is None:
         return None
     try:
-        return value.encode("latin-1").decode("utf-8")
+        return value.decode("utf-8")
     except UnicodeDecodeError:
         raise invalid("the X-Chatlane-Session header is not UTF-8") from None
 

@@ -130,7 +130,10 @@ class Waiter:
         by its ``REPLY`` or by the notice refusing its message.
         """
         if outbound.kind is OutboundKind.CHUNK:
-            self.push(WaiterEvent(EventKind.CHUNK, outbound.text))
+            if self.stream:
+                self.push(WaiterEvent(EventKind.CHUNK, outbound.text))
+            elif not self.finished:
+                self.last_progress = time.monotonic()  # progress, not queued (see push)
         elif outbound.kind is OutboundKind.REPLY:
             self.push(WaiterEvent(EventKind.FINAL, outbound.text))
         elif outbound.refusal:

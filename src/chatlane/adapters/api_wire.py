@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -126,7 +127,8 @@ def last_user_text(messages: object) -> str:
     """
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list")
-    for index, message in reversed(list(enumerate(messages))):
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
         if not isinstance(message, dict):
             raise invalid(f"messages[{index}] must be an object")
         if message.get("role") == "user":
@@ -182,6 +184,36 @@ def completion(response_id: str, model: str, content: str) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     }
+
+
+_COMPLETION_PARTS = (
+    '{"id": ',
+    ', "object": "chat.completion", "created": ',
+    ', "model": ',
+    ', "choices": [{"index": 0, "message": {"role": "assistant", "content": ',
+    '}, "finish_reason": "stop"}], "usage": '
+    '{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}',
+)
+
+
+def completion_body(response_id: str, model: str, content: str) -> bytes:
+    """The JSON of :func:`completion`: the same bytes :func:`encode` makes of it, written
+    straight from a template (only the three texts are encoded, by :mod:`json`'s own
+    escaping), as every non-streamed answer is sent."""
+    head, created, model_at, content_at, tail = _COMPLETION_PARTS
+    return "".join(
+        (
+            head,
+            encode_basestring_ascii(response_id),
+            created,
+            str(int(time.time())),
+            model_at,
+            encode_basestring_ascii(model),
+            content_at,
+            encode_basestring_ascii(content),
+            tail,
+        )
+    ).encode()
 
 
 def chunk(
@@ -291,7 +323,11 @@ SSE_HEADERS = [
 
 async def send_json(send: Send, value: object) -> None:
     """Send ``value`` as a ``200`` JSON response (what :func:`json_response` sends)."""
-    body = encode(value)
+    await send_json_body(send, encode(value))
+
+
+async def send_json_body(send: Send, body: bytes) -> None:
+    """Send ``body``, JSON already encoded, as a ``200`` response (as :func:`send_json`)."""
     length = (b"content-length", str(len(body)).encode())
     await send({"type": "http.response.start", "status": 200, "headers": [length, *JSON_HEADERS]})
     await send({"type": "http.response.body", "body": body})
@@ -328,7 +364,11 @@ def require_json(request: Request) -> None:
 
     :raises ApiRequestError: (415) for any other or a missing ``Content-Type``.
     """
-    declared = request.headers.get("content-type", "")
+    require_json_type(request.headers.get("content-type", ""))
+
+
+def require_json_type(declared: str) -> None:
+    """:func:`require_json` for the ``Content-Type`` header's value (``""`` if absent)."""
     if declared.partition(";")[0].strip().lower() != JSON_MEDIA_TYPE:
         raise ApiRequestError(
             415,
@@ -350,7 +390,15 @@ def check_origin(request: Request) -> None:
     origin = request.headers.get("origin")
     if origin is None:
         return
-    own = _origin_key(f"{request.url.scheme}://{request.headers.get('host', '')}")
+    check_origin_of(origin, request.url.scheme, request.headers.get("host", ""))
+
+
+def check_origin_of(origin: str, scheme: str, host: str) -> None:
+    """:func:`check_origin` for a present ``Origin`` and the request's scheme and ``Host``.
+
+    :raises ApiRequestError: (403) for a foreign (or unreadable, or ``null``) origin.
+    """
+    own = _origin_key(f"{scheme}://{host}")
     if own is None or _origin_key(origin) != own:
         raise ApiRequestError(
             403,
@@ -380,20 +428,42 @@ async def read_body(request: Request) -> bytes:
     :raises ApiRequestError: (413) for a larger body, (400) if the client left
         before sending all of it.
     """
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY:
+    return await receive_body(request.receive, request.headers.get("content-length", ""))
+
+
+async def receive_body(receive: Receive, declared_length: str | bytes) -> bytes:
+    """:func:`read_body` from ``receive``, given the ``Content-Length`` header (``""`` if absent).
+
+    A body that arrives in one message (as a small one does) is returned as it came.
+    """
+    if declared_length.isdigit() and int(declared_length) > MAX_BODY:
         raise _too_large()
-    receive = request.receive
-    body = bytearray()
+    parts: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             raise invalid("the client disconnected while sending the body")
-        body += message.get("body", b"")
-        if len(body) > MAX_BODY:
+        part: bytes = message.get("body", b"")
+        size += len(part)
+        if size > MAX_BODY:
             raise _too_large()
         if not message.get("more_body", False):
-            return bytes(body)
+            if not parts:
+                return part
+            parts.append(part)
+            return b"".join(parts)
+        parts.append(part)
+
+
+def first_headers(scope: Scope) -> dict[bytes, bytes]:
+    """Each header's first value by its name, as sent: the one Starlette's ``Headers`` reads.
+
+    One pass over the request's headers, for an endpoint that reads several of them.
+    """
+    headers: list[tuple[bytes, bytes]] = list(scope["headers"])
+    headers.reverse()
+    return dict(headers)
 
 
 def _too_large() -> ApiRequestError:
@@ -428,19 +498,25 @@ __all__ = [
     "ChunkEvents",
     "EventStream",
     "check_origin",
+    "check_origin_of",
     "chunk",
     "completion",
+    "completion_body",
     "decode_json",
     "encode",
     "error_response",
+    "first_headers",
     "invalid",
     "json_response",
     "model_entry",
     "model_list",
     "parse_chat_request",
     "read_body",
+    "receive_body",
     "require_json",
+    "require_json_type",
     "send_json",
+    "send_json_body",
     "sse_comment",
     "sse_data",
     "unrouted_error",
