@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -10,7 +11,6 @@ from starlette.datastructures import Headers
 from starlette.types import Message
 
 from chatlane.access import AccessToken
-from chatlane.adapters import api_wire
 from chatlane.adapters.api import ApiAdapter
 from chatlane.adapters.api_wire import (
     MAX_BODY,
@@ -32,7 +32,7 @@ TEXTS = ["echo: hi", 'quote " and \\ slash', "ünï\ncødé 👋", "\ud800", "",
 def test_the_completion_body_is_the_bytes_json_encodes(
     text: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api_wire.time, "time", lambda: 1_700_000_000.75)
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.75)
     for model in ("chatlane", 'model "ü"', text):
         body = completion_body("chatcmpl-1", model, text)
         assert body == encode(completion("chatcmpl-1", model, text))
