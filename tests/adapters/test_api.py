@@ -226,6 +226,27 @@ async def test_reject_answers_409_when_another_process_runs_the_session(tmp_path
         assert await other.ask("hello", "busy") == "echo: hello"
 
 
+async def test_a_request_can_ask_for_its_own_busy_policy(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:  # the session queues
+        first = asyncio.create_task(s.ask("sleep 30", "own"))
+        await s.running("own")
+        with pytest.raises(openai.ConflictError) as caught:
+            await s.ask("not now", "own", extra_headers={"X-Chatlane-Busy": "Reject"})
+        assert caught.value.code == "session_busy"
+        urgent = await s.ask("urgent", "own", extra_headers={"X-Chatlane-Busy": "interrupt"})
+        assert urgent == "echo: urgent"
+        assert (await first).startswith("Interrupted")
+
+
+@pytest.mark.parametrize("value", ["later", "redirect", ""])
+async def test_an_unknown_busy_header_is_a_400_naming_the_choices(
+    tmp_path: Path, value: str
+) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        with pytest.raises(openai.BadRequestError, match="X-Chatlane-Busy header must be one of"):
+            await s.ask("hello", "bad", extra_headers={"X-Chatlane-Busy": value})
+
+
 async def test_a_full_queue_answers_429(tmp_path: Path) -> None:
     async with serve(make_config(tmp_path, queue_cap=1)) as s:
         first = asyncio.create_task(s.ask("sleep 1", "full"))

@@ -4,7 +4,8 @@ What stays true:
 
 * The session is named by the ``X-Chatlane-Session`` header, else the
   request's ``user`` field; the gateway keeps the history, so only the last
-  user message of ``messages`` is sent to it.
+  user message of ``messages`` is sent to it. ``X-Chatlane-Busy`` asks for
+  one busy policy for this request's message, over the session's.
 * Each request's message gets its own id and a waiter registered under that
   id *before* it is dispatched, and the response is the answer of the turn that
   ran that message — never an acknowledgement, never another request's reply.
@@ -30,6 +31,7 @@ What stays true:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -50,6 +52,7 @@ from chatlane.adapters.api_wire import (
     ChatRequest,
     ChunkEvents,
     EventStream,
+    busy_header,
     check_origin,
     check_origin_of,
     completion_body,
@@ -242,6 +245,9 @@ class ApiAdapter:
         require_json_type(headers.get(b"content-type", b"").decode("latin-1"))
         data = decode_json(await receive_body(receive, headers.get(b"content-length", b"")))
         chat = parse_chat_request(data, _session_header(headers.get(b"x-chatlane-session")))
+        busy = headers.get(b"x-chatlane-busy")
+        if busy is not None:
+            chat = dataclasses.replace(chat, busy_policy=busy_header(busy))
         if client is not None:
             client.check_session(chat.session)
         return chat, client
@@ -285,7 +291,8 @@ class ApiAdapter:
             raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
         sender = chat.session if client is None else client.name
         source = SessionSource("api", chat_id=chat.session, user_id=sender, chat_type=ChatType.DM)
-        message = InboundMessage(source, chat.text, id=f"api-{os.urandom(16).hex()}")
+        message_id = f"api-{os.urandom(16).hex()}"
+        message = InboundMessage(source, chat.text, id=message_id, busy_policy=chat.busy_policy)
         waiter = self._waiters[message.id] = Waiter(message.id, stream=chat.stream)
         self._ticker.start()
         try:

@@ -69,6 +69,8 @@ class ChatRequest:
     text: str
     stream: bool
     model: str
+    busy_policy: str = ""
+    """The busy policy the request asks for (``X-Chatlane-Busy``); empty: the session's."""
 
 
 def decode_json(body: bytes) -> object:
@@ -454,6 +456,24 @@ async def receive_body(receive: Receive, declared_length: str | bytes) -> bytes:
             parts.append(part)
             return b"".join(parts)
         parts.append(part)
+
+
+BUSY_HEADER_CHOICES = ("queue", "collect", "rollback", "interrupt", "steer", "reject")
+"""What ``X-Chatlane-Busy`` may name (``interrupt`` is ``rollback``'s former name)."""
+
+
+def busy_header(value: bytes | None) -> str:
+    """The busy policy an ``X-Chatlane-Busy`` header names (``""`` if absent).
+
+    :raises ApiRequestError: (400) if it names none.
+    """
+    if value is None:
+        return ""
+    name = value.decode("latin-1").strip().lower()
+    if name not in BUSY_HEADER_CHOICES:
+        choices = ", ".join(BUSY_HEADER_CHOICES)
+        raise invalid(f"the X-Chatlane-Busy header must be one of: {choices}")
+    return "rollback" if name == "interrupt" else name
 
 
 def first_headers(scope: Scope) -> dict[bytes, bytes]:
