@@ -260,7 +260,7 @@ class ConversationState:
     channel_pin: Any = None
     vc_last: Any = None
     interrupt_streak: int = 0
-    """Turns of this conversation interrupted in a row (the ``interrupt`` busy policy's depth)."""
+    """Turns of this conversation interrupted in a row (the ``rollback`` busy policy's depth)."""
     approval_grants: list[str] = field(default_factory=list)
     """Commands approved with ``/approve session``: allowed until the conversation ends."""
     conversation_id: str = ""

@@ -8,7 +8,7 @@ and tells the sender. What stays true:
   leaves the store's queue at once, so it is never run later.
 * A turn that waits for a lease another process holds gets the policy once,
   on its first refused acquire (:mod:`chatlane.runtime.elsewhere`): ``reject``
-  refuses it, ``interrupt`` interrupts the other process's turn through the
+  refuses it, ``rollback`` interrupts the other process's turn through the
   store, anything else lets it wait for the lease.
 * A message that finds the queue full is refused, unless the overflow is
   ``drop-oldest``: then the oldest waiting message leaves the queue (here
@@ -260,7 +260,7 @@ class BusyDesk:
         """The busy policy, for a turn whose session another process runs.
 
         A fresh message is refused under ``reject`` (it leaves the store's
-        queue), interrupts the other process's turn under ``interrupt``, and
+        queue), interrupts the other process's turn under ``rollback``, and
         otherwise waits for the lease; the sender gets the notice or the
         (debounced) ack.
         """

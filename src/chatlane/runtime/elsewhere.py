@@ -7,11 +7,11 @@ refused acquire, that its session is busy elsewhere. What stays true:
   policy; internal events, ``/queue``\\ d messages, re-runs and adopted
   messages were accepted to run, so they wait for the lease whatever the
   policy says.
-* ``reject`` refuses the message; ``interrupt`` interrupts the other
+* ``reject`` refuses the message; ``rollback`` interrupts the other
   process's turn (within that process's fence check) and the message runs
   after it, behind whatever that process had queued first, as it would
   locally; ``queue``, ``collect`` and ``steer`` let it wait its turn (no
-  merging or steering across processes). The ``interrupt`` depth counts this
+  merging or steering across processes). The ``rollback`` depth counts this
   process's interrupts of the session.
 * An interrupt is told through the store, never by a message between
   processes: the interrupting process records the generation it interrupts

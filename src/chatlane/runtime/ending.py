@@ -20,7 +20,7 @@ class TurnEnd(enum.StrEnum):
     STOPPED = "stopped"
     """``/stop`` (or ``/new``, ``/reset``) ended it; its senders were told."""
     INTERRUPTED = "interrupted"
-    """A newer message interrupted it (busy policy ``interrupt``)."""
+    """A newer message interrupted it (busy policy ``rollback``)."""
     EVICTED = "evicted"
     """It made no progress for ``turn_timeout``; its senders got a notice."""
     LEASE_LOST = "lease lost"

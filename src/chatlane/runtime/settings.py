@@ -78,7 +78,7 @@ class RuntimeSettings:
     :param interrupt_grace: how long an interrupted agent may wind down before
         its task is cancelled.
     :param interrupt_depth: consecutive interrupts of one session after which
-        ``interrupt`` degrades to ``queue``.
+        ``rollback`` degrades to ``queue``.
     :param ack_debounce: minimum time between two acks to one session
         (notices that a message will not run are never debounced).
     :param turn_timeout: a turn with no progress for this long is evicted
