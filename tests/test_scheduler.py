@@ -216,14 +216,21 @@ class TestIdleReset:
 
     async def test_deferred_while_a_turn_runs(self) -> None:
         store = MemoryStore()
-        async with scheduled(Scheduler(idle()), store=store) as h:
-            result = await h.send("sleep 0.8", chat_id="c")
+        release = asyncio.Event()
+
+        async def held(turn: Turn) -> str:
+            await release.wait()  # the turn runs until the test lets it answer
+            return "done"
+
+        async with scheduled(Scheduler(idle()), held, store=store) as h:
+            result = await h.send("hold", chat_id="c")
             conversation = await store.conversation(result.session_key)
-            await asyncio.sleep(0.6)
+            await asyncio.sleep(0.6)  # the session's idle window (0.3 s) passes while it runs
             assert h.session(result.session_key).turn.is_running
             assert h.outbox == []
+            release.set()
             replies = await h.replies(chat_id="c", count=2)
-            assert replies == ["slept 0.8", IDLE_NOTICE]
+            assert replies == ["done", IDLE_NOTICE]
             ended = await store.conversations(result.session_key)
             assert conversation.id in [c.id for c in ended if c.ended_at]
 
