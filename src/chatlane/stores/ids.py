@@ -9,19 +9,30 @@ import string
 import threading
 import time
 
-__all__ = ["new_conversation_id", "new_token"]
-
-_TOKEN_PREFIX = secrets.token_hex(8)
-_token_numbers = itertools.count(1)
+__all__ = ["ProcessIds", "new_conversation_id", "new_token"]
 
 
-def _new_token_prefix() -> None:
-    """A forked child draws its own prefix: parent and child never hand out the same token."""
-    global _TOKEN_PREFIX, _token_numbers
-    _TOKEN_PREFIX, _token_numbers = secrets.token_hex(8), itertools.count(1)
+class ProcessIds:
+    """Ids unique across processes: 64 random bits drawn once per process, then a count.
+
+    Cheaper than drawing random bits for every id. A forked child draws its
+    own prefix (and counts from 1 again), so parent and child never hand out
+    the same id.
+    """
+
+    def __init__(self) -> None:
+        self._redraw()
+        os.register_at_fork(after_in_child=self._redraw)
+
+    def _redraw(self) -> None:
+        self._prefix, self._numbers = secrets.token_hex(8), itertools.count(1)
+
+    def next(self) -> str:
+        """A new id: ``<prefix>-<count>``."""
+        return f"{self._prefix}-{next(self._numbers)}"
 
 
-os.register_at_fork(after_in_child=_new_token_prefix)
+_tokens = ProcessIds()
 
 _DIGITS = string.digits + string.ascii_uppercase + string.ascii_lowercase
 """Base 62 in ASCII order, so equal-width numbers sort as their text does."""
@@ -32,8 +43,8 @@ _RANDOM_WIDTH = 11
 
 
 def new_token() -> str:
-    """A lease token: never reused in this process, unguessable from another."""
-    return f"{_TOKEN_PREFIX}-{next(_token_numbers)}"
+    """A lease token: never reused in this process or a forked one, unguessable from another."""
+    return _tokens.next()
 
 
 def new_conversation_id() -> str:

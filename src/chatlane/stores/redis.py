@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
-import os
-import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,7 +61,7 @@ from chatlane.stores.base import (
     taken_over,
 )
 from chatlane.stores.codec import decode_value, encode_value
-from chatlane.stores.ids import new_conversation_id, new_token
+from chatlane.stores.ids import ProcessIds, new_conversation_id, new_token
 from chatlane.stores.redis_keys import Keyspace
 from chatlane.stores.redis_scripts import LuaScript, Status
 from chatlane.stores.redis_url import parse_url, redact
@@ -504,23 +501,12 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-_request_prefix = secrets.token_hex(8)
-_request_numbers = itertools.count(1)
-
-
-def _new_request_prefix() -> None:
-    """A forked process draws its own prefix: two processes never share a request id."""
-    global _request_prefix, _request_numbers
-    _request_prefix, _request_numbers = secrets.token_hex(8), itertools.count(1)
-
-
-os.register_at_fork(after_in_child=_new_request_prefix)
+_request_ids = ProcessIds()
 
 
 def _request_id() -> str:
-    """The id that makes a retried script apply once: 64 random bits drawn per process,
-    then a count (cheaper than drawing random bits for every request)."""
-    return f"{_request_prefix}-{next(_request_numbers)}"
+    """The id that makes a retried script apply once (unique across processes, forked too)."""
+    return _request_ids.next()
 
 
 def _batch_args(key: SessionKey, batch: WriteBatch, retention: float, token: str) -> list[Arg]:
