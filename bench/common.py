@@ -14,6 +14,7 @@ import gc
 import os
 import platform
 import random
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,32 @@ def check_counts(side: str, what: str, counts: Mapping[int, int], expected: int)
     if wrong:
         sample = dict(list(wrong.items())[:5])
         raise BenchError(f"{side}: {len(wrong)} session {what}s != {expected}, e.g. {sample}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rounds:
+    """µs per message or operation in every timed round: wall time and CPU time."""
+
+    wall_us: tuple[float, ...]
+    cpu_us: tuple[float, ...]
+
+    @property
+    def wall(self) -> float:
+        return statistics.median(self.wall_us)
+
+    @property
+    def cpu(self) -> float:
+        return statistics.median(self.cpu_us)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"wall": figures_json(self.wall_us), "cpu": figures_json(self.cpu_us)}
+
+
+def figures_json(rounds: tuple[float, ...]) -> dict[str, Any]:
+    return {
+        "rounds_us": [round(r, 3) for r in rounds],
+        "median_us": round(statistics.median(rounds), 3),
+    }
 
 
 @dataclass(frozen=True, slots=True)

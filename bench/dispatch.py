@@ -36,7 +36,6 @@ import contextvars
 import functools
 import itertools
 import json
-import statistics
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from bench.common import (
     SENT_AT,
     BenchError,
     Elapsed,
+    Rounds,
     Target,
     aiogram_counters,
     check_counts,
@@ -326,32 +326,6 @@ RATIOS: tuple[tuple[str, str], ...] = (
     ("chatlane/raw", "aiogram/raw"),
 )
 """The ratios of medians shown (side / side): below 1, the first side costs less."""
-
-
-@dataclass(frozen=True, slots=True)
-class Rounds:
-    """One side's µs per message in every timed round: wall time and CPU time."""
-
-    wall_us: tuple[float, ...]
-    cpu_us: tuple[float, ...]
-
-    @property
-    def wall(self) -> float:
-        return statistics.median(self.wall_us)
-
-    @property
-    def cpu(self) -> float:
-        return statistics.median(self.cpu_us)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"wall": figures_json(self.wall_us), "cpu": figures_json(self.cpu_us)}
-
-
-def figures_json(rounds: tuple[float, ...]) -> dict[str, Any]:
-    return {
-        "rounds_us": [round(r, 3) for r in rounds],
-        "median_us": round(statistics.median(rounds), 3),
-    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,6 @@ import functools
 import json
 import os
 import secrets
-import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -52,6 +51,7 @@ from bench.common import (
     BOT_ID,
     BenchError,
     Elapsed,
+    Rounds,
     Target,
     aiogram_counters,
     check_counts,
@@ -363,32 +363,6 @@ def plan_lines(backends: Sequence[str], redis_url: str) -> dict[str, Run]:
         lines["resp/ping"] = functools.partial(run_resp_ping, redis_url)
         lines["aiogram/redis"] = functools.partial(run_aiogram, redis_url)
     return lines
-
-
-@dataclass(frozen=True, slots=True)
-class Rounds:
-    """One line's µs per operation in every timed round: wall time and CPU time."""
-
-    wall_us: tuple[float, ...]
-    cpu_us: tuple[float, ...]
-
-    @property
-    def wall(self) -> float:
-        return statistics.median(self.wall_us)
-
-    @property
-    def cpu(self) -> float:
-        return statistics.median(self.cpu_us)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"wall": figures_json(self.wall_us), "cpu": figures_json(self.cpu_us)}
-
-
-def figures_json(rounds: tuple[float, ...]) -> dict[str, Any]:
-    return {
-        "rounds_us": [round(r, 3) for r in rounds],
-        "median_us": round(statistics.median(rounds), 3),
-    }
 
 
 RATIO_FORMS = ("engine", "fused")

@@ -77,7 +77,8 @@ def test_stores_runs_every_line() -> None:
 
 
 def test_stores_judges_durable_engine_turns_against_memory_on_cpu() -> None:
-    from bench.stores import Report, Rounds, Workload
+    from bench.common import Rounds
+    from bench.stores import Report, Workload
 
     def line(cpu: float) -> Rounds:
         return Rounds(wall_us=(cpu * 3,), cpu_us=(cpu,))
