@@ -73,7 +73,10 @@ class ParsedCommand:
 
 def parse_command(text: str) -> ParsedCommand | None:
     """Read a slash command, or ``None`` if ``text`` is not one (``/usr/bin`` is not)."""
-    match = _COMMAND.fullmatch(text.strip())
+    text = text.strip()
+    if not text.startswith("/"):
+        return None  # most messages: no pattern to match
+    match = _COMMAND.fullmatch(text)
     if match is None:
         return None
     name, mention, args = match.groups()

@@ -109,12 +109,11 @@ class Gateway:
         self.router = router if router is not None else default_router(self.settings.lifecycle)
         self._deliver = deliver
         self._refuse = refuse or self.notify_refused
-        self._filters: list[OutboundFilter] = []
         self._closed = False
         self.scheduler: Scheduler | None = None
         self.engine = TurnEngine(
             agent,
-            self._deliver_out,
+            self._deliver,
             settings=self.settings.runtime,
             registry=registry,
             store=store,
@@ -147,11 +146,7 @@ class Gateway:
         stored; one that raises is logged like a failed delivery. It runs on
         the delivery path of every message, so it must be quick.
         """
-        self._filters.append(keep)
-
-    async def _deliver_out(self, outbound: Outbound) -> None:
-        if not self._filters or all(keep(outbound) for keep in self._filters):
-            await self._deliver(outbound)
+        self.engine.outlet.add_filter(keep)
 
     def session_key(self, message: InboundMessage) -> SessionKey:
         """The session ``message`` belongs to (lone surrogates read as U+FFFD, as dispatched).
@@ -174,16 +169,19 @@ class Gateway:
         """
         if self.authorized(message.source):
             return True
+        self._count_refused(message)
+        return False
+
+    def _count_refused(self, message: InboundMessage) -> None:
         source = message.source
         log.info("refused user %r on %s", source.user_id, source.platform)
         self.engine.metrics.refused(source.platform)
-        return False
 
     async def notify_refused(self, message: InboundMessage) -> None:
         """Tell a refused sender with a notice to their chat (the default ``refuse``)."""
         target = Target.of(message.source)
         notice = Outbound(OutboundKind.NOTICE, NO_SESSION, target, NOT_ALLOWED, 0, (message.id,))
-        await self._deliver_out(notice)
+        await self.engine.outlet.deliver(notice)
 
     async def dispatch(self, message: InboundMessage) -> DispatchResult:
         """Handle one inbound message: a refusal, a command, a new turn, or a busy outcome.
@@ -198,7 +196,8 @@ class Gateway:
         carry) are replaced by U+FFFD first.
         """
         message = message.cleaned()
-        if not self.admit(message):
+        if not self.settings.authorize(message.source):  # as admit(), one call fewer
+            self._count_refused(message)
             await self._refuse(message)
             key = build_session_key(message.source, self.settings.key_policy)
             return DispatchResult(key, message.id, refused=True)

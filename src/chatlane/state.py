@@ -142,6 +142,11 @@ class SlotPhase(enum.Enum):
     """The turn's agent runs under its lease."""
 
 
+_IDLE, _CLAIMED, _RUNNING = SlotPhase.IDLE, SlotPhase.CLAIMED, SlotPhase.RUNNING
+"""The phases the slot moves through on every turn, as globals: on Python 3.11 a
+member read through its enum class costs about ten times a global read."""
+
+
 @dataclass(slots=True)
 class TurnState:
     """One session's turn slot and what its turn holds; :meth:`clear` runs after every turn.
@@ -177,16 +182,16 @@ class TurnState:
     @property
     def is_running(self) -> bool:
         """A turn has claimed the session (its agent may still be starting)."""
-        return self.phase is not SlotPhase.IDLE or self.started_ts != 0.0
+        return self.phase is not _IDLE or self.started_ts != 0.0
 
     def claim(self, turn: Turn, now: float) -> None:
         """``turn`` takes the slot (idle or collecting) and waits for its lease."""
-        self.phase, self.current, self.started_ts = SlotPhase.CLAIMED, turn, now
+        self.phase, self.current, self.started_ts = _CLAIMED, turn, now
 
     def run(self, turn: Turn) -> None:
         """``turn``, which claimed the slot, took its lease: its agent runs."""
         if self.current is turn:
-            self.phase = SlotPhase.RUNNING
+            self.phase = _RUNNING
 
     def collect(self, now: float) -> None:
         """Hold the slot empty while a collect debounce runs out."""

@@ -245,7 +245,7 @@ class ModelSpy:
         self.grants: list[list[str]] = []
 
     async def __call__(self, turn: Turn) -> str:
-        self.grants.append(list(turn._state.conversation.approval_grants))
+        self.grants.append(list(turn.session_state.conversation.approval_grants))
         model = turn.overrides.model
         return f"model={model.name if model else '-'}"
 

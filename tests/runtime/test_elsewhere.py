@@ -25,7 +25,7 @@ SOURCE = SessionSource("test", chat_id="c", user_id="u")
 async def waiting_turn(*, fresh: bool = True, internal: bool = False) -> tuple[SessionState, Turn]:
     state = SessionState(chat_key("c"))
     message = InboundMessage(SOURCE, "hi", internal=internal)
-    turn = Turn(state, (message,), (1,), TurnOverrides(), refusable=fresh)
+    turn = Turn.of(state, (message,), (1,), TurnOverrides(), refusable=fresh)
     return state, turn
 
 

@@ -362,6 +362,9 @@ async def test_shutdown_releases_the_lease_of_a_turn_cut_off_while_settling() ->
         "overrides",
         "steered",
         "session_key",
+        "session_state",
+        "interrupted",
+        "started_at",
     ],
 )
 async def test_an_agent_cannot_assign_what_the_engine_keeps(name: str) -> None:

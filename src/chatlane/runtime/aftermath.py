@@ -72,15 +72,23 @@ class TurnAftermath:
         self._outcomes = outcomes
         self._slots = slots
 
+    def has_work(self, turn: Turn) -> bool:
+        """Whether :meth:`settle` has anything to do for ``turn``.
+
+        Not for a turn that answered and whose commit released its lease: its
+        messages left the queue in that commit and no lease is left to give back.
+        """
+        answered = turn.answered and turn.ended_by is None
+        return not answered or self._leases.holds(turn.session_state, turn.generation)
+
     async def settle(self, turn: Turn) -> None:
         """Release ``turn``'s lease and decide what becomes of its stored messages.
 
         Each step is retried on its own through an outage, so a step that
         already changed this process's queue never runs twice.
         """
-        answered = turn.answered and turn.ended_by is None
-        if answered and not self._leases.holds(turn.session_state, turn.generation):
-            return  # answered, and the commit released the lease: no step has work
+        if not self.has_work(turn):
+            return
         steps = (self._drop_untaken_steers, self._settle_messages, self._release)
         for step in steps:
             try:

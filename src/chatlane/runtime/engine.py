@@ -236,9 +236,9 @@ class TurnEngine:
         state = held if held is not None and self.registry.peek(key) is held else None
         if state is None:
             state = self.registry.get(key)
-        if not state.turn.is_running and self.busy.coalesces(message):
-            return self.busy.coalesce(state, message, seq)
         if not state.turn.is_running:
+            if self.busy.coalesces(message):
+                return self.busy.coalesce(state, message, seq)
             self._start(state, (message,), (seq,), refusable=True, admission=admission)
             return None
         if admission is not None and admission.lease is not None:
@@ -322,7 +322,7 @@ class TurnEngine:
     ) -> Turn:
         """Claim ``state``'s slot for a turn of ``messages`` and drive it in a task of its own."""
         overrides = TurnOverrides.of(state)
-        turn = Turn(
+        turn = Turn.of(
             state,
             messages,
             seqs,
@@ -352,7 +352,8 @@ class TurnEngine:
             turn.end(TurnEnd.FAILED)
         finally:
             try:
-                await self.aftermath.settle(turn)
+                if self.aftermath.has_work(turn):
+                    await self.aftermath.settle(turn)
             finally:
                 self.slots.finish(turn)
 
@@ -388,7 +389,8 @@ class TurnEngine:
         state.persistent.run_generation = lease.generation
         if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
             return False  # another process ran or stopped the session meanwhile
-        await self._take_choices(turn, choices)
+        if self._choices_stale(state):
+            await self._take_choices(turn, choices)
         turn.touch()
         self.metrics.turn_started()
         return True
@@ -545,7 +547,7 @@ class TurnEngine:
     # -- background: renewals, fence checks, eviction, adoption -------------------
 
     def _ensure_background(self) -> None:
-        if not self.slots.closed:
+        if not self.upkeep.started and not self.slots.closed:
             self.upkeep.start()
 
     async def evict_stuck(self) -> int:

@@ -66,19 +66,24 @@ class OutcomeLedger:
     """The messages an engine holds open, each ended once (see the module docstring)."""
 
     def __init__(self, emit: OnOutcome | None) -> None:
-        """``emit`` hears each outcome; ``None``: no one listens (outcomes are still kept once)."""
+        """``emit`` hears each outcome; ``None``: no one listens, so nothing is held open."""
         self._emit = emit
         self._open: dict[str, tuple[SessionKey, str]] = {}
         self._watched: dict[str, SessionKey] = {}
+        self.listening = emit is not None
+        """Whether anyone hears the outcomes; while no one does, no message is held open."""
 
     def open(self, key: SessionKey, message: InboundMessage) -> None:
         """``message`` was accepted (or adopted) here: it will end in one outcome."""
-        self._open.setdefault(message.id, (key, message.source.platform))
+        if self.listening:
+            self._open.setdefault(message.id, (key, message.source.platform))
 
     def end(
         self, message_ids: Iterable[str], outcome: Outcome, text: str = "", reason: str = ""
     ) -> None:
         """Emit ``outcome`` for each of ``message_ids`` still open (the others ended before)."""
+        if not self._open:
+            return
         for message_id in message_ids:
             held = self._open.pop(message_id, None)
             self._watched.pop(message_id, None)

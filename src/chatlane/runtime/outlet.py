@@ -4,7 +4,9 @@ Every helper of the engine (turn output, busy policies, the aftermath of a
 turn, approval prompts, eviction notices) sends through one :class:`Outlet`,
 so what stays true is said once:
 
-* An adapter's failure to deliver is logged, never raised into a turn.
+* Every outbound message passes the gateway's outbound filters, in the order
+  they were added, just before the adapter's ``deliver``.
+* An adapter's failure to deliver (or a filter's) is logged, never raised into a turn.
 * An outbound that carries no generation is stamped with the session's
   current one.
 * A notice refusing messages (``refusal``) is also their outcome, ended in
@@ -25,7 +27,7 @@ from chatlane.logs import turn_fields
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
-from chatlane.types import Deliver, Outbound, OutboundKind, SessionKey, Target
+from chatlane.types import Deliver, Outbound, OutboundFilter, OutboundKind, SessionKey, Target
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -40,6 +42,16 @@ class Outlet:
         self._deliver = deliver
         self._outcomes = outcomes
         self._generation_of = slots.generation_of
+        self._filters: list[OutboundFilter] = []
+
+    def add_filter(self, keep: OutboundFilter) -> None:
+        """Deliver only what ``keep`` returns True for (after the filters added before it)."""
+        self._filters.append(keep)
+
+    async def deliver(self, outbound: Outbound) -> None:
+        """Hand ``outbound`` to the adapter unless a filter holds it back; errors propagate."""
+        if not self._filters or all(keep(outbound) for keep in self._filters):
+            await self._deliver(outbound)
 
     async def send(
         self,
@@ -65,7 +77,8 @@ class Outlet:
         if refusal:
             self._outcomes.end(in_reply_to, Outcome.REFUSED, text, reason=refusal)
         try:
-            await self._deliver(outbound)
+            if not self._filters or all(keep(outbound) for keep in self._filters):
+                await self._deliver(outbound)
         except Exception:
             log.exception("delivery failed (%s)", kind, extra=turn_fields(key, generation))
 

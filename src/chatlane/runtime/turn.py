@@ -68,6 +68,10 @@ class TurnOverrides(msgspec.Struct, frozen=True):
         return msgspec.structs.replace(self, **changed) if changed else self
 
 
+_assign = msgspec.structs.force_setattr
+"""How a turn's own methods set its read-only attributes."""
+
+
 class TurnRecord(msgspec.Struct):
     """The engine's bookkeeping of one turn, apart from what its agent sees.
 
@@ -83,7 +87,6 @@ class TurnRecord(msgspec.Struct):
     refusable: bool = False
     """A fresh message that found its session idle here: the busy policy may refuse it."""
     approvals: ApprovalBroker | None = None
-    generation: int = 0
     lease: Lease | None = None
     ended_by: TurnEnd | None = None
     """Why the turn ended early, once recorded (:meth:`Turn.end`)."""
@@ -94,24 +97,42 @@ class TurnRecord(msgspec.Struct):
     last_progress: float = msgspec.field(default_factory=time.monotonic)
 
 
-class Turn:
-    """One run of the agent for one session; read-only for the agent (see the module docstring)."""
+class Turn(msgspec.Struct, frozen=True, eq=False):
+    """One run of the agent for one session; read-only for the agent (see the module docstring).
 
-    __slots__ = (
-        "_loop",
-        "_message_ids",
-        "_messages",
-        "_overrides",
-        "_record",
-        "_state",
-        "_steered",
-        "_steers",
-        "interrupted",
-        "started_at",
-    )
+    Made with :meth:`of`. Every attribute is read-only: assigning one raises
+    :class:`AttributeError`. What an agent reads most (``session_key``,
+    ``messages``, ``generation``, …) is a plain field, read as cheaply as any
+    attribute; only the turn's engine-side methods below change one. Two
+    turns are equal only if they are the same turn.
+    """
 
-    def __init__(
-        self,
+    session_state: SessionState
+    """The state of the session this turn runs for (engine side)."""
+    session_key: SessionKey
+    """The session this turn runs for."""
+    messages: tuple[InboundMessage, ...]
+    """The messages this turn was started with, oldest first (steered ones: :attr:`steered`)."""
+    message_ids: tuple[str, ...]
+    """The ids of the inbound messages this turn answers, steered ones included."""
+    source: SessionSource
+    """Where the turn's last message came from (its replies go there)."""
+    overrides: TurnOverrides
+    """The model settings this turn runs with."""
+    interrupted: asyncio.Event
+    """Set when the turn is told to stop (stop, interrupt, eviction, lost lease, shutdown)."""
+    started_at: float
+    """When the turn was made (``time.monotonic()``)."""
+    _record: TurnRecord
+    _loop: asyncio.AbstractEventLoop
+    _steers: list[tuple[InboundMessage, int]]
+    _steered: list[InboundMessage]
+    generation: int = 0
+    """The fencing token: set once, when the lease is taken, before the agent starts."""
+
+    @classmethod
+    def of(
+        cls,
         state: SessionState,
         messages: tuple[InboundMessage, ...],
         seqs: tuple[int, ...],
@@ -120,68 +141,38 @@ class Turn:
         reruns: int = 0,
         refusable: bool = False,
         approvals: ApprovalBroker | None = None,
-    ) -> None:
-        self._state = state
-        self._steers: list[tuple[InboundMessage, int]] = []
-        self._steered: list[InboundMessage] = []
-        self._record = TurnRecord(
+    ) -> Turn:
+        """A turn of ``messages`` (stored under ``seqs``) for ``state``'s session."""
+        record = TurnRecord(
             list(seqs),
             state.conversation.one_turn_restore,
             reruns=reruns,
             refusable=refusable,
             approvals=approvals,
         )
-        self._loop = asyncio.get_running_loop()
-        self._messages = messages
-        self._message_ids = tuple([message.id for message in messages])
-        self._overrides = overrides
-        self.interrupted = asyncio.Event()
-        """Set when the turn is told to stop (stop, interrupt, eviction, lost lease, shutdown)."""
-        self.started_at = self._record.last_progress
+        return cls(
+            state,
+            state.key,
+            messages,
+            tuple([message.id for message in messages]),
+            messages[-1].source,
+            overrides,
+            asyncio.Event(),
+            record.last_progress,
+            record,
+            asyncio.get_running_loop(),
+            [],
+            [],
+        )
 
     # -- what the agent reads --------------------------------------------------
-
-    @property
-    def session_key(self) -> SessionKey:
-        """The session this turn runs for."""
-        return self._state.key
-
-    @property
-    def messages(self) -> tuple[InboundMessage, ...]:
-        """The messages this turn was started with, oldest first (steered ones: :attr:`steered`)."""
-        return self._messages
-
-    @property
-    def message_ids(self) -> tuple[str, ...]:
-        """The ids of the inbound messages this turn answers, steered ones included."""
-        return self._message_ids
 
     @property
     def steered(self) -> tuple[InboundMessage, ...]:
         """Messages steered into this run that the agent took (:meth:`take_steers`)."""
         return tuple(self._steered)
 
-    @property
-    def source(self) -> SessionSource:
-        """Where the turn's last message came from (its replies go there)."""
-        return self._messages[-1].source
-
-    @property
-    def overrides(self) -> TurnOverrides:
-        """The model settings this turn runs with."""
-        return self._overrides
-
-    @property
-    def generation(self) -> int:
-        """The fencing token: set once, when the lease is taken, before the agent starts."""
-        return self._record.generation
-
     # -- what the engine reads (the record's fields, read-only here) -------------
-
-    @property
-    def session_state(self) -> SessionState:
-        """The state of the session this turn runs for (engine side)."""
-        return self._state
 
     @property
     def seqs(self) -> tuple[int, ...]:
@@ -253,7 +244,7 @@ class Turn:
 
     def rebase_overrides(self, old: TurnOverrides, new: TurnOverrides) -> None:
         """Take up what the store changed between ``old`` and ``new`` (engine side)."""
-        self._overrides = self._overrides.rebased(old, new)
+        _assign(self, "overrides", self.overrides.rebased(old, new))
 
     @property
     def author(self) -> str | None:
@@ -281,19 +272,19 @@ class Turn:
     def bind_lease(self, lease: Lease) -> None:
         """Take ``lease`` and its generation as this turn's (engine side, once, when acquired)."""
         self._record.lease = lease
-        self._record.generation = lease.generation
+        _assign(self, "generation", lease.generation)
 
     def is_current(self) -> bool:
         """Whether this turn may still write state and deliver replies."""
         record = self._record
         lease = record.lease
-        if lease is None or self._state.persistent.run_generation != record.generation:
+        if lease is None or self.session_state.persistent.run_generation != self.generation:
             return False
         return lease.expires_at > time.time()
 
     def is_fenced(self) -> bool:
         """Whether the session's generation moved past this turn's (its lease's expiry aside)."""
-        return self._state.persistent.run_generation != self._record.generation
+        return self.session_state.persistent.run_generation != self.generation
 
     def fence(self, what: str = "write") -> None:
         """Refuse ``what`` unless this turn is current.
@@ -301,7 +292,7 @@ class Turn:
         :raises StaleGeneration: if the session's generation moved on or the lease expired.
         """
         if not self.is_current():
-            current = self._state.persistent.run_generation
+            current = self.session_state.persistent.run_generation
             raise StaleGeneration(self.session_key, self.generation, current, what)
 
     def take_steers(self) -> list[str]:
@@ -309,11 +300,12 @@ class Turn:
 
         The messages taken are recorded in :attr:`steered`: this turn answers them.
         """
-        steers, self._steers = self._steers, []
+        steers = self._steers
+        _assign(self, "_steers", [])
         for message, seq in steers:
             self._steered.append(message)
             self._record.seqs.append(seq)
-            self._message_ids += (message.id,)
+            _assign(self, "message_ids", (*self.message_ids, message.id))
         if steers:
             self.touch()
         return [message.text for message, _ in steers]
@@ -333,12 +325,13 @@ class Turn:
     def keep_steers(self, stored: set[int]) -> list[InboundMessage]:
         """Let go of untaken steers whose seq is not in ``stored``; return them."""
         gone = [message for message, seq in self._steers if seq not in stored]
-        self._steers = [(message, seq) for message, seq in self._steers if seq in stored]
+        _assign(self, "_steers", [(message, seq) for message, seq in self._steers if seq in stored])
         return gone
 
     def untaken_steers(self) -> list[tuple[InboundMessage, int]]:
         """Steered messages (and seqs) the agent never took (engine side, at the end)."""
-        untaken, self._steers = self._steers, []
+        untaken = self._steers
+        _assign(self, "_steers", [])
         return untaken
 
     async def request_approval(self, command: str, reason: str = "") -> bool:
@@ -356,7 +349,7 @@ class Turn:
         if not self._may_ask() or approvals is None:
             return False
         decision = await approvals.request(
-            self._state, self.generation, self.author, command, reason
+            self.session_state, self.generation, self.author, command, reason
         )
         return decision.approved
 
@@ -395,12 +388,6 @@ class Turn:
 
 
 PLAIN_READS: dict[str, str] = {
-    "session_key": "_state.key",
-    "messages": "_messages",
-    "message_ids": "_message_ids",
-    "overrides": "_overrides",
-    "generation": "_record.generation",
-    "session_state": "_state",
     "lease": "_record.lease",
     "ended_by": "_record.ended_by",
     "answered": "_record.answered",

@@ -91,6 +91,8 @@ class Upkeep:
         self._adopt = adopt
         self._turn_timeout = turn_timeout
         self._tasks: list[asyncio.Task[None]] = []
+        self.started = False
+        """Whether :meth:`start` started the loops (a plain attribute: read per message)."""
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
@@ -105,6 +107,7 @@ class Upkeep:
         """
         if self._tasks:
             return
+        self.started = True
         settings = self._leases.settings
         loops: list[tuple[Coroutine[object, object, None], str]] = [
             (self._every(settings.renew_every, self.renew_once), "chatlane-leases"),

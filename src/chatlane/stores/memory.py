@@ -15,7 +15,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from msgspec.structs import replace
 
@@ -48,9 +48,12 @@ from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.types import SessionKey
 
 
-@dataclass(frozen=True, slots=True)
-class _Mark:
-    """An answered mark: when the message was answered, and with what."""
+class _Mark(NamedTuple):
+    """An answered mark: when the message was answered, and with what.
+
+    A tuple of a float and a string: cheap to make on every commit, and
+    untracked by the garbage collector however many are kept.
+    """
 
     at: float
     answer: str
