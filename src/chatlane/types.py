@@ -54,6 +54,10 @@ class InboundMessage(msgspec.Struct, frozen=True):
     ``busy_policy`` names the busy policy this one message asks for over its
     session's (``/steer``, ``/now``); empty: the session's. It is stored with
     the message, so it holds in whichever process runs the session.
+    ``idempotent`` marks a message whose id its sender's retries name too
+    (an API request's ``Idempotency-Key``): its turn first asks the store,
+    under the session's lease, whether it was answered already, and if so
+    replays that answer instead of running the agent again.
     """
 
     source: SessionSource
@@ -62,6 +66,7 @@ class InboundMessage(msgspec.Struct, frozen=True):
     internal: bool = False
     received_at: float = msgspec.field(default_factory=time.time)
     busy_policy: str = ""
+    idempotent: bool = False
 
     def cleaned(self) -> InboundMessage:
         """This message, with lone surrogates in its text and source made U+FFFD.

@@ -50,7 +50,7 @@ async def test_a_plain_request_is_woken_only_by_its_last_event() -> None:
 
 async def test_the_ticker_wakes_a_quiet_request_and_stops_when_none_waits() -> None:
     waiters: dict[str, Waiter] = {}
-    ticker = Ticker(waiters, period=0.02)
+    ticker = Ticker(waiters.values, period=0.02)
     waiter = waiters["api-1"] = Waiter("api-1", stream=False)
     ticker.start()
     ticker.start()  # one timer, however often it is asked for
@@ -66,7 +66,7 @@ async def test_the_ticker_wakes_a_quiet_request_and_stops_when_none_waits() -> N
 
 async def test_a_request_answered_at_once_is_never_ticked() -> None:
     waiters: dict[str, Waiter] = {}
-    ticker = Ticker(waiters, period=60.0)
+    ticker = Ticker(waiters.values, period=60.0)
     waiter = waiters["api-1"] = Waiter("api-1", stream=False)
     ticker._tick()  # a firing right after it was registered
     assert not waiter.ticked

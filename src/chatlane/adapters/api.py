@@ -27,13 +27,23 @@ What stays true:
   With ``[api.clients]`` every route needs a client's token instead, and a
   client names only its own sessions (:mod:`chatlane.adapters.api_clients`).
 * A message refused by a process-wide limit gets 503, code ``gateway_full``.
+* A request's completion id (``chatcmpl-…``) is its message's
+  (:mod:`chatlane.adapters.api_ids`): the first event of a stream carries it,
+  and every answer after dispatch — a 504 or 503 too — names it in the
+  ``X-Chatlane-Completion-Id`` header. ``GET /v1/chat/completions/{id}``
+  returns the stored answer to the client that sent the request, from any
+  process sharing the store; anyone else gets 404.
+* Requests with one ``Idempotency-Key`` (from one client, to one session)
+  name one message: a retry gets the answer already committed, waits beside
+  the first request if that one still waits here, and is otherwise dispatched
+  under the same id, so the store holds it once and its turn replays an
+  answer committed meanwhile instead of running the agent again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -45,8 +55,16 @@ from starlette.types import Receive, Scope, Send
 
 from chatlane.access import AccessToken
 from chatlane.adapters.api_clients import ApiClient, ApiClients
+from chatlane.adapters.api_ids import (
+    check_key,
+    completion_id,
+    keyed_message_id,
+    message_of,
+    new_message_id,
+)
 from chatlane.adapters.api_waiters import EventKind, Ticker, Waiter, WaiterEvent
 from chatlane.adapters.api_wire import (
+    COMPLETION_ID_HEADER,
     ApiRequestError,
     AsgiEndpoint,
     ChatRequest,
@@ -56,6 +74,7 @@ from chatlane.adapters.api_wire import (
     check_origin,
     check_origin_of,
     completion_body,
+    completion_id_header,
     decode_json,
     error_response,
     first_headers,
@@ -126,19 +145,24 @@ class ApiAdapter:
         self.wait_timeout = _default_ceiling(config) if wait_timeout is None else wait_timeout
         self.tick = tick
         self.keepalive = keepalive
-        self._waiters: dict[str, Waiter] = {}
-        self._ticker = Ticker(self._waiters, tick)
+        self._waiters: dict[str, list[Waiter]] = {}
+        """The requests waiting, by their message's id (retries of one request share it)."""
+        self._ticker = Ticker(self._all_waiters, tick)
         self._hub: Hub | None = None
         self._closed = False
 
     @property
     def waiting(self) -> int:
         """How many requests wait for an answer right now."""
-        return len(self._waiters)
+        return sum(len(waiters) for waiters in self._waiters.values())
+
+    def _all_waiters(self) -> list[Waiter]:
+        return [waiter for waiters in self._waiters.values() for waiter in waiters]
 
     def routes(self) -> Sequence[BaseRoute]:
         return [
             Route("/v1/chat/completions", AsgiEndpoint(self.chat_completions), methods=["POST"]),
+            Route("/v1/chat/completions/{completion}", self.stored_completion, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model, methods=["GET"]),
             Route("/v1/{rest:path}", self.unrouted, methods=_EVERY_METHOD),
@@ -151,23 +175,21 @@ class ApiAdapter:
         """Hand ``outbound`` to the requests waiting for the messages it answers."""
         taken = False
         for message_id in outbound.in_reply_to:
-            waiter = self._waiters.get(message_id)
-            if waiter is not None:
+            for waiter in self._waiters.get(message_id, ()):
                 waiter.take(outbound)
                 taken = True
         if not taken:
             log.debug("no request waits for %s to %s; dropped", outbound.kind, outbound.session_key)
 
     def outcome(self, outcome: MessageOutcome) -> None:
-        """Finish the request waiting for ``outcome``'s message, if one does."""
-        waiter = self._waiters.get(outcome.message_id)
-        if waiter is not None:
+        """Finish the requests waiting for ``outcome``'s message, if any do."""
+        for waiter in self._waiters.get(outcome.message_id, ()):
             waiter.end(outcome)
 
     async def aclose(self) -> None:
         """Answer every waiting request with 503; their messages stay queued in the store."""
         self._closed = True
-        for waiter in list(self._waiters.values()):
+        for waiter in self._all_waiters():
             waiter.push(WaiterEvent(EventKind.SHUTDOWN))
 
     # -- routes ------------------------------------------------------------------------
@@ -209,7 +231,8 @@ class ApiAdapter:
         except ApiRequestError as error:
             await error_response(error)(scope, receive, send)
             return
-        response_id = f"chatcmpl-{waiter.message_id.removeprefix('api-')}"
+        response_id = completion_id(waiter.message_id)
+        named = (completion_id_header(response_id),)
         if chat.stream:
             try:
                 await self._stream(waiter, chat, response_id, request.is_disconnected, send)
@@ -223,9 +246,32 @@ class ApiAdapter:
         if event is None:
             await Response(status_code=499)(scope, receive, send)
         elif event.kind is EventKind.FINAL:
-            await send_json_body(send, completion_body(response_id, chat.model, event.text))
+            await send_json_body(send, completion_body(response_id, chat.model, event.text), named)
         else:
-            await error_response(_ending_error(event, chat.session))(scope, receive, send)
+            response = error_response(_ending_error(event, chat.session))
+            response.headers[COMPLETION_ID_HEADER] = response_id  # it may still be answered
+            await response(scope, receive, send)
+
+    async def stored_completion(self, request: Request) -> Response:
+        """``GET /v1/chat/completions/{id}``: a completion answered before, from any process.
+
+        Only to the client whose request it answered; anyone else — and anyone
+        asking before it was answered, or after the store forgot the answer —
+        gets 404.
+        """
+        wanted = request.path_params["completion"]
+        try:
+            client = self._authenticate(request)
+            check_origin(request)
+            message_id = message_of(wanted, "" if client is None else client.name)
+            answer = None if message_id is None else await self._earlier_answer(message_id)
+            if answer is None:
+                message = "no completion with that id is stored for you"
+                raise ApiRequestError(404, message, "invalid_request_error", "completion_not_found")
+        except ApiRequestError as error:
+            return error_response(error)
+        body = completion_body(wanted, self._models[0], answer)  # the gateway's own model name
+        return Response(body, media_type="application/json")
 
     async def _read(self, scope: Scope, receive: Receive) -> tuple[ChatRequest, ApiClient | None]:
         """The checked request, and the client that sent it (with ``[api.clients]``).
@@ -248,6 +294,9 @@ class ApiAdapter:
         busy = headers.get(b"x-chatlane-busy")
         if busy is not None:
             chat = dataclasses.replace(chat, busy_policy=busy_header(busy))
+        key = headers.get(b"idempotency-key")
+        if key is not None:
+            chat = dataclasses.replace(chat, idempotency_key=_idempotency_key(key))
         if client is not None:
             client.check_session(chat.session)
         return chat, client
@@ -291,10 +340,19 @@ class ApiAdapter:
             raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
         sender = chat.session if client is None else client.name
         source = SessionSource("api", chat_id=chat.session, user_id=sender, chat_type=ChatType.DM)
-        message_id = f"api-{os.urandom(16).hex()}"
-        message = InboundMessage(source, chat.text, id=message_id, busy_policy=chat.busy_policy)
-        waiter = self._waiters[message.id] = Waiter(message.id, stream=chat.stream)
-        self._ticker.start()
+        message_id = _message_id(chat, client)
+        if chat.idempotency_key:
+            retried = await self._retried(message_id, chat.stream)
+            if retried is not None:
+                return retried
+        message = InboundMessage(
+            source,
+            chat.text,
+            id=message_id,
+            busy_policy=chat.busy_policy,
+            idempotent=bool(chat.idempotency_key),
+        )
+        waiter = self._register(Waiter(message.id, stream=chat.stream))
         try:
             result = await _dispatch(hub, message, chat.session)
         except BaseException:
@@ -303,8 +361,56 @@ class ApiAdapter:
         waiter.session_key = result.session_key
         return waiter
 
+    def _register(self, waiter: Waiter) -> Waiter:
+        self._waiters.setdefault(waiter.message_id, []).append(waiter)
+        self._ticker.start()
+        return waiter
+
     def _forget(self, waiter: Waiter) -> None:
-        self._waiters.pop(waiter.message_id, None)
+        waiters = self._waiters.get(waiter.message_id, [])
+        if waiter in waiters:
+            waiters.remove(waiter)
+        if not waiters:
+            self._waiters.pop(waiter.message_id, None)
+
+    async def _retried(self, message_id: str, stream: bool) -> Waiter | None:
+        """A retry's waiter, if its request was seen before: ``None`` if it must be dispatched.
+
+        Answered before (here or in any process sharing the store): a waiter
+        holding that answer. Still waited for here: a waiter beside the first
+        request's, ended by the same outcome. Otherwise the message is
+        dispatched under the same id: the store keeps one record of it, and
+        its turn replays an answer committed meanwhile instead of running again.
+
+        :raises ApiRequestError: (503) the store could not say.
+        """
+        answer = await self._earlier_answer(message_id)
+        if answer is not None:
+            waiter = Waiter(message_id, stream=stream)
+            waiter.push(WaiterEvent(EventKind.FINAL, answer, answer=True))
+            return waiter
+        first = self._waiters.get(message_id)
+        if not first:
+            return None
+        waiter = self._register(Waiter(message_id, stream=stream))
+        waiter.session_key = first[0].session_key
+        return waiter
+
+    async def _earlier_answer(self, message_id: str) -> str | None:
+        """The answer the store holds for ``message_id``, if any.
+
+        :raises ApiRequestError: (503) the gateway is not running, or its store could not say.
+        """
+        hub = self._hub
+        if hub is None:
+            raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
+        try:
+            return await hub.store.answer(message_id)
+        except ChatlaneError as error:
+            log.warning("could not read an earlier answer: %s", error)
+            raise ApiRequestError(
+                503, f"the gateway could not read its store: {error}", "server_error"
+            ) from None
 
     async def _checked(self, waiter: Waiter, disconnected: Disconnected) -> bool:
         """On a tick: end a request whose gateway is closing or whose ceiling passed
@@ -348,7 +454,8 @@ class ApiAdapter:
         """
         chunks = ChunkEvents(response_id, chat.model)
         stream = EventStream(send)
-        await stream.start(chunks.delta({"role": "assistant", "content": ""}))
+        named = (completion_id_header(response_id),)
+        await stream.start(chunks.delta({"role": "assistant", "content": ""}), named)
         streamed = ""
         quiet_until = time.monotonic() + self.keepalive
         while True:
@@ -494,6 +601,22 @@ def _session_header(value: bytes | None) -> str | None:
         return value.decode("utf-8")
     except UnicodeDecodeError:
         raise invalid("the X-Chatlane-Session header is not UTF-8") from None
+
+
+def _message_id(chat: ChatRequest, client: ApiClient | None) -> str:
+    """The id of ``chat``'s message: named by its idempotency key, if it has one (see api_ids)."""
+    name = "" if client is None else client.name
+    if chat.idempotency_key:
+        return keyed_message_id(name, chat.session, chat.idempotency_key)
+    return new_message_id(name)
+
+
+def _idempotency_key(value: bytes) -> str:
+    """:raises ApiRequestError: (400) unless the header is a valid key (:func:`check_key`)."""
+    try:
+        return check_key(value)
+    except ValueError as error:
+        raise invalid(str(error)) from None
 
 
 def _model_names(config: Config) -> list[str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from chatlane.identity import NO_SESSION, SessionKey
@@ -160,8 +161,9 @@ class Ticker:
     Waiting costs no timer of its own.
     """
 
-    def __init__(self, waiters: dict[str, Waiter], period: float) -> None:
-        self._waiters = waiters
+    def __init__(self, waiting: Callable[[], Iterable[Waiter]], period: float) -> None:
+        """``waiting()``: every waiter registered now."""
+        self._waiting = waiting
         self._period = period
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,11 +178,12 @@ class Ticker:
     def _tick(self) -> None:
         self._handle = None
         now = time.monotonic()
-        for waiter in list(self._waiters.values()):
+        waiters = list(self._waiting())
+        for waiter in waiters:
             if now - waiter.checked_at >= self._period / 2:
                 waiter.checked_at = now
                 waiter.tick()
-        if self._waiters:
+        if waiters:
             self.start()
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -71,6 +71,8 @@ class ChatRequest:
     model: str
     busy_policy: str = ""
     """The busy policy the request asks for (``X-Chatlane-Busy``); empty: the session's."""
+    idempotency_key: str = ""
+    """The request's ``Idempotency-Key`` (empty: none): its retries get the same completion."""
 
 
 def decode_json(body: bytes) -> object:
@@ -328,10 +330,22 @@ async def send_json(send: Send, value: object) -> None:
     await send_json_body(send, encode(value))
 
 
-async def send_json_body(send: Send, body: bytes) -> None:
+COMPLETION_ID_HEADER = "x-chatlane-completion-id"
+"""The response header naming a request's completion (``GET /v1/chat/completions/{id}``)."""
+
+
+def completion_id_header(response_id: str) -> tuple[bytes, bytes]:
+    """The :data:`COMPLETION_ID_HEADER` of the completion ``response_id``, as ASGI sends it."""
+    return (COMPLETION_ID_HEADER.encode(), response_id.encode("ascii"))
+
+
+async def send_json_body(
+    send: Send, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
     """Send ``body``, JSON already encoded, as a ``200`` response (as :func:`send_json`)."""
     length = (b"content-length", str(len(body)).encode())
-    await send({"type": "http.response.start", "status": 200, "headers": [length, *JSON_HEADERS]})
+    start = [length, *JSON_HEADERS, *headers]
+    await send({"type": "http.response.start", "status": 200, "headers": start})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -345,9 +359,10 @@ class EventStream:
     def __init__(self, send: Send) -> None:
         self._send = send
 
-    async def start(self, first: bytes) -> None:
-        """Send the headers and the first event."""
-        await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    async def start(self, first: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        """Send the headers (``headers`` besides the stream's own) and the first event."""
+        start = [*SSE_HEADERS, *headers]
+        await self._send({"type": "http.response.start", "status": 200, "headers": start})
         await self.send([first])
 
     async def send(self, events: list[bytes]) -> None:
@@ -511,6 +526,7 @@ def error_response(error: ApiRequestError) -> Response:
 
 
 __all__ = [
+    "COMPLETION_ID_HEADER",
     "MAX_BODY",
     "ApiRequestError",
     "AsgiEndpoint",
@@ -522,6 +538,7 @@ __all__ = [
     "chunk",
     "completion",
     "completion_body",
+    "completion_id_header",
     "decode_json",
     "encode",
     "error_response",

@@ -340,7 +340,9 @@ class TurnEngine:
     async def _drive(self, turn: Turn, admission: Admission | None) -> None:
         state = turn.session_state
         try:
-            if await self._take_lease(turn, admission):
+            if await self._take_lease(turn, admission) and not (
+                turn.messages[0].idempotent and await self.output.replayed(turn)
+            ):
                 state.turn.run(turn)
                 text = await self.output.run_agent(self.agent, turn)
                 await self.output.reply(turn, text)

@@ -91,6 +91,33 @@ class TurnOutput:
         if await self._commit(turn, "assistant", text):
             await self._outlet.to_turn(turn, _REPLY, text)
 
+    async def replayed(self, turn: Turn) -> bool:
+        """Whether ``turn`` was answered before, and its answer was delivered again.
+
+        Only for a turn of :attr:`~chatlane.types.InboundMessage.idempotent`
+        messages (retries of one request), asked under the turn's lease, so no
+        other run of them can commit meanwhile: if the store holds an answer
+        to every one, their queued records leave the queue, they end answered
+        with it, and it is delivered — the agent does not run again. A store
+        that cannot say is taken as "not answered": the turn runs, and its
+        commit still refuses to answer a message twice.
+        """
+        if not all(message.idempotent for message in turn.messages):
+            return False
+        try:
+            answers = [await self._leases.store.answer(m.id) for m in turn.messages]
+        except StoreError as error:
+            log.warning("could not ask for an earlier answer: %s", error, extra=_fields(turn))
+            return False
+        if any(answer is None for answer in answers):
+            return False
+        text = answers[-1] or ""
+        await self._forget(turn)
+        self._outcomes.end(turn.message_ids, _ANSWERED, text)
+        if turn.is_current():
+            await self._outlet.to_turn(turn, _REPLY, text)
+        return True
+
     async def failure(self, turn: Turn, error: BaseException) -> None:
         """Tell the sender the agent failed (the traceback goes to the log)."""
         log.error("agent failed", exc_info=error, extra=_fields(turn))

@@ -1,0 +1,220 @@
+"""Idempotency keys and stored completions, through the real ``openai`` client.
+
+A retry with the same ``Idempotency-Key`` gets the same completion and never
+runs the agent a second time — sent again later, sent while the first request
+still waits, or sent to another gateway process sharing the store. A
+completion is named before its answer (a header, a stream's first event) and
+can be fetched by its id from any process, by its own client only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
+
+from chatlane.adapters.api_ids import keyed_message_id, message_of, new_message_id
+from chatlane.agents.demo import DemoAgent
+from chatlane.identity import SessionSource
+from chatlane.runtime.turn import Turn
+from chatlane.stores import WriteBatch, open_store
+from chatlane.testing import GatewayHarness
+from chatlane.types import InboundMessage
+from tests.adapters.test_api import TOKEN, Served, eventually, make_config, serve
+from tests.adapters.test_limits import clients_config
+
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+
+
+class CountingAgent:
+    """Answers ``run <n>: <text>``, counting its runs; holds each run until ``release`` is set."""
+
+    def __init__(self, *, held: bool = False) -> None:
+        self.runs = 0
+        self.release = asyncio.Event()
+        if not held:
+            self.release.set()
+
+    async def __call__(self, turn: Turn) -> str:
+        self.runs += 1
+        await self.release.wait()
+        return f"run {self.runs}: {turn.text}"
+
+
+async def ask(s: Served, key: str, session: str = "alice") -> ChatCompletion:
+    return await s.client.chat.completions.create(
+        model="chatlane", messages=HELLO, user=session, extra_headers={"Idempotency-Key": key}
+    )
+
+
+async def ask_streaming(s: Served, key: str) -> list[ChatCompletionChunk]:
+    stream = await s.client.chat.completions.create(
+        model="chatlane",
+        messages=HELLO,
+        user="alice",
+        stream=True,
+        extra_headers={"Idempotency-Key": key},
+    )
+    async with stream:
+        return [event async for event in stream]
+
+
+async def test_a_retry_gets_the_same_completion_without_a_second_run(tmp_path: Path) -> None:
+    agent = CountingAgent()
+    async with serve(make_config(tmp_path), agent) as s:
+        first = await ask(s, "order-42")
+        again = await ask(s, "order-42")
+        other = await ask(s, "order-43")
+    assert again == first  # same id, same answer, not run again
+    assert first.choices[0].message.content == "run 1: hello"
+    assert other.choices[0].message.content == "run 2: hello"
+    assert other.id != first.id
+    assert agent.runs == 2
+
+
+async def test_retries_sent_while_the_first_waits_share_its_turn(tmp_path: Path) -> None:
+    agent = CountingAgent(held=True)
+    async with serve(make_config(tmp_path), agent) as s:
+        first = asyncio.create_task(ask(s, "k"))
+        await eventually(lambda: agent.runs == 1)
+        plain_retry = asyncio.create_task(ask(s, "k"))
+        streamed_retry = asyncio.create_task(ask_streaming(s, "k"))
+        await eventually(lambda: s.adapter.waiting == 3)
+        agent.release.set()
+        answer, plain, streamed = await asyncio.gather(first, plain_retry, streamed_retry)
+        assert s.adapter.waiting == 0
+    assert plain == answer
+    text = "".join(e.choices[0].delta.content or "" for e in streamed)
+    assert text == "run 1: hello"
+    assert {e.id for e in streamed} == {answer.id}
+    assert agent.runs == 1
+
+
+async def test_a_key_is_one_clients_for_one_session(tmp_path: Path) -> None:
+    agent = CountingAgent()
+    async with serve(make_config(tmp_path), agent) as s:
+        alice = await ask(s, "k", session="alice")
+        bob = await ask(s, "k", session="bob")
+    assert alice.id != bob.id
+    assert agent.runs == 2
+    assert keyed_message_id("alice", "s", "k") != keyed_message_id("bob", "s", "k")
+    assert keyed_message_id("", "s", "k") == keyed_message_id("", "s", "k")
+
+
+@pytest.mark.parametrize("key", ["has space", "tab\tinside", "x" * 256, "naïve"])
+async def test_a_malformed_key_is_a_400(tmp_path: Path, key: str) -> None:
+    async with serve(make_config(tmp_path)) as s, httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{s.base_url}/chat/completions",
+            json={"messages": HELLO, "user": "alice"},
+            headers=[
+                (b"Authorization", f"Bearer {TOKEN}".encode()),
+                (b"Idempotency-Key", key.encode()),
+            ],
+        )
+    assert response.status_code == 400
+    assert "Idempotency-Key" in response.json()["error"]["message"]
+
+
+async def test_the_completion_id_comes_in_a_header_and_the_first_event(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        raw = await s.client.chat.completions.with_raw_response.create(
+            model="chatlane", messages=HELLO, user="alice"
+        )
+        assert raw.headers["x-chatlane-completion-id"] == raw.parse().id
+        async with s.client.chat.completions.with_streaming_response.create(
+            model="chatlane", messages=HELLO, user="alice", stream=True
+        ) as streamed:
+            named = streamed.headers["x-chatlane-completion-id"]
+            events = [event async for event in await streamed.parse()]
+    assert events[0].id == named
+    assert named.startswith("chatcmpl-")
+
+
+async def test_a_stored_completion_is_fetched_by_its_id(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        made = await s.client.chat.completions.create(
+            model="chatlane", messages=HELLO, user="alice"
+        )
+        fetched = await s.client.chat.completions.retrieve(made.id)
+        assert fetched.id == made.id
+        assert fetched.object == "chat.completion"
+        assert fetched.choices[0].message.content == "echo: hello"
+        unknown = made.id[:-4] + ("0000" if not made.id.endswith("0000") else "1111")
+        for missing in (unknown, "chatcmpl-nothing", "not-an-id", "chatcmpl-"):
+            with pytest.raises(openai.NotFoundError) as caught:
+                await s.client.chat.completions.retrieve(missing)
+            assert caught.value.code == "completion_not_found"
+
+
+async def test_only_its_own_client_may_fetch_a_completion(tmp_path: Path) -> None:
+    async with serve(clients_config(tmp_path)) as s:
+        alice = s.client.with_options(api_key="alice-token")
+        bob = s.client.with_options(api_key="bob-token")
+        made = await alice.chat.completions.create(model="chatlane", messages=HELLO, user="alice:x")
+        assert (await alice.chat.completions.retrieve(made.id)).id == made.id
+        with pytest.raises(openai.NotFoundError):
+            await bob.chat.completions.retrieve(made.id)
+        with pytest.raises(openai.AuthenticationError):
+            await s.client.with_options(api_key="nobody").chat.completions.retrieve(made.id)
+    assert message_of(made.id, "alice") is not None
+    assert message_of(made.id, "bob") is None
+    assert message_of(new_message_id("bob").replace("api-", "chatcmpl-"), "alice") is None
+
+
+async def test_a_request_that_timed_out_is_fetched_once_answered(tmp_path: Path) -> None:
+    agent = CountingAgent(held=True)
+    async with serve(make_config(tmp_path), agent, wait_timeout=0.2, tick=0.05) as s:
+        with pytest.raises(openai.InternalServerError) as caught:
+            await s.client.chat.completions.create(model="chatlane", messages=HELLO, user="alice")
+        assert caught.value.status_code == 504
+        named = caught.value.response.headers["x-chatlane-completion-id"]
+        with pytest.raises(openai.NotFoundError):
+            await s.client.chat.completions.retrieve(named)  # not answered yet
+        agent.release.set()
+        await eventually(lambda: s.hub.gateway.engine.is_idle())
+        fetched = await s.client.chat.completions.retrieve(named)
+    assert fetched.choices[0].message.content == "run 1: hello"
+
+
+async def test_another_process_serves_the_retry_and_the_stored_completion(
+    tmp_path: Path,
+) -> None:
+    store = f"sqlite:///{tmp_path / 'shared.db'}"
+    first, second = CountingAgent(), CountingAgent()
+    async with (
+        serve(make_config(tmp_path), first, store=store) as a,
+        serve(make_config(tmp_path), second, store=store) as b,
+    ):
+        made = await ask(a, "shared-key")
+        retried = await ask(b, "shared-key")
+        fetched = await b.client.chat.completions.retrieve(made.id)
+    assert retried == made
+    assert fetched.choices[0].message.content == "run 1: hello"
+    assert (first.runs, second.runs) == (1, 0)
+
+
+async def test_a_turn_replays_an_answer_committed_before_it_took_the_lease() -> None:
+    """The race a retry can lose: answered elsewhere after the adapter asked, before it ran."""
+    agent = CountingAgent()
+    store = await open_store("memory://")
+    async with GatewayHarness(agent, store=store) as h:
+        source = SessionSource("test", chat_id="c", user_id="u1")
+        message = InboundMessage(source, "hello", id="api-x-1", idempotent=True)
+        key = h.gateway.session_key(message)
+        await store.commit(key, None, WriteBatch(answered=[message.id], answer="from before"))
+        await h.gateway.dispatch(message)
+        assert await h.replies(chat_id="c", count=1) == ["from before"]
+        assert await store.pending(key) == []
+    assert agent.runs == 0
+
+
+async def test_without_a_key_the_same_text_runs_again(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path), DemoAgent()) as s:
+        one = await s.client.chat.completions.create(model="chatlane", messages=HELLO, user="alice")
+        two = await s.client.chat.completions.create(model="chatlane", messages=HELLO, user="alice")
+    assert one.id != two.id
