@@ -33,7 +33,20 @@ _TLS_OPTIONS = (
     "ssl_keyfile",
     "ssl_check_hostname",
 )
-_OPTIONS = ("prefix", "client_name", "socket_timeout", "socket_connect_timeout", *_TLS_OPTIONS)
+KEEPALIVE = 30.0
+"""Seconds a connection is idle before TCP keepalive probes it (``socket_keepalive=false``: off)."""
+HEALTH_CHECK = 15.0
+"""Seconds a connection is idle before it sends a ``PING`` (``health_check_interval=``, 0: off)."""
+
+_OPTIONS = (
+    "prefix",
+    "client_name",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "health_check_interval",
+    *_TLS_OPTIONS,
+)
 
 
 def parse_url(url: str) -> tuple[Endpoint, str]:
@@ -64,6 +77,8 @@ def parse_url(url: str) -> tuple[Endpoint, str]:
             client_name=options.get("client_name", CLIENT_NAME),
             connect_timeout=_seconds(options, "socket_connect_timeout", CONNECT_TIMEOUT),
             reply_timeout=_seconds(options, "socket_timeout", REPLY_TIMEOUT),
+            keepalive=_keepalive(options),
+            health_check=_seconds(options, "health_check_interval", HEALTH_CHECK, zero=True),
         )
     except (ValueError, OSError, ssl.SSLError) as error:
         raise StoreError(f"redis store URL {redact(url)!r}: {error}") from None
@@ -84,16 +99,24 @@ def _options(query: str) -> dict[str, str]:
     return options
 
 
-def _seconds(options: dict[str, str], name: str, default: float) -> float:
+def _seconds(options: dict[str, str], name: str, default: float, *, zero: bool = False) -> float:
+    """The option ``name`` in seconds; positive, or 0 (off) where ``zero`` allows it."""
     if name not in options:
         return default
     try:
         value = float(options[name])
     except ValueError:
-        value = 0.0
-    if not value > 0:  # also NaN
-        raise ValueError(f"{name} must be a positive number of seconds, not {options[name]!r}")
+        value = -1.0
+    if value == 0 and zero:
+        return value
+    if not 0 < value < float("inf"):  # also NaN
+        least = "a number of seconds (0: off)" if zero else "a positive number of seconds"
+        raise ValueError(f"{name} must be {least}, not {options[name]!r}")
     return value
+
+
+def _keepalive(options: dict[str, str]) -> float:
+    return KEEPALIVE if _flag(options.get("socket_keepalive", "true"), "socket_keepalive") else 0.0
 
 
 def _refuse_tls_options(options: dict[str, str]) -> ssl.SSLContext | None:

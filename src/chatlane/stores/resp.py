@@ -23,17 +23,30 @@ What stays true:
   queued; memory grows by at most one loop tick's commands past the mark. A
   server that stops reading altogether stops replying too, so the reply
   watchdog closes the connection and the waiting commands fail.
+* A server that answers that it cannot serve commands now — ``-LOADING``
+  (replaying its data after a restart), ``-READONLY`` (a replica: a failover
+  moved the primary behind the same name), ``-MASTERDOWN``, ``-TRYAGAIN``,
+  ``-BUSY`` (a script runs too long) — ran nothing of that command: the
+  connection is dropped (:class:`ServerNotReady`, a ``ConnectionError``) and
+  the command tried again on a new one, as after a lost connection.
 * :meth:`RespClient.execute` retries :class:`ConnectionError` and
   :class:`TimeoutError` with jittered exponential backoff. A command may thus
   reach the server twice; callers make such commands idempotent (the store's
-  scripts take request ids). An error reply from the server raises
-  :class:`ReplyError` and is never retried.
+  scripts take request ids). Any other error reply raises :class:`ReplyError`
+  and is never retried.
+* A half-open connection (the server or the network went away without a
+  word) is found before a command waits on it: TCP keepalive probes an idle
+  connection after ``keepalive`` seconds, and a connection idle for
+  ``health_check`` seconds sends a ``PING`` — unanswered within
+  ``reply_timeout``, the connection is closed and the next command opens a
+  new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import ssl
 import time
 from collections import deque
@@ -58,6 +71,19 @@ class ReplyError(Exception):
     """The server answered a command with an error (``-ERR …``, ``-NOSCRIPT …``, …)."""
 
 
+class ServerNotReady(ConnectionError):
+    """The server answered that it cannot serve commands now; the command ran nothing there."""
+
+
+NOT_READY = frozenset({"LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "BUSY"})
+"""The error replies of a server that ran nothing and may serve again soon (or elsewhere)."""
+
+
+def not_ready(reply: ReplyError) -> bool:
+    """Whether ``reply`` says the server cannot serve now (:data:`NOT_READY`), not a refusal."""
+    return str(reply).partition(" ")[0] in NOT_READY
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """Where and how to connect: the parts of a ``redis://`` URL this client understands."""
@@ -71,6 +97,10 @@ class Endpoint:
     client_name: str = ""
     connect_timeout: float = 2.0
     reply_timeout: float = 5.0
+    keepalive: float = 30.0
+    """Seconds a connection is idle before TCP keepalive probes it (0: off)."""
+    health_check: float = 15.0
+    """Seconds a connection is idle before it sends a ``PING`` (0: off)."""
 
     def handshake(self) -> list[tuple[Arg, ...]]:
         """The commands that make a fresh connection ready, in the order they are sent."""
@@ -88,7 +118,7 @@ class Endpoint:
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection: writes batched per loop tick, replies handed out in order."""
 
-    def __init__(self, reply_timeout: float) -> None:
+    def __init__(self, reply_timeout: float, health_check: float = 0.0) -> None:
         self._reader = hiredis.Reader(replyError=ReplyError)
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._outgoing: list[bytes] = []
@@ -97,6 +127,8 @@ class _Connection(asyncio.Protocol):
         self._reply_timeout = reply_timeout
         self._last_progress = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
+        self._health_check = health_check
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._writable = asyncio.Event()
         self._writable.set()
         self.closed = False
@@ -106,6 +138,8 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        self._last_progress = time.monotonic()
+        self._arm_idle_check(self._health_check)
 
     def data_received(self, data: bytes) -> None:
         self._last_progress = time.monotonic()
@@ -170,12 +204,36 @@ class _Connection(asyncio.Protocol):
         self._outgoing.clear()
 
     def _resolve(self, waiter: asyncio.Future[Any], reply: Any) -> None:
+        if isinstance(reply, ReplyError) and not_ready(reply):
+            failure = ServerNotReady(f"the server cannot serve now: {reply}")
+            if not waiter.done():
+                waiter.set_exception(failure)
+            self.abort(failure)  # a new connection may reach a ready server (a new primary)
+            return
         if waiter.done():
             return  # its caller gave up; the reply is read and dropped
         if isinstance(reply, ReplyError):
             waiter.set_exception(reply)
         else:
             waiter.set_result(reply)
+
+    # -- health --------------------------------------------------------------------------
+
+    def _arm_idle_check(self, delay: float) -> None:
+        if self._health_check > 0 and self._idle_timer is None and not self.closed:
+            self._idle_timer = self._loop.call_later(delay, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """Send a ``PING`` on a connection idle for ``health_check``: the watchdog times it."""
+        self._idle_timer = None
+        if self.closed:
+            return
+        idle_for = time.monotonic() - self._last_progress
+        if self._waiting or idle_for < self._health_check:
+            self._arm_idle_check(max(self._health_check - idle_for, 0.01))
+            return
+        self.send(("PING",)).add_done_callback(_retrieved)
+        self._arm_idle_check(self._health_check)
 
     # -- failure -------------------------------------------------------------------------
 
@@ -204,9 +262,10 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self._writable.set()  # wakes commands waiting for room; they see the close
         self._outgoing.clear()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
+        for timer in (self._watchdog, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._watchdog = self._idle_timer = None
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
@@ -244,7 +303,7 @@ class RespClient:
             return await connection.send(args)
         except ConnectionError as error:
             if self._closed or self.retries == 0:
-                raise ConnectionError(_describe(error)) from error
+                raise _failed(error) from error
         return await self._execute_retrying(args, 1)
 
     async def _execute_retrying(self, args: tuple[Arg, ...], first: int) -> Any:
@@ -258,7 +317,7 @@ class RespClient:
                 return await connection.send(args)
             except (ConnectionError, TimeoutError, OSError) as error:
                 if self._closed or attempt == self.retries:
-                    raise ConnectionError(_describe(error)) from error
+                    raise _failed(error) from error
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _opened_for_caller(self) -> _Connection:
@@ -293,15 +352,16 @@ class RespClient:
     async def _open(self) -> _Connection:
         endpoint = self.endpoint
         loop = asyncio.get_running_loop()
-        factory = partial(_Connection, endpoint.reply_timeout)
+        factory = partial(_Connection, endpoint.reply_timeout, endpoint.health_check)
         async with asyncio.timeout(endpoint.connect_timeout):
-            _, connection = await loop.create_connection(
+            transport, connection = await loop.create_connection(
                 factory,
                 endpoint.host,
                 endpoint.port,
                 ssl=endpoint.tls,
                 server_hostname=endpoint.host if endpoint.tls else None,
             )
+            keep_alive(transport.get_extra_info("socket"), endpoint.keepalive)
             try:
                 handshake = [connection.send(command) for command in endpoint.handshake()]
                 replies = await asyncio.gather(*handshake, return_exceptions=True)
@@ -323,6 +383,34 @@ class RespClient:
             self._connection = None
 
 
+def keep_alive(sock: socket.socket | None, idle: float) -> None:
+    """Have the kernel probe ``sock`` after ``idle`` seconds of silence (0: leave it off).
+
+    Probes every ``idle / 3`` seconds (at least 1); three unanswered ones close it.
+    """
+    if sock is None or idle <= 0:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    seconds = max(int(idle), 1)
+    for option, value in (("TCP_KEEPIDLE", seconds), ("TCP_KEEPINTVL", max(seconds // 3, 1))):
+        if hasattr(socket, option):  # Linux names; other systems keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    if hasattr(socket, "TCP_KEEPCNT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Take a health check's outcome: a failure there closed its connection, nothing more."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _failed(error: BaseException) -> ConnectionError:
+    """What a caller gets once ``error`` ended its command (a not-ready server stays one)."""
+    kind = ServerNotReady if isinstance(error, ServerNotReady) else ConnectionError
+    return kind(_describe(error))
+
+
 def _describe(error: BaseException) -> str:
     text = str(error)
     if isinstance(error, TimeoutError):
@@ -330,4 +418,12 @@ def _describe(error: BaseException) -> str:
     return text or type(error).__name__
 
 
-__all__ = ["Arg", "Endpoint", "ReplyError", "RespClient"]
+__all__ = [
+    "NOT_READY",
+    "Arg",
+    "Endpoint",
+    "ReplyError",
+    "RespClient",
+    "ServerNotReady",
+    "not_ready",
+]
