@@ -19,7 +19,11 @@ import pytest
 from chatlane.stores import MemoryStore, Store, open_store
 from chatlane.stores.sqlite import SQLiteStore
 
-BACKENDS = ["memory", "sqlite", "redis"]
+BACKENDS = ["memory", "sqlite", "redis", "redis-py"]
+"""``redis-py``: the Redis store over a redis-py client (``RedisStore.from_client``)."""
+
+REDIS_PY = "redis-py+"
+"""How a test URL asks for the Redis store over a redis-py client instead of its own."""
 
 Reopen = Callable[[], Awaitable[Store]]
 
@@ -31,13 +35,14 @@ def _url(kind: str, tmp_path: Path, redis_base: str | None) -> str:
         return f"sqlite:///{tmp_path / 'chatlane.db'}"
     assert redis_base is not None
     separator = "&" if "?" in redis_base else "?"
-    return f"{redis_base}{separator}prefix=test-{secrets.token_hex(6)}"
+    url = f"{redis_base}{separator}prefix=test-{secrets.token_hex(6)}"
+    return REDIS_PY + url if kind == "redis-py" else url
 
 
 @pytest.fixture(params=BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     kind: str = request.param
-    redis_base = request.getfixturevalue("redis_url") if kind == "redis" else None
+    redis_base = request.getfixturevalue("redis_url") if kind.startswith("redis") else None
     return _url(kind, tmp_path, redis_base)
 
 
@@ -82,7 +87,21 @@ async def open_with_clock(url: str, clock: StoreClock) -> Store:
         return MemoryStore(url, clock=clock)
     if url.startswith("sqlite://"):
         return await SQLiteStore.open(url, clock=clock)
+    if url.startswith(REDIS_PY):
+        return await redis_py_store(url.removeprefix(REDIS_PY))
     return await open_store(url)
+
+
+async def redis_py_store(url: str) -> Store:
+    """The Redis store over a redis-py client of ``url``'s server (closed with the store)."""
+    import redis.asyncio as aioredis
+
+    from chatlane.stores.redis import RedisStore
+
+    base, _, query = url.partition("?")
+    prefix = dict(p.split("=", 1) for p in query.split("&"))["prefix"]
+    client = aioredis.Redis.from_url(base)
+    return await RedisStore.from_client(client, prefix=prefix, close_client=True)
 
 
 @pytest.fixture
@@ -99,7 +118,7 @@ async def forget_redis_prefix(url: str) -> None:
         return
     import redis.asyncio as aioredis
 
-    base, _, query = url.partition("?")
+    base, _, query = url.removeprefix(REDIS_PY).partition("?")
     prefix = dict(p.split("=", 1) for p in query.split("&"))["prefix"]
     client = aioredis.Redis.from_url(base)
     try:

@@ -21,8 +21,10 @@ What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
   spends queued does not shorten the lease. Hosts' clocks must agree with the
   server's to well within a TTL (NTP).
 
-Works on Redis 6+ and Valkey, standalone; Redis Cluster is not supported (see
-``docs/stores.md``).
+Works on Redis 6+ and Valkey, standalone; a Redis Cluster node is refused at
+open (see ``docs/stores.md``). :meth:`RedisStore.open` takes a URL;
+:meth:`RedisStore.from_client` a configured redis-py client
+(:mod:`chatlane.stores.redis_transport`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec.structs import replace
@@ -62,11 +64,15 @@ from chatlane.stores.base import (
 )
 from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import ProcessIds, new_conversation_id, new_token
-from chatlane.stores.redis_keys import Keyspace
+from chatlane.stores.redis_keys import DEFAULT_PREFIX, Keyspace
 from chatlane.stores.redis_scripts import LuaScript, Status
+from chatlane.stores.redis_transport import RedisPyTransport, Transport
 from chatlane.stores.redis_url import parse_url, redact
 from chatlane.stores.resp import RETRIES, Arg, ReplyError, RespClient
 from chatlane.types import SessionKey
+
+if TYPE_CHECKING:
+    import redis.asyncio
 
 __all__ = ["RedisStore"]
 
@@ -102,7 +108,7 @@ _failed = msgspec.msgpack.Decoder(FailedRecord)
 class RedisStore(Store):
     """A :class:`~chatlane.stores.base.Store` on a Redis (6+) or Valkey server."""
 
-    def __init__(self, url: str, client: RespClient, keyspace: Keyspace) -> None:
+    def __init__(self, url: str, client: Transport, keyspace: Keyspace) -> None:
         self.url = url
         self._name = f"redis store {redact(url)}"
         self._client = client
@@ -122,20 +128,53 @@ class RedisStore(Store):
         :raises StoreError: the URL is malformed or the server does not answer a ``PING``.
         """
         endpoint, prefix = parse_url(url)
-        store = cls(url, RespClient(endpoint, retries=0), Keyspace(prefix))
+        client = RespClient(endpoint, retries=0)
+        store = cls(url, client, Keyspace(prefix))
+        await store._check_reachable()
+        client.retries = RETRIES  # retries on for good, once the server answered
+        return store
+
+    @classmethod
+    async def from_client(
+        cls,
+        client: redis.asyncio.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        close_client: bool = False,
+    ) -> RedisStore:
+        """A store on a configured redis-py client of yours (see :mod:`.redis_transport`).
+
+        Its retry settings are yours; closing the store leaves the client open,
+        unless ``close_client``.
+
+        :raises ConfigError: the client decodes replies to text.
+        :raises StoreError: the server does not answer a ``PING``, or is a cluster node.
+        """
+        transport = RedisPyTransport(client, owned=close_client)
+        store = cls(transport.describe(prefix), transport, Keyspace(prefix))
         await store._check_reachable()
         return store
 
     async def _check_reachable(self) -> None:
-        """One ``PING`` without retries; then switch retries on for good."""
+        """One ``PING``, then make sure the server is not a cluster node.
+
+        :raises StoreError: it does not answer in time, or runs Redis Cluster.
+        """
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
                 await self._client.execute("PING")
+                info = await self._client.execute("INFO", "cluster")
         except (ReplyError, ConnectionError, TimeoutError, OSError) as error:
             await self._client.close()
             reason = str(error) or "timed out"
             raise StoreError(f"{self._name}: cannot reach the server ({reason})") from error
-        self._client.retries = RETRIES
+        if b"cluster_enabled:1" in (info or b""):
+            await self._client.close()
+            raise StoreError(
+                f"{self._name}: the server is a Redis Cluster node; the Redis store needs a "
+                "standalone server (a primary, with Sentinel for failover if you like); "
+                "see docs/stores.md"
+            )
 
     # -- talking to the server -------------------------------------------------
 
