@@ -4,7 +4,8 @@
 
 * ``memory://`` — this process only (tests, experiments);
 * ``sqlite:///path/chatlane.db`` — the embedded default; several processes on one host;
-* ``redis://host:port/db`` or ``rediss://…`` — several processes on several hosts.
+* ``redis://host:port/db`` or ``rediss://…`` — several processes on several hosts;
+  ``redis+sentinel://host:port,…/<primary name>[/db]`` follows a Sentinel-managed primary.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from chatlane.stores.base import (
 )
 from chatlane.stores.memory import MemoryStore
 
-SCHEMES = ("memory", "sqlite", "redis", "rediss")
+SCHEMES = ("memory", "sqlite", "redis", "rediss", "redis+sentinel")
 
 
 async def open_store(url: str) -> Store:
@@ -39,8 +40,8 @@ async def open_store(url: str) -> Store:
     scheme, sep, _ = url.partition("://")
     if not sep or scheme not in SCHEMES:
         raise StoreError(
-            f"store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db "
-            "or rediss://…"
+            f"store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db, "
+            "rediss://… or redis+sentinel://host:port,…/<primary name>"
         )
     if scheme == "memory":
         return MemoryStore(url)

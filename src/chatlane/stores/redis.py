@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,8 @@ from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import ProcessIds, new_conversation_id, new_token
 from chatlane.stores.redis_keys import DEFAULT_PREFIX, Keyspace
 from chatlane.stores.redis_scripts import LuaScript, Status
+from chatlane.stores.redis_sentinel import SCHEME as SENTINEL_SCHEME
+from chatlane.stores.redis_sentinel import Sentinels, parse_sentinel_url
 from chatlane.stores.redis_transport import RedisPyTransport, Transport
 from chatlane.stores.redis_url import parse_url, redact
 from chatlane.stores.resp import RETRIES, Arg, ReplyError, RespClient
@@ -75,6 +78,8 @@ if TYPE_CHECKING:
     import redis.asyncio
 
 __all__ = ["RedisStore"]
+
+log = logging.getLogger("chatlane.stores.redis")
 
 OPEN_TIMEOUT = 3.0
 """Seconds :meth:`RedisStore.open` waits for the first ``PING``."""
@@ -120,15 +125,18 @@ class RedisStore(Store):
         """Sessions a commit of this store found with a conversation (a hint: see COMMIT)."""
         self._closed = False
         self._scanned_at = float("-inf")
+        endpoint = client.endpoint if isinstance(client, RespClient) else None
+        self._wait_replicas = 0 if endpoint is None else endpoint.wait_replicas
+        self._wait_timeout = 1.0 if endpoint is None else endpoint.wait_timeout
 
     @classmethod
     async def open(cls, url: str) -> RedisStore:
-        """Connect to ``url`` (``redis[s]://[[user]:password@]host:port/db[?prefix=name]``).
+        """Connect to ``url`` (``redis[s]://[[user]:password@]host:port/db[?prefix=name]``,
+        or ``redis+sentinel://…/<primary name>[/db]``: :mod:`.redis_sentinel`).
 
         :raises StoreError: the URL is malformed or the server does not answer a ``PING``.
         """
-        endpoint, prefix = parse_url(url)
-        client = RespClient(endpoint, retries=0)
+        client, prefix = _client_for(url)
         store = cls(url, client, Keyspace(prefix))
         await store._check_reachable()
         client.retries = RETRIES  # retries on for good, once the server answered
@@ -191,13 +199,31 @@ class RedisStore(Store):
             raise self._closed_error()
         try:
             try:
-                return await self._client.execute(*head, *args)
+                reply = await self._client.execute(*head, *args)
             except ReplyError as error:
                 if not str(error).startswith("NOSCRIPT"):
                     raise
-            return await self._client.execute("EVAL", script.source, *head[2:], *args)
+                reply = await self._client.execute("EVAL", script.source, *head[2:], *args)
+            if self._wait_replicas:
+                await self._replicated()
+            return reply
         except (ReplyError, ConnectionError) as error:
             raise self._failure(error) from error
+
+    async def _replicated(self) -> None:
+        """Wait until ``wait_replicas`` replicas have every write so far (``WAIT``).
+
+        Fewer within ``wait_timeout`` (none is connected, as right after a
+        failover) leaves the write on the primary alone: it stands, and a
+        warning says so (``min-replicas-to-write`` on the server refuses such
+        writes up front instead).
+        """
+        wanted, seconds = self._wait_replicas, self._wait_timeout
+        acked = await self._client.execute("WAIT", wanted, max(int(seconds * 1000), 1))
+        if int(acked) < wanted:
+            log.warning(
+                "%s: a write reached %s of %d replicas in %gs", self._name, acked, wanted, seconds
+            )
 
     def _head(self, script: LuaScript, key: SessionKey | None) -> tuple[Arg, ...]:
         """``EVALSHA``, the digest, the key count and the keys of ``script`` on ``key``."""
@@ -525,6 +551,19 @@ class RedisStore(Store):
         if not self._closed:
             self._closed = True
             await self._client.close()
+
+
+def _client_for(url: str) -> tuple[RespClient, str]:
+    """The client (not retrying yet) and key prefix a ``redis[s]://`` or Sentinel URL names.
+
+    :raises StoreError: the URL is malformed.
+    """
+    if not url.startswith(f"{SENTINEL_SCHEME}://"):
+        endpoint, prefix = parse_url(url)
+        return RespClient(endpoint, retries=0), prefix
+    sentinel = parse_sentinel_url(url)
+    endpoint, prefix = parse_url(sentinel.redis_url)
+    return RespClient(endpoint, retries=0, locate=Sentinels(sentinel, endpoint).locate), prefix
 
 
 # -- encoding and decoding -------------------------------------------------------------

@@ -37,6 +37,8 @@ KEEPALIVE = 30.0
 """Seconds a connection is idle before TCP keepalive probes it (``socket_keepalive=false``: off)."""
 HEALTH_CHECK = 15.0
 """Seconds a connection is idle before it sends a ``PING`` (``health_check_interval=``, 0: off)."""
+WAIT_TIMEOUT = 1.0
+"""Seconds a write waits for ``wait_replicas`` replicas (``wait_timeout=`` wins)."""
 
 _OPTIONS = (
     "prefix",
@@ -45,6 +47,8 @@ _OPTIONS = (
     "socket_connect_timeout",
     "socket_keepalive",
     "health_check_interval",
+    "wait_replicas",
+    "wait_timeout",
     *_TLS_OPTIONS,
 )
 
@@ -79,6 +83,8 @@ def parse_url(url: str) -> tuple[Endpoint, str]:
             reply_timeout=_seconds(options, "socket_timeout", REPLY_TIMEOUT),
             keepalive=_keepalive(options),
             health_check=_seconds(options, "health_check_interval", HEALTH_CHECK, zero=True),
+            wait_replicas=_count(options, "wait_replicas"),
+            wait_timeout=_seconds(options, "wait_timeout", WAIT_TIMEOUT),
         )
     except (ValueError, OSError, ssl.SSLError) as error:
         raise StoreError(f"redis store URL {redact(url)!r}: {error}") from None
@@ -86,8 +92,9 @@ def parse_url(url: str) -> tuple[Endpoint, str]:
 
 
 def redact(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, fit for messages and logs."""
-    return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url, count=1)
+    """``url`` with its passwords (if any) replaced by ``***``, fit for messages and logs."""
+    url = re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url, count=1)
+    return re.sub(r"(sentinel_password=)[^&]*", r"\1***", url)
 
 
 def _options(query: str) -> dict[str, str]:
@@ -113,6 +120,13 @@ def _seconds(options: dict[str, str], name: str, default: float, *, zero: bool =
         least = "a number of seconds (0: off)" if zero else "a positive number of seconds"
         raise ValueError(f"{name} must be {least}, not {options[name]!r}")
     return value
+
+
+def _count(options: dict[str, str], name: str) -> int:
+    text = options.get(name, "0")
+    if not text.isdigit() or int(text) > 64:
+        raise ValueError(f"{name} must be a whole number from 0 to 64, not {text!r}")
+    return int(text)
 
 
 def _keepalive(options: dict[str, str]) -> float:

@@ -50,6 +50,7 @@ import socket
 import ssl
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -101,6 +102,10 @@ class Endpoint:
     """Seconds a connection is idle before TCP keepalive probes it (0: off)."""
     health_check: float = 15.0
     """Seconds a connection is idle before it sends a ``PING`` (0: off)."""
+    wait_replicas: int = 0
+    """Replicas every write of the store must reach (``WAIT``) before it counts as done."""
+    wait_timeout: float = 1.0
+    """Seconds a write waits for ``wait_replicas``."""
 
     def handshake(self) -> list[tuple[Arg, ...]]:
         """The commands that make a fresh connection ready, in the order they are sent."""
@@ -272,12 +277,23 @@ class _Connection(asyncio.Protocol):
                 waiter.set_exception(error)
 
 
-class RespClient:
-    """Commands to one Redis server over one pipelined connection, reopened when it drops."""
+Locate = Callable[[], Awaitable[tuple[str, int]]]
+"""Where the server to connect to is now (a primary that Sentinel names): host and port."""
 
-    def __init__(self, endpoint: Endpoint, *, retries: int = RETRIES) -> None:
+
+class RespClient:
+    """Commands to one Redis server over one pipelined connection, reopened when it drops.
+
+    :param locate: where to connect, asked before each new connection (and the
+        server reached must then be a primary); without it, the endpoint's host.
+    """
+
+    def __init__(
+        self, endpoint: Endpoint, *, retries: int = RETRIES, locate: Locate | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.retries = retries
+        self._locate = locate
         self._connection: _Connection | None = None
         self._connecting: asyncio.Task[_Connection] | None = None
         self._closed = False
@@ -354,12 +370,15 @@ class RespClient:
         loop = asyncio.get_running_loop()
         factory = partial(_Connection, endpoint.reply_timeout, endpoint.health_check)
         async with asyncio.timeout(endpoint.connect_timeout):
+            host, port = (
+                (endpoint.host, endpoint.port) if self._locate is None else await self._locate()
+            )
             transport, connection = await loop.create_connection(
                 factory,
-                endpoint.host,
-                endpoint.port,
+                host,
+                port,
                 ssl=endpoint.tls,
-                server_hostname=endpoint.host if endpoint.tls else None,
+                server_hostname=host if endpoint.tls else None,
             )
             keep_alive(transport.get_extra_info("socket"), endpoint.keepalive)
             try:
@@ -368,6 +387,8 @@ class RespClient:
                 refused = next((r for r in replies if isinstance(r, BaseException)), None)
                 if refused is not None:
                     raise refused  # the first refusal (a bad password, say) is the reason
+                if self._locate is not None:
+                    await _check_primary(connection, f"{host}:{port}")
             except BaseException:
                 connection.abort(ConnectionError("handshake failed"))
                 raise
@@ -381,6 +402,14 @@ class RespClient:
         if self._connection is not None:
             self._connection.abort(ConnectionError("client closed"))
             self._connection = None
+
+
+async def _check_primary(connection: _Connection, where: str) -> None:
+    """:raises ConnectionError: unless the server ``connection`` reached says it is a primary."""
+    role = await connection.send(("ROLE",))
+    if not role or role[0] != b"master":
+        named = role[0].decode() if role else "nothing"
+        raise ConnectionError(f"{where} is not the primary (it says {named}); asking again")
 
 
 def keep_alive(sock: socket.socket | None, idle: float) -> None:
