@@ -67,8 +67,15 @@ class Agent:
             )
 
     async def _hold(self, turn: Turn, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(turn.interrupted.wait(), seconds)
+        """Hold, then write — even when the turn is cancelled: a tool that writes anyway,
+        which only the store's fencing can stop (a turn whose lease ran out is cancelled)."""
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(turn.interrupted.wait(), seconds)
+        finally:
+            await asyncio.shield(self._late_write(turn))
+
+    async def _late_write(self, turn: Turn) -> None:
         entry = TranscriptEntry("tool", "late write", turn.generation)
         try:
             await self.store.append_transcript(turn.session_key, turn.generation, entry)

@@ -29,7 +29,9 @@ What stays true:
 * A turn task runs in a fresh :class:`contextvars.Context` with its session
   bound, from its first step to its last.
 * Leases are renewed, fences checked, stuck turns evicted and dead processes'
-  messages adopted in the background (:mod:`chatlane.runtime.upkeep`).
+  messages adopted in the background (:mod:`chatlane.runtime.upkeep`); a
+  turn whose lease is about to expire unrenewed is stopped there, and one
+  whose lease arrives that close to expiry never runs its agent.
 * The engine only orchestrates: which turns are live, promotion, timers and
   superseding belong to :class:`~chatlane.runtime.slots.Slots`, outbound
   messages to :class:`~chatlane.runtime.outlet.Outlet`; its helpers get those
@@ -71,7 +73,7 @@ from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
-from chatlane.runtime.upkeep import Upkeep
+from chatlane.runtime.upkeep import Upkeep, expires_within, expiry_margin
 from chatlane.state import SessionRegistry, SessionState
 from chatlane.stores.base import Admission, Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
@@ -385,7 +387,7 @@ class TurnEngine:
             lease, choices = taken
         turn.bind_lease(lease)  # from here the lease is released however the turn ends
         known = state.persistent.run_generation
-        if not self._still_wanted(turn) or lease.generation < known:
+        if not self._still_wanted(turn) or lease.generation < known or self._expiring(lease):
             turn.end(TurnEnd.LEASE_LOST)
             return False
         state.persistent.run_generation = lease.generation
@@ -396,6 +398,14 @@ class TurnEngine:
         turn.touch()
         self.metrics.turn_started()
         return True
+
+    def _expiring(self, lease: Lease) -> bool:
+        """Whether ``lease`` came too late to run under: it expires here within the margin.
+
+        Its grant may have been answered long after the store made it (a
+        network cut mid-reply); the store may already have let another process in.
+        """
+        return expires_within(lease, expiry_margin(self.settings.leases))
 
     async def _wait_for_lease(
         self, turn: Turn, admission: Admission | None

@@ -9,9 +9,13 @@ What stays true:
   however many sessions run. A lease the store refuses to renew is lost: its
   turn is superseded (as interrupted when another process fenced it to
   interrupt it). When the store cannot be reached the turns keep running
-  until their leases expire on this host's clock, and are lost then. A lease
-  released while its renewal was under way (the turn committed and ended) is
-  not a loss, and is not logged as one.
+  until their leases are about to expire on this host's clock: a turn whose
+  lease has less than :func:`expiry_margin` left is superseded and cancelled
+  at once, whether or not a renewal is still waiting for the store (a host
+  cut off from it never answers), so it has stopped before the store lets
+  another process take the session. A lease released while its renewal was
+  under way (the turn committed and ended) is not a loss, and is not logged
+  as one.
 * Every ``fence_check`` seconds each running turn's generation is compared
   with the store's (one batched read, :meth:`~chatlane.stores.base.Store.generations`):
   a turn another process fenced (``/stop`` or ``/new`` sent there, or an
@@ -52,6 +56,7 @@ from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.persisted import settle_once
 from chatlane.runtime.recovery import adopt_orphans, sessions_in
+from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
 from chatlane.runtime.watch import settle_watched
@@ -111,6 +116,7 @@ class Upkeep:
         settings = self._leases.settings
         loops: list[tuple[Coroutine[object, object, None], str]] = [
             (self._every(settings.renew_every, self.renew_once), "chatlane-leases"),
+            (self._every(settings.renew_every / 2, self.give_up_expiring), "chatlane-expiry"),
             (self._adopting(), "chatlane-adoption"),
         ]
         if settings.fence_check > 0:
@@ -164,6 +170,20 @@ class Upkeep:
                 await self.lease_lost(turn, "its lease could not be renewed", fenced=True)
             else:
                 _renewed(turn, lease)
+
+    async def give_up_expiring(self) -> int:
+        """Supersede and cancel each turn whose lease is about to expire here; return how many.
+
+        Needs no store call, so a renewal that hangs (a cut-off network) cannot
+        hold it up.
+        """
+        margin = expiry_margin(self._leases.settings)
+        expiring = [turn for turn in self._leased() if expires_within(turn.lease, margin)]
+        for turn in expiring:
+            await self.lease_lost(turn, "its lease is about to expire unrenewed", fenced=False)
+            if turn.ended_by is TurnEnd.LEASE_LOST and turn.task is not None:
+                turn.task.cancel()  # no grace: the store may hand the session on at expiry
+        return len(expiring)
 
     async def _unreachable(self, held: list[Turn], error: BaseException) -> None:
         """The store did not answer: leases hold until they expire here, then they are lost."""
@@ -261,6 +281,21 @@ class Upkeep:
         self._outcomes.end(turn.message_ids, Outcome.FAILED, text, reason=TurnEnd.EVICTED)
         await self._outlet.about(turn, OutboundKind.NOTICE, text)
         slots.promote(state)
+
+
+def expiry_margin(settings: LeaseSettings) -> float:
+    """How long before its lease expires here an unrenewed turn is given up.
+
+    A renewal, twice the expiry check's period: a healthy process renews
+    long before; a cut-off one stops with time to spare before the store's
+    expiry lets another process in.
+    """
+    return max(settings.renew_every, 0.05)
+
+
+def expires_within(lease: Lease | None, seconds: float) -> bool:
+    """Whether this host's clock says ``lease`` expires within ``seconds``."""
+    return lease is not None and lease.expires_at - time.time() <= seconds
 
 
 def _renewed(turn: Turn, lease: Lease) -> None:

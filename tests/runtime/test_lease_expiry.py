@@ -1,0 +1,125 @@
+"""A turn never runs past its lease on this host's clock: one turn per session across hosts.
+
+A host cut off from its store never hears back from a renewal; another host
+may take the session once the lease expires in the store. The turn must be
+stopped before that on its own clock, not when the renewal finally fails. A
+lease whose grant reached this host too late (the reply was held up in the
+network) never runs an agent at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from chatlane.runtime.settings import LeaseSettings
+from chatlane.runtime.turn import Turn
+from chatlane.runtime.upkeep import expiry_margin
+from chatlane.stores import MemoryStore
+from chatlane.stores.base import Admission, Lease
+from chatlane.testing import GatewayHarness
+from chatlane.types import SessionKey
+
+SHORT = LeaseSettings(ttl=1.0, fence_check=0.0)
+
+
+class CutOff(MemoryStore):
+    """A store whose renewals and heartbeats never answer while ``cut`` (a network cut)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = False
+        self.hanging = 0
+        """Renewals sent during the cut, still waiting for an answer."""
+
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        if self.cut:
+            self.hanging += 1
+            await asyncio.Event().wait()  # the answer never comes
+        return await super().renew_many(leases, ttl)
+
+    async def heartbeat(self, holder: str, ttl: float) -> None:
+        if self.cut:
+            await asyncio.Event().wait()
+        await super().heartbeat(holder, ttl)
+
+
+class Stuck:
+    """Runs until cancelled the first time, recording when; answers at once after that."""
+
+    def __init__(self, store: CutOff) -> None:
+        self.store = store
+        self.running = asyncio.Event()
+        self.cancelled = asyncio.Event()
+        self.hanging_when_cancelled = -1
+        self.left_when_cancelled = 0.0
+        self.runs = 0
+
+    async def __call__(self, turn: Turn) -> str:
+        self.runs += 1
+        if self.runs > 1:
+            return "answered on a fresh lease"
+        self.running.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.hanging_when_cancelled = self.store.hanging
+            assert turn.lease is not None
+            self.left_when_cancelled = turn.lease.expires_at - time.time()
+            self.cancelled.set()
+            self.store.cut = False  # the network comes back for the next turn
+            raise
+        return "never"
+
+
+async def test_a_turn_cut_off_from_its_store_stops_before_its_lease_expires() -> None:
+    store = CutOff()
+    agent = Stuck(store)
+    async with GatewayHarness(agent, store=store, leases=SHORT) as h:
+        await h.send("hello", chat_id="c")
+        await agent.running.wait()
+        store.cut = True
+        async with asyncio.timeout(30):
+            await agent.cancelled.wait()
+        assert agent.hanging_when_cancelled >= 1  # stopped without the store's word
+        assert await h.replies(chat_id="c", count=1) == ["answered on a fresh lease"]
+    assert agent.left_when_cancelled > 0  # on this host's clock, before it expired
+    assert expiry_margin(SHORT) < SHORT.ttl
+
+
+class LateGrant(MemoryStore):
+    """A store whose first lease reaches the gateway only as it is about to expire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late: list[int] = []
+
+    async def enqueue_and_acquire(self, key: SessionKey, *args: Any, **kwargs: Any) -> Admission:
+        admission = await super().enqueue_and_acquire(key, *args, **kwargs)
+        if admission.lease is None or self.late:
+            return admission
+        self.late.append(admission.lease.generation)
+        late = msgspec.structs.replace(admission.lease, expires_at=time.time() + 0.01)
+        return msgspec.structs.replace(admission, lease=late)
+
+
+async def test_a_lease_that_arrives_about_to_expire_runs_no_agent() -> None:
+    store = LateGrant()
+    leases: list[tuple[int, float]] = []
+
+    async def agent(turn: Turn) -> str:
+        assert turn.lease is not None
+        leases.append((turn.generation, turn.lease.expires_at - time.time()))
+        return "ran once"
+
+    async with GatewayHarness(agent, store=store, leases=SHORT) as h:
+        await h.send("hello", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["ran once"]
+    assert store.late  # the late grant was given
+    [(generation, left)] = leases
+    assert generation not in store.late  # the agent ran only under a later lease
+    assert left > expiry_margin(SHORT)
