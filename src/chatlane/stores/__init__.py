@@ -4,7 +4,9 @@
 
 * ``memory://`` — this process only (tests, experiments);
 * ``sqlite:///path/chatlane.db`` — the embedded default; several processes on one host;
-* ``redis://host:port/db`` or ``rediss://…`` — several processes on several hosts.
+* ``redis://host:port/db`` or ``rediss://…`` — several processes on several hosts;
+* ``postgresql://user@host:port/database`` (or ``postgres://…``) — several hosts, in the
+  operators' own PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from chatlane.stores.base import (
 )
 from chatlane.stores.memory import MemoryStore
 
-SCHEMES = ("memory", "sqlite", "redis", "rediss")
+SCHEMES = ("memory", "sqlite", "redis", "rediss", "postgresql", "postgres")
 
 
 async def open_store(url: str) -> Store:
@@ -39,8 +41,8 @@ async def open_store(url: str) -> Store:
     scheme, sep, _ = url.partition("://")
     if not sep or scheme not in SCHEMES:
         raise StoreError(
-            f"store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db "
-            "or rediss://…"
+            f"store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db, "
+            "rediss://… or postgresql://host:port/database"
         )
     if scheme == "memory":
         return MemoryStore(url)
@@ -48,6 +50,10 @@ async def open_store(url: str) -> Store:
         from chatlane.stores.sqlite import SQLiteStore
 
         return await SQLiteStore.open(url)
+    if scheme in ("postgresql", "postgres"):
+        from chatlane.stores.postgres import PostgresStore
+
+        return await PostgresStore.open(url)
     from chatlane.stores.redis import RedisStore
 
     return await RedisStore.open(url)
