@@ -51,8 +51,13 @@ async def open_store(url: str) -> Store:
 
         return await SQLiteStore.open(url)
     if scheme in ("postgresql", "postgres"):
-        from chatlane.stores.postgres import PostgresStore
-
+        try:
+            from chatlane.stores.postgres import PostgresStore
+        except ImportError as error:
+            raise StoreError(
+                f"the PostgreSQL store needs the postgres extra ({error}): "
+                "pip install 'chatlane[postgres]'"
+            ) from None
         return await PostgresStore.open(url)
     from chatlane.stores.redis import RedisStore
 

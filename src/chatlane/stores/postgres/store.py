@@ -1,7 +1,8 @@
 """The PostgreSQL store: sessions, leases and the durable queue in the operators' own database.
 
-Every call is one transaction on a connection of the store's pool (asyncpg),
-or a single statement where it only reads. The operations themselves — the
+Every call is one transaction on a connection of the store's pools (asyncpg:
+see :mod:`~chatlane.stores.postgres.pools`), or a single statement where it
+only reads. The operations themselves — the
 SQL, and the checks around it — live in :mod:`~chatlane.stores.postgres.leases`,
 :mod:`~chatlane.stores.postgres.data`, :mod:`~chatlane.stores.postgres.queue`
 and :mod:`~chatlane.stores.postgres.liveness`; a turn's fused calls are one
@@ -31,8 +32,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import asyncpg
-
 from chatlane.errors import LeaseLost, SessionBusy, StoreError
 from chatlane.stores.base import (
     Admission,
@@ -50,7 +49,8 @@ from chatlane.stores.postgres import data
 from chatlane.stores.postgres import leases as ls
 from chatlane.stores.postgres import liveness as lv
 from chatlane.stores.postgres import queue as pq
-from chatlane.stores.postgres.db import ConnectError, Db, DriverError, Row
+from chatlane.stores.postgres.db import Db, DriverError, Row
+from chatlane.stores.postgres.pools import Pools, open_pools
 from chatlane.stores.postgres.schema import migrate
 from chatlane.stores.postgres.url import Location, parse_url, redact
 from chatlane.types import SessionKey
@@ -70,11 +70,11 @@ class PostgresStore(Store):
     """A :class:`~chatlane.stores.base.Store` in a PostgreSQL (13+) schema; open it with
     :meth:`open`."""
 
-    def __init__(self, url: str, location: Location, pool: Any) -> None:
+    def __init__(self, url: str, location: Location, pools: Pools) -> None:
         self.url = url
         self.location = location
         self._name = f"postgres store {redact(url)}"
-        self._pool = pool
+        self._pools = pools
         self._closed = False
 
     @classmethod
@@ -85,18 +85,7 @@ class PostgresStore(Store):
             refuses the credentials, or the schema is newer than this chatlane knows.
         """
         location = parse_url(url)
-        name = f"postgres store {redact(url)}"
-        try:
-            pool = await asyncpg.create_pool(
-                location.dsn,
-                min_size=location.pool_min,
-                max_size=location.pool_max,
-                timeout=location.connect_timeout,
-                server_settings={"search_path": f'"{location.schema}"'},
-            )
-        except ConnectError as error:
-            raise StoreError(f"{name}: cannot connect ({_reason(error)})") from None
-        store = cls(url, location, pool)
+        store = cls(url, location, await open_pools(location, f"postgres store {redact(url)}"))
         try:
             await store._migrate()
         except BaseException:
@@ -106,16 +95,22 @@ class PostgresStore(Store):
 
     async def _migrate(self) -> None:
         try:
-            async with self._pool.acquire(timeout=self.location.connect_timeout) as db:
+            async with self._pools.upkeep.acquire(timeout=self.location.connect_timeout) as db:
                 await migrate(db, self.location.schema)
         except DriverError as error:
-            raise StoreError(f"{self._name}: cannot connect ({_reason(error)})") from None
+            schema = self.location.schema
+            raise StoreError(
+                f"{self._name}: cannot set up schema {schema!r}: {_reason(error)}"
+            ) from None
 
     # -- talking to the server -------------------------------------------------
 
-    async def _write(self, key: SessionKey | None, op: Operation[T]) -> T:
-        """Run ``op`` in one transaction, under ``key``'s lock unless ``key`` is None."""
-        pool = self._open_pool()
+    async def _write(self, key: SessionKey | None, op: Operation[T], *, upkeep: bool = False) -> T:
+        """Run ``op`` in one transaction, under ``key``'s lock unless ``key`` is None.
+
+        :param upkeep: on the upkeep connection (see :mod:`~chatlane.stores.postgres.pools`).
+        """
+        pool = self._pool(upkeep)
         try:
             async with pool.acquire() as db, db.transaction():
                 moment = await (db.fetchval(_NOW) if key is None else db.fetchval(_LOCKED_NOW, key))
@@ -123,9 +118,9 @@ class PostgresStore(Store):
         except DriverError as error:
             raise self._failure(error) from error
 
-    async def _read(self, op: Callable[[Db], Awaitable[T]]) -> T:
+    async def _read(self, op: Callable[[Db], Awaitable[T]], *, upkeep: bool = False) -> T:
         """Run ``op``, a single statement that only reads, outside any transaction."""
-        pool = self._open_pool()
+        pool = self._pool(upkeep)
         try:
             async with pool.acquire() as db:
                 return await op(db)
@@ -136,10 +131,10 @@ class PostgresStore(Store):
         """The rows of one read (for tests and tools that look into the store's tables)."""
         return await self._read(lambda db: db.fetch(query, *args))
 
-    def _open_pool(self) -> Any:
+    def _pool(self, upkeep: bool) -> Any:
         if self._closed:
             raise StoreError(f"{self._name} is closed")
-        return self._pool
+        return self._pools.upkeep if upkeep else self._pools.turns
 
     def _failure(self, error: BaseException) -> StoreError:
         return StoreError(f"{self._name}: {type(error).__name__}: {_reason(error)}")
@@ -183,7 +178,7 @@ class PostgresStore(Store):
         held = list(leases)
         if not held:
             return []
-        return await self._write(None, lambda db, m: ls.renew_many(db, m, held, ttl))
+        return await self._write(None, lambda db, m: ls.renew_many(db, m, held, ttl), upkeep=True)
 
     async def release(self, lease: Lease) -> None:
         await self._write(lease.key, lambda db, _: ls.release(db, lease))
@@ -196,7 +191,9 @@ class PostgresStore(Store):
 
     async def generations(self, keys: Sequence[SessionKey]) -> list[int]:
         wanted = list(keys)
-        return await self._read(lambda db: ls.generations(db, wanted)) if wanted else []
+        if not wanted:
+            return []
+        return await self._read(lambda db: ls.generations(db, wanted), upkeep=True)
 
     async def active_sessions(self) -> int:
         return await self._read(ls.active)
@@ -350,17 +347,19 @@ class PostgresStore(Store):
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
         retention = self._retained
-        await self._write(None, lambda db, m: lv.heartbeat(db, m, holder, ttl, retention))
+        await self._write(
+            None, lambda db, m: lv.heartbeat(db, m, holder, ttl, retention), upkeep=True
+        )
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         asked = list(holders)
-        return await self._read(lambda db: lv.alive(db, asked)) if asked else {}
+        return await self._read(lambda db: lv.alive(db, asked), upkeep=True) if asked else {}
 
     async def close(self) -> None:
         """Close every connection of the pool. Idempotent; later calls raise ``StoreError``."""
         if not self._closed:
             self._closed = True
-            await self._pool.close()
+            await self._pools.close()
 
 
 # -- persistent values: JSON text, encoded on the caller's side ---------------------------

@@ -95,9 +95,10 @@ def _location(parts: SplitResult, pairs: list[tuple[str, str]]) -> Location:
 
 def _schema(options: dict[str, str]) -> str:
     schema = options.get("schema", DEFAULT_SCHEMA)
-    if not _IDENTIFIER.fullmatch(schema):
+    if not _IDENTIFIER.fullmatch(schema) or schema.startswith("pg_"):
         raise ValueError(
-            f"schema must be a lower-case SQL name (letters, digits, _; at most 63), not {schema!r}"
+            "schema must be a lower-case SQL name (letters, digits, _; at most 63; not "
+            f"starting with the reserved pg_), not {schema!r}"
         )
     return schema
 
