@@ -98,6 +98,16 @@ def postgres_server() -> Iterator[str]:
     if url:
         yield url
         return
+    with throwaway() as url:
+        yield url
+
+
+@contextmanager
+def throwaway() -> Iterator[str]:
+    """Yield the URL of a throwaway cluster in a new temporary directory (removed after it).
+
+    :raises TestServerError: no PostgreSQL is installed, or the cluster did not start.
+    """
     with (
         tempfile.TemporaryDirectory(prefix="chatlane-pg-") as folder,
         throwaway_cluster(Path(folder)) as url,
