@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.stores.postgres_server import missing, postgres_server
+from chatlane.testing_postgres import missing, postgres_server
 from tests.stores.servers import redis_server
 
 

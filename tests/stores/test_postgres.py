@@ -18,10 +18,10 @@ from chatlane.stores import TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.postgres import PostgresStore
 from chatlane.stores.postgres.schema import MIGRATIONS, migrate
 from chatlane.stores.postgres.url import Location, parse_url, redact
+from chatlane.testing_postgres import ENV, PASSWORD, USER, binaries, throwaway
 from chatlane.testing_redis import free_port
 from tests.keys import chat_key
 from tests.stores.conftest import forget_store, own_schema
-from tests.stores.postgres_server import ENV, PASSWORD, USER, binaries, throwaway
 
 KEY = chat_key("c1")
 

@@ -1,4 +1,4 @@
-"""The PostgreSQL server the tests use: ``$CHATLANE_TEST_POSTGRES_URL``, else a throwaway cluster.
+"""A PostgreSQL server for tests and benchmarks: ``$CHATLANE_TEST_POSTGRES_URL``, or a throwaway.
 
 The throwaway cluster is made with ``initdb`` and run with ``pg_ctl`` from
 PATH or Debian's ``/usr/lib/postgresql/<version>/bin``, in a temporary
@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from chatlane.testing_redis import TestServerError, free_port
+
+__all__ = ["ENV", "PASSWORD", "USER", "binaries", "missing", "postgres_server", "throwaway"]
 
 ENV = "CHATLANE_TEST_POSTGRES_URL"
 USER, PASSWORD = "chatlane", "chatlane-test"
