@@ -3,9 +3,9 @@
 Each function runs inside one of the store's transactions (``moment`` is the
 server's clock read in it, after the session's lock). What stays true:
 
-* The fenced commit checks the generation before its first write; the
-  answered marks are checked and set in one statement that writes only marks
-  past their retention, and if any mark was kept the whole transaction rolls
+* The fenced commit checks the generation before it writes; then one
+  statement (:data:`_WRITE`) makes every write, setting only answered marks
+  past their retention; if any mark was kept, the whole transaction rolls
   back, so a refused commit writes nothing.
 * Two commits answering one message, from any processes and sessions, are
   ordered by the mark's row lock: the second finds the first's mark.
@@ -33,22 +33,31 @@ __all__ = [
     "transcript",
 ]
 
-_MARK = """INSERT INTO answered (message_id, at, answer) SELECT m, $2, $3 FROM unnest($1::text[]) m
-ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, answer = excluded.answer
-WHERE answered.at <= $4
-RETURNING message_id"""
-"""Mark each message answered, unless a mark within the retention says it was already."""
-
-_APPEND = """INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation,
-    message_id, created_at)
-SELECT $1, e, r, c, g, m, t
-FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::float8[])
-    WITH ORDINALITY AS x(e, r, c, g, m, t, n)
-ORDER BY n"""
-
-_SET_FIELDS = """INSERT INTO persistent (key, field, value)
-SELECT $1, f, v FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS x(f, v, n) ORDER BY n
-ON CONFLICT (key, field) DO UPDATE SET value = excluded.value"""
+_WRITE = """WITH marked AS (
+    INSERT INTO answered (message_id, at, answer) SELECT m, $2, $3 FROM unnest($4::text[]) m
+    ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, answer = excluded.answer
+    WHERE answered.at <= $5
+    RETURNING message_id
+), appended AS (
+    INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation,
+        message_id, created_at)
+    SELECT $6, e, r, c, g, m, t
+    FROM unnest($7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[], $12::float8[])
+        WITH ORDINALITY AS x(e, r, c, g, m, t, n)
+    ORDER BY n
+), fields AS (
+    INSERT INTO persistent (key, field, value)
+    SELECT $1, f, v FROM unnest($13::text[], $14::text[]) WITH ORDINALITY AS x(f, v, n) ORDER BY n
+    ON CONFLICT (key, field) DO UPDATE SET value = excluded.value
+), dropped AS (
+    DELETE FROM pending WHERE key = $1 AND seq = ANY($15::bigint[])
+), freed AS (
+    DELETE FROM leases WHERE key = $1 AND token = $16 RETURNING 1
+)
+SELECT array(SELECT message_id FROM marked), EXISTS (SELECT 1 FROM freed)"""
+"""Every write of a commit in one statement: the answered marks (a mark within the retention
+is kept, and its id not returned), the transcript entries in order, the persistent fields,
+the done records, and the lease carrying the token (if any) freed."""
 
 
 async def commit(
@@ -59,11 +68,15 @@ async def commit(
     batch: WriteBatch,
     fields: list[tuple[str, str]],
     retention: float,
-) -> None:
-    """Fenced: the generation is checked before the first write, in the transaction that writes.
+    token: str = "",
+) -> bool:
+    """Fenced: the generation is checked before the writes, in the transaction that writes.
 
+    :param token: a lease's token: free that lease with the writes.
+    :returns: whether a lease was freed.
     :raises StaleGeneration: the generation moved on.
-    :raises AlreadyAnswered: a message of ``batch.answered`` was answered within ``retention``.
+    :raises AlreadyAnswered: a message of ``batch.answered`` was answered within ``retention``
+        (the transaction must then roll back: the statement wrote the rest).
     """
     row = await db.fetchrow(
         "SELECT generation, current_conversation FROM sessions WHERE key = $1", key
@@ -71,32 +84,16 @@ async def commit(
     current, conversation = (0, "") if row is None else (int(row[0]), row[1])
     if generation is not None and generation != current:
         raise StaleGeneration(key, generation, current, "commit")
-    if batch.answered:
-        await _mark(db, moment, key, batch.answered, batch.answer, retention)
     conversation = conversation or (await _start(db, moment, key, "")).id
-    if batch.transcript:
-        await _append(db, moment, conversation, batch.transcript)
-    if fields:
-        names, values = [name for name, _ in fields], [value for _, value in fields]
-        await db.execute(_SET_FIELDS, key, names, values)
-    if batch.done:
-        await db.execute("DELETE FROM pending WHERE key = $1 AND seq = ANY($2)", key, batch.done)
-
-
-async def _mark(
-    db: Db, moment: float, key: SessionKey, answered: list[str], text: str, retention: float
-) -> None:
-    wanted = list(dict.fromkeys(answered))  # one row per message: a statement sets a row once
-    marked = {row[0] for row in await db.fetch(_MARK, wanted, moment, text, moment - retention)}
-    repeated = [message_id for message_id in wanted if message_id not in marked]
-    if repeated:
-        raise AlreadyAnswered(repeated, key=key)
-
-
-async def _append(db: Db, moment: float, conversation: str, entries: list[TranscriptEntry]) -> None:
-    """Append to ``conversation``; an entry naming another conversation keeps its own name."""
-    await db.execute(
-        _APPEND,
+    wanted = list(dict.fromkeys(batch.answered))  # one row per message: a statement sets it once
+    entries = batch.transcript
+    result = await db.fetchrow(
+        _WRITE,
+        key,
+        moment,
+        batch.answer,
+        wanted,
+        moment - retention,
         conversation,
         [
             e.conversation_id if e.conversation_id not in ("", conversation) else None
@@ -107,7 +104,17 @@ async def _append(db: Db, moment: float, conversation: str, entries: list[Transc
         [e.generation for e in entries],
         [e.message_id for e in entries],
         [e.created_at or moment for e in entries],
+        [name for name, _ in fields],
+        [value for _, value in fields],
+        batch.done,
+        token,
     )
+    assert result is not None
+    marked, freed = set(result[0]), bool(result[1])
+    repeated = [message_id for message_id in wanted if message_id not in marked]
+    if repeated:
+        raise AlreadyAnswered(repeated, key=key)
+    return freed
 
 
 async def load_persistent(db: Db, key: SessionKey) -> dict[str, Any]:

@@ -4,9 +4,9 @@ Each function takes the connection and ``moment``, the server's clock read
 inside the transaction (after its session lock, see
 :mod:`chatlane.stores.postgres.store`). What stays true:
 
-* Every refusal writes nothing: the checks are reads, and the lease is written
-  only where none is live (:data:`_TAKE`), together with the session's new
-  generation, in one statement.
+* Every refusal writes nothing: the checks, the lease taken with the
+  session's new generation and the read of its persistent fields are one
+  statement (:data:`_ADMIT`), which writes only where nothing refuses.
 * A busy session is reported as busy whichever check found it.
 * With ``max_active``, the live leases are counted under one store-wide
   advisory lock, so two processes at the limit never both take the last place.
@@ -15,9 +15,11 @@ inside the transaction (after its session lock, see
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from chatlane.errors import ActiveSessionLimit, EarlierMessageFirst, SessionBusy
 from chatlane.stores.base import Lease, already_released, taken_over
+from chatlane.stores.codec import decode_value
 from chatlane.stores.ids import new_token
 from chatlane.stores.postgres.db import Db
 from chatlane.types import SessionKey
@@ -25,6 +27,7 @@ from chatlane.types import SessionKey
 __all__ = [
     "acquire",
     "active",
+    "admit",
     "bump",
     "free",
     "generation",
@@ -33,29 +36,78 @@ __all__ = [
     "renew_many",
 ]
 
-_TAKE = """WITH taken AS (
+_ADMIT = """WITH checked AS (SELECT
+    EXISTS (SELECT 1 FROM leases WHERE key = $1 AND expires_at > $2) AS busy,
+    $3::bigint IS NOT NULL
+        AND EXISTS (SELECT 1 FROM pending WHERE key = $1 AND seq < $3 AND owner <> $4) AS earlier,
+    CASE WHEN $5 > 0 THEN (SELECT count(*) FROM leases WHERE expires_at > $2) ELSE 0 END AS live
+), taken AS (
     INSERT INTO leases (key, holder, token, generation, expires_at)
-    VALUES ($1, $2, $3, coalesce((SELECT generation FROM sessions WHERE key = $1), 0) + 1, $4)
+    SELECT $1, $4, $6, coalesce((SELECT generation FROM sessions WHERE key = $1), 0) + 1, $7
+    FROM checked WHERE NOT busy AND NOT earlier AND ($5 = 0 OR live < $5)
     ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, token = excluded.token,
         generation = excluded.generation, expires_at = excluded.expires_at
-    WHERE leases.expires_at <= $5
+    WHERE leases.expires_at <= $2
+    RETURNING generation
+), bumped AS (
+    INSERT INTO sessions (key, generation) SELECT $1, generation FROM taken
+    ON CONFLICT (key) DO UPDATE SET generation = excluded.generation
     RETURNING generation
 )
-INSERT INTO sessions (key, generation) SELECT $1, generation FROM taken
-ON CONFLICT (key) DO UPDATE SET generation = excluded.generation
-RETURNING generation"""
-"""Take ``key``'s lease unless a live one holds it, and store its generation (the session's
-next one) with it: no row comes back, and nothing is written, while it is busy."""
-
-_CHECK = """SELECT
-    EXISTS (SELECT 1 FROM leases WHERE key = $1 AND expires_at > $2),
-    $3::bigint IS NOT NULL
-        AND EXISTS (SELECT 1 FROM pending WHERE key = $1 AND seq < $3 AND owner <> $4),
-    CASE WHEN $5 THEN (SELECT count(*) FROM leases WHERE expires_at > $2) ELSE 0 END"""
-"""Whether ``key`` is busy, whether another holder's message came before ``head_seq``, and
-(if asked) how many sessions hold a live lease."""
+SELECT busy, earlier, live, (SELECT generation FROM bumped),
+    CASE WHEN $8 THEN (SELECT coalesce(array_agg(field ORDER BY position), '{}')
+        FROM persistent WHERE key = $1) END,
+    CASE WHEN $8 THEN (SELECT coalesce(array_agg(value ORDER BY position), '{}')
+        FROM persistent WHERE key = $1) END
+FROM checked"""
+"""One statement: whether ``key`` is busy, whether another holder's message came before
+``head_seq``, how many sessions hold a live lease (if ``max_active``); the lease taken with
+the session's next generation only when none of those refuses (and no live lease holds it:
+then nothing is written); and, if asked, the persistent fields, as the transaction reads them."""
 
 _ACTIVE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('chatlane-active:' || $1, 0))"
+
+Persistent = dict[str, Any]
+
+
+async def admit(
+    db: Db,
+    moment: float,
+    key: SessionKey,
+    holder: str,
+    ttl: float,
+    turn: tuple[int | None, int],
+    schema: str,
+    read: bool,
+) -> tuple[Lease | SessionBusy, Persistent | None]:
+    """Take ``key``'s lease for ``holder`` if nothing refuses it (see the module docstring).
+
+    :param turn: ``head_seq`` and ``max_active``, as :meth:`Leases.acquire` takes them.
+    :returns: the lease, or what :meth:`Leases.acquire` would raise; and, if ``read``,
+        the session's persistent fields.
+    """
+    head_seq, max_active = turn
+    if max_active:
+        await db.execute(_ACTIVE_LOCK, schema)
+    token = new_token()
+    row = await db.fetchrow(
+        _ADMIT, key, moment, head_seq, holder, max_active, token, moment + ttl, read
+    )
+    assert row is not None
+    busy, earlier, live, generation, names, values = row
+    persistent = _fields(key, names, values) if read else None
+    if generation is not None:
+        return Lease(key, holder, token, int(generation), moment + ttl), persistent
+    if not busy and earlier:
+        return EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key), persistent
+    if not busy and max_active and live >= max_active:
+        refusal = ActiveSessionLimit(f"at the active session limit ({live}/{max_active})", key=key)
+        return refusal, persistent
+    return _busy(key), persistent
+
+
+def _fields(key: SessionKey, names: list[str], values: list[str]) -> Persistent:
+    return {name: decode_value(key, name, value) for name, value in zip(names, values, strict=True)}
 
 
 async def acquire(
@@ -64,44 +116,17 @@ async def acquire(
     key: SessionKey,
     holder: str,
     ttl: float,
-    head_seq: int | None,
-    max_active: int,
+    turn: tuple[int | None, int],
     schema: str,
 ) -> Lease:
-    """Check that ``key`` is free and take it (see the module docstring).
+    """:func:`admit`, raising its refusal.
 
     :raises SessionBusy: as :meth:`~chatlane.stores.protocols.Leases.acquire`.
     """
-    if head_seq is not None or max_active:
-        await _check_turn(db, moment, key, holder, head_seq, max_active, schema)
-    token = new_token()
-    generation = await db.fetchval(_TAKE, key, holder, token, moment + ttl, moment)
-    if generation is None:
-        raise _busy(key)
-    return Lease(key, holder, token, int(generation), moment + ttl)
-
-
-async def _check_turn(
-    db: Db,
-    moment: float,
-    key: SessionKey,
-    holder: str,
-    head_seq: int | None,
-    max_active: int,
-    schema: str,
-) -> None:
-    """Refuse a turn that must wait for an earlier message or a free slot (busy comes first)."""
-    if max_active:
-        await db.execute(_ACTIVE_LOCK, schema)
-    row = await db.fetchrow(_CHECK, key, moment, head_seq, holder, bool(max_active))
-    assert row is not None
-    busy, earlier, live = row
-    if busy:
-        raise _busy(key)
-    if earlier:
-        raise EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key)
-    if max_active and live >= max_active:
-        raise ActiveSessionLimit(f"at the active session limit ({live}/{max_active})", key=key)
+    lease, _ = await admit(db, moment, key, holder, ttl, turn, schema, False)
+    if isinstance(lease, SessionBusy):
+        raise lease
+    return lease
 
 
 def _busy(key: SessionKey) -> SessionBusy:

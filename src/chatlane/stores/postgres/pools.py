@@ -1,14 +1,21 @@
-"""The PostgreSQL store's connections: a pool for turns, and one connection for upkeep.
+"""The PostgreSQL store's connections: a pool for transactions, and a small one for quick calls.
 
 What stays true:
 
-* A turn's calls share the pool of ``pool_min`` to ``pool_max`` connections,
-  waiting their turn for one when all are busy.
-* Heartbeats, renewals and fence checks — the calls that keep a process's
-  leases and liveness — have a connection of their own, so a backlog of turns
-  never delays them past a TTL (which would make the process look dead and
-  its messages be adopted and run elsewhere while it still runs them).
-* Every connection's ``search_path`` is the store's schema.
+* Transactions that take a session's lock (acquire, commit, enqueue…) share
+  the pool of ``pool_min`` to ``pool_max`` connections, waiting their turn for
+  one when all are busy.
+* Quick calls — heartbeats and lease renewals, and every read that is a
+  single statement (fence checks, persistent fields, queues, answers) — never
+  wait for a session's lock, and have a pool of their own
+  (:data:`QUICK_POOL`). A backlog of turns therefore never delays them: not
+  the heartbeats and renewals past a TTL (which would make the process look
+  dead and its messages be adopted and run elsewhere while it still runs
+  them), nor the reads the runtime's upkeep makes between two renewals.
+* Every connection's ``search_path`` is the store's schema, and stays so: the
+  store never changes a session's settings, listens, or holds a lock past its
+  transaction, so a connection given back to the pool is not reset by a query
+  of its own (a round trip per call); an open transaction is still rolled back.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from chatlane.errors import StoreError
 from chatlane.stores.postgres.db import ConnectError
 from chatlane.stores.postgres.url import Location
 
-__all__ = ["Pools", "open_pools"]
+__all__ = ["QUICK_POOL", "Pools", "open_pools"]
+
+QUICK_POOL = 2
+"""Connections the quick calls use at most (one is kept open)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +41,10 @@ class Pools:
     """The store's two pools (asyncpg's ``Pool``, untyped)."""
 
     turns: Any
-    upkeep: Any
+    quick: Any
 
     async def close(self) -> None:
-        await asyncio.gather(self.turns.close(), self.upkeep.close())
+        await asyncio.gather(self.turns.close(), self.quick.close())
 
 
 async def open_pools(location: Location, name: str) -> Pools:
@@ -42,13 +52,13 @@ async def open_pools(location: Location, name: str) -> Pools:
 
     :raises StoreError: the server cannot be reached, or refuses the credentials.
     """
-    upkeep = await _pool(location, name, 1, 1)
+    quick = await _pool(location, name, 1, QUICK_POOL)
     try:
         turns = await _pool(location, name, location.pool_min, location.pool_max)
     except BaseException:
-        await upkeep.close()
+        await quick.close()
         raise
-    return Pools(turns, upkeep)
+    return Pools(turns, quick)
 
 
 async def _pool(location: Location, name: str, least: int, most: int) -> Any:
@@ -59,6 +69,11 @@ async def _pool(location: Location, name: str, least: int, most: int) -> Any:
             max_size=most,
             timeout=location.connect_timeout,
             server_settings={"search_path": f'"{location.schema}"'},
+            reset=_keep_session,
         )
     except ConnectError as error:
         raise StoreError(f"{name}: cannot connect ({str(error) or type(error).__name__})") from None
+
+
+async def _keep_session(connection: Any) -> None:
+    """Give a connection back as it is (asyncpg has already rolled back any open transaction)."""

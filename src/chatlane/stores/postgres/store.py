@@ -95,7 +95,7 @@ class PostgresStore(Store):
 
     async def _migrate(self) -> None:
         try:
-            async with self._pools.upkeep.acquire(timeout=self.location.connect_timeout) as db:
+            async with self._pools.quick.acquire(timeout=self.location.connect_timeout) as db:
                 await migrate(db, self.location.schema)
         except DriverError as error:
             schema = self.location.schema
@@ -108,7 +108,8 @@ class PostgresStore(Store):
     async def _write(self, key: SessionKey | None, op: Operation[T], *, upkeep: bool = False) -> T:
         """Run ``op`` in one transaction, under ``key``'s lock unless ``key`` is None.
 
-        :param upkeep: on the upkeep connection (see :mod:`~chatlane.stores.postgres.pools`).
+        :param upkeep: a quick call that takes no session's lock (heartbeat, renewals): on
+            the quick pool (see :mod:`~chatlane.stores.postgres.pools`).
         """
         pool = self._pool(upkeep)
         try:
@@ -118,9 +119,9 @@ class PostgresStore(Store):
         except DriverError as error:
             raise self._failure(error) from error
 
-    async def _read(self, op: Callable[[Db], Awaitable[T]], *, upkeep: bool = False) -> T:
-        """Run ``op``, a single statement that only reads, outside any transaction."""
-        pool = self._pool(upkeep)
+    async def _read(self, op: Callable[[Db], Awaitable[T]]) -> T:
+        """Run ``op``, a single statement that only reads, outside any transaction (quick pool)."""
+        pool = self._pool(True)
         try:
             async with pool.acquire() as db:
                 return await op(db)
@@ -131,10 +132,10 @@ class PostgresStore(Store):
         """The rows of one read (for tests and tools that look into the store's tables)."""
         return await self._read(lambda db: db.fetch(query, *args))
 
-    def _pool(self, upkeep: bool) -> Any:
+    def _pool(self, quick: bool) -> Any:
         if self._closed:
             raise StoreError(f"{self._name} is closed")
-        return self._pools.upkeep if upkeep else self._pools.turns
+        return self._pools.quick if quick else self._pools.turns
 
     def _failure(self, error: BaseException) -> StoreError:
         return StoreError(f"{self._name}: {type(error).__name__}: {_reason(error)}")
@@ -150,9 +151,9 @@ class PostgresStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Lease:
-        schema = self.location.schema
+        turn, schema = (head_seq, max_active), self.location.schema
         return await self._write(
-            key, lambda db, m: ls.acquire(db, m, key, holder, ttl, head_seq, max_active, schema)
+            key, lambda db, m: ls.acquire(db, m, key, holder, ttl, turn, schema)
         )
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -193,7 +194,7 @@ class PostgresStore(Store):
         wanted = list(keys)
         if not wanted:
             return []
-        return await self._read(lambda db: ls.generations(db, wanted), upkeep=True)
+        return await self._read(lambda db: ls.generations(db, wanted))
 
     async def active_sessions(self) -> int:
         return await self._read(ls.active)
@@ -251,14 +252,13 @@ class PostgresStore(Store):
 
         async def op(db: Db, moment: float) -> Admission:
             seq = await pq.enqueue(db, moment, key, message_id, owner, payload)
-            lease: Lease | None = None
-            refusal: SessionBusy | None = None
-            try:  # every check of acquire runs before its write: a refusal writes nothing
-                lease = await ls.acquire(db, moment, key, owner, ttl, seq, max_active, schema)
-            except SessionBusy as error:
-                refusal = error
-            persistent = await data.load_persistent(db, key) if with_persistent else None
-            return Admission(seq, lease, refusal, persistent)
+            turn = (seq, max_active)
+            lease, persistent = await ls.admit(
+                db, moment, key, owner, ttl, turn, schema, with_persistent
+            )
+            if isinstance(lease, SessionBusy):
+                return Admission(seq, None, lease, persistent)
+            return Admission(seq, lease, None, persistent)
 
         return await self._write(key, op)
 
@@ -271,11 +271,13 @@ class PostgresStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Taken:
-        schema = self.location.schema
+        turn, schema = (head_seq, max_active), self.location.schema
 
         async def op(db: Db, moment: float) -> Taken:
-            lease = await ls.acquire(db, moment, key, holder, ttl, head_seq, max_active, schema)
-            return Taken(lease, await data.load_persistent(db, key))
+            lease, persistent = await ls.admit(db, moment, key, holder, ttl, turn, schema, True)
+            if isinstance(lease, SessionBusy):
+                raise lease
+            return Taken(lease, persistent)
 
         return await self._write(key, op)
 
@@ -284,8 +286,9 @@ class PostgresStore(Store):
         fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
 
         async def op(db: Db, moment: float) -> bool:
-            await data.commit(db, moment, key, generation, frozen, fields, retention)
-            return await ls.free(db, lease)
+            return await data.commit(
+                db, moment, key, generation, frozen, fields, retention, lease.token
+            )
 
         return await self._write(key, op)
 
@@ -353,7 +356,7 @@ class PostgresStore(Store):
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         asked = list(holders)
-        return await self._read(lambda db: lv.alive(db, asked), upkeep=True) if asked else {}
+        return await self._read(lambda db: lv.alive(db, asked)) if asked else {}
 
     async def close(self) -> None:
         """Close every connection of the pool. Idempotent; later calls raise ``StoreError``."""
