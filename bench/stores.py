@@ -1,4 +1,4 @@
-"""Cost per turn of chatlane's stores (memory, SQLite, Redis) next to aiogram 3's Redis FSM.
+"""Cost per turn of chatlane's stores (memory, SQLite, Redis, PostgreSQL) beside aiogram's FSM.
 
 A chatlane turn is the store calls one message costs: take the session's
 lease, write under its generation, give it back. aiogram's counterpart is one
@@ -14,12 +14,15 @@ Redis server. What stays true:
   thread: the SQLite writer's too, not the Redis server's); a figure is µs
   per operation, the median over rounds. Targets are judged on CPU time.
 * Each run starts on an empty namespace: a new memory store, a new SQLite file,
-  a new Redis key prefix. A run's Redis keys are deleted afterwards, by prefix
-  (never ``FLUSHDB``).
+  a new Redis key prefix, a new PostgreSQL schema. A run's Redis keys are
+  deleted afterwards, by prefix (never ``FLUSHDB``), and its schema dropped.
 * Each run is checked afterwards: every session's generation, persistent
   counter and transcript length (aiogram: FSM counter) equal its turns, and
   every ``PING`` was answered; a miss raises.
 * Redis is ``$REDIS_URL`` if set, else a throwaway server stopped at exit.
+* PostgreSQL is ``$CHATLANE_TEST_POSTGRES_URL`` if set, else a throwaway
+  cluster (``initdb``/``pg_ctl``) stopped at exit; where there is neither, its
+  lines are skipped and the report says why.
 
 Run ``python -m bench.stores --help`` for the options.
 """
@@ -35,8 +38,8 @@ import secrets
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +71,17 @@ from chatlane.identity import SessionSource, build_session_key
 from chatlane.stores import Store, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.redis_url import parse_url, redact
 from chatlane.stores.resp import RespClient
+from chatlane.testing_postgres import missing as postgres_missing
+from chatlane.testing_postgres import postgres_server as postgres_throwaway_or_env
 from chatlane.testing_redis import redis_server as throwaway_or_env
 from chatlane.testing_redis import server_binary
 from chatlane.types import SessionKey
 
-BACKENDS = ("memory", "sqlite", "redis")
+BACKENDS = ("memory", "sqlite", "redis", "postgres")
+DURABLE = ("sqlite", "redis", "postgres")
+JUDGED_OVER_MEMORY = ("sqlite", "redis")
+"""The stores held to :data:`TARGET_OVER_MEMORY` (PostgreSQL's turn is bound by its round trips
+to the server; its ratio is shown, not judged)."""
 TARGET_REDIS_RATIO = 5.0
 """Redis passes when aiogram's cost per update is at least this many times its cost per turn."""
 TARGET_SQLITE_US = 150.0
@@ -108,6 +117,23 @@ class RedisServer:
 
     url: str
     origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class Servers:
+    """The servers the lines use (a URL, or ``""`` where it is not used), and why one is absent."""
+
+    redis: str = ""
+    postgres: str = ""
+    skipped: tuple[tuple[str, str], ...] = ()
+    """``(backend, why)`` for each backend asked for whose server is missing."""
+
+
+@contextmanager
+def postgres_server() -> Iterator[str]:
+    """``$CHATLANE_TEST_POSTGRES_URL``, or a throwaway cluster that stops at exit."""
+    with postgres_throwaway_or_env() as url:
+        yield url
 
 
 @contextmanager
@@ -222,9 +248,19 @@ def numbered(lanes: list[list[int]], keys: list[SessionKey]) -> list[list[tuple[
 
 
 @asynccontextmanager
-async def fresh_store(backend: str, redis_url: str) -> AsyncIterator[Store]:
-    """An empty store of ``backend``; its SQLite file or Redis keys are deleted afterwards."""
-    if backend == "sqlite":
+async def fresh_store(backend: str, servers: Servers) -> AsyncIterator[Store]:
+    """An empty store of ``backend``; its file, Redis keys or schema are deleted afterwards."""
+    redis_url = servers.redis
+    if backend == "postgres":
+        schema = f"bench_{secrets.token_hex(6)}"
+        base = servers.postgres
+        url = f"{base}{'&' if '?' in base else '?'}schema={schema}"
+        try:
+            async with opened(url) as store:
+                yield store
+        finally:
+            await drop_schema(base, schema)
+    elif backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="chatlane-bench-") as folder:
             async with opened(f"sqlite:///{Path(folder, 'chatlane.db')}") as store:
                 yield store
@@ -239,6 +275,19 @@ async def fresh_store(backend: str, redis_url: str) -> AsyncIterator[Store]:
     else:
         async with opened("memory://") as store:
             yield store
+
+
+async def drop_schema(url: str, schema: str) -> None:
+    """Drop one run's schema (never anything else: the server may be shared)."""
+    import asyncpg
+
+    from chatlane.stores.postgres.url import parse_url as parse_postgres_url
+
+    connection = await asyncpg.connect(parse_postgres_url(url).dsn)
+    try:
+        await connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await connection.close()
 
 
 @asynccontextmanager
@@ -267,13 +316,13 @@ async def check_store(line: str, store: Store, keys: list[SessionKey], turns: in
 
 
 async def run_store(
-    backend: str, form: str, redis_url: str, workload: Workload, lanes: list[list[int]]
+    backend: str, form: str, servers: Servers, workload: Workload, lanes: list[list[int]]
 ) -> Elapsed:
     """One timed run of ``form`` turns on a fresh ``backend`` store."""
     keys = [session_key(s) for s in range(workload.sessions)]
     inputs = numbered(lanes, keys)
     turn = FORMS[form]
-    async with fresh_store(backend, redis_url) as store:
+    async with fresh_store(backend, servers) as store:
         elapsed = await drive_timed(inputs, lambda item: turn(store, *item))
         await check_store(f"{backend}/{form}", store, keys, workload.turns)
     return elapsed
@@ -352,12 +401,16 @@ async def run_aiogram(redis_url: str, workload: Workload, lanes: list[list[int]]
 Run = Callable[[Workload, list[list[int]]], Awaitable[Elapsed]]
 
 
-def plan_lines(backends: Sequence[str], redis_url: str) -> dict[str, Run]:
+def plan_lines(backends: Sequence[str], servers: Servers) -> dict[str, Run]:
     """Every line to time, by name: each store in each form, then redis-py and aiogram."""
     lines: dict[str, Run] = {}
+    redis_url = servers.redis
+    skipped = dict(servers.skipped)
     for backend in backends:
+        if backend in skipped:
+            continue
         for form in FORMS:
-            lines[f"{backend}/{form}"] = functools.partial(run_store, backend, form, redis_url)
+            lines[f"{backend}/{form}"] = functools.partial(run_store, backend, form, servers)
     if "redis" in backends:
         lines["redis-py/ping"] = functools.partial(run_ping, redis_url)
         lines["resp/ping"] = functools.partial(run_resp_ping, redis_url)
@@ -380,6 +433,8 @@ class Report:
     redis: RedisServer | None
     lines: dict[str, Rounds]
     machine: dict[str, Any]
+    skipped: tuple[tuple[str, str], ...] = ()
+    """``(backend, why)`` for each backend asked for but not measured."""
 
     def cpu(self, line: str) -> float | None:
         rounds = self.lines.get(line)
@@ -390,7 +445,7 @@ class Report:
         found: dict[str, tuple[float, float]] = {}
         for form in RATIO_FORMS:
             memory = self.lines.get(f"memory/{form}")
-            for backend in ("sqlite", "redis"):
+            for backend in DURABLE:
                 durable = self.lines.get(f"{backend}/{form}")
                 if memory is not None and durable is not None:
                     found[f"{backend}/{form} / memory/{form}"] = (
@@ -411,7 +466,7 @@ class Report:
             rule = f"sqlite turn <= {TARGET_SQLITE_US:g} µs, CPU µs"
             found.append(Target(rule, sqlite, TARGET_SQLITE_US))
         memory = self.cpu(f"memory/{JUDGED_FORM}")
-        for backend in ("sqlite", "redis"):
+        for backend in JUDGED_OVER_MEMORY:
             durable = self.cpu(f"{backend}/{JUDGED_FORM}")
             if memory is not None and durable is not None:
                 limit = f"{TARGET_OVER_MEMORY:g}x"
@@ -429,6 +484,7 @@ class Report:
             if server is None
             else {"url": redact(server.url), "origin": server.origin},
             "lines": {name: rounds.as_json() for name, rounds in self.lines.items()},
+            "skipped": dict(self.skipped),
             "ratios": {
                 name: {"cpu": round(cpu, 3), "wall": round(wall, 3)}
                 for name, (cpu, wall) in self.ratios().items()
@@ -439,11 +495,15 @@ class Report:
 
 
 async def measure(
-    workload: Workload, rounds: int, backends: Sequence[str], redis: RedisServer | None
+    workload: Workload,
+    rounds: int,
+    backends: Sequence[str],
+    redis: RedisServer | None,
+    servers: Servers,
 ) -> Report:
     """A warmup run per line, then ``rounds`` timed runs going through every line in turn."""
     lanes = plan_lanes(workload.sessions, workload.turns, workload.in_flight)
-    lines = plan_lines(backends, "" if redis is None else redis.url)
+    lines = plan_lines(backends, servers)
     for run in lines.values():
         await run(workload, lanes)
     wall: dict[str, list[float]] = {name: [] for name in lines}
@@ -454,7 +514,7 @@ async def measure(
             wall[name].append(elapsed.wall_ns / workload.total / 1_000)
             cpu[name].append(elapsed.cpu_ns / workload.total / 1_000)
     timed = {name: Rounds(tuple(wall[name]), tuple(cpu[name])) for name in lines}
-    return Report(workload, redis, timed, machine())
+    return Report(workload, redis, timed, machine(), servers.skipped)
 
 
 LEGEND = (
@@ -496,6 +556,8 @@ def render(report: Report) -> str:
             f"{name:<20}{measured.cpu:>8.1f}{measured.wall:>8.1f}{per_second:>9.0f}"
             f"   {cpu} | {wall}"
         )
+    for backend, why in report.skipped:
+        lines.append(f"{backend}: skipped ({why})")
     for name, (cpu_ratio, wall_ratio) in report.ratios().items():
         lines.append(f"ratio {name}: CPU {cpu_ratio:.2f}, wall {wall_ratio:.2f}")
     for target in report.targets():
@@ -523,7 +585,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--backends",
         type=backend_list,
         default=BACKENDS,
-        help="stores to time, comma-separated (default memory,sqlite,redis)",
+        help="stores to time, comma-separated (default memory,sqlite,redis,postgres)",
     )
     args = parser.parse_args(argv)
     if "redis" in args.backends and args.in_flight > MAX_REDIS_IN_FLIGHT:
@@ -537,13 +599,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     workload = Workload(args.sessions, args.turns, args.in_flight)
-    if "redis" in args.backends:
-        with redis_server() as redis:
-            report = asyncio.run(measure(workload, args.rounds, args.backends, redis))
-    else:
-        report = asyncio.run(measure(workload, args.rounds, args.backends, None))
+    with ExitStack() as stack:
+        redis = stack.enter_context(redis_server()) if "redis" in args.backends else None
+        servers = Servers(redis="" if redis is None else redis.url)
+        if "postgres" in args.backends:
+            servers = stack.enter_context(with_postgres(servers))
+        report = asyncio.run(measure(workload, args.rounds, args.backends, redis, servers))
     print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
     return 0
+
+
+@contextmanager
+def with_postgres(servers: Servers) -> Iterator[Servers]:
+    """``servers`` with PostgreSQL's URL, or with the reason it is skipped."""
+    why = postgres_missing()
+    if why is not None:
+        yield replace(servers, skipped=(*servers.skipped, ("postgres", why)))
+        return
+    try:
+        import asyncpg  # noqa: F401 -- the store's driver: the postgres extra
+    except ImportError as error:
+        reason = f"the postgres extra is not installed ({error})"
+        yield replace(servers, skipped=(*servers.skipped, ("postgres", reason)))
+        return
+    with postgres_server() as url:
+        yield replace(servers, postgres=url)
 
 
 if __name__ == "__main__":

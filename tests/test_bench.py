@@ -55,10 +55,11 @@ def test_dispatch_runs_every_side() -> None:
 
 def test_stores_runs_every_line() -> None:
     report = run_bench("stores", "--sessions", "20", "--turns", "2")
+    durable = ["sqlite", "redis", *(() if "postgres" in report["skipped"] else ("postgres",))]
     assert set(report["lines"]) == {
         *(
             f"{store}/{form}"
-            for store in ("memory", "sqlite", "redis")
+            for store in ("memory", *durable)
             for form in ("turn", "engine", "unfused", "fused", "fused-bare")
         ),
         *("redis-py/ping", "resp/ping", "aiogram/redis"),
@@ -68,12 +69,21 @@ def test_stores_runs_every_line() -> None:
             assert len(line[clock]["rounds_us"]) == 1
             assert line[clock]["median_us"] > 0
     assert set(report["ratios"]) == {
-        f"{store}/{form} / memory/{form}"
-        for store in ("sqlite", "redis")
-        for form in ("engine", "fused")
+        f"{store}/{form} / memory/{form}" for store in durable for form in ("engine", "fused")
     }
     assert [target["limit"] for target in report["targets"]][1:] == [150.0, 8.0, 8.0]
     assert report["passed"] == all(target["passed"] for target in report["targets"])
+
+
+def test_stores_skips_a_backend_without_a_server_saying_why() -> None:
+    from bench.common import machine
+    from bench.stores import FORMS, Report, Servers, Workload, plan_lines, render
+
+    servers = Servers(skipped=(("postgres", "no server here"),))
+    assert list(plan_lines(["memory", "postgres"], servers)) == [f"memory/{f}" for f in FORMS]
+    report = Report(Workload(1, 1, 1), None, {}, machine(), servers.skipped)
+    assert "postgres: skipped (no server here)" in render(report)
+    assert report.as_json()["skipped"] == {"postgres": "no server here"}
 
 
 def test_stores_judges_durable_engine_turns_against_memory_on_cpu() -> None:

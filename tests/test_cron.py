@@ -31,7 +31,7 @@ from chatlane.identity import ChatType, SessionSource
 from chatlane.stores import MemoryStore, Store, open_store
 from chatlane.stores.base import Lease
 from chatlane.types import SessionKey, Target
-from tests.stores.conftest import StoreClock
+from tests.stores.conftest import StoreClock, forget_store, own_schema
 
 UTC = dt.UTC
 NEW_YORK = ZoneInfo("America/New_York")
@@ -268,18 +268,21 @@ class TestJob:
 # -- the job book, over every backend --------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     kind: str = request.param
     if kind == "memory":
         url = "memory://"
     elif kind == "sqlite":
         url = f"sqlite:///{tmp_path / 'cron.db'}"
+    elif kind == "postgres":
+        url = own_schema(request.getfixturevalue("postgres_url"), "cron")
     else:
         url = f"{request.getfixturevalue('redis_url')}?prefix=cron-{secrets.token_hex(4)}"
     opened = await open_store(url)
     yield opened
     await opened.close()
+    await forget_store(url)
 
 
 def book(store: Store, holder: str = "p1", ttl: float = 30.0) -> JobBook:

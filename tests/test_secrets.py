@@ -29,6 +29,7 @@ MAY_READ_THE_ENVIRONMENT = {
     "context.py": "the context layer's documented legacy fallback",
     "secrets.py": "the one place secrets are read",
     "testing_redis.py": "REDIS_URL, for tests",
+    "testing_postgres.py": "CHATLANE_TEST_POSTGRES_URL, for tests",
 }
 ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb"}
 

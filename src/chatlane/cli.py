@@ -30,7 +30,11 @@ def main() -> None:
 )
 @click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port to listen on (default 8080).")
-@click.option("--store", default=None, help="memory://, sqlite:///path or redis://host:port/db")
+@click.option(
+    "--store",
+    default=None,
+    help="memory://, sqlite:///path, redis://host:port/db or postgresql://host/db",
+)
 @click.option("--agent", default=None, help="demo, openai or python:module:attribute")
 @click.option("--busy", default=None, help="queue, collect, interrupt, steer or reject")
 @click.option(

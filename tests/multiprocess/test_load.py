@@ -27,7 +27,7 @@ import pytest
 
 from chatlane.runtime.leases import LeaseSettings
 from tests.multiprocess.cluster import Cluster, answered_ids
-from tests.stores.conftest import forget_redis_prefix
+from tests.stores.conftest import forget_store, own_schema
 
 pytestmark = pytest.mark.slow
 
@@ -36,17 +36,19 @@ TURN_SECONDS = 60
 DEFAULTS = LeaseSettings()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
 def default_ttl_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'shared.db'}"
+    elif request.param == "postgres":
+        url = own_schema(request.getfixturevalue("postgres_url"), "load")
     else:
         base: str = request.getfixturevalue("redis_url")
         url = f"{base}{'&' if '?' in base else '?'}prefix=load-{secrets.token_hex(6)}"
     cluster = Cluster(url, tmp_path / "events.jsonl", ttl=DEFAULTS.ttl)
     yield cluster
     cluster.stop_all()
-    asyncio.run(forget_redis_prefix(url))
+    asyncio.run(forget_store(url))
 
 
 @pytest.mark.timeout(600)

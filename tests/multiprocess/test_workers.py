@@ -23,22 +23,24 @@ import pytest
 
 from chatlane.stores import open_store
 from tests.multiprocess.cluster import Cluster, answered_ids, turn_intervals
-from tests.stores.conftest import forget_redis_prefix
+from tests.stores.conftest import forget_store, own_schema
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'shared.db'}"
+    elif request.param == "postgres":
+        url = own_schema(request.getfixturevalue("postgres_url"), "mp")
     else:
         base: str = request.getfixturevalue("redis_url")
         url = f"{base}{'&' if '?' in base else '?'}prefix=mp-{secrets.token_hex(6)}"
     cluster = Cluster(url, tmp_path / "events.jsonl")
     yield cluster
     cluster.stop_all()
-    asyncio.run(forget_redis_prefix(url))
+    asyncio.run(forget_store(url))
 
 
 def all_answered(ids: list[str]) -> Any:

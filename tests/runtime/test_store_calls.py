@@ -25,7 +25,7 @@ from chatlane.stores import Admission, MemoryStore, Store, open_store
 from chatlane.testing import GatewayHarness
 from chatlane.types import SessionKey
 from tests.runtime.agents import EchoAgent
-from tests.stores.conftest import forget_redis_prefix
+from tests.stores.conftest import forget_store, own_schema
 
 FUSED = ["enqueue_and_acquire", "commit_and_release"]
 
@@ -85,7 +85,7 @@ class CountingStore:
                 await self._answered.wait()
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
 async def counted(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[CountingStore]:
     url = "memory://"
     if request.param == "sqlite":
@@ -93,10 +93,12 @@ async def counted(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     elif request.param == "redis":
         base: str = request.getfixturevalue("redis_url")
         url = f"{base}{'&' if '?' in base else '?'}prefix=calls-{secrets.token_hex(6)}"
+    elif request.param == "postgres":
+        url = own_schema(request.getfixturevalue("postgres_url"), "calls")
     store = await open_store(url)
     yield CountingStore(store)
     await store.close()
-    await forget_redis_prefix(url)
+    await forget_store(url)
 
 
 async def one_turn(h: GatewayHarness, counted: CountingStore, text: str) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 from chatlane.stores import MemoryStore, Store, open_store
 from chatlane.stores.sqlite import SQLiteStore
 
-BACKENDS = ["memory", "sqlite", "redis", "redis-py"]
+BACKENDS = ["memory", "sqlite", "redis", "redis-py", "postgres"]
 """``redis-py``: the Redis store over a redis-py client (``RedisStore.from_client``)."""
 
 REDIS_PY = "redis-py+"
@@ -28,22 +28,31 @@ REDIS_PY = "redis-py+"
 Reopen = Callable[[], Awaitable[Store]]
 
 
-def _url(kind: str, tmp_path: Path, redis_base: str | None) -> str:
+def _url(kind: str, tmp_path: Path, server: str | None) -> str:
     if kind == "memory":
         return "memory://"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'chatlane.db'}"
-    assert redis_base is not None
-    separator = "&" if "?" in redis_base else "?"
-    url = f"{redis_base}{separator}prefix=test-{secrets.token_hex(6)}"
+    assert server is not None
+    if kind == "postgres":
+        return own_schema(server, "test")
+    separator = "&" if "?" in server else "?"
+    url = f"{server}{separator}prefix=test-{secrets.token_hex(6)}"
     return REDIS_PY + url if kind == "redis-py" else url
+
+
+def own_schema(server: str, purpose: str) -> str:
+    """A store URL on ``server`` in a schema of its own (dropped by :func:`forget_store`)."""
+    separator = "&" if "?" in server else "?"
+    return f"{server}{separator}schema={purpose}_{secrets.token_hex(6)}"
 
 
 @pytest.fixture(params=BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     kind: str = request.param
-    redis_base = request.getfixturevalue("redis_url") if kind.startswith("redis") else None
-    return _url(kind, tmp_path, redis_base)
+    servers = {"redis": "redis_url", "redis-py": "redis_url", "postgres": "postgres_url"}
+    server = request.getfixturevalue(servers[kind]) if kind in servers else None
+    return _url(kind, tmp_path, server)
 
 
 class StoreClock:
@@ -51,9 +60,10 @@ class StoreClock:
 
     The memory and SQLite stores read this clock, which stands still except
     for a microsecond per read (so two events are never at one instant, as
-    with the wall clock) and jumps on :meth:`advance`. The Redis store reads
-    its server's ``TIME``, which no test can move: for it, :meth:`advance`
-    really waits, so its tests keep short TTLs.
+    with the wall clock) and jumps on :meth:`advance`. The Redis and
+    PostgreSQL stores read their server's clock (``TIME``,
+    ``clock_timestamp()``), which no test can move: for them, :meth:`advance`
+    really waits, so their tests keep short TTLs.
     """
 
     TICK = 1e-6
@@ -69,7 +79,7 @@ class StoreClock:
         return self._now
 
     async def advance(self, seconds: float) -> None:
-        """Let ``seconds`` pass for the store: at once, or (Redis) by waiting."""
+        """Let ``seconds`` pass for the store: at once, or (Redis, PostgreSQL) by waiting."""
         if self.real:
             await asyncio.sleep(seconds)
         else:
@@ -78,7 +88,7 @@ class StoreClock:
 
 @pytest.fixture
 def clock(store_url: str) -> StoreClock:
-    return StoreClock(real=store_url.startswith("redis"))
+    return StoreClock(real=store_url.startswith(("redis", "postgres")))
 
 
 async def open_with_clock(url: str, clock: StoreClock) -> Store:
@@ -109,7 +119,29 @@ async def store(store_url: str, clock: StoreClock) -> AsyncIterator[Store]:
     opened = await open_with_clock(store_url, clock)
     yield opened
     await opened.close()
-    await forget_redis_prefix(store_url)
+    await forget_store(store_url)
+
+
+async def forget_store(url: str) -> None:
+    """Delete a test's data on a shared server: its Redis prefix, or its PostgreSQL schema."""
+    if url.startswith("postgres"):
+        await forget_postgres_schema(url)
+    else:
+        await forget_redis_prefix(url)
+
+
+async def forget_postgres_schema(url: str) -> None:
+    """Drop a test's PostgreSQL schema (only its own: the server may be shared)."""
+    import asyncpg
+
+    from chatlane.stores.postgres.url import parse_url
+
+    location = parse_url(url)
+    connection = await asyncpg.connect(location.dsn)
+    try:
+        await connection.execute(f'DROP SCHEMA IF EXISTS "{location.schema}" CASCADE')
+    finally:
+        await connection.close()
 
 
 async def forget_redis_prefix(url: str) -> None:
@@ -130,10 +162,14 @@ async def forget_redis_prefix(url: str) -> None:
 
 async def stored_answered_ids(store: Store) -> list[str]:
     """Every answered mark the backend still keeps, oldest first (read from its own storage)."""
+    from chatlane.stores.postgres import PostgresStore
     from chatlane.stores.redis import RedisStore
 
     if isinstance(store, MemoryStore):
         return list(store._answered)
+    if isinstance(store, PostgresStore):
+        rows = await store._fetch("SELECT message_id FROM answered ORDER BY at")
+        return [row[0] for row in rows]
     if isinstance(store, SQLiteStore):
         with contextlib.closing(sqlite3.connect(store.location.path)) as db:
             rows = db.execute("SELECT message_id FROM answered ORDER BY at").fetchall()
@@ -145,11 +181,16 @@ async def stored_answered_ids(store: Store) -> list[str]:
 
 async def stored_liveness(store: Store) -> tuple[list[str], list[str]]:
     """The heartbeats and leases the backend still keeps (read from its own storage), sorted."""
+    from chatlane.stores.postgres import PostgresStore
     from chatlane.stores.redis import RedisStore
 
     if isinstance(store, MemoryStore):
         leases = [key for key, s in store._sessions.items() if s.lease is not None]
         return sorted(store._heartbeats), sorted(leases)
+    if isinstance(store, PostgresStore):
+        beats = [row[0] for row in await store._fetch("SELECT holder FROM heartbeats")]
+        leases = [row[0] for row in await store._fetch("SELECT key FROM leases")]
+        return sorted(beats), sorted(leases)
     if isinstance(store, SQLiteStore):
         with contextlib.closing(sqlite3.connect(store.location.path)) as db:
             beats = [row[0] for row in db.execute("SELECT holder FROM heartbeats")]

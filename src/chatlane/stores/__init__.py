@@ -6,6 +6,8 @@
 * ``sqlite:///path/chatlane.db`` — the embedded default; several processes on one host;
 * ``redis://host:port/db`` or ``rediss://…`` — several processes on several hosts;
   ``redis+sentinel://host:port,…/<primary name>[/db]`` follows a Sentinel-managed primary.
+* ``postgresql://user@host:port/database`` (or ``postgres://…``) — several hosts, in the
+  operators' own PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from chatlane.stores.base import (
 )
 from chatlane.stores.memory import MemoryStore
 
-SCHEMES = ("memory", "sqlite", "redis", "rediss", "redis+sentinel")
+SCHEMES = ("memory", "sqlite", "redis", "rediss", "redis+sentinel", "postgresql", "postgres")
 
 
 async def open_store(url: str) -> Store:
@@ -41,7 +43,8 @@ async def open_store(url: str) -> Store:
     if not sep or scheme not in SCHEMES:
         raise StoreError(
             f"store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db, "
-            "rediss://… or redis+sentinel://host:port,…/<primary name>"
+            "rediss://…, redis+sentinel://host:port,…/<primary name> "
+            "or postgresql://host:port/database"
         )
     if scheme == "memory":
         return MemoryStore(url)
@@ -49,6 +52,15 @@ async def open_store(url: str) -> Store:
         from chatlane.stores.sqlite import SQLiteStore
 
         return await SQLiteStore.open(url)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from chatlane.stores.postgres import PostgresStore
+        except ImportError as error:
+            raise StoreError(
+                f"the PostgreSQL store needs the postgres extra ({error}): "
+                "pip install 'chatlane[postgres]'"
+            ) from None
+        return await PostgresStore.open(url)
     from chatlane.stores.redis import RedisStore
 
     return await RedisStore.open(url)

@@ -1,4 +1,4 @@
-"""The store contract: what every backend (memory, SQLite, Redis) keeps, and by which rules.
+"""The store contract: what every backend (memory, SQLite, Redis, PostgreSQL) keeps, and how.
 
 A store holds, per session key: the **generation** (the fencing token — it
 only grows, and survives restarts), a **lease** (who runs the session's turn
@@ -54,7 +54,7 @@ against each backend:
 * Times (lease expiry, heartbeats, retention) are wall-clock seconds, read
   from the store's clock: :func:`now` unless another :data:`Clock` is
   injected (the memory and SQLite stores take one; Redis reads its server's
-  ``TIME``).
+  ``TIME``, PostgreSQL its server's ``clock_timestamp()``).
 """
 
 from __future__ import annotations

@@ -290,7 +290,8 @@ class Turns(Leases, SessionData, PendingQueue, Protocol):
     Each operation keeps the rules of the separate methods it fuses, and is
     written here from them (correct, in more round trips). Every backend
     chatlane ships overrides all three to run each as one transaction — one
-    writer-thread operation in SQLite, one Lua script in Redis — so a message
+    writer-thread operation in SQLite, one Lua script in Redis, one transaction
+    in PostgreSQL — so a message
     to an idle session costs two store calls from its arrival to its answer.
     """
 

@@ -28,7 +28,7 @@ class TestPruning:
     async def test_heartbeats_prune_long_expired_heartbeats_and_leases(
         self, store: Store, monkeypatch: pytest.MonkeyPatch, clock: StoreClock
     ) -> None:
-        for module in ("memory", "sqlite"):
+        for module in ("memory", "sqlite", "postgres.liveness"):
             monkeypatch.setattr(f"chatlane.stores.{module}.PRUNE_AFTER", 0.0)
         await store.heartbeat("gone", 0.01)
         await store.acquire(KEY, "gone", 0.01)

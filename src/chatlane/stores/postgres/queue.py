@@ -1,0 +1,155 @@
+"""The PostgreSQL store's durable queue: accepted messages and the ones set aside as failed.
+
+Each function runs inside one of the store's transactions. What stays true:
+
+* ``seq`` comes from the ``pending`` table's identity sequence: it grows in
+  the order the store accepted messages (a session's messages are queued under
+  its lock) and is never reused, even after deletes and restarts; a failed
+  message keeps its ``seq`` and gets it back when retried.
+* Enqueueing is idempotent per message id.
+* Adopting is one ``UPDATE`` per call, so of two adopters each record goes to
+  one: the row lock orders them, and the second finds the record no longer
+  owned by a dead process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from chatlane.stores.base import FailedRecord, PendingRecord
+from chatlane.stores.postgres.db import Db, Row
+from chatlane.types import SessionKey
+
+__all__ = [
+    "adopt",
+    "adopt_orphans",
+    "drop",
+    "enqueue",
+    "failed",
+    "park",
+    "pending",
+    "pending_keys",
+    "retry_failed",
+]
+
+_RECORD = "key, seq, message_id, owner, payload, accepted_at"
+
+
+def _pending_record(row: Row) -> PendingRecord:
+    """A row of :data:`_RECORD` (the key was stored from one)."""
+    key, seq, message_id, owner, payload, accepted_at = row[:6]
+    return PendingRecord(SessionKey(key), int(seq), message_id, owner, bytes(payload), accepted_at)
+
+
+async def drop(db: Db, key: SessionKey, seqs: Sequence[int]) -> None:
+    """Remove ``key``'s records ``seqs`` (those already gone are no error)."""
+    await db.execute("DELETE FROM pending WHERE key = $1 AND seq = ANY($2)", key, list(seqs))
+
+
+async def enqueue(
+    db: Db, moment: float, key: SessionKey, message_id: str, owner: str, payload: bytes
+) -> int:
+    """Queue a message and return its ``seq``: the one it has if it is queued already."""
+    seq = await db.fetchval(
+        "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
+        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING RETURNING seq",
+        key,
+        message_id,
+        owner,
+        payload,
+        moment,
+    )
+    if seq is None:  # queued already: nothing was written
+        seq = await db.fetchval("SELECT seq FROM pending WHERE message_id = $1", message_id)
+    return int(seq)
+
+
+async def pending(db: Db, key: SessionKey) -> list[PendingRecord]:
+    rows = await db.fetch(f"SELECT {_RECORD} FROM pending WHERE key = $1 ORDER BY seq", key)
+    return [_pending_record(row) for row in rows]
+
+
+async def pending_keys(db: Db) -> list[SessionKey]:
+    rows = await db.fetch("SELECT DISTINCT key FROM pending ORDER BY key")
+    return [SessionKey(row[0]) for row in rows]
+
+
+async def adopt(
+    db: Db, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+) -> list[int]:
+    rows = await db.fetch(
+        "UPDATE pending SET owner = $1 WHERE key = $2 AND seq = ANY($3) AND owner = $4 "
+        "RETURNING seq",
+        new_owner,
+        key,
+        list(seqs),
+        old_owner,
+    )
+    return sorted(int(row[0]) for row in rows)
+
+
+_ORPHANED = """SELECT DISTINCT p.key FROM pending p LEFT JOIN heartbeats h ON h.holder = p.owner
+WHERE p.owner <> $1 AND (h.expires_at IS NULL OR h.expires_at <= $2)
+ORDER BY p.key LIMIT $3"""
+
+_ADOPT_ORPHANS = f"""UPDATE pending SET owner = $1
+WHERE key = ANY($2) AND owner <> $1
+    AND owner NOT IN (SELECT holder FROM heartbeats WHERE expires_at > $3)
+RETURNING {_RECORD}"""
+
+
+async def adopt_orphans(db: Db, moment: float, holder: str, limit: int) -> list[PendingRecord]:
+    """Take the records of up to ``limit`` sessions whose owners' heartbeats are gone."""
+    keys = [row[0] for row in await db.fetch(_ORPHANED, holder, moment, max(limit, 0))]
+    if not keys:
+        return []
+    order = {key: index for index, key in enumerate(keys)}
+    records = [_pending_record(row) for row in await db.fetch(_ADOPT_ORPHANS, holder, keys, moment)]
+    return sorted(records, key=lambda r: (order[r.key], r.seq))
+
+
+async def park(db: Db, moment: float, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+    await db.execute(
+        "INSERT INTO failed (message_id, key, seq, owner, payload, accepted_at, reason, "
+        "failed_at) SELECT message_id, key, seq, owner, payload, accepted_at, $3, $4 "
+        "FROM pending WHERE key = $1 AND seq = ANY($2) "
+        "ON CONFLICT (message_id) DO UPDATE SET key = excluded.key, seq = excluded.seq, "
+        "owner = excluded.owner, payload = excluded.payload, accepted_at = excluded.accepted_at, "
+        "reason = excluded.reason, failed_at = excluded.failed_at",
+        key,
+        list(seqs),
+        reason,
+        moment,
+    )
+    await drop(db, key, seqs)
+
+
+async def failed(db: Db, limit: int) -> list[FailedRecord]:
+    rows = await db.fetch(
+        f"SELECT {_RECORD}, reason, failed_at FROM failed ORDER BY failed_at, seq LIMIT $1",
+        max(limit, 0),
+    )
+    return [FailedRecord(_pending_record(row), row[6], row[7]) for row in rows]
+
+
+async def retry_failed(db: Db, message_id: str, owner: str) -> PendingRecord | None:
+    """Move a failed message back into its queue under its ``seq``, owned by ``owner``."""
+    row = await db.fetchrow(
+        f"DELETE FROM failed WHERE message_id = $1 RETURNING {_RECORD}", message_id
+    )
+    if row is None:
+        return None
+    key, seq, _, _, payload, accepted_at = row
+    await db.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", key)
+    await db.execute("DELETE FROM pending WHERE seq = $1 OR message_id = $2", seq, message_id)
+    await db.execute(
+        "INSERT INTO pending (seq, key, message_id, owner, payload, accepted_at) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
+        seq,
+        key,
+        message_id,
+        owner,
+        payload,
+        accepted_at,
+    )
+    return PendingRecord(SessionKey(key), int(seq), message_id, owner, bytes(payload), accepted_at)

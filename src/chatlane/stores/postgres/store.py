@@ -1,0 +1,385 @@
+"""The PostgreSQL store: sessions, leases and the durable queue in the operators' own database.
+
+Every call is one transaction on a connection of the store's pools (asyncpg:
+see :mod:`~chatlane.stores.postgres.pools`), or a single statement where it
+only reads. The operations themselves — the
+SQL, and the checks around it — live in :mod:`~chatlane.stores.postgres.leases`,
+:mod:`~chatlane.stores.postgres.data`, :mod:`~chatlane.stores.postgres.queue`
+and :mod:`~chatlane.stores.postgres.liveness`; a turn's fused calls are one
+transaction each.
+
+What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
+
+* A transaction that writes a session's rows first takes that session's
+  advisory lock (``pg_advisory_xact_lock`` on a hash of its key), then reads
+  the server's clock. So every check-and-set of one session (acquire, release,
+  bump, fenced commit, enqueue, adopt) runs after the last one committed, in
+  ``READ COMMITTED``, and no transaction of another session waits for it.
+* Times are the server's: lease expiry, heartbeats and retention are judged
+  against ``clock_timestamp()`` read inside the transaction (``now()`` in a
+  single read), never this host's clock; a lease's ``expires_at`` is that
+  moment plus its TTL. Hosts' clocks must agree with the server's to well
+  within a TTL (NTP), as the runtime compares ``expires_at`` with its own.
+* Any failure of the driver or the server becomes
+  :class:`~chatlane.errors.StoreError` naming the store (its password masked) —
+  except :meth:`PostgresStore.renew`, which raises
+  :class:`~chatlane.errors.LeaseLost`: a lease that could not be renewed must
+  be treated as gone. A transaction that failed wrote nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from chatlane.errors import LeaseLost, SessionBusy, StoreError
+from chatlane.stores.base import (
+    Admission,
+    Conversation,
+    FailedRecord,
+    Lease,
+    PendingRecord,
+    Store,
+    Taken,
+    TranscriptEntry,
+    WriteBatch,
+)
+from chatlane.stores.codec import encode_value
+from chatlane.stores.postgres import data
+from chatlane.stores.postgres import leases as ls
+from chatlane.stores.postgres import liveness as lv
+from chatlane.stores.postgres import queue as pq
+from chatlane.stores.postgres.db import Db, DriverError, Row
+from chatlane.stores.postgres.pools import Pools, open_pools
+from chatlane.stores.postgres.schema import migrate
+from chatlane.stores.postgres.url import Location, parse_url, redact
+from chatlane.types import SessionKey
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+Operation = Callable[[Db, float], Awaitable[T]]
+"""A function of a connection inside a transaction, and the server's clock read in it."""
+
+_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
+_LOCKED_NOW = f"{_NOW} FROM pg_advisory_xact_lock(hashtextextended($1, 0))"
+"""The session's lock, then the clock: the moment is read once the lock is held."""
+
+
+class PostgresStore(Store):
+    """A :class:`~chatlane.stores.base.Store` in a PostgreSQL (13+) schema; open it with
+    :meth:`open`."""
+
+    def __init__(self, url: str, location: Location, pools: Pools) -> None:
+        self.url = url
+        self.location = location
+        self._name = f"postgres store {redact(url)}"
+        self._pools = pools
+        self._closed = False
+
+    @classmethod
+    async def open(cls, url: str) -> PostgresStore:
+        """Connect to ``url``, create the store's schema if missing and bring it up to date.
+
+        :raises StoreError: the URL is malformed, the server cannot be reached or
+            refuses the credentials, or the schema is newer than this chatlane knows.
+        """
+        location = parse_url(url)
+        store = cls(url, location, await open_pools(location, f"postgres store {redact(url)}"))
+        try:
+            await store._migrate()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    async def _migrate(self) -> None:
+        try:
+            async with self._pools.quick.acquire(timeout=self.location.connect_timeout) as db:
+                await migrate(db, self.location.schema)
+        except DriverError as error:
+            schema = self.location.schema
+            raise StoreError(
+                f"{self._name}: cannot set up schema {schema!r}: {_reason(error)}"
+            ) from None
+
+    # -- talking to the server -------------------------------------------------
+
+    async def _write(self, key: SessionKey | None, op: Operation[T], *, upkeep: bool = False) -> T:
+        """Run ``op`` in one transaction, under ``key``'s lock unless ``key`` is None.
+
+        :param upkeep: a quick call that takes no session's lock (heartbeat, renewals): on
+            the quick pool (see :mod:`~chatlane.stores.postgres.pools`).
+        """
+        pool = self._pool(upkeep)
+        try:
+            async with pool.acquire() as db, db.transaction():
+                moment = await (db.fetchval(_NOW) if key is None else db.fetchval(_LOCKED_NOW, key))
+                return await op(db, moment)
+        except DriverError as error:
+            raise self._failure(error) from error
+
+    async def _read(self, op: Callable[[Db], Awaitable[T]]) -> T:
+        """Run ``op``, a single statement that only reads, outside any transaction (quick pool)."""
+        pool = self._pool(True)
+        try:
+            async with pool.acquire() as db:
+                return await op(db)
+        except DriverError as error:
+            raise self._failure(error) from error
+
+    async def _fetch(self, query: str, *args: Any) -> list[Row]:
+        """The rows of one read (for tests and tools that look into the store's tables)."""
+        return await self._read(lambda db: db.fetch(query, *args))
+
+    def _pool(self, quick: bool) -> Any:
+        if self._closed:
+            raise StoreError(f"{self._name} is closed")
+        return self._pools.quick if quick else self._pools.turns
+
+    def _failure(self, error: BaseException) -> StoreError:
+        return StoreError(f"{self._name}: {type(error).__name__}: {_reason(error)}")
+
+    # -- generations and leases ----------------------------------------------
+
+    async def acquire(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Lease:
+        turn, schema = (head_seq, max_active), self.location.schema
+        return await self._write(
+            key, lambda db, m: ls.acquire(db, m, key, holder, ttl, turn, schema)
+        )
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        """See :meth:`Store.renew`; failing to reach the server also raises ``LeaseLost``."""
+        try:
+            [renewed] = await self.renew_many([lease], ttl)
+        except StoreError as error:
+            raise LeaseLost(
+                f"lease on {lease.key!r} could not be renewed: {error}",
+                key=lease.key,
+                generation=lease.generation,
+            ) from error
+        if renewed is None:
+            raise LeaseLost(
+                f"lease on {lease.key!r} (generation {lease.generation}) was lost",
+                key=lease.key,
+                generation=lease.generation,
+            )
+        return renewed
+
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """See :meth:`Store.renew_many`: one ``UPDATE`` for all of them."""
+        held = list(leases)
+        if not held:
+            return []
+        return await self._write(None, lambda db, m: ls.renew_many(db, m, held, ttl), upkeep=True)
+
+    async def release(self, lease: Lease) -> None:
+        await self._write(lease.key, lambda db, _: ls.release(db, lease))
+
+    async def bump_generation(self, key: SessionKey) -> int:
+        return await self._write(key, lambda db, _: ls.bump(db, key))
+
+    async def generation(self, key: SessionKey) -> int:
+        return await self._read(lambda db: ls.generation(db, key))
+
+    async def generations(self, keys: Sequence[SessionKey]) -> list[int]:
+        wanted = list(keys)
+        if not wanted:
+            return []
+        return await self._read(lambda db: ls.generations(db, wanted))
+
+    async def active_sessions(self) -> int:
+        return await self._read(ls.active)
+
+    # -- fenced writes and reads -----------------------------------------------
+
+    async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+        fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
+        await self._write(
+            key, lambda db, m: data.commit(db, m, key, generation, frozen, fields, retention)
+        )
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        return await self._read(lambda db: data.load_persistent(db, key))
+
+    async def transcript(
+        self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
+    ) -> list[TranscriptEntry]:
+        if conversation_id is not None:
+            named = conversation_id
+            return await self._read(lambda db: data.transcript(db, named, limit))
+
+        async def op(db: Db, moment: float) -> list[TranscriptEntry]:
+            conversation = await data.current(db, moment, key)
+            return await data.transcript(db, conversation.id, limit)
+
+        return await self._write(key, op)
+
+    async def is_answered(self, message_id: str) -> bool:
+        return await self.answer(message_id) is not None
+
+    async def answer(self, message_id: str) -> str | None:
+        retention = self._retained
+        return await self._read(lambda db: data.answer(db, message_id, retention))
+
+    @property
+    def _retained(self) -> float:
+        """Seconds an answered mark holds, as the queries take it."""
+        return float(self.answered_retention)
+
+    # -- a turn's fused calls: one transaction each ----------------------------------
+
+    async def enqueue_and_acquire(
+        self,
+        key: SessionKey,
+        message_id: str,
+        owner: str,
+        payload: bytes,
+        ttl: float,
+        *,
+        max_active: int = 0,
+        with_persistent: bool = True,
+    ) -> Admission:
+        schema = self.location.schema
+
+        async def op(db: Db, moment: float) -> Admission:
+            seq = await pq.enqueue(db, moment, key, message_id, owner, payload)
+            turn = (seq, max_active)
+            lease, persistent = await ls.admit(
+                db, moment, key, owner, ttl, turn, schema, with_persistent
+            )
+            if isinstance(lease, SessionBusy):
+                return Admission(seq, None, lease, persistent)
+            return Admission(seq, lease, None, persistent)
+
+        return await self._write(key, op)
+
+    async def acquire_and_read(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Taken:
+        turn, schema = (head_seq, max_active), self.location.schema
+
+        async def op(db: Db, moment: float) -> Taken:
+            lease, persistent = await ls.admit(db, moment, key, holder, ttl, turn, schema, True)
+            if isinstance(lease, SessionBusy):
+                raise lease
+            return Taken(lease, persistent)
+
+        return await self._write(key, op)
+
+    async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
+        key, generation = lease.key, lease.generation
+        fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
+
+        async def op(db: Db, moment: float) -> bool:
+            return await data.commit(
+                db, moment, key, generation, frozen, fields, retention, lease.token
+            )
+
+        return await self._write(key, op)
+
+    # -- conversations -----------------------------------------------------------
+
+    async def conversation(self, key: SessionKey) -> Conversation:
+        return await self._write(key, lambda db, m: data.current(db, m, key))
+
+    async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
+        return await self._write(key, lambda db, m: data.new_conversation(db, m, key, title))
+
+    async def resume_conversation(self, key: SessionKey, conversation_id: str) -> Conversation:
+        return await self._write(key, lambda db, m: data.resume(db, m, key, conversation_id))
+
+    async def conversations(self, key: SessionKey, limit: int = 20) -> list[Conversation]:
+        return await self._write(key, lambda db, m: data.conversations(db, m, key, limit))
+
+    # -- the durable pending queue -------------------------------------------------
+
+    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+        return await self._write(
+            key, lambda db, m: pq.enqueue(db, m, key, message_id, owner, payload)
+        )
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        return await self._read(lambda db: pq.pending(db, key))
+
+    async def pending_keys(self) -> list[SessionKey]:
+        return await self._read(pq.pending_keys)
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        dropped = list(seqs)
+        if dropped:
+            await self._write(key, lambda db, _: pq.drop(db, key, dropped))
+
+    async def adopt(
+        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+    ) -> list[int]:
+        asked = list(seqs)
+        if not asked:
+            return []
+        return await self._write(key, lambda db, _: pq.adopt(db, key, asked, old_owner, new_owner))
+
+    async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
+        return await self._write(None, lambda db, m: pq.adopt_orphans(db, m, holder, limit))
+
+    async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+        parked = list(seqs)
+        if parked:
+            await self._write(key, lambda db, m: pq.park(db, m, key, parked, reason))
+
+    async def failed(self, limit: int = 100) -> list[FailedRecord]:
+        return await self._read(lambda db: pq.failed(db, limit))
+
+    async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
+        return await self._write(None, lambda db, _: pq.retry_failed(db, message_id, owner))
+
+    # -- process liveness ------------------------------------------------------------
+
+    async def heartbeat(self, holder: str, ttl: float) -> None:
+        retention = self._retained
+        await self._write(
+            None, lambda db, m: lv.heartbeat(db, m, holder, ttl, retention), upkeep=True
+        )
+
+    async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
+        asked = list(holders)
+        return await self._read(lambda db: lv.alive(db, asked)) if asked else {}
+
+    async def close(self) -> None:
+        """Close every connection of the pool. Idempotent; later calls raise ``StoreError``."""
+        if not self._closed:
+            self._closed = True
+            await self._pools.close()
+
+
+# -- persistent values: JSON text, encoded on the caller's side ---------------------------
+
+
+def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Fields as JSON text (see :func:`~chatlane.stores.codec.encode_value`)."""
+    return [(name, encode_value(key, name, value)) for name, value in fields.items()]
+
+
+def _frozen(batch: WriteBatch) -> WriteBatch:
+    """A copy of ``batch`` the caller can no longer change (its fields go apart, encoded)."""
+    return WriteBatch(
+        list(batch.transcript), {}, list(batch.answered), list(batch.done), batch.answer
+    )
+
+
+def _reason(error: BaseException) -> str:
+    """What went wrong, in the driver's or the system's words (never the URL's password)."""
+    return str(error) or type(error).__name__

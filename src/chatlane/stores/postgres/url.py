@@ -1,0 +1,127 @@
+"""``postgresql://`` URLs: what they may say, and the :class:`Location` they name.
+
+What stays true:
+
+* chatlane's own options (``schema``, ``pool_min``, ``pool_max``,
+  ``connect_timeout``) are taken out of the URL; the rest of it is handed to
+  the driver as written. A query option chatlane does not know and libpq's
+  connection options do not include is refused with a
+  :class:`~chatlane.errors.StoreError` naming it — a misspelt option never
+  silently falls back to a default (or becomes a server setting).
+* Passwords never appear in an error message or a log line (:func:`redact`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+
+from chatlane.errors import StoreError
+
+__all__ = ["DEFAULT_SCHEMA", "SCHEMES", "Location", "parse_url", "redact"]
+
+SCHEMES = ("postgresql", "postgres")
+DEFAULT_SCHEMA = "chatlane"
+"""The schema holding chatlane's tables unless the URL names another (``?schema=``)."""
+POOL_MIN, POOL_MAX = 1, 10
+"""Connections a store keeps open at least, and opens at most (``pool_min``, ``pool_max``)."""
+CONNECT_TIMEOUT = 5.0
+"""Seconds to open a connection, authentication included (``connect_timeout=`` wins)."""
+
+_OURS = ("schema", "pool_min", "pool_max", "connect_timeout")
+_DRIVERS = (
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslcrl",
+    "application_name",
+    "target_session_attrs",
+    "passfile",
+    "host",
+    "port",
+    "user",
+    "password",
+    "dbname",
+)
+"""libpq connection options the driver reads from the URL's query, passed on as written."""
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a PostgreSQL store lives: the driver's URL, the schema and the pool's bounds."""
+
+    dsn: str
+    schema: str = DEFAULT_SCHEMA
+    pool_min: int = POOL_MIN
+    pool_max: int = POOL_MAX
+    connect_timeout: float = CONNECT_TIMEOUT
+
+
+def parse_url(url: str) -> Location:
+    """Read ``postgresql://[user[:password]@]host[:port]/database[?options]``.
+
+    :raises StoreError: the URL is malformed, names an unknown option, or gives
+        an option a value it cannot have.
+    """
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        return _location(parts, pairs)
+    except ValueError as error:
+        raise StoreError(f"postgres store URL {redact(url)!r}: {error}") from None
+
+
+def _location(parts: SplitResult, pairs: list[tuple[str, str]]) -> Location:
+    if parts.scheme not in SCHEMES:
+        raise ValueError("the scheme must be postgresql or postgres")
+    ours = {name: value for name, value in pairs if name in _OURS}
+    unknown = [name for name, _ in pairs if name not in _OURS and name not in _DRIVERS]
+    if unknown:
+        known = ", ".join((*_OURS, *_DRIVERS))
+        raise ValueError(f"unknown option {unknown[0]!r} (known: {known})")
+    passed = urlencode([(name, value) for name, value in pairs if name not in _OURS])
+    dsn = urlunsplit(parts._replace(scheme="postgresql", query=passed))
+    pool_min = _count(ours, "pool_min", POOL_MIN, least=0)
+    pool_max = _count(ours, "pool_max", POOL_MAX, least=1)
+    if pool_min > pool_max:
+        raise ValueError(f"pool_min ({pool_min}) must not exceed pool_max ({pool_max})")
+    return Location(dsn, _schema(ours), pool_min, pool_max, _seconds(ours, "connect_timeout"))
+
+
+def _schema(options: dict[str, str]) -> str:
+    schema = options.get("schema", DEFAULT_SCHEMA)
+    if not _IDENTIFIER.fullmatch(schema) or schema.startswith("pg_"):
+        raise ValueError(
+            "schema must be a lower-case SQL name (letters, digits, _; at most 63; not "
+            f"starting with the reserved pg_), not {schema!r}"
+        )
+    return schema
+
+
+def _count(options: dict[str, str], name: str, default: int, *, least: int) -> int:
+    text = options.get(name, str(default))
+    if not text.isdigit() or int(text) < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, not {text!r}")
+    return int(text)
+
+
+def _seconds(options: dict[str, str], name: str) -> float:
+    text = options.get(name, str(CONNECT_TIMEOUT))
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:  # also NaN
+        raise ValueError(f"{name} must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, fit for messages and logs."""
+    masked = re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url, count=1)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", masked)

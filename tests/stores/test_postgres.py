@@ -1,0 +1,261 @@
+"""What only the PostgreSQL store promises: URLs, migrations, clear errors, the server's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from chatlane.errors import LeaseLost, StoreError
+from chatlane.stores import TranscriptEntry, WriteBatch, open_store
+from chatlane.stores.postgres import PostgresStore
+from chatlane.stores.postgres.schema import MIGRATIONS, migrate
+from chatlane.stores.postgres.url import Location, parse_url, redact
+from chatlane.testing_postgres import ENV, PASSWORD, USER, binaries, throwaway
+from chatlane.testing_redis import free_port
+from tests.keys import chat_key
+from tests.stores.conftest import forget_store, own_schema
+
+KEY = chat_key("c1")
+
+
+@pytest.fixture
+def url(postgres_url: str) -> str:
+    return own_schema(postgres_url, "unit")
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[PostgresStore]:
+    opened = await PostgresStore.open(url)
+    yield opened
+    await opened.close()
+    await forget_store(url)
+
+
+@pytest.fixture(scope="module")
+def scram_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A server that checks passwords: the tests' own cluster, or (when the tests were given a
+    server, which may trust everyone) a throwaway one."""
+    if not os.environ.get(ENV):
+        yield request.getfixturevalue("postgres_url")
+        return
+    if binaries() is None:
+        pytest.skip(f"${ENV} may trust every password, and no initdb/pg_ctl to start a server")
+    with throwaway() as started:
+        yield started
+
+
+class TestUrls:
+    def test_every_option_is_read_and_ours_are_taken_out(self) -> None:
+        location = parse_url(
+            "postgres://bot:s3cret@db.internal:6432/chat?schema=bot_eu&pool_min=0&pool_max=4"
+            "&connect_timeout=2.5&sslmode=require"
+        )
+        assert location == Location(
+            "postgresql://bot:s3cret@db.internal:6432/chat?sslmode=require", "bot_eu", 0, 4, 2.5
+        )
+
+    def test_defaults(self) -> None:
+        assert parse_url("postgresql://localhost/chat") == Location("postgresql://localhost/chat")
+
+    @pytest.mark.parametrize(
+        ("url", "complaint"),
+        [
+            ("mysql://localhost/chat", "the scheme must be postgresql or postgres"),
+            ("postgresql://localhost/chat?shema=x", "unknown option 'shema'"),
+            ("postgresql://localhost/chat?schema=Bot-EU", "schema must be a lower-case SQL name"),
+            ("postgresql://localhost/chat?schema=", "schema must be a lower-case SQL name"),
+            ("postgresql://localhost/chat?schema=pg_x", "not starting with the reserved pg_"),
+            (
+                "postgresql://localhost/chat?pool_max=0",
+                "pool_max must be a whole number of at least 1",
+            ),
+            ("postgresql://localhost/chat?pool_min=x", "pool_min must be a whole number"),
+            ("postgresql://localhost/chat?pool_min=5&pool_max=2", "must not exceed pool_max"),
+            (
+                "postgresql://localhost/chat?connect_timeout=nan",
+                "connect_timeout must be a positive",
+            ),
+            ("postgresql://localhost:port/chat", "Port could not be cast"),
+            ("postgresql://localhost/chat?schema", "bad query field"),
+        ],
+    )
+    def test_a_url_part_that_is_not_understood_is_named(self, url: str, complaint: str) -> None:
+        with pytest.raises(StoreError, match="postgres store URL") as raised:
+            parse_url(url)
+        assert complaint in str(raised.value)
+
+    async def test_open_store_names_the_bad_part(self) -> None:
+        with pytest.raises(StoreError, match="unknown option 'pool'"):
+            await open_store("postgres://u:hidden@localhost/chat?pool=3")
+
+    def test_passwords_are_masked(self) -> None:
+        assert redact("postgresql://u:s3cret@h/db") == "postgresql://u:***@h/db"
+        assert redact("postgresql://h/db?user=u&password=s3cret") == (
+            "postgresql://h/db?user=u&password=***"
+        )
+        with pytest.raises(StoreError) as raised:
+            parse_url("postgresql://u:s3cret@h/db?bad=1")
+        assert "s3cret" not in str(raised.value)
+
+    async def test_without_the_driver_the_error_says_what_to_install(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setitem(sys.modules, "asyncpg", None)
+        for name in [name for name in sys.modules if name.startswith("chatlane.stores.postgres")]:
+            monkeypatch.delitem(sys.modules, name)
+        with pytest.raises(StoreError, match=r"pip install 'chatlane\[postgres\]'"):
+            await open_store("postgresql://localhost/chat")
+
+
+class TestCannotOpen:
+    async def test_an_unreachable_server_is_a_store_error(self) -> None:
+        url = f"postgresql://u:s3cret@127.0.0.1:{free_port()}/chat?connect_timeout=2"
+        with pytest.raises(StoreError, match="cannot connect") as raised:
+            await open_store(url)
+        assert "s3cret" not in str(raised.value)
+        assert "u:***@127.0.0.1" in str(raised.value)
+
+    async def test_a_wrong_password_is_a_store_error(self, scram_url: str) -> None:
+        wrong = scram_url.replace(f":{PASSWORD}@", ":not-the-password@")
+        assert wrong != scram_url
+        with pytest.raises(StoreError, match="password authentication failed") as raised:
+            await open_store(wrong)
+        assert "not-the-password" not in str(raised.value)
+
+    async def test_the_right_password_opens_it(self, scram_url: str) -> None:
+        url = own_schema(scram_url, "scram")
+        store = await open_store(url)
+        await store.close()
+        await forget_store(url)
+        assert f"{USER}:{PASSWORD}@" in scram_url
+
+    async def test_a_missing_database_is_a_store_error(self, postgres_url: str) -> None:
+        base, _, _ = postgres_url.partition("?")
+        missing = base.rsplit("/", 1)[0] + "/no_such_database_here"
+        with pytest.raises(StoreError, match="no_such_database_here"):
+            await open_store(missing)
+
+    def test_chatlane_serve_says_why_and_shows_no_traceback(self, tmp_path: Path) -> None:
+        url = f"postgresql://bot:s3cret@127.0.0.1:{free_port()}/chat?connect_timeout=2"
+        result = subprocess.run(
+            [sys.executable, "-m", "chatlane.cli", "serve", "--store", url],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 1
+        assert "cannot connect" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert "s3cret" not in result.stderr
+
+
+class TestMigrations:
+    async def test_a_new_schema_gets_every_step(self, store: PostgresStore) -> None:
+        rows = await store._fetch("SELECT version FROM schema_version ORDER BY version")
+        assert [row[0] for row in rows] == list(range(1, len(MIGRATIONS) + 1))
+
+    async def test_processes_opening_a_new_schema_at_once_migrate_it_once(self, url: str) -> None:
+        stores = await asyncio.gather(*(PostgresStore.open(url) for _ in range(4)))
+        rows = await stores[0]._fetch("SELECT count(*) FROM schema_version")
+        for store in stores:
+            await store.close()
+        await forget_store(url)
+        assert rows[0][0] == len(MIGRATIONS)
+
+    async def test_a_newer_schema_is_refused_and_left_alone(
+        self, store: PostgresStore, url: str
+    ) -> None:
+        await store.set_persistent(KEY, None, model="m1")
+        newer = len(MIGRATIONS) + 1
+        await _execute(url, f"INSERT INTO schema_version (version) VALUES ({newer})")
+        with pytest.raises(StoreError, match=f"schema version {newer}, newer than this chatlane"):
+            await open_store(url)
+        assert await store.load_persistent(KEY) == {"model": "m1"}
+
+    async def test_a_failed_step_leaves_the_schema_as_it_was(self, store: PostgresStore) -> None:
+        broken = (*MIGRATIONS, ("CREATE TABLE extra (x int)", "SELECT no_such_function()"))
+        async with store._pools.turns.acquire() as db:
+            with pytest.raises(StoreError, match=f"migration {len(broken)} failed"):
+                await migrate(db, store.location.schema, broken)
+        tables = await store._fetch("SELECT 1 FROM pg_tables WHERE tablename = 'extra'")
+        assert tables == []
+        versions = await store._fetch("SELECT max(version) FROM schema_version")
+        assert versions[0][0] == len(MIGRATIONS)
+
+    async def test_schemas_do_not_see_each_other(self, store: PostgresStore, url: str) -> None:
+        await store.set_persistent(KEY, None, model="mine")
+        other_url = own_schema(url.partition("?")[0], "other")
+        other = await PostgresStore.open(other_url)
+        try:
+            assert await other.load_persistent(KEY) == {}
+        finally:
+            await other.close()
+            await forget_store(other_url)
+
+
+class TestServerClock:
+    async def test_a_lease_expires_by_the_servers_clock(self, store: PostgresStore) -> None:
+        before = (await store._fetch("SELECT extract(epoch FROM clock_timestamp())::float8"))[0][0]
+        lease = await store.acquire(KEY, "p1", 30)
+        after = (await store._fetch("SELECT extract(epoch FROM clock_timestamp())::float8"))[0][0]
+        assert before + 30 <= lease.expires_at <= after + 30
+
+
+class TestBadInput:
+    @pytest.mark.parametrize("content", ["nul \x00 inside", "lone \ud800 surrogate"])
+    async def test_text_the_server_cannot_keep_is_refused_whole(
+        self, store: PostgresStore, content: str
+    ) -> None:
+        lease = await store.acquire(KEY, "p1", 5)
+        entries = [TranscriptEntry("user", "fine", 1), TranscriptEntry("user", content, 1)]
+        with pytest.raises(StoreError):
+            await store.commit(
+                KEY, lease.generation, WriteBatch(transcript=entries, answered=["m1"])
+            )
+        assert await store.transcript(KEY) == []
+        assert not await store.is_answered("m1")
+
+    async def test_a_closed_store_refuses_work_and_a_renewal_is_lease_lost(
+        self, store: PostgresStore
+    ) -> None:
+        lease = await store.acquire(KEY, "p1", 5)
+        await store.close()
+        with pytest.raises(StoreError, match="is closed"):
+            await store.generation(KEY)
+        with pytest.raises(LeaseLost, match="could not be renewed"):
+            await store.renew(lease, 5)
+
+
+class TestUpkeep:
+    async def test_a_heartbeat_does_not_wait_for_busy_turn_connections(self, url: str) -> None:
+        store = await PostgresStore.open(f"{url}&pool_max=1")
+        try:
+            async with store._pools.turns.acquire():  # every turn connection is taken
+                started = time.monotonic()
+                async with asyncio.timeout(5):
+                    await store.heartbeat("p1", 5)
+                    assert await store.alive(["p1"]) == {"p1": True}
+                    assert await store.generations([KEY]) == [0]
+                assert time.monotonic() - started < 5
+        finally:
+            await store.close()
+            await forget_store(url)
+
+
+async def _execute(url: str, statement: str) -> None:
+    location = parse_url(url)
+    connection = await asyncpg.connect(location.dsn)
+    try:
+        await connection.execute(f'SET search_path = "{location.schema}"')
+        await connection.execute(statement)
+    finally:
+        await connection.close()
