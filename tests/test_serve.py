@@ -18,6 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from chatlane.config import Config, StoreConfig
+from chatlane.serve import announce
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -397,3 +400,20 @@ def test_an_adapter_that_cannot_start_stops_the_start_cleanly(
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert "1:x" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hunter2-secret@redis.internal:6379/0",
+        "postgresql://bot:hunter2-secret@db.internal/chatlane",
+        "redis+sentinel://h1,h2/main?sentinel_password=hunter2-secret",
+    ],
+)
+def test_the_start_banner_never_shows_the_stores_password(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    announce(Config(store=StoreConfig(url=url)))
+    printed = capsys.readouterr().out
+    assert "hunter2-secret" not in printed
+    assert "store:" in printed

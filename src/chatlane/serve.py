@@ -25,6 +25,7 @@ from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
 from chatlane.hub import Hub, build_app, open_hub
+from chatlane.redaction import redact_urls
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
 from chatlane.secrets import Secrets, resolve_secrets
@@ -235,11 +236,11 @@ class AnnouncingServer(uvicorn.Server):
 
 
 def announce(config: Config) -> None:
-    """Print where the gateway can be reached."""
+    """Print where the gateway can be reached (the store's URL without its credentials)."""
     base = f"http://{config.server.host}:{config.server.port}"
     print(
         f"chatlane is ready\n  web chat: {base}/\n  API:      {base}/v1  "
         f"(OpenAI-compatible)\n  metrics:  {base}/metrics   health: {base}/health\n"
-        f"  store:    {config.store.url}   agent: {config.agent.name}",
+        f"  store:    {redact_urls(config.store.url)}   agent: {config.agent.name}",
         flush=True,
     )
