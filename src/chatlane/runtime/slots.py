@@ -152,9 +152,17 @@ class Slots:
             self._collecting.discard(state.key)
 
     def supersede(
-        self, turn: Turn, ended_by: TurnEnd, detail: str = "", *, fenced_in_store: bool = False
+        self,
+        turn: Turn,
+        ended_by: TurnEnd,
+        detail: str = "",
+        *,
+        fenced_in_store: bool = False,
+        grace: float | None = None,
     ) -> None:
         """Make ``turn`` stale, ask it to stop, and cancel it after the grace period.
+
+        ``grace`` shortens ``interrupt_grace`` (a lease about to expire leaves no more).
 
         The store's generation is bumped too, unless it already moved on
         (``fenced_in_store``, or a lost lease).
@@ -177,7 +185,8 @@ class Slots:
         )
         task = turn.task
         if task is not None and not task.done():
-            self._call_later(self._settings.interrupt_grace, _cancel, task)
+            wait = self._settings.interrupt_grace
+            self._call_later(wait if grace is None else min(grace, wait), _cancel, task)
 
     def close(self) -> list[Turn]:
         """Promote nothing from now on, cancel timers, supersede every live turn; return them."""

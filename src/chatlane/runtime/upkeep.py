@@ -10,10 +10,11 @@ What stays true:
   turn is superseded (as interrupted when another process fenced it to
   interrupt it). When the store cannot be reached the turns keep running
   until their leases are about to expire on this host's clock: a turn whose
-  lease has less than :func:`expiry_margin` left is superseded and cancelled
-  at once, whether or not a renewal is still waiting for the store (a host
-  cut off from it never answers), so it has stopped before the store lets
-  another process take the session. A lease released while its renewal was
+  lease has less than :func:`expiry_margin` left is superseded, and cancelled
+  just before the lease expires here if it has not ended by then, whether or not a
+  renewal is still waiting for the store (a host cut off from it never
+  answers), so it has stopped before the store lets another process take the
+  session. A lease released while its renewal was
   under way (the turn committed and ended) is not a loss, and is not logged
   as one.
 * Every ``fence_check`` seconds each running turn's generation is compared
@@ -180,9 +181,10 @@ class Upkeep:
         margin = expiry_margin(self._leases.settings)
         expiring = [turn for turn in self._leased() if expires_within(turn.lease, margin)]
         for turn in expiring:
-            await self.lease_lost(turn, "its lease is about to expire unrenewed", fenced=False)
-            if turn.ended_by is TurnEnd.LEASE_LOST and turn.task is not None:
-                turn.task.cancel()  # no grace: the store may hand the session on at expiry
+            left = 0.0 if turn.lease is None else turn.lease.expires_at - time.time()
+            why = "its lease is about to expire unrenewed"
+            grace = max(left - margin / 2, 0.0)  # cancelled a little before the lease expires
+            await self.lease_lost(turn, why, fenced=False, grace=grace)
         return len(expiring)
 
     async def _unreachable(self, held: list[Turn], error: BaseException) -> None:
@@ -207,8 +209,12 @@ class Upkeep:
             if gone and turn.is_current():
                 await self.lease_lost(turn, "fenced by another process", fenced=True)
 
-    async def lease_lost(self, turn: Turn, why: str, *, fenced: bool) -> None:
+    async def lease_lost(
+        self, turn: Turn, why: str, *, fenced: bool, grace: float | None = None
+    ) -> None:
         """``turn``'s lease is gone (``why`` is for the log): supersede it.
+
+        ``grace``: at most this long to wind down before it is cancelled.
 
         When the store said so (``fenced``), another process may have fenced
         it to interrupt it, and the store is asked; then the turn ends as
@@ -229,7 +235,7 @@ class Upkeep:
             return
         log.warning("lease lost: %s", why, extra=turn_fields(turn.session_key, turn.generation))
         self._metrics.lease_failure()
-        self._slots.supersede(turn, TurnEnd.LEASE_LOST, why)
+        self._slots.supersede(turn, TurnEnd.LEASE_LOST, why, grace=grace)
 
     async def settle_watched(self) -> int:
         """End what the store says became of messages that left for another process."""
