@@ -7,12 +7,14 @@ The contract suite runs over this transport too (backend ``redis-py`` in
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 
 import pytest
 import redis.asyncio as aioredis
 
 from chatlane.errors import ConfigError, StoreError
+from chatlane.stores import open_store
 from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_transport import RedisPyTransport, as_resp2
 from chatlane.stores.resp import ServerNotReady
@@ -90,3 +92,16 @@ async def test_a_redis_cluster_node_is_refused_at_open_saying_why(transport: str
         with pytest.raises(StoreError, match="Redis Cluster node"):
             await opening
         await users.aclose()
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis+sentinel://127.0.0.1:1/main"])
+async def test_without_hiredis_the_error_says_what_to_install(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "hiredis", None)
+    for name in [
+        n for n in sys.modules if n.startswith(("chatlane.stores.redis", "chatlane.stores.resp"))
+    ]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(StoreError, match=r"pip install 'chatlane\[redis\]'"):
+        await open_store(url)

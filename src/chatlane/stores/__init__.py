@@ -61,8 +61,12 @@ async def open_store(url: str) -> Store:
                 "pip install 'chatlane[postgres]'"
             ) from None
         return await PostgresStore.open(url)
-    from chatlane.stores.redis import RedisStore
-
+    try:
+        from chatlane.stores.redis import RedisStore
+    except ImportError as error:
+        raise StoreError(
+            f"the Redis store needs the redis extra ({error}): pip install 'chatlane[redis]'"
+        ) from None
     return await RedisStore.open(url)
 
 
