@@ -19,7 +19,7 @@ from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
-from chatlane.stores import Lease, MemoryStore
+from chatlane.stores import Admission, Lease, MemoryStore, Taken
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 from tests.adapters.test_api import eventually
@@ -185,6 +185,29 @@ class RenewalsAnswerLate(MemoryStore):
         lease = await super().acquire(key, holder, 60.0, **options)
         self.released[key] = asyncio.Event()
         return lease
+
+    async def enqueue_and_acquire(
+        self,
+        key: SessionKey,
+        message_id: str,
+        owner: str,
+        payload: bytes,
+        ttl: float,
+        **options: Any,
+    ) -> Admission:
+        """Leases long enough to outlast their late renewals: no lease is about to expire."""
+        admission = await super().enqueue_and_acquire(
+            key, message_id, owner, payload, 60.0, **options
+        )
+        self.released[key] = asyncio.Event()
+        return admission
+
+    async def acquire_and_read(
+        self, key: SessionKey, holder: str, ttl: float, **options: Any
+    ) -> Taken:
+        taken = await super().acquire_and_read(key, holder, 60.0, **options)
+        self.released[key] = asyncio.Event()
+        return taken
 
     async def release(self, lease: Lease) -> None:
         await super().release(lease)

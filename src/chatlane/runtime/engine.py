@@ -355,6 +355,7 @@ class TurnEngine:
             await self.output.failure(turn, error)  # the agent's own error, even a CancelledError
             turn.end(TurnEnd.FAILED)
         finally:
+            turn.mark_settling()  # no cancellation from here: the messages must be settled
             try:
                 if self.aftermath.has_work(turn):
                     await self.aftermath.settle(turn)

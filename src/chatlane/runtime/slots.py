@@ -19,7 +19,8 @@ instead of callables into the engine. What stays true:
 * A superseded turn is stale from that moment: the session's generation is
   bumped here, and in the store unless the store already moved on; its
   approval requests are denied at once; its task is cancelled after
-  ``interrupt_grace`` unless it ended by then.
+  ``interrupt_grace`` unless its agent ended by then (the settling of its
+  messages that follows is never cancelled).
 * Timers set before :meth:`Slots.close` are cancelled by it; a background
   task's failure is logged, never left unretrieved.
 """
@@ -186,7 +187,7 @@ class Slots:
         task = turn.task
         if task is not None and not task.done():
             wait = self._settings.interrupt_grace
-            self._call_later(wait if grace is None else min(grace, wait), _cancel, task)
+            self._call_later(wait if grace is None else min(grace, wait), _cancel, turn)
 
     def close(self) -> list[Turn]:
         """Promote nothing from now on, cancel timers, supersede every live turn; return them."""
@@ -284,8 +285,10 @@ class Slots:
             await self._turn_ended.wait()
 
 
-def _cancel(task: asyncio.Task[None]) -> None:
-    if not task.done():
+def _cancel(turn: Turn) -> None:
+    """Cancel ``turn``'s agent, unless it is done: its settling must run to its end."""
+    task = turn.task
+    if task is not None and not task.done() and not turn.settling:
         task.cancel()
 
 

@@ -91,6 +91,8 @@ class TurnRecord(msgspec.Struct):
     ended_by: TurnEnd | None = None
     """Why the turn ended early, once recorded (:meth:`Turn.end`)."""
     answered: bool = False
+    settling: bool = False
+    """The agent is done: the engine settles the turn's messages, which nothing may cancel."""
     finished: bool = False
     """The engine is done with the turn: whatever still runs for it can ask nothing."""
     task: asyncio.Task[None] | None = None
@@ -237,6 +239,15 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     def mark_answered(self) -> None:
         """The turn's answer was committed (engine side)."""
         self._record.answered = True
+
+    @property
+    def settling(self) -> bool:
+        """Whether the agent is done and the engine settles the turn (it may not be cancelled)."""
+        return self._record.settling
+
+    def mark_settling(self) -> None:
+        """The agent is done; from here the turn task settles its messages (engine side)."""
+        self._record.settling = True
 
     def mark_finished(self) -> None:
         """The engine is done with the turn (engine side)."""
