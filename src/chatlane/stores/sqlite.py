@@ -1,16 +1,19 @@
 """The SQLite store: the embedded default, safe for several processes sharing one file.
 
 Every call becomes an operation — a function of the connection — run by the
-store's writer thread (:mod:`chatlane.stores.sqlite_writer`: group commit, no
-``sqlite3`` call on the event loop). The operations below (and the durable
-queue's, in :mod:`chatlane.stores.sqlite_queue`) keep the store's contract
-inside SQLite's transactions; a turn's fused calls are one operation each.
+store's writer thread with group commit, or, for a turn's small writes
+(:meth:`SQLiteStore._quick`), by the event loop itself while that thread
+idles and the write lock is free (:mod:`chatlane.stores.sqlite_writer`).
+The operations below (and the durable queue's, in
+:mod:`chatlane.stores.sqlite_queue`) keep the store's contract inside
+SQLite's transactions; a turn's fused calls are one operation each.
 
 What stays true:
 
 * A batch that may write runs in ``BEGIN IMMEDIATE``: it holds the file's
   write lock from its first read, so each check-and-set is atomic across
-  processes (others wait up to the busy timeout). A batch of reads only runs
+  processes (others wait up to the busy timeout; a batch the event loop runs
+  waits for nothing: it goes to the writer thread). A batch of reads only runs
   in a deferred ``BEGIN`` and never blocks another process's writer.
 * Every check an operation makes (generation, lease, answered ids) runs
   before its first write, in the transaction that writes.
@@ -546,6 +549,13 @@ class SQLiteStore(Store):
             return self._writer.submit(op, True)
         return self._submit(op, writes=True)
 
+    def _quick(self, op: Operation[T]) -> asyncio.Future[T]:
+        """A small, bounded write of a turn's: the event loop may run it itself (see
+        :mod:`chatlane.stores.sqlite_writer`)."""
+        if self._closing is None and self._writer.damage is None:
+            return self._writer.submit(op, True, quick=True)
+        return self._submit(op, writes=True)
+
     def _read(self, op: Operation[T]) -> asyncio.Future[T]:
         if self._closing is None and self._writer.damage is None:
             return self._writer.submit(op, False)
@@ -575,12 +585,12 @@ class SQLiteStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Lease:
-        return await self._write(
+        return await self._quick(
             lambda db: _acquire(db, self._clock, key, holder, ttl, head_seq, max_active)
         )
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
-        return await self._write(lambda db: _renew(db, self._clock, lease, ttl))
+        return await self._quick(lambda db: _renew(db, self._clock, lease, ttl))
 
     async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
         held = list(leases)
@@ -589,10 +599,10 @@ class SQLiteStore(Store):
         return await self._write(lambda db: _renew_many(db, self._clock, held, ttl))
 
     async def release(self, lease: Lease) -> None:
-        await self._write(lambda db: _release(db, lease))
+        await self._quick(lambda db: _release(db, lease))
 
     async def bump_generation(self, key: SessionKey) -> int:
-        return await self._write(lambda db: _bump(db, key))
+        return await self._quick(lambda db: _bump(db, key))
 
     async def generation(self, key: SessionKey) -> int:
         return await self._read(lambda db: _generation(db, key))
@@ -610,7 +620,7 @@ class SQLiteStore(Store):
         fields = _encode(key, batch.persistent)
         frozen = _frozen(batch)
         retention = self.answered_retention
-        await self._write(
+        await self._quick(
             lambda db: _commit(db, self._clock, key, generation, frozen, fields, retention)
         )
 
@@ -647,7 +657,7 @@ class SQLiteStore(Store):
         with_persistent: bool = True,
     ) -> Admission:
         message = (message_id, owner, payload)
-        return await self._write(
+        return await self._quick(
             lambda db: _enqueue_and_acquire(
                 db, self._clock, key, message, ttl, max_active, with_persistent
             )
@@ -666,13 +676,13 @@ class SQLiteStore(Store):
             lease = _acquire(db, self._clock, key, holder, ttl, head_seq, max_active)
             return Taken(lease, _load_persistent(db, key))
 
-        return await self._write(op)
+        return await self._quick(op)
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
         fields = _encode(lease.key, batch.persistent)
         frozen = _frozen(batch)
         retention = self.answered_retention
-        return await self._write(
+        return await self._quick(
             lambda db: _commit_and_release(db, self._clock, lease, frozen, fields, retention)
         )
 
@@ -693,7 +703,7 @@ class SQLiteStore(Store):
     # -- the durable pending queue -------------------------------------------------
 
     async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
-        return await self._write(
+        return await self._quick(
             lambda db: pq.enqueue(db, self._clock, key, message_id, owner, payload)
         )
 
@@ -705,7 +715,7 @@ class SQLiteStore(Store):
 
     async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
         dropped = list(seqs)
-        await self._write(lambda db: pq.drop(db, key, dropped))
+        await self._quick(lambda db: pq.drop(db, key, dropped))
 
     async def adopt(
         self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str

@@ -37,7 +37,7 @@ from chatlane.stores.sqlite_file import (
     is_damage,
 )
 
-__all__ = ["MIGRATIONS", "Location", "connect", "migrate", "parse_url"]
+__all__ = ["MIGRATIONS", "Location", "connect", "is_busy", "migrate", "parse_url"]
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 
@@ -239,7 +239,11 @@ def _build(temporary: Path, location: Location) -> None:
 def _open_file(location: Location) -> sqlite3.Connection:
     timeout = location.busy_timeout_ms / 1000
     try:
-        return sqlite3.connect(location.path, timeout=timeout, isolation_level=None)
+        # Used by one thread at a time, not always the one that opened it (the
+        # writer's lock sees to that): see chatlane.stores.sqlite_writer.
+        return sqlite3.connect(
+            location.path, timeout=timeout, isolation_level=None, check_same_thread=False
+        )
     except sqlite3.Error as error:
         raise _cannot_open(location.path, error) from error
 
@@ -257,12 +261,13 @@ def _while_busy(location: Location, action: Callable[[], object]) -> None:
             action()
             return
         except sqlite3.OperationalError as error:
-            if not _is_busy(error) or time.monotonic() >= deadline:
+            if not is_busy(error) or time.monotonic() >= deadline:
                 raise
         time.sleep(0.01)
 
 
-def _is_busy(error: sqlite3.OperationalError) -> bool:
+def is_busy(error: sqlite3.OperationalError) -> bool:
+    """Whether ``error`` is SQLite saying another connection holds the lock it needs."""
     code: int = getattr(error, "sqlite_errorcode", 0)
     return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 

@@ -2,10 +2,25 @@
 
 What stays true:
 
-* No ``sqlite3`` call runs on an event loop's thread. One writer thread per
-  store owns the only connection; every call becomes an operation (a function
-  of that connection) on the thread's queue, and its result comes back through
-  an :class:`asyncio.Future` completed with ``loop.call_soon_threadsafe``.
+* One connection per store, used by one thread at a time (under a lock). Every
+  call becomes an operation (a function of that connection). The writer
+  thread runs them from its queue, and a result comes back through an
+  :class:`asyncio.Future` completed with ``loop.call_soon_threadsafe``.
+* A *quick* call (a turn's small, bounded write) from the loop that opened the
+  store is run on that loop's own thread instead, at the end of the loop's
+  current pass, together with the other quick calls made in that pass — but
+  only while the writer thread has nothing of that loop's queued or running
+  (so calls still run in the order they were made), only if SQLite's write
+  lock is free at once (``busy_timeout`` 0 there: another process's
+  transaction never blocks the loop; the batch goes to the thread instead),
+  and not for :data:`PAUSE_AFTER_SLOW` seconds after a batch that took more
+  than :data:`SLOW_BATCH` there. Everything else (reads, scans, purges) runs
+  on the writer thread.
+* The loop never waits for the disk: commits in WAL mode with
+  ``synchronous=NORMAL`` write to the page cache, and the only syncs —
+  checkpoints, every :data:`CHECKPOINT_EVERY` transactions, and the first
+  write after one, which starts the WAL again — run on the writer thread
+  (SQLite's own automatic checkpoint is off).
 * Group commit: the thread takes every operation already waiting (up to
   :data:`MAX_BATCH`) and runs them in one transaction. An operation that
   raises (``StaleGeneration``, ``SessionBusy``, …) undoes only its own writes
@@ -36,15 +51,24 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from chatlane.errors import StoreDamaged, StoreError
 from chatlane.stores.sqlite_file import damaged, is_damage
-from chatlane.stores.sqlite_schema import Location, connect
+from chatlane.stores.sqlite_schema import Location, connect, is_busy
 
-__all__ = ["MAX_BATCH", "Operation", "Writer", "WriterStats"]
+__all__ = [
+    "CHECKPOINT_EVERY",
+    "MAX_BATCH",
+    "PAUSE_AFTER_SLOW",
+    "SLOW_BATCH",
+    "Operation",
+    "Writer",
+    "WriterStats",
+]
 
 log = logging.getLogger("chatlane.stores.sqlite")
 
@@ -53,6 +77,15 @@ Operation = Callable[[sqlite3.Connection], T]
 
 MAX_BATCH = 512
 """Most operations committed in one transaction (bounds how long one batch holds the lock)."""
+
+CHECKPOINT_EVERY = 100
+"""Transactions between two checkpoints of the WAL into the main file (on the writer thread)."""
+
+SLOW_BATCH = 0.02
+"""Seconds a batch run on the event loop's thread may take before the loop stops running them."""
+
+PAUSE_AFTER_SLOW = 1.0
+"""Seconds every call goes to the writer thread after a slow batch on the loop's thread."""
 
 
 @dataclass(slots=True)
@@ -63,6 +96,11 @@ class WriterStats:
     operations: int = 0
     reruns: int = 0
     """Batches rolled back and run again, one savepoint per operation, because one raised."""
+    on_loop: int = 0
+    """Of :attr:`transactions`, those run on the event loop's thread (quick calls)."""
+    handed_over: int = 0
+    """Quick batches the loop gave the writer thread: busy, a slow batch before, a checkpoint."""
+    checkpoints: int = 0
 
 
 _Call = tuple[Operation[Any], bool, asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
@@ -72,7 +110,11 @@ _Outcome = tuple[_Call, Any, BaseException | None]
 
 
 class Writer:
-    """The thread that owns a store's connection and runs its queued operations."""
+    """The thread that owns a store's connection and runs its queued operations.
+
+    Quick calls from the loop that started it may run on that loop's thread
+    while this thread idles (see the module's docstring).
+    """
 
     def __init__(self, location: Location) -> None:
         self.location = location
@@ -82,44 +124,158 @@ class Writer:
         self._stopped: _Call | None = None
         self._thread: threading.Thread | None = None
         self.damage: StoreDamaged | None = None
-        """The first damage found while running (set once, by the writer thread)."""
+        """The first damage found while running (set once, by whichever thread found it)."""
+        self._connection: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        """Held by whichever thread runs a transaction on the connection."""
+        self._owner: asyncio.AbstractEventLoop | None = None
+        """The loop that started the writer: the only one whose quick calls run on its thread."""
+        self._here: list[_Call] = []
+        """The owner loop's quick calls made in its current pass, run together at its end."""
+        self._sent = 0
+        """The owner loop's calls put on the queue (counted by that loop)."""
+        self._done = 0
+        """Of those, the ones the writer thread finished (counted by the thread)."""
+        self._thread_only_until = 0.0
+        self._checkpoint_due = False
+        self._checkpointed_at = 0
+        self._waits = True
+        """Whether the connection's busy timeout is the location's (else 0), as last set."""
 
     def start(self) -> asyncio.Future[None]:
         """Start the thread; the future completes once the file is open and migrated."""
         ready = _signal()
+        self._owner = ready[2]
         name = f"chatlane-sqlite:{self.location.path}"
         self._thread = threading.Thread(target=self._main, args=(ready,), name=name, daemon=True)
         self._thread.start()
         return ready[3]
 
-    def submit(self, op: Operation[T], writes: bool) -> asyncio.Future[T]:
-        """Queue ``op``; never blocks the event loop."""
+    def submit(self, op: Operation[T], writes: bool, quick: bool = False) -> asyncio.Future[T]:
+        """Queue ``op``; never blocks the event loop.
+
+        :param quick: a small, bounded write: the loop may run it on its own
+            thread (with the others of its pass) while the writer thread idles.
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put((op, writes, loop, future))
+        call = (op, writes, loop, future)
+        if quick and loop is self._owner:
+            self._here.append(call)
+            if len(self._here) == 1:
+                loop.call_soon(self._flush)
+        else:
+            if self._here and loop is self._owner:
+                self._hand_over(self._here)  # earlier quick calls keep their place
+            self._hand_over([call])
         return future
 
     def stop(self) -> asyncio.Future[None]:
         """Let the thread finish every queued operation, then close the connection."""
         self._stopped = _signal()
+        self._hand_over(self._here)
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
         else:
             _deliver([(self._stopped, None, None)])
         return self._stopped[3]
 
+    def _hand_over(self, calls: list[_Call]) -> None:
+        """Put ``calls`` on the thread's queue, in order (emptying :attr:`_here` if it is that)."""
+        for call in calls:
+            if call[2] is self._owner:
+                self._sent += 1
+            self._queue.put(call)
+        if calls is self._here:
+            self._here = []
+
+    # -- on the owner loop's thread -------------------------------------------
+
+    def _flush(self) -> None:
+        """Run the quick calls of the pass that ended, here if the thread idles, else there."""
+        calls = [call for call in self._here if not call[3].cancelled()]
+        self._here = []
+        if not calls:
+            return
+        if self._may_run_here() and self._lock.acquire(blocking=False):
+            try:
+                outcomes = self._run_here(calls)
+            finally:
+                self._lock.release()
+            if outcomes is not None:
+                _settle(outcomes)
+                self._wake_for_checkpoint()
+                return
+        self.stats.handed_over += 1
+        self._hand_over(calls)
+
+    def _may_run_here(self) -> bool:
+        return (
+            self._sent == self._done
+            and self._connection is not None
+            and self._stopped is None
+            and self.damage is None
+            and not self._checkpoint_due
+            and time.monotonic() >= self._thread_only_until
+        )
+
+    def _run_here(self, calls: list[_Call]) -> list[_Outcome] | None:
+        """Run ``calls`` in one transaction on this thread; None if the write lock was taken."""
+        connection = self._connection
+        assert connection is not None
+        started = time.perf_counter()
+        try:
+            self._wait_when_busy(connection, False)
+            outcomes = self._transaction(connection, calls)
+        except sqlite3.OperationalError as error:
+            _rollback(connection)
+            if is_busy(error):  # another process writes: the thread waits for it instead
+                return None
+            outcomes = [(call, None, self._store_error(error)) for call in calls]
+        except Exception as error:  # the whole batch failed: every caller gets the error
+            _rollback(connection)
+            outcomes = [(call, None, self._store_error(error)) for call in calls]
+        self.stats.on_loop += 1
+        took = time.perf_counter() - started
+        if took > SLOW_BATCH:
+            self._thread_only_until = time.monotonic() + PAUSE_AFTER_SLOW
+            log.info(
+                "a store batch took %.1f ms on the event loop: the writer thread runs "
+                "every call for the next %.0f s",
+                took * 1000,
+                PAUSE_AFTER_SLOW,
+            )
+        return outcomes
+
+    def _wake_for_checkpoint(self) -> None:
+        """Have the thread checkpoint, when one is due, by giving it an empty call."""
+        if self._checkpoint_due and self._sent == self._done:
+            self._hand_over([_signal()])
+
+    # -- on the writer thread ---------------------------------------------------
+
     def _main(self, ready: _Call) -> None:
         try:
             connection = connect(self.location)
+            connection.execute("PRAGMA wal_autocheckpoint = 0")  # ours run on this thread
         except Exception as error:  # handed to the awaiting open()
             _deliver([(ready, None, error)])
             return
+        self._connection = connection
         _deliver([(ready, None, None)])
         try:
             while (batch := self._next_batch()) is not None:
-                self._run(connection, batch)
+                with self._lock:
+                    outcomes = self._run(connection, batch)
+                    self._done += sum(1 for call in batch if call[2] is self._owner)
+                _deliver(outcomes)  # after the count: the loop may run the next call itself
+                if self._checkpoint_due:
+                    with self._lock:
+                        self._checkpoint(connection)
         finally:
-            connection.close()
+            with self._lock:
+                self._connection = None
+                connection.close()
             self._fail_queued()
 
     def _next_batch(self) -> list[_Call] | None:
@@ -136,16 +292,48 @@ class Writer:
         self._stopping = True
         return batch or None
 
-    def _run(self, connection: sqlite3.Connection, batch: list[_Call]) -> None:
+    def _run(self, connection: sqlite3.Connection, batch: list[_Call]) -> list[_Outcome]:
         calls = [call for call in batch if not call[3].cancelled()]
         if not calls:
-            return
+            return []
         try:
-            outcomes = self._transaction(connection, calls)
+            self._wait_when_busy(connection, True)
+            return self._transaction(connection, calls)
         except Exception as error:  # the whole batch failed: every caller gets the error
             _rollback(connection)
-            outcomes = [(call, None, self._store_error(error)) for call in calls]
-        _deliver(outcomes)
+            return [(call, None, self._store_error(error)) for call in calls]
+
+    def _checkpoint(self, connection: sqlite3.Connection) -> None:
+        """Copy the WAL into the main file, then start the WAL again with a write of our own.
+
+        Both sync the disk (the only syncs with ``synchronous=NORMAL``); doing
+        the first write after a full checkpoint here keeps that sync off the loop.
+        """
+        self._checkpoint_due = False
+        try:
+            self._wait_when_busy(connection, True)
+            busy, logged, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if not busy and logged == copied:
+                connection.execute("BEGIN IMMEDIATE")
+                connection.execute(_RESTART_WAL)
+                connection.execute("COMMIT")
+        except sqlite3.Error as error:  # tried again after the next transactions
+            _rollback(connection)
+            log.warning("checkpoint of %s failed: %s", self.location.path, error)
+            return
+        self.stats.checkpoints += 1
+
+    # -- on either thread, holding the lock ----------------------------------------
+
+    def _wait_when_busy(self, connection: sqlite3.Connection, wait: bool) -> None:
+        """Have SQLite wait out another connection's lock (the thread) or not (the loop).
+
+        Set only when it changes: a run of batches on one side pays nothing.
+        """
+        if wait != self._waits:
+            timeout = self.location.busy_timeout_ms if wait else 0
+            connection.execute(f"PRAGMA busy_timeout = {timeout:d}")
+            self._waits = wait
 
     def _transaction(self, connection: sqlite3.Connection, calls: list[_Call]) -> list[_Outcome]:
         begin = "BEGIN IMMEDIATE" if any(c[1] for c in calls) else "BEGIN"
@@ -156,8 +344,12 @@ class Writer:
             outcomes = [self._run_one(connection, call) for call in calls]
         if connection.in_transaction:  # not after a lone operation's failure
             connection.execute("COMMIT")
-        self.stats.transactions += 1
-        self.stats.operations += len(calls)
+        stats = self.stats
+        stats.transactions += 1
+        stats.operations += len(calls)
+        if stats.transactions - self._checkpointed_at >= CHECKPOINT_EVERY:
+            self._checkpointed_at = stats.transactions
+            self._checkpoint_due = True
         return outcomes
 
     def _run_plain(
@@ -221,6 +413,10 @@ class Writer:
         if self._stopped is not None:
             leftovers.append((self._stopped, None, None))
         _deliver(leftovers)
+
+
+_RESTART_WAL = "UPDATE meta SET value = value WHERE name = 'store'"
+"""A write that changes nothing but starts the WAL again after a full checkpoint."""
 
 
 def _signal() -> _Call:

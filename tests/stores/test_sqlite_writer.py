@@ -1,0 +1,197 @@
+"""A turn's small writes run on the event loop while the writer thread idles — never at the
+cost of order, of another process's lock, or of a stalled loop."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+import time
+import types
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chatlane.stores import WriteBatch, sqlite_writer
+from chatlane.stores.sqlite import SQLiteStore
+from tests.keys import chat_key
+from tests.stores.test_sqlite import write_lock, writer_held
+
+KEY = chat_key("c1")
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "chatlane.db"
+
+
+@pytest.fixture
+async def store(path: Path) -> AsyncIterator[SQLiteStore]:
+    opened = await SQLiteStore.open(f"sqlite:///{path}")
+    yield opened
+    await opened.close()
+
+
+def thread_of(_: sqlite3.Connection) -> int:
+    return threading.get_ident()
+
+
+async def turn(store: SQLiteStore, n: int) -> None:
+    admission = await store.enqueue_and_acquire(KEY, f"m{n}", "p1", b"hello", 5)
+    assert admission.lease is not None
+    await store.commit_and_release(admission.lease, WriteBatch(done=[admission.seq]))
+
+
+async def test_a_turn_runs_on_the_loop_while_the_writer_idles(store: SQLiteStore) -> None:
+    before = store.stats.on_loop
+    for n in range(10):
+        await turn(store, n)
+    assert store.stats.on_loop - before == 20
+    assert store.stats.handed_over == 0
+    assert await store._quick(thread_of) == threading.get_ident()
+    assert await store._write(thread_of) != threading.get_ident()
+    assert await store.pending(KEY) == []
+
+
+async def test_quick_calls_of_one_pass_share_a_transaction(store: SQLiteStore) -> None:
+    before = store.stats.transactions
+    keys = [chat_key(f"k{i}") for i in range(30)]
+    leases = await asyncio.gather(*(store.acquire(key, "p1", 5) for key in keys))
+    assert store.stats.transactions - before == 1
+    assert [lease.generation for lease in leases] == [1] * 30
+
+
+async def test_a_quick_call_waits_behind_a_call_the_thread_has(store: SQLiteStore) -> None:
+    order: list[str] = []
+
+    def step(name: str) -> sqlite_writer.Operation[None]:
+        return lambda _: order.append(name)
+
+    first = store._write(step("thread"))  # the thread has it: the quick one waits its turn
+    second = store._quick(step("quick"))
+    await asyncio.gather(first, second)
+    third = store._quick(step("quick first"))  # a call after a quick one keeps their order
+    fourth = store._write(step("thread after"))
+    await asyncio.gather(third, fourth)
+    assert order == ["thread", "quick", "quick first", "thread after"]
+
+    async with writer_held(store) as queued:
+        held_up = [asyncio.ensure_future(store._quick(step(f"held {i}"))) for i in range(3)]
+        await queued(3)
+    await asyncio.gather(*held_up)
+    assert order[4:] == ["held 0", "held 1", "held 2"]
+
+
+class GatedQueue(queue.SimpleQueue[Any]):
+    """A queue the writer thread cannot take from until :attr:`gate` opens."""
+
+    gate = threading.Event()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        assert self.gate.wait(10)
+        return super().get(block, timeout)
+
+
+async def test_a_queued_call_the_thread_has_not_taken_yet_still_goes_first(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write lock is free, yet the quick call must wait behind the queued one."""
+    gated = types.SimpleNamespace(SimpleQueue=GatedQueue, Empty=queue.Empty)
+    monkeypatch.setattr(sqlite_writer, "queue", gated)
+    GatedQueue.gate.clear()
+    store = await SQLiteStore.open(f"sqlite:///{path}")
+    order: list[str] = []
+    try:
+        first = store._write(lambda _: order.append("queued"))
+        second = store._quick(lambda _: order.append("quick"))
+        await asyncio.sleep(0)  # the quick call's pass ends while the thread waits
+        GatedQueue.gate.set()
+        await asyncio.gather(first, second)
+        assert order == ["queued", "quick"]
+    finally:
+        GatedQueue.gate.set()
+        await store.close()
+
+
+async def test_another_process_holding_the_lock_never_blocks_the_loop(path: Path) -> None:
+    """The store would wait a minute for the lock; the loop must not wait with it."""
+    store = await SQLiteStore.open(f"sqlite:///{path}?busy_timeout=60000")
+    try:
+        with write_lock(path):
+            acquiring = asyncio.ensure_future(store.acquire(KEY, "p1", 5))
+            for _ in range(20):
+                await asyncio.sleep(0)  # a loop stuck in SQLite's busy wait never returns here
+            assert not acquiring.done()
+            assert store.stats.handed_over == 1
+        lease = await acquiring  # the thread waited for the lock and took it
+        assert lease.generation == 1
+        assert await store._quick(thread_of) == threading.get_ident()  # back on the loop
+    finally:
+        await store.close()
+
+
+def slow(_: sqlite3.Connection) -> None:
+    time.sleep(sqlite_writer.SLOW_BATCH * 2)  # a disk that stalls a write
+
+
+async def test_a_slow_batch_sends_the_next_calls_to_the_thread(store: SQLiteStore) -> None:
+    await store._quick(slow)
+    assert await store._quick(thread_of) != threading.get_ident()
+
+
+async def test_the_thread_takes_them_only_for_a_while(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_writer, "PAUSE_AFTER_SLOW", 0.0)
+    await store._quick(slow)
+    assert await store._quick(thread_of) == threading.get_ident()
+
+
+async def test_a_quick_call_cancelled_before_its_pass_ends_is_never_applied(
+    store: SQLiteStore,
+) -> None:
+    acquiring = asyncio.ensure_future(store.acquire(KEY, "p1", 5))
+    await asyncio.sleep(0)  # the call is made; its pass has not ended
+    acquiring.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await acquiring
+    assert await store.generation(KEY) == 0
+
+
+async def test_checkpoints_keep_the_wal_small(store: SQLiteStore, path: Path) -> None:
+    """SQLite's own checkpoint is off (it would sync on the loop); the thread's keep up.
+
+    Without them, 1,500 transactions of about ten pages each leave a WAL of
+    some 60 MB.
+    """
+    connection = store._writer._connection
+    assert connection is not None
+    assert connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    for n in range(750):
+        await turn(store, n)
+    assert store.stats.checkpoints >= 1500 // sqlite_writer.CHECKPOINT_EVERY - 1
+    wal = path.with_name(path.name + "-wal")
+    assert wal.stat().st_size < 8 * 1024 * 1024
+    assert store.stats.on_loop > store.stats.transactions // 2
+
+
+async def test_many_sessions_mixing_quick_and_queued_calls(store: SQLiteStore) -> None:
+    """Turns, reads and scans of 40 sessions interleave; each session's order holds."""
+
+    async def session(i: int) -> None:
+        key = chat_key(f"s{i}")
+        for n in range(5):
+            admission = await store.enqueue_and_acquire(key, f"s{i}m{n}", "p1", b"x", 5)
+            assert admission.lease is not None
+            assert [r.seq for r in await store.pending(key)] == [admission.seq]
+            answer = WriteBatch(persistent={"n": n}, done=[admission.seq])
+            await store.commit_and_release(admission.lease, answer)
+            assert await store.load_persistent(key) == {"n": n}
+        assert await store.generation(key) == 5
+
+    await asyncio.gather(*(session(i) for i in range(40)))
+    assert await store.pending_keys() == []
+    assert store.stats.on_loop > 0
