@@ -160,7 +160,11 @@ _V6: Migration = (
 separate id index; ids come in creation order, see ``new_conversation_id``), and an
 answered mark keeps only what is read back (id, time, answer), not its key and generation."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+_V7: Migration = ("DROP INDEX pending_owner",)
+"""No query looks pending records up by owner alone (adoption finds them by session), so
+the index only cost a page write for every message queued and every one answered."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
