@@ -148,6 +148,17 @@ def test_accepted_messages_survive_a_restart(tmp_path: Path) -> None:
     assert len(pending_ids(tmp_path, "main:api:dm:restart")) == 1
 
 
+def wait_for_metrics(port: int, *lines: str) -> None:
+    """Return once the gateway's ``/metrics`` shows every one of ``lines``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        shown = httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines()
+        if all(line in shown for line in lines):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"/metrics never showed {lines}")
+
+
 def pending_ids(tmp_path: Path, key: str) -> list[str]:
     """The ids of ``key``'s messages still queued in ``tmp_path``'s SQLite store."""
     script = (
@@ -186,9 +197,9 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
     threads = [threading.Thread(target=ask, args=a) for a in asks]
     try:
         wait_ready(process)
-        for thread in threads:
-            thread.start()
-            time.sleep(0.4)  # in this order: the first runs, the others queue behind it
+        for queued, thread in enumerate(threads):
+            thread.start()  # in this order: the first runs, the others queue behind it
+            wait_for_metrics(port, "chatlane_turns_running 1", f"chatlane_queue_depth {queued}")
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
