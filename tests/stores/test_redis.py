@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from chatlane.errors import LeaseLost, SessionBusy, StoreError
+from chatlane.errors import AlreadyAnswered, LeaseLost, SessionBusy, StoreError
 from chatlane.identity import SessionKey
 from chatlane.stores import TranscriptEntry, WriteBatch, open_store
 from chatlane.stores import redis as redis_store_module
@@ -23,7 +23,7 @@ from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
 from chatlane.stores.redis_url import parse_url
-from chatlane.stores.resp import Arg, _Connection
+from chatlane.stores.resp import Arg, RespClient, _Connection
 from tests.keys import chat_key, odd_keys
 from tests.stores.servers import redis_server
 
@@ -260,6 +260,27 @@ class TestDroppedConnections:
         assert await store.pending(KEY) == []
         with pytest.raises(SessionBusy):
             await store.acquire(KEY, "p3", 5)
+
+    async def test_a_commit_that_failed_after_it_applied_is_applied_once_when_made_again(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """As when the runtime retries a commit through an outage longer than the client's."""
+        await scenario(store, chat_key("warm-up"), lambda step: None)
+        admission = await store.enqueue_and_acquire(KEY, "m1", "p1", b"", 5)
+        assert admission.lease is not None
+        batch = WriteBatch([entry("once", 1)], answered=["m1"], done=[admission.seq], answer="hi")
+        client = store._client
+        assert isinstance(client, RespClient)
+        client.retries = 0  # as past its retries: the lost reply reaches the caller
+        lose = LostReply(monkeypatch)
+        with pytest.raises(StoreError, match="reply lost"):
+            await lose.next(store.commit_and_release(admission.lease, batch))
+        assert await store.answer("m1") == "hi"  # it applied all the same
+        assert await store.commit_and_release(admission.lease, batch) is True
+        assert [e.content for e in await store.transcript(KEY)] == ["once"]
+        assert await store.pending(KEY) == []
+        with pytest.raises(AlreadyAnswered):  # another batch answering m1 is still refused
+            await store.commit(KEY, None, WriteBatch(answered=["m1"], answer="again"))
 
 
 async def kill_until(admin: Redis, name: str, stop: asyncio.Event) -> int:

@@ -11,7 +11,10 @@ What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
 
 * A dropped connection is retried with exponential backoff
   (:data:`~chatlane.stores.resp.RETRIES` times); a script whose reply was lost
-  is sent again and, thanks to its request id, applied once.
+  is sent again and, thanks to its request id, applied once. A commit that
+  still failed keeps its request id: the same batch committed again (the
+  runtime retries through a longer outage, such as a failover) is applied
+  once too, and reported as applied.
 * When the server cannot be reached, an operation raises
   :class:`~chatlane.errors.StoreError` — except :meth:`RedisStore.renew`,
   which raises :class:`~chatlane.errors.LeaseLost`: a lease that could not be
@@ -30,6 +33,7 @@ open (see ``docs/stores.md``). :meth:`RedisStore.open` takes a URL;
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
@@ -123,6 +127,9 @@ class RedisStore(Store):
         """``EVALSHA``, digest, key count and keys, by script and session."""
         self._conversing: set[SessionKey] = set()
         """Sessions a commit of this store found with a conversation (a hint: see COMMIT)."""
+        self._unsettled: dict[tuple[SessionKey, str, str], tuple[WriteBatch, str]] = {}
+        """A commit that failed (it may have applied), with its request id, by session,
+        fence and lease token: the same commit sent again reuses that id."""
         self._closed = False
         self._scanned_at = float("-inf")
         endpoint = client.endpoint if isinstance(client, RespClient) else None
@@ -328,19 +335,36 @@ class RedisStore(Store):
     async def _commit(
         self, key: SessionKey, generation: int | None, batch: WriteBatch, token: str
     ) -> bool:
-        """The commit script; with a lease's ``token``, it releases that lease if it applies."""
+        """The commit script; with a lease's ``token``, it releases that lease if it applies.
+
+        A commit that raised may have applied all the same (its reply, or the
+        ``WAIT`` after it, was lost past the client's retries): the same batch
+        committed again under the same fence and token is sent with the same
+        request id, so the script applies it once and says it applied, instead
+        of refusing its own answer as given before.
+        """
         fence = "" if generation is None else str(generation)
         head, tail = self._keys.transcript_affixes()
         args = _batch_args(key, batch, self.answered_retention, token)
-        rid = _request_id()
+        slot = (key, fence, token)
+        unsettled = self._unsettled.pop(slot, None)
+        rid = unsettled[1] if unsettled is not None and unsettled[0] == batch else _request_id()
         # A session seen with a conversation keeps one (nothing deletes it), so no new id is
         # made for it; should it have none after all, the script says so and writes nothing.
         candidate = "" if key in self._conversing else new_conversation_id()
-        reply = await self._run(lua.COMMIT, key, fence, rid, candidate, head, tail, key, *args)
-        if reply[0] == Status.UNSTARTED:
-            self._conversing.discard(key)
-            candidate = new_conversation_id()
+        try:
             reply = await self._run(lua.COMMIT, key, fence, rid, candidate, head, tail, key, *args)
+            if reply[0] == Status.UNSTARTED:
+                self._conversing.discard(key)
+                candidate = new_conversation_id()
+                reply = await self._run(
+                    lua.COMMIT, key, fence, rid, candidate, head, tail, key, *args
+                )
+        except StoreError:
+            if len(self._unsettled) >= REMEMBERED:
+                self._unsettled.clear()
+            self._unsettled[slot] = (copy.deepcopy(batch), rid)
+            raise
         if reply[0] == Status.STALE:
             raise StaleGeneration(key, int(fence), int(reply[1]), "commit")
         if reply[0] == Status.ANSWERED:
