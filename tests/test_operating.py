@@ -75,6 +75,30 @@ async def test_metrics_count_turns_and_busy_outcomes(tmp_path: Path) -> None:
         assert "chatlane_queue_depth 0" in text
 
 
+async def metrics_text(port: int) -> str:
+    async with httpx.AsyncClient() as client:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        return (await client.get(f"http://127.0.0.1:{port}/metrics", headers=headers)).text
+
+
+async def test_metrics_show_where_sqlite_ran_a_turns_writes(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'chatlane.db'}"
+    async with serve(config_with_token(tmp_path), store=store) as s:
+        await s.client.chat.completions.create(
+            model="chatlane", messages=[{"role": "user", "content": "hello"}], user="m"
+        )
+        lines = dict(line.rsplit(" ", 1) for line in (await metrics_text(s.port)).splitlines())
+    assert int(lines['chatlane_sqlite_transactions_total{thread="loop"}']) >= 2  # a turn's two
+    assert int(lines['chatlane_sqlite_transactions_total{thread="writer"}']) >= 1  # the heartbeat
+    assert lines["chatlane_sqlite_handed_over_total"] == "0"
+    assert "chatlane_sqlite_checkpoints_total" in lines
+
+
+async def test_metrics_of_a_store_without_counters_leave_them_out(tmp_path: Path) -> None:
+    async with serve(config_with_token(tmp_path)) as s:
+        assert "chatlane_sqlite" not in await metrics_text(s.port)
+
+
 async def test_without_a_token_only_loopback_names_are_answered(tmp_path: Path) -> None:
     async with serve(Config()) as s, httpx.AsyncClient() as client:
         url = f"http://127.0.0.1:{s.port}/admin/sessions"

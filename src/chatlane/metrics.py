@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from chatlane.hub import Hub
     from chatlane.runtime.leases import BeatGaps
+    from chatlane.stores.sqlite_writer import WriterStats
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -66,8 +67,9 @@ class Metrics:
         running: int,
         beats: BeatGaps | None = None,
         store_damaged: bool = False,
+        sqlite: WriterStats | None = None,
     ) -> str:
-        """The exposition text."""
+        """The exposition text (with the SQLite store's counters when ``sqlite`` is given)."""
         lines = [
             *_metric(
                 "chatlane_turns_started_total",
@@ -125,6 +127,7 @@ class Metrics:
                 [(f'platform="{p}"', n) for p, n in sorted(self.senders_refused.items())],
             ),
             *(_liveness(beats) if beats is not None else []),
+            *(_sqlite(sqlite) if sqlite is not None else []),
             *self._histogram(),
         ]
         return "\n".join(lines) + "\n"
@@ -148,6 +151,8 @@ class Metrics:
         from starlette.responses import PlainTextResponse
         from starlette.routing import Route
 
+        from chatlane.stores.sqlite import SQLiteStore
+
         public = hub.config.server.metrics_public
 
         async def endpoint(request: Request) -> PlainTextResponse:
@@ -159,12 +164,44 @@ class Metrics:
                 )
             engine = hub.gateway.engine
             damaged = hub.store.damaged is not None
+            sqlite = hub.store.stats if isinstance(hub.store, SQLiteStore) else None
             text = self.render(
-                engine.queue_depth(), engine.running_count(), engine.leases.beats, damaged
+                engine.queue_depth(), engine.running_count(), engine.leases.beats, damaged, sqlite
             )
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         return [Route("/metrics", endpoint, methods=["GET"])]
+
+
+def _sqlite(stats: WriterStats) -> list[str]:
+    on_thread = stats.transactions - stats.on_loop
+    return [
+        *_metric(
+            "chatlane_sqlite_transactions_total",
+            "counter",
+            "SQLite transactions committed, by the thread that ran them.",
+            [('thread="loop"', stats.on_loop), ('thread="writer"', on_thread)],
+        ),
+        *_metric(
+            "chatlane_sqlite_operations_total",
+            "counter",
+            "Store calls those transactions ran.",
+            [("", stats.operations)],
+        ),
+        *_metric(
+            "chatlane_sqlite_handed_over_total",
+            "counter",
+            "Batches of a turn's writes the event loop gave the writer thread: calls were "
+            "queued there, another process held the lock, or a batch had been slow.",
+            [("", stats.handed_over)],
+        ),
+        *_metric(
+            "chatlane_sqlite_checkpoints_total",
+            "counter",
+            "Checkpoints of the WAL into the database file.",
+            [("", stats.checkpoints)],
+        ),
+    ]
 
 
 def _liveness(beats: BeatGaps) -> list[str]:
