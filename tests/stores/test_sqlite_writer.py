@@ -64,6 +64,17 @@ async def test_quick_calls_of_one_pass_share_a_transaction(store: SQLiteStore) -
     assert [lease.generation for lease in leases] == [1] * 30
 
 
+async def test_a_pass_with_more_quick_calls_than_the_loop_takes_goes_to_the_thread(
+    store: SQLiteStore,
+) -> None:
+    count = sqlite_writer.MAX_HERE + 1
+    threads = await asyncio.gather(*(store._quick(thread_of) for _ in range(count)))
+    assert threading.get_ident() not in threads
+    assert store.stats.handed_over == 1
+    threads = await asyncio.gather(*(store._quick(thread_of) for _ in range(count - 1)))
+    assert set(threads) == {threading.get_ident()}
+
+
 async def test_a_quick_call_waits_behind_a_call_the_thread_has(store: SQLiteStore) -> None:
     order: list[str] = []
 

@@ -8,14 +8,14 @@ What stays true:
   :class:`asyncio.Future` completed with ``loop.call_soon_threadsafe``.
 * A *quick* call (a turn's small, bounded write) from the loop that opened the
   store is run on that loop's own thread instead, at the end of the loop's
-  current pass, together with the other quick calls made in that pass — but
-  only while the writer thread has nothing of that loop's queued or running
-  (so calls still run in the order they were made), only if SQLite's write
-  lock is free at once (``busy_timeout`` 0 there: another process's
-  transaction never blocks the loop; the batch goes to the thread instead),
-  and not for :data:`PAUSE_AFTER_SLOW` seconds after a batch that took more
-  than :data:`SLOW_BATCH` there. Everything else (reads, scans, purges) runs
-  on the writer thread.
+  current pass, together with the other quick calls made in that pass (up
+  to :data:`MAX_HERE`) — but only while the writer thread has nothing of
+  that loop's queued or running (so calls still run in the order they were
+  made), only if SQLite's write lock is free at once (``busy_timeout`` 0
+  there: another process's transaction never blocks the loop; the batch
+  goes to the thread instead), and not for :data:`PAUSE_AFTER_SLOW` seconds
+  after a batch that took more than :data:`SLOW_BATCH` there. Everything
+  else (reads, scans, purges) runs on the writer thread.
 * The loop never waits for the disk: commits in WAL mode with
   ``synchronous=NORMAL`` write to the page cache, and the only syncs —
   checkpoints, every :data:`CHECKPOINT_EVERY` transactions, and the first
@@ -63,6 +63,7 @@ from chatlane.stores.sqlite_schema import Location, connect, is_busy
 __all__ = [
     "CHECKPOINT_EVERY",
     "MAX_BATCH",
+    "MAX_HERE",
     "PAUSE_AFTER_SLOW",
     "SLOW_BATCH",
     "Operation",
@@ -80,6 +81,10 @@ MAX_BATCH = 512
 
 CHECKPOINT_EVERY = 100
 """Transactions between two checkpoints of the WAL into the main file (on the writer thread)."""
+
+MAX_HERE = 64
+"""Most quick calls run together on the event loop's thread; a pass that made more hands
+them all to the writer thread (a bound on how long one batch can hold the loop)."""
 
 SLOW_BATCH = 0.02
 """Seconds a batch run on the event loop's thread may take before the loop stops running them."""
@@ -197,7 +202,7 @@ class Writer:
         self._here = []
         if not calls:
             return
-        if self._may_run_here() and self._lock.acquire(blocking=False):
+        if len(calls) <= MAX_HERE and self._may_run_here() and self._lock.acquire(blocking=False):
             try:
                 outcomes = self._run_here(calls)
             finally:
