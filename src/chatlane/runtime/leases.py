@@ -18,6 +18,10 @@ What stays true:
   A turn that answers releases its lease in the commit that records the
   answer (:meth:`LeaseKeeper.commit_and_release`), and its entry is settled
   there; every other ending releases it afterwards, as before.
+* A turn waiting for a lease another process holds asks again after its poll
+  delay (doubling up to ``max_poll``), or as soon as the store wakes it
+  (:class:`~chatlane.stores.protocols.Wakeups`, where the store has them):
+  a wake-up only shortens the wait, so a lost one delays, never strands, a turn.
 * A message to a session idle here takes the session's lease in the store
   call that queues it (:meth:`LeaseKeeper.admit`), and a turn that waits for
   it reads the session's stored choices with it: a turn costs two store
@@ -31,6 +35,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable
+from contextlib import closing
 
 from chatlane.errors import (
     ActiveSessionLimit,
@@ -45,6 +50,7 @@ from chatlane.runtime.backoff import MAX_DELAY, retryable
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.state import SessionState
 from chatlane.stores.base import Admission, Lease, Store, Taken, WriteBatch
+from chatlane.stores.protocols import Wakeups, Watch
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -148,28 +154,34 @@ class LeaseKeeper:
         store call. A store that cannot be reached is waited out
         (:mod:`chatlane.runtime.backoff`). ``on_wait`` is told each time the
         session is busy elsewhere or at the active-session limit; it decides
-        what to say (and may stop wanting).
+        what to say (and may stop wanting). Between two tries the turn waits
+        its poll delay, or less: a store with wake-ups
+        (:class:`~chatlane.stores.protocols.Wakeups`) ends the wait as soon as
+        the session may be free.
 
         :param refused: the store already refused the lease (when the message
             was queued): the wait starts from that answer instead of asking again.
         """
         wait, delay, longest = AcquireWait(), self.settings.poll, self.settings.max_poll
-        while still_wanted():
-            if refused is not None:
-                on_wait(refused, wait)
-                refused = None
-            else:
-                try:
-                    return await self._try(state, head_seq)
-                except (ActiveSessionLimit, SessionBusy) as error:
-                    on_wait(error, wait)
-                except StoreError as error:
-                    if not retryable(error):
-                        raise
-                    self._outage(state, error, wait)
-                    longest = MAX_DELAY  # an outage: back off further than a busy session
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, longest)
+        with _watch(self.store, state) as wakeup:
+            while still_wanted():
+                if refused is not None:
+                    on_wait(refused, wait)
+                    refused = None
+                    if wakeup.listening:
+                        continue  # a release before the watch was taken went unheard: ask now
+                else:
+                    try:
+                        return await self._try(state, head_seq)
+                    except (ActiveSessionLimit, SessionBusy) as error:
+                        on_wait(error, wait)
+                    except StoreError as error:
+                        if not retryable(error):
+                            raise
+                        self._outage(state, error, wait)
+                        longest = MAX_DELAY  # an outage: back off further than a busy session
+                await wakeup.wait(delay)
+                delay = min(delay * 2, longest)
         return None
 
     def _outage(self, state: SessionState, error: StoreError, wait: AcquireWait) -> None:
@@ -251,6 +263,25 @@ class LeaseKeeper:
             await self.store.heartbeat(self.holder, 0.0)
         except ChatlaneError as error:
             log.warning("could not sign off from the store: %s", error)
+
+
+class _Polling:
+    """The watch of a store without wake-ups: every wait is the whole poll delay."""
+
+    listening = False
+
+    async def wait(self, seconds: float) -> bool:
+        await asyncio.sleep(seconds)
+        return False
+
+    def close(self) -> None:
+        return None
+
+
+def _watch(store: Store, state: SessionState) -> closing[Watch]:
+    """A watch on ``state``'s session: the store's wake-ups, or plain polling without them."""
+    found: Watch = store.watch_wakeups(state.key) if isinstance(store, Wakeups) else _Polling()
+    return closing(found)
 
 
 def locally_expired(lease: Lease | None) -> bool:

@@ -4,6 +4,10 @@ Every operation runs without an ``await`` between its check and its write, so
 each one is atomic with respect to the event loop — the same guarantees the
 SQLite and Redis stores give across processes, here within one.
 
+It has wake-ups (:class:`~chatlane.stores.protocols.Wakeups`): engines that
+share one memory store wait for a session's lease on a watch, woken when the
+lease is released or the session's pending records are removed or handed on.
+
 Persistent values are kept as JSON text, as the other stores keep them
 (:mod:`chatlane.stores.codec`): a value they would refuse is refused here
 too, and what a caller passes in or gets back is never the stored object.
@@ -45,6 +49,7 @@ from chatlane.stores.base import (
 )
 from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import new_conversation_id, new_token
+from chatlane.stores.wakeups import WakeupHub, Watch
 from chatlane.types import SessionKey
 
 
@@ -91,6 +96,11 @@ class MemoryStore(Store):
         self._queued: set[SessionKey] = set()
         """Every session with pending messages, and those that had some until
         :meth:`pending_keys` drops them."""
+        self._wakeups = WakeupHub()
+
+    def watch_wakeups(self, key: SessionKey) -> Watch:
+        """See :meth:`~chatlane.stores.protocols.Wakeups.watch_wakeups`."""
+        return self._wakeups.watch(key)
 
     # -- generations and leases ----------------------------------------------
 
@@ -152,6 +162,7 @@ class MemoryStore(Store):
         held = session.lease
         if held is not None and held.token == lease.token:
             session.lease = None
+            self._wakeups.wake(lease.key)
             return
         if held is None and session.generation == lease.generation:
             raise already_released(lease)
@@ -199,8 +210,10 @@ class MemoryStore(Store):
         for message_id in batch.answered:
             marks.pop(message_id, None)  # a forgotten mark moves to the end
             marks[message_id] = _Mark(moment, batch.answer)
-        for seq in batch.done:
-            self._remove_pending(session, seq)
+        if batch.done:
+            for seq in batch.done:
+                self._remove_pending(session, seq)
+            self._wakeups.wake(key)
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return self._load_persistent(key)
@@ -348,6 +361,7 @@ class MemoryStore(Store):
         session = self._sessions[key]
         for seq in seqs:
             self._remove_pending(session, seq)
+        self._wakeups.wake(key)
 
     async def adopt(
         self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
@@ -356,6 +370,8 @@ class MemoryStore(Store):
         adopted = [s for s in sorted(seqs) if s in pending and pending[s].owner == old_owner]
         for seq in adopted:
             pending[seq] = replace(pending[seq], owner=new_owner)
+        if adopted:
+            self._wakeups.wake(key)
         return adopted
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
@@ -366,6 +382,7 @@ class MemoryStore(Store):
             if record is not None:
                 self._remove_pending(session, seq)
                 self._failed[record.message_id] = FailedRecord(record, reason, moment)
+        self._wakeups.wake(key)
 
     async def failed(self, limit: int = 100) -> list[FailedRecord]:
         return list(self._failed.values())[: max(limit, 0)]

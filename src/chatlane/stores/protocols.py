@@ -13,6 +13,11 @@ union), but code that needs one slice can ask for that slice alone:
 * :class:`Turns` — a turn's own calls, fused: a message queued together with
   its session's lease, a reply committed together with the lease's release.
 
+One more is optional, beside the contract: :class:`Wakeups`, a store's way of
+telling a process that waits for a session's lease that the session may be
+free (PostgreSQL's ``LISTEN``/``NOTIFY``, the memory store's own calls). A
+store without it is polled, as before.
+
 The contract suite has one module per protocol (``tests/stores/contract/``),
 each run over every backend. Operations derived from a protocol's own
 methods are written here, once; a backend overrides one only to do it in
@@ -24,7 +29,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from chatlane.errors import LeaseError, LeaseLost, SessionBusy, StoreError
 from chatlane.stores.records import (
@@ -39,7 +44,16 @@ from chatlane.stores.records import (
 )
 from chatlane.types import SessionKey
 
-__all__ = ["Conversations", "Leases", "Liveness", "PendingQueue", "SessionData", "Turns"]
+__all__ = [
+    "Conversations",
+    "Leases",
+    "Liveness",
+    "PendingQueue",
+    "SessionData",
+    "Turns",
+    "Wakeups",
+    "Watch",
+]
 
 
 class Leases(Protocol):
@@ -376,3 +390,48 @@ class Turns(Leases, SessionData, PendingQueue, Protocol):
             return await self.load_persistent(key)
         except StoreError:
             return None
+
+
+class Watch(Protocol):
+    """One waiter's watch on one session's wake-ups (see :class:`Wakeups`)."""
+
+    @property
+    def listening(self) -> bool:
+        """Whether wake-ups can reach this watch now; ``False`` while the waiter only polls."""
+        ...
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait for a wake-up of the session, at most ``seconds``; whether one came.
+
+        A wake-up that came since the watch was taken, or since the last wait,
+        returns at once (each one once).
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop watching (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class Wakeups(Protocol):
+    """Optional: wake-ups for a session whose lease may have become free.
+
+    A waiter takes a :meth:`watch_wakeups` on the session *before* it asks for the
+    lease; a refusal (another live lease, or another holder's earlier
+    message) is followed by a wait on it, bounded by the waiter's poll delay.
+    The store wakes a watch when, in any process sharing it, a transaction
+    that may let a refused acquire through has been applied: a lease released
+    (``release``, ``commit_and_release``), or pending records removed or
+    handed on (a commit's done records, ``drop_pending``, ``park``,
+    ``adopt``). Leases that simply expire wake nobody, nor does the
+    active-session limit; those waits are polled.
+
+    Wake-ups are hints: one may be spurious (the waiter asks, and is refused
+    again) or lost (the waiter asks after its poll delay anyway). No guarantee
+    of the contract depends on them.
+    """
+
+    @abc.abstractmethod
+    def watch_wakeups(self, key: SessionKey) -> Watch:
+        """A watch on ``key``'s wake-ups, from now on; close it when the wait is over."""

@@ -20,6 +20,7 @@ from chatlane.stores.base import Conversation, TranscriptEntry, WriteBatch
 from chatlane.stores.codec import decode_value
 from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.postgres.db import Db, Row
+from chatlane.stores.postgres.leases import WAKE
 from chatlane.types import SessionKey
 
 __all__ = [
@@ -33,7 +34,13 @@ __all__ = [
     "transcript",
 ]
 
-_WRITE = """WITH marked AS (
+_WOKEN = WAKE.format(
+    condition="AND (EXISTS (SELECT 1 FROM freed) OR EXISTS (SELECT 1 FROM dropped))",
+    channel="$17",
+    token="$18",
+)
+
+_WRITE = f"""WITH marked AS (
     INSERT INTO answered (message_id, at, answer) SELECT m, $2, $3 FROM unnest($4::text[]) m
     ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, answer = excluded.answer
     WHERE answered.at <= $5
@@ -50,14 +57,15 @@ _WRITE = """WITH marked AS (
     SELECT $1, f, v FROM unnest($13::text[], $14::text[]) WITH ORDINALITY AS x(f, v, n) ORDER BY n
     ON CONFLICT (key, field) DO UPDATE SET value = excluded.value
 ), dropped AS (
-    DELETE FROM pending WHERE key = $1 AND seq = ANY($15::bigint[])
+    DELETE FROM pending WHERE key = $1 AND seq = ANY($15::bigint[]) RETURNING 1
 ), freed AS (
     DELETE FROM leases WHERE key = $1 AND token = $16 RETURNING 1
-)
+), woken AS ({_WOKEN})
 SELECT array(SELECT message_id FROM marked), EXISTS (SELECT 1 FROM freed)"""
 """Every write of a commit in one statement: the answered marks (a mark within the retention
 is kept, and its id not returned), the transcript entries in order, the persistent fields,
-the done records, and the lease carrying the token (if any) freed."""
+the done records, the lease carrying the token (if any) freed, and — if a lease was freed or
+a record done while someone waits for the session — its waiters woken."""
 
 
 async def commit(
@@ -68,10 +76,12 @@ async def commit(
     batch: WriteBatch,
     fields: list[tuple[str, str]],
     retention: float,
+    notice: tuple[str, str],
     token: str = "",
 ) -> bool:
     """Fenced: the generation is checked before the writes, in the transaction that writes.
 
+    :param notice: the store's channel and the session's token on it: the waiters to wake.
     :param token: a lease's token: free that lease with the writes.
     :returns: whether a lease was freed.
     :raises StaleGeneration: the generation moved on.
@@ -108,6 +118,7 @@ async def commit(
         [value for _, value in fields],
         batch.done,
         token,
+        *notice,
     )
     assert result is not None
     marked, freed = set(result[0]), bool(result[1])

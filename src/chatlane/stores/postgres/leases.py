@@ -4,9 +4,13 @@ Each function takes the connection and ``moment``, the server's clock read
 inside the transaction (after its session lock, see
 :mod:`chatlane.stores.postgres.store`). What stays true:
 
-* Every refusal writes nothing: the checks, the lease taken with the
-  session's new generation and the read of its persistent fields are one
-  statement (:data:`_ADMIT`), which writes only where nothing refuses.
+* A refusal writes nothing but the session's ``waiting`` mark (when the
+  session is busy: see :mod:`~chatlane.stores.postgres.wakeups`): the checks,
+  the lease taken with the session's new generation, the mark and the read of
+  its persistent fields are one statement (:data:`_ADMIT`), which takes the
+  lease only where nothing refuses.
+* Releasing a lease wakes the session's waiters (``pg_notify``, in the same
+  statement) only if one marked it ``waiting``.
 * A busy session is reported as busy whichever check found it.
 * With ``max_active``, the live leases are counted under one store-wide
   advisory lock, so two processes at the limit never both take the last place.
@@ -53,6 +57,9 @@ _ADMIT = """WITH checked AS (SELECT
     INSERT INTO sessions (key, generation) SELECT $1, generation FROM taken
     ON CONFLICT (key) DO UPDATE SET generation = excluded.generation
     RETURNING generation
+), waits AS (
+    INSERT INTO sessions (key, waiting) SELECT $1, true FROM checked WHERE busy OR earlier
+    ON CONFLICT (key) DO UPDATE SET waiting = true WHERE NOT sessions.waiting
 )
 SELECT busy, earlier, live, (SELECT generation FROM bumped),
     CASE WHEN $8 THEN (SELECT coalesce(array_agg(field ORDER BY position), '{}')
@@ -63,7 +70,9 @@ FROM checked"""
 """One statement: whether ``key`` is busy, whether another holder's message came before
 ``head_seq``, how many sessions hold a live lease (if ``max_active``); the lease taken with
 the session's next generation only when none of those refuses (and no live lease holds it:
-then nothing is written); and, if asked, the persistent fields, as the transaction reads them."""
+then nothing is written); the session marked ``waiting`` when it is busy (a live lease or an
+earlier message), so its next release notifies; and, if asked, the persistent fields, as the
+transaction reads them."""
 
 _ACTIVE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('chatlane-active:' || $1, 0))"
 
@@ -118,14 +127,14 @@ async def acquire(
     ttl: float,
     turn: tuple[int | None, int],
     schema: str,
-) -> Lease:
-    """:func:`admit`, raising its refusal.
+) -> Lease | SessionBusy:
+    """:func:`admit`, without the persistent fields.
 
-    :raises SessionBusy: as :meth:`~chatlane.stores.protocols.Leases.acquire`.
+    :returns: the lease, or what :meth:`~chatlane.stores.protocols.Leases.acquire`
+        raises: the caller raises it once the transaction committed (so the
+        session's ``waiting`` mark is kept).
     """
     lease, _ = await admit(db, moment, key, holder, ttl, turn, schema, False)
-    if isinstance(lease, SessionBusy):
-        raise lease
     return lease
 
 
@@ -157,9 +166,22 @@ async def renew_many(
     ]
 
 
-async def release(db: Db, lease: Lease) -> None:
-    """Delete the lease only if it still carries ``lease.token``; otherwise say why not."""
-    if await free(db, lease):
+WAKE = """UPDATE sessions SET waiting = false WHERE key = $1 AND waiting {condition}
+RETURNING pg_notify({channel}, {token})"""
+"""Clear a session's ``waiting`` mark and notify its waiters, only where it was set (and the
+condition holds); a statement of its own or a ``WITH`` clause of another."""
+
+_FREE = f"""WITH freed AS (DELETE FROM leases WHERE key = $1 AND token = $2 RETURNING 1),
+woken AS ({WAKE.format(condition="AND EXISTS (SELECT 1 FROM freed)", channel="$3", token="$4")})
+SELECT EXISTS (SELECT 1 FROM freed)"""
+
+
+async def release(db: Db, lease: Lease, notice: tuple[str, str]) -> None:
+    """Delete the lease only if it still carries ``lease.token``; otherwise say why not.
+
+    :param notice: the store's channel, and the session's token on it: the waiters to wake.
+    """
+    if await free(db, lease, notice):
         return
     held = await db.fetchval("SELECT 1 FROM leases WHERE key = $1", lease.key)
     if not held and await generation(db, lease.key) == lease.generation:
@@ -167,10 +189,9 @@ async def release(db: Db, lease: Lease) -> None:
     raise taken_over(lease)
 
 
-async def free(db: Db, lease: Lease) -> bool:
-    """Delete the lease if it still carries ``lease.token``; whether it did."""
-    freed = "DELETE FROM leases WHERE key = $1 AND token = $2 RETURNING 1"
-    return bool(await db.fetchval(freed, lease.key, lease.token))
+async def free(db: Db, lease: Lease, notice: tuple[str, str]) -> bool:
+    """Delete the lease if it still carries ``lease.token`` (waking its waiters); whether it did."""
+    return bool(await db.fetchval(_FREE, lease.key, lease.token, *notice))
 
 
 async def bump(db: Db, key: SessionKey) -> int:

@@ -13,7 +13,9 @@ What stays true:
   dead and its messages be adopted and run elsewhere while it still runs
   them), nor the reads the runtime's upkeep makes between two renewals.
 * Every connection's ``search_path`` is the store's schema, and stays so: the
-  store never changes a session's settings, listens, or holds a lock past its
+  store never changes a pooled session's settings, listens on it (its one
+  ``LISTEN`` has a connection of its own, outside the pools:
+  :mod:`~chatlane.stores.postgres.wakeups`), or holds a lock past its
   transaction, so a connection given back to the pool is not reset by a query
   of its own (a round trip per call); an open transaction is still rolled back.
 """

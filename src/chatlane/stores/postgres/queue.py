@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from chatlane.stores.base import FailedRecord, PendingRecord
 from chatlane.stores.postgres.db import Db, Row
+from chatlane.stores.postgres.leases import WAKE
 from chatlane.types import SessionKey
 
 __all__ = [
@@ -41,9 +42,16 @@ def _pending_record(row: Row) -> PendingRecord:
     return PendingRecord(SessionKey(key), int(seq), message_id, owner, bytes(payload), accepted_at)
 
 
-async def drop(db: Db, key: SessionKey, seqs: Sequence[int]) -> None:
-    """Remove ``key``'s records ``seqs`` (those already gone are no error)."""
-    await db.execute("DELETE FROM pending WHERE key = $1 AND seq = ANY($2)", key, list(seqs))
+_DROP = f"""WITH dropped AS (DELETE FROM pending WHERE key = $1 AND seq = ANY($2) RETURNING 1)
+{WAKE.format(condition="AND EXISTS (SELECT 1 FROM dropped)", channel="$3", token="$4")}"""
+
+
+async def drop(db: Db, key: SessionKey, seqs: Sequence[int], notice: tuple[str, str]) -> None:
+    """Remove ``key``'s records ``seqs`` (those already gone are no error), waking its waiters.
+
+    :param notice: the store's channel and the session's token on it.
+    """
+    await db.execute(_DROP, key, list(seqs), *notice)
 
 
 async def enqueue(
@@ -108,7 +116,14 @@ async def adopt_orphans(db: Db, moment: float, holder: str, limit: int) -> list[
     return sorted(records, key=lambda r: (order[r.key], r.seq))
 
 
-async def park(db: Db, moment: float, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+async def park(
+    db: Db,
+    moment: float,
+    key: SessionKey,
+    seqs: Sequence[int],
+    reason: str,
+    notice: tuple[str, str],
+) -> None:
     await db.execute(
         "INSERT INTO failed (message_id, key, seq, owner, payload, accepted_at, reason, "
         "failed_at) SELECT message_id, key, seq, owner, payload, accepted_at, $3, $4 "
@@ -121,7 +136,7 @@ async def park(db: Db, moment: float, key: SessionKey, seqs: Sequence[int], reas
         reason,
         moment,
     )
-    await drop(db, key, seqs)
+    await drop(db, key, seqs, notice)
 
 
 async def failed(db: Db, limit: int) -> list[FailedRecord]:

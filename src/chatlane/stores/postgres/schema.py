@@ -101,12 +101,17 @@ _V1: Migration = (
     )""",
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1,)
+_V2: Migration = ("ALTER TABLE sessions ADD COLUMN waiting boolean NOT NULL DEFAULT false",)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
 conversation than the one it was appended to (it is returned as written);
-``persistent.position`` keeps fields in the order they were first set.
+``persistent.position`` keeps fields in the order they were first set;
+``sessions.waiting`` (step 2) is set while a process waits for the session's
+lease, so the transaction that frees it notifies
+(:mod:`~chatlane.stores.postgres.wakeups`).
 """
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -20,6 +20,11 @@ What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
   single read), never this host's clock; a lease's ``expires_at`` is that
   moment plus its TTL. Hosts' clocks must agree with the server's to well
   within a TTL (NTP), as the runtime compares ``expires_at`` with its own.
+* It has wake-ups (:class:`~chatlane.stores.protocols.Wakeups`): a
+  transaction that frees a session someone waits for (its lease released, its
+  pending records removed) notifies the store's channel, and one connection
+  outside the pools listens (:mod:`~chatlane.stores.postgres.wakeups`).
+  Without it (down, or not yet back) waiters poll.
 * Any failure of the driver or the server becomes
   :class:`~chatlane.errors.StoreError` naming the store (its password masked) —
   except :meth:`PostgresStore.renew`, which raises
@@ -53,6 +58,8 @@ from chatlane.stores.postgres.db import Db, DriverError, Row
 from chatlane.stores.postgres.pools import Pools, open_pools
 from chatlane.stores.postgres.schema import migrate
 from chatlane.stores.postgres.url import Location, parse_url, redact
+from chatlane.stores.postgres.wakeups import Listener, token
+from chatlane.stores.wakeups import Watch
 from chatlane.types import SessionKey
 
 __all__ = ["PostgresStore"]
@@ -76,6 +83,8 @@ class PostgresStore(Store):
         self._name = f"postgres store {redact(url)}"
         self._pools = pools
         self._closed = False
+        self.listener = Listener(location, self._name)
+        """The connection that listens for wake-ups, and the watches it wakes."""
 
     @classmethod
     async def open(cls, url: str) -> PostgresStore:
@@ -88,6 +97,7 @@ class PostgresStore(Store):
         store = cls(url, location, await open_pools(location, f"postgres store {redact(url)}"))
         try:
             await store._migrate()
+            await store.listener.start()
         except BaseException:
             await store.close()
             raise
@@ -102,6 +112,14 @@ class PostgresStore(Store):
             raise StoreError(
                 f"{self._name}: cannot set up schema {schema!r}: {_reason(error)}"
             ) from None
+
+    def watch_wakeups(self, key: SessionKey) -> Watch:
+        """See :meth:`~chatlane.stores.protocols.Wakeups.watch_wakeups`: woken by ``NOTIFY``."""
+        return self.listener.watch(key)
+
+    def _notice(self, key: SessionKey) -> tuple[str, str]:
+        """The channel and ``key``'s token on it: what a transaction that frees ``key`` notifies."""
+        return self.listener.channel, token(key)
 
     # -- talking to the server -------------------------------------------------
 
@@ -152,9 +170,12 @@ class PostgresStore(Store):
         max_active: int = 0,
     ) -> Lease:
         turn, schema = (head_seq, max_active), self.location.schema
-        return await self._write(
+        lease = await self._write(
             key, lambda db, m: ls.acquire(db, m, key, holder, ttl, turn, schema)
         )
+        if isinstance(lease, SessionBusy):
+            raise lease  # once the refusal's transaction committed: it marks who waits
+        return lease
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
         """See :meth:`Store.renew`; failing to reach the server also raises ``LeaseLost``."""
@@ -182,7 +203,8 @@ class PostgresStore(Store):
         return await self._write(None, lambda db, m: ls.renew_many(db, m, held, ttl), upkeep=True)
 
     async def release(self, lease: Lease) -> None:
-        await self._write(lease.key, lambda db, _: ls.release(db, lease))
+        notice = self._notice(lease.key)
+        await self._write(lease.key, lambda db, _: ls.release(db, lease, notice))
 
     async def bump_generation(self, key: SessionKey) -> int:
         return await self._write(key, lambda db, _: ls.bump(db, key))
@@ -203,8 +225,10 @@ class PostgresStore(Store):
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
         fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
+        notice = self._notice(key)
         await self._write(
-            key, lambda db, m: data.commit(db, m, key, generation, frozen, fields, retention)
+            key,
+            lambda db, m: data.commit(db, m, key, generation, frozen, fields, retention, notice),
         )
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
@@ -273,21 +297,23 @@ class PostgresStore(Store):
     ) -> Taken:
         turn, schema = (head_seq, max_active), self.location.schema
 
-        async def op(db: Db, moment: float) -> Taken:
+        async def op(db: Db, moment: float) -> Taken | SessionBusy:
             lease, persistent = await ls.admit(db, moment, key, holder, ttl, turn, schema, True)
-            if isinstance(lease, SessionBusy):
-                raise lease
-            return Taken(lease, persistent)
+            return lease if isinstance(lease, SessionBusy) else Taken(lease, persistent)
 
-        return await self._write(key, op)
+        taken = await self._write(key, op)
+        if isinstance(taken, SessionBusy):
+            raise taken  # once the refusal's transaction committed: it marks who waits
+        return taken
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
         key, generation = lease.key, lease.generation
         fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
+        notice = self._notice(key)
 
         async def op(db: Db, moment: float) -> bool:
             return await data.commit(
-                db, moment, key, generation, frozen, fields, retention, lease.token
+                db, moment, key, generation, frozen, fields, retention, notice, lease.token
             )
 
         return await self._write(key, op)
@@ -322,7 +348,8 @@ class PostgresStore(Store):
     async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
         dropped = list(seqs)
         if dropped:
-            await self._write(key, lambda db, _: pq.drop(db, key, dropped))
+            notice = self._notice(key)
+            await self._write(key, lambda db, _: pq.drop(db, key, dropped, notice))
 
     async def adopt(
         self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
@@ -330,15 +357,23 @@ class PostgresStore(Store):
         asked = list(seqs)
         if not asked:
             return []
-        return await self._write(key, lambda db, _: pq.adopt(db, key, asked, old_owner, new_owner))
+        adopted = await self._write(
+            key, lambda db, _: pq.adopt(db, key, asked, old_owner, new_owner)
+        )
+        if adopted:
+            self.listener.wake({key})  # its waiters here: nobody else waits for their new owner
+        return adopted
 
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
-        return await self._write(None, lambda db, m: pq.adopt_orphans(db, m, holder, limit))
+        records = await self._write(None, lambda db, m: pq.adopt_orphans(db, m, holder, limit))
+        self.listener.wake({record.key for record in records})
+        return records
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
         parked = list(seqs)
         if parked:
-            await self._write(key, lambda db, m: pq.park(db, m, key, parked, reason))
+            notice = self._notice(key)
+            await self._write(key, lambda db, m: pq.park(db, m, key, parked, reason, notice))
 
     async def failed(self, limit: int = 100) -> list[FailedRecord]:
         return await self._read(lambda db: pq.failed(db, limit))
@@ -359,9 +394,11 @@ class PostgresStore(Store):
         return await self._read(lambda db: lv.alive(db, asked)) if asked else {}
 
     async def close(self) -> None:
-        """Close every connection of the pool. Idempotent; later calls raise ``StoreError``."""
+        """Close every connection (the pools', the listener's). Idempotent; later calls raise
+        ``StoreError``."""
         if not self._closed:
             self._closed = True
+            await self.listener.close()
             await self._pools.close()
 
 

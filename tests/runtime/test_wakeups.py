@@ -1,0 +1,168 @@
+"""A turn waiting for a lease another process holds runs once it is released, not a poll later.
+
+Two gateways share one store's data, as two processes do: on PostgreSQL each
+has a store of its own on one schema (they hear each other through
+``LISTEN``/``NOTIFY``); in memory they share the store. Their poll delay is a
+minute (``poll`` = ``max_poll`` = 60 s) and every test runs under a timeout of
+a few seconds: a waiting turn that ran in time was woken, it did not poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from chatlane.runtime.busy import BUSY_ELSEWHERE
+from chatlane.runtime.outcomes import Outcome
+from chatlane.runtime.settings import LeaseSettings
+from chatlane.runtime.turn import Turn
+from chatlane.stores import MemoryStore, Store
+from chatlane.stores.postgres import PostgresStore
+from chatlane.stores.postgres import wakeups as pg_wakeups
+from chatlane.stores.postgres.url import parse_url
+from chatlane.testing import GatewayHarness
+from tests.stores.conftest import forget_store, own_schema
+
+SLOW_POLL = LeaseSettings(poll=60.0, max_poll=60.0)
+"""Waits that only a wake-up ends within any test's time."""
+
+
+class Gate:
+    """An agent whose turns wait until the test opens the gate (``echo: <text>`` then)."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        self.entered.set()
+        await self.open.wait()
+        return f"echo: {turn.text}"
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():  # noqa: ASYNC110 - a condition, not an event
+        await asyncio.sleep(0.01)
+
+
+async def echo(turn: Turn) -> str:
+    await asyncio.sleep(random.uniform(0, 0.01))
+    return f"echo: {turn.text}"
+
+
+@pytest.fixture(params=["memory", "postgres"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Store, Store]]:
+    """Two processes' stores of one data set."""
+    if request.param == "memory":
+        shared = MemoryStore()
+        yield shared, shared
+        return
+    url = own_schema(request.getfixturevalue("postgres_url"), "wake_engine")
+    first, second = await PostgresStore.open(url), await PostgresStore.open(url)
+    yield first, second
+    await first.close()
+    await second.close()
+    await forget_store(url)
+
+
+async def test_a_waiting_turn_runs_once_the_other_process_releases(
+    stores: tuple[Store, Store],
+) -> None:
+    gate = Gate()
+    async with (
+        GatewayHarness(gate, store=stores[0], leases=SLOW_POLL) as running,
+        GatewayHarness(echo, store=stores[1], leases=SLOW_POLL) as waiting,
+        asyncio.timeout(10),
+    ):
+        await running.send("first", chat_id="c")
+        await gate.entered.wait()
+        await waiting.send("second", chat_id="c")
+        assert await waiting.replies(chat_id="c", count=1) == [BUSY_ELSEWHERE]
+        gate.open.set()
+        assert await running.replies(chat_id="c", count=1) == ["echo: first"]
+        assert await waiting.replies(chat_id="c", count=2) == [BUSY_ELSEWHERE, "echo: second"]
+
+
+async def test_several_sessions_on_two_gateways_answer_every_message_once(
+    stores: tuple[Store, Store],
+) -> None:
+    chats, rounds = [f"c{n}" for n in range(6)], 5
+    async with (
+        GatewayHarness(echo, store=stores[0], leases=SLOW_POLL, ack_debounce=0) as one,
+        GatewayHarness(echo, store=stores[1], leases=SLOW_POLL, ack_debounce=0) as two,
+        asyncio.timeout(30),
+    ):
+        sent: list[str] = []
+        sends = []
+        for r in range(rounds):
+            for n, chat in enumerate(chats):
+                for h, name in ((one, "one"), (two, "two")):
+                    text = f"{chat} {name} {r} {n}"
+                    sent.append(text)
+                    sends.append(h.send(text, chat_id=chat))
+        random.shuffle(sends)
+        await asyncio.gather(*sends)
+        expected = {f"echo: {text}" for text in sent}
+
+        def answers() -> list[str]:
+            delivered = [o.text for h in (one, two) for o in h.outbox]
+            return [text for text in delivered if text.startswith("echo: ")]
+
+        await until(lambda: len(answers()) >= len(sent))
+        await one.settle()
+        await two.settle()
+    assert sorted(answers()) == sorted(expected)  # every message once, none twice
+    outcomes = [o for h in (one, two) for o in h.outcomes]
+    assert len(outcomes) == len(sent)
+    assert {o.outcome for o in outcomes} == {Outcome.ANSWERED}
+
+
+@pytest.fixture
+async def postgres_pair(postgres_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    url = own_schema(postgres_url, "wake_down")
+    first, second = await PostgresStore.open(url), await PostgresStore.open(url)
+    yield first, second
+    await first.close()
+    await second.close()
+    await forget_store(url)
+
+
+async def test_without_its_listener_a_waiting_turn_polls_and_the_listener_returns(
+    postgres_pair: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running_store, waiting_store = postgres_pair
+    listener = waiting_store.listener
+    reconnect = pg_wakeups.connect
+
+    async def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(pg_wakeups, "connect", unreachable)
+    connection = await asyncpg.connect(parse_url(running_store.url).dsn)
+    try:
+        await connection.fetchval("SELECT pg_terminate_backend($1)", listener.server_pid)
+    finally:
+        await connection.close()
+    gate = Gate()
+    quick = LeaseSettings(poll=0.05, max_poll=0.2)
+    async with (
+        GatewayHarness(gate, store=running_store, leases=SLOW_POLL) as running,
+        GatewayHarness(echo, store=waiting_store, leases=quick) as waiting,
+        asyncio.timeout(10),
+    ):
+        await until(lambda: not listener.listening)
+        await running.send("first", chat_id="c")
+        await gate.entered.wait()
+        await waiting.send("second", chat_id="c")
+        assert await waiting.replies(chat_id="c", count=1) == [BUSY_ELSEWHERE]
+        gate.open.set()
+        assert await waiting.replies(chat_id="c", count=2) == [BUSY_ELSEWHERE, "echo: second"]
+        assert not listener.listening  # it ran by polling
+        monkeypatch.setattr(pg_wakeups, "connect", reconnect)
+        await until(lambda: listener.listening)
+    assert listener.opened == 2
