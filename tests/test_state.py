@@ -24,6 +24,7 @@ from chatlane.state import (
     SessionState,
     SlotPhase,
     TurnState,
+    _reset_fields,
     default_value,
     reset_field,
     reset_scope,
@@ -143,6 +144,32 @@ class TestTurnState:
         turn.progress.append("x")
         turn.clear()
         assert turn.progress == []
+
+    def test_clear_of_a_plain_slot_matches_the_walk_over_its_fields(self) -> None:
+        walked = TurnState()
+        dirty_turn(walked)
+        cleared = copy.deepcopy(walked)
+        _reset_fields(walked, keep=frozenset({"lease_tokens"}))  # what a subclass gets
+        cleared.clear()
+        assert cleared == walked
+        assert [f.name for f in fields(TurnState)] == [
+            "phase",
+            "current",
+            "started_ts",
+            "lease",
+            "busy_ack_ts",
+            "lease_tokens",
+            "approval_requests",
+            "legacy_agent",
+        ], "a new TurnState field must be reset by TurnState.clear too"
+
+    def test_clear_gives_a_fresh_dict_for_waiting_approval_requests(self) -> None:
+        turn = TurnState()
+        requests = turn.approval_requests
+        requests["r1"] = "a request"
+        turn.clear()
+        assert turn.approval_requests == {}
+        assert requests == {"r1": "a request"}  # what held the old one keeps it
 
 
 class TestLeaseTokens:

@@ -220,8 +220,20 @@ class TurnState:
             self.phase, self.legacy_agent = SlotPhase.RUNNING, value
 
     def clear(self) -> None:
-        """Reset every field, including subclass fields, except ``lease_tokens``."""
-        _reset_fields(self, keep=_KEEP_LEASE_TOKENS)
+        """Reset every field, including subclass fields, except ``lease_tokens``.
+
+        A plain :class:`TurnState` (not a subclass) is reset field by field
+        here, as every turn ends with this; an empty ``approval_requests`` is
+        kept, since it already is its default. A test checks this against
+        the walk over :func:`dataclasses.fields` that resets any other class.
+        """
+        if type(self) is not TurnState:
+            _reset_fields(self, keep=_KEEP_LEASE_TOKENS)
+            return
+        self.phase, self.current, self.started_ts, self.lease = _IDLE, None, 0.0, None
+        self.busy_ack_ts, self.legacy_agent = 0.0, None
+        if self.approval_requests:
+            self.approval_requests = {}
 
     def store_lease_token(self, generation: int, token: Any) -> None:
         """Record the lease token acquired by the turn of ``generation``.

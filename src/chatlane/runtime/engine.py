@@ -174,7 +174,11 @@ class TurnEngine:
             admission = await self.leases.admit(state, message.id, payload, choices=stale)
             if not state.loaded:
                 state = await self._load_admitted(key, admission)
-            return await self.accept(key, message, admission.seq, admission, state)
+            state, seq = self._accepted(key, message, state), admission.seq
+            if not state.turn.is_running:  # it does not coalesce: asked above
+                self._start(state, (message,), (seq,), refusable=True, admission=admission)
+                return None
+            return await self._arrive_busy(state, message, seq, admission)
         finally:
             self.capacity.settled(message, new_session=new_session)
 
@@ -233,16 +237,32 @@ class TurnEngine:
         :param held: ``key``'s state as the caller read it before the store
             call; used if the registry still holds it, else read again.
         """
-        self._ensure_background()
-        self.outcomes.open(key, message)
-        state = held if held is not None and self.registry.peek(key) is held else None
-        if state is None:
-            state = self.registry.get(key)
+        state = self._accepted(key, message, held)
         if not state.turn.is_running:
             if self.busy.coalesces(message):
                 return self.busy.coalesce(state, message, seq)
             self._start(state, (message,), (seq,), refusable=True, admission=admission)
             return None
+        return await self._arrive_busy(state, message, seq, admission)
+
+    def _accepted(
+        self, key: SessionKey, message: InboundMessage, held: SessionState | None
+    ) -> SessionState:
+        """``message`` is in the durable queue: open its outcome; ``key``'s state as held now.
+
+        ``held`` is the state the caller read before the store call; it is
+        used if the registry still holds it, else the state is read again.
+        """
+        self._ensure_background()
+        self.outcomes.open(key, message)
+        if held is not None and self.registry.peek(key) is held:
+            return held
+        return self.registry.get(key)
+
+    async def _arrive_busy(
+        self, state: SessionState, message: InboundMessage, seq: int, admission: Admission | None
+    ) -> BusyOutcome:
+        """``message`` found its session running here: the busy policy decides."""
         if admission is not None and admission.lease is not None:
             self.slots.spawn(self.leases.let_go(state, admission.lease))  # a turn started meanwhile
         return await self.busy.arrive(state, message, seq)
@@ -342,12 +362,14 @@ class TurnEngine:
     async def _drive(self, turn: Turn, admission: Admission | None) -> None:
         state = turn.session_state
         try:
-            if await self._take_lease(turn, admission) and not (
-                turn.messages[0].idempotent and await self.output.replayed(turn)
-            ):
+            given = _given_lease(admission)
+            if (
+                self._take_given_lease(turn, *given)
+                if given is not None and self._lease_at_once(turn, given)
+                else await self._take_lease(turn, admission)
+            ) and not (turn.messages[0].idempotent and await self.output.replayed(turn)):
                 state.turn.run(turn)
-                text = await self.output.run_agent(self.agent, turn)
-                await self.output.reply(turn, text)
+                await self.output.answer(self.agent, turn)
         except BaseException as error:
             if _must_propagate(error):
                 log.info("turn cancelled", extra=turn_fields(turn.session_key, turn.generation))
@@ -361,6 +383,33 @@ class TurnEngine:
                     await self.aftermath.settle(turn)
             finally:
                 self.slots.finish(turn)
+
+    def _lease_at_once(self, turn: Turn, given: tuple[Lease, dict[str, Any] | None]) -> bool:
+        """Whether ``turn`` takes the lease that came with its message without a store call.
+
+        So it does unless the generation moved on elsewhere since this process
+        last saw the session (then the store's queue is read first), or its
+        stored choices are stale and none came with the lease.
+        """
+        lease, choices = given
+        state = turn.session_state
+        if lease.generation > state.persistent.run_generation + 1:
+            return False
+        return choices is not None or not self._choices_stale(state)
+
+    def _take_given_lease(self, turn: Turn, lease: Lease, choices: dict[str, Any] | None) -> bool:
+        """:meth:`_take_lease` for a lease that came with the message, in one step.
+
+        Only when :meth:`_lease_at_once` said so: nothing here awaits.
+        """
+        state = turn.session_state
+        self.leases.hold(state, lease)  # released however the turn ends
+        if not self._bind(turn, lease):
+            return False
+        if choices is not None and self._choices_stale(state):
+            self._apply_choices(turn, choices)
+        self._started(turn)
+        return True
 
     async def _take_lease(self, turn: Turn, admission: Admission | None) -> bool:
         """Take the session's lease for ``turn``; False if the turn was dropped.
@@ -386,19 +435,33 @@ class TurnEngine:
             if taken is None:
                 return False
             lease, choices = taken
+        known = state.persistent.run_generation
+        if not self._bind(turn, lease):
+            return False
+        if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
+            return False  # another process ran or stopped the session meanwhile
+        await self._take_choices(turn, choices)
+        self._started(turn)
+        return True
+
+    def _bind(self, turn: Turn, lease: Lease) -> bool:
+        """Make ``lease`` the turn's and its generation the session's; False if it came too late.
+
+        Too late: the turn is no longer wanted, the session's generation moved
+        past the lease's, or the lease expires within the margin.
+        """
+        state = turn.session_state
         turn.bind_lease(lease)  # from here the lease is released however the turn ends
         known = state.persistent.run_generation
         if not self._still_wanted(turn) or lease.generation < known or self._expiring(lease):
             turn.end(TurnEnd.LEASE_LOST)
             return False
         state.persistent.run_generation = lease.generation
-        if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
-            return False  # another process ran or stopped the session meanwhile
-        if self._choices_stale(state):
-            await self._take_choices(turn, choices)
+        return True
+
+    def _started(self, turn: Turn) -> None:
         turn.touch()
         self.metrics.turn_started()
-        return True
 
     def _expiring(self, lease: Lease) -> bool:
         """Whether ``lease`` came too late to run under: it expires here within the margin.
@@ -453,11 +516,7 @@ class TurnEngine:
     async def _take_choices(self, turn: Turn, fields: Mapping[str, object] | None) -> None:
         """Take up stored choices another process may have changed, if older than
         ``reread_stored``: ``fields`` if the store read them with the message or
-        the lease, else a read of their own.
-
-        Only what the store changed reaches the turn: its overrides were
-        resolved when it started, and a ``/model --once`` sent since is for
-        the next turn.
+        the lease, else a read of their own (:meth:`_apply_choices`).
         """
         state = turn.session_state
         if not self._choices_stale(state):
@@ -468,6 +527,16 @@ class TurnEngine:
             except ChatlaneError as error:
                 log.warning("kept the choices read before: %s", error, extra=turn_fields(state.key))
                 return
+        self._apply_choices(turn, fields)
+
+    def _apply_choices(self, turn: Turn, fields: Mapping[str, object]) -> None:
+        """Apply the stored choices ``fields`` to ``turn``'s session.
+
+        Only what the store changed reaches the turn: its overrides were
+        resolved when it started, and a ``/model --once`` sent since is for
+        the next turn.
+        """
+        state = turn.session_state
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):
             self.approvals.end_conversation(state)
@@ -649,6 +718,13 @@ class TurnEngine:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
         self.outcomes.end(self.outcomes.open_ids(), Outcome.SHUT_DOWN)
+
+
+def _given_lease(admission: Admission | None) -> tuple[Lease, dict[str, Any] | None] | None:
+    """The lease that came with the message and the choices read with it, if one came."""
+    if admission is None or admission.lease is None:
+        return None
+    return admission.lease, admission.persistent
 
 
 def _must_propagate(error: BaseException) -> bool:

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from chatlane.errors import (
     ActiveSessionLimit,
@@ -94,9 +94,9 @@ class LeaseKeeper:
         self.settings = settings
         self.beats = BeatGaps()
 
-    async def admit(
+    def admit(
         self, state: SessionState, message_id: str, payload: bytes, *, choices: bool
-    ) -> Admission:
+    ) -> Awaitable[Admission]:
         """Queue a message for ``state``'s session and take the session's lease with it.
 
         One store call: the message is durable whatever becomes of the lease.
@@ -107,7 +107,7 @@ class LeaseKeeper:
         :raises ChatlaneError: the store could not be asked; nothing was queued.
         """
         settings = self.settings
-        return await self.store.enqueue_and_acquire(
+        return self.store.enqueue_and_acquire(
             state.key,
             message_id,
             self.holder,

@@ -342,7 +342,8 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     def untaken_steers(self) -> list[tuple[InboundMessage, int]]:
         """Steered messages (and seqs) the agent never took (engine side, at the end)."""
         untaken = self._steers
-        _assign(self, "_steers", [])
+        if untaken:  # most turns were steered nothing: nothing to replace
+            _assign(self, "_steers", [])
         return untaken
 
     async def request_approval(self, command: str, reason: str = "") -> bool:
