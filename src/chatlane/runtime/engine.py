@@ -64,6 +64,7 @@ from chatlane.runtime.outcomes import OnOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
+    at_rest,
     load_persistent,
     nothing_to_save,
     refresh_persistent,
@@ -537,6 +538,9 @@ class TurnEngine:
         the next turn.
         """
         state = turn.session_state
+        if at_rest(state, fields):  # most sessions: no choice here nor in the store
+            state.read_at = time.monotonic()
+            return
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):
             self.approvals.end_conversation(state)
