@@ -240,7 +240,8 @@ class TurnState:
 
         :raises LeaseError: if that generation already holds a different token.
         """
-        if self.lease_tokens.get(generation, token) != token:
+        held = self.lease_tokens.get(generation, token)
+        if held is not token and held != token:
             raise LeaseError(f"generation {generation} already holds a lease token")
         self.lease_tokens[generation] = token
 
