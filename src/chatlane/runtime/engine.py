@@ -142,6 +142,7 @@ class TurnEngine:
             turn_timeout=self.settings.turn_timeout,
         )
         self.capacity = Capacity(self.settings.capacity, self.slots)
+        self._expiry_margin = expiry_margin(self.settings.leases)
 
     @property
     def closed(self) -> bool:
@@ -363,12 +364,10 @@ class TurnEngine:
     async def _drive(self, turn: Turn, admission: Admission | None) -> None:
         state = turn.session_state
         try:
-            given = _given_lease(admission)
-            if (
-                self._take_given_lease(turn, *given)
-                if given is not None and self._lease_at_once(turn, given)
-                else await self._take_lease(turn, admission)
-            ) and not (turn.messages[0].idempotent and await self.output.replayed(turn)):
+            taken = None if admission is None else self._take_given_lease(turn, admission)
+            if taken is None:
+                taken = await self._take_lease(turn, admission)
+            if taken and not (turn.messages[0].idempotent and await self.output.replayed(turn)):
                 state.turn.run(turn)
                 await self.output.answer(self.agent, turn)
         except BaseException as error:
@@ -385,29 +384,26 @@ class TurnEngine:
             finally:
                 self.slots.finish(turn)
 
-    def _lease_at_once(self, turn: Turn, given: tuple[Lease, dict[str, Any] | None]) -> bool:
-        """Whether ``turn`` takes the lease that came with its message without a store call.
+    def _take_given_lease(self, turn: Turn, admission: Admission) -> bool | None:
+        """:meth:`_take_lease` in one step, for a lease that came with the message.
 
-        So it does unless the generation moved on elsewhere since this process
-        last saw the session (then the store's queue is read first), or its
-        stored choices are stale and none came with the lease.
+        :returns: whether the turn runs; ``None``, with nothing done, where
+            it takes :meth:`_take_lease` instead: no lease came, the
+            generation moved on elsewhere since this process last saw the
+            session (the store's queue is read first), or the stored choices
+            are stale and none came with the lease.
         """
-        lease, choices = given
+        lease, choices = admission.lease, admission.persistent
+        if lease is None:
+            return None
         state = turn.session_state
-        if lease.generation > state.persistent.run_generation + 1:
-            return False
-        return choices is not None or not self._choices_stale(state)
-
-    def _take_given_lease(self, turn: Turn, lease: Lease, choices: dict[str, Any] | None) -> bool:
-        """:meth:`_take_lease` for a lease that came with the message, in one step.
-
-        Only when :meth:`_lease_at_once` said so: nothing here awaits.
-        """
-        state = turn.session_state
+        stale = self._choices_stale(state)
+        if lease.generation > state.persistent.run_generation + 1 or (stale and choices is None):
+            return None
         self.leases.hold(state, lease)  # released however the turn ends
         if not self._bind(turn, lease):
             return False
-        if choices is not None and self._choices_stale(state):
+        if stale and choices is not None:
             self._apply_choices(turn, choices)
         self._started(turn)
         return True
@@ -470,7 +466,7 @@ class TurnEngine:
         Its grant may have been answered long after the store made it (a
         network cut mid-reply); the store may already have let another process in.
         """
-        return expires_within(lease, expiry_margin(self.settings.leases))
+        return expires_within(lease, self._expiry_margin)
 
     async def _wait_for_lease(
         self, turn: Turn, admission: Admission | None
@@ -722,13 +718,6 @@ class TurnEngine:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
         self.outcomes.end(self.outcomes.open_ids(), Outcome.SHUT_DOWN)
-
-
-def _given_lease(admission: Admission | None) -> tuple[Lease, dict[str, Any] | None] | None:
-    """The lease that came with the message and the choices read with it, if one came."""
-    if admission is None or admission.lease is None:
-        return None
-    return admission.lease, admission.persistent
 
 
 def _must_propagate(error: BaseException) -> bool:
