@@ -265,6 +265,17 @@ class TestPersistentState:
             persistent.run_generation -= 1
         assert persistent.run_generation == 9
 
+    def test_advancing_the_generation_is_checked_as_assigning_it(self) -> None:
+        persistent = PersistentState(run_generation=3)
+        persistent.advance_generation(3)
+        persistent.advance_generation(5)
+        assert persistent.run_generation == 5
+        with pytest.raises(ValueError, match="only grows"):
+            persistent.advance_generation(4)
+        with pytest.raises(TypeError):
+            persistent.advance_generation(True)
+        assert persistent.run_generation == 5
+
     def test_reset_field_cannot_lower_the_generation(self) -> None:
         persistent = PersistentState(run_generation=1)
         with pytest.raises(ValueError, match="only grows"):

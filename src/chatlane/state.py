@@ -313,6 +313,19 @@ class PersistentState:
             _check_generation(getattr(self, "run_generation", 0), value)
         object.__setattr__(self, name, value)
 
+    def advance_generation(self, generation: int) -> None:
+        """Take ``generation`` (a lease's) as ``run_generation``; as assigning it, checked once.
+
+        :raises ValueError: for a generation smaller than the current one.
+        """
+        if type(generation) is not int:
+            _check_generation(self.run_generation, generation)
+        elif generation < self.run_generation:
+            raise ValueError(
+                f"run_generation only grows: cannot go from {self.run_generation} to {generation}"
+            )
+        object.__setattr__(self, "run_generation", generation)
+
     def bump_generation(self) -> int:
         """Advance ``run_generation`` by one and return the new value."""
         self.run_generation += 1

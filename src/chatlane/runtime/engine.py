@@ -74,7 +74,7 @@ from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
-from chatlane.runtime.upkeep import Upkeep, expires_within, expiry_margin
+from chatlane.runtime.upkeep import Upkeep, expiry_margin
 from chatlane.state import SessionRegistry, SessionState
 from chatlane.stores.base import Admission, Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
@@ -453,7 +453,7 @@ class TurnEngine:
         if not self._still_wanted(turn) or lease.generation < known or self._expiring(lease):
             turn.end(TurnEnd.LEASE_LOST)
             return False
-        state.persistent.run_generation = lease.generation
+        state.persistent.advance_generation(lease.generation)
         return True
 
     def _started(self, turn: Turn) -> None:
@@ -466,7 +466,7 @@ class TurnEngine:
         Its grant may have been answered long after the store made it (a
         network cut mid-reply); the store may already have let another process in.
         """
-        return expires_within(lease, self._expiry_margin)
+        return lease.expires_at - time.time() <= self._expiry_margin  # as expires_within()
 
     async def _wait_for_lease(
         self, turn: Turn, admission: Admission | None

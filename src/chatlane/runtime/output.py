@@ -250,8 +250,9 @@ def _fields(turn: Turn) -> dict[str, object]:
 def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
     """The one fenced write that records a turn's input and its answer."""
     g = turn.generation
-    inputs = [*turn.messages, *turn.steered]
-    entries = [TranscriptEntry("user", m.text, g, message_id=m.id) for m in inputs]
+    entries = []
+    for m in (*turn.messages, *turn.steered):  # a loop, as most turns answer one message
+        entries.append(TranscriptEntry("user", m.text, g, message_id=m.id))
     entries.append(TranscriptEntry(role, text, g))
     answered = list(turn.message_ids)
     return WriteBatch(transcript=entries, answered=answered, done=list(turn.seqs), answer=text)
