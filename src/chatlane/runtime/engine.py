@@ -16,8 +16,11 @@ What stays true:
 * A message to a session idle here is queued and given the session's lease
   (with its stored choices) in one store call, and a turn that answers
   commits and releases its lease in one more: two store calls per turn
-  (:mod:`chatlane.runtime.leases`). A turn whose lease was refused waits for
-  it as any other.
+  (:mod:`chatlane.runtime.leases`). Such a turn takes the lease, and the
+  choices read with it, in one step with no store call of its own, unless
+  one may be needed (the generation moved on elsewhere, stale choices and
+  none read); then, as a turn whose lease was refused, it takes the general
+  path and waits for the lease as any other.
 * A reply is recorded against the messages it answers before it is
   delivered, and a message is answered at most once — a turn re-run after a
   crash cannot deliver a second answer.
