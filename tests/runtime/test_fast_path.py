@@ -12,18 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from chatlane.identity import SessionSource
 from chatlane.runtime.busy import BusyPolicy
+from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.runtime.persisted import at_rest, refresh_persistent
-from chatlane.runtime.turn import Turn
+from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import SERVICE_TIER_UNSET, SessionState
-from chatlane.stores import MemoryStore
+from chatlane.stores import Admission, MemoryStore
+from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
-from chatlane.types import ModelChoice, OutboundKind
+from chatlane.types import InboundMessage, ModelChoice, Outbound, OutboundKind
+from tests.keys import chat_key
+from tests.runtime.agents import EchoAgent
+
+
+async def deliver_nothing(outbound: Outbound) -> None:
+    return None
+
 
 CONVERSATIONS = st.sampled_from(["", "c_1", "c_2"])
 STORED = st.fixed_dictionaries(
@@ -160,3 +171,38 @@ async def test_many_sessions_at_once_each_answer_every_message_once_in_order() -
             assert await engine.store.pending(key) == []
             assert await engine.store.generation(key) == per_session
     assert engine.metrics.turns_started == sessions * per_session
+
+
+async def given_turn(engine: TurnEngine, *, choices: bool) -> tuple[Turn, Admission]:
+    """A claimed turn of a fresh message, and what the store said when it queued it."""
+    key = chat_key("c1")
+    state = await engine.session(key)
+    message = InboundMessage(SessionSource("test", chat_id="c1", user_id="u1"), "hi")
+    payload = encode_message(message)
+    admission = await engine.leases.admit(state, message.id, payload, choices=choices)
+    turn = Turn.of(state, (message,), (admission.seq,), TurnOverrides())
+    engine.slots.claim(turn)
+    return turn, admission
+
+
+async def test_a_given_lease_with_fresh_choices_is_taken_in_one_step() -> None:
+    engine = TurnEngine(EchoAgent(), deliver_nothing, settings=RuntimeSettings(reread_stored=60))
+    turn, admission = await given_turn(engine, choices=False)
+    turn.session_state.read_at = time.monotonic()  # read just now
+    assert engine._take_given_lease(turn, admission) is True
+    assert admission.lease is not None
+    assert turn.lease == admission.lease
+    assert turn.generation == turn.session_state.persistent.run_generation == 1
+    await engine.aclose()
+
+
+async def test_stale_choices_that_did_not_come_with_the_lease_take_the_general_path() -> None:
+    engine = TurnEngine(EchoAgent(), deliver_nothing, settings=RuntimeSettings(reread_stored=60))
+    turn, admission = await given_turn(engine, choices=False)
+    turn.session_state.read_at = time.monotonic() - 61  # went stale since the message came
+    assert engine._take_given_lease(turn, admission) is None
+    assert turn.lease is None  # nothing was done: the general path takes it all
+    assert turn.session_state.turn.lease_tokens == {}
+    assert await engine._take_lease(turn, admission) is True
+    assert turn.session_state.read_at > time.monotonic() - 1  # read with a call of its own
+    await engine.aclose()
