@@ -24,6 +24,7 @@ from chatlane.state import (
     SessionState,
     SlotPhase,
     TurnState,
+    _reset_fields,
     default_value,
     reset_field,
     reset_scope,
@@ -144,6 +145,32 @@ class TestTurnState:
         turn.clear()
         assert turn.progress == []
 
+    def test_clear_of_a_plain_slot_matches_the_walk_over_its_fields(self) -> None:
+        walked = TurnState()
+        dirty_turn(walked)
+        cleared = copy.deepcopy(walked)
+        _reset_fields(walked, keep=frozenset({"lease_tokens"}))  # what a subclass gets
+        cleared.clear()
+        assert cleared == walked
+        assert [f.name for f in fields(TurnState)] == [
+            "phase",
+            "current",
+            "started_ts",
+            "lease",
+            "busy_ack_ts",
+            "lease_tokens",
+            "approval_requests",
+            "legacy_agent",
+        ], "a new TurnState field must be reset by TurnState.clear too"
+
+    def test_clear_gives_a_fresh_dict_for_waiting_approval_requests(self) -> None:
+        turn = TurnState()
+        requests = turn.approval_requests
+        requests["r1"] = "a request"
+        turn.clear()
+        assert turn.approval_requests == {}
+        assert requests == {"r1": "a request"}  # what held the old one keeps it
+
 
 class TestLeaseTokens:
     def test_release_exactly_once(self) -> None:
@@ -237,6 +264,17 @@ class TestPersistentState:
         with pytest.raises(ValueError, match="only grows"):
             persistent.run_generation -= 1
         assert persistent.run_generation == 9
+
+    def test_advancing_the_generation_is_checked_as_assigning_it(self) -> None:
+        persistent = PersistentState(run_generation=3)
+        persistent.advance_generation(3)
+        persistent.advance_generation(5)
+        assert persistent.run_generation == 5
+        with pytest.raises(ValueError, match="only grows"):
+            persistent.advance_generation(4)
+        with pytest.raises(TypeError):
+            persistent.advance_generation(True)
+        assert persistent.run_generation == 5
 
     def test_reset_field_cannot_lower_the_generation(self) -> None:
         persistent = PersistentState(run_generation=1)

@@ -204,7 +204,9 @@ class Gateway:
         key = build_session_key(message.source, self.settings.key_policy)
         if self.scheduler is not None and not message.internal:
             self.scheduler.touch(key, message.source)
-        parsed = None if message.internal else await self._command_for(key, message)
+        parsed = None
+        if not message.internal and self._may_be_command(key, message):
+            parsed = await self._command_for(key, message)
         if parsed is not None:
             policy = self._sends_as(parsed)
             if not policy:
@@ -232,6 +234,18 @@ class Gateway:
             return DispatchResult(key, message.id, outcome=outcome, command=parsed.name)
         await self.engine.send(OutboundKind.REPLY, key, message.source, reply, ids)
         return DispatchResult(key, message.id, command=parsed.name)
+
+    def _may_be_command(self, key: SessionKey, message: InboundMessage) -> bool:
+        """Whether ``message`` may be a command (:meth:`_command_for` decides).
+
+        Plain text (most messages: neither a slash command nor a yes or no)
+        is none; it cancels a pending confirmation, as :meth:`_command_for` would.
+        """
+        word = message.text.strip()
+        if word[:1] == "/" or word.lower() in _YES_OR_NO:
+            return True
+        self._cancel_confirmation(key)
+        return False
 
     async def _command_for(self, key: SessionKey, message: InboundMessage) -> ParsedCommand | None:
         """The command ``message`` means: a slash command, or a yes/no to a pending question.

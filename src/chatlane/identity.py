@@ -200,7 +200,14 @@ def build_session_key(source: SessionSource, policy: KeyPolicy = KeyPolicy()) ->
             f"a session source needs a chat id or a user id (platform {source.platform!r})"
         )
     return _key_of(
-        source.platform, source.chat_type, source.chat_id, source.thread_id, source.user_id, policy
+        source.platform,
+        source.chat_type,
+        source.chat_id,
+        source.thread_id,
+        source.user_id,
+        policy.namespace,
+        policy.group_sessions_per_user,
+        policy.thread_sessions_per_user,
     )
 
 
@@ -211,10 +218,17 @@ def _key_of(
     chat_id: str | None,
     thread_id: str | None,
     user_id: str | None,
-    policy: KeyPolicy,
+    namespace: str,
+    group_sessions_per_user: bool,
+    thread_sessions_per_user: bool,
 ) -> SessionKey:
-    """The key of a valid source, from the only fields a key depends on (recent ones cached)."""
-    parts = [policy.namespace, platform, chat_type.value, chat_id or ""]
+    """The key of a valid source, from the only fields a key depends on (recent ones cached).
+
+    The policy comes as its fields, not as a :class:`KeyPolicy`, so the cache
+    hashes and compares only strings and flags.
+    """
+    policy = KeyPolicy(namespace, group_sessions_per_user, thread_sessions_per_user)
+    parts = [namespace, platform, chat_type.value, chat_id or ""]
     if user_id is not None and _includes_user(chat_id, chat_type, thread_id, policy):
         parts += [thread_id or "", user_id]
     elif thread_id is not None:

@@ -220,15 +220,28 @@ class TurnState:
             self.phase, self.legacy_agent = SlotPhase.RUNNING, value
 
     def clear(self) -> None:
-        """Reset every field, including subclass fields, except ``lease_tokens``."""
-        _reset_fields(self, keep=_KEEP_LEASE_TOKENS)
+        """Reset every field, including subclass fields, except ``lease_tokens``.
+
+        A plain :class:`TurnState` (not a subclass) is reset field by field
+        here, as every turn ends with this; an empty ``approval_requests`` is
+        kept, since it already is its default. A test checks this against
+        the walk over :func:`dataclasses.fields` that resets any other class.
+        """
+        if type(self) is not TurnState:
+            _reset_fields(self, keep=_KEEP_LEASE_TOKENS)
+            return
+        self.phase, self.current, self.started_ts, self.lease = _IDLE, None, 0.0, None
+        self.busy_ack_ts, self.legacy_agent = 0.0, None
+        if self.approval_requests:
+            self.approval_requests = {}
 
     def store_lease_token(self, generation: int, token: Any) -> None:
         """Record the lease token acquired by the turn of ``generation``.
 
         :raises LeaseError: if that generation already holds a different token.
         """
-        if self.lease_tokens.get(generation, token) != token:
+        held = self.lease_tokens.get(generation, token)
+        if held is not token and held != token:
             raise LeaseError(f"generation {generation} already holds a lease token")
         self.lease_tokens[generation] = token
 
@@ -299,6 +312,19 @@ class PersistentState:
         if name == "run_generation":
             _check_generation(getattr(self, "run_generation", 0), value)
         object.__setattr__(self, name, value)
+
+    def advance_generation(self, generation: int) -> None:
+        """Take ``generation`` (a lease's) as ``run_generation``; as assigning it, checked once.
+
+        :raises ValueError: for a generation smaller than the current one.
+        """
+        if type(generation) is not int:
+            _check_generation(self.run_generation, generation)
+        elif generation < self.run_generation:
+            raise ValueError(
+                f"run_generation only grows: cannot go from {self.run_generation} to {generation}"
+            )
+        object.__setattr__(self, "run_generation", generation)
 
     def bump_generation(self) -> int:
         """Advance ``run_generation`` by one and return the new value."""

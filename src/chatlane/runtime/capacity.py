@@ -92,33 +92,36 @@ class Capacity:
 
         :raises GatewayFull: if a limit would be passed; nothing was counted.
         """
-        if new_session:
-            self._check_live()
-        self._reserve(message)
+        settings = self.settings
+        if new_session and self._live() + self._arriving >= settings.live_sessions:
+            self._refuse_live()
+        size = message_bytes(message)
+        if self._total + size > settings.queued_bytes or len(self._sizes) >= self._recount_at:
+            self._recount_for(size)
+        message_id, sizes = message.id, self._sizes  # counted once, however often reserved
+        self._total += size - sizes.get(message_id, 0)
+        sizes[message_id] = size
         self._arriving += new_session
-        self._storing[message.id] = message
+        self._storing[message_id] = message
 
     def settled(self, message: InboundMessage, *, new_session: bool) -> None:
         """``message`` is stored and accepted (or refused): the engine holds it from now on."""
         self._arriving -= new_session
         self._storing.pop(message.id, None)
 
-    def _check_live(self) -> None:
+    def _refuse_live(self) -> None:
         limit = self.settings.live_sessions
         live = self._live() + self._arriving
-        if live >= limit:
-            raise GatewayFull("live_sessions", f"{live} sessions are live (limit {limit})")
+        raise GatewayFull("live_sessions", f"{live} sessions are live (limit {limit})")
 
-    def _reserve(self, message: InboundMessage) -> None:
-        size, limit = message_bytes(message), self.settings.queued_bytes
-        if self._total + size > limit or len(self._sizes) >= self._recount_at:
-            self._recount()
+    def _recount_for(self, size: int) -> None:
+        """Recount; :raises GatewayFull: if ``size`` more bytes would still pass the limit."""
+        self._recount()
+        limit = self.settings.queued_bytes
         if self._total + size > limit:
             raise GatewayFull(
                 "queued_bytes", f"{self._total} bytes wait to be answered (limit {limit})"
             )
-        self._total += size - self._sizes.get(message.id, 0)
-        self._sizes[message.id] = size
 
     def _recount(self) -> None:
         held = [*self._held(), *self._storing.values()]

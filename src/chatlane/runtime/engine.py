@@ -16,8 +16,11 @@ What stays true:
 * A message to a session idle here is queued and given the session's lease
   (with its stored choices) in one store call, and a turn that answers
   commits and releases its lease in one more: two store calls per turn
-  (:mod:`chatlane.runtime.leases`). A turn whose lease was refused waits for
-  it as any other.
+  (:mod:`chatlane.runtime.leases`). Such a turn takes the lease, and the
+  choices read with it, in one step with no store call of its own, unless
+  one may be needed (the generation moved on elsewhere, stale choices and
+  none read); then, as a turn whose lease was refused, it takes the general
+  path and waits for the lease as any other.
 * A reply is recorded against the messages it answers before it is
   delivered, and a message is answered at most once — a turn re-run after a
   crash cannot deliver a second answer.
@@ -64,6 +67,7 @@ from chatlane.runtime.outcomes import OnOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
+    at_rest,
     load_persistent,
     nothing_to_save,
     refresh_persistent,
@@ -73,7 +77,7 @@ from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopResult
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
-from chatlane.runtime.upkeep import Upkeep, expires_within, expiry_margin
+from chatlane.runtime.upkeep import Upkeep, expiry_margin
 from chatlane.state import SessionRegistry, SessionState
 from chatlane.stores.base import Admission, Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
@@ -141,6 +145,7 @@ class TurnEngine:
             turn_timeout=self.settings.turn_timeout,
         )
         self.capacity = Capacity(self.settings.capacity, self.slots)
+        self._expiry_margin = expiry_margin(self.settings.leases)
 
     @property
     def closed(self) -> bool:
@@ -174,7 +179,11 @@ class TurnEngine:
             admission = await self.leases.admit(state, message.id, payload, choices=stale)
             if not state.loaded:
                 state = await self._load_admitted(key, admission)
-            return await self.accept(key, message, admission.seq, admission, state)
+            state, seq = self._accepted(key, message, state), admission.seq
+            if not state.turn.is_running:  # it does not coalesce: asked above
+                self._start(state, (message,), (seq,), refusable=True, admission=admission)
+                return None
+            return await self._arrive_busy(state, message, seq, admission)
         finally:
             self.capacity.settled(message, new_session=new_session)
 
@@ -233,16 +242,32 @@ class TurnEngine:
         :param held: ``key``'s state as the caller read it before the store
             call; used if the registry still holds it, else read again.
         """
-        self._ensure_background()
-        self.outcomes.open(key, message)
-        state = held if held is not None and self.registry.peek(key) is held else None
-        if state is None:
-            state = self.registry.get(key)
+        state = self._accepted(key, message, held)
         if not state.turn.is_running:
             if self.busy.coalesces(message):
                 return self.busy.coalesce(state, message, seq)
             self._start(state, (message,), (seq,), refusable=True, admission=admission)
             return None
+        return await self._arrive_busy(state, message, seq, admission)
+
+    def _accepted(
+        self, key: SessionKey, message: InboundMessage, held: SessionState | None
+    ) -> SessionState:
+        """``message`` is in the durable queue: open its outcome; ``key``'s state as held now.
+
+        ``held`` is the state the caller read before the store call; it is
+        used if the registry still holds it, else the state is read again.
+        """
+        self._ensure_background()
+        self.outcomes.open(key, message)
+        if held is not None and self.registry.peek(key) is held:
+            return held
+        return self.registry.get(key)
+
+    async def _arrive_busy(
+        self, state: SessionState, message: InboundMessage, seq: int, admission: Admission | None
+    ) -> BusyOutcome:
+        """``message`` found its session running here: the busy policy decides."""
         if admission is not None and admission.lease is not None:
             self.slots.spawn(self.leases.let_go(state, admission.lease))  # a turn started meanwhile
         return await self.busy.arrive(state, message, seq)
@@ -342,12 +367,12 @@ class TurnEngine:
     async def _drive(self, turn: Turn, admission: Admission | None) -> None:
         state = turn.session_state
         try:
-            if await self._take_lease(turn, admission) and not (
-                turn.messages[0].idempotent and await self.output.replayed(turn)
-            ):
+            taken = None if admission is None else self._take_given_lease(turn, admission)
+            if taken is None:
+                taken = await self._take_lease(turn, admission)
+            if taken and not (turn.messages[0].idempotent and await self.output.replayed(turn)):
                 state.turn.run(turn)
-                text = await self.output.run_agent(self.agent, turn)
-                await self.output.reply(turn, text)
+                await self.output.answer(self.agent, turn)
         except BaseException as error:
             if _must_propagate(error):
                 log.info("turn cancelled", extra=turn_fields(turn.session_key, turn.generation))
@@ -361,6 +386,30 @@ class TurnEngine:
                     await self.aftermath.settle(turn)
             finally:
                 self.slots.finish(turn)
+
+    def _take_given_lease(self, turn: Turn, admission: Admission) -> bool | None:
+        """:meth:`_take_lease` in one step, for a lease that came with the message.
+
+        :returns: whether the turn runs; ``None``, with nothing done, where
+            it takes :meth:`_take_lease` instead: no lease came, the
+            generation moved on elsewhere since this process last saw the
+            session (the store's queue is read first), or the stored choices
+            are stale and none came with the lease.
+        """
+        lease, choices = admission.lease, admission.persistent
+        if lease is None:
+            return None
+        state = turn.session_state
+        stale = self._choices_stale(state)
+        if lease.generation > state.persistent.run_generation + 1 or (stale and choices is None):
+            return None
+        self.leases.hold(state, lease)  # released however the turn ends
+        if not self._bind(turn, lease):
+            return False
+        if stale and choices is not None:
+            self._apply_choices(turn, choices)
+        self._started(turn)
+        return True
 
     async def _take_lease(self, turn: Turn, admission: Admission | None) -> bool:
         """Take the session's lease for ``turn``; False if the turn was dropped.
@@ -386,19 +435,33 @@ class TurnEngine:
             if taken is None:
                 return False
             lease, choices = taken
+        known = state.persistent.run_generation
+        if not self._bind(turn, lease):
+            return False
+        if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
+            return False  # another process ran or stopped the session meanwhile
+        await self._take_choices(turn, choices)
+        self._started(turn)
+        return True
+
+    def _bind(self, turn: Turn, lease: Lease) -> bool:
+        """Make ``lease`` the turn's and its generation the session's; False if it came too late.
+
+        Too late: the turn is no longer wanted, the session's generation moved
+        past the lease's, or the lease expires within the margin.
+        """
+        state = turn.session_state
         turn.bind_lease(lease)  # from here the lease is released however the turn ends
         known = state.persistent.run_generation
         if not self._still_wanted(turn) or lease.generation < known or self._expiring(lease):
             turn.end(TurnEnd.LEASE_LOST)
             return False
-        state.persistent.run_generation = lease.generation
-        if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
-            return False  # another process ran or stopped the session meanwhile
-        if self._choices_stale(state):
-            await self._take_choices(turn, choices)
+        state.persistent.advance_generation(lease.generation)
+        return True
+
+    def _started(self, turn: Turn) -> None:
         turn.touch()
         self.metrics.turn_started()
-        return True
 
     def _expiring(self, lease: Lease) -> bool:
         """Whether ``lease`` came too late to run under: it expires here within the margin.
@@ -406,7 +469,7 @@ class TurnEngine:
         Its grant may have been answered long after the store made it (a
         network cut mid-reply); the store may already have let another process in.
         """
-        return expires_within(lease, expiry_margin(self.settings.leases))
+        return lease.expires_at - time.time() <= self._expiry_margin  # as expires_within()
 
     async def _wait_for_lease(
         self, turn: Turn, admission: Admission | None
@@ -453,11 +516,7 @@ class TurnEngine:
     async def _take_choices(self, turn: Turn, fields: Mapping[str, object] | None) -> None:
         """Take up stored choices another process may have changed, if older than
         ``reread_stored``: ``fields`` if the store read them with the message or
-        the lease, else a read of their own.
-
-        Only what the store changed reaches the turn: its overrides were
-        resolved when it started, and a ``/model --once`` sent since is for
-        the next turn.
+        the lease, else a read of their own (:meth:`_apply_choices`).
         """
         state = turn.session_state
         if not self._choices_stale(state):
@@ -468,6 +527,19 @@ class TurnEngine:
             except ChatlaneError as error:
                 log.warning("kept the choices read before: %s", error, extra=turn_fields(state.key))
                 return
+        self._apply_choices(turn, fields)
+
+    def _apply_choices(self, turn: Turn, fields: Mapping[str, object]) -> None:
+        """Apply the stored choices ``fields`` to ``turn``'s session.
+
+        Only what the store changed reaches the turn: its overrides were
+        resolved when it started, and a ``/model --once`` sent since is for
+        the next turn.
+        """
+        state = turn.session_state
+        if at_rest(state, fields):  # most sessions: no choice here nor in the store
+            state.read_at = time.monotonic()
+            return
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):
             self.approvals.end_conversation(state)

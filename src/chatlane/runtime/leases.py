@@ -34,7 +34,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import closing
 
 from chatlane.errors import (
@@ -100,9 +100,9 @@ class LeaseKeeper:
         self.settings = settings
         self.beats = BeatGaps()
 
-    async def admit(
+    def admit(
         self, state: SessionState, message_id: str, payload: bytes, *, choices: bool
-    ) -> Admission:
+    ) -> Awaitable[Admission]:
         """Queue a message for ``state``'s session and take the session's lease with it.
 
         One store call: the message is durable whatever becomes of the lease.
@@ -113,7 +113,7 @@ class LeaseKeeper:
         :raises ChatlaneError: the store could not be asked; nothing was queued.
         """
         settings = self.settings
-        return await self.store.enqueue_and_acquire(
+        return self.store.enqueue_and_acquire(
             state.key,
             message_id,
             self.holder,

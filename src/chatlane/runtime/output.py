@@ -25,7 +25,13 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from types import CoroutineType
 
-from chatlane.errors import AlreadyAnswered, StaleGeneration, StoreDamaged, StoreError
+from chatlane.errors import (
+    AlreadyAnswered,
+    ChatlaneError,
+    StaleGeneration,
+    StoreDamaged,
+    StoreError,
+)
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store, retryable
 from chatlane.runtime.ending import TurnEnd
@@ -52,14 +58,23 @@ class TurnOutput:
         self._outcomes = outcomes
         self.on_fenced: Callable[[], None] | None = None
 
-    async def run_agent(self, agent: Agent, turn: Turn) -> str:
-        """Call ``agent`` and return its whole reply, streaming chunks as they come.
+    async def answer(self, agent: Agent, turn: Turn) -> None:
+        """Run ``agent`` for ``turn``, commit its whole reply, deliver it if still current.
+
+        Chunks are streamed as they come. Once committed, the messages are
+        answered, delivered or not.
 
         :raises TypeError: if the agent returns something other than text or chunks of text.
         """
         result: object = agent(turn)
         if type(result) is CoroutineType or inspect.isawaitable(result):
             result = await result
+        text = result if type(result) is str else await self._text_of(turn, result)
+        if await self._commit(turn, "assistant", text):
+            await self._outlet.to_turn(turn, _REPLY, text)
+
+    async def _text_of(self, turn: Turn, result: object) -> str:
+        """The whole reply in ``result``: text, or chunks of text streamed as they come."""
         if isinstance(result, str):
             return result
         if isinstance(result, AsyncIterator):
@@ -82,14 +97,6 @@ class TurnOutput:
             if aclose is not None:
                 await aclose()
         return "".join(parts)
-
-    async def reply(self, turn: Turn, text: str) -> None:
-        """Commit the reply for ``turn``'s messages, then deliver it (if still current).
-
-        Once committed, the messages are answered, delivered or not.
-        """
-        if await self._commit(turn, "assistant", text):
-            await self._outlet.to_turn(turn, _REPLY, text)
 
     async def replayed(self, turn: Turn) -> bool:
         """Whether ``turn`` was answered before, and its answer was delivered again.
@@ -141,22 +148,46 @@ class TurnOutput:
         if not turn.is_current():
             turn.end(TurnEnd.LEASE_LOST)
             return self._fenced(turn, "reply")
+        batch = _answer(turn, role, text)
         try:
-            await self._fenced_commit(turn, _answer(turn, role, text))
-        except (StaleGeneration, StoreError):
-            turn.end(TurnEnd.LEASE_LOST)
-            return self._fenced(turn, "reply commit")
-        except AlreadyAnswered as error:
-            log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
-            await self._forget(turn)
-            self._outcomes.watch(turn.message_ids)  # the store has the answer
-            return False
+            await self._leases.commit_and_release(turn.session_state, turn.generation, batch)
+        except StoreError as error:
+            refused = await self._commit_through(turn, batch, error)
+        except (StaleGeneration, AlreadyAnswered) as error:
+            refused = error
+        else:
+            refused = None
+        if refused is not None:
+            return await self._refused(turn, refused)
         turn.mark_answered()
         if failure:
             self._outcomes.end(turn.message_ids, Outcome.FAILED, text, failure)
         else:
             self._outcomes.end(turn.message_ids, _ANSWERED, text)
         return turn.is_current() or self._fenced(turn, "delivery")
+
+    async def _commit_through(
+        self, turn: Turn, batch: WriteBatch, error: StoreError
+    ) -> ChatlaneError | None:
+        """Commit ``batch`` again after ``error``, through an outage while the turn is current.
+
+        :returns: ``None`` once committed, else the error that refused it.
+        """
+        try:
+            await self._retry_commit(turn, batch, error)
+        except (StaleGeneration, StoreError, AlreadyAnswered) as refused:
+            return refused
+        return None
+
+    async def _refused(self, turn: Turn, error: ChatlaneError) -> bool:
+        """A refused commit: the turn lost its lease, or its messages were answered before."""
+        if not isinstance(error, AlreadyAnswered):
+            turn.end(TurnEnd.LEASE_LOST)
+            return self._fenced(turn, "reply commit")
+        log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
+        await self._forget(turn)
+        self._outcomes.watch(turn.message_ids)  # the store has the answer
+        return False
 
     async def _forget(self, turn: Turn) -> None:
         """Remove the queued records of messages an earlier run already answered."""
@@ -177,15 +208,24 @@ class TurnOutput:
         try:
             await self._leases.commit_and_release(state, generation, batch)
         except StoreError as error:
-            if not retryable(error) or not turn.is_current():
-                raise
-            log.warning("commit failed, retrying: %s", error, extra=_fields(turn))
-            await retry_store(
-                lambda: self._leases.commit_and_release(state, generation, batch),
-                wanted=turn.is_current,
-                what="commit",
-                fields=_fields(turn),
-            )
+            await self._retry_commit(turn, batch, error)
+
+    async def _retry_commit(self, turn: Turn, batch: WriteBatch, error: StoreError) -> None:
+        """Retry a commit that failed with ``error``, if it may be retried and the turn is current.
+
+        :raises StoreError: ``error`` itself, or the store stayed out of reach
+            until the turn went stale.
+        """
+        if not retryable(error) or not turn.is_current():
+            raise error
+        state, generation = turn.session_state, turn.generation
+        log.warning("commit failed, retrying: %s", error, extra=_fields(turn))
+        await retry_store(
+            lambda: self._leases.commit_and_release(state, generation, batch),
+            wanted=turn.is_current,
+            what="commit",
+            fields=_fields(turn),
+        )
 
     def _fenced(self, turn: Turn, what: str) -> bool:
         log.info("fenced stale %s", what, extra=_fields(turn))
@@ -210,8 +250,9 @@ def _fields(turn: Turn) -> dict[str, object]:
 def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
     """The one fenced write that records a turn's input and its answer."""
     g = turn.generation
-    inputs = [*turn.messages, *turn.steered]
-    entries = [TranscriptEntry("user", m.text, g, message_id=m.id) for m in inputs]
+    entries = []
+    for m in (*turn.messages, *turn.steered):  # a loop, as most turns answer one message
+        entries.append(TranscriptEntry("user", m.text, g, message_id=m.id))
     entries.append(TranscriptEntry(role, text, g))
     answered = list(turn.message_ids)
     return WriteBatch(transcript=entries, answered=answered, done=list(turn.seqs), answer=text)

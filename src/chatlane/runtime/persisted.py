@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -150,6 +150,31 @@ def refresh_persistent(state: SessionState, fields: Mapping[str, object]) -> boo
     if once:
         conversation.model_override = model
     return changed
+
+
+_CHOICES: Final = frozenset(
+    {BUSY_POLICY, MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIER_OVERRIDE, APPROVAL_ALLOWLIST}
+)
+"""The stored fields :func:`refresh_persistent` takes up besides the conversation id."""
+
+
+def at_rest(state: SessionState, fields: Mapping[str, object]) -> bool:
+    """Whether :func:`refresh_persistent` of ``fields`` would change nothing but ``read_at``.
+
+    True for the common case only, and then exactly: the stored fields name
+    no choice and the conversation this process holds, and ``state`` holds no
+    choice either (no model, reasoning or service tier override, no busy
+    policy of its own). Anything else is taken up in full.
+    """
+    conversation = state.conversation
+    return (
+        conversation.model_override is None
+        and conversation.reasoning_override is None
+        and conversation.service_tier_override is SERVICE_TIER_UNSET
+        and state.persistent.busy_policy is None
+        and _text(fields.get(CONVERSATION_ID)) == conversation.conversation_id
+        and _CHOICES.isdisjoint(fields)
+    )
 
 
 def _apply_choices(state: SessionState, fields: Mapping[str, object]) -> None:

@@ -105,7 +105,7 @@ class Slots:
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
         slot = state.turn
-        if not slot.holds(turn):
+        if slot.current is not turn:  # as slot.holds(turn): a turn is never None
             if not slot.is_running:
                 self.promote(state)  # an evicted turn's untaken steers still run
             return

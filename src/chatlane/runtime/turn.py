@@ -68,6 +68,9 @@ class TurnOverrides(msgspec.Struct, frozen=True):
         return msgspec.structs.replace(self, **changed) if changed else self
 
 
+_message_id = attrgetter("id")
+"""A message's id, read in C: a turn's ids are made on every turn."""
+
 _assign = msgspec.structs.force_setattr
 """How a turn's own methods set its read-only attributes."""
 
@@ -156,7 +159,7 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
             state,
             state.key,
             messages,
-            tuple([message.id for message in messages]),
+            tuple(map(_message_id, messages)),
             messages[-1].source,
             overrides,
             asyncio.Event(),
@@ -342,7 +345,8 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     def untaken_steers(self) -> list[tuple[InboundMessage, int]]:
         """Steered messages (and seqs) the agent never took (engine side, at the end)."""
         untaken = self._steers
-        _assign(self, "_steers", [])
+        if untaken:  # most turns were steered nothing: nothing to replace
+            _assign(self, "_steers", [])
         return untaken
 
     async def request_approval(self, command: str, reason: str = "") -> bool:

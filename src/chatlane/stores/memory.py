@@ -15,6 +15,7 @@ too, and what a caller passes in or gets back is never the stored object.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -64,6 +65,10 @@ class _Mark(NamedTuple):
     answer: str
 
 
+_new_mark = functools.partial(tuple.__new__, _Mark)
+"""Makes a :class:`_Mark` of ``(at, answer)`` without the named tuple's Python ``__new__``."""
+
+
 @dataclass(slots=True)
 class _Session:
     generation: int = 0
@@ -72,6 +77,7 @@ class _Session:
     """Field name → its value as JSON text: stored apart from the caller's objects."""
     conversations: list[Conversation] = field(default_factory=list)
     current: str = ""
+    """The id of the current one of ``conversations``; "" until the first starts."""
     pending: dict[int, PendingRecord] = field(default_factory=dict)
 
 
@@ -122,8 +128,9 @@ class MemoryStore(Store):
     def _acquire(
         self, key: SessionKey, holder: str, ttl: float, head_seq: int | None, max_active: int
     ) -> Lease:
-        session = self._sessions[key]
-        if self._live_lease(session) is not None:
+        session, moment = self._sessions[key], self._clock()
+        held = session.lease
+        if held is not None and held.expires_at > moment:  # live: as _live_lease reads it
             raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
         if (
             head_seq is not None
@@ -136,7 +143,7 @@ class MemoryStore(Store):
                 f"at the active session limit ({active}/{max_active})", key=key
             )
         session.generation += 1
-        session.lease = Lease(key, holder, new_token(), session.generation, self._clock() + ttl)
+        session.lease = Lease(key, holder, new_token(), session.generation, moment + ttl)
         self._leased.add(key)
         return session.lease
 
@@ -196,31 +203,43 @@ class MemoryStore(Store):
         if generation is not None and generation != session.generation:
             raise StaleGeneration(key, generation, session.generation, "commit")
         moment = self._clock()
-        cutoff = moment - self.answered_retention
         marks = self._answered
-        repeated = [m for m in batch.answered if (mark := marks.get(m)) and mark.at > cutoff]
-        if repeated:
-            raise AlreadyAnswered(repeated, key=key)
-        conversation = self._current(key, session)
-        transcript = self._transcripts[conversation.id]
-        for entry in batch.transcript:
-            transcript.append(_stamped(entry, conversation.id, moment))
+        for message_id in batch.answered:
+            if message_id in marks:  # answered, or answered long ago and forgotten
+                self._refuse_answered(key, batch.answered, moment - self.answered_retention)
+        conversation_id = session.current or self._start(key, session, "").id
+        transcript = self._transcripts[conversation_id]
+        for entry in batch.transcript:  # an entry's own id and time are kept
+            stamped = replace(
+                entry,
+                conversation_id=entry.conversation_id or conversation_id,
+                created_at=entry.created_at or moment,
+            )
+            transcript.append(stamped)
         if fields:
             session.persistent.update(fields)
+        mark = _new_mark((moment, batch.answer))
         for message_id in batch.answered:
             marks.pop(message_id, None)  # a forgotten mark moves to the end
-            marks[message_id] = _Mark(moment, batch.answer)
+            marks[message_id] = mark
         if batch.done:
             for seq in batch.done:
                 self._remove_pending(session, seq)
             self._wakeups.wake(key)
+
+    def _refuse_answered(self, key: SessionKey, message_ids: Sequence[str], cutoff: float) -> None:
+        """:raises AlreadyAnswered: if any of ``message_ids`` was answered after ``cutoff``."""
+        marks = self._answered
+        repeated = [m for m in message_ids if (mark := marks.get(m)) and mark.at > cutoff]
+        if repeated:
+            raise AlreadyAnswered(repeated, key=key)
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return self._load_persistent(key)
 
     def _load_persistent(self, key: SessionKey) -> dict[str, Any]:
         session = self._sessions.get(key)
-        if session is None:
+        if session is None or not session.persistent:
             return {}
         return {name: decode_value(key, name, value) for name, value in session.persistent.items()}
 
@@ -280,10 +299,11 @@ class MemoryStore(Store):
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
         self._commit(lease.key, lease.generation, batch)
-        held = self._sessions[lease.key].lease
+        session = self._sessions[lease.key]
+        held = session.lease
         if held is None or held.token != lease.token:
             return False  # released before: a successor would have moved the generation
-        self._release(lease)
+        session.lease = None  # as _release does for the lease it holds
         return True
 
     # -- conversations -----------------------------------------------------------
@@ -443,14 +463,6 @@ class MemoryStore(Store):
 def _earlier_foreign(session: _Session, head_seq: int, holder: str) -> bool:
     """Whether another holder's message was accepted before ``head_seq``."""
     return any(seq < head_seq and r.owner != holder for seq, r in session.pending.items())
-
-
-def _stamped(entry: TranscriptEntry, conversation_id: str, moment: float) -> TranscriptEntry:
-    return replace(
-        entry,
-        conversation_id=entry.conversation_id or conversation_id,
-        created_at=entry.created_at or moment,
-    )
 
 
 def _ended(conversation: Conversation, moment: float) -> Conversation:
