@@ -19,8 +19,9 @@ What stays true:
 * The loop never waits for the disk: commits in WAL mode with
   ``synchronous=NORMAL`` write to the page cache, and the only syncs —
   checkpoints, every :data:`CHECKPOINT_EVERY` transactions, and the first
-  write after one, which starts the WAL again — run on the writer thread
-  (SQLite's own automatic checkpoint is off).
+  write after a full one, which starts the WAL again — run on the writer
+  thread (SQLite's own automatic checkpoint is off; until that first write
+  is made, the loop's quick calls go to the thread).
 * Group commit: the thread takes every operation already waiting (up to
   :data:`MAX_BATCH`) and runs them in one transaction. An operation that
   raises (``StaleGeneration``, ``SessionBusy``, …) undoes only its own writes
@@ -144,6 +145,8 @@ class Writer:
         self._thread_only_until = 0.0
         self._checkpoint_due = False
         self._checkpointed_at = 0
+        self._restart_due = False
+        """A full checkpoint emptied the WAL: the next write starts it again, and syncs."""
         self._waits = True
         """Whether the connection's busy timeout is the location's (else 0), as last set."""
 
@@ -221,6 +224,7 @@ class Writer:
             and self._stopped is None
             and self.damage is None
             and not self._checkpoint_due
+            and not self._restart_due
             and time.monotonic() >= self._thread_only_until
         )
 
@@ -309,23 +313,21 @@ class Writer:
             return [(call, None, self._store_error(error)) for call in calls]
 
     def _checkpoint(self, connection: sqlite3.Connection) -> None:
-        """Copy the WAL into the main file, then start the WAL again with a write of our own.
+        """Copy the WAL into the main file; after a full one, the thread makes the next write.
 
-        Both sync the disk (the only syncs with ``synchronous=NORMAL``); doing
-        the first write after a full checkpoint here keeps that sync off the loop.
+        Both sync the disk (the only syncs with ``synchronous=NORMAL``: the
+        first write after a full checkpoint starts the WAL again). Keeping
+        that write on this thread keeps its sync off the loop; making it with
+        the next batch, not here, splits the two waits the loop's calls see.
         """
         self._checkpoint_due = False
         try:
             self._wait_when_busy(connection, True)
             busy, logged, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            if not busy and logged == copied:
-                connection.execute("BEGIN IMMEDIATE")
-                connection.execute(_RESTART_WAL)
-                connection.execute("COMMIT")
         except sqlite3.Error as error:  # tried again after the next transactions
-            _rollback(connection)
             log.warning("checkpoint of %s failed: %s", self.location.path, error)
             return
+        self._restart_due = not busy and logged == copied
         self.stats.checkpoints += 1
 
     # -- on either thread, holding the lock ----------------------------------------
@@ -349,6 +351,8 @@ class Writer:
             outcomes = [self._run_one(connection, call) for call in calls]
         if connection.in_transaction:  # not after a lone operation's failure
             connection.execute("COMMIT")
+            if begin == "BEGIN IMMEDIATE":
+                self._restart_due = False  # this write started the WAL again
         stats = self.stats
         stats.transactions += 1
         stats.operations += len(calls)
@@ -418,10 +422,6 @@ class Writer:
         if self._stopped is not None:
             leftovers.append((self._stopped, None, None))
         _deliver(leftovers)
-
-
-_RESTART_WAL = "UPDATE meta SET value = value WHERE name = 'store'"
-"""A write that changes nothing but starts the WAL again after a full checkpoint."""
 
 
 def _signal() -> _Call:
