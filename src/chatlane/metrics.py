@@ -192,7 +192,7 @@ def _sqlite(stats: WriterStats) -> list[str]:
             "chatlane_sqlite_handed_over_total",
             "counter",
             "Batches of a turn's writes the event loop gave the writer thread: calls were "
-            "queued there, another process held the lock, or a batch had been slow.",
+            "queued there, a checkpoint ran, another process held the lock, or a batch was slow.",
             [("", stats.handed_over)],
         ),
         *_metric(
