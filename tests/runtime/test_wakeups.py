@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -26,6 +26,7 @@ from chatlane.stores.postgres import PostgresStore
 from chatlane.stores.postgres import wakeups as pg_wakeups
 from chatlane.stores.postgres.url import parse_url
 from chatlane.testing import GatewayHarness
+from tests.adapters.test_api import eventually
 from tests.stores.conftest import forget_store, own_schema
 
 SLOW_POLL = LeaseSettings(poll=60.0, max_poll=60.0)
@@ -45,13 +46,9 @@ class Gate:
         return f"echo: {turn.text}"
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    while not condition():  # noqa: ASYNC110 - a condition, not an event
-        await asyncio.sleep(0.01)
-
-
 async def echo(turn: Turn) -> str:
-    await asyncio.sleep(random.uniform(0, 0.01))
+    for _ in range(random.randrange(4)):  # turns end in a varying order, not after a time
+        await asyncio.sleep(0)
     return f"echo: {turn.text}"
 
 
@@ -113,7 +110,7 @@ async def test_several_sessions_on_two_gateways_answer_every_message_once(
             delivered = [o.text for h in (one, two) for o in h.outbox]
             return [text for text in delivered if text.startswith("echo: ")]
 
-        await until(lambda: len(answers()) >= len(sent))
+        await eventually(lambda: len(answers()) >= len(sent))
         await one.settle()
         await two.settle()
     assert sorted(answers()) == sorted(expected)  # every message once, none twice
@@ -155,7 +152,7 @@ async def test_without_its_listener_a_waiting_turn_polls_and_the_listener_return
         GatewayHarness(echo, store=waiting_store, leases=quick) as waiting,
         asyncio.timeout(10),
     ):
-        await until(lambda: not listener.listening)
+        await eventually(lambda: not listener.listening)
         await running.send("first", chat_id="c")
         await gate.entered.wait()
         await waiting.send("second", chat_id="c")
@@ -164,5 +161,5 @@ async def test_without_its_listener_a_waiting_turn_polls_and_the_listener_return
         assert await waiting.replies(chat_id="c", count=2) == [BUSY_ELSEWHERE, "echo: second"]
         assert not listener.listening  # it ran by polling
         monkeypatch.setattr(pg_wakeups, "connect", reconnect)
-        await until(lambda: listener.listening)
+        await eventually(lambda: listener.listening)
     assert listener.opened == 2

@@ -9,7 +9,7 @@ passes only if the wake-up came, never because a delay ran out.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import closing, contextmanager
 from typing import Any
 
@@ -22,7 +22,9 @@ from chatlane.stores.postgres import PostgresStore
 from chatlane.stores.postgres import wakeups as pg_wakeups
 from chatlane.stores.postgres.url import parse_url
 from chatlane.stores.protocols import Wakeups, Watch
+from chatlane.stores.wakeups import Watch as HubWatch
 from chatlane.types import SessionKey
+from tests.adapters.test_api import eventually
 from tests.keys import chat_key
 from tests.stores.conftest import forget_store, own_schema
 
@@ -117,7 +119,8 @@ async def test_a_wakeup_before_the_wait_is_kept(pair: tuple[Store, Store]) -> No
     with watch(waiter) as wakeup:
         await refused(waiter)
         await holder.release(lease)
-        await asyncio.sleep(0.2)  # the notification arrives while no one waits
+        assert isinstance(wakeup, HubWatch)
+        await eventually(lambda: wakeup.woken)  # it arrived while no one waited
         assert await woken(wakeup)
         assert not await wakeup.wait(0.05)  # each wake-up is returned once
 
@@ -180,7 +183,7 @@ async def test_postgres_notifies_only_for_a_session_someone_waits_for(
         await store.release(lease)
         await store.drop_pending(KEY, [12345])  # nobody waits any more
         await connection.execute("SELECT pg_notify($1, 'end')", store.listener.channel)
-        await until(lambda: "end" in payloads)
+        await eventually(lambda: "end" in payloads)
         assert payloads == [pg_wakeups.token(KEY), "end"]
     finally:
         await connection.close()
@@ -195,12 +198,6 @@ async def test_postgres_channel_and_token_fit_the_server() -> None:
     assert pg_wakeups.channel(long_schema) != pg_wakeups.channel("t" * 63)
     assert len(pg_wakeups.token("k" * 100_000)) == 32
     assert pg_wakeups.token("a") != pg_wakeups.token("b")
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(10):
-        while not condition():  # noqa: ASYNC110 - a condition, not an event
-            await asyncio.sleep(0.01)
 
 
 async def terminate(url: str, pid: int) -> None:
@@ -222,7 +219,7 @@ async def test_postgres_listener_comes_back_after_it_is_killed(postgres_store_ur
         assert pid is not None
         with watch(waiter) as wakeup:
             await terminate(postgres_store_url, pid)
-            await until(lambda: listener.opened == 2 and listener.listening)
+            await eventually(lambda: listener.opened == 2 and listener.listening)
             assert listener.server_pid != pid
             assert await woken(wakeup)  # back: every waiter asks again, in case it missed one
             lease = await holder.acquire(KEY, "h-holder", 30)
@@ -254,7 +251,7 @@ async def test_postgres_waiters_poll_while_the_listener_is_down(
         assert pid is not None
         with watch(waiter) as wakeup:
             await terminate(postgres_store_url, pid)
-            await until(lambda: len(attempts) >= 2)
+            await eventually(lambda: len(attempts) >= 2)
             assert not listener.listening
             assert not wakeup.listening
             lease = await holder.acquire(KEY, "h-holder", 30)
@@ -263,7 +260,7 @@ async def test_postgres_waiters_poll_while_the_listener_is_down(
             assert not await wakeup.wait(0.3)  # unheard: the waiter's poll delay is all it has
             await waiter.acquire(KEY, "h-waiter", 30)  # the store works without its listener
             monkeypatch.setattr(pg_wakeups, "connect", reconnect)
-            await until(lambda: listener.listening)
+            await eventually(lambda: listener.listening)
             assert listener.opened == 2
     finally:
         await holder.close()
@@ -290,8 +287,8 @@ async def test_postgres_close_closes_the_listener(postgres_store_url: str) -> No
 
 
 async def until_gone(connection: Any, pid: int | None) -> None:
-    async with asyncio.timeout(10):
-        while await connection.fetchval(  # noqa: ASYNC110 - the server's state, not an event
-            "SELECT 1 FROM pg_stat_activity WHERE pid = $1", pid
-        ):
-            await asyncio.sleep(0.01)
+    async def gone() -> bool:
+        query = "SELECT 1 FROM pg_stat_activity WHERE pid = $1"
+        return not await connection.fetchval(query, pid)
+
+    await eventually(gone)

@@ -48,6 +48,11 @@ class Watch:
         """Whether wake-ups can reach this watch now (``False``: the waiter only polls)."""
         return self._listening()
 
+    @property
+    def woken(self) -> bool:
+        """Whether a wake-up came that no :meth:`wait` has returned yet."""
+        return self._event.is_set()
+
     async def wait(self, seconds: float) -> bool:
         """Wait for a wake-up, at most ``seconds``; whether one came.
 
