@@ -69,6 +69,7 @@ import msgspec
 from chatlane.errors import LeaseError, LeaseLost, StoreDamaged
 from chatlane.stores.protocols import (
     Conversations,
+    Deliveries,
     Leases,
     Liveness,
     PendingQueue,
@@ -76,11 +77,19 @@ from chatlane.stores.protocols import (
     Turns,
 )
 from chatlane.stores.records import (
+    DEAD,
+    DELIVERED,
+    PENDING,
     Admission,
     Conversation,
+    Delivery,
+    DeliveryDraft,
+    DeliveryStats,
     FailedRecord,
     Lease,
     PendingRecord,
+    Settlement,
+    SettlementKind,
     Taken,
     TranscriptEntry,
     WriteBatch,
@@ -88,11 +97,19 @@ from chatlane.stores.records import (
 
 __all__ = [
     "ANSWERED_RETENTION",
+    "DEAD",
+    "DELIVERED",
+    "DELIVERED_RETENTION",
+    "PENDING",
     "PRUNE_AFTER",
     "Admission",
     "Clock",
     "Conversation",
     "Conversations",
+    "Deliveries",
+    "Delivery",
+    "DeliveryDraft",
+    "DeliveryStats",
     "FailedRecord",
     "Lease",
     "Leases",
@@ -100,6 +117,8 @@ __all__ = [
     "PendingQueue",
     "PendingRecord",
     "SessionData",
+    "Settlement",
+    "SettlementKind",
     "Store",
     "Taken",
     "TranscriptEntry",
@@ -136,8 +155,11 @@ PRUNE_AFTER = 60.0
 ANSWERED_RETENTION = 7 * 24 * 3600.0
 """Seconds a message stays marked answered: far longer than any re-delivery or re-run."""
 
+DELIVERED_RETENTION = 3600.0
+"""Seconds a delivered delivery stays in the ledger (for ``chatlane inspect``) until pruned."""
 
-class Store(Turns, Leases, SessionData, Conversations, PendingQueue, Liveness):
+
+class Store(Turns, Leases, SessionData, Conversations, PendingQueue, Liveness, Deliveries):
     """A backend for sessions, leases and durable queues: every protocol of the contract.
 
     See the module docstring, and :mod:`chatlane.stores.protocols` for each slice.
@@ -146,6 +168,9 @@ class Store(Turns, Leases, SessionData, Conversations, PendingQueue, Liveness):
     url: str = ""
     answered_retention: float = ANSWERED_RETENTION
     """Seconds an answered mark holds (see :data:`ANSWERED_RETENTION`)."""
+    delivered_retention: float = DELIVERED_RETENTION
+    """Seconds a delivered delivery is kept (see :data:`DELIVERED_RETENTION`); dead ones
+    are kept for :attr:`answered_retention`."""
 
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
         """See :meth:`PendingQueue.adopt_orphans`: the queues, read against :meth:`alive`."""

@@ -37,9 +37,13 @@ from chatlane.stores.base import (
     Admission,
     Clock,
     Conversation,
+    Delivery,
+    DeliveryDraft,
+    DeliveryStats,
     FailedRecord,
     Lease,
     PendingRecord,
+    Settlement,
     Store,
     Taken,
     TranscriptEntry,
@@ -50,6 +54,7 @@ from chatlane.stores.base import (
 )
 from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import new_conversation_id, new_token
+from chatlane.stores.memory_ledger import MemoryLedger
 from chatlane.stores.wakeups import WakeupHub, Watch
 from chatlane.types import SessionKey
 
@@ -103,6 +108,7 @@ class MemoryStore(Store):
         """Every session with pending messages, and those that had some until
         :meth:`pending_keys` drops them."""
         self._wakeups = WakeupHub()
+        self._ledger = MemoryLedger(clock)
 
     def watch_wakeups(self, key: SessionKey) -> Watch:
         """See :meth:`~chatlane.stores.protocols.Wakeups.watch_wakeups`."""
@@ -218,6 +224,8 @@ class MemoryStore(Store):
             transcript.append(stamped)
         if fields:
             session.persistent.update(fields)
+        if batch.deliveries:
+            self._ledger.record(batch.deliveries)
         mark = _new_mark((moment, batch.answer))
         for message_id in batch.answered:
             marks.pop(message_id, None)  # a forgotten mark moves to the end
@@ -425,6 +433,31 @@ class MemoryStore(Store):
         if not pending:
             pending.clear()  # an emptied dict keeps its table until cleared
 
+    # -- the delivery ledger ---------------------------------------------------------
+
+    async def record_deliveries(self, drafts: Sequence[DeliveryDraft]) -> None:
+        self._ledger.record(drafts)
+
+    async def claim_deliveries(
+        self, lanes: Sequence[str], holder: str, ttl: float, limit: int
+    ) -> list[Delivery]:
+        return self._ledger.claim(lanes, holder, ttl, limit)
+
+    async def settle_deliveries(self, settlements: Sequence[Settlement]) -> list[bool]:
+        return self._ledger.settle(settlements)
+
+    async def deliveries(self, state: str, limit: int = 100) -> list[Delivery]:
+        return self._ledger.listed(state, limit)
+
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        return self._ledger.get(delivery_id)
+
+    async def delivery_stats(self) -> DeliveryStats:
+        return self._ledger.stats()
+
+    async def retry_dead(self, delivery_id: str) -> bool:
+        return self._ledger.retry_dead(delivery_id)
+
     # -- process liveness ------------------------------------------------------------
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
@@ -434,6 +467,7 @@ class MemoryStore(Store):
         while self._answered and next(iter(self._answered.values())).at <= cutoff:
             del self._answered[next(iter(self._answered))]
         self._prune(moment - PRUNE_AFTER)
+        self._ledger.prune(moment - self.delivered_retention, cutoff)
 
     def _prune(self, cutoff: float) -> None:
         """Forget heartbeats and leases that expired before ``cutoff``.

@@ -11,7 +11,9 @@ union), but code that needs one slice can ask for that slice alone:
   ones set aside as failed;
 * :class:`Liveness` — which processes are alive;
 * :class:`Turns` — a turn's own calls, fused: a message queued together with
-  its session's lease, a reply committed together with the lease's release.
+  its session's lease, a reply committed together with the lease's release;
+* :class:`Deliveries` — the delivery ledger: outbound messages recorded with
+  the commit that made them, claimed by one sender at a time, settled once.
 
 One more is optional, beside the contract: :class:`Wakeups`, a store's way of
 telling a process that waits for a session's lease that the session may be
@@ -35,9 +37,13 @@ from chatlane.errors import LeaseError, LeaseLost, SessionBusy, StoreError
 from chatlane.stores.records import (
     Admission,
     Conversation,
+    Delivery,
+    DeliveryDraft,
+    DeliveryStats,
     FailedRecord,
     Lease,
     PendingRecord,
+    Settlement,
     Taken,
     TranscriptEntry,
     WriteBatch,
@@ -46,6 +52,7 @@ from chatlane.types import SessionKey
 
 __all__ = [
     "Conversations",
+    "Deliveries",
     "Leases",
     "Liveness",
     "PendingQueue",
@@ -296,6 +303,71 @@ class Liveness(Protocol):
     @abc.abstractmethod
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         """Which of ``holders`` sent a heartbeat that has not expired."""
+
+
+class Deliveries(Protocol):
+    """The delivery ledger: what was committed for a chat, until its platform accepted it.
+
+    A delivery is recorded in the same write as the commit that made it
+    (:attr:`WriteBatch.deliveries`), or on its own for what no turn commits
+    (:meth:`record_deliveries`). What stays true:
+
+    * **One sender at a time.** :meth:`claim_deliveries` hands a delivery to
+      exactly one claim (a fresh token, for ``ttl`` seconds); only that token
+      settles it (:meth:`settle_deliveries`). A claim that expires unsettled
+      lets the delivery be claimed again, marked :attr:`Delivery.uncertain`,
+      since its sender may have died mid-send.
+    * **Order per target.** Only a target's oldest pending delivery can be
+      claimed, and only while no live claim is on it: a later delivery to a
+      chat is never sent before an earlier one is delivered or given up on.
+    * **Nothing pending is lost**: a pending delivery stays until settled as
+      delivered or dead. Delivered ones are pruned by heartbeats after
+      :attr:`~chatlane.stores.base.Store.delivered_retention`; dead ones stay
+      until retried (:meth:`retry_dead`) or the answered retention passes.
+    """
+
+    @abc.abstractmethod
+    async def record_deliveries(self, drafts: Sequence[DeliveryDraft]) -> None:
+        """Record ``drafts`` as pending, in order, unfenced (idempotent per delivery id)."""
+
+    @abc.abstractmethod
+    async def claim_deliveries(
+        self, lanes: Sequence[str], holder: str, ttl: float, limit: int
+    ) -> list[Delivery]:
+        """Claim, for ``holder`` and ``ttl`` seconds, deliveries due in ``lanes``: one per target.
+
+        A target's delivery is claimed when it is the target's oldest pending
+        one, its :attr:`~Delivery.next_at` has passed, and no live claim is
+        on it. At most ``limit`` are claimed, oldest first; each carries its
+        new :attr:`~Delivery.claim` token.
+        """
+
+    @abc.abstractmethod
+    async def settle_deliveries(self, settlements: Sequence[Settlement]) -> list[bool]:
+        """Apply each settlement whose token is still its delivery's claim.
+
+        :returns: in order, whether each applied (``False``: its claim was
+            settled before, or the delivery was claimed again after it expired).
+        """
+
+    @abc.abstractmethod
+    async def deliveries(self, state: str, limit: int = 100) -> list[Delivery]:
+        """Deliveries in ``state`` (pending, delivered or dead), oldest recorded first."""
+
+    @abc.abstractmethod
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        """One delivery by id, or ``None`` (never recorded, or pruned)."""
+
+    @abc.abstractmethod
+    async def delivery_stats(self) -> DeliveryStats:
+        """How many are pending (and since when) and dead."""
+
+    @abc.abstractmethod
+    async def retry_dead(self, delivery_id: str) -> bool:
+        """Make a dead delivery pending again, due now, with no attempts counted.
+
+        :returns: whether a dead delivery had that id.
+        """
 
 
 class Turns(Leases, SessionData, PendingQueue, Protocol):

@@ -6,6 +6,7 @@ in): what a backend hands out is a value, never a view of its storage.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import msgspec
@@ -14,11 +15,19 @@ from chatlane.errors import SessionBusy
 from chatlane.types import SessionKey
 
 __all__ = [
+    "DEAD",
+    "DELIVERED",
+    "PENDING",
     "Admission",
     "Conversation",
+    "Delivery",
+    "DeliveryDraft",
+    "DeliveryStats",
     "FailedRecord",
     "Lease",
     "PendingRecord",
+    "Settlement",
+    "SettlementKind",
     "Taken",
     "TranscriptEntry",
     "WriteBatch",
@@ -125,6 +134,9 @@ class WriteBatch(msgspec.Struct):
     :ivar done: ``seq`` numbers of pending records to remove.
     :ivar answer: the text that answers each of ``answered`` (the reply, or a
         notice), kept with their marks and read back by :meth:`Store.answer`.
+    :ivar deliveries: outbound messages recorded for delivery in the same write
+        (the delivery ledger): written only if the batch applies, each at most
+        once per id.
     """
 
     transcript: list[TranscriptEntry] = msgspec.field(default_factory=list)
@@ -132,7 +144,102 @@ class WriteBatch(msgspec.Struct):
     answered: list[str] = msgspec.field(default_factory=list)
     done: list[int] = msgspec.field(default_factory=list)
     answer: str = ""
+    deliveries: list[DeliveryDraft] = msgspec.field(default_factory=list)
 
     def is_empty(self) -> bool:
         """Whether the batch would change nothing."""
-        return not (self.transcript or self.persistent or self.answered or self.done)
+        return not (
+            self.transcript or self.persistent or self.answered or self.done or self.deliveries
+        )
+
+
+# -- the delivery ledger -------------------------------------------------------------
+
+PENDING = "pending"
+"""A delivery not yet accepted by its platform (claimed or not)."""
+DELIVERED = "delivered"
+"""A delivery its platform accepted; kept for the retention, then pruned."""
+DEAD = "dead"
+"""A delivery given up on, with its reason, until an operator retries it."""
+
+
+class DeliveryDraft(msgspec.Struct, frozen=True):
+    """An outbound message to record in the delivery ledger.
+
+    ``lane`` says who may send it: a worker claims deliveries by lane (a
+    platform, or one chat of a platform whose chats are served by the
+    process holding their connection). ``target`` orders them: the
+    deliveries of one target are sent one at a time, in the order the store
+    recorded them. A target belongs to exactly one lane.
+    """
+
+    id: str
+    """Stable across every attempt: handed to platforms that can deduplicate by it."""
+    lane: str
+    target: str
+    payload: bytes
+    """The encoded outbound message (opaque to the store)."""
+
+
+class Delivery(msgspec.Struct, frozen=True):
+    """A recorded delivery, as the store keeps it."""
+
+    id: str
+    seq: int
+    """Store-wide order of recording: grows with each delivery recorded."""
+    lane: str
+    target: str
+    payload: bytes
+    created_at: float
+    state: str
+    """:data:`PENDING`, :data:`DELIVERED` or :data:`DEAD`."""
+    attempts: int = 0
+    """Failed attempts that counted (a platform that was down spends none)."""
+    next_at: float = 0.0
+    """Not claimed again before this time (a retry's backoff, a platform's ``retry_after``)."""
+    claim: str = ""
+    """The token of its claim not settled yet ("" when none): a live one while
+    ``claim_expires`` lies ahead; an expired one means its sender may have died mid-send."""
+    claim_expires: float = 0.0
+    holder: str = ""
+    """The process that claimed it last."""
+    uncertain: bool = False
+    """An earlier attempt may have reached the platform: a re-send may duplicate it."""
+    reason: str = ""
+    """The last failure (a dead delivery's: why it was given up)."""
+    settled_at: float = 0.0
+    """When it was delivered or given up on (0.0 while pending)."""
+
+
+class SettlementKind(enum.StrEnum):
+    """What became of a claimed delivery's attempt."""
+
+    DELIVERED = "delivered"
+    """The platform accepted it: done."""
+    RETRY = "retry"
+    """It failed for a reason of its own: an attempt spent, claimable again after ``delay``."""
+    RELEASE = "release"
+    """Not attempted, or the platform was down: no attempt spent, claimable after ``delay``."""
+    DEAD = "dead"
+    """It can never be delivered (``reason`` says why): given up on."""
+
+
+class Settlement(msgspec.Struct, frozen=True):
+    """The end of one claim on a delivery: applied only by the claim's own token."""
+
+    id: str
+    claim: str
+    kind: SettlementKind
+    delay: float = 0.0
+    reason: str = ""
+    maybe_sent: bool = False
+    """The attempt may have reached the platform (a timeout): a later send is labelled."""
+
+
+class DeliveryStats(msgspec.Struct, frozen=True):
+    """The ledger at a glance, for metrics and ``chatlane inspect``."""
+
+    pending: int
+    oldest_pending_at: float
+    """When the oldest pending delivery was recorded; 0.0 when none is pending."""
+    dead: int
