@@ -36,6 +36,7 @@ from typing import Any, Final
 
 import msgspec
 
+from chatlane.delivery.worker import DeliverySettings
 from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
@@ -243,6 +244,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     allow: dict[str, list[str]] = msgspec.field(default_factory=dict)
     """Per-platform allowlists of user ids; a platform not listed allows everyone."""
     telegram: TelegramConfig = TelegramConfig()
+    delivery: DeliverySettings = DeliverySettings()
     confirm_new: bool = True
     namespace: str = "main"
     auto_reset: AutoResetConfig = AutoResetConfig()
@@ -303,6 +305,11 @@ def _env_value(value: str) -> Any:
 
 
 def _convert(raw: dict[str, Any]) -> Config:
+    delivery = raw.get("delivery")
+    if isinstance(delivery, dict):
+        unknown = sorted(set(delivery) - _DELIVERY_FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown configuration key 'delivery.{unknown[0]}'")
     allow = raw.get("allow")
     if isinstance(allow, dict):
         raw["allow"] = {platform: _ids(platform, ids) for platform, ids in allow.items()}
@@ -310,6 +317,9 @@ def _convert(raw: dict[str, Any]) -> Config:
         return msgspec.convert(_settings_layout(raw), Config, strict=False)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), raw)) from None
+
+
+_DELIVERY_FIELDS = frozenset(f.name for f in dataclasses.fields(DeliverySettings))
 
 
 def _settings_layout(raw: dict[str, Any]) -> dict[str, Any]:

@@ -140,3 +140,44 @@ class GatewayFull(ChatlaneError):
     def __init__(self, limit: str, detail: str) -> None:
         self.limit = limit
         super().__init__(f"the gateway is full ({limit}): {detail}; try again later")
+
+
+class DeliveryFailed(ChatlaneError):
+    """A platform did not take an outbound message; the subclass says what to do about it.
+
+    An adapter's ``send`` raises one of the subclasses so that the delivery
+    worker (:mod:`chatlane.delivery.worker`) can tell a send worth retrying
+    from one that never will succeed. Anything else it raises counts as a
+    :class:`TransientDelivery` that may have been sent.
+    """
+
+
+class TransientDelivery(DeliveryFailed):
+    """A failure that may pass (a timeout, a 5xx): retried with backoff, spending an attempt.
+
+    ``maybe_sent``: the platform may have taken the message before failing (a
+    timeout after the request went out), so a re-send is labelled.
+    """
+
+    def __init__(self, message: str, *, maybe_sent: bool = False) -> None:
+        self.maybe_sent = maybe_sent
+        super().__init__(message)
+
+
+class PermanentDelivery(DeliveryFailed):
+    """A failure no retry can cure (the bot was blocked, the chat is gone, a 400): dead-lettered."""
+
+
+class RateLimited(DeliveryFailed):
+    """The platform asked to wait ``retry_after`` seconds (a 429): waited out, no attempt spent."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        self.retry_after = max(retry_after, 0.0)
+        super().__init__(message)
+
+
+class PlatformUnavailable(DeliveryFailed):
+    """The adapter is disconnected or its platform is down: nothing was sent, no attempt spent.
+
+    The worker pauses the platform's lane, with a growing backoff, until a send succeeds.
+    """

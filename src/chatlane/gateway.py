@@ -6,7 +6,9 @@ names the session (:mod:`chatlane.identity`), routes slash commands to the
 :class:`~chatlane.commands.CommandRouter` (they may run while a turn is busy),
 and hands everything else to the :class:`~chatlane.runtime.engine.TurnEngine`.
 Replies leave through the adapter's ``deliver`` function only, after passing
-every outbound filter (:meth:`Gateway.add_outbound_filter`).
+every outbound filter (:meth:`Gateway.add_outbound_filter`) — or, for a
+platform whose sender joined the delivery ledger (:meth:`Gateway.add_sender`),
+through the store's ledger and its worker (:mod:`chatlane.delivery`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from chatlane.commands import (
     default_router,
     parse_command,
 )
+from chatlane.delivery.ledger import DeliveryLedger
+from chatlane.delivery.worker import DeliverySettings, DeliveryWorker, Sender
 from chatlane.identity import NO_SESSION, KeyPolicy, SessionSource, build_session_key
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome
@@ -110,7 +114,10 @@ class Gateway:
         self._deliver = deliver
         self._refuse = refuse or self.notify_refused
         self._closed = False
+        self._started = False
         self.scheduler: Scheduler | None = None
+        self.delivery: DeliveryWorker | None = None
+        """The delivery ledger's worker, once a sender joined (:meth:`add_sender`)."""
         self.engine = TurnEngine(
             agent,
             self._deliver,
@@ -135,6 +142,26 @@ class Gateway:
         """
         scheduler.bind(self)
         self.scheduler = scheduler
+
+    def add_sender(self, sender: Sender, settings: DeliverySettings | None = None) -> None:
+        """Deliver ``sender.platform``'s replies, notices and approval prompts through the ledger.
+
+        From then on they are recorded in the store (a turn's reply with its
+        commit) and sent by :attr:`delivery`, the gateway's one worker, which
+        retries until the platform accepts them (:mod:`chatlane.delivery`).
+        ``settings`` configure the worker when the first sender creates it.
+        The worker starts with the gateway (or now, if it already started).
+        """
+        engine = self.engine
+        if self.delivery is None:
+            self.delivery = DeliveryWorker(
+                engine.store, engine.holder, settings, count=engine.metrics.delivery
+            )
+        self.delivery.add(sender)
+        worker = self.delivery
+        engine.outlet.ledger = DeliveryLedger(engine.store, worker.senders, worker.poke)
+        if self._started:
+            worker.start()
 
     def add_outbound_filter(self, keep: OutboundFilter) -> None:
         """Deliver only what ``keep`` returns True for.
@@ -283,6 +310,9 @@ class Gateway:
         adopted = await self.engine.start()
         if self.scheduler is not None:
             await self.scheduler.start()
+        self._started = True
+        if self.delivery is not None:
+            self.delivery.start()
         return adopted
 
     async def aclose(self) -> None:
@@ -296,3 +326,5 @@ class Gateway:
         if self.scheduler is not None:
             await self.scheduler.aclose()
         await self.engine.aclose()
+        if self.delivery is not None:
+            await self.delivery.aclose()

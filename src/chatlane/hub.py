@@ -12,7 +12,10 @@ What stays true:
   adapter's own :meth:`RefusingAdapter.refuse` when it has one (Telegram
   stays silent in groups), else with a clear notice.
 * Every outbound message goes to the adapter of its target's platform; an
-  adapter that is missing or fails is logged, never a crash.
+  adapter that is missing or fails is logged, never a crash. A reply, notice
+  or approval prompt to an adapter that sends through the delivery ledger
+  (Telegram) is recorded in the store first and sent by the ledger's worker,
+  which retries until the platform accepts it (``docs/delivery.md``).
 * Every route answers only requests addressed to a name the operator allowed
   (``Host``), with or without a token; every route that checks the token asks
   the hub's one :class:`~chatlane.access.AccessToken`.
@@ -42,6 +45,7 @@ from chatlane.access import AccessToken
 from chatlane.agents import load_agent
 from chatlane.asgi import App, HostCheck
 from chatlane.config import Config
+from chatlane.delivery.worker import Sender
 from chatlane.errors import ChatlaneError
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy
@@ -144,8 +148,15 @@ class Hub:
         return self.gateway.engine.metrics
 
     def add(self, adapter: Adapter) -> None:
-        """Serve ``adapter``'s platform."""
+        """Serve ``adapter``'s platform.
+
+        An adapter that can send deliveries of the ledger (a
+        :class:`~chatlane.delivery.worker.Sender`) gets its replies, notices
+        and approval prompts through it, unless ``[delivery] enabled = false``.
+        """
         self.adapters[adapter.platform] = adapter
+        if self.config.delivery.enabled and isinstance(adapter, Sender):
+            self.gateway.add_sender(adapter, self.config.delivery)
 
     def admit(self, message: InboundMessage) -> bool:
         """Whether the sender may use the gateway; a refusal is logged and counted, not told."""

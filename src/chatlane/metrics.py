@@ -7,6 +7,7 @@ live sessions, so it is never stale. Rendering needs no client library.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
     from chatlane.hub import Hub
     from chatlane.runtime.leases import BeatGaps
+    from chatlane.stores.base import DeliveryStats
     from chatlane.stores.sqlite_writer import WriterStats
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -32,6 +34,7 @@ class Metrics:
         self.stale_refused = 0
         self.messages_failed = 0
         self.senders_refused: Counter[str] = Counter()
+        self.deliveries: Counter[str] = Counter()
         self._latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self._latency_sum = 0.0
 
@@ -61,6 +64,10 @@ class Metrics:
         """A message from a sender not on ``platform``'s allowlist was refused."""
         self.senders_refused[platform] += 1
 
+    def delivery(self, outcome: str) -> None:
+        """A delivery attempt ended: ``delivered``, ``retried``, ``released`` or ``dead``."""
+        self.deliveries[outcome] += 1
+
     def render(
         self,
         queue_depth: int,
@@ -68,8 +75,10 @@ class Metrics:
         beats: BeatGaps | None = None,
         store_damaged: bool = False,
         sqlite: WriterStats | None = None,
+        ledger: DeliveryStats | None = None,
     ) -> str:
-        """The exposition text (with the SQLite store's counters when ``sqlite`` is given)."""
+        """The exposition text (with the SQLite store's counters when ``sqlite`` is given,
+        and the delivery ledger's gauges when ``ledger`` is)."""
         lines = [
             *_metric(
                 "chatlane_turns_started_total",
@@ -128,9 +137,39 @@ class Metrics:
             ),
             *(_liveness(beats) if beats is not None else []),
             *(_sqlite(sqlite) if sqlite is not None else []),
+            *(self._ledger(ledger) if ledger is not None else []),
             *self._histogram(),
         ]
         return "\n".join(lines) + "\n"
+
+    def _ledger(self, stats: DeliveryStats) -> list[str]:
+        oldest = max(time.time() - stats.oldest_pending_at, 0.0) if stats.pending else 0.0
+        return [
+            *_metric(
+                "chatlane_delivery_attempts_total",
+                "counter",
+                "Delivery attempts by outcome (delivered, retried, released, dead).",
+                [(f'outcome="{o}"', n) for o, n in sorted(self.deliveries.items())],
+            ),
+            *_metric(
+                "chatlane_deliveries_pending",
+                "gauge",
+                "Deliveries recorded and not yet accepted by their platform.",
+                [("", stats.pending)],
+            ),
+            *_metric(
+                "chatlane_delivery_oldest_pending_seconds",
+                "gauge",
+                "Age of the oldest pending delivery (0 when none is pending).",
+                [("", round(oldest, 3))],
+            ),
+            *_metric(
+                "chatlane_deliveries_dead",
+                "gauge",
+                "Deliveries given up on (dead letters), kept until retried or pruned.",
+                [("", stats.dead)],
+            ),
+        ]
 
     def _histogram(self) -> list[str]:
         name = "chatlane_turn_duration_seconds"
@@ -165,8 +204,14 @@ class Metrics:
             engine = hub.gateway.engine
             damaged = hub.store.damaged is not None
             sqlite = hub.store.stats if isinstance(hub.store, SQLiteStore) else None
+            ledger = await _ledger_stats(hub)
             text = self.render(
-                engine.queue_depth(), engine.running_count(), engine.leases.beats, damaged, sqlite
+                engine.queue_depth(),
+                engine.running_count(),
+                engine.leases.beats,
+                damaged,
+                sqlite,
+                ledger,
             )
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -228,3 +273,15 @@ def _metric(
     for labels, value in samples:
         lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
     return lines
+
+
+async def _ledger_stats(hub: Hub) -> DeliveryStats | None:
+    """The ledger at a glance, when the gateway delivers through it and the store answers."""
+    from chatlane.errors import StoreError
+
+    if hub.gateway.delivery is None:
+        return None
+    try:
+        return await hub.store.delivery_stats()
+    except StoreError:
+        return None

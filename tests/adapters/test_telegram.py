@@ -3,11 +3,12 @@ a real hub with the demo agent behind it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,13 @@ from chatlane.adapters.telegram import (
     utf16_len,
 )
 from chatlane.config import Config, Secret, TelegramConfig
+from chatlane.delivery import DeliverySettings
+from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import ConfigError, StoreError
 from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType
+from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
 from tests.keys import chat_key
@@ -48,10 +52,17 @@ async def api() -> AsyncIterator[BotApi]:
     assert api.unknown == [], f"the adapter called methods the stand-in lacks: {api.unknown}"
 
 
+QUICK_DELIVERY = DeliverySettings(
+    poll_interval=0.05, first_retry=0.05, max_retry=0.2, unavailable_first=0.05, unavailable_max=0.2
+)
+"""The delivery ledger's retries, quick enough for tests."""
+
+
 def telegram_config(api: BotApi, tmp_path: Path, token: str | None = None, **extra: Any) -> Config:
     token_file = tmp_path / "telegram-token"
     token_file.write_text(api.token if token is None else token)
     secret = Secret(file=str(token_file))
+    extra.setdefault("delivery", QUICK_DELIVERY)
     return Config(telegram=TelegramConfig(enabled=True, token=secret, api_url=api.url), **extra)
 
 
@@ -216,45 +227,103 @@ async def test_a_message_during_a_turn_is_acknowledged_then_run(
 
 
 @pytest.mark.parametrize(
-    ("status", "retry_after", "logged"),
-    [
-        (500, None, "sendMessage to chat 42 failed"),
-        (429, 1, "flood control: gave up a message to chat 42"),  # a wait past the cap
-    ],
+    ("status", "retry_after"),
+    [(500, None), (429, 1)],  # a 429 whose wait is past the cap
 )
-async def test_a_send_that_fails_is_logged_and_the_adapter_goes_on(
+async def test_without_the_ledger_a_failed_send_is_logged_and_the_adapter_goes_on(
     api: BotApi,
-    adapter: TelegramAdapter,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
     status: int,
     retry_after: int | None,
-    logged: str,
 ) -> None:
     monkeypatch.setattr(telegram_adapter, "FLOOD_WAIT_CAP", 0.5)
+    config = telegram_config(api, tmp_path, delivery=DeliverySettings(enabled=False))
     api.fail_next("sendMessage", status, "refused (test)", retry_after=retry_after)
-    with caplog.at_level(logging.WARNING, logger="chatlane.adapters.telegram"):
+    async with running(config) as (hub, _):
+        assert hub.gateway.delivery is None
+        with caplog.at_level(logging.WARNING, logger="chatlane.adapters.telegram"):
+            api.push_text(ALICE, ALICE, "first")
+            await api.wait_for_call("sendMessage")
+            api.push_text(ALICE, ALICE, "second")
+            [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text == "echo: second"
+    assert "sendMessage to chat 42 failed" in caplog.text
+
+
+async def test_a_reply_whose_send_failed_is_delivered_once_the_api_recovers(
+    api: BotApi, tmp_path: Path
+) -> None:
+    api.fail_next("sendMessage", 500, "Internal Server Error")
+    async with running(telegram_config(api, tmp_path)) as (hub, _):
         api.push_text(ALICE, ALICE, "first")
-        await api.wait_for_call("sendMessage")
+        await api.wait_for_sent(ALICE)
+        api.push_text(ALICE, ALICE, "second")
+        replies = await api.wait_for_sent(ALICE, 2)
+        await eventually(lambda: delivered(hub, 2))
+        [first, second] = await hub.store.deliveries(DELIVERED)
+    # a 500 may come after Telegram took the message: its re-send says it may repeat
+    assert [r.text for r in replies] == [RESENT_LABEL + "echo: first", "echo: second"]
+    assert (first.attempts, second.attempts) == (1, 0)
+
+
+async def test_no_attempt_is_spent_while_the_api_is_down(api: BotApi, tmp_path: Path) -> None:
+    for _ in range(3):
+        api.fail_next("sendMessage", 502, "Bad Gateway")
+    async with running(telegram_config(api, tmp_path)) as (hub, _):
+        api.push_text(ALICE, ALICE, "first")
+        [reply] = await api.wait_for_sent(ALICE)
+        await eventually(lambda: delivered(hub, 1))
+        [done] = await hub.store.deliveries(DELIVERED)
+    assert reply.text == "echo: first"  # nothing reached Telegram before: no label
+    assert done.attempts == 0
+    assert api.calls.count("sendMessage") == 4
+
+
+async def test_a_reply_to_a_chat_that_is_gone_is_dead_lettered(api: BotApi, tmp_path: Path) -> None:
+    api.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user")
+    async with running(telegram_config(api, tmp_path)) as (hub, _):
+        api.push_text(ALICE, ALICE, "first")
+        await eventually(lambda: dead(hub, 1))
         api.push_text(ALICE, ALICE, "second")
         [reply] = await api.wait_for_sent(ALICE)
+        [gone] = await hub.store.deliveries(DEAD)
+        text = hub.metrics.render(0, 0, ledger=await hub.store.delivery_stats())
     assert reply.text == "echo: second"
-    assert logged in caplog.text
+    assert gone.reason == "telegram: Forbidden: bot was blocked by the user"
+    assert "chatlane_deliveries_dead 1" in text
+    assert 'chatlane_delivery_attempts_total{outcome="dead"} 1' in text
 
 
-async def test_flood_control_is_waited_out_and_the_reply_sent_once(
+async def test_flood_control_is_waited_out_without_losing_or_reordering(
     api: BotApi, adapter: TelegramAdapter
 ) -> None:
     api.fail_next("sendMessage", 429, "Too Many Requests: retry after 1", retry_after=1)
     started = time.monotonic()
     api.push_text(ALICE, ALICE, "first")
-    [reply] = await api.wait_for_sent(ALICE)
-    assert reply.text == "echo: first"
-    assert time.monotonic() - started >= 1.0
-    assert api.calls.count("sendMessage") == 2
-    api.push_text(ALICE, ALICE, "second")
+    await api.wait_for_call("sendMessage")  # refused: the reply waits out the second
+    api.push_text(ALICE, ALICE, "second")  # its reply waits behind the first one's
     replies = await api.wait_for_sent(ALICE, 2)
-    assert [r.text for r in replies] == ["echo: first", "echo: second"]
+    assert time.monotonic() - started >= 1.0
+    assert [r.text for r in replies] == ["echo: first", "echo: second"]  # no label: not sent
+    assert api.calls.count("sendMessage") == 3
+
+
+async def delivered(hub: Hub, count: int) -> bool:
+    return len(await hub.store.deliveries(DELIVERED)) == count
+
+
+async def dead(hub: Hub, count: int) -> bool:
+    return (await hub.store.delivery_stats()).dead == count
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool]]) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            if await predicate():
+                return
+            await asyncio.sleep(0.02)
 
 
 async def test_approval_buttons_answer_as_the_presser(

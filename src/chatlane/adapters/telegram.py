@@ -39,15 +39,12 @@ What stays true:
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import logging
 import time
 import unicodedata
-import warnings
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from starlette.routing import BaseRoute
@@ -61,7 +58,7 @@ from telegram import (
     Update,
     User,
 )
-from telegram.error import InvalidToken, RetryAfter, TelegramError
+from telegram.error import InvalidToken, TelegramError
 from telegram.ext import (
     Application,
     ApplicationBuilder,
@@ -72,10 +69,19 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
+from chatlane.adapters.telegram_delivery import SendRequest, send_parts
 from chatlane.approvals import is_request_id
 from chatlane.commands import parse_command
 from chatlane.config import Config
-from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.delivery.ledger import RESENT_LABEL
+from chatlane.delivery.worker import Attempt
+from chatlane.errors import (
+    ChatlaneError,
+    ConfigError,
+    DeliveryFailed,
+    PermanentDelivery,
+    PlatformUnavailable,
+)
 from chatlane.identity import NO_SESSION, ChatType, SessionSource
 from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
@@ -90,6 +96,8 @@ TelegramApp: TypeAlias = Application[Any, Any, Any, Any, Any, Any]
 PLATFORM = "telegram"
 MESSAGE_LIMIT = 4096
 """Telegram's limit for one message, in UTF-16 code units."""
+SEND_CONNECTIONS = 256
+"""Connections the bot keeps for sending (python-telegram-bot's own default)."""
 FLOOD_WAIT_CAP = 60.0
 """Seconds one message may wait out flood control (429s) in all before it is given up."""
 APPROVE_DATA = "chatlane:approve"
@@ -185,6 +193,7 @@ class TelegramAdapter:
         api_url = self._config.telegram.api_url.rstrip("/")
         builder = ApplicationBuilder().token(token).base_url(f"{api_url}/bot")
         builder = builder.base_file_url(f"{api_url}/file/bot")
+        builder = builder.request(SendRequest(connection_pool_size=SEND_CONNECTIONS))
         app = builder.get_updates_request(UpdatesRequest(connection_pool_size=1)).build()
         updates = filters.UpdateType.MESSAGE | filters.UpdateType.CHANNEL_POST
         app.add_handler(MessageHandler(filters.TEXT & updates, self._on_text))
@@ -249,6 +258,33 @@ class TelegramAdapter:
             )
             if not await _send(app.bot, target, part, buttons):
                 return
+
+    def ready(self) -> bool:
+        """Whether the bot runs, so the delivery worker may send (:mod:`chatlane.delivery`)."""
+        return self._app is not None
+
+    async def send(self, outbound: Outbound, attempt: Attempt) -> None:
+        """Send one delivery of the ledger, all its parts, or raise why not.
+
+        A delivery that may have been sent before is labelled
+        (:data:`~chatlane.delivery.ledger.RESENT_LABEL`): Telegram cannot
+        deduplicate.
+
+        :raises DeliveryFailed: classified by :func:`~chatlane.adapters.telegram_delivery.classify`.
+        """
+        app, target = self._app, outbound.target
+        if app is None:
+            raise PlatformUnavailable("telegram is not running")
+        if target.chat_id is None:
+            raise PermanentDelivery("telegram: the delivery names no chat")
+        text = clean_text(outbound.text)
+        if attempt.uncertain:
+            text = RESENT_LABEL + text
+        parts = [part for part in split_message(text) if part.strip()]
+        buttons = None
+        if outbound.kind is OutboundKind.APPROVAL:
+            buttons = approval_buttons(outbound.approval_id)
+        await send_parts(app.bot, target, parts, buttons, FLOOD_WAIT_CAP)
 
     async def _on_text(self, update: Update, context: object) -> None:
         inbound = inbound_text(update, self._username)
@@ -511,48 +547,14 @@ def _joined(before: str, after: str) -> bool:
     return 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F or 0xFE00 <= code <= 0xFE0F
 
 
-def _thread(target: Target) -> int | None:
-    thread = target.thread_id
-    return int(thread) if thread is not None and thread.lstrip("-").isdigit() else None
-
-
 async def _send(bot: Bot, target: Target, text: str, buttons: InlineKeyboardMarkup | None) -> bool:
-    """``sendMessage``, waiting out flood control; ``False`` (and a log line) if it failed."""
-    waited = 0.0
-    while True:
-        try:
-            await bot.send_message(
-                chat_id=target.chat_id or "",
-                text=text,
-                message_thread_id=_thread(target),
-                reply_markup=buttons,
-            )
-        except RetryAfter as error:
-            wait = retry_after_seconds(error)
-            if waited + wait > FLOOD_WAIT_CAP:
-                log.warning(
-                    "telegram flood control: gave up a message to chat %s after %gs of waits",
-                    target.chat_id,
-                    waited,
-                )
-                return False
-            log.info("telegram flood control: chat %s waits %gs", target.chat_id, wait)
-            await asyncio.sleep(wait)
-            waited += wait
-        except TelegramError as error:
-            log.warning("telegram sendMessage to chat %s failed: %s", target.chat_id, error)
-            return False
-        else:
-            return True
-
-
-def retry_after_seconds(error: RetryAfter) -> float:
-    """The wait a 429 asks for, in seconds (python-telegram-bot gives an int or a timedelta)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the int form is deprecated in favour of timedelta
-        value = error.retry_after
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    return max(seconds, 0.0)
+    """``sendMessage`` outside the ledger, waiting out flood control; ``False`` if it failed."""
+    try:
+        await send_parts(bot, target, [text], buttons, FLOOD_WAIT_CAP, wait_first=True)
+    except DeliveryFailed as error:
+        log.warning("telegram sendMessage to chat %s failed: %s", target.chat_id, error)
+        return False
+    return True
 
 
 async def _answer(query: CallbackQuery, text: str) -> None:

@@ -13,6 +13,11 @@ so what stays true is said once:
   the ledger before it is delivered.
 * :meth:`Outlet.about` sends about a turn from anywhere (a background loop
   included) with the turn's session bound, so the adapter sees that session.
+* A message the delivery ledger handles (:mod:`chatlane.delivery`) is
+  recorded in the store instead of handed to the adapter, after the same
+  filters; a turn's reply is drafted (:meth:`Outlet.drafts`) and recorded
+  with its commit. A recording the store refuses falls back to a direct,
+  best-effort delivery, logged.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ import logging
 from collections.abc import Coroutine
 
 from chatlane.context import bound_context
+from chatlane.delivery.ledger import DeliveryLedger, draft_of
+from chatlane.errors import StoreError
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
+from chatlane.stores.base import DeliveryDraft
 from chatlane.types import Deliver, Outbound, OutboundFilter, OutboundKind, SessionKey, Target
 
 log = logging.getLogger("chatlane.runtime")
@@ -43,15 +51,46 @@ class Outlet:
         self._outcomes = outcomes
         self._generation_of = slots.generation_of
         self._filters: list[OutboundFilter] = []
+        self.ledger: DeliveryLedger | None = None
+        """Where ledgered messages are recorded (``None``: every message goes to the adapter)."""
 
     def add_filter(self, keep: OutboundFilter) -> None:
         """Deliver only what ``keep`` returns True for (after the filters added before it)."""
         self._filters.append(keep)
 
     async def deliver(self, outbound: Outbound) -> None:
-        """Hand ``outbound`` to the adapter unless a filter holds it back; errors propagate."""
+        """Hand ``outbound`` on unless a filter holds it back; errors propagate.
+
+        On means to the ledger for a message it handles, else to the adapter.
+        """
         if not self._filters or all(keep(outbound) for keep in self._filters):
-            await self._deliver(outbound)
+            ledger = self.ledger
+            if ledger is not None and ledger.handles(outbound):
+                await ledger.record(outbound)
+            else:
+                await self._deliver(outbound)
+
+    def drafts(self, turn: Turn, kind: OutboundKind, text: str) -> list[DeliveryDraft]:
+        """``text`` to ``turn``'s sender as a delivery to record with the turn's commit.
+
+        Empty when the message does not go through the ledger (no ledger, not
+        a ledgered platform or kind) or a filter holds it back: the caller
+        then delivers it itself after the commit, through :meth:`to_turn`.
+        """
+        ledger = self.ledger
+        if ledger is None:
+            return []
+        outbound = Outbound(
+            kind, turn.session_key, Target.of(turn.source), text, turn.generation, turn.message_ids
+        )
+        if not ledger.handles(outbound) or not all(keep(outbound) for keep in self._filters):
+            return []
+        return [draft_of(outbound)]
+
+    def recorded(self) -> None:
+        """Deliveries were recorded with a commit: the worker should look now."""
+        if self.ledger is not None:
+            self.ledger.recorded()
 
     async def send(
         self,
@@ -77,10 +116,19 @@ class Outlet:
         if refusal:
             self._outcomes.end(in_reply_to, Outcome.REFUSED, text, reason=refusal)
         try:
-            if not self._filters or all(keep(outbound) for keep in self._filters):
-                await self._deliver(outbound)
+            await self.deliver(outbound)
+        except StoreError as error:
+            log.warning("could not record a %s; delivering it directly: %s", kind, error)
+            await self._deliver_directly(outbound)
         except Exception:
             log.exception("delivery failed (%s)", kind, extra=turn_fields(key, generation))
+
+    async def _deliver_directly(self, outbound: Outbound) -> None:
+        try:
+            await self._deliver(outbound)
+        except Exception:
+            fields = turn_fields(outbound.session_key, outbound.generation)
+            log.exception("delivery failed (%s)", outbound.kind, extra=fields)
 
     def to_turn(
         self, turn: Turn, kind: OutboundKind, text: str, refusal: str = ""

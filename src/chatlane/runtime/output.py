@@ -13,6 +13,9 @@ What stays true:
   is done; a committed reply is delivered without it), so the session's next
   turn, here or elsewhere, need not wait for a release of its own. A refused
   commit releases nothing: the turn's aftermath does, as for any other ending.
+* With a delivery ledger (:mod:`chatlane.delivery`), the reply is recorded
+  for delivery in that same write: once committed it reaches its chat
+  through the ledger's worker, even if this process dies right after.
 * A commit the store cannot take (an outage, a write lock held too long) is
   retried with backoff while the turn is current; a turn whose lease ran out
   meanwhile counts as having lost it, so its messages run again, in order.
@@ -39,7 +42,7 @@ from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
-from chatlane.stores.base import TranscriptEntry, WriteBatch
+from chatlane.stores.base import DeliveryDraft, TranscriptEntry, WriteBatch
 from chatlane.types import Agent, OutboundKind
 
 log = logging.getLogger("chatlane.runtime")
@@ -70,7 +73,8 @@ class TurnOutput:
         if type(result) is CoroutineType or inspect.isawaitable(result):
             result = await result
         text = result if type(result) is str else await self._text_of(turn, result)
-        if await self._commit(turn, "assistant", text):
+        drafts = self._outlet.drafts(turn, _REPLY, text) if self._outlet.ledger else []
+        if await self._commit(turn, "assistant", text, drafts=drafts):
             await self._outlet.to_turn(turn, _REPLY, text)
 
     async def _text_of(self, turn: Turn, result: object) -> str:
@@ -132,14 +136,28 @@ class TurnOutput:
         # a turn without a lease never ran: there is nothing to fence or record
         if turn.lease is None:
             self._outcomes.end(turn.message_ids, Outcome.FAILED, text, type(error).__name__)
-        if turn.lease is None or await self._commit(turn, "notice", text, type(error).__name__):
+        if turn.lease is None:
+            await self._outlet.to_turn(turn, OutboundKind.NOTICE, text)
+            return
+        drafts = self._outlet.drafts(turn, OutboundKind.NOTICE, text)
+        if await self._commit(turn, "notice", text, type(error).__name__, drafts):
             await self._outlet.to_turn(turn, OutboundKind.NOTICE, text)
 
-    async def _commit(self, turn: Turn, role: str, text: str, failure: str = "") -> bool:
-        """Record the answer; True if it may be delivered.
+    async def _commit(
+        self,
+        turn: Turn,
+        role: str,
+        text: str,
+        failure: str = "",
+        drafts: list[DeliveryDraft] | None = None,
+    ) -> bool:
+        """Record the answer; True if the caller should deliver it.
 
         Once recorded, the turn's messages have their outcome: answered, or
         failed (``failure`` names why) when the answer is a failure notice.
+        ``drafts`` (the answer as deliveries, :meth:`Outlet.drafts`) are
+        recorded in the same write: the delivery worker sends them even if the
+        turn goes stale after its commit, and the caller has nothing to deliver.
 
         A turn fenced for no reason the engine recorded (its lease expired on
         this host's clock, or the store moved on) counts as having lost its
@@ -149,6 +167,8 @@ class TurnOutput:
             turn.end(TurnEnd.LEASE_LOST)
             return self._fenced(turn, "reply")
         batch = _answer(turn, role, text)
+        if drafts:
+            batch.deliveries = drafts
         try:
             await self._leases.commit_and_release(turn.session_state, turn.generation, batch)
         except StoreError as error:
@@ -164,6 +184,9 @@ class TurnOutput:
             self._outcomes.end(turn.message_ids, Outcome.FAILED, text, failure)
         else:
             self._outcomes.end(turn.message_ids, _ANSWERED, text)
+        if drafts:
+            self._outlet.recorded()
+            return False
         return turn.is_current() or self._fenced(turn, "delivery")
 
     async def _commit_through(

@@ -1,0 +1,173 @@
+"""Telegram's side of the delivery ledger: one delivery sent, or the reason it was not.
+
+What stays true:
+
+* Every failure of ``sendMessage`` is raised as the kind the delivery worker
+  settles by (:mod:`chatlane.errors`): flood control (429) as
+  :class:`~chatlane.errors.RateLimited` with Telegram's ``retry_after``; a
+  blocked bot, a chat that is gone or any other 400/403 as
+  :class:`~chatlane.errors.PermanentDelivery`; a Bot API that cannot be
+  reached (connection refused, 502, 503, a rejected token) as
+  :class:`~chatlane.errors.PlatformUnavailable`, since nothing was sent; a
+  timeout or any other failure as a :class:`~chatlane.errors.TransientDelivery`
+  that may have been sent.
+* Telegram cannot deduplicate, so a delivery that may have been sent before
+  goes out again with :data:`~chatlane.delivery.ledger.RESENT_LABEL` in front.
+* A long message goes out in parts; once one part went out, a failure of a
+  later one may leave the chat with part of it, so it counts as maybe sent
+  (the re-send is labelled). Flood control between parts is waited out in
+  place, up to :data:`~chatlane.adapters.telegram.FLOOD_WAIT_CAP` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from telegram import Bot, InlineKeyboardMarkup
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
+from telegram.request import HTTPXRequest
+
+from chatlane.errors import (
+    DeliveryFailed,
+    PermanentDelivery,
+    PlatformUnavailable,
+    RateLimited,
+    TransientDelivery,
+)
+from chatlane.types import Target
+
+__all__ = ["ApiDown", "SendRequest", "classify", "retry_after_seconds", "send_parts", "thread_of"]
+
+log = logging.getLogger("chatlane.adapters.telegram")
+
+_NOT_SENT_CAUSES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""httpx failures that happen before a request leaves: nothing reached Telegram."""
+_DOWN_STATUSES = frozenset({502, 503})
+"""Statuses of a Bot API that is down (a proxy in front of it says so): nothing was sent."""
+
+
+def classify(error: TelegramError, *, sent_before: bool = False) -> DeliveryFailed:
+    """What ``error`` from ``sendMessage`` means for the delivery.
+
+    :param sent_before: an earlier part of the same delivery went out, so a
+        re-send repeats it at least in part.
+    """
+    text = f"telegram: {error}"
+    if isinstance(error, RetryAfter) and not sent_before:
+        return RateLimited(text, retry_after_seconds(error))
+    if isinstance(error, Forbidden | BadRequest | ChatMigrated):
+        return PermanentDelivery(text)
+    if not sent_before and _not_sent(error):
+        return PlatformUnavailable(text)
+    return TransientDelivery(text, maybe_sent=True)
+
+
+def _not_sent(error: TelegramError) -> bool:
+    """Whether ``error`` shows that the request never reached Telegram."""
+    if isinstance(error, InvalidToken | ApiDown):
+        return True
+    return isinstance(error, NetworkError) and isinstance(error.__cause__, _NOT_SENT_CAUSES)
+
+
+class ApiDown(NetworkError):
+    """The Bot API (or the proxy in front of it) answered 502 or 503: nothing was sent."""
+
+
+class SendRequest(HTTPXRequest):
+    """The bot's connection for everything but ``getUpdates``: tells a Bot API that is down.
+
+    python-telegram-bot reports a 502 or 503 by its description alone, like
+    any other failure; raised here as :class:`ApiDown`, it is known for what
+    it is, so no attempt is spent on it.
+    """
+
+    async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
+        code, payload = await super().do_request(*args, **kwargs)
+        if code in _DOWN_STATUSES:
+            raise ApiDown(f"the Bot API is unavailable ({code})")
+        return code, payload
+
+
+async def send_parts(
+    bot: Bot,
+    target: Target,
+    parts: list[str],
+    buttons: InlineKeyboardMarkup | None,
+    flood_wait_cap: float,
+    *,
+    wait_first: bool = False,
+) -> None:
+    """Send ``parts`` in order (``buttons`` under the last).
+
+    Flood control is waited out in place between parts, and before the first
+    one too with ``wait_first`` (for a send outside the ledger, which has no
+    later attempt); waits of one part add up to at most ``flood_wait_cap``.
+
+    :raises DeliveryFailed: the failure, classified (:func:`classify`).
+    """
+    cap = flood_wait_cap
+    for index, part in enumerate(parts):
+        markup = buttons if index == len(parts) - 1 else None
+        later = index > 0
+        await _send_part(
+            bot, target, part, markup, sent_before=later, wait=wait_first or later, cap=cap
+        )
+
+
+async def _send_part(
+    bot: Bot,
+    target: Target,
+    text: str,
+    buttons: InlineKeyboardMarkup | None,
+    *,
+    sent_before: bool,
+    wait: bool,
+    cap: float,
+) -> None:
+    waited = 0.0
+    while True:
+        try:
+            await bot.send_message(
+                chat_id=target.chat_id or "",
+                text=text,
+                message_thread_id=thread_of(target),
+                reply_markup=buttons,
+            )
+            return
+        except RetryAfter as error:
+            seconds = retry_after_seconds(error)
+            if not wait or waited + seconds > cap:
+                raise classify(error, sent_before=sent_before) from error
+            log.info("telegram flood control: chat %s waits %gs", target.chat_id, seconds)
+            await asyncio.sleep(seconds)  # in place: keep the parts in order
+            waited += seconds
+        except TelegramError as error:
+            raise classify(error, sent_before=sent_before) from error
+
+
+def thread_of(target: Target) -> int | None:
+    """The forum topic of ``target`` as Telegram's ``message_thread_id``."""
+    thread = target.thread_id
+    return int(thread) if thread is not None and thread.lstrip("-").isdigit() else None
+
+
+def retry_after_seconds(error: RetryAfter) -> float:
+    """The wait a 429 asks for, in seconds (python-telegram-bot gives an int or a timedelta)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the int form is deprecated in favour of timedelta
+        value = error.retry_after
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    return max(seconds, 0.0)
