@@ -152,3 +152,41 @@ async def test_failed_messages_are_listed_and_run_again_by_the_operator(tmp_path
         assert "HTTP 404" in output
         code, listing = await run_cli("failed", "--url", url, "--token", TOKEN)
         assert listing == "no failed messages\n"
+
+
+async def test_dead_deliveries_are_listed_inspected_and_sent_again(tmp_path: Path) -> None:
+    from chatlane.delivery import draft_of
+    from chatlane.stores import Settlement, SettlementKind
+    from chatlane.types import Outbound, OutboundKind, Target
+
+    async with serve(config_with_token(tmp_path)) as s:
+        store, key = s.hub.store, chat_key("42", "telegram")
+        reply = Outbound(OutboundKind.REPLY, key, Target("telegram", "42"), "the answer")
+        draft = draft_of(reply)
+        await store.record_deliveries([draft])
+        [claimed] = await store.claim_deliveries(["telegram"], "a-process", 30, 10)
+        gone = Settlement(draft.id, claimed.claim, SettlementKind.DEAD, reason="bot blocked")
+        await store.settle_deliveries([gone])
+        url = f"http://127.0.0.1:{s.port}"
+        code, listing = await run_cli("deliveries", "--url", url, "--token", TOKEN)
+        assert code == 0
+        assert listing.splitlines()[0] == "pending 0  dead 1"
+        assert f"{draft.id}  {draft.target}  0  bot blocked  the answer" in listing
+        code, detail = await run_cli("inspect", key, "--url", url, "--token", TOKEN)
+        assert f'"id": "{draft.id}"' in detail
+        assert '"reason": "bot blocked"' in detail
+        code, output = await run_cli("redeliver", draft.id, "--url", url, "--token", TOKEN)
+        assert (code, output) == (0, f"{draft.id} is pending again\n")
+        code, listing = await run_cli(
+            "deliveries", "--state", "pending", "--url", url, "--token", TOKEN
+        )
+        assert listing.splitlines()[0] == "pending 1  dead 0"
+        assert draft.id in listing
+        code, output = await run_cli("redeliver", draft.id, "--url", url, "--token", TOKEN)
+        assert code == 1
+        assert "HTTP 404" in output
+        async with httpx.AsyncClient() as client:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            wrong = await client.get(url + "/admin/deliveries?state=lost", headers=headers)
+            assert wrong.status_code == 400
+            assert (await client.get(url + "/admin/deliveries")).status_code == 401

@@ -3,7 +3,10 @@ and the messages set aside as failed.
 
 ``GET /admin/sessions``, ``GET /admin/sessions/{key}`` and ``GET /admin/failed``
 answer JSON; ``POST /admin/failed/{message_id}/retry`` runs a failed message
-again; ``/admin/cron`` lists and removes scheduled jobs (:mod:`chatlane.admin_cron`).
+again; ``GET /admin/deliveries?state=dead`` lists the delivery ledger (dead
+letters by default, or ``pending`` / ``delivered``) with its counts, and
+``POST /admin/deliveries/{id}/retry`` sends a dead one again;
+``/admin/cron`` lists and removes scheduled jobs (:mod:`chatlane.admin_cron`).
 When an access token is configured they require it
 (``Authorization: Bearer …``): the one the gateway read at start or at its
 last reload; a gateway whose token became empty or unreadable refuses all.
@@ -22,16 +25,19 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from chatlane import admin_cron
+from chatlane.delivery.ledger import outbound_of
 from chatlane.errors import StoreError
 from chatlane.identity import SessionKey
 from chatlane.runtime import pending
 from chatlane.state import SessionState, SlotPhase
-from chatlane.stores.base import FailedRecord
+from chatlane.stores.base import DEAD, DELIVERED, PENDING, Delivery, FailedRecord
+from chatlane.types import Outbound
 
 if TYPE_CHECKING:
     from chatlane.hub import Hub
@@ -119,8 +125,33 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
             return JSONResponse({"error": f"no failed message {message_id!r}"}, status_code=404)
         return JSONResponse({"retried": message_id})
 
+    async def deliveries(request: Request) -> JSONResponse:
+        if not _authorized(request, hub):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
+        state = request.query_params.get("state", DEAD)
+        if state not in (DEAD, PENDING, DELIVERED):
+            error = f"state must be one of {DEAD}, {PENDING}, {DELIVERED}; not {state!r}"
+            return JSONResponse({"error": error}, status_code=400)
+        return JSONResponse(await ledger_listing(hub, state))
+
+    async def redeliver(request: Request) -> JSONResponse:
+        if not _authorized(request, hub):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
+        delivery_id = request.path_params["delivery_id"]
+        if not await hub.store.retry_dead(delivery_id):
+            return JSONResponse({"error": f"no dead delivery {delivery_id!r}"}, status_code=404)
+        if hub.gateway.delivery is not None:
+            hub.gateway.delivery.poke()
+        return JSONResponse({"retried": delivery_id})
+
     return [
         Route("/health", healthy, methods=["GET"]),
+        Route("/admin/deliveries", _store_failures_as_503(deliveries), methods=["GET"]),
+        Route(
+            "/admin/deliveries/{delivery_id:path}/retry",
+            _store_failures_as_503(redeliver),
+            methods=["POST"],
+        ),
         Route("/admin/sessions", _store_failures_as_503(sessions), methods=["GET"]),
         Route("/admin/sessions/{key:path}", _store_failures_as_503(one), methods=["GET"]),
         Route("/admin/failed", _store_failures_as_503(failed), methods=["GET"]),
@@ -145,6 +176,50 @@ def _failed(failed: FailedRecord) -> dict[str, Any]:
     }
 
 
+LISTED_DELIVERIES = 1000
+"""Most deliveries one listing shows."""
+
+
+async def ledger_listing(hub: Hub, state: str) -> dict[str, Any]:
+    """The ledger's counts and its deliveries in ``state``, oldest first."""
+    stats = await hub.store.delivery_stats()
+    listed = await hub.store.deliveries(state, LISTED_DELIVERIES)
+    return {
+        "stats": {
+            "pending": stats.pending,
+            "oldest_pending_at": stats.oldest_pending_at,
+            "dead": stats.dead,
+        },
+        "deliveries": [delivery_summary(d) for d in listed],
+    }
+
+
+def delivery_summary(delivery: Delivery) -> dict[str, Any]:
+    """One delivery as the admin routes show it: where it goes, how it went, what it says."""
+    try:
+        outbound: Outbound | None = outbound_of(delivery)
+    except msgspec.DecodeError:
+        outbound = None
+    return {
+        "id": delivery.id,
+        "state": delivery.state,
+        "lane": delivery.lane,
+        "target": delivery.target,
+        "key": outbound.session_key if outbound else None,
+        "kind": outbound.kind.value if outbound else None,
+        "preview": outbound.text[:PREVIEW] if outbound else None,
+        "attempts": delivery.attempts,
+        "uncertain": delivery.uncertain,
+        "reason": delivery.reason,
+        "created_at": delivery.created_at,
+        "settled_at": delivery.settled_at,
+    }
+
+
+PREVIEW = 80
+"""Characters of a delivery's text the admin routes show."""
+
+
 async def _known(hub: Hub, key: SessionKey) -> bool:
     """Whether ``key`` names a session, without creating anything for an unknown one."""
     if hub.gateway.engine.registry.peek(key) is not None:
@@ -152,7 +227,13 @@ async def _known(hub: Hub, key: SessionKey) -> bool:
     store = hub.store
     if await store.generation(key) > 0 or await store.pending(key):
         return True
-    return any(failed.record.key == key for failed in await store.failed(1000))
+    if any(failed.record.key == key for failed in await store.failed(1000)):
+        return True
+    return any(summary["key"] == key for summary in await _dead_summaries(hub))
+
+
+async def _dead_summaries(hub: Hub) -> list[dict[str, Any]]:
+    return [delivery_summary(d) for d in await hub.store.deliveries(DEAD, LISTED_DELIVERIES)]
 
 
 async def session_detail(hub: Hub, key: SessionKey) -> dict[str, Any]:
@@ -179,4 +260,5 @@ async def session_detail(hub: Hub, key: SessionKey) -> dict[str, Any]:
             for r in await store.pending(key)
         ],
         "failed": [_failed(f) for f in await store.failed(1000) if f.record.key == key],
+        "dead_deliveries": [d for d in await _dead_summaries(hub) if d["key"] == key],
     }

@@ -173,6 +173,41 @@ def retry(message_id: str, url: str, token: str | None) -> None:
     click.echo(f"{_shown(message_id)} is queued again")
 
 
+@main.command()
+@click.option(
+    "--state",
+    type=click.Choice(["dead", "pending", "delivered"]),
+    default="dead",
+    show_default=True,
+    help="Which deliveries to list.",
+)
+@_URL
+@_TOKEN
+def deliveries(state: str, url: str, token: str | None) -> None:
+    """List the delivery ledger: dead letters (with why) by default, and its counts."""
+    answer = _admin_get(url, f"/admin/deliveries?state={state}", token)
+    stats = answer["stats"]
+    click.echo(f"pending {stats['pending']}  dead {stats['dead']}")
+    if not answer["deliveries"]:
+        click.echo(f"no {state} deliveries")
+    for item in answer["deliveries"]:
+        fields = (item["id"], item["target"], item["attempts"], item["reason"], item["preview"])
+        click.echo("  ".join(map(_shown, fields)))
+
+
+@main.command()
+@click.argument("delivery_id")
+@_URL
+@_TOKEN
+def redeliver(delivery_id: str, url: str, token: str | None) -> None:
+    """Send a dead delivery again, in its place among its chat's pending ones, attempts reset."""
+    from urllib.parse import quote
+
+    path = f"/admin/deliveries/{quote(delivery_id, safe='')}/retry"
+    _admin_get(url, path, token, method="POST")
+    click.echo(f"{_shown(delivery_id)} is pending again")
+
+
 @main.group()
 def cron() -> None:
     """List and remove the scheduled jobs of a running gateway (whoever made them)."""
