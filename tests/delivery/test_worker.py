@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -137,7 +138,7 @@ class TestFailures:
 
     async def test_attempts_run_out(self) -> None:
         store, platform = MemoryStore(), PlatformStandIn()
-        rig = Rig(store, platform, DeliverySettings(**{**_fast(), "max_attempts": 3}))
+        rig = Rig(store, platform, dataclasses.replace(FAST, max_attempts=3))
         platform.failures.extend([transient()] * 5)
         await rig.gateway.start()
         try:
@@ -186,7 +187,7 @@ class TestFailures:
 class TestProcesses:
     async def test_a_sender_that_died_mid_send_is_followed_by_a_labelled_resend(self) -> None:
         store = MemoryStore()
-        settings = DeliverySettings(**{**_fast(), "claim_ttl": 0.3, "send_timeout": 0.2})
+        settings = dataclasses.replace(FAST, claim_ttl=0.3, send_timeout=0.2)
         first = Rig(store, PlatformStandIn(gate=asyncio.Event()), settings)
         await first.gateway.start()
         await first.say("hello")
@@ -205,7 +206,7 @@ class TestProcesses:
 
     async def test_many_chats_with_a_flaky_platform_lose_nothing(self) -> None:
         store, platform = MemoryStore(), PlatformStandIn(flaky=0.2)
-        rig = Rig(store, platform, DeliverySettings(**{**_fast(), "max_attempts": 50}))
+        rig = Rig(store, platform, dataclasses.replace(FAST, max_attempts=50))
         await rig.gateway.start()
         try:
             chats = [f"c{n}" for n in range(40)]
@@ -219,12 +220,6 @@ class TestProcesses:
             received = platform.texts(chat)
             assert _without_labelled_repeats(platform, chat) == wanted, received
         assert (await store.delivery_stats()).dead == 0
-
-
-def _fast() -> dict[str, object]:
-    import dataclasses
-
-    return {f.name: getattr(FAST, f.name) for f in dataclasses.fields(FAST)}
 
 
 def _without_labelled_repeats(platform: PlatformStandIn, chat: str) -> list[str]:

@@ -1,0 +1,151 @@
+"""A gateway process whose replies go through the delivery ledger to the platform stand-in.
+
+Reads one JSON message per line on stdin (``{"chat", "text", "id"}``;
+``{"quit": true}`` shuts down gracefully), runs an agent that answers
+``done <text>`` (``sleep <s>`` holds the turn first), and sends replies with an
+HTTP sender to ``--platform`` (:mod:`tests.delivery.platform_server`). Appends
+JSON events to a shared log: ``claimed`` when its sender begins a send,
+``sent`` when the platform answered it. Prints ``ready`` once started.
+
+``--fault`` makes the sender stop at one point, for a test to ``kill -9`` it
+there: ``disconnected`` (it never connects, so committed replies stay in the
+ledger), ``before-send`` (claimed, never sent), ``after-send`` (sent and
+answered, never marked delivered).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+
+import httpx
+
+from chatlane.delivery import Attempt, DeliverySettings
+from chatlane.errors import (
+    PermanentDelivery,
+    PlatformUnavailable,
+    RateLimited,
+    TransientDelivery,
+)
+from chatlane.gateway import Gateway, GatewaySettings
+from chatlane.runtime.engine import RuntimeSettings
+from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.turn import Turn
+from chatlane.stores import open_store
+from chatlane.types import Outbound
+from tests.multiprocess.worker import SharedLog, read_messages
+
+PLATFORM = "test"
+
+
+class HttpSender:
+    """Sends deliveries to the platform stand-in over HTTP, classifying its answers."""
+
+    platform = PLATFORM
+
+    def __init__(self, url: str, log: SharedLog, fault: str) -> None:
+        self.url = url
+        self.log = log
+        self.fault = fault
+        self.http = httpx.AsyncClient(timeout=5.0)
+
+    def ready(self) -> bool:
+        return self.fault != "disconnected"
+
+    async def send(self, outbound: Outbound, attempt: Attempt) -> None:
+        ids = list(outbound.in_reply_to)
+        self.log.write("claimed", ids=ids, delivery=attempt.delivery_id)
+        if self.fault == "before-send":
+            await asyncio.Event().wait()
+        body = {
+            "chat": outbound.target.chat_id,
+            "text": outbound.text,
+            "ids": ids,
+            "delivery_id": attempt.delivery_id,
+            "labelled": attempt.uncertain,
+        }
+        try:
+            response = await self.http.post(self.url + "/send", json=body)
+        except httpx.ConnectError as error:
+            raise PlatformUnavailable(str(error)) from error
+        except httpx.HTTPError as error:
+            raise TransientDelivery(str(error), maybe_sent=True) from error
+        self._classify(response)
+        self.log.write("sent", ids=ids, delivery=attempt.delivery_id)
+        if self.fault == "after-send":
+            await asyncio.Event().wait()
+
+    @staticmethod
+    def _classify(response: httpx.Response) -> None:
+        status = response.status_code
+        if status == 429:
+            raise RateLimited("rate limited", float(response.headers.get("retry-after", "1")))
+        if status == 503:
+            raise PlatformUnavailable("the platform is down")
+        if status >= 500:
+            raise TransientDelivery(f"HTTP {status}", maybe_sent=True)
+        if status >= 400:
+            raise PermanentDelivery(f"HTTP {status}")
+
+
+class Agent:
+    """Answers ``done <text>``; ``sleep <s>`` holds the turn first. Logs each ``start``."""
+
+    def __init__(self, log: SharedLog) -> None:
+        self.log = log
+
+    async def __call__(self, turn: Turn) -> str:
+        self.log.write("start", ids=list(turn.message_ids), gen=turn.generation)
+        if turn.text.startswith("sleep "):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(turn.interrupted.wait(), float(turn.text.split()[1]))
+        return f"done {turn.text}"
+
+
+async def serve(args: argparse.Namespace) -> None:
+    log = SharedLog(args.log, args.name)
+    store = await open_store(args.store)
+
+    async def deliver(outbound: Outbound) -> None:
+        log.write("direct", kind=outbound.kind.value, ids=list(outbound.in_reply_to))
+
+    leases = LeaseSettings(ttl=args.ttl)
+    settings = GatewaySettings(
+        runtime=RuntimeSettings(leases=leases, turn_timeout=0, ack_debounce=0)
+    )
+    gateway = Gateway(Agent(log), deliver, settings=settings, store=store, holder=args.name)
+    sender = HttpSender(args.platform, log, args.fault)
+    delivery = DeliverySettings(
+        claim_ttl=args.claim_ttl,
+        send_timeout=args.claim_ttl / 2,
+        poll_interval=0.1,
+        first_retry=0.05,
+        max_retry=0.5,
+        max_attempts=1000,
+        unavailable_first=0.05,
+        unavailable_max=0.5,
+    )
+    gateway.add_sender(sender, delivery)
+    await gateway.start()
+    print("ready", flush=True)
+    await read_messages(gateway)
+    await gateway.aclose()
+    await sender.http.aclose()
+    await store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--platform", required=True)
+    parser.add_argument("--fault", default="none")
+    parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument("--claim-ttl", type=float, default=2.0)
+    asyncio.run(serve(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
