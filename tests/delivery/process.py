@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import sys
 
 import httpx
 
@@ -29,12 +31,13 @@ from chatlane.errors import (
     TransientDelivery,
 )
 from chatlane.gateway import Gateway, GatewaySettings
+from chatlane.identity import SessionSource
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import open_store
-from chatlane.types import Outbound
-from tests.multiprocess.worker import SharedLog, read_messages
+from chatlane.types import InboundMessage, Outbound
+from tests.multiprocess.worker import SharedLog
 
 PLATFORM = "test"
 
@@ -129,10 +132,34 @@ async def serve(args: argparse.Namespace) -> None:
     gateway.add_sender(sender, delivery)
     await gateway.start()
     print("ready", flush=True)
-    await read_messages(gateway)
+    await read_messages(gateway, log)
     await gateway.aclose()
     await sender.http.aclose()
     await store.close()
+
+
+async def read_messages(gateway: Gateway, log: SharedLog) -> None:
+    """Dispatch each line's message; log ``accepted`` once the gateway holds it durably."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    tasks: set[asyncio.Task[None]] = set()
+    while line := await reader.readline():
+        data = json.loads(line)
+        if data.get("quit"):
+            break
+        source = SessionSource(PLATFORM, chat_id=data["chat"], user_id="u")
+        task = asyncio.create_task(
+            accept(gateway, log, InboundMessage(source, data["text"], id=data["id"]))
+        )
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    await asyncio.gather(*tasks)
+
+
+async def accept(gateway: Gateway, log: SharedLog, message: InboundMessage) -> None:
+    result = await gateway.dispatch(message)
+    log.write("accepted", ids=[message.id], outcome=str(result.outcome))
 
 
 def main() -> None:

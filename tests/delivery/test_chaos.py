@@ -1,0 +1,166 @@
+"""Chaos: four gateway processes, ``kill -9`` and restarts, a flaky platform that goes down.
+
+10,000 messages over 200 sessions go to random processes; every few rounds a
+random process is killed and a new one started; the platform stand-in fails
+10% of sends (half of those after the chat saw the message) and is down for a
+while. A message written to a process that died before accepting it is sent
+again to another, as a platform re-delivers an update nobody confirmed.
+
+At the end every message must be answered in the store and delivered to its
+chat, and every repeated reply labelled. The figures are printed:
+sent / accepted / answered / delivered / lost / duplicated (labelled) /
+duplicated unlabelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chatlane.stores import open_store
+from tests.delivery.platform_server import PlatformServer, Received
+from tests.delivery.test_processes import Gateways
+from tests.multiprocess.cluster import Worker
+
+pytestmark = pytest.mark.slow
+
+PROCESSES = 4
+SESSIONS = 200
+ROUNDS = 50
+"""One message per session per round: 10,000 messages."""
+AHEAD = 4
+"""Rounds a session's messages may run ahead of its turns (well inside the queue cap)."""
+KILL_EVERY = 6
+DOWN_ROUNDS = range(20, 26)
+"""Rounds during which the platform is down."""
+
+
+class Chaos:
+    """Feeds messages to random live processes, kills and restarts them, and keeps count."""
+
+    def __init__(self, gateways: Gateways, seed: int = 3) -> None:
+        self.gateways = gateways
+        self.random = random.Random(seed)
+        self.live: dict[str, Worker] = {}
+        self.sent_to: dict[str, str] = {}
+        """Message id → the process it was last written to."""
+        self.texts: dict[str, tuple[str, str]] = {}
+        self.generation = 0
+        self.kills = 0
+        self.resent = 0
+
+    def start(self) -> None:
+        self.generation += 1
+        name = f"p{self.generation}"
+        self.live[name] = self.gateways.start(name)
+
+    def send(self, message_id: str, chat: str, text: str) -> None:
+        self.texts[message_id] = (chat, text)
+        name = self.random.choice(sorted(self.live))
+        self.sent_to[message_id] = name
+        self.live[name].send(chat, text, message_id)
+
+    def kill_one(self) -> None:
+        name = self.random.choice(sorted(self.live))
+        self.gateways.kill(self.live.pop(name))
+        self.kills += 1
+        self.start()
+        self.resend_unaccepted(name)
+
+    def resend_unaccepted(self, dead: str) -> None:
+        """Send again what ``dead`` was given and never accepted (to a live process)."""
+        accepted = self.accepted()
+        for message_id, name in list(self.sent_to.items()):
+            if name == dead and message_id not in accepted:
+                self.resent += 1
+                self.send(message_id, *self.texts[message_id])
+
+    def accepted(self) -> set[str]:
+        return ids_of(self.gateways.events(), "accepted")
+
+    def started(self) -> set[str]:
+        return ids_of(self.gateways.events(), "start")
+
+
+def ids_of(events: Iterable[dict[str, Any]], kind: str) -> set[str]:
+    return {i for e in events if e["event"] == kind for i in e["ids"]}
+
+
+def wait(condition: Any, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def store_figures(url: str, message_ids: list[str]) -> tuple[int, int]:
+    """How many of ``message_ids`` are answered, and how many deliveries are pending."""
+
+    async def read() -> tuple[int, int]:
+        store = await open_store(url)
+        try:
+            answered = sum([await store.is_answered(m) for m in message_ids])
+            return answered, (await store.delivery_stats()).pending
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_chaos_loses_nothing_and_labels_every_repeat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started_at = time.monotonic()
+    url = f"sqlite:///{tmp_path / 'chatlane.db'}"
+    with PlatformServer(transient=0.10) as platform:
+        gateways = Gateways(url, tmp_path / "events.jsonl", platform_url=platform.url)
+        chaos = Chaos(gateways)
+        try:
+            for _ in range(PROCESSES):
+                chaos.start()
+            sessions = [f"s{n}" for n in range(SESSIONS)]
+            for round_ in range(ROUNDS):
+                platform.down = round_ in DOWN_ROUNDS
+                if round_ and round_ % KILL_EVERY == 0:
+                    chaos.kill_one()
+                if round_ >= AHEAD:
+                    behind = {f"{chat}-{round_ - AHEAD}" for chat in sessions}
+                    wait(lambda b=behind: b <= chaos.started(), f"round {round_ - AHEAD}", 300)
+                for chat in sessions:
+                    chaos.send(f"{chat}-{round_}", chat, f"m{round_}")
+            platform.down = False
+            every = list(chaos.texts)
+            wait(lambda: set(every) <= chaos.accepted(), "every message accepted", 300)
+            wait(lambda: _delivered(platform.received()) >= set(every), "every reply", 600)
+            wait(lambda: store_figures(url, [])[1] == 0, "an empty ledger", 300)
+            answered, pending = store_figures(url, every)
+        finally:
+            gateways.stop_all()
+        received = platform.received()
+    replies: dict[str, list[Received]] = {}
+    for reply in received:
+        for message_id in reply.ids:
+            replies.setdefault(message_id, []).append(reply)
+    delivered = {m for m in every if replies.get(m)}
+    repeats = Counter(r.labelled for m in every for r in replies.get(m, [])[1:])
+    lost = len(every) - len(delivered)
+    with capsys.disabled():
+        print(
+            f"\nchaos: sent {len(every)}  accepted {len(chaos.accepted())}  answered {answered}  "
+            f"delivered {len(delivered)}  lost {lost}  duplicated (labelled) {repeats[True]}  "
+            f"duplicated unlabelled {repeats[False]}  | processes {PROCESSES}, sessions "
+            f"{SESSIONS}, kills {chaos.kills}, re-sent to another process {chaos.resent}, "
+            f"{time.monotonic() - started_at:.0f} s"
+        )
+    assert (answered, lost, repeats[False], pending) == (len(every), 0, 0, 0)
+
+
+def _delivered(received: list[Received]) -> set[str]:
+    return {message_id for reply in received for message_id in reply.ids}
