@@ -326,6 +326,32 @@ async def test_messages_not_answered_yet_come_back_on_reconnect(host: str) -> No
         assert [e["type"] for e in events].count("user") == 0
 
 
+async def test_replies_committed_while_away_come_back_once_and_in_order(host: str) -> None:
+    """The web chat's ledger is its transcript (docs/delivery.md)."""
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, _):
+        await say(ws, "sleep 0.3")
+        await say(ws, "then this")
+        await until(ws, "ack")  # gone before either reply
+    wanted = [
+        ("user", "sleep 0.3"),
+        ("assistant", "slept 0.3"),
+        ("user", "then this"),
+        ("assistant", "echo: then this"),
+    ]
+    async with asyncio.timeout(WAIT):
+        while True:
+            async with greeted(host, bid) as (ws, greeting):
+                shown = [(m["role"], m["text"]) for m in greeting["history"]["messages"]]
+                if shown == wanted:
+                    await say(ws, "whoami")
+                    events = await until(ws, "reply")
+                    break
+            assert len(shown) < len(wanted), shown
+            await asyncio.sleep(0.05)
+    assert [e["type"] for e in events].count("reply") == 1  # nothing delivered twice
+
+
 async def test_a_waiting_approval_comes_back_on_reconnect(host: str) -> None:
     bid = await browser_id(host)
     async with greeted(host, bid) as (ws, _):
