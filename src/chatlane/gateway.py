@@ -115,6 +115,7 @@ class Gateway:
         self._refuse = refuse or self.notify_refused
         self._closed = False
         self._started = False
+        self._ledgered: set[str] = set()
         self.scheduler: Scheduler | None = None
         self.delivery: DeliveryWorker | None = None
         """The delivery ledger's worker, once a sender joined (:meth:`add_sender`)."""
@@ -149,19 +150,33 @@ class Gateway:
         From then on they are recorded in the store (a turn's reply with its
         commit) and sent by :attr:`delivery`, the gateway's one worker, which
         retries until the platform accepts them (:mod:`chatlane.delivery`).
-        ``settings`` configure the worker when the first sender creates it.
-        The worker starts with the gateway (or now, if it already started).
+        ``settings`` configure the worker when it is created (by the first
+        call of this method or :meth:`ledger_for`). The worker starts with the
+        gateway (or now, if it already started).
         """
+        self._worker(settings).add(sender)
+        self.ledger_for(sender.platform)
+
+    def ledger_for(self, platform: str, settings: DeliverySettings | None = None) -> None:
+        """Record ``platform``'s replies, notices and prompts in the ledger, sender or not.
+
+        For a process that serves no adapter of ``platform`` but may answer
+        its messages (a session adopted after another process died): what it
+        records, a process with the platform's sender delivers.
+        """
+        worker = self._worker(settings)
+        self._ledgered.add(platform)
+        self.engine.outlet.ledger = DeliveryLedger(self.engine.store, self._ledgered, worker.poke)
+
+    def _worker(self, settings: DeliverySettings | None) -> DeliveryWorker:
         engine = self.engine
         if self.delivery is None:
             self.delivery = DeliveryWorker(
                 engine.store, engine.holder, settings, count=engine.metrics.delivery
             )
-        self.delivery.add(sender)
-        worker = self.delivery
-        engine.outlet.ledger = DeliveryLedger(engine.store, worker.senders, worker.poke)
-        if self._started:
-            worker.start()
+            if self._started:
+                self.delivery.start()
+        return self.delivery
 
     def add_outbound_filter(self, keep: OutboundFilter) -> None:
         """Deliver only what ``keep`` returns True for.

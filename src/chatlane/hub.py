@@ -58,6 +58,11 @@ from chatlane.types import Agent, InboundMessage, Outbound
 
 log = logging.getLogger("chatlane.server")
 
+LEDGERED_PLATFORMS = ("telegram",)
+"""Platforms whose replies go through the delivery ledger in every process, whether or not
+it runs their adapter (a process that answers a Telegram message it adopted records the
+reply; one running the Telegram adapter sends it)."""
+
 
 class Adapter(Protocol):
     """A platform connection: it turns platform events into messages and delivers replies."""
@@ -141,6 +146,9 @@ class Hub:
             refuse=self._refuse,
             on_outcome=self.outcome,
         )
+        if self.config.delivery.enabled:
+            for platform in LEDGERED_PLATFORMS:
+                self.gateway.ledger_for(platform, self.config.delivery)
 
     @property
     def metrics(self) -> Metrics:

@@ -185,6 +185,28 @@ class TestFailures:
 
 
 class TestProcesses:
+    async def test_a_process_without_the_sender_records_and_another_delivers(self) -> None:
+        store = MemoryStore()
+        direct: list[Outbound] = []
+
+        async def deliver(outbound: Outbound) -> None:
+            direct.append(outbound)
+
+        answering = Gateway(EchoAgent(), deliver, store=store)
+        answering.ledger_for("chat", FAST)
+        await answering.start()
+        sending = Rig(store, PlatformStandIn(), FAST)
+        await sending.gateway.start()
+        try:
+            message = InboundMessage(SessionSource("chat", chat_id="c1", user_id="u"), "hi")
+            await answering.dispatch(message)
+            await sending.platform.until(lambda: len(sending.platform.accepted) == 1)
+        finally:
+            await answering.aclose()
+            await sending.gateway.aclose()
+        assert sending.platform.texts("c1") == ["echo: hi"]
+        assert direct == []
+
     async def test_a_sender_that_died_mid_send_is_followed_by_a_labelled_resend(self) -> None:
         store = MemoryStore()
         settings = dataclasses.replace(FAST, claim_ttl=0.3, send_timeout=0.2)

@@ -261,7 +261,7 @@ class TelegramAdapter:
 
     def ready(self) -> bool:
         """Whether the bot runs, so the delivery worker may send (:mod:`chatlane.delivery`)."""
-        return self._app is not None
+        return self._app is not None and self._app.running
 
     async def send(self, outbound: Outbound, attempt: Attempt) -> None:
         """Send one delivery of the ledger, all its parts, or raise why not.
