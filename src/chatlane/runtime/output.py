@@ -73,7 +73,7 @@ class TurnOutput:
         if type(result) is CoroutineType or inspect.isawaitable(result):
             result = await result
         text = result if type(result) is str else await self._text_of(turn, result)
-        drafts = self._outlet.drafts(turn, _REPLY, text) if self._outlet.ledger else []
+        drafts = self._outlet.drafts(turn, _REPLY, text)
         if await self._commit(turn, "assistant", text, drafts=drafts):
             await self._outlet.to_turn(turn, _REPLY, text)
 
