@@ -64,7 +64,7 @@ class MemoryLedger:
         moment = self._clock()
         heads = [
             head
-            for lane in lanes
+            for lane in dict.fromkeys(lanes)  # a lane named twice is claimed once
             for target in self._lanes.get(lane, ())
             if _claimable(head := self._records[self._queues[target][0][1]], moment)
         ]
