@@ -14,12 +14,14 @@ import asyncpg
 import pytest
 
 from chatlane.errors import LeaseLost, StoreError
-from chatlane.stores import TranscriptEntry, WriteBatch, open_store
-from chatlane.stores.postgres import PostgresStore
+from chatlane.stores import DeliveryDraft, TranscriptEntry, WriteBatch, open_store
+from chatlane.stores.postgres import PostgresStore, ledger
 from chatlane.stores.postgres.schema import MIGRATIONS, migrate
 from chatlane.stores.postgres.url import Location, parse_url, redact
 from chatlane.testing_postgres import ENV, PASSWORD, USER, binaries, throwaway
 from chatlane.testing_redis import free_port
+from chatlane.types import SessionKey
+from tests.adapters.test_api import eventually
 from tests.keys import chat_key
 from tests.stores.conftest import forget_store, own_schema
 
@@ -191,6 +193,29 @@ class TestMigrations:
         versions = await store._fetch("SELECT max(version) FROM schema_version")
         assert versions[0][0] == len(MIGRATIONS)
 
+    async def test_a_second_version_schema_gets_the_ledger_and_keeps_its_data(
+        self, url: str
+    ) -> None:
+        location = parse_url(url)
+        connection = await asyncpg.connect(location.dsn)
+        try:
+            await migrate(connection, location.schema, MIGRATIONS[:2])
+        finally:
+            await connection.close()
+        await _execute(url, "INSERT INTO sessions (key, generation) VALUES ('k', 4)")
+        await _execute(url, "INSERT INTO answered (message_id, at, answer) VALUES ('m1', 1e12, '')")
+        store = await PostgresStore.open(url)
+        try:
+            rows = await store._fetch("SELECT version FROM schema_version ORDER BY version")
+            assert [row[0] for row in rows] == list(range(1, len(MIGRATIONS) + 1))
+            assert await store.generation(SessionKey("k")) == 4
+            assert await store.is_answered("m1")
+            await store.record_deliveries([DeliveryDraft("d1", "tg", "chat", b"x")])
+            assert [d.id for d in await store.claim_deliveries(["tg"], "p1", 5, 10)] == ["d1"]
+        finally:
+            await store.close()
+            await forget_store(url)
+
     async def test_schemas_do_not_see_each_other(self, store: PostgresStore, url: str) -> None:
         await store.set_persistent(KEY, None, model="mine")
         other_url = own_schema(url.partition("?")[0], "other")
@@ -233,6 +258,43 @@ class TestBadInput:
             await store.generation(KEY)
         with pytest.raises(LeaseLost, match="could not be renewed"):
             await store.renew(lease, 5)
+
+
+class TestLedger:
+    async def test_a_later_delivery_waits_for_an_earlier_one_of_its_target_being_recorded(
+        self, store: PostgresStore
+    ) -> None:
+        first, later = (DeliveryDraft(i, "tg", "chat", b"x") for i in ("first", "later"))
+        async with store._pools.turns.acquire() as db:
+            transaction = db.transaction()
+            await transaction.start()
+            try:
+                await ledger.record(db, 1.0, [first], store._target_lock)
+                recording = asyncio.create_task(store.record_deliveries([later]))
+                await eventually(lambda: _waiting_for_a_lock(store))
+                assert await store.claim_deliveries(["tg"], "p1", 5, 10) == []
+            finally:
+                await transaction.commit()
+        await recording
+        claimed = await store.claim_deliveries(["tg"], "p1", 5, 10)
+        assert [d.id for d in claimed] == ["first"]  # recorded first, so sent first
+        assert claimed[0].seq < (await store.delivery("later")).seq  # type: ignore[union-attr]
+
+    async def test_a_repeated_id_in_one_call_is_recorded_once(self, store: PostgresStore) -> None:
+        drafts = [DeliveryDraft("d1", "tg", "a", b"1"), DeliveryDraft("d1", "tg", "b", b"2")]
+        await store.commit(KEY, None, WriteBatch(deliveries=drafts))
+        [only] = await store.deliveries("pending")
+        assert (only.id, only.target, only.payload) == ("d1", "a", b"1")
+
+
+async def _waiting_for_a_lock(store: PostgresStore) -> bool:
+    """Whether a connection recording deliveries waits for an advisory lock (a target's)."""
+    rows = await store._fetch(
+        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND wait_event = 'advisory' AND datname = current_database() "
+        "AND query LIKE 'INSERT INTO deliveries%'"
+    )
+    return bool(rows)
 
 
 class TestUpkeep:

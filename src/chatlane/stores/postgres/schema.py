@@ -103,7 +103,31 @@ _V1: Migration = (
 
 _V2: Migration = ("ALTER TABLE sessions ADD COLUMN waiting boolean NOT NULL DEFAULT false",)
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3: Migration = (
+    """CREATE TABLE deliveries (
+        seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        id text COLLATE "C" NOT NULL UNIQUE,
+        lane text COLLATE "C" NOT NULL,
+        target text COLLATE "C" NOT NULL,
+        payload bytea NOT NULL,
+        created_at double precision NOT NULL,
+        state text COLLATE "C" NOT NULL DEFAULT 'pending',
+        attempts integer NOT NULL DEFAULT 0,
+        next_at double precision NOT NULL DEFAULT 0,
+        claim text COLLATE "C" NOT NULL DEFAULT '',
+        claim_expires double precision NOT NULL DEFAULT 0,
+        holder text COLLATE "C" NOT NULL DEFAULT '',
+        uncertain boolean NOT NULL DEFAULT false,
+        reason text NOT NULL DEFAULT '',
+        settled_at double precision NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX deliveries_lane ON deliveries (lane, target) WHERE state = 'pending'",
+    "CREATE INDEX deliveries_target ON deliveries (target, seq) WHERE state = 'pending'",
+    "CREATE INDEX deliveries_state ON deliveries (state, seq)",
+    "CREATE INDEX deliveries_settled ON deliveries (state, settled_at) WHERE state <> 'pending'",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
@@ -111,7 +135,11 @@ conversation than the one it was appended to (it is returned as written);
 ``persistent.position`` keeps fields in the order they were first set;
 ``sessions.waiting`` (step 2) is set while a process waits for the session's
 lease, so the transaction that frees it notifies
-(:mod:`~chatlane.stores.postgres.wakeups`).
+(:mod:`~chatlane.stores.postgres.wakeups`); ``deliveries`` (step 3) is the
+delivery ledger (:mod:`~chatlane.stores.postgres.ledger`): its partial indexes
+hold only pending deliveries, each lane's targets (``deliveries_lane``) and each
+target's deliveries in ``seq`` order (``deliveries_target``), so a claim finds
+the targets' heads without reading what was delivered.
 """
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_version (

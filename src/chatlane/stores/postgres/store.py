@@ -5,8 +5,9 @@ see :mod:`~chatlane.stores.postgres.pools`), or a single statement where it
 only reads. The operations themselves — the
 SQL, and the checks around it — live in :mod:`~chatlane.stores.postgres.leases`,
 :mod:`~chatlane.stores.postgres.data`, :mod:`~chatlane.stores.postgres.queue`
-and :mod:`~chatlane.stores.postgres.liveness`; a turn's fused calls are one
-transaction each.
+and :mod:`~chatlane.stores.postgres.liveness`, the delivery ledger in
+:mod:`~chatlane.stores.postgres.ledger`; a turn's fused calls are one
+transaction each, and a commit's deliveries are recorded in its transaction.
 
 What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
 
@@ -41,9 +42,13 @@ from chatlane.errors import LeaseLost, SessionBusy, StoreError
 from chatlane.stores.base import (
     Admission,
     Conversation,
+    Delivery,
+    DeliveryDraft,
+    DeliveryStats,
     FailedRecord,
     Lease,
     PendingRecord,
+    Settlement,
     Store,
     Taken,
     TranscriptEntry,
@@ -52,6 +57,7 @@ from chatlane.stores.base import (
 from chatlane.stores.codec import encode_value
 from chatlane.stores.postgres import data
 from chatlane.stores.postgres import leases as ls
+from chatlane.stores.postgres import ledger as dl
 from chatlane.stores.postgres import liveness as lv
 from chatlane.stores.postgres import queue as pq
 from chatlane.stores.postgres.db import Db, DriverError, Row
@@ -225,11 +231,13 @@ class PostgresStore(Store):
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
         fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
-        notice = self._notice(key)
-        await self._write(
-            key,
-            lambda db, m: data.commit(db, m, key, generation, frozen, fields, retention, notice),
-        )
+        notice, lock = self._notice(key), self._target_lock
+
+        async def op(db: Db, moment: float) -> None:
+            await data.commit(db, moment, key, generation, frozen, fields, retention, notice)
+            await dl.record(db, moment, frozen.deliveries, lock)
+
+        await self._write(key, op)
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return await self._read(lambda db: data.load_persistent(db, key))
@@ -309,12 +317,14 @@ class PostgresStore(Store):
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
         key, generation = lease.key, lease.generation
         fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
-        notice = self._notice(key)
+        notice, lock = self._notice(key), self._target_lock
 
         async def op(db: Db, moment: float) -> bool:
-            return await data.commit(
+            freed = await data.commit(
                 db, moment, key, generation, frozen, fields, retention, notice, lease.token
             )
+            await dl.record(db, moment, frozen.deliveries, lock)
+            return freed
 
         return await self._write(key, op)
 
@@ -381,13 +391,55 @@ class PostgresStore(Store):
     async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
         return await self._write(None, lambda db, _: pq.retry_failed(db, message_id, owner))
 
+    # -- the delivery ledger ---------------------------------------------------------
+
+    @property
+    def _target_lock(self) -> str:
+        """The prefix of the advisory locks recording takes on targets (see the ledger)."""
+        return dl.target_lock(self.location.schema)
+
+    async def record_deliveries(self, drafts: Sequence[DeliveryDraft]) -> None:
+        recorded, lock = list(drafts), self._target_lock
+        if recorded:
+            await self._write(None, lambda db, m: dl.record(db, m, recorded, lock))
+
+    async def claim_deliveries(
+        self, lanes: Sequence[str], holder: str, ttl: float, limit: int
+    ) -> list[Delivery]:
+        asked = list(lanes)
+        if not asked or limit <= 0:
+            return []
+        return await self._write(None, lambda db, m: dl.claim(db, m, asked, holder, ttl, limit))
+
+    async def settle_deliveries(self, settlements: Sequence[Settlement]) -> list[bool]:
+        asked = list(settlements)
+        if not asked:
+            return []
+        return await self._write(None, lambda db, m: dl.settle(db, m, asked))
+
+    async def deliveries(self, state: str, limit: int = 100) -> list[Delivery]:
+        return await self._read(lambda db: dl.listed(db, state, limit))
+
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        return await self._read(lambda db: dl.get(db, delivery_id))
+
+    async def delivery_stats(self) -> DeliveryStats:
+        return await self._read(dl.stats)
+
+    async def retry_dead(self, delivery_id: str) -> bool:
+        return await self._write(None, lambda db, _: dl.retry_dead(db, delivery_id))
+
     # -- process liveness ------------------------------------------------------------
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
-        retention = self._retained
-        await self._write(
-            None, lambda db, m: lv.heartbeat(db, m, holder, ttl, retention), upkeep=True
-        )
+        """See :meth:`Store.heartbeat`; also prunes settled deliveries past their retention."""
+        retention, kept = self._retained, float(self.delivered_retention)
+
+        async def op(db: Db, moment: float) -> None:
+            await lv.heartbeat(db, moment, holder, ttl, retention)
+            await dl.prune(db, moment - kept, moment - retention)
+
+        await self._write(None, op, upkeep=True)
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         asked = list(holders)
@@ -413,7 +465,12 @@ def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]
 def _frozen(batch: WriteBatch) -> WriteBatch:
     """A copy of ``batch`` the caller can no longer change (its fields go apart, encoded)."""
     return WriteBatch(
-        list(batch.transcript), {}, list(batch.answered), list(batch.done), batch.answer
+        list(batch.transcript),
+        {},
+        list(batch.answered),
+        list(batch.done),
+        batch.answer,
+        list(batch.deliveries),
     )
 
 
