@@ -77,6 +77,11 @@ class TestRecordAndClaim:
         assert ids(await store.claim_deliveries(["web:X"], "p1", 5, 10)) == []
         assert ids(await claim(store)) == ["t"]
 
+    async def test_a_lane_named_twice_is_claimed_once(self, store: Store) -> None:
+        await store.record_deliveries([draft("a1", "A"), draft("b1", "B")])
+        claimed = await store.claim_deliveries([LANE, LANE], "p1", 5, 10)
+        assert ids(claimed) == ["a1", "b1"]
+
     async def test_recording_is_idempotent_per_id(self, store: Store) -> None:
         await store.record_deliveries([draft("a1")])
         await store.record_deliveries([draft("a1"), DeliveryDraft("a1", LANE, "other", b"x")])
