@@ -24,7 +24,19 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.identity import SessionKey
-from chatlane.stores import MemoryStore, Store, TranscriptEntry, WriteBatch, open_store
+from chatlane.stores import (
+    Delivery,
+    DeliveryDraft,
+    MemoryStore,
+    Settlement,
+    SettlementKind,
+    Store,
+    TranscriptEntry,
+    WriteBatch,
+    open_store,
+)
+from chatlane.stores import sqlite_ledger as ledger
+from chatlane.stores.base import DELIVERED, PENDING
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import MIGRATIONS, Location, connect, migrate, parse_url
 from tests.adapters.test_api import eventually
@@ -206,6 +218,37 @@ class TestFile:
             assert answered == ["message_id", "at", "answer"]
             with pytest.raises(sqlite3.OperationalError, match="rowid"):
                 db.execute("SELECT rowid FROM conversations")
+
+    async def test_step_8_adds_the_ledger_and_keeps_what_was_there(self, path: Path) -> None:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            migrate(db, path, MIGRATIONS[:7])
+            db.execute("INSERT INTO sessions VALUES ('k', 3, '')")
+            db.execute(
+                "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
+                "VALUES ('k', 'm1', 'p1', x'00', 1.0)"
+            )
+        store = await SQLiteStore.open(f"sqlite:///{path}")
+        try:
+            assert pragma(path, "user_version") == len(MIGRATIONS) == 8
+            key = SessionKey("k")
+            assert await store.generation(key) == 3
+            assert [r.message_id for r in await store.pending(key)] == ["m1"]
+            await store.record_deliveries([DeliveryDraft("d1", "tg", "chat", b"hi")])
+            [claimed] = await store.claim_deliveries(["tg"], "p1", 5, 10)
+            assert (claimed.id, claimed.seq, claimed.payload) == ("d1", 1, b"hi")
+        finally:
+            await store.close()
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            indexes = db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'deliveries' "
+                "AND sql IS NOT NULL ORDER BY name"
+            ).fetchall()
+        assert [name for (name,) in indexes] == [
+            "deliveries_dead",
+            "deliveries_delivered",
+            "deliveries_lane",
+            "deliveries_target",
+        ]
 
     def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
         steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]
@@ -431,6 +474,115 @@ class TestRefusalsWriteNothing:
         assert store.stats.reruns == 0  # refused by its own first write: nothing to undo
 
 
+def drafts(count: int, targets: int, lane: str = "tg") -> list[DeliveryDraft]:
+    return [DeliveryDraft(f"d{n}", lane, f"T{n % targets}", b"") for n in range(count)]
+
+
+def delivered(claimed: list[Delivery]) -> list[Settlement]:
+    return [Settlement(d.id, d.claim, SettlementKind.DELIVERED) for d in claimed]
+
+
+def vm_steps(db: sqlite3.Connection, action: Callable[[], object]) -> int:
+    """How many virtual machine instructions SQLite ran for ``action``."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    db.set_progress_handler(count, 1)
+    try:
+        action()
+    finally:
+        db.set_progress_handler(None, 1)
+    return steps
+
+
+class TestDeliveryLedger:
+    def test_columns_are_the_records_fields(self) -> None:
+        assert ledger._COLUMNS.split(", ") == list(Delivery.__struct_fields__)
+
+    def test_a_claims_work_grows_with_neither_backlog_nor_history(self, path: Path) -> None:
+        """A claim seeks each target of its lanes and that target's head: a deep backlog
+        behind a head, settled deliveries and other lanes cost it nothing."""
+
+        def claim_once(db: sqlite3.Connection) -> int:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                return vm_steps(db, lambda: ledger.claim(db, lambda: 10.0, ["tg"], "p1", 5, 10))
+            finally:
+                db.execute("ROLLBACK")
+
+        with contextlib.closing(connect(Location(path))) as db:
+            ledger.record(db, lambda: 1.0, drafts(5, 5))
+            few = claim_once(db)
+            backlog = [DeliveryDraft(f"b{n}", "tg", "T0", b"") for n in range(3000)]
+            ledger.record(db, lambda: 2.0, backlog)
+            settled = [DeliveryDraft(f"old{n}", "tg", "old", b"") for n in range(3000)]
+            ledger.record(db, lambda: 3.0, settled)
+            db.execute("UPDATE deliveries SET state = 'delivered' WHERE target = 'old'")
+            elsewhere = [DeliveryDraft(f"w{n}", "web", f"W{n % 50}", b"") for n in range(3000)]
+            ledger.record(db, lambda: 5.0, elsewhere)
+            many = claim_once(db)
+            assert len(ledger.claim(db, lambda: 10.0, ["tg"], "p1", 5, 10)) == 5
+        assert many <= few * 1.2
+
+    async def test_a_lane_named_twice_is_claimed_from_once(self, store: SQLiteStore) -> None:
+        await store.record_deliveries(drafts(4, 2))
+        claimed = await store.claim_deliveries(["tg", "tg"], "p1", 5, 10)
+        assert [d.id for d in claimed] == ["d0", "d1"]
+
+    async def test_a_target_in_two_lanes_is_still_sent_in_order(self, store: SQLiteStore) -> None:
+        """A target belongs to one lane; if two name it, its head still goes first."""
+        await store.record_deliveries(
+            [DeliveryDraft("a1", "tg", "T", b""), DeliveryDraft("a2", "web", "T", b"")]
+        )
+        assert await store.claim_deliveries(["web"], "p1", 5, 10) == []
+        [first] = await store.claim_deliveries(["tg", "web"], "p1", 5, 10)
+        assert first.id == "a1"
+
+    async def test_an_already_answered_commit_records_nothing(self, store: SQLiteStore) -> None:
+        lease = await store.acquire(KEY, "p1", 30)
+        await store.commit(KEY, lease.generation, WriteBatch(answered=["m1"]))
+        again = WriteBatch(answered=["m1"], deliveries=drafts(1, 1))
+        with pytest.raises(AlreadyAnswered):
+            await store.commit(KEY, lease.generation, again)
+        with pytest.raises(AlreadyAnswered):
+            await store.commit_and_release(lease, again)
+        both = WriteBatch(answered=["m1", "m2"], deliveries=drafts(1, 1))
+        with pytest.raises(AlreadyAnswered):
+            await store.commit(KEY, lease.generation, both)
+        assert await store.delivery("d0") is None
+        assert (await store.delivery_stats()).pending == 0
+
+    async def test_a_commit_records_what_it_was_given_then(self, store: SQLiteStore) -> None:
+        lease = await store.acquire(KEY, "p1", 30)
+        batch = WriteBatch(deliveries=drafts(1, 1))
+        committing = asyncio.ensure_future(store.commit_and_release(lease, batch))
+        await asyncio.sleep(0)  # the call was made: its batch is queued
+        batch.deliveries.append(DeliveryDraft("late", "tg", "T0", b""))
+        assert await committing is True
+        assert [d.id for d in await store.deliveries(PENDING)] == ["d0"]
+
+    async def test_seqs_are_never_reused_after_pruning_and_restart(self, path: Path) -> None:
+        url = f"sqlite:///{path}"
+        first = await SQLiteStore.open(url)
+        first.delivered_retention = 0.0
+        await first.record_deliveries(drafts(1, 1))
+        [claimed] = await first.claim_deliveries(["tg"], "p1", 5, 10)
+        assert await first.settle_deliveries(delivered([claimed])) == [True]
+        await first.heartbeat("p1", 5)
+        assert await first.deliveries(DELIVERED) == []
+        await first.close()
+        again = await SQLiteStore.open(url)
+        await again.record_deliveries([DeliveryDraft("next", "tg", "T0", b"")])
+        recorded = await again.delivery("next")
+        await again.close()
+        assert recorded is not None
+        assert recorded.seq > claimed.seq
+
+
 CONTENDER = textwrap.dedent(
     """
     import asyncio, json, sys
@@ -468,6 +620,29 @@ OPENER = textwrap.dedent(
         await store.close()
 
     asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+CLAIMER = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from chatlane.stores import Settlement, SettlementKind, open_store
+
+    async def main(url: str, name: str) -> None:
+        store = await open_store(url)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        claimed = []
+        while (await store.delivery_stats()).pending:
+            batch = await store.claim_deliveries(["tg"], name, 30, 3)
+            claimed += [d.id for d in batch]
+            done = [Settlement(d.id, d.claim, SettlementKind.DELIVERED) for d in batch]
+            assert all(await store.settle_deliveries(done))
+        await store.close()
+        print(json.dumps(claimed), flush=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
     """
 )
 
@@ -512,6 +687,25 @@ def test_two_processes_contend_and_one_wins_each_round(path: Path) -> None:
     won = [set(json.loads(out.splitlines()[-1])) for out in outputs]
     assert not won[0] & won[1]
     assert won[0] | won[1] == set(range(rounds))
+
+
+async def test_processes_claiming_at_once_send_each_delivery_once_in_order(path: Path) -> None:
+    url = f"sqlite:///{path}"
+    store = await SQLiteStore.open(url)
+    await store.record_deliveries(drafts(120, 7))
+    processes = [start(CLAIMER, url, name) for name in "abc"]
+    for process in processes:
+        assert process.stdout is not None
+        assert (await asyncio.to_thread(process.stdout.readline)).strip() == "ready"
+    outputs = await asyncio.to_thread(go, processes)
+    claimed = [json.loads(out.splitlines()[-1]) for out in outputs]
+    everything = [delivery_id for ids in claimed for delivery_id in ids]
+    assert sorted(everything) == sorted(f"d{n}" for n in range(120))  # each once
+    sent = await store.deliveries(DELIVERED, limit=200)
+    await store.close()
+    for target in {d.target for d in sent}:  # each target's, one after the other, in order
+        mine = [d for d in sent if d.target == target]
+        assert [d.settled_at for d in mine] == sorted(d.settled_at for d in mine)
 
 
 async def test_busy_session_across_instances(path: Path) -> None:

@@ -5,7 +5,8 @@ store's writer thread with group commit, or, for a turn's small writes
 (:meth:`SQLiteStore._quick`), by the event loop itself while that thread
 idles and the write lock is free (:mod:`chatlane.stores.sqlite_writer`).
 The operations below (and the durable queue's, in
-:mod:`chatlane.stores.sqlite_queue`) keep the store's contract inside
+:mod:`chatlane.stores.sqlite_queue`, and the delivery ledger's, in
+:mod:`chatlane.stores.sqlite_ledger`) keep the store's contract inside
 SQLite's transactions; a turn's fused calls are one operation each.
 
 What stays true:
@@ -41,15 +42,20 @@ from chatlane.errors import (
     StoreDamaged,
     StoreError,
 )
+from chatlane.stores import sqlite_ledger as ledger
 from chatlane.stores import sqlite_queue as pq
 from chatlane.stores.base import (
     PRUNE_AFTER,
     Admission,
     Clock,
     Conversation,
+    Delivery,
+    DeliveryDraft,
+    DeliveryStats,
     FailedRecord,
     Lease,
     PendingRecord,
+    Settlement,
     Store,
     Taken,
     TranscriptEntry,
@@ -231,7 +237,8 @@ def _commit(
     fields: list[tuple[str, str]],
     retention: float,
 ) -> None:
-    """Fenced: every check runs before the first write, in the transaction that writes."""
+    """Fenced: every check runs before the first write, in the transaction that writes
+    (the batch's deliveries too: a refused commit records none)."""
     row = db.execute(
         "SELECT generation, current_conversation FROM sessions WHERE key = ?", (key,)
     ).fetchone()
@@ -254,6 +261,8 @@ def _commit(
         _set_fields(db, key, fields)
     if batch.done:
         pq.drop(db, key, batch.done)
+    if batch.deliveries:
+        ledger.record(db, clock, batch.deliveries)
 
 
 def _append(
@@ -440,9 +449,15 @@ def _conversations(
 
 
 def _heartbeat(
-    db: sqlite3.Connection, clock: Clock, holder: str, ttl: float, retention: float
+    db: sqlite3.Connection,
+    clock: Clock,
+    holder: str,
+    ttl: float,
+    retention: float,
+    delivered_retention: float,
 ) -> None:
-    """Beat for ``holder``; forget answered marks past their retention and long-dead rows."""
+    """Beat for ``holder``; forget answered marks and dead deliveries past ``retention``,
+    delivered ones past ``delivered_retention``, and long-dead rows."""
     moment = clock()
     db.execute(
         "INSERT INTO heartbeats (holder, expires_at) VALUES (?, ?) "
@@ -452,6 +467,7 @@ def _heartbeat(
     db.execute("DELETE FROM answered WHERE at <= ?", (moment - retention,))
     db.execute("DELETE FROM heartbeats WHERE expires_at <= ?", (moment - PRUNE_AFTER,))
     db.execute("DELETE FROM leases WHERE expires_at <= ?", (moment - PRUNE_AFTER,))
+    ledger.prune(db, moment - delivered_retention, moment - retention)
 
 
 def _alive(db: sqlite3.Connection, clock: Clock, holders: Sequence[str]) -> dict[str, bool]:
@@ -510,7 +526,12 @@ def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]
 def _frozen(batch: WriteBatch) -> WriteBatch:
     """A copy of ``batch`` the caller can no longer change (its fields go apart, encoded)."""
     return WriteBatch(
-        list(batch.transcript), {}, list(batch.answered), list(batch.done), batch.answer
+        list(batch.transcript),
+        {},
+        list(batch.answered),
+        list(batch.done),
+        batch.answer,
+        list(batch.deliveries),
     )
 
 
@@ -736,11 +757,41 @@ class SQLiteStore(Store):
     async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
         return await self._write(lambda db: pq.retry_failed(db, message_id, owner))
 
+    # -- the delivery ledger ---------------------------------------------------------
+
+    async def record_deliveries(self, drafts: Sequence[DeliveryDraft]) -> None:
+        recorded = list(drafts)
+        await self._quick(lambda db: ledger.record(db, self._clock, recorded))
+
+    async def claim_deliveries(
+        self, lanes: Sequence[str], holder: str, ttl: float, limit: int
+    ) -> list[Delivery]:
+        asked = list(lanes)  # on the writer thread: a claim reads every target of its lanes
+        return await self._write(
+            lambda db: ledger.claim(db, self._clock, asked, holder, ttl, limit)
+        )
+
+    async def settle_deliveries(self, settlements: Sequence[Settlement]) -> list[bool]:
+        settled = list(settlements)
+        return await self._quick(lambda db: ledger.settle(db, self._clock, settled))
+
+    async def deliveries(self, state: str, limit: int = 100) -> list[Delivery]:
+        return await self._read(lambda db: ledger.listed(db, state, limit))
+
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        return await self._read(lambda db: ledger.delivery(db, delivery_id))
+
+    async def delivery_stats(self) -> DeliveryStats:
+        return await self._read(ledger.stats)
+
+    async def retry_dead(self, delivery_id: str) -> bool:
+        return await self._write(lambda db: ledger.retry_dead(db, delivery_id))
+
     # -- process liveness ------------------------------------------------------------
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
-        retention = self.answered_retention
-        await self._write(lambda db: _heartbeat(db, self._clock, holder, ttl, retention))
+        retention, delivered = self.answered_retention, self.delivered_retention
+        await self._write(lambda db: _heartbeat(db, self._clock, holder, ttl, retention, delivered))
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         asked = list(holders)

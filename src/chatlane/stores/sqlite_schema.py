@@ -164,7 +164,34 @@ _V7: Migration = ("DROP INDEX pending_owner",)
 """No query looks pending records up by owner alone (adoption finds them by session), so
 the index only cost a page write for every message queued and every one answered."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+_V8: Migration = (
+    """CREATE TABLE deliveries (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        lane TEXT NOT NULL,
+        target TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        created_at REAL NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_at REAL NOT NULL DEFAULT 0,
+        claim TEXT NOT NULL DEFAULT '',
+        claim_expires REAL NOT NULL DEFAULT 0,
+        holder TEXT NOT NULL DEFAULT '',
+        uncertain INTEGER NOT NULL DEFAULT 0,
+        reason TEXT NOT NULL DEFAULT '',
+        settled_at REAL NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX deliveries_target ON deliveries (target, seq) WHERE state = 'pending'",
+    "CREATE INDEX deliveries_lane ON deliveries (lane, target) WHERE state = 'pending'",
+    "CREATE INDEX deliveries_delivered ON deliveries (settled_at) WHERE state = 'delivered'",
+    "CREATE INDEX deliveries_dead ON deliveries (settled_at) WHERE state = 'dead'",
+)
+"""The delivery ledger (:mod:`chatlane.stores.sqlite_ledger`). Only pending deliveries are
+in the claim's indexes: each target's oldest by ``seq``, and each lane's targets. Delivered
+and dead ones are indexed apart, by when they were settled, for pruning and listing."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
