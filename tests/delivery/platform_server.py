@@ -26,7 +26,7 @@ from typing import Any, Self
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -92,7 +92,10 @@ class PlatformServer:
             return list(self._received)
 
     async def _send(self, request: Request) -> JSONResponse:
-        body: dict[str, Any] = await request.json()
+        try:
+            body: dict[str, Any] = await request.json()
+        except ClientDisconnect:  # its sender was killed mid-request: nothing arrived
+            return JSONResponse({"error": "gone"}, status_code=400)
         message = Received(
             str(body["chat"]),
             str(body["text"]),
