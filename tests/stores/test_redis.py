@@ -17,8 +17,17 @@ from redis.asyncio import Redis
 
 from chatlane.errors import AlreadyAnswered, LeaseLost, SessionBusy, StoreError
 from chatlane.identity import SessionKey
-from chatlane.stores import TranscriptEntry, WriteBatch, open_store
+from chatlane.stores import (
+    Delivery,
+    DeliveryDraft,
+    Settlement,
+    SettlementKind,
+    TranscriptEntry,
+    WriteBatch,
+    open_store,
+)
 from chatlane.stores import redis as redis_store_module
+from chatlane.stores.base import DEAD, DELIVERED, PENDING
 from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
@@ -410,6 +419,175 @@ async def stored_answers(store: RedisStore) -> tuple[list[str], list[str]]:
     marks = await store._command("ZRANGE", store._keys.one("answered_at"), 0, -1)
     answers = await store._command("HKEYS", store._keys.one("answers"))
     return [m.decode() for m in marks], sorted(a.decode() for a in answers)
+
+
+LANE = "telegram"
+
+
+def draft(delivery_id: str, target: str = "chat-1", lane: str = LANE) -> DeliveryDraft:
+    return DeliveryDraft(delivery_id, lane, target, delivery_id.encode())
+
+
+def settle(delivery: Delivery, kind: SettlementKind, **fields: Any) -> Settlement:
+    return Settlement(delivery.id, delivery.claim, kind, **fields)
+
+
+def ids(deliveries: list[Delivery]) -> list[str]:
+    return [delivery.id for delivery in deliveries]
+
+
+async def ledger_calls(store: RedisStore, lane: str, step: Callable[[str], None]) -> None:
+    """Every ledger call once on ``lane``, each announced to ``step`` before it runs."""
+    step("record_deliveries")
+    await store.record_deliveries([draft(f"{lane}-1", lane, lane), draft(f"{lane}-2", lane, lane)])
+    step("claim_deliveries")
+    [first] = await store.claim_deliveries([lane], "p1", 5, 10)
+    step("settle_deliveries")
+    await store.settle_deliveries([settle(first, SettlementKind.DEAD, reason="gone")])
+    step("retry_dead")
+    assert await store.retry_dead(first.id)
+    step("deliveries")
+    await store.deliveries(PENDING)
+    step("delivery")
+    await store.delivery(first.id)
+    step("delivery_stats")
+    await store.delivery_stats()
+    step("commit")
+    await store.commit(KEY, None, WriteBatch(deliveries=[draft(f"{lane}-3", lane, lane)]))
+
+
+class TestLedger:
+    async def test_each_ledger_call_is_one_round_trip(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        await ledger_calls(store, "warm-up", lambda step: None)
+        sent = RoundTrips(monkeypatch)
+        await ledger_calls(store, LANE, sent.start)
+        assert sent.counts == dict.fromkeys(sent.counts, 1)
+        assert len(sent.counts) == 8
+
+    async def test_a_lost_reply_is_applied_once_and_says_so(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        await ledger_calls(store, "warm-up", lambda step: None)
+        lose = LostReply(monkeypatch)
+        await lose.next(store.record_deliveries([draft("a1"), draft("b1", "B")]))
+        claimed = await lose.next(store.claim_deliveries([LANE], "p1", 30, 10))
+        assert ids(claimed) == ["a1", "b1"]  # handed back by the claim sent again
+        assert not any(d.uncertain for d in claimed)
+        assert await store.claim_deliveries([LANE], "p2", 30, 10) == []
+        a1, b1 = claimed
+        settled = store.settle_deliveries(
+            [settle(a1, SettlementKind.DELIVERED), settle(b1, SettlementKind.DEAD, reason="x")]
+        )
+        assert await lose.next(settled) == [True, True]
+        assert await lose.next(store.retry_dead("b1")) is True
+        batch = WriteBatch(deliveries=[draft("a2"), draft("b2", "B")])
+        await lose.next(store.commit(KEY, None, batch))
+        assert lose.lost == 5
+        pending = [d for d in await store.deliveries(PENDING) if d.lane == LANE]
+        assert ids(pending) == ["b1", "a2", "b2"]
+        assert pending[2].seq == pending[1].seq + 1  # recorded once
+        again = await store.claim_deliveries([LANE], "p2", 30, 10)
+        assert [(d.id, d.attempts, d.uncertain) for d in again] == [
+            ("b1", 0, False),
+            ("a2", 0, False),
+        ]
+
+    async def test_a_commit_refused_as_answered_records_nothing(self, store: RedisStore) -> None:
+        await store.commit(KEY, None, WriteBatch(answered=["m1"], answer="hi"))
+        with pytest.raises(AlreadyAnswered):
+            await store.commit(KEY, None, WriteBatch(answered=["m1"], deliveries=[draft("r1")]))
+        assert await store.delivery("r1") is None
+        assert (await store.delivery_stats()).pending == 0
+
+    async def test_braced_ids_targets_and_lanes_never_collide(self, store: RedisStore) -> None:
+        odd = [str(key) for key in BRACED_KEYS]
+        await store.record_deliveries([draft(text, text, lane=text) for text in odd])
+        for text in odd:
+            found = await store.delivery(text)
+            assert found is not None
+            assert (found.id, found.lane, found.target, found.payload) == (
+                text,
+                text,
+                text,
+                text.encode(),
+            )
+            [claimed] = await store.claim_deliveries([text], "p1", 5, 10)
+            assert claimed.id == text
+            assert await store.settle_deliveries([settle(claimed, SettlementKind.DELIVERED)])
+        assert sorted(ids(await store.deliveries(DELIVERED))) == sorted(odd)
+
+    async def test_each_target_waits_in_one_of_its_lanes_sets(self, store: RedisStore) -> None:
+        await store.record_deliveries([draft("a1", "A"), draft("a2", "A")])
+        await store.record_deliveries([draft("b1", "B"), draft("c1", "C"), draft("d1", "D")])
+        a1, b1 = await store.claim_deliveries([LANE], "p1", 30, 2)
+        await store.settle_deliveries([settle(b1, SettlementKind.RELEASE, delay=60)])
+        ready, waiting = await lane_sets(store, LANE)
+        assert ready == {"C": float(a1.seq + 3), "D": float(a1.seq + 4)}
+        assert set(waiting) == {"A", "B"}
+        assert waiting["A"] == pytest.approx(a1.claim_expires * 1e6)
+        await store.settle_deliveries([settle(a1, SettlementKind.DELIVERED)])
+        ready, waiting = await lane_sets(store, LANE)
+        assert ready == {"A": float(a1.seq + 1), "C": float(a1.seq + 3), "D": float(a1.seq + 4)}
+        assert set(waiting) == {"B"}
+
+    async def test_nothing_is_left_behind_once_everything_is_settled_and_pruned(
+        self, store: RedisStore, admin: Redis
+    ) -> None:
+        await store.record_deliveries([draft(f"d{n}", f"T{n % 4}", f"L{n % 2}") for n in range(12)])
+        while claimed := await store.claim_deliveries(["L0", "L1"], "p1", 30, 100):
+            kinds = [SettlementKind.DELIVERED, SettlementKind.DEAD]
+            await store.settle_deliveries([settle(d, kinds[d.seq % 2]) for d in claimed])
+        store.delivered_retention = store.answered_retention = -1.0
+        await store.heartbeat("p1", 5)
+        prefix = store._keys.prefix
+        names = {name.decode() async for name in admin.scan_iter(match=f"{prefix}:*")}
+        claims = {name for name in names if name.startswith(f"{prefix}:dc:")}
+        assert claims  # each claim's record, gone with its TTL
+        assert all([0 < await admin.pttl(name) <= 30_000 for name in claims])
+        assert names - claims == {f"{prefix}:{part}" for part in ("dseq", "holders", "hb:{p1}")}
+
+    async def test_claims_and_prunes_go_in_bounded_steps(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr("chatlane.stores.redis_ledger.CLAIM_AT_ONCE", 2)
+        monkeypatch.setattr("chatlane.stores.redis_ledger.FORGET_AT_ONCE", 2)
+        await store.record_deliveries([draft(f"d{n}", f"T{n}") for n in range(5)])
+        first = await store.claim_deliveries([LANE], "p1", 30, 10)
+        assert ids(first) == ["d0", "d1"]
+        rest = await store.claim_deliveries([LANE], "p1", 30, 10)
+        rest += await store.claim_deliveries([LANE], "p1", 30, 10)
+        assert ids(rest) == ["d2", "d3", "d4"]
+        await store.settle_deliveries([settle(d, SettlementKind.DELIVERED) for d in first + rest])
+        store.delivered_retention = -1.0
+        await store.heartbeat("p1", 5)
+        assert ids(await store.deliveries(DELIVERED)) == ["d2", "d3", "d4"]
+        await store.heartbeat("p1", 5)
+        await store.heartbeat("p1", 5)
+        assert await store.deliveries(DELIVERED) == []
+        assert await store.deliveries(DEAD) == []
+
+    async def test_a_backlog_found_due_at_once_is_moved_over_several_claims(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr("chatlane.stores.redis_ledger.PROMOTE_AT_ONCE", 2)
+        await store.record_deliveries([draft(f"d{n}", f"T{n}") for n in range(5)])
+        lapsed = await store.claim_deliveries([LANE], "p1", 1e-6, 10)  # expired by the next
+        assert ids(lapsed) == ["d0", "d1", "d2", "d3", "d4"]
+        rounds = [ids(await store.claim_deliveries([LANE], "p2", 30, 10)) for _ in range(4)]
+        assert rounds == [["d0", "d1"], ["d2", "d3"], ["d4"], []]
+
+
+async def lane_sets(store: RedisStore, lane: str) -> tuple[dict[str, float], dict[str, float]]:
+    """A lane's ready targets (by their head's seq) and waiting ones (by when, µs)."""
+    _, _, ready, waiting, _, tail = store._keys.ledger_affixes()
+    found = []
+    for head in (ready, waiting):
+        flat = await store._command("ZRANGE", f"{head}{escape(lane)}{tail}", 0, -1, "WITHSCORES")
+        pairs = zip(flat[::2], flat[1::2], strict=True)
+        found.append({name.decode(): float(score) for name, score in pairs})
+    return found[0], found[1]
 
 
 class TestShortcuts:

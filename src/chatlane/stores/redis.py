@@ -56,9 +56,13 @@ from chatlane.stores.base import (
     PRUNE_AFTER,
     Admission,
     Conversation,
+    Delivery,
+    DeliveryDraft,
+    DeliveryStats,
     FailedRecord,
     Lease,
     PendingRecord,
+    Settlement,
     Store,
     Taken,
     TranscriptEntry,
@@ -70,6 +74,8 @@ from chatlane.stores.base import (
 from chatlane.stores.codec import decode_value, encode_value
 from chatlane.stores.ids import ProcessIds, new_conversation_id, new_token
 from chatlane.stores.redis_keys import DEFAULT_PREFIX, Keyspace
+from chatlane.stores.redis_ledger import SCRIPTS as LEDGER_SCRIPTS
+from chatlane.stores.redis_ledger import RedisLedger
 from chatlane.stores.redis_scripts import LuaScript, Status
 from chatlane.stores.redis_sentinel import SCHEME as SENTINEL_SCHEME
 from chatlane.stores.redis_sentinel import Sentinels, parse_sentinel_url
@@ -122,7 +128,7 @@ class RedisStore(Store):
         self._name = f"redis store {redact(url)}"
         self._client = client
         self._keys = keyspace
-        self._digests = {script: _sha1(script.source) for script in lua.ALL}
+        self._digests = {script: _sha1(script.source) for script in (*lua.ALL, *LEDGER_SCRIPTS)}
         self._heads: dict[tuple[LuaScript, SessionKey | None], tuple[Arg, ...]] = {}
         """``EVALSHA``, digest, key count and keys, by script and session."""
         self._conversing: set[SessionKey] = set()
@@ -135,6 +141,7 @@ class RedisStore(Store):
         endpoint = client.endpoint if isinstance(client, RespClient) else None
         self._wait_replicas = 0 if endpoint is None else endpoint.wait_replicas
         self._wait_timeout = 1.0 if endpoint is None else endpoint.wait_timeout
+        self._ledger = RedisLedger(self._run, self._command, keyspace, _request_id)
 
     @classmethod
     async def open(cls, url: str) -> RedisStore:
@@ -345,7 +352,8 @@ class RedisStore(Store):
         """
         fence = "" if generation is None else str(generation)
         head, tail = self._keys.transcript_affixes()
-        args = _batch_args(key, batch, self.answered_retention, token)
+        drafts = self._ledger.draft_args(batch.deliveries)
+        args = _batch_args(key, batch, self.answered_retention, token, drafts)
         slot = (key, fence, token)
         unsettled = self._unsettled.pop(slot, None)
         rid = unsettled[1] if unsettled is not None and unsettled[0] == batch else _request_id()
@@ -551,18 +559,48 @@ class RedisStore(Store):
         retried = await self._run(lua.RETRY, record.key, *args)
         return record if retried else None
 
+    # -- the delivery ledger (chatlane.stores.redis_ledger) ------------------------------
+
+    async def record_deliveries(self, drafts: Sequence[DeliveryDraft]) -> None:
+        await self._ledger.record(drafts)
+
+    async def claim_deliveries(
+        self, lanes: Sequence[str], holder: str, ttl: float, limit: int
+    ) -> list[Delivery]:
+        return await self._ledger.claim(lanes, holder, ttl, limit)
+
+    async def settle_deliveries(self, settlements: Sequence[Settlement]) -> list[bool]:
+        return await self._ledger.settle(settlements)
+
+    async def deliveries(self, state: str, limit: int = 100) -> list[Delivery]:
+        return await self._ledger.listed(state, limit)
+
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        return await self._ledger.get(delivery_id)
+
+    async def delivery_stats(self) -> DeliveryStats:
+        return await self._ledger.stats()
+
+    async def retry_dead(self, delivery_id: str) -> bool:
+        return await self._ledger.retry_dead(delivery_id)
+
     # -- process liveness ------------------------------------------------------------
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
-        """See :meth:`Store.heartbeat`; a ``ttl`` of 0 or less signs ``holder`` off at once."""
+        """See :meth:`Store.heartbeat`; a ``ttl`` of 0 or less signs ``holder`` off at once.
+
+        It also prunes the delivery ledger: delivered deliveries after
+        :attr:`delivered_retention`, dead ones after :attr:`answered_retention`.
+        """
         beat = self._keys.heartbeat(holder)
         moment = now()
         cutoff = _ms(moment - self.answered_retention)
         beating = ("SET", beat, b"1", "PX", _ms(ttl)) if ttl > 0 else ("DEL", beat)
         listed = ("ZADD", self._keys.one("holders"), _ms(moment + max(ttl, 0.0)), holder)
         forgetting = self._run(lua.FORGET_ANSWERED, None, cutoff, FORGET_AT_ONCE)
+        pruning = self._ledger.prune(self.delivered_retention, self.answered_retention)
         await asyncio.gather(  # one write
-            self._command(*beating), self._command(*listed), forgetting
+            self._command(*beating), self._command(*listed), forgetting, pruning
         )
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
@@ -611,15 +649,18 @@ def _request_id() -> str:
     return _request_ids.next()
 
 
-def _batch_args(key: SessionKey, batch: WriteBatch, retention: float, token: str) -> list[Arg]:
-    """``batch`` as the commit script's counts, retention, answer and release token, then
-    its encoded items."""
+def _batch_args(
+    key: SessionKey, batch: WriteBatch, retention: float, token: str, drafts: Sequence[Arg]
+) -> list[Arg]:
+    """``batch`` as the commit script's counts, retention, answer, release token and
+    delivery count, then its encoded items, then ``drafts`` (its deliveries, as the
+    ledger encodes them)."""
     stamp = now()
     entries = [_msgpack.encode(_stamped(entry, stamp)) for entry in batch.transcript]
     fields = [part for item in batch.persistent.items() for part in _json_field(key, *item)]
     counts = (len(entries), len(batch.persistent), len(batch.answered))
-    head = (*counts, _ms(retention), batch.answer, token)
-    return [*head, *entries, *fields, *batch.answered, *batch.done]
+    head = (*counts, _ms(retention), batch.answer, token, len(batch.deliveries))
+    return [*head, *entries, *fields, *batch.answered, *batch.done, *drafts]
 
 
 def _json_field(key: SessionKey, name: str, value: Any) -> tuple[str, str]:

@@ -1,18 +1,27 @@
 """Every key the Redis store reads or writes, named in this one module.
 
 All keys live under a namespace ``prefix`` (default ``chatlane``) and take one
-of three shapes::
+of these shapes::
 
     <prefix>:<kind>                       one per store    (seq, live, pkeys, answered_at, ...)
     <prefix>:s:{<session>}:<part>         one per session  (gen, lease, last, persist, ...)
     <prefix>:t:{<conversation id>}        one per conversation (its transcript, a list)
     <prefix>:hb:{<holder>}                one per process  (heartbeat, with a PX expiry)
+    <prefix>:d:{<delivery id>}            one per delivery (a hash: the delivery ledger)
+    <prefix>:dq:{<target>}                one per target   (its pending deliveries by seq)
+    <prefix>:dr:{<lane>}, :dw:{<lane>}    one pair per lane (targets ready / waiting to be claimed)
+    <prefix>:dc:{<request id>}            one per recent claim (what it claimed, until its TTL)
 
 Every name in braces is escaped by :func:`escape`, which is injective and
 never yields ``{`` or ``}``. So the braces are always the key's Redis Cluster
 hash tag — every key of one session lands on one slot — and no session key,
-conversation id, holder or prefix (which may not contain braces) can make two
-distinct things share a key.
+conversation id, holder, delivery id, target, lane or prefix (which may not
+contain braces) can make two distinct things share a key.
+
+The ledger's scripts find a delivery's, target's or lane's keys from the
+escaped names they store (an escaped name never holds a brace, so it is safe
+between :meth:`Keyspace.ledger_affixes`); :meth:`Keyspace.delivery` names the
+same key from Python.
 
 Conversation ids are made by the store (``c_<hex>``), so escaping leaves them
 as they are: the scripts build a transcript key by putting the id between
@@ -57,6 +66,12 @@ GLOBAL_PARTS = frozenset(
         "holders",  # sorted set: holder by heartbeat expiry (ms); a past score is a dead process
         "failed",  # hash: failed message id -> encoded failed record
         "failed_at",  # sorted set: failed message id by when it failed (ms)
+        "dseq",  # string: the delivery counter (INCR); never reused
+        "dpending",  # sorted set: escaped id of each pending delivery by seq
+        "ddelivered",  # sorted set: escaped id of each delivered delivery by seq
+        "ddead",  # sorted set: escaped id of each dead delivery by seq
+        "ddelivered_at",  # sorted set: the same ids by when they were delivered (µs)
+        "ddead_at",  # sorted set: the same ids by when they were given up on (µs)
     }
 )
 """The store-wide keys: ``<prefix>:<part>``."""
@@ -107,6 +122,18 @@ class Keyspace:
     def heartbeat(self, holder: str) -> str:
         """The key whose existence says process ``holder`` is alive."""
         return f"{self.prefix}:hb:{{{escape(holder)}}}"
+
+    def delivery(self, delivery_id: str) -> str:
+        """The hash holding one delivery of the ledger (see :mod:`.redis_ledger`)."""
+        head, *_, tail = self.ledger_affixes()
+        return f"{head}{escape(delivery_id)}{tail}"
+
+    def ledger_affixes(self) -> tuple[str, str, str, str, str, str]:
+        """What the ledger's scripts put before an escaped name — a delivery's hash, a
+        target's queue, a lane's ready and waiting sets, a claim's record — and the one
+        tail after it."""
+        p = self.prefix
+        return f"{p}:d:{{", f"{p}:dq:{{", f"{p}:dr:{{", f"{p}:dw:{{", f"{p}:dc:{{", "}"
 
     def part(self, name: str) -> str:
         """A store-wide key (one of :data:`GLOBAL_PARTS`)."""

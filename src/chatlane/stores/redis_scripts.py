@@ -9,7 +9,8 @@ What the scripts keep true:
 
 * They only move bytes: records are encoded and decoded in Python.
 * Times come from the server's ``TIME`` (milliseconds for leases,
-  microseconds for conversations), one clock for every process. Lease expiry
+  microseconds for conversations and the delivery ledger), one clock for
+  every process. Lease expiry
   is the lease key's ``PX`` TTL; acquire and renew return the moment it ends.
 * A script that changes state when run twice (release, bump, commit, adopt)
   takes a request id and remembers the last few in the session's ``ops``
@@ -18,16 +19,19 @@ What the scripts keep true:
   their client-made token and conversation id the same way.
 * Only commands of Redis 6.0 and Valkey are used (no ``FUNCTION``, no
   ``LPOS``, no ``ZRANGE … BYSCORE``, no ``EXPIRE`` options).
-* Transcript keys are built inside the scripts from a conversation id and
-  the affixes the caller passes. They and the store-wide keys (``seq``,
-  ``live``, ``answered_at``, …) are outside the session's hash slot, so the
-  scripts need a standalone server (or one shard), not Redis Cluster.
+* Transcript keys, and the delivery ledger's, are built inside the scripts
+  from a conversation id (or a stored escaped name) and the affixes the
+  caller passes. They and the store-wide keys (``seq``, ``live``,
+  ``answered_at``, …) are outside the session's hash slot, so the scripts
+  need a standalone server (or one shard), not Redis Cluster.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from chatlane.stores import redis_ledger_scripts as ledger
 
 OPS_KEPT = 16
 """How many recent request ids a session remembers for retried scripts."""
@@ -239,13 +243,15 @@ return redis.call('ZCOUNT', K.live, '(' .. int(now_ms()), '+inf')
 
 COMMIT = _script(
     "gen conv convs ctitle persist pending pmsg powner ops answered_at answers msgseq pkeys "
-    "lease last live",
-    """
+    f"lease last live {ledger.COMMIT_KEYS}",
+    ledger.HELPERS
+    + """
 local fence, rid, candidate, member, answer = ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[11]
-local token = ARGV[12]
-local fields_at = 13 + tonumber(ARGV[7])
+local token, drafts = ARGV[12], tonumber(ARGV[13])
+local fields_at = 14 + tonumber(ARGV[7])
 local answered_at = fields_at + 2 * tonumber(ARGV[8])
 local done_at = answered_at + tonumber(ARGV[9])
+local ledger_at = #ARGV + 1 - ledger_args(drafts)
 if seen(rid) then return {OK, token ~= '' and redis.call('GET', K.last) ~= token and 1 or 0} end
 local current = redis.call('GET', K.gen) or '0'
 if fence ~= '' and fence ~= current then return {STALE, tonumber(current)} end
@@ -261,14 +267,15 @@ local conversation = redis.call('GET', K.conv)
 if not conversation and candidate == '' then return {UNSTARTED} end
 conversation = conversation or start_conversation(candidate, '')
 local transcript = ARGV[4] .. conversation .. ARGV[5]
-for j = 13, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
+for j = 14, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
 for j = fields_at, answered_at - 1, 2 do redis.call('HSET', K.persist, ARGV[j], ARGV[j + 1]) end
 for j = answered_at, done_at - 1 do
   redis.call('ZADD', K.answered_at, int(moment), ARGV[j])
   redis.call('HSET', K.answers, ARGV[j], answer)
 end
-for j = done_at, #ARGV do remove_pending(ARGV[j]) end
-if done_at <= #ARGV then forget_if_empty(member) end
+for j = done_at, ledger_at - 1 do remove_pending(ARGV[j]) end
+if done_at < ledger_at then forget_if_empty(member) end
+record_deliveries(ledger_at, drafts)
 local released = 0
 if token ~= '' and redis.call('GET', K.last) == token then
   redis.call('DEL', K.lease, K.last)
@@ -282,8 +289,10 @@ return {OK, released}
 """ARGV: generation or '', request id, candidate conversation id (or '' from a caller that
 saw the session's conversation started), the two transcript key affixes, session key,
 #entries, #fields, #answered, the answered retention (ms), the answer's text, the token of
-a lease to release with the commit or '', then the entries, field/value pairs, answered
-ids and done seqs.
+a lease to release with the commit or '', #deliveries, then the entries, field/value
+pairs, answered ids and done seqs, then (only with deliveries) the delivery ledger's
+affixes and drafts (:mod:`chatlane.stores.redis_ledger_scripts`), recorded if the commit
+applies.
 Reply: {OK, 1 if the lease was released else 0} | {STALE, current} | {ANSWERED, id...} |
 {UNSTARTED} (no candidate, and the session has no conversation: nothing was written).
 The lease is released (as :data:`RELEASE` would) only by a commit that applied."""
