@@ -26,10 +26,12 @@ import pytest
 
 from chatlane.stores import open_store
 from tests.delivery.platform_server import PlatformServer, Received
-from tests.delivery.test_processes import Gateways
+from tests.delivery.test_processes import Gateways, store_url
 from tests.multiprocess.cluster import Worker
 
 pytestmark = pytest.mark.slow
+
+__all__ = ["store_url"]  # the fixture: SQLite, then Redis
 
 PROCESSES = 4
 SESSIONS = 200
@@ -115,10 +117,10 @@ def store_figures(url: str, message_ids: list[str]) -> tuple[int, int]:
 
 
 def test_chaos_loses_nothing_and_labels_every_repeat(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     started_at = time.monotonic()
-    url = f"sqlite:///{tmp_path / 'chatlane.db'}"
+    url = store_url
     with PlatformServer(transient=0.10) as platform:
         gateways = Gateways(url, tmp_path / "events.jsonl", platform_url=platform.url)
         chaos = Chaos(gateways)
@@ -153,7 +155,8 @@ def test_chaos_loses_nothing_and_labels_every_repeat(
     lost = len(every) - len(delivered)
     with capsys.disabled():
         print(
-            f"\nchaos: sent {len(every)}  accepted {len(chaos.accepted())}  answered {answered}  "
+            f"\nchaos ({url.split(':')[0]}): sent {len(every)}  "
+            f"accepted {len(chaos.accepted())}  answered {answered}  "
             f"delivered {len(delivered)}  lost {lost}  duplicated (labelled) {repeats[True]}  "
             f"duplicated unlabelled {repeats[False]}  | processes {PROCESSES}, sessions "
             f"{SESSIONS}, kills {chaos.kills}, re-sent to another process {chaos.resent}, "
