@@ -17,12 +17,14 @@ def readme_commands() -> list[str]:
     return re.findall(r"```sh\n(.+?)\n```", readme)
 
 
-def test_ci_runs_exactly_the_readme_test_command() -> None:
-    run_command, test_command = readme_commands()[:2]
+def test_ci_runs_exactly_the_readme_test_commands() -> None:
+    run_command, test_command, slow_command = readme_commands()[:3]
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test_command in ci_lines
     assert "pytest" in test_command
     assert "chatlane" in run_command
+    assert slow_command in ci_lines  # the slow tests the default run leaves out
+    assert "-m slow" in slow_command
 
 
 def test_every_docs_page_the_readme_links_exists() -> None:

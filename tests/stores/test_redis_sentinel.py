@@ -222,6 +222,7 @@ async def send_until_accepted(h: GatewayHarness, text: str, chat: str) -> None:
     raise AssertionError(f"{text} was never accepted")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_a_failover_loses_no_accepted_message_and_keeps_one_turn_per_session() -> None:
     with sentinel_setup() as setup:
