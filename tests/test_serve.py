@@ -340,6 +340,25 @@ def test_bad_options_stop_the_start_with_a_clear_message(
     assert "Traceback" not in result.stderr
 
 
+def test_a_port_in_use_stops_the_start_with_a_hint(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "chatlane.cli", "serve", "--port", str(port)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
+    assert "--port <another port>" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "chatlane.db").exists()  # nothing started, nothing created
+
+
 def test_broken_config_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "chatlane.toml").write_text("[server]\nport = 'eighty'\n")
     result = subprocess.run(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import resource
 import signal
@@ -156,16 +157,46 @@ def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
 async def serve(config: Config, secrets: Secrets | None = None) -> None:
     """Run until SIGINT or SIGTERM; then shut down gracefully.
 
+    The address is bound first, so a port in use stops the start before the
+    store is opened or any adapter starts.
+
     :param secrets: as :func:`prepare` read them (default: read now).
+    :raises ConfigError: the port is in use, or the address cannot be listened on.
     """
     secrets = resolve_secrets(config) if secrets is None else secrets
-    scheduler = build_scheduler(config)
-    hub = await open_hub(config, secrets=secrets)
-    hub.gateway.use_scheduler(scheduler)
-    add_adapters(hub, secrets)
-    await AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub).serve()
+    listening = bind_socket(config)  # before anything starts: a port in use changes nothing
+    with listening:
+        scheduler = build_scheduler(config)
+        hub = await open_hub(config, secrets=secrets)
+        hub.gateway.use_scheduler(scheduler)
+        add_adapters(hub, secrets)
+        server = AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub)
+        await server.serve(sockets=[listening])
     if hub.startup_error is not None:
         raise hub.startup_error
+
+
+def bind_socket(config: Config) -> socket.socket:
+    """The listening socket for ``server.host`` and ``server.port``, bound now.
+
+    :raises ConfigError: the port is in use (with the hint to pick another with
+        ``--port``), or the address cannot be listened on.
+    """
+    host, port = config.server.host, config.server.port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host.strip("[]"), port))
+    except OSError as error:
+        listening.close()
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {port} on {host} is already in use (another chatlane?): stop what "
+                "listens there, or start with --port <another port>"
+            ) from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return listening
 
 
 FILES_KEPT = 64 + MAX_LINGERING
