@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from chatlane.config import Config, StoreConfig
-from chatlane.serve import announce
+from chatlane.serve import STOPPED, announce
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,6 +207,7 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
         thread.join(timeout=30)
     assert process.returncode == 0
     assert "Traceback" not in output
+    assert output.rstrip().endswith(STOPPED)
     assert "Cancel" not in output, output  # no request was still open when uvicorn gave up
     assert answers["running"][0] == answers["queued"][0] == 503
     assert "service_unavailable" in answers["running"][1]

@@ -155,7 +155,7 @@ def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
 
 
 async def serve(config: Config, secrets: Secrets | None = None) -> None:
-    """Run until SIGINT or SIGTERM; then shut down gracefully.
+    """Run until SIGINT or SIGTERM; then shut down gracefully and say so (:data:`STOPPED`).
 
     The address is bound first, so a port in use stops the start before the
     store is opened or any adapter starts.
@@ -174,6 +174,7 @@ async def serve(config: Config, secrets: Secrets | None = None) -> None:
         await server.serve(sockets=[listening])
     if hub.startup_error is not None:
         raise hub.startup_error
+    print(STOPPED, flush=True)
 
 
 def bind_socket(config: Config) -> socket.socket:
@@ -198,6 +199,9 @@ def bind_socket(config: Config) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}") from None
     return listening
 
+
+STOPPED = "chatlane stopped (messages not answered yet stay in the store for the next start)"
+"""What ``chatlane serve`` prints once it has shut down."""
 
 FILES_KEPT = 64 + MAX_LINGERING
 """Open files kept free of connections: for the store, logs and the agent, and for
