@@ -448,3 +448,24 @@ def test_the_start_banner_never_shows_the_stores_password(
     printed = capsys.readouterr().out
     assert "hunter2-secret" not in printed
     assert "store:" in printed
+
+
+async def test_telegram_without_its_extra_names_the_pip_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chatlane.config import TelegramConfig
+    from chatlane.errors import ConfigError
+    from chatlane.hub import open_hub
+    from chatlane.serve import add_adapters
+
+    monkeypatch.delitem(sys.modules, "chatlane.adapters.telegram", raising=False)
+    monkeypatch.setitem(sys.modules, "telegram", None)  # as if not installed
+    config = Config(store=StoreConfig(url="memory://"), telegram=TelegramConfig(enabled=True))
+    hub = await open_hub(config)
+    try:
+        with pytest.raises(ConfigError) as raised:
+            add_adapters(hub)
+    finally:
+        await hub.store.close()
+    assert str(raised.value).startswith("the Telegram adapter needs the telegram extra")
+    assert str(raised.value).endswith("pip install 'chatlane[telegram]'")

@@ -22,6 +22,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
+from chatlane.agents import needs_extra
 from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
@@ -149,7 +150,8 @@ def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
     hub.add(WebAdapter(hub.config, access=hub.access, secrets=secrets))
     hub.add(ApiAdapter(hub.config, access=hub.access, secrets=secrets))
     if hub.config.telegram.enabled:
-        from chatlane.adapters.telegram import TelegramAdapter
+        with needs_extra("telegram", "the Telegram adapter"):
+            from chatlane.adapters.telegram import TelegramAdapter
 
         hub.add(TelegramAdapter(hub.config, secrets=secrets))
 
