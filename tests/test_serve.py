@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from chatlane.config import Config, StoreConfig
-from chatlane.serve import announce
+from chatlane.serve import STOPPED, announce
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,6 +207,7 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
         thread.join(timeout=30)
     assert process.returncode == 0
     assert "Traceback" not in output
+    assert output.rstrip().endswith(STOPPED)
     assert "Cancel" not in output, output  # no request was still open when uvicorn gave up
     assert answers["running"][0] == answers["queued"][0] == 503
     assert "service_unavailable" in answers["running"][1]
@@ -340,6 +341,25 @@ def test_bad_options_stop_the_start_with_a_clear_message(
     assert "Traceback" not in result.stderr
 
 
+def test_a_port_in_use_stops_the_start_with_a_hint(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "chatlane.cli", "serve", "--port", str(port)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
+    assert "--port <another port>" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "chatlane.db").exists()  # nothing started, nothing created
+
+
 def test_broken_config_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "chatlane.toml").write_text("[server]\nport = 'eighty'\n")
     result = subprocess.run(
@@ -428,3 +448,24 @@ def test_the_start_banner_never_shows_the_stores_password(
     printed = capsys.readouterr().out
     assert "hunter2-secret" not in printed
     assert "store:" in printed
+
+
+async def test_telegram_without_its_extra_names_the_pip_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chatlane.config import TelegramConfig
+    from chatlane.errors import ConfigError
+    from chatlane.hub import open_hub
+    from chatlane.serve import add_adapters
+
+    monkeypatch.delitem(sys.modules, "chatlane.adapters.telegram", raising=False)
+    monkeypatch.setitem(sys.modules, "telegram", None)  # as if not installed
+    config = Config(store=StoreConfig(url="memory://"), telegram=TelegramConfig(enabled=True))
+    hub = await open_hub(config)
+    try:
+        with pytest.raises(ConfigError) as raised:
+            add_adapters(hub)
+    finally:
+        await hub.store.close()
+    assert str(raised.value).startswith("the Telegram adapter needs the telegram extra")
+    assert str(raised.value).endswith("pip install 'chatlane[telegram]'")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import resource
 import signal
@@ -21,6 +22,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
+from chatlane.agents import needs_extra
 from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
@@ -148,25 +150,60 @@ def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
     hub.add(WebAdapter(hub.config, access=hub.access, secrets=secrets))
     hub.add(ApiAdapter(hub.config, access=hub.access, secrets=secrets))
     if hub.config.telegram.enabled:
-        from chatlane.adapters.telegram import TelegramAdapter
+        with needs_extra("telegram", "the Telegram adapter"):
+            from chatlane.adapters.telegram import TelegramAdapter
 
         hub.add(TelegramAdapter(hub.config, secrets=secrets))
 
 
 async def serve(config: Config, secrets: Secrets | None = None) -> None:
-    """Run until SIGINT or SIGTERM; then shut down gracefully.
+    """Run until SIGINT or SIGTERM; then shut down gracefully and say so (:data:`STOPPED`).
+
+    The address is bound first, so a port in use stops the start before the
+    store is opened or any adapter starts.
 
     :param secrets: as :func:`prepare` read them (default: read now).
+    :raises ConfigError: the port is in use, or the address cannot be listened on.
     """
     secrets = resolve_secrets(config) if secrets is None else secrets
-    scheduler = build_scheduler(config)
-    hub = await open_hub(config, secrets=secrets)
-    hub.gateway.use_scheduler(scheduler)
-    add_adapters(hub, secrets)
-    await AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub).serve()
+    listening = bind_socket(config)  # before anything starts: a port in use changes nothing
+    with listening:
+        scheduler = build_scheduler(config)
+        hub = await open_hub(config, secrets=secrets)
+        hub.gateway.use_scheduler(scheduler)
+        add_adapters(hub, secrets)
+        server = AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub)
+        await server.serve(sockets=[listening])
     if hub.startup_error is not None:
         raise hub.startup_error
+    print(STOPPED, flush=True)
 
+
+def bind_socket(config: Config) -> socket.socket:
+    """The listening socket for ``server.host`` and ``server.port``, bound now.
+
+    :raises ConfigError: the port is in use (with the hint to pick another with
+        ``--port``), or the address cannot be listened on.
+    """
+    host, port = config.server.host, config.server.port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host.strip("[]"), port))
+    except OSError as error:
+        listening.close()
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {port} on {host} is already in use (another chatlane?): stop what "
+                "listens there, or start with --port <another port>"
+            ) from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return listening
+
+
+STOPPED = "chatlane stopped (messages not answered yet stay in the store for the next start)"
+"""What ``chatlane serve`` prints once it has shut down."""
 
 FILES_KEPT = 64 + MAX_LINGERING
 """Open files kept free of connections: for the store, logs and the agent, and for

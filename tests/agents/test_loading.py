@@ -58,3 +58,44 @@ def test_the_working_directory_leaves_the_path_after_the_import(
     load_agent(named("python:mybot_leaving:answer"))
     assert str(tmp_path) not in sys.path
     assert importlib.util.find_spec("shadow_for_loading") is None, "a later import is shadowed"
+
+
+def openai_config(
+    base_url: str = "https://api.openai.com/v1", key_env: str = "NO_SUCH_KEY"
+) -> Config:
+    from chatlane.config import AgentConfig, OpenAIConfig, Secret
+
+    openai = OpenAIConfig(base_url=base_url, api_key=Secret(env=key_env))
+    return msgspec.structs.replace(Config(), agent=AgentConfig(name="openai", openai=openai))
+
+
+def test_the_openai_agent_without_a_key_for_a_remote_server_stops_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NO_SUCH_KEY", raising=False)
+    with pytest.raises(ConfigError, match="the openai agent has no API key for https://api"):
+        load_agent(openai_config())
+
+
+@pytest.mark.parametrize(
+    "base_url", ["http://127.0.0.1:11434/v1", "http://localhost:8000/v1", "http://[::1]:8000/v1"]
+)
+def test_a_server_on_this_machine_needs_no_key(
+    monkeypatch: pytest.MonkeyPatch, base_url: str
+) -> None:
+    monkeypatch.delenv("NO_SUCH_KEY", raising=False)
+    assert callable(load_agent(openai_config(base_url)))
+
+
+def test_a_configured_key_is_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOME_KEY", "sk-test")
+    assert callable(load_agent(openai_config(key_env="SOME_KEY")))
+
+
+def test_a_missing_extra_names_the_pip_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "chatlane.agents.openai_agent", raising=False)
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if not installed
+    with pytest.raises(ConfigError) as raised:
+        load_agent(openai_config("http://127.0.0.1:1/v1"))
+    assert str(raised.value).endswith("pip install 'chatlane[openai]'")
+    assert str(raised.value).startswith("the openai agent needs the openai extra")

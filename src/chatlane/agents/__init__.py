@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import ipaddress
 import os
 import sys
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 from chatlane.config import Config
 from chatlane.errors import ConfigError
@@ -21,7 +23,9 @@ def load_agent(config: Config, secrets: Secrets | None = None) -> Agent:
     ``secrets`` gives the ``openai`` agent its key, read at start; without it,
     the agent reads its key itself.
 
-    :raises ConfigError: for an unknown name or an attribute that cannot be imported.
+    :raises ConfigError: for an unknown name, an attribute that cannot be imported,
+        a missing extra, or the ``openai`` agent without an API key for a
+        server elsewhere.
     """
     name = config.agent.name
     if name == "demo":
@@ -29,16 +33,49 @@ def load_agent(config: Config, secrets: Secrets | None = None) -> Agent:
 
         return DemoAgent()
     if name == "openai":
-        from chatlane.agents.openai_agent import OpenAIAgent
+        with needs_extra("openai", "the openai agent"):
+            from chatlane.agents.openai_agent import OpenAIAgent
 
         api_key = None if secrets is None else secrets.openai_api_key
-        return OpenAIAgent(config.agent.openai, api_key=api_key)
+        agent = OpenAIAgent(config.agent.openai, api_key=api_key)
+        if not agent.has_key and not is_local_url(config.agent.openai.base_url):
+            raise ConfigError(
+                f"the openai agent has no API key for {config.agent.openai.base_url}: set "
+                "OPENAI_API_KEY (or configuration key 'agent.openai.api_key.env' / "
+                "'agent.openai.api_key.file'); a server on this machine needs none"
+            )
+        return agent
     if name.startswith("python:"):
         return _import_agent(name.removeprefix("python:"))
     raise ConfigError(
         f"configuration key 'agent.name' = {name!r}: expected demo, openai or "
         "python:module:attribute"
     )
+
+
+@contextlib.contextmanager
+def needs_extra(extra: str, what: str) -> Iterator[None]:
+    """Turn the block's ``ImportError`` into one line naming the extra to install.
+
+    :raises ConfigError: ``what needs the <extra> extra (…): pip install 'chatlane[<extra>]'``.
+    """
+    try:
+        yield
+    except ImportError as error:
+        raise ConfigError(
+            f"{what} needs the {extra} extra ({error}): pip install 'chatlane[{extra}]'"
+        ) from None
+
+
+def is_local_url(url: str) -> bool:
+    """Whether ``url`` names a server on this machine (a loopback address or ``localhost``)."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _import_agent(target: str) -> Agent:

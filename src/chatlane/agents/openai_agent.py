@@ -111,6 +111,11 @@ class OpenAIAgent:
         self._clients = ClientCache(self._client, CLIENT_CACHE_SIZE)
         redact_client_logs()
 
+    @property
+    def has_key(self) -> bool:
+        """Whether an API key was configured (a local server may need none)."""
+        return bool(self._api_key)
+
     def bind(self, store: TranscriptSource) -> None:
         """Read history from ``store`` from now on (the gateway's store, once it is open)."""
         self._store = store
