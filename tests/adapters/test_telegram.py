@@ -29,7 +29,7 @@ from chatlane.adapters.telegram import (
     utf16_len,
 )
 from chatlane.config import Config, Secret, TelegramConfig
-from chatlane.delivery import DeliverySettings
+from chatlane.delivery import DeliverySettings, DeliveryWorker
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import ConfigError, StoreError
 from chatlane.gateway import DispatchResult
@@ -261,7 +261,7 @@ async def test_a_reply_whose_send_failed_is_delivered_once_the_api_recovers(
         await api.wait_for_sent(ALICE)
         api.push_text(ALICE, ALICE, "second")
         replies = await api.wait_for_sent(ALICE, 2)
-        await eventually(lambda: delivered(hub, 2))
+        await eventually(hub.gateway.delivery, lambda: delivered(hub, 2))
         [first, second] = await hub.store.deliveries(DELIVERED)
     # a 500 may come after Telegram took the message: its re-send says it may repeat
     assert [r.text for r in replies] == [RESENT_LABEL + "echo: first", "echo: second"]
@@ -274,7 +274,7 @@ async def test_no_attempt_is_spent_while_the_api_is_down(api: BotApi, tmp_path: 
     async with running(telegram_config(api, tmp_path)) as (hub, _):
         api.push_text(ALICE, ALICE, "first")
         [reply] = await api.wait_for_sent(ALICE)
-        await eventually(lambda: delivered(hub, 1))
+        await eventually(hub.gateway.delivery, lambda: delivered(hub, 1))
         [done] = await hub.store.deliveries(DELIVERED)
     assert reply.text == "echo: first"  # nothing reached Telegram before: no label
     assert done.attempts == 0
@@ -285,7 +285,7 @@ async def test_a_reply_to_a_chat_that_is_gone_is_dead_lettered(api: BotApi, tmp_
     api.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user")
     async with running(telegram_config(api, tmp_path)) as (hub, _):
         api.push_text(ALICE, ALICE, "first")
-        await eventually(lambda: dead(hub, 1))
+        await eventually(hub.gateway.delivery, lambda: dead(hub, 1))
         api.push_text(ALICE, ALICE, "second")
         [reply] = await api.wait_for_sent(ALICE)
         [gone] = await hub.store.deliveries(DEAD)
@@ -318,12 +318,17 @@ async def dead(hub: Hub, count: int) -> bool:
     return (await hub.store.delivery_stats()).dead == count
 
 
-async def eventually(predicate: Callable[[], Awaitable[bool]]) -> None:
+async def eventually(
+    worker: DeliveryWorker | None, predicate: Callable[[], Awaitable[bool]]
+) -> None:
+    """Wait until ``predicate`` holds, checking it again after each of ``worker``'s settlements."""
+    assert worker is not None
     async with asyncio.timeout(10):
         while True:
+            settlement = worker.next_settlement()
             if await predicate():
                 return
-            await asyncio.sleep(0.02)
+            await settlement.wait()
 
 
 async def test_approval_buttons_answer_as_the_presser(

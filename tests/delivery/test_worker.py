@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from chatlane.delivery import DeliverySettings
+from chatlane.delivery import DeliverySettings, DeliveryWorker
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
 from chatlane.stores import MemoryStore, Store
@@ -56,12 +56,17 @@ async def rig() -> AsyncIterator[Rig]:
     await made.gateway.aclose()
 
 
-async def eventually(predicate: Callable[[], Awaitable[bool]]) -> None:
+async def eventually(
+    worker: DeliveryWorker | None, predicate: Callable[[], Awaitable[bool]]
+) -> None:
+    """Wait until ``predicate`` holds, checking it again after each of ``worker``'s settlements."""
+    assert worker is not None
     async with asyncio.timeout(10):
         while True:
+            settlement = worker.next_settlement()
             if await predicate():
                 return
-            await asyncio.sleep(0.01)
+            await settlement.wait()
 
 
 def settled(store: Store, count: int = 1) -> Callable[[], Awaitable[bool]]:
@@ -81,7 +86,7 @@ class TestTheLedgerPath:
         await rig.platform.until(lambda: len(rig.platform.accepted) == 1)
         assert rig.platform.texts("c1") == ["echo: hello"]
         assert [o.kind for o in rig.direct] == []  # nothing straight to the adapter
-        await eventually(settled(rig.store))
+        await eventually(rig.gateway.delivery, settled(rig.store))
         [done] = await rig.store.deliveries(DELIVERED)
         assert done.id == rig.platform.accepted[0].delivery_id
         assert rig.gateway.engine.metrics.deliveries["delivered"] == 1
@@ -120,7 +125,7 @@ class TestFailures:
     async def test_a_permanent_failure_is_dead_lettered_with_its_reason(self, rig: Rig) -> None:
         rig.platform.failures.append(permanent())
         await rig.say("hello")
-        await eventually(settled(rig.store))
+        await eventually(rig.gateway.delivery, settled(rig.store))
         [dead] = await rig.store.deliveries(DEAD)
         assert dead.reason == "bot blocked by the user"
         assert (await rig.store.delivery_stats()).dead == 1
@@ -143,7 +148,7 @@ class TestFailures:
         await rig.gateway.start()
         try:
             await rig.say("hello")
-            await eventually(settled(store))
+            await eventually(rig.gateway.delivery, settled(store))
         finally:
             await rig.gateway.aclose()
         [dead] = await store.deliveries(DEAD)
@@ -234,7 +239,7 @@ class TestProcesses:
             chats = [f"c{n}" for n in range(40)]
             for round_ in range(5):
                 await asyncio.gather(*(rig.say(f"{chat}-{round_}", chat) for chat in chats))
-            await eventually(settled(store, 200))
+            await eventually(rig.gateway.delivery, settled(store, 200))
         finally:
             await rig.gateway.aclose()
         for chat in chats:

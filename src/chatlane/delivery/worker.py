@@ -157,6 +157,7 @@ class DeliveryWorker:
         self._paused: dict[str, _Pause] = {}
         self._in_flight: dict[asyncio.Task[None], Delivery] = {}
         self._woken = asyncio.Event()
+        self._settled = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -168,6 +169,15 @@ class DeliveryWorker:
     def add(self, sender: Sender) -> None:
         """Send ``sender.platform``'s deliveries with ``sender``."""
         self._senders[sender.platform] = sender
+
+    def next_settlement(self) -> asyncio.Event:
+        """An event set once the next settlement has been written to the store (or failed to be).
+
+        For whoever waits on the ledger's progress (a drain, a test) without
+        polling it: take the event, check the store, then wait on the event,
+        so a settlement between the check and the wait is not missed.
+        """
+        return self._settled
 
     def poke(self) -> None:
         """Look at the ledger now: something was recorded or settled."""
@@ -261,6 +271,8 @@ class DeliveryWorker:
             )
         except StoreError as error:  # its claim expires; the next sender labels the re-send
             log.warning("could not settle delivery %s: %s", delivery.id, error)
+        settled, self._settled = self._settled, asyncio.Event()
+        settled.set()
 
     async def _attempt(self, delivery: Delivery) -> Settlement:
         """Send ``delivery`` once and say how it ended."""
