@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import threading
-import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -29,6 +29,20 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+
+class _SignallingServer(uvicorn.Server):
+    """A uvicorn server that sets :attr:`ready` once it listens (or failed to)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.ready.set()
 
 
 @dataclass(frozen=True)
@@ -45,8 +59,12 @@ class Received:
 class PlatformServer:
     """``with PlatformServer() as platform:`` serves on a free port until the block ends."""
 
-    def __init__(self, transient: float = 0.0, seed: int = 11) -> None:
+    def __init__(
+        self, transient: float = 0.0, seed: int = 11, changed: threading.Condition | None = None
+    ) -> None:
+        """:param changed: notified after each message a chat saw."""
         self.transient = transient
+        self.changed = changed or threading.Condition()
         self.down = False
         self.hold = False
         self.held = 0
@@ -54,7 +72,7 @@ class PlatformServer:
         self._received: list[Received] = []
         self._lock = threading.Lock()
         self._random = random.Random(seed)
-        self._server: uvicorn.Server | None = None
+        self._server: _SignallingServer | None = None
         self._thread: threading.Thread | None = None
         self._release: asyncio.Event | None = None
 
@@ -65,13 +83,10 @@ class PlatformServer:
     def __enter__(self) -> Self:
         app = Starlette(routes=[Route("/send", self._send, methods=["POST"])])
         config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="error")
-        self._server = server = uvicorn.Server(config)
+        self._server = server = _SignallingServer(config)
         self._thread = threading.Thread(target=server.run, daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline, "the platform stand-in did not start"
-            time.sleep(0.01)
+        assert server.ready.wait(timeout=20), "the platform stand-in did not start"
         self.port = server.servers[0].sockets[0].getsockname()[1]
         return self
 
@@ -103,22 +118,27 @@ class PlatformServer:
             str(body["delivery_id"]),
             bool(body["labelled"]),
         )
+        status, hold = self._take(message)
+        with self.changed:
+            self.changed.notify_all()
+        if hold:
+            await asyncio.Event().wait()  # never answered: the sender dies waiting
+        return JSONResponse({"ok": status == 200}, status_code=status)
+
+    def _take(self, message: Received) -> tuple[int, bool]:
+        """Whether the chat sees ``message``, and the status to answer (or whether to hold)."""
         with self._lock:
             if self.down:
-                return JSONResponse({"error": "down"}, status_code=503)
+                return 503, False
             if self.hold:
                 self.hold = False
                 self.held += 1
                 self._received.append(message)
-                hold = True
-            else:
-                hold = False
-                roll = self._random.random()
-                if roll < self.transient:
-                    if roll < self.transient / 2:
-                        self._received.append(message)
-                    return JSONResponse({"error": "internal"}, status_code=500)
+                return 200, True
+            roll = self._random.random()
+            if roll < self.transient / 2:  # failed after the chat saw it
                 self._received.append(message)
-        if hold:
-            await asyncio.Event().wait()  # never answered: the sender dies waiting
-        return JSONResponse({"ok": True})
+            if roll < self.transient:
+                return 500, False
+            self._received.append(message)
+            return 200, False

@@ -5,7 +5,9 @@ Reads one JSON message per line on stdin (``{"chat", "text", "id"}``;
 ``done <text>`` (``sleep <s>`` holds the turn first), and sends replies with an
 HTTP sender to ``--platform`` (:mod:`tests.delivery.platform_server`). Appends
 JSON events to a shared log: ``claimed`` when its sender begins a send,
-``sent`` when the platform answered it. Prints ``ready`` once started.
+``sent`` when the platform answered it, ``outcome`` when a message ended,
+``settled`` after each settlement; each is also printed on stdout as a JSON
+line, so the test wakes on it. Prints ``ready`` once started.
 
 ``--fault`` makes the sender stop at one point, for a test to ``kill -9`` it
 there: ``disconnected`` (it never connects, so committed replies stay in the
@@ -20,10 +22,11 @@ import asyncio
 import contextlib
 import json
 import sys
+from typing import Any
 
 import httpx
 
-from chatlane.delivery import Attempt, DeliverySettings
+from chatlane.delivery import Attempt, DeliverySettings, DeliveryWorker
 from chatlane.errors import (
     PermanentDelivery,
     PlatformUnavailable,
@@ -34,6 +37,7 @@ from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import SessionSource
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import open_store
 from chatlane.types import InboundMessage, Outbound
@@ -92,6 +96,22 @@ class HttpSender:
             raise PermanentDelivery(f"HTTP {status}")
 
 
+class SignallingLog(SharedLog):
+    """The shared log that also prints each event on stdout, as a JSON line,
+    so the test hears of it at once instead of reading the file on a timer."""
+
+    def write(self, event: str, **fields: Any) -> None:
+        super().write(event, **fields)
+        print(json.dumps({"event": event, "worker": self.name, **fields}), flush=True)
+
+
+async def log_settlements(worker: DeliveryWorker, log: SharedLog) -> None:
+    """Log ``settled`` after each settlement the worker wrote to the store."""
+    while True:
+        await worker.next_settlement().wait()
+        log.write("settled", ids=[])
+
+
 class Agent:
     """Answers ``done <text>``; ``sleep <s>`` holds the turn first. Logs each ``start``."""
 
@@ -107,8 +127,11 @@ class Agent:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    log = SharedLog(args.log, args.name)
+    log = SignallingLog(args.log, args.name)
     store = await open_store(args.store)
+
+    def answered(outcome: MessageOutcome) -> None:
+        log.write("outcome", ids=[outcome.message_id], outcome=outcome.outcome.value)
 
     async def deliver(outbound: Outbound) -> None:
         log.write("direct", kind=outbound.kind.value, ids=list(outbound.in_reply_to))
@@ -117,7 +140,9 @@ async def serve(args: argparse.Namespace) -> None:
     settings = GatewaySettings(
         runtime=RuntimeSettings(leases=leases, turn_timeout=0, ack_debounce=0)
     )
-    gateway = Gateway(Agent(log), deliver, settings=settings, store=store, holder=args.name)
+    gateway = Gateway(
+        Agent(log), deliver, settings=settings, store=store, holder=args.name, on_outcome=answered
+    )
     sender = HttpSender(args.platform, log, args.fault)
     delivery = DeliverySettings(
         claim_ttl=args.claim_ttl,
@@ -131,9 +156,12 @@ async def serve(args: argparse.Namespace) -> None:
     )
     gateway.add_sender(sender, delivery)
     await gateway.start()
+    assert gateway.delivery is not None
+    watcher = asyncio.create_task(log_settlements(gateway.delivery, log))
     print("ready", flush=True)
     await read_messages(gateway, log)
     await gateway.aclose()
+    watcher.cancel()
     await sender.http.aclose()
     await store.close()
 

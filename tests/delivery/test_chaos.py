@@ -15,12 +15,12 @@ duplicated unlabelled.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -85,21 +85,10 @@ class Chaos:
                 self.send(message_id, *self.texts[message_id])
 
     def accepted(self) -> set[str]:
-        return ids_of(self.gateways.events(), "accepted")
+        return self.gateways.logged_ids("accepted")
 
     def started(self) -> set[str]:
-        return ids_of(self.gateways.events(), "start")
-
-
-def ids_of(events: Iterable[dict[str, Any]], kind: str) -> set[str]:
-    return {i for e in events if e["event"] == kind for i in e["ids"]}
-
-
-def wait(condition: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+        return self.gateways.logged_ids("start")
 
 
 def store_figures(url: str, message_ids: list[str]) -> tuple[int, int]:
@@ -122,7 +111,10 @@ def test_chaos_loses_nothing_and_labels_every_repeat(
     started_at = time.monotonic()
     url = store_url
     with PlatformServer(transient=0.10) as platform:
-        gateways = Gateways(url, tmp_path / "events.jsonl", platform_url=platform.url)
+        gateways = Gateways(
+            url, tmp_path / "events.jsonl", platform_url=platform.url, changed=platform.changed
+        )
+        wait = gateways.wait
         chaos = Chaos(gateways)
         try:
             for _ in range(PROCESSES):
@@ -134,7 +126,8 @@ def test_chaos_loses_nothing_and_labels_every_repeat(
                     chaos.kill_one()
                 if round_ >= AHEAD:
                     behind = {f"{chat}-{round_ - AHEAD}" for chat in sessions}
-                    wait(lambda b=behind: b <= chaos.started(), f"round {round_ - AHEAD}", 300)
+                    ran: Callable[[], bool] = functools.partial(_all_started, chaos, behind)
+                    wait(ran, f"round {round_ - AHEAD}", 300)
                 for chat in sessions:
                     chaos.send(f"{chat}-{round_}", chat, f"m{round_}")
             platform.down = False
@@ -163,6 +156,10 @@ def test_chaos_loses_nothing_and_labels_every_repeat(
             f"{time.monotonic() - started_at:.0f} s"
         )
     assert (answered, lost, repeats[False], pending) == (len(every), 0, 0, 0)
+
+
+def _all_started(chaos: Chaos, ids: set[str]) -> bool:
+    return ids <= chaos.started()
 
 
 def _delivered(received: list[Received]) -> set[str]:

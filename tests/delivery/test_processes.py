@@ -10,12 +10,14 @@ send, during the send, after the send and before it is marked delivered.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,12 @@ class Gateways(Cluster):
 
     platform_url: str = ""
     claim_ttl: float = 2.0
-    started: list[str] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    """Notified after each event a gateway logged (and, shared, each message the platform took)."""
+    heard: list[dict[str, Any]] = field(default_factory=list)
+    """Every event the gateways printed, in the order heard."""
+    ids: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Event name → the message ids of its events, so far."""
 
     def start(self, name: str, fault: str = "none") -> Worker:
         command = [
@@ -54,14 +61,40 @@ class Gateways(Cluster):
         assert ready.strip() == b"ready", f"gateway {name} did not start: {ready!r}"
         worker = Worker(name, process)
         self.workers.append(worker)
+        threading.Thread(target=self._follow, args=(process,), daemon=True).start()
         return worker
+
+    def _follow(self, process: subprocess.Popen[bytes]) -> None:
+        """Keep each event ``process`` prints, and wake every waiter after it."""
+        assert process.stdout is not None
+        for line in process.stdout:
+            event = json.loads(line)
+            with self.changed:
+                self.heard.append(event)
+                self.ids[event["event"]].update(event["ids"])
+                self.changed.notify_all()
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every event heard so far (read from the gateways' stdout, not the file)."""
+        with self.changed:
+            return list(self.heard)
+
+    def logged_ids(self, event: str) -> set[str]:
+        """The message ids of every ``event`` heard so far."""
+        with self.changed:
+            return set(self.ids[event])
+
+    def wait(self, condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+        """Return once ``condition()`` holds, checked again after each event or platform send."""
+        with self.changed:
+            assert self.changed.wait_for(condition, timeout), f"timed out waiting for {what}"
 
     def kill(self, worker: Worker) -> None:
         worker.signal(signal.SIGKILL)
         worker.process.wait(timeout=10)
 
     def logged(self, event: str, message_id: str) -> bool:
-        return any(e["event"] == event and message_id in e["ids"] for e in self.events())
+        return message_id in self.logged_ids(event)
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -84,18 +117,13 @@ def platform() -> Iterator[PlatformServer]:
 
 @pytest.fixture
 def gateways(store_url: str, platform: PlatformServer, tmp_path: Path) -> Iterator[Gateways]:
-    made = Gateways(store_url, tmp_path / "events.jsonl", platform_url=platform.url)
+    made = Gateways(
+        store_url, tmp_path / "events.jsonl", platform_url=platform.url, changed=platform.changed
+    )
     try:
         yield made
     finally:
         made.stop_all()
-
-
-def wait(condition: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def replies_to(platform: PlatformServer, message_id: str) -> list[Received]:
@@ -138,8 +166,8 @@ def delivered_once_or_labelled(platform: PlatformServer, message_id: str) -> lis
 
 def finish(gateways: Gateways, platform: PlatformServer, message_id: str) -> list[bool]:
     """Wait until ``message_id`` is answered, delivered and settled; its replies' labels."""
-    wait(lambda: replies_to(platform, message_id), f"a reply to {message_id}")
-    wait(lambda: ledger_state(gateways.store_url)[0] == 0, "an empty ledger")
+    gateways.wait(lambda: bool(replies_to(platform, message_id)), f"a reply to {message_id}")
+    gateways.wait(lambda: ledger_state(gateways.store_url)[0] == 0, "an empty ledger")
     assert answered(gateways.store_url, message_id)
     return delivered_once_or_labelled(platform, message_id)
 
@@ -147,7 +175,7 @@ def finish(gateways: Gateways, platform: PlatformServer, message_id: str) -> lis
 def test_killed_before_the_commit(gateways: Gateways, platform: PlatformServer) -> None:
     first = gateways.start("a1")
     first.send("c1", "sleep 3", "m1")  # killed during it; run again in full elsewhere
-    wait(lambda: gateways.logged("start", "m1"), "the turn to start")
+    gateways.wait(lambda: gateways.logged("start", "m1"), "the turn to start")
     gateways.kill(first)
     gateways.start("b1")  # adopts the message once a1's heartbeat is gone, runs it again
     assert finish(gateways, platform, "m1") == [False]
@@ -158,7 +186,8 @@ def test_killed_after_the_commit_before_the_send(
 ) -> None:
     first = gateways.start("a1", fault="disconnected")
     first.send("c1", "hello", "m1")
-    wait(lambda: ledger_state(gateways.store_url)[0] == 1, "the reply in the ledger")
+    gateways.wait(lambda: gateways.logged("outcome", "m1"), "the reply's commit")
+    assert ledger_state(gateways.store_url)[0] == 1  # committed: in the ledger, never sent
     gateways.kill(first)
     gateways.start("b1")
     assert finish(gateways, platform, "m1") == [False]  # never claimed: nothing to label
@@ -168,7 +197,7 @@ def test_killed_during_the_send(gateways: Gateways, platform: PlatformServer) ->
     platform.hold = True  # the platform takes the message and never answers
     first = gateways.start("a1")
     first.send("c1", "hello", "m1")
-    wait(lambda: platform.held == 1, "the send to reach the platform")
+    gateways.wait(lambda: platform.held == 1, "the send to reach the platform")
     gateways.kill(first)
     gateways.start("b1")  # claims it again once a1's claim expires
     assert finish(gateways, platform, "m1") == [False, True]
@@ -179,7 +208,7 @@ def test_killed_after_the_send_before_the_mark(
 ) -> None:
     first = gateways.start("a1", fault="after-send")
     first.send("c1", "hello", "m1")
-    wait(lambda: gateways.logged("sent", "m1"), "the platform to take the reply")
+    gateways.wait(lambda: gateways.logged("sent", "m1"), "the platform to take the reply")
     gateways.kill(first)
     gateways.start("b1")
     assert finish(gateways, platform, "m1") == [False, True]
@@ -190,7 +219,7 @@ def test_killed_after_the_claim_before_the_send(
 ) -> None:
     first = gateways.start("a1", fault="before-send")
     first.send("c1", "hello", "m1")
-    wait(lambda: gateways.logged("claimed", "m1"), "the claim")
+    gateways.wait(lambda: gateways.logged("claimed", "m1"), "the claim")
     gateways.kill(first)
     gateways.start("b1")
     # the chat saw it once; the re-send is labelled, since b1 cannot know a1 never sent it
@@ -204,7 +233,7 @@ def test_later_replies_keep_their_order_behind_a_killed_send(
     first = gateways.start("a1")
     for n in range(5):
         first.send("c1", f"m{n}", f"m{n}")
-    wait(lambda: platform.held == 1, "the first send to reach the platform")
+    gateways.wait(lambda: platform.held == 1, "the first send to reach the platform")
     gateways.kill(first)
     second = gateways.start("b1")
     for n in range(5):
