@@ -25,7 +25,7 @@ from chatlane.stores.records import (
     SettlementKind,
 )
 
-__all__ = ["MemoryLedger", "settled"]
+__all__ = ["MemoryLedger"]
 
 
 class MemoryLedger:
@@ -90,7 +90,7 @@ class MemoryLedger:
             delivery = self._records.get(settlement.id)
             ok = delivery is not None and delivery.claim == settlement.claim != ""
             if delivery is not None and ok:
-                self._records[delivery.id] = after = settled(delivery, settlement, moment)
+                self._records[delivery.id] = after = _settled(delivery, settlement, moment)
                 if after.state != PENDING:
                     self._dequeue(after)
             applied.append(ok)
@@ -149,12 +149,8 @@ def _claimable(head: Delivery, moment: float) -> bool:
     return head.next_at <= moment and not (head.claim and head.claim_expires > moment)
 
 
-def settled(delivery: Delivery, settlement: Settlement, moment: float) -> Delivery:
-    """``delivery`` after ``settlement``, applied at ``moment`` (its claim checked before).
-
-    The one reading of each :class:`~chatlane.stores.records.SettlementKind`,
-    shared by the stores that keep records as values.
-    """
+def _settled(delivery: Delivery, settlement: Settlement, moment: float) -> Delivery:
+    """``delivery`` after ``settlement``, applied at ``moment`` (its claim checked before)."""
     kind = settlement.kind
     if kind is SettlementKind.DELIVERED:
         return replace(delivery, state=DELIVERED, claim="", settled_at=moment)
