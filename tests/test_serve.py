@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chatlane.config import Config, StoreConfig
+from chatlane.config import Config, ServerConfig, StoreConfig
 from chatlane.serve import STOPPED, announce
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -358,6 +358,32 @@ def test_a_port_in_use_stops_the_start_with_a_hint(tmp_path: Path) -> None:
     assert "--port <another port>" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "chatlane.db").exists()  # nothing started, nothing created
+
+
+async def test_connections_to_the_bound_address_send_without_delay() -> None:
+    """Accepted connections have Nagle's algorithm off, as asyncio's own sockets do.
+
+    With it on, an answer written in two parts (headers, then body) waits for
+    the client's delayed ACK before its second part: about 40 ms a request.
+    """
+    import asyncio
+
+    from chatlane.serve import bind_socket
+
+    config = Config(server=ServerConfig(host="127.0.0.1", port=0))
+    accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    server = await asyncio.start_server(on_connect, sock=bind_socket(config))
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await accepted != 0
+        writer.close()
 
 
 def test_broken_config_file_is_named(tmp_path: Path) -> None:
