@@ -103,7 +103,8 @@ class MemoryStore(Store):
         self._failed: dict[str, FailedRecord] = {}
         """Message id → its failed record; insertion order is failure order."""
         self._leased: set[SessionKey] = set()
-        """Every session holding a lease, and those that held one until a heartbeat drops them."""
+        """Every session holding a lease: a released one leaves at once, an expired one
+        when a heartbeat prunes it. Counting live leases looks at these only."""
         self._queued: set[SessionKey] = set()
         """Every session with pending messages, and those that had some until
         :meth:`pending_keys` drops them."""
@@ -175,6 +176,7 @@ class MemoryStore(Store):
         held = session.lease
         if held is not None and held.token == lease.token:
             session.lease = None
+            self._leased.discard(lease.key)
             self._wakeups.wake(lease.key)
             return
         if held is None and session.generation == lease.generation:
@@ -312,6 +314,7 @@ class MemoryStore(Store):
         if held is None or held.token != lease.token:
             return False  # released before: a successor would have moved the generation
         session.lease = None  # as _release does for the lease it holds
+        self._leased.discard(lease.key)
         return True
 
     # -- conversations -----------------------------------------------------------
