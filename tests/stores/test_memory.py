@@ -13,12 +13,12 @@ async def test_counting_live_leases_looks_only_at_sessions_holding_one() -> None
     store = MemoryStore()
     for n in range(200):
         key = SessionKey(f"s{n}")
-        await store.enqueue(key, f"m{n}", "p1", b"{}")
+        seq = await store.enqueue(key, f"m{n}", "p1", b"{}")
         lease = await store.acquire(key, "p1", 30, max_active=1_000)
         if n % 2:
             await store.release(lease)
         else:
-            assert await store.commit_and_release(lease, WriteBatch(done=[f"m{n}"]))
+            assert await store.commit_and_release(lease, WriteBatch(done=[seq]))
     held = await store.acquire(SessionKey("held"), "p1", 30, max_active=1_000)
     assert await store.active_sessions() == 1
     assert store._leased == {held.key}
