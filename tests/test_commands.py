@@ -139,7 +139,9 @@ async def test_busy_sets_session_policy() -> None:
         assert replies[0] == "Busy policy for this session: reject"
         assert replies[1] == "Busy policy: reject"
         assert "'sideways' is not one of" in replies[2]
-        assert replies[2].endswith("Usage: /busy [queue|collect|rollback|steer|reject|default]")
+        assert replies[2].endswith(
+            "Usage: /busy [queue|collect|rollback|redirect|steer|reject|default]"
+        )
         assert replies[3] == "Busy policy reset to the default (queue)."
         assert h.session(result.session_key).persistent.busy_policy is None
 

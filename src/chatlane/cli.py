@@ -36,7 +36,7 @@ def main() -> None:
     help="memory://, sqlite:///path, redis://host:port/db or postgresql://host/db",
 )
 @click.option("--agent", default=None, help="demo, openai or python:module:attribute")
-@click.option("--busy", default=None, help="queue, collect, interrupt, steer or reject")
+@click.option("--busy", default=None, help="queue, collect, rollback, redirect, steer or reject")
 @click.option(
     "--keep-alive",
     type=int,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
-from chatlane.runtime.busy import BusyOutcome, BusyPolicy, ack_text
+from chatlane.runtime.busy import NOW, BusyOutcome, BusyPolicy, ack_text
 from chatlane.state import SlotPhase
 from chatlane.stores.fields import BUSY_POLICY
 from chatlane.types import InboundMessage, SessionKey
@@ -308,11 +308,11 @@ BUILTIN_COMMANDS = (
     ),
     CommandSpec(
         "now",
-        "send the text now: the running turn is stopped and rolled back",
+        "send the text now: the running turn is rolled back (redirected, under redirect)",
         "/now <text>",
         CommandBusy.DISPATCH,
         _needs_text,
-        sends_as="rollback",
+        sends_as=NOW,
     ),
     CommandSpec(
         "status",
@@ -331,7 +331,7 @@ BUILTIN_COMMANDS = (
     CommandSpec(
         "busy",
         "set what happens to messages sent while a turn runs",
-        "/busy [queue|collect|rollback|steer|reject|default]",
+        "/busy [queue|collect|rollback|redirect|steer|reject|default]",
         CommandBusy.DISPATCH,
         _busy,
     ),

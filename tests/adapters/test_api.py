@@ -25,6 +25,7 @@ from chatlane.config import Config, Secret, ServerConfig
 from chatlane.hub import Hub, build_app
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.capacity import CapacitySettings
+from chatlane.runtime.output import CUT_SHORT
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.secrets import Secrets
@@ -238,7 +239,16 @@ async def test_a_request_can_ask_for_its_own_busy_policy(tmp_path: Path) -> None
         assert (await first).startswith("Interrupted")
 
 
-@pytest.mark.parametrize("value", ["later", "redirect", ""])
+async def test_a_request_can_redirect_the_running_one(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:  # the session queues
+        first = asyncio.create_task(s.ask("stream 50", "redirected"))
+        await s.running("redirected")
+        headers = {"X-Chatlane-Busy": "redirect"}
+        assert await s.ask("hello", "redirected", extra_headers=headers) == "echo: hello"
+        assert (await first).endswith(CUT_SHORT)  # what it streamed so far, kept and marked
+
+
+@pytest.mark.parametrize("value", ["later", "now", ""])
 async def test_an_unknown_busy_header_is_a_400_naming_the_choices(
     tmp_path: Path, value: str
 ) -> None:

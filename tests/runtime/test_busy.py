@@ -51,6 +51,7 @@ class TestDecide:
             (BusyPolicy.QUEUE, BusyOutcome.QUEUED),
             (BusyPolicy.COLLECT, BusyOutcome.MERGED),
             (BusyPolicy.INTERRUPT, BusyOutcome.INTERRUPTING),
+            (BusyPolicy.REDIRECT, BusyOutcome.REDIRECTING),
             (BusyPolicy.STEER, BusyOutcome.QUEUED),
             (BusyPolicy.REJECT, BusyOutcome.REJECTED),
         ],
@@ -70,15 +71,26 @@ class TestDecide:
         ctx = _ctx(internal=True, agent_accepts_steering=True)
         assert decide(policy, ctx) is BusyOutcome.QUEUED
 
-    def test_interrupt_degrades_to_queue_at_depth(self) -> None:
-        assert decide(BusyPolicy.INTERRUPT, _ctx(interrupt_streak=3)) is BusyOutcome.QUEUED
-        assert decide(BusyPolicy.INTERRUPT, _ctx(interrupt_streak=2)) is BusyOutcome.INTERRUPTING
+    @pytest.mark.parametrize(
+        ("policy", "outcome"),
+        [
+            (BusyPolicy.ROLLBACK, BusyOutcome.INTERRUPTING),
+            (BusyPolicy.REDIRECT, BusyOutcome.REDIRECTING),
+        ],
+    )
+    def test_interrupt_degrades_to_queue_at_depth(
+        self, policy: BusyPolicy, outcome: BusyOutcome
+    ) -> None:
+        assert decide(policy, _ctx(interrupt_streak=3)) is BusyOutcome.QUEUED
+        assert decide(policy, _ctx(interrupt_streak=2)) is outcome
 
-    def test_interrupt_queues_while_already_interrupting(self) -> None:
-        ctx = _ctx(already_interrupted=True)
-        assert decide(BusyPolicy.INTERRUPT, ctx) is BusyOutcome.QUEUED
+    @pytest.mark.parametrize("policy", [BusyPolicy.ROLLBACK, BusyPolicy.REDIRECT])
+    def test_interrupt_queues_while_already_interrupting(self, policy: BusyPolicy) -> None:
+        assert decide(policy, _ctx(already_interrupted=True)) is BusyOutcome.QUEUED
 
-    @pytest.mark.parametrize("policy", [BusyPolicy.QUEUE, BusyPolicy.COLLECT, BusyPolicy.INTERRUPT])
+    @pytest.mark.parametrize(
+        "policy", [BusyPolicy.QUEUE, BusyPolicy.COLLECT, BusyPolicy.INTERRUPT, BusyPolicy.REDIRECT]
+    )
     def test_cap_refuses_with_queue_full(self, policy: BusyPolicy) -> None:
         assert decide(policy, _ctx(queued=32)) is BusyOutcome.QUEUE_FULL
 

@@ -473,8 +473,19 @@ async def receive_body(receive: Receive, declared_length: str | bytes) -> bytes:
         parts.append(part)
 
 
-BUSY_HEADER_CHOICES = ("queue", "collect", "rollback", "interrupt", "steer", "reject")
-"""What ``X-Chatlane-Busy`` may name (``interrupt`` is ``rollback``'s former name)."""
+BUSY_HEADER_CHOICES = (
+    "queue",
+    "collect",
+    "rollback",
+    "interrupt",
+    "redirect",
+    "steer",
+    "steer-backlog",
+    "reject",
+)
+"""What ``X-Chatlane-Busy`` may name (``interrupt`` is ``rollback``'s former name,
+``steer-backlog`` another name of ``steer``)."""
+_OTHER_NAMES = {"interrupt": "rollback", "steer-backlog": "steer"}
 
 
 def busy_header(value: bytes | None) -> str:
@@ -488,7 +499,7 @@ def busy_header(value: bytes | None) -> str:
     if name not in BUSY_HEADER_CHOICES:
         choices = ", ".join(BUSY_HEADER_CHOICES)
         raise invalid(f"the X-Chatlane-Busy header must be one of: {choices}")
-    return "rollback" if name == "interrupt" else name
+    return _OTHER_NAMES.get(name, name)
 
 
 def first_headers(scope: Scope) -> dict[bytes, bytes]:

@@ -4,7 +4,8 @@
 and tells the sender. What stays true:
 
 * Here, a message for a running session is queued, merged, steered into the
-  run, used to interrupt it, or refused with a notice; a refused message
+  run, used to interrupt it (rolled back, or redirected: stopped at a safe
+  point with its work kept), or refused with a notice; a refused message
   leaves the store's queue at once, so it is never run later.
 * A turn that waits for a lease another process holds gets the policy once,
   on its first refused acquire (:mod:`chatlane.runtime.elsewhere`): ``reject``
@@ -34,12 +35,14 @@ from chatlane.runtime import pending
 from chatlane.runtime.busy import (
     ALWAYS_ANSWERED,
     BUSY_ELSEWHERE,
+    NOW,
     BusyContext,
     BusyOutcome,
     BusyPolicy,
     Overflow,
     ack_text,
     decide,
+    interrupt_flavour,
     resolve_policy,
 )
 from chatlane.runtime.elsewhere import interrupt_elsewhere, outcome_elsewhere
@@ -87,12 +90,15 @@ class BusyDesk:
 
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
         """The busy policy in force for ``message``: its own if it names one, else its session's."""
+        session = resolve_policy(self._settings.busy, message.source, state.persistent.busy_policy)
+        if message.busy_policy == NOW:
+            return interrupt_flavour(session)
         if message.busy_policy:
             try:
                 return BusyPolicy.parse(message.busy_policy)
             except ConfigError as error:
                 log.warning("ignoring the message's busy policy: %s", error)
-        return resolve_policy(self._settings.busy, message.source, state.persistent.busy_policy)
+        return session
 
     # -- the session runs here ---------------------------------------------------
 
@@ -147,6 +153,10 @@ class BusyDesk:
             pending.enqueue(state, message, seq)
             state.conversation.interrupt_streak += 1
             self._slots.supersede(turn, TurnEnd.INTERRUPTED)
+        elif outcome is BusyOutcome.REDIRECTING and turn is not None:
+            pending.enqueue(state, message, seq)
+            state.conversation.interrupt_streak += 1
+            self._slots.redirect(turn)
         elif outcome is BusyOutcome.STEERED and turn is not None:
             turn.steer(message, seq)
         return outcome

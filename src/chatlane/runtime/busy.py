@@ -29,8 +29,17 @@ class BusyPolicy(enum.StrEnum):
     """The running turn is stopped, nothing of it is kept, and the message runs next."""
     INTERRUPT = "rollback"
     """The former name of :attr:`ROLLBACK`, still read everywhere a policy is named."""
+    REDIRECT = "redirect"
+    """The running turn stops at its next safe point and keeps what it did: its input
+    and the reply shown so far (marked as cut short) are committed, and the message
+    runs next with all of it as context. A turn that finds no safe point within
+    ``interrupt_grace`` is rolled back instead."""
     STEER = "steer"
-    """The text is handed to the running turn, if its agent accepts steering."""
+    """The text is handed to the running turn, if its agent accepts steering; what the
+    agent never took runs as a follow-up turn."""
+    STEER_BACKLOG = "steer"
+    """Another name of :attr:`STEER` (``steer-backlog``): a steered message the agent
+    never took is kept for a follow-up turn, never lost."""
     REJECT = "reject"
     """The sender is told the session is busy; the message is not run."""
 
@@ -42,13 +51,28 @@ class BusyPolicy(enum.StrEnum):
         except ValueError:
             choices = ", ".join(p.value for p in cls)
             raise ConfigError(
-                f"{what}: {value!r} is not one of: {choices} (or interrupt, for rollback)"
+                f"{what}: {value!r} is not one of: {choices} "
+                "(or interrupt, for rollback; steer-backlog, for steer)"
             ) from None
 
     @classmethod
     def _missing_(cls, value: object) -> BusyPolicy | None:
-        """``interrupt`` (the former name, in configs and stores) reads as :attr:`ROLLBACK`."""
-        return cls.ROLLBACK if value == "interrupt" else None
+        """Other names: ``interrupt`` (the former name, in configs and stores) reads as
+        :attr:`ROLLBACK`, ``steer-backlog`` as :attr:`STEER`."""
+        return _OTHER_NAMES.get(str(value))
+
+
+_OTHER_NAMES = {"interrupt": BusyPolicy.ROLLBACK, "steer-backlog": BusyPolicy.STEER}
+
+NOW = "now"
+"""The busy policy ``/now`` sends its text under: the session's interrupt flavour,
+:attr:`BusyPolicy.REDIRECT` where that is the session's policy, else
+:attr:`BusyPolicy.ROLLBACK`."""
+
+
+def interrupt_flavour(policy: BusyPolicy) -> BusyPolicy:
+    """How a message that must interrupt (``/now``) does so under the session's ``policy``."""
+    return BusyPolicy.REDIRECT if policy is BusyPolicy.REDIRECT else BusyPolicy.ROLLBACK
 
 
 class Overflow(enum.StrEnum):
@@ -75,12 +99,15 @@ class BusyOutcome(enum.StrEnum):
     QUEUED = "queued"
     MERGED = "merged"
     INTERRUPTING = "interrupting"
+    REDIRECTING = "redirecting"
     STEERED = "steered"
     REJECTED = "rejected"
     QUEUE_FULL = "queue_full"
 
 
-_QUEUEING = frozenset({BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.INTERRUPTING})
+_QUEUEING = frozenset(
+    {BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.INTERRUPTING, BusyOutcome.REDIRECTING}
+)
 
 ALWAYS_ANSWERED = frozenset({BusyOutcome.REJECTED, BusyOutcome.QUEUE_FULL})
 """Outcomes whose notice is never debounced: the message will not run."""
@@ -134,9 +161,9 @@ def decide(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
     Internal events always queue. Steering falls back to queueing when the
     agent does not accept it or when messages already wait (a steered message
     must never overtake them); an interrupt falls back to queueing when the
-    running turn is already being interrupted or the session has been
-    interrupted ``interrupt_depth`` times in a row. Anything that would queue
-    past the cap is refused with :attr:`BusyOutcome.QUEUE_FULL`.
+    running turn is already being interrupted (or redirected) or the session
+    has been interrupted ``interrupt_depth`` times in a row; so does a
+    redirect. Anything that would queue past the cap is refused with :attr:`BusyOutcome.QUEUE_FULL`.
     """
     outcome = _preferred(policy, ctx)
     if outcome in _QUEUEING and ctx.queued >= ctx.queue_cap:
@@ -155,6 +182,8 @@ def _preferred(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
         return BusyOutcome.STEERED
     if policy is BusyPolicy.ROLLBACK and _may_interrupt(ctx):
         return BusyOutcome.INTERRUPTING
+    if policy is BusyPolicy.REDIRECT and _may_interrupt(ctx):
+        return BusyOutcome.REDIRECTING
     return BusyOutcome.QUEUED
 
 
@@ -172,6 +201,7 @@ def ack_text(outcome: BusyOutcome, queued: int) -> str:
         BusyOutcome.QUEUED: f"Queued for the next turn ({queued} queued)",
         BusyOutcome.MERGED: f"Added to the next turn ({queued} collected)",
         BusyOutcome.INTERRUPTING: "Interrupting the current task",
+        BusyOutcome.REDIRECTING: "Redirecting: the current reply stops here, your message is next",
         BusyOutcome.STEERED: "Steered into the current run",
         BusyOutcome.REJECTED: "Busy — your message was not run",
         BusyOutcome.QUEUE_FULL: f"Queue full ({queued} queued) — your message was not run",

@@ -10,8 +10,8 @@ refused acquire, that its session is busy elsewhere. What stays true:
 * ``reject`` refuses the message; ``rollback`` interrupts the other
   process's turn (within that process's fence check) and the message runs
   after it, behind whatever that process had queued first, as it would
-  locally; ``queue``, ``collect`` and ``steer`` let it wait its turn (no
-  merging or steering across processes). The ``rollback`` depth counts this
+  locally; ``queue``, ``collect``, ``steer`` and ``redirect`` let it wait its
+  turn (no merging, steering or redirecting across processes). The ``rollback`` depth counts this
   process's interrupts of the session.
 * An interrupt is told through the store, never by a message between
   processes: the interrupting process records the generation it interrupts

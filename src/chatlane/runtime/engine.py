@@ -549,8 +549,8 @@ class TurnEngine:
 
     def _still_wanted(self, turn: Turn) -> bool:
         state = turn.session_state
-        if self.slots.closed or turn.interrupted.is_set():
-            return False
+        if self.slots.closed or (turn.interrupted.is_set() and not turn.redirected):
+            return False  # a redirected turn runs: it stops at its first safe point
         earlier = pending.smallest_seq(state)
         if earlier is not None and earlier < min(turn.seqs):
             turn.end(TurnEnd.REORDERED)

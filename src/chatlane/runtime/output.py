@@ -16,6 +16,9 @@ What stays true:
 * With a delivery ledger (:mod:`chatlane.delivery`), the reply is recorded
   for delivery in that same write: once committed it reaches its chat
   through the ledger's worker, even if this process dies right after.
+* A redirected turn (busy policy ``redirect``) stops streaming at its next
+  chunk and commits, under its own fence, its input and the reply shown so
+  far, marked with :data:`CUT_SHORT`: the next turn sees both as history.
 * A commit the store cannot take (an outage, a write lock held too long) is
   retried with backoff while the turn is current; a turn whose lease ran out
   meanwhile counts as having lost it, so its messages run again, in order.
@@ -52,6 +55,15 @@ _REPLY, _ANSWERED = OutboundKind.REPLY, Outcome.ANSWERED
 enum class costs about ten times a global read."""
 
 
+CUT_SHORT = "[cut short: a newer message redirected this reply]"
+"""The mark a redirected turn's reply carries, in the transcript and in the chat."""
+
+
+def cut_short(text: str) -> str:
+    """``text`` (the reply shown so far, maybe none) marked as cut short by a redirect."""
+    return f"{text}\n\n{CUT_SHORT}" if text else CUT_SHORT
+
+
 class TurnOutput:
     """Runs agents and turns what they produce into committed, fenced deliveries."""
 
@@ -73,6 +85,8 @@ class TurnOutput:
         if type(result) is CoroutineType or inspect.isawaitable(result):
             result = await result
         text = result if type(result) is str else await self._text_of(turn, result)
+        if turn.redirected:  # stopped at a safe point: what it said so far is kept, marked
+            text = cut_short(text)
         drafts = self._outlet.drafts(turn, _REPLY, text)
         if await self._commit(turn, "assistant", text, drafts=drafts):
             await self._outlet.to_turn(turn, _REPLY, text)
@@ -91,8 +105,8 @@ class TurnOutput:
             async for chunk in chunks:
                 if not isinstance(chunk, str):
                     raise TypeError(f"agent streamed {type(chunk).__name__}, not str")
-                if not turn.is_current():
-                    break
+                if turn.interrupted.is_set() or not turn.is_current():
+                    break  # stale, or redirected: this chunk was never shown
                 turn.touch()
                 parts.append(chunk)
                 await self._outlet.to_turn(turn, OutboundKind.CHUNK, chunk)

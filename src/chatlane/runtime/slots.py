@@ -21,6 +21,10 @@ instead of callables into the engine. What stays true:
   approval requests are denied at once; its task is cancelled after
   ``interrupt_grace`` unless its agent ended by then (the settling of its
   messages that follows is never cancelled).
+* A redirected turn (:meth:`Slots.redirect`) stays current, so it can commit
+  what it did; its approval requests are denied at once (a wait for one is a
+  safe point). If it is still running after ``interrupt_grace`` it is
+  superseded as interrupted, exactly as ``rollback`` would have done.
 * Timers set before :meth:`Slots.close` are cancelled by it; a background
   task's failure is logged, never left unretrieved.
 """
@@ -188,6 +192,21 @@ class Slots:
         if task is not None and not task.done():
             wait = self._settings.interrupt_grace
             self._call_later(wait if grace is None else min(grace, wait), _cancel, turn)
+
+    def redirect(self, turn: Turn) -> None:
+        """Have ``turn`` stop at its next safe point and keep its work (policy ``redirect``)."""
+        turn.redirect()
+        end_turn_requests(turn.session_state, turn.generation)
+        log.info("turn redirected", extra=turn_fields(turn.session_key, turn.generation))
+        task = turn.task
+        if task is not None and not task.done():
+            self._call_later(self._settings.interrupt_grace, self._redirect_overdue, turn)
+
+    def _redirect_overdue(self, turn: Turn) -> None:
+        """``turn`` found no safe point within the grace period: it is rolled back."""
+        if not (turn.finished or turn.settling or turn.answered or turn.ended_by is not None):
+            reason = "redirected, no safe point in time"
+            self.supersede(turn, TurnEnd.INTERRUPTED, reason, grace=0.0)
 
     def close(self) -> list[Turn]:
         """Promote nothing from now on, cancel timers, supersede every live turn; return them."""

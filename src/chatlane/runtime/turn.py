@@ -94,6 +94,8 @@ class TurnRecord(msgspec.Struct):
     ended_by: TurnEnd | None = None
     """Why the turn ended early, once recorded (:meth:`Turn.end`)."""
     answered: bool = False
+    redirected: bool = False
+    """A newer message redirected it: it stops at its next safe point and keeps its work."""
     settling: bool = False
     """The agent is done: the engine settles the turn's messages, which nothing may cancel."""
     finished: bool = False
@@ -200,6 +202,12 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         return self._record.answered
 
     @property
+    def redirected(self) -> bool:
+        """Whether a newer message redirected the turn (busy policy ``redirect``): it stops
+        at its next safe point, still current, and its reply so far is kept as cut short."""
+        return self._record.redirected
+
+    @property
     def finished(self) -> bool:
         """Whether the engine is done with the turn."""
         return self._record.finished
@@ -242,6 +250,15 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     def mark_answered(self) -> None:
         """The turn's answer was committed (engine side)."""
         self._record.answered = True
+
+    def redirect(self) -> None:
+        """Ask the turn to stop at its next safe point, keeping its work (engine side).
+
+        The turn stays current, so it can still commit what it did; its agent
+        sees :attr:`interrupted` set, as for any stop.
+        """
+        self._record.redirected = True
+        self.interrupted.set()
 
     @property
     def settling(self) -> bool:
