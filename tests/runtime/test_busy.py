@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from chatlane.errors import ConfigError, StoreError
-from chatlane.identity import ChatType, SessionSource
+from chatlane.identity import ChatType, KeyPolicy, SessionSource
 from chatlane.runtime import pending
 from chatlane.runtime.arrivals import DROPPED_OLDEST
 from chatlane.runtime.busy import (
@@ -20,6 +20,8 @@ from chatlane.runtime.busy import (
     BusyPolicy,
     BusySettings,
     Overflow,
+    collapsed_note,
+    collapsed_text,
     decide,
     resolve_policy,
 )
@@ -409,6 +411,37 @@ async def test_a_message_the_store_would_not_drop_still_runs() -> None:
         await h.settle()
     ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
     assert ran == ["ran: hold", "ran: a", "ran: b"]  # the queue went one past its cap
+
+
+async def test_summarize_collapses_a_full_queue_into_one_turn_and_tells_each_sender() -> None:
+    gate = Gate()
+    async with GatewayHarness(
+        gate,
+        queue_cap=2,
+        overflow="summarize",
+        key_policy=KeyPolicy(group_sessions_per_user=False),  # one session for the group
+    ) as h:
+        await h.send("hold", chat_id="g", chat_type="group", user_id="u1")
+        await h.until_running(chat_id="g", chat_type="group", user_id="u1")
+        sent = [
+            await h.send(text, chat_id="g", chat_type="group", user_id=user)
+            for text, user in (("a", "u2"), ("b", "u3"), ("c", "u2"))
+        ]
+        assert [r.outcome for r in sent] == [
+            BusyOutcome.QUEUED,
+            BusyOutcome.QUEUED,
+            BusyOutcome.COLLAPSED,
+        ]
+        gate.opened.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="g") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", f"ran: {collapsed_note(3)}\na\nb\nc"]
+    told = [o for o in h.delivered(chat_id="g") if o.text == collapsed_text(3)]
+    assert sorted(o.in_reply_to for o in told) == sorted(
+        [(sent[0].message_id, sent[2].message_id), (sent[1].message_id,)]
+    )  # once per sender, naming each of their collapsed messages
+    ends = {o.message_id: o.outcome for o in h.outcomes}
+    assert all(ends[r.message_id] is Outcome.ANSWERED for r in sent)
 
 
 async def test_refuse_new_is_the_default_overflow() -> None:

@@ -12,11 +12,15 @@ and tells the sender. What stays true:
   refuses it, ``rollback`` interrupts the other process's turn through the
   store, anything else lets it wait for the lease.
 * A message that finds the queue full is refused, unless the overflow is
-  ``drop-oldest``: then the oldest waiting message leaves the queue (here
-  and in the store, its sender told) and the new one waits in its place.
+  ``drop-oldest`` or ``summarize`` (below): under ``drop-oldest`` the oldest
+  waiting message leaves the queue (here and in the store, its sender told)
+  and the new one waits in its place.
 * A message taken out of the queue (overflow, ``/unqueue``) leaves it here
   before the store is asked, so it never starts meanwhile; if the store cannot
   drop it, it waits again in its place.
+* Under ``summarize`` a message that finds the queue full is not refused:
+  it and every waiting message become one turn (its agent reads a note that
+  they were collapsed), and each of their senders is told, once per chat.
 * The sender of a message that waits hears so at most once per
   ``ack_debounce`` per session; refusals ("rejected", "queue full") always
   answer, and internal events never get an ack.
@@ -29,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError
+from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
@@ -41,6 +46,8 @@ from chatlane.runtime.busy import (
     BusyPolicy,
     Overflow,
     ack_text,
+    collapsed_note,
+    collapsed_text,
     decide,
     interrupt_flavour,
     resolve_policy,
@@ -111,11 +118,29 @@ class BusyDesk:
             outcome = self._apply(state, message, seq, policy)
             self._metrics.busy("dropped_oldest", policy.value)
             await self._let_go(state, room, DROPPED_OLDEST)
+        if outcome is BusyOutcome.QUEUE_FULL and self._settings.overflow is Overflow.SUMMARIZE:
+            outcome = BusyOutcome.COLLAPSED
+            await self._collapse(state, message, seq)
         self._metrics.busy(outcome.value, policy.value)
         if outcome in ALWAYS_ANSWERED:
             await self._store.drop_pending(state.key, [seq])
-        await self._acknowledge(state, message, outcome)
+        if outcome is not BusyOutcome.COLLAPSED:  # its senders were told, every one
+            await self._acknowledge(state, message, outcome)
         return outcome
+
+    async def _collapse(self, state: SessionState, message: InboundMessage, seq: int) -> None:
+        """Make the waiting messages and ``message`` one turn; tell each of their senders."""
+        count = pending.pending_count(state) + 1
+        others = pending.collapse(state, message, seq, collapsed_note(count))
+        told: dict[tuple[object, ...], tuple[SessionSource, list[str]]] = {}
+        for each in (*others, message):
+            if not each.internal:
+                source = each.source
+                where = (source.chat_id, source.thread_id, source.user_id)
+                told.setdefault(where, (source, []))[1].append(each.id)
+        text = collapsed_text(count)
+        for source, ids in told.values():
+            await self._outlet.send(OutboundKind.ACK, state.key, source, text, tuple(ids))
 
     # -- coalescing: an idle session waits for more of a sender's messages --------------
 

@@ -82,6 +82,9 @@ class Overflow(enum.StrEnum):
     """The new message is refused with a "Queue full" notice; the queue stays as it is."""
     DROP_OLDEST = "drop-oldest"
     """The oldest waiting message is dropped (its sender is told) and the new one waits."""
+    SUMMARIZE = "summarize"
+    """Every waiting message and the new one become one turn, whose agent is told they
+    were collapsed; the sender of each collapsed message is told."""
 
     @classmethod
     def parse(cls, value: str) -> Overflow:
@@ -103,6 +106,7 @@ class BusyOutcome(enum.StrEnum):
     STEERED = "steered"
     REJECTED = "rejected"
     QUEUE_FULL = "queue_full"
+    COLLAPSED = "collapsed"
 
 
 _QUEUEING = frozenset(
@@ -195,6 +199,19 @@ BUSY_ELSEWHERE = "Queued for the next turn (this conversation is busy)"
 """The ack for a message that waits while another process runs its session."""
 
 
+def collapsed_text(messages: int) -> str:
+    """What the sender of each of ``messages`` collapsed into one turn is told."""
+    return f"Queue full — {messages} waiting messages were collapsed into one turn"
+
+
+def collapsed_note(messages: int) -> str:
+    """What the agent of a turn collapsed from ``messages`` reads before their text."""
+    return (
+        f"[{messages} messages that waited in a full queue were collapsed into this one "
+        "turn; answer them together]"
+    )
+
+
 def ack_text(outcome: BusyOutcome, queued: int) -> str:
     """The short acknowledgement the sender gets for ``outcome``."""
     texts = {
@@ -205,5 +222,6 @@ def ack_text(outcome: BusyOutcome, queued: int) -> str:
         BusyOutcome.STEERED: "Steered into the current run",
         BusyOutcome.REJECTED: "Busy — your message was not run",
         BusyOutcome.QUEUE_FULL: f"Queue full ({queued} queued) — your message was not run",
+        BusyOutcome.COLLAPSED: collapsed_text(queued),
     }
     return texts[outcome]

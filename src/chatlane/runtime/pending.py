@@ -38,6 +38,8 @@ class PendingEntry:
     """How many earlier turns ran these messages and lost their lease before answering."""
     latest: float = math.inf
     """``time.monotonic()`` reading a collecting entry never waits past, however often pushed."""
+    note: str = ""
+    """What the agent reads before the messages' text (a collapsed queue says so)."""
 
     def delay(self) -> float:
         """Seconds until this entry may start (0 when it may start now)."""
@@ -177,6 +179,24 @@ def keep_only(state: SessionState, stored: set[int]) -> list[InboundMessage]:
         if not entry.messages:
             queue.remove(entry)
     return gone
+
+
+def collapse(
+    state: SessionState, message: InboundMessage, seq: int, note: str
+) -> list[InboundMessage]:
+    """Make every waiting message and ``message`` one turn, in store order, read with ``note``.
+
+    The turn may have several authors: then it can ask no approvals. Returns
+    the messages that waited (not ``message``).
+    """
+    queue = pending_entries(state)
+    reruns = max((entry.reruns for entry in queue), default=0)
+    waiting, seqs = drain(state)
+    pairs = sorted([*zip(waiting, seqs, strict=True), (message, seq)], key=lambda pair: pair[1])
+    queue.append(
+        PendingEntry([m for m, _ in pairs], [s for _, s in pairs], reruns=reruns, note=note)
+    )
+    return [m for m, _ in pairs if m is not message]
 
 
 def drain(state: SessionState) -> tuple[list[InboundMessage], list[int]]:

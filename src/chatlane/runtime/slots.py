@@ -142,7 +142,9 @@ class Slots:
             self._call_later(delay, self._promote_after_debounce, state)
             return
         entry = queue.pop(0)
-        self._start(state, tuple(entry.messages), tuple(entry.seqs), entry.reruns)
+        turn = self._start(state, tuple(entry.messages), tuple(entry.seqs), entry.reruns)
+        if entry.note:  # its task has not run yet
+            turn.annotate(entry.note)
 
     def _promote_after_debounce(self, state: SessionState) -> None:
         self._collecting.discard(state.key)

@@ -96,6 +96,8 @@ class TurnRecord(msgspec.Struct):
     answered: bool = False
     redirected: bool = False
     """A newer message redirected it: it stops at its next safe point and keeps its work."""
+    note: str = ""
+    """What the agent reads before the messages' text (:attr:`Turn.note`)."""
     settling: bool = False
     """The agent is done: the engine settles the turn's messages, which nothing may cancel."""
     finished: bool = False
@@ -292,8 +294,21 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
 
     @property
     def text(self) -> str:
-        """The input: one message's text, or every merged message's text in order."""
-        return "\n".join(message.text for message in self.messages)
+        """The input: one message's text, or every merged message's text in order,
+        after the turn's :attr:`note` if it has one."""
+        joined = "\n".join(message.text for message in self.messages)
+        note = self._record.note
+        return f"{note}\n{joined}" if note else joined
+
+    @property
+    def note(self) -> str:
+        """What the engine tells the agent about this turn's input, if anything: a turn
+        collapsed from a full queue (overflow ``summarize``) says so."""
+        return self._record.note
+
+    def annotate(self, note: str) -> None:
+        """Give the turn a :attr:`note` before its agent runs (engine side)."""
+        self._record.note = note
 
     def end(self, reason: TurnEnd) -> None:
         """Record why this turn ended early; the first reason recorded stands (engine side)."""
