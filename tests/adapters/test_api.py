@@ -25,6 +25,7 @@ from chatlane.config import Config, Secret, ServerConfig
 from chatlane.hub import Hub, build_app
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.capacity import CapacitySettings
+from chatlane.runtime.engine import CANCELLED
 from chatlane.runtime.output import CUT_SHORT
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
@@ -246,6 +247,56 @@ async def test_a_request_can_redirect_the_running_one(tmp_path: Path) -> None:
         headers = {"X-Chatlane-Busy": "redirect"}
         assert await s.ask("hello", "redirected", extra_headers=headers) == "echo: hello"
         assert (await first).endswith(CUT_SHORT)  # what it streamed so far, kept and marked
+
+
+async def cancel(s: Served, completion: str, token: str = TOKEN) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=s.base_url) as http:
+        headers = {"Authorization": f"Bearer {token}"}
+        return await http.post(f"/chat/completions/{completion}/cancel", headers=headers)
+
+
+async def test_a_waiting_request_is_cancelled_by_its_completion_id(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:  # the session queues
+        first = asyncio.create_task(s.ask("sleep 30", "cancelled"))
+        running = await s.running("cancelled")
+        stream = await s.client.chat.completions.create(
+            model="chatlane",
+            messages=[{"role": "user", "content": "never mind this one"}],
+            user="cancelled",
+            stream=True,
+        )
+        chunks = aiter(stream)
+        completion = (await anext(chunks)).id  # sent before its turn runs, with its id
+        assert (await cancel(s, completion, token="not-the-token")).status_code == 401
+        answer = await cancel(s, completion)
+        assert answer.status_code == 200
+        assert answer.json() == {"id": completion, "object": "chat.completion.cancellation"}
+        told = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+        assert told.startswith(CANCELLED)
+        again = await cancel(s, completion)  # it waits no more
+        assert (again.status_code, again.json()["error"]["code"]) == (404, "completion_not_found")
+        key = running.session_key
+        assert [r.message_id for r in await s.hub.store.pending(key)] == [running.messages[0].id]
+        await s.ask("/stop", "cancelled")
+        assert await first == STOPPED_TEXT
+
+
+async def test_a_running_request_is_not_cancelled(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        stream = await s.client.chat.completions.create(
+            model="chatlane",
+            messages=[{"role": "user", "content": "stream 50"}],
+            user="runs",
+            stream=True,
+        )
+        chunks = aiter(stream)
+        completion = (await anext(chunks)).id
+        await s.running("runs")
+        answer = await cancel(s, completion)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (409, "completion_running")
+        unknown = await cancel(s, "chatcmpl-nothing-here")
+        assert unknown.status_code == 404
+        await stream.close()
 
 
 @pytest.mark.parametrize("value", ["later", "now", ""])

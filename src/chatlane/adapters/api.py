@@ -97,7 +97,7 @@ from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.secrets import Secrets, TokenSource, read_client_tokens
-from chatlane.types import InboundMessage, Outbound
+from chatlane.types import InboundMessage, Outbound, SessionKey
 
 if TYPE_CHECKING:
     from chatlane.hub import Hub
@@ -163,6 +163,9 @@ class ApiAdapter:
         return [
             Route("/v1/chat/completions", AsgiEndpoint(self.chat_completions), methods=["POST"]),
             Route("/v1/chat/completions/{completion}", self.stored_completion, methods=["GET"]),
+            Route(
+                "/v1/chat/completions/{completion}/cancel", self.cancel_waiting, methods=["POST"]
+            ),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model, methods=["GET"]),
             Route("/v1/{rest:path}", self.unrouted, methods=_EVERY_METHOD),
@@ -272,6 +275,42 @@ class ApiAdapter:
             return error_response(error)
         body = completion_body(wanted, self._models[0], answer)  # the gateway's own model name
         return Response(body, media_type="application/json")
+
+    async def cancel_waiting(self, request: Request) -> Response:
+        """``POST /v1/chat/completions/{id}/cancel``: take a request that still waits in
+        its session's queue out of it; the request itself is then answered as cancelled.
+
+        Only the client that sent the request may cancel it, in the gateway process it
+        waits on. A request whose turn has started is not cancelled (409: ``/stop``
+        stops a turn); one that waits nowhere here is 404.
+        """
+        wanted = request.path_params["completion"]
+        try:
+            client = self._authenticate(request)
+            check_origin(request)
+            message_id = message_of(wanted, "" if client is None else client.name)
+            waiters = self._waiters.get(message_id or "")
+            if message_id is None or not waiters:
+                message = "no request with that id waits in this gateway for you"
+                raise ApiRequestError(404, message, "invalid_request_error", "completion_not_found")
+            await self._take_out(waiters[0].session_key, message_id)
+        except ApiRequestError as error:
+            return error_response(error)
+        return json_response({"id": wanted, "object": "chat.completion.cancellation"})
+
+    async def _take_out(self, key: SessionKey, message_id: str) -> None:
+        """:raises ApiRequestError: unless ``message_id`` was taken out of ``key``'s queue."""
+        hub = self._hub
+        if hub is None:
+            raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
+        try:
+            taken = await hub.gateway.engine.cancel_waiting(key, message_id)
+        except ChatlaneError as error:
+            message = f"the gateway could not cancel it: {error}; it still waits"
+            raise ApiRequestError(503, message, "server_error") from None
+        if taken is None:
+            message = "its turn has started (stop it with /stop in its session)"
+            raise ApiRequestError(409, message, "invalid_request_error", "completion_running")
 
     async def _read(self, scope: Scope, receive: Receive) -> tuple[ChatRequest, ApiClient | None]:
         """The checked request, and the client that sent it (with ``[api.clients]``).

@@ -207,6 +207,8 @@ def event_for(outcome: MessageOutcome) -> WaiterEvent:
         return WaiterEvent(
             EventKind.FINAL, outcome.text or FAILED_TEXT.format(reason=outcome.reason)
         )
+    if kind is Outcome.DROPPED and outcome.text:  # taken out of the queue: why, in its words
+        return WaiterEvent(EventKind.FINAL, outcome.text)
     return WaiterEvent(EventKind.FINAL, _NOTICES[kind])
 
 

@@ -95,6 +95,10 @@ from chatlane.types import (
 log = logging.getLogger("chatlane.runtime")
 
 
+CANCELLED = "Cancelled by its sender, will not run"
+"""The notice (and the dropped outcome's text) of a waiting message its sender cancelled."""
+
+
 class TurnEngine:
     """Runs an agent for many sessions at once, one turn per session."""
 
@@ -621,6 +625,21 @@ class TurnEngine:
         if state is None:
             return None
         return await self.busy.take_out(state, seq, "Taken out of the queue, will not run")
+
+    async def cancel_waiting(self, key: SessionKey, message_id: str) -> InboundMessage | None:
+        """Take the message ``message_id`` out of this process's queue, as :meth:`unqueue` does.
+
+        It ends as dropped and its sender is told that it was cancelled.
+
+        :returns: the message, or ``None`` if it does not wait in the queue here
+            (it runs, was steered into the running turn, or ended).
+        :raises ChatlaneError: the store could not drop it: it waits again, in its place.
+        """
+        state = self.registry.peek(key)
+        seqs = [] if state is None else [s for s, m in pending.queued(state) if m.id == message_id]
+        if state is None or not seqs:
+            return None
+        return await self.busy.take_out(state, seqs[0], CANCELLED)
 
     async def _drop_elsewhere(self, key: SessionKey) -> int:
         """Drop the messages other processes accepted (their turns are fenced); count them."""
