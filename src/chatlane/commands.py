@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
+from chatlane.runtime.aside import TooManyAsides
 from chatlane.runtime.busy import NOW, BusyOutcome, BusyPolicy, ack_text
 from chatlane.state import SlotPhase
 from chatlane.stores.fields import BUSY_POLICY
@@ -275,6 +276,18 @@ async def _busy(call: CommandCall) -> str:
     return f"Busy policy for this session: {policy}"
 
 
+async def _btw(call: CommandCall) -> str:
+    question = call.args.strip()
+    if not question:
+        raise UsageError("/btw needs a question.")
+    state = await call.engine.session(call.session_key)
+    try:
+        call.engine.asides.ask(state, call.message, question)
+    except TooManyAsides as error:
+        return f"Not answered: {error}."
+    return ""  # the side answer replies when it is ready
+
+
 async def _needs_text(call: CommandCall) -> str:
     raise UsageError("This command sends its text as a message: give the text.")
 
@@ -313,6 +326,13 @@ BUILTIN_COMMANDS = (
         CommandBusy.DISPATCH,
         _needs_text,
         sends_as=NOW,
+    ),
+    CommandSpec(
+        "btw",
+        "a side question, answered beside the running turn without touching it",
+        "/btw <question>",
+        CommandBusy.DISPATCH,
+        _btw,
     ),
     CommandSpec(
         "status",

@@ -274,7 +274,8 @@ class Gateway:
             notice = OutboundKind.NOTICE
             await self.engine.send(notice, key, message.source, refused.text, ids, refusal=outcome)
             return DispatchResult(key, message.id, outcome=outcome, command=parsed.name)
-        await self.engine.send(OutboundKind.REPLY, key, message.source, reply, ids)
+        if reply:  # a command that answers later (/btw) replies then
+            await self.engine.send(OutboundKind.REPLY, key, message.source, reply, ids)
         return DispatchResult(key, message.id, command=parsed.name)
 
     def _may_be_command(self, key: SessionKey, message: InboundMessage) -> bool:

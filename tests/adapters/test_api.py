@@ -23,6 +23,7 @@ from chatlane.adapters.api_wire import ApiRequestError, ChunkEvents, check_origi
 from chatlane.agents.demo import DemoAgent
 from chatlane.config import Config, Secret, ServerConfig
 from chatlane.hub import Hub, build_app
+from chatlane.runtime.aside import SIDE_MARK
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.engine import CANCELLED
@@ -247,6 +248,16 @@ async def test_a_request_can_redirect_the_running_one(tmp_path: Path) -> None:
         headers = {"X-Chatlane-Busy": "redirect"}
         assert await s.ask("hello", "redirected", extra_headers=headers) == "echo: hello"
         assert (await first).endswith(CUT_SHORT)  # what it streamed so far, kept and marked
+
+
+async def test_a_side_question_is_answered_while_the_turn_runs(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        first = asyncio.create_task(s.ask("sleep 30", "aside"))
+        await s.running("aside")
+        assert await s.ask("/btw hello", "aside") == f"{SIDE_MARK}echo: hello"
+        assert not first.done()
+        await s.ask("/stop", "aside")
+        assert await first == STOPPED_TEXT
 
 
 async def cancel(s: Served, completion: str, token: str = TOKEN) -> httpx.Response:

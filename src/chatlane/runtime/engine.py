@@ -59,6 +59,7 @@ from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.aftermath import TurnAftermath
 from chatlane.runtime.arrivals import BusyDesk
+from chatlane.runtime.aside import SideAnswers
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
 from chatlane.runtime.ending import TurnEnd
@@ -129,6 +130,8 @@ class TurnEngine:
         self.send = self.outlet.send
         """Deliver one outbound message (:meth:`Outlet.send`); never raises for the adapter."""
         self.output = TurnOutput(self.leases, self.outlet, self.outcomes)
+        self.asides = SideAnswers(agent, self.outlet, self.settings)
+        """``/btw`` answers beside a session's turn (:mod:`chatlane.runtime.aside`)."""
         self.output.on_fenced = self.metrics.stale
         self.approvals = ApprovalBroker(
             self.store, self.slots, self.outlet, self.settings.approval_timeout
@@ -736,6 +739,7 @@ class TurnEngine:
         for task in [*tasks, *background]:
             task.cancel()
         await asyncio.gather(*tasks, *background, *self.slots.spawned(), return_exceptions=True)
+        await self.asides.close()
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()

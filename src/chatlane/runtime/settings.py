@@ -92,6 +92,8 @@ class RuntimeSettings:
         what another process changed applies here too (0: at every turn).
     :param capacity: process-wide limits on the bytes of unanswered messages and
         on live sessions (:mod:`chatlane.runtime.capacity`).
+    :param side_answers: ``/btw`` questions answered at once in this process
+        (:mod:`chatlane.runtime.aside`); one more is refused.
     """
 
     busy: BusySettings = field(default_factory=BusySettings)
@@ -108,6 +110,7 @@ class RuntimeSettings:
     approval_timeout: Seconds = 300.0
     reread_stored: Seconds = 1.0
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
+    side_answers: Count = 4
 
     def __post_init__(self) -> None:
         check_bounds(self)
