@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable
 
 from chatlane.agents.demo import DemoAgent
+from chatlane.runtime.output import CUT_SHORT
+from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
 
 
@@ -100,3 +102,27 @@ async def test_stream_sends_numbered_chunks_and_stops_when_interrupted() -> None
         await h.settle()
     streamed = [o.text for o in h.delivered(chat_id="g") if o.kind.value == "chunk"]
     assert len(streamed) < 50
+
+
+async def test_context_lists_the_history_a_redirect_kept() -> None:
+    store, agent = MemoryStore(), DemoAgent()
+    agent.bind(store)
+    async with GatewayHarness(agent, store=store, busy="redirect") as h:
+        await h.send("context", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == [
+            "context: no history yet in this conversation"
+        ]
+        await h.send("stream 50", chat_id="c")
+        await h.until_running(chat_id="c", text="stream 50")
+        await h.wait_for(lambda out: any(o.text == "1\n" for o in out))  # one chunk shown
+        await h.send("context", chat_id="c")
+        await h.settle()
+        listing = (await h.replies(chat_id="c", count=4))[-1]  # the ack is one too
+    assert listing.startswith("context (4 entries):\nuser: context\nassistant: context: no")
+    assert listing.endswith(f"user: stream 50\nassistant: 1 {CUT_SHORT}")
+
+
+async def test_context_without_a_store_says_so() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        await h.send("context", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["context: no store to read history from"]

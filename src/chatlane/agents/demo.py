@@ -11,6 +11,9 @@
 * ``stream <n>`` (at most 50) → ``1``, ``2`` … ``n`` as chunks 0.2 s apart, so a
   message sent meanwhile shows what the busy policy does; an interrupt ends
   the stream at once (the reply is what was streamed so far);
+* ``context`` → the history the agent is given for the turn: the current
+  conversation's entries in the store, one line each (so a ``redirect``'s
+  kept partial reply, or what ``/new`` cleared, can be seen);
 * anything else → ``echo: <text>``, streamed in a few chunks.
 """
 
@@ -19,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from chatlane.context import get_session_env, run_in_thread
 from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET
+from chatlane.stores.records import TranscriptEntry
+from chatlane.types import SessionKey
 
 MAX_SLEEP = 60.0
 MAX_STREAM = 50
@@ -42,10 +48,35 @@ def _whoami_line(generation: int) -> str:
     )
 
 
+class TranscriptSource(Protocol):
+    """Where ``context`` reads history; every :class:`~chatlane.stores.Store` is one."""
+
+    async def transcript(
+        self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
+    ) -> list[TranscriptEntry]: ...
+
+
+CONTEXT_ENTRIES = 20
+"""The most recent transcript entries ``context`` lists."""
+CONTEXT_WIDTH = 60
+"""Characters of each entry ``context`` shows, on one line."""
+
+
 class DemoAgent:
-    """See the module docstring; it reads steered text (``accepts_steering``)."""
+    """See the module docstring; it reads steered text (``accepts_steering``).
+
+    ``context`` reads the transcript from the store given to :meth:`bind`
+    (``chatlane serve`` binds the gateway's store at start).
+    """
 
     accepts_steering = True
+
+    def __init__(self) -> None:
+        self._store: TranscriptSource | None = None
+
+    def bind(self, store: TranscriptSource) -> None:
+        """Read history from ``store`` from now on."""
+        self._store = store
 
     async def __call__(self, turn: Turn) -> str | AsyncIterator[str]:
         command, _, rest = turn.text.strip().partition(" ")
@@ -60,7 +91,23 @@ class DemoAgent:
             return _settings(turn)
         if command == "stream":
             return _stream(turn, rest)
+        if command == "context" and not rest:
+            return await self._context(turn)
         return _echo(turn)
+
+    async def _context(self, turn: Turn) -> str:
+        if self._store is None:
+            return "context: no store to read history from"
+        entries = await self._store.transcript(turn.session_key, limit=CONTEXT_ENTRIES)
+        if not entries:
+            return "context: no history yet in this conversation"
+        lines = [f"{e.role}: {_one_line(e.content)}" for e in entries]
+        return f"context ({len(entries)} entries):\n" + "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= CONTEXT_WIDTH else flat[: CONTEXT_WIDTH - 1] + "…"
 
 
 async def _sleep(turn: Turn, argument: str) -> str:
