@@ -109,21 +109,24 @@ async def test_thousand_sessions_under_every_policy(policy: BusyPolicy, takes_st
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "variant",
-    ["drop-oldest", "coalesce", "steer-and-now"],
+    ["drop-oldest", "summarize", "coalesce", "steer-and-now", "redirect-steer-and-now"],
 )
 async def test_thousand_sessions_under_overflow_coalescing_and_per_message_policies(
     variant: str,
 ) -> None:
-    """A full queue dropping its oldest; coalescing idle sessions; `/steer` and `/now` mixed in."""
+    """A full queue dropping its oldest or collapsing into one turn; coalescing idle
+    sessions; `/steer` and `/now` mixed in, under ``queue`` and under ``redirect``."""
     agent = StressAgent(seed=len(variant))
     settings: dict[str, Any] = {"busy": BusyPolicy.QUEUE}
     commands: tuple[str, ...] = ()
-    if variant == "drop-oldest":
-        settings["overflow"] = "drop-oldest"
+    if variant in ("drop-oldest", "summarize"):
+        settings["overflow"] = variant
     elif variant == "coalesce":
         settings["coalesce"] = {"test": 0.002}
     else:
         commands = ("/steer", "/now")
+        if variant.startswith("redirect"):
+            settings["busy"] = BusyPolicy.REDIRECT
     await _stress(agent, settings, commands=commands)
 
 
