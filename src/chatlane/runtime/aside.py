@@ -17,6 +17,7 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator
 
@@ -89,14 +90,20 @@ class SideAnswers:
         await self._outlet.send(kind, turn.session_key, message.source, text, (message.id,))
 
     async def _text(self, turn: Turn) -> str:
+        """The agent's whole answer: text, or its chunks joined (nothing is streamed)."""
         result: object = self._agent(turn)
-        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+        if inspect.isawaitable(result):
             result = await result
         if isinstance(result, str):
             return result
-        if isinstance(result, AsyncIterator):
-            return "".join([str(chunk) async for chunk in result])
-        raise TypeError(f"agent returned {type(result).__name__}, not str or an async iterator")
+        if not isinstance(result, AsyncIterator):
+            raise TypeError(f"agent returned {type(result).__name__}, not str or an async iterator")
+        parts = []
+        async for chunk in result:
+            if not isinstance(chunk, str):
+                raise TypeError(f"agent streamed {type(chunk).__name__}, not str")
+            parts.append(chunk)
+        return "".join(parts)
 
 
 __all__ = ["SIDE_MARK", "SideAnswers", "TooManyAsides"]
