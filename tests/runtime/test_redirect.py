@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.output import CUT_SHORT, cut_short
 from chatlane.runtime.turn import Turn
-from chatlane.stores import MemoryStore
+from chatlane.stores import MemoryStore, Store, open_store
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind, SessionKey
 from tests.runtime.agents import approving_agent
@@ -26,7 +27,7 @@ class HistoryAgent:
     streaming more (a chunk it would show after that is never shown). Anything else:
     replies with the conversation it was given, as history the store holds."""
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.seen: dict[SessionKey, list[tuple[str, str]]] = {}
 
@@ -178,3 +179,46 @@ def test_redirect_and_steer_backlog_are_read_by_name() -> None:
     assert BusyPolicy.parse("Redirect") is BusyPolicy.REDIRECT
     assert BusyPolicy.parse("steer-backlog") is BusyPolicy.STEER
     assert BusyPolicy.STEER_BACKLOG.value == "steer"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def two_stores(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Store, Store]]:
+    """Two processes' stores: one memory store shared, or two connections to one SQLite file."""
+    if request.param == "memory":
+        shared = MemoryStore()
+        yield shared, shared
+        return
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first, second = await open_store(url), await open_store(url)
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_redirect_reaches_a_turn_another_process_runs(
+    two_stores: tuple[Store, Store],
+) -> None:
+    here, there = two_stores
+    runner_agent, other_agent = HistoryAgent(here), HistoryAgent(there)
+    async with (
+        GatewayHarness(runner_agent, store=here, busy="redirect") as runner,
+        GatewayHarness(other_agent, store=there, busy="redirect") as other,
+    ):
+        first = await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        await runner.wait_for(lambda out: any(o.text == "part one" for o in out))
+        second = await other.send("over here: do this instead", chat_id="c")
+        replies = await other.replies(chat_id="c", count=2, timeout=10)
+        assert replies == [REDIRECTING, "saw 2 entries, then over here: do this instead"]
+        await runner.settle()
+        key = first.session_key
+        kept = cut_short("part one")
+        assert other_agent.seen[key] == [("user", "long"), ("assistant", kept)]
+        assert replies_of(runner, "c") == [kept]  # its own reply, cut short, still delivered
+        assert await here.pending(key) == []
+    ends = {o.message_id: o.outcome for o in (*runner.outcomes, *other.outcomes)}
+    assert ends[first.message_id] is ends[second.message_id] is Outcome.ANSWERED

@@ -10,7 +10,7 @@ and tells the sender. What stays true:
 * A turn that waits for a lease another process holds gets the policy once,
   on its first refused acquire (:mod:`chatlane.runtime.elsewhere`): ``reject``
   refuses it, ``rollback`` interrupts the other process's turn through the
-  store, anything else lets it wait for the lease.
+  store and ``redirect`` redirects it, anything else lets it wait for the lease.
 * A message that finds the queue full is refused, unless the overflow is
   ``drop-oldest`` or ``summarize`` (below): under ``drop-oldest`` the oldest
   waiting message leaves the queue (here and in the store, its sender told)
@@ -52,7 +52,11 @@ from chatlane.runtime.busy import (
     interrupt_flavour,
     resolve_policy,
 )
-from chatlane.runtime.elsewhere import interrupt_elsewhere, outcome_elsewhere
+from chatlane.runtime.elsewhere import (
+    interrupt_elsewhere,
+    outcome_elsewhere,
+    redirect_elsewhere,
+)
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import AcquireWait
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
@@ -295,9 +299,9 @@ class BusyDesk:
         """The busy policy, for a turn whose session another process runs.
 
         A fresh message is refused under ``reject`` (it leaves the store's
-        queue), interrupts the other process's turn under ``rollback``, and
-        otherwise waits for the lease; the sender gets the notice or the
-        (debounced) ack.
+        queue), interrupts the other process's turn under ``rollback``,
+        redirects it under ``redirect``, and otherwise waits for the lease;
+        the sender gets the notice or the (debounced) ack.
         """
         state = turn.session_state
         if message.internal:
@@ -316,6 +320,10 @@ class BusyDesk:
             state.conversation.interrupt_streak += 1
             self._metrics.busy(outcome.value, policy.value)
             self._slots.spawn(self._interrupt_elsewhere(turn, message))
+        elif outcome is BusyOutcome.REDIRECTING:
+            state.conversation.interrupt_streak += 1
+            self._metrics.busy(outcome.value, policy.value)
+            self._slots.spawn(self._redirect_elsewhere(turn, message))
         elif outcome is BusyOutcome.REJECTED:
             turn.end(TurnEnd.REJECTED)
             turn.interrupted.set()  # no longer wanted: the lease wait ends
@@ -331,6 +339,19 @@ class BusyDesk:
         self._slots.spawn(
             self._outlet.send(kind, turn.session_key, source, text, ids, refusal=refusal)
         )
+
+    async def _redirect_elsewhere(self, turn: Turn, message: InboundMessage) -> None:
+        state = turn.session_state
+        try:
+            redirected = await redirect_elsewhere(self._store, state.key)
+        except ChatlaneError as error:
+            log.warning(
+                "could not redirect the turn elsewhere: %s", error, extra=turn_fields(state.key)
+            )
+            return  # the message still waits for its turn
+        log.info("redirected elsewhere", extra=turn_fields(state.key, redirected))
+        if self._ack_due(state, message):
+            self._tell(turn, OutboundKind.ACK, ack_text(BusyOutcome.REDIRECTING, 0))
 
     async def _interrupt_elsewhere(self, turn: Turn, message: InboundMessage) -> None:
         state = turn.session_state

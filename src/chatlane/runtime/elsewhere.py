@@ -10,9 +10,17 @@ refused acquire, that its session is busy elsewhere. What stays true:
 * ``reject`` refuses the message; ``rollback`` interrupts the other
   process's turn (within that process's fence check) and the message runs
   after it, behind whatever that process had queued first, as it would
-  locally; ``queue``, ``collect``, ``steer`` and ``redirect`` let it wait its
-  turn (no merging, steering or redirecting across processes). The ``rollback`` depth counts this
-  process's interrupts of the session.
+  locally; ``redirect`` asks that turn to stop at its next safe point
+  (below) and the message runs after it; ``queue``, ``collect`` and
+  ``steer`` let it wait its turn (no merging or steering across
+  processes). The interrupt depth counts this process's interrupts (and
+  redirects) of the session.
+* A ``redirect`` is told through the store too, without fencing: the
+  redirecting process records the running generation as the session's
+  ``redirect_generation`` field; the running process reads that field for
+  its running turns at each fence check and redirects the turn whose
+  generation it names, which then commits what it did under its own fence.
+  The message waits for the lease meanwhile, and runs next.
 * An interrupt is told through the store, never by a message between
   processes: the interrupting process records the generation it interrupts
   as the session's ``interrupted_generation`` field, then bumps the
@@ -23,11 +31,14 @@ refused acquire, that its session is busy elsewhere. What stays true:
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+
 from chatlane.runtime.busy import BusyContext, BusyOutcome, BusyPolicy, decide
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
-from chatlane.stores.fields import INTERRUPTED_GENERATION
+from chatlane.stores.fields import INTERRUPTED_GENERATION, REDIRECT_GENERATION
 from chatlane.types import InboundMessage, SessionKey
 
 
@@ -42,8 +53,9 @@ def outcome_elsewhere(
 ) -> BusyOutcome:
     """What ``policy`` makes of ``turn``'s ``message`` while another process runs the session.
 
-    Only :attr:`BusyOutcome.REJECTED` and :attr:`BusyOutcome.INTERRUPTING`
-    call for action; every other outcome means the message waits.
+    Only :attr:`BusyOutcome.REJECTED`, :attr:`BusyOutcome.INTERRUPTING` and
+    :attr:`BusyOutcome.REDIRECTING` call for action; every other outcome means
+    the message waits.
     """
     if message.internal or not turn.refusable:
         return BusyOutcome.QUEUED
@@ -77,3 +89,28 @@ async def was_interrupted_elsewhere(store: Store, turn: Turn) -> bool:
     """
     fields = await store.load_persistent(turn.session_key)
     return fields.get(INTERRUPTED_GENERATION) == turn.generation
+
+
+async def redirect_elsewhere(store: Store, key: SessionKey) -> int:
+    """Ask the turn running ``key`` elsewhere to stop at a safe point; return its generation.
+
+    Nothing is fenced: that turn commits what it did before the lease is free.
+
+    :raises ChatlaneError: if the store cannot be reached (nothing may have changed).
+    """
+    running = await store.generation(key)
+    await store.set_persistent(key, None, **{REDIRECT_GENERATION: running})
+    return running
+
+
+async def redirected_elsewhere(store: Store, turns: Sequence[Turn]) -> list[Turn]:
+    """Those of ``turns`` (running here) another process asked to redirect.
+
+    :raises ChatlaneError: if the store cannot be read.
+    """
+    stored = await asyncio.gather(*(store.load_persistent(t.session_key) for t in turns))
+    return [
+        turn
+        for turn, fields in zip(turns, stored, strict=True)
+        if fields.get(REDIRECT_GENERATION) == turn.generation
+    ]

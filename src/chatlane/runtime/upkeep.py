@@ -21,7 +21,9 @@ What stays true:
   with the store's (one batched read, :meth:`~chatlane.stores.base.Store.generations`):
   a turn another process fenced (``/stop`` or ``/new`` sent there, or an
   interrupt) is reported at once, not at the next renewal. A failed check is
-  logged and changes nothing.
+  logged and changes nothing. The same check reads each running turn's
+  ``redirect_generation`` field (one read per turn) and redirects the turn
+  another process asked to redirect.
 * Every ``fence_check`` seconds (or ``renew_every``), the messages this process
   accepted that left for another process are looked up in the store (one
   batch), and those whose fate is known get their outcome
@@ -50,7 +52,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
-from chatlane.runtime.elsewhere import was_interrupted_elsewhere
+from chatlane.runtime.elsewhere import redirected_elsewhere, was_interrupted_elsewhere
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, locally_expired
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
@@ -196,7 +198,8 @@ class Upkeep:
                 await self.lease_lost(turn, why, fenced=False)
 
     async def check_fences(self) -> None:
-        """Fence each running turn whose generation another process moved past."""
+        """Fence each running turn whose generation another process moved past, and
+        redirect each one another process asked to redirect."""
         held = self._leased()
         if not held:
             return
@@ -208,6 +211,21 @@ class Upkeep:
         for turn, gone in zip(held, moved, strict=True):
             if gone and turn.is_current():
                 await self.lease_lost(turn, "fenced by another process", fenced=True)
+        await self._redirect_asked(held)
+
+    async def _redirect_asked(self, held: list[Turn]) -> None:
+        """Redirect the running turns another process asked to (``redirect_generation``)."""
+        running = [t for t in held if t.is_current() and not t.interrupted.is_set()]
+        if not running:
+            return
+        try:
+            asked = await redirected_elsewhere(self._leases.store, running)
+        except ChatlaneError as error:
+            log.warning("could not read the redirects asked elsewhere: %s", error)
+            return
+        for turn in asked:
+            if turn.is_current() and not turn.interrupted.is_set():  # it may have moved on
+                self._slots.redirect(turn)
 
     async def lease_lost(
         self, turn: Turn, why: str, *, fenced: bool, grace: float | None = None

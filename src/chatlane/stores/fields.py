@@ -22,6 +22,7 @@ __all__ = [
     "LAST_TICK",
     "MODEL_OVERRIDE",
     "REASONING_OVERRIDE",
+    "REDIRECT_GENERATION",
     "SERVICE_TIER_OVERRIDE",
     "job_field",
 ]
@@ -51,6 +52,9 @@ APPROVAL_ALLOWLIST: Final = "approval_allowlist"
 
 INTERRUPTED_GENERATION: Final = "interrupted_generation"
 """The generation another process interrupted (so its turn ends as interrupted, not lost)."""
+
+REDIRECT_GENERATION: Final = "redirect_generation"
+"""The generation another process asked to stop at a safe point and keep its work."""
 
 # -- the scheduler's fields (kept under the scheduler's own keys) -------------------------
 
