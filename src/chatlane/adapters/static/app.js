@@ -240,6 +240,9 @@
     let text = OUTCOME_TEXT[event.outcome] ?? event.outcome;
     if (event.outcome === "dropped" && state.cancelled.has(event.id)) text = "Cancelled";
     mark(event.id, event.outcome, text);
+    if (event.outcome !== "answered") {
+      for (const card of state.approvals.get(event.id) || []) settle(card, "No longer asked");
+    }
     if (entry && entry.state === "running") startNext();
     showActivity();
   }
@@ -342,9 +345,8 @@
   function notePreview(text) {
     if (text.startsWith("/")) return;
     const current = conversationList.querySelector('button[aria-current="true"]');
-    if (!current || current.dataset.titled || current.dataset.named) return;
+    if (!current || current.dataset.titled) return;
     const label = text.split(/\s+/).join(" ").trim().slice(0, 80);
-    current.dataset.named = "yes"; // a conversation is named by its first message
     current.querySelector(".conversation-title").textContent = label;
     heading.textContent = label;
   }

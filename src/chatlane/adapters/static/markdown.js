@@ -9,7 +9,9 @@ window.chatlaneMarkdown = (() => {
     "thead", "tr", "ul",
   ];
   const ALLOWED_ATTR = ["href", "title", "class", "align", "start"];
-  const SAFE_URL = /^(?:https?:|mailto:)/i;
+  // DOMPurify's own rule with fewer schemes: http, https and mailto, or none (also
+  // what every other attribute value is checked against, so "right" must pass)
+  const SAFE_URL = /^(?:(?:https?|mailto):|[^a-z]|[a-z+.-]+(?:[^a-z+.\-:]|$))/i;
 
   function escapeHtml(text) {
     const entities = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
