@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,23 @@ async def test_page_gives_each_browser_a_private_identity_cookie(host: str) -> N
         for asset in ("app.js", "app.css"):
             assert (await client.get(f"/web/static/{asset}")).status_code == 200
     assert await browser_id(host) != first.cookies[IDENTITY_COOKIE]
+
+
+async def test_the_page_loads_every_script_and_style_from_this_server(host: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+        page = (await client.get("/")).text
+        assets = re.findall(r'(?:src|href)="(/web/static/[^"]+)"', page)
+        assert len(assets) == 6  # app.css, three vendored libraries, markdown.js, app.js
+        for asset in assets:
+            response = await client.get(asset)
+            assert response.status_code == 200, asset
+            assert response.headers["content-type"].split(";")[0] in (
+                "text/javascript",
+                "application/javascript",
+                "text/css",
+            ), asset
+        for licence in ("marked/LICENSE", "dompurify/LICENSE", "highlight/LICENSE"):
+            assert (await client.get(f"/web/static/vendor/{licence}")).status_code == 200
 
 
 async def test_connect_sends_commands_history_and_conversations(host: str) -> None:

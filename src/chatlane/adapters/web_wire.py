@@ -19,7 +19,8 @@ Server → client::
 
 What stays true: :func:`parse_frame` accepts exactly the client frame above
 and names what is wrong with anything else (invalid or deeply nested JSON, a
-wrong shape, a binary frame, an empty or oversized text, a lone surrogate), so
+wrong shape, a binary frame, an empty or oversized text, a lone surrogate, a
+``ref`` that is not a short token), so
 a bad frame costs the client an error event and never the server a traceback.
 Events carry only JSON types and are encoded ASCII-safe.
 """
