@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,23 @@ async def test_page_gives_each_browser_a_private_identity_cookie(host: str) -> N
         for asset in ("app.js", "app.css"):
             assert (await client.get(f"/web/static/{asset}")).status_code == 200
     assert await browser_id(host) != first.cookies[IDENTITY_COOKIE]
+
+
+async def test_the_page_loads_every_script_and_style_from_this_server(host: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+        page = (await client.get("/")).text
+        assets = re.findall(r'(?:src|href)="(/web/static/[^"]+)"', page)
+        assert len(assets) == 6  # app.css, three vendored libraries, markdown.js, app.js
+        for asset in assets:
+            response = await client.get(asset)
+            assert response.status_code == 200, asset
+            assert response.headers["content-type"].split(";")[0] in (
+                "text/javascript",
+                "application/javascript",
+                "text/css",
+            ), asset
+        for licence in ("marked/LICENSE", "dompurify/LICENSE", "highlight/LICENSE"):
+            assert (await client.get(f"/web/static/vendor/{licence}")).status_code == 200
 
 
 async def test_connect_sends_commands_history_and_conversations(host: str) -> None:
@@ -393,6 +411,80 @@ async def test_new_and_resume_resend_history_and_the_list(host: str) -> None:
         assert history["messages"][0]["text"] == "in the first"
 
 
+async def say_as(ws: ClientConnection, text: str, ref: str) -> str:
+    """Send ``text`` named ``ref``; the id the server gave it."""
+    await ws.send(json.dumps({"type": "message", "text": text, "ref": ref}))
+    accepted = (await until(ws, "accepted"))[-1]
+    assert accepted["ref"] == ref
+    return str(accepted["id"])
+
+
+def of(events: list[Event], kind: str, message_id: str) -> list[Event]:
+    return [e for e in events if e["type"] == kind and e["id"] == message_id]
+
+
+async def test_the_sender_learns_its_ids_and_every_tab_each_state_and_outcome(
+    host: str,
+) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, _), greeted(host, bid) as (other, _):
+        running = await say_as(ws, "approve rm -rf x", "r1")
+        await until(ws, "approval")
+        waiting = await say_as(ws, "after that", "r2")
+        (queued,) = of(await until(ws, "state"), "state", waiting)
+        assert queued["state"] == "queued"
+        assert queued["short_id"] > 0
+        await say(ws, f"/unqueue #{queued['short_id']}")
+        events = await until(ws, "reply")
+        assert events[-1]["command"] is True
+        assert events[-1]["text"].startswith(f"Took #{queued['short_id']} out of the queue")
+        assert [e["outcome"] for e in of(events, "outcome", waiting)] == ["dropped"]
+        await say(ws, "/approve")
+        events = await until(ws, "reply", "approved: rm -rf x")
+        assert "command" not in events[-1]
+        seen = await until(other, "reply", "approved: rm -rf x")
+    assert [e["state"] for e in of(seen, "state", running)] == ["running"]
+    assert [e["state"] for e in of(seen, "state", waiting)] == ["queued"]
+    assert [e["outcome"] for e in of(seen, "outcome", waiting)] == ["dropped"]
+    assert [e["outcome"] for e in of(seen, "outcome", running)] == ["answered"]
+    assert not [e for e in seen if e["type"] == "accepted"]
+
+
+async def test_a_stopped_turn_and_a_refused_message_end_so() -> None:
+    config = Config(runtime=RuntimeSettings(busy=BusySettings(BusyPolicy.REJECT)))
+    async with web_server(config) as host, greeted(host, await browser_id(host)) as (ws, _):
+        running = await say_as(ws, "approve rm -rf x", "r1")
+        await until(ws, "approval")
+        refused = await say_as(ws, "too soon", "r2")
+        events = await until(ws, "state")
+        assert [e["state"] for e in of(events, "state", refused)] == ["refused"]
+        await say(ws, "/stop")
+        events = await until(ws, "reply")
+        assert events[-1]["command"] is True
+        if not of(events, "outcome", running):
+            events = await until(ws, "outcome")
+        assert [e["outcome"] for e in of(events, "outcome", running)] == ["stopped"]
+
+
+async def test_a_reconnect_tells_the_running_and_the_queued_states(host: str) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, _):
+        running = await say_as(ws, "approve rm -rf x", "r1")
+        await until(ws, "approval")
+        waiting = await say_as(ws, "after that", "r2")
+        await until(ws, "state")
+    async with greeted(host, bid) as (ws, _):
+        told = [await receive(ws) for _ in range(5)]  # 2 users, the approval, 2 states
+        assert [e["type"] for e in told] == ["user", "user", "approval", "state", "state"]
+        first, second = told[3:]
+        assert (first["id"], first["state"]) == (running, "running")
+        assert first["elapsed"] >= 0
+        assert (second["id"], second["state"]) == (waiting, "queued")
+        assert second["short_id"] > 0
+        await say(ws, "/approve")
+        await until(ws, "reply", "echo: after that")
+
+
 async def test_too_many_tabs_are_refused(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(web, "MAX_TABS", 2)
     bid = await browser_id(host)
@@ -430,6 +522,9 @@ BAD_FRAMES = [
     ('{"type": "message", "text": "\\ud800 lone"}', "lone surrogate"),
     (json.dumps({"type": "message", "text": "é" * (MAX_TEXT // 2 + 1)}), "too long"),
     ("x" * 70_000, "too large"),
+    ('{"type": "message", "text": "hi", "ref": 5}', '"ref"'),
+    ('{"type": "message", "text": "hi", "ref": "<b>"}', '"ref"'),
+    (json.dumps({"type": "message", "text": "hi", "ref": "r" * 65}), '"ref"'),
 ]
 
 

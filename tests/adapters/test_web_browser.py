@@ -1,11 +1,13 @@
 """The web chat in a real browser: Playwright driving Debian's chromium.
 
-Screenshots are saved under ``test-artifacts/`` in the repository root.
+Screenshots are saved under ``$CHATLANE_TEST_ARTIFACTS``, by default
+``test-artifacts/`` in the repository root.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,8 +19,18 @@ from chatlane.config import Config, Secret, ServerConfig
 from tests.adapters.test_web import web_server
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ARTIFACTS = Path(
+    os.environ.get("CHATLANE_TEST_ARTIFACTS")
+    or Path(__file__).resolve().parents[2] / "test-artifacts"
+)
 UI_WAIT = 10_000  # milliseconds
+
+
+def artifact(name: str) -> str:
+    """Where to save the artifact ``name`` (the directory is made if missing)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return str(ARTIFACTS / name)
+
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"
@@ -98,8 +110,7 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await alice.sees(".msg.user", "sleep 2")
         await alice.say("after the nap")
         await alice.sees(".system.ack", "Queued for the next turn")
-        ARTIFACTS.mkdir(exist_ok=True)
-        await alice.page.screenshot(path=str(ARTIFACTS / "web-chat-busy.png"))
+        await alice.page.screenshot(path=artifact("web-chat-busy.png"))
         await alice.sees(".msg.assistant", "slept 2")
         await alice.sees(".msg.assistant", "echo: after the nap")
 
@@ -114,8 +125,8 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await alice.sees(".msg.user", "after the nap")
         await alice.sees(".msg.assistant", "echo: after the nap")
         await alice.sees(".msg.assistant", f"key=main:web:dm:{alice_id} ")
-        await alice.page.screenshot(path=str(ARTIFACTS / "web-chat.png"))
-        await bob.page.screenshot(path=str(ARTIFACTS / "web-chat-approval.png"))
+        await alice.page.screenshot(path=artifact("web-chat.png"))
+        await bob.page.screenshot(path=artifact("web-chat-approval.png"))
         assert alice.errors == []
         assert bob.errors == []
     finally:
@@ -179,8 +190,7 @@ async def test_command_help_and_conversations(browser: Browser, host: str) -> No
         await page.get_by_role("textbox", name="Message").fill("/")
         options = page.get_by_role("option")
         await expect(options.filter(has_text="/approve")).to_be_visible(timeout=UI_WAIT)
-        ARTIFACTS.mkdir(exist_ok=True)
-        await page.screenshot(path=str(ARTIFACTS / "web-chat-commands.png"))
+        await page.screenshot(path=artifact("web-chat-commands.png"))
         await page.get_by_role("textbox", name="Message").press_sequentially("resu")
         await expect(options).to_have_count(1)
         await page.get_by_role("textbox", name="Message").press("Tab")
@@ -188,7 +198,7 @@ async def test_command_help_and_conversations(browser: Browser, host: str) -> No
         await page.get_by_role("textbox", name="Message").fill("")
 
         await page.get_by_role("button", name="New conversation").click()
-        await chat.sees(".msg.assistant", "Started a new conversation")
+        await chat.sees(".msg.command", "Started a new conversation")
         await expect(page.locator(".msg.user")).to_have_count(0)
         items = page.locator("#conversations button")
         await expect(items).to_have_count(2, timeout=UI_WAIT)
@@ -211,12 +221,17 @@ async def test_a_stale_approval_card_never_answers_a_newer_request(
         await chat.say("approve echo harmless")
         await chat.sees(".approval", "echo harmless")
         await chat.say("/stop")
-        await chat.sees(".msg.assistant", "Stopped the running turn")
+        await chat.sees(".msg.command", "Stopped the running turn")
         await chat.say("approve rm -rf /home")
         await chat.sees(".approval", "rm -rf /home")
         old = page.locator(".approval", has_text="echo harmless")
-        await old.get_by_role("button", name="Approve", exact=True).click(timeout=UI_WAIT)
-        await chat.sees(".msg.assistant", "That approval is no longer pending")
+        old_approve = old.get_by_role("button", name="Approve", exact=True)
+        await expect(old_approve).to_be_disabled()  # its turn was stopped: settled
+        await expect(old).to_contain_text("No longer asked")
+        # a card the page could not settle (its turn's outcome never reached this tab)
+        await old_approve.evaluate("button => { button.disabled = false; }")
+        await old_approve.click(timeout=UI_WAIT)
+        await chat.sees(".msg.command", "That approval is no longer pending")
         new = page.locator(".approval", has_text="rm -rf /home")
         await new.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
         await chat.sees(".msg.assistant", "denied: rm -rf /home")
@@ -260,8 +275,7 @@ async def test_sign_in_with_the_access_token(browser: Browser, tmp_path: Path) -
             await page.get_by_label("Access token").fill("not it")
             await page.get_by_role("button", name="Sign in").click()
             await expect(page.get_by_role("alert")).to_contain_text("not right")
-            ARTIFACTS.mkdir(exist_ok=True)
-            await page.screenshot(path=str(ARTIFACTS / "web-sign-in.png"))
+            await page.screenshot(path=artifact("web-sign-in.png"))
             await page.get_by_label("Access token").fill("open sesame")
             await page.get_by_role("button", name="Sign in").click()
             chat = ChatPage(context, page)

@@ -21,6 +21,12 @@ What stays true:
   no client can invent browsers to get past :data:`MAX_TABS`; and no more
   than ``limits.sockets`` sockets are served at once (one more is closed with
   1013).
+* Every tab of a chat hears what became of each of its messages: a
+  ``state`` when the gateway took it (running, queued with its short id,
+  merged, steered, interrupting, refused, a command) and one ``outcome`` when
+  it ended; the sender also learns the id of its own message (``accepted``).
+  A reply delivered while its command is being dispatched is marked as a
+  command's answer.
 * Writing never waits for a browser: each socket has its own outbox and
   writer task; a socket that falls :data:`OUTBOX_LIMIT` events behind is closed.
 * Bad input gets an ``error`` event and the socket stays open; nothing a
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -45,18 +52,28 @@ from chatlane.adapters.web_page import Gate, WebPage
 from chatlane.adapters.web_wire import (
     Event,
     InvalidWebMessage,
+    MessageFrame,
+    MessageState,
+    accepted_event,
     commands_event,
     conversation_item,
     encode,
     error_event,
     history_event,
     outbound_event,
+    outcome_event,
     parse_frame,
+    state_event,
+    state_of,
 )
+from chatlane.commands import parse_command
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError, StoreError
+from chatlane.gateway import DispatchResult
 from chatlane.identity import ChatType, SessionSource
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.secrets import Secrets, TokenSource
+from chatlane.session_commands import NO, YES
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 
 if TYPE_CHECKING:
@@ -124,6 +141,8 @@ class WebChat:
     connections: set[Connection] = field(default_factory=set)
     conversation_id: str = ""
     last_submit: asyncio.Task[None] | None = None
+    commands: set[str] = field(default_factory=set)
+    """Ids of this chat's commands being dispatched now (their replies are marked)."""
 
     def broadcast(self, event: Event, *, skip: Connection | None = None) -> None:
         """Queue ``event`` on every open socket of this chat except ``skip``."""
@@ -160,6 +179,7 @@ class WebAdapter:
         self.page = WebPage(self.gate, self.ids)
         self._hub: Hub | None = None
         self._chats: dict[str, WebChat] = {}
+        self._by_key: dict[SessionKey, WebChat] = {}
         self._open = 0
         """Sockets being served now, across every browser (at most ``limits.sockets``)."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -185,9 +205,18 @@ class WebAdapter:
         if chat is None or not chat.connections:
             log.debug("web chat has no open socket; dropped %s", outbound.kind)
             return
+        event = outbound_event(outbound)
         if outbound.kind is OutboundKind.REPLY:
             await self._follow_conversation(chat)
-        chat.broadcast(outbound_event(outbound))
+            if event["id"] in chat.commands:
+                event["command"] = True
+        chat.broadcast(event)
+
+    def outcome(self, outcome: MessageOutcome) -> None:
+        """Tell the chat's open tabs how one of its messages ended."""
+        chat = self._by_key.get(outcome.session_key)
+        if chat is not None:
+            chat.broadcast(outcome_event(outcome))
 
     async def aclose(self) -> None:
         """Close every socket and let messages being dispatched finish (briefly)."""
@@ -249,7 +278,7 @@ class WebAdapter:
         if chat is None:
             source = SessionSource("web", chat_id=bid, user_id=bid, chat_type=ChatType.DM)
             key = self.hub.gateway.session_key(InboundMessage(source, "", id="web-join"))
-            chat = self._chats[bid] = WebChat(source, key)
+            chat = self._chats[bid] = self._by_key[key] = WebChat(source, key)
         return chat
 
     def _leave(self, chat: WebChat, connection: Connection | None) -> None:
@@ -258,6 +287,7 @@ class WebAdapter:
         bid = chat.source.chat_id or ""
         if not chat.connections and self._chats.get(bid) is chat:
             del self._chats[bid]
+            del self._by_key[chat.session_key]
 
     async def _greet(self, chat: WebChat, connection: Connection) -> None:
         connection.send(commands_event(self.hub.gateway.router))
@@ -282,6 +312,22 @@ class WebAdapter:
         return [
             *({"type": "user", "text": m.text, "id": m.id} for m in messages),
             *(outbound_event(prompt) for prompt in prompts),
+            *self._states(chat, {m.id for m in messages}),
+        ]
+
+    def _states(self, chat: WebChat, ids: set[str]) -> list[Event]:
+        """The state of each of ``ids`` still held here: running (and for how long) or queued."""
+        engine = self.hub.gateway.engine
+        turn = engine.running_turn(chat.session_key)
+        running = [] if turn is None else [i for i in turn.message_ids if i in ids]
+        elapsed = 0.0 if turn is None else time.monotonic() - turn.started_at
+        return [
+            *(state_event(i, MessageState.RUNNING, elapsed=elapsed) for i in running),
+            *(
+                state_event(m.id, MessageState.QUEUED, short_id=seq)
+                for seq, m in engine.queued(chat.session_key)
+                if m.id in ids
+            ),
         ]
 
     async def _read(self, chat: WebChat, connection: Connection) -> None:
@@ -290,35 +336,59 @@ class WebAdapter:
             if frame["type"] == "websocket.disconnect":
                 return
             try:
-                text = parse_frame(frame)
+                parsed = parse_frame(frame)
             except InvalidWebMessage as error:
                 connection.send(error_event(str(error)))
                 continue
-            self._submit(chat, connection, text)
+            self._submit(chat, connection, parsed)
 
     # -- messages -----------------------------------------------------------------------
 
-    def _submit(self, chat: WebChat, connection: Connection, text: str) -> None:
-        message = InboundMessage(chat.source, text)
-        chat.broadcast({"type": "user", "text": text, "id": message.id}, skip=connection)
-        task = asyncio.create_task(self._dispatch(connection, message, chat.last_submit))
+    def _submit(self, chat: WebChat, connection: Connection, frame: MessageFrame) -> None:
+        message = InboundMessage(chat.source, frame.text)
+        if frame.ref:
+            connection.send(accepted_event(frame.ref, message.id))
+        chat.broadcast({"type": "user", "text": frame.text, "id": message.id}, skip=connection)
+        task = asyncio.create_task(self._dispatch(chat, connection, message, chat.last_submit))
         chat.last_submit = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _dispatch(
-        self, connection: Connection, message: InboundMessage, previous: asyncio.Task[None] | None
+        self,
+        chat: WebChat,
+        connection: Connection,
+        message: InboundMessage,
+        previous: asyncio.Task[None] | None,
     ) -> None:
-        """Submit after the chat's previous message (bounded wait), reporting failures."""
+        """Submit after the chat's previous message (bounded wait), then tell every tab
+        what became of it; a failure is told to the sender."""
         if previous is not None and not previous.done():
             await asyncio.wait({previous}, timeout=HANDOFF)
+        if _may_be_command(message.text):
+            chat.commands.add(message.id)
         try:
-            await self.hub.submit(message)
+            result = await self.hub.submit(message)
         except ChatlaneError as error:
             connection.send(error_event(f"The message was not handled: {error}"))
+            chat.broadcast(state_event(message.id, MessageState.REFUSED))
+            return
         except Exception:
             log.exception("web: dispatch failed for %s", message.id)
             connection.send(error_event("The message was not handled (internal error)."))
+            chat.broadcast(state_event(message.id, MessageState.REFUSED))
+            return
+        finally:
+            chat.commands.discard(message.id)
+        chat.broadcast(self._arrival(chat, result))
+
+    def _arrival(self, chat: WebChat, result: DispatchResult) -> Event:
+        """The ``state`` event of a dispatched message (a waiting one names its short id)."""
+        state = state_of(result)
+        waiting = (MessageState.QUEUED, MessageState.MERGED)
+        queued = self.hub.gateway.engine.queued(chat.session_key) if state in waiting else []
+        short_id = next((seq for seq, m in queued if m.id == result.message_id), 0)
+        return state_event(result.message_id, state, short_id=short_id)
 
     async def _follow_conversation(self, chat: WebChat) -> None:
         """If the session switched conversation (/new, /resume…), resend history and list."""
@@ -344,3 +414,8 @@ class WebAdapter:
             conversation_item(c, current.id, await store.transcript(key, c.id, 20)) for c in listed
         ]
         return [history_event(current.id, entries), {"type": "conversations", "items": items}]
+
+
+def _may_be_command(text: str) -> bool:
+    """Whether the gateway may answer ``text`` as a command (a slash command, a yes or no)."""
+    return parse_command(text) is not None or text.strip().lower() in YES | NO

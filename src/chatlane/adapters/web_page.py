@@ -13,9 +13,9 @@ What stays true:
   appears in a URL); a right one gets a per-browser HttpOnly cookie that
   expires (:class:`Gate`), wrong ones are rate-limited per client address
   (:class:`SignInLimiter`). Every comparison is constant-time.
-* The page is plain HTML, CSS and JavaScript shipped inside the package: no
-  build step, nothing fetched from another origin (the Content-Security-Policy
-  says so).
+* The page is plain HTML, CSS and JavaScript shipped inside the package, with
+  its Markdown libraries vendored under ``static/vendor``: no build step,
+  nothing fetched from another origin (the Content-Security-Policy says so).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Client → server, one object per text frame::
 
-    {"type": "message", "text": "…"}          # at most MAX_TEXT bytes of UTF-8
+    {"type": "message", "text": "…"[, "ref": "…"]}   # text: at most MAX_TEXT bytes of UTF-8
 
 Server → client::
 
@@ -10,27 +10,37 @@ Server → client::
     {"type": "history", "conversation": id, "messages": [{"role", "text", "id"}, …]}
     {"type": "conversations", "items": [{"id", "title", "preview", "started_at", "current"}, …]}
     {"type": "chunk" | "reply" | "ack" | "notice" | "approval",
-     "text", "id", "in_reply_to", "generation"[, "approval_id"]}
+     "text", "id", "in_reply_to", "generation"[, "approval_id"][, "command": true]}
     {"type": "user", "text", "id"}            # sent from another tab of this browser
+    {"type": "accepted", "ref", "id"}         # the sender's own message got this id
+    {"type": "state", "id", "state"[, "short_id"][, "elapsed"]}   # what the gateway did with it
+    {"type": "outcome", "id", "outcome"}      # how it ended (one per message)
     {"type": "error", "text"}                 # a refused frame or a failed dispatch
 
 What stays true: :func:`parse_frame` accepts exactly the client frame above
 and names what is wrong with anything else (invalid or deeply nested JSON, a
-wrong shape, a binary frame, an empty or oversized text, a lone surrogate), so
+wrong shape, a binary frame, an empty or oversized text, a lone surrogate, a
+``ref`` that is not a short token), so
 a bad frame costs the client an error event and never the server a traceback.
 Events carry only JSON types and are encoded ASCII-safe.
 """
 
 from __future__ import annotations
 
+import enum
 import json
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import Message
 
 from chatlane.commands import CommandSpec
 from chatlane.errors import ChatlaneError
+from chatlane.gateway import DispatchResult
+from chatlane.runtime.busy import BusyOutcome
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.stores.base import Conversation, TranscriptEntry
 from chatlane.types import Outbound
 
@@ -40,10 +50,62 @@ MAX_FRAME = 64 * 1024
 """Most characters one client frame may have."""
 MAX_FRAME_BYTES = 1024 * 1024
 """Most bytes the server reads of one WebSocket frame; a larger one closes the socket (1009)."""
+MAX_REF = 64
+"""Most characters of the ``ref`` a client may give its message."""
 PREVIEW_CHARS = 80
 HISTORY_ROLES = frozenset({"user", "assistant", "notice"})
 
 Event = dict[str, Any]
+_REF = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_REF}}}")
+
+
+class MessageState(enum.StrEnum):
+    """What the gateway did with a message when it arrived (the ``state`` event)."""
+
+    RUNNING = "running"
+    """A turn runs for it (or will, as soon as the session's lease is taken)."""
+    QUEUED = "queued"
+    """It waits for a turn of its own; ``/unqueue #<short_id>`` takes it out."""
+    MERGED = "merged"
+    """It joined messages waiting for the next turn (``collect``)."""
+    STEERED = "steered"
+    """It was handed to the running turn."""
+    INTERRUPTING = "interrupting"
+    """The running turn is being interrupted so that this message runs next."""
+    REFUSED = "refused"
+    """It will not run: the session is busy and rejects, the queue is full, or the
+    sender is not allowed."""
+    COMMAND = "command"
+    """It was a command, answered at once."""
+
+
+_BUSY_STATES = {
+    BusyOutcome.QUEUED: MessageState.QUEUED,
+    BusyOutcome.MERGED: MessageState.MERGED,
+    BusyOutcome.STEERED: MessageState.STEERED,
+    BusyOutcome.INTERRUPTING: MessageState.INTERRUPTING,
+    BusyOutcome.REJECTED: MessageState.REFUSED,
+    BusyOutcome.QUEUE_FULL: MessageState.REFUSED,
+}
+
+
+def state_of(result: DispatchResult) -> MessageState:
+    """The state a dispatched message is in, from what the gateway said of it."""
+    if result.refused:
+        return MessageState.REFUSED
+    if result.command is not None and result.outcome is None:
+        return MessageState.COMMAND
+    if result.outcome is not None:
+        return _BUSY_STATES[result.outcome]
+    return MessageState.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFrame:
+    """A client's message: its text, and the ``ref`` the client named it by (``""``: none)."""
+
+    text: str
+    ref: str = ""
 
 
 class InvalidWebMessage(ChatlaneError, ValueError):
@@ -55,8 +117,8 @@ def encode(event: Event) -> str:
     return json.dumps(event)
 
 
-def parse_frame(frame: Message) -> str:
-    """The text of a client's ``{"type": "message", "text": …}`` frame.
+def parse_frame(frame: Message) -> MessageFrame:
+    """The text and ref of a client's ``{"type": "message", "text": …}`` frame.
 
     :raises InvalidWebMessage: naming what is wrong with the frame.
     """
@@ -74,7 +136,10 @@ def parse_frame(frame: Message) -> str:
     text = data.get("text")
     if not isinstance(text, str):
         raise InvalidWebMessage('A message needs "text", a string.')
-    return checked_text(text)
+    ref = data.get("ref", "")
+    if not isinstance(ref, str) or (ref and _REF.fullmatch(ref) is None):
+        raise InvalidWebMessage(f'"ref" is at most {MAX_REF} of A-Z a-z 0-9 _ -.')
+    return MessageFrame(checked_text(text), ref)
 
 
 def checked_text(text: str) -> str:
@@ -108,6 +173,29 @@ def outbound_event(outbound: Outbound) -> Event:
     if outbound.approval_id:
         event["approval_id"] = outbound.approval_id
     return event
+
+
+def accepted_event(ref: str, message_id: str) -> Event:
+    """To the sender: the message it named ``ref`` is known as ``message_id`` from now on."""
+    return {"type": "accepted", "ref": ref, "id": message_id}
+
+
+def state_event(
+    message_id: str, state: MessageState, *, short_id: int = 0, elapsed: float | None = None
+) -> Event:
+    """What became of a message on arrival; ``short_id`` for a waiting one, ``elapsed``
+    (seconds) for one whose turn was already running when the socket connected."""
+    event: Event = {"type": "state", "id": message_id, "state": state.value}
+    if short_id:
+        event["short_id"] = short_id
+    if elapsed is not None:
+        event["elapsed"] = round(elapsed, 1)
+    return event
+
+
+def outcome_event(outcome: MessageOutcome) -> Event:
+    """How a message ended: answered, refused, dropped, interrupted, stopped, failed, shut down."""
+    return {"type": "outcome", "id": outcome.message_id, "outcome": outcome.outcome.value}
 
 
 def history_event(conversation_id: str, entries: Iterable[TranscriptEntry]) -> Event:

@@ -671,6 +671,13 @@ class TurnEngine:
         """
         return self.slots.unanswered(key)
 
+    def queued(self, key: SessionKey) -> list[tuple[int, InboundMessage]]:
+        """``key``'s messages waiting here for a turn, in the order they will run, each
+        with its short id (the store's ``seq``: what ``/status`` lists and ``/unqueue`` takes).
+        """
+        state = self.registry.peek(key)
+        return [] if state is None else pending.queued(state)
+
     def pending_approvals(self, key: SessionKey) -> list[Outbound]:
         """The prompts of ``key``'s approval requests still waiting, as first sent.
 

@@ -1,4 +1,4 @@
-// chatlane web chat: one WebSocket, JSON events, no dependencies.
+// chatlane web chat: one WebSocket, JSON events; Markdown is rendered by markdown.js.
 "use strict";
 
 (() => {
@@ -12,6 +12,14 @@
   const conversationList = $("conversations");
   const help = $("command-help");
   const commandList = $("command-list");
+  const activity = $("activity");
+  const activityLabel = $("activity-label");
+  const activityElapsed = $("activity-elapsed");
+  const activityWaiting = $("activity-waiting");
+  const menu = $("menu");
+  const sidebar = $("sidebar");
+  const backdrop = $("backdrop");
+  const narrow = window.matchMedia("(max-width: 720px)");
 
   const state = {
     socket: null,
@@ -20,9 +28,39 @@
     commands: [],
     matches: [],
     selected: -1,
-    streams: new Map(), // turn id -> bubble being streamed
+    streams: new Map(), // turn id -> {node, text, frame}: the reply being streamed
     approvals: new Map(), // turn id -> that turn's approval cards
+    nextRef: 1,
+    refs: new Map(), // ref -> this tab's message bubble, until the server names its id
+    said: new Map(), // message id -> its bubble
+    tracked: new Map(), // message id -> {state, shortId}: not ended yet
+    ended: new Set(), // message ids whose outcome came
+    cancelled: new Set(), // message ids this tab asked to take out of the queue
+    since: 0, // performance.now() when the running turn (or the wait) began
+    ticker: 0,
   };
+
+  const SPEAKERS = { user: "You: ", assistant: "Assistant: ", command: "Command answer: " };
+  const STATE_TEXT = {
+    running: "Running",
+    queued: "Queued",
+    merged: "Merged into the next turn",
+    steered: "Steered into the running turn",
+    interrupting: "Interrupting the running turn",
+    refused: "Refused — not run",
+    command: "",
+  };
+  const OUTCOME_TEXT = {
+    answered: "",
+    refused: "Refused — not run",
+    dropped: "Dropped — not run",
+    interrupted: "Interrupted",
+    stopped: "Stopped",
+    failed: "Failed",
+    "shut down": "Waits for the server to come back",
+  };
+  const WAITING = new Set(["queued", "merged", "interrupting"]);
+  const raw = new WeakMap(); // bubble -> the text it shows
 
   // -- rendering -------------------------------------------------------------
 
@@ -33,19 +71,37 @@
     return node;
   }
 
+  function nearBottom(margin) {
+    return log.scrollHeight - log.scrollTop - log.clientHeight < margin;
+  }
+
   function append(node) {
-    const stick = log.scrollHeight - log.scrollTop - log.clientHeight < 80;
+    const stick = nearBottom(80);
     empty.hidden = true;
     log.append(node);
     if (stick) log.scrollTop = log.scrollHeight;
     return node;
   }
 
-  function bubble(role, text) {
+  function bubble(role, text, id) {
     const node = element("div", `msg ${role}`);
-    node.append(element("span", "visually-hidden", role === "user" ? "You: " : "Assistant: "));
-    node.append(element("span", "text", text));
+    if (role === "user" && text.startsWith("/")) node.classList.add("slash");
+    node.append(element("span", "visually-hidden", SPEAKERS[role]));
+    node.append(element("div", "text"));
+    fill(node, text);
+    if (id) {
+      node.dataset.id = id;
+      if (role === "user") state.said.set(id, node);
+    }
     return append(node);
+  }
+
+  /** An assistant's text is Markdown; everything else is shown as typed. */
+  function fill(node, text) {
+    const body = node.querySelector(".text");
+    raw.set(node, text);
+    if (node.classList.contains("assistant")) body.replaceChildren(chatlaneMarkdown.render(text));
+    else body.textContent = text;
   }
 
   function systemLine(kind, text) {
@@ -84,35 +140,169 @@
     if (!outcome.textContent) outcome.textContent = label;
   }
 
+  // -- replies, streamed or whole ------------------------------------------------
+
   function chunk(event) {
-    let node = state.streams.get(event.id);
-    if (!node) {
-      node = bubble("assistant", "");
+    let stream = state.streams.get(event.id);
+    if (!stream) {
+      const node = bubble("assistant", "");
       node.classList.add("streaming");
       node.setAttribute("aria-busy", "true");
-      state.streams.set(event.id, node);
+      stream = { node, text: "", frame: 0 };
+      state.streams.set(event.id, stream);
     }
-    node.querySelector(".text").textContent += event.text;
-    if (log.scrollHeight - log.scrollTop - log.clientHeight < 160) log.scrollTop = log.scrollHeight;
+    stream.text += event.text;
+    if (!stream.frame) stream.frame = requestAnimationFrame(() => paint(stream));
+  }
+
+  function paint(stream) {
+    stream.frame = 0;
+    const stick = nearBottom(160);
+    fill(stream.node, stream.text);
+    if (stick) log.scrollTop = log.scrollHeight;
   }
 
   function reply(event) {
-    const node = state.streams.get(event.id);
-    if (node) {
+    const stream = state.streams.get(event.id);
+    let node;
+    if (stream) {
       state.streams.delete(event.id);
-      node.querySelector(".text").textContent = event.text;
+      cancelAnimationFrame(stream.frame);
+      node = stream.node;
       node.classList.remove("streaming");
       node.removeAttribute("aria-busy");
+      fill(node, event.text);
     } else {
-      bubble("assistant", event.text);
+      node = bubble(event.command ? "command" : "assistant", event.text);
     }
+    if (event.id) node.dataset.replyTo = event.id;
     for (const card of state.approvals.get(event.id) || []) settle(card, "Answered");
     state.approvals.delete(event.id);
   }
 
-  function history(event) {
+  /** A reply shown as an agent's turned out to answer a command (a "yes" or "no"). */
+  function restyleAnswer(id) {
+    const node = log.querySelector(`.msg.assistant[data-reply-to="${CSS.escape(id)}"]`);
+    if (!node || node.classList.contains("streaming")) return;
+    node.className = "msg command";
+    node.querySelector(".visually-hidden").textContent = SPEAKERS.command;
+    fill(node, raw.get(node) || "");
+  }
+
+  // -- what became of each message ------------------------------------------------
+
+  function mark(id, kind, text, shortId) {
+    const node = state.said.get(id);
+    if (!node) return;
+    node.dataset.state = kind;
+    let badge = node.querySelector(".msg-state");
+    if (!text) {
+      if (badge) badge.remove();
+      return;
+    }
+    if (!badge) badge = node.appendChild(element("div", "msg-state"));
+    const label = shortId ? `${text} · #${shortId}` : text;
+    badge.replaceChildren(element("span", "msg-state-text", label));
+    if (shortId && WAITING.has(kind)) badge.append(cancelButton(id, shortId));
+  }
+
+  function cancelButton(id, shortId) {
+    const button = element("button", "cancel", "Cancel");
+    button.type = "button";
+    button.setAttribute("aria-label", `Cancel queued message #${shortId}`);
+    button.addEventListener("click", () => {
+      if (!send(`/unqueue #${shortId}`, false)) return;
+      state.cancelled.add(id);
+      button.disabled = true;
+    });
+    return button;
+  }
+
+  function arrived(event) {
+    if (state.ended.has(event.id)) return;
+    const kind = event.state;
+    if (kind === "command" || kind === "refused") {
+      state.tracked.delete(event.id);
+      if (kind === "command") restyleAnswer(event.id);
+    } else {
+      if (!state.tracked.size) state.since = performance.now();
+      state.tracked.set(event.id, { state: kind, shortId: event.short_id || 0 });
+      if (kind === "running") state.since = performance.now() - (event.elapsed || 0) * 1000;
+    }
+    mark(event.id, kind, STATE_TEXT[kind] ?? kind, event.short_id);
+    showActivity();
+  }
+
+  function ended(event) {
+    const entry = state.tracked.get(event.id);
+    state.tracked.delete(event.id);
+    state.ended.add(event.id);
+    let text = OUTCOME_TEXT[event.outcome] ?? event.outcome;
+    if (event.outcome === "dropped" && state.cancelled.has(event.id)) text = "Cancelled";
+    mark(event.id, event.outcome, text);
+    if (event.outcome !== "answered") {
+      for (const card of state.approvals.get(event.id) || []) settle(card, "No longer asked");
+    }
+    if (entry && entry.state === "running") startNext();
+    showActivity();
+  }
+
+  /** The running turn ended: the oldest waiting message runs next. */
+  function startNext() {
+    const entries = [...state.tracked.entries()];
+    if (entries.some(([, t]) => t.state === "running")) return;
+    state.since = performance.now();
+    const waiting = entries.filter(([, t]) => WAITING.has(t.state));
+    waiting.sort(([, a], [, b]) => (a.shortId || Infinity) - (b.shortId || Infinity));
+    if (!waiting.length) return;
+    const [id, next] = waiting[0];
+    next.state = "running";
+    mark(id, "running", STATE_TEXT.running);
+  }
+
+  function showActivity() {
+    const busy = state.tracked.size > 0;
+    activity.hidden = !busy;
+    if (busy && !state.ticker) state.ticker = setInterval(tick, 1000);
+    if (!busy && state.ticker) {
+      clearInterval(state.ticker);
+      state.ticker = 0;
+    }
+    if (busy) tick();
+  }
+
+  function tick() {
+    const states = [...state.tracked.values()].map((t) => t.state);
+    const running = states.filter((s) => s === "running" || s === "steered").length;
+    const waiting = states.length - running;
+    const label = running ? "Working" : "Waiting for a turn";
+    if (activityLabel.textContent !== label) activityLabel.textContent = label;
+    activityElapsed.textContent = elapsed((performance.now() - state.since) / 1000);
+    activityWaiting.textContent = waiting ? `${waiting} waiting` : "";
+  }
+
+  function elapsed(seconds) {
+    const whole = Math.max(0, Math.floor(seconds));
+    if (whole < 60) return `${whole} s`;
+    return `${Math.floor(whole / 60)} min ${String(whole % 60).padStart(2, "0")} s`;
+  }
+
+  function forgetMessages() {
+    for (const stream of state.streams.values()) cancelAnimationFrame(stream.frame);
     state.streams.clear();
     state.approvals.clear();
+    state.refs.clear();
+    state.said.clear();
+    state.tracked.clear();
+    state.ended.clear();
+    state.cancelled.clear();
+    showActivity();
+  }
+
+  // -- history and the conversation list ---------------------------------------------
+
+  function history(event) {
+    forgetMessages();
     log.replaceChildren(empty);
     empty.hidden = event.messages.length > 0;
     for (const message of event.messages) {
@@ -135,7 +325,6 @@
   function conversationItem(item) {
     const button = element("button");
     button.type = "button";
-    button.dataset.id = item.id;
     if (item.title) button.dataset.titled = "yes";
     const started = new Date(item.started_at * 1000).toLocaleString([], {
       dateStyle: "medium",
@@ -146,6 +335,7 @@
     if (item.current) button.setAttribute("aria-current", "true");
     button.addEventListener("click", () => {
       if (!item.current) send(`/resume ${item.id}`, false);
+      if (narrow.matches) toggleDrawer(false);
     });
     const li = element("li");
     li.append(button);
@@ -161,6 +351,24 @@
     heading.textContent = label;
   }
 
+  // -- the drawer (narrow screens) ------------------------------------------------------
+
+  function toggleDrawer(open) {
+    document.body.classList.toggle("drawer-open", open);
+    menu.setAttribute("aria-expanded", String(open));
+    backdrop.hidden = !open;
+    if (open) $("new-conversation").focus();
+  }
+
+  menu.addEventListener("click", () => toggleDrawer(menu.getAttribute("aria-expanded") !== "true"));
+  backdrop.addEventListener("click", () => toggleDrawer(false));
+  sidebar.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape" || !narrow.matches) return;
+    toggleDrawer(false);
+    menu.focus();
+  });
+  narrow.addEventListener("change", () => toggleDrawer(false));
+
   // -- the socket ----------------------------------------------------------------
 
   const handlers = {
@@ -169,10 +377,19 @@
     conversations,
     chunk,
     reply,
+    accepted: (event) => {
+      const node = state.refs.get(event.ref);
+      state.refs.delete(event.ref);
+      if (!node) return;
+      node.dataset.id = event.id;
+      state.said.set(event.id, node);
+    },
     user: (event) => {
-      bubble("user", event.text);
+      bubble("user", event.text, event.id);
       notePreview(event.text);
     },
+    state: arrived,
+    outcome: ended,
     ack: (event) => systemLine("ack", event.text),
     notice: (event) => systemLine("notice", event.text),
     error: (event) => systemLine("error", event.text),
@@ -220,17 +437,20 @@
     }
   }
 
+  /** Send `text`; shown in the log as this tab's message when `echo`. */
   function send(text, echo = true) {
     const socket = state.socket;
     if (!socket || socket.readyState !== WebSocket.OPEN) {
       systemLine("error", "Not connected — the message was not sent.");
       return false;
     }
-    socket.send(JSON.stringify({ type: "message", text }));
+    const frame = { type: "message", text };
     if (echo) {
-      bubble("user", text);
+      frame.ref = `r${state.nextRef++}`;
+      state.refs.set(frame.ref, bubble("user", text));
       notePreview(text);
     }
+    socket.send(JSON.stringify(frame));
     return true;
   }
 
@@ -333,7 +553,11 @@
     }
   });
 
-  $("new-conversation").addEventListener("click", () => send("/new confirm", false));
+  $("new-conversation").addEventListener("click", () => {
+    send("/new confirm", false);
+    if (narrow.matches) toggleDrawer(false);
+  });
+  $("stop").addEventListener("click", () => send("/stop", false));
   window.addEventListener("pagehide", () => {
     state.leaving = true;
   });
