@@ -31,15 +31,16 @@ from chatlane.adapters.web_page import (
     SignInLimiter,
     WebPage,
 )
-from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT
+from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT, MessageState, state_of
 from chatlane.config import Config, Secret, ServerConfig, StoreConfig
+from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, build_app, open_hub
 from chatlane.identity import SessionSource, build_session_key
-from chatlane.runtime.busy import BusyPolicy, BusySettings
+from chatlane.runtime.busy import BusyOutcome, BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.secrets import TokenSource
 from chatlane.serve import uvicorn_config
-from chatlane.types import Outbound, OutboundKind, Target
+from chatlane.types import Outbound, OutboundKind, SessionKey, Target
 
 Event = dict[str, Any]
 MEMORY = StoreConfig(url="memory://")
@@ -690,3 +691,9 @@ async def test_token_guards_the_socket(token_config: Config) -> None:
             assert (await receive(ws))["type"] == "commands"
         async with chat_socket(host, identity, Authorization="Bearer s3cret-t\xc3\xb8ken") as ws:
             assert (await receive(ws))["type"] == "commands"
+
+
+@pytest.mark.parametrize("outcome", list(BusyOutcome))
+def test_every_busy_outcome_shows_as_a_message_state(outcome: BusyOutcome) -> None:
+    shown = state_of(DispatchResult(SessionKey("k"), "m1", outcome=outcome))
+    assert shown in set(MessageState) - {MessageState.RUNNING, MessageState.COMMAND}

@@ -23,7 +23,7 @@ What stays true:
   1013).
 * Every tab of a chat hears what became of each of its messages: a
   ``state`` when the gateway took it (running, queued with its short id,
-  merged, steered, interrupting, refused, a command) and one ``outcome`` when
+  merged, steered, interrupting, redirecting, refused, a command) and one ``outcome`` when
   it ended; the sender also learns the id of its own message (``accepted``).
   A reply delivered while its command is being dispatched is marked as a
   command's answer.

@@ -72,6 +72,9 @@ class MessageState(enum.StrEnum):
     """It was handed to the running turn."""
     INTERRUPTING = "interrupting"
     """The running turn is being interrupted so that this message runs next."""
+    REDIRECTING = "redirecting"
+    """The running turn stops at its next safe point, keeping what it did, so that
+    this message runs next (``redirect``)."""
     REFUSED = "refused"
     """It will not run: the session is busy and rejects, the queue is full, or the
     sender is not allowed."""
@@ -84,6 +87,8 @@ _BUSY_STATES = {
     BusyOutcome.MERGED: MessageState.MERGED,
     BusyOutcome.STEERED: MessageState.STEERED,
     BusyOutcome.INTERRUPTING: MessageState.INTERRUPTING,
+    BusyOutcome.REDIRECTING: MessageState.REDIRECTING,
+    BusyOutcome.COLLAPSED: MessageState.MERGED,  # the full queue became one turn with it
     BusyOutcome.REJECTED: MessageState.REFUSED,
     BusyOutcome.QUEUE_FULL: MessageState.REFUSED,
 }

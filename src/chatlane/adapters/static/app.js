@@ -47,6 +47,7 @@
     merged: "Merged into the next turn",
     steered: "Steered into the running turn",
     interrupting: "Interrupting the running turn",
+    redirecting: "Redirecting the running turn",
     refused: "Refused — not run",
     command: "",
   };
@@ -59,7 +60,7 @@
     failed: "Failed",
     "shut down": "Waits for the server to come back",
   };
-  const WAITING = new Set(["queued", "merged", "interrupting"]);
+  const WAITING = new Set(["queued", "merged", "interrupting", "redirecting"]);
   const raw = new WeakMap(); // bubble -> the text it shows
 
   // -- rendering -------------------------------------------------------------
