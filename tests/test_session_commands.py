@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from chatlane.lifecycle import LifecycleOptions
 from chatlane.redaction import CREDENTIALS_REFUSED
 from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET
-from chatlane.stores import MemoryStore
+from chatlane.stores import Conversation, MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import ModelChoice
 from tests.runtime.agents import EchoAgent, settings_agent
@@ -105,21 +106,34 @@ class TestNew:
             assert replies[4] == "model=default reasoning=default tier=default"
 
 
+def started(conversation: Conversation) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(conversation.started_at))
+
+
 class TestResume:
-    async def test_lists_and_switches(self) -> None:
+    async def test_lists_by_title_and_number_and_switches(self) -> None:
         store = MemoryStore()
         async with GatewayHarness(EchoAgent(), store=store, lifecycle=NO_CONFIRM) as h:
-            result = await h.send("first talk", chat_id="c")
+            key = h.session_key(chat_id="c")
+            await h.send("first talk", chat_id="c")
             await h.replies(chat_id="c", count=1)
-            first = await store.conversation(result.session_key)
+            first = await store.conversation(key)
             await h.send("/new", chat_id="c")
+            await h.send("second talk", chat_id="c")
+            await h.replies(chat_id="c", count=3)
+            second = await store.conversation(key)
             await h.send("/resume", chat_id="c")
-            await h.send(f"/resume {first.id}", chat_id="c")
-            replies = await h.replies(chat_id="c", count=4)
-            assert first.id in replies[2]
-            assert "(current)" in replies[2]
-            assert replies[3] == f"Resumed conversation {first.id}."
-            assert (await store.conversation(result.session_key)).id == first.id
+            await h.send("/resume 2", chat_id="c")
+            replies = await h.replies(chat_id="c", count=5)
+            assert replies[3].splitlines() == [
+                "Recent conversations (newest first):",
+                f"1. second talk — {started(second)} (current)",
+                f"2. first talk — {started(first)}",
+                "Send /resume <number or title words> to switch.",
+            ]
+            assert replies[4] == f"Resumed “first talk” (started {started(first)})."
+            assert (await store.conversation(key)).id == first.id
+            assert not [reply for reply in replies if "c_" in reply]
 
     async def test_by_title_words_and_unknown(self) -> None:
         store = MemoryStore()
@@ -129,10 +143,48 @@ class TestResume:
             await store.new_conversation(key)
             await h.send("/resume lisbon trip", chat_id="c")
             await h.send("/resume nowhere", chat_id="c")
-            replies = await h.replies(chat_id="c", count=2)
-            assert replies[0] == f"Resumed conversation {titled.id} “Trip to Lisbon”."
+            await h.send("/resume 9", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+            assert replies[0] == f"Resumed “Trip to Lisbon” (started {started(titled)})."
             assert replies[1].startswith("No conversation matches 'nowhere'")
-            assert replies[1].endswith("Usage: /resume [id | title words]")
+            assert replies[1].endswith("Usage: /resume [number | title words]")
+            assert replies[2].startswith("No conversation matches '9'")
+
+    async def test_the_same_title_twice_is_told_apart_by_number(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store, lifecycle=NO_CONFIRM) as h:
+            key = h.session_key(chat_id="c")
+            older = await store.new_conversation(key, title="Weekly plan")
+            newer = await store.new_conversation(key, title="Weekly plan")
+            untitled = await store.new_conversation(key)
+            await h.send("/resume weekly", chat_id="c")
+            await h.send("/resume", chat_id="c")
+            await h.send("/resume 3", chat_id="c")
+            await h.send("/resume 3", chat_id="c")
+            replies = await h.replies(chat_id="c", count=4)
+            assert replies[0] == (
+                f"Resumed “Weekly plan” (started {started(newer)}). Another conversation "
+                "matches too: send /resume to pick it by number."
+            )
+            assert replies[1].splitlines()[1:4] == [
+                f"1. (untitled) — {started(untitled)}",
+                f"2. Weekly plan — {started(newer)} (current)",
+                f"3. Weekly plan — {started(older)}",
+            ]
+            assert replies[2] == f"Resumed “Weekly plan” (started {started(older)})."
+            assert (await store.conversation(key)).id == older.id
+            assert replies[3] == f"Resumed “Weekly plan” (started {started(older)})."
+
+    async def test_an_id_is_still_taken_and_never_shown(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store, lifecycle=NO_CONFIRM) as h:
+            key = h.session_key(chat_id="c")
+            untitled = await store.new_conversation(key)
+            await store.new_conversation(key, title="Elsewhere")
+            await h.send(f"/resume {untitled.id}", chat_id="c")
+            [reply] = await h.replies(chat_id="c", count=1)
+            assert reply == f"Resumed the untitled conversation started {started(untitled)}."
+            assert (await store.conversation(key)).id == untitled.id
 
 
 class TestOverrides:

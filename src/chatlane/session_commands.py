@@ -64,12 +64,16 @@ def _dropped(count: int) -> str:
     return f" Dropped {count} queued {noun}."
 
 
+LISTED = 20
+"""Conversations ``/resume`` lists, and numbers, newest first."""
+
+
 async def _resume(call: CommandCall) -> str:
     store, key = call.engine.store, call.session_key
-    conversations = await store.conversations(key, 20)
+    conversations = await store.conversations(key, LISTED)
     if not call.args:
         return _listing(conversations, (await store.conversation(key)).id)
-    chosen = _find(conversations, call.args)
+    chosen, others = _find(conversations, call.args.strip())
     if chosen is None:
         raise UsageError(f"No conversation matches {call.args!r}; send /resume to list them.")
     ended = await end_conversation(
@@ -79,30 +83,55 @@ async def _resume(call: CommandCall) -> str:
         resume_id=chosen.id,
         before_reset=call.router.options.before_reset,
     )
-    title = f" “{chosen.title}”" if chosen.title else ""
-    return f"Resumed conversation {chosen.id}{title}." + _dropped(ended.dropped)
+    return f"Resumed {_named(chosen)}." + _also_matching(others) + _dropped(ended.dropped)
 
 
 def _listing(conversations: list[Conversation], current: str) -> str:
+    """The numbered list ``/resume <number>`` picks from: titles and dates, never ids."""
     lines = ["Recent conversations (newest first):"]
-    for c in conversations:
-        started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(c.started_at))
+    for number, c in enumerate(conversations, start=1):
         mark = " (current)" if c.id == current else ""
-        title = f" — {c.title}" if c.title else ""
-        lines.append(f"{c.id} {started} UTC{title}{mark}")
-    lines.append("Send /resume <id or title words> to switch.")
+        lines.append(f"{number}. {c.title or '(untitled)'} — {_started(c)}{mark}")
+    lines.append("Send /resume <number or title words> to switch.")
     return "\n".join(lines)
 
 
-def _find(conversations: list[Conversation], wanted: str) -> Conversation | None:
+def _started(conversation: Conversation) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(conversation.started_at))
+
+
+def _named(conversation: Conversation) -> str:
+    """How a reply names a conversation: by its title and start, or its start alone."""
+    if conversation.title:
+        return f"“{conversation.title}” (started {_started(conversation)})"
+    return f"the untitled conversation started {_started(conversation)}"
+
+
+def _find(conversations: list[Conversation], wanted: str) -> tuple[Conversation | None, int]:
+    """The conversation ``wanted`` picks, and how many others its title words match too.
+
+    ``wanted`` is a number in the listed order (``/resume 2``), a conversation's
+    id (what the web chat sends), or words its title holds, in any order and
+    case; of several titles holding them, the newest is picked.
+    """
+    if wanted.isascii() and wanted.isdigit() and 1 <= int(wanted) <= len(conversations):
+        return conversations[int(wanted) - 1], 0
     for c in conversations:
         if c.id == wanted:
-            return c
+            return c, 0
     words = wanted.lower().split()
-    for c in conversations:
-        if c.title and all(w in c.title.lower() for w in words):
-            return c
-    return None
+    matching = [c for c in conversations if c.title and all(w in c.title.lower() for w in words)]
+    if not matching:
+        return None, 0
+    return matching[0], len(matching) - 1
+
+
+def _also_matching(others: int) -> str:
+    if not others:
+        return ""
+    if others == 1:
+        return " Another conversation matches too: send /resume to pick it by number."
+    return f" {others} other conversations match too: send /resume to pick one by number."
 
 
 # -- model overrides ------------------------------------------------------------------
@@ -274,7 +303,7 @@ SESSION_COMMANDS = (
     CommandSpec(
         "resume",
         "list recent conversations, or switch to one",
-        "/resume [id | title words]",
+        "/resume [number | title words]",
         CommandBusy.DISPATCH,
         _resume,
     ),

@@ -285,6 +285,8 @@ class ConversationState:
     """The store's id of the conversation this scope belongs to, as last read ("" if none)."""
     pending_command_text: str | None = None
     """The command a plain "yes" confirms (``/new confirm``); any other message cancels it."""
+    titled: bool = False
+    """A commit of this process titled the conversation: later turns send no title of their own."""
 
     def clear(self) -> None:
         """Reset every field to its default, including fields added by a subclass."""

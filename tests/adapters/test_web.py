@@ -247,7 +247,8 @@ async def test_streams_chunks_then_the_reply(host: str) -> None:
     chunks = [e for e in events if e["type"] == "chunk"]
     assert len(chunks) >= 2
     assert "".join(c["text"] for c in chunks) == events[-1]["text"] == "echo: hello there"
-    assert {e["id"] for e in events} == {events[-1]["id"]}
+    said = [e for e in events if e["type"] != "title"]  # the conversation's, not the message's
+    assert {e["id"] for e in said} == {events[-1]["id"]}
     assert events[-1]["id"]
 
 
@@ -410,6 +411,22 @@ async def test_new_and_resume_resend_history_and_the_list(host: str) -> None:
         history = (await until(ws, "history"))[-1]
         assert history["conversation"] == first
         assert history["messages"][0]["text"] == "in the first"
+
+
+async def test_the_first_reply_brings_the_conversations_title_once(host: str) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, greeting):
+        conversation = greeting["history"]["conversation"]
+        assert greeting["conversations"]["items"][0]["title"] == ""
+        await say(ws, "Plan the   trip\nwith details")
+        events = await until(ws, "reply")
+        titles = [e for e in events if e["type"] == "title"]
+        assert titles == [{"type": "title", "conversation": conversation, "title": "Plan the trip"}]
+        assert events.index(titles[0]) < len(events) - 1  # before the reply
+        await say(ws, "a later message")
+        assert not [e for e in await until(ws, "reply") if e["type"] == "title"]
+    async with greeted(host, bid) as (_, greeting):
+        assert greeting["conversations"]["items"][0]["title"] == "Plan the trip"
 
 
 async def say_as(ws: ClientConnection, text: str, ref: str) -> str:

@@ -187,6 +187,40 @@ async def test_merged_steered_interrupted_and_refused_messages(browser: Browser)
             await chat.close()
 
 
+async def test_conversations_are_listed_by_their_titles(browser: Browser, host: str) -> None:
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        current = page.locator("#conversations button[aria-current=true]")
+        await chat.say("#  Plan the   trip\nto Lisbon, with every detail we talked about")
+        await chat.sees(".msg.assistant", "echo: #  Plan the")
+        await expect(current).to_have_attribute("data-titled", "yes", timeout=UI_WAIT)
+        await expect(current.locator(".conversation-title")).to_have_text("Plan the trip")
+        await expect(page.locator("#chat-heading")).to_have_text("Plan the trip")
+
+        await page.get_by_role("button", name="New conversation").click()
+        await chat.sees(".msg.command", "Started a new conversation")
+        await chat.say("Second one")
+        await chat.sees(".msg.assistant", "echo: Second one")
+        await page.reload()
+        await chat.connected()
+        titles = page.locator("#conversations .conversation-title")
+        await expect(titles).to_have_text(["Second one", "Plan the trip"], timeout=UI_WAIT)
+        await shot(page, "web-titles")
+
+        await chat.say("/resume")
+        listing = page.locator(".msg.command", has_text="Recent conversations").last
+        await expect(listing).to_contain_text("1. Second one", timeout=UI_WAIT)
+        await expect(listing).to_contain_text("2. Plan the trip")
+        await expect(listing).not_to_contain_text("c_")
+        await page.locator("#conversations button", has_text="Plan the trip").click()
+        await expect(current).to_contain_text("Plan the trip", timeout=UI_WAIT)
+        await expect(page.locator("#chat-heading")).to_have_text("Plan the trip")
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
 async def test_a_narrow_screen_keeps_the_conversations_in_a_drawer(
     browser: Browser, host: str
 ) -> None:

@@ -12,7 +12,8 @@ What stays true:
   conversation list, the messages not answered yet and the prompts of
   approval requests still waiting when it connects, and history and list
   again before the reply that follows a switch of conversation (``/new``,
-  ``/resume``…).
+  ``/resume``…), and the conversation's title before the reply that follows
+  its change (the first reply of a conversation, a title the agent set).
 * Reading never waits for the gateway: each message is submitted in a task of
   its own, after the chat's previous message was dispatched (or after
   :data:`HANDOFF` seconds, so a slow dispatch cannot hold up an ``/approve``).
@@ -65,6 +66,7 @@ from chatlane.adapters.web_wire import (
     parse_frame,
     state_event,
     state_of,
+    title_event,
 )
 from chatlane.commands import parse_command
 from chatlane.config import Config
@@ -140,6 +142,8 @@ class WebChat:
     session_key: SessionKey
     connections: set[Connection] = field(default_factory=set)
     conversation_id: str = ""
+    title: str = ""
+    """The current conversation's title as this chat's sockets were last told it."""
     last_submit: asyncio.Task[None] | None = None
     commands: set[str] = field(default_factory=set)
     """Ids of this chat's commands being dispatched now (their replies are marked)."""
@@ -391,10 +395,14 @@ class WebAdapter:
         return state_event(result.message_id, state, short_id=short_id)
 
     async def _follow_conversation(self, chat: WebChat) -> None:
-        """If the session switched conversation (/new, /resume…), resend history and list."""
+        """If the session switched conversation (/new, /resume…), resend history and list;
+        if its conversation got a title (its first reply, or the agent named it), send that."""
         try:
             current = await self.hub.store.conversation(chat.session_key)
             if current.id == chat.conversation_id:
+                if current.title != chat.title:
+                    chat.title = current.title
+                    chat.broadcast(title_event(current))
                 return
             events = await self._snapshot(chat)
         except StoreError as error:
@@ -407,7 +415,7 @@ class WebAdapter:
         """The current conversation's history and the session's conversation list."""
         store, key = self.hub.store, chat.session_key
         current = await store.conversation(key)
-        chat.conversation_id = current.id
+        chat.conversation_id, chat.title = current.id, current.title
         entries = await store.transcript(key, current.id, HISTORY_LIMIT)
         listed = await store.conversations(key, CONVERSATION_LIMIT)
         items = [

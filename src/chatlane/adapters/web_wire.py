@@ -9,6 +9,7 @@ Server → client::
     {"type": "commands", "items": [{"name", "usage", "summary"}, …]}
     {"type": "history", "conversation": id, "messages": [{"role", "text", "id"}, …]}
     {"type": "conversations", "items": [{"id", "title", "preview", "started_at", "current"}, …]}
+    {"type": "title", "conversation": id, "title"}   # the current conversation was (re)titled
     {"type": "chunk" | "reply" | "ack" | "notice" | "approval",
      "text", "id", "in_reply_to", "generation"[, "approval_id"][, "command": true]}
     {"type": "user", "text", "id"}            # sent from another tab of this browser
@@ -226,6 +227,11 @@ def conversation_item(
         "started_at": conversation.started_at,
         "current": conversation.id == current,
     }
+
+
+def title_event(conversation: Conversation) -> Event:
+    """The current conversation's new title, for its entry in the list and the heading."""
+    return {"type": "title", "conversation": conversation.id, "title": conversation.title}
 
 
 def commands_event(specs: Iterable[CommandSpec]) -> Event:

@@ -16,6 +16,11 @@ What stays true:
 * With a delivery ledger (:mod:`chatlane.delivery`), the reply is recorded
   for delivery in that same write: once committed it reaches its chat
   through the ledger's worker, even if this process dies right after.
+* That write also titles the conversation: with the title the agent set
+  (:meth:`Turn.set_title`), or, until a commit of this process titled it,
+  with one drawn from the turn's first message, which the store keeps only
+  if the conversation has none. Once titled, a turn sends no title: the
+  title costs the hot path nothing but its first turn's few bytes.
 * A redirected turn (busy policy ``redirect``) stops streaming at its next
   chunk and commits, under its own fence, its input and the reply shown so
   far, marked with :data:`CUT_SHORT`: the next turn sees both as history.
@@ -46,6 +51,7 @@ from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import DeliveryDraft, TranscriptEntry, WriteBatch
+from chatlane.titles import title_from
 from chatlane.types import Agent, OutboundKind
 
 log = logging.getLogger("chatlane.runtime")
@@ -183,6 +189,8 @@ class TurnOutput:
         batch = _answer(turn, role, text)
         if drafts:
             batch.deliveries = drafts
+        conversation = turn.session_state.conversation
+        titling = conversation.conversation_id if batch.title else None
         try:
             await self._leases.commit_and_release(turn.session_state, turn.generation, batch)
         except StoreError as error:
@@ -194,6 +202,8 @@ class TurnOutput:
         if refused is not None:
             return await self._refused(turn, refused)
         turn.mark_answered()
+        if titling == conversation.conversation_id:  # no boundary came meanwhile
+            conversation.titled = True  # the store has a title: later turns send none
         if failure:
             self._outcomes.end(turn.message_ids, Outcome.FAILED, text, failure)
         else:
@@ -292,4 +302,18 @@ def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
         entries.append(TranscriptEntry("user", m.text, g, message_id=m.id))
     entries.append(TranscriptEntry(role, text, g))
     answered = list(turn.message_ids)
-    return WriteBatch(transcript=entries, answered=answered, done=list(turn.seqs), answer=text)
+    batch = WriteBatch(transcript=entries, answered=answered, done=list(turn.seqs), answer=text)
+    if turn.chosen_title:
+        batch.title, batch.rename = turn.chosen_title, True
+    elif not turn.session_state.conversation.titled:
+        batch.title = _first_title(turn)
+    return batch
+
+
+def _first_title(turn: Turn) -> str:
+    """A title drawn from the first of ``turn``'s messages that gives one ("" if none does)."""
+    for message in turn.messages:
+        title = title_from(message.text)
+        if title:
+            return title
+    return ""

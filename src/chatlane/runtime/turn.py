@@ -30,6 +30,7 @@ from chatlane.identity import SessionSource
 from chatlane.runtime.ending import TurnEnd
 from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
 from chatlane.stores.base import Lease
+from chatlane.titles import clean_title
 
 if TYPE_CHECKING:
     from chatlane.approvals import ApprovalBroker
@@ -98,6 +99,8 @@ class TurnRecord(msgspec.Struct):
     """A newer message redirected it: it stops at its next safe point and keeps its work."""
     note: str = ""
     """What the agent reads before the messages' text (:attr:`Turn.note`)."""
+    title: str = ""
+    """The conversation's title the agent chose (:meth:`Turn.set_title`), cleaned; "" if none."""
     settling: bool = False
     """The agent is done: the engine settles the turn's messages, which nothing may cancel."""
     finished: bool = False
@@ -310,6 +313,28 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         """Give the turn a :attr:`note` before its agent runs (engine side)."""
         self._record.note = note
 
+    def set_title(self, title: str) -> None:
+        """Name the conversation ``title``, with this turn's answer.
+
+        The title is written in the commit that records the turn's answer
+        (a failure notice included), and replaces any the conversation has,
+        the one drawn from its first message too; of several set in one turn,
+        the last counts. Set it before the agent returns: nothing is written
+        for a turn whose answer is not committed (a stop, a lost lease). The
+        text is cleaned as every title is (:mod:`chatlane.titles`): one line,
+        invisible characters dropped, shortened to
+        :data:`~chatlane.titles.TITLE_LIMIT` characters with ``…``.
+
+        :raises TypeError: ``title`` is not a string.
+        :raises ValueError: nothing is left to show once it is cleaned.
+        """
+        self._record.title = clean_title(title)
+
+    @property
+    def chosen_title(self) -> str:
+        """The title the agent set for the conversation this turn (cleaned), or ""."""
+        return self._record.title
+
     def end(self, reason: TurnEnd) -> None:
         """Record why this turn ended early; the first reason recorded stands (engine side)."""
         if self._record.ended_by is None:
@@ -444,6 +469,7 @@ PLAIN_READS: dict[str, str] = {
     "task": "_record.task",
     "once_restore": "_record.once_restore",
     "last_progress": "_record.last_progress",
+    "chosen_title": "_record.title",
 }
 """The read-only properties of :class:`Turn` that only read an attribute, with its path.
 

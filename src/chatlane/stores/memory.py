@@ -224,6 +224,8 @@ class MemoryStore(Store):
                 created_at=entry.created_at or moment,
             )
             transcript.append(stamped)
+        if batch.title:
+            self._title(session, conversation_id, batch.title, batch.rename)
         if fields:
             session.persistent.update(fields)
         if batch.deliveries:
@@ -330,6 +332,13 @@ class MemoryStore(Store):
         session.conversations.append(conversation)
         session.current = conversation.id
         return conversation
+
+    def _title(self, session: _Session, conversation_id: str, title: str, rename: bool) -> None:
+        """Give ``conversation_id`` ``title``: if it has none, or ``rename`` says so."""
+        session.conversations = [
+            replace(c, title=title) if c.id == conversation_id and (rename or not c.title) else c
+            for c in session.conversations
+        ]
 
     def _end_current(self, session: _Session) -> None:
         moment = self._clock()

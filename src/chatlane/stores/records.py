@@ -137,6 +137,12 @@ class WriteBatch(msgspec.Struct):
     :ivar deliveries: outbound messages recorded for delivery in the same write
         (the delivery ledger): written only if the batch applies, each at most
         once per id.
+    :ivar title: a title for the session's current conversation (the one
+        ``transcript`` goes to), set only if that conversation has none yet:
+        of two batches titling one conversation, the first applied wins. ""
+        sets nothing.
+    :ivar rename: set ``title`` even if the conversation has one (a title the
+        agent chose, which replaces the one drawn from the first message).
     """
 
     transcript: list[TranscriptEntry] = msgspec.field(default_factory=list)
@@ -145,11 +151,18 @@ class WriteBatch(msgspec.Struct):
     done: list[int] = msgspec.field(default_factory=list)
     answer: str = ""
     deliveries: list[DeliveryDraft] = msgspec.field(default_factory=list)
+    title: str = ""
+    rename: bool = False
 
     def is_empty(self) -> bool:
         """Whether the batch would change nothing."""
         return not (
-            self.transcript or self.persistent or self.answered or self.done or self.deliveries
+            self.transcript
+            or self.persistent
+            or self.answered
+            or self.done
+            or self.deliveries
+            or self.title
         )
 
 

@@ -652,14 +652,23 @@ def _request_id() -> str:
 def _batch_args(
     key: SessionKey, batch: WriteBatch, retention: float, token: str, drafts: Sequence[Arg]
 ) -> list[Arg]:
-    """``batch`` as the commit script's counts, retention, answer, release token and
-    delivery count, then its encoded items, then ``drafts`` (its deliveries, as the
+    """``batch`` as the commit script's counts, retention, answer, release token, delivery
+    count and title, then its encoded items, then ``drafts`` (its deliveries, as the
     ledger encodes them)."""
     stamp = now()
     entries = [_msgpack.encode(_stamped(entry, stamp)) for entry in batch.transcript]
     fields = [part for item in batch.persistent.items() for part in _json_field(key, *item)]
     counts = (len(entries), len(batch.persistent), len(batch.answered))
-    head = (*counts, _ms(retention), batch.answer, token, len(batch.deliveries))
+    rename = 1 if batch.rename else 0
+    head = (
+        *counts,
+        _ms(retention),
+        batch.answer,
+        token,
+        len(batch.deliveries),
+        batch.title,
+        rename,
+    )
     return [*head, *entries, *fields, *batch.answered, *batch.done, *drafts]
 
 

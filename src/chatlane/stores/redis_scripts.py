@@ -247,8 +247,8 @@ COMMIT = _script(
     ledger.HELPERS
     + """
 local fence, rid, candidate, member, answer = ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[11]
-local token, drafts = ARGV[12], tonumber(ARGV[13])
-local fields_at = 14 + tonumber(ARGV[7])
+local token, drafts, title = ARGV[12], tonumber(ARGV[13]), ARGV[14]
+local fields_at = 16 + tonumber(ARGV[7])
 local answered_at = fields_at + 2 * tonumber(ARGV[8])
 local done_at = answered_at + tonumber(ARGV[9])
 local ledger_at = #ARGV + 1 - ledger_args(drafts)
@@ -267,7 +267,10 @@ local conversation = redis.call('GET', K.conv)
 if not conversation and candidate == '' then return {UNSTARTED} end
 conversation = conversation or start_conversation(candidate, '')
 local transcript = ARGV[4] .. conversation .. ARGV[5]
-for j = 14, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
+for j = 16, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
+if title ~= '' then
+  redis.call(ARGV[15] == '1' and 'HSET' or 'HSETNX', K.ctitle, conversation, title)
+end
 for j = fields_at, answered_at - 1, 2 do redis.call('HSET', K.persist, ARGV[j], ARGV[j + 1]) end
 for j = answered_at, done_at - 1 do
   redis.call('ZADD', K.answered_at, int(moment), ARGV[j])
@@ -289,7 +292,8 @@ return {OK, released}
 """ARGV: generation or '', request id, candidate conversation id (or '' from a caller that
 saw the session's conversation started), the two transcript key affixes, session key,
 #entries, #fields, #answered, the answered retention (ms), the answer's text, the token of
-a lease to release with the commit or '', #deliveries, then the entries, field/value
+a lease to release with the commit or '', #deliveries, the title or '' and 1 if it replaces
+the conversation's own (else it is set only where none is), then the entries, field/value
 pairs, answered ids and done seqs, then (only with deliveries) the delivery ledger's
 affixes and drafts (:mod:`chatlane.stores.redis_ledger_scripts`), recorded if the commit
 applies.

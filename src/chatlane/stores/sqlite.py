@@ -257,6 +257,8 @@ def _commit(
     conversation = conversation or _start(db, clock, key, "").id
     if batch.transcript:  # each statement only when it has rows: every call costs a step
         _append(db, clock, conversation, batch.transcript)
+    if batch.title:
+        _set_title(db, conversation, batch.title, batch.rename)
     if fields:
         _set_fields(db, key, fields)
     if batch.done:
@@ -306,6 +308,12 @@ def _many(db: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> No
         db.execute(sql, rows[0])
     else:
         db.executemany(sql, rows)
+
+
+def _set_title(db: sqlite3.Connection, conversation: str, title: str, rename: bool) -> None:
+    """Title ``conversation``: if it has no title yet, unless ``rename``."""
+    untitled = "" if rename else " AND title = ''"
+    db.execute(f"UPDATE conversations SET title = ? WHERE id = ?{untitled}", (title, conversation))
 
 
 def _set_fields(db: sqlite3.Connection, key: SessionKey, fields: list[tuple[str, str]]) -> None:
@@ -532,6 +540,8 @@ def _frozen(batch: WriteBatch) -> WriteBatch:
         list(batch.done),
         batch.answer,
         list(batch.deliveries),
+        batch.title,
+        batch.rename,
     )
 
 

@@ -326,6 +326,7 @@
   function conversationItem(item) {
     const button = element("button");
     button.type = "button";
+    button.dataset.conversation = item.id;
     if (item.title) button.dataset.titled = "yes";
     const started = new Date(item.started_at * 1000).toLocaleString([], {
       dateStyle: "medium",
@@ -341,6 +342,14 @@
     const li = element("li");
     li.append(button);
     return li;
+  }
+
+  function retitled(event) {
+    const current = conversationList.querySelector('button[aria-current="true"]');
+    if (!current || current.dataset.conversation !== event.conversation || !event.title) return;
+    current.dataset.titled = "yes";
+    current.querySelector(".conversation-title").textContent = event.title;
+    heading.textContent = event.title;
   }
 
   function notePreview(text) {
@@ -376,6 +385,7 @@
     commands: (event) => { state.commands = event.items; },
     history,
     conversations,
+    title: retitled,
     chunk,
     reply,
     accepted: (event) => {

@@ -60,11 +60,15 @@ _WRITE = f"""WITH marked AS (
     DELETE FROM pending WHERE key = $1 AND seq = ANY($15::bigint[]) RETURNING 1
 ), freed AS (
     DELETE FROM leases WHERE key = $1 AND token = $16 RETURNING 1
+), titled AS (
+    UPDATE conversations SET title = $19::text
+    WHERE $19::text <> '' AND id = $6 AND ($20::boolean OR title = '')
 ), woken AS ({_WOKEN})
 SELECT array(SELECT message_id FROM marked), EXISTS (SELECT 1 FROM freed)"""
 """Every write of a commit in one statement: the answered marks (a mark within the retention
 is kept, and its id not returned), the transcript entries in order, the persistent fields,
-the done records, the lease carrying the token (if any) freed, and — if a lease was freed or
+the done records, the lease carrying the token (if any) freed, the conversation titled (if
+it has no title, or the batch renames it), and — if a lease was freed or
 a record done while someone waits for the session — its waiters woken."""
 
 
@@ -119,6 +123,8 @@ async def commit(
         batch.done,
         token,
         *notice,
+        batch.title,
+        batch.rename,
     )
     assert result is not None
     marked, freed = set(result[0]), bool(result[1])

@@ -471,6 +471,8 @@ def _frozen(batch: WriteBatch) -> WriteBatch:
         list(batch.done),
         batch.answer,
         list(batch.deliveries),
+        batch.title,
+        batch.rename,
     )
 
 
