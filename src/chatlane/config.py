@@ -182,6 +182,9 @@ class ApiClientConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     clients: dict[str, ApiClientConfig] = msgspec.field(default_factory=dict)
     """When set, every ``/v1`` request needs one client's token, and names only its sessions."""
+    models: list[str] = msgspec.field(default_factory=list)
+    """More names ``model`` may take (listed by ``GET /v1/models``), for clients that send
+    a fixed one; any other name but ``chatlane`` (and the ``openai`` agent's) gets 404."""
 
 
 class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

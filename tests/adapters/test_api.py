@@ -21,7 +21,7 @@ from chatlane.adapters.api import ApiAdapter
 from chatlane.adapters.api_waiters import INTERRUPTED_TEXT, NOT_RUN_TEXT, STOPPED_TEXT
 from chatlane.adapters.api_wire import ApiRequestError, ChunkEvents, check_origin, chunk, sse_data
 from chatlane.agents.demo import DemoAgent
-from chatlane.config import AgentConfig, Config, Secret, ServerConfig
+from chatlane.config import AgentConfig, ApiConfig, Config, Secret, ServerConfig
 from chatlane.hub import Hub, build_app
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.capacity import CapacitySettings
@@ -398,6 +398,18 @@ async def test_the_openai_agents_model_is_served_too(tmp_path: Path) -> None:
         )
         assert reply.model == "gpt-4o-mini"
         assert "Status: idle" in (reply.choices[0].message.content or "")
+
+
+async def test_api_models_names_more_models(tmp_path: Path) -> None:
+    config = make_config(tmp_path, api=ApiConfig(models=["gpt-4o", "chatlane", " "]))
+    async with serve(config) as s:
+        assert [m.id for m in (await s.client.models.list()).data] == ["chatlane", "gpt-4o"]
+        reply = await s.client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], user="a"
+        )
+        assert (reply.model, reply.choices[0].message.content) == ("gpt-4o", "echo: hi")
+        with pytest.raises(openai.NotFoundError):
+            await s.client.models.retrieve("gpt-4")
 
 
 async def test_a_bad_field_is_named_in_param_to_the_sdk(tmp_path: Path) -> None:

@@ -625,10 +625,12 @@ def _idempotency_key(value: bytes) -> str:
 
 
 def _model_names(config: Config) -> list[str]:
+    """What ``model`` may name: ``chatlane``, the ``openai`` agent's model, ``api.models``."""
     names = ["chatlane"]
-    if config.agent.name == "openai" and config.agent.openai.model not in names:
+    if config.agent.name == "openai":
         names.append(config.agent.openai.model)
-    return names
+    names.extend(config.api.models)
+    return list(dict.fromkeys(name for name in names if name.strip()))
 
 
 def _default_ceiling(config: Config) -> float:
