@@ -96,3 +96,75 @@ def test_the_web_embedding_example_runs(tmp_path: Path) -> None:
         assert page.status_code == 200
         assert "<html" in page.text.lower()
         assert httpx.get(url + "/v1/models", timeout=20).status_code == 404, "only the web chat"
+
+
+def test_a_command_given_by_a_python_agent_answers_under_serve(tmp_path: Path) -> None:
+    text = (DOCS / "commands.md").read_text()
+    mark = "<!-- mybot.py, run as written by tests/test_docs.py -->\n```python\n"
+    (tmp_path / "mybot.py").write_text(text.split(mark)[1].split("```")[0])
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATLANE_")}
+    command = [
+        "serve",
+        "--agent",
+        "python:mybot:agent",
+        "--port",
+        str(port),
+        "--store",
+        "memory://",
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "chatlane.cli", *command],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        seen = []
+        for line in process.stdout:  # the banner's last line says it is ready
+            seen.append(line)
+            if "store:" in line:
+                break
+        else:
+            raise AssertionError("chatlane serve did not start:\n" + "".join(seen))
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+
+        def ask(text: str) -> str:
+            reply = client.chat.completions.create(
+                model="chatlane", messages=[{"role": "user", "content": text}], user="docs"
+            )
+            return reply.choices[0].message.content or ""
+
+        assert ask("/ping 2") == "pong pong "
+        assert "/ping [count] — answer pong" in ask("/help")
+        assert ask("/ping x").startswith("the count must be a number")
+        assert ask("hello") == "you said: hello"
+        client.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        process.stdout.close()
+
+
+def test_commands_that_are_not_command_specs_stop_the_start(tmp_path: Path) -> None:
+    (tmp_path / "badbot.py").write_text(
+        "async def agent(turn):\n    return 'x'\n\nagent.commands = ['/ping']\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATLANE_")}
+    command = ["serve", "--agent", "python:badbot:agent", "--port", str(free_port())]
+    result = subprocess.run(
+        [sys.executable, "-m", "chatlane.cli", *command, "--store", "memory://"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "agent 'python:badbot:agent': its commands must be CommandSpec, not '/ping'" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
