@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -39,7 +40,13 @@ async def test_sessions_and_inspect_read_the_running_gateway(tmp_path: Path) -> 
             "inspect", "main:api:dm:op%3A1", "--url", url, "--token", TOKEN
         )
         assert code == 0
-        assert '"content": "echo: hello"' in detail
+        assert "state         idle, generation 1, 0 queued" in detail
+        assert "  assistant: echo: hello" in detail
+        code, detail = await run_cli(
+            "inspect", "main:api:dm:op%3A1", "--json", "--url", url, "--token", TOKEN
+        )
+        assert code == 0
+        assert json.loads(detail)["transcript"][1]["content"] == "echo: hello"
         assert '"generation": 1' in detail
 
 

@@ -218,7 +218,7 @@ async def open_hub(
         )
     secrets = resolve_secrets(config) if secrets is None else secrets
     agent = load_agent(config, secrets)
-    commands = agent_commands(agent, config.agent.name)
+    commands = _agent_commands(agent, config.agent.name)
     store = await open_store(config.store.url)
     bind = getattr(agent, "bind", None)
     if callable(bind):
@@ -229,7 +229,7 @@ async def open_hub(
     return hub
 
 
-def agent_commands(agent: Agent, name: str) -> list[CommandSpec]:
+def _agent_commands(agent: Agent, name: str) -> list[CommandSpec]:
     """The slash commands an agent brings in its ``commands`` attribute (none without one).
 
     :raises ConfigError: naming the agent, if one of them is not a :class:`CommandSpec`.
