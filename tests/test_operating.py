@@ -145,6 +145,8 @@ async def test_failed_messages_are_listed_and_run_again_by_the_operator(tmp_path
         assert code == 0
         assert f"{message.id}  {key}  its turn lost its lease 3 times" in listing
         code, detail = await run_cli("inspect", key, "--url", url, "--token", TOKEN)
+        assert f"failed        1\n  {message.id}: its turn lost its lease 3 times\n" in detail
+        code, detail = await run_cli("inspect", key, "--json", "--url", url, "--token", TOKEN)
         assert '"reason": "its turn lost its lease 3 times"' in detail
         code, output = await run_cli("retry", message.id, "--url", url, "--token", TOKEN)
         assert (code, output) == (0, f"{message.id} is queued again\n")
@@ -180,6 +182,8 @@ async def test_dead_deliveries_are_listed_inspected_and_sent_again(tmp_path: Pat
         assert listing.splitlines()[0] == "pending 0  dead 1"
         assert f"{draft.id}  {draft.target}  0  bot blocked  the answer" in listing
         code, detail = await run_cli("inspect", key, "--url", url, "--token", TOKEN)
+        assert f"undelivered   1\n  {draft.id}: bot blocked\n" in detail
+        code, detail = await run_cli("inspect", key, "--json", "--url", url, "--token", TOKEN)
         assert f'"id": "{draft.id}"' in detail
         assert '"reason": "bot blocked"' in detail
         code, output = await run_cli("redeliver", draft.id, "--url", url, "--token", TOKEN)
