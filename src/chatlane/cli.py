@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -141,13 +140,14 @@ def _gateway(config_path: str | None, url: str | None, token: str | None) -> tup
     :raises click.ClickException: for a configuration that cannot be read.
     """
     from chatlane.config import gateway_url, load_config
+    from chatlane.secrets import read_secret
 
     try:
         config = load_config(config_path)
         if url is None:
             url = gateway_url(config)
         if token is None:
-            token = config.server.token.read(os.environ)
+            token = read_secret(config.server.token)
     except ChatlaneError as error:
         raise click.ClickException(str(error)) from None
     return url, token
