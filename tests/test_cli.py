@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import http.server
 import json
+import os
 import socket
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
+import uvicorn
 from click.testing import CliRunner
 
+from chatlane.adapters.api import ApiAdapter
+from chatlane.agents.demo import DemoAgent
 from chatlane.cli import main
+from chatlane.cli_views import session_lines
+from chatlane.config import Config, ServerConfig, gateway_url
+from chatlane.hub import Hub, build_app
+from chatlane.secrets import resolve_secrets
+from chatlane.stores import open_store
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -166,6 +179,7 @@ def gateway_answering(body: object) -> Iterator[str]:
             },
         ),
         (["inspect", "main:web:dm:x"], {"key": EVIL, "transcript": [{"content": EVIL}]}),
+        (["inspect", "main:web:dm:x", "--json"], {"key": EVIL, "transcript": [{"content": EVIL}]}),
         (["failed"], {"failed": [{"message_id": "m\r1", "key": EVIL, "reason": EVIL}]}),
     ],
 )
@@ -177,3 +191,122 @@ def test_admin_output_shows_control_characters_escaped(command: list[str], body:
     lines = {"sessions": 2, "failed": 1}
     if command[0] in lines:
         assert len(output.splitlines()) == lines[command[0]], "a forged row"
+    if "--json" in command:
+        assert json.loads(output) == body, "the same JSON, its raw bytes escaped"
+
+
+# -- finding the gateway as `chatlane serve` is configured, against a real one ------------------
+
+
+@contextlib.asynccontextmanager
+async def real_gateway(token: str) -> AsyncIterator[int]:
+    """A gateway (API and admin routes) on a free loopback port with ``token``; its port."""
+    config = Config()
+    secrets = resolve_secrets(config, {"CHATLANE_TOKEN": token})
+    hub = Hub(config, await open_store("memory://"), DemoAgent(), secrets=secrets)
+    hub.add(ApiAdapter(config, access=hub.access, secrets=secrets))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(build_app(hub), lifespan="on", log_level="warning"))
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            async with asyncio.timeout(20):
+                while not server.started:
+                    if task.done():
+                        raise AssertionError("the gateway did not start")
+                    await asyncio.sleep(0.02)
+            yield sock.getsockname()[1]
+        finally:
+            server.should_exit = True
+            await task
+
+
+async def command(
+    *args: str, env: dict[str, str], cwd: Path, stdin: bytes = b""
+) -> tuple[int, str, str]:
+    """``chatlane ARGS`` in a process of its own: exit status, stdout, stderr."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CHATLANE_")}
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "chatlane.cli", *args),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**clean, **env},
+        cwd=cwd,
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin), 40)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_clients_find_the_gateway_as_serve_is_configured(tmp_path: Path) -> None:
+    async with real_gateway("t0ken") as port:
+        configured = {"CHATLANE_SERVER__PORT": str(port), "CHATLANE_TOKEN": "t0ken"}
+        code, out, err = await command(
+            "chat", "--session", "found", env=configured, cwd=tmp_path, stdin=b"hello\n"
+        )
+        assert (code, out) == (0, "echo: hello\n"), err
+        code, out, err = await command("sessions", env=configured, cwd=tmp_path)
+        assert code == 0, err
+        assert "main:api:dm:found" in out
+        (tmp_path / "chatlane.toml").write_text(
+            f'[server]\nport = {port}\ntoken = {{ file = "{tmp_path}/token" }}\n'
+        )
+        (tmp_path / "token").write_text("t0ken\n")
+        code, out, err = await command(
+            "inspect", "main:api:dm:found", "--config", "chatlane.toml", env={}, cwd=tmp_path
+        )
+        assert code == 0, err
+        assert "session       main:api:dm:found" in out
+        assert "  user: hello" in out
+        assert "  assistant: echo: hello" in out
+        code, out, _ = await command(
+            "inspect", "main:api:dm:found", "--json", env=configured, cwd=tmp_path
+        )
+        assert json.loads(out)["transcript"][0]["content"] == "hello"
+        wrong = {**configured, "CHATLANE_SERVER__PORT": str(free_port())}
+        code, out, err = await command(
+            "sessions", env={**wrong, "CHATLANE_URL": f"http://127.0.0.1:{port}"}, cwd=tmp_path
+        )
+        assert code == 0, err  # CHATLANE_URL wins over the configuration
+        assert "main:api:dm:found" in out
+        code, _, err = await command("sessions", env=wrong, cwd=tmp_path)
+        assert code == 1
+        assert (
+            f"cannot reach the gateway at http://127.0.0.1:{wrong['CHATLANE_SERVER__PORT']}" in err
+        )
+        code, _, err = await command(
+            "sessions", env={**configured, "CHATLANE_TOKEN": "no"}, cwd=tmp_path
+        )
+        assert code == 1
+        assert "HTTP 401" in err
+
+
+async def test_a_bad_configuration_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "chatlane.toml").write_text("[server]\nport = 'eighty'\n")
+    for args in (["sessions"], ["inspect", "main:api:dm:x"], ["chat"]):
+        code, _, err = await command(*args, "--config", "chatlane.toml", env={}, cwd=tmp_path)
+        assert code == 1
+        assert err.startswith("Error: configuration key 'server.port'")
+        assert "Traceback" not in err
+
+
+def test_gateway_url_reads_the_server_address() -> None:
+    assert gateway_url(Config(), {}) == "http://127.0.0.1:8080"
+    assert gateway_url(Config(server=ServerConfig(port=9000)), {}) == "http://127.0.0.1:9000"
+    assert gateway_url(Config(server=ServerConfig(host="0.0.0.0")), {}) == "http://127.0.0.1:8080"
+    assert gateway_url(Config(server=ServerConfig(host="::")), {}) == "http://[::1]:8080"
+    assert gateway_url(Config(server=ServerConfig(host="::1")), {}) == "http://[::1]:8080"
+    named = {"CHATLANE_URL": "https://chat.example.com"}
+    assert gateway_url(Config(), named) == "https://chat.example.com"
+
+
+def test_inspect_reads_a_partial_answer() -> None:
+    lines = list(session_lines({"key": "k", "transcript": [{"content": "two\nlines"}]}))
+    assert lines == [
+        "session       k",
+        "state         not active in this gateway process (generation ?)",
+        "transcript    last 1 entries",
+        "  ?: two",
+        "    lines",
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -39,7 +40,13 @@ async def test_sessions_and_inspect_read_the_running_gateway(tmp_path: Path) -> 
             "inspect", "main:api:dm:op%3A1", "--url", url, "--token", TOKEN
         )
         assert code == 0
-        assert '"content": "echo: hello"' in detail
+        assert "state         idle, generation 1, 0 queued" in detail
+        assert "  assistant: echo: hello" in detail
+        code, detail = await run_cli(
+            "inspect", "main:api:dm:op%3A1", "--json", "--url", url, "--token", TOKEN
+        )
+        assert code == 0
+        assert json.loads(detail)["transcript"][1]["content"] == "echo: hello"
         assert '"generation": 1' in detail
 
 
@@ -138,6 +145,8 @@ async def test_failed_messages_are_listed_and_run_again_by_the_operator(tmp_path
         assert code == 0
         assert f"{message.id}  {key}  its turn lost its lease 3 times" in listing
         code, detail = await run_cli("inspect", key, "--url", url, "--token", TOKEN)
+        assert f"failed        1\n  {message.id}: its turn lost its lease 3 times\n" in detail
+        code, detail = await run_cli("inspect", key, "--json", "--url", url, "--token", TOKEN)
         assert '"reason": "its turn lost its lease 3 times"' in detail
         code, output = await run_cli("retry", message.id, "--url", url, "--token", TOKEN)
         assert (code, output) == (0, f"{message.id} is queued again\n")
@@ -173,6 +182,8 @@ async def test_dead_deliveries_are_listed_inspected_and_sent_again(tmp_path: Pat
         assert listing.splitlines()[0] == "pending 0  dead 1"
         assert f"{draft.id}  {draft.target}  0  bot blocked  the answer" in listing
         code, detail = await run_cli("inspect", key, "--url", url, "--token", TOKEN)
+        assert f"undelivered   1\n  {draft.id}: bot blocked\n" in detail
+        code, detail = await run_cli("inspect", key, "--json", "--url", url, "--token", TOKEN)
         assert f'"id": "{draft.id}"' in detail
         assert '"reason": "bot blocked"' in detail
         code, output = await run_cli("redeliver", draft.id, "--url", url, "--token", TOKEN)

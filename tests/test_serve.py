@@ -495,3 +495,34 @@ async def test_telegram_without_its_extra_names_the_pip_install(
         await hub.store.close()
     assert str(raised.value).startswith("the Telegram adapter needs the telegram extra")
     assert str(raised.value).endswith("pip install 'chatlane[telegram]'")
+
+
+def test_a_store_in_a_missing_folder_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    store = "sqlite:///missing/chatlane.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATLANE_")}
+    command = ["serve", "--port", str(free_port()), "--store", store]
+    result = subprocess.run(
+        [sys.executable, "-m", "chatlane.cli", *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"Error: cannot create SQLite store '{tmp_path}/missing/chatlane.db': "
+        f"'{tmp_path}/missing' does not exist (chatlane creates the database file, not its folder)"
+    ]
+    assert not (tmp_path / "missing").exists()
+
+
+def test_the_start_banner_shows_a_sqlite_stores_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    announce(Config(store=StoreConfig(url="sqlite:///data/chat.db")))
+    printed = capsys.readouterr().out
+    assert f"store:    sqlite:///data/chat.db (file {tmp_path}/data/chat.db)" in printed
+    announce(Config(store=StoreConfig(url="sqlite:////srv/bot/chat.db")))
+    assert "store:    sqlite:////srv/bot/chat.db (file /srv/bot/chat.db)" in capsys.readouterr().out

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import io
 import os
 import pty
+import re
 import select
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import pyte
 import pytest
 import uvicorn
 from click.testing import CliRunner
@@ -54,12 +60,37 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("CHATLANE_")}
 
 
-class Terminal:
-    """``chatlane chat …`` running under a pseudo-terminal, typed into like a person would."""
+ANSI = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07]*\x07|[()][0-9A-Za-z]|[=>78])")
+"""Terminal control sequences (cursor moves, colours, titles), left out when reading the text."""
+COLUMNS, ROWS = 200, 50
 
-    def __init__(self, *args: str, cwd: Path) -> None:
-        master, slave = pty.openpty()
+
+class Screen(pyte.Screen):
+    """What a terminal of :data:`COLUMNS` by :data:`ROWS` shows; it answers the program's
+    queries (the cursor position the line editor asks for) as a terminal does."""
+
+    def __init__(self, master: int) -> None:
+        super().__init__(COLUMNS, ROWS)
         self.master = master
+
+    def write_process_input(self, data: str) -> None:
+        os.write(self.master, data.encode())
+
+
+class Terminal:
+    """``chatlane chat …`` running under a pseudo-terminal, typed into like a person would.
+
+    Its output is read two ways: as text (control sequences left out), and as
+    the screen a terminal emulator draws of it. The line history is kept in
+    ``state`` (``$XDG_STATE_HOME``).
+    """
+
+    def __init__(self, *args: str, cwd: Path, state: Path, env: dict[str, str]) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+        self.master = master
+        self.screen = Screen(master)
+        self.stream = pyte.ByteStream(self.screen)
         self.process = subprocess.Popen(
             [sys.executable, "-c", LAUNCH, "chat", *args],
             stdin=slave,
@@ -67,7 +98,7 @@ class Terminal:
             stderr=slave,
             start_new_session=True,
             cwd=cwd,
-            env=clean_env(),
+            env={**clean_env(), "TERM": "xterm", "XDG_STATE_HOME": str(state), **env},
         )
         os.close(slave)
         self.output = b""
@@ -76,16 +107,42 @@ class Terminal:
     def type(self, keys: str) -> None:
         os.write(self.master, keys.encode())
 
+    @property
+    def text(self) -> str:
+        """Everything printed so far, without control sequences."""
+        return ANSI.sub(b"", self.output).decode(errors="replace")
+
     def expect(self, text: str, timeout: float = 30) -> str:
         """Wait for ``text`` after what was already matched; the output up to its end."""
         deadline = time.monotonic() + timeout
-        while (found := self.output.find(text.encode(), self.seen)) < 0:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._read(left):
-                raise AssertionError(f"no {text!r} in {self.output[self.seen :].decode()!r}")
-        end = found + len(text.encode())
-        before, self.seen = self.output[self.seen : end], end
-        return before.decode(errors="replace")
+        while (found := self.text.find(text, self.seen)) < 0:
+            self._read_until(deadline, f"no {text!r} in {self.text[self.seen :]!r}")
+        end = found + len(text)
+        before, self.seen = self.text[self.seen : end], end
+        return before
+
+    def expect_prompt(self, above: str = "", timeout: float = 30) -> None:
+        """Wait until the screen shows an empty prompt at the cursor, with ``above`` on a
+        line over it."""
+        deadline = time.monotonic() + timeout
+        while not self.prompting(above):
+            self._read_until(deadline, "no empty prompt under " + repr(above))
+
+    def expect_input(self, line: str, timeout: float = 30) -> None:
+        """Wait until the prompt at the cursor holds ``line``, as typed or recalled."""
+        deadline = time.monotonic() + timeout
+        while self.screen.display[self.screen.cursor.y].rstrip() != f"> {line}":
+            self._read_until(deadline, f"no {line!r} at the prompt")
+
+    def prompting(self, above: str) -> bool:
+        lines, cursor = self.screen.display, self.screen.cursor
+        at_prompt = lines[cursor.y].rstrip() == ">" and cursor.x == 2
+        return at_prompt and (not above or any(above in line for line in lines[: cursor.y]))
+
+    def _read_until(self, deadline: float, failure: str) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not self._read(left):
+            raise AssertionError(f"{failure}; the screen:\n" + "\n".join(self.screen.display))
 
     def _read(self, timeout: float) -> bool:
         ready, _, _ = select.select([self.master], [], [], min(timeout, 0.5))
@@ -96,10 +153,16 @@ class Terminal:
         except OSError:  # EIO: the program closed the terminal
             return False
         self.output += data
+        self.stream.feed(data)
         return bool(data)
 
     def wait(self, timeout: float = 30) -> int:
-        return self.process.wait(timeout)
+        """The exit status, once the program ended (its output read meanwhile, as a terminal
+        does, so it is never held up writing or waiting for an answer to a query)."""
+        deadline = time.monotonic() + timeout
+        while self._read(max(0.0, deadline - time.monotonic())) and time.monotonic() < deadline:
+            pass
+        return self.process.wait(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -109,8 +172,11 @@ class Terminal:
 
 
 @contextlib.contextmanager
-def running_terminal(*args: str, cwd: Path) -> Iterator[Terminal]:
-    term = Terminal(*args, cwd=cwd)
+def running_terminal(
+    *args: str, cwd: Path, state: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[Terminal]:
+    state = state or cwd.with_name(cwd.name + "-state")
+    term = Terminal(*args, cwd=cwd, state=state, env=env or {})
     try:
         yield term
     finally:
@@ -186,44 +252,115 @@ def free_port() -> int:
 
 def test_a_conversation_in_a_terminal(tmp_path: Path) -> None:
     with running_terminal("--local", cwd=tmp_path) as term:
-        term.expect("> ")
-        term.type("hello\n")
-        assert "echo: hello" in term.expect("> ")
-        term.type("whoami\n")
-        assert "platform=api chat=terminal-" in term.expect("> ")
-        term.type("/status\n")
-        assert "Status: idle" in term.expect("> ")
+        term.expect_prompt()
+        term.type("hello\r")
+        term.expect_prompt(above="echo: hello")  # typing waits for the prompt, as a person does
+        term.type("whoami\r")
+        term.expect_prompt(above="platform=api chat=terminal-")
+        term.type("/status\r")
+        term.expect("Status: idle")
+        term.expect_prompt(above="Status: idle")
         term.type("\x04")  # Ctrl-D
         assert term.wait() == 0
     assert not list(tmp_path.iterdir()), "--local keeps its store in memory"
 
 
-def test_ctrl_c_cancels_a_streaming_reply_then_leaves_from_the_prompt(tmp_path: Path) -> None:
+def test_ctrl_c_stops_the_turn_and_the_prompt_stays_after_an_approval(tmp_path: Path) -> None:
     with running_terminal("--local", "--session", "ctrl-c", cwd=tmp_path) as term:
-        term.expect("> ")
-        term.type("approve ls -l\n")
+        term.expect_prompt()
+        term.type("approve ls -l\r")
         term.expect("Approval needed")
-        term.type("/approve\n")  # sent while the first reply is still open
-        assert "approved: ls -l" in term.expect("> ")
-        term.type("sleep 30\nhello again\n")
-        term.expect("Queued")
-        term.type("\x03")  # Ctrl-C while both replies are open
-        term.expect("cancelled")
-        term.expect("> ")
-        term.type("/stop\n")
-        term.expect("Stopped the running turn")
-        term.expect("> ")
-        term.type("hello\n")
-        assert "echo: hello" in term.expect("> ")
-        term.type("\x03")  # Ctrl-C at the prompt
+        # drawn again under the approval request, whose turn waits for the answer
+        term.expect_prompt(above="Reply /approve")
+        term.type("/approve\r")  # sent while the first reply is still open
+        term.expect_prompt(above="approved: ls -l")
+        term.type("sleep 30\r")
+        term.expect_prompt(above="sleep 30")
+        term.type("hello again\r")
+        term.expect_prompt(above="Queued")
+        term.type("\x03")  # Ctrl-C while both replies are open: the client sends /stop
+        term.expect("Ctrl-C: stopping the turn")
+        term.expect("Stopped the running turn. Dropped 1 queued message.")
+        term.expect_prompt(above="Stopped the running turn")
+        term.type("hello\r")
+        term.expect_prompt(above="echo: hello")
+        term.type("\x03")  # Ctrl-C at an empty prompt
         assert term.wait() == 128 + signal.SIGINT
-        assert b"Traceback" not in term.output
+        assert "Traceback" not in term.text
+
+
+def test_history_is_kept_and_searched_and_commands_complete(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (tmp_path / "cwd").mkdir()
+    with running_terminal("--local", cwd=tmp_path / "cwd", state=state) as term:
+        term.expect_prompt()
+        term.type("hello from before\r")
+        term.expect_prompt(above="echo: hello from before")
+        term.type("whoami\r")
+        term.expect_prompt(above="platform=api")
+        term.type("\x04")
+        assert term.wait() == 0
+    history = state / "chatlane" / "chat_history"
+    assert stat.S_IMODE(history.stat().st_mode) == 0o600
+    assert stat.S_IMODE(history.parent.stat().st_mode) == 0o700
+    with running_terminal("--local", cwd=tmp_path / "cwd", state=state) as term:
+        term.expect_prompt()
+        term.type("\x1b[A\x1b[A")  # up, up: the line before the last
+        term.expect_input("hello from before")
+        term.type("\r")
+        term.expect("echo: hello from before")
+        term.expect_prompt(above="echo: hello from before")
+        term.type("\x12from bef")  # Ctrl-R, then part of a line
+        term.expect("reverse-i-search")
+        term.type("\r")  # takes the line found
+        term.expect_input("hello from before")
+        term.type("\r")
+        term.expect("echo: hello from before")
+        term.expect_prompt(above="echo: hello from before")
+        term.type("/sta\t")  # Tab completes the gateway's /status
+        term.expect_input("/status")
+        term.type("\r")
+        term.expect_prompt(above="Status: idle")
+        term.type("\x04")
+        assert term.wait() == 0
+
+
+def test_a_line_typed_halfway_is_dropped_by_ctrl_c_not_sent(tmp_path: Path) -> None:
+    with running_terminal("--local", "--session", "half", cwd=tmp_path) as term:
+        term.expect_prompt()
+        term.type("do not send this\x03")
+        term.type("/status\r")
+        term.expect_prompt(above="Status: idle")
+        term.type("\x04")
+        assert term.wait() == 0
+    assert "echo: do not send this" not in term.text
+
+
+async def test_a_reply_line_shows_while_it_streams(tmp_path: Path) -> None:
+    shown = asyncio.Event()
+
+    async def two_pieces(turn: Turn) -> AsyncIterator[str]:
+        yield "first piece, "
+        await asyncio.wait_for(shown.wait(), 30)  # only once the terminal showed it
+        yield "second piece"
+
+    async with serving(two_pieces) as url:
+        with running_terminal("--url", url, "--session", "pieces", cwd=tmp_path) as term:
+            await asyncio.to_thread(term.expect_prompt)
+            term.type("go\r")
+            await asyncio.to_thread(term.expect, "first piece,")
+            shown.set()
+            await asyncio.to_thread(term.expect, "second piece")
+            await asyncio.to_thread(term.expect_prompt, "first piece, second piece")
+            assert "first piece, second piece" in term.text, "one line, in two pieces"
+            term.type("\x04")
+            assert await asyncio.to_thread(term.wait) == 0
 
 
 def test_quit_leaves_with_status_0(tmp_path: Path) -> None:
     with running_terminal("--local", "--store", f"sqlite:///{tmp_path}/c.db", cwd=tmp_path) as term:
-        term.expect("> ")
-        term.type("/quit\n")
+        term.expect_prompt()
+        term.type("/quit\r")
         assert term.wait() == 0
 
 

@@ -61,6 +61,14 @@ def session_summary(state: SessionState, hub: Hub) -> dict[str, Any]:
     }
 
 
+def command_list(hub: Hub) -> list[dict[str, str]]:
+    """The slash commands the gateway knows (as ``/help`` lists them), for clients to complete."""
+    return [
+        {"name": spec.name, "usage": spec.usage, "summary": spec.summary}
+        for spec in hub.gateway.router
+    ]
+
+
 def _authorized(request: Request, hub: Hub) -> bool:
     """No token is configured, or the request carries the hub's current one (never reread)."""
     return hub.access.admits_bearer(request.headers)
@@ -95,6 +103,11 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
 
     async def healthy(request: Request) -> JSONResponse:
         return health(hub)
+
+    async def commands(request: Request) -> JSONResponse:
+        if not _authorized(request, hub):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
+        return JSONResponse({"commands": command_list(hub)})
 
     async def sessions(request: Request) -> JSONResponse:
         if not _authorized(request, hub):
@@ -152,6 +165,7 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
             _store_failures_as_503(redeliver),
             methods=["POST"],
         ),
+        Route("/admin/commands", commands, methods=["GET"]),
         Route("/admin/sessions", _store_failures_as_503(sessions), methods=["GET"]),
         Route("/admin/sessions/{key:path}", _store_failures_as_503(one), methods=["GET"]),
         Route("/admin/failed", _store_failures_as_503(failed), methods=["GET"]),

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -85,7 +86,7 @@ def serve(
         pass
 
 
-def _admin_get(url: str, path: str, token: str | None, method: str = "GET") -> Any:
+def _admin_get(url: str, token: str, path: str, method: str = "GET") -> Any:
     import httpx
 
     headers = {b"Authorization": b"Bearer " + token.encode()} if token else {}
@@ -103,23 +104,60 @@ def _admin_get(url: str, path: str, token: str | None, method: str = "GET") -> A
         ) from None
 
 
-_URL = click.option(
-    "--url", default="http://127.0.0.1:8080", show_default=True, help="The running gateway."
-)
-_TOKEN = click.option(
-    "--token",
-    envvar="CHATLANE_TOKEN",
-    default=None,
-    help="Access token (default: $CHATLANE_TOKEN).",
-)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _gateway_options(command: F) -> F:
+    """``--url``, ``--token`` and ``--config``: the gateway a client command talks to."""
+    options = (
+        click.option(
+            "--url",
+            default=None,
+            help="The running gateway (default: $CHATLANE_URL, else the configured "
+            "server.host and server.port, http://127.0.0.1:8080 without configuration).",
+        ),
+        click.option(
+            "--token",
+            default=None,
+            help="Access token (default: the configured server.token, $CHATLANE_TOKEN).",
+        ),
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="The gateway's chatlane.toml, read as `chatlane serve` reads it.",
+        ),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _gateway(config_path: str | None, url: str | None, token: str | None) -> tuple[str, str]:
+    """The gateway's URL and token: the options, else as ``chatlane serve`` is configured.
+
+    :raises click.ClickException: for a configuration that cannot be read.
+    """
+    from chatlane.config import gateway_url, load_config
+    from chatlane.secrets import read_secret
+
+    try:
+        config = load_config(config_path)
+        if url is None:
+            url = gateway_url(config)
+        if token is None:
+            token = read_secret(config.server.token)
+    except ChatlaneError as error:
+        raise click.ClickException(str(error)) from None
+    return url, token
 
 
 @main.command()
-@_URL
-@_TOKEN
-def sessions(url: str, token: str | None) -> None:
+@_gateway_options
+def sessions(url: str | None, token: str | None, config_path: str | None) -> None:
     """List the sessions a running gateway holds."""
-    items = _admin_get(url, "/admin/sessions", token)["sessions"]
+    items = _admin_get(*_gateway(config_path, url, token), "/admin/sessions")["sessions"]
     keys = [_shown(item["key"]) for item in items]
     width = max([48, *map(len, keys)])
     click.echo(f"{'KEY':<{width}} {'STATE':<10} {'GEN':>5} {'QUEUED':>6} {'IDLE(s)':>8}")
@@ -137,22 +175,31 @@ def _shown(value: object) -> str:
 
 @main.command()
 @click.argument("session_key")
-@_URL
-@_TOKEN
-def inspect(session_key: str, url: str, token: str | None) -> None:
-    """Show one session's state and recent transcript."""
+@_gateway_options
+@click.option("--json", "as_json", is_flag=True, help="The gateway's answer as it is (JSON).")
+def inspect(
+    session_key: str, url: str | None, token: str | None, config_path: str | None, as_json: bool
+) -> None:
+    """Show one session's state, queue and recent transcript."""
     from urllib.parse import quote
 
-    detail = _admin_get(url, "/admin/sessions/" + quote(session_key, safe=""), token)
-    click.echo(escape_json_controls(json.dumps(detail, indent=2, ensure_ascii=False)))
+    from chatlane.cli_views import session_lines
+
+    path = "/admin/sessions/" + quote(session_key, safe="")
+    detail = _admin_get(*_gateway(config_path, url, token), path)
+    if as_json:  # raw line breaks are the indentation's only: JSON escapes those in strings
+        dumped = json.dumps(detail, indent=2, ensure_ascii=False)
+        click.echo("\n".join(map(escape_json_controls, dumped.split("\n"))))
+        return
+    for line in session_lines(detail):
+        click.echo(escape_controls(line))
 
 
 @main.command()
-@_URL
-@_TOKEN
-def failed(url: str, token: str | None) -> None:
+@_gateway_options
+def failed(url: str | None, token: str | None, config_path: str | None) -> None:
     """List the messages set aside as failed (oldest first), with why."""
-    items = _admin_get(url, "/admin/failed", token)["failed"]
+    items = _admin_get(*_gateway(config_path, url, token), "/admin/failed")["failed"]
     if not items:
         click.echo("no failed messages")
     for item in items:
@@ -162,14 +209,13 @@ def failed(url: str, token: str | None) -> None:
 
 @main.command()
 @click.argument("message_id")
-@_URL
-@_TOKEN
-def retry(message_id: str, url: str, token: str | None) -> None:
+@_gateway_options
+def retry(message_id: str, url: str | None, token: str | None, config_path: str | None) -> None:
     """Run a failed message again (in its place in its session's queue)."""
     from urllib.parse import quote
 
     path = f"/admin/failed/{quote(message_id, safe='')}/retry"
-    _admin_get(url, path, token, method="POST")
+    _admin_get(*_gateway(config_path, url, token), path, method="POST")
     click.echo(f"{_shown(message_id)} is queued again")
 
 
@@ -181,11 +227,10 @@ def retry(message_id: str, url: str, token: str | None) -> None:
     show_default=True,
     help="Which deliveries to list.",
 )
-@_URL
-@_TOKEN
-def deliveries(state: str, url: str, token: str | None) -> None:
+@_gateway_options
+def deliveries(state: str, url: str | None, token: str | None, config_path: str | None) -> None:
     """List the delivery ledger: dead letters (with why) by default, and its counts."""
-    answer = _admin_get(url, f"/admin/deliveries?state={state}", token)
+    answer = _admin_get(*_gateway(config_path, url, token), f"/admin/deliveries?state={state}")
     stats = answer["stats"]
     click.echo(f"pending {stats['pending']}  dead {stats['dead']}")
     if not answer["deliveries"]:
@@ -197,14 +242,15 @@ def deliveries(state: str, url: str, token: str | None) -> None:
 
 @main.command()
 @click.argument("delivery_id")
-@_URL
-@_TOKEN
-def redeliver(delivery_id: str, url: str, token: str | None) -> None:
+@_gateway_options
+def redeliver(
+    delivery_id: str, url: str | None, token: str | None, config_path: str | None
+) -> None:
     """Send a dead delivery again, in its place among its chat's pending ones, attempts reset."""
     from urllib.parse import quote
 
     path = f"/admin/deliveries/{quote(delivery_id, safe='')}/retry"
-    _admin_get(url, path, token, method="POST")
+    _admin_get(*_gateway(config_path, url, token), path, method="POST")
     click.echo(f"{_shown(delivery_id)} is pending again")
 
 
@@ -214,11 +260,10 @@ def cron() -> None:
 
 
 @cron.command("list")
-@_URL
-@_TOKEN
-def cron_list(url: str, token: str | None) -> None:
+@_gateway_options
+def cron_list(url: str | None, token: str | None, config_path: str | None) -> None:
     """List every job: id, next run, where it came from, whether it is paused."""
-    items = _admin_get(url, "/admin/cron", token)["jobs"]
+    items = _admin_get(*_gateway(config_path, url, token), "/admin/cron")["jobs"]
     if not items:
         click.echo("no scheduled jobs")
     for item in items:
@@ -232,23 +277,29 @@ def cron_list(url: str, token: str | None) -> None:
 
 @cron.command("remove")
 @click.argument("job_id")
-@_URL
-@_TOKEN
-def cron_remove(job_id: str, url: str, token: str | None) -> None:
+@_gateway_options
+def cron_remove(job_id: str, url: str | None, token: str | None, config_path: str | None) -> None:
     """Remove a stored job, in every process sharing the store."""
     from urllib.parse import quote
 
-    _admin_get(url, f"/admin/cron/{quote(job_id, safe='')}", token, method="DELETE")
+    path = f"/admin/cron/{quote(job_id, safe='')}"
+    _admin_get(*_gateway(config_path, url, token), path, method="DELETE")
     click.echo(f"removed job {job_id}")
 
 
 @main.command()
-@_URL
+@_gateway_options
 @click.option("--session", default=None, help="Session name (default: terminal-<user name>).")
-@_TOKEN
 @click.option("--local", is_flag=True, help="Run an in-process gateway instead of using --url.")
 @click.option("--store", default=None, help="With --local: memory:// (default), sqlite:///path…")
-def chat(url: str, session: str | None, token: str | None, local: bool, store: str | None) -> None:
+def chat(
+    url: str | None,
+    token: str | None,
+    config_path: str | None,
+    session: str | None,
+    local: bool,
+    store: str | None,
+) -> None:
     """Talk to a gateway from the terminal, replies streamed (Ctrl-D or /quit to leave)."""
     import asyncio
 
@@ -260,13 +311,15 @@ def chat(url: str, session: str | None, token: str | None, local: bool, store: s
         name = default_session() if session is None else check_session(session)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--session") from None
+    if not local:
+        url, token = _gateway(config_path, url, token)
     try:
         token = check_token(token or "")
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--token") from None
     local_store = (store or "memory://") if local else None
     try:
-        code = asyncio.run(run_chat(url, name, token, local_store))
+        code = asyncio.run(run_chat(url or "", name, token, local_store, config_path))
     except ChatlaneError as error:
         raise click.ClickException(str(error)) from None
     except KeyboardInterrupt:

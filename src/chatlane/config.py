@@ -182,6 +182,9 @@ class ApiClientConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     clients: dict[str, ApiClientConfig] = msgspec.field(default_factory=dict)
     """When set, every ``/v1`` request needs one client's token, and names only its sessions."""
+    models: list[str] = msgspec.field(default_factory=list)
+    """More names ``model`` may take (listed by ``GET /v1/models``), for clients that send
+    a fixed one; any other name but ``chatlane`` (and the ``openai`` agent's) gets 404."""
 
 
 class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -556,6 +559,37 @@ def _check_api_clients(api: ApiConfig) -> None:
                     f"client {other!r} uses {prefix!r}, which starts with it, so {name!r} "
                     "could name its sessions"
                 )
+
+
+URL_VARIABLE: Final = "CHATLANE_URL"
+"""Names the gateway the command-line clients talk to, over the configuration's address."""
+
+
+def gateway_url(config: Config, environ: Mapping[str, str] | None = None) -> str:
+    """Where a client on this machine reaches the gateway ``config`` serves.
+
+    ``$CHATLANE_URL`` when set; else ``server.host`` and ``server.port``, with a
+    wildcard host (``0.0.0.0``, ``::``) reached on loopback.
+    """
+    environ = os.environ if environ is None else environ
+    named = environ.get(URL_VARIABLE, "").strip()
+    if named:
+        return named
+    host = config.server.host
+    if config.server.is_wildcard():
+        host = "::1" if ":" in host else "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{config.server.port}"
+
+
+def chat_history_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Where ``chatlane chat`` keeps the lines typed at its prompt: ``chatlane/chat_history``
+    in the user's state folder (``$XDG_STATE_HOME``, else ``~/.local/state``)."""
+    environ = os.environ if environ is None else environ
+    state = environ.get("XDG_STATE_HOME", "").strip()
+    base = Path(state) if Path(state).is_absolute() else Path.home() / ".local" / "state"
+    return base / "chatlane" / "chat_history"
 
 
 def client_prefix(name: str, client: ApiClientConfig) -> str:

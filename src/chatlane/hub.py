@@ -44,9 +44,10 @@ from chatlane import admin
 from chatlane.access import AccessToken
 from chatlane.agents import load_agent
 from chatlane.asgi import App, HostCheck
+from chatlane.commands import CommandSpec
 from chatlane.config import Config
 from chatlane.delivery.worker import Sender
-from chatlane.errors import ChatlaneError
+from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
@@ -217,11 +218,27 @@ async def open_hub(
         )
     secrets = resolve_secrets(config) if secrets is None else secrets
     agent = load_agent(config, secrets)
+    commands = _agent_commands(agent, config.agent.name)
     store = await open_store(config.store.url)
     bind = getattr(agent, "bind", None)
     if callable(bind):
         bind(store)
-    return Hub(config, store, agent, secrets=secrets)
+    hub = Hub(config, store, agent, secrets=secrets)
+    for spec in commands:
+        hub.gateway.router.register(spec)
+    return hub
+
+
+def _agent_commands(agent: Agent, name: str) -> list[CommandSpec]:
+    """The slash commands an agent brings in its ``commands`` attribute (none without one).
+
+    :raises ConfigError: naming the agent, if one of them is not a :class:`CommandSpec`.
+    """
+    commands = list(getattr(agent, "commands", ()))
+    for spec in commands:
+        if not isinstance(spec, CommandSpec):
+            raise ConfigError(f"agent {name!r}: its commands must be CommandSpec, not {spec!r}")
+    return commands
 
 
 def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette:

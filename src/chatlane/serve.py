@@ -276,11 +276,22 @@ class AnnouncingServer(uvicorn.Server):
 
 
 def announce(config: Config) -> None:
-    """Print where the gateway can be reached (the store's URL without its credentials)."""
+    """Print where the gateway can be reached, and its store: the URL without its
+    credentials, and a SQLite store's file as an absolute path."""
     base = f"http://{config.server.host}:{config.server.port}"
     print(
         f"chatlane is ready\n  web chat: {base}/\n  API:      {base}/v1  "
         f"(OpenAI-compatible)\n  metrics:  {base}/metrics   health: {base}/health\n"
-        f"  store:    {redact_urls(config.store.url)}   agent: {config.agent.name}",
+        f"  store:    {shown_store(config.store.url)}   agent: {config.agent.name}",
         flush=True,
     )
+
+
+def shown_store(url: str) -> str:
+    """``url`` without credentials; for SQLite, with the file's absolute path after it."""
+    shown = redact_urls(url)
+    if url.startswith("sqlite:"):
+        from chatlane.stores.sqlite_schema import parse_url
+
+        shown += f" (file {parse_url(url).path.absolute()})"
+    return shown

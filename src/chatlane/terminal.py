@@ -10,11 +10,14 @@ What stays true:
   works the same and is sent strictly one line after the other.
 * On a terminal, a line typed while a reply streams is sent at once (after the
   previous request was accepted, so the order is kept): ``/approve``,
-  ``/stop`` and friends work mid-reply.
+  ``/stop`` and friends work mid-reply. When standard output is a terminal
+  too, lines are read with an editor (:mod:`chatlane.terminal_prompt`:
+  history, Ctrl-R, completion) whose prompt stays live under the replies.
 * The user sees a message, never a traceback: HTTP errors print the gateway's
   message; an unreachable gateway or a refused token ends with status 1.
-* Ctrl-C cancels the replies in flight and returns to the prompt; at an idle
-  prompt it exits with status 130; EOF and ``/quit`` exit with status 0.
+* Ctrl-C while replies are awaited stops the turn: their requests are
+  cancelled and ``/stop`` is sent, and the prompt is back. At an idle prompt
+  it exits with status 130; EOF and ``/quit`` exit with status 0.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import click
@@ -40,6 +44,7 @@ import uvicorn
 
 from chatlane.errors import ChatlaneError
 from chatlane.identity import check_session_name
+from chatlane.terminal_prompt import Command, Prompt, open_history
 
 EXIT_INTERRUPTED = 130
 _SESSION_CHARS = re.compile(r"[^A-Za-z0-9._@:+-]")
@@ -179,16 +184,29 @@ class Console:
     concurrent replies and status lines never share a line.
     """
 
-    def __init__(self, out: TextIO, err: TextIO, interactive: bool) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        err: TextIO,
+        interactive: bool,
+        *,
+        redraw: Callable[[], None] | None = None,
+    ) -> None:
         self.out = out
         self.err = err
         self.interactive = interactive
+        self.own_prompt = interactive and redraw is None
+        """Whether this console prints the prompt (not when an editor draws its own)."""
         self.prompting = False
         self._owner: object | None = None
+        self._redraw = redraw
+        self.partial = ""
+        """With an editor: the reply's unfinished line, which the editor shows above its
+        prompt (``redraw`` tells it to) until the line is complete and printed."""
 
     def prompt(self) -> None:
         """Show the prompt once (a terminal only); it is due again after the next line."""
-        if self.interactive and not self.prompting:
+        if self.own_prompt and not self.prompting:
             self._write(self.out, "> ")
             self.prompting = True
 
@@ -203,8 +221,15 @@ class Console:
     def chunk(self, text: str, owner: object) -> None:
         if self._owner is not owner:
             self.newline()
-        self._write(self.out, clean(text))
-        self._owner = None if text.endswith("\n") else owner
+        if self._redraw is None:
+            self._write(self.out, clean(text))
+            self._owner = None if text.endswith("\n") else owner
+            return
+        *lines, self.partial = (self.partial + clean(text)).split("\n")
+        if lines:
+            self._write(self.out, "\n".join(lines) + "\n")
+        self._owner = owner if self.partial else None
+        self._redraw()
 
     def end(self, owner: object) -> None:
         """``owner``'s reply is complete: finish its line."""
@@ -212,29 +237,39 @@ class Console:
             self.newline()
 
     def status(self, text: str) -> None:
-        self.newline()
+        self._aside()
         self._write(self.err, click.style(f"-- {clean(text)}", dim=True) + "\n")
 
     def error(self, text: str) -> None:
-        self.newline()
+        self._aside()
         self._write(self.err, click.style(f"! {clean(text)}", fg="red", bold=True) + "\n")
+
+    def _aside(self) -> None:
+        """Make room for a line that is not reply text: end the reply's unfinished line,
+        unless the editor shows it (then the line goes above it, and it goes on)."""
+        if self._redraw is None:
+            self.newline()
 
     def newline(self) -> None:
         """End the unfinished reply line, if any."""
-        if self._owner is not None:
-            self._write(self.out, "\n")
-            self._owner = None
+        if self._owner is None:
+            return
+        self._write(self.out, self.partial + "\n")
+        self._owner = None
+        if self._redraw is not None:
+            self.partial = ""
+            self._redraw()
 
     def interrupted(self) -> None:
         """Ctrl-C cancelled the replies in flight (the terminal echoed ``^C`` mid-line)."""
-        if self._owner is None and self.interactive:
+        if self._owner is None and self.own_prompt:
             self._write(self.out, "\n")
-        self.status("cancelled (the gateway may still finish the turn; /stop stops it)")
+        self.status("Ctrl-C: stopping the turn (/stop)")
 
     def leave(self) -> None:
         """The conversation ends: the shell's prompt starts on a line of its own."""
         self.newline()
-        if self.interactive:
+        if self.own_prompt:
             self._write(self.out, "\n")
 
     def _write(self, stream: TextIO, text: str) -> None:
@@ -317,10 +352,20 @@ class Chat:
         self.inflight: set[asyncio.Task[None]] = set()
         self._order = asyncio.Lock()
 
-    async def run(self, stdin_fd: int) -> int:
-        """Talk until EOF, ``/quit``, Ctrl-C at the prompt, or a fatal error; the exit status."""
+    async def run(
+        self, stdin_fd: int, editor: Callable[[Chat], Awaitable[Prompt]] | None = None
+    ) -> int:
+        """Talk until EOF, ``/quit``, Ctrl-C at the prompt, or a fatal error; the exit status.
+
+        :param editor: makes the prompt that reads the lines (else ``stdin_fd`` is read
+            as it comes); it is made once the gateway answered, with its commands.
+        """
         await self.probe()
-        start_reader(stdin_fd, self.events)
+        reading = None
+        if editor is None:
+            start_reader(stdin_fd, self.events)
+        else:
+            reading = asyncio.create_task(self._edit(await editor(self)))
         self.console.prompt()
         try:
             while True:
@@ -328,7 +373,31 @@ class Chat:
                 if code is not None:
                     return code
         finally:
+            if reading is not None:
+                reading.cancel()
             await self.cancel()
+
+    async def _edit(self, prompt: Prompt) -> None:
+        """Queue the lines ``prompt`` reads, then :class:`Eof` or :class:`Interrupt`."""
+
+        def put(line: str | None) -> None:
+            self.events.put_nowait(Eof() if line is None else line)
+
+        try:
+            await prompt.until_closed(put)
+        except KeyboardInterrupt:
+            self.events.put_nowait(Interrupt())
+
+    async def commands(self) -> list[Command]:
+        """The slash commands the gateway knows (none if it does not say)."""
+        try:
+            response = await self.http.get(
+                self._url("/admin/commands"), headers=self.gateway.headers()
+            )
+            listed = response.json()["commands"] if response.status_code == 200 else []
+            return [Command(str(item["name"]), str(item.get("summary", ""))) for item in listed]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return []
 
     async def probe(self) -> None:
         """Fail early if the gateway is unreachable or refuses the token.
@@ -377,12 +446,17 @@ class Chat:
             if not self.inflight:
                 self.console.prompt()
             return None
-        task = asyncio.create_task(self.exchange(text))
-        self.inflight.add(task)
-        task.add_done_callback(self._finished)
+        task = self.submit(text)
         if not self.console.interactive:
             await asyncio.wait({task})
         return None
+
+    def submit(self, text: str) -> asyncio.Task[None]:
+        """Send ``text`` (after the requests before it were accepted) and print its reply."""
+        task = asyncio.create_task(self.exchange(text))
+        self.inflight.add(task)
+        task.add_done_callback(self._finished)
+        return task
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.inflight.discard(task)
@@ -392,13 +466,18 @@ class Chat:
         self.events.put_nowait(Idle())
 
     def interrupt(self) -> None:
-        """Ctrl-C: cancel the replies in flight, or leave if there are none."""
-        if not self.inflight:
+        """Ctrl-C: stop the turn if replies are awaited, else leave."""
+        if self.inflight:
+            self.stop()
+        else:
             self.events.put_nowait(Interrupt())
-            return
+
+    def stop(self) -> None:
+        """Stop awaiting the replies in flight, and send ``/stop`` to stop the turn."""
         for task in self.inflight:
             task.cancel()
         self.console.interrupted()
+        self.submit("/stop")
 
     async def drain(self) -> None:
         if self.inflight:
@@ -480,20 +559,68 @@ def on_sigint(chat: Chat) -> Iterator[None]:
 
 
 async def converse(
-    gateway: RemoteGateway, stdin_fd: int = 0, out: TextIO | None = None, err: TextIO | None = None
+    gateway: RemoteGateway,
+    stdin_fd: int = 0,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    history: Path | None = None,
 ) -> int:
     """Run one terminal conversation with ``gateway``; the exit status.
+
+    With a terminal on ``stdin_fd`` and on standard output (and ``out`` and
+    ``err`` not given), lines are read with the editor of
+    :mod:`chatlane.terminal_prompt`, its history kept in ``history`` (default:
+    :func:`~chatlane.config.chat_history_path`).
 
     :raises GatewayUnreachable: if the gateway cannot be reached at the start.
     :raises TokenRefused: if the gateway refuses the token at the start.
     """
     interactive = os.isatty(stdin_fd)
+    if interactive and out is None and err is None and sys.stdout.isatty():
+        return await _converse_edited(gateway, stdin_fd, history)
     console = Console(out or sys.stdout, err or sys.stderr, interactive)
-    timeout = httpx.Timeout(10.0, read=None)
-    async with httpx.AsyncClient(timeout=timeout) as http:
+    async with _client() as http:
         chat = Chat(gateway, http, console)
         with on_sigint(chat):
             return await chat.run(stdin_fd)
+
+
+async def _converse_edited(gateway: RemoteGateway, stdin_fd: int, history: Path | None) -> int:
+    """:func:`converse` with the editor's prompt, live under the replies."""
+    from prompt_toolkit.application import get_app_or_none
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    from chatlane.config import chat_history_path
+
+    def redraw() -> None:
+        app = get_app_or_none()
+        if app is not None:
+            app.invalidate()
+
+    kept, problem = open_history(history or chat_history_path())
+    async with _client() as http:
+        with patch_stdout(raw=True):
+            console = Console(sys.stdout, sys.stderr, True, redraw=redraw)
+            chat = Chat(gateway, http, console)
+
+            async def editor(chat: Chat) -> Prompt:
+                if problem:
+                    console.status(problem)
+                return Prompt(
+                    kept,
+                    await chat.commands(),
+                    busy=lambda: bool(chat.inflight),
+                    stop=chat.stop,
+                    above=lambda: console.partial,
+                )
+
+            with on_sigint(chat):
+                return await chat.run(stdin_fd, editor)
+
+
+def _client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
 
 
 class _QuietServer(uvicorn.Server):
@@ -521,7 +648,9 @@ async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def local_gateway(store_url: str) -> AsyncIterator[tuple[str, str]]:
+async def local_gateway(
+    store_url: str, config_path: str | None = None
+) -> AsyncIterator[tuple[str, str]]:
     """An in-process gateway (configured agent, API adapter) on a free loopback port.
 
     Yields its URL and access token; on exit it shuts down like ``chatlane serve``.
@@ -534,7 +663,7 @@ async def local_gateway(store_url: str) -> AsyncIterator[tuple[str, str]]:
     from chatlane.hub import build_app, open_hub
     from chatlane.secrets import resolve_secrets
 
-    config = load_config()
+    config = load_config(config_path)
     secrets = resolve_secrets(config)
     hub = await open_hub(config, store_url, secrets=secrets)
     hub.add(ApiAdapter(config, access=hub.access, secrets=secrets))
@@ -553,12 +682,15 @@ async def local_gateway(store_url: str) -> AsyncIterator[tuple[str, str]]:
                 await hub.store.close()
 
 
-async def run_chat(url: str, session: str, token: str, local_store: str | None) -> int:
-    """``chatlane chat``: talk to the gateway at ``url``, or to a local one with this store.
+async def run_chat(
+    url: str, session: str, token: str, local_store: str | None, config_path: str | None = None
+) -> int:
+    """``chatlane chat``: talk to the gateway at ``url``, or to a local one with this store
+    (configured from ``config_path`` and the environment, as ``chatlane serve`` is).
 
     :raises ChatlaneError: if the conversation cannot start (see :func:`converse`).
     """
     if local_store is None:
         return await converse(RemoteGateway(url, session, token))
-    async with local_gateway(local_store) as (local_url, local_token):
+    async with local_gateway(local_store, config_path) as (local_url, local_token):
         return await converse(RemoteGateway(local_url, session, token or local_token))

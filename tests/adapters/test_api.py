@@ -21,7 +21,7 @@ from chatlane.adapters.api import ApiAdapter
 from chatlane.adapters.api_waiters import INTERRUPTED_TEXT, NOT_RUN_TEXT, STOPPED_TEXT
 from chatlane.adapters.api_wire import ApiRequestError, ChunkEvents, check_origin, chunk, sse_data
 from chatlane.agents.demo import DemoAgent
-from chatlane.config import Config, Secret, ServerConfig
+from chatlane.config import AgentConfig, ApiConfig, Config, Secret, ServerConfig
 from chatlane.hub import Hub, build_app
 from chatlane.runtime.aside import SIDE_MARK
 from chatlane.runtime.busy import BusyPolicy, BusySettings
@@ -154,7 +154,10 @@ async def test_streaming_completion(tmp_path: Path) -> None:
         assert "".join(parts) == "echo: hello there"
         assert len([p for p in parts if p]) >= 3
         stream = await s.client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "whoami"}], user="bob", stream=True
+            model="chatlane",
+            messages=[{"role": "user", "content": "whoami"}],
+            user="bob",
+            stream=True,
         )
         async with stream:
             events = [event async for event in stream]
@@ -433,6 +436,67 @@ async def test_models_lists_chatlane(tmp_path: Path) -> None:
         with pytest.raises(openai.NotFoundError) as missing:
             await s.client.models.retrieve("gpt-none")
         assert missing.value.code == "model_not_found"
+        assert missing.value.param == "model"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_model_the_gateway_does_not_list_is_404_as_openai_answers(
+    tmp_path: Path, stream: bool
+) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        with pytest.raises(openai.NotFoundError) as missing:
+            await s.client.chat.completions.create(
+                model="gpt-none",
+                messages=[{"role": "user", "content": "hello"}],
+                user="alice",
+                stream=stream,
+            )
+        assert missing.value.code == "model_not_found"
+        assert missing.value.param == "model"
+        assert missing.value.type == "invalid_request_error"
+        assert "'gpt-none' does not exist here: this gateway serves 'chatlane'" in (
+            missing.value.message
+        )
+        assert s.adapter.waiting == 0
+        assert await s.ask("/status", "alice") == await s.ask("/status", "fresh"), "nothing ran"
+
+
+async def test_the_openai_agents_model_is_served_too(tmp_path: Path) -> None:
+    config = make_config(tmp_path, agent=AgentConfig(name="openai"))
+    async with serve(config) as s:
+        assert [m.id for m in (await s.client.models.list()).data] == ["chatlane", "gpt-4o-mini"]
+        reply = await s.client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "/status"}], user="a"
+        )
+        assert reply.model == "gpt-4o-mini"
+        assert "Status: idle" in (reply.choices[0].message.content or "")
+
+
+async def test_api_models_names_more_models(tmp_path: Path) -> None:
+    config = make_config(tmp_path, api=ApiConfig(models=["gpt-4o", "chatlane", " "]))
+    async with serve(config) as s:
+        assert [m.id for m in (await s.client.models.list()).data] == ["chatlane", "gpt-4o"]
+        reply = await s.client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], user="a"
+        )
+        assert (reply.model, reply.choices[0].message.content) == ("gpt-4o", "echo: hi")
+        with pytest.raises(openai.NotFoundError):
+            await s.client.models.retrieve("gpt-4")
+
+
+async def test_a_bad_field_is_named_in_param_to_the_sdk(tmp_path: Path) -> None:
+    async with serve(make_config(tmp_path)) as s:
+        messages: list[Any] = [
+            {"role": "system", "content": "be brief"},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": [{"type": "text", "text": 5}]},
+        ]
+        with pytest.raises(openai.BadRequestError) as bad:
+            await s.client.chat.completions.create(
+                model="chatlane", messages=messages, user="alice"
+            )
+        assert bad.value.param == "messages[2].content[0].text"
+        assert bad.value.code == "invalid_request"
 
 
 @pytest.mark.parametrize(
@@ -468,31 +532,84 @@ async def test_an_empty_model_name_means_the_default(tmp_path: Path) -> None:
 
 
 BAD_BODIES = [
-    (b"{not json", "not valid JSON"),
-    (b"\xff\xfe", "not valid JSON"),
-    (b"[1, 2]", "JSON object"),
-    (b'{"user": "u", "messages": "hi"}', "non-empty list"),
-    (b'{"user": "u", "messages": []}', "non-empty list"),
-    (b'{"user": "u", "messages": [1]}', "messages[0] must be an object"),
-    (b'{"user": "u", "messages": [{"role": "system", "content": "x"}]}', "role 'user'"),
-    (b'{"user": "u", "messages": [{"role": "user", "content": 5}]}', "string or a list"),
-    (b'{"user": "u", "messages": [{"role": "user", "content": [{"type": "text"}]}]}', "'text'"),
-    (b'{"user": "u", "messages": [{"role": "user", "content": "  "}]}', "has no text"),
-    (b'{"user": "u", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}', "stream"),
-    (b'{"user": 7, "messages": [{"role": "user", "content": "x"}]}', "'user' must be"),
-    (b'{"user": "u", "model": 1, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
-    (b'{"user": "u", "model": 0, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
-    (b'{"user": "u", "model": false, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
-    (b'{"user": "u", "model": [], "messages": [{"role": "user", "content": "x"}]}', "'model'"),
-    (b'{"user": "u", "model": {}, "messages": [{"role": "user", "content": "x"}]}', "'model'"),
-    (b'{"user": "u", "messages": [{"role": "user", "content": "\\ud800"}]}', "Unicode"),
-    (b'{"user": "' + b"u" * 300 + b'", "messages": [{"role": "user", "content": "x"}]}', "256"),
-    (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),
+    (b"{not json", "not valid JSON", None),
+    (b"\xff\xfe", "not valid JSON", None),
+    (b"[1, 2]", "JSON object", None),
+    (b'{"user": "u", "messages": "hi"}', "non-empty list", "messages"),
+    (b'{"user": "u", "messages": []}', "non-empty list", "messages"),
+    (b'{"user": "u", "messages": [1]}', "messages[0] must be an object", "messages[0]"),
+    (b'{"user": "u", "messages": [{"role": "system", "content": "x"}]}', "role 'user'", "messages"),
+    (
+        b'{"user": "u", "messages": [{"role": "user", "content": 5}]}',
+        "string or a list",
+        "messages[0].content",
+    ),
+    (
+        b'{"user": "u", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},'
+        b" 3]}]}",
+        "messages[0].content must hold objects",
+        "messages[0].content[1]",
+    ),
+    (
+        b'{"user": "u", "messages": [{"role": "user", "content": [{"type": "text"}]}]}',
+        "'text'",
+        "messages[0].content[0].text",
+    ),
+    (
+        b'{"user": "u", "messages": [{"role": "user", "content": "  "}]}',
+        "has no text",
+        "messages[0].content",
+    ),
+    (
+        b'{"user": "u", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}',
+        "stream",
+        "stream",
+    ),
+    (b'{"user": 7, "messages": [{"role": "user", "content": "x"}]}', "'user' must be", "user"),
+    (b'{"messages": [{"role": "user", "content": "x"}]}', "name the session", "user"),
+    (
+        b'{"user": "u", "model": 1, "messages": [{"role": "user", "content": "x"}]}',
+        "'model'",
+        "model",
+    ),
+    (
+        b'{"user": "u", "model": 0, "messages": [{"role": "user", "content": "x"}]}',
+        "'model'",
+        "model",
+    ),
+    (
+        b'{"user": "u", "model": false, "messages": [{"role": "user", "content": "x"}]}',
+        "'model'",
+        "model",
+    ),
+    (
+        b'{"user": "u", "model": [], "messages": [{"role": "user", "content": "x"}]}',
+        "'model'",
+        "model",
+    ),
+    (
+        b'{"user": "u", "model": {}, "messages": [{"role": "user", "content": "x"}]}',
+        "'model'",
+        "model",
+    ),
+    (
+        b'{"user": "u", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        "Unicode",
+        "messages[0].content",
+    ),
+    (
+        b'{"user": "' + b"u" * 300 + b'", "messages": [{"role": "user", "content": "x"}]}',
+        "256",
+        "user",
+    ),
+    (b"[" * 200_000 + b"]" * 200_000, "nested too deeply", None),
 ]
 
 
-@pytest.mark.parametrize(("body", "expected"), BAD_BODIES)
-async def test_malformed_requests_get_400(tmp_path: Path, body: bytes, expected: str) -> None:
+@pytest.mark.parametrize(("body", "expected", "param"), BAD_BODIES)
+async def test_malformed_requests_get_400_naming_the_field(
+    tmp_path: Path, body: bytes, expected: str, param: str | None
+) -> None:
     async with serve(make_config(tmp_path)) as s, httpx.AsyncClient() as http:
         response = await http.post(
             f"{s.base_url}/chat/completions",
@@ -503,6 +620,7 @@ async def test_malformed_requests_get_400(tmp_path: Path, body: bytes, expected:
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error"
         assert expected in error["message"]
+        assert error["param"] == param
         assert s.adapter.waiting == 0
 
 

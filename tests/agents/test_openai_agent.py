@@ -25,7 +25,7 @@ from chatlane.agents.openai_agent import (
     request_options,
     upstream_session,
 )
-from chatlane.config import Config, OpenAIConfig, Secret, ServerConfig
+from chatlane.config import ApiConfig, Config, OpenAIConfig, Secret, ServerConfig
 from chatlane.endpoints import NOT_ALLOWED
 from chatlane.hub import Hub, build_app
 from chatlane.runtime.busy import BusyPolicy, BusySettings
@@ -105,6 +105,7 @@ async def upstream(tmp_path: Path, busy: str = "queue") -> AsyncIterator[Upstrea
     config = Config(
         server=ServerConfig(token=Secret(file=str(token_file))),
         runtime=RuntimeSettings(busy=BusySettings(BusyPolicy(busy))),
+        api=ApiConfig(models=["upstream-model", "other-model", "m"]),  # the names asked for here
     )
     hub = Hub(config, await open_store("memory://"), DemoAgent())
     adapter = ApiAdapter(config)

@@ -139,13 +139,30 @@ class TestUrl:
         with pytest.raises(StoreError, match="store URL"):
             parse_url(url)
 
-    async def test_relative_path_and_missing_directories(
+    async def test_a_relative_path_is_under_the_working_directory(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.chdir(tmp_path)
-        opened = await open_store("sqlite:///nested/deeper/chatlane.db")
+        (tmp_path / "nested").mkdir()
+        opened = await open_store("sqlite:///nested/chatlane.db")
         await opened.close()
-        assert (tmp_path / "nested" / "deeper" / "chatlane.db").is_file()
+        assert (tmp_path / "nested" / "chatlane.db").is_file()
+
+    async def test_a_missing_folder_is_an_error_not_created(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(StoreError) as raised:
+            await open_store("sqlite:///nested/deeper/chatlane.db")
+        assert str(raised.value) == (
+            f"cannot create SQLite store '{tmp_path}/nested/deeper/chatlane.db': "
+            f"'{tmp_path}/nested/deeper' does not exist "
+            "(chatlane creates the database file, not its folder)"
+        )
+        assert not (tmp_path / "nested").exists()
+        (tmp_path / "nested").write_text("a file")
+        with pytest.raises(StoreError, match="nested' is not a folder"):
+            await open_store(f"sqlite:///{tmp_path}/nested/chatlane.db")
 
 
 class TestFile:

@@ -30,6 +30,7 @@ def mode(path: Path) -> int:
 @pytest.mark.usefixtures("open_umask")
 async def test_the_database_and_its_wal_are_created_0600(tmp_path: Path) -> None:
     path = tmp_path / "new" / "chatlane.db"
+    path.parent.mkdir()  # the store makes its file, not its folder
     store = await open_store(f"sqlite:///{path}")
     try:
         await store.enqueue(chat_key("c", "web"), "m1", "owner", b"payload")

@@ -15,8 +15,10 @@ What stays true:
   was dropped (never while the store still holds it queued); with
   409 (``reject`` policy, also when the session turns out busy in another
   process), 429 (queue full), 403 (not on the allowlist), 504
-  (no progress for the ceiling) or 503 (shutting down). Bad input gets a 400,
-  413 or 415 JSON error, a bad token 401 — never a 500.
+  (no progress for the ceiling) or 503 (shutting down). Bad input gets a 400
+  (``param`` naming the field), 413 or 415 JSON error, a model that
+  ``GET /v1/models`` does not list a 404 ``model_not_found``, a bad token
+  401 — never a 500.
 * No web page can drive a session: a chat completion must be sent as
   ``application/json`` (which a browser never posts cross-site without a CORS
   preflight, and none is granted), and a request whose ``Origin`` is not the
@@ -82,6 +84,7 @@ from chatlane.adapters.api_wire import (
     json_response,
     model_entry,
     model_list,
+    model_not_found,
     parse_chat_request,
     receive_body,
     require_json_type,
@@ -142,6 +145,7 @@ class ApiAdapter:
         tokens = secrets.api_client_tokens if secrets else read_client_tokens(config)
         self.clients = ApiClients.from_config(config, tokens)
         self._models = _model_names(config)
+        self._served = frozenset(self._models)
         self.wait_timeout = _default_ceiling(config) if wait_timeout is None else wait_timeout
         self.tick = tick
         self.keepalive = keepalive
@@ -210,9 +214,8 @@ class ApiAdapter:
         try:
             self._authenticate(request)
             check_origin(request)
-            if name not in self._models:
-                message = f"no model named {name!r} here"
-                raise ApiRequestError(404, message, "invalid_request_error", "model_not_found")
+            if name not in self._served:
+                raise model_not_found(name, self._models)
         except ApiRequestError as error:
             return error_response(error)
         return json_response(model_entry(name))
@@ -330,6 +333,8 @@ class ApiAdapter:
         require_json_type(headers.get(b"content-type", b"").decode("latin-1"))
         data = decode_json(await receive_body(receive, headers.get(b"content-length", b"")))
         chat = parse_chat_request(data, _session_header(headers.get(b"x-chatlane-session")))
+        if chat.model not in self._served:
+            raise model_not_found(chat.model, self._models)
         busy = headers.get(b"x-chatlane-busy")
         if busy is not None:
             chat = dataclasses.replace(chat, busy_policy=busy_header(busy))
@@ -659,10 +664,12 @@ def _idempotency_key(value: bytes) -> str:
 
 
 def _model_names(config: Config) -> list[str]:
+    """What ``model`` may name: ``chatlane``, the ``openai`` agent's model, ``api.models``."""
     names = ["chatlane"]
-    if config.agent.name == "openai" and config.agent.openai.model not in names:
+    if config.agent.name == "openai":
         names.append(config.agent.openai.model)
-    return names
+    names.extend(config.api.models)
+    return list(dict.fromkeys(name for name in names if name.strip()))
 
 
 def _default_ceiling(config: Config) -> float:

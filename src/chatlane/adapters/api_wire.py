@@ -39,7 +39,14 @@ class ApiRequestError(ChatlaneError):
     """A request the API answers with an error status instead of running it."""
 
     def __init__(
-        self, status: int, message: str, kind: str, code: str | None = None, *, allow: str = ""
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        code: str | None = None,
+        *,
+        allow: str = "",
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -48,17 +55,36 @@ class ApiRequestError(ChatlaneError):
         self.code = code
         self.allow = allow
         """For a 405: the method the path takes (the ``Allow`` header)."""
+        self.param = param
+        """The request field at fault, as OpenAI names it (``messages[2].content``)."""
 
     def body(self) -> dict[str, Any]:
         """The OpenAI-shaped error body."""
         return {
-            "error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
         }
 
 
-def invalid(message: str) -> ApiRequestError:
-    """A 400 for a request that cannot be read."""
-    return ApiRequestError(400, message, "invalid_request_error", "invalid_request")
+def invalid(message: str, param: str | None = None) -> ApiRequestError:
+    """A 400 for a request that cannot be read; ``param`` names the body field at fault."""
+    return ApiRequestError(400, message, "invalid_request_error", "invalid_request", param=param)
+
+
+def model_not_found(name: str, known: Sequence[str]) -> ApiRequestError:
+    """The 404 for a model this gateway does not serve, as OpenAI answers it."""
+    served = ", ".join(repr(model) for model in known)
+    return ApiRequestError(
+        404,
+        f"the model {name!r} does not exist here: this gateway serves {served} (GET /v1/models)",
+        "invalid_request_error",
+        "model_not_found",
+        param="model",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +123,10 @@ def parse_chat_request(data: object, session_header: str | None) -> ChatRequest:
         raise invalid("the request body must be a JSON object")
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
-        raise invalid("'stream' must be true or false")
+        raise invalid("'stream' must be true or false", "stream")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
-        raise invalid("'model' must be a string")
+        raise invalid("'model' must be a string", "model")
     model = (model or "").strip() or DEFAULT_MODEL
     session = _session_name(session_header, data.get("user"))
     return ChatRequest(session, last_user_text(data.get("messages")), stream, model)
@@ -109,19 +135,21 @@ def parse_chat_request(data: object, session_header: str | None) -> ChatRequest:
 def _session_name(header: str | None, user: object) -> str:
     """The header if it is non-empty, else ``user``: exactly as sent, or refused with a 400."""
     if user is not None and not isinstance(user, str):
-        raise invalid("'user' must be a string")
+        raise invalid("'user' must be a string", "user")
     if header:
-        return _checked_name(header, "the X-Chatlane-Session header")
+        return _checked_name(header, "the X-Chatlane-Session header", None)
     if user:
-        return _checked_name(user, "the 'user' field")
-    raise invalid("name the session: send an X-Chatlane-Session header or set the 'user' field")
+        return _checked_name(user, "the 'user' field", "user")
+    raise invalid(
+        "name the session: send an X-Chatlane-Session header or set the 'user' field", "user"
+    )
 
 
-def _checked_name(name: str, what: str) -> str:
+def _checked_name(name: str, what: str, param: str | None) -> str:
     try:
         return check_session_name(name, what)
     except InvalidSessionName as error:
-        raise invalid(str(error)) from None
+        raise invalid(str(error), param) from None
 
 
 def last_user_text(messages: object) -> str:
@@ -130,17 +158,18 @@ def last_user_text(messages: object) -> str:
     :raises ApiRequestError: (400) if there is none, or it has no text.
     """
     if not isinstance(messages, list) or not messages:
-        raise invalid("'messages' must be a non-empty list")
+        raise invalid("'messages' must be a non-empty list", "messages")
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if not isinstance(message, dict):
-            raise invalid(f"messages[{index}] must be an object")
+            raise invalid(f"messages[{index}] must be an object", f"messages[{index}]")
         if message.get("role") == "user":
             text = _content_text(message.get("content"), index)
             if not text.strip():
-                raise invalid(f"messages[{index}] (the last user message) has no text")
+                what = f"messages[{index}]"
+                raise invalid(f"{what} (the last user message) has no text", f"{what}.content")
             return _valid_unicode(text, f"messages[{index}].content")
-    raise invalid("'messages' has no message with role 'user'")
+    raise invalid("'messages' has no message with role 'user'", "messages")
 
 
 def _content_text(content: object, index: int) -> str:
@@ -148,24 +177,32 @@ def _content_text(content: object, index: int) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise invalid(f"messages[{index}].content must be a string or a list of parts")
+        what = f"messages[{index}].content"
+        raise invalid(f"{what} must be a string or a list of parts", what)
     texts: list[str] = []
     for part in content:
         if not isinstance(part, dict):
-            raise invalid(f"messages[{index}].content must hold objects")
+            raise _bad_part(index, content.index(part), " must hold objects", "")
         if part.get("type") == "text":
             text = part.get("text")
             if not isinstance(text, str):
-                raise invalid(f"messages[{index}].content: a text part needs a string 'text'")
+                where = content.index(part)
+                raise _bad_part(index, where, ": a text part needs a string 'text'", ".text")
             texts.append(text)
     return "\n".join(texts)
+
+
+def _bad_part(index: int, number: int, problem: str, field: str) -> ApiRequestError:
+    """The 400 for part ``number`` of ``messages[index].content`` (``field`` of it is at fault)."""
+    what = f"messages[{index}].content"
+    return invalid(what + problem, f"{what}[{number}]{field}")
 
 
 def _valid_unicode(text: str, what: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise invalid(f"{what} is not valid Unicode (lone surrogate)") from None
+        raise invalid(f"{what} is not valid Unicode (lone surrogate)", what) from None
     return text
 
 
@@ -558,6 +595,7 @@ __all__ = [
     "json_response",
     "model_entry",
     "model_list",
+    "model_not_found",
     "parse_chat_request",
     "read_body",
     "receive_body",

@@ -82,13 +82,20 @@ def create_if_missing(path: Path, build: Callable[[Path], None]) -> None:
     """Create the store at ``path`` with ``build`` (which fills a new file) if no file is there.
 
     Another process creating it at the same moment is fine: whichever links
-    first wins, and the other opens that one.
+    first wins, and the other opens that one. The folder must exist: a
+    mistyped path stops the start instead of scattering stores in new folders.
 
-    :raises StoreError: the directory or the file cannot be created, or only
-        a WAL is there.
+    :raises StoreError: the folder is missing, the file cannot be created, or
+        only a WAL is there.
     """
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise StoreError(
+            f"cannot create SQLite store {str(path.absolute())!r}: {str(folder)!r} {what} "
+            "(chatlane creates the database file, not its folder)"
+        )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         if os.path.lexists(path):
             return
         _refuse_orphan_wal(path)

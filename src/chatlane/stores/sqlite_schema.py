@@ -236,11 +236,11 @@ def _busy_timeout(url: str, query: str) -> int:
 
 
 def connect(location: Location) -> sqlite3.Connection:
-    """Open, check, configure and migrate the store's file, creating it (and its directory)
-    only if no file is there.
+    """Open, check, configure and migrate the store's file, creating it only if no file is
+    there (its folder must exist).
 
     :raises StoreDamaged: the file is empty, damaged, or lost committed writes.
-    :raises StoreError: the directory cannot be created, the file is not a
+    :raises StoreError: the folder is missing, the file is not a
         chatlane store, or its schema is newer than this version knows.
     """
     create_if_missing(location.path, lambda temporary: _build(temporary, location))
