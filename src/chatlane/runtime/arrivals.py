@@ -316,14 +316,10 @@ class BusyDesk:
             queue_cap=settings.queue_cap,
             depth=settings.interrupt_depth,
         )
-        if outcome is BusyOutcome.INTERRUPTING:
+        if outcome in _REACHING:
             state.conversation.interrupt_streak += 1
             self._metrics.busy(outcome.value, policy.value)
-            self._slots.spawn(self._interrupt_elsewhere(turn, message))
-        elif outcome is BusyOutcome.REDIRECTING:
-            state.conversation.interrupt_streak += 1
-            self._metrics.busy(outcome.value, policy.value)
-            self._slots.spawn(self._redirect_elsewhere(turn, message))
+            self._slots.spawn(self._reach_elsewhere(turn, message, outcome))
         elif outcome is BusyOutcome.REJECTED:
             turn.end(TurnEnd.REJECTED)
             turn.interrupted.set()  # no longer wanted: the lease wait ends
@@ -340,31 +336,31 @@ class BusyDesk:
             self._outlet.send(kind, turn.session_key, source, text, ids, refusal=refusal)
         )
 
-    async def _redirect_elsewhere(self, turn: Turn, message: InboundMessage) -> None:
+    async def _reach_elsewhere(
+        self, turn: Turn, message: InboundMessage, outcome: BusyOutcome
+    ) -> None:
+        """Interrupt or redirect (``outcome``) the turn another process runs, through the store."""
         state = turn.session_state
         try:
-            redirected = await redirect_elsewhere(self._store, state.key)
+            reached = await _REACHING[outcome](self._store, state.key)
         except ChatlaneError as error:
             log.warning(
-                "could not redirect the turn elsewhere: %s", error, extra=turn_fields(state.key)
+                "could not reach the turn elsewhere (%s): %s",
+                outcome,
+                error,
+                extra=turn_fields(state.key),
             )
             return  # the message still waits for its turn
-        log.info("redirected elsewhere", extra=turn_fields(state.key, redirected))
+        log.info("%s the turn elsewhere", outcome, extra=turn_fields(state.key, reached))
         if self._ack_due(state, message):
-            self._tell(turn, OutboundKind.ACK, ack_text(BusyOutcome.REDIRECTING, 0))
+            self._tell(turn, OutboundKind.ACK, ack_text(outcome, 0))
 
-    async def _interrupt_elsewhere(self, turn: Turn, message: InboundMessage) -> None:
-        state = turn.session_state
-        try:
-            interrupted = await interrupt_elsewhere(self._store, state.key)
-        except ChatlaneError as error:
-            log.warning(
-                "could not interrupt the turn elsewhere: %s", error, extra=turn_fields(state.key)
-            )
-            return  # the message still waits for its turn
-        log.info("interrupted elsewhere", extra=turn_fields(state.key, interrupted))
-        if self._ack_due(state, message):
-            self._tell(turn, OutboundKind.ACK, ack_text(BusyOutcome.INTERRUPTING, 0))
+
+_REACHING = {
+    BusyOutcome.INTERRUPTING: interrupt_elsewhere,
+    BusyOutcome.REDIRECTING: redirect_elsewhere,
+}
+"""How a turn another process runs is reached, by the outcome that reaches it."""
 
 
 @dataclass(frozen=True, slots=True)
