@@ -198,6 +198,20 @@ def test_admin_output_shows_control_characters_escaped(command: list[str], body:
 # -- finding the gateway as `chatlane serve` is configured, against a real one ------------------
 
 
+class _Signalling(uvicorn.Server):
+    """A uvicorn server that sets :attr:`ready` once it listens (or failed to)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.ready.set()
+
+
 @contextlib.asynccontextmanager
 async def real_gateway(token: str) -> AsyncIterator[int]:
     """A gateway (API and admin routes) on a free loopback port with ``token``; its port."""
@@ -205,16 +219,16 @@ async def real_gateway(token: str) -> AsyncIterator[int]:
     secrets = resolve_secrets(config, {"CHATLANE_TOKEN": token})
     hub = Hub(config, await open_store("memory://"), DemoAgent(), secrets=secrets)
     hub.add(ApiAdapter(config, access=hub.access, secrets=secrets))
-    with socket.socket() as sock:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as sock:
         sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(build_app(hub), lifespan="on", log_level="warning"))
+        server = _Signalling(uvicorn.Config(build_app(hub), lifespan="on", log_level="warning"))
         task = asyncio.create_task(server.serve(sockets=[sock]))
         try:
-            async with asyncio.timeout(20):
-                while not server.started:
-                    if task.done():
-                        raise AssertionError("the gateway did not start")
-                    await asyncio.sleep(0.02)
+            ready = asyncio.create_task(server.ready.wait())
+            await asyncio.wait({ready, task}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+            ready.cancel()
+            if not server.started:
+                raise AssertionError("the gateway did not start")
             yield sock.getsockname()[1]
         finally:
             server.should_exit = True
