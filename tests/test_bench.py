@@ -130,6 +130,7 @@ def test_http_runs_both_servers_in_every_cell() -> None:
     assert "passed" in report
 
 
+@pytest.mark.timeout(240)  # a process per configuration, each filled with sessions
 def test_memory_measures_every_configuration_and_brings_sessions_back() -> None:
     args = ["--sessions", "120", "--warmup", "10", "--sample", "5", "--room", "40"]
     report = run_bench("memory", *args, rounds=False)

@@ -105,6 +105,7 @@ def store_figures(url: str, message_ids: list[str]) -> tuple[int, int]:
     return asyncio.run(read())
 
 
+@pytest.mark.timeout(300)  # 10,000 messages through four processes: 45 to 85 s on two cores
 def test_chaos_loses_nothing_and_labels_every_repeat(
     store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
