@@ -14,6 +14,7 @@ import pytest
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.output import CUT_SHORT, cut_short
+from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, open_store
 from chatlane.testing import GatewayHarness
@@ -231,3 +232,37 @@ async def test_a_redirect_reaches_a_turn_another_process_runs(
         assert await here.pending(key) == []
     ends = {o.message_id: o.outcome for o in (*runner.outcomes, *other.outcomes)}
     assert ends[first.message_id] is ends[second.message_id] is Outcome.ANSWERED
+
+
+async def waits_to_be_stopped(turn: Turn) -> str:
+    await turn.interrupted.wait()
+    return "stopped"
+
+
+class CountsReads(MemoryStore):
+    """Counts the reads of a session's stored fields."""
+
+    reads = 0
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, object]:
+        self.reads += 1
+        return await super().load_persistent(key)
+
+
+@pytest.mark.parametrize(("policy", "reads"), [("redirect", 1), ("queue", 0), ("rollback", 0)])
+async def test_a_fence_check_reads_for_redirects_only_where_the_session_redirects(
+    policy: str, reads: int
+) -> None:
+    """At thousands of running turns a read each per fence check would starve renewals:
+    only a session whose own policy is ``redirect`` is watched for one."""
+    store = CountsReads()
+    checked_here_only = LeaseSettings(fence_check=0)  # no background check meanwhile
+    async with GatewayHarness(
+        waits_to_be_stopped, busy=policy, store=store, leases=checked_here_only
+    ) as h:
+        await h.send("hold on", chat_id="c")
+        await h.until_running(chat_id="c")
+        before = store.reads
+        await h.gateway.engine.upkeep.check_fences()
+        assert store.reads - before == reads
+        await h.send("/stop", chat_id="c")

@@ -111,6 +111,14 @@ class BusyDesk:
                 log.warning("ignoring the message's busy policy: %s", error)
         return session
 
+    def redirectable(self, turn: Turn) -> bool:
+        """Whether another process may redirect ``turn``: its session's own policy (not a
+        message's) is ``redirect``. Only such turns are watched for it, so the fence
+        check reads nothing more for every other session."""
+        state = turn.session_state
+        policy = resolve_policy(self._settings.busy, turn.source, state.persistent.busy_policy)
+        return policy is BusyPolicy.REDIRECT
+
     # -- the session runs here ---------------------------------------------------
 
     async def arrive(self, state: SessionState, message: InboundMessage, seq: int) -> BusyOutcome:
@@ -316,6 +324,8 @@ class BusyDesk:
             queue_cap=settings.queue_cap,
             depth=settings.interrupt_depth,
         )
+        if outcome is BusyOutcome.REDIRECTING and not self.redirectable(turn):
+            outcome = BusyOutcome.QUEUED  # only a redirect session's turns are watched for one
         if outcome in _REACHING:
             state.conversation.interrupt_streak += 1
             self._metrics.busy(outcome.value, policy.value)

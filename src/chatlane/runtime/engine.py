@@ -150,6 +150,7 @@ class TurnEngine:
             self.metrics,
             self.adopt,
             turn_timeout=self.settings.turn_timeout,
+            redirectable=self.busy.redirectable,
         )
         self.capacity = Capacity(self.settings.capacity, self.slots)
         self._expiry_margin = expiry_margin(self.settings.leases)

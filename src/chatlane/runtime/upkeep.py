@@ -21,9 +21,10 @@ What stays true:
   with the store's (one batched read, :meth:`~chatlane.stores.base.Store.generations`):
   a turn another process fenced (``/stop`` or ``/new`` sent there, or an
   interrupt) is reported at once, not at the next renewal. A failed check is
-  logged and changes nothing. The same check reads each running turn's
-  ``redirect_generation`` field (one read per turn) and redirects the turn
-  another process asked to redirect.
+  logged and changes nothing. The same check reads the
+  ``redirect_generation`` field of each running turn whose session's own
+  policy is ``redirect`` (one read per such turn; none for other sessions)
+  and redirects the turn another process asked to redirect.
 * Every ``fence_check`` seconds (or ``renew_every``), the messages this process
   accepted that left for another process are looked up in the store (one
   batch), and those whose fate is known get their outcome
@@ -90,6 +91,7 @@ class Upkeep:
         adopt: Adopt,
         *,
         turn_timeout: float,
+        redirectable: Callable[[Turn], bool] = lambda turn: False,
     ) -> None:
         self._leases = leases
         self._slots = slots
@@ -98,6 +100,8 @@ class Upkeep:
         self._metrics = metrics
         self._adopt = adopt
         self._turn_timeout = turn_timeout
+        self._redirectable = redirectable
+        """Whether another process may redirect a turn: only those are read for it."""
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
         """Whether :meth:`start` started the loops (a plain attribute: read per message)."""
@@ -215,7 +219,11 @@ class Upkeep:
 
     async def _redirect_asked(self, held: list[Turn]) -> None:
         """Redirect the running turns another process asked to (``redirect_generation``)."""
-        running = [t for t in held if t.is_current() and not t.interrupted.is_set()]
+        running = [
+            t
+            for t in held
+            if t.is_current() and not t.interrupted.is_set() and self._redirectable(t)
+        ]
         if not running:
             return
         try:
