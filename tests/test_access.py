@@ -15,8 +15,9 @@ from chatlane.config import Config, ServerConfig
 from chatlane.errors import ConfigError
 from chatlane.serve import configure
 from tests.adapters.test_api import TOKEN, serve
+from tests.ports import free_port
 from tests.test_operating import config_with_token
-from tests.test_serve import free_port, start, stop, wait_ready
+from tests.test_serve import start, stop, wait_ready
 
 ROUTES = ("/admin/sessions", "/metrics", "/v1/models")
 

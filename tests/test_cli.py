@@ -26,6 +26,7 @@ from chatlane.config import Config, ServerConfig, gateway_url
 from chatlane.hub import Hub, build_app
 from chatlane.secrets import resolve_secrets
 from chatlane.stores import open_store
+from tests.ports import free_port
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -84,13 +85,6 @@ def test_bad_chat_type_is_refused_by_click() -> None:
     code, output = run("key", "build", "--platform", "x", "--chat-id", "1", "--chat-type", "room")
     assert code == 2
     assert "Invalid value for '--chat-type'" in output
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests.ports import free_port
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 MARK = "<!-- run as written by tests/test_docs.py -->\n```python\n"
 
@@ -24,13 +25,6 @@ def examples(page: str) -> list[str]:
     """The Python blocks of ``docs/<page>`` marked as run by this file."""
     text = (DOCS / page).read_text()
     return re.findall(re.escape(MARK) + r"(.*?)```", text, flags=re.DOTALL)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager

@@ -19,7 +19,8 @@ import uvicorn
 from chatlane.config import Config, ServerConfig
 from chatlane.hub import build_app, open_hub
 from chatlane.serve import add_adapters, connection_limits, uvicorn_config
-from tests.test_serve import free_port, read_response, start, stop, wait_ready
+from tests.ports import free_port
+from tests.test_serve import read_response, start, stop, wait_ready
 
 WAIT = 20.0
 """Bounds a wait for the server to act, so a missing deadline fails instead of hanging."""

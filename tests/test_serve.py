@@ -20,15 +20,9 @@ import pytest
 
 from chatlane.config import Config, ServerConfig, StoreConfig
 from chatlane.serve import STOPPED, announce
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

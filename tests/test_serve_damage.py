@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from tests.keys import chat_key
+from tests.ports import free_port
 from tests.stores.test_sqlite_damage import damage_the_second_half, fill, write_from_elsewhere
-from tests.test_serve import free_port, start, stop, wait_ready
+from tests.test_serve import start, stop, wait_ready
 
 KEY = chat_key("big", "api")
 

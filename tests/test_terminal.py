@@ -45,6 +45,7 @@ from chatlane.terminal import (
     parse_event,
 )
 from chatlane.types import Agent
+from tests.ports import free_port
 
 TOKEN = "terminal-t\u00f8ken"
 """Not ASCII: the client sends it as UTF-8, as the API compares it."""
@@ -238,13 +239,6 @@ async def converse_with(
     finally:
         os.close(fd)
     return code, out.getvalue(), err.getvalue()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # -- in a pseudo-terminal -------------------------------------------------------------------

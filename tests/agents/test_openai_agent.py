@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,17 +36,11 @@ from chatlane.stores import Store, open_store
 from chatlane.testing import GatewayHarness
 from chatlane.types import ModelChoice, OutboundKind
 from tests.keys import chat_key
+from tests.ports import free_port
 
 TOKEN = "upstream-token"
 ENDPOINT_FAILED = failure_text(EndpointFailed())
 """The one answer a chat gets when a model endpoint cannot be used, whatever the cause."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
