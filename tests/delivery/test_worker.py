@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
@@ -12,7 +12,7 @@ from chatlane.delivery import DeliverySettings, DeliveryWorker
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
 from chatlane.stores import MemoryStore, Store
-from chatlane.stores.base import DEAD, DELIVERED, PENDING
+from chatlane.stores.base import DEAD, DELIVERED, PENDING, Delivery
 from chatlane.types import InboundMessage, Outbound, OutboundKind
 from tests.delivery.platform import PlatformStandIn, permanent, rate_limited, transient
 from tests.runtime.agents import EchoAgent
@@ -231,6 +231,23 @@ class TestProcesses:
         assert second.platform.accepted[0].labelled is True
         assert second.platform.texts("c1") == ["echo: hello"]
 
+    async def test_a_claim_that_ran_short_before_its_send_is_released_unsent(self) -> None:
+        store = _StallingStore()  # the first claim comes back after most of its life is gone
+        settings = dataclasses.replace(FAST, claim_ttl=0.3, send_timeout=0.2)
+        rig = Rig(store, PlatformStandIn(), settings)
+        await rig.gateway.start()
+        try:
+            await rig.say("hello")
+            await rig.platform.until(lambda: len(rig.platform.accepted) == 1)
+            await eventually(rig.gateway.delivery, settled(store))
+        finally:
+            await rig.gateway.aclose()
+        assert store.stalled == 1
+        [only] = rig.platform.attempts  # the stalled claim sent nothing: another process
+        assert (only.attempts, only.uncertain) == (0, False)  # may hold it by then
+        [done] = await store.deliveries(DELIVERED)
+        assert done.reason == "its claim ran short before the send began"
+
     async def test_many_chats_with_a_flaky_platform_lose_nothing(self) -> None:
         store, platform = MemoryStore(), PlatformStandIn(flaky=0.2)
         rig = Rig(store, platform, dataclasses.replace(FAST, max_attempts=50))
@@ -257,3 +274,21 @@ def _without_labelled_repeats(platform: PlatformStandIn, chat: str) -> list[str]
             continue
         kept.append(accepted.text)
     return kept
+
+
+class _StallingStore(MemoryStore):
+    """A store whose first claim of deliveries returns only after its send window has
+    passed, as when the claiming process is starved of CPU or stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = 0
+
+    async def claim_deliveries(
+        self, lanes: Sequence[str], holder: str, ttl: float, limit: int
+    ) -> list[Delivery]:
+        claimed = await super().claim_deliveries(lanes, holder, ttl, limit)
+        if claimed and not self.stalled:
+            self.stalled += 1
+            await asyncio.sleep(ttl / 2)  # the fault: a stall, not a wait for an event
+        return claimed

@@ -5,6 +5,13 @@ What stays true:
 * A delivery is sent only under a claim of this process (the store hands a
   delivery to one claim at a time), and marked delivered only after its
   sender returned — the platform accepted it.
+* A send begins only while its claim has at least
+  :attr:`DeliverySettings.send_timeout` left on this host's clock (counted
+  from before the claim was asked for), so it ends or is abandoned before the
+  claim can pass to another process. A process that stalled after claiming
+  (starved of CPU, stopped) releases the delivery unsent instead of sending
+  it after a labelled re-send from elsewhere. Only a stall in the middle of a
+  send can still let its copy arrive after that re-send.
 * Deliveries to one target are sent one at a time, in recording order (the
   store claims only a target's oldest pending delivery, and only once its
   claim is settled).
@@ -218,9 +225,10 @@ class DeliveryWorker:
             self._woken.clear()
             room = settings.max_in_flight - len(self._in_flight)
             lanes = self._ready_lanes()
+            deadline = time.monotonic() + settings.claim_ttl - settings.send_timeout
             claimed = await self._claim(lanes, min(settings.claim_batch, room)) if lanes else []
             for delivery in claimed:
-                task = asyncio.create_task(self._deliver(delivery))
+                task = asyncio.create_task(self._deliver(delivery, deadline))
                 self._in_flight[task] = delivery
                 task.add_done_callback(self._finished)
             if claimed and len(claimed) == min(settings.claim_batch, room):
@@ -259,8 +267,10 @@ class DeliveryWorker:
 
     # -- one delivery --------------------------------------------------------------
 
-    async def _deliver(self, delivery: Delivery) -> None:
-        settlement = await self._attempt(delivery)
+    async def _deliver(self, delivery: Delivery, deadline: float) -> None:
+        """Send ``delivery`` if it can begin before ``deadline`` (``time.monotonic()``), and
+        settle it."""
+        settlement = await self._attempt(delivery, deadline)
         if self._count is not None:
             self._count(_OUTCOMES[settlement.kind])
         try:
@@ -274,11 +284,13 @@ class DeliveryWorker:
         settled, self._settled = self._settled, asyncio.Event()
         settled.set()
 
-    async def _attempt(self, delivery: Delivery) -> Settlement:
+    async def _attempt(self, delivery: Delivery, deadline: float) -> Settlement:
         """Send ``delivery`` once and say how it ended."""
         sender = self._senders.get(delivery.lane)
         if sender is None or not sender.ready():
             return _release(delivery, "the sender is not connected", delay=self._pause(delivery))
+        if time.monotonic() > deadline:  # the claim may run out mid-send: claim it afresh
+            return _release(delivery, "its claim ran short before the send began")
         try:
             outbound = outbound_of(delivery)
         except msgspec.DecodeError as error:
