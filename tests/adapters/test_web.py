@@ -187,6 +187,15 @@ async def test_connect_sends_commands_history_and_conversations(host: str) -> No
         assert item["id"] == greeting["history"]["conversation"]
 
 
+def test_browser_ids_are_hex_and_earlier_base64_ids_stay_valid() -> None:
+    ids = BrowserIds(b"s" * 32)
+    bid = ids.verify(ids.issue())
+    assert bid is not None
+    assert re.fullmatch(r"[0-9a-f]{36}", bid)  # Markdown-safe
+    earlier = "_viMq4R6y7gI5ESBZADVpj_-"  # as ids were issued before: URL-safe base64
+    assert ids.verify(f"{earlier}.{ids._mac(earlier)}") == earlier
+
+
 async def test_socket_without_identity_cookie_is_closed_4400(host: str) -> None:
     async with chat_socket(host, None) as ws:
         with pytest.raises(ConnectionClosed) as closed:

@@ -3,8 +3,11 @@
 A browser's id is its chat id and user id, so one browser is one session and
 its tabs are counted together. What stays true:
 
-* The identity cookie holds ``<id>.<mac>``: a random id (144 bits) and an
-  HMAC-SHA256 of it under the server's secret. A value is that id only when
+* The identity cookie holds ``<id>.<mac>``: a random id (144 bits, issued as
+  36 hex digits, so it reads and renders the same everywhere — no ``_`` or
+  ``-`` for Markdown to take as emphasis, or a double click to stop at) and an
+  HMAC-SHA256 of it under the server's secret. Ids issued earlier in
+  URL-safe base64 stay valid. A value is that id only when
   the whole value has this shape and the MAC matches (compared in constant
   time); anything else — an invented id, an old unsigned one, a value with
   anything around it — is no id at all.
@@ -53,7 +56,7 @@ class BrowserIds:
 
     def issue(self) -> str:
         """A fresh cookie value: a random id and its MAC."""
-        bid = secrets.token_urlsafe(18)
+        bid = secrets.token_hex(18)
         return f"{bid}.{self._mac(bid)}"
 
     def verify(self, value: str) -> str | None:
