@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
@@ -110,7 +111,8 @@ async def approving_agent(turn: Turn) -> str:
 
 
 class UntakenSteers:
-    """Accepts steering but never takes any; ``long`` holds its turn for ``hold`` seconds."""
+    """Accepts steering but never takes any; ``long`` holds its turn for ``hold`` seconds,
+    or until the turn is interrupted."""
 
     accepts_steering = True
 
@@ -119,5 +121,6 @@ class UntakenSteers:
 
     async def __call__(self, turn: Turn) -> str:
         if turn.text == "long":
-            await asyncio.sleep(self.hold)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(turn.interrupted.wait(), self.hold)
         return f"ran {turn.text}"
