@@ -191,6 +191,8 @@ class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = False
     token: Secret = Secret(env="TELEGRAM_BOT_TOKEN")
     api_url: str = "https://api.telegram.org"
+    typing: bool = True
+    """Show "typing…" in a chat while its message is being worked on."""
 
 
 class ResetPolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -9,6 +9,8 @@ form fields) and answers as the real API does: ``{"ok": true, "result": …}`` o
   confirms it, so a cancelled poll loses nothing.
 * ``sendMessage`` checks what Telegram checks (known chat, non-empty text, at
   most 4096 UTF-16 units) and records every accepted message.
+* ``sendChatAction`` checks the chat and the action and records each one
+  (:meth:`BotApi.actions`).
 * A method the stand-in does not implement gets a 400 naming it and is recorded
   in :attr:`BotApi.unknown`, so a test can fail on it.
 """
@@ -57,6 +59,33 @@ class Sent:
     thread_id: int | None
     message_id: int
     reply_markup: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Action:
+    """One chat action the bot showed (``typing``, …)."""
+
+    chat_id: int | str
+    action: str
+    thread_id: int | None
+
+
+CHAT_ACTIONS = frozenset(
+    [
+        "typing",
+        "upload_photo",
+        "record_video",
+        "upload_video",
+        "record_voice",
+        "upload_voice",
+        "upload_document",
+        "choose_sticker",
+        "find_location",
+        "record_video_note",
+        "upload_video_note",
+    ]
+)
+"""The actions ``sendChatAction`` takes."""
 
 
 def utf16_len(text: str) -> int:
@@ -108,6 +137,7 @@ class BotApi:
         self.unknown: list[str] = []
         self.answers: list[Params] = []
         self._sent: list[Sent] = []
+        self._actions: list[Action] = []
         self._updates: list[dict[str, Any]] = []
         self._chats: dict[int | str, dict[str, Any]] = {}
         self._failures: dict[str, list[tuple[int, str, int | None]]] = {}
@@ -226,6 +256,10 @@ class BotApi:
         """What the bot sent to ``chat_id``, oldest first."""
         return [sent for sent in self._sent if sent.chat_id == chat_id]
 
+    def actions(self, chat_id: int | str) -> list[Action]:
+        """The chat actions shown in ``chat_id``, in order."""
+        return [action for action in self._actions if action.chat_id == chat_id]
+
     async def wait_for_sent(self, chat_id: int | str, count: int = 1) -> list[Sent]:
         """Wait until the bot sent at least ``count`` messages to ``chat_id``; all of them.
 
@@ -311,6 +345,7 @@ class BotApi:
             "getUpdates": self._get_updates,
             "sendMessage": self._send_message,
             "answerCallbackQuery": self._answer_callback_query,
+            "sendChatAction": self._send_chat_action,
         }
 
     async def _get_me(self, params: Params) -> Response:
@@ -345,6 +380,17 @@ class BotApi:
         self._sent.append(sent)
         self._notify()
         return _ok(self._message(sent, chat))
+
+    async def _send_chat_action(self, params: Params) -> Response:
+        chat = self._chats.get(params.get("chat_id", ""))
+        action = str(params.get("action", ""))
+        if chat is None:
+            return _error(400, "Bad Request: chat not found")
+        if action not in CHAT_ACTIONS:
+            return _error(400, "Bad Request: wrong parameter action in request")
+        self._actions.append(Action(chat["id"], action, params.get("message_thread_id")))
+        self._notify()
+        return _ok(True)
 
     async def _answer_callback_query(self, params: Params) -> Response:
         self.answers.append(params)

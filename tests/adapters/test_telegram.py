@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from telegram import Update
 
@@ -224,6 +225,49 @@ async def test_a_message_during_a_turn_is_acknowledged_then_run(
         "slept 1",
         "echo: and then this",
     ]
+
+
+async def test_the_chat_shows_typing_while_its_turn_runs(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    assert adapter.typing is not None
+    adapter.typing.every = 0.05  # shown again and again while the turn runs
+    api.push_text(GROUP, ALICE, "sleep 30", thread_id=TOPIC, chat_type="supergroup")
+    await api.wait_for(lambda: len(api.actions(GROUP)) >= 2)
+    assert {(a.action, a.thread_id) for a in api.actions(GROUP)} == {("typing", TOPIC)}
+    api.push_text(GROUP, ALICE, "/stop", thread_id=TOPIC, chat_type="supergroup")
+    await api.wait_for_sent(GROUP)
+    await asyncio.wait_for(adapter.typing.settled(), 10)
+    assert adapter.typing.showing() == []  # the turn ended: so did the indicator
+
+
+async def test_a_command_answered_at_once_shows_no_typing(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(ALICE, ALICE, "/help")
+    await api.wait_for_sent(ALICE)
+    assert api.actions(ALICE) == []
+
+
+async def test_a_failed_typing_action_never_holds_up_the_reply(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.fail_next("sendChatAction", 400, "Bad Request: not enough rights")
+    api.push_text(ALICE, ALICE, "hello")
+    [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text == "echo: hello"
+
+
+async def test_typing_can_be_turned_off(api: BotApi, tmp_path: Path) -> None:
+    config = telegram_config(api, tmp_path)
+    config = msgspec.structs.replace(
+        config, telegram=msgspec.structs.replace(config.telegram, typing=False)
+    )
+    async with running(config) as (_, adapter):
+        assert adapter.typing is None
+        api.push_text(ALICE, ALICE, "hello")
+        await api.wait_for_sent(ALICE)
+    assert api.actions(ALICE) == []
 
 
 @pytest.mark.parametrize(

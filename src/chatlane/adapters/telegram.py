@@ -15,7 +15,9 @@ What stays true:
 * Every message handed to the hub is answered: by its turn, by a refusal, or —
   when the hub cannot take it — by a short notice in its chat and topic.
 * Handling an update only waits until chatlane has accepted the message, never
-  for the turn it starts.
+  for the turn it starts. While the message's session is busy with it, the
+  chat (and topic) shows "typing…" (:mod:`chatlane.adapters.typing`;
+  ``telegram.typing = false`` turns it off).
 * Replies go to the chat and topic the message came from. Each Telegram message
   holds at most 4096 UTF-16 code units, so long texts are split (at a newline
   or space where possible, never inside a character or an emoji sequence);
@@ -58,6 +60,7 @@ from telegram import (
     Update,
     User,
 )
+from telegram.constants import ChatAction
 from telegram.error import InvalidToken, TelegramError
 from telegram.ext import (
     Application,
@@ -69,7 +72,8 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
-from chatlane.adapters.telegram_delivery import SendRequest, send_parts
+from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
+from chatlane.adapters.typing import TypingIndicators
 from chatlane.approvals import is_request_id
 from chatlane.commands import parse_command
 from chatlane.config import Config
@@ -161,6 +165,8 @@ class TelegramAdapter:
         self._app: TelegramApp | None = None
         self._username = ""
         self._redactor: TokenRedactor | None = None
+        self.typing: TypingIndicators | None = None
+        """The typing indicators, while the bot runs with ``telegram.typing`` on."""
 
     def routes(self) -> Sequence[BaseRoute]:
         """None: the adapter polls Telegram rather than receiving webhooks."""
@@ -182,6 +188,11 @@ class TelegramAdapter:
             )
         self._redact(TokenRedactor(token))
         self._hub, self._app = hub, self._build(token)
+        if self._config.telegram.typing:
+            engine = hub.gateway.engine
+            self.typing = TypingIndicators(
+                self._show_typing, lambda key: bool(engine.unanswered(key))
+            )
         try:
             await self._launch(self._app, token)
         except ConfigError:
@@ -225,7 +236,10 @@ class TelegramAdapter:
     async def aclose(self) -> None:
         """Stop polling, finish the updates being handled, close the HTTP clients."""
         app, self._app = self._app, None
+        typing, self.typing = self.typing, None
         try:
+            if typing is not None:
+                await typing.aclose()
             if app is not None:
                 await _stop(app)
         finally:
@@ -346,13 +360,24 @@ class TelegramAdapter:
         if self._hub is None:
             return
         try:
-            await self._hub.submit(message)
+            result = await self._hub.submit(message)
         except ChatlaneError as error:
             log.warning("telegram message %s could not be handled: %s", message.id, error)
             await self._not_handled(message)
         except Exception:
             log.exception("telegram message %s could not be handled", message.id)
             await self._not_handled(message)
+        else:
+            if self.typing is not None and result.command is None and not result.refused:
+                self.typing.show(result.session_key, Target.of(message.source))
+
+    async def _show_typing(self, target: Target) -> None:
+        """``sendChatAction`` typing in ``target``'s chat and topic."""
+        app = self._app
+        if app is not None and target.chat_id is not None:
+            await app.bot.send_chat_action(
+                target.chat_id, ChatAction.TYPING, message_thread_id=thread_of(target)
+            )
 
     async def _not_handled(self, message: InboundMessage) -> None:
         target = Target.of(message.source)
