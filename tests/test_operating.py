@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 from click.testing import CliRunner
 
 from chatlane.cli import main
 from chatlane.config import Config, Secret, ServerConfig
+from chatlane.stores import sqlite_writer
 from tests.adapters.test_api import TOKEN, serve
 from tests.keys import chat_key
 
@@ -88,7 +90,10 @@ async def metrics_text(port: int) -> str:
         return (await client.get(f"http://127.0.0.1:{port}/metrics", headers=headers)).text
 
 
-async def test_metrics_show_where_sqlite_ran_a_turns_writes(tmp_path: Path) -> None:
+async def test_metrics_show_where_sqlite_ran_a_turns_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_writer, "PAUSE_AFTER_SLOW", 0.0)  # load slows no later write
     store = f"sqlite:///{tmp_path / 'chatlane.db'}"
     async with serve(config_with_token(tmp_path), store=store) as s:
         await s.client.chat.completions.create(
