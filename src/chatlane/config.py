@@ -195,6 +195,32 @@ class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Show "typing…" in a chat while its message is being worked on."""
 
 
+class SlackConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The Slack app: Events API over HTTP (``/slack/events``, ``/slack/interactions``)."""
+
+    enabled: bool = False
+    bot_token: Secret = Secret(env="SLACK_BOT_TOKEN")
+    """The bot user's OAuth token (``xoxb-…``), for the Web API."""
+    signing_secret: Secret = Secret(env="SLACK_SIGNING_SECRET")
+    """Checks that a request to ``/slack/…`` comes from Slack."""
+    api_url: str = "https://slack.com/api"
+    require_mention: bool = True
+    """Outside DMs, answer only a message that mentions the bot or one in a thread it is in."""
+    allowed_users: list[str] = msgspec.field(default_factory=list)
+    """Slack user ids that may use the bot; empty: everyone (``[allow] slack`` applies too)."""
+    allowed_channels: list[str] = msgspec.field(default_factory=list)
+    """Conversation ids (channels, private channels, group DMs) where the bot answers;
+    empty: every one it is in. DMs are governed by the user lists alone."""
+
+    def allows(self, source: SessionSource) -> bool:
+        """Whether ``source`` passes ``allowed_users`` and, outside a DM, ``allowed_channels``."""
+        if self.allowed_users and (source.user_id or "") not in self.allowed_users:
+            return False
+        if source.chat_type is ChatType.DM or not self.allowed_channels:
+            return True
+        return (source.chat_id or "") in self.allowed_channels
+
+
 class ResetPolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """When conversations end by themselves (both off by default)."""
 
@@ -249,6 +275,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     allow: dict[str, list[str]] = msgspec.field(default_factory=dict)
     """Per-platform allowlists of user ids; a platform not listed allows everyone."""
     telegram: TelegramConfig = TelegramConfig()
+    slack: SlackConfig = SlackConfig()
     delivery: DeliverySettings = DeliverySettings()
     confirm_new: bool = True
     namespace: str = "main"
@@ -260,10 +287,13 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """Whether ``source``'s user may use the gateway (a platform not in ``allow``: all may).
 
         The one authorization rule, for a message and for every run of a job
-        created from a chat alike.
+        created from a chat alike. Slack's own lists (:meth:`SlackConfig.allows`)
+        apply on top of ``allow.slack``.
         """
         allowed = self.allow.get(source.platform)
-        return allowed is None or (source.user_id or "") in allowed
+        if allowed is not None and (source.user_id or "") not in allowed:
+            return False
+        return source.platform != "slack" or self.slack.allows(source)
 
 
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:

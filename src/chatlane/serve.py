@@ -21,6 +21,7 @@ import msgspec
 import uvicorn
 from starlette.types import ASGIApp
 
+from chatlane.adapters.slack_wire import check_secrets
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.agents import needs_extra
 from chatlane.config import Config, check_config, load_config
@@ -101,6 +102,8 @@ def prepare(
             "telegram is enabled but has no bot token: set TELEGRAM_BOT_TOKEN "
             "(or configuration key 'telegram.token.env' / 'telegram.token.file')"
         )
+    if config.slack.enabled:
+        check_secrets(secrets.slack_bot_token, secrets.slack_signing_secret)
     build_scheduler(config)
     return config, secrets
 
@@ -141,8 +144,8 @@ def require_token(config: Config, secrets: Secrets) -> None:
 
 
 def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
-    """The web chat and the API always; Telegram when enabled. All share the hub's
-    access token; ``secrets`` (default: read now) gives them the rest."""
+    """The web chat and the API always; Telegram and Slack when enabled. All share the
+    hub's access token; ``secrets`` (default: read now) gives them the rest."""
     from chatlane.adapters.api import ApiAdapter
     from chatlane.adapters.web import WebAdapter
 
@@ -154,6 +157,11 @@ def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
             from chatlane.adapters.telegram import TelegramAdapter
 
         hub.add(TelegramAdapter(hub.config, secrets=secrets))
+    if hub.config.slack.enabled:
+        with needs_extra("slack", "the Slack adapter"):
+            from chatlane.adapters.slack import SlackAdapter
+
+        hub.add(SlackAdapter(hub.config, secrets=secrets))
 
 
 async def serve(config: Config, secrets: Secrets | None = None) -> None:

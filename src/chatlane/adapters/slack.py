@@ -1,0 +1,320 @@
+"""Slack: the Events API over HTTP with slack-sdk; DMs, channels, group DMs and threads.
+
+What stays true:
+
+* Slack's requests (``POST /slack/events``, ``POST /slack/interactions``) are
+  handled only when signed with the signing secret, and fresh
+  (:mod:`~chatlane.adapters.slack_events`); they are answered at once, and
+  what they ask for is done afterwards, in order within a conversation.
+* An event is handled once: a retry of an event seen before is ignored (by
+  ``event_id``), and so is a second event for a message seen before (a
+  mention arrives as ``message`` and as ``app_mention``); the message id
+  derived from the message (:func:`~chatlane.adapters.slack_wire.message_id`)
+  lets the store keep one record of it across processes too.
+* Only people's messages go to chatlane (:func:`~chatlane.adapters.slack_wire.read_posted`).
+  Outside a DM, with ``require_mention``, only a message that mentions the bot,
+  or one in a thread the bot is in (it started it, or answered there), goes to
+  chatlane; the bot's mention is taken out of the text.
+* Replies go to the conversation and thread the message came from, as mrkdwn,
+  split to fit (:mod:`~chatlane.adapters.slack_format`). A streamed reply is
+  shown as a draft edited in place (:mod:`~chatlane.adapters.slack_stream`);
+  the complete reply replaces it. Slack has no typing indicator for bots
+  over the Web API, so nothing is shown while a turn runs.
+* An approval prompt carries Approve / Deny buttons naming its request and its
+  asker; a press counts only from the asker, and is sent as
+  ``/approve #<request>`` or ``/deny #<request>`` by the user who pressed it.
+  Anyone else's press is answered with an ephemeral message and sends nothing.
+* A sender not on the allowlist hears so at most once per :data:`REFUSAL_INTERVAL`:
+  in a DM by a message, elsewhere by an ephemeral message only they see.
+* Replies, notices and prompts go through the delivery ledger
+  (:meth:`SlackAdapter.send`); everything sent outside it (acknowledgements,
+  refusals, and everything with ``[delivery] enabled = false``) is best-effort:
+  a failure is logged, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+from starlette.routing import BaseRoute
+
+from chatlane.adapters.slack_delivery import Parts, bot_user, classify, post, send_parts
+from chatlane.adapters.slack_events import Inbox
+from chatlane.adapters.slack_format import split_message, to_mrkdwn
+from chatlane.adapters.slack_stream import EDIT_INTERVAL, Draft, Drafts, draft_text
+from chatlane.adapters.slack_wire import (
+    PLATFORM,
+    Posted,
+    Press,
+    Recent,
+    approval_blocks,
+    author_of,
+    check_secrets,
+    read_posted,
+)
+from chatlane.config import Config
+from chatlane.delivery.ledger import RESENT_LABEL
+from chatlane.delivery.worker import Attempt
+from chatlane.errors import (
+    ChatlaneError,
+    ConfigError,
+    DeliveryFailed,
+    PermanentDelivery,
+    PlatformUnavailable,
+)
+from chatlane.identity import NO_SESSION, ChatType
+from chatlane.secrets import Secrets, read_secret
+from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
+
+if TYPE_CHECKING:
+    from chatlane.gateway import DispatchResult
+    from chatlane.hub import Hub
+
+log = logging.getLogger("chatlane.adapters.slack")
+
+REQUEST_TIMEOUT = 20.0
+"""Seconds one Web API call may take (less than the delivery worker's ``send_timeout``)."""
+RATE_LIMIT_CAP = 60.0
+"""Seconds one message may wait out rate limits in all, in place, before it is given up."""
+REFUSAL_INTERVAL = 3600.0
+"""Seconds between two refusals told to one stranger."""
+_SEEN_KEPT = 8192
+"""Message ids remembered, so a second event for one message is ignored."""
+_THREADS_KEPT = 8192
+"""Threads remembered as ones the bot is in."""
+_REFUSALS_KEPT = 4096
+_DRAFTS_KEPT = 1024
+_NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
+_NOT_HANDLED = "Sorry — your message could not be handled right now; please try again."
+_NO_LONGER_ACTIVE = "This button is no longer active."
+
+
+class SlackAdapter:
+    """The Slack app: receives the Events API over HTTP, sends with ``chat.postMessage``.
+
+    :param config: the gateway configuration (``[slack]``).
+    :param secrets: read at start, for the bot token and the signing secret;
+        without them, :meth:`start` reads ``slack.bot_token`` and
+        ``slack.signing_secret`` (:func:`~chatlane.secrets.read_secret`).
+    :param edit_interval: seconds before a streamed reply's first draft, and
+        at least between two edits of it.
+    :param clock: monotonic seconds, for the pace of refusals.
+    """
+
+    platform = PLATFORM
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        secrets: Secrets | None = None,
+        edit_interval: float = EDIT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = config.slack
+        self._secrets = secrets
+        self._edit_interval = edit_interval
+        self._clock = clock
+        self._hub: Hub | None = None
+        self._client: AsyncWebClient | None = None
+        self._bot_user = ""
+        self._seen = Recent(_SEEN_KEPT)
+        self._threads = Recent(_THREADS_KEPT)
+        self._refused_at = Recent(_REFUSALS_KEPT)
+        self._inbox = Inbox(self._on_event, self._on_press)
+        self._drafts = Drafts(self._draft_of, _DRAFTS_KEPT)
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """Slack's Request URLs: ``/slack/events``, and ``/slack/interactions`` (buttons)."""
+        return self._inbox.routes()
+
+    async def start(self, hub: Hub) -> None:
+        """Check the bot token with ``auth.test``, then take Slack's requests.
+
+        :raises ConfigError: if the bot token or the signing secret is missing,
+            or the Web API rejects the token or cannot be reached.
+        """
+        if self._client is not None:
+            raise ChatlaneError("the Slack adapter is already running")
+        token, signing_secret = self._read_secrets()
+        api_url = self._settings.api_url
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
+        client = AsyncWebClient(token=token, base_url=api_url, session=session, retry_handlers=[])
+        try:
+            self._bot_user = await bot_user(client, api_url)
+        except ConfigError:
+            await session.close()
+            raise
+        self._hub, self._client = hub, client
+        self._inbox.open(signing_secret)
+
+    def _read_secrets(self) -> tuple[str, str]:
+        secrets, settings = self._secrets, self._settings
+        if secrets is not None:
+            token, signing_secret = secrets.slack_bot_token, secrets.slack_signing_secret
+        else:
+            token = read_secret(settings.bot_token)
+            signing_secret = read_secret(settings.signing_secret)
+        check_secrets(token, signing_secret)
+        return token, signing_secret
+
+    async def aclose(self) -> None:
+        """Refuse Slack's requests, drop what they still ask for, stop drafts, close the client."""
+        client, self._client = self._client, None
+        await self._inbox.aclose()
+        await self._drafts.aclose()
+        if client is not None and client.session is not None:
+            await client.session.close()
+
+    async def handled(self) -> None:
+        """Wait until what Slack's requests asked for so far is done (handed to chatlane,
+        ignored or refused): a drain, for shutting down in order or for tests."""
+        await self._inbox.lanes.drained()
+
+    def ready(self) -> bool:
+        """Whether the app runs, so the delivery worker may send (:mod:`chatlane.delivery`)."""
+        return self._client is not None
+
+    async def deliver(self, outbound: Outbound) -> None:
+        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort."""
+        client, target = self._client, outbound.target
+        if client is None or target.chat_id is None:
+            log.warning("slack is not running; dropped a %s for %s", outbound.kind, target)
+            return
+        if outbound.kind is OutboundKind.CHUNK:
+            self._drafts.add(outbound)
+            return
+        try:
+            message = await self._parts(outbound, uncertain=False)
+            await send_parts(client, message, RATE_LIMIT_CAP, wait_first=True)
+        except DeliveryFailed as error:
+            log.warning("slack chat.postMessage to %s failed: %s", target.chat_id, error)
+
+    async def send(self, outbound: Outbound, attempt: Attempt) -> None:
+        """Send one delivery of the ledger, all its parts, or raise why not.
+
+        A delivery that may have been sent before is labelled
+        (:data:`~chatlane.delivery.ledger.RESENT_LABEL`): Slack cannot deduplicate.
+
+        :raises DeliveryFailed: classified by :func:`~chatlane.adapters.slack_delivery.classify`.
+        """
+        client = self._client
+        if client is None:
+            raise PlatformUnavailable("slack is not running")
+        if outbound.target.chat_id is None:
+            raise PermanentDelivery("slack: the delivery names no conversation")
+        message = await self._parts(outbound, uncertain=attempt.uncertain)
+        await send_parts(client, message, RATE_LIMIT_CAP)
+
+    async def _parts(self, outbound: Outbound, *, uncertain: bool) -> Parts:
+        """``outbound`` as Slack gets it; a reply replaces its stream's draft, if one is shown."""
+        draft = self._drafts.take(outbound) if outbound.kind is OutboundKind.REPLY else None
+        draft_ts = None if draft is None else await draft.finish()
+        text = clean_text(outbound.text)
+        if uncertain and draft_ts is None:
+            text = RESENT_LABEL + text
+        parts = [part for part in split_message(to_mrkdwn(text)) if part.strip()]
+        blocks = None
+        if outbound.kind is OutboundKind.APPROVAL and parts:
+            asker = author_of(outbound.in_reply_to)
+            blocks = approval_blocks(parts[-1], outbound.approval_id, asker)
+        return Parts(outbound.target, parts, blocks, draft_ts)
+
+    def _draft_of(self, chunk: Outbound) -> Draft:
+        """The draft a stream starts with its first ``chunk``, shown in the chunk's thread."""
+        target = chunk.target
+
+        async def show(ts: str | None, text: str) -> str:
+            client = self._client
+            if client is None:
+                raise PlatformUnavailable("slack is not running")
+            return await post(client, target, draft_text(text), ts=ts)
+
+        return Draft(show, self._edit_interval)
+
+    async def _on_event(self, event: dict[str, Any]) -> None:
+        posted = read_posted(event, self._bot_user)
+        if posted is None or not self._addressed(posted) or not self._seen.note(posted.id):
+            return
+        result = await self._submit(posted.inbound())
+        if posted.thread_ts is not None and result is not None and not result.refused:
+            self._threads.note((posted.channel, posted.thread_ts))  # the bot answers there
+
+    def _addressed(self, posted: Posted) -> bool:
+        """Whether ``posted`` is for the bot (see the module docstring)."""
+        if posted.chat_type is ChatType.DM or not self._settings.require_mention:
+            return True
+        if posted.mentions_bot:
+            return True
+        thread = posted.thread_ts
+        if thread is None:
+            return False
+        return posted.parent_user == self._bot_user or (posted.channel, thread) in self._threads
+
+    async def _on_press(self, press: Press) -> None:
+        if not press.command:
+            await self._ephemeral(press.channel, press.user, press.thread_ts, _NO_LONGER_ACTIVE)
+            return
+        if press.asker is not None and press.user != press.asker:
+            only = f"Only <@{press.asker}> can answer this approval."
+            await self._ephemeral(press.channel, press.user, press.thread_ts, only)
+            return
+        inbound = press.inbound()
+        if self._hub is None or not self._hub.admit(inbound):
+            await self._ephemeral(press.channel, press.user, press.thread_ts, _NOT_ALLOWED)
+            return
+        await self._submit(inbound)
+
+    async def refuse(self, message: InboundMessage) -> None:
+        """A stranger wrote: told at most once an hour, in a DM or by an ephemeral message."""
+        source = message.source
+        user = source.user_id or ""
+        if not self._refusal_due(user):
+            return
+        if source.chat_type is ChatType.DM:
+            await self.deliver(_notice(message, _NOT_ALLOWED))
+        else:
+            await self._ephemeral(source.chat_id or "", user, source.thread_id, _NOT_ALLOWED)
+
+    def _refusal_due(self, user: str) -> bool:
+        """Whether ``user`` may be told again (:data:`REFUSAL_INTERVAL`); records it if so."""
+        now, last = self._clock(), self._refused_at.get(user)
+        if last is not None and now - last < REFUSAL_INTERVAL:
+            return False
+        self._refused_at.note(user, now)
+        return True
+
+    async def _ephemeral(self, channel: str, user: str, thread: str | None, text: str) -> None:
+        """Tell ``user`` alone, in ``channel`` and ``thread``; a failure is logged."""
+        client = self._client
+        if client is None:
+            return
+        try:
+            await client.chat_postEphemeral(channel=channel, user=user, text=text, thread_ts=thread)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as error:
+            log.warning("slack chat.postEphemeral in %s failed: %s", channel, classify(error))
+
+    async def _submit(self, message: InboundMessage) -> DispatchResult | None:
+        """Hand ``message`` to the hub; if the hub fails, tell the chat instead of going silent."""
+        if self._hub is None:
+            return None
+        try:
+            return await self._hub.submit(message)
+        except ChatlaneError as error:
+            log.warning("slack message %s could not be handled: %s", message.id, error)
+        except Exception:
+            log.exception("slack message %s could not be handled", message.id)
+        await self.deliver(_notice(message, _NOT_HANDLED))
+        return None
+
+
+def _notice(message: InboundMessage, text: str) -> Outbound:
+    """A notice about ``message`` to its conversation and thread, in no session."""
+    target = Target.of(message.source)
+    return Outbound(OutboundKind.NOTICE, NO_SESSION, target, text, 0, (message.id,))

@@ -1,0 +1,224 @@
+"""Slack's requests to the gateway: read, checked, answered, then handled in order.
+
+What stays true:
+
+* A request is handled only if its signature is Slack's: ``X-Slack-Signature``
+  is the HMAC-SHA256 of ``v0:<timestamp>:<body>`` with the signing secret,
+  and ``X-Slack-Request-Timestamp`` is within five minutes of this host's
+  clock (slack-sdk's :class:`~slack_sdk.signature.SignatureVerifier`). A
+  missing, malformed, wrong or stale one gets 401, never an exception.
+* A body over :data:`MAX_BODY` bytes is refused with 413 before it is read whole.
+* Slack wants its answer within three seconds, so what a request asks for is
+  done after the answer (:class:`Lanes`): in arrival order within one
+  conversation, and in parallel across conversations.
+* An event is handed on once: a retry of an event seen before (its
+  ``event_id``) is answered and dropped; so is a repeated button press.
+  ``url_verification`` is answered with its challenge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from slack_sdk.signature import SignatureVerifier
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from chatlane.adapters.slack_wire import Press, Recent, read_interaction, read_press
+from chatlane.errors import ChatlaneError
+
+__all__ = [
+    "EVENTS_PATH",
+    "INTERACTIONS_PATH",
+    "MAX_BODY",
+    "Inbox",
+    "Lanes",
+    "RequestRefused",
+    "json_object",
+    "read_body",
+    "signed_by_slack",
+]
+
+log = logging.getLogger("chatlane.adapters.slack")
+
+EVENTS_PATH = "/slack/events"
+INTERACTIONS_PATH = "/slack/interactions"
+MAX_BODY = 1 << 20
+"""Largest request body read (1 MiB); Slack's events and interactions are far smaller."""
+SEEN_KEPT = 8192
+"""Event ids and presses remembered, so a retry or a repeat is dropped."""
+
+Job = Coroutine[object, object, None]
+OnEvent = Callable[[dict[str, Any]], Job]
+OnPress = Callable[[Press], Job]
+
+
+class Inbox:
+    """The app's Request URLs: Slack's requests checked, answered, and handed on in order.
+
+    :param on_event: what an event (the ``event`` of an ``event_callback``) asks for.
+    :param on_press: what a press of a button asks for.
+    """
+
+    def __init__(self, on_event: OnEvent, on_press: OnPress) -> None:
+        self._on_event = on_event
+        self._on_press = on_press
+        self._verifier: SignatureVerifier | None = None
+        self._seen = Recent(SEEN_KEPT)
+        self.lanes = Lanes()
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route(EVENTS_PATH, self._events, methods=["POST"]),
+            Route(INTERACTIONS_PATH, self._interactions, methods=["POST"]),
+        ]
+
+    def open(self, signing_secret: str) -> None:
+        """Take requests signed with ``signing_secret`` from now on (before: 503)."""
+        self._verifier = SignatureVerifier(signing_secret)
+
+    async def aclose(self) -> None:
+        """Refuse requests (503) and cancel what earlier ones asked for that is not done."""
+        self._verifier = None
+        await self.lanes.aclose()
+
+    async def _events(self, request: Request) -> Response:
+        try:
+            envelope = json_object(await self._signed_body(request))
+        except RequestRefused as refused:
+            return PlainTextResponse(str(refused), refused.status)
+        kind, event = envelope.get("type"), envelope.get("event")
+        if kind == "url_verification":
+            return JSONResponse({"challenge": str(envelope.get("challenge", ""))})
+        if kind == "event_callback" and isinstance(event, dict) and self._first(envelope):
+            self.lanes.run(str(event.get("channel", "")), self._on_event(event))
+        return Response(status_code=200)
+
+    def _first(self, envelope: dict[str, Any]) -> bool:
+        """Whether the envelope's event was not seen before (a retry was)."""
+        event_id = envelope.get("event_id")
+        return not isinstance(event_id, str) or self._seen.note(("event", event_id))
+
+    async def _interactions(self, request: Request) -> Response:
+        try:
+            payload = read_interaction(await self._signed_body(request))
+        except RequestRefused as refused:
+            return PlainTextResponse(str(refused), refused.status)
+        except ValueError as error:
+            return PlainTextResponse(f"unreadable interaction: {error}", 400)
+        press = read_press(payload)
+        if press is not None and self._seen.note(("press", press.user, press.action_ts)):
+            self.lanes.run(press.channel, self._on_press(press))
+        return Response(status_code=200)
+
+    async def _signed_body(self, request: Request) -> bytes:
+        """The body of a request Slack signed.
+
+        :raises RequestRefused: 503 while closed, 413 for a large body, 401 for
+            a missing, wrong or stale signature.
+        """
+        verifier = self._verifier
+        if verifier is None:
+            raise RequestRefused(503, "slack is not running")
+        body = await read_body(request)
+        if not signed_by_slack(verifier, body, request.headers):
+            log.info("refused a request to %s: no valid Slack signature", request.url.path)
+            raise RequestRefused(401, "invalid or stale Slack signature")
+        return body
+
+
+class RequestRefused(ChatlaneError):
+    """A request to a Slack route that is not handled, and the HTTP status that says why."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        super().__init__(reason)
+
+
+async def read_body(request: Request) -> bytes:
+    """The request's body, at most :data:`MAX_BODY` bytes.
+
+    :raises RequestRefused: (413) for a larger one.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise RequestRefused(413, f"the body is larger than {MAX_BODY} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise RequestRefused(413, f"the body is larger than {MAX_BODY} bytes")
+    return bytes(body)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """``body`` read as a JSON object.
+
+    :raises RequestRefused: (400) for anything else.
+    """
+    try:
+        value = json.loads(body)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise RequestRefused(400, "the body is not a JSON object")
+    return value
+
+
+def signed_by_slack(verifier: SignatureVerifier, body: bytes, headers: Mapping[str, str]) -> bool:
+    """Whether ``body`` carries a valid, fresh signature (see the module docstring)."""
+    timestamp = headers.get("x-slack-request-timestamp")
+    signature = headers.get("x-slack-signature")
+    try:
+        return verifier.is_valid(body, timestamp, signature)
+    except ValueError:  # a timestamp that is no number, a body that is no UTF-8
+        return False
+
+
+class Lanes:
+    """Jobs run in the background, one at a time per lane, in the order they were given."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, asyncio.Task[None]] = {}
+        self._running: set[asyncio.Task[None]] = set()
+
+    def run(self, lane: str, job: Job) -> None:
+        """Run ``job`` once the jobs given before it in ``lane`` ended."""
+        task = asyncio.create_task(self._after(self._last.get(lane), job))
+        self._last[lane] = task
+        self._running.add(task)
+        task.add_done_callback(lambda done: self._done(lane, done))
+
+    async def _after(self, earlier: asyncio.Task[None] | None, job: Job) -> None:
+        """``job``, once ``earlier`` ended (however it ended); closed unrun if cancelled first."""
+        try:
+            if earlier is not None:
+                await asyncio.wait([earlier])
+        except BaseException:
+            job.close()
+            raise
+        await job
+
+    def _done(self, lane: str, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if self._last.get(lane) is task:
+            del self._last[lane]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a Slack request could not be handled", exc_info=task.exception())
+
+    async def drained(self) -> None:
+        """Wait until every job given so far (and any given meanwhile) ended."""
+        while self._running:
+            await asyncio.wait(list(self._running))
+
+    async def aclose(self) -> None:
+        """Cancel the jobs not done yet and wait until they ended."""
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

@@ -1,0 +1,737 @@
+"""The Slack adapter end to end: signed requests to the gateway's real HTTP routes, slack-sdk
+talking to a local Web API stand-in, a real hub with the demo agent behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+import uvicorn
+
+from chatlane.adapters.slack import REFUSAL_INTERVAL, SlackAdapter
+from chatlane.adapters.slack_delivery import classify
+from chatlane.adapters.slack_format import MESSAGE_LIMIT
+from chatlane.config import Config, Secret, SlackConfig, StoreConfig
+from chatlane.delivery import Attempt, DeliverySettings, DeliveryWorker
+from chatlane.delivery.ledger import RESENT_LABEL
+from chatlane.errors import ConfigError, PlatformUnavailable, StoreError, TransientDelivery
+from chatlane.gateway import DispatchResult
+from chatlane.hub import Hub, build_app, open_hub, shutdown
+from chatlane.stores.base import DEAD, DELIVERED
+from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
+from tests.adapters.slackapi import BOT_ID, BOT_USER, SlackApi, SlackRequests
+from tests.keys import chat_key
+from tests.ports import free_port
+
+SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+ALICE, BOB, CAROL = "UALICE01", "UBOB0001", "UCAROL01"
+ALICE_DM, BOB_DM = "DALICE01", "DBOB0001"
+GENERAL, RANDOM = "CGENERAL", "CRANDOM1"
+MENTION = f"<@{BOT_USER}>"
+NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
+WAIT = 20.0
+QUICK_DELIVERY = DeliverySettings(
+    poll_interval=0.05, first_retry=0.05, max_retry=0.2, unavailable_first=0.05, unavailable_max=0.2
+)
+"""The delivery ledger's retries, quick enough for tests."""
+NO_DRAFTS = 3600.0
+"""An edit interval no stream lasts: replies are posted once, whole."""
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[SlackApi]:
+    async with SlackApi() as api:
+        yield api
+    assert api.unknown == [], f"the adapter called methods the stand-in lacks: {api.unknown}"
+
+
+def slack_config(api: SlackApi, tmp_path: Path, token: str | None = None, **slack: Any) -> Config:
+    """Slack enabled against ``api``, its secrets in files, the ledger's retries quick."""
+    token_file, secret_file = tmp_path / "slack-bot-token", tmp_path / "slack-signing-secret"
+    token_file.write_text(api.token if token is None else token)
+    secret_file.write_text(SIGNING_SECRET + "\n")
+    settings = SlackConfig(
+        enabled=True,
+        bot_token=Secret(file=str(token_file)),
+        signing_secret=Secret(file=str(secret_file)),
+        api_url=api.url,
+        **slack,
+    )
+    return Config(slack=settings, delivery=QUICK_DELIVERY, store=StoreConfig(url="memory://"))
+
+
+class Server(uvicorn.Server):
+    """uvicorn, saying when its start-up (the gateway's lifespan) is over."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.up = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.up.set()
+
+
+@dataclass
+class Served:
+    hub: Hub
+    adapter: SlackAdapter
+    slack: SlackRequests
+
+
+@contextlib.asynccontextmanager
+async def served(
+    config: Config, edit_interval: float = NO_DRAFTS, **options: Any
+) -> AsyncIterator[Served]:
+    """A hub with the demo agent and the Slack adapter, its app served on a free port."""
+    hub = await open_hub(config)
+    adapter = SlackAdapter(config, edit_interval=edit_interval, **options)
+    hub.add(adapter)
+    listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    port = listening.getsockname()[1]
+    server = Server(uvicorn.Config(build_app(hub), lifespan="on", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[listening]))
+    slack = SlackRequests(f"http://127.0.0.1:{port}", SIGNING_SECRET)
+    try:
+        async with asyncio.timeout(WAIT):
+            await server.up.wait()
+        if hub.startup_error is not None:
+            raise hub.startup_error
+        yield Served(hub, adapter, slack)
+    finally:
+        await slack.aclose()
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def gateway(api: SlackApi, tmp_path: Path) -> AsyncIterator[Served]:
+    async with served(slack_config(api, tmp_path)) as s:
+        yield s
+
+
+def key_of(whoami: str) -> str:
+    return whoami.split(" key=")[1].split(" ")[0]
+
+
+def record_submissions(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the messages the adapter hands to ``hub`` from now on."""
+    submitted: list[str] = []
+    submit = hub.submit
+
+    async def recording(message: InboundMessage) -> DispatchResult:
+        submitted.append(message.id)
+        return await submit(message)
+
+    monkeypatch.setattr(hub, "submit", recording)
+    return submitted
+
+
+# -- conversations -------------------------------------------------------------------
+
+
+async def test_a_dm_is_answered_in_the_dm(api: SlackApi, gateway: Served) -> None:
+    await gateway.slack.message(ALICE_DM, ALICE, "hello there")
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    assert reply.text == "echo: hello there"
+    assert reply.thread_ts is None
+    assert api.calls[0] == "auth.test"
+
+
+async def test_a_session_is_keyed_by_user_ids(api: SlackApi, gateway: Served) -> None:
+    await gateway.slack.message(ALICE_DM, ALICE, "whoami")
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    assert f"platform=slack chat={ALICE_DM} thread= user={ALICE} " in reply.text
+    assert key_of(reply.text) == f"main:slack:dm:{ALICE_DM}"
+
+
+async def test_in_a_channel_only_a_mention_is_answered(api: SlackApi, gateway: Served) -> None:
+    for text in ("whoami", f"hello {BOT_USER}", f"<@{ALICE}> whoami"):
+        await gateway.slack.message(GENERAL, ALICE, text, channel_type="channel")
+    await gateway.slack.message(GENERAL, ALICE, f"{MENTION} whoami", channel_type="channel")
+    [reply] = await api.wait_for_messages(GENERAL)
+    await gateway.hub.gateway.engine.wait_idle()
+    assert api.texts(GENERAL) == [reply.text]
+    assert reply.thread_ts is None
+    assert key_of(reply.text) == f"main:slack:group:{GENERAL}::{ALICE}"
+
+
+async def test_the_mention_is_taken_out_and_escapes_undone(api: SlackApi, gateway: Served) -> None:
+    text = f"{MENTION} a &lt; b &amp;&amp; c &gt; d <@{BOT_USER}|chatlane>"
+    await gateway.slack.message(GENERAL, ALICE, text, channel_type="group")
+    [reply] = await api.wait_for_messages(GENERAL)
+    assert reply.text == "echo: a &lt; b &amp;&amp; c &gt; d"  # the agent read "a < b && c > d"
+
+
+async def test_private_channels_and_group_dms_need_a_mention_too(
+    api: SlackApi, gateway: Served
+) -> None:
+    for channel_type in ("group", "mpim"):
+        await gateway.slack.message(GENERAL, ALICE, "hello", channel_type=channel_type)
+    await gateway.slack.message(GENERAL, ALICE, f"{MENTION} hello", channel_type="mpim")
+    await api.wait_for_messages(GENERAL)
+    await gateway.hub.gateway.engine.wait_idle()
+    assert api.texts(GENERAL) == ["echo: hello"]
+
+
+async def test_without_require_mention_a_channel_is_answered(api: SlackApi, tmp_path: Path) -> None:
+    async with served(slack_config(api, tmp_path, require_mention=False)) as s:
+        await s.slack.message(GENERAL, ALICE, "hello", channel_type="channel")
+        [reply] = await api.wait_for_messages(GENERAL)
+    assert reply.text == "echo: hello"
+
+
+async def test_a_mention_event_and_a_message_event_name_one_session(
+    api: SlackApi, gateway: Served
+) -> None:
+    ts = gateway.slack.next_ts()
+    mention = {"type": "app_mention", "channel": GENERAL, "user": ALICE, "ts": ts}
+    await gateway.slack.event({**mention, "text": f"{MENTION} whoami", "event_ts": ts})
+    await gateway.slack.message(GENERAL, ALICE, f"{MENTION} whoami", channel_type="group")
+    first, second = await api.wait_for_messages(GENERAL, 2)
+    assert key_of(first.text) == key_of(second.text) == f"main:slack:group:{GENERAL}::{ALICE}"
+
+
+async def test_a_thread_reply_lands_in_the_thread_and_the_bot_stays_in_it(
+    api: SlackApi, gateway: Served
+) -> None:
+    slack = gateway.slack
+    thread = await slack.message(GENERAL, BOB, "a question for everyone", channel_type="channel")
+    await slack.message(
+        GENERAL, ALICE, f"{MENTION} whoami", channel_type="channel", thread_ts=thread
+    )
+    [reply] = await api.wait_for_messages(GENERAL)
+    assert reply.thread_ts == thread
+    assert key_of(reply.text) == f"main:slack:group:{GENERAL}:{thread}"
+    other = slack.next_ts()
+    await slack.message(GENERAL, BOB, "not for the bot", channel_type="channel", thread_ts=other)
+    await slack.message(GENERAL, BOB, "whoami", channel_type="channel", thread_ts=thread)
+    replies = await api.wait_for_messages(GENERAL, 2)
+    await gateway.hub.gateway.engine.wait_idle()
+    assert [r.thread_ts for r in api.messages(GENERAL)] == [thread, thread]
+    assert key_of(replies[1].text) == key_of(reply.text)  # a thread is one session
+    assert f"user={BOB} " in replies[1].text
+
+
+async def test_a_thread_under_the_bots_own_message_needs_no_mention(
+    api: SlackApi, gateway: Served
+) -> None:
+    await gateway.slack.message(GENERAL, ALICE, f"{MENTION} hello", channel_type="channel")
+    [answer] = await api.wait_for_messages(GENERAL)
+    await gateway.slack.message(
+        GENERAL,
+        ALICE,
+        "and more",
+        channel_type="channel",
+        thread_ts=answer.ts,
+        parent_user_id=BOT_USER,
+    )
+    replies = await api.wait_for_messages(GENERAL, 2)
+    assert (replies[1].text, replies[1].thread_ts) == ("echo: and more", answer.ts)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"bot_id": "BOTHER01"},
+        {"subtype": "bot_message", "bot_id": "BOTHER01"},
+        {"user": BOT_USER, "bot_id": BOT_ID},
+        {"subtype": "message_changed"},
+        {"subtype": "message_deleted"},
+        {"subtype": "channel_join"},
+        {"subtype": "file_share"},
+    ],
+)
+async def test_bots_the_bot_itself_edits_and_other_subtypes_are_ignored(
+    api: SlackApi, gateway: Served, fields: dict[str, str]
+) -> None:
+    slack = gateway.slack
+    event = {"type": "message", "channel": ALICE_DM, "channel_type": "im", "user": ALICE}
+    await slack.event({**event, "text": "echo me", "ts": slack.next_ts(), **fields})
+    await slack.message(ALICE_DM, ALICE, "and this")
+    await api.wait_for_messages(ALICE_DM)
+    await gateway.hub.gateway.engine.wait_idle()
+    assert api.texts(ALICE_DM) == ["echo: and this"]
+
+
+async def test_a_thread_broadcast_is_read(api: SlackApi, gateway: Served) -> None:
+    thread = gateway.slack.next_ts()
+    await gateway.slack.message(ALICE_DM, ALICE, "hi", thread_ts=thread, subtype="thread_broadcast")
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    assert (reply.text, reply.thread_ts) == ("echo: hi", thread)
+
+
+async def test_a_message_the_hub_cannot_take_gets_a_notice(
+    api: SlackApi, gateway: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def failing(message: InboundMessage) -> DispatchResult:
+        raise StoreError("the store is down")
+
+    monkeypatch.setattr(gateway.hub, "submit", failing)
+    thread = gateway.slack.next_ts()
+    await gateway.slack.message(
+        GENERAL, ALICE, f"{MENTION} hi", channel_type="channel", thread_ts=thread
+    )
+    [notice] = await api.wait_for_messages(GENERAL)
+    assert notice.text == "Sorry — your message could not be handled right now; please try again."
+    assert notice.thread_ts == thread
+
+
+# -- requests Slack signs ------------------------------------------------------------
+
+
+async def test_url_verification_answers_the_challenge(gateway: Served) -> None:
+    body = json.dumps({"token": "t", "challenge": "3eZbrw1aB", "type": "url_verification"})
+    response = await gateway.slack.post("/slack/events", body.encode())
+    assert response.status_code == 200
+    assert response.json() == {"challenge": "3eZbrw1aB"}
+
+
+@pytest.mark.parametrize(
+    "tampering",
+    [
+        {"secret": "not-the-signing-secret"},
+        {"age": 6 * 60},  # older than five minutes: a replay
+        {"headers": {"X-Slack-Signature": ""}},
+        {"headers": {"X-Slack-Request-Timestamp": "yesterday"}},
+    ],
+)
+async def test_bad_and_stale_signatures_are_refused(
+    api: SlackApi, gateway: Served, tampering: dict[str, Any]
+) -> None:
+    slack = gateway.slack
+    event = {"type": "message", "channel": ALICE_DM, "user": ALICE, "text": "forged"}
+    body = json.dumps(slack.envelope({**event, "ts": slack.next_ts(), "channel_type": "im"}))
+    for path in ("/slack/events", "/slack/interactions"):
+        response = await slack.post(path, body.encode(), **tampering)
+        assert response.status_code == 401
+        assert response.text == "invalid or stale Slack signature"
+    unsigned = await slack.http.post("/slack/events", content=body)
+    assert unsigned.status_code == 401
+    await slack.message(ALICE_DM, ALICE, "real")
+    await api.wait_for_messages(ALICE_DM)
+    await gateway.hub.gateway.engine.wait_idle()
+    assert api.texts(ALICE_DM) == ["echo: real"]
+
+
+async def test_unreadable_and_oversized_bodies_are_refused(gateway: Served) -> None:
+    slack = gateway.slack
+    assert (await slack.post("/slack/events", b"[1, 2]")).status_code == 400
+    assert (await slack.post("/slack/events", b"\xff\xfe")).status_code == 401  # not UTF-8
+    form = "application/x-www-form-urlencoded"
+    response = await slack.post("/slack/interactions", b"payload=%7Bnot", content_type=form)
+    assert response.status_code == 400
+    assert (await slack.post("/slack/events", b" " * (1 << 20) + b"{}")).status_code == 413
+
+
+async def test_a_retried_or_repeated_event_is_handled_once(
+    api: SlackApi, gateway: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted = record_submissions(gateway.hub, monkeypatch)
+    slack = gateway.slack
+    ts = slack.next_ts()
+    event = {"type": "message", "channel": GENERAL, "user": ALICE, "ts": ts}
+    event |= {"text": f"{MENTION} hello", "channel_type": "channel"}
+    await slack.event(event, event_id="Ev0001")
+    retry = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+    await slack.event(event, event_id="Ev0001", headers=retry)
+    await slack.event({**event, "type": "app_mention"}, event_id="Ev0002")  # the same message
+    await slack.message(GENERAL, ALICE, f"{MENTION} next", channel_type="channel")
+    await api.wait_for(lambda: api.texts(GENERAL) == ["echo: hello", "echo: next"])
+    await gateway.hub.gateway.engine.wait_idle()
+    assert api.texts(GENERAL) == ["echo: hello", "echo: next"]  # no "Queued …" for a copy
+    assert len(submitted) == 2
+    assert submitted[0] == f"slack-{GENERAL}-{ts}-{ALICE}"
+
+
+# -- who may talk --------------------------------------------------------------------
+
+
+class Clock:
+    """Monotonic seconds that move only when a test moves them."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_stranger_is_told_once_an_hour_in_a_dm_and_privately_in_a_channel(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    clock = Clock()
+    config = slack_config(api, tmp_path, allowed_users=[ALICE])
+    async with served(config, clock=clock) as s:
+        for _ in range(2):
+            await s.slack.message(BOB_DM, BOB, "hello")
+        await s.slack.message(GENERAL, CAROL, f"{MENTION} hello", channel_type="channel")
+        await s.slack.message(ALICE_DM, ALICE, "hello")
+        await api.wait_for_messages(ALICE_DM)
+        await s.adapter.handled()
+        assert api.texts(BOB_DM) == [NOT_ALLOWED]
+        [ephemeral] = api.ephemerals
+        assert (ephemeral.channel, ephemeral.user, ephemeral.text) == (GENERAL, CAROL, NOT_ALLOWED)
+        assert api.messages(GENERAL) == []
+        assert s.hub.metrics.senders_refused["slack"] == 3
+        clock.now += REFUSAL_INTERVAL
+        await s.slack.message(BOB_DM, BOB, "hello")
+        await s.adapter.handled()
+        assert api.texts(BOB_DM) == [NOT_ALLOWED] * 2
+
+
+async def test_allowed_channels_limit_where_the_bot_answers(api: SlackApi, tmp_path: Path) -> None:
+    config = slack_config(api, tmp_path, allowed_channels=[GENERAL])
+    async with served(config) as s:
+        await s.slack.message(RANDOM, ALICE, f"{MENTION} hello", channel_type="channel")
+        await s.slack.message(GENERAL, ALICE, f"{MENTION} hello", channel_type="channel")
+        await s.slack.message(ALICE_DM, ALICE, "hello")
+        await api.wait_for_messages(GENERAL)
+        await api.wait_for_messages(ALICE_DM)
+        await s.adapter.handled()
+    assert api.messages(RANDOM) == []
+    assert (api.ephemerals[0].channel, api.ephemerals[0].text) == (RANDOM, NOT_ALLOWED)
+
+
+# -- approvals -----------------------------------------------------------------------
+
+
+async def test_approval_buttons_count_only_from_the_asker(api: SlackApi, gateway: Served) -> None:
+    slack = gateway.slack
+    thread = slack.next_ts()
+    await slack.message(
+        GENERAL, ALICE, f"{MENTION} approve rm -rf build", channel_type="channel", thread_ts=thread
+    )
+    [prompt] = await api.wait_for_messages(GENERAL)
+    assert prompt.text.startswith("Approval needed: `rm -rf build`")
+    assert prompt.thread_ts == thread
+    approve = prompt.button("Approve")
+    assert prompt.button("Deny")["value"] == approve["value"]
+    assert (await slack.press(BOB, prompt, approve)).status_code == 200
+    await api.wait_for(lambda: len(api.ephemerals) == 1)
+    assert api.ephemerals[0].user == BOB
+    assert api.ephemerals[0].text == f"Only <@{ALICE}> can answer this approval."
+    assert api.ephemerals[0].thread_ts == thread
+    forged = await slack.press(ALICE, prompt, approve, secret="forged-by-someone")
+    assert forged.status_code == 401
+    assert (await slack.press(ALICE, prompt, approve)).status_code == 200
+    sent = await api.wait_for_messages(GENERAL, 3)
+    assert [s.text for s in sent[1:]] == [
+        "Approved (once): `rm -rf build`",
+        "approved: rm -rf build",
+    ]
+    assert all(s.thread_ts == thread for s in sent)
+    assert len(api.ephemerals) == 1
+
+
+async def test_deny_in_a_dm(api: SlackApi, gateway: Served) -> None:
+    await gateway.slack.message(ALICE_DM, ALICE, "approve rm x")
+    [prompt] = await api.wait_for_messages(ALICE_DM)
+    await gateway.slack.press(ALICE, prompt, prompt.button("Deny"))
+    sent = await api.wait_for_messages(ALICE_DM, 3)
+    assert [s.text for s in sent[1:]] == ["Denied: `rm x`", "denied: rm x"]
+
+
+async def test_a_button_that_is_not_ours_is_answered_privately(
+    api: SlackApi, gateway: Served
+) -> None:
+    await gateway.slack.message(ALICE_DM, ALICE, "hi")
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    for button in ({"action_id": "other_app"}, {"action_id": "chatlane_approve", "value": "x:y"}):
+        await gateway.slack.press(ALICE, reply, button)
+    await api.wait_for(lambda: len(api.ephemerals) == 2)
+    assert {e.text for e in api.ephemerals} == {"This button is no longer active."}
+    assert api.texts(ALICE_DM) == ["echo: hi"]
+
+
+# -- replies -------------------------------------------------------------------------
+
+
+async def test_a_long_reply_is_split_into_messages(api: SlackApi, gateway: Served) -> None:
+    text = ("word " * 19 + "end\n") * 70  # 7,000 characters
+    await gateway.slack.message(ALICE_DM, ALICE, text)
+    parts = await api.wait_for_messages(ALICE_DM, 3)
+    assert all(len(part.text) <= MESSAGE_LIMIT for part in parts)
+    assert all(part.text.endswith("\n") for part in parts[:-1])
+    assert "".join(part.text for part in parts) == f"echo: {text}".rstrip("\n")
+
+
+async def test_markdown_is_sent_as_mrkdwn(api: SlackApi, gateway: Served) -> None:
+    await gateway.slack.message(
+        ALICE_DM, ALICE, "**bold** [site](https://example.com/?a=1&amp;b=2) x &lt;y"
+    )
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    assert reply.text == "echo: *bold* <https://example.com/?a=1&amp;b=2|site> x &lt;y"
+
+
+async def test_a_stream_is_shown_as_one_message_edited_in_place(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    async with served(slack_config(api, tmp_path), edit_interval=0.05) as s:
+        await s.slack.message(ALICE_DM, ALICE, "stream 10")
+        final = "".join(f"{n}\n" for n in range(1, 11))
+        await api.wait_for(lambda: api.texts(ALICE_DM) == [final])
+        await s.hub.gateway.engine.wait_idle()
+    [message] = api.messages(ALICE_DM)
+    assert "chat.update" in api.calls
+    assert message.edits
+    assert all(final.startswith(edit) for edit in message.edits)
+
+
+async def test_a_draft_is_edited_then_replaced_by_the_reply(api: SlackApi, tmp_path: Path) -> None:
+    async with served(slack_config(api, tmp_path), edit_interval=0.01) as s:
+        key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+        chunk = Outbound(OutboundKind.CHUNK, key, target, "Hello ", generation=1)
+        await s.adapter.deliver(chunk)
+        await api.wait_for_call("chat.postMessage")
+        await s.adapter.deliver(
+            Outbound(OutboundKind.CHUNK, key, target, "**world**", generation=1)
+        )
+        await api.wait_for_call("chat.update")
+        reply = Outbound(OutboundKind.REPLY, key, target, "Hello **world**!", generation=1)
+        await s.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
+    [message] = api.messages(ALICE_DM)
+    assert message.edits == ["Hello ", "Hello *world*"]
+    assert message.text == "Hello *world*!"
+    assert api.calls.count("chat.postMessage") == 1
+
+
+async def delivered(hub: Hub, count: int) -> bool:
+    return len(await hub.store.deliveries(DELIVERED)) == count
+
+
+async def dead(hub: Hub, count: int) -> bool:
+    return (await hub.store.delivery_stats()).dead == count
+
+
+async def eventually(
+    worker: DeliveryWorker | None, predicate: Callable[[], Awaitable[bool]]
+) -> None:
+    """Wait until ``predicate`` holds, checking it again after each of ``worker``'s settlements."""
+    assert worker is not None
+    async with asyncio.timeout(WAIT):
+        while True:
+            settlement = worker.next_settlement()
+            if await predicate():
+                return
+            await settlement.wait()
+
+
+async def test_a_rate_limit_is_waited_out_through_the_ledger(
+    api: SlackApi, gateway: Served
+) -> None:
+    api.fail_next("chat.postMessage", "ratelimited", status=429, retry_after=1)
+    await gateway.slack.message(ALICE_DM, ALICE, "first")
+    await gateway.slack.message(ALICE_DM, ALICE, "second")
+    await api.wait_for_messages(ALICE_DM, 2)
+    await eventually(gateway.hub.gateway.delivery, lambda: delivered(gateway.hub, 2))
+    done = await gateway.hub.store.deliveries(DELIVERED)
+    assert api.texts(ALICE_DM) == ["echo: first", "echo: second"]  # in order, no label: not sent
+    assert [d.attempts for d in done] == [0, 0]
+    assert api.calls.count("chat.postMessage") == 3
+
+
+async def test_a_reply_to_a_conversation_that_is_gone_is_dead_lettered(
+    api: SlackApi, gateway: Served
+) -> None:
+    api.fail_next("chat.postMessage", "channel_not_found")
+    await gateway.slack.message(ALICE_DM, ALICE, "first")
+    await eventually(gateway.hub.gateway.delivery, lambda: dead(gateway.hub, 1))
+    await gateway.slack.message(ALICE_DM, ALICE, "second")
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    [gone] = await gateway.hub.store.deliveries(DEAD)
+    assert reply.text == "echo: second"
+    assert gone.reason == "slack: channel_not_found"
+
+
+async def test_a_reply_that_may_have_been_posted_is_resent_with_the_label(
+    api: SlackApi, gateway: Served
+) -> None:
+    api.fail_next("chat.postMessage", "internal_error", status=500)
+    await gateway.slack.message(ALICE_DM, ALICE, "first")
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    await eventually(gateway.hub.gateway.delivery, lambda: delivered(gateway.hub, 1))
+    [done] = await gateway.hub.store.deliveries(DELIVERED)
+    assert reply.text == RESENT_LABEL + "echo: first"
+    assert done.attempts == 1
+
+
+async def test_a_revoked_token_pauses_the_lane_without_spending_attempts(
+    api: SlackApi, gateway: Served
+) -> None:
+    for _ in range(2):
+        api.fail_next("chat.postMessage", "token_revoked")
+    await gateway.slack.message(ALICE_DM, ALICE, "first")
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    await eventually(gateway.hub.gateway.delivery, lambda: delivered(gateway.hub, 1))
+    [done] = await gateway.hub.store.deliveries(DELIVERED)
+    assert (reply.text, done.attempts) == ("echo: first", 0)
+
+
+async def test_an_unreachable_api_is_unavailable_and_a_lost_answer_maybe_sent() -> None:
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientConnectorError) as refused:
+            await session.post(f"http://127.0.0.1:{free_port()}/api/chat.postMessage")
+    assert isinstance(classify(refused.value), PlatformUnavailable)
+    later = classify(refused.value, sent_before=True)
+    assert isinstance(later, TransientDelivery)
+    assert later.maybe_sent
+    lost = classify(aiohttp.ServerDisconnectedError())
+    assert isinstance(lost, TransientDelivery)
+    assert lost.maybe_sent
+
+
+async def test_without_the_ledger_a_failed_send_is_logged_and_the_adapter_goes_on(
+    api: SlackApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = slack_config(api, tmp_path)
+    config = Config(
+        slack=config.slack, delivery=DeliverySettings(enabled=False), store=config.store
+    )
+    api.fail_next("chat.postMessage", "is_archived")
+    async with served(config) as s:
+        assert s.hub.gateway.delivery is None
+        with caplog.at_level(logging.WARNING, logger="chatlane.adapters.slack"):
+            await s.slack.message(ALICE_DM, ALICE, "first")
+            await api.wait_for_call("chat.postMessage")
+            await s.slack.message(ALICE_DM, ALICE, "second")
+            [reply] = await api.wait_for_messages(ALICE_DM)
+    assert reply.text == "echo: second"
+    assert f"slack chat.postMessage to {ALICE_DM} failed: slack: is_archived" in caplog.text
+
+
+async def test_delivery_after_close_is_dropped(api: SlackApi, tmp_path: Path) -> None:
+    async with served(slack_config(api, tmp_path)) as s:
+        pass
+    key = chat_key(ALICE_DM, "slack")
+    await s.adapter.deliver(Outbound(OutboundKind.REPLY, key, Target("slack", ALICE_DM), "late"))
+    assert api.messages(ALICE_DM) == []
+    assert not s.adapter.ready()
+
+
+# -- starting ------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def started(config: Config) -> AsyncIterator[SlackAdapter]:
+    """The adapter started on its own, on a hub that is not served."""
+    hub = await open_hub(config)
+    adapter = SlackAdapter(config)
+    try:
+        await adapter.start(hub)
+        yield adapter
+    finally:
+        await adapter.aclose()
+        await shutdown(hub)
+
+
+@pytest.mark.parametrize(
+    ("secret", "message"),
+    [
+        ("bot_token", "slack is enabled but has no bot token: set SLACK_BOT_TOKEN"),
+        ("signing_secret", "slack is enabled but has no signing secret: set SLACK_SIGNING_SECRET"),
+    ],
+)
+async def test_a_missing_secret_is_a_config_error(
+    api: SlackApi, tmp_path: Path, secret: str, message: str
+) -> None:
+    config = slack_config(api, tmp_path)
+    settings = msgspec.structs.replace(config.slack, **{secret: Secret(env="UNSET_IN_TESTS")})
+    with pytest.raises(ConfigError, match=message):
+        async with started(Config(slack=settings, store=config.store)):
+            pass
+    assert api.calls == []
+
+
+async def test_a_rejected_token_is_a_config_error(api: SlackApi, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"rejected the bot token \(invalid_auth\)") as caught:
+        async with started(slack_config(api, tmp_path, token="xoxb-wrong")):
+            pass
+    assert "xoxb-wrong" not in str(caught.value)
+
+
+async def test_an_unreachable_api_is_a_config_error(tmp_path: Path) -> None:
+    api = SlackApi()  # never started
+    api.port = free_port()
+    with pytest.raises(ConfigError, match=f"the Slack Web API at {api.url} failed"):
+        async with started(slack_config(api, tmp_path)):
+            pass
+
+
+def serve_env(**env: str) -> dict[str, str]:
+    """The environment of ``chatlane serve`` with nothing of Slack's but ``env``."""
+    names = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CHATLANE_") and k not in names}
+    return {**base, "CHATLANE_SLACK__ENABLED": "true", **env}
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "Error: slack is enabled but has no bot token: set SLACK_BOT_TOKEN"),
+        ({"SLACK_BOT_TOKEN": "xoxb-1"}, "slack is enabled but has no signing secret"),
+        (
+            {"CHATLANE_SLACK__SIGNING_SECRET": '{ file = "/nonexistent/slack-secret" }'},
+            "secret file '/nonexistent/slack-secret': No such file or directory",
+        ),
+        (
+            {
+                "SLACK_BOT_TOKEN": "xoxb-1",
+                "SLACK_SIGNING_SECRET": "s3cret",
+                "CHATLANE_SLACK__API_URL": "http://127.0.0.1:9/api",
+            },
+            "the Slack Web API at http://127.0.0.1:9/api failed",
+        ),
+    ],
+)
+def test_serve_with_a_broken_slack_secret_stops_in_one_line(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    command = ["serve", "--port", str(free_port()), "--store", "memory://"]
+    result = subprocess.run(
+        [sys.executable, "-m", "chatlane.cli", *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=serve_env(**env),
+        timeout=60,
+    )
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert message in line
+    assert "xoxb-1" not in line
+    assert "s3cret" not in line
+
+
+async def test_slack_without_its_extra_names_the_pip_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chatlane.serve import add_adapters
+
+    for name in [n for n in sys.modules if n.startswith(("slack_sdk", "chatlane.adapters.slack"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "slack_sdk", None)  # as if not installed
+    config = Config(store=StoreConfig(url="memory://"), slack=SlackConfig(enabled=True))
+    hub = await open_hub(config)
+    try:
+        with pytest.raises(ConfigError) as raised:
+            add_adapters(hub)
+    finally:
+        await hub.store.close()
+    assert str(raised.value).startswith("the Slack adapter needs the slack extra")
+    assert str(raised.value).endswith("pip install 'chatlane[slack]'")
