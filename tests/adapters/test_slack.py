@@ -27,7 +27,13 @@ from chatlane.adapters.slack_format import MESSAGE_LIMIT
 from chatlane.config import Config, Secret, SlackConfig, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings, DeliveryWorker
 from chatlane.delivery.ledger import RESENT_LABEL
-from chatlane.errors import ConfigError, PlatformUnavailable, StoreError, TransientDelivery
+from chatlane.errors import (
+    ConfigError,
+    PlatformUnavailable,
+    RateLimited,
+    StoreError,
+    TransientDelivery,
+)
 from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, build_app, open_hub, shutdown
 from chatlane.stores.base import DEAD, DELIVERED
@@ -509,6 +515,23 @@ async def test_a_draft_is_edited_then_replaced_by_the_reply(api: SlackApi, tmp_p
     assert message.edits == ["Hello ", "Hello *world*"]
     assert message.text == "Hello *world*!"
     assert api.calls.count("chat.postMessage") == 1
+
+
+async def test_a_reply_whose_edit_failed_still_replaces_its_draft(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    async with served(slack_config(api, tmp_path), edit_interval=0.01) as s:
+        key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+        await s.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "1 ", generation=3))
+        await api.wait_for_call("chat.postMessage")
+        ack = Outbound(OutboundKind.ACK, key, target, "Queued for the next turn", generation=3)
+        await s.adapter.deliver(ack)
+        api.fail_next("chat.update", "ratelimited", status=429, retry_after=0)
+        reply = Outbound(OutboundKind.REPLY, key, target, "1 2 3", generation=3)
+        with pytest.raises(RateLimited):
+            await s.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
+        await s.adapter.send(reply, Attempt("d_1", uncertain=True, attempts=0))
+    assert api.texts(ALICE_DM) == ["1 2 3", "Queued for the next turn"]
 
 
 async def delivered(hub: Hub, count: int) -> bool:

@@ -195,6 +195,8 @@ class SlackAdapter:
             await send_parts(client, message, RATE_LIMIT_CAP, wait_first=True)
         except DeliveryFailed as error:
             log.warning("slack chat.postMessage to %s failed: %s", target.chat_id, error)
+        finally:
+            self._drafts.forget(outbound)
 
     async def send(self, outbound: Outbound, attempt: Attempt) -> None:
         """Send one delivery of the ledger, all its parts, or raise why not.
@@ -211,10 +213,12 @@ class SlackAdapter:
             raise PermanentDelivery("slack: the delivery names no conversation")
         message = await self._parts(outbound, uncertain=attempt.uncertain)
         await send_parts(client, message, RATE_LIMIT_CAP)
+        self._drafts.forget(outbound)
 
     async def _parts(self, outbound: Outbound, *, uncertain: bool) -> Parts:
-        """``outbound`` as Slack gets it; a reply replaces its stream's draft, if one is shown."""
-        draft = self._drafts.take(outbound) if outbound.kind is OutboundKind.REPLY else None
+        """``outbound`` as Slack gets it; a reply replaces its stream's draft, if one is shown
+        (an edit repeats nothing, so a retry that replaces it needs no label)."""
+        draft = self._drafts.of(outbound)
         draft_ts = None if draft is None else await draft.finish()
         text = clean_text(outbound.text)
         if uncertain and draft_ts is None:

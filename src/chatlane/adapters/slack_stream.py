@@ -12,7 +12,8 @@ What stays true:
   delivery ledger. :meth:`Draft.finish` returns once no edit is under way, so
   no late edit of the draft can ever overwrite the reply that replaces it.
 * There is at most one draft per session: a stream of a newer turn stops the
-  draft of an older one.
+  draft of an older one. A draft is kept until its reply replaced it, so a
+  retried reply still replaces it instead of being posted beside it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Callable
 
 from chatlane.adapters.slack_format import MESSAGE_LIMIT, split_message, to_mrkdwn
 from chatlane.errors import DeliveryFailed
-from chatlane.types import Outbound, SessionKey, clean_text
+from chatlane.types import Outbound, OutboundKind, SessionKey, clean_text
 
 __all__ = ["EDIT_INTERVAL", "Draft", "Drafts", "Show", "draft_text"]
 
@@ -126,13 +127,21 @@ class Drafts:
             self._forget_oldest()
         draft.add(chunk.text)
 
-    def take(self, reply: Outbound) -> Draft | None:
-        """The draft ``reply`` completes (same session and turn), no longer kept here."""
-        generation, draft = self._drafts.get(reply.session_key, (None, None))
-        if draft is None or generation != reply.generation:
+    def of(self, reply: Outbound) -> Draft | None:
+        """The draft ``reply`` completes (a ``REPLY`` of the same session and turn), if any.
+
+        It is kept until :meth:`forget`, so a reply whose send failed replaces it
+        on its next attempt too.
+        """
+        if reply.kind is not OutboundKind.REPLY:
             return None
-        del self._drafts[reply.session_key]
-        return draft
+        generation, draft = self._drafts.get(reply.session_key, (None, None))
+        return draft if generation == reply.generation else None
+
+    def forget(self, reply: Outbound) -> None:
+        """Keep ``reply``'s draft no longer (it was replaced, or will never be)."""
+        if self.of(reply) is not None:
+            del self._drafts[reply.session_key]
 
     def _forget_oldest(self) -> None:
         while len(self._drafts) > self._kept:
