@@ -111,7 +111,8 @@ class SlackApi:
         self.gone: set[str] = set()
         """Conversations that answer ``channel_not_found``."""
         self._messages: list[Message] = []
-        self._failures: dict[str, list[tuple[str, int, int | None]]] = {}
+        self._failures: dict[str, dict[int, tuple[str, int, int | None]]] = {}
+        """Method → the number of the call (counted from 1) that fails, and how."""
         self._ts = itertools.count(1)
         self._changed = asyncio.Event()
         self._server: uvicorn.Server | None = None
@@ -151,10 +152,16 @@ class SlackApi:
         error: str = "internal_error",
         status: int = 200,
         retry_after: int | None = None,
+        *,
+        after: int = 0,
     ) -> None:
-        """Make the next call of ``method`` fail with ``error``, HTTP ``status`` and, if
-        given, a ``Retry-After`` header."""
-        self._failures.setdefault(method, []).append((error, status, retry_after))
+        """Make the next call of ``method`` (or the one ``after`` calls later) fail with
+        ``error``, HTTP ``status`` and, if given, a ``Retry-After`` header."""
+        failures = self._failures.setdefault(method, {})
+        number = self.calls.count(method) + 1 + after
+        while number in failures:
+            number += 1
+        failures[number] = (error, status, retry_after)
 
     def messages(self, channel: str) -> list[Message]:
         """What the bot posted in ``channel`` (threads included), oldest first."""
@@ -199,9 +206,9 @@ class SlackApi:
     async def _answer(self, method: str, request: Request) -> Response:
         if request.headers.get("authorization") != f"Bearer {self.token}":
             return _error("invalid_auth")
-        failures = self._failures.get(method)
-        if failures:
-            return _error(*failures.pop(0))
+        failure = self._failures.get(method, {}).pop(self.calls.count(method), None)
+        if failure is not None:
+            return _error(*failure)
         handler = {
             "auth.test": self._auth_test,
             "chat.postMessage": self._post_message,

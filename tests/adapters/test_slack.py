@@ -29,6 +29,7 @@ from chatlane.delivery import Attempt, DeliverySettings, DeliveryWorker
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import (
     ConfigError,
+    PermanentDelivery,
     PlatformUnavailable,
     RateLimited,
     StoreError,
@@ -475,6 +476,35 @@ async def test_a_long_reply_is_split_into_messages(api: SlackApi, gateway: Serve
     assert all(len(part.text) <= MESSAGE_LIMIT for part in parts)
     assert all(part.text.endswith("\n") for part in parts[:-1])
     assert "".join(part.text for part in parts) == f"echo: {text}".rstrip("\n")
+
+
+async def test_a_rate_limit_between_parts_is_waited_out_in_place(
+    api: SlackApi, gateway: Served
+) -> None:
+    text = ("word " * 19 + "end\n") * 70
+    key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+    api.fail_next("chat.postMessage", "ratelimited", status=429, retry_after=0, after=1)
+    reply = Outbound(OutboundKind.REPLY, key, target, text)
+    await gateway.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
+    assert "".join(api.texts(ALICE_DM)) == text
+    assert api.calls.count("chat.postMessage") == 4
+
+
+async def test_a_later_part_that_failed_makes_the_reply_maybe_sent(
+    api: SlackApi, gateway: Served
+) -> None:
+    text = ("word " * 19 + "end\n") * 70
+    key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+    api.fail_next("chat.postMessage", "channel_not_found", after=1)
+    reply = Outbound(OutboundKind.REPLY, key, target, text)
+    with pytest.raises(PermanentDelivery):
+        await gateway.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
+    api.fail_next("chat.postMessage", "ratelimited", status=429, retry_after=3600, after=1)
+    with pytest.raises(TransientDelivery) as failed:
+        await gateway.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=1))
+    assert failed.value.maybe_sent
+    await gateway.adapter.send(reply, Attempt("d_1", uncertain=True, attempts=2))
+    assert api.texts(ALICE_DM)[-3].startswith(RESENT_LABEL)
 
 
 async def test_markdown_is_sent_as_mrkdwn(api: SlackApi, gateway: Served) -> None:

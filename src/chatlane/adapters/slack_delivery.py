@@ -55,12 +55,12 @@ __all__ = [
 
 log = logging.getLogger("chatlane.adapters.slack")
 
-TOKEN_REFUSED = frozenset(
-    {"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive_token"}
-)
+TOKEN_REFUSED = frozenset({"invalid_auth", "not_authed", "token_revoked", "token_expired"})
 """Errors of a bot token the Web API no longer takes: nothing can be sent until it is fixed."""
 SERVER_FAULTS = frozenset({"internal_error", "fatal_error", "service_unavailable"})
 """Errors Slack answers for its own failure: the message may have been posted."""
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+"""aiohttp failures that happen before a request leaves: nothing reached Slack."""
 DEFAULT_RETRY_AFTER = 1.0
 """Seconds to wait on a 429 that names no ``Retry-After``."""
 
@@ -75,7 +75,7 @@ def classify(error: Exception, *, sent_before: bool = False) -> DeliveryFailed:
     """
     if not isinstance(error, SlackApiError):
         text = f"slack: {type(error).__name__}: {error}".rstrip(": ")
-        if isinstance(error, aiohttp.ClientConnectorError) and not sent_before:
+        if isinstance(error, _NOT_SENT) and not sent_before:
             return PlatformUnavailable(text)
         return TransientDelivery(text, maybe_sent=True)
     status, code = status_of(error), error_code(error)

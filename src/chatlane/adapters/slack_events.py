@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from slack_sdk.signature import SignatureVerifier
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
@@ -143,16 +143,20 @@ class RequestRefused(ChatlaneError):
 async def read_body(request: Request) -> bytes:
     """The request's body, at most :data:`MAX_BODY` bytes.
 
-    :raises RequestRefused: (413) for a larger one.
+    :raises RequestRefused: (413) for a larger one, (400) if the client left
+        before sending all of it.
     """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY:
         raise RequestRefused(413, f"the body is larger than {MAX_BODY} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise RequestRefused(413, f"the body is larger than {MAX_BODY} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                raise RequestRefused(413, f"the body is larger than {MAX_BODY} bytes")
+    except ClientDisconnect:
+        raise RequestRefused(400, "the client left before sending the body") from None
     return bytes(body)
 
 
