@@ -21,9 +21,11 @@ import msgspec
 import pytest
 import uvicorn
 
+from chatlane.adapters import slack_events
 from chatlane.adapters.slack import REFUSAL_INTERVAL, SlackAdapter
 from chatlane.adapters.slack_delivery import classify
 from chatlane.adapters.slack_format import MESSAGE_LIMIT
+from chatlane.adapters.slack_wire import message_id
 from chatlane.config import Config, Secret, SlackConfig, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings, DeliveryWorker
 from chatlane.delivery.ledger import RESENT_LABEL
@@ -37,6 +39,7 @@ from chatlane.errors import (
 )
 from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, build_app, open_hub, shutdown
+from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.slackapi import BOT_ID, BOT_USER, SlackApi, SlackRequests
@@ -158,6 +161,25 @@ async def test_a_dm_is_answered_in_the_dm(api: SlackApi, gateway: Served) -> Non
     assert reply.text == "echo: hello there"
     assert reply.thread_ts is None
     assert api.calls[0] == "auth.test"
+
+
+async def test_an_event_is_answered_once_chatlane_holds_its_message(
+    api: SlackApi, gateway: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slack_events, "ANSWER_WITHIN", 60.0)  # a loaded machine: no cut-off
+    submit = gateway.hub.submit
+
+    async def slow(message: InboundMessage) -> DispatchResult:
+        await asyncio.sleep(0.2)  # the fault: a store slow to take the message
+        return await submit(message)
+
+    monkeypatch.setattr(gateway.hub, "submit", slow)
+    ts = await gateway.slack.message(ALICE_DM, ALICE, "sleep 30")  # answered 200 by now
+    source = SessionSource("slack", chat_id=ALICE_DM, chat_type=ChatType.DM, user_id=ALICE)
+    key = build_session_key(source)
+    held = gateway.hub.gateway.engine.unanswered(key)  # no drain of the adapter first
+    assert [m.id for m in held] == [message_id(ALICE_DM, ts, ALICE)]
+    assert [r.message_id for r in await gateway.hub.store.pending(key)] == [held[0].id]
 
 
 async def test_a_session_is_keyed_by_user_ids(api: SlackApi, gateway: Served) -> None:

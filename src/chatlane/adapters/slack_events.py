@@ -8,9 +8,13 @@ What stays true:
   clock (slack-sdk's :class:`~slack_sdk.signature.SignatureVerifier`). A
   missing, malformed, wrong or stale one gets 401, never an exception.
 * A body over :data:`MAX_BODY` bytes is refused with 413 before it is read whole.
-* Slack wants its answer within three seconds, so what a request asks for is
-  done after the answer (:class:`Lanes`): in arrival order within one
-  conversation, and in parallel across conversations.
+* What a request asks for runs in the background (:class:`Lanes`): in arrival
+  order within one conversation, and in parallel across conversations. The
+  request is answered once that is done — the message accepted by chatlane
+  (durably queued, or refused), or ignored — or after :data:`ANSWER_WITHIN`
+  seconds, whichever comes first (Slack wants its answer within three). So a
+  process that dies before chatlane holds the message has not answered, and
+  Slack sends the event again.
 * An event is handed on once: a retry of an event seen before (its
   ``event_id``) is answered and dropped; so is a repeated button press.
   ``url_verification`` is answered with its challenge.
@@ -50,6 +54,8 @@ EVENTS_PATH = "/slack/events"
 INTERACTIONS_PATH = "/slack/interactions"
 MAX_BODY = 1 << 20
 """Largest request body read (1 MiB); Slack's events and interactions are far smaller."""
+ANSWER_WITHIN = 2.0
+"""Most seconds a request waits for what it asks for before it is answered anyway."""
 SEEN_KEPT = 8192
 """Event ids and presses remembered, so a retry or a repeat is dropped."""
 
@@ -96,7 +102,7 @@ class Inbox:
         if kind == "url_verification":
             return JSONResponse({"challenge": str(envelope.get("challenge", ""))})
         if kind == "event_callback" and isinstance(event, dict) and self._first(envelope):
-            self.lanes.run(str(event.get("channel", "")), self._on_event(event))
+            await _within(self.lanes.run(str(event.get("channel", "")), self._on_event(event)))
         return Response(status_code=200)
 
     def _first(self, envelope: dict[str, Any]) -> bool:
@@ -113,7 +119,7 @@ class Inbox:
             return PlainTextResponse(f"unreadable interaction: {error}", 400)
         press = read_press(payload)
         if press is not None and self._seen.note(("press", press.user, press.action_ts)):
-            self.lanes.run(press.channel, self._on_press(press))
+            await _within(self.lanes.run(press.channel, self._on_press(press)))
         return Response(status_code=200)
 
     async def _signed_body(self, request: Request) -> bytes:
@@ -130,6 +136,12 @@ class Inbox:
             log.info("refused a request to %s: no valid Slack signature", request.url.path)
             raise RequestRefused(401, "invalid or stale Slack signature")
         return body
+
+
+async def _within(job: asyncio.Task[None]) -> None:
+    """Wait for ``job`` at most :data:`ANSWER_WITHIN` seconds; it goes on after that, and
+    its failure is the lane's to log, not the request's."""
+    await asyncio.wait([job], timeout=ANSWER_WITHIN)
 
 
 class RequestRefused(ChatlaneError):
@@ -191,12 +203,13 @@ class Lanes:
         self._last: dict[str, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()
 
-    def run(self, lane: str, job: Job) -> None:
-        """Run ``job`` once the jobs given before it in ``lane`` ended."""
+    def run(self, lane: str, job: Job) -> asyncio.Task[None]:
+        """Run ``job`` once the jobs given before it in ``lane`` ended; its task."""
         task = asyncio.create_task(self._after(self._last.get(lane), job))
         self._last[lane] = task
         self._running.add(task)
         task.add_done_callback(lambda done: self._done(lane, done))
+        return task
 
     async def _after(self, earlier: asyncio.Task[None] | None, job: Job) -> None:
         """``job``, once ``earlier`` ended (however it ended); closed unrun if cancelled first."""
