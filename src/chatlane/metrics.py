@@ -243,8 +243,9 @@ def _sqlite(stats: WriterStats) -> list[str]:
         *_metric(
             "chatlane_sqlite_checkpoints_total",
             "counter",
-            "Checkpoints of the WAL into the database file.",
-            [("", stats.checkpoints)],
+            "Checkpoints of the WAL into the database file: beside the writes, or held "
+            "(the writer thread's, its writes held, once the WAL grew past its bound).",
+            [('kind="beside"', stats.checkpoints), ('kind="held"', stats.held_checkpoints)],
         ),
     ]
 

@@ -17,6 +17,7 @@ import pytest
 
 from chatlane.stores import WriteBatch, sqlite_writer
 from chatlane.stores.sqlite import SQLiteStore
+from chatlane.stores.sqlite_checkpoints import Checkpointer
 from tests.keys import chat_key
 from tests.stores.test_sqlite import write_lock, writer_held
 
@@ -179,21 +180,46 @@ async def test_a_quick_call_cancelled_before_its_pass_ends_is_never_applied(
     assert await store.generation(KEY) == 0
 
 
-async def test_checkpoints_keep_the_wal_small(store: SQLiteStore, path: Path) -> None:
-    """SQLite's own checkpoint is off (it would sync on the loop); the thread's keep up.
+async def test_checkpoints_keep_the_wal_within_its_bound(store: SQLiteStore, path: Path) -> None:
+    """SQLite's own checkpoint is off (it would sync on the loop); ours keep up.
 
     Without them, 1,500 transactions of about ten pages each leave a WAL of
-    some 60 MB.
+    some 60 MB. Checkpoints beside the writes copy it into the file; past the
+    bound the writer copies the rest itself and the WAL starts again.
     """
     connection = store._writer._connection
     assert connection is not None
     assert connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     for n in range(750):
         await turn(store, n)
-    assert store.stats.checkpoints >= 1500 // sqlite_writer.CHECKPOINT_EVERY - 1
+    assert store.stats.checkpoints >= 1
+    assert store.stats.held_checkpoints >= 1
     wal = path.with_name(path.name + "-wal")
-    assert wal.stat().st_size < 8 * 1024 * 1024
-    assert store.stats.on_loop > store.stats.transactions // 2
+    assert wal.stat().st_size < 2 * sqlite_writer.WAL_FRAMES_BOUND * 4096
+    assert store.stats.on_loop > 0  # the others went to the thread while a checkpoint ran
+
+
+async def test_a_checkpoint_beside_the_writes_holds_none_of_them_up(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint that does not end (a slow disk) while 300 transactions commit."""
+    started, release = threading.Event(), threading.Event()
+    run = Checkpointer._run
+
+    def stuck(self: Checkpointer, connection: sqlite3.Connection) -> None:
+        started.set()
+        release.wait()
+        run(self, connection)
+
+    monkeypatch.setattr(Checkpointer, "_run", stuck)
+    try:
+        for n in range(150):
+            await turn(store, n)
+        assert started.is_set()  # asked after the first 100 transactions, and stuck since
+        assert store.stats.transactions >= 300
+        assert store.stats.checkpoints == 0
+    finally:
+        release.set()
 
 
 async def test_many_sessions_mixing_quick_and_queued_calls(store: SQLiteStore) -> None:

@@ -17,11 +17,19 @@ What stays true:
   after a batch that took more than :data:`SLOW_BATCH` there. Everything
   else (reads, scans, purges) runs on the writer thread.
 * The loop never waits for the disk: commits in WAL mode with
-  ``synchronous=NORMAL`` write to the page cache, and the only syncs —
-  checkpoints, every :data:`CHECKPOINT_EVERY` transactions, and the first
-  write after a full one, which starts the WAL again — run on the writer
-  thread (SQLite's own automatic checkpoint is off; until that first write
-  is made, the loop's quick calls go to the thread).
+  ``synchronous=NORMAL`` write to the page cache, and the only syncs are
+  checkpoints' and the first write's after a full one, which starts the WAL
+  again (SQLite's own automatic checkpoint is off). Every
+  :data:`CHECKPOINT_EVERY` transactions a checkpoint runs beside the writes,
+  on a connection and thread of its own (:mod:`chatlane.stores.sqlite_checkpoints`),
+  holding up no write. Once one finds the WAL past :data:`WAL_FRAMES_BOUND`
+  frames, the writer thread checkpoints what is left itself, with its writes
+  held (a few transactions' worth: the rest was copied beside them), so the
+  next write starts the WAL again: the WAL stays within about that bound.
+  Those checkpoints and that first write run on the writer thread (until
+  the write is made, the loop's quick calls go to the thread). While a
+  checkpoint runs beside the writes, the loop's quick calls go to the thread
+  too: its syncs of the WAL can hold up a write to it.
 * Group commit: the thread takes every operation already waiting (up to
   :data:`MAX_BATCH`) and runs them in one transaction. An operation that
   raises (``StaleGeneration``, ``SessionBusy``, …) undoes only its own writes
@@ -58,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from chatlane.errors import StoreDamaged, StoreError
+from chatlane.stores.sqlite_checkpoints import Checkpointer
 from chatlane.stores.sqlite_file import damaged, is_damage
 from chatlane.stores.sqlite_schema import Location, connect, is_busy
 
@@ -67,6 +76,7 @@ __all__ = [
     "MAX_HERE",
     "PAUSE_AFTER_SLOW",
     "SLOW_BATCH",
+    "WAL_FRAMES_BOUND",
     "Operation",
     "Writer",
     "WriterStats",
@@ -81,7 +91,11 @@ MAX_BATCH = 512
 """Most operations committed in one transaction (bounds how long one batch holds the lock)."""
 
 CHECKPOINT_EVERY = 100
-"""Transactions between two checkpoints of the WAL into the main file (on the writer thread)."""
+"""Transactions between two checkpoints of the WAL into the main file (beside the writes)."""
+
+WAL_FRAMES_BOUND = 4096
+"""Frames (pages) past which the writer thread checkpoints the WAL itself and starts it
+again: about 16 MB with SQLite's 4 KB pages."""
 
 MAX_HERE = 64
 """Most quick calls run together on the event loop's thread; a pass that made more hands
@@ -107,6 +121,9 @@ class WriterStats:
     handed_over: int = 0
     """Quick batches the loop gave the writer thread: busy, a slow batch before, a checkpoint."""
     checkpoints: int = 0
+    """Checkpoints run beside the writes."""
+    held_checkpoints: int = 0
+    """Checkpoints the writer thread ran with its writes held (the WAL past its bound)."""
 
 
 _Call = tuple[Operation[Any], bool, asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
@@ -144,7 +161,9 @@ class Writer:
         """Of those, the ones the writer thread finished (counted by the thread)."""
         self._thread_only_until = 0.0
         self._checkpoint_due = False
+        """The WAL grew past its bound: the writer thread checkpoints it next."""
         self._checkpointed_at = 0
+        self._checkpointer: Checkpointer | None = None
         self._restart_due = False
         """A full checkpoint emptied the WAL: the next write starts it again, and syncs."""
         self._waits = True
@@ -225,6 +244,7 @@ class Writer:
             and self.damage is None
             and not self._checkpoint_due
             and not self._restart_due
+            and not (self._checkpointer is not None and self._checkpointer.running)
             and time.monotonic() >= self._thread_only_until
         )
 
@@ -266,11 +286,13 @@ class Writer:
     def _main(self, ready: _Call) -> None:
         try:
             connection = connect(self.location)
-            connection.execute("PRAGMA wal_autocheckpoint = 0")  # ours run on this thread
+            connection.execute("PRAGMA wal_autocheckpoint = 0")  # ours: see the module docstring
         except Exception as error:  # handed to the awaiting open()
             _deliver([(ready, None, error)])
             return
         self._connection = connection
+        self._checkpointer = Checkpointer(self.location, self._checkpointed)
+        self._checkpointer.start()
         _deliver([(ready, None, None)])
         try:
             while (batch := self._next_batch()) is not None:
@@ -282,6 +304,7 @@ class Writer:
                     with self._lock:
                         self._checkpoint(connection)
         finally:
+            self._checkpointer.stop()  # first: the writer's connection closes last
             with self._lock:
                 self._connection = None
                 connection.close()
@@ -328,7 +351,14 @@ class Writer:
             log.warning("checkpoint of %s failed: %s", self.location.path, error)
             return
         self._restart_due = not busy and logged == copied
+        self.stats.held_checkpoints += 1
+
+    def _checkpointed(self, logged: int, copied: int) -> None:
+        """A checkpoint beside the writes found ``logged`` frames in the WAL and ``copied``
+        of them in the main file (on the checkpoints' thread)."""
         self.stats.checkpoints += 1
+        if logged > WAL_FRAMES_BOUND:  # the next batch goes to the writer thread, which
+            self._checkpoint_due = True  # copies the rest after it, its writes held
 
     # -- on either thread, holding the lock ----------------------------------------
 
@@ -358,7 +388,8 @@ class Writer:
         stats.operations += len(calls)
         if stats.transactions - self._checkpointed_at >= CHECKPOINT_EVERY:
             self._checkpointed_at = stats.transactions
-            self._checkpoint_due = True
+            if self._checkpointer is not None:
+                self._checkpointer.ask()
         return outcomes
 
     def _run_plain(
