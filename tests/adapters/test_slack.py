@@ -43,6 +43,7 @@ from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.slackapi import BOT_ID, BOT_USER, SlackApi, SlackRequests
+from tests.clock import Clock
 from tests.keys import chat_key
 from tests.ports import free_port
 
@@ -389,16 +390,6 @@ async def test_a_retried_or_repeated_event_is_handled_once(
 
 
 # -- who may talk --------------------------------------------------------------------
-
-
-class Clock:
-    """Monotonic seconds that move only when a test moves them."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_a_stranger_is_told_once_an_hour_in_a_dm_and_privately_in_a_channel(

@@ -39,6 +39,7 @@ from chatlane.identity import ChatType
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
+from tests.clock import Clock
 from tests.keys import chat_key
 
 GROUP = -1001234
@@ -653,16 +654,6 @@ async def test_the_allowlist_names_a_sender_chat_never_the_placeholder(
 
 
 NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
-
-
-class Clock:
-    """Monotonic seconds that move only when a test moves them."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_a_stranger_is_never_answered_in_a_group_and_hourly_in_private(
