@@ -20,6 +20,7 @@ import aiohttp
 import msgspec
 import pytest
 import uvicorn
+from starlette.responses import Response
 
 from chatlane.adapters import slack_events
 from chatlane.adapters.slack import REFUSAL_INTERVAL, SlackAdapter
@@ -168,14 +169,22 @@ async def test_an_event_is_answered_once_chatlane_holds_its_message(
     api: SlackApi, gateway: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(slack_events, "ANSWER_WITHIN", 60.0)  # a loaded machine: no cut-off
+    order: list[str] = []
     submit = gateway.hub.submit
 
-    async def slow(message: InboundMessage) -> DispatchResult:
-        await asyncio.sleep(0.2)  # the fault: a store slow to take the message
-        return await submit(message)
+    async def accepting(message: InboundMessage) -> DispatchResult:
+        result = await submit(message)
+        order.append("accepted")
+        return result
 
-    monkeypatch.setattr(gateway.hub, "submit", slow)
-    ts = await gateway.slack.message(ALICE_DM, ALICE, "sleep 30")  # answered 200 by now
+    def answering(*args: Any, **kwargs: Any) -> Response:
+        order.append("answered")  # the 200 is made once the request's job is done
+        return Response(*args, **kwargs)
+
+    monkeypatch.setattr(gateway.hub, "submit", accepting)
+    monkeypatch.setattr(slack_events, "Response", answering)
+    ts = await gateway.slack.message(ALICE_DM, ALICE, "sleep 30")
+    assert order == ["accepted", "answered"]
     source = SessionSource("slack", chat_id=ALICE_DM, chat_type=ChatType.DM, user_id=ALICE)
     key = build_session_key(source)
     held = gateway.hub.gateway.engine.unanswered(key)  # no drain of the adapter first

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
 from chatlane.delivery import DeliverySettings, DeliveryWorker
+from chatlane.delivery import worker as worker_module
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
 from chatlane.stores import MemoryStore, Store
 from chatlane.stores.base import DEAD, DELIVERED, PENDING, Delivery
 from chatlane.types import InboundMessage, Outbound, OutboundKind
+from tests.clock import Clock
 from tests.delivery.platform import PlatformStandIn, permanent, rate_limited, transient
 from tests.runtime.agents import EchoAgent
 
@@ -231,8 +234,12 @@ class TestProcesses:
         assert second.platform.accepted[0].labelled is True
         assert second.platform.texts("c1") == ["echo: hello"]
 
-    async def test_a_claim_that_ran_short_before_its_send_is_released_unsent(self) -> None:
-        store = _StallingStore()  # the first claim comes back after most of its life is gone
+    async def test_a_claim_that_ran_short_before_its_send_is_released_unsent(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        clock = Clock()  # the worker's clock: it moves only when the store stalls
+        monkeypatch.setattr(worker_module, "time", types.SimpleNamespace(monotonic=clock))
+        store = _StallingStore(clock)  # the first claim comes back after its life is gone
         settings = dataclasses.replace(FAST, claim_ttl=0.3, send_timeout=0.2)
         rig = Rig(store, PlatformStandIn(), settings)
         await rig.gateway.start()
@@ -277,11 +284,12 @@ def _without_labelled_repeats(platform: PlatformStandIn, chat: str) -> list[str]
 
 
 class _StallingStore(MemoryStore):
-    """A store whose first claim of deliveries returns only after its send window has
-    passed, as when the claiming process is starved of CPU or stopped."""
+    """A store whose first claim of deliveries returns only after the claim's whole life
+    has passed on ``clock``, as when the claiming process is starved of CPU or stopped."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
         super().__init__()
+        self.clock = clock
         self.stalled = 0
 
     async def claim_deliveries(
@@ -290,5 +298,5 @@ class _StallingStore(MemoryStore):
         claimed = await super().claim_deliveries(lanes, holder, ttl, limit)
         if claimed and not self.stalled:
             self.stalled += 1
-            await asyncio.sleep(ttl / 2)  # the fault: a stall, not a wait for an event
+            self.clock.now += ttl
         return claimed
