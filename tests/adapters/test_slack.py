@@ -11,7 +11,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from chatlane.adapters.slack_delivery import classify
 from chatlane.adapters.slack_format import MESSAGE_LIMIT
 from chatlane.adapters.slack_wire import message_id
 from chatlane.config import Config, Secret, SlackConfig, StoreConfig
-from chatlane.delivery import Attempt, DeliverySettings, DeliveryWorker
+from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import (
     ConfigError,
@@ -45,6 +45,7 @@ from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.slackapi import BOT_ID, BOT_USER, SlackApi, SlackRequests
 from tests.clock import Clock
+from tests.delivery.waits import dead, delivered, eventually
 from tests.keys import chat_key
 from tests.ports import free_port
 
@@ -584,27 +585,6 @@ async def test_a_reply_whose_edit_failed_still_replaces_its_draft(
             await s.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
         await s.adapter.send(reply, Attempt("d_1", uncertain=True, attempts=0))
     assert api.texts(ALICE_DM) == ["1 2 3", "Queued for the next turn"]
-
-
-async def delivered(hub: Hub, count: int) -> bool:
-    return len(await hub.store.deliveries(DELIVERED)) == count
-
-
-async def dead(hub: Hub, count: int) -> bool:
-    return (await hub.store.delivery_stats()).dead == count
-
-
-async def eventually(
-    worker: DeliveryWorker | None, predicate: Callable[[], Awaitable[bool]]
-) -> None:
-    """Wait until ``predicate`` holds, checking it again after each of ``worker``'s settlements."""
-    assert worker is not None
-    async with asyncio.timeout(WAIT):
-        while True:
-            settlement = worker.next_settlement()
-            if await predicate():
-                return
-            await settlement.wait()
 
 
 async def test_a_rate_limit_is_waited_out_through_the_ledger(

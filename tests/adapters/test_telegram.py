@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from chatlane.adapters.telegram import (
     utf16_len,
 )
 from chatlane.config import Config, Secret, TelegramConfig
-from chatlane.delivery import DeliverySettings, DeliveryWorker
+from chatlane.delivery import DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import ConfigError, StoreError
 from chatlane.gateway import DispatchResult
@@ -40,6 +40,7 @@ from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
 from tests.clock import Clock
+from tests.delivery.waits import dead, delivered, eventually
 from tests.keys import chat_key
 
 GROUP = -1001234
@@ -353,27 +354,6 @@ async def test_flood_control_is_waited_out_without_losing_or_reordering(
     assert time.monotonic() - started >= 1.0
     assert [r.text for r in replies] == ["echo: first", "echo: second"]  # no label: not sent
     assert api.calls.count("sendMessage") == 3
-
-
-async def delivered(hub: Hub, count: int) -> bool:
-    return len(await hub.store.deliveries(DELIVERED)) == count
-
-
-async def dead(hub: Hub, count: int) -> bool:
-    return (await hub.store.delivery_stats()).dead == count
-
-
-async def eventually(
-    worker: DeliveryWorker | None, predicate: Callable[[], Awaitable[bool]]
-) -> None:
-    """Wait until ``predicate`` holds, checking it again after each of ``worker``'s settlements."""
-    assert worker is not None
-    async with asyncio.timeout(10):
-        while True:
-            settlement = worker.next_settlement()
-            if await predicate():
-                return
-            await settlement.wait()
 
 
 async def test_approval_buttons_answer_as_the_presser(

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
-from chatlane.delivery import DeliverySettings, DeliveryWorker
+from chatlane.delivery import DeliverySettings
 from chatlane.delivery import worker as worker_module
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
@@ -18,6 +18,7 @@ from chatlane.stores.base import DEAD, DELIVERED, PENDING, Delivery
 from chatlane.types import InboundMessage, Outbound, OutboundKind
 from tests.clock import Clock
 from tests.delivery.platform import PlatformStandIn, permanent, rate_limited, transient
+from tests.delivery.waits import eventually
 from tests.runtime.agents import EchoAgent
 
 FAST = DeliverySettings(
@@ -57,19 +58,6 @@ async def rig() -> AsyncIterator[Rig]:
     await made.gateway.start()
     yield made
     await made.gateway.aclose()
-
-
-async def eventually(
-    worker: DeliveryWorker | None, predicate: Callable[[], Awaitable[bool]]
-) -> None:
-    """Wait until ``predicate`` holds, checking it again after each of ``worker``'s settlements."""
-    assert worker is not None
-    async with asyncio.timeout(10):
-        while True:
-            settlement = worker.next_settlement()
-            if await predicate():
-                return
-            await settlement.wait()
 
 
 def settled(store: Store, count: int = 1) -> Callable[[], Awaitable[bool]]:
