@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from chatlane.config import Config, ServerConfig, StoreConfig
@@ -470,25 +471,41 @@ def test_the_start_banner_never_shows_the_stores_password(
     assert "store:" in printed
 
 
-async def test_telegram_without_its_extra_names_the_pip_install(
+@pytest.mark.parametrize(
+    ("platform", "library", "forgotten", "adapter"),
+    [
+        ("telegram", "telegram", ("chatlane.adapters.telegram",), "Telegram"),
+        ("slack", "slack_sdk", ("slack_sdk", "chatlane.adapters.slack"), "Slack"),
+    ],
+)
+async def test_an_adapter_without_its_extra_names_the_pip_install(
     monkeypatch: pytest.MonkeyPatch,
+    platform: str,
+    library: str,
+    forgotten: tuple[str, ...],
+    adapter: str,
 ) -> None:
-    from chatlane.config import TelegramConfig
+    from chatlane.config import SlackConfig, TelegramConfig
     from chatlane.errors import ConfigError
     from chatlane.hub import open_hub
     from chatlane.serve import add_adapters
 
-    monkeypatch.delitem(sys.modules, "chatlane.adapters.telegram", raising=False)
-    monkeypatch.setitem(sys.modules, "telegram", None)  # as if not installed
-    config = Config(store=StoreConfig(url="memory://"), telegram=TelegramConfig(enabled=True))
+    for name in [n for n in sys.modules if n.startswith(forgotten)]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, library, None)  # as if not installed
+    config = Config(store=StoreConfig(url="memory://"))
+    if platform == "telegram":
+        config = msgspec.structs.replace(config, telegram=TelegramConfig(enabled=True))
+    else:
+        config = msgspec.structs.replace(config, slack=SlackConfig(enabled=True))
     hub = await open_hub(config)
     try:
         with pytest.raises(ConfigError) as raised:
             add_adapters(hub)
     finally:
         await hub.store.close()
-    assert str(raised.value).startswith("the Telegram adapter needs the telegram extra")
-    assert str(raised.value).endswith("pip install 'chatlane[telegram]'")
+    assert str(raised.value).startswith(f"the {adapter} adapter needs the {platform} extra")
+    assert str(raised.value).endswith(f"pip install 'chatlane[{platform}]'")
 
 
 def test_a_store_in_a_missing_folder_stops_the_start_in_one_line(tmp_path: Path) -> None:

@@ -771,22 +771,3 @@ def test_serve_with_a_broken_slack_secret_stops_in_one_line(
     assert message in line
     assert "xoxb-1" not in line
     assert "s3cret" not in line
-
-
-async def test_slack_without_its_extra_names_the_pip_install(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from chatlane.serve import add_adapters
-
-    for name in [n for n in sys.modules if n.startswith(("slack_sdk", "chatlane.adapters.slack"))]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "slack_sdk", None)  # as if not installed
-    config = Config(store=StoreConfig(url="memory://"), slack=SlackConfig(enabled=True))
-    hub = await open_hub(config)
-    try:
-        with pytest.raises(ConfigError) as raised:
-            add_adapters(hub)
-    finally:
-        await hub.store.close()
-    assert str(raised.value).startswith("the Slack adapter needs the slack extra")
-    assert str(raised.value).endswith("pip install 'chatlane[slack]'")
