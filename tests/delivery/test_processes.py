@@ -56,11 +56,13 @@ class Gateways(Cluster):
             *("--ttl", str(self.ttl), "--claim-ttl", str(self.claim_ttl)),
         ]
         process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert process.stdout is not None
-        ready = process.stdout.readline()
-        assert ready.strip() == b"ready", f"gateway {name} did not start: {ready!r}"
         worker = Worker(name, process)
-        self.workers.append(worker)
+        self.workers.append(worker)  # stopped at the end even if it never says it is ready
+        assert process.stdout is not None
+        while (line := process.stdout.readline()).strip() != b"ready":
+            # a restarted gateway may adopt a dead one's turn before it says it is ready
+            assert line.startswith(b"{"), f"gateway {name} did not start: {line!r}"
+            self._hear(line)
         threading.Thread(target=self._follow, args=(process,), daemon=True).start()
         return worker
 
@@ -68,11 +70,14 @@ class Gateways(Cluster):
         """Keep each event ``process`` prints, and wake every waiter after it."""
         assert process.stdout is not None
         for line in process.stdout:
-            event = json.loads(line)
-            with self.changed:
-                self.heard.append(event)
-                self.ids[event["event"]].update(event["ids"])
-                self.changed.notify_all()
+            self._hear(line)
+
+    def _hear(self, line: bytes) -> None:
+        event = json.loads(line)
+        with self.changed:
+            self.heard.append(event)
+            self.ids[event["event"]].update(event["ids"])
+            self.changed.notify_all()
 
     def events(self) -> list[dict[str, Any]]:
         """Every event heard so far (read from the gateways' stdout, not the file)."""

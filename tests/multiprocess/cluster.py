@@ -61,11 +61,11 @@ class Cluster:
             str(self.ttl),
         ]
         process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        worker = Worker(name, process)
+        self.workers.append(worker)  # stopped at the end even if it never says it is ready
         assert process.stdout is not None
         ready = process.stdout.readline()
         assert ready.strip() == b"ready", f"worker {name} did not start: {ready!r}"
-        worker = Worker(name, process)
-        self.workers.append(worker)
         return worker
 
     def stop_all(self) -> None:

@@ -532,6 +532,19 @@ class TestLedger:
         assert ready == {"A": float(a1.seq + 1), "C": float(a1.seq + 3), "D": float(a1.seq + 4)}
         assert set(waiting) == {"B"}
 
+    async def test_an_evicted_delivery_never_stalls_its_chat(
+        self, store: RedisStore, admin: Redis
+    ) -> None:
+        await store.record_deliveries([draft("a1", "A"), draft("a2", "A"), draft("b1", "B")])
+        await admin.delete(store._keys.delivery("a1"))  # as a server that evicts keys would
+        claimed = []  # the claim that meets the stray drops it; A's next one is claimed after
+        while more := await store.claim_deliveries([LANE], "p1", 30, 10):
+            claimed += more
+        assert sorted(ids(claimed)) == ["a2", "b1"]
+        assert "a1" not in ids(await store.deliveries(PENDING))
+        await store.settle_deliveries([settle(d, SettlementKind.DELIVERED) for d in claimed])
+        assert await lane_sets(store, LANE) == ({}, {})
+
     async def test_nothing_is_left_behind_once_everything_is_settled_and_pruned(
         self, store: RedisStore, admin: Redis
     ) -> None:

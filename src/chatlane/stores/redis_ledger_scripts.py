@@ -56,19 +56,27 @@ end
 
 local function due_at(key)
   local f = redis.call('HMGET', key, 'next_at', 'claim', 'claim_expires')
+  if not f[1] then return nil end
   if f[2] == '' then return tonumber(f[1]) end
   return math.max(tonumber(f[1]), tonumber(f[3]))
 end
 
 local function schedule(lname, tname, now)
-  local ready, waiting = named(L.r, lname), named(L.w, lname)
-  local head = redis.call('ZRANGE', named(L.q, tname), 0, 0, 'WITHSCORES')
-  if #head == 0 then
-    redis.call('ZREM', ready, tname)
-    redis.call('ZREM', waiting, tname)
-    return
-  end
-  local at = due_at(named(L.d, head[1]))
+  local ready, waiting, queue = named(L.r, lname), named(L.w, lname), named(L.q, tname)
+  local head, at = {{}}, nil
+  repeat
+    head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+    if #head == 0 then
+      redis.call('ZREM', ready, tname)
+      redis.call('ZREM', waiting, tname)
+      return
+    end
+    at = due_at(named(L.d, head[1]))
+    if not at then  -- its hash is gone (evicted or deleted): a stray, dropped
+      redis.call('ZREM', queue, head[1])
+      redis.call('ZREM', K.dpending, head[1])
+    end
+  until at
   if at <= now then
     redis.call('ZREM', waiting, tname)
     redis.call('ZADD', ready, head[2], tname)
@@ -109,7 +117,9 @@ end
   queue, a lane's ready and waiting sets, a claim's record, then the tail) and
   returns where the script's own arguments start; ``named(head, name)`` makes a key.
 * ``schedule(lname, tname, now)`` puts a target in its lane's ready or waiting set
-  (or neither), as its head says.
+  (or neither), as its head says. A queued name whose hash is gone (a Redis that
+  evicts keys, or one deleted by hand) is dropped from the queue on the way, so the
+  lane is never stuck on it.
 * ``record_deliveries(at, drafts)`` records ``drafts`` drafts (:data:`DRAFT` values
   each, after the affixes at ``at``) not recorded before: pending, due at once, with
   the next seq; ``ledger_args(drafts)`` is how many ``ARGV`` values that takes.
@@ -147,8 +157,9 @@ if #claimed == 0 then
   for i = 1, math.min(limit, #heads) do
     local lname, tname = heads[i][2], heads[i][3]
     local name = redis.call('ZRANGE', named(L.q, tname), 0, 0)[1]
-    local key = named(L.d, name)
-    if due_at(key) <= now then
+    local key = name and named(L.d, name)
+    local at = key and due_at(key)
+    if at and at <= now then
       local f = redis.call('HMGET', key, 'claim', 'uncertain')
       local uncertain = (f[1] ~= '' or f[2] == '1') and 1 or 0
       redis.call('HSET', key, 'claim', ARGV[tokens_at + #claimed], 'claim_expires',
