@@ -40,7 +40,7 @@ def outcome(policy: BusyPolicy, state: SessionState, turn: Turn, depth: int = 3)
         (BusyPolicy.INTERRUPT, BusyOutcome.INTERRUPTING),
         (BusyPolicy.QUEUE, BusyOutcome.QUEUED),
         (BusyPolicy.COLLECT, BusyOutcome.MERGED),
-        (BusyPolicy.STEER, BusyOutcome.QUEUED),  # no steering into another process's run
+        (BusyPolicy.STEER, BusyOutcome.QUEUED),  # it waits; the running process draws it in
     ],
 )
 async def test_a_fresh_message_gets_its_policy(policy: BusyPolicy, expected: BusyOutcome) -> None:

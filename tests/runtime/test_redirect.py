@@ -5,9 +5,7 @@ with all of it as context. A turn that finds no safe point is rolled back."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -16,11 +14,10 @@ from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.output import CUT_SHORT, cut_short
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
-from chatlane.stores import MemoryStore, Store, open_store
+from chatlane.stores import MemoryStore, Store
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind, SessionKey
 from tests.runtime.agents import approving_agent
-from tests.stores.conftest import forget_store
 
 REDIRECTING = "Redirecting: the current reply stops here, your message is next"
 
@@ -182,31 +179,6 @@ def test_redirect_and_steer_backlog_are_read_by_name() -> None:
     assert BusyPolicy.parse("Redirect") is BusyPolicy.REDIRECT
     assert BusyPolicy.parse("steer-backlog") is BusyPolicy.STEER
     assert BusyPolicy.STEER_BACKLOG.value == "steer"
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def two_stores(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[tuple[Store, Store]]:
-    """Two processes' stores: one memory store shared, or two clients of one SQLite
-    file or one Redis server (under a prefix of this test's own)."""
-    if request.param == "memory":
-        shared = MemoryStore()
-        yield shared, shared
-        return
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'shared.db'}"
-    else:
-        server: str = request.getfixturevalue("redis_url")
-        separator = "&" if "?" in server else "?"
-        url = f"{server}{separator}prefix=redirect-{uuid.uuid4().hex[:12]}"
-    first, second = await open_store(url), await open_store(url)
-    try:
-        yield first, second
-    finally:
-        await first.close()
-        await second.close()
-        await forget_store(url)
 
 
 async def test_a_redirect_reaches_a_turn_another_process_runs(

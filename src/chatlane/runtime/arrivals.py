@@ -70,6 +70,12 @@ from chatlane.types import Agent, InboundMessage, OutboundKind, accepts_steering
 
 log = logging.getLogger("chatlane.runtime")
 
+_DRAWN = frozenset({BusyPolicy.STEER, BusyPolicy.COLLECT})
+"""The policies under which a running turn draws in other processes' messages."""
+
+_PLACED = frozenset({BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.STEERED})
+"""The outcomes of :meth:`BusyDesk._apply` that put the message somewhere here."""
+
 DROPPED_OLDEST = "Dropped from a full queue to make room for a newer message"
 """The notice the sender of a message dropped by the ``drop-oldest`` overflow gets."""
 
@@ -118,6 +124,37 @@ class BusyDesk:
         state = turn.session_state
         policy = resolve_policy(self._settings.busy, turn.source, state.persistent.busy_policy)
         return policy is BusyPolicy.REDIRECT
+
+    def draws_in(self, turn: Turn) -> bool:
+        """Whether ``turn`` draws in what other processes accept for its session: its
+        session's own policy steers or collects. Only such turns' queues are read at
+        fence checks, as only redirecting ones are read for a redirect."""
+        state = turn.session_state
+        policy = resolve_policy(self._settings.busy, turn.source, state.persistent.busy_policy)
+        return policy in _DRAWN
+
+    def wants_drawn(self, state: SessionState, message: InboundMessage) -> bool:
+        """Whether another process's ``message`` would be steered or collected here."""
+        return self.policy_for(state, message) in _DRAWN
+
+    def take_in(self, turn: Turn, message: InboundMessage, seq: int) -> None:
+        """``message``, drawn in from another process while ``turn`` ran, as if it arrived here.
+
+        Its sender heard from the process that accepted it, so nothing is said.
+        While the agent runs it is steered or collected by its policy; once the
+        agent is done (or never took steering) it waits in store order, past the
+        cap if need be: a message another process accepted is never refused here.
+        """
+        state = turn.session_state
+        if state.turn.holds(turn) and not turn.settling:
+            policy = self.policy_for(state, message)
+            outcome = self._apply(state, message, seq, policy)
+            self._metrics.busy(outcome.value, policy.value)
+            if outcome in _PLACED:
+                return
+        pending.insert_in_order(state, [message], [seq])
+        if not state.turn.is_running:
+            self._slots.promote(state)
 
     # -- the session runs here ---------------------------------------------------
 

@@ -12,9 +12,9 @@ refused acquire, that its session is busy elsewhere. What stays true:
   after it, behind whatever that process had queued first, as it would
   locally; ``redirect`` asks that turn to stop at its next safe point
   (below) and the message runs after it; ``queue``, ``collect`` and
-  ``steer`` let it wait its turn (no merging or steering across
-  processes). The interrupt depth counts this process's interrupts (and
-  redirects) of the session.
+  ``steer`` let it wait its turn, and under ``collect`` and ``steer`` the
+  running process draws it in meanwhile (below). The interrupt depth counts
+  this process's interrupts (and redirects) of the session.
 * A ``redirect`` is told through the store too, without fencing: the
   redirecting process records the running generation as the session's
   ``redirect_generation`` field; the running process reads that field for
@@ -27,17 +27,30 @@ refused acquire, that its session is busy elsewhere. What stays true:
   generation. The running process sees the bump, reads the field, and ends
   its turn as *interrupted* (its messages are done, not re-run) when the
   field names that turn's generation; any other bump is a lost lease.
+* Under ``steer`` and ``collect`` a message reaches the turn another
+  process runs through the store: at each fence check that process reads
+  the queue of each of its running turns whose session steers or collects,
+  and *draws in* the messages other processes accepted for it since the
+  turn started (:func:`draw_in`): it adopts them (each record changes owner
+  atomically, so a message is drawn by one process, once) and steers or
+  collects them as if they had arrived there. The process that accepted a
+  drawn message finds it owned by another when its own turn gets the lease
+  (:meth:`~chatlane.runtime.engine.TurnEngine`'s check of the queue) and
+  watches it until the store holds its answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 
+from chatlane.errors import StoreError
 from chatlane.runtime.busy import BusyContext, BusyOutcome, BusyPolicy, decide
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
-from chatlane.stores.base import Store
+from chatlane.stores.base import PendingRecord, Store
+from chatlane.stores.codec import decode_message
 from chatlane.stores.fields import INTERRUPTED_GENERATION, REDIRECT_GENERATION
 from chatlane.types import InboundMessage, SessionKey
 
@@ -114,3 +127,44 @@ async def redirected_elsewhere(store: Store, turns: Sequence[Turn]) -> list[Turn
         for turn, fields in zip(turns, stored, strict=True)
         if fields.get(REDIRECT_GENERATION) == turn.generation
     ]
+
+
+async def draw_in(
+    store: Store,
+    holder: str,
+    turn: Turn,
+    known: set[int],
+    wanted: Callable[[InboundMessage], bool],
+) -> list[tuple[InboundMessage, int]]:
+    """Adopt, for ``holder``, the messages other processes accepted for ``turn``'s session
+    since it started and ``wanted`` would steer or collect; them and their seqs, in store order.
+
+    ``known`` are the seqs this process already holds for the session (they
+    are never drawn). A record that cannot be read stays its owner's. Each
+    record is adopted only from the owner it was read with, so of two
+    processes drawing (or one drawing while its owner gives it up) one gets it.
+
+    :raises ChatlaneError: the store could not be asked (what was adopted is returned
+        only if every adoption was answered).
+    """
+    first = min(turn.seqs)
+    candidates: dict[str, list[tuple[InboundMessage, int]]] = defaultdict(list)
+    for record in await store.pending(turn.session_key):
+        if record.owner == holder or record.seq <= first or record.seq in known:
+            continue
+        message = _readable(record)
+        if message is not None and not message.internal and wanted(message):
+            candidates[record.owner].append((message, record.seq))
+    drawn: list[tuple[InboundMessage, int]] = []
+    for owner, found in candidates.items():
+        seqs = [seq for _, seq in found]
+        adopted = set(await store.adopt(turn.session_key, seqs, owner, holder))
+        drawn += [(message, seq) for message, seq in found if seq in adopted]
+    return sorted(drawn, key=lambda pair: pair[1])
+
+
+def _readable(record: PendingRecord) -> InboundMessage | None:
+    try:
+        return decode_message(record.payload)
+    except StoreError:
+        return None  # its owner sets it aside when it comes to run it

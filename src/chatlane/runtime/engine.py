@@ -47,13 +47,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from chatlane.approvals import ApprovalBroker, prompt_text
 from chatlane.context import bound_context
-from chatlane.errors import ChatlaneError
+from chatlane.errors import ActiveSessionLimit, ChatlaneError, SessionBusy
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
@@ -63,7 +65,7 @@ from chatlane.runtime.aside import SideAnswers
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
 from chatlane.runtime.ending import TurnEnd
-from chatlane.runtime.leases import LeaseKeeper, new_holder_id
+from chatlane.runtime.leases import AcquireWait, LeaseKeeper, new_holder_id
 from chatlane.runtime.outcomes import OnOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.output import TurnOutput
@@ -151,6 +153,7 @@ class TurnEngine:
             self.adopt,
             turn_timeout=self.settings.turn_timeout,
             redirectable=self.busy.redirectable,
+            drawing=self.busy,
         )
         self.capacity = Capacity(self.settings.capacity, self.slots)
         self._expiry_margin = expiry_margin(self.settings.leases)
@@ -283,10 +286,15 @@ class TurnEngine:
     async def enqueue(self, key: SessionKey, message: InboundMessage) -> BusyOutcome | None:
         """Queue ``message`` as its own turn, whatever the busy policy (``/queue``).
 
+        It is stored as asking for ``queue``, so a process running the session
+        under ``steer`` or ``collect`` never draws it into a turn of its own.
+
         :returns: ``None`` when it started at once, :attr:`BusyOutcome.QUEUED`, or
             :attr:`BusyOutcome.QUEUE_FULL` (refused: the caller tells the sender).
         """
         self._ensure_background()
+        if not message.busy_policy:
+            message = msgspec.structs.replace(message, busy_policy=BusyPolicy.QUEUE.value)
         self.outcomes.open(key, message)  # a refusal below is its outcome
         state = await self.session(key)
         if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
@@ -434,20 +442,23 @@ class TurnEngine:
         where it could not.
         """
         state = turn.session_state
+        waited: _WaitedElsewhere | None = None
         if admission is not None and admission.lease is not None:
             self.leases.hold(state, admission.lease)  # released however the turn ends
             lease, choices = admission.lease, admission.persistent  # taken up once, below
         else:
             await self._take_choices(turn, None if admission is None else admission.persistent)
-            taken = await self._wait_for_lease(turn, admission)
+            waited = _WaitedElsewhere(partial(self.busy.on_wait, turn))
+            taken = await self._wait_for_lease(turn, admission, waited)
             if taken is None:
                 return False
             lease, choices = taken
         known = state.persistent.run_generation
         if not self._bind(turn, lease):
             return False
-        if lease.generation > known + 1 and await self._dropped_elsewhere(turn):
-            return False  # another process ran or stopped the session meanwhile
+        elsewhere = lease.generation > known + 1 or (waited is not None and waited.seen)
+        if elsewhere and await self._dropped_elsewhere(turn):
+            return False  # another process ran, stopped or drew in the messages meanwhile
         await self._take_choices(turn, choices)
         self._started(turn)
         return True
@@ -480,7 +491,7 @@ class TurnEngine:
         return lease.expires_at - time.time() <= self._expiry_margin  # as expires_within()
 
     async def _wait_for_lease(
-        self, turn: Turn, admission: Admission | None
+        self, turn: Turn, admission: Admission | None, on_wait: _WaitedElsewhere
     ) -> tuple[Lease, dict[str, Any] | None] | None:
         """The lease waited for, and the choices read with it; ``None`` if the turn was dropped."""
         state = turn.session_state
@@ -488,25 +499,35 @@ class TurnEngine:
             state,
             min(turn.seqs),
             partial(self._still_wanted, turn),
-            partial(self.busy.on_wait, turn),
+            on_wait,
             refused=None if admission is None else admission.refusal,
         )
         return None if taken is None else (taken.lease, taken.persistent)
 
     async def _dropped_elsewhere(self, turn: Turn) -> bool:
-        """Whether another process's ``/stop`` or ``/new`` dropped ``turn``'s messages.
+        """Whether ``turn``'s messages left this process while it waited: another
+        process's ``/stop`` or ``/new`` dropped them, or its running turn drew them in.
 
         Asked only when the generation moved on elsewhere while the turn
         waited: one read of the store's queue (if it fails, the turn runs).
-        A dropped turn ends unrun as :data:`TurnEnd.DROPPED`; its messages still
-        queued in the store wait here again, in store order.
+        Only a message the store still queues as this process's is still its
+        own: every other one, the turn's or queued here behind it, is watched
+        until the store says what became of it (answered there, or dropped).
+        A turn left without its own messages ends unrun as
+        :data:`TurnEnd.DROPPED`; those still its own wait here again, in store order.
         """
         state = turn.session_state
+        queued_here = [seq for seq, _ in pending.queued(state)]  # before the read: all stored
         try:
-            alive = {record.seq for record in await self.store.pending(state.key)}
+            records = await self.store.pending(state.key)
         except ChatlaneError as error:
             log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
             return False
+        alive = {record.seq for record in records if record.owner == self.holder}
+        if not alive.issuperset(queued_here):
+            since = {seq for seq, _ in pending.queued(state)}.difference(queued_here)
+            left = pending.keep_only(state, alive | since)  # what came during the read stays
+            self.outcomes.watch(message.id for message in left)
         if all(seq in alive for seq in turn.seqs):
             return False
         for message, seq in zip(turn.messages, turn.seqs, strict=True):
@@ -752,6 +773,22 @@ class TurnEngine:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
         await self.leases.sign_off()
         self.outcomes.end(self.outcomes.open_ids(), Outcome.SHUT_DOWN)
+
+
+class _WaitedElsewhere:
+    """A turn's ``on_wait`` that also notes whether another process held the lease: its
+    messages may have left meanwhile (dropped there, or drawn into its turn)."""
+
+    __slots__ = ("_on_wait", "seen")
+
+    def __init__(self, on_wait: Callable[[ChatlaneError, AcquireWait], None]) -> None:
+        self._on_wait = on_wait
+        self.seen = False
+
+    def __call__(self, error: ChatlaneError, wait: AcquireWait) -> None:
+        if isinstance(error, SessionBusy) and not isinstance(error, ActiveSessionLimit):
+            self.seen = True
+        self._on_wait(error, wait)
 
 
 def _must_propagate(error: BaseException) -> bool:

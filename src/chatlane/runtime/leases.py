@@ -26,6 +26,10 @@ What stays true:
   call that queues it (:meth:`LeaseKeeper.admit`), and a turn that waits for
   it reads the session's stored choices with it: a turn costs two store
   calls, from the message's arrival to its answer.
+* While this process draws another process's messages into a session's
+  running turn (:meth:`LeaseKeeper.drawing`), that session's lease is not
+  released here: the drawn messages change owner while the lease is held,
+  so the process that gave them up cannot take the lease and run them first.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from contextlib import closing
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import closing, contextmanager
 
 from chatlane.errors import (
     ActiveSessionLimit,
@@ -51,6 +55,7 @@ from chatlane.runtime.settings import LeaseSettings
 from chatlane.state import SessionState
 from chatlane.stores.base import Admission, Lease, Store, Taken, WriteBatch
 from chatlane.stores.protocols import Wakeups, Watch
+from chatlane.types import SessionKey
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -99,6 +104,8 @@ class LeaseKeeper:
         self.holder = holder
         self.settings = settings
         self.beats = BeatGaps()
+        self._drawing: dict[SessionKey, asyncio.Future[None]] = {}
+        """Sessions whose lease is kept until the messages being drawn in have changed owner."""
 
     def admit(
         self, state: SessionState, message_id: str, payload: bytes, *, choices: bool
@@ -215,6 +222,8 @@ class LeaseKeeper:
         :raises AlreadyAnswered: nothing was written or released.
         :raises StoreError: the store could not be asked.
         """
+        if self._drawing:
+            await self._drawn(state.key)
         lease = state.turn.lease_tokens.get(generation)
         if lease is None:
             await self.store.commit(state.key, generation, batch)
@@ -223,6 +232,8 @@ class LeaseKeeper:
 
     async def release(self, state: SessionState, generation: int) -> None:
         """Release the lease taken for ``generation``, if it is still held (once only)."""
+        if self._drawing:
+            await self._drawn(state.key)
         lease = state.turn.release_lease_token(generation)
         if lease is None:
             return
@@ -230,6 +241,22 @@ class LeaseKeeper:
             await self.store.release(lease)
         except LeaseError as error:
             log.info("lease already gone: %s", error, extra=turn_fields(state.key, generation))
+
+    @contextmanager
+    def drawing(self, key: SessionKey) -> Iterator[None]:
+        """Keep ``key``'s lease here until the block ends (see the module docstring)."""
+        done = asyncio.get_running_loop().create_future()
+        self._drawing[key] = done
+        try:
+            yield
+        finally:
+            del self._drawing[key]
+            done.set_result(None)
+
+    async def _drawn(self, key: SessionKey) -> None:
+        drawing = self._drawing.get(key)
+        if drawing is not None:
+            await asyncio.shield(drawing)
 
     async def renew_all(self, leases: Iterable[Lease]) -> list[Lease | None]:
         """Renew ``leases`` in one store call, in order: the renewed lease, or ``None`` if lost.

@@ -24,7 +24,10 @@ What stays true:
   logged and changes nothing. The same check reads the
   ``redirect_generation`` field of each running turn whose session's own
   policy is ``redirect`` (one read per such turn; none for other sessions)
-  and redirects the turn another process asked to redirect.
+  and redirects the turn another process asked to redirect, and reads the
+  queue of each running turn whose session's own policy is ``steer`` or
+  ``collect`` (one read per such turn), drawing in what other processes
+  accepted for it since it started (:func:`~chatlane.runtime.elsewhere.draw_in`).
 * Every ``fence_check`` seconds (or ``renew_every``), the messages this process
   accepted that left for another process are looked up in the store (one
   batch), and those whose fate is known get their outcome
@@ -46,14 +49,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Protocol
 
 from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
-from chatlane.runtime.elsewhere import redirected_elsewhere, was_interrupted_elsewhere
+from chatlane.runtime import pending
+from chatlane.runtime.elsewhere import draw_in, redirected_elsewhere, was_interrupted_elsewhere
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper, locally_expired
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
@@ -64,6 +70,7 @@ from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
 from chatlane.runtime.watch import settle_watched
+from chatlane.state import SessionState
 from chatlane.stores.base import Lease
 from chatlane.types import InboundMessage, OutboundKind, SessionKey
 
@@ -71,6 +78,17 @@ log = logging.getLogger("chatlane.runtime")
 
 Adopt = Callable[[SessionKey, InboundMessage, int], Awaitable[None]]
 """Runs a message adopted from a dead process (the engine's ``adopt``)."""
+
+
+class Drawing(Protocol):
+    """Which running turns draw in other processes' messages, and what becomes of them
+    (the engine's :class:`~chatlane.runtime.arrivals.BusyDesk`)."""
+
+    def draws_in(self, turn: Turn) -> bool: ...
+
+    def wants_drawn(self, state: SessionState, message: InboundMessage) -> bool: ...
+
+    def take_in(self, turn: Turn, message: InboundMessage, seq: int) -> None: ...
 
 
 class Upkeep:
@@ -92,6 +110,7 @@ class Upkeep:
         *,
         turn_timeout: float,
         redirectable: Callable[[Turn], bool] = lambda turn: False,
+        drawing: Drawing | None = None,
     ) -> None:
         self._leases = leases
         self._slots = slots
@@ -102,6 +121,7 @@ class Upkeep:
         self._turn_timeout = turn_timeout
         self._redirectable = redirectable
         """Whether another process may redirect a turn: only those are read for it."""
+        self._drawing = drawing
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
         """Whether :meth:`start` started the loops (a plain attribute: read per message)."""
@@ -216,6 +236,7 @@ class Upkeep:
             if gone and turn.is_current():
                 await self.lease_lost(turn, "fenced by another process", fenced=True)
         await self._redirect_asked(held)
+        await self._draw_in(held)
 
     async def _redirect_asked(self, held: list[Turn]) -> None:
         """Redirect the running turns another process asked to (``redirect_generation``)."""
@@ -234,6 +255,38 @@ class Upkeep:
         for turn in asked:
             if turn.is_current() and not turn.interrupted.is_set():  # it may have moved on
                 self._slots.redirect(turn)
+
+    async def _draw_in(self, held: list[Turn]) -> None:
+        """Draw other processes' messages into the running turns that steer or collect."""
+        drawing = self._drawing
+        if drawing is None:
+            return
+        drawn = [
+            t
+            for t in held
+            if t.is_current()
+            and not t.interrupted.is_set()
+            and not t.settling
+            and drawing.draws_in(t)
+        ]
+        await asyncio.gather(*(self._draw_into(turn, drawing) for turn in drawn))
+
+    async def _draw_into(self, turn: Turn, drawing: Drawing) -> None:
+        state = turn.session_state
+        known = {*turn.seqs, *(seq for _, seq in turn.waiting_steers())}
+        known.update(seq for seq, _ in pending.queued(state))
+        wanted = functools.partial(drawing.wants_drawn, state)
+        leases = self._leases
+        with leases.drawing(state.key):
+            try:
+                drawn = await draw_in(leases.store, leases.holder, turn, known, wanted)
+            except ChatlaneError as error:
+                log.warning("could not draw in messages: %s", error, extra=turn_fields(state.key))
+                return
+            for message, seq in drawn:
+                fields = turn_fields(state.key)
+                log.info("drew in message %s (seq %d)", message.id, seq, extra=fields)
+                drawing.take_in(turn, message, seq)
 
     async def lease_lost(
         self, turn: Turn, why: str, *, fenced: bool, grace: float | None = None

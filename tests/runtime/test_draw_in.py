@@ -1,0 +1,188 @@
+"""``steer`` and ``collect`` across processes: a message accepted by one process reaches
+the turn another process runs through the store, drawn in at that process's fence
+check; the process that accepted it runs nothing and ends it with the answer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from chatlane.runtime.outcomes import Outcome
+from chatlane.runtime.settings import LeaseSettings
+from chatlane.runtime.turn import Turn
+from chatlane.stores import MemoryStore, Store
+from chatlane.stores.base import PendingRecord
+from chatlane.testing import GatewayHarness
+from chatlane.types import OutboundKind, SessionKey
+
+CHECKED_BY_HAND = LeaseSettings(fence_check=0)
+"""No fence check in the background: the test draws messages in when it says so."""
+
+
+class HoldsForSteers:
+    """``long`` holds its turn until released, then replies with what was steered into it
+    (``takes=False``: it never takes any); anything else is answered at once."""
+
+    accepts_steering = True
+
+    def __init__(self, *, takes: bool = True) -> None:
+        self.takes = takes
+        self.release = asyncio.Event()
+        self.ran: list[str] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        self.ran.append(turn.text)
+        if turn.text == "long":
+            await self.release.wait()
+        steered = turn.take_steers() if self.takes else []
+        return " + ".join([turn.text, *steered])
+
+
+def replies_of(h: GatewayHarness, chat_id: str = "c") -> list[str]:
+    return [o.text for o in h.delivered(chat_id=chat_id) if o.kind is OutboundKind.REPLY]
+
+
+def ends(h: GatewayHarness) -> dict[str, tuple[Outcome, str]]:
+    return {o.message_id: (o.outcome, o.text) for o in h.outcomes}
+
+
+async def test_a_message_sent_to_another_process_is_steered_into_the_running_turn(
+    two_stores: tuple[Store, Store],
+) -> None:
+    here, there = two_stores
+    runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
+    async with (
+        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
+        GatewayHarness(other_agent, store=there, busy="steer", leases=CHECKED_BY_HAND) as other,
+    ):
+        first = await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        second = await other.send("and this too", chat_id="c")
+        await runner.gateway.engine.upkeep.check_fences()
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=1) == ["long + and this too"]
+        await other.settle()
+        await other.gateway.engine.upkeep.settle_watched()
+        assert await here.pending(first.session_key) == []
+    assert other_agent.ran == []  # the process that accepted it ran nothing
+    assert replies_of(other) == []
+    assert ends(other) == {second.message_id: (Outcome.ANSWERED, "long + and this too")}
+    assert ends(runner)[first.message_id] == (Outcome.ANSWERED, "long + and this too")
+    assert second.message_id not in ends(runner)  # its sender hears from where it was sent
+
+
+async def test_steered_text_the_agent_never_takes_runs_next_in_the_drawing_process(
+    two_stores: tuple[Store, Store],
+) -> None:
+    here, there = two_stores
+    runner_agent, other_agent = HoldsForSteers(takes=False), HoldsForSteers()
+    async with (
+        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
+        GatewayHarness(other_agent, store=there, busy="steer", leases=CHECKED_BY_HAND) as other,
+    ):
+        await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        second = await other.send("later", chat_id="c")
+        await runner.gateway.engine.upkeep.check_fences()
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=2) == ["long", "later"]
+        await other.settle()
+        await other.gateway.engine.upkeep.settle_watched()
+    assert runner_agent.ran == ["long", "later"]
+    assert other_agent.ran == []
+    assert ends(other) == {second.message_id: (Outcome.ANSWERED, "later")}
+
+
+async def test_collected_messages_of_another_process_become_one_turn_after_the_running_one(
+    two_stores: tuple[Store, Store],
+) -> None:
+    here, there = two_stores
+    runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
+    settings: dict[str, Any] = {"leases": CHECKED_BY_HAND, "collect_debounce": 0}
+    async with (
+        GatewayHarness(runner_agent, store=here, busy="collect", **settings) as runner,
+        GatewayHarness(other_agent, store=there, busy="collect", **settings) as other,
+    ):
+        await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        one = await other.send("one", chat_id="c")
+        two = await other.send("two", chat_id="c")
+        await runner.gateway.engine.upkeep.check_fences()
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=2) == ["long", "one\ntwo"]
+        await other.settle()
+        await other.gateway.engine.upkeep.settle_watched()
+    assert runner_agent.ran == ["long", "one\ntwo"]
+    assert other_agent.ran == []
+    assert ends(other) == {
+        one.message_id: (Outcome.ANSWERED, "one\ntwo"),
+        two.message_id: (Outcome.ANSWERED, "one\ntwo"),
+    }
+
+
+async def test_a_message_that_asks_to_queue_is_not_drawn_in(
+    two_stores: tuple[Store, Store],
+) -> None:
+    here, there = two_stores
+    runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
+    async with (
+        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
+        GatewayHarness(other_agent, store=there, busy="steer", leases=CHECKED_BY_HAND) as other,
+    ):
+        await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        queued = await other.send("/queue in its own turn", chat_id="c")
+        await runner.gateway.engine.upkeep.check_fences()
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=1) == ["long"]
+        await other.wait_for(lambda out: any(o.text == "in its own turn" for o in out))
+    assert other_agent.ran == ["in its own turn"]
+    assert ends(other)[queued.message_id] == (Outcome.ANSWERED, "in its own turn")
+
+
+async def test_a_fence_check_reads_queues_only_where_the_session_steers_or_collects() -> None:
+    """At thousands of running turns a read each per fence check would starve renewals."""
+    for policy, reads in (("steer", 1), ("collect", 1), ("queue", 0), ("rollback", 0)):
+        store = CountsQueueReads()
+        agent = HoldsForSteers()
+        async with GatewayHarness(agent, busy=policy, store=store, leases=CHECKED_BY_HAND) as h:
+            await h.send("long", chat_id="c")
+            await h.until_running(chat_id="c")
+            before = store.reads
+            await h.gateway.engine.upkeep.check_fences()
+            assert (policy, store.reads - before) == (policy, reads)
+            agent.release.set()
+            await h.settle()
+
+
+class CountsQueueReads(MemoryStore):
+    """Counts the reads of a session's queue."""
+
+    reads = 0
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        self.reads += 1
+        return await super().pending(key)
+
+
+async def test_a_side_question_sent_to_another_process_is_answered_there_at_once(
+    two_stores: tuple[Store, Store],
+) -> None:
+    here, there = two_stores
+    runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
+    async with (
+        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
+        GatewayHarness(other_agent, store=there, busy="steer", leases=CHECKED_BY_HAND) as other,
+    ):
+        first = await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        await other.send("/btw quick one", chat_id="c")
+        await other.wait_for(lambda out: any(o.text == "(aside) quick one" for o in out))
+        await runner.gateway.engine.upkeep.check_fences()
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=1) == ["long"]  # nothing drawn in
+        assert [(e.role, e.content) for e in await here.transcript(first.session_key)] == [
+            ("user", "long"),
+            ("assistant", "long"),
+        ]
+    assert other_agent.ran == ["quick one"]
