@@ -161,6 +161,26 @@ def test_a_message_to_another_worker_interrupts_the_turn_under_interrupt(
 
 
 @pytest.mark.timeout(300)
+def test_a_message_to_another_worker_is_collected_into_the_running_workers_next_turn(
+    cluster: Cluster,
+) -> None:
+    cluster.ttl = 30.0
+    runner, other = cluster.start("runner"), cluster.start("other")
+    runner.send("col-chat", "/busy collect", "col-0")
+    cluster.wait_for(all_answered(["col-0"]), 10, "the /busy answer")
+    runner.send("col-chat", "sleep 10", "col-1")
+    cluster.wait_for(lambda ev: any(e["event"] == "start" for e in ev), 10, "the turn to start")
+    other.send("col-chat", "hello", "col-2")
+    cluster.wait_for(lambda ev: any(e["event"] == "drawn" for e in ev), 10, "the message drawn in")
+    events = cluster.wait_for(all_answered(["col-1", "col-2"]), 30, "both answers")
+
+    [answer] = answered_ids(events)["col-2"]
+    assert (answer["worker"], answer["text"]) == ("runner", "done hello")
+    starts = [(e["worker"], e["ids"]) for e in events if e["event"] == "start"]
+    assert starts == [("runner", ["col-1"]), ("runner", ["col-2"])]  # the other ran nothing
+
+
+@pytest.mark.timeout(300)
 def test_interrupts_across_workers_lose_nothing_and_never_overlap(cluster: Cluster) -> None:
     cluster.ttl = 10.0
     workers = [cluster.start(f"w{n}") for n in range(2)]

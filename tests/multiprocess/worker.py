@@ -97,6 +97,8 @@ class FenceLog(logging.Handler):
             self.log.write("fenced", detail=message)
         elif message.startswith("turn superseded"):
             self.log.write("superseded", detail=message)
+        elif message.startswith("drew in"):
+            self.log.write("drawn", detail=message)
 
 
 async def serve(args: argparse.Namespace) -> None:
