@@ -165,6 +165,8 @@ class DiscordApi:
         self.identified: list[Json] = []
         """Every IDENTIFY's payload."""
         self.resumed = 0
+        self.refuse_resume = False
+        """Refuse the next RESUME (op 9, not resumable), as for a session Discord dropped."""
         self.sessions = 0
         self._failures: dict[str, dict[int, Failure]] = {}
         self._ids = itertools.count(940000000000000001)
@@ -191,7 +193,9 @@ class DiscordApi:
         listening.listen()
         self.port = listening.getsockname()[1]
         routes = [
-            Route("/{path:path}", self._endpoint, methods=["GET", "POST", "PATCH", "DELETE", "PUT"]),
+            Route(
+                "/{path:path}", self._endpoint, methods=["GET", "POST", "PATCH", "DELETE", "PUT"]
+            ),
         ]
         app = Starlette(routes=[WebSocketRoute("/gateway/", self._gateway), *routes])
         config = uvicorn.Config(app, lifespan="off", log_level="warning", ws="websockets-sansio")
@@ -227,6 +231,7 @@ class DiscordApi:
             "type": 1,
             "recipients": [user(user_id)],
             "last_message_id": None,
+            "flags": 0,
         }
         return channel_id
 
@@ -300,8 +305,8 @@ class DiscordApi:
         if guild is None:
             data |= {"user": user(user_id), "context": 1}
         else:
-            member = {"user": user(user_id), "roles": [], "joined_at": None, "deaf": False}
-            data |= {"guild_id": guild, "member": member | {"mute": False, "permissions": "0"}}
+            member: Json = {"user": user(user_id), "roles": [], "joined_at": None, "flags": 0}
+            data |= {"guild_id": guild, "member": member | {"deaf": False, "permissions": "0"}}
             data |= {"context": 0, "guild_locale": "en-US"}
         await self.dispatch("INTERACTION_CREATE", data)
         return interaction
@@ -400,7 +405,8 @@ class DiscordApi:
             await self.dispatch("GUILD_CREATE", self._guild(guild))
 
     async def _resume(self, socket: WebSocket, data: Json) -> None:
-        if data.get("token") != self.token or data.get("session_id") != self._session:
+        refused, self.refuse_resume = self.refuse_resume, False
+        if refused or data.get("token") != self.token or data.get("session_id") != self._session:
             await socket.send_text(json.dumps({"op": 9, "d": False}))
             return
         self.resumed += 1
@@ -463,7 +469,9 @@ class DiscordApi:
             return _failed(failure)
         body = await request.body()
         payload = json.loads(body) if body else {}
-        return getattr(self, "_" + name.replace(".", "_"))(params, payload)
+        handler: Callable[[dict[str, str], Json], Response]
+        handler = getattr(self, "_" + name.replace(".", "_"))
+        return handler(params, payload)
 
     def _users_me(self, params: dict[str, str], payload: Json) -> Response:
         return JSONResponse(BOT_USER)
@@ -521,7 +529,9 @@ class DiscordApi:
         if not content.strip() and not payload.get("components"):
             return _error(400, 50006, "Cannot send an empty message")
         if len(content) > TEXT_LIMIT:
-            return _error(400, 50035, "Invalid Form Body: content: Must be 2000 or fewer in length.")
+            return _error(
+                400, 50035, "Invalid Form Body: content: Must be 2000 or fewer in length."
+            )
         return None
 
     def _messages_edit(self, params: dict[str, str], payload: Json) -> Response:
@@ -573,6 +583,7 @@ def _text_channel(channel: int, guild: int, name: str) -> Json:
         "topic": None,
         "last_message_id": None,
         "rate_limit_per_user": 0,
+        "flags": 0,
     }
 
 

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import discord
+from discord.backoff import ExponentialBackoff
 from starlette.routing import BaseRoute
 
 from chatlane.adapters.discord_client import Events, GatewayClient, answer_interaction
@@ -179,13 +180,29 @@ class DiscordAdapter:
         return token
 
     async def _connect(self, client: GatewayClient) -> None:
-        """The gateway connection, reconnected by discord.py until closed or refused."""
-        try:
-            await client.connect(reconnect=True)
-        except Exception as error:
-            if self._client is client:
-                log.error("discord: the gateway connection ended: %s", _gateway_failure(error))
-            raise
+        """The gateway connection, reconnected by discord.py until closed or refused.
+
+        discord.py ends its connection when it cannot read an event (a payload
+        it does not expect): the connection is then opened again, after a
+        growing pause, with a new session.
+        """
+        backoff = ExponentialBackoff()
+        while True:
+            try:
+                await client.connect(reconnect=True)
+                return
+            except Exception as error:
+                if client.is_closed() or _refused(error):
+                    if self._client is client:
+                        log.error(
+                            "discord: the gateway connection ended: %s", _gateway_failure(error)
+                        )
+                    raise
+                delay = backoff.delay()
+                log.exception("discord: an event could not be read; reconnecting in %.1fs", delay)
+            if client.ws is not None:
+                await client.ws.close(code=4000)
+            await asyncio.sleep(delay)
 
     async def _first_session(self) -> None:
         connection = self._connection
@@ -415,6 +432,11 @@ async def _log_in(client: GatewayClient, token: str, api_url: str) -> None:
         await client.close()
         reason = (str(error) or type(error).__name__).replace(token, "<token>")
         raise ConfigError(f"the Discord API at {api_url} failed: {reason}") from None
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether the gateway refused the bot for good (its token, its intents, its shards)."""
+    return isinstance(error, discord.ClientException | discord.ConnectionClosed)
 
 
 def _gateway_failure(error: BaseException | None) -> str:

@@ -71,7 +71,8 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
-from chatlane.adapters.splitting import joined, utf16_len
+from chatlane.adapters.splitting import joined
+from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
 from chatlane.adapters.typing import TypingIndicators
 from chatlane.approvals import is_request_id
