@@ -127,6 +127,7 @@ class Posted:
     text: str
     components: list[Json]
     nonce: str | None
+    allowed_mentions: Json | None = None
     edits: list[str] = field(default_factory=list)
     """Every text it had before the current one, oldest first."""
 
@@ -516,6 +517,7 @@ class DiscordApi:
             str(payload.get("content") or ""),
             list(payload.get("components") or []),
             nonce,
+            payload.get("allowed_mentions"),
         )
         self.posted.append(made)
         return JSONResponse(self._shown(made))

@@ -453,7 +453,9 @@ async def test_nothing_sent_pings_anyone(api: DiscordApi, bot: Running) -> None:
     dm = api.dm_channel(ALICE)
     await api.say(dm, ALICE, "@everyone <@950000000000000002>")
     [reply] = await api.wait_for_messages(dm)
-    assert reply.text == "echo: @everyone <@950000000000000002>"  # allowed_mentions: none
+    assert reply.text == "echo: @everyone <@950000000000000002>"
+    assert reply.allowed_mentions is not None
+    assert reply.allowed_mentions["parse"] == []
 
 
 async def test_a_stream_is_shown_as_one_message_edited_in_place(
