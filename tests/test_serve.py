@@ -476,6 +476,7 @@ def test_the_start_banner_never_shows_the_stores_password(
     [
         ("telegram", "telegram", ("chatlane.adapters.telegram",), "Telegram"),
         ("slack", "slack_sdk", ("slack_sdk", "chatlane.adapters.slack"), "Slack"),
+        ("discord", "discord", ("discord", "chatlane.adapters.discord"), "Discord"),
     ],
 )
 async def test_an_adapter_without_its_extra_names_the_pip_install(
@@ -485,7 +486,7 @@ async def test_an_adapter_without_its_extra_names_the_pip_install(
     forgotten: tuple[str, ...],
     adapter: str,
 ) -> None:
-    from chatlane.config import SlackConfig, TelegramConfig
+    from chatlane.config import DiscordConfig, SlackConfig, TelegramConfig
     from chatlane.errors import ConfigError
     from chatlane.hub import open_hub
     from chatlane.serve import add_adapters
@@ -496,6 +497,8 @@ async def test_an_adapter_without_its_extra_names_the_pip_install(
     config = Config(store=StoreConfig(url="memory://"))
     if platform == "telegram":
         config = msgspec.structs.replace(config, telegram=TelegramConfig(enabled=True))
+    elif platform == "discord":
+        config = msgspec.structs.replace(config, discord=DiscordConfig(enabled=True))
     else:
         config = msgspec.structs.replace(config, slack=SlackConfig(enabled=True))
     hub = await open_hub(config)

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -221,6 +222,45 @@ class SlackConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return (source.chat_id or "") in self.allowed_channels
 
 
+DISCORD_API_URL: Final = "https://discord.com/api/v10"
+
+
+class DiscordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The Discord bot: the gateway (a WebSocket it opens) and the REST API, with discord.py."""
+
+    enabled: bool = False
+    token: Secret = Secret(env="DISCORD_BOT_TOKEN")
+    """The bot's token (developer portal → the application → *Bot*)."""
+    api_url: str = DISCORD_API_URL
+    """The REST API (a stand-in in tests); the gateway's address is asked of it."""
+    require_mention: bool = True
+    """In servers, answer only a message that mentions the bot or replies to one of its own."""
+    message_content: bool = True
+    """Ask for the privileged Message Content intent (it must be enabled in the developer
+    portal); without it Discord sends a message's text only in DMs and when it mentions
+    the bot."""
+    allow_bots: bool = False
+    """Read messages of other bots and webhooks too (never the bot's own)."""
+    typing: bool = True
+    """Show "… is typing" in a channel while its message is being worked on."""
+    allowed_users: list[str] = msgspec.field(default_factory=list)
+    """Discord user ids that may use the bot; empty: everyone (``[allow] discord`` applies too)."""
+    allowed_channels: list[str] = msgspec.field(default_factory=list)
+    """Channel ids where the bot answers (a thread counts as its parent channel);
+    empty: every channel it can read. DMs are governed by the user lists alone."""
+    allowed_guilds: list[str] = msgspec.field(default_factory=list)
+    """Server (guild) ids where the bot answers; empty: every server it is in. Checked as
+    messages arrive: a message from another server is ignored."""
+
+    def allows(self, source: SessionSource) -> bool:
+        """Whether ``source`` passes ``allowed_users`` and, outside a DM, ``allowed_channels``."""
+        if self.allowed_users and (source.user_id or "") not in self.allowed_users:
+            return False
+        if source.chat_type is ChatType.DM or not self.allowed_channels:
+            return True
+        return (source.chat_id or "") in self.allowed_channels
+
+
 class ResetPolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """When conversations end by themselves (both off by default)."""
 
@@ -276,6 +316,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Per-platform allowlists of user ids; a platform not listed allows everyone."""
     telegram: TelegramConfig = TelegramConfig()
     slack: SlackConfig = SlackConfig()
+    discord: DiscordConfig = DiscordConfig()
     delivery: DeliverySettings = DeliverySettings()
     confirm_new: bool = True
     namespace: str = "main"
@@ -287,12 +328,15 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """Whether ``source``'s user may use the gateway (a platform not in ``allow``: all may).
 
         The one authorization rule, for a message and for every run of a job
-        created from a chat alike. Slack's own lists (:meth:`SlackConfig.allows`)
-        apply on top of ``allow.slack``.
+        created from a chat alike. Slack's and Discord's own lists
+        (:meth:`SlackConfig.allows`, :meth:`DiscordConfig.allows`) apply on top of
+        ``allow.slack`` and ``allow.discord``.
         """
         allowed = self.allow.get(source.platform)
         if allowed is not None and (source.user_id or "") not in allowed:
             return False
+        if source.platform == "discord":
+            return self.discord.allows(source)
         return source.platform != "slack" or self.slack.allows(source)
 
 
@@ -348,6 +392,9 @@ def _convert(raw: dict[str, Any]) -> Config:
     allow = raw.get("allow")
     if isinstance(allow, dict):
         raw["allow"] = {platform: _ids(platform, ids) for platform, ids in allow.items()}
+    discord = raw.get("discord")
+    if isinstance(discord, dict):
+        raw["discord"] = _snowflake_lists(discord)
     try:
         return msgspec.convert(_settings_layout(raw), Config, strict=False)
     except msgspec.ValidationError as error:
@@ -407,6 +454,31 @@ def _ids(platform: str, ids: object) -> list[str]:
             "expected a list of user ids (strings or whole numbers)"
         )
     return [str(i) for i in ids]
+
+
+DISCORD_ID_LISTS: Final = ("allowed_users", "allowed_channels", "allowed_guilds")
+
+
+def _snowflake_lists(section: dict[str, Any]) -> dict[str, Any]:
+    """``[discord]`` with its id lists as strings of digits (TOML may hold them as numbers).
+
+    :raises ConfigError: naming ``discord.<list>`` unless it is a list of Discord ids.
+    """
+    lists = {name: section[name] for name in DISCORD_ID_LISTS if name in section}
+    for name, ids in lists.items():
+        if not isinstance(ids, list) or not all(_is_snowflake(i) for i in ids):
+            raise ConfigError(
+                f"configuration key {f'discord.{name}'!r} = {ids!r}: expected a list of "
+                "Discord ids (snowflakes: whole numbers, as numbers or strings of digits)"
+            )
+    return {**section, **{name: [str(i).strip() for i in ids] for name, ids in lists.items()}}
+
+
+def _is_snowflake(value: object) -> bool:
+    if isinstance(value, str):
+        value = value.strip()
+        return value.isascii() and value.isdigit()
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_id(value: object) -> bool:
@@ -514,6 +586,7 @@ def _check(config: Config) -> None:
     _check_whole("limits", config.limits, ("sockets",))
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
+    _check_discord(config.discord)
     interval = config.scheduler.min_interval
     if not interval >= 0 or not math.isfinite(interval):
         raise ConfigError(
@@ -561,6 +634,18 @@ def _check_openai(openai: OpenAIConfig) -> None:
                 f"configuration key {key!r} = {redact_urls(url)!r}: "
                 "expected an http(s) URL without userinfo, query, fragment or escapes"
             ) from None
+
+
+def _check_discord(discord: DiscordConfig) -> None:
+    """The REST API's address is an http(s) URL without credentials, query or fragment."""
+    url = urlsplit(discord.api_url)
+    if url.scheme not in ("http", "https") or not url.hostname or url.username or url.query:
+        raise ConfigError(
+            f"configuration key 'discord.api_url' = {redact_urls(discord.api_url)!r}: "
+            "expected an http(s) URL such as 'https://discord.com/api/v10'"
+        )
+    if url.fragment or url.password:
+        raise ConfigError("configuration key 'discord.api_url': expected no fragment or password")
 
 
 def _check_whole(section: str, record: object, names: tuple[str, ...]) -> None:

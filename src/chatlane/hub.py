@@ -14,7 +14,7 @@ What stays true:
 * Every outbound message goes to the adapter of its target's platform; an
   adapter that is missing or fails is logged, never a crash. A reply, notice
   or approval prompt to an adapter that sends through the delivery ledger
-  (Telegram, Slack) is recorded in the store first and sent by the ledger's worker,
+  (Telegram, Slack, Discord) is recorded in the store first and sent by the ledger's worker,
   which retries until the platform accepts it (``docs/delivery.md``).
 * Every route answers only requests addressed to a name the operator allowed
   (``Host``), with or without a token; every route that checks the token asks
@@ -59,7 +59,7 @@ from chatlane.types import Agent, InboundMessage, Outbound
 
 log = logging.getLogger("chatlane.server")
 
-LEDGERED_PLATFORMS = ("telegram", "slack")
+LEDGERED_PLATFORMS = ("telegram", "slack", "discord")
 """Platforms whose replies go through the delivery ledger in every process, whether or not
 it runs their adapter (a process that answers a Telegram message it adopted records the
 reply; one running the Telegram adapter sends it)."""

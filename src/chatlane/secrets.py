@@ -66,6 +66,7 @@ class Secrets:
     telegram_token: str = field(default="", repr=False)
     slack_bot_token: str = field(default="", repr=False)
     slack_signing_secret: str = field(default="", repr=False)
+    discord_token: str = field(default="", repr=False)
     openai_api_key: str = field(default="", repr=False)
     web_id_secret: str = field(default="", repr=False)
     """``web.id_secret``; ``""``: not configured (:func:`~chatlane.adapters.web_ids.id_secret`)."""
@@ -89,20 +90,22 @@ def read_client_tokens(
 def resolve_secrets(config: Config, environ: Mapping[str, str] | None = None) -> Secrets:
     """Read the secrets ``config`` uses, once: the access token, every API client's token,
     ``web.id_secret``; the Telegram token when Telegram is enabled; Slack's bot token and
-    signing secret when Slack is enabled; the OpenAI key when the agent is ``openai``.
+    signing secret when Slack is enabled; Discord's bot token when Discord is enabled;
+    the OpenAI key when the agent is ``openai``.
     Variables are looked up in ``environ`` (default ``os.environ``).
 
     :raises ConfigError: if a secret file cannot be read.
     """
     environ = os.environ if environ is None else environ
     telegram = read_secret(config.telegram.token, environ) if config.telegram.enabled else ""
-    slack = config.slack
+    slack, discord = config.slack, config.discord
     openai = config.agent.name == "openai"
     return Secrets(
         access_token=TokenSource.read(config.server.token, environ),
         telegram_token=telegram,
         slack_bot_token=read_secret(slack.bot_token, environ) if slack.enabled else "",
         slack_signing_secret=read_secret(slack.signing_secret, environ) if slack.enabled else "",
+        discord_token=read_secret(discord.token, environ) if discord.enabled else "",
         openai_api_key=read_secret(config.agent.openai.api_key, environ) if openai else "",
         web_id_secret=read_secret(config.web.id_secret, environ),
         api_client_tokens=read_client_tokens(config, environ),

@@ -21,6 +21,7 @@ import msgspec
 import uvicorn
 from starlette.types import ASGIApp
 
+from chatlane.adapters.discord_wire import check_token
 from chatlane.adapters.slack_wire import check_secrets
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.agents import needs_extra
@@ -104,6 +105,8 @@ def prepare(
         )
     if config.slack.enabled:
         check_secrets(secrets.slack_bot_token, secrets.slack_signing_secret)
+    if config.discord.enabled:
+        check_token(secrets.discord_token)
     build_scheduler(config)
     return config, secrets
 
@@ -144,7 +147,7 @@ def require_token(config: Config, secrets: Secrets) -> None:
 
 
 def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
-    """The web chat and the API always; Telegram and Slack when enabled. All share the
+    """The web chat and the API always; Telegram, Slack and Discord when enabled. All share the
     hub's access token; ``secrets`` (default: read now) gives them the rest."""
     from chatlane.adapters.api import ApiAdapter
     from chatlane.adapters.web import WebAdapter
@@ -162,6 +165,11 @@ def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
             from chatlane.adapters.slack import SlackAdapter
 
         hub.add(SlackAdapter(hub.config, secrets=secrets))
+    if hub.config.discord.enabled:
+        with needs_extra("discord", "the Discord adapter"):
+            from chatlane.adapters.discord import DiscordAdapter
+
+        hub.add(DiscordAdapter(hub.config, secrets=secrets))
 
 
 async def serve(config: Config, secrets: Secrets | None = None) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slack_sdk.signature import SignatureVerifier
@@ -33,6 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from chatlane.adapters.lanes import Job, Lanes
 from chatlane.adapters.slack_wire import Press, Recent, read_interaction, read_press
 from chatlane.errors import ChatlaneError
 
@@ -59,7 +60,6 @@ ANSWER_WITHIN = 2.0
 SEEN_KEPT = 8192
 """Event ids and presses remembered, so a retry or a repeat is dropped."""
 
-Job = Coroutine[object, object, None]
 OnEvent = Callable[[dict[str, Any]], Job]
 OnPress = Callable[[Press], Job]
 
@@ -76,7 +76,7 @@ class Inbox:
         self._on_press = on_press
         self._verifier: SignatureVerifier | None = None
         self._seen = Recent(SEEN_KEPT)
-        self.lanes = Lanes()
+        self.lanes = Lanes("Slack")
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -194,48 +194,3 @@ def signed_by_slack(verifier: SignatureVerifier, body: bytes, headers: Mapping[s
         return verifier.is_valid(body, timestamp, signature)
     except ValueError:  # a timestamp that is no number, a body that is no UTF-8
         return False
-
-
-class Lanes:
-    """Jobs run in the background, one at a time per lane, in the order they were given."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, asyncio.Task[None]] = {}
-        self._running: set[asyncio.Task[None]] = set()
-
-    def run(self, lane: str, job: Job) -> asyncio.Task[None]:
-        """Run ``job`` once the jobs given before it in ``lane`` ended; its task."""
-        task = asyncio.create_task(self._after(self._last.get(lane), job))
-        self._last[lane] = task
-        self._running.add(task)
-        task.add_done_callback(lambda done: self._done(lane, done))
-        return task
-
-    async def _after(self, earlier: asyncio.Task[None] | None, job: Job) -> None:
-        """``job``, once ``earlier`` ended (however it ended); closed unrun if cancelled first."""
-        try:
-            if earlier is not None:
-                await asyncio.wait([earlier])
-        except BaseException:
-            job.close()
-            raise
-        await job
-
-    def _done(self, lane: str, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
-        if self._last.get(lane) is task:
-            del self._last[lane]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("a Slack request could not be handled", exc_info=task.exception())
-
-    async def drained(self) -> None:
-        """Wait until every job given so far (and any given meanwhile) ended."""
-        while self._running:
-            await asyncio.wait(list(self._running))
-
-    async def aclose(self) -> None:
-        """Cancel the jobs not done yet and wait until they ended."""
-        running = list(self._running)
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)

@@ -19,7 +19,8 @@ What stays true:
 from __future__ import annotations
 
 import re
-import unicodedata
+
+from chatlane.adapters.splitting import FENCE, split_text
 
 __all__ = ["MESSAGE_LIMIT", "escape", "split_message", "to_mrkdwn"]
 
@@ -31,7 +32,6 @@ and a Block Kit section (an approval prompt's text) holds at most 3,000; one
 limit for every message keeps a long reply in parts short enough to read
 without Slack folding them ("Show more"), and fits the prompt's section."""
 
-FENCE = "```"
 _OPEN_FENCE = re.compile(r"^\s{0,3}(```+(?=[^`]*$)|~~~+)")
 """A line opening a code block; a backtick fence's language name holds no backtick."""
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)(?:\s+#+)?\s*$")
@@ -47,7 +47,6 @@ _INLINE = re.compile(
     r"|(?<![\w*])\*(?P<italic>[^*\s](?:[^*\n]*[^*\s])?)\*(?![\w*])"
 )
 _ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
-_JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
 _LONGEST_ESCAPE = len("&amp;")
 
 
@@ -122,57 +121,14 @@ def _mark(match: re.Match[str]) -> str:
 
 
 def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
-    """``text`` (mrkdwn) in parts of at most ``limit`` characters, in order.
-
-    A part ends after the last newline (else space) in the second half of its
-    window where nothing is cut (see the module docstring); failing that, at
-    the last such point at all. A part ending inside a code block gets a
-    closing fence, and the next one an opening fence.
-    """
-    room = limit - len(FENCE) - 1  # a part may need a closing fence after it
-    parts: list[str] = []
-    while len(text) > limit:
-        cut = _cut_point(text, room)
-        part, text = text[:cut], text[cut:]
-        if part.count(FENCE) % 2 == 1:
-            part += FENCE if part.endswith("\n") else "\n" + FENCE
-            text = f"{FENCE}\n{text}"
-        parts.append(part)
-    parts.append(text)
-    return parts
-
-
-def _cut_point(text: str, room: int) -> int:
-    """Where the part of at most ``room`` characters that starts ``text`` should end."""
-    end = min(room, len(text))
-    for separator in ("\n", " "):
-        at = text.rfind(separator, end // 2, end)
-        while at >= 0 and not _whole(text, at + 1):
-            at = text.rfind(separator, end // 2, at)
-        if at >= 0:
-            return at + 1
-    cut = end
-    while cut > 1 and not _whole(text, cut):
-        cut -= 1
-    return cut if cut > 1 else end
+    """``text`` (mrkdwn) in parts of at most ``limit`` characters, in order
+    (:func:`~chatlane.adapters.splitting.split_text`); no cut breaks an escape or a link."""
+    return split_text(text, limit, unbroken=_whole)
 
 
 def _whole(text: str, cut: int) -> bool:
-    """Whether cutting ``text`` before index ``cut`` leaves every escape, link and
-    visible character whole."""
+    """Whether cutting ``text`` before index ``cut`` leaves every escape and link whole."""
     amp = text.rfind("&", max(0, cut - _LONGEST_ESCAPE + 1), cut)
     if amp >= 0 and text.find(";", amp, cut) < 0:
         return False
-    if text.rfind("<", 0, cut) > text.rfind(">", 0, cut):
-        return False
-    return cut >= len(text) or not _joined(text[cut - 1], text[cut])
-
-
-def _joined(before: str, after: str) -> bool:
-    """Whether a cut between ``before`` and ``after`` would split one visible character."""
-    if before == "\u200d" or after in _JOINERS or unicodedata.combining(after):
-        return True
-    code = ord(after)
-    if 0x1F1E6 <= ord(before) <= 0x1F1FF and 0x1F1E6 <= code <= 0x1F1FF:
-        return True  # a flag is two regional indicators (a cut may still fall between two flags)
-    return 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F or 0xFE00 <= code <= 0xFE0F
+    return text.rfind("<", 0, cut) <= text.rfind(">", 0, cut)

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from chatlane.adapters.recent import Recent
 from chatlane.approvals import is_request_id
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
@@ -262,25 +262,3 @@ def approval_blocks(text: str, request_id: str, asker: str | None) -> list[dict[
 def _button(label: str, action_id: str, value: str, style: str) -> dict[str, Any]:
     text = {"type": "plain_text", "text": label}
     return {"type": "button", "text": text, "action_id": action_id, "value": value, "style": style}
-
-
-class Recent:
-    """The ``kept`` keys noted last, each with a value (a time); older ones are forgotten first."""
-
-    def __init__(self, kept: int) -> None:
-        self._kept = kept
-        self._values: OrderedDict[Hashable, float] = OrderedDict()
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._values
-
-    def get(self, key: Hashable) -> float | None:
-        return self._values.get(key)
-
-    def note(self, key: Hashable, value: float = 0.0) -> bool:
-        """Remember ``key`` (as the newest) with ``value``; whether it was new."""
-        new = self._values.pop(key, None) is None
-        self._values[key] = value
-        while len(self._values) > self._kept:
-            self._values.popitem(last=False)
-        return new

@@ -45,7 +45,6 @@ import copy
 import json
 import logging
 import time
-import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -72,6 +71,8 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
+from chatlane.adapters.splitting import joined
+from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
 from chatlane.adapters.typing import TypingIndicators
 from chatlane.approvals import is_request_id
@@ -118,7 +119,6 @@ _NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
 _IN_A_CHANNEL = "In a channel, answer by posting /approve or /deny."
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
-_JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
 _NOT_TEXT = "Sorry, I can only read text messages."
 _NOT_HANDLED = "Sorry — your message could not be handled right now; please try again."
 _TOKEN_LOGGERS = (
@@ -506,11 +506,6 @@ def button_command(data: str) -> str | None:
     return _ANSWERS.get(data)
 
 
-def utf16_len(text: str) -> int:
-    """The length of ``text`` as Telegram counts it: UTF-16 code units."""
-    return len(text.encode("utf-16-le", "surrogatepass")) // 2
-
-
 def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
     """``text`` in parts of at most ``limit`` UTF-16 units; joined, they equal ``text``.
 
@@ -557,19 +552,11 @@ def _splits(text: str, cut: int) -> bool:
         while cut - halves > 0 and _is_flag_half(text[cut - halves - 1]):
             halves += 1
         return halves % 2 == 1
-    return _joined(before, after)
+    return joined(before, after)
 
 
 def _is_flag_half(char: str) -> bool:
     return 0x1F1E6 <= ord(char) <= 0x1F1FF
-
-
-def _joined(before: str, after: str) -> bool:
-    """Whether a cut between ``before`` and ``after`` would split one visible character."""
-    if before == "\u200d" or after in _JOINERS or unicodedata.combining(after):
-        return True
-    code = ord(after)
-    return 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F or 0xFE00 <= code <= 0xFE0F
 
 
 async def _send(bot: Bot, target: Target, text: str, buttons: InlineKeyboardMarkup | None) -> bool:

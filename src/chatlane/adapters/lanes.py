@@ -1,0 +1,64 @@
+"""Jobs run in the background, in order within a lane (a conversation), in parallel across.
+
+Chat adapters hand each event's work to :class:`Lanes` so that a platform's
+events for one conversation reach chatlane in the order they arrived, however
+long one of them takes, while other conversations go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+
+__all__ = ["Job", "Lanes"]
+
+log = logging.getLogger("chatlane.adapters")
+
+Job = Coroutine[object, object, None]
+
+
+class Lanes:
+    """Jobs run in the background, one at a time per lane, in the order they were given."""
+
+    def __init__(self, name: str = "chat") -> None:
+        self._name = name
+        self._last: dict[str, asyncio.Task[None]] = {}
+        self._running: set[asyncio.Task[None]] = set()
+
+    def run(self, lane: str, job: Job) -> asyncio.Task[None]:
+        """Run ``job`` once the jobs given before it in ``lane`` ended; its task."""
+        task = asyncio.create_task(self._after(self._last.get(lane), job))
+        self._last[lane] = task
+        self._running.add(task)
+        task.add_done_callback(lambda done: self._done(lane, done))
+        return task
+
+    async def _after(self, earlier: asyncio.Task[None] | None, job: Job) -> None:
+        """``job``, once ``earlier`` ended (however it ended); closed unrun if cancelled first."""
+        try:
+            if earlier is not None:
+                await asyncio.wait([earlier])
+        except BaseException:
+            job.close()
+            raise
+        await job
+
+    def _done(self, lane: str, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if self._last.get(lane) is task:
+            del self._last[lane]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a %s job could not be done", self._name, exc_info=task.exception())
+
+    async def drained(self) -> None:
+        """Wait until every job given so far (and any given meanwhile) ended."""
+        while self._running:
+            await asyncio.wait(list(self._running))
+
+    async def aclose(self) -> None:
+        """Cancel the jobs not done yet and wait until they ended."""
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

@@ -1,0 +1,99 @@
+"""Long texts split into messages a platform takes: at a line or word, code blocks kept whole.
+
+Shared by the chat adapters that send Markdown-like text (Slack's mrkdwn,
+Discord's Markdown). What stays true:
+
+* Joined, the parts are the text, but for the fences added where a part ends
+  inside a code block: that part gets a closing fence, and the next one an
+  opening fence, so every part reads as it would in the whole.
+* A part is at most ``limit`` long, as ``measure`` counts (characters, or
+  UTF-16 code units for a platform that counts those).
+* A cut never splits a character sequence (an emoji with joiners or skin
+  tones, a flag, a letter with its combining marks), nor anything the caller's
+  ``unbroken`` check protects (Slack's escapes and links).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable
+
+__all__ = ["FENCE", "joined", "split_text", "utf16_len"]
+
+FENCE = "```"
+_JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
+
+Measure = Callable[[str], int]
+Unbroken = Callable[[str, int], bool]
+"""Whether cutting a text before an index leaves what the caller protects whole."""
+
+
+def utf16_len(text: str) -> int:
+    """The length of ``text`` in UTF-16 code units (a character outside the BMP counts two)."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def split_text(
+    text: str, limit: int, *, measure: Measure = len, unbroken: Unbroken | None = None
+) -> list[str]:
+    """``text`` in parts of at most ``limit`` (as ``measure`` counts), in order.
+
+    A part ends after the last newline (else space) in the second half of its
+    window where nothing is cut (see the module docstring); failing that, at
+    the last such point at all. A part ending inside a code block gets a
+    closing fence, and the next one an opening fence.
+    """
+    room = limit - len(FENCE) - 1  # a part may need a closing fence after it
+    parts: list[str] = []
+    while measure(text) > limit:
+        cut = _cut_point(text, _fit(text, room, measure), unbroken)
+        part, text = text[:cut], text[cut:]
+        if part.count(FENCE) % 2 == 1:
+            part += FENCE if part.endswith("\n") else "\n" + FENCE
+            text = f"{FENCE}\n{text}"
+        parts.append(part)
+    parts.append(text)
+    return parts
+
+
+def _fit(text: str, room: int, measure: Measure) -> int:
+    """How many characters of ``text`` fit in ``room``, as ``measure`` counts (it adds up
+    character by character, as characters and UTF-16 code units do)."""
+    if measure is len:
+        return min(room, len(text))
+    units = 0
+    for index, char in enumerate(text):
+        units += measure(char)
+        if units > room:
+            return max(index, 1)
+    return len(text)
+
+
+def _cut_point(text: str, end: int, unbroken: Unbroken | None) -> int:
+    """Where the part that starts ``text`` and holds at most ``end`` characters should end."""
+
+    def whole(cut: int) -> bool:
+        if unbroken is not None and not unbroken(text, cut):
+            return False
+        return cut >= len(text) or not joined(text[cut - 1], text[cut])
+
+    for separator in ("\n", " "):
+        at = text.rfind(separator, end // 2, end)
+        while at >= 0 and not whole(at + 1):
+            at = text.rfind(separator, end // 2, at)
+        if at >= 0:
+            return at + 1
+    cut = end
+    while cut > 1 and not whole(cut):
+        cut -= 1
+    return cut if cut > 1 else end
+
+
+def joined(before: str, after: str) -> bool:
+    """Whether a cut between ``before`` and ``after`` would split one visible character."""
+    if before == "\u200d" or after in _JOINERS or unicodedata.combining(after):
+        return True
+    code = ord(after)
+    if 0x1F1E6 <= ord(before) <= 0x1F1FF and 0x1F1E6 <= code <= 0x1F1FF:
+        return True  # a flag is two regional indicators (a cut may still fall between two flags)
+    return 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F or 0xFE00 <= code <= 0xFE0F
