@@ -3,7 +3,9 @@
 Reads one JSON message per line on stdin (``{"chat", "text", "id"}``; ``{"quit": true}``
 shuts down gracefully) and appends JSON events to a shared log file: turn
 ``start``/``end`` (with a system-wide monotonic clock; ``end`` also says
-whether the turn still held a live lease then), every ``deliver``, every
+whether the turn still held a live lease then, and ``answers`` every message
+the turn answers, steered ones included), each message's one ``outcome``,
+every ``deliver``, every
 ``write`` a turn attempts after sleeping (``accepted`` or ``refused``), and,
 when told to quit, its heartbeats (``beats``: how many, the longest gap) and
 its lease counters (``leases``: leases lost, stale writes and replies refused).
@@ -27,6 +29,7 @@ from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import SessionSource
 from chatlane.runtime.engine import RuntimeSettings
 from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import Store, TranscriptEntry, open_store
 from chatlane.types import InboundMessage, Outbound
@@ -45,7 +48,11 @@ class SharedLog:
 
 
 class Agent:
-    """Logs its turns; ``sleep <s>`` holds the turn (or less, if interrupted), then writes."""
+    """Logs its turns; ``sleep <s>`` holds the turn (or less, if interrupted), then writes.
+
+    It takes what was steered into the turn just before it answers."""
+
+    accepts_steering = True
 
     def __init__(self, log: SharedLog, store: Store) -> None:
         self.log = log
@@ -59,11 +66,18 @@ class Agent:
                 await self._hold(turn, float(turn.text.split()[1]))
             else:
                 await asyncio.sleep(0.001 + (hash(turn.text) % 5) / 1000)
-            return f"done {turn.text}"
+            steered = turn.take_steers()
+            return " + ".join([f"done {turn.text}", *steered])
         finally:
             current = turn.is_current()  # its lease was renewed in time and still holds
+            answers = list(turn.message_ids)
             self.log.write(
-                "end", key=turn.session_key, gen=turn.generation, ids=ids, current=current
+                "end",
+                key=turn.session_key,
+                gen=turn.generation,
+                ids=ids,
+                current=current,
+                answers=answers,
             )
 
     async def _hold(self, turn: Turn, seconds: float) -> None:
@@ -99,6 +113,9 @@ class FenceLog(logging.Handler):
             self.log.write("superseded", detail=message)
         elif message.startswith("drew in"):
             self.log.write("drawn", detail=message)
+        elif message.startswith("adopted message"):
+            adopted = record.args[0] if isinstance(record.args, tuple) and record.args else ""
+            self.log.write("adopted", ids=[str(adopted)])
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -120,7 +137,11 @@ async def serve(args: argparse.Namespace) -> None:
     settings = GatewaySettings(
         runtime=RuntimeSettings(leases=LeaseSettings(ttl=args.ttl), turn_timeout=0, ack_debounce=0)
     )
-    gateway = Gateway(Agent(log, store), deliver, settings=settings, store=store)
+
+    def ended(outcome: MessageOutcome) -> None:
+        log.write("outcome", ids=[outcome.message_id], outcome=outcome.outcome.value)
+
+    gateway = Gateway(Agent(log, store), deliver, settings=settings, store=store, on_outcome=ended)
     await gateway.start()
     print("ready", flush=True)
     await read_messages(gateway)
@@ -137,16 +158,28 @@ async def read_messages(gateway: Gateway) -> None:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     tasks: set[asyncio.Task[Any]] = set()
+    last: dict[str, asyncio.Task[Any]] = {}
     while line := await reader.readline():
         data = json.loads(line)
         if data.get("quit"):
             break
         source = SessionSource("test", chat_id=data["chat"], user_id="u")
         message = InboundMessage(source, data["text"], id=data["id"])
-        task = asyncio.create_task(gateway.dispatch(message))
+        task = asyncio.create_task(dispatch_after(last.get(data["chat"]), gateway, message))
+        last[data["chat"]] = task
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     await asyncio.gather(*tasks)
+
+
+async def dispatch_after(
+    previous: asyncio.Task[Any] | None, gateway: Gateway, message: InboundMessage
+) -> None:
+    """Dispatch ``message`` once its chat's previous message was accepted, as a chat
+    adapter keeps a chat's order; chats are dispatched concurrently."""
+    if previous is not None:
+        await asyncio.wait([previous])
+    await gateway.dispatch(message)
 
 
 def main() -> None:
