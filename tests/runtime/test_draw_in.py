@@ -5,18 +5,14 @@ check; the process that accepted it runs nothing and ends it with the answer."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from chatlane.runtime.outcomes import Outcome
-from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store
 from chatlane.stores.base import PendingRecord
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind, SessionKey
-
-CHECKED_BY_HAND = LeaseSettings(fence_check=0)
-"""No fence check in the background: the test draws messages in when it says so."""
+from tests.runtime.processes import CHECKED_BY_HAND, two_processes
 
 
 class HoldsForSteers:
@@ -49,11 +45,11 @@ def ends(h: GatewayHarness) -> dict[str, tuple[Outcome, str]]:
 async def test_a_message_sent_to_another_process_is_steered_into_the_running_turn(
     two_stores: tuple[Store, Store],
 ) -> None:
-    here, there = two_stores
+    here = two_stores[0]
     runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
-    async with (
-        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
-        GatewayHarness(other_agent, store=there, busy="steer", leases=CHECKED_BY_HAND) as other,
+    async with two_processes(two_stores, (runner_agent, other_agent), "steer") as (
+        runner,
+        other,
     ):
         first = await runner.send("long", chat_id="c")
         await runner.until_running(chat_id="c")
@@ -74,11 +70,10 @@ async def test_a_message_sent_to_another_process_is_steered_into_the_running_tur
 async def test_steered_text_the_agent_never_takes_runs_next_in_the_drawing_process(
     two_stores: tuple[Store, Store],
 ) -> None:
-    here, there = two_stores
     runner_agent, other_agent = HoldsForSteers(takes=False), HoldsForSteers()
-    async with (
-        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
-        GatewayHarness(other_agent, store=there, busy="steer", leases=CHECKED_BY_HAND) as other,
+    async with two_processes(two_stores, (runner_agent, other_agent), "steer") as (
+        runner,
+        other,
     ):
         await runner.send("long", chat_id="c")
         await runner.until_running(chat_id="c")
@@ -96,12 +91,11 @@ async def test_steered_text_the_agent_never_takes_runs_next_in_the_drawing_proce
 async def test_collected_messages_of_another_process_become_one_turn_after_the_running_one(
     two_stores: tuple[Store, Store],
 ) -> None:
-    here, there = two_stores
     runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
-    settings: dict[str, Any] = {"leases": CHECKED_BY_HAND, "collect_debounce": 0}
-    async with (
-        GatewayHarness(runner_agent, store=here, busy="collect", **settings) as runner,
-        GatewayHarness(other_agent, store=there, busy="collect", **settings) as other,
+    agents = (runner_agent, other_agent)
+    async with two_processes(two_stores, agents, "collect", collect_debounce=0) as (
+        runner,
+        other,
     ):
         await runner.send("long", chat_id="c")
         await runner.until_running(chat_id="c")
@@ -123,11 +117,10 @@ async def test_collected_messages_of_another_process_become_one_turn_after_the_r
 async def test_a_message_that_asks_to_queue_is_not_drawn_in(
     two_stores: tuple[Store, Store],
 ) -> None:
-    here, there = two_stores
     runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
-    async with (
-        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
-        GatewayHarness(other_agent, store=there, busy="steer", leases=CHECKED_BY_HAND) as other,
+    async with two_processes(two_stores, (runner_agent, other_agent), "steer") as (
+        runner,
+        other,
     ):
         await runner.send("long", chat_id="c")
         await runner.until_running(chat_id="c")
@@ -168,11 +161,11 @@ class CountsQueueReads(MemoryStore):
 async def test_a_side_question_sent_to_another_process_is_answered_there_at_once(
     two_stores: tuple[Store, Store],
 ) -> None:
-    here, there = two_stores
+    here = two_stores[0]
     runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
-    async with (
-        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
-        GatewayHarness(other_agent, store=there, busy="steer", leases=CHECKED_BY_HAND) as other,
+    async with two_processes(two_stores, (runner_agent, other_agent), "steer") as (
+        runner,
+        other,
     ):
         first = await runner.send("long", chat_id="c")
         await runner.until_running(chat_id="c")

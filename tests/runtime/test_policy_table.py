@@ -15,13 +15,9 @@ from dataclasses import dataclass
 import pytest
 
 from chatlane.runtime.outcomes import Outcome
-from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import Store
-from chatlane.testing import GatewayHarness
-
-CHECKED_BY_HAND = LeaseSettings(fence_check=0)
-"""No fence check in the background: the test makes one when the other process has acted."""
+from tests.runtime.processes import two_processes
 
 PHASES = ("streaming", "tool", "approval")
 WHERE = ("here", "elsewhere")
@@ -130,12 +126,9 @@ STOPS_THE_TURN = {"rollback", "redirect"}
 async def test_every_policy_where_and_phase(
     two_stores: tuple[Store, Store], policy: str, where: str, phase: str
 ) -> None:
-    here, there = two_stores
+    here = two_stores[0]
     runner_agent, other_agent = PhaseAgent(phase), PhaseAgent(phase)
-    async with (
-        GatewayHarness(runner_agent, store=here, busy=policy, leases=CHECKED_BY_HAND) as runner,
-        GatewayHarness(other_agent, store=there, busy=policy, leases=CHECKED_BY_HAND) as other,
-    ):
+    async with two_processes(two_stores, (runner_agent, other_agent), policy) as (runner, other):
         first = await runner.send("long", chat_id="c")
         await runner_agent.in_phase.wait()
         sender = runner if where == "here" else other
