@@ -508,8 +508,9 @@ class TurnEngine:
         """Whether ``turn``'s messages left this process while it waited: another
         process's ``/stop`` or ``/new`` dropped them, or its running turn drew them in.
 
-        Asked only when the generation moved on elsewhere while the turn
-        waited: one read of the store's queue (if it fails, the turn runs).
+        Asked only when the turn waited for a lease another process held, or
+        the generation moved on elsewhere meanwhile: one read of the store's
+        queue (if it fails, the turn runs).
         Only a message the store still queues as this process's is still its
         own: every other one, the turn's or queued here behind it, is watched
         until the store says what became of it (answered there, or dropped).

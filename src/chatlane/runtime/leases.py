@@ -242,9 +242,16 @@ class LeaseKeeper:
         except LeaseError as error:
             log.info("lease already gone: %s", error, extra=turn_fields(state.key, generation))
 
+    def is_drawing(self, key: SessionKey) -> bool:
+        """Whether messages are being drawn into ``key``'s running turn (:meth:`drawing`)."""
+        return key in self._drawing
+
     @contextmanager
     def drawing(self, key: SessionKey) -> Iterator[None]:
-        """Keep ``key``'s lease here until the block ends (see the module docstring)."""
+        """Keep ``key``'s lease here until the block ends (see the module docstring).
+
+        One draw per session at a time: the caller checks :meth:`is_drawing` first.
+        """
         done = asyncio.get_running_loop().create_future()
         self._drawing[key] = done
         try:

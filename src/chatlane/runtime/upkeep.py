@@ -273,6 +273,8 @@ class Upkeep:
 
     async def _draw_into(self, turn: Turn, drawing: Drawing) -> None:
         state = turn.session_state
+        if self._leases.is_drawing(state.key):
+            return  # a fence check made by hand meanwhile: one draw at a time
         known = {*turn.seqs, *(seq for _, seq in turn.waiting_steers())}
         known.update(seq for seq, _ in pending.queued(state))
         wanted = functools.partial(drawing.wants_drawn, state)
