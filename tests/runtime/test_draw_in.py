@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from chatlane.runtime.busy import COLLECTED_ELSEWHERE, STEERED_ELSEWHERE
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store
@@ -54,6 +55,7 @@ async def test_a_message_sent_to_another_process_is_steered_into_the_running_tur
         first = await runner.send("long", chat_id="c")
         await runner.until_running(chat_id="c")
         second = await other.send("and this too", chat_id="c")
+        assert await other.replies(chat_id="c", count=1) == [STEERED_ELSEWHERE]
         await runner.gateway.engine.upkeep.check_fences()
         runner_agent.release.set()
         assert await runner.replies(chat_id="c", count=1) == ["long + and this too"]
@@ -93,7 +95,7 @@ async def test_collected_messages_of_another_process_become_one_turn_after_the_r
 ) -> None:
     runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
     agents = (runner_agent, other_agent)
-    async with two_processes(two_stores, agents, "collect", collect_debounce=0) as (
+    async with two_processes(two_stores, agents, "collect", collect_debounce=0, ack_debounce=0) as (
         runner,
         other,
     ):
@@ -101,6 +103,7 @@ async def test_collected_messages_of_another_process_become_one_turn_after_the_r
         await runner.until_running(chat_id="c")
         one = await other.send("one", chat_id="c")
         two = await other.send("two", chat_id="c")
+        await other.wait_for(lambda out: any(o.text == COLLECTED_ELSEWHERE for o in out))
         await runner.gateway.engine.upkeep.check_fences()
         runner_agent.release.set()
         assert await runner.replies(chat_id="c", count=2) == ["long", "one\ntwo"]

@@ -40,7 +40,9 @@ from chatlane.runtime import pending
 from chatlane.runtime.busy import (
     ALWAYS_ANSWERED,
     BUSY_ELSEWHERE,
+    COLLECTED_ELSEWHERE,
     NOW,
+    STEERED_ELSEWHERE,
     BusyContext,
     BusyOutcome,
     BusyPolicy,
@@ -73,6 +75,9 @@ log = logging.getLogger("chatlane.runtime")
 _DRAWN = frozenset({BusyPolicy.STEER, BusyPolicy.COLLECT})
 """The policies under which a running turn draws in other processes' messages."""
 
+_DRAWN_KEPT = 10_000
+"""How many drawn-in message ids a desk remembers (see ``BusyDesk._drawn``)."""
+
 _PLACED = frozenset({BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.STEERED})
 """The outcomes of :meth:`BusyDesk._apply` that put the message somewhere here."""
 
@@ -104,6 +109,9 @@ class BusyDesk:
         self._outlet = outlet
         self._outcomes = outcomes
         self._slots = slots
+        self._drawn: dict[str, None] = {}
+        """Ids of the latest messages drawn in from other processes (at most :data:`_DRAWN_KEPT`):
+        their senders heard from there, so a wait here tells them nothing more."""
 
     def policy_for(self, state: SessionState, message: InboundMessage) -> BusyPolicy:
         """The busy policy in force for ``message``: its own if it names one, else its session's."""
@@ -146,6 +154,9 @@ class BusyDesk:
         cap if need be: a message another process accepted is never refused here.
         """
         state = turn.session_state
+        self._drawn[message.id] = None
+        if len(self._drawn) > _DRAWN_KEPT:
+            del self._drawn[next(iter(self._drawn))]
         if state.turn.holds(turn) and not turn.settling:
             policy = self.policy_for(state, message)
             outcome = self._apply(state, message, seq, policy)
@@ -349,7 +360,7 @@ class BusyDesk:
         the sender gets the notice or the (debounced) ack.
         """
         state = turn.session_state
-        if message.internal:
+        if message.internal or message.id in self._drawn:
             return
         policy = self.policy_for(state, message)
         settings = self._settings
@@ -374,7 +385,16 @@ class BusyDesk:
             text = ack_text(BusyOutcome.REJECTED, 0)
             self._tell(turn, OutboundKind.NOTICE, text, refusal=BusyOutcome.REJECTED)
         elif self._ack_due(state, message):
-            self._tell(turn, OutboundKind.ACK, BUSY_ELSEWHERE)
+            self._tell(turn, OutboundKind.ACK, self._waits_elsewhere(turn, policy))
+
+    def _waits_elsewhere(self, turn: Turn, policy: BusyPolicy) -> str:
+        """The ack for a message that waits while another process runs its session: what
+        that process will do with it (draw it in under ``steer`` or ``collect``), else queued."""
+        if not turn.refusable or not self.draws_in(turn):
+            return BUSY_ELSEWHERE
+        if policy is BusyPolicy.STEER and accepts_steering(self._agent):
+            return STEERED_ELSEWHERE
+        return COLLECTED_ELSEWHERE if policy is BusyPolicy.COLLECT else BUSY_ELSEWHERE
 
     def _tell(self, turn: Turn, kind: OutboundKind, text: str, refusal: str = "") -> None:
         """Send ``text`` about ``turn``'s messages to their sender, in the background."""

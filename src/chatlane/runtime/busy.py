@@ -198,6 +198,13 @@ def _may_interrupt(ctx: BusyContext) -> bool:
 BUSY_ELSEWHERE = "Queued for the next turn (this conversation is busy)"
 """The ack for a message that waits while another process runs its session."""
 
+STEERED_ELSEWHERE = "Sent on to the current run (this conversation is busy)"
+"""The ack for a message another process's running turn will draw in and steer (or, if
+its agent never takes it, run next)."""
+
+COLLECTED_ELSEWHERE = "Added to the next turn (this conversation is busy)"
+"""The ack for a message another process's running turn will draw in and collect."""
+
 
 def collapsed_text(messages: int) -> str:
     """What the sender of each of ``messages`` collapsed into one turn is told."""
