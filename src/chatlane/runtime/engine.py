@@ -511,20 +511,20 @@ class TurnEngine:
         Asked only when the turn waited for a lease another process held, or
         the generation moved on elsewhere meanwhile: one read of the store's
         queue (if it fails, the turn runs).
-        Only a message the store still queues as this process's is still its
-        own: every other one, the turn's or queued here behind it, is watched
-        until the store says what became of it (answered there, or dropped).
+        Only a message the store still queues as this process's (or a dead
+        one's, :meth:`_still_ours`) is still its own: every other one, the
+        turn's or queued here behind it, is watched until the store says what
+        became of it (answered there, or dropped).
         A turn left without its own messages ends unrun as
         :data:`TurnEnd.DROPPED`; those still its own wait here again, in store order.
         """
         state = turn.session_state
         queued_here = [seq for seq, _ in pending.queued(state)]  # before the read: all stored
         try:
-            records = await self.store.pending(state.key)
+            alive = await self._still_ours(state.key)
         except ChatlaneError as error:
             log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
             return False
-        alive = {record.seq for record in records if record.owner == self.holder}
         if not alive.issuperset(queued_here):
             since = {seq for seq, _ in pending.queued(state)}.difference(queued_here)
             left = pending.keep_only(state, alive | since)  # what came during the read stays
@@ -539,6 +539,19 @@ class TurnEngine:
         turn.end(TurnEnd.DROPPED)
         log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
         return True
+
+    async def _still_ours(self, key: SessionKey) -> set[int]:
+        """The seqs of ``key``'s queued messages this process may still run: its own, and
+        those of a process whose heartbeat expired (taken over, as a request sent again
+        here with the same idempotency key is). A live process's are its own: it drew
+        them in, adopted them, or runs them.
+
+        :raises ChatlaneError: the store could not be read.
+        """
+        records = await self.store.pending(key)
+        others = sorted({record.owner for record in records} - {self.holder})
+        live = await self.store.alive(others) if others else {}
+        return {record.seq for record in records if not live.get(record.owner, False)}
 
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored
