@@ -10,7 +10,7 @@ from chatlane.runtime.busy import COLLECTED_ELSEWHERE, STEERED_ELSEWHERE
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store
-from chatlane.stores.base import PendingRecord
+from chatlane.stores.base import PendingRecord, WriteBatch
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind, SessionKey
 from tests.runtime.processes import CHECKED_BY_HAND, two_processes
@@ -182,3 +182,42 @@ async def test_a_side_question_sent_to_another_process_is_answered_there_at_once
             ("assistant", "long"),
         ]
     assert other_agent.ran == ["quick one"]
+
+
+class AnsweredMeanwhile:
+    """``long`` holds its turn until released; the turn after it (``one`` and ``two``,
+    collected) waits until ``go`` is set, so a test can answer ``one`` elsewhere first."""
+
+    def __init__(self) -> None:
+        self.release, self.go = asyncio.Event(), asyncio.Event()
+        self.ran: list[str] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        self.ran.append(turn.text)
+        if turn.text == "long":
+            await self.release.wait()
+        elif turn.text == "one\ntwo":
+            await self.go.wait()
+        return f"ran {turn.text}"
+
+
+async def test_a_turn_whose_messages_were_partly_answered_elsewhere_runs_the_rest_again() -> None:
+    """Its commit is refused for the answered one; the other is run again, never dropped."""
+    store = MemoryStore()
+    agent = AnsweredMeanwhile()
+    async with GatewayHarness(agent, store=store, busy="collect", collect_debounce=0) as h:
+        await h.send("long", chat_id="c")
+        await h.until_running(chat_id="c")
+        one = await h.send("one", chat_id="c")
+        two = await h.send("two", chat_id="c")
+        agent.release.set()
+        await h.until_running(chat_id="c", text="one\ntwo")
+        batch = WriteBatch(answered=[one.message_id], answer="answered elsewhere")
+        await store.commit(one.session_key, None, batch)  # as a process taken over would
+        agent.go.set()
+        await h.settle()
+        await h.gateway.engine.upkeep.settle_watched()
+        assert await store.pending(one.session_key) == []
+    assert agent.ran == ["long", "one\ntwo", "two"]
+    assert ends(h)[two.message_id] == (Outcome.ANSWERED, "ran two")
+    assert ends(h)[one.message_id] == (Outcome.ANSWERED, "answered elsewhere")

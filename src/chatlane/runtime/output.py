@@ -44,6 +44,7 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.logs import turn_fields
+from chatlane.runtime import pending
 from chatlane.runtime.backoff import retry_store, retryable
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper
@@ -52,7 +53,7 @@ from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import DeliveryDraft, TranscriptEntry, WriteBatch
 from chatlane.titles import title_from
-from chatlane.types import Agent, OutboundKind
+from chatlane.types import Agent, InboundMessage, OutboundKind
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -232,9 +233,31 @@ class TurnOutput:
             turn.end(TurnEnd.LEASE_LOST)
             return self._fenced(turn, "reply commit")
         log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
+        answered = set(error.message_ids)
+        unanswered = [
+            (message, seq)
+            for message, seq in zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
+            if message.id not in answered
+        ]
+        if unanswered:
+            await self._run_again(turn, unanswered)
+            self._outcomes.watch(answered)
+            return False
         await self._forget(turn)
         self._outcomes.watch(turn.message_ids)  # the store has the answer
         return False
+
+    async def _run_again(self, turn: Turn, unanswered: list[tuple[InboundMessage, int]]) -> None:
+        """Another run answered some of ``turn``'s messages (a process taken over): their
+        records leave the queue, and the others wait here to run again, in their place."""
+        turn.mark_answered()  # what became of its messages is decided here
+        done = sorted(set(turn.seqs) - {seq for _, seq in unanswered})
+        try:
+            await self._fenced_commit(turn, WriteBatch(done=done))
+        except (StaleGeneration, StoreError):
+            self._fenced(turn, "queue cleanup")
+        messages, seqs = [m for m, _ in unanswered], [seq for _, seq in unanswered]
+        pending.insert_in_order(turn.session_state, messages, seqs, turn.reruns + 1)
 
     async def _forget(self, turn: Turn) -> None:
         """Remove the queued records of messages an earlier run already answered."""
