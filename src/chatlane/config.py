@@ -32,7 +32,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 import msgspec
@@ -40,6 +40,7 @@ import msgspec
 from chatlane.delivery.worker import DeliverySettings
 from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
+from chatlane.groups import GroupSettings, check_group_settings
 from chatlane.identity import ChatType, SessionSource
 from chatlane.redaction import redact_urls
 from chatlane.runtime.settings import LeaseSettings, RuntimeSettings
@@ -188,7 +189,13 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     a fixed one; any other name but ``chatlane`` (and the ``openai`` agent's) gets 404."""
 
 
-class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TelegramConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+    """The Telegram bot: long polling, and the group keys (:mod:`chatlane.groups`)."""
+
+    CHAT_KINDS: ClassVar[tuple[str, ...]] = ("group", "supergroup", "channel")
+    CHAT_ID: ClassVar[re.Pattern[str]] = re.compile(r"-?[0-9]+")
+    CHAT_ID_SHAPE: ClassVar[str] = "a Telegram chat id (a whole number, '-100…' for a group)"
+
     enabled: bool = False
     token: Secret = Secret(env="TELEGRAM_BOT_TOKEN")
     api_url: str = "https://api.telegram.org"
@@ -587,6 +594,7 @@ def _check(config: Config) -> None:
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
     _check_discord(config.discord)
+    check_group_settings("telegram", config.telegram)
     interval = config.scheduler.min_interval
     if not interval >= 0 or not math.isfinite(interval):
         raise ConfigError(

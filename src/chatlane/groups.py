@@ -1,0 +1,121 @@
+"""Group controls every chat adapter shares: when a message in a shared chat is for the bot.
+
+What stays true:
+
+* A direct message is always for the bot; nothing here applies to it.
+* Whether a message elsewhere must mention the bot is decided by one rule
+  (:meth:`GroupPolicy.needs_mention`): the chat's own entry in
+  ``require_mention_per_chat``, else its kind's entry in
+  ``require_mention_per_chat_type``, else ``require_mention``.
+* A message mentions the bot when its platform says so (an @-mention, a reply
+  to one of the bot's messages, a command addressed to it), or when one of
+  ``mention_patterns`` matches its text, case-insensitively.
+* The keys are the same in every chat adapter's section (``[telegram]``,
+  ``[slack]``, ``[discord]``); only the chat kinds and the shape of a chat id
+  differ (:class:`GroupSettings` subclasses name them), and they are checked
+  at start (:func:`check_group_settings`), so a bad regex or a chat that is no
+  id stops the start with a :class:`~chatlane.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import ClassVar
+
+import msgspec
+
+from chatlane.errors import ConfigError
+
+__all__ = ["GroupPolicy", "GroupSettings", "check_group_settings"]
+
+
+class GroupSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The group keys of one chat adapter's section (a base: each adapter names its kinds)."""
+
+    CHAT_KINDS: ClassVar[tuple[str, ...]] = ()
+    """The platform's kinds of shared chats, the keys of ``require_mention_per_chat_type``."""
+    CHAT_ID: ClassVar[re.Pattern[str]] = re.compile(r"\S+")
+    """What a chat id of the platform looks like."""
+    CHAT_ID_SHAPE: ClassVar[str] = "a chat id"
+    """How :attr:`CHAT_ID` is told to a user whose id does not fit it."""
+
+    require_mention: bool = True
+    """Outside direct messages, answer only a message that mentions the bot."""
+    require_mention_per_chat_type: dict[str, bool] = msgspec.field(default_factory=dict)
+    """Kind of chat → ``require_mention`` there, over the default."""
+    require_mention_per_chat: dict[str, bool] = msgspec.field(default_factory=dict)
+    """Chat id → ``require_mention`` there, over its kind's and the default."""
+    mention_patterns: list[str] = msgspec.field(default_factory=list)
+    """Regular expressions (a nickname …); one matching a message's text, in any case,
+    counts as a mention of the bot."""
+
+
+class GroupPolicy:
+    """:class:`GroupSettings` made ready to decide, message by message (patterns compiled).
+
+    :raises ConfigError: for a pattern that is no regular expression (naming ``section``).
+    """
+
+    def __init__(self, settings: GroupSettings, section: str) -> None:
+        self._default = settings.require_mention
+        self._per_kind: Mapping[str, bool] = dict(settings.require_mention_per_chat_type)
+        self._per_chat: Mapping[str, bool] = dict(settings.require_mention_per_chat)
+        self._patterns = tuple(
+            _compiled(f"{section}.mention_patterns[{index}]", pattern)
+            for index, pattern in enumerate(settings.mention_patterns)
+        )
+
+    def needs_mention(self, chat_id: str, kind: str) -> bool:
+        """Whether a message in chat ``chat_id`` of kind ``kind`` must mention the bot."""
+        chosen = self._per_chat.get(chat_id)
+        if chosen is None:
+            chosen = self._per_kind.get(kind, self._default)
+        return chosen
+
+    def matches(self, text: str) -> bool:
+        """Whether one of the mention patterns occurs in ``text``."""
+        return any(pattern.search(text) for pattern in self._patterns)
+
+    def answers(self, chat_id: str, kind: str, text: str, *, mentioned: bool) -> bool:
+        """Whether a message in a shared chat is for the bot (see the module docstring).
+
+        ``mentioned``: the platform says the message mentions or replies to the bot.
+        """
+        if mentioned or not self.needs_mention(chat_id, kind):
+            return True
+        return self.matches(text)
+
+
+def _compiled(key: str, pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern, re.IGNORECASE)
+    except re.error as error:
+        raise ConfigError(
+            f"configuration key {key!r} = {pattern!r}: expected a regular expression ({error})"
+        ) from None
+
+
+def check_group_settings(section: str, settings: GroupSettings) -> None:
+    """Check ``settings`` of ``[section]``: known chat kinds, chat ids, patterns that compile.
+
+    :raises ConfigError: naming the key, the value and what was expected.
+    """
+    kinds = type(settings).CHAT_KINDS
+    for kind in settings.require_mention_per_chat_type:
+        if kind not in kinds:
+            raise ConfigError(
+                f"configuration key '{section}.require_mention_per_chat_type.{kind}': "
+                f"expected a kind of chat: {', '.join(kinds)}"
+            )
+    for chat_id in settings.require_mention_per_chat:
+        _check_chat_id(f"{section}.require_mention_per_chat", settings, chat_id)
+    GroupPolicy(settings, section)
+
+
+def _check_chat_id(key: str, settings: GroupSettings, chat_id: str) -> None:
+    """:raises ConfigError: unless ``chat_id`` has the shape of the platform's chat ids."""
+    if type(settings).CHAT_ID.fullmatch(chat_id) is None:
+        raise ConfigError(
+            f"configuration key {key!r}: {chat_id!r} is not {type(settings).CHAT_ID_SHAPE}"
+        )
