@@ -51,6 +51,10 @@ def load(tmp_path: Path, text: str) -> None:
         ('[telegram.require_mention_per_chat]\n"-100" = "no"\n', "per_chat.*'"),
         ("[telegram]\nrequire_mentions = true\n", "'telegram.require_mentions'"),
         ("[telegram]\nmention_patterns = 'chatty'\n", "'telegram.mention_patterns'"),
+        ('[slack.require_mention_per_chat]\n"general" = false\n', "'slack.require_mention"),
+        ('[discord.require_mention_per_chat]\n"C01" = false\n', "'discord.require_mention"),
+        ("[discord.require_mention_per_chat_type]\nforum = false\n", "per_chat_type.forum'"),
+        ('[slack]\nmention_patterns = ["[z-a]"]\n', "'slack.mention_patterns[0]'"),
     ],
 )
 def test_a_bad_group_key_is_a_config_error_naming_it(tmp_path: Path, text: str, named: str) -> None:

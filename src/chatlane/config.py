@@ -203,8 +203,14 @@ class TelegramConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
     """Show "typing…" in a chat while its message is being worked on."""
 
 
-class SlackConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The Slack app: Events API over HTTP (``/slack/events``, ``/slack/interactions``)."""
+class SlackConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+    """The Slack app: Events API over HTTP (``/slack/events``, ``/slack/interactions``),
+    and the group keys (:mod:`chatlane.groups`; a message in a thread the bot is in
+    counts as a mention)."""
+
+    CHAT_KINDS: ClassVar[tuple[str, ...]] = ("channel", "thread")
+    CHAT_ID: ClassVar[re.Pattern[str]] = re.compile(r"[A-Z0-9]+")
+    CHAT_ID_SHAPE: ClassVar[str] = "a Slack conversation id (such as 'C0123ABCD')"
 
     enabled: bool = False
     bot_token: Secret = Secret(env="SLACK_BOT_TOKEN")
@@ -212,8 +218,6 @@ class SlackConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     signing_secret: Secret = Secret(env="SLACK_SIGNING_SECRET")
     """Checks that a request to ``/slack/…`` comes from Slack."""
     api_url: str = "https://slack.com/api"
-    require_mention: bool = True
-    """Outside DMs, answer only a message that mentions the bot or one in a thread it is in."""
     allowed_users: list[str] = msgspec.field(default_factory=list)
     """Slack user ids that may use the bot; empty: everyone (``[allow] slack`` applies too)."""
     allowed_channels: list[str] = msgspec.field(default_factory=list)
@@ -232,16 +236,20 @@ class SlackConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 DISCORD_API_URL: Final = "https://discord.com/api/v10"
 
 
-class DiscordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The Discord bot: the gateway (a WebSocket it opens) and the REST API, with discord.py."""
+class DiscordConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+    """The Discord bot: the gateway (a WebSocket it opens) and the REST API, with discord.py,
+    and the group keys (:mod:`chatlane.groups`; a reply to the bot counts as a mention,
+    and a thread is keyed by its parent channel's id)."""
+
+    CHAT_KINDS: ClassVar[tuple[str, ...]] = ("channel", "thread")
+    CHAT_ID: ClassVar[re.Pattern[str]] = re.compile(r"[0-9]+")
+    CHAT_ID_SHAPE: ClassVar[str] = "a Discord channel id (a snowflake: digits)"
 
     enabled: bool = False
     token: Secret = Secret(env="DISCORD_BOT_TOKEN")
     """The bot's token (developer portal → the application → *Bot*)."""
     api_url: str = DISCORD_API_URL
     """The REST API (a stand-in in tests); the gateway's address is asked of it."""
-    require_mention: bool = True
-    """In servers, answer only a message that mentions the bot or replies to one of its own."""
     message_content: bool = True
     """Ask for the privileged Message Content intent (it must be enabled in the developer
     portal); without it Discord sends a message's text only in DMs and when it mentions
@@ -594,7 +602,8 @@ def _check(config: Config) -> None:
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
     _check_discord(config.discord)
-    check_group_settings("telegram", config.telegram)
+    for section in ("telegram", "slack", "discord"):
+        check_group_settings(section, getattr(config, section))
     interval = config.scheduler.min_interval
     if not interval >= 0 or not math.isfinite(interval):
         raise ConfigError(
