@@ -10,6 +10,10 @@ What stays true:
 * A message mentions the bot when its platform says so (an @-mention, a reply
   to one of the bot's messages, a command addressed to it), or when one of
   ``mention_patterns`` matches its text, case-insensitively.
+* Who may talk is one rule for every platform (:meth:`GroupSettings.allows`):
+  the section's ``allowed_users`` (empty: everyone) and, outside direct
+  messages, its list of chats (empty: every one); a direct message is governed
+  by the user list alone.
 * The keys are the same in every chat adapter's section (``[telegram]``,
   ``[slack]``, ``[discord]``); only the chat kinds and the shape of a chat id
   differ (:class:`GroupSettings` subclasses name them), and they are checked
@@ -20,12 +24,13 @@ What stays true:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import msgspec
 
 from chatlane.errors import ConfigError
+from chatlane.identity import ChatType, SessionSource
 
 __all__ = ["GroupPolicy", "GroupSettings", "check_group_settings"]
 
@@ -39,6 +44,8 @@ class GroupSettings(msgspec.Struct, frozen=True, kw_only=True):
     """What a chat id of the platform looks like."""
     CHAT_ID_SHAPE: ClassVar[str] = "a chat id"
     """How :attr:`CHAT_ID` is told to a user whose id does not fit it."""
+    CHATS_KEY: ClassVar[str] = "allowed_chats"
+    """The key of the list :meth:`allowed_chat_ids` reads (Slack and Discord keep theirs)."""
 
     require_mention: bool = True
     """Outside direct messages, answer only a message that mentions the bot."""
@@ -49,6 +56,19 @@ class GroupSettings(msgspec.Struct, frozen=True, kw_only=True):
     mention_patterns: list[str] = msgspec.field(default_factory=list)
     """Regular expressions (a nickname …); one matching a message's text, in any case,
     counts as a mention of the bot."""
+    allowed_users: list[str] = msgspec.field(default_factory=list)
+    """User ids that may use the bot; empty: everyone (``[allow] <platform>`` applies too)."""
+
+    def allowed_chat_ids(self) -> Sequence[str]:
+        """The chats (not direct messages) where the bot answers; empty: every one."""
+        return ()
+
+    def allows(self, source: SessionSource) -> bool:
+        """Whether ``source`` passes ``allowed_users`` and, outside a DM, the chat list."""
+        if self.allowed_users and (source.user_id or "") not in self.allowed_users:
+            return False
+        chats = self.allowed_chat_ids()
+        return source.chat_type is ChatType.DM or not chats or (source.chat_id or "") in chats
 
 
 class GroupPolicy:
@@ -110,6 +130,8 @@ def check_group_settings(section: str, settings: GroupSettings) -> None:
             )
     for chat_id in settings.require_mention_per_chat:
         _check_chat_id(f"{section}.require_mention_per_chat", settings, chat_id)
+    for chat_id in settings.allowed_chat_ids():
+        _check_chat_id(f"{section}.{type(settings).CHATS_KEY}", settings, chat_id)
     GroupPolicy(settings, section)
 
 

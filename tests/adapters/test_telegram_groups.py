@@ -117,3 +117,14 @@ async def test_a_chat_can_require_a_mention_when_the_default_does_not(
         say(api, "plain")
         assert await answered(api, "plain", chat=OTHER_GROUP) == "echo: plain"
         assert await answered(api, "@chatlane_bot mentioned") == "echo: mentioned"
+
+
+async def test_a_chat_not_on_allowed_chats_is_never_answered(api: BotApi, tmp_path: Path) -> None:
+    async with running(config(api, tmp_path, allowed_chats=[str(OTHER_GROUP)])) as (hub, _):
+        say(api, "@chatlane_bot hello")  # not an allowed chat: silence
+        assert await answered(api, "@chatlane_bot hello", chat=OTHER_GROUP) == "echo: hello"
+        api.push_text(ALICE, ALICE, "hello")  # a private chat: the user lists alone
+        [reply] = await api.wait_for_sent(ALICE)
+        assert reply.text == "echo: hello"
+        assert api.sent(GROUP) == []
+        assert hub.metrics.senders_refused["telegram"] == 1
