@@ -37,10 +37,11 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from chatlane.authorization import AdminCommands
 from chatlane.delivery.worker import DeliverySettings
 from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
-from chatlane.groups import GroupSettings, check_group_settings
+from chatlane.groups import GroupsConfig, GroupSettings, check_group_settings
 from chatlane.identity import ChatType, SessionSource
 from chatlane.redaction import redact_urls
 from chatlane.runtime.settings import LeaseSettings, RuntimeSettings
@@ -329,6 +330,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telegram: TelegramConfig = TelegramConfig()
     slack: SlackConfig = SlackConfig()
     discord: DiscordConfig = DiscordConfig()
+    groups: GroupsConfig = GroupsConfig()
     delivery: DeliverySettings = DeliverySettings()
     confirm_new: bool = True
     namespace: str = "main"
@@ -350,6 +352,16 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             return False
         section = self.chat_settings(source.platform)
         return section is None or section.allows(source)
+
+    def admin_commands(self) -> AdminCommands:
+        """Who may run which commands in a shared session: ``groups.admin_commands`` for
+        each chat platform's ``admins`` alone."""
+        admins = {
+            platform: frozenset(section.admins)
+            for platform in CHAT_PLATFORMS
+            if (section := self.chat_settings(platform)) is not None
+        }
+        return AdminCommands(frozenset(self.groups.admin_commands), admins)
 
     def chat_settings(self, platform: str) -> GroupSettings | None:
         """The section of chat adapter ``platform`` (``[telegram]`` …), if it has one."""
@@ -476,8 +488,12 @@ def _ids(key: str, ids: object, what: str = "user ids") -> list[str]:
     return [str(i) for i in ids]
 
 
-DISCORD_ID_LISTS: Final = ("allowed_users", "allowed_channels", "allowed_guilds")
-TELEGRAM_ID_LISTS: Final = {"allowed_users": "user ids", "allowed_chats": "chat ids"}
+DISCORD_ID_LISTS: Final = ("allowed_users", "allowed_channels", "allowed_guilds", "admins")
+TELEGRAM_ID_LISTS: Final = {
+    "allowed_users": "user ids",
+    "allowed_chats": "chat ids",
+    "admins": "user ids",
+}
 
 
 def _id_lists(section_name: str, section: dict[str, Any]) -> dict[str, Any]:
@@ -621,6 +637,7 @@ def _check(config: Config) -> None:
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
     _check_discord(config.discord)
+    config.groups.check()
     for platform in CHAT_PLATFORMS:
         section = config.chat_settings(platform)
         if section is not None:

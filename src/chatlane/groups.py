@@ -25,14 +25,45 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import msgspec
 
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
 
-__all__ = ["GroupPolicy", "GroupSettings", "check_group_settings"]
+__all__ = [
+    "ADMIN_COMMANDS",
+    "GroupPolicy",
+    "GroupSettings",
+    "GroupsConfig",
+    "check_group_settings",
+]
+
+ADMIN_COMMANDS: Final = ("busy", "cron", "fast", "model", "new", "reasoning", "reset", "resume")
+"""The commands only admins may run in a shared session, by default: each changes what
+everyone there gets — the conversation (``/new``, ``/reset``, ``/resume``), how the agent
+answers and what it costs (``/model``, ``/reasoning``, ``/fast``), what becomes of the
+others' messages during a turn (``/busy``), and what runs in the chat unattended
+(``/cron``). Commands that stop or steer a turn, ask aside or show state stay open to
+everyone, so anyone can halt a runaway turn."""
+_COMMAND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+class GroupsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[groups]``: what holds for shared chats on every platform."""
+
+    admin_commands: list[str] = msgspec.field(default_factory=lambda: list(ADMIN_COMMANDS))
+    """Commands (without the slash) only a platform's ``admins`` may run in a shared session."""
+
+    def check(self) -> None:
+        """:raises ConfigError: for an entry that is no command name."""
+        for index, name in enumerate(self.admin_commands):
+            if _COMMAND_NAME.fullmatch(name) is None:
+                raise ConfigError(
+                    f"configuration key 'groups.admin_commands[{index}]' = {name!r}: "
+                    "expected a command name without the slash, in lower case ('model')"
+                )
 
 
 class GroupSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,6 +89,8 @@ class GroupSettings(msgspec.Struct, frozen=True, kw_only=True):
     counts as a mention of the bot."""
     allowed_users: list[str] = msgspec.field(default_factory=list)
     """User ids that may use the bot; empty: everyone (``[allow] <platform>`` applies too)."""
+    admins: list[str] = msgspec.field(default_factory=list)
+    """User ids that may run ``[groups] admin_commands`` in a chat shared with others."""
 
     def allowed_chat_ids(self) -> Sequence[str]:
         """The chats (not direct messages) where the bot answers; empty: every one."""

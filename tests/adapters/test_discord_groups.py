@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.adapters.discordapi import GENERAL, RANDOM, THREAD, DiscordApi
-from tests.adapters.test_discord import ALICE, MENTION, discord_config, running
+from tests.adapters.test_discord import ALICE, BOB, MENTION, discord_config, running
 
 
 @pytest.fixture
@@ -49,3 +49,19 @@ async def test_a_channel_and_threads_can_go_without_mentions(
     assert api.texts(THREAD) == ["echo: in a thread"]
     assert api.texts(RANDOM) == ["echo: plain"]
     assert api.texts(GENERAL) == ["echo: mentioned"]
+
+
+async def test_in_a_thread_only_an_admin_changes_what_everyone_gets(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    async with running(discord_config(api, tmp_path, admins=[str(BOB)])):
+        await api.say(THREAD, ALICE, f"{MENTION} /busy reject")
+        [refused] = await api.wait_for_messages(THREAD)
+        assert refused.text.startswith("Only an admin can use /busy")
+        await api.say(THREAD, BOB, f"{MENTION} /busy reject")
+        replies = await api.wait_for_messages(THREAD, 2)
+        assert replies[1].text == "Busy policy for this session: reject"
+        dm = api.dm_channel(ALICE)
+        await api.say(dm, ALICE, "/busy reject")  # a DM is a session of one's own
+        [mine] = await api.wait_for_messages(dm)
+        assert mine.text == "Busy policy for this session: reject"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.adapters.slackapi import SlackApi
-from tests.adapters.test_slack import ALICE, GENERAL, MENTION, RANDOM, served, slack_config
+from tests.adapters.test_slack import ALICE, BOB, GENERAL, MENTION, RANDOM, served, slack_config
 
 
 @pytest.fixture
@@ -39,7 +39,9 @@ async def test_a_chat_and_threads_can_go_without_mentions(api: SlackApi, tmp_pat
     )
     async with served(config) as s:
         thread = await s.slack.message(GENERAL, ALICE, "top level", channel_type="channel")
-        await s.slack.message(GENERAL, ALICE, "in a thread", thread_ts=thread)
+        await s.slack.message(
+            GENERAL, ALICE, "in a thread", channel_type="channel", thread_ts=thread
+        )
         await s.slack.message(RANDOM, ALICE, "plain", channel_type="channel")
         await api.wait_for_messages(GENERAL)
         await api.wait_for_messages(RANDOM)
@@ -49,3 +51,18 @@ async def test_a_chat_and_threads_can_go_without_mentions(api: SlackApi, tmp_pat
         await s.hub.gateway.engine.wait_idle()
     assert api.texts(GENERAL) == ["echo: in a thread", "echo: mentioned"]
     assert api.texts(RANDOM) == ["echo: plain"]
+
+
+async def test_in_a_thread_only_an_admin_changes_what_everyone_gets(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    async with served(slack_config(api, tmp_path, admins=[BOB])) as s:
+        thread = await s.slack.message(GENERAL, BOB, "a thread", channel_type="channel")
+        in_thread = {"channel_type": "channel", "thread_ts": thread}
+        await s.slack.message(GENERAL, ALICE, f"{MENTION} /busy reject", **in_thread)
+        [refused] = await api.wait_for_messages(GENERAL)
+        assert refused.text.startswith("Only an admin can use /busy")
+        assert refused.thread_ts == thread
+        await s.slack.message(GENERAL, BOB, f"{MENTION} /busy reject", **in_thread)
+        replies = await api.wait_for_messages(GENERAL, 2)
+        assert replies[1].text == "Busy policy for this session: reject"

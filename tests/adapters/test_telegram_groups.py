@@ -11,7 +11,7 @@ import pytest
 
 from chatlane.config import Config
 from tests.adapters.botapi import BOT_ID, BotApi
-from tests.adapters.test_telegram import ALICE, GROUP, TOPIC, running, telegram_config
+from tests.adapters.test_telegram import ALICE, BOB, GROUP, TOPIC, running, telegram_config
 
 OTHER_GROUP = -1005678
 CHANNEL = -1007001
@@ -29,8 +29,8 @@ def config(api: BotApi, tmp_path: Path, **groups: Any) -> Config:
     return telegram_config(api, tmp_path, groups=groups)
 
 
-def say(api: BotApi, text: str, chat: int = GROUP, **options: Any) -> int:
-    return api.push_text(chat, ALICE, text, chat_type="supergroup", **options)
+def say(api: BotApi, text: str, chat: int = GROUP, user: int = ALICE, **options: Any) -> int:
+    return api.push_text(chat, user, text, chat_type="supergroup", **options)
 
 
 async def answered(api: BotApi, text: str, chat: int = GROUP, **options: Any) -> str:
@@ -128,3 +128,28 @@ async def test_a_chat_not_on_allowed_chats_is_never_answered(api: BotApi, tmp_pa
         assert reply.text == "echo: hello"
         assert api.sent(GROUP) == []
         assert hub.metrics.senders_refused["telegram"] == 1
+
+
+ADMIN_ONLY = "Only an admin can use /busy in a chat shared with others; nothing changed."
+
+
+async def test_in_a_shared_topic_only_an_admin_changes_what_everyone_gets(
+    api: BotApi, tmp_path: Path
+) -> None:
+    async with running(config(api, tmp_path, admins=[str(ALICE)])):
+        assert await answered(api, "/busy reject", user=BOB, thread_id=TOPIC) == ADMIN_ONLY
+        status = await answered(api, "/status", user=BOB, thread_id=TOPIC)
+        assert "busy policy: queue (default)" in status
+        said = await answered(api, "/busy@chatlane_bot reject", thread_id=TOPIC)
+        assert said == "Busy policy for this session: reject"
+        status = await answered(api, "/status", user=BOB, thread_id=TOPIC)
+        assert "busy policy: reject (session)" in status
+
+
+async def test_a_session_of_ones_own_takes_every_command(api: BotApi, tmp_path: Path) -> None:
+    async with running(config(api, tmp_path, admins=[str(ALICE)])):
+        mine = await answered(api, "/busy reject", user=BOB)  # each user has their own here
+        assert mine == "Busy policy for this session: reject"
+        api.push_text(BOB, BOB, "/busy collect")
+        [reply] = await api.wait_for_sent(BOB)
+        assert reply.text == "Busy policy for this session: collect"
