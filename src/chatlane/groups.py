@@ -14,6 +14,9 @@ What stays true:
   the section's ``allowed_users`` (empty: everyone) and, outside direct
   messages, its list of chats (empty: every one); a direct message is governed
   by the user list alone.
+* In a session shared with others, the commands of ``[groups] admin_commands``
+  run only for the platform's ``admins`` (:meth:`chatlane.config.Config.admin_commands`
+  builds the gateway's one check, :class:`~chatlane.authorization.AdminCommands`).
 * The keys are the same in every chat adapter's section (``[telegram]``,
   ``[slack]``, ``[discord]``); only the chat kinds and the shape of a chat id
   differ (:class:`GroupSettings` subclasses name them), and they are checked
