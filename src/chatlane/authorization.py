@@ -65,8 +65,9 @@ class AdminCommands:
     channel's admins can write) counts as an admin's.
 
     :param commands: command names, without the slash (``"model"``).
-    :param admins: platform → the user ids of its admins; a platform not
-        named has none.
+    :param admins: platform → the user ids of its admins; on a platform not
+        named (or named with none) nobody is restricted: the rule applies once
+        an operator names that platform's admins.
     """
 
     commands: frozenset[str]
@@ -74,9 +75,10 @@ class AdminCommands:
 
     def __call__(self, source: SessionSource, name: str) -> bool:
         """Whether ``source``'s sender may run ``/name`` in a shared session."""
-        if name not in self.commands or source.user_id is None:
+        admins = self.admins.get(source.platform)
+        if not admins or name not in self.commands or source.user_id is None:
             return True
-        return source.user_id in self.admins.get(source.platform, frozenset())
+        return source.user_id in admins
 
 
 @dataclass(frozen=True, slots=True, init=False)
