@@ -15,7 +15,8 @@ What stays true:
   messages, its list of chats (empty: every one); a direct message is governed
   by the user list alone.
 * In a session shared with others, the commands of ``[groups] admin_commands``
-  run only for the platform's ``admins`` (:meth:`chatlane.config.Config.admin_commands`
+  run only for the platform's ``admins`` once that list names anyone (an empty
+  one restricts nothing) (:meth:`chatlane.config.Config.admin_commands`
   builds the gateway's one check, :class:`~chatlane.authorization.AdminCommands`).
 * The keys are the same in every chat adapter's section (``[telegram]``,
   ``[slack]``, ``[discord]``); only the chat kinds and the shape of a chat id
@@ -93,7 +94,8 @@ class GroupSettings(msgspec.Struct, frozen=True, kw_only=True):
     allowed_users: list[str] = msgspec.field(default_factory=list)
     """User ids that may use the bot; empty: everyone (``[allow] <platform>`` applies too)."""
     admins: list[str] = msgspec.field(default_factory=list)
-    """User ids that may run ``[groups] admin_commands`` in a chat shared with others."""
+    """User ids that may run ``[groups] admin_commands`` in a chat shared with others;
+    empty: everyone may (the restriction applies once admins are named)."""
 
     def allowed_chat_ids(self) -> Sequence[str]:
         """The chats (not direct messages) where the bot answers; empty: every one."""
