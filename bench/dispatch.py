@@ -65,7 +65,10 @@ from bench.common import (
     user_id,
 )
 from chatlane.adapters.telegram import inbound_text
+from chatlane.adapters.telegram_groups import BotIdentity
+from chatlane.config import TelegramConfig
 from chatlane.gateway import Gateway, GatewaySettings
+from chatlane.groups import GroupPolicy
 from chatlane.identity import SessionSource
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
@@ -185,6 +188,11 @@ async def run_chatlane(workload: Workload, lanes: list[list[int]]) -> Elapsed:
     return elapsed
 
 
+BOT = BotIdentity(BOT_ID, BOT_USERNAME)
+GROUPS = GroupPolicy(TelegramConfig(), "telegram")
+"""The adapter's group rule as configured by default (the bench writes in private chats)."""
+
+
 def ptb_bot() -> telegram.Bot:
     """The python-telegram-bot ``Bot`` that parsed updates are bound to, as polling binds them."""
     return telegram.Bot(f"{BOT_ID}:TEST")
@@ -192,7 +200,7 @@ def ptb_bot() -> telegram.Bot:
 
 def adapter_message(update: dict[str, Any], bot: telegram.Bot) -> InboundMessage:
     """What chatlane's Telegram adapter makes of one raw update (parsed as polling parses it)."""
-    message = inbound_text(telegram.Update.de_json(update, bot), BOT_USERNAME)
+    message = inbound_text(telegram.Update.de_json(update, bot), BOT, GROUPS)
     if message is None:
         raise BenchError(f"the Telegram adapter made no message of update {update['update_id']}")
     return message

@@ -32,14 +32,16 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 import msgspec
 
+from chatlane.authorization import AdminCommands
 from chatlane.delivery.worker import DeliverySettings
 from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
+from chatlane.groups import GroupsConfig, GroupSettings, check_group_settings
 from chatlane.identity import ChatType, SessionSource
 from chatlane.redaction import redact_urls
 from chatlane.runtime.settings import LeaseSettings, RuntimeSettings
@@ -188,16 +190,35 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     a fixed one; any other name but ``chatlane`` (and the ``openai`` agent's) gets 404."""
 
 
-class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TelegramConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+    """The Telegram bot: long polling, and the group keys (:mod:`chatlane.groups`)."""
+
+    CHAT_KINDS: ClassVar[tuple[str, ...]] = ("group", "supergroup", "channel")
+    CHAT_ID: ClassVar[re.Pattern[str]] = re.compile(r"-?[0-9]+")
+    CHAT_ID_SHAPE: ClassVar[str] = "a Telegram chat id (a whole number, '-100…' for a group)"
+
     enabled: bool = False
     token: Secret = Secret(env="TELEGRAM_BOT_TOKEN")
     api_url: str = "https://api.telegram.org"
     typing: bool = True
     """Show "typing…" in a chat while its message is being worked on."""
+    allowed_chats: list[str] = msgspec.field(default_factory=list)
+    """Chat ids (groups, supergroups, channels) where the bot answers; empty: every one it
+    is in. Private chats are governed by the user lists alone."""
+
+    def allowed_chat_ids(self) -> list[str]:
+        return self.allowed_chats
 
 
-class SlackConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The Slack app: Events API over HTTP (``/slack/events``, ``/slack/interactions``)."""
+class SlackConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+    """The Slack app: Events API over HTTP (``/slack/events``, ``/slack/interactions``),
+    and the group keys (:mod:`chatlane.groups`; a message in a thread the bot is in
+    counts as a mention)."""
+
+    CHAT_KINDS: ClassVar[tuple[str, ...]] = ("channel", "thread")
+    CHAT_ID: ClassVar[re.Pattern[str]] = re.compile(r"[A-Z0-9]+")
+    CHAT_ID_SHAPE: ClassVar[str] = "a Slack conversation id (such as 'C0123ABCD')"
+    CHATS_KEY: ClassVar[str] = "allowed_channels"
 
     enabled: bool = False
     bot_token: Secret = Secret(env="SLACK_BOT_TOKEN")
@@ -205,36 +226,32 @@ class SlackConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     signing_secret: Secret = Secret(env="SLACK_SIGNING_SECRET")
     """Checks that a request to ``/slack/…`` comes from Slack."""
     api_url: str = "https://slack.com/api"
-    require_mention: bool = True
-    """Outside DMs, answer only a message that mentions the bot or one in a thread it is in."""
-    allowed_users: list[str] = msgspec.field(default_factory=list)
-    """Slack user ids that may use the bot; empty: everyone (``[allow] slack`` applies too)."""
     allowed_channels: list[str] = msgspec.field(default_factory=list)
     """Conversation ids (channels, private channels, group DMs) where the bot answers;
     empty: every one it is in. DMs are governed by the user lists alone."""
 
-    def allows(self, source: SessionSource) -> bool:
-        """Whether ``source`` passes ``allowed_users`` and, outside a DM, ``allowed_channels``."""
-        if self.allowed_users and (source.user_id or "") not in self.allowed_users:
-            return False
-        if source.chat_type is ChatType.DM or not self.allowed_channels:
-            return True
-        return (source.chat_id or "") in self.allowed_channels
+    def allowed_chat_ids(self) -> list[str]:
+        return self.allowed_channels
 
 
 DISCORD_API_URL: Final = "https://discord.com/api/v10"
 
 
-class DiscordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The Discord bot: the gateway (a WebSocket it opens) and the REST API, with discord.py."""
+class DiscordConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+    """The Discord bot: the gateway (a WebSocket it opens) and the REST API, with discord.py,
+    and the group keys (:mod:`chatlane.groups`; a reply to the bot counts as a mention,
+    and a thread is keyed by its parent channel's id)."""
+
+    CHAT_KINDS: ClassVar[tuple[str, ...]] = ("channel", "thread")
+    CHAT_ID: ClassVar[re.Pattern[str]] = re.compile(r"[0-9]+")
+    CHAT_ID_SHAPE: ClassVar[str] = "a Discord channel id (a snowflake: digits)"
+    CHATS_KEY: ClassVar[str] = "allowed_channels"
 
     enabled: bool = False
     token: Secret = Secret(env="DISCORD_BOT_TOKEN")
     """The bot's token (developer portal → the application → *Bot*)."""
     api_url: str = DISCORD_API_URL
     """The REST API (a stand-in in tests); the gateway's address is asked of it."""
-    require_mention: bool = True
-    """In servers, answer only a message that mentions the bot or replies to one of its own."""
     message_content: bool = True
     """Ask for the privileged Message Content intent (it must be enabled in the developer
     portal); without it Discord sends a message's text only in DMs and when it mentions
@@ -243,8 +260,6 @@ class DiscordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Read messages of other bots and webhooks too (never the bot's own)."""
     typing: bool = True
     """Show "… is typing" in a channel while its message is being worked on."""
-    allowed_users: list[str] = msgspec.field(default_factory=list)
-    """Discord user ids that may use the bot; empty: everyone (``[allow] discord`` applies too)."""
     allowed_channels: list[str] = msgspec.field(default_factory=list)
     """Channel ids where the bot answers (a thread counts as its parent channel);
     empty: every channel it can read. DMs are governed by the user lists alone."""
@@ -252,13 +267,8 @@ class DiscordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Server (guild) ids where the bot answers; empty: every server it is in. Checked as
     messages arrive: a message from another server is ignored."""
 
-    def allows(self, source: SessionSource) -> bool:
-        """Whether ``source`` passes ``allowed_users`` and, outside a DM, ``allowed_channels``."""
-        if self.allowed_users and (source.user_id or "") not in self.allowed_users:
-            return False
-        if source.chat_type is ChatType.DM or not self.allowed_channels:
-            return True
-        return (source.chat_id or "") in self.allowed_channels
+    def allowed_chat_ids(self) -> list[str]:
+        return self.allowed_channels
 
 
 class ResetPolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -284,6 +294,9 @@ class CronJobConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     target: str = "local"
     id: str = ""
 
+
+CHAT_PLATFORMS: Final = ("telegram", "slack", "discord")
+"""The chat adapters whose sections hold the group keys (:mod:`chatlane.groups`)."""
 
 _SCHEDULER = SchedulerSettings()
 
@@ -317,6 +330,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telegram: TelegramConfig = TelegramConfig()
     slack: SlackConfig = SlackConfig()
     discord: DiscordConfig = DiscordConfig()
+    groups: GroupsConfig = GroupsConfig()
     delivery: DeliverySettings = DeliverySettings()
     confirm_new: bool = True
     namespace: str = "main"
@@ -325,19 +339,34 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cron: list[CronJobConfig] = msgspec.field(default_factory=list)
 
     def allows(self, source: SessionSource) -> bool:
-        """Whether ``source``'s user may use the gateway (a platform not in ``allow``: all may).
+        """Whether ``source``'s user may use the gateway, in its chat.
 
         The one authorization rule, for a message and for every run of a job
-        created from a chat alike. Slack's and Discord's own lists
-        (:meth:`SlackConfig.allows`, :meth:`DiscordConfig.allows`) apply on top of
-        ``allow.slack`` and ``allow.discord``.
+        created from a chat alike: ``allow.<platform>`` (a platform not listed
+        allows everyone), then the platform's own user and chat lists
+        (:meth:`~chatlane.groups.GroupSettings.allows`), the same for every
+        chat adapter.
         """
         allowed = self.allow.get(source.platform)
         if allowed is not None and (source.user_id or "") not in allowed:
             return False
-        if source.platform == "discord":
-            return self.discord.allows(source)
-        return source.platform != "slack" or self.slack.allows(source)
+        section = self.chat_settings(source.platform)
+        return section is None or section.allows(source)
+
+    def admin_commands(self) -> AdminCommands:
+        """Who may run which commands in a shared session: ``groups.admin_commands`` for
+        each chat platform's ``admins`` alone."""
+        admins = {
+            platform: frozenset(section.admins)
+            for platform in CHAT_PLATFORMS
+            if (section := self.chat_settings(platform)) is not None
+        }
+        return AdminCommands(frozenset(self.groups.admin_commands), admins)
+
+    def chat_settings(self, platform: str) -> GroupSettings | None:
+        """The section of chat adapter ``platform`` (``[telegram]`` …), if it has one."""
+        section = getattr(self, platform, None) if platform in CHAT_PLATFORMS else None
+        return section if isinstance(section, GroupSettings) else None
 
 
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -391,10 +420,13 @@ def _convert(raw: dict[str, Any]) -> Config:
             raise ConfigError(f"unknown configuration key 'delivery.{unknown[0]}'")
     allow = raw.get("allow")
     if isinstance(allow, dict):
-        raw["allow"] = {platform: _ids(platform, ids) for platform, ids in allow.items()}
+        raw["allow"] = {platform: _ids(f"allow.{platform}", ids) for platform, ids in allow.items()}
     discord = raw.get("discord")
     if isinstance(discord, dict):
         raw["discord"] = _snowflake_lists(discord)
+    telegram = raw.get("telegram")
+    if isinstance(telegram, dict):
+        raw["telegram"] = _id_lists("telegram", telegram)
     try:
         return msgspec.convert(_settings_layout(raw), Config, strict=False)
     except msgspec.ValidationError as error:
@@ -443,20 +475,38 @@ def _policy_names(value: Any) -> Any:
     return value
 
 
-def _ids(platform: str, ids: object) -> list[str]:
-    """User ids may be written as numbers (Telegram's are); they are compared as strings.
+def _ids(key: str, ids: object, what: str = "user ids") -> list[str]:
+    """Ids may be written as numbers (Telegram's are); they are compared as strings.
 
-    :raises ConfigError: naming ``allow.<platform>`` unless ``ids`` is a list of ids.
+    :raises ConfigError: naming ``key`` unless ``ids`` is a list of ids.
     """
     if not isinstance(ids, list) or not all(_is_id(i) for i in ids):
         raise ConfigError(
-            f"configuration key {f'allow.{platform}'!r} = {ids!r}: "
-            "expected a list of user ids (strings or whole numbers)"
+            f"configuration key {key!r} = {ids!r}: "
+            f"expected a list of {what} (strings or whole numbers)"
         )
     return [str(i) for i in ids]
 
 
-DISCORD_ID_LISTS: Final = ("allowed_users", "allowed_channels", "allowed_guilds")
+DISCORD_ID_LISTS: Final = ("allowed_users", "allowed_channels", "allowed_guilds", "admins")
+TELEGRAM_ID_LISTS: Final = {
+    "allowed_users": "user ids",
+    "allowed_chats": "chat ids",
+    "admins": "user ids",
+}
+
+
+def _id_lists(section_name: str, section: dict[str, Any]) -> dict[str, Any]:
+    """``[telegram]`` with its id lists as strings (TOML may hold Telegram's ids as numbers).
+
+    :raises ConfigError: naming ``telegram.<list>`` unless it is a list of ids.
+    """
+    converted: dict[str, Any] = {
+        name: _ids(f"{section_name}.{name}", section[name], what)
+        for name, what in TELEGRAM_ID_LISTS.items()
+        if name in section
+    }
+    return {**section, **converted}
 
 
 def _snowflake_lists(section: dict[str, Any]) -> dict[str, Any]:
@@ -587,6 +637,11 @@ def _check(config: Config) -> None:
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
     _check_discord(config.discord)
+    config.groups.check()
+    for platform in CHAT_PLATFORMS:
+        section = config.chat_settings(platform)
+        if section is not None:
+            check_group_settings(platform, section)
     interval = config.scheduler.min_interval
     if not interval >= 0 or not math.isfinite(interval):
         raise ConfigError(

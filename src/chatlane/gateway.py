@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
-from chatlane.authorization import NOT_ALLOWED, Authorize, allow_all
+from chatlane.authorization import NOT_ALLOWED, Authorize, CommandGuard, allow_all, any_command
 from chatlane.commands import (
     CommandRefused,
     CommandRouter,
@@ -30,7 +30,7 @@ from chatlane.commands import (
 )
 from chatlane.delivery.ledger import DeliveryLedger
 from chatlane.delivery.worker import DeliverySettings, DeliveryWorker, Sender
-from chatlane.identity import NO_SESSION, KeyPolicy, SessionSource, build_session_key
+from chatlane.identity import NO_SESSION, KeyPolicy, SessionSource, build_session_key, is_shared
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
@@ -68,12 +68,16 @@ class GatewaySettings:
     :param authorize: whether a sender (or a job's creator) may use the
         gateway; everyone by default. An :class:`~chatlane.authorization.Allowlist`
         is one.
+    :param command_guard: whether a sender may run a command in a session shared
+        with others (:func:`~chatlane.identity.is_shared`); every command by
+        default. :class:`~chatlane.authorization.AdminCommands` is one.
     """
 
     key_policy: KeyPolicy = field(default_factory=KeyPolicy)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     lifecycle: LifecycleOptions = field(default_factory=LifecycleOptions)
     authorize: Authorize = allow_all
+    command_guard: CommandGuard = any_command
 
 
 class DispatchResult(msgspec.Struct, frozen=True):
@@ -233,6 +237,9 @@ class Gateway:
         the ``refuse`` hook (a notice by default), and the result says
         ``refused``; nothing runs and nothing is stored.
 
+        A command the sender may not run in a shared session (``settings.command_guard``)
+        is answered with a notice and runs nothing — a "yes" confirming one too.
+
         A plain "yes" or "no" answers a pending approval or confirmation first.
         Lone surrogates in the text or source (which no store or wire can
         carry) are replaced by U+FFFD first.
@@ -249,6 +256,8 @@ class Gateway:
         parsed = None
         if not message.internal and self._may_be_command(key, message):
             parsed = await self._command_for(key, message)
+        if parsed is not None and not self._may_run(key, message.source, parsed.name):
+            return await self._refuse_command(key, message, parsed.name)
         if parsed is not None:
             policy = self._sends_as(parsed)
             if not policy:
@@ -256,6 +265,20 @@ class Gateway:
             message = msgspec.structs.replace(message, text=parsed.args, busy_policy=policy)
         outcome = await self.engine.submit(key, message)
         return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+
+    def _may_run(self, key: SessionKey, source: SessionSource, name: str) -> bool:
+        """Whether ``source``'s sender may run ``/name`` in ``key``: anyone in a session of
+        their own; in a shared one, whoever ``settings.command_guard`` lets."""
+        return not is_shared(key) or self.settings.command_guard(source, name)
+
+    async def _refuse_command(
+        self, key: SessionKey, message: InboundMessage, name: str
+    ) -> DispatchResult:
+        """Tell the sender ``/name`` is for admins here; nothing runs and nothing changes."""
+        text = f"Only an admin can use /{name} in a chat shared with others; nothing changed."
+        await self.engine.send(OutboundKind.NOTICE, key, message.source, text, (message.id,))
+        log.info("refused /%s of user %r in %s", name, message.source.user_id, key)
+        return DispatchResult(key, message.id, command=name)
 
     def _sends_as(self, parsed: ParsedCommand) -> str:
         """The busy policy ``parsed`` sends its text on under (``/steer``, ``/now``), if any."""

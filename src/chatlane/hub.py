@@ -112,6 +112,7 @@ def gateway_settings(config: Config) -> GatewaySettings:
         runtime=config.runtime,
         lifecycle=LifecycleOptions(confirm_new=config.confirm_new),
         authorize=config.allows,
+        command_guard=config.admin_commands(),
     )
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "build_session_key",
     "check_session_key",
     "check_session_name",
+    "is_shared",
     "parse_session_key",
 ]
 
@@ -234,6 +235,13 @@ def _key_of(
     elif thread_id is not None:
         parts.append(thread_id)
     return SessionKey(SEPARATOR.join([escape_component(part) for part in parts]))
+
+
+def is_shared(key: SessionKey) -> bool:
+    """Whether ``key`` names a session several people write in: not a DM, and no user in it
+    (a group's or thread's session when the key policy does not split it by user)."""
+    parts = parse_session_key(key)
+    return parts.chat_type is not ChatType.DM and parts.user_id is None
 
 
 def parse_session_key(key: str) -> SessionKeyParts:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
-from chatlane.authorization import Allowlist, Authorize, allow_all
+from chatlane.authorization import Allowlist, Authorize, allow_all, any_command
 from chatlane.errors import ConfigError, InvalidSource
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy, SessionKey, SessionSource
@@ -54,7 +54,7 @@ def harness_settings(
 
     :raises ConfigError: for a keyword that is not a runtime setting, or a bad allowlist.
     """
-    extra = {"key_policy", "lifecycle"}
+    extra = {"key_policy", "lifecycle", "command_guard"}
     unknown = sorted(set(settings) - _RUNTIME_FIELDS - extra)
     if unknown:
         raise ConfigError(
@@ -63,9 +63,10 @@ def harness_settings(
         )
     key_policy = settings.pop("key_policy", KeyPolicy())
     lifecycle = settings.pop("lifecycle", LifecycleOptions())
+    guard = settings.pop("command_guard", any_command)
     busy_settings = BusySettings(default=BusyPolicy.parse(str(busy)))
     runtime = RuntimeSettings(busy=busy_settings, **settings)
-    return GatewaySettings(key_policy, runtime, lifecycle, _authorize(allow))
+    return GatewaySettings(key_policy, runtime, lifecycle, _authorize(allow), guard)
 
 
 def _authorize(allow: Allow | None) -> Authorize:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ MESSAGE_LIMIT = 4096
 WAIT = 20.0
 """How long the ``wait_for_…`` helpers wait (seconds)."""
 _INT_FIELDS = frozenset({"chat_id", "message_thread_id", "offset", "timeout", "limit"})
+_MENTION = re.compile(r"(?<![\w@])@[A-Za-z][A-Za-z0-9_]{3,31}\b")
+"""An ``@username`` as Telegram finds it in a message's text."""
 _JSON_FIELDS = frozenset({"reply_markup", "allowed_updates", "reply_parameters", "entities"})
 
 Params = dict[str, Any]
@@ -123,6 +126,18 @@ async def _params(request: Request) -> Params:
     return {name: _coerce(name, value) for name, value in fields}
 
 
+def _found_entities(text: str) -> list[dict[str, Any]]:
+    """The entities Telegram finds in ``text``: a leading command and each ``@username``."""
+    found = []
+    if text.startswith("/"):
+        command = text.split()[0] if text.split() else text
+        found.append({"type": "bot_command", "offset": 0, "length": utf16_len(command)})
+    for match in _MENTION.finditer(text):
+        offset = utf16_len(text[: match.start()])
+        found.append({"type": "mention", "offset": offset, "length": utf16_len(match.group())})
+    return found
+
+
 def _user(user: int) -> dict[str, Any]:
     return {"id": user, "is_bot": False, "first_name": "User", "last_name": str(user)}
 
@@ -189,21 +204,28 @@ class BotApi:
         thread_id: int | None = None,
         chat_type: str = "private",
         sender_chat: int | None = None,
+        reply_to: Sent | None = None,
+        entities: list[dict[str, Any]] | None = None,
     ) -> int:
         """Queue a text message from ``user`` in ``chat``; its message id.
 
-        With ``sender_chat`` the message is sent on behalf of that channel, as
+        Entities are found as Telegram finds them (a leading command, every
+        ``@username``), with ``entities`` (text mentions …) added. With
+        ``sender_chat`` the message is sent on behalf of that channel, as
         Telegram shows it: ``from`` is the placeholder ``user`` (such as
-        :data:`CHANNEL_BOT`) and ``sender_chat`` the channel.
+        :data:`CHANNEL_BOT`) and ``sender_chat`` the channel. With ``reply_to``
+        it replies to that message of the bot.
 
         :raises ValueError: for a text Telegram would not accept (over 4096 UTF-16 units).
         """
         if utf16_len(text) > MESSAGE_LIMIT:
             raise ValueError("Telegram messages hold at most 4096 UTF-16 code units")
         fields: dict[str, Any] = {"text": text}
-        if text.startswith("/"):
-            command = text.split()[0] if text.split() else text
-            fields["entities"] = [{"type": "bot_command", "offset": 0, "length": len(command)}]
+        found = [*_found_entities(text), *(entities or [])]
+        if found:
+            fields["entities"] = found
+        if reply_to is not None:
+            fields["reply_to_message"] = self._message(reply_to, self._chats[reply_to.chat_id])
         if sender_chat is not None:
             fields["sender_chat"] = {
                 "id": sender_chat,

@@ -29,11 +29,13 @@ from chatlane.adapters.telegram import (
     split_message,
     utf16_len,
 )
+from chatlane.adapters.telegram_groups import BotIdentity
 from chatlane.config import Config, Secret, TelegramConfig
 from chatlane.delivery import DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import ConfigError, StoreError
 from chatlane.gateway import DispatchResult
+from chatlane.groups import GroupPolicy
 from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType
 from chatlane.stores.base import DEAD, DELIVERED
@@ -61,12 +63,27 @@ QUICK_DELIVERY = DeliverySettings(
 """The delivery ledger's retries, quick enough for tests."""
 
 
-def telegram_config(api: BotApi, tmp_path: Path, token: str | None = None, **extra: Any) -> Config:
+def telegram_config(
+    api: BotApi,
+    tmp_path: Path,
+    token: str | None = None,
+    *,
+    groups: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Config:
+    """A configuration for the stand-in; ``groups``: the ``[telegram]`` group keys.
+
+    Without ``groups`` a group is answered without a mention, so the tests of
+    everything else can write there plainly (``test_telegram_groups`` tests the
+    mention rule).
+    """
     token_file = tmp_path / "telegram-token"
     token_file.write_text(api.token if token is None else token)
     secret = Secret(file=str(token_file))
     extra.setdefault("delivery", QUICK_DELIVERY)
-    return Config(telegram=TelegramConfig(enabled=True, token=secret, api_url=api.url), **extra)
+    group_keys = {"require_mention": False} if groups is None else groups
+    telegram = TelegramConfig(enabled=True, token=secret, api_url=api.url, **group_keys)
+    return Config(telegram=telegram, **extra)
 
 
 @contextlib.asynccontextmanager
@@ -464,8 +481,12 @@ def text_update(text: str) -> Update:
     return Update.de_json({"update_id": 1, "message": fields}, None)
 
 
+MY_BOT = BotIdentity(1, "MyBot")
+ANY_GROUP = GroupPolicy(TelegramConfig(require_mention=False), "telegram")
+
+
 def test_a_text_update_becomes_the_message_chatlane_gets() -> None:
-    inbound = inbound_text(text_update("hello \ud800"), "MyBot")
+    inbound = inbound_text(text_update("hello \ud800"), MY_BOT, ANY_GROUP)
     assert inbound is not None
     assert (inbound.id, inbound.text) == (f"tg-{ALICE}-9", "hello \ufffd")
     source = inbound.source
@@ -478,9 +499,9 @@ def test_a_text_update_becomes_the_message_chatlane_gets() -> None:
 
 
 def test_no_message_is_made_for_another_bot_or_without_text() -> None:
-    assert inbound_text(text_update("/new@OtherBot"), "MyBot") is None
-    assert inbound_text(text_update("/new@mybot"), "MyBot") is not None
-    assert inbound_text(Update.de_json({"update_id": 2}, None), "MyBot") is None
+    assert inbound_text(text_update("/new@OtherBot"), MY_BOT, ANY_GROUP) is None
+    assert inbound_text(text_update("/new@mybot"), MY_BOT, ANY_GROUP) is not None
+    assert inbound_text(Update.de_json({"update_id": 2}, None), MY_BOT, ANY_GROUP) is None
 
 
 def test_readable_updates_leaves_other_payloads_alone() -> None:

@@ -12,8 +12,11 @@ What stays true:
   Discord never sends an event again once it was dispatched on a live
   connection, so a process that dies between receiving a message and its
   acceptance loses that message (``docs/discord.md`` says so).
-* In a server, with ``require_mention``, only a message that mentions the
-  bot or replies to one of its messages goes to chatlane; a DM always does.
+* In a server the shared group rule decides (:class:`~chatlane.groups.GroupPolicy`,
+  keyed by the channel — a thread's parent — and ``channel`` or ``thread``):
+  with ``require_mention``, only a message that mentions the bot, replies to
+  one of its messages or matches a mention pattern goes to chatlane; a DM
+  always does.
   The bot's mention is taken out of the text. Messages from servers not on
   ``allowed_guilds`` are ignored.
 * Replies go to the channel, thread or DM the message came from, split at
@@ -74,6 +77,7 @@ from chatlane.errors import (
     PermanentDelivery,
     PlatformUnavailable,
 )
+from chatlane.groups import GroupPolicy
 from chatlane.identity import NO_SESSION, ChatType
 from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
@@ -130,6 +134,7 @@ class DiscordAdapter:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = config.discord
+        self._groups = GroupPolicy(config.discord, "discord")
         self._secrets = secrets
         self._edit_interval = edit_interval
         self._clock = clock
@@ -342,9 +347,12 @@ class DiscordAdapter:
 
     def _addressed(self, posted: Posted) -> bool:
         """Whether ``posted`` is for the bot (see the module docstring)."""
-        if posted.where.chat_type is ChatType.DM or not self._settings.require_mention:
+        where = posted.where
+        if where.chat_type is ChatType.DM:
             return True
-        return posted.mentions_bot or posted.replies_to_bot
+        kind = "channel" if where.thread_id is None else "thread"
+        mentioned = posted.mentions_bot or posted.replies_to_bot
+        return self._groups.answers(where.chat_id, kind, posted.text, mentioned=mentioned)
 
     async def _on_interaction(self, interaction: discord.Interaction) -> None:
         self._lanes.run(str(interaction.channel_id), self._handle_press(interaction))

@@ -12,9 +12,11 @@ What stays true:
   derived from the message (:func:`~chatlane.adapters.slack_wire.message_id`)
   lets the store keep one record of it across processes too.
 * Only people's messages go to chatlane (:func:`~chatlane.adapters.slack_wire.read_posted`).
-  Outside a DM, with ``require_mention``, only a message that mentions the bot,
-  or one in a thread the bot is in (it started it, or answered there), goes to
-  chatlane; the bot's mention is taken out of the text.
+  Outside a DM the shared group rule decides (:class:`~chatlane.groups.GroupPolicy`,
+  keyed by the conversation and ``channel`` or ``thread``): with ``require_mention``,
+  only a message that mentions the bot, matches a mention pattern, or is in a
+  thread the bot is in (it started it, or answered there) goes to chatlane;
+  the bot's mention is taken out of the text.
 * Replies go to the conversation and thread the message came from, as mrkdwn,
   split to fit (:mod:`~chatlane.adapters.slack_format`). A streamed reply is
   shown as a draft edited in place (:mod:`~chatlane.adapters.slack_stream`);
@@ -68,6 +70,7 @@ from chatlane.errors import (
     PermanentDelivery,
     PlatformUnavailable,
 )
+from chatlane.groups import GroupPolicy
 from chatlane.identity import NO_SESSION, ChatType
 from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
@@ -118,6 +121,7 @@ class SlackAdapter:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = config.slack
+        self._groups = GroupPolicy(config.slack, "slack")
         self._secrets = secrets
         self._edit_interval = edit_interval
         self._clock = clock
@@ -252,10 +256,14 @@ class SlackAdapter:
 
     def _addressed(self, posted: Posted) -> bool:
         """Whether ``posted`` is for the bot (see the module docstring)."""
-        if posted.chat_type is ChatType.DM or not self._settings.require_mention:
+        if posted.chat_type is ChatType.DM:
             return True
-        if posted.mentions_bot:
-            return True
+        kind = "channel" if posted.thread_ts is None else "thread"
+        mentioned = posted.mentions_bot or self._in_bot_thread(posted)
+        return self._groups.answers(posted.channel, kind, posted.text, mentioned=mentioned)
+
+    def _in_bot_thread(self, posted: Posted) -> bool:
+        """Whether ``posted`` is in a thread the bot started or answered in."""
         thread = posted.thread_ts
         if thread is None:
             return False

@@ -12,6 +12,10 @@ What stays true:
   parser, allowlist and busy policies apply; a forum topic is the thread.
   A command addressed to another bot (``/new@OtherBot``) is not chatlane's
   and is ignored.
+* In groups, supergroups and channels, with ``require_mention`` (the default),
+  only a message that mentions the bot, replies to one of its messages or is
+  a command goes to chatlane, without the mention
+  (:mod:`~chatlane.adapters.telegram_groups`); private chats always do.
 * Every message handed to the hub is answered: by its turn, by a refusal, or —
   when the hub cannot take it — by a short notice in its chat and topic.
 * Handling an update only waits until chatlane has accepted the message, never
@@ -74,6 +78,7 @@ from telegram.request import HTTPXRequest
 from chatlane.adapters.splitting import joined
 from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
+from chatlane.adapters.telegram_groups import BotIdentity, addressed_text
 from chatlane.adapters.typing import TypingIndicators
 from chatlane.approvals import is_request_id
 from chatlane.commands import parse_command
@@ -87,6 +92,7 @@ from chatlane.errors import (
     PermanentDelivery,
     PlatformUnavailable,
 )
+from chatlane.groups import GroupPolicy
 from chatlane.identity import NO_SESSION, ChatType, SessionSource
 from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
@@ -163,7 +169,8 @@ class TelegramAdapter:
         self._poll_interval = poll_interval
         self._hub: Hub | None = None
         self._app: TelegramApp | None = None
-        self._username = ""
+        self._bot = BotIdentity(0, "")
+        self._groups = GroupPolicy(config.telegram, "telegram")
         self._redactor: TokenRedactor | None = None
         self.typing: TypingIndicators | None = None
         """The typing indicators, while the bot runs with ``telegram.typing`` on."""
@@ -218,7 +225,7 @@ class TelegramAdapter:
         api_url = self._config.telegram.api_url
         try:
             await app.initialize()
-            self._username = app.bot.username
+            self._bot = BotIdentity(app.bot.id, app.bot.username)
             await app.start()
             await _updater(app).start_polling(
                 poll_interval=self._poll_interval,
@@ -301,7 +308,7 @@ class TelegramAdapter:
         await send_parts(app.bot, target, parts, buttons, FLOOD_WAIT_CAP)
 
     async def _on_text(self, update: Update, context: object) -> None:
-        inbound = inbound_text(update, self._username)
+        inbound = inbound_text(update, self._bot, self._groups)
         if inbound is not None:
             await self._submit(inbound)
 
@@ -412,17 +419,21 @@ class TokenRedactor(logging.Filter):
         return True
 
 
-def inbound_text(update: Update, username: str) -> InboundMessage | None:
+def inbound_text(update: Update, bot: BotIdentity, groups: GroupPolicy) -> InboundMessage | None:
     """The message chatlane gets for ``update``'s text, or None.
 
-    None when the update holds no text message, or when its text is a command
-    addressed to another bot than ``username`` (:func:`addressed_to`).
+    None when the update holds no text message, when its text is a command
+    addressed to another bot (:func:`addressed_to`), or when in a group it is
+    not for the bot (:func:`~chatlane.adapters.telegram_groups.addressed_text`).
     """
     message = update.effective_message
     if message is None or message.text is None:
         return None
-    text = clean_text(message.text)
-    if not addressed_to(text, username):
+    cleaned = clean_text(message.text)
+    if not addressed_to(cleaned, bot.username):
+        return None
+    text = addressed_text(message, cleaned, bot, groups)
+    if text is None:
         return None
     msg_id = f"tg-{message.chat.id}-{message.message_id}"
     return InboundMessage(source_of(message, message.from_user), text, id=msg_id)

@@ -1,0 +1,87 @@
+"""Which Telegram messages in groups are for the bot, and their text without its mention.
+
+What stays true:
+
+* A private chat's message is always for the bot.
+* In a group, supergroup or channel the shared policy decides
+  (:class:`~chatlane.groups.GroupPolicy`, keyed by the chat's id and Telegram's
+  chat type). The bot counts as mentioned by an ``@username`` entity naming
+  it, a text mention of its user id, a reply to one of its messages, or a
+  command (a bare ``/cmd``, or ``/cmd@username``: one addressed to another
+  bot never reaches this module).
+* The bot's mentions are cut out of the text by their entities' UTF-16
+  offsets, never by searching the text, so a lookalike name stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from telegram import Message, MessageEntity
+
+from chatlane.commands import parse_command
+from chatlane.groups import GroupPolicy
+
+__all__ = ["BotIdentity", "addressed_text"]
+
+_PRIVATE = "private"
+
+
+@dataclass(frozen=True, slots=True)
+class BotIdentity:
+    """The bot as ``getMe`` names it."""
+
+    id: int
+    username: str
+
+
+def addressed_text(
+    message: Message, text: str, bot: BotIdentity, policy: GroupPolicy
+) -> str | None:
+    """``text`` (``message``'s, cleaned) without the bot's mentions, or None if not for the bot."""
+    if message.chat.type == _PRIVATE:
+        return text
+    mentions = _mentions_of(message, bot)
+    stripped = _without(text, mentions).strip() if mentions else text
+    mentioned = bool(mentions) or _replies_to(message, bot) or parse_command(text) is not None
+    answered = policy.answers(str(message.chat.id), message.chat.type, text, mentioned=mentioned)
+    return stripped if answered and stripped else None
+
+
+def _mentions_of(message: Message, bot: BotIdentity) -> list[MessageEntity]:
+    """The entities of ``message`` that name the bot."""
+    return [
+        entity
+        for entity, shown in message.parse_entities().items()
+        if _names_bot(entity, shown, bot)
+    ]
+
+
+def _names_bot(entity: MessageEntity, shown: str, bot: BotIdentity) -> bool:
+    """Whether ``entity`` (showing ``shown``) is an ``@username`` or text mention of the bot."""
+    if entity.type == MessageEntity.MENTION:
+        return shown.casefold() == f"@{bot.username}".casefold()
+    return (
+        entity.type == MessageEntity.TEXT_MENTION
+        and entity.user is not None
+        and (entity.user.id == bot.id)
+    )
+
+
+def _replies_to(message: Message, bot: BotIdentity) -> bool:
+    """Whether ``message`` replies to one of the bot's messages (not a topic's opening)."""
+    replied = message.reply_to_message
+    if replied is None or replied.from_user is None or replied.from_user.id != bot.id:
+        return False
+    return not (message.is_topic_message and replied.message_id == message.message_thread_id)
+
+
+def _without(text: str, entities: list[MessageEntity]) -> str:
+    """``text`` with the spans of ``entities`` (UTF-16 offsets) cut out."""
+    units = text.encode("utf-16-le", "surrogatepass")
+    kept, end = [], 0
+    for entity in sorted(entities, key=lambda entity: entity.offset):
+        kept.append(units[end * 2 : entity.offset * 2])
+        end = max(end, entity.offset + entity.length)
+    kept.append(units[end * 2 :])
+    return b"".join(kept).decode("utf-16-le", "surrogatepass")

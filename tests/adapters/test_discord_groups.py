@@ -1,0 +1,67 @@
+"""Discord in servers under the shared group rule: patterns, and a channel or threads without
+mentions, through discord.py against the REST and gateway stand-in."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.adapters.discordapi import GENERAL, RANDOM, THREAD, DiscordApi
+from tests.adapters.test_discord import ALICE, BOB, MENTION, discord_config, running
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[DiscordApi]:
+    async with DiscordApi() as api:
+        yield api
+    assert api.unknown == [], f"the adapter called routes the stand-in lacks: {api.unknown}"
+
+
+async def test_a_pattern_counts_as_a_mention(api: DiscordApi, tmp_path: Path) -> None:
+    async with running(discord_config(api, tmp_path, mention_patterns=[r"\bchatty\b"])) as bot:
+        await api.say(GENERAL, ALICE, "chattybot is another")
+        await api.say(GENERAL, ALICE, "Hey CHATTY, hi")
+        await api.wait_for_messages(GENERAL)
+        await bot.idle()
+    assert api.texts(GENERAL) == ["echo: Hey CHATTY, hi"]
+
+
+async def test_a_channel_and_threads_can_go_without_mentions(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    config = discord_config(
+        api,
+        tmp_path,
+        require_mention_per_chat={str(RANDOM): False},
+        require_mention_per_chat_type={"thread": False},
+    )
+    async with running(config) as bot:
+        await api.say(GENERAL, ALICE, "top level")
+        await api.say(THREAD, ALICE, "in a thread")
+        await api.say(RANDOM, ALICE, "plain")
+        await api.say(GENERAL, ALICE, f"{MENTION} mentioned")
+        await api.wait_for_messages(THREAD)
+        await api.wait_for_messages(RANDOM)
+        await api.wait_for_messages(GENERAL)
+        await bot.idle()
+    assert api.texts(THREAD) == ["echo: in a thread"]
+    assert api.texts(RANDOM) == ["echo: plain"]
+    assert api.texts(GENERAL) == ["echo: mentioned"]
+
+
+async def test_in_a_thread_only_an_admin_changes_what_everyone_gets(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    async with running(discord_config(api, tmp_path, admins=[str(BOB)])):
+        await api.say(THREAD, ALICE, f"{MENTION} /busy reject")
+        [refused] = await api.wait_for_messages(THREAD)
+        assert refused.text.startswith("Only an admin can use /busy")
+        await api.say(THREAD, BOB, f"{MENTION} /busy reject")
+        replies = await api.wait_for_messages(THREAD, 2)
+        assert replies[1].text == "Busy policy for this session: reject"
+        dm = api.dm_channel(ALICE)
+        await api.say(dm, ALICE, "/busy reject")  # a DM is a session of one's own
+        [mine] = await api.wait_for_messages(dm)
+        assert mine.text == "Busy policy for this session: reject"
