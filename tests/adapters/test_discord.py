@@ -170,9 +170,14 @@ async def test_in_a_channel_only_a_mention_or_a_reply_to_the_bot_is_answered(
     assert key_of(reply.text) == f"main:discord:group:{GENERAL}::{ALICE}"
     await api.say(GENERAL, ALICE, "and you?", **replying_to_bot(api, GENERAL, reply.id))
     await api.say(GENERAL, ALICE, f"<@!{BOT_ID}>   nickname form  ")
-    await api.wait_for_messages(GENERAL, 3)
+    await api.say(GENERAL, ALICE, f"ask {MENTION} about it")
+    await api.wait_for_messages(GENERAL, 4)
     await bot.idle()
-    assert api.texts(GENERAL)[1:] == ["echo: and you?", "echo: nickname form"]
+    assert api.texts(GENERAL)[1:] == [
+        "echo: and you?",
+        "echo: nickname form",
+        "echo: ask about it",
+    ]
 
 
 async def test_without_require_mention_a_channel_is_answered(

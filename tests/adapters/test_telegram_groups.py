@@ -51,7 +51,7 @@ async def test_in_a_group_only_a_mention_is_answered_and_it_is_stripped(
         say(api, "hello everyone")
         assert await answered(api, "@chatlane_bot hello") == "echo: hello"
         say(api, "@other_bot hello")
-        assert await answered(api, "ask @ChatLane_Bot about it") == "echo: ask  about it"
+        assert await answered(api, "ask @ChatLane_Bot about it") == "echo: ask about it"
         say(api, "@chatlane_bot")  # nothing left to answer
         status = await answered(api, "/status")  # a bare command is for every bot of the group
         assert status.startswith("Status: idle")

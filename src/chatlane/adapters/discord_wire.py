@@ -120,9 +120,9 @@ def _author(message: str) -> str | None:
 
 
 def strip_mentions(text: str, bot_id: int) -> tuple[str, bool]:
-    """``text`` without the bot's mentions (``<@id>``, ``<@!id>``), trimmed; and whether
-    there was one."""
-    mention = re.compile(rf"<@!?{bot_id}>")
+    """``text`` without the bot's mentions (``<@id>``, ``<@!id>``), each with one space after
+    it (so ``ask <@id> about it`` reads ``ask about it``), trimmed; and whether there was one."""
+    mention = re.compile(rf"<@!?{bot_id}> ?")
     stripped, count = mention.subn("", text)
     return stripped.strip(), count > 0
 

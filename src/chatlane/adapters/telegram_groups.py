@@ -76,12 +76,18 @@ def _replies_to(message: Message, bot: BotIdentity) -> bool:
     return not (message.is_topic_message and replied.message_id == message.message_thread_id)
 
 
+_SPACE = " ".encode("utf-16-le")
+
+
 def _without(text: str, entities: list[MessageEntity]) -> str:
-    """``text`` with the spans of ``entities`` (UTF-16 offsets) cut out."""
+    """``text`` with the spans of ``entities`` (UTF-16 offsets) cut out, each with one space
+    after it (so ``ask @bot about it`` reads ``ask about it``)."""
     units = text.encode("utf-16-le", "surrogatepass")
     kept, end = [], 0
     for entity in sorted(entities, key=lambda entity: entity.offset):
         kept.append(units[end * 2 : entity.offset * 2])
         end = max(end, entity.offset + entity.length)
+        if units[end * 2 : end * 2 + 2] == _SPACE:
+            end += 1
     kept.append(units[end * 2 :])
     return b"".join(kept).decode("utf-16-le", "surrogatepass")
