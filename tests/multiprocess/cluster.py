@@ -45,6 +45,8 @@ class Cluster:
     log_path: Path
     ttl: float = 1.0
     workers: list[Worker] = field(default_factory=list)
+    options: tuple[str, ...] = ()
+    """More arguments for every worker (``--ordered``)."""
 
     def start(self, name: str) -> Worker:
         command = [
@@ -59,6 +61,7 @@ class Cluster:
             name,
             "--ttl",
             str(self.ttl),
+            *self.options,
         ]
         process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         worker = Worker(name, process)

@@ -32,7 +32,7 @@ from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import Store, TranscriptEntry, open_store
-from chatlane.types import InboundMessage, Outbound
+from chatlane.types import InboundMessage, Outbound, accepts_steering
 
 
 class SharedLog:
@@ -48,11 +48,7 @@ class SharedLog:
 
 
 class Agent:
-    """Logs its turns; ``sleep <s>`` holds the turn (or less, if interrupted), then writes.
-
-    It takes what was steered into the turn just before it answers."""
-
-    accepts_steering = True
+    """Logs its turns; ``sleep <s>`` holds the turn (or less, if interrupted), then writes."""
 
     def __init__(self, log: SharedLog, store: Store) -> None:
         self.log = log
@@ -66,7 +62,7 @@ class Agent:
                 await self._hold(turn, float(turn.text.split()[1]))
             else:
                 await asyncio.sleep(0.001 + (hash(turn.text) % 5) / 1000)
-            steered = turn.take_steers()
+            steered = turn.take_steers() if accepts_steering(self) else []
             return " + ".join([f"done {turn.text}", *steered])
         finally:
             current = turn.is_current()  # its lease was renewed in time and still holds
@@ -141,10 +137,11 @@ async def serve(args: argparse.Namespace) -> None:
     def ended(outcome: MessageOutcome) -> None:
         log.write("outcome", ids=[outcome.message_id], outcome=outcome.outcome.value)
 
-    gateway = Gateway(Agent(log, store), deliver, settings=settings, store=store, on_outcome=ended)
+    agent = (SteeredAgent if args.ordered else Agent)(log, store)
+    gateway = Gateway(agent, deliver, settings=settings, store=store, on_outcome=ended)
     await gateway.start()
     print("ready", flush=True)
-    await read_messages(gateway)
+    await read_messages(gateway, ordered=args.ordered)
     beats = gateway.engine.leases.beats
     log.write("beats", count=beats.count, longest=beats.longest)
     metrics = gateway.engine.metrics
@@ -153,7 +150,8 @@ async def serve(args: argparse.Namespace) -> None:
     await store.close()
 
 
-async def read_messages(gateway: Gateway) -> None:
+async def read_messages(gateway: Gateway, *, ordered: bool) -> None:
+    """Dispatch each line's message; with ``ordered``, a chat's in the order sent."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -165,7 +163,8 @@ async def read_messages(gateway: Gateway) -> None:
             break
         source = SessionSource("test", chat_id=data["chat"], user_id="u")
         message = InboundMessage(source, data["text"], id=data["id"])
-        task = asyncio.create_task(dispatch_after(last.get(data["chat"]), gateway, message))
+        previous = last.get(data["chat"]) if ordered else None
+        task = asyncio.create_task(dispatch_after(previous, gateway, message))
         last[data["chat"]] = task
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -182,12 +181,23 @@ async def dispatch_after(
     await gateway.dispatch(message)
 
 
+class SteeredAgent(Agent):
+    """:class:`Agent` that takes what was steered into the turn just before it answers."""
+
+    accepts_steering = True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument(
+        "--ordered",
+        action="store_true",
+        help="dispatch a chat's messages one after the other, and take steered text",
+    )
     asyncio.run(serve(parser.parse_args()))
 
 
