@@ -7,8 +7,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ from tests.clock import Clock
 from tests.delivery.waits import WAIT, dead, delivered, eventually
 from tests.keys import chat_key
 from tests.ports import free_port
+from tests.serving import serve_once
 
 ALICE, BOB, CAROL = 950000000000000001, 950000000000000002, 950000000000000003
 OTHER_BOT = 950000000000000009
@@ -719,15 +718,7 @@ def serve_env(**env: str) -> dict[str, str]:
 def test_serve_with_a_broken_discord_configuration_stops_in_one_line(
     tmp_path: Path, env: dict[str, str], message: str
 ) -> None:
-    command = ["serve", "--port", str(free_port()), "--store", "memory://"]
-    result = subprocess.run(
-        [sys.executable, "-m", "chatlane.cli", *command],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=serve_env(**env),
-        timeout=60,
-    )
+    result = serve_once(tmp_path, serve_env(**env))
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]  # after discord.py's "logging in …", if any
     assert message in line

@@ -9,8 +9,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +46,7 @@ from tests.clock import Clock
 from tests.delivery.waits import dead, delivered, eventually
 from tests.keys import chat_key
 from tests.ports import free_port
+from tests.serving import serve_once
 
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 ALICE, BOB, CAROL = "UALICE01", "UBOB0001", "UCAROL01"
@@ -757,15 +756,7 @@ def serve_env(**env: str) -> dict[str, str]:
 def test_serve_with_a_broken_slack_secret_stops_in_one_line(
     tmp_path: Path, env: dict[str, str], message: str
 ) -> None:
-    command = ["serve", "--port", str(free_port()), "--store", "memory://"]
-    result = subprocess.run(
-        [sys.executable, "-m", "chatlane.cli", *command],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=serve_env(**env),
-        timeout=60,
-    )
+    result = serve_once(tmp_path, serve_env(**env))
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
     assert message in line

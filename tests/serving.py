@@ -1,0 +1,23 @@
+"""``chatlane serve`` run once as a process, for tests of what it says when it cannot start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.ports import free_port
+
+
+def serve_once(directory: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``chatlane serve`` (memory store, a free port) in ``directory`` with ``env``
+    until it exits (60 s at most); its exit status and output."""
+    command = ["serve", "--port", str(free_port()), "--store", "memory://"]
+    return subprocess.run(
+        [sys.executable, "-m", "chatlane.cli", *command],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
