@@ -10,13 +10,20 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
 
+from chatlane.adapters import slack_events
 from chatlane.adapters.slack import SlackAdapter
+from chatlane.adapters.slack_wire import message_id
 from chatlane.config import Config, Secret, SlackConfig, SlackMode, StoreConfig
 from chatlane.errors import ConfigError
+from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub
+from chatlane.identity import ChatType, SessionSource, build_session_key
+from chatlane.types import InboundMessage
 from tests.adapters.slackapi import BOT_USER, SlackApi, SlackRequests, SlackSocket
 from tests.adapters.test_slack import (
     ALICE,
@@ -111,6 +118,33 @@ async def test_a_channel_mention_is_answered_in_its_thread(
     assert api.texts(GENERAL) == [reply.text]
     assert reply.thread_ts == thread
     assert key_of(reply.text) == f"main:slack:group:{GENERAL}:{thread}"
+
+
+async def test_an_envelope_is_acknowledged_once_chatlane_holds_its_message(
+    api: SlackApi, gateway: Socketed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slack_events, "ANSWER_WITHIN", 60.0)  # a loaded machine: no cut-off
+    order: list[str] = []
+    submit = gateway.hub.submit
+    acknowledge = SocketModeClient.send_socket_mode_response
+
+    async def accepting(message: InboundMessage) -> DispatchResult:
+        result = await submit(message)
+        order.append("accepted")
+        return result
+
+    async def acknowledging(client: SocketModeClient, response: Any) -> None:
+        order.append("acknowledged")
+        await acknowledge(client, response)
+
+    monkeypatch.setattr(gateway.hub, "submit", accepting)
+    monkeypatch.setattr(SocketModeClient, "send_socket_mode_response", acknowledging)
+    ts = await gateway.slack.message(ALICE_DM, ALICE, "sleep 30")  # back once acknowledged
+    assert order == ["accepted", "acknowledged"]
+    source = SessionSource("slack", chat_id=ALICE_DM, chat_type=ChatType.DM, user_id=ALICE)
+    held = gateway.hub.gateway.engine.unanswered(build_session_key(source))
+    assert [m.id for m in held] == [message_id(ALICE_DM, ts, ALICE)]  # its turn still runs
+    assert api.messages(ALICE_DM) == []
 
 
 async def test_every_envelope_is_acknowledged_whatever_it_carries(
