@@ -62,8 +62,8 @@ INTERACTIONS_PATH = "/slack/interactions"
 MAX_BODY = 1 << 20
 """Largest request body read (1 MiB); Slack's events and interactions are far smaller."""
 ANSWER_WITHIN = 2.0
-"""Most seconds Slack waits for its answer (a request's response, an envelope's
-acknowledgement) while what it asks for is handled; it is answered then anyway."""
+"""Most seconds Slack's answer (a request's response, an envelope's acknowledgement)
+waits for what Slack asks for to be handled; Slack is answered then anyway."""
 SEEN_KEPT = 8192
 """Event ids and presses remembered, so a retry or a repeat is dropped."""
 
