@@ -24,6 +24,7 @@ lives in the settings, and errors name the file's key.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import ipaddress
 import math
 import os
@@ -210,8 +211,19 @@ class TelegramConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
         return self.allowed_chats
 
 
+class SlackMode(enum.StrEnum):
+    """How Slack reaches the app; the same events and presses either way."""
+
+    EVENTS = "events"
+    """The Events API over HTTP: Slack posts, signed, to ``/slack/events`` and
+    ``/slack/interactions`` (the gateway needs a public HTTPS address)."""
+    SOCKET = "socket"
+    """Socket Mode: the app opens a WebSocket to Slack with its app-level token
+    (no public address; the two routes are not served)."""
+
+
 class SlackConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
-    """The Slack app: Events API over HTTP (``/slack/events``, ``/slack/interactions``),
+    """The Slack app: the Events API over HTTP or Socket Mode (:class:`SlackMode`),
     and the group keys (:mod:`chatlane.groups`; a message in a thread the bot is in
     counts as a mention)."""
 
@@ -223,8 +235,12 @@ class SlackConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
     enabled: bool = False
     bot_token: Secret = Secret(env="SLACK_BOT_TOKEN")
     """The bot user's OAuth token (``xoxb-…``), for the Web API."""
+    mode: SlackMode = SlackMode.EVENTS
     signing_secret: Secret = Secret(env="SLACK_SIGNING_SECRET")
-    """Checks that a request to ``/slack/…`` comes from Slack."""
+    """Checks that a request to ``/slack/…`` comes from Slack (``events`` mode only)."""
+    app_token: Secret = Secret(env="SLACK_APP_TOKEN")
+    """The app-level token (``xapp-…``, scope ``connections:write``) that opens Socket
+    Mode's WebSocket (``socket`` mode only)."""
     api_url: str = "https://slack.com/api"
     allowed_channels: list[str] = msgspec.field(default_factory=list)
     """Conversation ids (channels, private channels, group DMs) where the bot answers;

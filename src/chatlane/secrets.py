@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from chatlane.config import Config, Secret
+from chatlane.config import Config, Secret, SlackMode
 
 
 def read_secret(secret: Secret, environ: Mapping[str, str] | None = None) -> str:
@@ -66,6 +66,7 @@ class Secrets:
     telegram_token: str = field(default="", repr=False)
     slack_bot_token: str = field(default="", repr=False)
     slack_signing_secret: str = field(default="", repr=False)
+    slack_app_token: str = field(default="", repr=False)
     discord_token: str = field(default="", repr=False)
     openai_api_key: str = field(default="", repr=False)
     web_id_secret: str = field(default="", repr=False)
@@ -89,8 +90,9 @@ def read_client_tokens(
 
 def resolve_secrets(config: Config, environ: Mapping[str, str] | None = None) -> Secrets:
     """Read the secrets ``config`` uses, once: the access token, every API client's token,
-    ``web.id_secret``; the Telegram token when Telegram is enabled; Slack's bot token and
-    signing secret when Slack is enabled; Discord's bot token when Discord is enabled;
+    ``web.id_secret``; the Telegram token when Telegram is enabled; Slack's bot token, and
+    its signing secret or (in Socket Mode) its app token, when Slack is enabled; Discord's
+    bot token when Discord is enabled;
     the OpenAI key when the agent is ``openai``.
     Variables are looked up in ``environ`` (default ``os.environ``).
 
@@ -99,12 +101,15 @@ def resolve_secrets(config: Config, environ: Mapping[str, str] | None = None) ->
     environ = os.environ if environ is None else environ
     telegram = read_secret(config.telegram.token, environ) if config.telegram.enabled else ""
     slack, discord = config.slack, config.discord
+    socket = slack.enabled and slack.mode is SlackMode.SOCKET
+    events = slack.enabled and not socket
     openai = config.agent.name == "openai"
     return Secrets(
         access_token=TokenSource.read(config.server.token, environ),
         telegram_token=telegram,
         slack_bot_token=read_secret(slack.bot_token, environ) if slack.enabled else "",
-        slack_signing_secret=read_secret(slack.signing_secret, environ) if slack.enabled else "",
+        slack_signing_secret=read_secret(slack.signing_secret, environ) if events else "",
+        slack_app_token=read_secret(slack.app_token, environ) if socket else "",
         discord_token=read_secret(discord.token, environ) if discord.enabled else "",
         openai_api_key=read_secret(config.agent.openai.api_key, environ) if openai else "",
         web_id_secret=read_secret(config.web.id_secret, environ),

@@ -104,7 +104,12 @@ def prepare(
             "(or configuration key 'telegram.token.env' / 'telegram.token.file')"
         )
     if config.slack.enabled:
-        check_secrets(secrets.slack_bot_token, secrets.slack_signing_secret)
+        check_secrets(
+            config.slack.mode,
+            secrets.slack_bot_token,
+            secrets.slack_signing_secret,
+            secrets.slack_app_token,
+        )
     if config.discord.enabled:
         check_token(secrets.discord_token)
     build_scheduler(config)

@@ -1,8 +1,10 @@
-"""A local stand-in for Slack: its Web API for the bot, and its signed requests to the app.
+"""A local stand-in for Slack: its Web API for the bot, its signed requests to the app,
+and Socket Mode.
 
 :class:`SlackApi` serves ``/api/<method>`` on 127.0.0.1 (JSON, form or query
-parameters, the bot token as a bearer token) and answers as Slack does:
-``{"ok": true, …}`` or ``{"ok": false, "error": …}``. What stays true:
+parameters, the bot token as a bearer token — the app-level token for
+``apps.connections.open``) and answers as Slack does: ``{"ok": true, …}`` or
+``{"ok": false, "error": …}``. What stays true:
 
 * ``chat.postMessage`` checks what Slack checks (a conversation that is not
   gone, some text, at most 40,000 characters, a section's text at most 3,000)
@@ -12,14 +14,28 @@ parameters, the bot token as a bearer token) and answers as Slack does:
   HTTP status, an error and, for a 429, a ``Retry-After`` header.
 * A method the stand-in does not implement gets ``unknown_method`` and is
   recorded in :attr:`SlackApi.unknown`, so a test can fail on it.
+* ``apps.connections.open`` takes the app token alone (a bot token gets
+  ``not_allowed_token_type``, anything else ``invalid_auth``) and answers
+  the URL of the stand-in's Socket Mode WebSocket, ``/link/?ticket=…``; a
+  connection without a ticket it issued is closed at once. A connection is
+  greeted with ``hello``, as Slack does.
+* Every envelope (:meth:`SlackApi.send_envelope`) is kept until the app
+  acknowledges its ``envelope_id`` (recorded in :attr:`SlackApi.acks`): one
+  sent while no connection is open, or not acknowledged when a connection
+  ends, is sent again on the next connection, as Slack does.
+  :meth:`SlackApi.drop` closes the connection (code 1011);
+  :meth:`SlackApi.disconnect` sends a ``disconnect`` envelope.
 
 :class:`SlackRequests` is Slack's side of the app's Request URLs: it signs
 events and interactions with the signing secret and posts them.
+:class:`SlackSocket` sends the same events and interactions as Socket Mode
+envelopes, each returned once the app acknowledged it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import itertools
@@ -37,16 +53,19 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 BOT_USER = "UBOT0001"
 BOT_ID = "BBOT0001"
+APP_ID = "A0001"
 TEXT_LIMIT = 40_000
 SECTION_LIMIT = 3_000
 WAIT = 20.0
 """How long the ``wait_for_…`` helpers wait (seconds)."""
 
 Params = dict[str, Any]
+Json = dict[str, Any]
 
 
 @dataclass
@@ -102,8 +121,11 @@ async def _params(request: Request) -> Params:
 class SlackApi:
     """The Web API stand-in; ``async with SlackApi() as api:`` runs it on a free port."""
 
-    def __init__(self, token: str = "xoxb-stand-in-token") -> None:
+    def __init__(
+        self, token: str = "xoxb-stand-in-token", app_token: str = "xapp-1-A0001-1-stand-in"
+    ) -> None:
         self.token = token
+        self.app_token = app_token
         self.port = 0
         self.calls: list[str] = []
         self.unknown: list[str] = []
@@ -114,6 +136,16 @@ class SlackApi:
         self._failures: dict[str, dict[int, tuple[str, int, int | None]]] = {}
         """Method → the number of the call (counted from 1) that fails, and how."""
         self._ts = itertools.count(1)
+        self.connections = 0
+        """Socket Mode connections opened so far."""
+        self.acks: list[str] = []
+        """The envelope ids the app acknowledged, in order (one may repeat)."""
+        self.envelopes: dict[str, Json] = {}
+        """Every envelope sent, by envelope id."""
+        self._socket: WebSocket | None = None
+        self._tickets = itertools.count(1)
+        self._issued: set[str] = set()
+        self._envelope_ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -128,8 +160,12 @@ class SlackApi:
         listening.bind(("127.0.0.1", 0))
         listening.listen()  # connections wait in the backlog until uvicorn takes them
         self.port = listening.getsockname()[1]
-        route = Route("/api/{method}", self._endpoint, methods=["GET", "POST"])
-        config = uvicorn.Config(Starlette(routes=[route]), lifespan="off", log_level="warning")
+        routes = [
+            Route("/api/{method}", self._endpoint, methods=["GET", "POST"]),
+            WebSocketRoute("/link/", self._link),
+        ]
+        app = Starlette(routes=routes)
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", ws="websockets-sansio")
         self._server = server = uvicorn.Server(config)
         self._task = asyncio.create_task(server.serve(sockets=[listening]))
         return self
@@ -140,6 +176,7 @@ class SlackApi:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self.drop()
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
@@ -189,6 +226,82 @@ class SlackApi:
             while not done():
                 await self._changed.wait()
 
+    # -- Socket Mode --------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether a Socket Mode connection is open."""
+        return self._socket is not None
+
+    @property
+    def unacknowledged(self) -> list[str]:
+        """The envelope ids sent but not acknowledged yet, oldest first."""
+        return [envelope for envelope in self.envelopes if envelope not in self.acks]
+
+    async def send_envelope(self, kind: str, payload: Json, **fields: Any) -> str:
+        """An envelope of ``kind`` carrying ``payload``, sent now or on the next connection;
+        its envelope id."""
+        envelope_id = f"env-{next(self._envelope_ids):04d}"
+        envelope = {"envelope_id": envelope_id, "type": kind, "payload": payload}
+        self.envelopes[envelope_id] = envelope | {"accepts_response_payload": False, **fields}
+        await self._send(self.envelopes[envelope_id])
+        return envelope_id
+
+    async def wait_for_ack(self, envelope_id: str) -> None:
+        """Wait until the app acknowledged ``envelope_id``."""
+        await self.wait_for(lambda: envelope_id in self.acks)
+
+    async def wait_for_connections(self, count: int) -> None:
+        """Wait until ``count`` connections were opened and one of them is open."""
+        await self.wait_for(lambda: self.connections >= count and self.connected)
+
+    async def drop(self) -> None:
+        """Close the open connection, as Slack does when it fails (code 1011)."""
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+                await socket.close(code=1011)
+        self._notify()
+
+    async def disconnect(self, reason: str = "refresh_requested") -> None:
+        """Ask the app for a new connection, as Slack does before it closes one."""
+        message = {"type": "disconnect", "reason": reason, "debug_info": {"host": "stand-in"}}
+        await self._send(message)
+
+    async def _send(self, message: Json) -> None:
+        socket = self._socket
+        if socket is not None:
+            with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+                await socket.send_text(json.dumps(message))
+
+    async def _link(self, socket: WebSocket) -> None:
+        if socket.query_params.get("ticket") not in self._issued:
+            await socket.close(code=1008)
+            return
+        await socket.accept()
+        self._socket, self.connections = socket, self.connections + 1
+        hello = {"type": "hello", "num_connections": 1, "connection_info": {"app_id": APP_ID}}
+        await socket.send_text(json.dumps(hello | {"debug_info": {"host": "stand-in"}}))
+        for envelope_id in self.unacknowledged:  # kept while no connection was open
+            await socket.send_text(json.dumps(self.envelopes[envelope_id]))
+        self._notify()
+        try:
+            while True:
+                answer = json.loads(await socket.receive_text())
+                self.acks.append(str(answer["envelope_id"]))
+                self._notify()
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            if self._socket is socket:
+                self._socket = None
+            self._notify()
+
+    def _connections_open(self, params: Params) -> Response:
+        ticket = f"ticket-{next(self._tickets)}"
+        self._issued.add(ticket)
+        return _ok(url=f"ws://127.0.0.1:{self.port}/link/?ticket={ticket}&app_id={APP_ID}")
+
     # -- internals ------------------------------------------------------------------
 
     def _notify(self) -> None:
@@ -204,12 +317,14 @@ class SlackApi:
             self._notify()
 
     async def _answer(self, method: str, request: Request) -> Response:
-        if request.headers.get("authorization") != f"Bearer {self.token}":
-            return _error("invalid_auth")
+        refusal = self._token_refusal(method, request.headers.get("authorization", ""))
+        if refusal:
+            return _error(refusal)
         failure = self._failures.get(method, {}).pop(self.calls.count(method), None)
         if failure is not None:
             return _error(*failure)
         handler = {
+            "apps.connections.open": self._connections_open,
             "auth.test": self._auth_test,
             "chat.postMessage": self._post_message,
             "chat.update": self._update,
@@ -219,6 +334,15 @@ class SlackApi:
             self.unknown.append(method)
             return _error("unknown_method")
         return handler(await _params(request))
+
+    def _token_refusal(self, method: str, authorization: str) -> str:
+        """Slack's error for the bearer token of a call to ``method`` ("" when it is the one)."""
+        token = self.app_token if method == "apps.connections.open" else self.token
+        if authorization == f"Bearer {token}":
+            return ""
+        if authorization in (f"Bearer {self.token}", f"Bearer {self.app_token}"):
+            return "not_allowed_token_type"
+        return "invalid_auth"
 
     def _auth_test(self, params: Params) -> Response:
         return _ok(
@@ -283,6 +407,57 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
     return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
 
 
+def event_callback(event: Json, event_id: str) -> Json:
+    """``event`` as the Events API wraps it, over HTTP and in Socket Mode alike."""
+    return {
+        "token": "deprecated-verification-token",
+        "team_id": "T0001",
+        "api_app_id": APP_ID,
+        "event": event,
+        "type": "event_callback",
+        "event_id": event_id,
+        "event_time": int(time.time()),
+    }
+
+
+def message_event(
+    channel: str, user: str, text: str, ts: str, channel_type: str, thread_ts: str | None
+) -> Json:
+    """A person's ``message`` event."""
+    event = {"type": "message", "channel": channel, "user": user, "text": text, "ts": ts}
+    event |= {"channel_type": channel_type, "event_ts": ts}
+    if thread_ts is not None:
+        event["thread_ts"] = thread_ts
+    return event
+
+
+def block_actions(user: str, message: Message, button: Json, number: int) -> Json:
+    """The interaction payload of ``user`` pressing ``button`` under ``message``."""
+    return {
+        "type": "block_actions",
+        "user": {"id": user, "username": user.lower(), "team_id": "T0001"},
+        "team": {"id": "T0001"},
+        "channel": {"id": message.channel, "name": "somewhere"},
+        "container": {
+            "type": "message",
+            "message_ts": message.ts,
+            "channel_id": message.channel,
+        },
+        "message": _shown(message),
+        "trigger_id": f"trigger{number}",
+        "response_url": "https://hooks.slack.invalid/actions/1",
+        "actions": [
+            {
+                "action_id": button["action_id"],
+                "block_id": "b1",
+                "value": button.get("value"),
+                "type": "button",
+                "action_ts": f"1700000001.{number:06d}",
+            }
+        ],
+    }
+
+
 class SlackRequests:
     """What Slack sends to the app's Request URLs, signed with ``secret``, to ``base_url``."""
 
@@ -318,20 +493,12 @@ class SlackRequests:
         }
         return await self.http.post(path, content=body, headers=signed | (headers or {}))
 
-    def envelope(self, event: dict[str, Any], event_id: str | None = None) -> dict[str, Any]:
+    def envelope(self, event: Json, event_id: str | None = None) -> Json:
         """``event`` as the Events API wraps it."""
-        return {
-            "token": "deprecated-verification-token",
-            "team_id": "T0001",
-            "api_app_id": "A0001",
-            "event": event,
-            "type": "event_callback",
-            "event_id": event_id or f"Ev{next(self._events):08d}",
-            "event_time": int(time.time()),
-        }
+        return event_callback(event, event_id or f"Ev{next(self._events):08d}")
 
     async def event(
-        self, event: dict[str, Any], event_id: str | None = None, **options: Any
+        self, event: Json, event_id: str | None = None, **options: Any
     ) -> httpx.Response:
         """Post ``event`` to ``/slack/events``; it must be answered 200."""
         body = json.dumps(self.envelope(event, event_id)).encode()
@@ -351,48 +518,71 @@ class SlackRequests:
     ) -> str:
         """A person's message event; its ts."""
         ts = self.next_ts()
-        event = {"type": "message", "channel": channel, "user": user, "text": text, "ts": ts}
-        event |= {"channel_type": channel_type, "event_ts": ts, **fields}
-        if thread_ts is not None:
-            event["thread_ts"] = thread_ts
-        await self.event(event)
+        await self.event(message_event(channel, user, text, ts, channel_type, thread_ts) | fields)
         return ts
 
     async def press(
-        self, user: str, message: Message, button: dict[str, Any], **options: Any
+        self, user: str, message: Message, button: Json, **options: Any
     ) -> httpx.Response:
         """``user`` presses ``button`` under ``message``: posted to ``/slack/interactions``."""
-        payload = {
-            "type": "block_actions",
-            "user": {"id": user, "username": user.lower(), "team_id": "T0001"},
-            "team": {"id": "T0001"},
-            "channel": {"id": message.channel, "name": "somewhere"},
-            "container": {
-                "type": "message",
-                "message_ts": message.ts,
-                "channel_id": message.channel,
-            },
-            "message": _shown(message),
-            "trigger_id": f"trigger{next(self._events)}",
-            "response_url": "https://hooks.slack.invalid/actions/1",
-            "actions": [
-                {
-                    "action_id": button["action_id"],
-                    "block_id": "b1",
-                    "value": button.get("value"),
-                    "type": "button",
-                    "action_ts": f"1700000001.{next(self._events):06d}",
-                }
-            ],
-        }
+        payload = block_actions(user, message, button, next(self._events))
         body = urlencode({"payload": json.dumps(payload)}).encode()
         form = "application/x-www-form-urlencoded"
         return await self.post("/slack/interactions", body, content_type=form, **options)
 
 
-def _shown(message: Message) -> dict[str, Any]:
+class SlackSocket:
+    """What Slack sends the app in Socket Mode, as envelopes over ``api``'s WebSocket.
+
+    Each method returns once the app acknowledged its envelope (as
+    :class:`SlackRequests`' return once the app answered).
+    """
+
+    def __init__(self, api: SlackApi) -> None:
+        self.api = api
+        self._ts = itertools.count(1)
+        self._events = itertools.count(1)
+
+    def next_ts(self) -> str:
+        """A message ts no earlier message had."""
+        return f"1700000000.{next(self._ts):06d}"
+
+    async def event(self, event: Json, event_id: str | None = None, retry_attempt: int = 0) -> str:
+        """An ``events_api`` envelope carrying ``event``; its envelope id, once acknowledged."""
+        payload = event_callback(event, event_id or f"Ev{next(self._events):08d}")
+        retry = {"retry_attempt": retry_attempt, "retry_reason": "timeout" if retry_attempt else ""}
+        return await self._acknowledged("events_api", payload, **retry)
+
+    async def message(
+        self,
+        channel: str,
+        user: str,
+        text: str,
+        *,
+        channel_type: str = "im",
+        thread_ts: str | None = None,
+        **fields: Any,
+    ) -> str:
+        """A person's message event; its ts, once its envelope was acknowledged."""
+        ts = self.next_ts()
+        await self.event(message_event(channel, user, text, ts, channel_type, thread_ts) | fields)
+        return ts
+
+    async def press(self, user: str, message: Message, button: Json) -> str:
+        """``user`` presses ``button`` under ``message``: an ``interactive`` envelope; its id,
+        once acknowledged."""
+        payload = block_actions(user, message, button, next(self._events))
+        return await self._acknowledged("interactive", payload)
+
+    async def _acknowledged(self, kind: str, payload: Json, **fields: Any) -> str:
+        envelope_id = await self.api.send_envelope(kind, payload, **fields)
+        await self.api.wait_for_ack(envelope_id)
+        return envelope_id
+
+
+def _shown(message: Message) -> Json:
     """``message`` as an interaction payload shows it."""
-    shown: dict[str, Any] = {"type": "message", "ts": message.ts, "text": message.text}
+    shown: Json = {"type": "message", "ts": message.ts, "text": message.text}
     shown |= {"bot_id": BOT_ID, "user": BOT_USER, "blocks": message.blocks or []}
     if message.thread_ts is not None:
         shown["thread_ts"] = message.thread_ts

@@ -729,7 +729,7 @@ async def test_an_unreachable_api_is_a_config_error(tmp_path: Path) -> None:
 
 def serve_env(**env: str) -> dict[str, str]:
     """The environment of ``chatlane serve`` with nothing of Slack's but ``env``."""
-    names = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET")
+    names = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
     base = {k: v for k, v in os.environ.items() if not k.startswith("CHATLANE_") and k not in names}
     return {**base, "CHATLANE_SLACK__ENABLED": "true", **env}
 

@@ -19,12 +19,13 @@ from chatlane.adapters.slack_wire import (
     Recent,
     approval_blocks,
     author_of,
+    check_secrets,
     message_id,
     read_interaction,
     read_posted,
     read_press,
 )
-from chatlane.config import Config, load_config
+from chatlane.config import Config, SlackMode, load_config
 from chatlane.errors import ConfigError, PlatformUnavailable
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.secrets import resolve_secrets
@@ -351,6 +352,61 @@ def test_slack_allowlists_apply_with_allow_slack(tmp_path: Path) -> None:
 
 def test_an_unknown_slack_key_names_it(tmp_path: Path) -> None:
     path = tmp_path / "chatlane.toml"
-    path.write_text('[slack]\napp_token = { env = "SLACK_APP_TOKEN" }\n')
-    with pytest.raises(ConfigError, match=r"unknown configuration key 'slack\.app_token'"):
+    path.write_text("[slack]\nsocket_mode = true\n")
+    with pytest.raises(ConfigError, match=r"unknown configuration key 'slack\.socket_mode'"):
         load_config(path, {})
+
+
+def test_socket_mode_reads_the_app_token_and_not_the_signing_secret(tmp_path: Path) -> None:
+    token_file = tmp_path / "app-token"
+    token_file.write_text("xapp-1-A0001-2-abc\n")
+    path = tmp_path / "chatlane.toml"
+    path.write_text(
+        f'[slack]\nenabled = true\nmode = "socket"\napp_token = {{ file = "{token_file}" }}\n'
+        'signing_secret = { file = "/nonexistent/never-read" }\n'
+    )
+    config = load_config(path, {})
+    assert config.slack.mode is SlackMode.SOCKET
+    secrets = resolve_secrets(config, {"SLACK_BOT_TOKEN": "xoxb-1"})
+    assert (secrets.slack_app_token, secrets.slack_signing_secret) == ("xapp-1-A0001-2-abc", "")
+    assert "xapp-1" not in repr(secrets)
+    check_secrets(SlackMode.SOCKET, "xoxb-1", "", secrets.slack_app_token)  # no signing secret
+    by_env = load_config(
+        None, {"CHATLANE_SLACK__ENABLED": "true", "CHATLANE_SLACK__MODE": "socket"}
+    )
+    assert resolve_secrets(by_env, {"SLACK_APP_TOKEN": "xapp-9"}).slack_app_token == "xapp-9"
+
+
+def test_the_events_mode_reads_no_app_token() -> None:
+    config = load_config(None, {"CHATLANE_SLACK__ENABLED": "true"})
+    assert config.slack.mode is SlackMode.EVENTS
+    secrets = resolve_secrets(config, {"SLACK_APP_TOKEN": "xapp-1", "SLACK_SIGNING_SECRET": "s"})
+    assert (secrets.slack_app_token, secrets.slack_signing_secret) == ("", "s")
+
+
+def test_an_unknown_mode_names_the_modes(tmp_path: Path) -> None:
+    path = tmp_path / "chatlane.toml"
+    path.write_text('[slack]\nmode = "websocket"\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, {})
+    assert str(raised.value) == (
+        "configuration key 'slack.mode' = 'websocket': expected one of: events, socket"
+    )
+
+
+@pytest.mark.parametrize(
+    ("app_token", "message"),
+    [
+        ("", "slack is in socket mode but has no app token: set SLACK_APP_TOKEN"),
+        ("xoxb-1-bot-token", "slack's app token is not an app-level token: expected 'xapp-'"),
+        ("xapp-1-A01-2\nabc", "slack's app token is not an app-level token"),
+        ("xapp-1/A01", "slack's app token is not an app-level token"),
+    ],
+)
+def test_a_missing_or_malformed_app_token_is_one_line(app_token: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        check_secrets(SlackMode.SOCKET, "xoxb-1", "", app_token)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+    if app_token:
+        assert app_token not in str(raised.value)

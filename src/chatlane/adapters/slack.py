@@ -1,11 +1,18 @@
-"""Slack: the Events API over HTTP with slack-sdk; DMs, channels, group DMs and threads.
+"""Slack with slack-sdk, by the Events API over HTTP or Socket Mode; DMs, channels,
+group DMs and threads.
 
 What stays true:
 
-* Slack's requests (``POST /slack/events``, ``POST /slack/interactions``) are
-  handled only when signed with the signing secret, and fresh
-  (:mod:`~chatlane.adapters.slack_events`); they are answered at once, and
-  what they ask for is done afterwards, in order within a conversation.
+* Slack reaches the app one way, ``slack.mode``: in ``events`` mode by its
+  requests (``POST /slack/events``, ``POST /slack/interactions``), handled
+  only when signed with the signing secret, and fresh
+  (:mod:`~chatlane.adapters.slack_events`); in ``socket`` mode by envelopes
+  over a WebSocket the app opens with its app-level token
+  (:mod:`~chatlane.adapters.slack_socket`), and the two routes are not
+  served. Either way one :class:`~chatlane.adapters.slack_events.Intake`
+  handles what arrives: Slack is answered (a response, an acknowledgement)
+  once chatlane holds it, and what it asks for is done afterwards, in order
+  within a conversation.
 * An event is handled once: a retry of an event seen before is ignored (by
   ``event_id``), and so is a second event for a message seen before (a
   mention arrives as ``message`` and as ``app_mention``); the message id
@@ -47,8 +54,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from starlette.routing import BaseRoute
 
 from chatlane.adapters.slack_delivery import Parts, bot_user, classify, post, send_parts
-from chatlane.adapters.slack_events import Inbox
+from chatlane.adapters.slack_events import Inbox, Intake
 from chatlane.adapters.slack_format import split_message, to_mrkdwn
+from chatlane.adapters.slack_socket import SocketMode
 from chatlane.adapters.slack_stream import EDIT_INTERVAL, Draft, Drafts, draft_text
 from chatlane.adapters.slack_wire import (
     PLATFORM,
@@ -60,7 +68,7 @@ from chatlane.adapters.slack_wire import (
     check_secrets,
     read_posted,
 )
-from chatlane.config import Config
+from chatlane.config import Config, SlackMode
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.delivery.worker import Attempt
 from chatlane.errors import (
@@ -99,12 +107,14 @@ _NO_LONGER_ACTIVE = "This button is no longer active."
 
 
 class SlackAdapter:
-    """The Slack app: receives the Events API over HTTP, sends with ``chat.postMessage``.
+    """The Slack app: receives the Events API (over HTTP or Socket Mode), sends with
+    ``chat.postMessage``.
 
     :param config: the gateway configuration (``[slack]``).
-    :param secrets: read at start, for the bot token and the signing secret;
-        without them, :meth:`start` reads ``slack.bot_token`` and
-        ``slack.signing_secret`` (:func:`~chatlane.secrets.read_secret`).
+    :param secrets: read at start, for the bot token and the signing secret or the
+        app token; without them, :meth:`start` reads ``slack.bot_token`` and
+        ``slack.signing_secret`` or ``slack.app_token``
+        (:func:`~chatlane.secrets.read_secret`).
     :param edit_interval: seconds before a streamed reply's first draft, and
         at least between two edits of it.
     :param clock: monotonic seconds, for the pace of refusals.
@@ -131,55 +141,78 @@ class SlackAdapter:
         self._seen = Recent(_SEEN_KEPT)
         self._threads = Recent(_THREADS_KEPT)
         self._refused_at = Recent(_REFUSALS_KEPT)
-        self._inbox = Inbox(self._on_event, self._on_press)
+        self._intake = Intake(self._on_event, self._on_press)
+        self._inbox = Inbox(self._intake)
+        self._socket: SocketMode | None = None
         self._drafts = Drafts(self._draft_of, _DRAFTS_KEPT)
 
     def routes(self) -> Sequence[BaseRoute]:
-        """Slack's Request URLs: ``/slack/events``, and ``/slack/interactions`` (buttons)."""
-        return self._inbox.routes()
+        """Slack's Request URLs: ``/slack/events``, and ``/slack/interactions`` (buttons);
+        none in Socket Mode."""
+        return [] if self._settings.mode is SlackMode.SOCKET else self._inbox.routes()
 
     async def start(self, hub: Hub) -> None:
-        """Check the bot token with ``auth.test``, then take Slack's requests.
+        """Check the bot token with ``auth.test``, then take Slack's requests, or open
+        Socket Mode's connection.
 
-        :raises ConfigError: if the bot token or the signing secret is missing,
-            or the Web API rejects the token or cannot be reached.
+        :raises ConfigError: if a secret the mode needs is missing or malformed,
+            the Web API rejects a token or cannot be reached, or Socket Mode's
+            connection does not open.
         """
         if self._client is not None:
             raise ChatlaneError("the Slack adapter is already running")
-        token, signing_secret = self._read_secrets()
+        token, signing_secret, app_token = self._read_secrets()
         api_url = self._settings.api_url
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
         client = AsyncWebClient(token=token, base_url=api_url, session=session, retry_handlers=[])
         try:
             self._bot_user = await bot_user(client, api_url)
+            self._hub, self._client = hub, client  # before an envelope can arrive
+            await self._receive(client, signing_secret, app_token)
         except ConfigError:
+            self._hub, self._client, self._socket = None, None, None
             await session.close()
             raise
-        self._hub, self._client = hub, client
-        self._inbox.open(signing_secret)
 
-    def _read_secrets(self) -> tuple[str, str]:
+    async def _receive(self, client: AsyncWebClient, signing_secret: str, app_token: str) -> None:
+        """Take Slack's signed requests from now on, or open Socket Mode's connection."""
+        if self._settings.mode is SlackMode.SOCKET:
+            self._socket = SocketMode(self._intake)
+            await self._socket.open(client, app_token, self._settings.api_url)
+        else:
+            self._inbox.open(signing_secret)
+
+    def _read_secrets(self) -> tuple[str, str, str]:
+        """The bot token, the signing secret and the app token (each ``""`` if not read)."""
         secrets, settings = self._secrets, self._settings
         if secrets is not None:
             token, signing_secret = secrets.slack_bot_token, secrets.slack_signing_secret
+            app_token = secrets.slack_app_token
         else:
+            socket = settings.mode is SlackMode.SOCKET
             token = read_secret(settings.bot_token)
-            signing_secret = read_secret(settings.signing_secret)
-        check_secrets(token, signing_secret)
-        return token, signing_secret
+            signing_secret = "" if socket else read_secret(settings.signing_secret)
+            app_token = read_secret(settings.app_token) if socket else ""
+        check_secrets(settings.mode, token, signing_secret, app_token)
+        return token, signing_secret, app_token
 
     async def aclose(self) -> None:
-        """Refuse Slack's requests, drop what they still ask for, stop drafts, close the client."""
+        """Refuse Slack's requests or close Socket Mode's connection, drop what they still
+        ask for, stop drafts, close the client."""
         client, self._client = self._client, None
-        await self._inbox.aclose()
+        socket, self._socket = self._socket, None
+        self._inbox.close()
+        if socket is not None:
+            await socket.aclose()
+        await self._intake.aclose()
         await self._drafts.aclose()
         if client is not None and client.session is not None:
             await client.session.close()
 
     async def handled(self) -> None:
-        """Wait until what Slack's requests asked for so far is done (handed to chatlane,
+        """Wait until what Slack sent so far asked for is done (handed to chatlane,
         ignored or refused): a drain, for shutting down in order or for tests."""
-        await self._inbox.lanes.drained()
+        await self._intake.lanes.drained()
 
     def ready(self) -> bool:
         """Whether the app runs, so the delivery worker may send (:mod:`chatlane.delivery`)."""

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from chatlane.errors import (
     ConfigError,
@@ -46,6 +47,7 @@ from chatlane.types import Target
 __all__ = [
     "Parts",
     "bot_user",
+    "checked",
     "classify",
     "post",
     "rate_limit_wait",
@@ -198,19 +200,30 @@ async def bot_user(client: AsyncWebClient, api_url: str) -> str:
 
     :raises ConfigError: the Web API rejected the token, failed or could not be reached.
     """
+    identity = await checked(client.auth_test(), api_url, "bot token")
+    user = identity.get("user_id")
+    if not isinstance(user, str) or not user:
+        raise ConfigError(f"the Slack Web API at {api_url} did not name the bot user (auth.test)")
+    return user
+
+
+async def checked(
+    call: Awaitable[AsyncSlackResponse], api_url: str, token: str
+) -> AsyncSlackResponse:
+    """The answer to ``call``, a check of ``token`` (``"bot token"``, ``"app token"``) made
+    at start; a failure is one line that names the Web API and Slack's reason, never the token.
+
+    :raises ConfigError: the Web API rejected the token, failed or could not be reached.
+    """
     try:
-        identity = await client.auth_test()
+        return await call
     except SlackApiError as error:
         code = error_code(error)
-        if code in TOKEN_REFUSED:
-            message = f"the Slack Web API at {api_url} rejected the bot token ({code})"
+        if code in TOKEN_REFUSED or code == "not_allowed_token_type":
+            message = f"the Slack Web API at {api_url} rejected the {token} ({code})"
             raise ConfigError(message) from None
         reason = code or f"HTTP {status_of(error)}"
         raise ConfigError(f"the Slack Web API at {api_url} failed: {reason}") from None
     except (aiohttp.ClientError, TimeoutError) as error:
         reason = str(error) or type(error).__name__
         raise ConfigError(f"the Slack Web API at {api_url} failed: {reason}") from None
-    user = identity.get("user_id")
-    if not isinstance(user, str) or not user:
-        raise ConfigError(f"the Slack Web API at {api_url} did not name the bot user (auth.test)")
-    return user

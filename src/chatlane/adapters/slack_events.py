@@ -1,22 +1,27 @@
-"""Slack's requests to the gateway: read, checked, answered, then handled in order.
+"""What Slack sends the app, however it arrives: checked, answered, then handled in order.
 
-What stays true:
+Slack reaches the app by its Request URLs (the Events API over HTTP,
+:class:`Inbox`) or by Socket Mode (:mod:`~chatlane.adapters.slack_socket`);
+both hand what they receive to one :class:`Intake`. What stays true:
 
-* A request is handled only if its signature is Slack's: ``X-Slack-Signature``
-  is the HMAC-SHA256 of ``v0:<timestamp>:<body>`` with the signing secret,
-  and ``X-Slack-Request-Timestamp`` is within five minutes of this host's
-  clock (slack-sdk's :class:`~slack_sdk.signature.SignatureVerifier`). A
-  missing, malformed, wrong or stale one gets 401, never an exception.
-* A body over :data:`MAX_BODY` bytes is refused with 413 before it is read whole.
-* What a request asks for runs in the background (:class:`Lanes`): in arrival
-  order within one conversation, and in parallel across conversations. The
-  request is answered once that is done — the message accepted by chatlane
-  (durably queued, or refused), or ignored — or after :data:`ANSWER_WITHIN`
-  seconds, whichever comes first (Slack wants its answer within three). So a
-  process that dies before chatlane holds the message has not answered, and
-  Slack sends the event again.
-* An event is handed on once: a retry of an event seen before (its
-  ``event_id``) is answered and dropped; so is a repeated button press.
+* An event (the ``event`` of an ``event_callback``) and a button press are
+  handled by the same code whichever way they came (:meth:`Intake.event`,
+  :meth:`Intake.interaction`), and handed on once: a retry of an event seen
+  before (its ``event_id``) is dropped; so is a repeated button press.
+* What they ask for runs in the background (:class:`Lanes`): in arrival order
+  within one conversation, and in parallel across conversations. Slack is
+  answered once that is done — the message accepted by chatlane (durably
+  queued, or refused), or ignored — or after :data:`ANSWER_WITHIN` seconds,
+  whichever comes first (Slack wants its answer within three). So a process
+  that dies before chatlane holds the message has not answered, and Slack
+  sends the event again.
+* A request to a Request URL is handled only if its signature is Slack's:
+  ``X-Slack-Signature`` is the HMAC-SHA256 of ``v0:<timestamp>:<body>`` with
+  the signing secret, and ``X-Slack-Request-Timestamp`` is within five
+  minutes of this host's clock (slack-sdk's
+  :class:`~slack_sdk.signature.SignatureVerifier`). A missing, malformed,
+  wrong or stale one gets 401, never an exception. A body over
+  :data:`MAX_BODY` bytes is refused with 413 before it is read whole.
   ``url_verification`` is answered with its challenge.
 """
 
@@ -42,6 +47,7 @@ __all__ = [
     "INTERACTIONS_PATH",
     "MAX_BODY",
     "Inbox",
+    "Intake",
     "Lanes",
     "RequestRefused",
     "json_object",
@@ -56,7 +62,8 @@ INTERACTIONS_PATH = "/slack/interactions"
 MAX_BODY = 1 << 20
 """Largest request body read (1 MiB); Slack's events and interactions are far smaller."""
 ANSWER_WITHIN = 2.0
-"""Most seconds a request waits for what it asks for before it is answered anyway."""
+"""Most seconds Slack's answer (a request's response, an envelope's acknowledgement)
+waits for what Slack asks for to be handled; Slack is answered then anyway."""
 SEEN_KEPT = 8192
 """Event ids and presses remembered, so a retry or a repeat is dropped."""
 
@@ -64,8 +71,8 @@ OnEvent = Callable[[dict[str, Any]], Job]
 OnPress = Callable[[Press], Job]
 
 
-class Inbox:
-    """The app's Request URLs: Slack's requests checked, answered, and handed on in order.
+class Intake:
+    """What Slack sends, from either way in: dropped if seen before, else handed on in order.
 
     :param on_event: what an event (the ``event`` of an ``event_callback``) asks for.
     :param on_press: what a press of a button asks for.
@@ -74,9 +81,42 @@ class Inbox:
     def __init__(self, on_event: OnEvent, on_press: OnPress) -> None:
         self._on_event = on_event
         self._on_press = on_press
-        self._verifier: SignatureVerifier | None = None
         self._seen = Recent(SEEN_KEPT)
         self.lanes = Lanes("Slack")
+
+    async def event(self, envelope: Mapping[str, Any]) -> None:
+        """Hand on the event of ``envelope`` (an ``event_callback``, as Slack wraps every
+        event) unless it was seen before; return once it is handled, or after
+        :data:`ANSWER_WITHIN` seconds. Anything else is ignored."""
+        event = envelope.get("event")
+        if envelope.get("type") != "event_callback" or not isinstance(event, dict):
+            return
+        if self._first(envelope):
+            await _within(self.lanes.run(str(event.get("channel", "")), self._on_event(event)))
+
+    def _first(self, envelope: Mapping[str, Any]) -> bool:
+        """Whether the envelope's event was not seen before (a retry was)."""
+        event_id = envelope.get("event_id")
+        return not isinstance(event_id, str) or self._seen.note(("event", event_id))
+
+    async def interaction(self, payload: Mapping[str, Any]) -> None:
+        """Hand on the button press ``payload`` carries unless it was seen before; return
+        once it is handled, or after :data:`ANSWER_WITHIN` seconds. Anything else is ignored."""
+        press = read_press(payload)
+        if press is not None and self._seen.note(("press", press.user, press.action_ts)):
+            await _within(self.lanes.run(press.channel, self._on_press(press)))
+
+    async def aclose(self) -> None:
+        """Cancel what earlier events asked for that is not done, and wait until it ended."""
+        await self.lanes.aclose()
+
+
+class Inbox:
+    """The app's Request URLs: Slack's signed requests checked, answered, given to ``intake``."""
+
+    def __init__(self, intake: Intake) -> None:
+        self._intake = intake
+        self._verifier: SignatureVerifier | None = None
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -88,27 +128,19 @@ class Inbox:
         """Take requests signed with ``signing_secret`` from now on (before: 503)."""
         self._verifier = SignatureVerifier(signing_secret)
 
-    async def aclose(self) -> None:
-        """Refuse requests (503) and cancel what earlier ones asked for that is not done."""
+    def close(self) -> None:
+        """Refuse requests from now on (503)."""
         self._verifier = None
-        await self.lanes.aclose()
 
     async def _events(self, request: Request) -> Response:
         try:
             envelope = json_object(await self._signed_body(request))
         except RequestRefused as refused:
             return PlainTextResponse(str(refused), refused.status)
-        kind, event = envelope.get("type"), envelope.get("event")
-        if kind == "url_verification":
+        if envelope.get("type") == "url_verification":
             return JSONResponse({"challenge": str(envelope.get("challenge", ""))})
-        if kind == "event_callback" and isinstance(event, dict) and self._first(envelope):
-            await _within(self.lanes.run(str(event.get("channel", "")), self._on_event(event)))
+        await self._intake.event(envelope)
         return Response(status_code=200)
-
-    def _first(self, envelope: dict[str, Any]) -> bool:
-        """Whether the envelope's event was not seen before (a retry was)."""
-        event_id = envelope.get("event_id")
-        return not isinstance(event_id, str) or self._seen.note(("event", event_id))
 
     async def _interactions(self, request: Request) -> Response:
         try:
@@ -117,9 +149,7 @@ class Inbox:
             return PlainTextResponse(str(refused), refused.status)
         except ValueError as error:
             return PlainTextResponse(f"unreadable interaction: {error}", 400)
-        press = read_press(payload)
-        if press is not None and self._seen.note(("press", press.user, press.action_ts)):
-            await _within(self.lanes.run(press.channel, self._on_press(press)))
+        await self._intake.interaction(payload)
         return Response(status_code=200)
 
     async def _signed_body(self, request: Request) -> bytes:

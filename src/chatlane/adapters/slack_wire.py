@@ -33,6 +33,7 @@ from urllib.parse import parse_qs
 
 from chatlane.adapters.recent import Recent
 from chatlane.approvals import is_request_id
+from chatlane.config import SlackMode
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
 from chatlane.types import InboundMessage, clean_text
@@ -63,19 +64,37 @@ _ANSWERS = {APPROVE_ACTION: "/approve", DENY_ACTION: "/deny"}
 _READ_SUBTYPES = frozenset({None, "thread_broadcast"})
 """Message subtypes that are a person writing (a thread reply also sent to the channel)."""
 _ENTITIES = (("&lt;", "<"), ("&gt;", ">"), ("&amp;", "&"))
+_APP_TOKEN = re.compile(r"xapp-[A-Za-z0-9-]+")
+"""The shape of an app-level token (``xapp-1-A0123-456-abc…``)."""
 
 
-def check_secrets(bot_token: str, signing_secret: str) -> None:
-    """:raises ConfigError: in one line, naming what is missing and where to set it."""
+def check_secrets(mode: SlackMode, bot_token: str, signing_secret: str, app_token: str) -> None:
+    """Every mode needs the bot token; the Events API the signing secret, Socket Mode an
+    app-level token (``xapp-…``) instead. A value is never part of the error.
+
+    :raises ConfigError: in one line, naming what is missing or malformed and where to set it.
+    """
     if not bot_token:
         raise ConfigError(
             "slack is enabled but has no bot token: set SLACK_BOT_TOKEN "
             "(or configuration key 'slack.bot_token.env' / 'slack.bot_token.file')"
         )
-    if not signing_secret:
+    if mode is SlackMode.EVENTS and not signing_secret:
         raise ConfigError(
             "slack is enabled but has no signing secret: set SLACK_SIGNING_SECRET "
-            "(or configuration key 'slack.signing_secret.env' / 'slack.signing_secret.file')"
+            "(or configuration key 'slack.signing_secret.env' / 'slack.signing_secret.file'), "
+            'or use Socket Mode (slack.mode = "socket")'
+        )
+    if mode is SlackMode.SOCKET and not app_token:
+        raise ConfigError(
+            "slack is in socket mode but has no app token: set SLACK_APP_TOKEN "
+            "(or configuration key 'slack.app_token.env' / 'slack.app_token.file')"
+        )
+    if mode is SlackMode.SOCKET and not _APP_TOKEN.fullmatch(app_token):
+        raise ConfigError(
+            "slack's app token is not an app-level token: expected 'xapp-' followed by "
+            "letters, digits and dashes (Basic Information → App-Level Tokens, with the "
+            "connections:write scope)"
         )
 
 
