@@ -575,3 +575,36 @@ def test_the_queue_stays_in_store_order_whatever_order_messages_reach_it() -> No
         [9],
         [10, 11],
     ]
+
+
+def test_a_message_inside_a_waiting_turns_span_joins_it_in_its_place() -> None:
+    state = SessionRegistry().get(chat_key("c"))
+    source = SessionSource("test", chat_id="c", user_id="u")
+    for seq in (4, 9):  # collected here, around a message another process accepted
+        pending.collect(state, InboundMessage(source, f"m{seq}"), seq, 0.5)
+    pending.insert_in_order(state, [InboundMessage(source, "m6")], [6])  # drawn in later
+    pending.insert_in_order(state, [InboundMessage(source, "m2")], [2])  # before all: alone
+    pending.insert_in_order(state, [InboundMessage(source, "m12")], [12])  # after all: alone
+    assert [entry.seqs for entry in pending.pending_entries(state)] == [[2], [4, 6, 9], [12]]
+    assert [m.text for m in pending.pending_entries(state)[1].messages] == ["m4", "m6", "m9"]
+
+
+def test_a_message_of_another_author_never_joins_a_turn_it_falls_inside() -> None:
+    state = SessionRegistry().get(chat_key("c"))
+    source = SessionSource("test", chat_id="c", user_id="u")
+    for seq in (4, 9):
+        pending.collect(state, InboundMessage(source, f"m{seq}"), seq, 0.5)
+    other = SessionSource("test", chat_id="c", user_id="v")
+    pending.insert_in_order(state, [InboundMessage(other, "v6")], [6])
+    assert [entry.seqs for entry in pending.pending_entries(state)] == [[4, 9], [6]]
+
+
+def test_a_message_already_waiting_is_never_queued_twice() -> None:
+    state = SessionRegistry().get(chat_key("c"))
+    source = SessionSource("test", chat_id="c", user_id="u")
+    for seq in (4, 6, 9):
+        pending.collect(state, InboundMessage(source, f"m{seq}"), seq, 0.5)
+    again = [InboundMessage(source, "m6"), InboundMessage(source, "m7")]
+    pending.insert_in_order(state, again, [6, 7])  # adopted back and forth
+    pending.insert_in_order(state, [InboundMessage(source, "m9")], [9])
+    assert [entry.seqs for entry in pending.pending_entries(state)] == [[4, 6, 7, 9]]

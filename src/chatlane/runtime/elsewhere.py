@@ -142,7 +142,10 @@ async def draw_in(
     ``known`` are the seqs this process already holds for the session (they
     are never drawn). A record that cannot be read stays its owner's. Each
     record is adopted only from the owner it was read with, so of two
-    processes drawing (or one drawing while its owner gives it up) one gets it.
+    processes drawing (or one drawing while its owner gives it up) one gets it;
+    and only while the session's generation is still ``turn``'s, so a turn
+    whose lease another process took (its own renewal not yet refused) draws
+    nothing.
 
     :raises ChatlaneError: the store could not be asked (what was adopted is returned
         only if every adoption was answered).
@@ -158,7 +161,8 @@ async def draw_in(
     drawn: list[tuple[InboundMessage, int]] = []
     for owner, found in candidates.items():
         seqs = [seq for _, seq in found]
-        adopted = set(await store.adopt(turn.session_key, seqs, owner, holder))
+        fence = turn.generation
+        adopted = set(await store.adopt(turn.session_key, seqs, owner, holder, generation=fence))
         drawn += [(message, seq) for message, seq in found if seq in adopted]
     return sorted(drawn, key=lambda pair: pair[1])
 

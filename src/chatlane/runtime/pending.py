@@ -73,13 +73,48 @@ def insert_in_order(
 ) -> None:
     """Queue ``messages`` as one turn before every entry accepted after them.
 
-    Used for adopted and re-run messages, so a session's messages keep the
-    order the store accepted them in.
+    Used for adopted, drawn-in and re-run messages, so a session's messages
+    keep the order the store accepted them in. When they fall inside a
+    waiting entry's span (it holds messages accepted both before and after
+    them: a collected turn that drew in another process's messages), they
+    join that entry in their place, if it has one author and they have the
+    same; as a turn of their own after it, a later message in it would run
+    before them. A message already waiting here (adopted again, after a
+    process taken for dead took it back) is not queued twice.
     """
     queue = pending_entries(state)
+    waiting = {seq for entry in queue for seq in entry.seqs}
+    if waiting.intersection(seqs):
+        fresh = [(m, s) for m, s in zip(messages, seqs, strict=True) if s not in waiting]
+        if not fresh:
+            return
+        messages, seqs = [m for m, _ in fresh], [s for _, s in fresh]
     first = min(seqs)
+    spanning = next((e for e in queue if e.seqs and min(e.seqs) < first < max(e.seqs)), None)
+    if spanning is not None and _joins(spanning, messages):
+        pairs = sorted(
+            [
+                *zip(spanning.messages, spanning.seqs, strict=True),
+                *zip(messages, seqs, strict=True),
+            ],
+            key=lambda pair: pair[1],
+        )
+        spanning.messages = [message for message, _ in pairs]
+        spanning.seqs = [seq for _, seq in pairs]
+        spanning.reruns = max(spanning.reruns, reruns)
+        return
     index = next((i for i, e in enumerate(queue) if e.seqs and min(e.seqs) > first), len(queue))
     queue.insert(index, PendingEntry(messages, seqs, reruns=reruns))
+
+
+def _joins(entry: PendingEntry, messages: list[InboundMessage]) -> bool:
+    """Whether ``messages`` may run in ``entry``'s turn: one author for all, and no note
+    (a collapsed queue's note counts its messages)."""
+    if entry.note or not entry.messages:
+        return False
+    author = entry.messages[0].source.user_id
+    together = [*entry.messages, *messages]
+    return all(m.source.user_id == author and not m.internal for m in together)
 
 
 def holds(state: SessionState, message_id: str) -> bool:

@@ -404,9 +404,18 @@ class MemoryStore(Store):
         self._wakeups.wake(key)
 
     async def adopt(
-        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+        self,
+        key: SessionKey,
+        seqs: Sequence[int],
+        old_owner: str,
+        new_owner: str,
+        *,
+        generation: int | None = None,
     ) -> list[int]:
-        pending = self._sessions[key].pending
+        session = self._sessions[key]
+        if generation is not None and session.generation != generation:
+            return []
+        pending = session.pending
         adopted = [s for s in sorted(seqs) if s in pending and pending[s].owner == old_owner]
         for seq in adopted:
             pending[seq] = replace(pending[seq], owner=new_owner)

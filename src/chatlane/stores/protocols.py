@@ -250,12 +250,21 @@ class PendingQueue(Protocol):
 
     @abc.abstractmethod
     async def adopt(
-        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+        self,
+        key: SessionKey,
+        seqs: Sequence[int],
+        old_owner: str,
+        new_owner: str,
+        *,
+        generation: int | None = None,
     ) -> list[int]:
         """Make ``new_owner`` the owner of those records still owned by ``old_owner``.
 
-        Used to take over the messages of a process that died. Atomic per
-        record, so of two processes adopting at once each record goes to one.
+        Used to take over the messages of a process that died, and to draw
+        messages into a running turn. Atomic per record, so of two processes
+        adopting at once each record goes to one. With ``generation`` it is
+        fenced: nothing is adopted unless the session's generation is still
+        that one (a turn whose lease another process took draws nothing).
 
         :returns: the seqs that were adopted, in order.
         """

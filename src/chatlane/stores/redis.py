@@ -501,12 +501,19 @@ class RedisStore(Store):
             await self._run(lua.DROP, key, key, *seqs)
 
     async def adopt(
-        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+        self,
+        key: SessionKey,
+        seqs: Sequence[int],
+        old_owner: str,
+        new_owner: str,
+        *,
+        generation: int | None = None,
     ) -> list[int]:
         if not seqs:
             return []
         owners = (old_owner, new_owner)
-        adopted = await self._run(lua.ADOPT, key, _request_id(), *owners, *sorted(seqs))
+        fence = "" if generation is None else str(generation)
+        adopted = await self._run(lua.ADOPT, key, _request_id(), *owners, fence, *sorted(seqs))
         return [int(seq) for seq in adopted]
 
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:

@@ -352,14 +352,17 @@ return 0
 """ARGV: session key, then the seqs to remove."""
 
 ADOPT = _script(
-    "pending powner ops",
+    "pending powner ops gen",
     """
-local rid, old, new = ARGV[1], ARGV[2], ARGV[3]
+local rid, old, new, fence = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retried = seen(rid)
 local wanted = old
 if retried then wanted = new end
+if not retried and fence ~= '' and (redis.call('GET', K.gen) or '0') ~= fence then
+  return {}
+end
 local adopted, ids = {}, {}
-for j = 4, #ARGV do
+for j = 5, #ARGV do
   local id = redis.call('ZRANGEBYSCORE', K.pending, ARGV[j], ARGV[j])[1]
   if id and redis.call('HGET', K.powner, id) == wanted then
     adopted[#adopted + 1] = tonumber(ARGV[j])
@@ -373,7 +376,8 @@ end
 return adopted
 """,
 )
-"""ARGV: request id, old owner, new owner, then the seqs in order. Reply: the seqs adopted."""
+"""ARGV: request id, old owner, new owner, the generation it is fenced by (empty: none),
+then the seqs in order. Reply: the seqs adopted (none if the generation moved on)."""
 
 PARK = _script(
     "pending pmsg powner msgseq pkeys failed failed_at",

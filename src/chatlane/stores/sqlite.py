@@ -749,10 +749,22 @@ class SQLiteStore(Store):
         await self._quick(lambda db: pq.drop(db, key, dropped))
 
     async def adopt(
-        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+        self,
+        key: SessionKey,
+        seqs: Sequence[int],
+        old_owner: str,
+        new_owner: str,
+        *,
+        generation: int | None = None,
     ) -> list[int]:
         asked = list(seqs)
-        return await self._write(lambda db: pq.adopt(db, key, asked, old_owner, new_owner))
+
+        def adopt(db: sqlite3.Connection) -> list[int]:
+            if generation is not None and _generation(db, key) != generation:
+                return []
+            return pq.adopt(db, key, asked, old_owner, new_owner)
+
+        return await self._write(adopt)
 
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
         return await self._write(lambda db: pq.adopt_orphans(db, self._clock, holder, limit))

@@ -60,6 +60,19 @@ class TestOwnership:
         assert await store.adopt(KEY, [a], "dead", "other") == []
         await store.acquire(KEY, "me", 5, head_seq=a)
 
+    async def test_a_fenced_adoption_takes_nothing_once_the_generation_moved_on(
+        self, store: Store
+    ) -> None:
+        seq = await store.enqueue(KEY, "m1", "other", b"")
+        lease = await store.acquire(KEY, "me", 5, head_seq=seq)
+        await store.bump_generation(KEY)  # another process fenced the turn
+        stale = lease.generation
+        assert await store.adopt(KEY, [seq], "other", "me", generation=stale) == []
+        assert [r.owner for r in await store.pending(KEY)] == ["other"]
+        current = await store.generation(KEY)
+        assert await store.adopt(KEY, [seq], "other", "me", generation=current) == [seq]
+        assert [r.owner for r in await store.pending(KEY)] == ["me"]
+
     async def test_concurrent_adoption_gives_each_record_to_one(self, store: Store) -> None:
         seqs = [await store.enqueue(KEY, f"m{i}", "dead", b"") for i in range(10)]
         results = await asyncio.gather(*(store.adopt(KEY, seqs, "dead", f"p{i}") for i in range(5)))

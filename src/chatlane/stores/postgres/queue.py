@@ -83,15 +83,25 @@ async def pending_keys(db: Db) -> list[SessionKey]:
 
 
 async def adopt(
-    db: Db, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+    db: Db,
+    key: SessionKey,
+    seqs: Sequence[int],
+    old_owner: str,
+    new_owner: str,
+    generation: int | None = None,
 ) -> list[int]:
+    """The seqs of ``key`` that became ``new_owner``'s; none unless the session's generation
+    is ``generation`` (when given), read in the same statement."""
     rows = await db.fetch(
         "UPDATE pending SET owner = $1 WHERE key = $2 AND seq = ANY($3) AND owner = $4 "
+        "AND ($5::bigint IS NULL OR $5::bigint = "
+        "(SELECT COALESCE(MAX(generation), 0) FROM sessions WHERE key = $2)) "
         "RETURNING seq",
         new_owner,
         key,
         list(seqs),
         old_owner,
+        generation,
     )
     return sorted(int(row[0]) for row in rows)
 

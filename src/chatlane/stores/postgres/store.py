@@ -362,13 +362,19 @@ class PostgresStore(Store):
             await self._write(key, lambda db, _: pq.drop(db, key, dropped, notice))
 
     async def adopt(
-        self, key: SessionKey, seqs: Sequence[int], old_owner: str, new_owner: str
+        self,
+        key: SessionKey,
+        seqs: Sequence[int],
+        old_owner: str,
+        new_owner: str,
+        *,
+        generation: int | None = None,
     ) -> list[int]:
         asked = list(seqs)
         if not asked:
             return []
         adopted = await self._write(
-            key, lambda db, _: pq.adopt(db, key, asked, old_owner, new_owner)
+            key, lambda db, _: pq.adopt(db, key, asked, old_owner, new_owner, generation)
         )
         if adopted:
             self.listener.wake({key})  # its waiters here: nobody else waits for their new owner
