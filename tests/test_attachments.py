@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from chatlane.agents.demo import DemoAgent
 from chatlane.attachments import (
     MAX_MIME_TYPE,
     MAX_NAME,
@@ -17,6 +18,7 @@ from chatlane.attachments import (
 from chatlane.identity import SessionSource
 from chatlane.runtime.capacity import message_bytes
 from chatlane.stores.codec import decode_message, encode_message
+from chatlane.testing import GatewayHarness
 from chatlane.types import Attachment, AttachmentKind, InboundMessage
 
 SOURCE = SessionSource("telegram", chat_id="42", user_id="42")
@@ -127,3 +129,13 @@ def test_attachments_count_against_the_queued_bytes() -> None:
     plain = InboundMessage(SOURCE, "hi")
     with_photo = InboundMessage(SOURCE, "hi", attachments=(PHOTO,))
     assert message_bytes(with_photo) > message_bytes(plain) + len(PHOTO.ref)
+
+
+async def test_queue_and_steer_commands_keep_the_message_attachments() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        await h.send("/queue look", chat_id="c", attachments=(PHOTO,))
+        await h.send("/now look again", chat_id="d", attachments=(PHOTO,))
+        await h.settle()
+        described = "(1 attachment: photo.jpg image/jpeg 12 KB)"
+        assert f"echo: look {described}" in await h.replies(chat_id="c", count=2)
+        assert await h.replies(chat_id="d", count=1) == [f"echo: look again {described}"]

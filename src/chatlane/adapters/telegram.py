@@ -102,7 +102,14 @@ from chatlane.errors import (
 from chatlane.groups import GroupPolicy
 from chatlane.identity import NO_SESSION, ChatType, SessionSource
 from chatlane.secrets import Secrets, read_secret
-from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
+from chatlane.types import (
+    Attachment,
+    InboundMessage,
+    Outbound,
+    OutboundKind,
+    Target,
+    clean_text,
+)
 
 if TYPE_CHECKING:
     from chatlane.hub import Hub
@@ -318,6 +325,7 @@ class TelegramAdapter:
         await send_parts(app.bot, target, parts, buttons, FLOOD_WAIT_CAP)
 
     async def _on_message(self, update: Update, context: object) -> None:
+        """A text, or a file and its caption: to the hub, unless the file is over the cap."""
         inbound = inbound_message(update, self._bot, self._groups)
         if inbound is None:
             return
@@ -457,20 +465,25 @@ def inbound_message(update: Update, bot: BotIdentity, groups: GroupPolicy) -> In
     (:func:`~chatlane.adapters.telegram_groups.addressed_text`).
     """
     message = update.effective_message
-    if message is None:
+    said = None if message is None else _text_and_files(message)
+    if message is None or said is None:
         return None
-    attachment = attachment_of(message) if message.text is None else None
-    if message.text is None and attachment is None:
-        return None
-    cleaned = clean_text(message.text if message.text is not None else message.caption or "")
+    cleaned, files = clean_text(said[0]), said[1]
     if not addressed_to(cleaned, bot.username):
         return None
-    text = addressed_text(message, cleaned, bot, groups, files=attachment is not None)
+    text = addressed_text(message, cleaned, bot, groups, files=bool(files))
     if text is None:
         return None
     msg_id = f"tg-{message.chat.id}-{message.message_id}"
-    files = (attachment,) if attachment is not None else ()
     return InboundMessage(source_of(message, message.from_user), text, id=msg_id, attachments=files)
+
+
+def _text_and_files(message: Message) -> tuple[str, tuple[Attachment, ...]] | None:
+    """A text message's text; a file's caption ("" without one) and the file; else None."""
+    if message.text is not None:
+        return message.text, ()
+    attachment = attachment_of(message)
+    return None if attachment is None else (message.caption or "", (attachment,))
 
 
 def addressed_to(text: str, username: str) -> bool:
