@@ -7,7 +7,7 @@ per-session counter, write it back incremented. What stays true:
   raw side starts from each update as the Bot API's JSON sends it, so parsing
   it is inside the clock: aiogram's (``feed_raw_update``) and chatlane's
   Telegram adapter's (``Update.de_json``, then
-  :func:`~chatlane.adapters.telegram.inbound_text`).
+  :func:`~chatlane.adapters.telegram.inbound_message`).
 * Each timed section records its wall time and the process's CPU time; a
   figure is µs per message, the median over rounds. Targets are judged on CPU
   time.
@@ -64,7 +64,7 @@ from bench.common import (
     telegram_update,
     user_id,
 )
-from chatlane.adapters.telegram import inbound_text
+from chatlane.adapters.telegram import inbound_message
 from chatlane.adapters.telegram_groups import BotIdentity
 from chatlane.config import TelegramConfig
 from chatlane.gateway import Gateway, GatewaySettings
@@ -200,7 +200,7 @@ def ptb_bot() -> telegram.Bot:
 
 def adapter_message(update: dict[str, Any], bot: telegram.Bot) -> InboundMessage:
     """What chatlane's Telegram adapter makes of one raw update (parsed as polling parses it)."""
-    message = inbound_text(telegram.Update.de_json(update, bot), BOT, GROUPS)
+    message = inbound_message(telegram.Update.de_json(update, bot), BOT, GROUPS)
     if message is None:
         raise BenchError(f"the Telegram adapter made no message of update {update['update_id']}")
     return message
@@ -210,7 +210,7 @@ async def run_chatlane_raw(workload: Workload, lanes: list[list[int]]) -> Elapse
     """One timed chatlane run on a fresh gateway, fed the Bot API's JSON of each update.
 
     Per message, inside the clock: the adapter's parsing (``Update.de_json``
-    bound to the bot, :func:`~chatlane.adapters.telegram.inbound_text`), then
+    bound to the bot, :func:`~chatlane.adapters.telegram.inbound_message`), then
     the same dispatch as :func:`run_chatlane`.
     """
     side = ChatlaneSide(workload.sessions)

@@ -205,7 +205,9 @@ def _messages(count: int) -> str:
 async def _queue(call: CommandCall) -> str:
     if not call.args:
         raise UsageError("/queue needs the text to queue.")
-    message = InboundMessage(call.message.source, call.args, id=call.message.id)
+    message = InboundMessage(
+        call.message.source, call.args, id=call.message.id, attachments=call.message.attachments
+    )
     outcome = await call.engine.enqueue(call.session_key, message)
     if outcome is None:
         return "Started a turn for it now."

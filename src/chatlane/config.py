@@ -203,6 +203,9 @@ class TelegramConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
     api_url: str = "https://api.telegram.org"
     typing: bool = True
     """Show "typing…" in a chat while its message is being worked on."""
+    max_attachment_bytes: int = 20 * 1024 * 1024
+    """The largest file taken (bytes); a larger one is refused with a notice. 20 MB is the
+    most a bot can download with ``getFile``."""
     allowed_chats: list[str] = msgspec.field(default_factory=list)
     """Chat ids (groups, supergroups, channels) where the bot answers; empty: every one it
     is in. Private chats are governed by the user lists alone."""
@@ -650,6 +653,7 @@ def _check(config: Config) -> None:
     _check_server(config.server)
     _check_openai(config.agent.openai)
     _check_whole("limits", config.limits, ("sockets",))
+    _check_whole("telegram", config.telegram, ("max_attachment_bytes",))
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
     _check_discord(config.discord)

@@ -31,7 +31,15 @@ from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores import Store, open_store
-from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Target, clean_text
+from chatlane.types import (
+    Agent,
+    Attachment,
+    InboundMessage,
+    Outbound,
+    OutboundKind,
+    Target,
+    clean_text,
+)
 
 _COMPLETE = frozenset(
     {OutboundKind.REPLY, OutboundKind.ACK, OutboundKind.NOTICE, OutboundKind.APPROVAL}
@@ -226,8 +234,9 @@ class GatewayHarness:
         chat_name: str = "",
         user_name: str = "",
         internal: bool = False,
+        attachments: tuple[Attachment, ...] = (),
     ) -> DispatchResult:
-        """Deliver one inbound message, as an adapter would.
+        """Deliver one inbound message (with ``attachments``, if any), as an adapter would.
 
         :raises RuntimeError: outside the ``async with`` block.
         """
@@ -236,7 +245,8 @@ class GatewayHarness:
         if self._closed:
             raise RuntimeError("this GatewayHarness was closed; send inside its `async with`")
         try:
-            return await gateway.dispatch(InboundMessage(source, text, internal=internal))
+            message = InboundMessage(source, text, internal=internal, attachments=attachments)
+            return await gateway.dispatch(message)
         finally:
             self._notify()
 

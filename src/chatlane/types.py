@@ -46,7 +46,45 @@ def clean_text(text: str) -> str:
     return _LONE_SURROGATE.sub("\ufffd", text)
 
 
-class InboundMessage(msgspec.Struct, frozen=True):
+class AttachmentKind(enum.StrEnum):
+    """How a file was sent; a closed set (the MIME type says what the file holds)."""
+
+    IMAGE = "image"
+    """A picture sent as one (a Telegram photo): the platform may have recompressed it."""
+    DOCUMENT = "document"
+    """A file sent as a file, whatever it holds."""
+    AUDIO = "audio"
+    """A music or audio file."""
+    VOICE = "voice"
+    """A voice message recorded in the chat app."""
+    VIDEO = "video"
+    """A video, an animation or a round video note."""
+
+
+class Attachment(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A reference to a file sent with a message; chatlane never downloads it.
+
+    ``ref`` is how the file is fetched: the platform's file id (read with the
+    message's ``source.platform``; on Telegram, ``getFile`` with the bot token
+    gives a download path) or an ``http(s)`` URL. ``size`` is in bytes, 0 when
+    the platform did not say. ``name`` is the name the sender gave, as text
+    only: it may hold separators, any Unicode and be long, so it is never a
+    path to write to. Stored with its message (queue and transcript) as is.
+    """
+
+    kind: AttachmentKind
+    ref: str
+    mime_type: str = ""
+    size: int = 0
+    name: str = ""
+
+    @property
+    def is_url(self) -> bool:
+        """Whether ``ref`` is an http(s) URL rather than a platform's file id."""
+        return self.ref.startswith(("https://", "http://"))
+
+
+class InboundMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     """One message for a session.
 
     ``internal`` marks messages the gateway made itself (a background task's
@@ -58,6 +96,9 @@ class InboundMessage(msgspec.Struct, frozen=True):
     (an API request's ``Idempotency-Key``): its turn first asks the store,
     under the session's lease, whether it was answered already, and if so
     replays that answer instead of running the agent again.
+    ``attachments`` are the files sent with it, as references; ``text`` may
+    be empty when there are some. Fields left at their defaults are not
+    stored, so a message without attachments costs nothing more.
     """
 
     source: SessionSource
@@ -67,17 +108,21 @@ class InboundMessage(msgspec.Struct, frozen=True):
     received_at: float = msgspec.field(default_factory=time.time)
     busy_policy: str = ""
     idempotent: bool = False
+    attachments: tuple[Attachment, ...] = ()
 
     def cleaned(self) -> InboundMessage:
-        """This message, with lone surrogates in its text and source made U+FFFD.
+        """This message, with lone surrogates in its text, source and attachments made U+FFFD.
 
         Returns ``self`` when there are none (the common case costs a few ``isascii`` calls).
         """
         text = clean_text(self.text)
         source = _clean_source(self.source)
-        if text is self.text and source is self.source:
+        attachments = self.attachments
+        if attachments:
+            attachments = _clean_attachments(attachments)
+        if text is self.text and source is self.source and attachments is self.attachments:
             return self
-        return msgspec.structs.replace(self, text=text, source=source)
+        return msgspec.structs.replace(self, text=text, source=source, attachments=attachments)
 
 
 class Target(msgspec.Struct, frozen=True):
@@ -190,6 +235,21 @@ def _clean_source(source: SessionSource) -> SessionSource:
         if isinstance(value, str) and (cleaned := clean_text(value)) is not value:
             changed[name] = cleaned
     return dataclasses.replace(source, **changed) if changed else source
+
+
+def _clean_attachments(attachments: tuple[Attachment, ...]) -> tuple[Attachment, ...]:
+    """``attachments`` with lone surrogates in their texts made U+FFFD (the same tuple if none)."""
+    cleaned = tuple(_clean_attachment(a) for a in attachments)
+    unchanged = all(new is old for new, old in zip(cleaned, attachments, strict=True))
+    return attachments if unchanged else cleaned
+
+
+def _clean_attachment(attachment: Attachment) -> Attachment:
+    a = attachment
+    ref, mime_type, name = clean_text(a.ref), clean_text(a.mime_type), clean_text(a.name)
+    if ref is a.ref and mime_type is a.mime_type and name is a.name:
+        return a
+    return msgspec.structs.replace(a, ref=ref, mime_type=mime_type, name=name)
 
 
 def _ascii_texts(source: SessionSource) -> bool:

@@ -11,6 +11,8 @@ form fields) and answers as the real API does: ``{"ok": true, "result": …}`` o
   most 4096 UTF-16 units) and records every accepted message.
 * ``sendChatAction`` checks the chat and the action and records each one
   (:meth:`BotApi.actions`).
+* Files are never served: a message with one (:meth:`BotApi.push_media`)
+  carries its Bot API object, whose ``file_id`` chatlane only passes on.
 * A method the stand-in does not implement gets a 400 naming it and is recorded
   in :attr:`BotApi.unknown`, so a test can fail on it.
 """
@@ -42,6 +44,7 @@ CHANNEL_BOT = 136817688
 ANONYMOUS_ADMIN = 1087968824
 """The placeholder ``from`` of every message an anonymous group admin sends."""
 MESSAGE_LIMIT = 4096
+CAPTION_LIMIT = 1024
 WAIT = 20.0
 """How long the ``wait_for_…`` helpers wait (seconds)."""
 _INT_FIELDS = frozenset({"chat_id", "message_thread_id", "offset", "timeout", "limit"})
@@ -255,6 +258,31 @@ class BotApi:
             message.update(message_thread_id=thread_id, is_topic_message=True)
         self._enqueue("channel_post" if chat_type == "channel" else "message", message)
         return int(message["message_id"])
+
+    def push_media(
+        self,
+        chat: int,
+        user: int,
+        kind: str,
+        media: Any,
+        caption: str | None = None,
+        thread_id: int | None = None,
+        chat_type: str = "private",
+    ) -> int:
+        """Queue a message carrying a file (``kind``: ``photo``, ``document``, ``voice`` …,
+        ``media`` its Bot API object) and ``caption``, whose entities are found as in a text.
+
+        :raises ValueError: for a caption Telegram would not accept (over 1024 UTF-16 units).
+        """
+        fields: dict[str, Any] = {kind: media}
+        if caption is not None:
+            if utf16_len(caption) > CAPTION_LIMIT:
+                raise ValueError("Telegram captions hold at most 1024 UTF-16 code units")
+            fields["caption"] = caption
+            found = _found_entities(caption)
+            if found:
+                fields["caption_entities"] = found
+        return self.push_message(chat, user, fields, thread_id, chat_type)
 
     def push_button(self, user: int, data: str, sent: Sent) -> str:
         """Queue a press of an inline button under ``sent``; the callback query id."""

@@ -24,7 +24,7 @@ from chatlane.adapters.telegram import (
     REFUSAL_INTERVAL,
     TelegramAdapter,
     button_command,
-    inbound_text,
+    inbound_message,
     readable_updates,
     split_message,
     utf16_len,
@@ -87,9 +87,12 @@ def telegram_config(
 
 
 @contextlib.asynccontextmanager
-async def running(config: Config, **options: Any) -> AsyncIterator[tuple[Hub, TelegramAdapter]]:
-    """A hub with the demo agent and the Telegram adapter (made with ``options``), polling."""
-    hub = await open_hub(config, store_url="memory://")
+async def running(
+    config: Config, store_url: str = "memory://", **options: Any
+) -> AsyncIterator[tuple[Hub, TelegramAdapter]]:
+    """A hub on ``store_url`` with the demo agent and the Telegram adapter (made with
+    ``options``), polling."""
+    hub = await open_hub(config, store_url=store_url)
     adapter = TelegramAdapter(config, poll_timeout=5, **options)
     hub.add(adapter)
     await hub.gateway.start()
@@ -458,7 +461,10 @@ async def test_a_sticker_in_a_private_chat_gets_a_clear_notice(
     sticker |= {"height": 1, "is_animated": False, "is_video": False}
     api.push_message(ALICE, ALICE, {"sticker": sticker})
     [notice] = await api.wait_for_sent(ALICE)
-    assert notice.text == "Sorry, I can only read text messages."
+    assert notice.text == (
+        "Sorry, I can only read text, photos, documents, voice messages, audio and video "
+        "— not this kind of message."
+    )
 
 
 async def test_an_unreadable_update_is_skipped_not_fetched_forever(
@@ -486,7 +492,7 @@ ANY_GROUP = GroupPolicy(TelegramConfig(require_mention=False), "telegram")
 
 
 def test_a_text_update_becomes_the_message_chatlane_gets() -> None:
-    inbound = inbound_text(text_update("hello \ud800"), MY_BOT, ANY_GROUP)
+    inbound = inbound_message(text_update("hello \ud800"), MY_BOT, ANY_GROUP)
     assert inbound is not None
     assert (inbound.id, inbound.text) == (f"tg-{ALICE}-9", "hello \ufffd")
     source = inbound.source
@@ -499,9 +505,9 @@ def test_a_text_update_becomes_the_message_chatlane_gets() -> None:
 
 
 def test_no_message_is_made_for_another_bot_or_without_text() -> None:
-    assert inbound_text(text_update("/new@OtherBot"), MY_BOT, ANY_GROUP) is None
-    assert inbound_text(text_update("/new@mybot"), MY_BOT, ANY_GROUP) is not None
-    assert inbound_text(Update.de_json({"update_id": 2}, None), MY_BOT, ANY_GROUP) is None
+    assert inbound_message(text_update("/new@OtherBot"), MY_BOT, ANY_GROUP) is None
+    assert inbound_message(text_update("/new@mybot"), MY_BOT, ANY_GROUP) is not None
+    assert inbound_message(Update.de_json({"update_id": 2}, None), MY_BOT, ANY_GROUP) is None
 
 
 def test_readable_updates_leaves_other_payloads_alone() -> None:

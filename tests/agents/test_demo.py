@@ -9,6 +9,7 @@ from chatlane.agents.demo import DemoAgent
 from chatlane.runtime.output import CUT_SHORT
 from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
+from chatlane.types import Attachment, AttachmentKind
 
 
 async def test_whoami_reads_its_own_session_from_a_worker_thread() -> None:
@@ -126,3 +127,30 @@ async def test_context_without_a_store_says_so() -> None:
     async with GatewayHarness(DemoAgent()) as h:
         await h.send("context", chat_id="c")
         assert await h.replies(chat_id="c", count=1) == ["context: no store to read history from"]
+
+
+PHOTO = Attachment(AttachmentKind.IMAGE, "AgACAgI", "image/jpeg", 12_345, "photo.jpg")
+VOICE = Attachment(AttachmentKind.VOICE, "AwACAgI", "audio/ogg", 2048)
+
+
+async def test_echo_names_the_attachments() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        await h.send("look", chat_id="c", attachments=(PHOTO,))
+        await h.replies(chat_id="c", count=1)
+        await h.send("", chat_id="c", attachments=(PHOTO, VOICE))
+        assert await h.replies(chat_id="c", count=2) == [
+            "echo: look (1 attachment: photo.jpg image/jpeg 12 KB)",
+            "echo: (2 attachments: photo.jpg image/jpeg 12 KB; voice audio/ogg 2 KB)",
+        ]
+
+
+async def test_context_lists_the_attachments_the_transcript_kept() -> None:
+    store = MemoryStore()
+    agent = DemoAgent()
+    agent.bind(store)
+    async with GatewayHarness(agent, store=store) as h:
+        await h.send("", chat_id="c", attachments=(VOICE,))
+        await h.replies(chat_id="c", count=1)
+        await h.send("context", chat_id="c")
+        listing = (await h.replies(chat_id="c", count=2))[1]
+    assert listing.splitlines()[1] == "user: (1 attachment: voice audio/ogg 2 KB)"

@@ -34,7 +34,7 @@ from chatlane.runtime.turn import TurnOverrides
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores import Store, open_store
 from chatlane.testing import GatewayHarness
-from chatlane.types import ModelChoice, OutboundKind
+from chatlane.types import Attachment, AttachmentKind, ModelChoice, OutboundKind
 from tests.keys import chat_key
 from tests.ports import free_port
 
@@ -182,6 +182,33 @@ async def test_history_is_sent(tmp_path: Path) -> None:
         assert up.recorder.requests[-1].json()["messages"] == [
             {"role": "user", "content": "whoami"}
         ]
+
+
+PHOTO_URL = "https://files.example/cat.png"
+PHOTO = Attachment(AttachmentKind.IMAGE, PHOTO_URL, "image/png", 2048, "cat.png")
+TG_PHOTO = Attachment(AttachmentKind.IMAGE, "AgACAgI", "image/jpeg", 12_345)
+DOCUMENT = Attachment(AttachmentKind.DOCUMENT, "https://files.example/r.pdf", "application/pdf")
+
+
+async def test_attachments_are_described_and_url_images_sent_as_parts(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
+        await h.send("what is this?", chat_id="c", attachments=(PHOTO, TG_PHOTO, DOCUMENT))
+        [reply] = await h.replies(chat_id="c", count=1, timeout=20)
+        described = (
+            "[3 attachments: cat.png image/png 2 KB; image image/jpeg 12 KB; "
+            "document application/pdf]"
+        )
+        assert reply == f"echo: what is this?\n{described}"  # the upstream reads text parts
+        [user] = up.recorder.requests[-1].json()["messages"]
+        assert user["content"] == [
+            {"type": "text", "text": f"what is this?\n{described}"},
+            {"type": "image_url", "image_url": {"url": PHOTO_URL}},
+        ]
+        await h.send("", chat_id="c", attachments=(TG_PHOTO,))
+        await h.replies(chat_id="c", count=2, timeout=20)
+        history = up.recorder.requests[-1].json()["messages"]
+        assert history[0] == {"role": "user", "content": f"what is this?\n{described}"}
+        assert history[-1] == {"role": "user", "content": "[1 attachment: image image/jpeg 12 KB]"}
 
 
 async def test_overrides_reach_the_upstream(tmp_path: Path) -> None:

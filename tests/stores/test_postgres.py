@@ -20,7 +20,7 @@ from chatlane.stores.postgres.schema import MIGRATIONS, migrate
 from chatlane.stores.postgres.url import Location, parse_url, redact
 from chatlane.testing_postgres import ENV, PASSWORD, USER, binaries, throwaway
 from chatlane.testing_redis import free_port
-from chatlane.types import SessionKey
+from chatlane.types import Attachment, AttachmentKind, SessionKey
 from tests.adapters.test_api import eventually
 from tests.keys import chat_key
 from tests.stores.conftest import forget_store, own_schema
@@ -212,6 +212,42 @@ class TestMigrations:
             assert await store.is_answered("m1")
             await store.record_deliveries([DeliveryDraft("d1", "tg", "chat", b"x")])
             assert [d.id for d in await store.claim_deliveries(["tg"], "p1", 5, 10)] == ["d1"]
+        finally:
+            await store.close()
+            await forget_store(url)
+
+    async def test_a_third_version_schema_keeps_its_transcript_without_attachments(
+        self, url: str
+    ) -> None:
+        location = parse_url(url)
+        connection = await asyncpg.connect(location.dsn)
+        try:
+            await migrate(connection, location.schema, MIGRATIONS[:3])
+        finally:
+            await connection.close()
+        await _execute(
+            url,
+            "INSERT INTO sessions (key, generation, current_conversation) VALUES ('k', 1, 'c_1')",
+        )
+        await _execute(
+            url, "INSERT INTO conversations (id, key, started_at) VALUES ('c_1', 'k', 1)"
+        )
+        await _execute(
+            url,
+            "INSERT INTO transcript (conversation_id, role, content, generation, message_id, "
+            "created_at) VALUES ('c_1', 'user', 'old words', 1, 'm0', 1.0)",
+        )
+        store = await PostgresStore.open(url)
+        try:
+            key = SessionKey("k")
+            photo = Attachment(AttachmentKind.IMAGE, "f1", "image/jpeg", 10)
+            new = TranscriptEntry("user", "", 2, message_id="m1", attachments=(photo,))
+            await store.append_transcript(key, None, new)
+            stored = await store.transcript(key)
+            assert [(e.content, e.attachments) for e in stored] == [
+                ("old words", ()),
+                ("", (photo,)),
+            ]
         finally:
             await store.close()
             await forget_store(url)

@@ -37,12 +37,23 @@ from chatlane.stores import (
 )
 from chatlane.stores import sqlite_ledger as ledger
 from chatlane.stores.base import DELIVERED, PENDING
+from chatlane.stores.codec import decode_message
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import MIGRATIONS, Location, connect, migrate, parse_url
+from chatlane.types import Attachment, AttachmentKind
 from tests.adapters.test_api import eventually
 from tests.keys import chat_key
 
 KEY = chat_key("c1")
+
+
+OLD_PAYLOAD = (
+    b'{"source":{"platform":"telegram","chat_id":"42","chat_type":"dm","chat_name":"",'
+    b'"thread_id":null,"user_id":"42","user_name":"","message_id":null},'
+    b'"text":"queued before","id":"m1","internal":false,"received_at":1.0,'
+    b'"busy_policy":"","idempotent":false}'
+)
+"""A message as stored before attachments: every field written, defaults included."""
 
 
 @pytest.fixture
@@ -246,7 +257,7 @@ class TestFile:
             )
         store = await SQLiteStore.open(f"sqlite:///{path}")
         try:
-            assert pragma(path, "user_version") == len(MIGRATIONS) == 8
+            assert pragma(path, "user_version") == len(MIGRATIONS)
             key = SessionKey("k")
             assert await store.generation(key) == 3
             assert [r.message_id for r in await store.pending(key)] == ["m1"]
@@ -266,6 +277,35 @@ class TestFile:
             "deliveries_lane",
             "deliveries_target",
         ]
+
+    async def test_step_9_keeps_old_messages_readable_without_attachments(self, path: Path) -> None:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            migrate(db, path, MIGRATIONS[:8])
+            db.execute("INSERT INTO sessions VALUES ('k', 1, 'c_1')")
+            db.execute("INSERT INTO conversations (id, key, started_at) VALUES ('c_1', 'k', 1.0)")
+            db.execute(
+                "INSERT INTO transcript (conversation_id, role, content, generation, message_id, "
+                "created_at) VALUES ('c_1', 'user', 'old words', 1, 'm0', 1.0)"
+            )
+            db.execute(
+                "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
+                "VALUES ('k', 'm1', 'p1', ?, 1.0)",
+                (OLD_PAYLOAD,),
+            )
+        store = await SQLiteStore.open(f"sqlite:///{path}")
+        try:
+            key = SessionKey("k")
+            [old] = await store.transcript(key)
+            assert (old.content, old.attachments) == ("old words", ())
+            [record] = await store.pending(key)
+            message = decode_message(record.payload)
+            assert (message.text, message.attachments) == ("queued before", ())
+            photo = Attachment(AttachmentKind.IMAGE, "f1", "image/jpeg", 10)
+            new = TranscriptEntry("user", "", 2, message_id="m1", attachments=(photo,))
+            await store.append_transcript(key, None, new)
+            assert [e.attachments for e in await store.transcript(key)] == [(), (photo,)]
+        finally:
+            await store.close()
 
     def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
         steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]

@@ -12,6 +12,12 @@ What stays true:
   parser, allowlist and busy policies apply; a forum topic is the thread.
   A command addressed to another bot (``/new@OtherBot``) is not chatlane's
   and is ignored.
+* A photo, document, voice note, audio file or video goes the same way with
+  its caption as the text (empty without one) and its file as an attachment
+  (:mod:`~chatlane.adapters.telegram_media`); a file over
+  ``telegram.max_attachment_bytes`` is refused with a notice instead, after
+  the group and allowlist checks. Other messages (stickers, locations …)
+  get a notice in a private chat saying what is read.
 * In groups, supergroups and channels, with ``require_mention`` (the default),
   only a message that mentions the bot, replies to one of its messages or is
   a command goes to chatlane, without the mention
@@ -79,6 +85,7 @@ from chatlane.adapters.splitting import joined
 from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
 from chatlane.adapters.telegram_groups import BotIdentity, addressed_text
+from chatlane.adapters.telegram_media import MEDIA, attachment_of, oversized, too_large_notice
 from chatlane.adapters.typing import TypingIndicators
 from chatlane.approvals import is_request_id
 from chatlane.commands import parse_command
@@ -95,7 +102,14 @@ from chatlane.errors import (
 from chatlane.groups import GroupPolicy
 from chatlane.identity import NO_SESSION, ChatType, SessionSource
 from chatlane.secrets import Secrets, read_secret
-from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
+from chatlane.types import (
+    Attachment,
+    InboundMessage,
+    Outbound,
+    OutboundKind,
+    Target,
+    clean_text,
+)
 
 if TYPE_CHECKING:
     from chatlane.hub import Hub
@@ -125,7 +139,10 @@ _NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
 _IN_A_CHANNEL = "In a channel, answer by posting /approve or /deny."
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
-_NOT_TEXT = "Sorry, I can only read text messages."
+_NOT_TEXT = (
+    "Sorry, I can only read text, photos, documents, voice messages, audio and video "
+    "— not this kind of message."
+)
 _NOT_HANDLED = "Sorry — your message could not be handled right now; please try again."
 _TOKEN_LOGGERS = (
     "httpx",
@@ -214,7 +231,7 @@ class TelegramAdapter:
         builder = builder.request(SendRequest(connection_pool_size=SEND_CONNECTIONS))
         app = builder.get_updates_request(UpdatesRequest(connection_pool_size=1)).build()
         updates = filters.UpdateType.MESSAGE | filters.UpdateType.CHANNEL_POST
-        app.add_handler(MessageHandler(filters.TEXT & updates, self._on_text))
+        app.add_handler(MessageHandler((filters.TEXT | MEDIA) & updates, self._on_message))
         app.add_handler(MessageHandler(filters.ChatType.PRIVATE & updates, self._on_other))
         app.add_handler(CallbackQueryHandler(self._on_button))
         app.add_error_handler(self._on_error)
@@ -307,13 +324,32 @@ class TelegramAdapter:
             buttons = approval_buttons(outbound.approval_id)
         await send_parts(app.bot, target, parts, buttons, FLOOD_WAIT_CAP)
 
-    async def _on_text(self, update: Update, context: object) -> None:
-        inbound = inbound_text(update, self._bot, self._groups)
-        if inbound is not None:
+    async def _on_message(self, update: Update, context: object) -> None:
+        """A text, or a file and its caption: to the hub, unless the file is over the cap."""
+        inbound = inbound_message(update, self._bot, self._groups)
+        if inbound is None:
+            return
+        cap = self._config.telegram.max_attachment_bytes
+        too_large = oversized(inbound.attachments, cap) if inbound.attachments else None
+        if too_large is not None:
+            await self._refuse_file(inbound, too_large_notice(too_large, cap))
+        else:
             await self._submit(inbound)
 
+    async def _refuse_file(self, message: InboundMessage, notice: str) -> None:
+        """Tell the sender their file was not taken (a stranger hears only what strangers do)."""
+        if self._hub is None:
+            return
+        if not self._hub.admit(message):
+            await self.refuse(message)
+            return
+        target = Target.of(message.source)
+        await self.deliver(
+            Outbound(OutboundKind.NOTICE, NO_SESSION, target, notice, 0, (message.id,))
+        )
+
     async def _on_other(self, update: Update, context: object) -> None:
-        """A photo, sticker or voice note in a private chat: say what is understood."""
+        """A sticker, location or poll in a private chat: say what is understood."""
         message = update.effective_message
         if message is not None:
             source = source_of(message, message.from_user)
@@ -419,24 +455,35 @@ class TokenRedactor(logging.Filter):
         return True
 
 
-def inbound_text(update: Update, bot: BotIdentity, groups: GroupPolicy) -> InboundMessage | None:
-    """The message chatlane gets for ``update``'s text, or None.
+def inbound_message(update: Update, bot: BotIdentity, groups: GroupPolicy) -> InboundMessage | None:
+    """The message chatlane gets for ``update``'s text, or its file and caption, or None.
 
-    None when the update holds no text message, when its text is a command
-    addressed to another bot (:func:`addressed_to`), or when in a group it is
-    not for the bot (:func:`~chatlane.adapters.telegram_groups.addressed_text`).
+    None when the update holds neither a text nor a file
+    (:func:`~chatlane.adapters.telegram_media.attachment_of`), when its text is
+    a command addressed to another bot (:func:`addressed_to`), or when in a
+    group it is not for the bot
+    (:func:`~chatlane.adapters.telegram_groups.addressed_text`).
     """
     message = update.effective_message
-    if message is None or message.text is None:
+    said = None if message is None else _text_and_files(message)
+    if message is None or said is None:
         return None
-    cleaned = clean_text(message.text)
+    cleaned, files = clean_text(said[0]), said[1]
     if not addressed_to(cleaned, bot.username):
         return None
-    text = addressed_text(message, cleaned, bot, groups)
+    text = addressed_text(message, cleaned, bot, groups, files=bool(files))
     if text is None:
         return None
     msg_id = f"tg-{message.chat.id}-{message.message_id}"
-    return InboundMessage(source_of(message, message.from_user), text, id=msg_id)
+    return InboundMessage(source_of(message, message.from_user), text, id=msg_id, attachments=files)
+
+
+def _text_and_files(message: Message) -> tuple[str, tuple[Attachment, ...]] | None:
+    """A text message's text; a file's caption ("" without one) and the file; else None."""
+    if message.text is not None:
+        return message.text, ()
+    attachment = attachment_of(message)
+    return None if attachment is None else (message.caption or "", (attachment,))
 
 
 def addressed_to(text: str, username: str) -> bool:

@@ -11,6 +11,8 @@ What stays true:
   bot never reaches this module).
 * The bot's mentions are cut out of the text by their entities' UTF-16
   offsets, never by searching the text, so a lookalike name stays.
+* A file's caption is its message's text, mentions and all; a message with a
+  file is for the bot even when nothing is left of its caption.
 """
 
 from __future__ import annotations
@@ -36,25 +38,25 @@ class BotIdentity:
 
 
 def addressed_text(
-    message: Message, text: str, bot: BotIdentity, policy: GroupPolicy
+    message: Message, text: str, bot: BotIdentity, policy: GroupPolicy, *, files: bool = False
 ) -> str | None:
-    """``text`` (``message``'s, cleaned) without the bot's mentions, or None if not for the bot."""
+    """``text`` (``message``'s text or caption, cleaned) without the bot's mentions, or None
+    if not for the bot; with ``files`` (the message has some), an empty text is kept."""
     if message.chat.type == _PRIVATE:
         return text
     mentions = _mentions_of(message, bot)
     stripped = _without(text, mentions).strip() if mentions else text
     mentioned = bool(mentions) or _replies_to(message, bot) or parse_command(text) is not None
     answered = policy.answers(str(message.chat.id), message.chat.type, text, mentioned=mentioned)
-    return stripped if answered and stripped else None
+    return stripped if answered and (stripped or files) else None
 
 
 def _mentions_of(message: Message, bot: BotIdentity) -> list[MessageEntity]:
-    """The entities of ``message`` that name the bot."""
-    return [
-        entity
-        for entity, shown in message.parse_entities().items()
-        if _names_bot(entity, shown, bot)
-    ]
+    """The entities of ``message`` (of its caption, if it has no text) that name the bot."""
+    shown = (
+        message.parse_entities() if message.text is not None else message.parse_caption_entities()
+    )
+    return [entity for entity, said in shown.items() if _names_bot(entity, said, bot)]
 
 
 def _names_bot(entity: MessageEntity, shown: str, bot: BotIdentity) -> bool:

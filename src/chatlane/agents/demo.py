@@ -14,7 +14,9 @@
 * ``context`` → the history the agent is given for the turn: the current
   conversation's entries in the store, one line each (so a ``redirect``'s
   kept partial reply, or what ``/new`` cleared, can be seen);
-* anything else → ``echo: <text>``, streamed in a few chunks.
+* anything else → ``echo: <text>``, streamed in a few chunks, followed by
+  ``(1 attachment: photo.jpg image/jpeg 12 KB)`` when the turn's messages
+  came with files (and ``context`` lists each entry's the same way).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from chatlane.attachments import summary
 from chatlane.context import get_session_env, run_in_thread
 from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.records import TranscriptEntry
-from chatlane.types import SessionKey
+from chatlane.types import Attachment, SessionKey
 
 MAX_SLEEP = 60.0
 MAX_STREAM = 50
@@ -101,8 +104,16 @@ class DemoAgent:
         entries = await self._store.transcript(turn.session_key, limit=CONTEXT_ENTRIES)
         if not entries:
             return "context: no history yet in this conversation"
-        lines = [f"{e.role}: {_one_line(e.content)}" for e in entries]
+        lines = [f"{e.role}: {_with_files(_one_line(e.content), e.attachments)}" for e in entries]
         return f"context ({len(entries)} entries):\n" + "\n".join(lines)
+
+
+def _with_files(text: str, attachments: tuple[Attachment, ...]) -> str:
+    """``text (1 attachment: …)``: ``text`` alone without attachments, the list without text."""
+    if not attachments:
+        return text
+    files = f"({summary(attachments)})"
+    return f"{text} {files}" if text else files
 
 
 def _one_line(text: str) -> str:
@@ -161,7 +172,7 @@ def _settings(turn: Turn) -> str:
 
 async def _echo(turn: Turn) -> AsyncIterator[str]:
     """The echo in pieces of a third of its length, all at once (as a burst of tokens)."""
-    text = f"echo: {turn.text}"
+    text = f"echo: {_with_files(turn.text, turn.attachments)}"
     size = max(1, len(text) // 3)
     for start in range(0, len(text), size):
         yield text[start : start + size]

@@ -26,6 +26,11 @@ What stays true:
 * The upstream session is named by a hash of the session key (the
   ``X-Chatlane-Session`` header), so a chatlane upstream keeps one session per
   downstream session without learning chat or user ids.
+* Attachments are described in the text of their message, one line for all
+  (:func:`~chatlane.attachments.summary`), in the turn's input and in history
+  alike; an image whose reference is an http(s) URL is sent too, as an
+  ``image_url`` part of the turn's input (never of history). A platform's file
+  id is never sent as a URL: the endpoint could not fetch it.
 """
 
 from __future__ import annotations
@@ -34,13 +39,19 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from openai import AsyncOpenAI, OpenAIError
-from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from openai.types.chat import (
+    ChatCompletionChunk,
+    ChatCompletionContentPartParam,
+    ChatCompletionMessageParam,
+    ChatCompletionUserMessageParam,
+)
 
 from chatlane.agents.clients import ClientCache
+from chatlane.attachments import summary
 from chatlane.config import OpenAIConfig
 from chatlane.endpoints import EndpointPolicy, EndpointRefused, Resolver, system_resolver
 from chatlane.errors import ChatlaneError
@@ -50,7 +61,7 @@ from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.secrets import read_secret
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import TranscriptEntry
-from chatlane.types import ModelChoice, SessionKey
+from chatlane.types import Attachment, AttachmentKind, ModelChoice, SessionKey
 
 log = logging.getLogger("chatlane.agents.openai")
 
@@ -143,8 +154,8 @@ class OpenAIAgent:
         history: list[ChatCompletionMessageParam] = []
         if self._store is not None and self.config.history > 0:
             entries = await self._store.transcript(turn.session_key, limit=self.config.history)
-            history = [_message(e.role, e.content) for e in entries if e.role in _HISTORY_ROLES]
-        return [*history, {"role": "user", "content": turn.text}]
+            history = [_message(e) for e in entries if e.role in _HISTORY_ROLES]
+        return [*history, user_input(turn.text, turn.attachments)]
 
     async def _endpoint(self, choice: ModelChoice | None) -> tuple[str, str]:
         """The turn's endpoint and the model name to ask for.
@@ -248,10 +259,32 @@ async def until_interrupted(
             await stop
 
 
-def _message(role: str, content: str) -> ChatCompletionMessageParam:
-    if role == "assistant":
-        return {"role": "assistant", "content": content}
-    return {"role": "user", "content": content}
+def user_input(text: str, attachments: Sequence[Attachment]) -> ChatCompletionUserMessageParam:
+    """A user message of ``text`` and its ``attachments``: described in the text, and each
+    image with an http(s) URL as an ``image_url`` part after it."""
+    if not attachments:
+        return {"role": "user", "content": text}
+    described = with_attachments(text, attachments)
+    urls = [a.ref for a in attachments if a.kind is AttachmentKind.IMAGE and a.is_url]
+    if not urls:
+        return {"role": "user", "content": described}
+    parts: list[ChatCompletionContentPartParam] = [{"type": "text", "text": described}]
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return {"role": "user", "content": parts}
+
+
+def with_attachments(text: str, attachments: Sequence[Attachment]) -> str:
+    """``text``, then ``[2 attachments: …]`` on a line of its own ("" text: that line alone)."""
+    line = f"[{summary(attachments)}]"
+    return f"{text}\n{line}" if text else line
+
+
+def _message(entry: TranscriptEntry) -> ChatCompletionMessageParam:
+    if entry.role == "assistant":
+        return {"role": "assistant", "content": entry.content}
+    if entry.attachments:
+        return {"role": "user", "content": with_attachments(entry.content, entry.attachments)}
+    return {"role": "user", "content": entry.content}
 
 
 __all__ = [
@@ -261,4 +294,6 @@ __all__ = [
     "TranscriptSource",
     "request_options",
     "upstream_session",
+    "user_input",
+    "with_attachments",
 ]

@@ -29,13 +29,15 @@ from typing import TYPE_CHECKING
 
 from chatlane.errors import GatewayFull
 from chatlane.runtime.limits import Count, check_bounds
-from chatlane.types import InboundMessage
+from chatlane.types import Attachment, InboundMessage
 
 if TYPE_CHECKING:
     from chatlane.runtime.slots import Slots
 
 MESSAGE_OVERHEAD = 256
 """Bytes counted per message on top of its text: ids, source and bookkeeping."""
+ATTACHMENT_OVERHEAD = 64
+"""Bytes counted per attachment on top of its reference, name and MIME type."""
 RECOUNT_FLOOR = 1024
 """Messages counted before a recount, however few the engine held at the last one."""
 
@@ -45,7 +47,8 @@ class CapacitySettings:
     """Process-wide limits of one engine.
 
     :param queued_bytes: bytes of unanswered messages (UTF-8 text plus
-        :data:`MESSAGE_OVERHEAD` each) this process may hold at once.
+        :data:`MESSAGE_OVERHEAD` each, and each attachment's reference) this
+        process may hold at once.
     :param live_sessions: sessions that may have a turn running, waiting or
         collecting in this process at once; a message for one more is refused.
     """
@@ -61,7 +64,14 @@ def message_bytes(message: InboundMessage) -> int:
     """What ``message`` counts against ``queued_bytes``."""
     text = message.text
     size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    if message.attachments:  # references only: the files themselves are never held
+        size += sum(_reference_bytes(a) for a in message.attachments)
     return size + MESSAGE_OVERHEAD
+
+
+def _reference_bytes(attachment: Attachment) -> int:
+    texts = f"{attachment.ref}{attachment.name}{attachment.mime_type}"
+    return len(texts.encode("utf-8", "surrogatepass")) + ATTACHMENT_OVERHEAD
 
 
 class Capacity:

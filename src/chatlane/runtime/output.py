@@ -322,7 +322,9 @@ def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
     g = turn.generation
     entries = []
     for m in (*turn.messages, *turn.steered):  # a loop, as most turns answer one message
-        entries.append(TranscriptEntry("user", m.text, g, message_id=m.id))
+        entries.append(
+            TranscriptEntry("user", m.text, g, message_id=m.id, attachments=m.attachments)
+        )
     entries.append(TranscriptEntry(role, text, g))
     answered = list(turn.message_ids)
     batch = WriteBatch(transcript=entries, answered=answered, done=list(turn.seqs), answer=text)

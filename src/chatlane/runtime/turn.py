@@ -34,7 +34,7 @@ from chatlane.titles import clean_title
 
 if TYPE_CHECKING:
     from chatlane.approvals import ApprovalBroker
-from chatlane.types import InboundMessage, ModelChoice, SessionKey
+from chatlane.types import Attachment, InboundMessage, ModelChoice, SessionKey
 
 
 class TurnOverrides(msgspec.Struct, frozen=True):
@@ -302,6 +302,15 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         joined = "\n".join(message.text for message in self.messages)
         note = self._record.note
         return f"{note}\n{joined}" if note else joined
+
+    @property
+    def attachments(self) -> tuple[Attachment, ...]:
+        """The files sent with the turn's messages, in the order of :attr:`messages`
+        (each message's own are ``message.attachments``; steered ones': :attr:`steered`)."""
+        messages = self.messages
+        if len(messages) == 1:
+            return messages[0].attachments
+        return tuple(a for message in messages for a in message.attachments)
 
     @property
     def note(self) -> str:

@@ -4,6 +4,9 @@
   :class:`~chatlane.types.InboundMessage`; decoding checks types, so a corrupt
   record raises :class:`~chatlane.errors.StoreError` instead of handing the
   engine a half-built message.
+* A transcript entry's attachments are msgspec JSON too, stored beside its
+  text; none are stored as ``None`` (no bytes at all), and ``None`` reads
+  back as none, so rows written before attachments existed stay readable.
 * Persistent values are stdlib JSON text, ASCII-escaped, so every ``str``
   round-trips (lone surrogates included), and so do big ints, ``NaN`` and the
   infinities. A value that is not JSON-compatible is refused with
@@ -19,10 +22,11 @@ from typing import Any
 import msgspec
 
 from chatlane.errors import StoreError
-from chatlane.types import InboundMessage, SessionKey
+from chatlane.types import Attachment, InboundMessage, SessionKey
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(InboundMessage)
+_attachments = msgspec.json.Decoder(tuple[Attachment, ...])
 
 
 def encode_message(message: InboundMessage) -> bytes:
@@ -39,6 +43,24 @@ def decode_message(payload: bytes) -> InboundMessage:
         return _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise StoreError(f"corrupt pending message record: {error}") from None
+
+
+def encode_attachments(attachments: tuple[Attachment, ...]) -> bytes | None:
+    """The stored form of a transcript entry's ``attachments``: ``None`` for none."""
+    return _encoder.encode(attachments) if attachments else None
+
+
+def decode_attachments(stored: bytes | None) -> tuple[Attachment, ...]:
+    """Read what :func:`encode_attachments` wrote (``None``: none).
+
+    :raises StoreError: if ``stored`` is not such a list.
+    """
+    if stored is None:
+        return ()
+    try:
+        return _attachments.decode(stored)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise StoreError(f"corrupt transcript attachments: {error}") from None
 
 
 def encode_value(key: SessionKey, name: str, value: Any) -> str:

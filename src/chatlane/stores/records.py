@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from chatlane.errors import SessionBusy
-from chatlane.types import SessionKey
+from chatlane.types import Attachment, SessionKey
 
 __all__ = [
     "DEAD",
@@ -101,8 +101,13 @@ class FailedRecord(msgspec.Struct, frozen=True):
     failed_at: float
 
 
-class TranscriptEntry(msgspec.Struct, frozen=True):
-    """One message of a conversation."""
+class TranscriptEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One message of a conversation.
+
+    ``attachments`` are the files a user's message came with (references, as
+    the message carried them); entries written before attachments were kept
+    read back with none.
+    """
 
     role: str
     content: str
@@ -110,6 +115,7 @@ class TranscriptEntry(msgspec.Struct, frozen=True):
     conversation_id: str = ""
     message_id: str = ""
     created_at: float = 0.0
+    attachments: tuple[Attachment, ...] = ()
 
 
 class Conversation(msgspec.Struct, frozen=True):

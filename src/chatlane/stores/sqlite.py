@@ -64,7 +64,12 @@ from chatlane.stores.base import (
     now,
     taken_over,
 )
-from chatlane.stores.codec import decode_value, encode_value
+from chatlane.stores.codec import (
+    decode_attachments,
+    decode_value,
+    encode_attachments,
+    encode_value,
+)
 from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.stores.sqlite_schema import Location, parse_url
 from chatlane.stores.sqlite_writer import MAX_BATCH, Operation, Writer, WriterStats
@@ -281,6 +286,7 @@ def _append(
             e.generation,
             e.message_id,
             e.created_at or moment,
+            encode_attachments(e.attachments),
         )
         for e in entries
     ]
@@ -289,7 +295,7 @@ def _append(
 
 _APPEND = (
     "INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation, "
-    "message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "message_id, created_at, attachments) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SET_FIELD = (
     "INSERT INTO persistent (key, field, value) VALUES (?, ?, ?) "
@@ -371,11 +377,13 @@ def _transcript(
         return []
     rows = db.execute(
         "SELECT role, content, generation, coalesce(entry_conversation, conversation_id), "
-        "message_id, created_at FROM (SELECT * FROM transcript WHERE conversation_id = ? "
-        "ORDER BY id DESC LIMIT ?) ORDER BY id",
+        "message_id, created_at, attachments FROM (SELECT * FROM transcript "
+        "WHERE conversation_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id",
         (conversation, limit),
     ).fetchall()
-    return [TranscriptEntry(*row) for row in rows]
+    return [
+        TranscriptEntry(r[0], r[1], r[2], r[3], r[4], r[5], decode_attachments(r[6])) for r in rows
+    ]
 
 
 # -- conversations -------------------------------------------------------------------

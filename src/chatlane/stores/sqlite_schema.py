@@ -191,7 +191,12 @@ _V8: Migration = (
 in the claim's indexes: each target's oldest by ``seq``, and each lane's targets. Delivered
 and dead ones are indexed apart, by when they were settled, for pruning and listing."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+_V9: Migration = ("ALTER TABLE transcript ADD COLUMN attachments BLOB",)
+"""A transcript entry keeps the attachments its message came with (msgspec JSON, see
+:mod:`chatlane.stores.codec`); NULL for none, so older rows and entries without any cost
+nothing."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another

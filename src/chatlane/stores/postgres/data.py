@@ -17,7 +17,7 @@ from typing import Any
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration
 from chatlane.stores.base import Conversation, TranscriptEntry, WriteBatch
-from chatlane.stores.codec import decode_value
+from chatlane.stores.codec import decode_attachments, decode_value, encode_attachments
 from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.postgres.db import Db, Row
 from chatlane.stores.postgres.leases import WAKE
@@ -47,10 +47,10 @@ _WRITE = f"""WITH marked AS (
     RETURNING message_id
 ), appended AS (
     INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation,
-        message_id, created_at)
-    SELECT $6, e, r, c, g, m, t
-    FROM unnest($7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[], $12::float8[])
-        WITH ORDINALITY AS x(e, r, c, g, m, t, n)
+        message_id, created_at, attachments)
+    SELECT $6, e, r, c, g, m, t, a
+    FROM unnest($7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[], $12::float8[],
+        $21::bytea[]) WITH ORDINALITY AS x(e, r, c, g, m, t, a, n)
     ORDER BY n
 ), fields AS (
     INSERT INTO persistent (key, field, value)
@@ -125,6 +125,7 @@ async def commit(
         *notice,
         batch.title,
         batch.rename,
+        [encode_attachments(e.attachments) for e in entries],
     )
     assert result is not None
     marked, freed = set(result[0]), bool(result[1])
@@ -146,12 +147,15 @@ async def transcript(db: Db, conversation: str, limit: int) -> list[TranscriptEn
         return []
     rows = await db.fetch(
         "SELECT role, content, generation, coalesce(entry_conversation, conversation_id), "
-        "message_id, created_at FROM (SELECT * FROM transcript WHERE conversation_id = $1 "
-        "ORDER BY id DESC LIMIT $2) t ORDER BY id",
+        "message_id, created_at, attachments FROM (SELECT * FROM transcript "
+        "WHERE conversation_id = $1 ORDER BY id DESC LIMIT $2) t ORDER BY id",
         conversation,
         limit,
     )
-    return [TranscriptEntry(r[0], r[1], int(r[2]), r[3], r[4], r[5]) for r in rows]
+    return [
+        TranscriptEntry(r[0], r[1], int(r[2]), r[3], r[4], r[5], decode_attachments(r[6]))
+        for r in rows
+    ]
 
 
 async def answer(db: Db, message_id: str, retention: float) -> str | None:

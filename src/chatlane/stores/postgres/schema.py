@@ -127,7 +127,9 @@ _V3: Migration = (
     "CREATE INDEX deliveries_settled ON deliveries (state, settled_at) WHERE state <> 'pending'",
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+_V4: Migration = ("ALTER TABLE transcript ADD COLUMN attachments bytea",)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
@@ -139,7 +141,9 @@ lease, so the transaction that frees it notifies
 delivery ledger (:mod:`~chatlane.stores.postgres.ledger`): its partial indexes
 hold only pending deliveries, each lane's targets (``deliveries_lane``) and each
 target's deliveries in ``seq`` order (``deliveries_target``), so a claim finds
-the targets' heads without reading what was delivered.
+the targets' heads without reading what was delivered; ``transcript.attachments``
+(step 4) holds an entry's attachments (msgspec JSON, :mod:`chatlane.stores.codec`), NULL
+for none, as in every row written before the step.
 """
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_version (
