@@ -11,7 +11,9 @@ workers share, for every session and message:
   nothing is lost, and only ``rollback`` sessions have interrupted messages.
   Should the burst (3,000 messages into each process at once) hold a
   process's heartbeat past the TTL, the other takes it for dead and adopts its
-  messages: then both end such a message, with the same outcome;
+  messages: then both end such a message, with the same outcome (except that
+  a message interrupted in the process that accepted it is ``dropped`` for
+  the adopter, which sees only that it left the queue unanswered);
 * no message is answered by two turns, and every answered one was answered
   by a turn that ran it (or took it steered);
 * a session's turns that kept their lease never overlap, and their generations grow;
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import random
 import secrets
 from collections import Counter, defaultdict
@@ -69,11 +70,13 @@ def outcomes(events: list[dict[str, Any]]) -> defaultdict[str, dict[str, list[st
     return ended
 
 
-@pytest.mark.skipif(
-    os.environ.get("CHATLANE_POLICY_STRESS") != "1",
-    reason="an open problem: about one run in three on two cores ends with a message "
-    "never ended or run out of order; set CHATLANE_POLICY_STRESS=1 to run it",
-)
+def seen_leave(adopter: list[str], accepter: list[str]) -> bool:
+    """Whether the adopter saw a message leave the store's queue unanswered while the
+    process that accepted it ended it unanswered too (its turn interrupted there): the
+    store keeps no reason, so the adopter can only say ``dropped``."""
+    return adopter == ["dropped"] and accepter[0] in ("interrupted", "dropped")
+
+
 @pytest.mark.timeout(600)
 def test_every_policy_across_two_processes_loses_nothing_and_answers_once(
     cluster: Cluster,
@@ -119,7 +122,7 @@ def test_every_policy_across_two_processes_loses_nothing_and_answers_once(
         for name, theirs in by_worker.items():  # a process taken for dead: both end it
             if name != sent_to[message_id]:
                 assert message_id in adopted, (message_id, by_worker)
-                assert theirs == mine, (message_id, by_worker)
+                assert theirs == mine or seen_leave(theirs, mine), (message_id, by_worker)
     kinds = Counter(fate.values())
     interrupted = {m for m in every if fate[m] == "interrupted"}
     assert all(policy_of[m.rsplit("-", 1)[0]] == "interrupt" for m in interrupted)
