@@ -13,7 +13,10 @@ from chatlane.attachments import (
     clean_name,
     describe,
     human_size,
+    kind_of,
+    oversized,
     summary,
+    too_large_notice,
 )
 from chatlane.identity import SessionSource
 from chatlane.runtime.capacity import message_bytes
@@ -139,3 +142,30 @@ async def test_queue_and_steer_commands_keep_the_message_attachments() -> None:
         described = "(1 attachment: photo.jpg image/jpeg 12 KB)"
         assert f"echo: look {described}" in await h.replies(chat_id="c", count=2)
         assert await h.replies(chat_id="d", count=1) == [f"echo: look again {described}"]
+
+
+@pytest.mark.parametrize(
+    ("mime_type", "kind"),
+    [
+        ("image/png", AttachmentKind.IMAGE),
+        ("Audio/MPEG", AttachmentKind.AUDIO),
+        ("video/webm", AttachmentKind.VIDEO),
+        ("application/pdf", AttachmentKind.DOCUMENT),
+        ("text/plain; charset=utf-8", AttachmentKind.DOCUMENT),
+        ("image", AttachmentKind.DOCUMENT),
+        ("", AttachmentKind.DOCUMENT),
+    ],
+)
+def test_a_kind_is_read_from_a_mime_type_alone(mime_type: str, kind: AttachmentKind) -> None:
+    assert kind_of(mime_type) is kind
+
+
+def test_the_first_file_over_the_cap_is_named_and_an_unknown_size_never_is() -> None:
+    unknown = Attachment(AttachmentKind.VOICE, "v")
+    large = Attachment(AttachmentKind.IMAGE, "p", size=2048)
+    assert oversized((unknown, PHOTO), 1024) is PHOTO
+    assert oversized((unknown,), 1) is None
+    assert too_large_notice(large, 1024) == (
+        "Sorry — This photo is 2 KB; I can take files of up to 1 KB. "
+        "It was not read: please send a smaller one."
+    )

@@ -9,6 +9,12 @@ What stays true:
   a name is text, never a path.
 * :func:`describe` is one line per attachment: its name (or its kind when it
   has none), its MIME type and its size, each only when known.
+* :func:`kind_of` reads a kind from a MIME type alone, the same for every
+  platform that gives no other hint: ``image/*``, ``audio/*`` and ``video/*``
+  are their kinds, anything else (an unknown type too) is a document.
+* A message with a file over its platform's cap is refused as a whole, with
+  one wording on every platform (:func:`too_large_notice`): never silently
+  dropped. A file of unknown size (0) is never over a cap.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Sequence
 
-from chatlane.types import Attachment, clean_text
+from chatlane.types import Attachment, AttachmentKind, clean_text
 
 __all__ = [
     "MAX_MIME_TYPE",
@@ -25,7 +31,10 @@ __all__ = [
     "clean_name",
     "describe",
     "human_size",
+    "kind_of",
+    "oversized",
     "summary",
+    "too_large_notice",
 ]
 
 MAX_NAME = 255
@@ -93,3 +102,42 @@ def summary(attachments: Sequence[Attachment]) -> str:
     count = len(attachments)
     noun = "attachment" if count == 1 else "attachments"
     return f"{count} {noun}: " + "; ".join(describe(a) for a in attachments)
+
+
+_KINDS = {
+    "image": AttachmentKind.IMAGE,
+    "audio": AttachmentKind.AUDIO,
+    "video": AttachmentKind.VIDEO,
+}
+"""A MIME type's top-level type → the kind of a file that has it; any other: a document."""
+
+
+def kind_of(mime_type: str) -> AttachmentKind:
+    """The kind of a file whose MIME type is ``mime_type``: ``image/png`` is an image."""
+    top, slash, _ = mime_type.strip().lower().partition("/")
+    return _KINDS.get(top, AttachmentKind.DOCUMENT) if slash else AttachmentKind.DOCUMENT
+
+
+def oversized(attachments: Sequence[Attachment], cap: int) -> Attachment | None:
+    """The first of ``attachments`` larger than ``cap`` bytes, if any (an unknown size never is)."""
+    return next((a for a in attachments if a.size > cap), None)
+
+
+def too_large_notice(attachment: Attachment, cap: int) -> str:
+    """What the sender of a file over the cap is told, on every platform."""
+    named = f"“{attachment.name}”" if attachment.name else f"This {_noun(attachment.kind)}"
+    return (
+        f"Sorry — {named} is {human_size(attachment.size)}; I can take files of up to "
+        f"{human_size(cap)}. It was not read: please send a smaller one."
+    )
+
+
+def _noun(kind: AttachmentKind) -> str:
+    return _NOUNS.get(kind, kind.value)
+
+
+_NOUNS = {
+    AttachmentKind.IMAGE: "photo",
+    AttachmentKind.VOICE: "voice message",
+    AttachmentKind.AUDIO: "audio file",
+}

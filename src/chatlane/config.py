@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from chatlane.authorization import AdminCommands
+from chatlane.chat_settings import ChatSettings, check_file_cap
 from chatlane.delivery.worker import DeliverySettings
 from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
@@ -191,7 +192,7 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     a fixed one; any other name but ``chatlane`` (and the ``openai`` agent's) gets 404."""
 
 
-class TelegramConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+class TelegramConfig(ChatSettings, frozen=True, forbid_unknown_fields=True):
     """The Telegram bot: long polling, and the group keys (:mod:`chatlane.groups`)."""
 
     CHAT_KINDS: ClassVar[tuple[str, ...]] = ("group", "supergroup", "channel")
@@ -203,9 +204,6 @@ class TelegramConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
     api_url: str = "https://api.telegram.org"
     typing: bool = True
     """Show "typing…" in a chat while its message is being worked on."""
-    max_attachment_bytes: int = 20 * 1024 * 1024
-    """The largest file taken (bytes); a larger one is refused with a notice. 20 MB is the
-    most a bot can download with ``getFile``."""
     allowed_chats: list[str] = msgspec.field(default_factory=list)
     """Chat ids (groups, supergroups, channels) where the bot answers; empty: every one it
     is in. Private chats are governed by the user lists alone."""
@@ -225,7 +223,7 @@ class SlackMode(enum.StrEnum):
     (no public address; the two routes are not served)."""
 
 
-class SlackConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+class SlackConfig(ChatSettings, frozen=True, forbid_unknown_fields=True):
     """The Slack app: the Events API over HTTP or Socket Mode (:class:`SlackMode`),
     and the group keys (:mod:`chatlane.groups`; a message in a thread the bot is in
     counts as a mention)."""
@@ -256,7 +254,7 @@ class SlackConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
 DISCORD_API_URL: Final = "https://discord.com/api/v10"
 
 
-class DiscordConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
+class DiscordConfig(ChatSettings, frozen=True, forbid_unknown_fields=True):
     """The Discord bot: the gateway (a WebSocket it opens) and the REST API, with discord.py,
     and the group keys (:mod:`chatlane.groups`; a reply to the bot counts as a mention,
     and a thread is keyed by its parent channel's id)."""
@@ -277,6 +275,8 @@ class DiscordConfig(GroupSettings, frozen=True, forbid_unknown_fields=True):
     the bot."""
     allow_bots: bool = False
     """Read messages of other bots and webhooks too (never the bot's own)."""
+    max_attachment_bytes: int = 25 * 1024 * 1024
+    """As :class:`ChatSettings`; 25 MB, Discord's long-standing upload limit."""
     typing: bool = True
     """Show "… is typing" in a channel while its message is being worked on."""
     allowed_channels: list[str] = msgspec.field(default_factory=list)
@@ -653,7 +653,8 @@ def _check(config: Config) -> None:
     _check_server(config.server)
     _check_openai(config.agent.openai)
     _check_whole("limits", config.limits, ("sockets",))
-    _check_whole("telegram", config.telegram, ("max_attachment_bytes",))
+    for platform in CHAT_PLATFORMS:
+        check_file_cap(platform, getattr(config, platform))
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
     _check_discord(config.discord)

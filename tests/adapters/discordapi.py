@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 import uvicorn
 from starlette.applications import Starlette
@@ -116,6 +117,33 @@ def message(
     if guild is not None:
         made["guild_id"] = str(guild)
     return made | fields
+
+
+VOICE_FLAG = 1 << 13
+"""A message's flag saying it is a voice message."""
+_attachment_ids = itertools.count(940000000000000001)
+
+
+def attachment(
+    channel: int, filename: str, size: int, content_type: str | None = None, **fields: Any
+) -> Json:
+    """An attachment object as a message carries it: its CDN URL signed, as Discord's are."""
+    attachment_id = next(_attachment_ids)
+    path = f"attachments/{channel}/{attachment_id}/{quote(filename, safe='')}"
+    signed = "?ex=6a000000&is=69f00000&hm=0123456789abcdef&"
+    made: Json = {"id": str(attachment_id), "filename": filename, "size": size}
+    made |= {"url": f"https://cdn.discordapp.com/{path}{signed}"}
+    made |= {"proxy_url": f"https://media.discordapp.net/{path}{signed}"}
+    if content_type is not None:
+        made["content_type"] = content_type
+    return made | fields
+
+
+def voice_note(channel: int, size: int) -> Json:
+    """The fields of a voice message recorded in Discord: its flag and its one file."""
+    recording = attachment(channel, "voice-message.ogg", size, "audio/ogg")
+    recording |= {"duration_secs": 2.5, "waveform": "AAAAAAAA", "flags": 0}
+    return {"flags": VOICE_FLAG, "attachments": [recording]}
 
 
 @dataclass

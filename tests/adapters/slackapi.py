@@ -25,6 +25,9 @@ parameters, the bot token as a bearer token — the app-level token for
   ends, is sent again on the next connection, as Slack does.
   :meth:`SlackApi.drop` closes the connection (code 1011);
   :meth:`SlackApi.disconnect` sends a ``disconnect`` envelope.
+* :meth:`SlackApi.share` hosts a file and gives its file object as a
+  ``message`` event carries it; its ``url_private`` is served only with the
+  bot token as a bearer token (anything else gets 403 and no content).
 
 :class:`SlackRequests` is Slack's side of the app's Request URLs: it signs
 events and interactions with the signing secret and posts them.
@@ -46,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 import httpx
 import uvicorn
@@ -146,6 +149,9 @@ class SlackApi:
         self._tickets = itertools.count(1)
         self._issued: set[str] = set()
         self._envelope_ids = itertools.count(1)
+        self._files: dict[str, bytes] = {}
+        """File id → its content, served at its ``url_private``."""
+        self._file_ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -163,6 +169,7 @@ class SlackApi:
         routes = [
             Route("/api/{method}", self._endpoint, methods=["GET", "POST"]),
             WebSocketRoute("/link/", self._link),
+            Route("/files-pri/{file}/{name}", self._file),
         ]
         app = Starlette(routes=routes)
         config = uvicorn.Config(app, lifespan="off", log_level="warning", ws="websockets-sansio")
@@ -225,6 +232,27 @@ class SlackApi:
         async with asyncio.timeout(WAIT):
             while not done():
                 await self._changed.wait()
+
+    def share(
+        self,
+        name: str,
+        mimetype: str,
+        content: bytes = b"",
+        *,
+        size: int | None = None,
+        **fields: Any,
+    ) -> Json:
+        """Host ``content`` as a file called ``name``: its file object, as Slack sends it in
+        a ``message`` event's ``files`` (``size``: the size Slack reports, if not the
+        content's; ``fields``: more of the object, such as ``subtype``)."""
+        file_id = f"F{next(self._file_ids):08d}"
+        self._files[file_id] = content
+        url = f"http://127.0.0.1:{self.port}/files-pri/T0001-{file_id}/{quote(name, safe='')}"
+        shown = {"id": file_id, "created": int(time.time()), "name": name, "title": name}
+        shown |= {"mimetype": mimetype, "filetype": name.rpartition(".")[2], "user": "U0"}
+        shown |= {"size": len(content) if size is None else size, "mode": "hosted"}
+        shown |= {"is_external": False, "url_private": url, "url_private_download": url}
+        return shown | fields
 
     # -- Socket Mode --------------------------------------------------------------------
 
@@ -296,6 +324,16 @@ class SlackApi:
             if self._socket is socket:
                 self._socket = None
             self._notify()
+
+    async def _file(self, request: Request) -> Response:
+        """A hosted file's content, for the bot token alone."""
+        team_file = request.path_params["file"]
+        content = self._files.get(team_file.partition("-")[2])
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            return Response("not signed in", status_code=403)
+        if content is None:
+            return Response("file not found", status_code=404)
+        return Response(content, media_type="application/octet-stream")
 
     def _connections_open(self, params: Params) -> Response:
         ticket = f"ticket-{next(self._tickets)}"

@@ -293,7 +293,6 @@ async def test_a_thread_under_the_bots_own_message_needs_no_mention(
         {"subtype": "message_changed"},
         {"subtype": "message_deleted"},
         {"subtype": "channel_join"},
-        {"subtype": "file_share"},
     ],
 )
 async def test_bots_the_bot_itself_edits_and_other_subtypes_are_ignored(

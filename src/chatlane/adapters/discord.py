@@ -19,6 +19,10 @@ What stays true:
   always does.
   The bot's mention is taken out of the text. Messages from servers not on
   ``allowed_guilds`` are ignored.
+* A message's files go with it as attachments, referenced by their CDN URLs
+  (:mod:`~chatlane.adapters.discord_files`); a message with a file over
+  ``discord.max_attachment_bytes`` is refused with a notice instead, after
+  the group and allowlist checks (a stranger hears only what strangers do).
 * Replies go to the channel, thread or DM the message came from, split at
   2,000 characters with code fences kept balanced, and ping nobody. A streamed
   reply is shown as a draft edited in place (:mod:`~chatlane.adapters.drafts`);
@@ -67,6 +71,7 @@ from chatlane.adapters.drafts import EDIT_INTERVAL, Draft, Drafts
 from chatlane.adapters.lanes import Lanes
 from chatlane.adapters.recent import Recent
 from chatlane.adapters.typing import TypingIndicators
+from chatlane.attachments import oversized, too_large_notice
 from chatlane.config import Config
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.delivery.worker import Attempt
@@ -339,7 +344,7 @@ class DiscordAdapter:
         if posted is None or not self._guild_allowed(posted.guild_id):
             return
         if self._addressed(posted) and self._seen.note(posted.id):
-            await self._submit(posted.inbound())
+            await self._take(posted.inbound())
 
     def _guild_allowed(self, guild_id: int | None) -> bool:
         allowed = self._settings.allowed_guilds
@@ -406,6 +411,18 @@ class DiscordAdapter:
             return False
         self._refused_at.note(user, now)
         return True
+
+    async def _take(self, message: InboundMessage) -> None:
+        """Hand ``message`` to the hub, unless one of its files is over the cap: then its
+        sender is told so (a stranger hears only what strangers do)."""
+        cap = self._settings.max_attachment_bytes
+        too_large = oversized(message.attachments, cap)
+        if too_large is None:
+            await self._submit(message)
+        elif not self._admit(message):
+            await self.refuse(message)
+        else:
+            await self.deliver(_notice(message, too_large_notice(too_large, cap)))
 
     async def _submit(self, message: InboundMessage) -> DispatchResult | None:
         """Hand ``message`` to the hub; if the hub fails, tell the chat instead of going silent.

@@ -5,9 +5,10 @@ What stays true:
 * Only people's messages are read (:func:`read_message`): never the bot's own;
   another bot's or a webhook's only with ``discord.allow_bots``; only plain
   messages and replies (joins, pins, thread starts and every other system
-  message are not); never one left with no text once the bot's mention is
-  taken out (an attachment alone, or a message whose text Discord withheld
-  because the Message Content intent is off).
+  message are not); never one left with neither text, once the bot's mention
+  is taken out, nor files (:mod:`~chatlane.adapters.discord_files`) — such as
+  a message whose text and files Discord withheld because the Message Content
+  intent is off.
 * A thread is told from a channel by discord.py's cache of the servers'
   channels and threads; a channel missing from it is asked of the API once
   (:class:`Channels`) and remembered. A channel that cannot be looked up is
@@ -25,6 +26,7 @@ from typing import Any
 import aiohttp
 import discord
 
+from chatlane.adapters.discord_files import files_of
 from chatlane.adapters.discord_wire import (
     APPROVE,
     DENY,
@@ -94,7 +96,8 @@ async def read_message(
     if (author.bot or message.webhook_id is not None) and not allow_bots:
         return None
     text, mentioned = strip_mentions(clean_text(message.content), bot_id)
-    if not text:
+    files = files_of(message)
+    if not text and not files:
         return None
     guild = message.guild
     where = await channels.where(None if guild is None else guild.id, message.channel)
@@ -108,6 +111,7 @@ async def read_message(
         guild_id=None if guild is None else guild.id,
         chat_name=clean_text(getattr(message.channel, "name", None) or ""),
         user_name=clean_text(author.name),
+        files=files,
     )
 
 

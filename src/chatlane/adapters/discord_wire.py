@@ -31,7 +31,7 @@ from chatlane.adapters.splitting import split_text, utf16_len
 from chatlane.approvals import is_request_id
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
-from chatlane.types import InboundMessage
+from chatlane.types import Attachment, InboundMessage
 
 __all__ = [
     "APPROVE",
@@ -147,6 +147,8 @@ class Posted:
     guild_id: int | None
     chat_name: str = ""
     user_name: str = ""
+    files: tuple[Attachment, ...] = ()
+    """The files sent with the message, as attachments; with some, ``text`` may be empty."""
 
     @property
     def id(self) -> str:
@@ -164,7 +166,7 @@ class Posted:
             user_name=self.user_name,
             message_id=str(self.message),
         )
-        return InboundMessage(source, self.text, id=self.id)
+        return InboundMessage(source, self.text, id=self.id, attachments=self.files)
 
 
 @dataclass(frozen=True, slots=True)

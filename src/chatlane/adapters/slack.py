@@ -24,6 +24,10 @@ What stays true:
   only a message that mentions the bot, matches a mention pattern, or is in a
   thread the bot is in (it started it, or answered there) goes to chatlane;
   the bot's mention is taken out of the text.
+* A message's files go with it as attachments, referenced by their private
+  URLs (:mod:`~chatlane.adapters.slack_files`); a message with a file over
+  ``slack.max_attachment_bytes`` is refused with a notice instead, after the
+  group and allowlist checks (a stranger hears only what strangers do).
 * Replies go to the conversation and thread the message came from, as mrkdwn,
   split to fit (:mod:`~chatlane.adapters.slack_format`). A streamed reply is
   shown as a draft edited in place (:mod:`~chatlane.adapters.slack_stream`);
@@ -68,6 +72,7 @@ from chatlane.adapters.slack_wire import (
     check_secrets,
     read_posted,
 )
+from chatlane.attachments import oversized, too_large_notice
 from chatlane.config import Config, SlackMode
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.delivery.worker import Attempt
@@ -283,7 +288,7 @@ class SlackAdapter:
         posted = read_posted(event, self._bot_user)
         if posted is None or not self._addressed(posted) or not self._seen.note(posted.id):
             return
-        result = await self._submit(posted.inbound())
+        result = await self._take(posted.inbound())
         if posted.thread_ts is not None and result is not None and not result.refused:
             self._threads.note((posted.channel, posted.thread_ts))  # the bot answers there
 
@@ -344,6 +349,19 @@ class SlackAdapter:
             await client.chat_postEphemeral(channel=channel, user=user, text=text, thread_ts=thread)
         except (SlackApiError, aiohttp.ClientError, TimeoutError) as error:
             log.warning("slack chat.postEphemeral in %s failed: %s", channel, classify(error))
+
+    async def _take(self, message: InboundMessage) -> DispatchResult | None:
+        """Hand ``message`` to the hub, unless one of its files is over the cap: then its
+        sender is told so (a stranger hears only what strangers do), and None."""
+        cap = self._settings.max_attachment_bytes
+        too_large = oversized(message.attachments, cap)
+        if too_large is None:
+            return await self._submit(message)
+        if self._hub is not None and not self._hub.admit(message):
+            await self.refuse(message)
+        else:
+            await self.deliver(_notice(message, too_large_notice(too_large, cap)))
+        return None
 
     async def _submit(self, message: InboundMessage) -> DispatchResult | None:
         """Hand ``message`` to the hub; if the hub fails, tell the chat instead of going silent."""

@@ -19,7 +19,10 @@ What stays true:
   (:func:`author_of`), so an approval prompt's buttons name who may press them.
 * Only people's messages are read: a bot's (``bot_id``, subtype
   ``bot_message``), the bot's own, an edit, a deletion and every other subtype
-  but ``thread_broadcast`` are not.
+  but ``thread_broadcast`` and ``file_share`` are not.
+* A message's files are its attachments (:mod:`~chatlane.adapters.slack_files`);
+  with some, its text may be empty. A message with neither text nor files is
+  not read.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from chatlane.adapters.recent import Recent
+from chatlane.adapters.slack_files import files_of
 from chatlane.approvals import is_request_id
 from chatlane.config import SlackMode
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
-from chatlane.types import InboundMessage, clean_text
+from chatlane.types import Attachment, InboundMessage, clean_text
 
 __all__ = [
     "APPROVE_ACTION",
@@ -61,8 +65,9 @@ APPROVE_ACTION = "chatlane_approve"
 DENY_ACTION = "chatlane_deny"
 _ANSWERS = {APPROVE_ACTION: "/approve", DENY_ACTION: "/deny"}
 """A button's ``action_id`` → the command a press sends."""
-_READ_SUBTYPES = frozenset({None, "thread_broadcast"})
-"""Message subtypes that are a person writing (a thread reply also sent to the channel)."""
+_READ_SUBTYPES = frozenset({None, "thread_broadcast", "file_share"})
+"""Message subtypes that are a person writing (a thread reply also sent to the channel,
+a message with files)."""
 _ENTITIES = (("&lt;", "<"), ("&gt;", ">"), ("&amp;", "&"))
 _APP_TOKEN = re.compile(r"xapp-[A-Za-z0-9-]+")
 """The shape of an app-level token (``xapp-1-A0123-456-abc…``)."""
@@ -134,6 +139,8 @@ class Posted:
     mentions_bot: bool
     parent_user: str | None
     """Who wrote the thread's first message (for a message in a thread)."""
+    files: tuple[Attachment, ...] = ()
+    """The files shared with the message, as attachments."""
 
     @property
     def id(self) -> str:
@@ -149,7 +156,7 @@ class Posted:
             user_id=self.user,
             message_id=self.ts,
         )
-        return InboundMessage(source, self.text, id=self.id)
+        return InboundMessage(source, self.text, id=self.id, attachments=self.files)
 
 
 def read_posted(event: Mapping[str, Any], bot_user: str) -> Posted | None:
@@ -159,12 +166,13 @@ def read_posted(event: Mapping[str, Any], bot_user: str) -> Posted | None:
         return None
     if event.get("bot_id") or not isinstance(user, str) or not user or user == bot_user:
         return None
-    channel, ts, text = event.get("channel"), event.get("ts"), event.get("text")
+    channel, ts, text = event.get("channel"), event.get("ts"), event.get("text", "")
     if not (isinstance(channel, str) and isinstance(ts, str) and isinstance(text, str)):
         return None
     mention = re.compile(rf"<@{re.escape(bot_user)}(?:\|[^>]*)?>")
     cleaned = _unescape(mention.sub("", clean_text(text))).strip()
-    if not channel or not cleaned:
+    files = files_of(event)
+    if not channel or not (cleaned or files):
         return None
     thread = event.get("thread_ts")
     parent = event.get("parent_user_id")
@@ -177,6 +185,7 @@ def read_posted(event: Mapping[str, Any], bot_user: str) -> Posted | None:
         text=cleaned,
         mentions_bot=kind == "app_mention" or mention.search(text) is not None,
         parent_user=parent if isinstance(parent, str) else None,
+        files=files,
     )
 
 

@@ -85,9 +85,10 @@ from chatlane.adapters.splitting import joined
 from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
 from chatlane.adapters.telegram_groups import BotIdentity, addressed_text
-from chatlane.adapters.telegram_media import MEDIA, attachment_of, oversized, too_large_notice
+from chatlane.adapters.telegram_media import MEDIA, attachment_of
 from chatlane.adapters.typing import TypingIndicators
 from chatlane.approvals import is_request_id
+from chatlane.attachments import oversized, too_large_notice
 from chatlane.commands import parse_command
 from chatlane.config import Config
 from chatlane.delivery.ledger import RESENT_LABEL

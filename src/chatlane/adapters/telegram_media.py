@@ -11,7 +11,8 @@ What stays true:
 * Names and MIME types are cleaned (:mod:`chatlane.attachments`); a size
   Telegram does not give is 0, and is never refused for its size.
 * A file larger than the cap is refused as a whole message, with a notice
-  naming it and the cap (:func:`too_large_notice`): never silently dropped.
+  naming it and the cap (:func:`~chatlane.attachments.too_large_notice`):
+  never silently dropped.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Protocol
 from telegram import Message
 from telegram.ext import filters
 
-from chatlane.attachments import clean_mime_type, clean_name, human_size
+from chatlane.attachments import clean_mime_type, clean_name
 from chatlane.types import Attachment, AttachmentKind
 
-__all__ = ["MEDIA", "attachment_of", "oversized", "too_large_notice"]
+__all__ = ["MEDIA", "attachment_of"]
 
 MEDIA = (
     filters.PHOTO
@@ -127,28 +128,3 @@ def _file(
     return Attachment(
         kind, file_id, clean_mime_type(mime_type or ""), _size(found), clean_name(name or "")
     )
-
-
-def oversized(attachments: tuple[Attachment, ...], cap: int) -> Attachment | None:
-    """The first of ``attachments`` larger than ``cap`` bytes, if any (an unknown size never is)."""
-    return next((a for a in attachments if a.size > cap), None)
-
-
-def too_large_notice(attachment: Attachment, cap: int) -> str:
-    """What the sender of a file over the cap is told."""
-    named = f"“{attachment.name}”" if attachment.name else f"This {_noun(attachment.kind)}"
-    return (
-        f"Sorry — {named} is {human_size(attachment.size)}; I can take files of up to "
-        f"{human_size(cap)}. It was not read: please send a smaller one."
-    )
-
-
-def _noun(kind: AttachmentKind) -> str:
-    return _NOUNS.get(kind, kind.value)
-
-
-_NOUNS = {
-    AttachmentKind.IMAGE: "photo",
-    AttachmentKind.VOICE: "voice message",
-    AttachmentKind.AUDIO: "audio file",
-}
