@@ -30,8 +30,16 @@ from chatlane.commands import (
 )
 from chatlane.delivery.ledger import DeliveryLedger
 from chatlane.delivery.worker import DeliverySettings, DeliveryWorker, Sender
-from chatlane.identity import NO_SESSION, KeyPolicy, SessionSource, build_session_key, is_shared
+from chatlane.identity import (
+    NO_SESSION,
+    ChatType,
+    KeyPolicy,
+    SessionSource,
+    build_session_key,
+    is_shared,
+)
 from chatlane.lifecycle import LifecycleOptions
+from chatlane.overheard import ContextLimits, keep, line_of, take
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.runtime.outcomes import OnOutcome
@@ -263,8 +271,45 @@ class Gateway:
             if not policy:
                 return await self._run_command(key, message, parsed)
             message = msgspec.structs.replace(message, text=parsed.args, busy_policy=policy)
-        outcome = await self.engine.submit(key, message)
+        message = self._with_context(key, message)
+        try:
+            outcome = await self.engine.submit(key, message)
+        except BaseException:
+            self._give_back(key, message)
+            raise
         return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+
+    def overhear(self, message: InboundMessage, limits: ContextLimits) -> bool:
+        """Keep ``message`` — said in a shared chat, not to the bot — as context for the
+        next message for the agent in its session (:mod:`chatlane.overheard`); whether it
+        was kept.
+
+        Nothing is kept from a direct message, from a sender or chat the allowlists
+        refuse (silently: nobody addressed the bot), or that names no session.
+        """
+        message = message.cleaned()
+        source = message.source
+        if source.chat_type is ChatType.DM or not self.settings.authorize(source):
+            return False
+        key = build_session_key(source, self.settings.key_policy)
+        state = self.engine.registry.get(key)
+        return keep(state.conversation.overheard, line_of(message, limits.chars), limits.messages)
+
+    def _with_context(self, key: SessionKey, message: InboundMessage) -> InboundMessage:
+        """``message`` carrying what its session overheard since the last one (which is
+        then no longer kept); ``message`` itself when there is nothing, or it is internal."""
+        state = self.engine.registry.peek(key)
+        if message.internal or state is None or not state.conversation.overheard:
+            return message
+        context = take(state.conversation.overheard)
+        return msgspec.structs.replace(message, context=(*message.context, *context))
+
+    def _give_back(self, key: SessionKey, message: InboundMessage) -> None:
+        """Keep ``message``'s context again: it was not accepted (the next one takes it)."""
+        state = self.engine.registry.peek(key)
+        if message.context and state is not None:
+            ring = state.conversation.overheard
+            ring[:0] = message.context
 
     def _may_run(self, key: SessionKey, source: SessionSource, name: str) -> bool:
         """Whether ``source``'s sender may run ``/name`` in ``key``: anyone in a session of

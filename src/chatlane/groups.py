@@ -10,6 +10,12 @@ What stays true:
 * A message mentions the bot when its platform says so (an @-mention, a reply
   to one of the bot's messages, a command addressed to it), or when one of
   ``mention_patterns`` matches its text, case-insensitively.
+* A message that is not for the bot is ignored, or — with ``unmentioned =
+  "context"`` (per kind of chat and per chat as ``require_mention``:
+  :meth:`GroupPolicy.unmentioned`) — kept as context for the bot's next turn
+  in the session it would have gone to, bounded by ``context_messages`` and
+  ``context_chars`` (:mod:`chatlane.overheard`). Only after the same
+  allowlists as any message (:meth:`~chatlane.gateway.Gateway.overhear`).
 * Who may talk is one rule for every platform (:meth:`GroupSettings.allows`):
   the section's ``allowed_users`` (empty: everyone) and, outside direct
   messages, its list of chats (empty: every one); a direct message is governed
@@ -27,6 +33,7 @@ What stays true:
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final
@@ -35,12 +42,14 @@ import msgspec
 
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
+from chatlane.overheard import CONTEXT_CHARS, CONTEXT_MESSAGES, ContextLimits
 
 __all__ = [
     "ADMIN_COMMANDS",
     "GroupPolicy",
     "GroupSettings",
     "GroupsConfig",
+    "Unmentioned",
     "check_group_settings",
 ]
 
@@ -52,6 +61,19 @@ others' messages during a turn (``/busy``), and what runs in the chat unattended
 (``/cron``). Commands that stop or steer a turn, ask aside or show state stay open to
 everyone, so anyone can halt a runaway turn."""
 _COMMAND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+CONTEXT_MESSAGES_MAX: Final = 200
+"""The most ``context_messages`` may keep per session."""
+CONTEXT_CHARS_MAX: Final = 4000
+"""The most ``context_chars`` may keep of one message."""
+
+
+class Unmentioned(enum.StrEnum):
+    """What becomes of a message in a shared chat that is not for the bot."""
+
+    IGNORE = "ignore"
+    """Dropped: nothing is kept (the default)."""
+    CONTEXT = "context"
+    """Kept, bounded, and given to the agent with the next message for it in that session."""
 
 
 class GroupsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -96,6 +118,17 @@ class GroupSettings(msgspec.Struct, frozen=True, kw_only=True):
     admins: list[str] = msgspec.field(default_factory=list)
     """User ids that may run ``[groups] admin_commands`` in a chat shared with others;
     empty: everyone may (the restriction applies once admins are named)."""
+    unmentioned: str = Unmentioned.IGNORE.value
+    """What becomes of a message not for the bot (:class:`Unmentioned`): ``ignore`` or
+    ``context``."""
+    unmentioned_per_chat_type: dict[str, str] = msgspec.field(default_factory=dict)
+    """Kind of chat → ``unmentioned`` there, over the default."""
+    unmentioned_per_chat: dict[str, str] = msgspec.field(default_factory=dict)
+    """Chat id → ``unmentioned`` there, over its kind's and the default."""
+    context_messages: int = CONTEXT_MESSAGES
+    """With ``context``: the most messages kept per session (the oldest dropped first)."""
+    context_chars: int = CONTEXT_CHARS
+    """With ``context``: the most characters kept of one message (cut with ``…``)."""
 
     def allowed_chat_ids(self) -> Sequence[str]:
         """The chats (not direct messages) where the bot answers; empty: every one."""
@@ -123,12 +156,24 @@ class GroupPolicy:
             _compiled(f"{section}.mention_patterns[{index}]", pattern)
             for index, pattern in enumerate(settings.mention_patterns)
         )
+        self._unmentioned = _unmentioned(section, settings)
+        self.limits = ContextLimits(settings.context_messages, settings.context_chars)
+        """How much context a session keeps (``context_messages``, ``context_chars``)."""
 
     def needs_mention(self, chat_id: str, kind: str) -> bool:
         """Whether a message in chat ``chat_id`` of kind ``kind`` must mention the bot."""
         chosen = self._per_chat.get(chat_id)
         if chosen is None:
             chosen = self._per_kind.get(kind, self._default)
+        return chosen
+
+    def unmentioned(self, chat_id: str, kind: str) -> Unmentioned:
+        """What becomes of a message not for the bot in chat ``chat_id`` of kind ``kind``:
+        the chat's entry, else its kind's, else ``unmentioned`` (as :meth:`needs_mention`)."""
+        default, per_kind, per_chat = self._unmentioned
+        chosen = per_chat.get(chat_id)
+        if chosen is None:
+            chosen = per_kind.get(kind, default)
         return chosen
 
     def matches(self, text: str) -> bool:
@@ -145,6 +190,33 @@ class GroupPolicy:
         return self.matches(text)
 
 
+_Choices = tuple[Unmentioned, Mapping[str, Unmentioned], Mapping[str, Unmentioned]]
+
+
+def _unmentioned(section: str, settings: GroupSettings) -> _Choices:
+    """``unmentioned`` and its overrides read as :class:`Unmentioned`.
+
+    :raises ConfigError: for a value that is none, naming its key.
+    """
+    key = f"{section}.unmentioned"
+    return (
+        _mode(key, settings.unmentioned),
+        {
+            k: _mode(f"{key}_per_chat_type.{k}", v)
+            for k, v in settings.unmentioned_per_chat_type.items()
+        },
+        {k: _mode(f"{key}_per_chat.{k}", v) for k, v in settings.unmentioned_per_chat.items()},
+    )
+
+
+def _mode(key: str, value: str) -> Unmentioned:
+    try:
+        return Unmentioned(value)
+    except ValueError:
+        shown = " or ".join(repr(mode.value) for mode in Unmentioned)
+        raise ConfigError(f"configuration key {key!r} = {value!r}: expected {shown}") from None
+
+
 def _compiled(key: str, pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern, re.IGNORECASE)
@@ -159,18 +231,25 @@ def check_group_settings(section: str, settings: GroupSettings) -> None:
 
     :raises ConfigError: naming the key, the value and what was expected.
     """
-    kinds = type(settings).CHAT_KINDS
-    for kind in settings.require_mention_per_chat_type:
-        if kind not in kinds:
-            raise ConfigError(
-                f"configuration key '{section}.require_mention_per_chat_type.{kind}': "
-                f"expected a kind of chat: {', '.join(kinds)}"
-            )
-    for chat_id in settings.require_mention_per_chat:
-        _check_chat_id(f"{section}.require_mention_per_chat", settings, chat_id)
+    for name in ("require_mention", "unmentioned"):
+        for kind in getattr(settings, f"{name}_per_chat_type"):
+            _check_kind(f"{section}.{name}_per_chat_type", settings, kind)
+        for chat_id in getattr(settings, f"{name}_per_chat"):
+            _check_chat_id(f"{section}.{name}_per_chat", settings, chat_id)
+    _check_bound(f"{section}.context_messages", settings.context_messages, CONTEXT_MESSAGES_MAX)
+    _check_bound(f"{section}.context_chars", settings.context_chars, CONTEXT_CHARS_MAX)
     for chat_id in settings.allowed_chat_ids():
         _check_chat_id(f"{section}.{type(settings).CHATS_KEY}", settings, chat_id)
     GroupPolicy(settings, section)
+
+
+def _check_kind(key: str, settings: GroupSettings, kind: str) -> None:
+    """:raises ConfigError: unless ``kind`` is one of the platform's kinds of chat."""
+    kinds = type(settings).CHAT_KINDS
+    if kind not in kinds:
+        raise ConfigError(
+            f"configuration key '{key}.{kind}': expected a kind of chat: {', '.join(kinds)}"
+        )
 
 
 def _check_chat_id(key: str, settings: GroupSettings, chat_id: str) -> None:
@@ -179,3 +258,9 @@ def _check_chat_id(key: str, settings: GroupSettings, chat_id: str) -> None:
         raise ConfigError(
             f"configuration key {key!r}: {chat_id!r} is not {type(settings).CHAT_ID_SHAPE}"
         )
+
+
+def _check_bound(key: str, value: int, most: int) -> None:
+    """:raises ConfigError: unless ``value`` is a whole number from 1 to ``most``."""
+    if type(value) is not int or not 1 <= value <= most:
+        raise ConfigError(f"configuration key {key!r} = {value!r}: expected 1 to {most}")

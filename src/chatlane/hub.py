@@ -52,6 +52,7 @@ from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.metrics import Metrics
+from chatlane.overheard import ContextLimits
 from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.secrets import Secrets, TokenSource, resolve_secrets
 from chatlane.stores import Store, open_store
@@ -171,6 +172,11 @@ class Hub:
     def admit(self, message: InboundMessage) -> bool:
         """Whether the sender may use the gateway; a refusal is logged and counted, not told."""
         return self.gateway.admit(message)
+
+    def overhear(self, message: InboundMessage, limits: ContextLimits) -> bool:
+        """Keep ``message``, said in a shared chat but not to the bot, as context for the next
+        turn of its session (:meth:`~chatlane.gateway.Gateway.overhear`); whether it was kept."""
+        return self.gateway.overhear(message, limits)
 
     async def submit(self, message: InboundMessage) -> DispatchResult:
         """Dispatch one message; the gateway authorizes it first (``refused`` if it refuses)."""

@@ -287,6 +287,10 @@ class ConversationState:
     """The command a plain "yes" confirms (``/new confirm``); any other message cancels it."""
     titled: bool = False
     """A commit of this process titled the conversation: later turns send no title of their own."""
+    overheard: list[Any] = field(default_factory=list)
+    """What was said here without mentioning the bot since the last message for it
+    (:class:`~chatlane.types.ContextLine`, oldest first; :mod:`chatlane.overheard`). Kept
+    in this process only: an evicted session loses it, as nothing the store must keep."""
 
     def clear(self) -> None:
         """Reset every field to its default, including fields added by a subclass."""

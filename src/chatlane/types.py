@@ -84,6 +84,21 @@ class Attachment(msgspec.Struct, frozen=True, omit_defaults=True):
         return self.ref.startswith(("https://", "http://"))
 
 
+class ContextLine(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A message said in a shared chat that did not mention the bot, kept as context for
+    the bot's next turn there (``unmentioned = "context"``, :mod:`chatlane.overheard`).
+
+    ``text`` is as it was said, shortened to the platform's ``context_chars``;
+    ``at`` is when it arrived (``time.time()``).
+    """
+
+    user_id: str
+    text: str
+    at: float
+    user_name: str = ""
+    message_id: str = ""
+
+
 class InboundMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     """One message for a session.
 
@@ -97,8 +112,11 @@ class InboundMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     under the session's lease, whether it was answered already, and if so
     replays that answer instead of running the agent again.
     ``attachments`` are the files sent with it, as references; ``text`` may
-    be empty when there are some. Fields left at their defaults are not
-    stored, so a message without attachments costs nothing more.
+    be empty when there are some. ``context`` is what was said in the same
+    session's chat without mentioning the bot since its last turn, oldest first
+    (:mod:`chatlane.overheard`); it travels with the message, so whichever
+    process runs it sees it. Fields left at their defaults are not stored, so a
+    message without attachments or context costs nothing more.
     """
 
     source: SessionSource
@@ -109,6 +127,7 @@ class InboundMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     busy_policy: str = ""
     idempotent: bool = False
     attachments: tuple[Attachment, ...] = ()
+    context: tuple[ContextLine, ...] = ()
 
     def cleaned(self) -> InboundMessage:
         """This message, with lone surrogates in its text, source and attachments made U+FFFD.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +66,53 @@ async def test_in_a_thread_only_an_admin_changes_what_everyone_gets(
         await api.say(dm, ALICE, "/busy reject")  # a DM is a session of one's own
         [mine] = await api.wait_for_messages(dm)
         assert mine.text == "Busy policy for this session: reject"
+
+
+CONTEXT_LABEL = "Earlier in this chat, not addressed to you:"
+
+
+async def test_unmentioned_messages_in_a_thread_are_context_for_its_next_turn(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    async with running(discord_config(api, tmp_path, unmentioned="context")) as bot:
+        await api.say(THREAD, ALICE, "the build is red")
+        await api.say(THREAD, BOB, "since noon")
+        await api.say(GENERAL, BOB, "elsewhere")
+        await api.say(THREAD, ALICE, f"{MENTION} context")
+        [shown] = await api.wait_for_messages(THREAD)
+        await bot.idle()
+        assert CONTEXT_LABEL in shown.text
+        assert f"({ALICE}): the build is red" in shown.text
+        assert f"({BOB}): since noon" in shown.text
+        assert "elsewhere" not in shown.text
+        assert api.texts(GENERAL) == []
+        await api.say(THREAD, ALICE, f"{MENTION} /new")
+        await api.say(THREAD, ALICE, f"{MENTION} yes")
+        await api.wait_for_messages(THREAD, 3)
+        await api.say(THREAD, BOB, "after the reset")
+        await api.say(THREAD, ALICE, f"{MENTION} context")
+        replies = await api.wait_for_messages(THREAD, 4)
+        await bot.idle()
+    assert "after the reset" in replies[3].text
+    assert "the build is red" not in replies[3].text
+
+
+async def test_a_stranger_is_never_kept_and_by_default_nothing_is(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    keys: dict[str, Any] = {
+        "unmentioned_per_chat": {str(GENERAL): "context"},
+        "allowed_users": [str(ALICE)],
+    }
+    async with running(discord_config(api, tmp_path, **keys)) as bot:
+        await api.say(THREAD, ALICE, "from alice")
+        await api.say(THREAD, BOB, "from a stranger")
+        await api.say(RANDOM, ALICE, "ignored in random")
+        await api.say(THREAD, ALICE, f"{MENTION} context")
+        await api.say(RANDOM, ALICE, f"{MENTION} context")
+        [shown] = await api.wait_for_messages(THREAD)
+        [random] = await api.wait_for_messages(RANDOM)
+        await bot.idle()
+    assert "from alice" in shown.text
+    assert "stranger" not in shown.text
+    assert random.text == "context: no history yet in this conversation"

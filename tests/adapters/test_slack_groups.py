@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,49 @@ async def test_in_a_thread_only_an_admin_changes_what_everyone_gets(
         await s.slack.message(GENERAL, BOB, f"{MENTION} /busy reject", **in_thread)
         replies = await api.wait_for_messages(GENERAL, 2)
         assert replies[1].text == "Busy policy for this session: reject"
+
+
+CONTEXT_LABEL = "Earlier in this chat, not addressed to you:"
+
+
+async def test_unmentioned_messages_in_a_thread_are_context_for_its_next_turn(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    async with served(slack_config(api, tmp_path, unmentioned="context")) as s:
+        thread = await s.slack.message(GENERAL, BOB, "a thread", channel_type="channel")
+        other = await s.slack.message(GENERAL, BOB, "another", channel_type="channel")
+        in_thread = {"channel_type": "channel", "thread_ts": thread}
+        await s.slack.message(GENERAL, ALICE, "the build is red", **in_thread)
+        await s.slack.message(GENERAL, BOB, "since noon", **in_thread)
+        await s.slack.message(GENERAL, BOB, "elsewhere", channel_type="channel", thread_ts=other)
+        await s.slack.message(GENERAL, ALICE, f"{MENTION} context", **in_thread)
+        [shown] = await api.wait_for_messages(GENERAL)
+        await s.adapter.handled()
+        await s.hub.gateway.engine.wait_idle()
+    assert CONTEXT_LABEL in shown.text
+    assert f"{ALICE}: the build is red" in shown.text
+    assert f"{BOB}: since noon" in shown.text
+    assert "elsewhere" not in shown.text
+    assert shown.thread_ts == thread
+    assert len(api.texts(GENERAL)) == 1  # the messages kept were not answered
+
+
+async def test_unmentioned_messages_are_ignored_by_default_and_strangers_never_kept(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    cases: list[tuple[dict[str, Any], bool]] = [
+        ({}, False),
+        ({"unmentioned": "context", "allowed_users": [ALICE]}, True),
+    ]
+    for keys, kept in cases:
+        async with SlackApi() as slack_api, served(slack_config(slack_api, tmp_path, **keys)) as s:
+            thread = await s.slack.message(GENERAL, ALICE, "a thread", channel_type="channel")
+            in_thread = {"channel_type": "channel", "thread_ts": thread}
+            await s.slack.message(GENERAL, ALICE, "from alice", **in_thread)
+            await s.slack.message(GENERAL, BOB, "from a stranger", **in_thread)
+            await s.slack.message(GENERAL, ALICE, f"{MENTION} context", **in_thread)
+            [shown] = await slack_api.wait_for_messages(GENERAL)
+            await s.adapter.handled()
+            await s.hub.gateway.engine.wait_idle()
+        assert ("from alice" in shown.text) is kept
+        assert "stranger" not in shown.text

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from chatlane.config import Config
+from chatlane.identity import ChatType, SessionSource
+from chatlane.types import InboundMessage
 from tests.adapters.botapi import BOT_ID, BotApi
 from tests.adapters.test_telegram import ALICE, BOB, GROUP, TOPIC, running, telegram_config
 
@@ -153,3 +155,94 @@ async def test_a_session_of_ones_own_takes_every_command(api: BotApi, tmp_path: 
         api.push_text(BOB, BOB, "/busy collect")
         [reply] = await api.wait_for_sent(BOB)
         assert reply.text == "Busy policy for this session: collect"
+
+
+# -- unmentioned messages kept as context ------------------------------------------------
+
+OTHER_TOPIC = 8
+CONTEXT_LABEL = "Earlier in this chat, not addressed to you:"
+
+
+def keeping(api: BotApi, tmp_path: Path, **groups: Any) -> Config:
+    """Mentions required; what is not for the bot kept as context."""
+    return config(api, tmp_path, unmentioned="context", **groups)
+
+
+async def test_unmentioned_messages_are_given_to_the_next_turn_once_and_not_answered(
+    api: BotApi, tmp_path: Path
+) -> None:
+    async with running(keeping(api, tmp_path)) as (hub, _):
+        say(api, "the build is red", thread_id=TOPIC)
+        say(api, "since noon", thread_id=TOPIC, user=BOB)
+        shown = await answered(api, "@chatlane_bot context", thread_id=TOPIC)
+        assert len(api.sent(GROUP)) == 1  # the two before were not answered
+        assert CONTEXT_LABEL in shown
+        assert "User 42 (42): the build is red" in shown
+        assert "User 43 (43): since noon" in shown
+        again = await answered(api, "@chatlane_bot context", thread_id=TOPIC)
+        assert CONTEXT_LABEL not in again.replace(f"context: {CONTEXT_LABEL}", "")
+        key = hub.gateway.session_key(_topic_message())
+        [context, *_] = [e for e in await hub.store.transcript(key) if e.role == "context"]
+        assert context.content.startswith(CONTEXT_LABEL)
+        assert context.content.endswith("User 43 (43): since noon")
+
+
+def _topic_message() -> InboundMessage:
+    source = SessionSource("telegram", str(GROUP), ChatType.GROUP, thread_id=str(TOPIC))
+    return InboundMessage(source, "")
+
+
+async def test_by_default_unmentioned_messages_are_not_kept(api: BotApi, tmp_path: Path) -> None:
+    async with running(config(api, tmp_path)):
+        say(api, "the build is red", thread_id=TOPIC)
+        shown = await answered(api, "@chatlane_bot context", thread_id=TOPIC)
+        assert "build" not in shown
+        assert shown == "context: no history yet in this conversation"
+
+
+async def test_context_stays_in_its_own_topic_and_a_per_user_session(
+    api: BotApi, tmp_path: Path
+) -> None:
+    async with running(keeping(api, tmp_path)):
+        say(api, "elsewhere", thread_id=OTHER_TOPIC)
+        say(api, "bob at the top", user=BOB)  # outside topics each user has a session
+        say(api, "alice at the top")
+        shown = await answered(api, "@chatlane_bot context", thread_id=TOPIC)
+        assert shown == "context: no history yet in this conversation"
+        top = await answered(api, "@chatlane_bot context")
+        assert "alice at the top" in top
+        assert "bob" not in top
+
+
+async def test_new_clears_what_was_kept(api: BotApi, tmp_path: Path) -> None:
+    async with running(keeping(api, tmp_path, unmentioned_per_chat_type={"channel": "ignore"})):
+        say(api, "before the reset", thread_id=TOPIC)
+        asked = await answered(api, "/new", thread_id=TOPIC)
+        assert "yes" in asked.lower()
+        await answered(api, "@chatlane_bot yes", thread_id=TOPIC)
+        say(api, "after the reset", thread_id=TOPIC)
+        shown = await answered(api, "@chatlane_bot context", thread_id=TOPIC)
+        assert "after the reset" in shown
+        assert "before the reset" not in shown
+
+
+async def test_a_sender_the_allowlist_refuses_is_never_kept(api: BotApi, tmp_path: Path) -> None:
+    async with running(keeping(api, tmp_path, allowed_users=[str(ALICE)])):
+        say(api, "from a stranger", thread_id=TOPIC, user=BOB)
+        say(api, "from alice", thread_id=TOPIC)
+        shown = await answered(api, "@chatlane_bot context", thread_id=TOPIC)
+        assert "from alice" in shown
+        assert "stranger" not in shown
+
+
+async def test_a_chat_can_keep_context_when_the_default_ignores(
+    api: BotApi, tmp_path: Path
+) -> None:
+    per_chat = {str(OTHER_GROUP): "context"}
+    async with running(config(api, tmp_path, unmentioned_per_chat=per_chat)):
+        say(api, "ignored here", thread_id=TOPIC)
+        say(api, "kept there", chat=OTHER_GROUP, thread_id=TOPIC)
+        here = await answered(api, "@chatlane_bot context", thread_id=TOPIC)
+        there = await answered(api, "@chatlane_bot context", chat=OTHER_GROUP, thread_id=TOPIC)
+        assert "ignored here" not in here
+        assert "kept there" in there

@@ -16,7 +16,9 @@ What stays true:
   keyed by the channel — a thread's parent — and ``channel`` or ``thread``):
   with ``require_mention``, only a message that mentions the bot, replies to
   one of its messages or matches a mention pattern goes to chatlane; a DM
-  always does.
+  always does. With ``unmentioned = "context"`` the others are kept for the
+  next turn of their session (:meth:`~chatlane.hub.Hub.overhear`); by default
+  they are ignored.
   The bot's mention is taken out of the text. Messages from servers not on
   ``allowed_guilds`` are ignored.
 * A message's files go with it as attachments, referenced by their CDN URLs
@@ -82,7 +84,7 @@ from chatlane.errors import (
     PermanentDelivery,
     PlatformUnavailable,
 )
-from chatlane.groups import GroupPolicy
+from chatlane.groups import GroupPolicy, Unmentioned
 from chatlane.identity import NO_SESSION, ChatType
 from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
@@ -343,7 +345,9 @@ class DiscordAdapter:
         posted = await read_message(message, client.user.id, channels, allow_bots=allow_bots)
         if posted is None or not self._guild_allowed(posted.guild_id):
             return
-        if self._addressed(posted) and self._seen.note(posted.id):
+        if not self._addressed(posted):
+            self._overhear(posted)
+        elif self._seen.note(posted.id):
             await self._take(posted.inbound())
 
     def _guild_allowed(self, guild_id: int | None) -> bool:
@@ -358,6 +362,14 @@ class DiscordAdapter:
         kind = "channel" if where.thread_id is None else "thread"
         mentioned = posted.mentions_bot or posted.replies_to_bot
         return self._groups.answers(where.chat_id, kind, posted.text, mentioned=mentioned)
+
+    def _overhear(self, posted: Posted) -> None:
+        """Keep ``posted`` (not for the bot) as context, where the group rule says so."""
+        where = posted.where
+        kind = "channel" if where.thread_id is None else "thread"
+        mode = self._groups.unmentioned(where.chat_id, kind)
+        if mode is Unmentioned.CONTEXT and self._hub is not None:
+            self._hub.overhear(posted.inbound(), self._groups.limits)
 
     async def _on_interaction(self, interaction: discord.Interaction) -> None:
         self._lanes.run(str(interaction.channel_id), self._handle_press(interaction))

@@ -23,7 +23,9 @@ What stays true:
   keyed by the conversation and ``channel`` or ``thread``): with ``require_mention``,
   only a message that mentions the bot, matches a mention pattern, or is in a
   thread the bot is in (it started it, or answered there) goes to chatlane;
-  the bot's mention is taken out of the text.
+  the bot's mention is taken out of the text. With ``unmentioned = "context"``
+  the others are kept for the next turn of their session
+  (:meth:`~chatlane.hub.Hub.overhear`); by default they are ignored.
 * A message's files go with it as attachments, referenced by their private
   URLs (:mod:`~chatlane.adapters.slack_files`); a message with a file over
   ``slack.max_attachment_bytes`` is refused with a notice instead, after the
@@ -83,7 +85,7 @@ from chatlane.errors import (
     PermanentDelivery,
     PlatformUnavailable,
 )
-from chatlane.groups import GroupPolicy
+from chatlane.groups import GroupPolicy, Unmentioned
 from chatlane.identity import NO_SESSION, ChatType
 from chatlane.secrets import Secrets, read_secret
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
@@ -286,7 +288,12 @@ class SlackAdapter:
 
     async def _on_event(self, event: dict[str, Any]) -> None:
         posted = read_posted(event, self._bot_user)
-        if posted is None or not self._addressed(posted) or not self._seen.note(posted.id):
+        if posted is None:
+            return
+        if not self._addressed(posted):
+            self._overhear(posted)
+            return
+        if not self._seen.note(posted.id):
             return
         result = await self._take(posted.inbound())
         if posted.thread_ts is not None and result is not None and not result.refused:
@@ -299,6 +306,13 @@ class SlackAdapter:
         kind = "channel" if posted.thread_ts is None else "thread"
         mentioned = posted.mentions_bot or self._in_bot_thread(posted)
         return self._groups.answers(posted.channel, kind, posted.text, mentioned=mentioned)
+
+    def _overhear(self, posted: Posted) -> None:
+        """Keep ``posted`` (not for the bot) as context, where the group rule says so."""
+        kind = "channel" if posted.thread_ts is None else "thread"
+        mode = self._groups.unmentioned(posted.channel, kind)
+        if mode is Unmentioned.CONTEXT and self._hub is not None:
+            self._hub.overhear(posted.inbound(), self._groups.limits)
 
     def _in_bot_thread(self, posted: Posted) -> bool:
         """Whether ``posted`` is in a thread the bot started or answered in."""

@@ -21,7 +21,9 @@ What stays true:
 * In groups, supergroups and channels, with ``require_mention`` (the default),
   only a message that mentions the bot, replies to one of its messages or is
   a command goes to chatlane, without the mention
-  (:mod:`~chatlane.adapters.telegram_groups`); private chats always do.
+  (:mod:`~chatlane.adapters.telegram_groups`); private chats always do. With
+  ``unmentioned = "context"`` the others are kept, as said, for the next turn
+  there (:meth:`~chatlane.hub.Hub.overhear`); by default they are ignored.
 * Every message handed to the hub is answered: by its turn, by a refusal, or —
   when the hub cannot take it — by a short notice in its chat and topic.
 * Handling an update only waits until chatlane has accepted the message, never
@@ -84,7 +86,7 @@ from telegram.request import HTTPXRequest
 from chatlane.adapters.splitting import joined
 from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
-from chatlane.adapters.telegram_groups import BotIdentity, addressed_text
+from chatlane.adapters.telegram_groups import BotIdentity, addressed_text, overheard
 from chatlane.adapters.telegram_media import MEDIA, attachment_of
 from chatlane.adapters.typing import TypingIndicators
 from chatlane.approvals import is_request_id
@@ -329,6 +331,9 @@ class TelegramAdapter:
         """A text, or a file and its caption: to the hub, unless the file is over the cap."""
         inbound = inbound_message(update, self._bot, self._groups)
         if inbound is None:
+            said = overheard_message(update, self._bot, self._groups)
+            if said is not None and self._hub is not None:
+                self._hub.overhear(said, self._groups.limits)
             return
         cap = self._config.telegram.max_attachment_bytes
         too_large = oversized(inbound.attachments, cap) if inbound.attachments else None
@@ -474,6 +479,22 @@ def inbound_message(update: Update, bot: BotIdentity, groups: GroupPolicy) -> In
         return None
     text = addressed_text(message, cleaned, bot, groups, files=bool(files))
     if text is None:
+        return None
+    msg_id = f"tg-{message.chat.id}-{message.message_id}"
+    return InboundMessage(source_of(message, message.from_user), text, id=msg_id, attachments=files)
+
+
+def overheard_message(
+    update: Update, bot: BotIdentity, groups: GroupPolicy
+) -> InboundMessage | None:
+    """``update``'s message as said, if it is kept as context: in a group that keeps what
+    is not for the bot (:func:`~chatlane.adapters.telegram_groups.overheard`); else None."""
+    message = update.effective_message
+    said = None if message is None else _text_and_files(message)
+    if message is None or said is None:
+        return None
+    text, files = clean_text(said[0]), said[1]
+    if not overheard(message, text, bot, groups):
         return None
     msg_id = f"tg-{message.chat.id}-{message.message_id}"
     return InboundMessage(source_of(message, message.from_user), text, id=msg_id, attachments=files)

@@ -13,6 +13,9 @@ What stays true:
   offsets, never by searching the text, so a lookalike name stays.
 * A file's caption is its message's text, mentions and all; a message with a
   file is for the bot even when nothing is left of its caption.
+* A group's message that is not for the bot is kept as context
+  (:func:`overheard`) only where the policy says ``context``; a message that
+  mentions the bot with nothing else in it is not for it, and not kept either.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from dataclasses import dataclass
 from telegram import Message, MessageEntity
 
 from chatlane.commands import parse_command
-from chatlane.groups import GroupPolicy
+from chatlane.groups import GroupPolicy, Unmentioned
 
-__all__ = ["BotIdentity", "addressed_text"]
+__all__ = ["BotIdentity", "addressed_text", "overheard"]
 
 _PRIVATE = "private"
 
@@ -46,9 +49,26 @@ def addressed_text(
         return text
     mentions = _mentions_of(message, bot)
     stripped = _without(text, mentions).strip() if mentions else text
-    mentioned = bool(mentions) or _replies_to(message, bot) or parse_command(text) is not None
-    answered = policy.answers(str(message.chat.id), message.chat.type, text, mentioned=mentioned)
-    return stripped if answered and (stripped or files) else None
+    return stripped if _answers(message, text, bot, policy) and (stripped or files) else None
+
+
+def overheard(message: Message, text: str, bot: BotIdentity, policy: GroupPolicy) -> bool:
+    """Whether ``message`` (its text or caption ``text``), in a group and not for the bot,
+    is kept as context for the bot's next turn there (``unmentioned = "context"``)."""
+    chat = message.chat
+    if chat.type == _PRIVATE or policy.unmentioned(str(chat.id), chat.type) is Unmentioned.IGNORE:
+        return False
+    return not _answers(message, text, bot, policy)
+
+
+def _answers(message: Message, text: str, bot: BotIdentity, policy: GroupPolicy) -> bool:
+    """Whether the group's ``message`` is for the bot, by the policy (nothing cut out yet)."""
+    mentioned = (
+        bool(_mentions_of(message, bot))
+        or _replies_to(message, bot)
+        or parse_command(text) is not None
+    )
+    return policy.answers(str(message.chat.id), message.chat.type, text, mentioned=mentioned)
 
 
 def _mentions_of(message: Message, bot: BotIdentity) -> list[MessageEntity]:

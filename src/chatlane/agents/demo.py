@@ -13,7 +13,9 @@
   the stream at once (the reply is what was streamed so far);
 * ``context`` → the history the agent is given for the turn: the current
   conversation's entries in the store, one line each (so a ``redirect``'s
-  kept partial reply, or what ``/new`` cleared, can be seen);
+  kept partial reply, or what ``/new`` cleared, can be seen), then what the
+  chat said without mentioning the bot, given with this turn
+  (:attr:`~chatlane.runtime.turn.Turn.context`), under its label;
 * anything else → ``echo: <text>``, streamed in a few chunks, followed by
   ``(1 attachment: photo.jpg image/jpeg 12 KB)`` when the turn's messages
   came with files (and ``context`` lists each entry's the same way).
@@ -28,6 +30,7 @@ from typing import Protocol
 
 from chatlane.attachments import summary
 from chatlane.context import get_session_env, run_in_thread
+from chatlane.overheard import render
 from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.records import TranscriptEntry
@@ -102,9 +105,13 @@ class DemoAgent:
         if self._store is None:
             return "context: no store to read history from"
         entries = await self._store.transcript(turn.session_key, limit=CONTEXT_ENTRIES)
+        overheard = render(turn.context)
         if not entries:
-            return "context: no history yet in this conversation"
+            shown = "context: no history yet in this conversation"
+            return f"{shown}\n{overheard}" if overheard else shown
         lines = [f"{e.role}: {_with_files(_one_line(e.content), e.attachments)}" for e in entries]
+        if overheard:
+            lines.append(overheard)
         return f"context ({len(entries)} entries):\n" + "\n".join(lines)
 
 

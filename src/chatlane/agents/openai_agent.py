@@ -3,7 +3,7 @@
 What stays true:
 
 * Each turn sends the session's recent history from the store (the last
-  ``config.history`` user and assistant entries of the current conversation)
+  ``config.history`` user, assistant and context entries of the current conversation)
   and then the turn's own input, which the transcript does not hold yet.
 * The session's ``/model``, ``/reasoning`` and ``/fast`` choices apply to the
   turn that reads them: the model name (and endpoint, if one was chosen),
@@ -26,6 +26,11 @@ What stays true:
 * The upstream session is named by a hash of the session key (the
   ``X-Chatlane-Session`` header), so a chatlane upstream keeps one session per
   downstream session without learning chat or user ids.
+* What a chat said without mentioning the bot before the turn
+  (:attr:`~chatlane.runtime.turn.Turn.context`) is sent as a user message of
+  its own before the turn's input, labelled "Earlier in this chat, not
+  addressed to you:" (:func:`~chatlane.overheard.render`); history holds it
+  the same way (the transcript's ``context`` entries).
 * Attachments are described in the text of their message, one line for all
   (:func:`~chatlane.attachments.summary`), in the turn's input and in history
   alike; an image whose reference is an http(s) URL is sent too, as an
@@ -56,6 +61,7 @@ from chatlane.config import OpenAIConfig
 from chatlane.endpoints import EndpointPolicy, EndpointRefused, Resolver, system_resolver
 from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
+from chatlane.overheard import CONTEXT_ROLE, render
 from chatlane.redaction import redact_client_logs
 from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.secrets import read_secret
@@ -68,7 +74,7 @@ log = logging.getLogger("chatlane.agents.openai")
 SESSION_HEADER = "X-Chatlane-Session"
 NO_KEY = "none"
 """Sent (as the SDK needs some key) to endpoints that must not see the configured one."""
-_HISTORY_ROLES = frozenset({"user", "assistant"})
+_HISTORY_ROLES = frozenset({"user", "assistant", CONTEXT_ROLE})
 CLIENT_CACHE_SIZE = 8
 """HTTP clients kept at once (each holds a connection pool); the least recently used goes."""
 
@@ -150,12 +156,15 @@ class OpenAIAgent:
             raise EndpointFailed from error
 
     async def messages(self, turn: Turn) -> list[ChatCompletionMessageParam]:
-        """The history of ``turn``'s conversation, then its input."""
+        """The history of ``turn``'s conversation, then its context and its input."""
         history: list[ChatCompletionMessageParam] = []
         if self._store is not None and self.config.history > 0:
             entries = await self._store.transcript(turn.session_key, limit=self.config.history)
             history = [_message(e) for e in entries if e.role in _HISTORY_ROLES]
-        return [*history, user_input(turn.text, turn.attachments)]
+        overheard: list[ChatCompletionMessageParam] = []
+        if turn.context:
+            overheard.append({"role": "user", "content": render(turn.context)})
+        return [*history, *overheard, user_input(turn.text, turn.attachments)]
 
     async def _endpoint(self, choice: ModelChoice | None) -> tuple[str, str]:
         """The turn's endpoint and the model name to ask for.

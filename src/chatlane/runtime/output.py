@@ -44,6 +44,7 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.logs import turn_fields
+from chatlane.overheard import CONTEXT_ROLE, render
 from chatlane.runtime import pending
 from chatlane.runtime.backoff import retry_store, retryable
 from chatlane.runtime.ending import TurnEnd
@@ -322,6 +323,8 @@ def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
     g = turn.generation
     entries = []
     for m in (*turn.messages, *turn.steered):  # a loop, as most turns answer one message
+        if m.context:
+            entries.append(TranscriptEntry(CONTEXT_ROLE, render(m.context), g))
         entries.append(
             TranscriptEntry("user", m.text, g, message_id=m.id, attachments=m.attachments)
         )

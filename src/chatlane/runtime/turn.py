@@ -34,7 +34,7 @@ from chatlane.titles import clean_title
 
 if TYPE_CHECKING:
     from chatlane.approvals import ApprovalBroker
-from chatlane.types import Attachment, InboundMessage, ModelChoice, SessionKey
+from chatlane.types import Attachment, ContextLine, InboundMessage, ModelChoice, SessionKey
 
 
 class TurnOverrides(msgspec.Struct, frozen=True):
@@ -311,6 +311,17 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         if len(messages) == 1:
             return messages[0].attachments
         return tuple(a for message in messages for a in message.attachments)
+
+    @property
+    def context(self) -> tuple[ContextLine, ...]:
+        """What was said in the chat without mentioning the bot before the turn's messages
+        (``unmentioned = "context"``), oldest first; empty otherwise. Each line is given to
+        one turn only (:mod:`chatlane.overheard`); :func:`chatlane.overheard.render` makes
+        the labelled block an agent can read."""
+        messages = self.messages
+        if len(messages) == 1:
+            return messages[0].context
+        return tuple(line for message in messages for line in message.context)
 
     @property
     def note(self) -> str:
