@@ -70,6 +70,8 @@ class Attachment(msgspec.Struct, frozen=True, omit_defaults=True):
     the platform did not say. ``name`` is the name the sender gave, as text
     only: it may hold separators, any Unicode and be long, so it is never a
     path to write to. Stored with its message (queue and transcript) as is.
+    ``private`` marks a URL only the platform's token opens (Slack's
+    ``url_private``): it is never handed to anyone without that token.
     """
 
     kind: AttachmentKind
@@ -77,11 +79,17 @@ class Attachment(msgspec.Struct, frozen=True, omit_defaults=True):
     mime_type: str = ""
     size: int = 0
     name: str = ""
+    private: bool = False
 
     @property
     def is_url(self) -> bool:
         """Whether ``ref`` is an http(s) URL rather than a platform's file id."""
         return self.ref.startswith(("https://", "http://"))
+
+    @property
+    def is_public_url(self) -> bool:
+        """Whether ``ref`` is an http(s) URL anyone may fetch (not ``private``)."""
+        return self.is_url and not self.private
 
 
 class ContextLine(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -173,7 +173,7 @@ def test_what_a_file_object_gives() -> None:
     event = {"files": [hidden, deleted, "not a file", odd, {}]}
     assert files_of(event) == (
         Attachment(AttachmentKind.DOCUMENT, "F0HIDDEN"),
-        Attachment(AttachmentKind.DOCUMENT, "https://files.slack.com/x", name="t"),
+        Attachment(AttachmentKind.DOCUMENT, "https://files.slack.com/x", name="t", private=True),
     )
     assert files_of({"files": "none"}) == files_of({}) == ()
 

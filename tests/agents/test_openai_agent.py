@@ -23,6 +23,7 @@ from chatlane.agents.openai_agent import (
     OpenAIAgent,
     request_options,
     upstream_session,
+    user_input,
 )
 from chatlane.config import ApiConfig, Config, OpenAIConfig, Secret, ServerConfig
 from chatlane.endpoints import NOT_ALLOWED
@@ -188,6 +189,20 @@ PHOTO_URL = "https://files.example/cat.png"
 PHOTO = Attachment(AttachmentKind.IMAGE, PHOTO_URL, "image/png", 2048, "cat.png")
 TG_PHOTO = Attachment(AttachmentKind.IMAGE, "AgACAgI", "image/jpeg", 12_345)
 DOCUMENT = Attachment(AttachmentKind.DOCUMENT, "https://files.example/r.pdf", "application/pdf")
+SLACK_PHOTO = Attachment(
+    AttachmentKind.IMAGE, "https://files.slack.com/p.png", "image/png", 10, "p.png", private=True
+)
+
+
+def test_an_image_only_the_platforms_token_opens_is_described_never_sent() -> None:
+    assert user_input("see", [SLACK_PHOTO]) == {
+        "role": "user",
+        "content": "see\n[1 attachment: p.png image/png 10 bytes]",
+    }
+    assert user_input("see", [PHOTO])["content"][1] == {  # type: ignore[index]
+        "type": "image_url",
+        "image_url": {"url": PHOTO_URL},
+    }
 
 
 async def test_attachments_are_described_and_url_images_sent_as_parts(tmp_path: Path) -> None:

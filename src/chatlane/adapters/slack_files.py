@@ -42,7 +42,8 @@ def files_of(event: Mapping[str, Any]) -> tuple[Attachment, ...]:
 
 
 def _attachment(found: Mapping[str, Any]) -> Attachment | None:
-    ref = _text(found, "url_private") or _text(found, "id")
+    private = _text(found, "url_private")
+    ref = private or _text(found, "id")
     if not ref or found.get("mode") == "tombstone":
         return None
     mime_type = clean_mime_type(_text(found, "mimetype"))
@@ -50,7 +51,7 @@ def _attachment(found: Mapping[str, Any]) -> Attachment | None:
     size = found.get("size")
     known = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
     name = clean_name(_text(found, "name") or _text(found, "title"))
-    return Attachment(kind, ref, mime_type, known, name)
+    return Attachment(kind, ref, mime_type, known, name, private=bool(private))
 
 
 def _text(found: Mapping[str, Any], key: str) -> str:

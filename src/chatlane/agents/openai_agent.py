@@ -270,11 +270,12 @@ async def until_interrupted(
 
 def user_input(text: str, attachments: Sequence[Attachment]) -> ChatCompletionUserMessageParam:
     """A user message of ``text`` and its ``attachments``: described in the text, and each
-    image with an http(s) URL as an ``image_url`` part after it."""
+    image with a public http(s) URL as an ``image_url`` part after it (a ``private``
+    one would need the platform's token, which the model's provider never gets)."""
     if not attachments:
         return {"role": "user", "content": text}
     described = with_attachments(text, attachments)
-    urls = [a.ref for a in attachments if a.kind is AttachmentKind.IMAGE and a.is_url]
+    urls = [a.ref for a in attachments if a.kind is AttachmentKind.IMAGE and a.is_public_url]
     if not urls:
         return {"role": "user", "content": described}
     parts: list[ChatCompletionContentPartParam] = [{"type": "text", "text": described}]
