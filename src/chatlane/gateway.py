@@ -30,6 +30,7 @@ from chatlane.commands import (
 )
 from chatlane.delivery.ledger import DeliveryLedger
 from chatlane.delivery.worker import DeliverySettings, DeliveryWorker, Sender
+from chatlane.errors import ChatlaneError
 from chatlane.identity import (
     NO_SESSION,
     ChatType,
@@ -278,6 +279,18 @@ class Gateway:
             self._give_back(key, message)
             raise
         return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+
+    async def has_run(self, message: InboundMessage) -> bool:
+        """Whether a turn ever ran, in any process sharing the store, for the session
+        ``message`` would go to: its generation there is above 0 (every turn's lease
+        bumps it). False when its source names no session or the store cannot say.
+        """
+        try:
+            key = self.session_key(message)
+            return await self.engine.store.generation(key) > 0
+        except ChatlaneError as error:
+            log.warning("could not ask whether a session has run: %s", error)
+            return False
 
     def overhear(self, message: InboundMessage, limits: ContextLimits) -> bool:
         """Keep ``message`` — said in a shared chat, not to the bot — as context for the

@@ -178,6 +178,11 @@ class Hub:
         turn of its session (:meth:`~chatlane.gateway.Gateway.overhear`); whether it was kept."""
         return self.gateway.overhear(message, limits)
 
+    async def has_run(self, message: InboundMessage) -> bool:
+        """Whether a turn ever ran for ``message``'s session, in any process sharing the
+        store (:meth:`~chatlane.gateway.Gateway.has_run`)."""
+        return await self.gateway.has_run(message)
+
     async def submit(self, message: InboundMessage) -> DispatchResult:
         """Dispatch one message; the gateway authorizes it first (``refused`` if it refuses)."""
         return await self.gateway.dispatch(message)

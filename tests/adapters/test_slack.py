@@ -267,6 +267,30 @@ async def test_a_thread_reply_lands_in_the_thread_and_the_bot_stays_in_it(
     assert f"user={BOB} " in replies[1].text
 
 
+async def test_a_thread_the_bot_answered_in_needs_no_mention_in_another_process(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    shared = StoreConfig(url=f"sqlite:///{tmp_path / 'shared.db'}")
+    config = msgspec.structs.replace(slack_config(api, tmp_path), store=shared)
+    async with served(config) as first, served(config) as second:
+        thread = await first.slack.message(GENERAL, BOB, "a question", channel_type="channel")
+        await first.slack.message(
+            GENERAL, ALICE, f"{MENTION} hello", channel_type="channel", thread_ts=thread
+        )
+        await api.wait_for_messages(GENERAL)
+        other = first.slack.next_ts()  # one clock for both: ts are unique
+        await second.slack.message(
+            GENERAL, BOB, "elsewhere", channel_type="channel", thread_ts=other
+        )
+        await second.slack.message(
+            GENERAL, BOB, "and more", channel_type="channel", thread_ts=thread
+        )
+        replies = await api.wait_for_messages(GENERAL, 2)
+        await second.hub.gateway.engine.wait_idle()
+        assert (replies[1].text, replies[1].thread_ts) == ("echo: and more", thread)
+        assert len(api.messages(GENERAL)) == 2  # nothing for the thread the bot is not in
+
+
 async def test_a_thread_under_the_bots_own_message_needs_no_mention(
     api: SlackApi, gateway: Served
 ) -> None:

@@ -290,7 +290,7 @@ class SlackAdapter:
         posted = read_posted(event, self._bot_user)
         if posted is None:
             return
-        if not self._addressed(posted):
+        if not self._addressed(posted, await self._in_bot_thread(posted)):
             self._overhear(posted)
             return
         if not self._seen.note(posted.id):
@@ -299,12 +299,12 @@ class SlackAdapter:
         if posted.thread_ts is not None and result is not None and not result.refused:
             self._threads.note((posted.channel, posted.thread_ts))  # the bot answers there
 
-    def _addressed(self, posted: Posted) -> bool:
+    def _addressed(self, posted: Posted, in_bot_thread: bool) -> bool:
         """Whether ``posted`` is for the bot (see the module docstring)."""
         if posted.chat_type is ChatType.DM:
             return True
         kind = "channel" if posted.thread_ts is None else "thread"
-        mentioned = posted.mentions_bot or self._in_bot_thread(posted)
+        mentioned = posted.mentions_bot or in_bot_thread
         return self._groups.answers(posted.channel, kind, posted.text, mentioned=mentioned)
 
     def _overhear(self, posted: Posted) -> None:
@@ -314,12 +314,25 @@ class SlackAdapter:
         if mode is Unmentioned.CONTEXT and self._hub is not None:
             self._hub.overhear(posted.inbound(), self._groups.limits)
 
-    def _in_bot_thread(self, posted: Posted) -> bool:
-        """Whether ``posted`` is in a thread the bot started or answered in."""
+    async def _in_bot_thread(self, posted: Posted) -> bool:
+        """Whether ``posted`` is in a thread the bot started or answered in.
+
+        A thread this process has not seen the bot answer in is asked of the
+        store once (a turn ran for its session, in any process sharing it), and
+        remembered here if so: a thread is one session, so this holds across
+        processes and restarts.
+        """
         thread = posted.thread_ts
-        if thread is None:
+        if thread is None or posted.mentions_bot:
             return False
-        return posted.parent_user == self._bot_user or (posted.channel, thread) in self._threads
+        if posted.parent_user == self._bot_user or (posted.channel, thread) in self._threads:
+            return True
+        if posted.chat_type is ChatType.DM or self._hub is None:
+            return False
+        if not await self._hub.has_run(posted.inbound()):
+            return False
+        self._threads.note((posted.channel, thread))
+        return True
 
     async def _on_press(self, press: Press) -> None:
         if not press.command:
