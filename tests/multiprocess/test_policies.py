@@ -8,8 +8,10 @@ there (drawn in), interrupt it, or redirect it. Checked from the log the
 workers share, for every session and message:
 
 * every message ends in exactly one outcome, in the process that accepted it;
-  nothing is lost, and only ``rollback`` sessions have interrupted messages.
-  Should the burst (3,000 messages into each process at once) hold a
+  nothing is lost, and only ``rollback`` sessions have interrupted messages (and
+  ``redirect`` ones whose turn found no safe point within ``interrupt_grace``,
+  as a burst can delay a turn's end that long: it is rolled back then).
+  Should the burst (10,000 messages into each process at once) hold a
   process's heartbeat past the TTL, the other takes it for dead and adopts its
   messages: then both end such a message, with the same outcome (except that
   a message interrupted in the process that accepted it is ``dropped`` for
@@ -41,11 +43,12 @@ from tests.stores.conftest import forget_store
 pytestmark = pytest.mark.slow
 
 POLICIES = ("queue", "collect", "steer", "interrupt", "redirect")
-SESSIONS = 300
+SESSIONS = 1_000
 MESSAGES = 20
 TTL = LeaseSettings().ttl
-"""The default lease TTL: the burst below holds a heartbeat back for over 10 s on two
-cores, and a process taken for dead then has its messages adopted by the other."""
+"""The default lease TTL. Heartbeats and renewals jump the SQLite writer's queue, so
+the burst below no longer holds a heartbeat back past it; should a loaded machine
+still do so, a process taken for dead has its messages adopted by the other."""
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -125,7 +128,8 @@ def test_every_policy_across_two_processes_loses_nothing_and_answers_once(
                 assert theirs == mine or seen_leave(theirs, mine), (message_id, by_worker)
     kinds = Counter(fate.values())
     interrupted = {m for m in every if fate[m] == "interrupted"}
-    assert all(policy_of[m.rsplit("-", 1)[0]] == "interrupt" for m in interrupted)
+    rolling_back = {"interrupt", "redirect"}  # past interrupt_grace a redirect rolls back
+    assert all(policy_of[m.rsplit("-", 1)[0]] in rolling_back for m in interrupted)
     assert set(kinds) <= {"answered", "interrupted"}, kinds
 
     answered_by: defaultdict[str, list[int]] = defaultdict(list)

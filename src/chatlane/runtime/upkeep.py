@@ -114,6 +114,8 @@ class Upkeep:
     ) -> None:
         self._leases = leases
         self._slots = slots
+        self._losing: set[int] = set()
+        """The turns (by ``id``) whose refused renewal is being handled (:meth:`_lose`)."""
         self._outlet = outlet
         self._outcomes = outcomes
         self._metrics = metrics
@@ -178,7 +180,12 @@ class Upkeep:
         ]
 
     async def renew_once(self) -> None:
-        """Beat and renew every held lease, concurrently; the turns whose lease is gone lose it."""
+        """Beat and renew every held lease, concurrently; the turns whose lease is gone lose it.
+
+        A lost lease is handled beside this loop (:meth:`_lose`): asking the
+        store why may wait behind a burst of other work, and the next beat
+        must not.
+        """
         held = self._leased()
         beat, renewal = await asyncio.gather(
             self._leases.heartbeat(),
@@ -194,9 +201,29 @@ class Upkeep:
             return
         for turn, lease in zip(held, renewal, strict=True):
             if lease is None:
-                await self.lease_lost(turn, "its lease could not be renewed", fenced=True)
+                self._lose(turn, "its lease could not be renewed")
             else:
                 _renewed(turn, lease)
+
+    def _lose(self, turn: Turn, why: str) -> None:
+        """Handle ``turn``'s refused renewal in the background, once at a time per turn."""
+        if id(turn) in self._losing or self._lost_nothing(turn):
+            return
+        self._losing.add(id(turn))
+
+        async def lose() -> None:
+            try:
+                await self.lease_lost(turn, why, fenced=True)
+            finally:
+                self._losing.discard(id(turn))
+
+        self._slots.spawn(lose())
+
+    @staticmethod
+    def _lost_nothing(turn: Turn) -> bool:
+        """Whether ``turn`` ended, answered, gave its lease back or was fenced here already."""
+        released = turn.generation not in turn.session_state.turn.lease_tokens
+        return turn.finished or turn.answered or released or turn.is_fenced()
 
     async def give_up_expiring(self) -> int:
         """Supersede and cancel each turn whose lease is about to expire here; return how many.
@@ -302,13 +329,14 @@ class Upkeep:
         interrupted. A turn that ended, or was fenced here, while the renewal
         was under way lost nothing.
         """
+        if self._lost_nothing(turn):
+            return  # before asking the store: no read for a turn that ended meanwhile
         store = self._leases.store
         try:
             interrupted = fenced and await was_interrupted_elsewhere(store, turn)
         except ChatlaneError:
             interrupted = False
-        released = turn.generation not in turn.session_state.turn.lease_tokens
-        if turn.finished or turn.answered or released or turn.is_fenced():
+        if self._lost_nothing(turn):
             return
         if interrupted:
             detail = "by a message to another process"

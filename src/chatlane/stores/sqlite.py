@@ -588,6 +588,13 @@ class SQLiteStore(Store):
             return self._writer.submit(op, True)
         return self._submit(op, writes=True)
 
+    def _urgent(self, op: Operation[T]) -> asyncio.Future[T]:
+        """A write that says this process is alive (a heartbeat, lease renewals): it runs
+        before the writes already queued (see :mod:`chatlane.stores.sqlite_writer`)."""
+        if self._closing is None and self._writer.damage is None:
+            return self._writer.submit(op, True, urgent=True)
+        return self._submit(op, writes=True)
+
     def _quick(self, op: Operation[T]) -> asyncio.Future[T]:
         """A small, bounded write of a turn's: the event loop may run it itself (see
         :mod:`chatlane.stores.sqlite_writer`)."""
@@ -635,7 +642,7 @@ class SQLiteStore(Store):
         held = list(leases)
         if not held:
             return []
-        return await self._write(lambda db: _renew_many(db, self._clock, held, ttl))
+        return await self._urgent(lambda db: _renew_many(db, self._clock, held, ttl))
 
     async def release(self, lease: Lease) -> None:
         await self._quick(lambda db: _release(db, lease))
@@ -821,7 +828,9 @@ class SQLiteStore(Store):
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
         retention, delivered = self.answered_retention, self.delivered_retention
-        await self._write(lambda db: _heartbeat(db, self._clock, holder, ttl, retention, delivered))
+        await self._urgent(
+            lambda db: _heartbeat(db, self._clock, holder, ttl, retention, delivered)
+        )
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         asked = list(holders)

@@ -43,7 +43,10 @@ What stays true:
 * A batch with a write begins ``IMMEDIATE`` (the write lock first); a batch
   of reads begins deferred.
 * Reads go through the same thread as writes, in queue order: a read issued
-  after a write returned sees that write.
+  after a write returned sees that write. *Urgent* calls (the heartbeat and
+  lease renewals: liveness, which other processes judge by the clock) jump
+  the queue: each batch starts with every urgent call waiting, so however
+  many calls a burst of messages queued, they wait for one batch at most.
 * A call cancelled while still queued is skipped; one cancelled while its
   transaction runs may still be applied (its result is dropped).
 * Damage SQLite reports while running (a malformed page, a file that is no
@@ -55,6 +58,7 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import queue
@@ -142,7 +146,9 @@ class Writer:
     def __init__(self, location: Location) -> None:
         self.location = location
         self.stats = WriterStats()
-        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Call | bool | None] = queue.SimpleQueue()
+        """Calls in order; ``None`` stops the thread; ``True`` says an urgent call waits."""
+        self._urgent: collections.deque[_Call] = collections.deque()
         self._stopping = False
         self._stopped: _Call | None = None
         self._thread: threading.Thread | None = None
@@ -178,16 +184,25 @@ class Writer:
         self._thread.start()
         return ready[3]
 
-    def submit(self, op: Operation[T], writes: bool, quick: bool = False) -> asyncio.Future[T]:
+    def submit(
+        self, op: Operation[T], writes: bool, quick: bool = False, urgent: bool = False
+    ) -> asyncio.Future[T]:
         """Queue ``op``; never blocks the event loop.
 
         :param quick: a small, bounded write: the loop may run it on its own
             thread (with the others of its pass) while the writer thread idles.
+        :param urgent: run it before every call queued and not yet taken (a
+            heartbeat, a lease renewal: see the module docstring).
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         call = (op, writes, loop, future)
-        if quick and loop is self._owner:
+        if urgent:
+            if loop is self._owner:
+                self._sent += 1
+            self._urgent.append(call)
+            self._queue.put(True)  # wakes the thread if it waits
+        elif quick and loop is self._owner:
             self._here.append(call)
             if len(self._here) == 1:
                 loop.call_soon(self._flush)
@@ -314,15 +329,24 @@ class Writer:
         """Block for one call, then take the calls already waiting; None once stopped."""
         if self._stopping:
             return None
-        batch: list[_Call] = []
         item = self._queue.get()
+        batch = self._take_urgent()
         while item is not None:
-            batch.append(item)
+            if item is not True:
+                batch.append(item)  # type: ignore[arg-type]
             if len(batch) >= MAX_BATCH or self._queue.empty():
                 return batch
             item = self._queue.get_nowait()
         self._stopping = True
         return batch or None
+
+    def _take_urgent(self) -> list[_Call]:
+        """Every urgent call waiting, oldest first (their wake-ups stay queued, and are skipped)."""
+        taken: list[_Call] = []
+        with contextlib.suppress(IndexError):
+            while True:
+                taken.append(self._urgent.popleft())
+        return taken
 
     def _run(self, connection: sqlite3.Connection, batch: list[_Call]) -> list[_Outcome]:
         calls = [call for call in batch if not call[3].cancelled()]
@@ -444,12 +468,13 @@ class Writer:
 
     def _fail_queued(self) -> None:
         """Answer whatever is still queued once the thread ends (only after a crash)."""
-        leftovers: list[_Outcome] = []
+        closed = StoreError("store is closed")
+        leftovers: list[_Outcome] = [(call, None, closed) for call in self._take_urgent()]
         with contextlib.suppress(queue.Empty):
             while True:
                 item = self._queue.get_nowait()
-                if item is not None:
-                    leftovers.append((item, None, StoreError("store is closed")))
+                if item is not None and item is not True:
+                    leftovers.append((item, None, closed))  # type: ignore[arg-type]
         if self._stopped is not None:
             leftovers.append((self._stopped, None, None))
         _deliver(leftovers)
