@@ -9,7 +9,7 @@ import sqlite3
 import threading
 import time
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +251,24 @@ async def test_many_sessions_mixing_quick_and_queued_calls(store: SQLiteStore) -
     await asyncio.gather(*(session(i) for i in range(40)))
     assert await store.pending_keys() == []
     assert store.stats.on_loop > 0
+
+
+async def test_an_urgent_call_runs_before_the_backlog_queued_ahead_of_it(
+    store: SQLiteStore,
+) -> None:
+    """A heartbeat waits for one batch at most, however many calls a burst queued."""
+    order: list[str] = []
+
+    def note(name: str) -> Callable[[sqlite3.Connection], None]:
+        return lambda _: order.append(name)
+
+    backlog = 2 * sqlite_writer.MAX_BATCH + 10
+    async with writer_held(store) as queued:
+        calls = [store._write(note(f"w{n}")) for n in range(backlog)]
+        await queued(backlog)
+        calls.append(store._urgent(note("beat")))
+    await asyncio.gather(*calls)
+    assert order[0] == "beat"
+    assert order[1:] == [f"w{n}" for n in range(backlog)]  # the others keep their order
+    await store.heartbeat("p1", 5.0)  # the store's own urgent call, end to end
+    assert await store.alive(["p1"]) == {"p1": True}
