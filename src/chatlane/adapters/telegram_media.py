@@ -17,7 +17,6 @@ What stays true:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 from telegram import Message
@@ -44,10 +43,14 @@ PHOTO_MIME_TYPE = "image/jpeg"
 
 def attachment_of(message: Message) -> Attachment | None:
     """The file ``message`` carries, as an attachment; None for a message without one."""
-    for read in _READERS:
-        found = read(message)
+    photo = _photo(message)
+    if photo is not None:
+        return photo
+    for field, kind, fixed_mime_type in _FILES:
+        found = getattr(message, field)
         if found is not None:
-            return found
+            mime_type = fixed_mime_type or getattr(found, "mime_type", None)
+            return _file(kind, found.file_id, mime_type, found, getattr(found, "file_name", None))
     return None
 
 
@@ -58,58 +61,17 @@ def _photo(message: Message) -> Attachment | None:
     return Attachment(AttachmentKind.IMAGE, largest.file_id, PHOTO_MIME_TYPE, _size(largest))
 
 
-def _animation(message: Message) -> Attachment | None:
-    """An animation (a GIF, sent as an MPEG-4 video); Telegram adds it as a document too."""
-    found = message.animation
-    if found is None:
-        return None
-    return _file(AttachmentKind.VIDEO, found.file_id, found.mime_type, found, found.file_name)
-
-
-def _video(message: Message) -> Attachment | None:
-    found = message.video
-    if found is None:
-        return None
-    return _file(AttachmentKind.VIDEO, found.file_id, found.mime_type, found, found.file_name)
-
-
-def _video_note(message: Message) -> Attachment | None:
-    found = message.video_note
-    if found is None:
-        return None
-    return _file(AttachmentKind.VIDEO, found.file_id, "video/mp4", found, None)
-
-
-def _voice(message: Message) -> Attachment | None:
-    found = message.voice
-    if found is None:
-        return None
-    return _file(AttachmentKind.VOICE, found.file_id, found.mime_type, found, None)
-
-
-def _audio(message: Message) -> Attachment | None:
-    found = message.audio
-    if found is None:
-        return None
-    return _file(AttachmentKind.AUDIO, found.file_id, found.mime_type, found, found.file_name)
-
-
-def _document(message: Message) -> Attachment | None:
-    found = message.document
-    if found is None:
-        return None
-    return _file(AttachmentKind.DOCUMENT, found.file_id, found.mime_type, found, found.file_name)
-
-
-_READERS: tuple[Callable[[Message], Attachment | None], ...] = (
-    _photo,
-    _animation,  # before the document Telegram sends with it
-    _video,
-    _video_note,
-    _voice,
-    _audio,
-    _document,
+_FILES: tuple[tuple[str, AttachmentKind, str | None], ...] = (
+    ("animation", AttachmentKind.VIDEO, None),  # a GIF: before the document Telegram adds
+    ("video", AttachmentKind.VIDEO, None),
+    ("video_note", AttachmentKind.VIDEO, "video/mp4"),
+    ("voice", AttachmentKind.VOICE, None),
+    ("audio", AttachmentKind.AUDIO, None),
+    ("document", AttachmentKind.DOCUMENT, None),
 )
+"""The fields of a message that hold one file, in the order they are looked at, each with
+its kind and the MIME type Telegram leaves out (a video note is always MP4); a field's
+``file_name`` and ``mime_type`` are read where its type has them."""
 
 
 class _Sized(Protocol):
