@@ -496,21 +496,51 @@ def block_actions(user: str, message: Message, button: Json, number: int) -> Jso
     }
 
 
-class SlackRequests:
-    """What Slack sends to the app's Request URLs, signed with ``secret``, to ``base_url``."""
+_TIMESTAMPS = itertools.count(1)
+"""Message timestamps for every sender in this process: two apps fed by two senders (two
+gateway processes, say) never see one ts name two messages."""
 
-    def __init__(self, base_url: str, secret: str) -> None:
-        self.secret = secret
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=WAIT)
-        self._ts = itertools.count(1)
+
+class EventSender:
+    """What sends Slack's events to an app, over HTTP or Socket Mode: people's messages."""
+
+    def __init__(self) -> None:
         self._events = itertools.count(1)
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
 
     def next_ts(self) -> str:
         """A message ts no earlier message had."""
-        return f"1700000000.{next(self._ts):06d}"
+        return f"1700000000.{next(_TIMESTAMPS):06d}"
+
+    async def event(self, event: Json, event_id: str | None = None) -> object:
+        """Send ``event``; returns once the app took it."""
+        raise NotImplementedError
+
+    async def message(
+        self,
+        channel: str,
+        user: str,
+        text: str,
+        *,
+        channel_type: str = "im",
+        thread_ts: str | None = None,
+        **fields: Any,
+    ) -> str:
+        """A person's message event; its ts, once the app took it."""
+        ts = self.next_ts()
+        await self.event(message_event(channel, user, text, ts, channel_type, thread_ts) | fields)
+        return ts
+
+
+class SlackRequests(EventSender):
+    """What Slack sends to the app's Request URLs, signed with ``secret``, to ``base_url``."""
+
+    def __init__(self, base_url: str, secret: str) -> None:
+        super().__init__()
+        self.secret = secret
+        self.http = httpx.AsyncClient(base_url=base_url, timeout=WAIT)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
 
     async def post(
         self,
@@ -544,21 +574,6 @@ class SlackRequests:
         assert response.status_code == 200, response.text
         return response
 
-    async def message(
-        self,
-        channel: str,
-        user: str,
-        text: str,
-        *,
-        channel_type: str = "im",
-        thread_ts: str | None = None,
-        **fields: Any,
-    ) -> str:
-        """A person's message event; its ts."""
-        ts = self.next_ts()
-        await self.event(message_event(channel, user, text, ts, channel_type, thread_ts) | fields)
-        return ts
-
     async def press(
         self, user: str, message: Message, button: Json, **options: Any
     ) -> httpx.Response:
@@ -569,7 +584,7 @@ class SlackRequests:
         return await self.post("/slack/interactions", body, content_type=form, **options)
 
 
-class SlackSocket:
+class SlackSocket(EventSender):
     """What Slack sends the app in Socket Mode, as envelopes over ``api``'s WebSocket.
 
     Each method returns once the app acknowledged its envelope (as
@@ -577,34 +592,14 @@ class SlackSocket:
     """
 
     def __init__(self, api: SlackApi) -> None:
+        super().__init__()
         self.api = api
-        self._ts = itertools.count(1)
-        self._events = itertools.count(1)
-
-    def next_ts(self) -> str:
-        """A message ts no earlier message had."""
-        return f"1700000000.{next(self._ts):06d}"
 
     async def event(self, event: Json, event_id: str | None = None, retry_attempt: int = 0) -> str:
         """An ``events_api`` envelope carrying ``event``; its envelope id, once acknowledged."""
         payload = event_callback(event, event_id or f"Ev{next(self._events):08d}")
         retry = {"retry_attempt": retry_attempt, "retry_reason": "timeout" if retry_attempt else ""}
         return await self._acknowledged("events_api", payload, **retry)
-
-    async def message(
-        self,
-        channel: str,
-        user: str,
-        text: str,
-        *,
-        channel_type: str = "im",
-        thread_ts: str | None = None,
-        **fields: Any,
-    ) -> str:
-        """A person's message event; its ts, once its envelope was acknowledged."""
-        ts = self.next_ts()
-        await self.event(message_event(channel, user, text, ts, channel_type, thread_ts) | fields)
-        return ts
 
     async def press(self, user: str, message: Message, button: Json) -> str:
         """``user`` presses ``button`` under ``message``: an ``interactive`` envelope; its id,

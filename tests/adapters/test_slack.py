@@ -278,7 +278,7 @@ async def test_a_thread_the_bot_answered_in_needs_no_mention_in_another_process(
             GENERAL, ALICE, f"{MENTION} hello", channel_type="channel", thread_ts=thread
         )
         await api.wait_for_messages(GENERAL)
-        other = first.slack.next_ts()  # one clock for both: ts are unique
+        other = second.slack.next_ts()
         await second.slack.message(
             GENERAL, BOB, "elsewhere", channel_type="channel", thread_ts=other
         )
