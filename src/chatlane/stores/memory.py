@@ -130,12 +130,19 @@ class MemoryStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Lease:
-        return self._acquire(key, holder, ttl, head_seq, max_active)
+        return self._acquire(key, holder, ttl, head_seq, max_active, self._clock())
 
     def _acquire(
-        self, key: SessionKey, holder: str, ttl: float, head_seq: int | None, max_active: int
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        head_seq: int | None,
+        max_active: int,
+        moment: float,
     ) -> Lease:
-        session, moment = self._sessions[key], self._clock()
+        """Take ``key``'s lease at ``moment`` (the store's clock, read once by the caller)."""
+        session = self._sessions[key]
         held = session.lease
         if held is not None and held.expires_at > moment:  # live: as _live_lease reads it
             raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
@@ -287,11 +294,12 @@ class MemoryStore(Store):
         max_active: int = 0,
         with_persistent: bool = True,
     ) -> Admission:
-        seq = self._enqueue(key, message_id, owner, payload)
+        moment = self._clock()  # one reading for the record and the lease
+        seq = self._enqueue(key, message_id, owner, payload, moment)
         lease: Lease | None = None
         refusal: SessionBusy | None = None
         try:
-            lease = self._acquire(key, owner, ttl, seq, max_active)
+            lease = self._acquire(key, owner, ttl, seq, max_active, moment)
         except SessionBusy as error:
             refusal = error
         persistent = self._load_persistent(key) if with_persistent else None
@@ -306,7 +314,7 @@ class MemoryStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Taken:
-        lease = self._acquire(key, holder, ttl, head_seq, max_active)
+        lease = self._acquire(key, holder, ttl, head_seq, max_active, self._clock())
         return Taken(lease, self._load_persistent(key))
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
@@ -375,14 +383,17 @@ class MemoryStore(Store):
     # -- the durable pending queue -------------------------------------------------
 
     async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
-        return self._enqueue(key, message_id, owner, payload)
+        return self._enqueue(key, message_id, owner, payload, self._clock())
 
-    def _enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+    def _enqueue(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, moment: float
+    ) -> int:
+        """Queue the message, accepted at ``moment``; a message queued before keeps its seq."""
         known = self._message_seq.get(message_id)
         if known is not None:
             return known
         seq = next(self._seq)
-        record = PendingRecord(key, seq, message_id, owner, payload, self._clock())
+        record = PendingRecord(key, seq, message_id, owner, payload, moment)
         self._sessions[key].pending[seq] = record
         self._message_seq[message_id] = seq
         self._queued.add(key)
