@@ -264,7 +264,7 @@ class Gateway:
                 return await self._run_command(key, message, parsed)
             message = msgspec.structs.replace(message, text=parsed.args, busy_policy=policy)
         outcome = await self.engine.submit(key, message)
-        return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+        return DispatchResult(key, message.id, outcome is None, outcome)  # started, outcome
 
     def _may_run(self, key: SessionKey, source: SessionSource, name: str) -> bool:
         """Whether ``source``'s sender may run ``/name`` in ``key``: anyone in a session of

@@ -178,11 +178,12 @@ class TurnEngine:
             reached; nothing was stored.
         """
         state = self.registry.get(key)
-        new_session = not state.is_busy
+        new_session = not state.is_busy  # so not running: a running turn keeps it busy
         self.capacity.reserve(message, new_session=new_session)
         try:
             payload = encode_message(message)
-            if state.turn.is_running or self.slots.closed or self.busy.coalesces(message):
+            running = not new_session and state.turn.is_running
+            if running or self.slots.closed or self.busy.coalesces(message):
                 state = state if state.loaded else await self._load(key)
                 seq = await self.store.enqueue(key, message.id, self.holder, payload)
                 return await self.accept(key, message, seq)

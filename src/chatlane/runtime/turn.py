@@ -51,13 +51,17 @@ class TurnOverrides(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, state: SessionState) -> TurnOverrides:
-        """The overrides in force for ``state``'s next turn."""
+        """The overrides in force for ``state``'s next turn.
+
+        Most sessions choose nothing: they share one frozen instance of the defaults.
+        """
         conversation = state.conversation
-        return cls(
-            model=conversation.model_override,
-            reasoning=conversation.reasoning_override,
-            service_tier=conversation.service_tier_override,
-        )
+        model, reasoning = conversation.model_override, conversation.reasoning_override
+        tier = conversation.service_tier_override
+        chose = model is not None or reasoning is not None or tier is not SERVICE_TIER_UNSET
+        if not chose and cls is TurnOverrides:
+            return _NO_OVERRIDES
+        return cls(model, reasoning, tier)
 
     def rebased(self, old: TurnOverrides, new: TurnOverrides) -> TurnOverrides:
         """These overrides, with each field that ``old`` and ``new`` disagree on from ``new``."""
@@ -68,6 +72,9 @@ class TurnOverrides(msgspec.Struct, frozen=True):
         }
         return msgspec.structs.replace(self, **changed) if changed else self
 
+
+_NO_OVERRIDES = TurnOverrides()
+"""The overrides of a session that chose none (the defaults), made once."""
 
 _message_id = attrgetter("id")
 """A message's id, read in C: a turn's ids are made on every turn."""
@@ -155,13 +162,8 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         approvals: ApprovalBroker | None = None,
     ) -> Turn:
         """A turn of ``messages`` (stored under ``seqs``) for ``state``'s session."""
-        record = TurnRecord(
-            list(seqs),
-            state.conversation.one_turn_restore,
-            reruns=reruns,
-            refusable=refusable,
-            approvals=approvals,
-        )
+        once_restore = state.conversation.one_turn_restore
+        record = TurnRecord(list(seqs), once_restore, reruns, refusable, approvals)  # by place
         return cls(
             state,
             state.key,
