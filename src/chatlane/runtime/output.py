@@ -322,10 +322,10 @@ def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
     g = turn.generation
     entries = []
     for m in (*turn.messages, *turn.steered):  # a loop, as most turns answer one message
-        entries.append(TranscriptEntry("user", m.text, g, message_id=m.id))
+        entries.append(TranscriptEntry("user", m.text, g, "", m.id))  # by place: made in C
     entries.append(TranscriptEntry(role, text, g))
-    answered = list(turn.message_ids)
-    batch = WriteBatch(transcript=entries, answered=answered, done=list(turn.seqs), answer=text)
+    answered, done = list(turn.message_ids), list(turn.seqs)
+    batch = WriteBatch(entries, {}, answered, done, text)  # transcript, persistent, …, answer
     if turn.chosen_title:
         batch.title, batch.rename = turn.chosen_title, True
     elif not turn.session_state.conversation.titled:
