@@ -278,7 +278,7 @@ class Gateway:
         except BaseException:
             self._give_back(key, message)
             raise
-        return DispatchResult(key, message.id, started=outcome is None, outcome=outcome)
+        return DispatchResult(key, message.id, outcome is None, outcome)  # started, outcome
 
     async def has_run(self, message: InboundMessage) -> bool:
         """Whether a turn ever ran, in any process sharing the store, for the session

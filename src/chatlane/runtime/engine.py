@@ -178,11 +178,12 @@ class TurnEngine:
             reached; nothing was stored.
         """
         state = self.registry.get(key)
-        new_session = not state.is_busy
+        new_session = not state.is_busy  # so not running: a running turn keeps it busy
         self.capacity.reserve(message, new_session=new_session)
         try:
             payload = encode_message(message)
-            if state.turn.is_running or self.slots.closed or self.busy.coalesces(message):
+            running = not new_session and state.turn.is_running
+            if running or self.slots.closed or self.busy.coalesces(message):
                 state = state if state.loaded else await self._load(key)
                 seq = await self.store.enqueue(key, message.id, self.holder, payload)
                 return await self.accept(key, message, seq)
@@ -416,14 +417,15 @@ class TurnEngine:
         if lease is None:
             return None
         state = turn.session_state
-        stale = self._choices_stale(state)
+        moment = time.monotonic()  # one reading: the staleness, and when the choices were read
+        stale = moment - state.read_at >= self.settings.reread_stored
         if lease.generation > state.persistent.run_generation + 1 or (stale and choices is None):
             return None
         self.leases.hold(state, lease)  # released however the turn ends
         if not self._bind(turn, lease):
             return False
         if stale and choices is not None:
-            self._apply_choices(turn, choices)
+            self._apply_choices(turn, choices, moment)
         self._started(turn)
         return True
 
@@ -562,7 +564,8 @@ class TurnEngine:
         the lease, else a read of their own (:meth:`_apply_choices`).
         """
         state = turn.session_state
-        if not self._choices_stale(state):
+        moment = time.monotonic()
+        if moment - state.read_at < self.settings.reread_stored:
             return
         if fields is None:
             try:
@@ -570,18 +573,20 @@ class TurnEngine:
             except ChatlaneError as error:
                 log.warning("kept the choices read before: %s", error, extra=turn_fields(state.key))
                 return
-        self._apply_choices(turn, fields)
+        self._apply_choices(turn, fields, moment)
 
-    def _apply_choices(self, turn: Turn, fields: Mapping[str, object]) -> None:
+    def _apply_choices(self, turn: Turn, fields: Mapping[str, object], read_at: float) -> None:
         """Apply the stored choices ``fields`` to ``turn``'s session.
 
         Only what the store changed reaches the turn: its overrides were
         resolved when it started, and a ``/model --once`` sent since is for
-        the next turn.
+        the next turn. ``read_at`` (``time.monotonic()``) is no later than
+        the read of ``fields``: taken as their time, they are re-read no later
+        than they would be.
         """
         state = turn.session_state
         if at_rest(state, fields):  # most sessions: no choice here nor in the store
-            state.read_at = time.monotonic()
+            state.read_at = read_at
             return
         before = TurnOverrides.of(state)
         if refresh_persistent(state, fields):

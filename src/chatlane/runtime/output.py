@@ -325,12 +325,11 @@ def _answer(turn: Turn, role: str, text: str) -> WriteBatch:
     for m in (*turn.messages, *turn.steered):  # a loop, as most turns answer one message
         if m.context:
             entries.append(TranscriptEntry(CONTEXT_ROLE, render(m.context), g))
-        entries.append(
-            TranscriptEntry("user", m.text, g, message_id=m.id, attachments=m.attachments)
-        )
+        # by place (made in C): conversation, message id, created_at (stamped), attachments
+        entries.append(TranscriptEntry("user", m.text, g, "", m.id, 0.0, m.attachments))
     entries.append(TranscriptEntry(role, text, g))
-    answered = list(turn.message_ids)
-    batch = WriteBatch(transcript=entries, answered=answered, done=list(turn.seqs), answer=text)
+    answered, done = list(turn.message_ids), list(turn.seqs)
+    batch = WriteBatch(entries, {}, answered, done, text)  # transcript, persistent, …, answer
     if turn.chosen_title:
         batch.title, batch.rename = turn.chosen_title, True
     elif not turn.session_state.conversation.titled:

@@ -167,14 +167,17 @@ def at_rest(state: SessionState, fields: Mapping[str, object]) -> bool:
     policy of its own). Anything else is taken up in full.
     """
     conversation = state.conversation
-    return (
-        conversation.model_override is None
-        and conversation.reasoning_override is None
-        and conversation.service_tier_override is SERVICE_TIER_UNSET
-        and state.persistent.busy_policy is None
-        and _text(fields.get(CONVERSATION_ID)) == conversation.conversation_id
-        and _CHOICES.isdisjoint(fields)
-    )
+    if (
+        conversation.model_override is not None
+        or conversation.reasoning_override is not None
+        or conversation.service_tier_override is not SERVICE_TIER_UNSET
+        or state.persistent.busy_policy is not None
+    ):
+        return False
+    if not fields:  # a session the store keeps nothing of: no conversation named either
+        return not conversation.conversation_id
+    stored_id = _text(fields.get(CONVERSATION_ID))
+    return stored_id == conversation.conversation_id and _CHOICES.isdisjoint(fields)
 
 
 def _apply_choices(state: SessionState, fields: Mapping[str, object]) -> None:

@@ -51,13 +51,17 @@ class TurnOverrides(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, state: SessionState) -> TurnOverrides:
-        """The overrides in force for ``state``'s next turn."""
+        """The overrides in force for ``state``'s next turn.
+
+        Most sessions choose nothing: they share one frozen instance of the defaults.
+        """
         conversation = state.conversation
-        return cls(
-            model=conversation.model_override,
-            reasoning=conversation.reasoning_override,
-            service_tier=conversation.service_tier_override,
-        )
+        model, reasoning = conversation.model_override, conversation.reasoning_override
+        tier = conversation.service_tier_override
+        chose = model is not None or reasoning is not None or tier is not SERVICE_TIER_UNSET
+        if not chose and cls is TurnOverrides:
+            return _NO_OVERRIDES
+        return cls(model, reasoning, tier)
 
     def rebased(self, old: TurnOverrides, new: TurnOverrides) -> TurnOverrides:
         """These overrides, with each field that ``old`` and ``new`` disagree on from ``new``."""
@@ -68,6 +72,9 @@ class TurnOverrides(msgspec.Struct, frozen=True):
         }
         return msgspec.structs.replace(self, **changed) if changed else self
 
+
+_NO_OVERRIDES = TurnOverrides()
+"""The overrides of a session that chose none (the defaults), made once."""
 
 _message_id = attrgetter("id")
 """A message's id, read in C: a turn's ids are made on every turn."""
@@ -83,8 +90,9 @@ class TurnRecord(msgspec.Struct):
     the engine changes this record, through the turn's engine-side methods.
     """
 
-    seqs: list[int]
-    """The store's ``seq`` of each message the turn answers, steered ones included."""
+    seqs: tuple[int, ...]
+    """The store's ``seq`` of each message the turn answers, steered ones included (a tuple,
+    replaced when a steer is taken: read as it is, never copied)."""
     once_restore: object
     reruns: int = 0
     """How many earlier turns ran these messages and lost their lease."""
@@ -137,8 +145,10 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     """When the turn was made (``time.monotonic()``)."""
     _record: TurnRecord
     _loop: asyncio.AbstractEventLoop
-    _steers: list[tuple[InboundMessage, int]]
-    _steered: list[InboundMessage]
+    _steers: tuple[tuple[InboundMessage, int], ...]
+    """Steered messages (and seqs) the agent has not taken. It and :attr:`steered` are
+    tuples, replaced on each change, so the many turns never steered share the empty one."""
+    _steered: tuple[InboundMessage, ...]
     generation: int = 0
     """The fencing token: set once, when the lease is taken, before the agent starts."""
 
@@ -155,13 +165,8 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         approvals: ApprovalBroker | None = None,
     ) -> Turn:
         """A turn of ``messages`` (stored under ``seqs``) for ``state``'s session."""
-        record = TurnRecord(
-            list(seqs),
-            state.conversation.one_turn_restore,
-            reruns=reruns,
-            refusable=refusable,
-            approvals=approvals,
-        )
+        once_restore = state.conversation.one_turn_restore
+        record = TurnRecord(tuple(seqs), once_restore, reruns, refusable, approvals)  # by place
         return cls(
             state,
             state.key,
@@ -173,8 +178,8 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
             record.last_progress,
             record,
             asyncio.get_running_loop(),
-            [],
-            [],
+            (),
+            (),
         )
 
     # -- what the agent reads --------------------------------------------------
@@ -182,14 +187,14 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     @property
     def steered(self) -> tuple[InboundMessage, ...]:
         """Messages steered into this run that the agent took (:meth:`take_steers`)."""
-        return tuple(self._steered)
+        return self._steered
 
     # -- what the engine reads (the record's fields, read-only here) -------------
 
     @property
     def seqs(self) -> tuple[int, ...]:
         """The store's ``seq`` of each message this turn answers (engine side)."""
-        return tuple(self._record.seqs)
+        return self._record.seqs
 
     @property
     def lease(self) -> Lease | None:
@@ -392,13 +397,15 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         The messages taken are recorded in :attr:`steered`: this turn answers them.
         """
         steers = self._steers
-        _assign(self, "_steers", [])
+        if not steers:
+            return []
+        _assign(self, "_steers", ())
+        record = self._record
         for message, seq in steers:
-            self._steered.append(message)
-            self._record.seqs.append(seq)
+            _assign(self, "_steered", (*self._steered, message))
+            record.seqs = (*record.seqs, seq)
             _assign(self, "message_ids", (*self.message_ids, message.id))
-        if steers:
-            self.touch()
+        self.touch()
         return [message.text for message, _ in steers]
 
     def touch(self) -> None:
@@ -407,7 +414,7 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
 
     def steer(self, message: InboundMessage, seq: int) -> None:
         """Hand ``message`` to the running agent (engine side of :meth:`take_steers`)."""
-        self._steers.append((message, seq))
+        _assign(self, "_steers", (*self._steers, (message, seq)))
 
     def waiting_steers(self) -> list[tuple[InboundMessage, int]]:
         """Messages (and seqs) steered into this run that the agent has not taken yet (a copy)."""
@@ -416,14 +423,15 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     def keep_steers(self, stored: set[int]) -> list[InboundMessage]:
         """Let go of untaken steers whose seq is not in ``stored``; return them."""
         gone = [message for message, seq in self._steers if seq not in stored]
-        _assign(self, "_steers", [(message, seq) for message, seq in self._steers if seq in stored])
+        kept = tuple((message, seq) for message, seq in self._steers if seq in stored)
+        _assign(self, "_steers", kept)
         return gone
 
-    def untaken_steers(self) -> list[tuple[InboundMessage, int]]:
+    def untaken_steers(self) -> tuple[tuple[InboundMessage, int], ...]:
         """Steered messages (and seqs) the agent never took (engine side, at the end)."""
         untaken = self._steers
         if untaken:  # most turns were steered nothing: nothing to replace
-            _assign(self, "_steers", [])
+            _assign(self, "_steers", ())
         return untaken
 
     async def request_approval(self, command: str, reason: str = "") -> bool:

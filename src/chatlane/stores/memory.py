@@ -15,13 +15,13 @@ too, and what a caller passes in or gets back is never the stored object.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
+import msgspec
 from msgspec.structs import replace
 
 from chatlane.errors import (
@@ -59,19 +59,29 @@ from chatlane.stores.wakeups import WakeupHub, Watch
 from chatlane.types import SessionKey
 
 
-class _Mark(NamedTuple):
+class _Mark(msgspec.Struct, frozen=True, gc=False):
     """An answered mark: when the message was answered, and with what.
 
-    A tuple of a float and a string: cheap to make on every commit, and
-    untracked by the garbage collector however many are kept.
+    A struct of a float and a string, never tracked by the garbage
+    collector: one is kept per answered message, and tracked objects kept
+    that often would make the collector run (and walk them) more often.
     """
 
     at: float
     answer: str
 
 
-_new_mark = functools.partial(tuple.__new__, _Mark)
-"""Makes a :class:`_Mark` of ``(at, answer)`` without the named tuple's Python ``__new__``."""
+class _Kept(msgspec.Struct, frozen=True, gc=False):
+    """A transcript entry as the caller made it, and when its commit applied.
+
+    Stamped with its conversation and that time only when read
+    (:func:`_stamped`): most entries are never read back here. Never
+    tracked by the garbage collector, as :class:`_Mark`; it holds only a
+    frozen entry of strings and numbers, so it is in no reference cycle.
+    """
+
+    entry: TranscriptEntry
+    at: float
 
 
 @dataclass(slots=True)
@@ -94,7 +104,8 @@ class MemoryStore(Store):
         self.url = url
         self._clock = clock
         self._sessions: defaultdict[SessionKey, _Session] = defaultdict(_Session)
-        self._transcripts: defaultdict[str, list[TranscriptEntry]] = defaultdict(list)
+        self._transcripts: defaultdict[str, list[_Kept]] = defaultdict(list)
+        """Conversation id → its entries, oldest first (see :class:`_Kept`)."""
         self._answered: dict[str, _Mark] = {}
         """Message id → its answered mark; insertion order is time order."""
         self._message_seq: dict[str, int] = {}
@@ -130,12 +141,19 @@ class MemoryStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Lease:
-        return self._acquire(key, holder, ttl, head_seq, max_active)
+        return self._acquire(key, holder, ttl, head_seq, max_active, self._clock())
 
     def _acquire(
-        self, key: SessionKey, holder: str, ttl: float, head_seq: int | None, max_active: int
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        head_seq: int | None,
+        max_active: int,
+        moment: float,
     ) -> Lease:
-        session, moment = self._sessions[key], self._clock()
+        """Take ``key``'s lease at ``moment`` (the store's clock, read once by the caller)."""
+        session = self._sessions[key]
         held = session.lease
         if held is not None and held.expires_at > moment:  # live: as _live_lease reads it
             raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
@@ -204,7 +222,8 @@ class MemoryStore(Store):
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
         self._commit(key, generation, batch)
 
-    def _commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
+    def _commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> _Session:
+        """Apply ``batch`` whole, or raise with nothing applied; the session it applied to."""
         persistent = batch.persistent
         fields = {n: encode_value(key, n, v) for n, v in persistent.items()} if persistent else None
         session = self._sessions[key]
@@ -218,26 +237,21 @@ class MemoryStore(Store):
         conversation_id = session.current or self._start(key, session, "").id
         transcript = self._transcripts[conversation_id]
         for entry in batch.transcript:  # an entry's own id and time are kept
-            stamped = replace(
-                entry,
-                conversation_id=entry.conversation_id or conversation_id,
-                created_at=entry.created_at or moment,
-            )
-            transcript.append(stamped)
+            transcript.append(_Kept(entry, moment))
         if batch.title:
             self._title(session, conversation_id, batch.title, batch.rename)
         if fields:
             session.persistent.update(fields)
         if batch.deliveries:
             self._ledger.record(batch.deliveries)
-        mark = _new_mark((moment, batch.answer))
+        mark = _Mark(moment, batch.answer)
         for message_id in batch.answered:
             marks.pop(message_id, None)  # a forgotten mark moves to the end
             marks[message_id] = mark
         if batch.done:
-            for seq in batch.done:
-                self._remove_pending(session, seq)
+            self._remove_all_pending(session, batch.done)
             self._wakeups.wake(key)
+        return session
 
     def _refuse_answered(self, key: SessionKey, message_ids: Sequence[str], cutoff: float) -> None:
         """:raises AlreadyAnswered: if any of ``message_ids`` was answered after ``cutoff``."""
@@ -260,7 +274,12 @@ class MemoryStore(Store):
     ) -> list[TranscriptEntry]:
         if conversation_id is None:
             conversation_id = (await self.conversation(key)).id
-        return self._transcripts[conversation_id][-limit:] if limit > 0 else []
+        return self._read_transcript(conversation_id, limit) if limit > 0 else []
+
+    def _read_transcript(self, conversation_id: str, limit: int) -> list[TranscriptEntry]:
+        """The last ``limit`` entries of ``conversation_id``, stamped, oldest first."""
+        kept = self._transcripts[conversation_id][-limit:]
+        return [_stamped(k.entry, conversation_id, k.at) for k in kept]
 
     async def is_answered(self, message_id: str) -> bool:
         return self._marked(message_id, self._clock() - self.answered_retention) is not None
@@ -287,11 +306,12 @@ class MemoryStore(Store):
         max_active: int = 0,
         with_persistent: bool = True,
     ) -> Admission:
-        seq = self._enqueue(key, message_id, owner, payload)
+        moment = self._clock()  # one reading for the record and the lease
+        seq = self._enqueue(key, message_id, owner, payload, moment)
         lease: Lease | None = None
         refusal: SessionBusy | None = None
         try:
-            lease = self._acquire(key, owner, ttl, seq, max_active)
+            lease = self._acquire(key, owner, ttl, seq, max_active, moment)
         except SessionBusy as error:
             refusal = error
         persistent = self._load_persistent(key) if with_persistent else None
@@ -306,12 +326,11 @@ class MemoryStore(Store):
         head_seq: int | None = None,
         max_active: int = 0,
     ) -> Taken:
-        lease = self._acquire(key, holder, ttl, head_seq, max_active)
+        lease = self._acquire(key, holder, ttl, head_seq, max_active, self._clock())
         return Taken(lease, self._load_persistent(key))
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
-        self._commit(lease.key, lease.generation, batch)
-        session = self._sessions[lease.key]
+        session = self._commit(lease.key, lease.generation, batch)
         held = session.lease
         if held is None or held.token != lease.token:
             return False  # released before: a successor would have moved the generation
@@ -375,14 +394,17 @@ class MemoryStore(Store):
     # -- the durable pending queue -------------------------------------------------
 
     async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
-        return self._enqueue(key, message_id, owner, payload)
+        return self._enqueue(key, message_id, owner, payload, self._clock())
 
-    def _enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+    def _enqueue(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, moment: float
+    ) -> int:
+        """Queue the message, accepted at ``moment``; a message queued before keeps its seq."""
         known = self._message_seq.get(message_id)
         if known is not None:
             return known
         seq = next(self._seq)
-        record = PendingRecord(key, seq, message_id, owner, payload, self._clock())
+        record = PendingRecord(key, seq, message_id, owner, payload, moment)
         self._sessions[key].pending[seq] = record
         self._message_seq[message_id] = seq
         self._queued.add(key)
@@ -398,9 +420,7 @@ class MemoryStore(Store):
         return sorted(self._queued)
 
     async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
-        session = self._sessions[key]
-        for seq in seqs:
-            self._remove_pending(session, seq)
+        self._remove_all_pending(self._sessions[key], seqs)
         self._wakeups.wake(key)
 
     async def adopt(
@@ -447,10 +467,15 @@ class MemoryStore(Store):
         return record
 
     def _remove_pending(self, session: _Session, seq: int) -> None:
-        pending = session.pending
-        record = pending.pop(seq, None)
-        if record is not None:
-            self._message_seq.pop(record.message_id, None)
+        self._remove_all_pending(session, (seq,))
+
+    def _remove_all_pending(self, session: _Session, seqs: Iterable[int]) -> None:
+        """Remove ``seqs`` from ``session``'s queue (those it holds); their ids may queue again."""
+        pending, message_seq = session.pending, self._message_seq
+        for seq in seqs:
+            record = pending.pop(seq, None)
+            if record is not None:
+                message_seq.pop(record.message_id, None)
         if not pending:
             pending.clear()  # an emptied dict keeps its table until cleared
 
@@ -518,6 +543,17 @@ class MemoryStore(Store):
 def _earlier_foreign(session: _Session, head_seq: int, holder: str) -> bool:
     """Whether another holder's message was accepted before ``head_seq``."""
     return any(seq < head_seq and r.owner != holder for seq, r in session.pending.items())
+
+
+def _stamped(entry: TranscriptEntry, conversation_id: str, at: float) -> TranscriptEntry:
+    """``entry`` as read back: in ``conversation_id``, made at ``at``, unless it says otherwise."""
+    if entry.conversation_id and entry.created_at:
+        return entry
+    return replace(
+        entry,
+        conversation_id=entry.conversation_id or conversation_id,
+        created_at=entry.created_at or at,
+    )
 
 
 def _ended(conversation: Conversation, moment: float) -> Conversation:

@@ -19,7 +19,7 @@ What stays true:
 * Every check an operation makes (generation, lease, answered ids) runs
   before its first write, in the transaction that writes.
 * Lease expiry and heartbeats use the store's clock (wall-clock time,
-  :func:`~chatlane.stores.base.now`, unless another is injected), read inside
+  :data:`~chatlane.stores.base.now`, unless another is injected), read inside
   the transaction that checks them.
 * An operation depends on the database alone, so the writer may run it again
   after a rollback (see :mod:`chatlane.stores.sqlite_writer`).
