@@ -608,3 +608,17 @@ def test_a_message_already_waiting_is_never_queued_twice() -> None:
     pending.insert_in_order(state, again, [6, 7])  # adopted back and forth
     pending.insert_in_order(state, [InboundMessage(source, "m9")], [9])
     assert [entry.seqs for entry in pending.pending_entries(state)] == [[4, 6, 7, 9]]
+
+
+def test_the_next_turn_never_runs_a_message_before_an_earlier_one_waiting_here() -> None:
+    state = SessionRegistry().get(chat_key("c"))
+    source = SessionSource("test", chat_id="c", user_id="u")
+    queue = pending.pending_entries(state)
+    queue.append(
+        pending.PendingEntry([InboundMessage(source, f"m{s}") for s in (2, 7, 9)], [2, 7, 9])
+    )
+    queue.append(pending.PendingEntry([InboundMessage(source, "m5")], [5]))  # out of its place
+    runs = []
+    while queue:
+        runs.append(pending.take_next(state).seqs)
+    assert runs == [[2], [5], [7, 9]]

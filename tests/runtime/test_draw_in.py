@@ -90,6 +90,32 @@ async def test_steered_text_the_agent_never_takes_runs_next_in_the_drawing_proce
     assert ends(other) == {second.message_id: (Outcome.ANSWERED, "later")}
 
 
+async def test_a_message_steered_into_a_turn_waiting_here_and_drawn_elsewhere_never_runs_here(
+    two_stores: tuple[Store, Store],
+) -> None:
+    runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
+    async with two_processes(two_stores, (runner_agent, other_agent), "steer") as (
+        runner,
+        other,
+    ):
+        await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        first = await other.send("first", chat_id="c")  # its turn waits for the lease
+        assert await other.replies(chat_id="c", count=1) == [STEERED_ELSEWHERE]
+        second = await other.send("second", chat_id="c")
+        waiting = other.gateway.engine.running_turn(first.session_key)
+        assert waiting is not None
+        assert [m.id for m, _ in waiting.waiting_steers()] == [second.message_id]  # steered in
+        await runner.gateway.engine.upkeep.check_fences()  # draws both in
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=1) == ["long + first + second"]
+        await other.settle()
+        await other.gateway.engine.upkeep.settle_watched()
+    assert other_agent.ran == []  # neither ran here: both were answered there
+    answered = (Outcome.ANSWERED, "long + first + second")
+    assert ends(other) == {first.message_id: answered, second.message_id: answered}
+
+
 async def test_collected_messages_of_another_process_become_one_turn_after_the_running_one(
     two_stores: tuple[Store, Store],
 ) -> None:

@@ -515,21 +515,25 @@ class TurnEngine:
         queue (if it fails, the turn runs).
         Only a message the store still queues as this process's (or a dead
         one's, :meth:`_still_ours`) is still its own: every other one, the
-        turn's or queued here behind it, is watched until the store says what
-        became of it (answered there, or dropped).
+        turn's, steered into it while it waited, or queued here behind it, is
+        watched until the store says what became of it (answered there, or
+        dropped).
         A turn left without its own messages ends unrun as
         :data:`TurnEnd.DROPPED`; those still its own wait here again, in store order.
         """
         state = turn.session_state
+        steered = {seq for _, seq in turn.waiting_steers()}  # steered in while it waited
         queued_here = [seq for seq, _ in pending.queued(state)]  # before the read: all stored
         try:
             alive = await self._still_ours(state.key)
         except ChatlaneError as error:
             log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
             return False
-        if not alive.issuperset(queued_here):
+        if not alive.issuperset(queued_here) or not alive.issuperset(steered):
             since = {seq for seq, _ in pending.queued(state)}.difference(queued_here)
+            since.update(seq for _, seq in turn.waiting_steers() if seq not in steered)
             left = pending.keep_only(state, alive | since)  # what came during the read stays
+            left += turn.keep_steers(alive | since)
             self.outcomes.watch(message.id for message in left)
         if all(seq in alive for seq in turn.seqs):
             return False

@@ -107,6 +107,32 @@ def insert_in_order(
     queue.insert(index, PendingEntry(messages, seqs, reruns=reruns))
 
 
+def take_next(state: SessionState) -> PendingEntry:
+    """Take the next turn's entry out of the (non-empty) queue, in store order.
+
+    Should a message wait in a later entry with a seq below some of the first
+    entry's (the first drew in, collected or re-ran messages around it), the
+    first entry runs only its messages before that seq; the others wait again
+    in their place (:func:`insert_in_order`). So the messages waiting here
+    always run in the order the store accepted them. A collapsed queue's
+    entry (it has a note) runs whole.
+    """
+    queue = pending_entries(state)
+    entry = queue.pop(0)
+    later = [seq for other in queue for seq in other.seqs]
+    if not later or entry.note:
+        return entry
+    cut = min(later)
+    pairs = list(zip(entry.messages, entry.seqs, strict=True))
+    now = [(message, seq) for message, seq in pairs if seq < cut]
+    if not now or len(now) == len(pairs):
+        return entry
+    rest = [(message, seq) for message, seq in pairs if seq > cut]
+    entry.messages, entry.seqs = [m for m, _ in now], [s for _, s in now]
+    insert_in_order(state, [m for m, _ in rest], [s for _, s in rest], entry.reruns)
+    return entry
+
+
 def _joins(entry: PendingEntry, messages: list[InboundMessage]) -> bool:
     """Whether ``messages`` may run in ``entry``'s turn: one author for all, and no note
     (a collapsed queue's note counts its messages)."""

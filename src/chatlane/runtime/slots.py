@@ -141,7 +141,7 @@ class Slots:
             self._collecting.add(state.key)
             self._call_later(delay, self._promote_after_debounce, state)
             return
-        entry = queue.pop(0)
+        entry = pending.take_next(state)
         turn = self._start(state, tuple(entry.messages), tuple(entry.seqs), entry.reruns)
         if entry.note:  # its task has not run yet
             turn.annotate(entry.note)
