@@ -518,14 +518,16 @@ class TurnEngine:
         turn's, steered into it while it waited, or queued here behind it, is
         watched until the store says what became of it (answered there, or
         dropped).
-        A turn left without its own messages ends unrun as
-        :data:`TurnEnd.DROPPED`; those still its own wait here again, in store order.
+        A turn left without its own messages, or whose messages span one a
+        live process holds (drawn in there: it must run first), ends unrun as
+        :data:`TurnEnd.DROPPED`; those still its own wait here again, each its
+        own turn in store order (a later one then waits for the one held there).
         """
         state = turn.session_state
         steered = {seq for _, seq in turn.waiting_steers()}  # steered in while it waited
         queued_here = [seq for seq, _ in pending.queued(state)]  # before the read: all stored
         try:
-            alive = await self._still_ours(state.key)
+            alive, held = await self._still_ours(state.key)
         except ChatlaneError as error:
             log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
             return False
@@ -535,7 +537,9 @@ class TurnEngine:
             left = pending.keep_only(state, alive | since)  # what came during the read stays
             left += turn.keep_steers(alive | since)
             self.outcomes.watch(message.id for message in left)
-        if all(seq in alive for seq in turn.seqs):
+        first, last = min(turn.seqs), max(turn.seqs)
+        spans = any(first < seq < last for seq in held)
+        if not spans and all(seq in alive for seq in turn.seqs):
             return False
         for message, seq in zip(turn.messages, turn.seqs, strict=True):
             if seq in alive:
@@ -546,18 +550,19 @@ class TurnEngine:
         log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
         return True
 
-    async def _still_ours(self, key: SessionKey) -> set[int]:
-        """The seqs of ``key``'s queued messages this process may still run: its own, and
+    async def _still_ours(self, key: SessionKey) -> tuple[set[int], set[int]]:
+        """The seqs of ``key``'s queued messages this process may still run — its own, and
         those of a process whose heartbeat expired (taken over, as a request sent again
-        here with the same idempotency key is). A live process's are its own: it drew
-        them in, adopted them, or runs them.
+        here with the same idempotency key is) — and those a live process holds: it
+        drew them in, adopted them, or runs them.
 
         :raises ChatlaneError: the store could not be read.
         """
         records = await self.store.pending(key)
         others = sorted({record.owner for record in records} - {self.holder})
         live = await self.store.alive(others) if others else {}
-        return {record.seq for record in records if not live.get(record.owner, False)}
+        held = {record.seq for record in records if live.get(record.owner, False)}
+        return {record.seq for record in records} - held, held
 
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored
