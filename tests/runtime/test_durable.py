@@ -535,3 +535,47 @@ async def test_each_dropped_message_is_counted_by_one_stop() -> None:
         assert second == "Nothing was running here. Dropped 0 queued messages."
         (third,) = [r for r in await runner.replies(chat_id="c", count=2) if "Dropped" in r]
         assert "other gateway processes" not in third  # what waited over there: counted once
+
+
+class ReadBeforeWrites(MemoryStore):
+    """A memory store whose armed ``pending`` read answers with what it saw before
+    ``go_on`` is set: the writes made meanwhile are not in its answer, as with a
+    read on another thread whose snapshot predates a commit made on the loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.reading = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        records = await super().pending(key)
+        if self.armed:
+            self.armed = False
+            self.reading.set()
+            await self.go_on.wait()
+        return records
+
+
+async def test_a_message_accepted_while_a_lost_turn_reads_the_queue_still_runs() -> None:
+    store = ReadBeforeWrites()
+    ran: list[str] = []
+
+    async def agent(turn: Turn) -> str:
+        ran.append(turn.text)
+        if ran == ["go"]:
+            await store.bump_generation(turn.session_key)  # the lease is lost
+            await turn.interrupted.wait()
+            store.armed = True  # the next read: the one deciding what runs again
+        return f"done: {turn.text}"
+
+    async with GatewayHarness(agent, store=store, leases=LeaseSettings(ttl=0.3)) as h:
+        await h.send("go", chat_id="c")
+        await store.reading.wait()
+        later = await h.send("later", chat_id="c")  # queued here during the read
+        store.go_on.set()
+        replies = await h.replies(chat_id="c", count=3, timeout=10)
+        assert replies == ["Queued for the next turn (1 queued)", "done: go", "done: later"]
+        assert ran == ["go", "go", "later"]
+        await h.settle()
+        assert await store.pending(later.session_key) == []

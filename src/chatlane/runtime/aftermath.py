@@ -144,12 +144,17 @@ class TurnAftermath:
         A lease lost to another process's ``/stop`` or ``/new`` took this
         session's queued messages out of the store: the local queue, and the
         steers the agent never took, let go of them too, so they never run here.
+        What was queued or steered here while the store was read stays: the read
+        may predate its write (on SQLite the read runs on the writer thread while
+        the loop commits), and forgetting it would leave it in the store as this
+        process's, run by no one.
         """
         state = turn.session_state
+        known = pending.known(state).union(seq for _, seq in turn.waiting_steers())
         records = await self._store.pending(state.key)
         ours = {r.seq for r in records if r.owner == self._leases.holder}
         stored = {r.seq for r in records}
-        gone = pending.keep_only(state, stored) + turn.keep_steers(stored)
+        gone = pending.keep_only(state, stored, known) + turn.keep_steers(stored, known)
         if gone:
             log.info("%d queued message(s) left the store", len(gone), extra=turn_fields(state.key))
         pairs = list(zip((*turn.messages, *turn.steered), turn.seqs, strict=True))

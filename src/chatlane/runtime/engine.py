@@ -524,18 +524,14 @@ class TurnEngine:
         own turn in store order (a later one then waits for the one held there).
         """
         state = turn.session_state
-        steered = {seq for _, seq in turn.waiting_steers()}  # steered in while it waited
-        queued_here = [seq for seq, _ in pending.queued(state)]  # before the read: all stored
+        known = pending.known(state).union(seq for _, seq in turn.waiting_steers())
         try:
             alive, held = await self._still_ours(state.key)
         except ChatlaneError as error:
             log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
             return False
-        if not alive.issuperset(queued_here) or not alive.issuperset(steered):
-            since = {seq for seq, _ in pending.queued(state)}.difference(queued_here)
-            since.update(seq for _, seq in turn.waiting_steers() if seq not in steered)
-            left = pending.keep_only(state, alive | since)  # what came during the read stays
-            left += turn.keep_steers(alive | since)
+        if not alive.issuperset(known):
+            left = pending.keep_only(state, alive, known) + turn.keep_steers(alive, known)
             self.outcomes.watch(message.id for message in left)
         first, last = min(turn.seqs), max(turn.seqs)
         spans = any(first < seq < last for seq in held)

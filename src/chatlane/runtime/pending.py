@@ -224,22 +224,31 @@ def _takes(entry: PendingEntry, message: InboundMessage) -> bool:
     return entry.messages[0].source.user_id == message.source.user_id
 
 
-def keep_only(state: SessionState, stored: set[int]) -> list[InboundMessage]:
-    """Forget queued messages whose seq is not in ``stored``; return them, oldest first.
+def keep_only(state: SessionState, stored: set[int], known: set[int]) -> list[InboundMessage]:
+    """Forget queued messages that were ``known`` before a read of the store and that
+    the read did not find (not in ``stored``); return them, oldest first.
 
     The store is the truth: a message another process dropped (``/stop``,
-    ``/new``) or answered must not run here.
+    ``/new``) or answered must not run here. A message queued here while the
+    read ran stays: the read may predate its write.
     """
     queue = pending_entries(state)
     gone: list[InboundMessage] = []
     for entry in list(queue):
         pairs = list(zip(entry.messages, entry.seqs, strict=True))
-        gone += [message for message, seq in pairs if seq not in stored]
-        entry.messages = [message for message, seq in pairs if seq in stored]
-        entry.seqs = [seq for seq in entry.seqs if seq in stored]
+        kept = [(m, seq) for m, seq in pairs if seq in stored or seq not in known]
+        gone += [message for message, seq in pairs if seq in known and seq not in stored]
+        entry.messages = [message for message, _ in kept]
+        entry.seqs = [seq for _, seq in kept]
         if not entry.messages:
             queue.remove(entry)
     return gone
+
+
+def known(state: SessionState) -> set[int]:
+    """The seqs of every message waiting here: taken before a read of the store, what
+    :func:`keep_only` may forget after it."""
+    return {seq for entry in pending_entries(state) for seq in entry.seqs}
 
 
 def collapse(

@@ -420,10 +420,12 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         """Messages (and seqs) steered into this run that the agent has not taken yet (a copy)."""
         return list(self._steers)
 
-    def keep_steers(self, stored: set[int]) -> list[InboundMessage]:
-        """Let go of untaken steers whose seq is not in ``stored``; return them."""
-        gone = [message for message, seq in self._steers if seq not in stored]
-        kept = tuple((message, seq) for message, seq in self._steers if seq in stored)
+    def keep_steers(self, stored: set[int], known: set[int]) -> list[InboundMessage]:
+        """Let go of untaken steers ``known`` before a read of the store that did not
+        find them (not in ``stored``); return them. Steers that came during the read stay.
+        """
+        gone = [message for message, seq in self._steers if seq in known and seq not in stored]
+        kept = tuple(pair for pair in self._steers if pair[1] in stored or pair[1] not in known)
         _assign(self, "_steers", kept)
         return gone
 
