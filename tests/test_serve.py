@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
-import msgspec
 import pytest
 
 from chatlane.config import Config, ServerConfig, StoreConfig
@@ -471,44 +470,52 @@ def test_the_start_banner_never_shows_the_stores_password(
     assert "store:" in printed
 
 
+WITHOUT = (
+    "import runpy, sys; sys.modules.update(dict.fromkeys(sys.argv[1].split(',')));"
+    " sys.argv = ['chatlane', *sys.argv[2:]]; runpy.run_module('chatlane.cli', run_name='__main__')"
+)
+"""Runs ``chatlane`` as if the modules named in its first argument were not installed."""
+
+TOKENS = {
+    "TELEGRAM_BOT_TOKEN": "123:abc",
+    "SLACK_BOT_TOKEN": "xoxb-1",
+    "SLACK_SIGNING_SECRET": "s",
+    "DISCORD_BOT_TOKEN": "d",
+}
+
+
 @pytest.mark.parametrize(
-    ("platform", "library", "forgotten", "adapter"),
+    ("extra", "missing", "options", "enabled"),
     [
-        ("telegram", "telegram", ("chatlane.adapters.telegram",), "Telegram"),
-        ("slack", "slack_sdk", ("slack_sdk", "chatlane.adapters.slack"), "Slack"),
-        ("discord", "discord", ("discord", "chatlane.adapters.discord"), "Discord"),
+        ("redis", "hiredis", ["--store", "redis://127.0.0.1:1/0"], None),
+        ("postgres", "asyncpg", ["--store", "postgresql://u@127.0.0.1:1/db"], None),
+        ("openai", "openai", ["--agent", "openai"], None),
+        ("telegram", "telegram", [], "TELEGRAM"),
+        ("slack", "slack_sdk", [], "SLACK"),
+        ("discord", "discord", [], "DISCORD"),
     ],
 )
-async def test_an_adapter_without_its_extra_names_the_pip_install(
-    monkeypatch: pytest.MonkeyPatch,
-    platform: str,
-    library: str,
-    forgotten: tuple[str, ...],
-    adapter: str,
+def test_a_missing_extra_stops_the_start_in_one_line_naming_the_pip_install(
+    tmp_path: Path, extra: str, missing: str, options: list[str], enabled: str | None
 ) -> None:
-    from chatlane.config import DiscordConfig, SlackConfig, TelegramConfig
-    from chatlane.errors import ConfigError
-    from chatlane.hub import open_hub
-    from chatlane.serve import add_adapters
-
-    for name in [n for n in sys.modules if n.startswith(forgotten)]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, library, None)  # as if not installed
-    config = Config(store=StoreConfig(url="memory://"))
-    if platform == "telegram":
-        config = msgspec.structs.replace(config, telegram=TelegramConfig(enabled=True))
-    elif platform == "discord":
-        config = msgspec.structs.replace(config, discord=DiscordConfig(enabled=True))
-    else:
-        config = msgspec.structs.replace(config, slack=SlackConfig(enabled=True))
-    hub = await open_hub(config)
-    try:
-        with pytest.raises(ConfigError) as raised:
-            add_adapters(hub)
-    finally:
-        await hub.store.close()
-    assert str(raised.value).startswith(f"the {adapter} adapter needs the {platform} extra")
-    assert str(raised.value).endswith(f"pip install 'chatlane[{platform}]'")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATLANE_")}
+    env |= TOKENS | {"OPENAI_API_KEY": "sk-test"}
+    if enabled is not None:
+        env[f"CHATLANE_{enabled}__ENABLED"] = "true"
+    command = ["serve", "--port", str(free_port()), "--store", "memory://", *options]
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT, missing, *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("Error: the ")
+    assert f" needs the {extra} extra (" in line
+    assert line.endswith(f"pip install 'chatlane[{extra}]'")
 
 
 def test_a_store_in_a_missing_folder_stops_the_start_in_one_line(tmp_path: Path) -> None:
