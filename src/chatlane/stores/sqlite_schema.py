@@ -196,7 +196,12 @@ _V9: Migration = ("ALTER TABLE transcript ADD COLUMN attachments BLOB",)
 :mod:`chatlane.stores.codec`); NULL for none, so older rows and entries without any cost
 nothing."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+_V10: Migration = ("DROP INDEX leases_expires_at",)
+"""Leases are found by key; the few rows the table holds (running turns, and leases of
+dead processes until pruned) are counted by a scan. The index cost two page writes a
+turn (taking and giving back the lease) and one per renewal."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
