@@ -35,24 +35,31 @@ refused acquire, that its session is busy elsewhere. What stays true:
   atomically, so a message is drawn by one process, once) and steers or
   collects them as if they had arrived there. The process that accepted a
   drawn message finds it owned by another when its own turn gets the lease
-  (:meth:`~chatlane.runtime.engine.TurnEngine`'s check of the queue) and
-  watches it until the store holds its answer.
+  (:func:`waited_in_vain`, the check of the queue a turn makes after waiting
+  for another process's lease) and watches it until the store holds its answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from chatlane.errors import StoreError
+from chatlane.errors import ChatlaneError, StoreError
+from chatlane.logs import turn_fields
+from chatlane.runtime import pending
 from chatlane.runtime.busy import BusyContext, BusyOutcome, BusyPolicy, decide
+from chatlane.runtime.ending import TurnEnd
+from chatlane.runtime.outcomes import OutcomeLedger
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.stores.base import PendingRecord, Store
 from chatlane.stores.codec import decode_message
 from chatlane.stores.fields import INTERRUPTED_GENERATION, REDIRECT_GENERATION
 from chatlane.types import InboundMessage, SessionKey
+
+log = logging.getLogger("chatlane.runtime")
 
 
 def outcome_elsewhere(
@@ -172,3 +179,59 @@ def _readable(record: PendingRecord) -> InboundMessage | None:
         return decode_message(record.payload)
     except StoreError:
         return None  # its owner sets it aside when it comes to run it
+
+
+async def waited_in_vain(turn: Turn, store: Store, holder: str, outcomes: OutcomeLedger) -> bool:
+    """Whether ``turn``'s messages left this process while it waited: another
+    process's ``/stop`` or ``/new`` dropped them, or its running turn drew them in.
+
+    Asked only when the turn waited for a lease another process held, or
+    the generation moved on elsewhere meanwhile: one read of the store's
+    queue (if it fails, the turn runs).
+    Only a message the store still queues as this process's (or a dead
+    one's, :func:`still_ours`) is still its own: every other one, the
+    turn's, steered into it while it waited, or queued here behind it, is
+    watched until the store says what became of it (answered there, or
+    dropped).
+    A turn left without its own messages, or whose messages span one a
+    live process holds (drawn in there: it must run first), ends unrun as
+    :data:`TurnEnd.DROPPED`; those still its own wait here again, each its
+    own turn in store order (a later one then waits for the one held there).
+    """
+    state = turn.session_state
+    known = pending.known(state).union(seq for _, seq in turn.waiting_steers())
+    try:
+        alive, held = await still_ours(store, holder, state.key)
+    except ChatlaneError as error:
+        log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
+        return False
+    if not alive.issuperset(known):
+        left = pending.keep_only(state, alive, known) + turn.keep_steers(alive, known)
+        outcomes.watch(message.id for message in left)
+    first, last = min(turn.seqs), max(turn.seqs)
+    spans = any(first < seq < last for seq in held)
+    if not spans and all(seq in alive for seq in turn.seqs):
+        return False
+    for message, seq in zip(turn.messages, turn.seqs, strict=True):
+        if seq in alive:
+            pending.insert_in_order(state, [message], [seq])
+        else:
+            outcomes.watch([message.id])
+    turn.end(TurnEnd.DROPPED)
+    log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
+    return True
+
+
+async def still_ours(store: Store, holder: str, key: SessionKey) -> tuple[set[int], set[int]]:
+    """The seqs of ``key``'s queued messages this process may still run — its own, and
+    those of a process whose heartbeat expired (taken over, as a request sent again
+    here with the same idempotency key is) — and those a live process holds: it
+    drew them in, adopted them, or runs them.
+
+    :raises ChatlaneError: the store could not be read.
+    """
+    records = await store.pending(key)
+    others = sorted({record.owner for record in records} - {holder})
+    live = await store.alive(others) if others else {}
+    held = {record.seq for record in records if live.get(record.owner, False)}
+    return {record.seq for record in records} - held, held

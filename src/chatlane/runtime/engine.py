@@ -64,6 +64,7 @@ from chatlane.runtime.arrivals import BusyDesk
 from chatlane.runtime.aside import SideAnswers
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
+from chatlane.runtime.elsewhere import waited_in_vain
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import AcquireWait, LeaseKeeper, new_holder_id
 from chatlane.runtime.outcomes import OnOutcome, Outcome, OutcomeLedger
@@ -459,7 +460,7 @@ class TurnEngine:
         if not self._bind(turn, lease):
             return False
         elsewhere = lease.generation > known + 1 or (waited is not None and waited.seen)
-        if elsewhere and await self._dropped_elsewhere(turn):
+        if elsewhere and await waited_in_vain(turn, self.store, self.holder, self.outcomes):
             return False  # another process ran, stopped or drew in the messages meanwhile
         await self._take_choices(turn, choices)
         self._started(turn)
@@ -505,60 +506,6 @@ class TurnEngine:
             refused=None if admission is None else admission.refusal,
         )
         return None if taken is None else (taken.lease, taken.persistent)
-
-    async def _dropped_elsewhere(self, turn: Turn) -> bool:
-        """Whether ``turn``'s messages left this process while it waited: another
-        process's ``/stop`` or ``/new`` dropped them, or its running turn drew them in.
-
-        Asked only when the turn waited for a lease another process held, or
-        the generation moved on elsewhere meanwhile: one read of the store's
-        queue (if it fails, the turn runs).
-        Only a message the store still queues as this process's (or a dead
-        one's, :meth:`_still_ours`) is still its own: every other one, the
-        turn's, steered into it while it waited, or queued here behind it, is
-        watched until the store says what became of it (answered there, or
-        dropped).
-        A turn left without its own messages, or whose messages span one a
-        live process holds (drawn in there: it must run first), ends unrun as
-        :data:`TurnEnd.DROPPED`; those still its own wait here again, each its
-        own turn in store order (a later one then waits for the one held there).
-        """
-        state = turn.session_state
-        known = pending.known(state).union(seq for _, seq in turn.waiting_steers())
-        try:
-            alive, held = await self._still_ours(state.key)
-        except ChatlaneError as error:
-            log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
-            return False
-        if not alive.issuperset(known):
-            left = pending.keep_only(state, alive, known) + turn.keep_steers(alive, known)
-            self.outcomes.watch(message.id for message in left)
-        first, last = min(turn.seqs), max(turn.seqs)
-        spans = any(first < seq < last for seq in held)
-        if not spans and all(seq in alive for seq in turn.seqs):
-            return False
-        for message, seq in zip(turn.messages, turn.seqs, strict=True):
-            if seq in alive:
-                pending.insert_in_order(state, [message], [seq])
-            else:
-                self.outcomes.watch([message.id])
-        turn.end(TurnEnd.DROPPED)
-        log.info("dropped elsewhere while waiting", extra=turn_fields(state.key))
-        return True
-
-    async def _still_ours(self, key: SessionKey) -> tuple[set[int], set[int]]:
-        """The seqs of ``key``'s queued messages this process may still run — its own, and
-        those of a process whose heartbeat expired (taken over, as a request sent again
-        here with the same idempotency key is) — and those a live process holds: it
-        drew them in, adopted them, or runs them.
-
-        :raises ChatlaneError: the store could not be read.
-        """
-        records = await self.store.pending(key)
-        others = sorted({record.owner for record in records} - {self.holder})
-        live = await self.store.alive(others) if others else {}
-        held = {record.seq for record in records if live.get(record.owner, False)}
-        return {record.seq for record in records} - held, held
 
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored
