@@ -32,6 +32,11 @@ def artifact(name: str) -> str:
     return str(ARTIFACTS / name)
 
 
+async def shot(page: Page, name: str) -> None:
+    """Save what ``page`` shows as the artifact ``<name>.png``."""
+    await page.screenshot(path=artifact(f"{name}.png"))
+
+
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"
 )
@@ -110,7 +115,7 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await alice.sees(".msg.user", "sleep 2")
         await alice.say("after the nap")
         await alice.sees(".system.ack", "Queued for the next turn")
-        await alice.page.screenshot(path=artifact("web-chat-busy.png"))
+        await shot(alice.page, "web-chat-busy")
         await alice.sees(".msg.assistant", "slept 2")
         await alice.sees(".msg.assistant", "echo: after the nap")
 
@@ -125,8 +130,8 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await alice.sees(".msg.user", "after the nap")
         await alice.sees(".msg.assistant", "echo: after the nap")
         await alice.sees(".msg.assistant", f"key=main:web:dm:{alice_id} ")
-        await alice.page.screenshot(path=artifact("web-chat.png"))
-        await bob.page.screenshot(path=artifact("web-chat-approval.png"))
+        await shot(alice.page, "web-chat")
+        await shot(bob.page, "web-chat-approval")
         assert alice.errors == []
         assert bob.errors == []
     finally:
@@ -190,7 +195,7 @@ async def test_command_help_and_conversations(browser: Browser, host: str) -> No
         await page.get_by_role("textbox", name="Message").fill("/")
         options = page.get_by_role("option")
         await expect(options.filter(has_text="/approve")).to_be_visible(timeout=UI_WAIT)
-        await page.screenshot(path=artifact("web-chat-commands.png"))
+        await shot(page, "web-chat-commands")
         await page.get_by_role("textbox", name="Message").press_sequentially("resu")
         await expect(options).to_have_count(1)
         await page.get_by_role("textbox", name="Message").press("Tab")
@@ -275,7 +280,7 @@ async def test_sign_in_with_the_access_token(browser: Browser, tmp_path: Path) -
             await page.get_by_label("Access token").fill("not it")
             await page.get_by_role("button", name="Sign in").click()
             await expect(page.get_by_role("alert")).to_contain_text("not right")
-            await page.screenshot(path=artifact("web-sign-in.png"))
+            await shot(page, "web-sign-in")
             await page.get_by_label("Access token").fill("open sesame")
             await page.get_by_role("button", name="Sign in").click()
             chat = ChatPage(context, page)

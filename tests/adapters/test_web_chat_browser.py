@@ -20,9 +20,9 @@ from tests.adapters.test_web_browser import (
     CHROMIUM,
     UI_WAIT,
     ChatPage,
-    artifact,
     browser,
     host,
+    shot,
 )
 
 __all__ = ["browser", "host"]  # the fixtures, shared with test_web_browser
@@ -45,10 +45,6 @@ XSS = "\n\n".join(
         "```python\ndef greet(name):\n    return f'hello {name}'  # a comment\n```",
     ]
 )
-
-
-async def shot(page: Page, name: str) -> None:
-    await page.screenshot(path=artifact(f"{name}.png"))
 
 
 def state_of(page: Page, text: str) -> Any:
