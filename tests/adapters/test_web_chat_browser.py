@@ -157,9 +157,11 @@ async def test_merged_steered_interrupted_and_refused_messages(browser: Browser)
             await chat.sees(".approval", "deploy")
             await chat.say("/steer look at the logs")  # steered only while nothing waits
             await expect(state_of(page, "/steer look at the logs")).to_contain_text("Steered")
+            await shot(page, "web-turn-steered")
             await chat.say("one more thing")
             await chat.say("and another")
             await expect(state_of(page, "and another")).to_contain_text("Merged into the next turn")
+            await shot(page, "web-turn-merged")
             await chat.say("/now forget it")
             await expect(state_of(page, "/now forget it")).to_contain_text(
                 re.compile("Interrupting|Running")
