@@ -101,6 +101,72 @@ async def test_markdown_is_rendered_and_nothing_in_it_runs(browser: Browser, hos
         await chat.close()
 
 
+IN_HTML = '<script>window.__xss = 1</script>\n<img src=x onerror="window.__xss = 1">\n'
+IN_JAVASCRIPT = "el.innerHTML = '<img src=x onerror=\"window.__xss = 1\">';\n"
+IN_UNKNOWN = '<svg onload="window.__xss = 1"></svg>\n'
+IN_HTML_LANGUAGE = '</code></pre><img src=x onerror="window.__xss = 1">\n'
+INLINE = ['<img src=x onerror="window.__xss = 1">', "</code><script>window.__xss = 1</script>"]
+CODE_XSS = "".join(
+    [
+        "Code:\n\n",
+        f"```html\n{IN_HTML}```\n\n",
+        f"```javascript\n{IN_JAVASCRIPT}```\n\n",
+        f"```nosuchlanguage\n{IN_UNKNOWN}```\n\n",
+        # a language named with HTML, and code that tries to close its block
+        f'```"><img src=x onerror="window.__xss = 1">\n{IN_HTML_LANGUAGE}```\n\n',
+        f"Inline: `{INLINE[0]}` and `{INLINE[1]}`",
+    ]
+)
+RUNS = """
+() => [...document.querySelectorAll(".log *")]
+  .filter((node) => [...node.attributes].some((a) => a.name.toLowerCase().startsWith("on")))
+  .map((node) => node.outerHTML.slice(0, 80))
+"""
+
+
+async def test_html_in_code_is_shown_highlighted_as_text_and_copied_verbatim(
+    browser: Browser, host: str
+) -> None:
+    """Code blocks, of a known, an unknown or an HTML-made language, and inline code
+    show HTML as text: no element of it is made, nothing of it runs, Copy gives it back."""
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: dialogs.append(dialog.message))
+        await chat.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        await chat.say(CODE_XSS)
+        reply = page.locator(".msg.assistant").last
+        await expect(reply.locator(".code-block")).to_have_count(4, timeout=UI_WAIT)
+        await expect(reply).not_to_have_class(re.compile("streaming"))
+
+        payload = page.locator(".log script, .log img, .log svg, .log iframe")
+        await expect(payload).to_have_count(0)
+        assert await page.evaluate(RUNS) == []
+        assert await page.evaluate("typeof window.__xss") == "undefined"
+
+        labels = reply.locator(".code-language")
+        await expect(labels).to_have_text(["html", "javascript", "nosuchlanguage", "code"])
+        code = reply.locator(".code-block pre > code")
+        shown = await code.evaluate_all("nodes => nodes.map((node) => node.textContent)")
+        assert shown == [IN_HTML, IN_JAVASCRIPT, IN_UNKNOWN, IN_HTML_LANGUAGE]
+        html = code.first
+        await expect(html).to_have_class(re.compile(r"\bhljs\b"))
+        await expect(html.locator(".hljs-tag .hljs-name")).to_have_text(["script", "script", "img"])
+        await expect(code.nth(1).locator(".hljs-string")).to_contain_text("<img src=x")
+        await expect(reply.locator("p > code")).to_have_text(INLINE)
+
+        await reply.get_by_role("button", name="Copy code").first.click()
+        await expect(reply.get_by_role("button", name="Copy code").first).to_have_text("Copied")
+        assert await page.evaluate("navigator.clipboard.readText()") == IN_HTML
+        await shot(page, "web-code-xss")
+        assert await page.evaluate("typeof window.__xss") == "undefined"
+        assert dialogs == []
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
 async def test_the_running_turn_its_queue_and_stop(browser: Browser, host: str) -> None:
     chat = await ChatPage.open(browser, host)
     try:
