@@ -6,7 +6,9 @@ and saves a screenshot of every state it reaches (see ``test_web_browser``).
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import pytest
@@ -15,6 +17,7 @@ from playwright.async_api import Browser, Page, expect
 from chatlane.config import Config
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
+from chatlane.runtime.turn import Turn
 from tests.adapters.test_web import web_server
 from tests.adapters.test_web_browser import (
     CHROMIUM,
@@ -165,6 +168,76 @@ async def test_html_in_code_is_shown_highlighted_as_text_and_copied_verbatim(
         assert chat.errors == []
     finally:
         await chat.close()
+
+
+class Paced:
+    """An agent streaming its reply in stages: the first at once, each next one only
+    once the test lets it out with :meth:`next`; the turn ends with the last."""
+
+    def __init__(self, *stages: list[str]) -> None:
+        self.stages = stages
+        self.gates = [asyncio.Event() for _ in stages[1:]]
+
+    def next(self) -> None:
+        """Let the next stage's chunks out."""
+        next(gate for gate in self.gates if not gate.is_set()).set()
+
+    async def __call__(self, turn: Turn) -> AsyncIterator[str]:
+        for number, stage in enumerate(self.stages):
+            if number:
+                await self.gates[number - 1].wait()
+            for chunk in stage:
+                yield chunk
+
+
+STEPS = "".join(f"{n}. step {n}\n" for n in range(1, 31))  # taller than the log
+
+
+async def test_a_reply_is_rendered_safely_as_it_streams(browser: Browser) -> None:
+    """Each chunk shows the reply so far as Markdown, raw HTML as text even in a code
+    block not closed yet; the finished reply is rendered whole and kept in view."""
+    agent = Paced(
+        ["# Title\n\n", "- one\n", "- **tw", "o**"],
+        ['\n\n<img src=x onerror="window.__xss = 1">\n\n', "```html\n<script>window.__xss"],
+        [" = 1</script>\n```\n\n", STEPS, "\nThe **end**."],
+    )
+    async with web_server(agent=agent) as address:
+        chat = await ChatPage.open(browser, address)
+        try:
+            page = chat.page
+            await chat.say("tell me")
+            reply = page.locator(".msg.assistant").last
+            await expect(reply.locator("li")).to_have_text(["one", "two"], timeout=UI_WAIT)
+            await expect(reply).to_have_class(re.compile(r"\bstreaming\b"))
+            await expect(reply).to_have_attribute("aria-busy", "true")
+            await expect(reply.locator("h1")).to_have_text("Title")
+            await expect(reply.locator("li strong")).to_have_text("two")
+            await expect(reply.locator(".text")).to_have_text(re.compile(r"^[^#*]+$"))
+            await shot(page, "web-reply-streaming")
+
+            agent.next()  # raw HTML, then a code block still open
+            code = reply.locator(".code-block code")
+            await expect(code).to_have_text("<script>window.__xss", timeout=UI_WAIT)
+            await expect(reply).to_contain_text('<img src=x onerror="window.__xss = 1">')
+            await expect(reply).to_have_class(re.compile(r"\bstreaming\b"))
+            await expect(page.locator(".log script, .log img")).to_have_count(0)
+
+            agent.next()  # the rest, and the turn ends
+            await expect(reply).not_to_have_class(re.compile(r"\bstreaming\b"), timeout=UI_WAIT)
+            await expect(reply).not_to_have_attribute("aria-busy", "true")
+            await expect(code).to_have_text("<script>window.__xss = 1</script>")
+            await expect(reply.locator(".code-language")).to_have_text("html")
+            await expect(reply.locator("ol > li")).to_have_count(30)
+            end = reply.locator("p", has_text="The end")
+            await expect(end.locator("strong")).to_have_text("end")
+            await expect(end).to_be_in_viewport()
+            await expect(page.locator(".msg.assistant")).to_have_count(1)
+            await expect(page.locator(".log script, .log img")).to_have_count(0)
+            assert await page.evaluate("typeof window.__xss") == "undefined"
+            await shot(page, "web-reply-streamed")
+            assert chat.errors == []
+        finally:
+            await chat.close()
 
 
 async def test_the_running_turn_its_queue_and_stop(browser: Browser, host: str) -> None:
