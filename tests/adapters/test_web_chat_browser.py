@@ -358,6 +358,58 @@ async def test_conversations_are_listed_by_their_titles(browser: Browser, host: 
         await chat.close()
 
 
+async def test_resume_with_title_words_shows_that_conversation(browser: Browser, host: str) -> None:
+    """``/resume`` with words of a title, typed in any case and order, switches to the
+    conversation so titled and the page shows it, then and after a reload; no
+    conversation's id is ever shown."""
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        current = page.locator("#conversations button[aria-current=true]")
+        await chat.say("Plan the trip to Lisbon")
+        await chat.sees(".msg.assistant", "echo: Plan the trip to Lisbon")
+        await expect(current).to_have_attribute("data-titled", "yes", timeout=UI_WAIT)
+        await page.get_by_role("button", name="New conversation").click()
+        await chat.sees(".msg.command", "Started a new conversation")
+        await chat.say("Budget for the year")
+        await chat.sees(".msg.assistant", "echo: Budget for the year")
+        await expect(current).to_have_attribute("data-titled", "yes", timeout=UI_WAIT)
+
+        await chat.say("/resume lisbon TRIP")
+        answer = page.locator(".msg.command", has_text="Resumed")
+        await expect(answer).to_contain_text("“Plan the trip to Lisbon”", timeout=UI_WAIT)
+        await expect(page.locator("#chat-heading")).to_have_text("Plan the trip to Lisbon")
+        await expect(current.locator(".conversation-title")).to_have_text("Plan the trip to Lisbon")
+        log = page.get_by_role("log", name="Messages")
+        await expect(log.locator(".msg.user .text")).to_have_text(["Plan the trip to Lisbon"])
+        await expect(log.locator(".msg.assistant .text")).to_have_text(
+            ["echo: Plan the trip to Lisbon"]
+        )
+        await expect(log).not_to_contain_text("Budget")
+        await shot(page, "web-resumed-by-title")
+        await no_conversation_id_is_shown(page)
+
+        await page.reload()
+        await chat.connected()
+        await expect(page.locator("#chat-heading")).to_have_text("Plan the trip to Lisbon")
+        await expect(log.locator(".msg.user .text")).to_have_text(["Plan the trip to Lisbon"])
+        await no_conversation_id_is_shown(page)
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
+async def no_conversation_id_is_shown(page: Page) -> None:
+    """Neither id the conversation list holds, nor anything shaped like one, is visible."""
+    items = page.locator("#conversations button")
+    await expect(items).to_have_count(2)
+    ids = [await item.get_attribute("data-conversation") for item in await items.all()]
+    assert all(conversation and conversation.startswith("c_") for conversation in ids)
+    shown = await page.locator("body").inner_text()
+    assert not re.search(r"\bc_\w", shown)
+    assert not [conversation for conversation in ids if conversation and conversation in shown]
+
+
 async def test_a_narrow_screen_keeps_the_conversations_in_a_drawer(
     browser: Browser, host: str
 ) -> None:
