@@ -40,7 +40,8 @@ from chatlane.runtime.busy import BusyOutcome, BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.secrets import TokenSource
 from chatlane.serve import uvicorn_config
-from chatlane.types import Outbound, OutboundKind, SessionKey, Target
+from chatlane.stores import open_store
+from chatlane.types import Agent, Outbound, OutboundKind, SessionKey, Target
 
 Event = dict[str, Any]
 MEMORY = StoreConfig(url="memory://")
@@ -49,17 +50,27 @@ WAIT = 10.0
 
 
 @contextlib.asynccontextmanager
-async def web_server(config: Config | None = None) -> AsyncIterator[str]:
-    """A hub with only the web adapter, served on a free port; yields ``host:port``."""
-    async with web_hub(config) as (address, _):
+async def web_server(
+    config: Config | None = None, agent: Agent | None = None
+) -> AsyncIterator[str]:
+    """A hub with only the web adapter, served on a free port; yields ``host:port``.
+
+    The hub runs ``agent`` if given, else the one ``config`` names (the demo agent).
+    """
+    async with web_hub(config, agent) as (address, _):
         yield address
 
 
 @contextlib.asynccontextmanager
-async def web_hub(config: Config | None = None) -> AsyncIterator[tuple[str, Hub]]:
+async def web_hub(
+    config: Config | None = None, agent: Agent | None = None
+) -> AsyncIterator[tuple[str, Hub]]:
     """As :func:`web_server`, yielding the hub too."""
     config = msgspec.structs.replace(config or Config(), store=MEMORY)
-    hub = await open_hub(config)
+    if agent is None:
+        hub = await open_hub(config)
+    else:
+        hub = Hub(config, await open_store(config.store.url), agent)
     hub.add(WebAdapter(config))
     options = uvicorn_config(build_app(hub), config)  # as `chatlane serve` runs it
     options.host, options.port = "127.0.0.1", 0

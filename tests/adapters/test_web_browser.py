@@ -32,6 +32,11 @@ def artifact(name: str) -> str:
     return str(ARTIFACTS / name)
 
 
+async def shot(page: Page, name: str) -> None:
+    """Save what ``page`` shows as the artifact ``<name>.png``."""
+    await page.screenshot(path=artifact(f"{name}.png"))
+
+
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"
 )
@@ -110,7 +115,7 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await alice.sees(".msg.user", "sleep 2")
         await alice.say("after the nap")
         await alice.sees(".system.ack", "Queued for the next turn")
-        await alice.page.screenshot(path=artifact("web-chat-busy.png"))
+        await shot(alice.page, "web-chat-busy")
         await alice.sees(".msg.assistant", "slept 2")
         await alice.sees(".msg.assistant", "echo: after the nap")
 
@@ -125,8 +130,8 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await alice.sees(".msg.user", "after the nap")
         await alice.sees(".msg.assistant", "echo: after the nap")
         await alice.sees(".msg.assistant", f"key=main:web:dm:{alice_id} ")
-        await alice.page.screenshot(path=artifact("web-chat.png"))
-        await bob.page.screenshot(path=artifact("web-chat-approval.png"))
+        await shot(alice.page, "web-chat")
+        await shot(bob.page, "web-chat-approval")
         assert alice.errors == []
         assert bob.errors == []
     finally:
@@ -150,6 +155,7 @@ async def test_typing_on_never_answers_an_approval_that_appears(
         approve = page.get_by_role("button", name="Approve", exact=True)
         await expect(approve).to_be_enabled()
         await expect(page.locator(".msg.assistant", has_text="approved")).to_have_count(0)
+        await shot(page, "web-approval-typed-past")
         await page.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
         await chat.sees(".msg.assistant", "denied: rm -rf x")
         assert chat.errors == []
@@ -167,6 +173,7 @@ async def test_a_waiting_approval_survives_a_reload(browser: Browser, host: str)
         await chat.connected()
         await chat.sees(".msg.user", "approve rm -rf build")
         await chat.sees(".approval", "rm -rf build")
+        await shot(page, "web-approval-reloaded")
         await page.get_by_role("button", name="Approve", exact=True).click(timeout=UI_WAIT)
         await chat.sees(".msg.assistant", "approved: rm -rf build")
         await expect(page.get_by_role("button", name="Approve", exact=True)).to_be_disabled()
@@ -176,6 +183,7 @@ async def test_a_waiting_approval_survives_a_reload(browser: Browser, host: str)
         await expect(page.locator(".approval")).to_have_count(0)
         said = page.locator(".msg.user", has_text="approve rm -rf build")
         await expect(said).to_have_count(1)
+        await shot(page, "web-approval-answered-reloaded")
         assert chat.errors == []
     finally:
         await chat.close()
@@ -190,7 +198,7 @@ async def test_command_help_and_conversations(browser: Browser, host: str) -> No
         await page.get_by_role("textbox", name="Message").fill("/")
         options = page.get_by_role("option")
         await expect(options.filter(has_text="/approve")).to_be_visible(timeout=UI_WAIT)
-        await page.screenshot(path=artifact("web-chat-commands.png"))
+        await shot(page, "web-chat-commands")
         await page.get_by_role("textbox", name="Message").press_sequentially("resu")
         await expect(options).to_have_count(1)
         await page.get_by_role("textbox", name="Message").press("Tab")
@@ -224,6 +232,7 @@ async def test_a_stale_approval_card_never_answers_a_newer_request(
         await chat.sees(".msg.command", "Stopped the running turn")
         await chat.say("approve rm -rf /home")
         await chat.sees(".approval", "rm -rf /home")
+        new = page.locator(".approval", has_text="rm -rf /home")
         old = page.locator(".approval", has_text="echo harmless")
         old_approve = old.get_by_role("button", name="Approve", exact=True)
         await expect(old_approve).to_be_disabled()  # its turn was stopped: settled
@@ -232,7 +241,8 @@ async def test_a_stale_approval_card_never_answers_a_newer_request(
         await old_approve.evaluate("button => { button.disabled = false; }")
         await old_approve.click(timeout=UI_WAIT)
         await chat.sees(".msg.command", "That approval is no longer pending")
-        new = page.locator(".approval", has_text="rm -rf /home")
+        await expect(new.get_by_role("button", name="Approve", exact=True)).to_be_enabled()
+        await shot(page, "web-approval-stale")
         await new.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
         await chat.sees(".msg.assistant", "denied: rm -rf /home")
         await expect(page.locator(".msg", has_text="Approved")).to_have_count(0)
@@ -252,6 +262,7 @@ async def test_a_message_over_the_byte_limit_is_refused_and_kept(
         box = chat.page.get_by_role("textbox", name="Message")
         await expect(box).to_have_value(text)
         await expect(chat.page.locator(".msg.user")).to_have_count(0)
+        await shot(chat.page, "web-message-too-long")
         await chat.say("short")
         await chat.sees(".msg.assistant", "echo: short")
         assert chat.errors == []
@@ -275,7 +286,7 @@ async def test_sign_in_with_the_access_token(browser: Browser, tmp_path: Path) -
             await page.get_by_label("Access token").fill("not it")
             await page.get_by_role("button", name="Sign in").click()
             await expect(page.get_by_role("alert")).to_contain_text("not right")
-            await page.screenshot(path=artifact("web-sign-in.png"))
+            await shot(page, "web-sign-in")
             await page.get_by_label("Access token").fill("open sesame")
             await page.get_by_role("button", name="Sign in").click()
             chat = ChatPage(context, page)

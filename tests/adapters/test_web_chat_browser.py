@@ -6,7 +6,9 @@ and saves a screenshot of every state it reaches (see ``test_web_browser``).
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import pytest
@@ -15,14 +17,15 @@ from playwright.async_api import Browser, Page, expect
 from chatlane.config import Config
 from chatlane.runtime.busy import BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
+from chatlane.runtime.turn import Turn
 from tests.adapters.test_web import web_server
 from tests.adapters.test_web_browser import (
     CHROMIUM,
     UI_WAIT,
     ChatPage,
-    artifact,
     browser,
     host,
+    shot,
 )
 
 __all__ = ["browser", "host"]  # the fixtures, shared with test_web_browser
@@ -45,10 +48,6 @@ XSS = "\n\n".join(
         "```python\ndef greet(name):\n    return f'hello {name}'  # a comment\n```",
     ]
 )
-
-
-async def shot(page: Page, name: str) -> None:
-    await page.screenshot(path=artifact(f"{name}.png"))
 
 
 def state_of(page: Page, text: str) -> Any:
@@ -103,6 +102,142 @@ async def test_markdown_is_rendered_and_nothing_in_it_runs(browser: Browser, hos
         assert chat.errors == []
     finally:
         await chat.close()
+
+
+IN_HTML = '<script>window.__xss = 1</script>\n<img src=x onerror="window.__xss = 1">\n'
+IN_JAVASCRIPT = "el.innerHTML = '<img src=x onerror=\"window.__xss = 1\">';\n"
+IN_UNKNOWN = '<svg onload="window.__xss = 1"></svg>\n'
+IN_HTML_LANGUAGE = '</code></pre><img src=x onerror="window.__xss = 1">\n'
+INLINE = ['<img src=x onerror="window.__xss = 1">', "</code><script>window.__xss = 1</script>"]
+CODE_XSS = "".join(
+    [
+        "Code:\n\n",
+        f"```html\n{IN_HTML}```\n\n",
+        f"```javascript\n{IN_JAVASCRIPT}```\n\n",
+        f"```nosuchlanguage\n{IN_UNKNOWN}```\n\n",
+        # a language named with HTML, and code that tries to close its block
+        f'```"><img src=x onerror="window.__xss = 1">\n{IN_HTML_LANGUAGE}```\n\n',
+        f"Inline: `{INLINE[0]}` and `{INLINE[1]}`",
+    ]
+)
+RUNS = """
+() => [...document.querySelectorAll(".log *")]
+  .filter((node) => [...node.attributes].some((a) => a.name.toLowerCase().startsWith("on")))
+  .map((node) => node.outerHTML.slice(0, 80))
+"""
+
+
+async def test_html_in_code_is_shown_highlighted_as_text_and_copied_verbatim(
+    browser: Browser, host: str
+) -> None:
+    """Code blocks, of a known, an unknown or an HTML-made language, and inline code
+    show HTML as text: no element of it is made, nothing of it runs, Copy gives it back."""
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: dialogs.append(dialog.message))
+        await chat.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        await chat.say(CODE_XSS)
+        reply = page.locator(".msg.assistant").last
+        await expect(reply.locator(".code-block")).to_have_count(4, timeout=UI_WAIT)
+        await expect(reply).not_to_have_class(re.compile("streaming"))
+
+        payload = page.locator(".log script, .log img, .log svg, .log iframe")
+        await expect(payload).to_have_count(0)
+        assert await page.evaluate(RUNS) == []
+        assert await page.evaluate("typeof window.__xss") == "undefined"
+
+        labels = reply.locator(".code-language")
+        await expect(labels).to_have_text(["html", "javascript", "nosuchlanguage", "code"])
+        code = reply.locator(".code-block pre > code")
+        shown = await code.evaluate_all("nodes => nodes.map((node) => node.textContent)")
+        assert shown == [IN_HTML, IN_JAVASCRIPT, IN_UNKNOWN, IN_HTML_LANGUAGE]
+        html = code.first
+        await expect(html).to_have_class(re.compile(r"\bhljs\b"))
+        await expect(html.locator(".hljs-tag .hljs-name")).to_have_text(["script", "script", "img"])
+        await expect(code.nth(1).locator(".hljs-string")).to_contain_text("<img src=x")
+        await expect(reply.locator("p > code")).to_have_text(INLINE)
+
+        await reply.get_by_role("button", name="Copy code").first.click()
+        await expect(reply.get_by_role("button", name="Copy code").first).to_have_text("Copied")
+        assert await page.evaluate("navigator.clipboard.readText()") == IN_HTML
+        await shot(page, "web-code-xss")
+        assert await page.evaluate("typeof window.__xss") == "undefined"
+        assert dialogs == []
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
+class Paced:
+    """An agent streaming its reply in stages: the first at once, each next one only
+    once the test lets it out with :meth:`next`; the turn ends with the last."""
+
+    def __init__(self, *stages: list[str]) -> None:
+        self.stages = stages
+        self.gates = [asyncio.Event() for _ in stages[1:]]
+
+    def next(self) -> None:
+        """Let the next stage's chunks out."""
+        next(gate for gate in self.gates if not gate.is_set()).set()
+
+    async def __call__(self, turn: Turn) -> AsyncIterator[str]:
+        for number, stage in enumerate(self.stages):
+            if number:
+                await self.gates[number - 1].wait()
+            for chunk in stage:
+                yield chunk
+
+
+STEPS = "".join(f"{n}. step {n}\n" for n in range(1, 31))  # taller than the log
+
+
+async def test_a_reply_is_rendered_safely_as_it_streams(browser: Browser) -> None:
+    """Each chunk shows the reply so far as Markdown, raw HTML as text even in a code
+    block not closed yet; the finished reply is rendered whole and kept in view."""
+    agent = Paced(
+        ["# Title\n\n", "- one\n", "- **tw", "o**"],
+        ['\n\n<img src=x onerror="window.__xss = 1">\n\n', "```html\n<script>window.__xss"],
+        [" = 1</script>\n```\n\n", STEPS, "\nThe **end**."],
+    )
+    async with web_server(agent=agent) as address:
+        chat = await ChatPage.open(browser, address)
+        try:
+            page = chat.page
+            await chat.say("tell me")
+            reply = page.locator(".msg.assistant").last
+            await expect(reply.locator("li")).to_have_text(["one", "two"], timeout=UI_WAIT)
+            await expect(reply).to_have_class(re.compile(r"\bstreaming\b"))
+            await expect(reply).to_have_attribute("aria-busy", "true")
+            await expect(reply.locator("h1")).to_have_text("Title")
+            await expect(reply.locator("li strong")).to_have_text("two")
+            await expect(reply.locator(".text")).to_have_text(re.compile(r"^[^#*]+$"))
+            await shot(page, "web-reply-streaming")
+
+            agent.next()  # raw HTML, then a code block still open
+            code = reply.locator(".code-block code")
+            await expect(code).to_have_text("<script>window.__xss", timeout=UI_WAIT)
+            await expect(reply).to_contain_text('<img src=x onerror="window.__xss = 1">')
+            await expect(reply).to_have_class(re.compile(r"\bstreaming\b"))
+            await expect(page.locator(".log script, .log img")).to_have_count(0)
+
+            agent.next()  # the rest, and the turn ends
+            await expect(reply).not_to_have_class(re.compile(r"\bstreaming\b"), timeout=UI_WAIT)
+            await expect(reply).not_to_have_attribute("aria-busy", "true")
+            await expect(code).to_have_text("<script>window.__xss = 1</script>")
+            await expect(reply.locator(".code-language")).to_have_text("html")
+            await expect(reply.locator("ol > li")).to_have_count(30)
+            end = reply.locator("p", has_text="The end")
+            await expect(end.locator("strong")).to_have_text("end")
+            await expect(end).to_be_in_viewport()
+            await expect(page.locator(".msg.assistant")).to_have_count(1)
+            await expect(page.locator(".log script, .log img")).to_have_count(0)
+            assert await page.evaluate("typeof window.__xss") == "undefined"
+            await shot(page, "web-reply-streamed")
+            assert chat.errors == []
+        finally:
+            await chat.close()
 
 
 async def test_the_running_turn_its_queue_and_stop(browser: Browser, host: str) -> None:
@@ -161,9 +296,11 @@ async def test_merged_steered_interrupted_and_refused_messages(browser: Browser)
             await chat.sees(".approval", "deploy")
             await chat.say("/steer look at the logs")  # steered only while nothing waits
             await expect(state_of(page, "/steer look at the logs")).to_contain_text("Steered")
+            await shot(page, "web-turn-steered")
             await chat.say("one more thing")
             await chat.say("and another")
             await expect(state_of(page, "and another")).to_contain_text("Merged into the next turn")
+            await shot(page, "web-turn-merged")
             await chat.say("/now forget it")
             await expect(state_of(page, "/now forget it")).to_contain_text(
                 re.compile("Interrupting|Running")
@@ -219,6 +356,58 @@ async def test_conversations_are_listed_by_their_titles(browser: Browser, host: 
         assert chat.errors == []
     finally:
         await chat.close()
+
+
+async def test_resume_with_title_words_shows_that_conversation(browser: Browser, host: str) -> None:
+    """``/resume`` with words of a title, typed in any case and order, switches to the
+    conversation so titled and the page shows it, then and after a reload; no
+    conversation's id is ever shown."""
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        current = page.locator("#conversations button[aria-current=true]")
+        await chat.say("Plan the trip to Lisbon")
+        await chat.sees(".msg.assistant", "echo: Plan the trip to Lisbon")
+        await expect(current).to_have_attribute("data-titled", "yes", timeout=UI_WAIT)
+        await page.get_by_role("button", name="New conversation").click()
+        await chat.sees(".msg.command", "Started a new conversation")
+        await chat.say("Budget for the year")
+        await chat.sees(".msg.assistant", "echo: Budget for the year")
+        await expect(current).to_have_attribute("data-titled", "yes", timeout=UI_WAIT)
+
+        await chat.say("/resume lisbon TRIP")
+        answer = page.locator(".msg.command", has_text="Resumed")
+        await expect(answer).to_contain_text("“Plan the trip to Lisbon”", timeout=UI_WAIT)
+        await expect(page.locator("#chat-heading")).to_have_text("Plan the trip to Lisbon")
+        await expect(current.locator(".conversation-title")).to_have_text("Plan the trip to Lisbon")
+        log = page.get_by_role("log", name="Messages")
+        await expect(log.locator(".msg.user .text")).to_have_text(["Plan the trip to Lisbon"])
+        await expect(log.locator(".msg.assistant .text")).to_have_text(
+            ["echo: Plan the trip to Lisbon"]
+        )
+        await expect(log).not_to_contain_text("Budget")
+        await shot(page, "web-resumed-by-title")
+        await no_conversation_id_is_shown(page)
+
+        await page.reload()
+        await chat.connected()
+        await expect(page.locator("#chat-heading")).to_have_text("Plan the trip to Lisbon")
+        await expect(log.locator(".msg.user .text")).to_have_text(["Plan the trip to Lisbon"])
+        await no_conversation_id_is_shown(page)
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
+async def no_conversation_id_is_shown(page: Page) -> None:
+    """Neither id the conversation list holds, nor anything shaped like one, is visible."""
+    items = page.locator("#conversations button")
+    await expect(items).to_have_count(2)
+    ids = [await item.get_attribute("data-conversation") for item in await items.all()]
+    assert all(conversation and conversation.startswith("c_") for conversation in ids)
+    shown = await page.locator("body").inner_text()
+    assert not re.search(r"\bc_\w", shown)
+    assert not [conversation for conversation in ids if conversation and conversation in shown]
 
 
 async def test_a_narrow_screen_keeps_the_conversations_in_a_drawer(

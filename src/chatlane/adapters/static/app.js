@@ -172,7 +172,8 @@
       node = stream.node;
       node.classList.remove("streaming");
       node.removeAttribute("aria-busy");
-      fill(node, event.text);
+      stream.text = event.text;
+      paint(stream); // kept in view as its chunks were, even those no frame painted
     } else {
       node = bubble(event.command ? "command" : "assistant", event.text);
     }
