@@ -463,12 +463,6 @@ class Steerable:
         return " + ".join(seen)
 
 
-async def stubborn(turn: Turn) -> str:
-    """Ignores being interrupted: its lease stays held until it returns."""
-    await asyncio.sleep(0.6)
-    return f"done: {turn.text}"
-
-
 class Stubborn:
     """Ignores being interrupted: its lease stays held until the test sets :attr:`release`."""
 
@@ -571,8 +565,9 @@ async def test_a_stop_elsewhere_drops_what_was_steered_but_never_taken() -> None
 async def test_each_dropped_message_is_counted_by_one_stop() -> None:
     store = MemoryStore()
     fast = LeaseSettings(ttl=2, poll=0.02)
+    nap = Stubborn()
     async with (
-        GatewayHarness(stubborn, store=store, leases=fast, interrupt_grace=5) as runner,
+        GatewayHarness(nap, store=store, leases=fast, interrupt_grace=5) as runner,
         GatewayHarness(EchoAgent(), store=store, leases=fast) as other,
     ):
         await runner.send("nap", chat_id="c")  # holds its slot through the stop's grace
@@ -590,6 +585,7 @@ async def test_each_dropped_message_is_counted_by_one_stop() -> None:
         assert second == "Nothing was running here. Dropped 0 queued messages."
         (third,) = [r for r in await runner.replies(chat_id="c", count=2) if "Dropped" in r]
         assert "other gateway processes" not in third  # what waited over there: counted once
+        nap.release.set()
 
 
 class ReadBeforeWrites(MemoryStore):
