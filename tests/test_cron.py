@@ -161,7 +161,7 @@ class TestCronExpression:
         assert second is not None
         assert second - first > 23 * 3600
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=60)
     @given(
         minute=st.sets(st.integers(0, 59), min_size=1, max_size=4),
         hour=st.sets(st.integers(0, 23), min_size=1, max_size=3),

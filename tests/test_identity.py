@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from chatlane.errors import InvalidSessionKey, InvalidSessionName, InvalidSource
@@ -275,7 +275,6 @@ def test_names_are_kept_exactly_however_unusual() -> None:
 TRICKY = "xy:% \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2003\u2028\u2029\u200b\u3000\ufeff"
 
 
-@settings(deadline=None)
 @given(st.text(st.sampled_from(TRICKY) | st.characters(), max_size=12))
 def test_an_accepted_name_is_one_nothing_would_change_or_split(name: str) -> None:
     try:
@@ -288,7 +287,6 @@ def test_an_accepted_name_is_one_nothing_would_change_or_split(name: str) -> Non
     assert name.encode("utf-8").decode("utf-8") == name
 
 
-@settings(deadline=None)
 @given(
     st.text(st.sampled_from(TRICKY), max_size=4),
     st.text(max_size=4),

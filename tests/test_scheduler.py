@@ -7,7 +7,7 @@ import datetime as dt
 import importlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,42 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.moment += seconds
+
+
+class Passes:
+    """A scheduler's loop passes as they finish, each with the moment it started on
+    ``clock`` (the scheduler's own): what a pass would start, it has started by then."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        monkeypatch: pytest.MonkeyPatch,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._scheduler = scheduler
+        self._run_once = scheduler.run_once
+        self._clock = clock
+        self.started: list[float] = []
+        """When each finished pass started, in order."""
+        self._finished = asyncio.Event()
+        monkeypatch.setattr(scheduler, "run_once", self._run)
+
+    async def _run(self) -> None:
+        moment = self._clock()  # no later than the pass's own reading
+        await self._run_once()
+        self.started.append(moment)
+        self._finished.set()
+
+    async def past(self, moment: float, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        """Wait until a pass that started at ``moment`` or later finished, then until the
+        resets and jobs it started (any started before it too) finished."""
+        async with asyncio.timeout(timeout):
+            while True:
+                self._finished.clear()
+                if self.started and self.started[-1] >= moment:
+                    break
+                await self._finished.wait()
+            await self._scheduler.wait_idle()
 
 
 def idle(seconds: float = 0.3, **policy: Any) -> SchedulerSettings:
@@ -195,9 +231,12 @@ class GatedTranscript(MemoryStore):
 
 
 class TestIdleReset:
-    async def test_fires_without_a_new_message_in_the_sessions_own_thread(self) -> None:
+    async def test_fires_without_a_new_message_in_the_sessions_own_thread(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         store = MemoryStore()
         scheduler = Scheduler(idle())
+        passes = Passes(scheduler, monkeypatch)
         async with scheduled(scheduler, store=store) as h:
             loop = asyncio.get_running_loop()
             started = loop.time()
@@ -209,12 +248,13 @@ class TestIdleReset:
             assert loop.time() - started >= 0.3
             assert (await store.conversation(result.session_key)).id != old.id
             await h.replies(chat_id="g", thread_id="t2", count=2)
-            await asyncio.sleep(0.4)
+            await passes.past(time.time() + 0.4)  # a second idle reset of either would be due
             assert texts(h, "g", "t1") == ["echo: hello", IDLE_NOTICE]
+            assert texts(h, "g", "t2") == ["echo: other", IDLE_NOTICE]
             assert texts(h, "g") == []
             assert len(scheduler.tracker) == 0
 
-    async def test_deferred_while_a_turn_runs(self) -> None:
+    async def test_deferred_while_a_turn_runs(self, monkeypatch: pytest.MonkeyPatch) -> None:
         store = MemoryStore()
         release = asyncio.Event()
 
@@ -222,10 +262,13 @@ class TestIdleReset:
             await release.wait()  # the turn runs until the test lets it answer
             return "done"
 
-        async with scheduled(Scheduler(idle()), held, store=store) as h:
+        scheduler = Scheduler(idle())
+        passes = Passes(scheduler, monkeypatch)
+        async with scheduled(scheduler, held, store=store) as h:
             result = await h.send("hold", chat_id="c")
             conversation = await store.conversation(result.session_key)
-            await asyncio.sleep(0.6)  # the session's idle window (0.3 s) passes while it runs
+            # a pass after the session's idle window (0.3 s) passed while it runs
+            await passes.past(time.time() + 0.6)
             assert h.session(result.session_key).turn.is_running
             assert h.outbox == []
             release.set()
@@ -305,19 +348,22 @@ class TestIdleReset:
             assert [e.content for e in transcript] == ["hello", "echo: hello", "back", "echo: back"]
             assert calls == [calls[0], calls[0]]
 
-    async def test_a_failing_hook_leaves_the_conversation(self) -> None:
+    async def test_a_failing_hook_leaves_the_conversation(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         store = MemoryStore()
 
         broken = HookCalled(RuntimeError("archive down"))
         lifecycle = LifecycleOptions(before_reset=broken)
         scheduler = Scheduler(idle())
+        passes = Passes(scheduler, monkeypatch)
         async with scheduled(scheduler, store=store, lifecycle=lifecycle) as h:
             result = await h.send("hello", chat_id="c")
             old = await store.conversation(result.session_key)
             await h.replies(chat_id="c", count=1)
             await asyncio.wait_for(broken.called.wait(), 2)
             await scheduler.wait_idle()
-            await asyncio.sleep(0.1)
+            await passes.past(time.time())  # a pass since, which would have tried again
             assert broken.calls == 1
             assert len(scheduler.tracker) == 0
             assert (await store.conversation(result.session_key)).id == old.id
@@ -548,13 +594,15 @@ class TestJobs:
         assert seen["a"] == [("test", "chatA", "", "chatA", "")] * 2
         assert seen["b"] == [("test", "chatB", "th1", "chatB", "")] * 2
 
-    async def test_the_loop_fires_jobs_on_its_own(self) -> None:
+    async def test_the_loop_fires_jobs_on_its_own(self, monkeypatch: pytest.MonkeyPatch) -> None:
         clock = FakeClock()
         scheduler = Scheduler(
             SchedulerSettings(period=0.02), jobs=[Job("every 30s", "tick", "test:c")], now=clock
         )
+        passes = Passes(scheduler, monkeypatch, clock)
         async with scheduled(scheduler) as h:
-            await asyncio.sleep(0.05)
+            await passes.past(clock())  # the loop looked at the clock: nothing due yet
+            await h.settle()
             assert h.outbox == []
             clock.advance(30)
             assert await h.replies(chat_id="c", count=1) == ["echo: tick"]
@@ -992,8 +1040,8 @@ class TestWiring:
         await asyncio.wait_for(arrived.wait(), 2)
         assert delivered == ["echo: hi"]
         await gateway.aclose()
-        clock.advance(10)
-        await asyncio.sleep(0.1)
+        clock.advance(10)  # the next tick is due, but no loop is left to see it
+        assert [t for t in asyncio.all_tasks() if t.get_name() == "chatlane-scheduler"] == []
         assert delivered == ["echo: hi"]
 
 

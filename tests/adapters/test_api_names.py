@@ -108,7 +108,7 @@ def session_of(http: httpx.Client, url: str, name: str) -> str | None:
     return api_key(name)
 
 
-@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(core=names, before=names, after=names)
 def test_distinct_accepted_names_never_share_a_session(
     api_url: str, core: str, before: str, after: str

@@ -149,6 +149,12 @@ async def say(ws: ClientConnection, text: str) -> None:
     await ws.send(json.dumps({"type": "message", "text": text}))
 
 
+async def until_running(ws: ClientConnection) -> None:
+    """Wait for the ``state`` event of the message said last: its turn is under way."""
+    state = (await until(ws, "state"))[-1]
+    assert state["state"] == "running", state
+
+
 # -- the page and identity ------------------------------------------------------------
 
 
@@ -312,7 +318,7 @@ async def test_tabs_of_one_browser_share_the_session(host: str) -> None:
 async def test_a_message_while_busy_gets_an_ack(host: str) -> None:
     async with greeted(host, await browser_id(host)) as (ws, _):
         await say(ws, "sleep 1")
-        await asyncio.sleep(0.2)
+        await until_running(ws)
         await say(ws, "next please")
         events = await until(ws, "reply", "echo: next please")
     kinds = [e["type"] for e in events]
@@ -334,7 +340,7 @@ async def test_busy_reject_policy_gives_a_notice() -> None:
     config = Config(runtime=RuntimeSettings(busy=BusySettings(BusyPolicy.REJECT)))
     async with web_server(config) as host, greeted(host, await browser_id(host)) as (ws, _):
         await say(ws, "sleep 1")
-        await asyncio.sleep(0.2)
+        await until_running(ws)
         await say(ws, "too soon")
         events = await until(ws, "notice")
         assert events[-1]["text"]
@@ -542,7 +548,7 @@ async def test_shutdown_closes_open_sockets_while_a_turn_runs() -> None:
         async with web_server() as host:
             ws, _ = await sockets.enter_async_context(greeted(host, await browser_id(host)))
             await say(ws, "sleep 30")
-            await asyncio.sleep(0.3)
+            await until_running(ws)
         with pytest.raises(ConnectionClosed):
             await drain(ws)
 

@@ -47,6 +47,13 @@ def all_answered(ids: list[str]) -> Any:
     return lambda events: all(answered_ids(events).get(i) for i in ids)
 
 
+def acked(message_id: str) -> Any:
+    """Whether ``message_id`` was acknowledged: it is in the store, waiting for a turn."""
+    return lambda events: any(
+        e["event"] == "deliver" and e["kind"] == "ack" and message_id in e["ids"] for e in events
+    )
+
+
 @pytest.mark.timeout(300)
 def test_four_workers_behave_as_one(cluster: Cluster) -> None:
     cluster.ttl = 10.0  # no worker loses a lease to a noisy machine: every message runs once
@@ -223,7 +230,7 @@ def test_restart_keeps_generations_queue_and_transcript(cluster: Cluster) -> Non
     first.send("restart-chat", "sleep 3", "r-2")
     cluster.wait_for(lambda ev: sum(e["event"] == "start" for e in ev) == 2, 10, "a long turn")
     first.send("restart-chat", "queued behind", "r-3")
-    time.sleep(0.3)
+    cluster.wait_for(acked("r-3"), 10, "the queued message stored and acknowledged")
     first.quit()
 
     second = cluster.start("second")

@@ -7,15 +7,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from chatlane.errors import StoreError
+from chatlane.errors import SessionBusy, StoreError
 from chatlane.identity import SessionSource
-from chatlane.runtime.busy import BUSY_ELSEWHERE, BusyOutcome, BusyPolicy
+from chatlane.runtime.busy import BUSY_ELSEWHERE, STEERED_ELSEWHERE, BusyOutcome, BusyPolicy
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store, WriteBatch, open_store
-from chatlane.stores.base import PendingRecord
+from chatlane.stores.base import PendingRecord, Taken
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, SessionKey
@@ -47,9 +47,10 @@ async def test_a_rerun_of_an_answered_message_is_not_delivered_twice() -> None:
     await store.enqueue(key, "m-once", "h-dead", encode_message(message))
     async with GatewayHarness(EchoAgent(), store=store) as h:
         await h.settle()
-        await asyncio.sleep(0.05)
-        assert h.outbox == []
-        assert await store.pending(key) == []
+        assert await store.pending(key) == []  # adopted and run
+        await h.send("later", chat_id="c")  # its reply comes after anything the rerun sent
+        assert await h.replies(chat_id="c", count=1) == ["echo: later"]
+        assert [o.text for o in h.outbox] == ["echo: later"]
 
 
 async def test_messages_of_a_dead_process_are_adopted_and_run(tmp_path: Path) -> None:
@@ -70,15 +71,53 @@ async def test_messages_of_a_dead_process_are_adopted_and_run(tmp_path: Path) ->
         await store.close()
 
 
+class CountsRefusals(MemoryStore):
+    """A memory store that counts the leases it refused: each is one more look a turn
+    waiting for its session took, and what that look decides has happened by the next."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusals = 0
+        self._refused = asyncio.Event()
+
+    async def acquire_and_read(
+        self,
+        key: SessionKey,
+        holder: str,
+        ttl: float,
+        *,
+        head_seq: int | None = None,
+        max_active: int = 0,
+    ) -> Taken:
+        try:
+            return await super().acquire_and_read(
+                key, holder, ttl, head_seq=head_seq, max_active=max_active
+            )
+        except SessionBusy:
+            self.refusals += 1
+            self._refused.set()
+            raise
+
+    async def refused_again(self, times: int = 2) -> None:
+        """Return once the store refused ``times`` more leases (within 5 s)."""
+        goal = self.refusals + times
+        async with asyncio.timeout(5):
+            while True:
+                self._refused.clear()
+                if self.refusals >= goal:
+                    return
+                await self._refused.wait()
+
+
 async def test_session_running_elsewhere_waits_for_the_lease() -> None:
-    store = MemoryStore()
+    store = CountsRefusals()
     key = chat_key("c")
     foreign = await store.acquire(key, "h-other", 30)
     async with GatewayHarness(EchoAgent(), store=store) as h:
         await h.send("hello", chat_id="c")
         assert await h.replies(chat_id="c", count=1) == [BUSY_ELSEWHERE]
         await h.send("and this", chat_id="c")  # waits behind "hello"; its ack is debounced
-        await asyncio.sleep(0.1)
+        await store.refused_again()  # the waiting turn looked again since: still nothing new
         assert len(h.delivered(chat_id="c")) == 1
         await store.release(foreign)
         replies = await h.replies(chat_id="c", count=3)
@@ -102,10 +141,12 @@ async def test_reject_refuses_a_message_for_a_session_running_elsewhere() -> Non
         assert replies == ["Busy — your message was not run"] * 2
         assert {o.refusal for o in other.delivered(chat_id="c")} == {"rejected"}
         assert await runner.replies(chat_id="c", count=1) == ["slept 0.5"]
-        await asyncio.sleep(0.3)
-        assert recorder.turns.get(started.session_key, []) == []
+        await other.settle()
+        await other.send("later", chat_id="c")  # runs after anything still waiting over there
+        assert (await other.replies(chat_id="c", count=3))[2] == "echo: later"
+        assert [t.text for t in recorder.turns[started.session_key]] == ["later"]
         assert await store.pending(started.session_key) == []
-        assert len(other.delivered(chat_id="c")) == 2
+        assert len(other.delivered(chat_id="c")) == 3
 
 
 async def test_a_policy_changed_elsewhere_decides_while_the_session_runs_elsewhere() -> None:
@@ -113,14 +154,13 @@ async def test_a_policy_changed_elsewhere_decides_while_the_session_runs_elsewhe
     fast = LeaseSettings(ttl=0.3, poll=0.02)
     async with (
         GatewayHarness(EchoAgent(), store=store, leases=fast) as runner,
-        GatewayHarness(EchoAgent(), store=store, leases=fast, reread_stored=0.05) as other,
+        GatewayHarness(EchoAgent(), store=store, leases=fast, reread_stored=0) as other,
     ):
         await other.send("/busy reject", chat_id="c")
         await other.send("hello", chat_id="c")
         await other.replies(chat_id="c", count=2)
-        await runner.send("/busy queue", chat_id="c")
+        await runner.send("/busy queue", chat_id="c")  # other rereads it at its next message
         await runner.replies(chat_id="c", count=1)
-        await asyncio.sleep(0.1)  # past other's reread_stored
         await runner.send("sleep 0.5", chat_id="c")
         await runner.until_running(chat_id="c")
         await other.send("after the nap", chat_id="c")
@@ -324,12 +364,12 @@ async def test_reject_never_refuses_what_was_queued_explicitly() -> None:
 
 
 async def test_an_internal_event_for_a_session_running_elsewhere_just_waits() -> None:
-    store = MemoryStore()
+    store = CountsRefusals()
     key = chat_key("c")
     foreign = await store.acquire(key, "h-other", 30)
     async with GatewayHarness(EchoAgent(), store=store, busy="reject") as h:
         await h.send("cron result", chat_id="c", internal=True)
-        await asyncio.sleep(0.2)
+        await store.refused_again()  # its turn was refused the lease, and looked again
         assert h.delivered(chat_id="c") == []
         await store.release(foreign)
         assert await h.replies(chat_id="c", count=1) == ["echo: cron result"]
@@ -398,9 +438,11 @@ async def test_a_stop_from_another_process_fences_the_turn_and_it_is_not_rerun()
         await other.send("/stop", chat_id="c")
         (stopped,) = await other.replies(chat_id="c", count=1)
         assert stopped.endswith("and 1 message other gateway processes had taken.")
-        await asyncio.sleep(1.5)
-        assert len(recorder.turns[result.session_key]) == 1
-        assert runner.delivered(chat_id="c") == []
+        await runner.settle()  # the fenced turn ended (a rerun would run before "later")
+        await runner.send("later", chat_id="c")
+        assert await runner.replies(chat_id="c", count=1) == ["echo: later"]
+        assert [t.text for t in recorder.turns[result.session_key]] == ["sleep 1", "later"]
+        assert [o.text for o in runner.delivered(chat_id="c")] == ["echo: later"]
         assert await store.pending(result.session_key) == []
 
 
@@ -421,30 +463,37 @@ class Steerable:
         return " + ".join(seen)
 
 
-async def stubborn(turn: Turn) -> str:
-    """Ignores being interrupted: its lease stays held until it returns."""
-    await asyncio.sleep(0.6)
-    return f"done: {turn.text}"
+class Stubborn:
+    """Ignores being interrupted: its lease stays held until the test sets :attr:`release`."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        await self.release.wait()
+        return f"done: {turn.text}"
 
 
 async def test_a_message_steered_after_a_stop_elsewhere_still_runs() -> None:
     store = MemoryStore()
     fast = LeaseSettings(ttl=2, poll=0.02)
-    steerable = Steerable()
+    steerable, nap = Steerable(), Stubborn()
     async with (
-        GatewayHarness(stubborn, store=store, leases=fast, interrupt_grace=5) as runner,
+        GatewayHarness(nap, store=store, leases=fast, interrupt_grace=5) as runner,
         GatewayHarness(steerable, busy="steer", store=store, leases=fast) as other,
     ):
         await runner.send("nap", chat_id="c")  # holds the lease through the stop's grace
         await runner.until_running(chat_id="c")
-        await other.send("first", chat_id="c")  # waits for the lease over there
-        await asyncio.sleep(0.05)
+        await other.send("first", chat_id="c")
+        # its turn was refused the lease: it waits for it over there
+        assert await other.replies(chat_id="c", count=1) == [STEERED_ELSEWHERE]
         await runner.send("/stop", chat_id="c")  # drops "first" from the store
-        await runner.replies(chat_id="c", count=1)
-        await asyncio.sleep(0.05)
-        await other.send("sent after the stop", chat_id="c")  # steered into the waiting turn
+        (stopped,) = await runner.replies(chat_id="c", count=1)
+        assert stopped.endswith("and 1 message other gateway processes had taken.")
+        steered = await other.send("sent after the stop", chat_id="c")
+        assert steered.outcome is BusyOutcome.STEERED  # into the turn waiting for the lease
+        nap.release.set()  # the lease is free at last
         await runner.settle()
-        await asyncio.sleep(0.3)
         await other.settle()
         assert steerable.ran == [["sent after the stop"]]
         assert "sent after the stop" in [o.text for o in other.delivered(chat_id="c")]
@@ -516,8 +565,9 @@ async def test_a_stop_elsewhere_drops_what_was_steered_but_never_taken() -> None
 async def test_each_dropped_message_is_counted_by_one_stop() -> None:
     store = MemoryStore()
     fast = LeaseSettings(ttl=2, poll=0.02)
+    nap = Stubborn()
     async with (
-        GatewayHarness(stubborn, store=store, leases=fast, interrupt_grace=5) as runner,
+        GatewayHarness(nap, store=store, leases=fast, interrupt_grace=5) as runner,
         GatewayHarness(EchoAgent(), store=store, leases=fast) as other,
     ):
         await runner.send("nap", chat_id="c")  # holds its slot through the stop's grace
@@ -535,6 +585,7 @@ async def test_each_dropped_message_is_counted_by_one_stop() -> None:
         assert second == "Nothing was running here. Dropped 0 queued messages."
         (third,) = [r for r in await runner.replies(chat_id="c", count=2) if "Dropped" in r]
         assert "other gateway processes" not in third  # what waited over there: counted once
+        nap.release.set()
 
 
 class ReadBeforeWrites(MemoryStore):

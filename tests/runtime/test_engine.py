@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -15,6 +16,8 @@ from chatlane.context import current_session
 from chatlane.errors import StaleGeneration
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
+from chatlane.runtime import turn as turn_module
+from chatlane.runtime import upkeep as upkeep_module
 from chatlane.runtime.turn import AS_DEFINED, PLAIN_READS, Turn
 from chatlane.stores import Admission, MemoryStore
 from chatlane.testing import GatewayHarness
@@ -161,6 +164,28 @@ async def test_delivery_failure_is_logged_not_raised(caplog: pytest.LogCaptureFi
         assert engine.running_turn(h.session_key(chat_id="c")) is None
 
 
+class FrozenMonotonic:
+    """The ``time`` module as turns and their watchdog read it (see :meth:`patch`):
+    ``monotonic()`` moves only when the test moves :attr:`now`; the rest is the real module."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @classmethod
+    def patch(cls, monkeypatch: pytest.MonkeyPatch) -> FrozenMonotonic:
+        """Progress stamps (``Turn.touch``) and the watchdog's reading on one frozen clock."""
+        clock = cls()
+        monkeypatch.setattr(turn_module, "time", clock)
+        monkeypatch.setattr(upkeep_module, "time", clock)
+        return clock
+
+
 class TestEviction:
     async def test_stuck_turn_is_evicted_and_cannot_touch_successor(self) -> None:
         recorder = Recorder()
@@ -205,15 +230,43 @@ class TestEviction:
             ]
         assert late == ["cancelled"]
 
-    async def test_progress_keeps_a_long_turn_alive(self) -> None:
+    async def test_progress_keeps_a_long_turn_alive(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """On a clock only the test moves: a turn that makes progress every 0.9 s outlives
+        its 1 s timeout five times over; one that makes none is evicted after 1.1 s."""
+        clock = FrozenMonotonic.patch(monkeypatch)
+        steps: asyncio.Queue[None] = asyncio.Queue()
+
         async def agent(turn: Turn) -> AsyncIterator[str]:
+            if turn.text == "stall":
+                await asyncio.Event().wait()  # no progress at all
             for i in range(6):
-                await asyncio.sleep(0.05)
+                await steps.get()  # a chunk each time the test says
                 yield str(i)
 
-        async with GatewayHarness(agent, turn_timeout=0.12) as h:
-            await h.send("go", chat_id="c")
-            assert await h.replies(chat_id="c", count=1, timeout=3) == ["012345"]
+        def chunks(made: int) -> Callable[[list[Outbound]], bool]:
+            """Whether ``made`` chunks were delivered: the turn made progress that often."""
+            return lambda outbox: sum(o.kind is OutboundKind.CHUNK for o in outbox) == made
+
+        async with GatewayHarness(agent, turn_timeout=1) as h:
+            engine = h.gateway.engine
+            await h.send("long", chat_id="c")
+            await h.until_running(chat_id="c")
+            for made in range(1, 7):
+                clock.now += 0.9  # most of the timeout since the last progress
+                assert await engine.evict_stuck() == 0
+                steps.put_nowait(None)
+                await h.wait_for(chunks(made))
+            assert await h.replies(chat_id="c", count=1) == ["012345"]  # 5.4 s after it began
+            await h.send("stall", chat_id="c")
+            await h.until_running(chat_id="c", text="stall")
+            clock.now += 0.9
+            assert await engine.evict_stuck() == 0
+            clock.now += 0.2  # 1.1 s without progress
+            await engine.evict_stuck()  # (unless the watchdog's own look came first)
+            assert await h.replies(chat_id="c", count=2) == [
+                "012345",
+                "The running turn made no progress for 1s and was stopped.",
+            ]
 
 
 async def test_interrupted_agent_that_ignores_it_is_cancelled_after_grace() -> None:
@@ -240,14 +293,18 @@ async def test_interrupted_agent_that_ignores_it_is_cancelled_after_grace() -> N
 
 
 async def test_shutdown_fences_running_turns() -> None:
+    answered: list[str] = []
+
     async def agent(turn: Turn) -> str:
-        return await hold(turn, 5)
+        answered.append(await hold(turn, 5))
+        return answered[-1]
 
     h = GatewayHarness(agent)
     async with h:
         await h.send("sleep", chat_id="c")
         await h.until_running(chat_id="c")
-    await asyncio.sleep(0.01)
+    # closing waited for the turn, which answered when it was interrupted: nothing got out
+    assert answered == ["interrupted"]
     assert h.delivered(chat_id="c") == []
 
 

@@ -62,15 +62,39 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
     raise TimeoutError("the private redis server did not start")
 
 
+class Heard:
+    """Everything a fake server read, and a way to wait until some bytes arrived."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self._more = asyncio.Event()
+
+    def add(self, data: bytes) -> None:
+        self.data += data
+        self._more.set()
+
+    async def until(self, part: bytes) -> None:
+        """Return once ``part`` arrived (within 5 s)."""
+        async with asyncio.timeout(5):
+            while True:
+                self._more.clear()
+                if part in self.data:
+                    return
+                await self._more.wait()
+
+
 @asynccontextmanager
-async def fake_server(answer: bytes | None) -> AsyncIterator[int]:
-    """A TCP server that reads commands and answers each read with ``answer`` (None: never)."""
+async def fake_server(answer: bytes | None, heard: Heard | None = None) -> AsyncIterator[int]:
+    """A TCP server that reads commands and answers each read with ``answer`` (None: never);
+    what it reads goes to ``heard``."""
 
     writers: list[asyncio.StreamWriter] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writers.append(writer)
-        while await reader.read(4096):
+        while data := await reader.read(4096):
+            if heard is not None:
+                heard.add(data)
             if answer is not None:
                 writer.write(answer)
 
@@ -181,21 +205,23 @@ class TestConnections:
         await resilient.close()
 
     async def test_a_closed_client_refuses_and_fails_its_waiting_callers(self) -> None:
-        async with fake_server(None) as port:
+        heard = Heard()
+        async with fake_server(None, heard) as port:
             closing = client(port, retries=3)
             waiting = asyncio.ensure_future(closing.execute("PING"))
-            await asyncio.sleep(0.1)
+            await heard.until(b"PING")  # sent: the caller waits for a reply that never comes
             await closing.close()
-            with pytest.raises(ConnectionError):
+            with pytest.raises(ConnectionError, match="client closed"):
                 await waiting
             with pytest.raises(ConnectionError, match="closed"):
                 await closing.execute("PING")
 
     async def test_closing_while_connecting_fails_the_callers_cleanly(self) -> None:
-        async with fake_server(None) as port:  # accepts, never answers the handshake
+        heard = Heard()
+        async with fake_server(None, heard) as port:  # accepts, never answers the handshake
             connecting = client(port, retries=3, client_name="never-answered")
             waiting = asyncio.ensure_future(connecting.execute("PING"))
-            await asyncio.sleep(0.1)
+            await heard.until(b"never-answered")  # the handshake was sent: still connecting
             await connecting.close()
             with pytest.raises(ConnectionError, match="closed"):
                 await waiting
