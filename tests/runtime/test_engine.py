@@ -187,17 +187,23 @@ class FrozenMonotonic:
 
 
 class TestEviction:
-    async def test_stuck_turn_is_evicted_and_cannot_touch_successor(self) -> None:
+    async def test_stuck_turn_is_evicted_and_cannot_touch_successor(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """On a clock only the test moves: the stuck turn is evicted once the test moves it
+        past the timeout; its successor, started after that, is never (however slow the
+        machine)."""
+        clock = FrozenMonotonic.patch(monkeypatch)
         recorder = Recorder()
         late: list[str] = []
-        answer = asyncio.Event()
+        answer, let_go = asyncio.Event(), asyncio.Event()
 
         async def agent(turn: Turn) -> str:
             recorder.enter(turn)
             if turn.text == "stuck":
-                for _ in range(100):  # ignores interrupts and cancellation
+                while not let_go.is_set():  # ignores interrupts and cancellation
                     try:
-                        await asyncio.sleep(0.01)
+                        await let_go.wait()
                     except asyncio.CancelledError:
                         late.append("cancelled")
                 return "late reply"
@@ -209,12 +215,18 @@ class TestEviction:
 
         async with GatewayHarness(agent, turn_timeout=0.2, ack_debounce=0) as h:
             result = await h.send("stuck", chat_id="c")
+            await h.until_running(chat_id="c")
             await h.send("next", chat_id="c")
-            replies = await h.replies(chat_id="c", count=2, timeout=3)
+            await h.replies(chat_id="c", count=1)  # "next" is queued behind "stuck"
+            assert await h.gateway.engine.evict_stuck() == 0  # no time has passed
+            clock.now += 0.3
+            await h.gateway.engine.evict_stuck()  # (unless the watchdog's own look came first)
+            replies = await h.replies(chat_id="c", count=2)
             assert replies[1].startswith("The running turn made no progress")
             state = h.session(result.session_key)
             stuck = recorder.turns[result.session_key][0].task
             assert stuck is not None
+            let_go.set()
             async with asyncio.timeout(10):  # the stuck task finishes while "next" still runs
                 await asyncio.wait({stuck})
             successor = h.gateway.engine.running_turn(result.session_key)
