@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import importlib
 import logging
 import resource
 import signal
 import socket
+from collections.abc import Callable
 from types import FrameType
 from typing import TypedDict, Unpack
 
@@ -28,7 +30,7 @@ from chatlane.agents import needs_extra
 from chatlane.config import Config, check_config, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
-from chatlane.hub import Hub, build_app, open_hub
+from chatlane.hub import Adapter, Hub, build_app, open_hub
 from chatlane.redaction import redact_urls
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
@@ -96,6 +98,8 @@ def prepare(
         agent=msgspec.structs.replace(config.agent, name=agent or config.agent.name),
     )
     check_config(config)
+    for platform in enabled_platforms(config):  # a missing extra first: no token helps then
+        adapter_class(platform)
     secrets = resolve_secrets(config)
     require_token(config, secrets)
     if config.telegram.enabled and not secrets.telegram_token:
@@ -151,6 +155,35 @@ def require_token(config: Config, secrets: Secrets) -> None:
         )
 
 
+CHAT_ADAPTERS: dict[str, tuple[str, str, str]] = {
+    "telegram": ("the Telegram adapter", "chatlane.adapters.telegram", "TelegramAdapter"),
+    "slack": ("the Slack adapter", "chatlane.adapters.slack", "SlackAdapter"),
+    "discord": ("the Discord adapter", "chatlane.adapters.discord", "DiscordAdapter"),
+}
+"""Each chat platform's extra (its name), what it is called, and where its adapter class is."""
+
+
+def enabled_platforms(config: Config) -> list[str]:
+    """The chat platforms ``config`` enables, in :data:`CHAT_ADAPTERS` order."""
+    enabled = {
+        "telegram": config.telegram.enabled,
+        "slack": config.slack.enabled,
+        "discord": config.discord.enabled,
+    }
+    return [name for name in CHAT_ADAPTERS if enabled[name]]
+
+
+def adapter_class(platform: str) -> Callable[..., Adapter]:
+    """The adapter class of ``platform`` (a key of :data:`CHAT_ADAPTERS`).
+
+    :raises ConfigError: its extra is not installed, naming the ``pip install`` to run.
+    """
+    what, module, name = CHAT_ADAPTERS[platform]
+    with needs_extra(platform, what):
+        adapter: Callable[..., Adapter] = getattr(importlib.import_module(module), name)
+    return adapter
+
+
 def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
     """The web chat and the API always; Telegram, Slack and Discord when enabled. All share the
     hub's access token; ``secrets`` (default: read now) gives them the rest."""
@@ -160,21 +193,8 @@ def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
     secrets = resolve_secrets(hub.config) if secrets is None else secrets
     hub.add(WebAdapter(hub.config, access=hub.access, secrets=secrets))
     hub.add(ApiAdapter(hub.config, access=hub.access, secrets=secrets))
-    if hub.config.telegram.enabled:
-        with needs_extra("telegram", "the Telegram adapter"):
-            from chatlane.adapters.telegram import TelegramAdapter
-
-        hub.add(TelegramAdapter(hub.config, secrets=secrets))
-    if hub.config.slack.enabled:
-        with needs_extra("slack", "the Slack adapter"):
-            from chatlane.adapters.slack import SlackAdapter
-
-        hub.add(SlackAdapter(hub.config, secrets=secrets))
-    if hub.config.discord.enabled:
-        with needs_extra("discord", "the Discord adapter"):
-            from chatlane.adapters.discord import DiscordAdapter
-
-        hub.add(DiscordAdapter(hub.config, secrets=secrets))
+    for platform in enabled_platforms(hub.config):
+        hub.add(adapter_class(platform)(hub.config, secrets=secrets))
 
 
 async def serve(config: Config, secrets: Secrets | None = None) -> None:
