@@ -214,32 +214,36 @@ class TestEviction:
             return "fresh"
 
         async with GatewayHarness(agent, turn_timeout=0.2, ack_debounce=0) as h:
-            result = await h.send("stuck", chat_id="c")
-            await h.until_running(chat_id="c")
-            await h.send("next", chat_id="c")
-            await h.replies(chat_id="c", count=1)  # "next" is queued behind "stuck"
-            assert await h.gateway.engine.evict_stuck() == 0  # no time has passed
-            clock.now += 0.3
-            await h.gateway.engine.evict_stuck()  # (unless the watchdog's own look came first)
-            replies = await h.replies(chat_id="c", count=2)
-            assert replies[1].startswith("The running turn made no progress")
-            state = h.session(result.session_key)
-            stuck = recorder.turns[result.session_key][0].task
-            assert stuck is not None
-            let_go.set()
-            async with asyncio.timeout(10):  # the stuck task finishes while "next" still runs
-                await asyncio.wait({stuck})
-            successor = h.gateway.engine.running_turn(result.session_key)
-            assert successor is not None
-            assert successor.generation == 3
-            assert state.turn.lease_tokens == {3: successor.lease}
-            assert "late reply" not in [o.text for o in h.delivered(chat_id="c")]
-            answer.set()
-            assert await h.replies(chat_id="c", count=3, timeout=3) == [
-                replies[0],
-                replies[1],
-                "fresh",
-            ]
+            try:
+                result = await h.send("stuck", chat_id="c")
+                await h.until_running(chat_id="c")
+                await h.send("next", chat_id="c")
+                await h.replies(chat_id="c", count=1)  # "next" is queued behind "stuck"
+                assert await h.gateway.engine.evict_stuck() == 0  # no time has passed
+                clock.now += 0.3
+                await h.gateway.engine.evict_stuck()  # (unless the watchdog's own look came first)
+                replies = await h.replies(chat_id="c", count=2)
+                assert replies[1].startswith("The running turn made no progress")
+                state = h.session(result.session_key)
+                stuck = recorder.turns[result.session_key][0].task
+                assert stuck is not None
+                let_go.set()
+                async with asyncio.timeout(10):  # the stuck task finishes while "next" still runs
+                    await asyncio.wait({stuck})
+                successor = h.gateway.engine.running_turn(result.session_key)
+                assert successor is not None
+                assert successor.generation == 3
+                assert state.turn.lease_tokens == {3: successor.lease}
+                assert "late reply" not in [o.text for o in h.delivered(chat_id="c")]
+                answer.set()
+                assert await h.replies(chat_id="c", count=3, timeout=3) == [
+                    replies[0],
+                    replies[1],
+                    "fresh",
+                ]
+            finally:  # a failure must not leave the stuck turn waiting (and the run hung)
+                let_go.set()
+                answer.set()
         assert late == ["cancelled"]
 
     async def test_progress_keeps_a_long_turn_alive(self, monkeypatch: pytest.MonkeyPatch) -> None:

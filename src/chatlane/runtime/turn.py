@@ -114,7 +114,9 @@ class TurnRecord(msgspec.Struct):
     finished: bool = False
     """The engine is done with the turn: whatever still runs for it can ask nothing."""
     task: asyncio.Task[None] | None = None
-    last_progress: float = msgspec.field(default_factory=time.monotonic)
+    last_progress: float = msgspec.field(default_factory=lambda: time.monotonic())
+    """When the turn was made, then when it last made progress: read through this module's
+    ``time``, as :meth:`Turn.touch` and the watchdog read it, so every stamp is on one clock."""
 
 
 class Turn(msgspec.Struct, frozen=True, eq=False):
