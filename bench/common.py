@@ -14,11 +14,13 @@ import gc
 import os
 import platform
 import random
+import sqlite3
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import metadata
 from typing import Any, Protocol, TypeVar
 
 from aiogram import Bot
@@ -144,15 +146,43 @@ class Target:
         }
 
 
+MEASURED_PACKAGES = (
+    "aiogram",
+    "redis",
+    "hiredis",
+    "python-telegram-bot",
+    "uvicorn",
+    "starlette",
+    "h11",
+    "msgspec",
+)
+"""The installed distributions a verdict can depend on: the peers (aiogram, and redis-py,
+whose version alone flips the Redis verdict, with its parser), and what both sides of a
+comparison run on. The peers are pinned in the ``bench`` extra."""
+
+
 def machine() -> dict[str, Any]:
-    """What the figures were measured on: CPU model, CPUs, Python, load average (1, 5, 15 min)."""
+    """What the figures were measured on: CPU model, CPUs, Python, load average (1, 5, 15
+    min), and the versions of SQLite and of :data:`MEASURED_PACKAGES`."""
     return {
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "load_average": [round(load, 2) for load in os.getloadavg()],
+        "versions": {"sqlite": sqlite3.sqlite_version, **package_versions(MEASURED_PACKAGES)},
     }
+
+
+def package_versions(names: Sequence[str]) -> dict[str, str]:
+    """Each distribution's installed version, ``"absent"`` where it is not installed."""
+    versions: dict[str, str] = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
 
 
 def cpu_model() -> str:
@@ -174,6 +204,11 @@ def describe_machine(facts: dict[str, Any]) -> str:
         f"{facts['cpu']}, {facts['cpus']} CPUs ({facts['cpus_usable']} usable), "
         f"{facts['python']}, load average {load}"
     )
+
+
+def describe_versions(facts: dict[str, Any]) -> str:
+    """One line naming the versions in :func:`machine`'s facts: ``aiogram 3.31.0, …``."""
+    return ", ".join(f"{name} {version}" for name, version in facts["versions"].items())
 
 
 def positive(text: str) -> int:

@@ -56,6 +56,7 @@ from bench.common import (
     aiogram_counters,
     check_counts,
     describe_machine,
+    describe_versions,
     drive_timed,
     machine,
     on_message,
@@ -414,6 +415,7 @@ def render(report: Report) -> str:
     rounds = len(report.sides["chatlane"].cpu_us)
     lines = [
         f"machine: {describe_machine(report.machine)}",
+        f"versions: {describe_versions(report.machine)}",
         f"workload: {w.sessions} sessions x {w.messages} messages = {w.total}, "
         f"{w.in_flight} in flight, {rounds} rounds (+1 warmup); every turn re-reads "
         "the stored choices (messages spaced as in chat traffic)",

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import http_load
-from bench.common import SEED, BenchError, describe_machine, machine, positive
+from bench.common import SEED, BenchError, describe_machine, describe_versions, machine, positive
 from bench.http_load import CellResult, Target
 
 SIDES = ("chatlane", "floor")
@@ -413,6 +413,7 @@ def render(report: dict[str, Any]) -> str:
         "both under uvicorn",
         f"command:  {report['command']}",
         f"machine:  {describe_machine(report['machine'])} at start, {load_end} at end",
+        f"versions: {describe_versions(report['machine'])}",
         f"pinning:  {report['pinning']}",
         f"workload: {w['sessions']} sessions (each primed with one request); per cell "
         f"{w['warmup_per_cell']} warmup + {w['requests_per_cell']} timed requests; "

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchError, Target, describe_machine, machine, positive
+from bench.common import BenchError, Target, describe_machine, describe_versions, machine, positive
 from bench.population import (
     MB,
     STORES,
@@ -233,6 +233,7 @@ def render(command: str, facts: dict[str, Any], results: Sequence[Result]) -> st
     lines = [
         f"command: {command}",
         f"machine: {describe_machine(facts)}",
+        f"versions: {describe_versions(facts)}",
         f"workload: {config.sessions} sessions x 1 message, {config.in_flight} in flight, "
         f"after {config.warmup} warmup sessions; each configuration in a fresh process",
         f"evicting = {describe_room(config.room)}, idle sessions beyond it leave memory; "

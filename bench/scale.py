@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import BenchError, Target, describe_machine, machine, positive
+from bench.common import BenchError, Target, describe_machine, describe_versions, machine, positive
 from bench.memory import store_list
 from bench.population import MB, ROOT, STORES, Population, bench_store, command_line
 
@@ -266,6 +266,7 @@ def render(
     lines = [
         f"command: {command}",
         f"machine: {describe_machine(facts)}",
+        f"versions: {describe_versions(facts)}",
         "workload: sessions of one message each, filled to "
         f"{', '.join(map(str, args.checkpoints))}, each checkpoint in a fresh process; "
         f"{args.rounds} rounds of {args.probes} new sessions' first messages at each, "

@@ -59,6 +59,7 @@ from bench.common import (
     aiogram_counters,
     check_counts,
     describe_machine,
+    describe_versions,
     drive_timed,
     machine,
     on_message,
@@ -537,6 +538,7 @@ def render(report: Report) -> str:
     rounds = len(next(iter(report.lines.values())).cpu_us) if report.lines else 0
     lines = [
         f"machine: {describe_machine(report.machine)}",
+        f"versions: {describe_versions(report.machine)}",
         f"workload: {w.sessions} sessions x {w.turns} turns = {w.total}, "
         f"{w.in_flight} in flight, {rounds} rounds (+1 warmup)",
     ]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,10 @@ def test_dispatch_runs_every_side() -> None:
     assert all(ratio["cpu"] > 0 and ratio["wall"] > 0 for ratio in report["ratios"].values())
     assert [target["limit"] for target in report["targets"]] == [3.0, 0.25]
     assert report["passed"] == all(target["passed"] for target in report["targets"])
+    versions = report["machine"]["versions"]
+    assert versions["aiogram"] == metadata.version("aiogram")
+    assert versions["redis"] == metadata.version("redis")
+    assert versions["sqlite"] == sqlite3.sqlite_version
 
 
 def test_stores_runs_every_line() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 from chatlane import __version__
@@ -43,3 +45,18 @@ def test_cli_version_and_help() -> None:
     assert __version__ in version.stdout
     help_ = subprocess.run([*run, "--help"], capture_output=True, text=True, check=True)
     assert "key" in help_.stdout
+
+
+def pinned(requirement: str) -> tuple[str, str]:
+    """``name[extras]==version`` as ``(name, version)``; any other form fails the test."""
+    match = re.fullmatch(r"([\w-]+)(?:\[[\w,]+\])?==([\w.]+)", requirement)
+    assert match is not None, f"{requirement!r} is not pinned with =="
+    return match[1], match[2]
+
+
+def test_the_benchmarks_peers_are_pinned_and_installed_at_their_pins() -> None:
+    """A verdict against a peer holds for one version of it, so the bench extra names one."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pins = dict(map(pinned, project["project"]["optional-dependencies"]["bench"]))
+    assert {"aiogram", "redis"} <= set(pins)
+    assert {name: metadata.version(name) for name in pins} == pins
