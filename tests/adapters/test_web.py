@@ -357,6 +357,27 @@ async def test_approval_round_trip(host: str) -> None:
     assert events[-1]["id"] == approval["id"]
 
 
+ODD_COMMAND = "echo `id` <b>bold</b> **not bold** [x](javascript:alert(1)) $HOME\t→ 🙂"
+"""A command whose Markdown or HTML reading would differ from what it runs."""
+
+
+async def test_an_approval_names_its_command_and_reason_verbatim_then_and_on_reconnect(
+    host: str,
+) -> None:
+    bid = await browser_id(host)
+    async with greeted(host, bid) as (ws, _):
+        await say(ws, f"approve {ODD_COMMAND}")
+        asked = (await until(ws, "approval"))[-1]
+        assert asked["asks"]["command"] == ODD_COMMAND
+        assert asked["asks"]["reason"]  # the demo agent says why it asks
+    async with greeted(host, bid) as (ws, _):
+        await receive(ws)  # the message, not answered yet
+        again = await receive(ws)
+        assert (again["type"], again["asks"]) == ("approval", asked["asks"])
+        await say(ws, "/deny")
+        await until(ws, "reply", f"denied: {ODD_COMMAND}")
+
+
 async def test_messages_not_answered_yet_come_back_on_reconnect(host: str) -> None:
     bid = await browser_id(host)
     async with greeted(host, bid) as (ws, _):

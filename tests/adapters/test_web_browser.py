@@ -16,7 +16,7 @@ from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
 from chatlane.adapters.web_page import AUTH_COOKIE, IDENTITY_COOKIE
 from chatlane.config import Config, Secret, ServerConfig
-from tests.adapters.test_web import web_server
+from tests.adapters.test_web import ODD_COMMAND, web_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(
@@ -158,6 +158,27 @@ async def test_typing_on_never_answers_an_approval_that_appears(
         await shot(page, "web-approval-typed-past")
         await page.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
         await chat.sees(".msg.assistant", "denied: rm -rf x")
+        assert chat.errors == []
+    finally:
+        await chat.close()
+
+
+async def test_an_approval_card_shows_its_command_exactly_as_it_would_run(
+    browser: Browser, host: str
+) -> None:
+    chat = await ChatPage.open(browser, host)
+    try:
+        page = chat.page
+        await chat.say(f"approve {ODD_COMMAND}")
+        command = page.locator(".approval .approval-command")
+        await expect(command).to_have_count(1, timeout=UI_WAIT)
+        assert await command.text_content() == ODD_COMMAND  # no Markdown, no HTML
+        card = page.locator(".approval")
+        await expect(card.locator("b, strong, a, em")).to_have_count(0)
+        await expect(card.locator(".approval-reason")).not_to_be_empty()
+        await shot(page, "web-approval-odd-command")
+        await page.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
+        await chat.sees(".msg.assistant", "denied")
         assert chat.errors == []
     finally:
         await chat.close()

@@ -68,6 +68,7 @@ from chatlane.adapters.web_wire import (
     state_of,
     title_event,
 )
+from chatlane.approvals import ApprovalRequest
 from chatlane.commands import parse_command
 from chatlane.config import Config
 from chatlane.errors import ChatlaneError, StoreError
@@ -209,12 +210,21 @@ class WebAdapter:
         if chat is None or not chat.connections:
             log.debug("web chat has no open socket; dropped %s", outbound.kind)
             return
-        event = outbound_event(outbound)
+        event = outbound_event(outbound, self._asks(outbound))
         if outbound.kind is OutboundKind.REPLY:
             await self._follow_conversation(chat)
             if event["id"] in chat.commands:
                 event["command"] = True
         chat.broadcast(event)
+
+    def _asks(self, outbound: Outbound) -> ApprovalRequest | None:
+        """The request an approval prompt asks about, while it waits (else None)."""
+        if not outbound.approval_id:
+            return None
+        engine = self.hub.gateway.engine
+        state = engine.registry.peek(outbound.session_key)
+        waiting = [] if state is None else engine.approvals.pending(state)
+        return next((r for r in waiting if r.id == outbound.approval_id), None)
 
     def outcome(self, outcome: MessageOutcome) -> None:
         """Tell the chat's open tabs how one of its messages ended."""
@@ -315,7 +325,7 @@ class WebAdapter:
         prompts = engine.pending_approvals(chat.session_key)
         return [
             *({"type": "user", "text": m.text, "id": m.id} for m in messages),
-            *(outbound_event(prompt) for prompt in prompts),
+            *(outbound_event(prompt, self._asks(prompt)) for prompt in prompts),
             *self._states(chat, {m.id for m in messages}),
         ]
 

@@ -11,7 +11,8 @@ Server → client::
     {"type": "conversations", "items": [{"id", "title", "preview", "started_at", "current"}, …]}
     {"type": "title", "conversation": id, "title"}   # the current conversation was (re)titled
     {"type": "chunk" | "reply" | "ack" | "notice" | "approval",
-     "text", "id", "in_reply_to", "generation"[, "approval_id"][, "command": true]}
+     "text", "id", "in_reply_to", "generation"[, "approval_id"][, "command": true]
+     [, "asks": {"command", "reason"}]}     # asks: what an approval asks about, verbatim
     {"type": "user", "text", "id"}            # sent from another tab of this browser
     {"type": "accepted", "ref", "id"}         # the sender's own message got this id
     {"type": "state", "id", "state"[, "short_id"][, "elapsed"]}   # what the gateway did with it
@@ -37,6 +38,7 @@ from typing import Any
 
 from starlette.types import Message
 
+from chatlane.approvals import ApprovalRequest
 from chatlane.commands import CommandSpec
 from chatlane.errors import ChatlaneError
 from chatlane.gateway import DispatchResult
@@ -164,10 +166,12 @@ def checked_text(text: str) -> str:
     return text
 
 
-def outbound_event(outbound: Outbound) -> Event:
+def outbound_event(outbound: Outbound, asks: ApprovalRequest | None = None) -> Event:
     """``chunk`` ``reply`` ``ack`` ``notice`` or ``approval``; ``id`` groups a turn's events.
 
-    An ``approval`` also names its request (``approval_id``), which its buttons answer.
+    An ``approval`` also names its request (``approval_id``), which its buttons answer,
+    and, given the request it asks about (``asks``), its command and reason verbatim, so
+    the page shows the very command it approves, whatever characters it holds.
     """
     event: Event = {
         "type": outbound.kind.value,
@@ -178,6 +182,8 @@ def outbound_event(outbound: Outbound) -> Event:
     }
     if outbound.approval_id:
         event["approval_id"] = outbound.approval_id
+    if asks is not None:
+        event["asks"] = {"command": asks.command, "reason": asks.reason}
     return event
 
 

@@ -61,6 +61,8 @@
     "shut down": "Waits for the server to come back",
   };
   const WAITING = new Set(["queued", "merged", "interrupting", "redirecting"]);
+  const APPROVAL_HINT =
+    "Approve allows it once; reply /approve session or /approve always to allow it again.";
   const raw = new WeakMap(); // bubble -> the text it shows
 
   // -- rendering -------------------------------------------------------------
@@ -109,7 +111,22 @@
     return append(element("p", `system ${kind}`, text));
   }
 
-  function approvalCard(id, text, request) {
+  /**
+   * What an approval asks: its command verbatim, as text in a code block (never
+   * Markdown, which could hide part of it), with its reason; the prompt's own text
+   * when the event names no request.
+   */
+  function approvalQuestion(text, asks) {
+    if (!asks) return [element("p", "approval-text", text)];
+    const command = element("pre", "approval-command");
+    command.append(element("code", "", asks.command));
+    const parts = [element("p", "approval-text", "Approval needed to run:"), command];
+    if (asks.reason) parts.push(element("p", "approval-reason", asks.reason));
+    parts.push(element("p", "approval-hint", APPROVAL_HINT));
+    return parts;
+  }
+
+  function approvalCard(id, text, request, asks) {
     const card = element("div", "approval");
     card.setAttribute("role", "group");
     card.setAttribute("aria-label", "Approval request");
@@ -124,7 +141,7 @@
     deny.addEventListener("click", () => answer(card, `/deny${named}`, "Deny sent"));
     const actions = element("div", "approval-actions");
     actions.append(approve, deny, outcome);
-    card.append(element("p", "approval-text", text), actions);
+    card.append(...approvalQuestion(text, asks), actions);
     if (id) state.approvals.set(id, [...(state.approvals.get(id) || []), card]);
     // focus stays where the user is: a key typed into the message box must never
     // approve; answering takes a click, or Tab to the buttons (the log announces the card)
@@ -405,7 +422,7 @@
     ack: (event) => systemLine("ack", event.text),
     notice: (event) => systemLine("notice", event.text),
     error: (event) => systemLine("error", event.text),
-    approval: (event) => approvalCard(event.id, event.text, event.approval_id),
+    approval: (event) => approvalCard(event.id, event.text, event.approval_id, event.asks),
   };
 
   function setStatus(kind, text) {
