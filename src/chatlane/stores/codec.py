@@ -12,16 +12,20 @@
   infinities. A value that is not JSON-compatible is refused with
   :class:`~chatlane.errors.StoreError` naming the field; tuples come back as
   lists and non-``str`` dict keys as strings — in every backend alike.
+* A batch handed to a store thread or a pool (:func:`detached_batch`) is a
+  copy the caller can no longer change, its persistent fields already encoded.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from chatlane.errors import StoreError
+from chatlane.stores.records import WriteBatch
 from chatlane.types import Attachment, InboundMessage, SessionKey
 
 _encoder = msgspec.json.Encoder()
@@ -85,3 +89,30 @@ def decode_value(key: SessionKey, name: str, stored: str | bytes) -> Any:
         return json.loads(stored)
     except ValueError:
         raise StoreError(f"corrupt persistent field {name!r} of {key!r}: {stored[:80]!r}") from None
+
+
+def encode_fields(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Persistent ``fields`` of ``key`` as ``(name, JSON text)`` pairs (:func:`encode_value`).
+
+    :raises StoreError: a value is not JSON-compatible.
+    """
+    return [(name, encode_value(key, name, value)) for name, value in fields.items()]
+
+
+def detached_batch(key: SessionKey, batch: WriteBatch) -> tuple[list[tuple[str, str]], WriteBatch]:
+    """``batch``'s persistent fields encoded, and a copy of the rest the caller can no
+    longer change: what a store writes on another thread or after an ``await``.
+
+    :raises StoreError: a persistent value is not JSON-compatible (before any write).
+    """
+    rest = WriteBatch(
+        list(batch.transcript),
+        {},
+        list(batch.answered),
+        list(batch.done),
+        batch.answer,
+        list(batch.deliveries),
+        batch.title,
+        batch.rename,
+    )
+    return encode_fields(key, batch.persistent), rest

@@ -67,8 +67,8 @@ from chatlane.stores.base import (
 from chatlane.stores.codec import (
     decode_attachments,
     decode_value,
+    detached_batch,
     encode_attachments,
-    encode_value,
 )
 from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.stores.sqlite_schema import Location, parse_url
@@ -531,28 +531,6 @@ def _commit_and_release(
     return bool(db.execute(freed, (lease.key, lease.token)).rowcount)
 
 
-# -- persistent values: JSON text, encoded on the caller's side ---------------------------
-
-
-def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Fields as JSON text (see :func:`~chatlane.stores.codec.encode_value`)."""
-    return [(name, encode_value(key, name, value)) for name, value in fields.items()]
-
-
-def _frozen(batch: WriteBatch) -> WriteBatch:
-    """A copy of ``batch`` the caller can no longer change (its fields go apart, encoded)."""
-    return WriteBatch(
-        list(batch.transcript),
-        {},
-        list(batch.answered),
-        list(batch.done),
-        batch.answer,
-        list(batch.deliveries),
-        batch.title,
-        batch.rename,
-    )
-
-
 class SQLiteStore(Store):
     """A :class:`~chatlane.stores.base.Store` in one SQLite file; open it with :meth:`open`."""
 
@@ -663,8 +641,7 @@ class SQLiteStore(Store):
     # -- fenced writes and reads -----------------------------------------------
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
-        fields = _encode(key, batch.persistent)
-        frozen = _frozen(batch)
+        fields, frozen = detached_batch(key, batch)
         retention = self.answered_retention
         await self._quick(
             lambda db: _commit(db, self._clock, key, generation, frozen, fields, retention)
@@ -725,8 +702,7 @@ class SQLiteStore(Store):
         return await self._quick(op)
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
-        fields = _encode(lease.key, batch.persistent)
-        frozen = _frozen(batch)
+        fields, frozen = detached_batch(lease.key, batch)
         retention = self.answered_retention
         return await self._quick(
             lambda db: _commit_and_release(db, self._clock, lease, frozen, fields, retention)

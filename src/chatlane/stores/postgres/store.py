@@ -54,7 +54,7 @@ from chatlane.stores.base import (
     TranscriptEntry,
     WriteBatch,
 )
-from chatlane.stores.codec import encode_value
+from chatlane.stores.codec import detached_batch
 from chatlane.stores.postgres import data
 from chatlane.stores.postgres import leases as ls
 from chatlane.stores.postgres import ledger as dl
@@ -230,7 +230,7 @@ class PostgresStore(Store):
     # -- fenced writes and reads -----------------------------------------------
 
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
-        fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
+        (fields, frozen), retention = detached_batch(key, batch), self._retained
         notice, lock = self._notice(key), self._target_lock
 
         async def op(db: Db, moment: float) -> None:
@@ -316,7 +316,7 @@ class PostgresStore(Store):
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
         key, generation = lease.key, lease.generation
-        fields, frozen, retention = _encode(key, batch.persistent), _frozen(batch), self._retained
+        (fields, frozen), retention = detached_batch(key, batch), self._retained
         notice, lock = self._notice(key), self._target_lock
 
         async def op(db: Db, moment: float) -> bool:
@@ -458,28 +458,6 @@ class PostgresStore(Store):
             self._closed = True
             await self.listener.close()
             await self._pools.close()
-
-
-# -- persistent values: JSON text, encoded on the caller's side ---------------------------
-
-
-def _encode(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Fields as JSON text (see :func:`~chatlane.stores.codec.encode_value`)."""
-    return [(name, encode_value(key, name, value)) for name, value in fields.items()]
-
-
-def _frozen(batch: WriteBatch) -> WriteBatch:
-    """A copy of ``batch`` the caller can no longer change (its fields go apart, encoded)."""
-    return WriteBatch(
-        list(batch.transcript),
-        {},
-        list(batch.answered),
-        list(batch.done),
-        batch.answer,
-        list(batch.deliveries),
-        batch.title,
-        batch.rename,
-    )
 
 
 def _reason(error: BaseException) -> str:
