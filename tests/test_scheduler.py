@@ -34,11 +34,12 @@ from chatlane.lifecycle import EndReason, LifecycleOptions
 from chatlane.redaction import CREDENTIALS_REFUSED
 from chatlane.runtime.turn import Turn
 from chatlane.scheduler import CRON_COMMAND, Scheduler, SchedulerSettings
+from chatlane.scheduling.silent import CRON_ID, DONE_ID, silent_filter
 from chatlane.stores import MemoryStore
 from chatlane.stores.base import Conversation
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
-from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, SessionKey
+from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, SessionKey, Target
 from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent
 
@@ -1063,3 +1064,34 @@ def test_the_old_module_names_export_the_same_objects(old: str, new: str) -> Non
     before, after = importlib.import_module(old), importlib.import_module(new)
     for name in before.__all__:
         assert getattr(before, name) is getattr(after, name), name
+
+
+class TestSilentFilter:
+    """The scheduler's outbound filter: what it holds back, and which replies count as talk."""
+
+    @staticmethod
+    def outbound(kind: OutboundKind, text: str, *ids: str, key: str = "k") -> Outbound:
+        return Outbound(kind, SessionKey(key), Target("web", "c"), text, 1, ids)
+
+    def test_holds_back_and_notes_exactly_what_the_rules_say(self) -> None:
+        noted: list[Outbound] = []
+        keep = silent_filter("ns:cron:local:", noted.append)
+        person, job, done = "m1", f"{CRON_ID}j", f"{DONE_ID}d"
+        cases = [
+            (self.outbound(OutboundKind.REPLY, "hi", person), True, True),
+            (self.outbound(OutboundKind.CHUNK, "h", person), True, False),
+            (self.outbound(OutboundKind.NOTICE, "busy", person), True, False),
+            (self.outbound(OutboundKind.REPLY, " [SILENT] ", job), False, False),
+            (self.outbound(OutboundKind.REPLY, "[SILENT]", done), False, False),
+            (self.outbound(OutboundKind.REPLY, "[SILENT]", person), True, True),
+            (self.outbound(OutboundKind.REPLY, "result", job), True, False),
+            (self.outbound(OutboundKind.CHUNK, "res", job), False, False),
+            (self.outbound(OutboundKind.REPLY, "[SILENT]", job, done), False, False),
+            (self.outbound(OutboundKind.REPLY, "both", job, person), True, True),
+            (self.outbound(OutboundKind.REPLY, "hi", person, key="ns:cron:local:x"), False, False),
+            (self.outbound(OutboundKind.REPLY, "none"), True, True),
+        ]
+        for outbound, kept, talk in cases:
+            noted.clear()
+            assert keep(outbound) is kept, outbound
+            assert noted == ([outbound] if talk else []), outbound

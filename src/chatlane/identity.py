@@ -107,18 +107,29 @@ class SessionSource:
     message_id: str | None = None
 
     def __post_init__(self) -> None:
-        try:
-            chat_type = ChatType(self.chat_type)
-        except ValueError:
-            allowed = ", ".join(t.value for t in ChatType)
-            raise InvalidSource(
-                f"unknown chat_type {self.chat_type!r}; expected one of: {allowed}"
-            ) from None
-        object.__setattr__(self, "chat_type", chat_type)
-        for name in ("chat_id", "thread_id", "user_id", "message_id"):
-            object.__setattr__(self, name, _optional_id(getattr(self, name)))
-        object.__setattr__(self, "chat_name", self.chat_name or "")
-        object.__setattr__(self, "user_name", self.user_name or "")
+        # Each field is rewritten only when it is not in its normal form already
+        # (a source is made for every message; most come normalised).
+        if type(self.chat_type) is not ChatType:
+            try:
+                chat_type = ChatType(self.chat_type)
+            except ValueError:
+                allowed = ", ".join(t.value for t in ChatType)
+                raise InvalidSource(
+                    f"unknown chat_type {self.chat_type!r}; expected one of: {allowed}"
+                ) from None
+            object.__setattr__(self, "chat_type", chat_type)
+        for name in _ID_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (type(value) is not str or not value):
+                object.__setattr__(self, name, _optional_id(value))
+        if not self.chat_name:
+            object.__setattr__(self, "chat_name", "")
+        if not self.user_name:
+            object.__setattr__(self, "user_name", "")
+
+
+_ID_FIELDS: Final = ("chat_id", "thread_id", "user_id", "message_id")
+"""The fields of a :class:`SessionSource` normalised by :func:`_optional_id`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,12 +63,14 @@ class Outlet:
 
         On means to the ledger for a message it handles, else to the adapter.
         """
-        if not self._filters or all(keep(outbound) for keep in self._filters):
-            ledger = self.ledger
-            if ledger is not None and ledger.handles(outbound):
-                await ledger.record(outbound)
-            else:
-                await self._deliver(outbound)
+        for keep in self._filters:  # a loop, not all(): no generator per message
+            if not keep(outbound):
+                return
+        ledger = self.ledger
+        if ledger is not None and ledger.handles(outbound):
+            await ledger.record(outbound)
+        else:
+            await self._deliver(outbound)
 
     def drafts(self, turn: Turn, kind: OutboundKind, text: str) -> list[DeliveryDraft]:
         """``text`` to ``turn``'s sender as a delivery to record with the turn's commit.

@@ -60,8 +60,8 @@ from chatlane.scheduling.cron import (
     parse_schedule,
     run_source,
 )
-from chatlane.scheduling.silent import CRON_ID, DONE_ID, SILENT, from_scheduler, silent_filter
-from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey, Target
+from chatlane.scheduling.silent import CRON_ID, DONE_ID, SILENT, silent_filter
+from chatlane.types import InboundMessage, Outbound, SessionKey, Target
 
 if TYPE_CHECKING:
     from chatlane.gateway import Gateway
@@ -227,8 +227,7 @@ class Scheduler:
         if self._gateway is not None:
             raise RuntimeError("this scheduler is attached to another gateway")
         self._gateway = gateway
-        gateway.add_outbound_filter(silent_filter(self._local_prefix()))
-        gateway.add_outbound_filter(self._note_reply)
+        gateway.add_outbound_filter(silent_filter(self._local_prefix(), self._note_reply))
         engine = gateway.engine
         self._book = JobBook(engine.store, self.namespace, engine.holder, self.settings.claim_ttl)
         if gateway.router.get("cron") is CRON_COMMAND:
@@ -330,11 +329,9 @@ class Scheduler:
         if resolve(self.settings.auto_reset, source).enabled:
             self.tracker.touch(key, source, self._now())
 
-    def _note_reply(self, outbound: Outbound) -> bool:
-        """A reply to a person counts as activity (an outbound filter that holds nothing back)."""
-        if outbound.kind is OutboundKind.REPLY and not from_scheduler(outbound):
-            self.tracker.refresh(outbound.session_key, self._now())
-        return True
+    def _note_reply(self, outbound: Outbound) -> None:
+        """A reply to a person, let through by the scheduler's filter, counts as activity."""
+        self.tracker.refresh(outbound.session_key, self._now())
 
     def _local_prefix(self) -> str:
         return f"{self.namespace}:cron:local:"

@@ -11,9 +11,13 @@ holds these back before any adapter sees them. What stays true:
   delivered: such a reply arrives whole, or (when silent) not at all.
 * Nothing of a ``local`` job's session is delivered: its result is kept in
   the store's transcript only.
+* Every reply to a person that is delivered is told to ``on_reply`` (the
+  scheduler's activity tracker) first; the filter checks each message once.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from chatlane.types import Outbound, OutboundFilter, OutboundKind
 
@@ -25,22 +29,32 @@ CRON_ID, DONE_ID = "chatlane-cron:", "chatlane-done:"
 """Prefixes of the ids of messages the scheduler makes."""
 
 
+_SCHEDULER_IDS = (CRON_ID, DONE_ID)
+
+
 def from_scheduler(outbound: Outbound) -> bool:
     """Whether ``outbound`` answers only messages the scheduler made."""
     ids = outbound.in_reply_to
-    return bool(ids) and all(i.startswith((CRON_ID, DONE_ID)) for i in ids)
+    if len(ids) == 1:  # the common case: one message answered
+        return ids[0].startswith(_SCHEDULER_IDS)
+    return bool(ids) and all(i.startswith(_SCHEDULER_IDS) for i in ids)
 
 
-def silent_filter(local_prefix: str) -> OutboundFilter:
+def silent_filter(
+    local_prefix: str, on_reply: Callable[[Outbound], None] | None = None
+) -> OutboundFilter:
     """The filter that holds back what is described above.
 
     :param local_prefix: the start of every ``local`` job's session key.
+    :param on_reply: told of each reply to a person's message as it is let through.
     """
 
     def keep(outbound: Outbound) -> bool:
         if outbound.session_key.startswith(local_prefix):
             return False
         if not from_scheduler(outbound):
+            if on_reply is not None and outbound.kind is OutboundKind.REPLY:
+                on_reply(outbound)
             return True
         if outbound.kind is OutboundKind.CHUNK:
             return False
