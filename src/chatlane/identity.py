@@ -122,10 +122,14 @@ class SessionSource:
             value = getattr(self, name)
             if value is not None and (type(value) is not str or not value):
                 object.__setattr__(self, name, _optional_id(value))
-        if not self.chat_name:
-            object.__setattr__(self, "chat_name", "")
-        if not self.user_name:
-            object.__setattr__(self, "user_name", "")
+        for name in _NAME_FIELDS:  # a falsy name that is not "" (None) becomes ""
+            value = getattr(self, name)
+            if not value and type(value) is not str:
+                object.__setattr__(self, name, "")
+
+
+_NAME_FIELDS: Final = ("chat_name", "user_name")
+"""The fields of a :class:`SessionSource` whose missing value is ``""``."""
 
 
 _ID_FIELDS: Final = ("chat_id", "thread_id", "user_id", "message_id")

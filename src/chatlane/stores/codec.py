@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -91,14 +90,6 @@ def decode_value(key: SessionKey, name: str, stored: str | bytes) -> Any:
         raise StoreError(f"corrupt persistent field {name!r} of {key!r}: {stored[:80]!r}") from None
 
 
-def encode_fields(key: SessionKey, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Persistent ``fields`` of ``key`` as ``(name, JSON text)`` pairs (:func:`encode_value`).
-
-    :raises StoreError: a value is not JSON-compatible.
-    """
-    return [(name, encode_value(key, name, value)) for name, value in fields.items()]
-
-
 def detached_batch(key: SessionKey, batch: WriteBatch) -> tuple[list[tuple[str, str]], WriteBatch]:
     """``batch``'s persistent fields encoded, and a copy of the rest the caller can no
     longer change: what a store writes on another thread or after an ``await``.
@@ -115,4 +106,5 @@ def detached_batch(key: SessionKey, batch: WriteBatch) -> tuple[list[tuple[str, 
         batch.title,
         batch.rename,
     )
-    return encode_fields(key, batch.persistent), rest
+    fields = [(name, encode_value(key, name, value)) for name, value in batch.persistent.items()]
+    return fields, rest
