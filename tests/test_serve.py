@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import httpx
 import pytest
 
 from chatlane.config import Config, ServerConfig, StoreConfig
-from chatlane.serve import STOPPED, announce
+from chatlane.serve import STOPPED, announce, freeze_the_start
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,9 +88,36 @@ def test_serve_with_no_config_runs_the_web_chat_and_api(tmp_path: Path) -> None:
         assert "chatlane_turns_started_total 1" in metrics
         sessions = httpx.get(base + "/admin/sessions").json()["sessions"]
         assert [s["key"] for s in sessions] == ["main:api:dm:serve-test"]
+        frozen = re.search(r"^python_gc_frozen_objects (\d+)$", metrics, re.MULTILINE)
+        assert frozen is not None
+        assert int(frozen[1]) > 10_000  # the start's objects
     finally:
         assert stop(process) == 0
     assert (tmp_path / "chatlane.db").exists()
+
+
+class _Cycle:
+    """An object that refers to itself: only the garbage collector can free it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_the_start_frees_its_garbage_then_keeps_the_rest_out_of_collections() -> None:
+    garbage, kept = _Cycle(), _Cycle()
+    garbage_ref, kept_ref = weakref.ref(garbage), weakref.ref(kept)
+    del garbage
+    try:
+        freeze_the_start()
+        assert garbage_ref() is None  # collected before the freeze, not frozen with the rest
+        assert gc.get_freeze_count() > 0
+        del kept
+        gc.collect()
+        assert kept_ref() is not None  # frozen: no collection walks it
+    finally:
+        gc.unfreeze()
+    gc.collect()
+    assert kept_ref() is None
 
 
 def read_response(sock: socket.socket) -> bytes:

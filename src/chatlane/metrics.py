@@ -7,6 +7,7 @@ live sessions, so it is never stale. Rendering needs no client library.
 from __future__ import annotations
 
 import bisect
+import gc
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -139,6 +140,7 @@ class Metrics:
             *(_sqlite(sqlite) if sqlite is not None else []),
             *(self._ledger(ledger) if ledger is not None else []),
             *self._histogram(),
+            *_collector(),
         ]
         return "\n".join(lines) + "\n"
 
@@ -246,6 +248,24 @@ def _sqlite(stats: WriterStats) -> list[str]:
             "Checkpoints of the WAL into the database file: beside the writes, or held "
             "(the writer thread's, its writes held, once the WAL grew past its bound).",
             [('kind="beside"', stats.checkpoints), ('kind="held"', stats.held_checkpoints)],
+        ),
+    ]
+
+
+def _collector() -> list[str]:
+    """Python's garbage collector: full collections hold up every request in flight."""
+    return [
+        *_metric(
+            "python_gc_collections_total",
+            "counter",
+            "Collections the garbage collector ran, by generation (2 is a full one).",
+            [(f'generation="{g}"', s["collections"]) for g, s in enumerate(gc.get_stats())],
+        ),
+        *_metric(
+            "python_gc_frozen_objects",
+            "gauge",
+            "Objects kept out of every collection (what chatlane serve made at its start).",
+            [("", gc.get_freeze_count())],
         ),
     ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import gc
 import importlib
 import logging
 import resource
@@ -286,8 +287,8 @@ def uvicorn_config(app: ASGIApp, config: Config) -> uvicorn.Config:
 
 
 class AnnouncingServer(uvicorn.Server):
-    """Prints the URLs once the socket is bound (so "ready" means ready); reloads the
-    access token on SIGHUP."""
+    """Prints the URLs once the socket is bound (so "ready" means ready), the start's
+    objects frozen first (:func:`freeze_the_start`); reloads the access token on SIGHUP."""
 
     def __init__(self, uvicorn_config: uvicorn.Config, config: Config, hub: Hub) -> None:
         super().__init__(uvicorn_config)
@@ -305,6 +306,7 @@ class AnnouncingServer(uvicorn.Server):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await self.hub.gateway.aclose()
         await super().shutdown(sockets)
+        gc.unfreeze()  # what the start made may go now, as in a process that never froze it
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -313,7 +315,24 @@ class AnnouncingServer(uvicorn.Server):
         elif self.started:
             if hasattr(signal, "SIGHUP"):
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.hub.access.reload)
+            freeze_the_start()
             announce(self.chatlane_config)
+
+
+def freeze_the_start() -> None:
+    """Collect the start's garbage, then keep what is left out of every later collection.
+
+    What the start made — modules, classes, configuration, the app, the store —
+    lives as long as the process. Left to the collector, each full collection
+    walks all of it, holding up every request in flight (about 13 ms each,
+    some twice a second, with 16 API requests in flight). Frozen
+    (:func:`gc.freeze`), a full collection walks only what was made since:
+    sessions, turns and their messages. Nothing frozen is ever freed by the
+    collector, so the start's own garbage goes first; objects that are
+    freed by their reference count still go as before.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def announce(config: Config) -> None:
