@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
+from chatlane.approvals import HOW_TO_ANSWER, markdown_prompt
+from chatlane.delivery.ledger import draft_of, outbound_of
 from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy, SessionKey, SessionSource
 from chatlane.lifecycle import LifecycleOptions
@@ -17,8 +20,9 @@ from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, open_store
 from chatlane.stores.base import Conversation
+from chatlane.stores.records import PENDING, Delivery, DeliveryDraft
 from chatlane.testing import GatewayHarness
-from chatlane.types import InboundMessage, Outbound, OutboundKind
+from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind
 from tests.runtime.agents import EchoAgent, approving_agent
 from tests.runtime.test_outage import write_lock
 
@@ -64,6 +68,46 @@ async def test_deny_with_reason_and_plain_no() -> None:
         assert replies[1] == "Denied: `a` — not today"
         assert replies[2] == "denied: a"
         assert replies[4:] == ["Denied: `b`", "denied: b"]
+
+
+async def test_a_prompt_carries_what_it_asks_verbatim_through_the_ledger() -> None:
+    async with GatewayHarness(approving_agent) as h:
+        await h.send("approve rm `x` ||y||", chat_id="c")
+        await prompted(h, "c", 1)
+        [prompt] = [o for o in h.outbox if o.kind is OutboundKind.APPROVAL]
+        assert prompt.asks == Asks("rm `x` ||y||", "the test wants it")
+        assert outbound_of(as_delivery(draft_of(prompt))) == prompt
+        await h.send("no", chat_id="c")
+        await h.replies(chat_id="c", count=3)
+    assert all(o.asks is None for o in h.outbox if o.kind is not OutboundKind.APPROVAL)
+
+
+def as_delivery(draft: DeliveryDraft) -> Delivery:
+    """``draft`` as a store keeps it once recorded."""
+    return Delivery(draft.id, 1, draft.lane, draft.target, draft.payload, 0.0, PENDING)
+
+
+def test_a_delivery_recorded_before_prompts_carried_what_they_ask_still_reads() -> None:
+    target = {"platform": "slack", "chat_id": "C1"}
+    older = msgspec.msgpack.encode(
+        {"kind": "approval", "session_key": "k", "target": target, "text": "t", "approval_id": "a"}
+    )
+    assert outbound_of(as_delivery(DeliveryDraft("d", "slack", "t", older))).asks is None
+
+
+@pytest.mark.parametrize(
+    ("command", "reason", "shown"),
+    [
+        ("ls", "", "Approval needed\n```\nls\n```\n"),
+        ("a```b", "why", "Approval needed — WHY\n```\na`\u200b`\u200b`\u200bb\n```\n"),
+        ("", "two\n lines", "Approval needed — TWO LINES\n```\n \n```\n"),
+        ("`\n```\n# h", "", "Approval needed\n```\n`\u200b\n`\u200b`\u200b`\u200b\n# h\n```\n"),
+    ],
+)
+def test_a_markdown_prompt_shows_the_command_in_a_block_nothing_in_it_closes(
+    command: str, reason: str, shown: str
+) -> None:
+    assert markdown_prompt(Asks(command, reason), str.upper) == shown + HOW_TO_ANSWER
 
 
 async def test_plain_yes_approves() -> None:

@@ -33,7 +33,7 @@ from chatlane.logs import turn_fields
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
 from chatlane.stores.fields import APPROVAL_ALLOWLIST
-from chatlane.types import OutboundKind, SessionKey
+from chatlane.types import Asks, Outbound, OutboundKind, SessionKey
 
 if TYPE_CHECKING:
     from chatlane.runtime.outlet import Outlet
@@ -99,14 +99,48 @@ IsCurrent = Callable[[SessionKey, int], bool]
 """Whether a generation is still its session's current one."""
 
 
+HOW_TO_ANSWER = (
+    "Reply /approve (or yes) to allow once, /approve session or /approve always "
+    "to allow it again, /deny (or no) to refuse."
+)
+"""The last line of every approval prompt."""
+
+UNBREAKABLE_BACKTICK = "`\u200b"
+"""A backtick followed by a zero-width space: no run of them closes a code block."""
+
+
 def prompt_text(request: ApprovalRequest) -> str:
-    """What the user sees when a tool asks for approval."""
+    """What the user sees when a tool asks for approval, as plain text."""
     why = f" — {request.reason}" if request.reason else ""
-    return (
-        f"Approval needed: `{request.command}`{why}\n"
-        "Reply /approve (or yes) to allow once, /approve session or /approve always "
-        "to allow it again, /deny (or no) to refuse."
-    )
+    return f"Approval needed: `{request.command}`{why}\n{HOW_TO_ANSWER}"
+
+
+def asks_of(request: ApprovalRequest) -> Asks:
+    """What ``request`` asks about, for adapters that render its prompt themselves."""
+    return Asks(request.command, request.reason)
+
+
+def markdown_prompt(asks: Asks, escape: Callable[[str], str] | None = None) -> str:
+    """The prompt for a chat that renders Markdown, its command shown as it is.
+
+    The command stands alone in a fenced code block, every backtick in it
+    followed by a zero-width space, so no part of it can end the block and be
+    rendered as formatting (a spoiler, a link, a heading) that would hide what
+    the user is asked to allow; it looks the same. The reason is shown on one
+    line, passed through ``escape`` (the platform's own Markdown escape) if given.
+    """
+    reason = " ".join(asks.reason.split())
+    shown = escape(reason) if escape is not None else reason
+    why = f" — {shown}" if reason else ""
+    command = asks.command.replace("`", UNBREAKABLE_BACKTICK) or " "
+    return f"Approval needed{why}\n```\n{command}\n```\n{HOW_TO_ANSWER}"
+
+
+def markdown_text(outbound: Outbound, escape: Callable[[str], str] | None = None) -> str:
+    """``outbound``'s text for a chat that renders Markdown: an approval prompt made
+    from what it asks (:func:`markdown_prompt`), anything else as it is."""
+    asks = outbound.asks
+    return outbound.text if asks is None else markdown_prompt(asks, escape)
 
 
 class ApprovalBroker:
@@ -187,10 +221,19 @@ class ApprovalBroker:
         if turn is None or (kind is OutboundKind.APPROVAL and request.decided.done()):
             log.info("approval prompt dropped: no turn", extra=turn_fields(request.session_key))
             return
-        approval_id = request.id if kind is OutboundKind.APPROVAL else ""
+        asking = kind is OutboundKind.APPROVAL
         ids, generation = turn.message_ids, request.generation
         key, source = request.session_key, turn.source
-        await self._outlet.send(kind, key, source, text, ids, generation, approval_id=approval_id)
+        await self._outlet.send(
+            kind,
+            key,
+            source,
+            text,
+            ids,
+            generation,
+            approval_id=request.id if asking else "",
+            asks=asks_of(request) if asking else None,
+        )
 
     def has_pending(self, state: SessionState) -> bool:
         """Whether a request waits for an answer in this session."""
@@ -324,13 +367,18 @@ def _forget(state: SessionState, request: ApprovalRequest) -> None:
 
 
 __all__ = [
+    "HOW_TO_ANSWER",
+    "UNBREAKABLE_BACKTICK",
     "ApprovalBroker",
     "ApprovalRequest",
     "Decision",
     "Grant",
+    "asks_of",
     "deny_stale",
     "end_turn_requests",
     "is_request_id",
+    "markdown_prompt",
+    "markdown_text",
     "new_request_id",
     "prompt_text",
 ]

@@ -180,6 +180,20 @@ class OutboundKind(enum.StrEnum):
     """An explicit notice that a message was not (or will not be) run: rejected, full, failed."""
 
 
+class Asks(msgspec.Struct, frozen=True):
+    """What an approval prompt asks about, as the tool gave it: its command and reason.
+
+    An adapter whose chat renders Markdown shows the command from here, as
+    code it cannot break out of (:func:`~chatlane.approvals.markdown_prompt`),
+    never from the prompt's text: a command holding backticks could otherwise
+    end its code span and show the rest as formatting — a spoiler, a link —
+    which would hide what the user is asked to allow.
+    """
+
+    command: str
+    reason: str = ""
+
+
 class Outbound(msgspec.Struct, frozen=True):
     """One message from chatlane to a chat.
 
@@ -192,7 +206,7 @@ class Outbound(msgspec.Struct, frozen=True):
     from a session that turned out to be busy in another process.
     ``approval_id`` is set only on an ``APPROVAL``: the request it asks about,
     which buttons name (``/approve #<approval_id>``), so that a button on an
-    old prompt never answers another request.
+    old prompt never answers another request; ``asks`` too (:class:`Asks`).
     """
 
     kind: OutboundKind
@@ -203,6 +217,7 @@ class Outbound(msgspec.Struct, frozen=True):
     in_reply_to: tuple[str, ...] = ()
     refusal: str = ""
     approval_id: str = ""
+    asks: Asks | None = None
 
 
 class ModelChoice(msgspec.Struct, frozen=True):

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import discord
 import msgspec
 import pytest
 
 from chatlane.adapters.discord import REFUSAL_INTERVAL, DiscordAdapter
 from chatlane.adapters.discord_wire import MESSAGE_LIMIT
+from chatlane.approvals import HOW_TO_ANSWER, UNBREAKABLE_BACKTICK, markdown_prompt
 from chatlane.config import Config, DiscordConfig, Secret, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
@@ -25,7 +27,7 @@ from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
-from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
+from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.discordapi import (
     BOT_ID,
     BOT_USER,
@@ -373,7 +375,8 @@ async def test_allowed_channels_and_guilds_limit_where_the_bot_answers(
 async def test_approval_buttons_count_only_from_the_asker(api: DiscordApi, bot: Running) -> None:
     await api.say(THREAD, ALICE, f"{MENTION} approve rm -rf build")
     [prompt] = await api.wait_for_messages(THREAD)
-    assert prompt.text.startswith("Approval needed: `rm -rf build`")
+    asks = Asks("rm -rf build", "the demo agent asks")
+    assert prompt.text == markdown_prompt(asks, discord.utils.escape_markdown)
     approve = prompt.button("Approve")
     assert approve["custom_id"].endswith(f":{ALICE}")
     foreign = await api.press(BOB, prompt, approve)
@@ -389,6 +392,26 @@ async def test_approval_buttons_count_only_from_the_asker(api: DiscordApi, bot: 
         "approved: rm -rf build",
     ]
     assert api.answers[1][1] == {"type": 6}
+
+
+SPOILING_COMMAND = "echo ok```\n||rm -rf ~|| [docs](https://e.example) **x** `y`"
+"""A command that would end a plain code span or block and hide its second half."""
+
+
+async def test_an_approval_prompt_shows_the_command_whole_in_its_code_block(
+    api: DiscordApi, bot: Running
+) -> None:
+    dm = api.dm_channel(ALICE)
+    await api.say(dm, ALICE, f"approve {SPOILING_COMMAND}")
+    [prompt] = await api.wait_for_messages(dm)
+    head, block, tail = prompt.text.split("```\n")  # one block: nothing in it closes it
+    assert head == "Approval needed — the demo agent asks\n"
+    assert block.replace(UNBREAKABLE_BACKTICK, "`") == SPOILING_COMMAND + "\n"
+    assert "```" not in block
+    assert tail == HOW_TO_ANSWER
+    await api.press(ALICE, prompt, prompt.button("Deny"))
+    sent = await api.wait_for_messages(dm, 3)
+    assert sent[2].text == f"denied: {SPOILING_COMMAND}"
 
 
 async def test_deny_in_a_dm(api: DiscordApi, bot: Running) -> None:

@@ -23,8 +23,9 @@ from starlette.responses import Response
 from chatlane.adapters import slack_events
 from chatlane.adapters.slack import REFUSAL_INTERVAL, SlackAdapter
 from chatlane.adapters.slack_delivery import classify
-from chatlane.adapters.slack_format import MESSAGE_LIMIT
+from chatlane.adapters.slack_format import MESSAGE_LIMIT, to_mrkdwn
 from chatlane.adapters.slack_wire import message_id
+from chatlane.approvals import HOW_TO_ANSWER, UNBREAKABLE_BACKTICK, markdown_prompt
 from chatlane.config import Config, Secret, SlackConfig, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
@@ -40,7 +41,7 @@ from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, build_app, open_hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
-from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
+from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.slackapi import BOT_ID, BOT_USER, SlackApi, SlackRequests
 from tests.clock import Clock
 from tests.delivery.waits import dead, delivered, eventually
@@ -470,7 +471,10 @@ async def test_approval_buttons_count_only_from_the_asker(api: SlackApi, gateway
         GENERAL, ALICE, f"{MENTION} approve rm -rf build", channel_type="channel", thread_ts=thread
     )
     [prompt] = await api.wait_for_messages(GENERAL)
-    assert prompt.text.startswith("Approval needed: `rm -rf build`")
+    shown = to_mrkdwn(markdown_prompt(Asks("rm -rf build", "the demo agent asks")))
+    assert prompt.text == shown
+    assert prompt.blocks is not None
+    assert prompt.blocks[0]["text"] == {"type": "mrkdwn", "text": shown}
     assert prompt.thread_ts == thread
     approve = prompt.button("Approve")
     assert prompt.button("Deny")["value"] == approve["value"]
@@ -489,6 +493,27 @@ async def test_approval_buttons_count_only_from_the_asker(api: SlackApi, gateway
     ]
     assert all(s.thread_ts == thread for s in sent)
     assert len(api.ephemerals) == 1
+
+
+HIDING_COMMAND = "echo ok```\n*rm -rf ~* _quiet_ ~gone~ [docs](https://e.example) `y`"
+"""A command that would end a plain code span or block and show its second half formatted."""
+
+
+async def test_an_approval_prompt_shows_the_command_whole_in_its_code_block(
+    api: SlackApi, gateway: Served
+) -> None:
+    await gateway.slack.message(ALICE_DM, ALICE, f"approve {HIDING_COMMAND}")
+    [prompt] = await api.wait_for_messages(ALICE_DM)
+    assert prompt.blocks is not None
+    shown = prompt.blocks[0]["text"]["text"]
+    head, block, tail = shown.split("```\n")  # one block: nothing in it closes it
+    assert head == "Approval needed — the demo agent asks\n"
+    assert block.replace(UNBREAKABLE_BACKTICK, "`") == HIDING_COMMAND + "\n"
+    assert "```" not in block
+    assert tail == HOW_TO_ANSWER
+    await gateway.slack.press(ALICE, prompt, prompt.button("Deny"))
+    sent = await api.wait_for_messages(ALICE_DM, 3)
+    assert sent[2].text == to_mrkdwn(f"denied: {HIDING_COMMAND}")
 
 
 async def test_deny_in_a_dm(api: SlackApi, gateway: Served) -> None:

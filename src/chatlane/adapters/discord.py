@@ -73,6 +73,7 @@ from chatlane.adapters.drafts import EDIT_INTERVAL, Draft, Drafts
 from chatlane.adapters.lanes import Lanes
 from chatlane.adapters.recent import Recent
 from chatlane.adapters.typing import TypingIndicators
+from chatlane.approvals import markdown_text
 from chatlane.attachments import oversized, too_large_notice
 from chatlane.config import Config
 from chatlane.delivery.ledger import RESENT_LABEL
@@ -301,7 +302,7 @@ class DiscordAdapter:
         shown (an edit repeats nothing, so a retry that replaces it needs no label)."""
         draft = self._drafts.of(outbound)
         shown = None if draft is None else await draft.finish()
-        text = clean_text(outbound.text)
+        text = clean_text(markdown_text(outbound, discord.utils.escape_markdown))
         if uncertain and shown is None:
             text = RESENT_LABEL + text
         parts = [part for part in split_message(text) if part.strip()]

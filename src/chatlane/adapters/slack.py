@@ -74,6 +74,7 @@ from chatlane.adapters.slack_wire import (
     check_secrets,
     read_posted,
 )
+from chatlane.approvals import markdown_text
 from chatlane.attachments import oversized, too_large_notice
 from chatlane.config import Config, SlackMode
 from chatlane.delivery.ledger import RESENT_LABEL
@@ -264,7 +265,7 @@ class SlackAdapter:
         (an edit repeats nothing, so a retry that replaces it needs no label)."""
         draft = self._drafts.of(outbound)
         draft_ts = None if draft is None else await draft.finish()
-        text = clean_text(outbound.text)
+        text = clean_text(markdown_text(outbound))  # to_mrkdwn escapes links and mentions
         if uncertain and draft_ts is None:
             text = RESENT_LABEL + text
         parts = [part for part in split_message(to_mrkdwn(text)) if part.strip()]

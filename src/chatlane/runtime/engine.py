@@ -53,7 +53,7 @@ from typing import Any
 
 import msgspec
 
-from chatlane.approvals import ApprovalBroker, prompt_text
+from chatlane.approvals import ApprovalBroker, asks_of, prompt_text
 from chatlane.context import bound_context
 from chatlane.errors import ActiveSessionLimit, ChatlaneError, SessionBusy
 from chatlane.logs import turn_fields
@@ -690,6 +690,7 @@ class TurnEngine:
                 r.generation,
                 turn.message_ids,
                 approval_id=r.id,
+                asks=asks_of(r),
             )
             for r in self.approvals.pending(state)
         ]

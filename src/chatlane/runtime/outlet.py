@@ -35,7 +35,15 @@ from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import DeliveryDraft
-from chatlane.types import Deliver, Outbound, OutboundFilter, OutboundKind, SessionKey, Target
+from chatlane.types import (
+    Asks,
+    Deliver,
+    Outbound,
+    OutboundFilter,
+    OutboundKind,
+    SessionKey,
+    Target,
+)
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -105,16 +113,19 @@ class Outlet:
         *,
         refusal: str = "",
         approval_id: str = "",
+        asks: Asks | None = None,
     ) -> None:
         """Deliver one outbound message; an adapter's failure is logged, never raised.
 
-        ``refusal`` marks a notice refusing ``in_reply_to``, ``approval_id`` the
-        request an ``APPROVAL`` asks about (see :class:`~chatlane.types.Outbound`).
+        ``refusal`` marks a notice refusing ``in_reply_to``; ``approval_id`` and
+        ``asks`` the request an ``APPROVAL`` asks about (see :class:`~chatlane.types.Outbound`).
         """
         if generation is None:
             generation = self._generation_of(key)
         target = Target.of(source)
-        outbound = Outbound(kind, key, target, text, generation, in_reply_to, refusal, approval_id)
+        outbound = Outbound(
+            kind, key, target, text, generation, in_reply_to, refusal, approval_id, asks
+        )
         if refusal:
             self._outcomes.end(in_reply_to, Outcome.REFUSED, text, reason=refusal)
         try:
