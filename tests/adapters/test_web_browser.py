@@ -7,6 +7,7 @@ Screenshots are saved under ``$CHATLANE_TEST_ARTIFACTS``, by default
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -96,13 +97,25 @@ class ChatPage:
         locator = self.page.locator(selector, has_text=text).last
         await expect(locator).to_be_visible(timeout=UI_WAIT)
 
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def opened(cls, browser: Browser, host: str) -> AsyncIterator[ChatPage]:
+        """The page :meth:`open` gives, closed however the block ends."""
+        chat = await cls.open(browser, host)
+        try:
+            yield chat
+        finally:
+            await chat.close()
+
     async def close(self) -> None:
         await self.context.close()
 
 
 async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
-    alice, bob = await ChatPage.open(browser, host), await ChatPage.open(browser, host)
-    try:
+    async with (
+        ChatPage.opened(browser, host) as alice,
+        ChatPage.opened(browser, host) as bob,
+    ):
         alice_id, bob_id = await alice.browser_id(), await bob.browser_id()
         assert alice_id != bob_id
         await asyncio.gather(alice.say("whoami"), bob.say("whoami"))
@@ -134,16 +147,12 @@ async def test_two_browsers_chat_at_once(browser: Browser, host: str) -> None:
         await shot(bob.page, "web-chat-approval")
         assert alice.errors == []
         assert bob.errors == []
-    finally:
-        await alice.close()
-        await bob.close()
 
 
 async def test_typing_on_never_answers_an_approval_that_appears(
     browser: Browser, host: str
 ) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         box = page.get_by_role("textbox", name="Message")
         await chat.say("approve rm -rf x")
@@ -159,15 +168,12 @@ async def test_typing_on_never_answers_an_approval_that_appears(
         await page.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
         await chat.sees(".msg.assistant", "denied: rm -rf x")
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def test_an_approval_card_shows_its_command_exactly_as_it_would_run(
     browser: Browser, host: str
 ) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         await chat.say(f"approve {ODD_COMMAND}")
         command = page.locator(".approval .approval-command")
@@ -180,13 +186,10 @@ async def test_an_approval_card_shows_its_command_exactly_as_it_would_run(
         await page.get_by_role("button", name="Deny", exact=True).click(timeout=UI_WAIT)
         await chat.sees(".msg.assistant", "denied")
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def test_a_waiting_approval_survives_a_reload(browser: Browser, host: str) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         await chat.say("approve rm -rf build")
         await chat.sees(".approval", "rm -rf build")
@@ -206,13 +209,10 @@ async def test_a_waiting_approval_survives_a_reload(browser: Browser, host: str)
         await expect(said).to_have_count(1)
         await shot(page, "web-approval-answered-reloaded")
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def test_command_help_and_conversations(browser: Browser, host: str) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         await chat.say("first conversation")
         await chat.sees(".msg.assistant", "echo: first conversation")
@@ -237,15 +237,12 @@ async def test_command_help_and_conversations(browser: Browser, host: str) -> No
             "first conversation"
         )
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def test_a_stale_approval_card_never_answers_a_newer_request(
     browser: Browser, host: str
 ) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         await chat.say("approve echo harmless")
         await chat.sees(".approval", "echo harmless")
@@ -268,15 +265,12 @@ async def test_a_stale_approval_card_never_answers_a_newer_request(
         await chat.sees(".msg.assistant", "denied: rm -rf /home")
         await expect(page.locator(".msg", has_text="Approved")).to_have_count(0)
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def test_a_message_over_the_byte_limit_is_refused_and_kept(
     browser: Browser, host: str
 ) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         text = "漢" * 6000  # 6,000 characters, 18,000 bytes of UTF-8
         await chat.say(text)
         await chat.sees(".system.error", "Message too long (18000 bytes")
@@ -287,8 +281,6 @@ async def test_a_message_over_the_byte_limit_is_refused_and_kept(
         await chat.say("short")
         await chat.sees(".msg.assistant", "echo: short")
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def test_sign_in_with_the_access_token(browser: Browser, tmp_path: Path) -> None:

@@ -56,8 +56,7 @@ def state_of(page: Page, text: str) -> Any:
 
 
 async def test_markdown_is_rendered_and_nothing_in_it_runs(browser: Browser, host: str) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         dialogs: list[str] = []
         page.on("dialog", lambda dialog: dialogs.append(dialog.message))
@@ -100,8 +99,6 @@ async def test_markdown_is_rendered_and_nothing_in_it_runs(browser: Browser, hos
         assert await page.evaluate("window.pwned") is None
         assert dialogs == []
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 IN_HTML = '<script>window.__xss = 1</script>\n<img src=x onerror="window.__xss = 1">\n'
@@ -132,8 +129,7 @@ async def test_html_in_code_is_shown_highlighted_as_text_and_copied_verbatim(
 ) -> None:
     """Code blocks, of a known, an unknown or an HTML-made language, and inline code
     show HTML as text: no element of it is made, nothing of it runs, Copy gives it back."""
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         dialogs: list[str] = []
         page.on("dialog", lambda dialog: dialogs.append(dialog.message))
@@ -166,8 +162,6 @@ async def test_html_in_code_is_shown_highlighted_as_text_and_copied_verbatim(
         assert await page.evaluate("typeof window.__xss") == "undefined"
         assert dialogs == []
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 class Paced:
@@ -201,48 +195,43 @@ async def test_a_reply_is_rendered_safely_as_it_streams(browser: Browser) -> Non
         ['\n\n<img src=x onerror="window.__xss = 1">\n\n', "```html\n<script>window.__xss"],
         [" = 1</script>\n```\n\n", STEPS, "\nThe **end**."],
     )
-    async with web_server(agent=agent) as address:
-        chat = await ChatPage.open(browser, address)
-        try:
-            page = chat.page
-            await chat.say("tell me")
-            reply = page.locator(".msg.assistant").last
-            await expect(reply.locator("li")).to_have_text(["one", "two"], timeout=UI_WAIT)
-            await expect(reply).to_have_class(re.compile(r"\bstreaming\b"))
-            await expect(reply).to_have_attribute("aria-busy", "true")
-            await expect(reply.locator("h1")).to_have_text("Title")
-            await expect(reply.locator("li strong")).to_have_text("two")
-            await expect(reply.locator(".text")).to_have_text(re.compile(r"^[^#*]+$"))
-            await shot(page, "web-reply-streaming")
+    async with web_server(agent=agent) as address, ChatPage.opened(browser, address) as chat:
+        page = chat.page
+        await chat.say("tell me")
+        reply = page.locator(".msg.assistant").last
+        await expect(reply.locator("li")).to_have_text(["one", "two"], timeout=UI_WAIT)
+        await expect(reply).to_have_class(re.compile(r"\bstreaming\b"))
+        await expect(reply).to_have_attribute("aria-busy", "true")
+        await expect(reply.locator("h1")).to_have_text("Title")
+        await expect(reply.locator("li strong")).to_have_text("two")
+        await expect(reply.locator(".text")).to_have_text(re.compile(r"^[^#*]+$"))
+        await shot(page, "web-reply-streaming")
 
-            agent.next()  # raw HTML, then a code block still open
-            code = reply.locator(".code-block code")
-            await expect(code).to_have_text("<script>window.__xss", timeout=UI_WAIT)
-            await expect(reply).to_contain_text('<img src=x onerror="window.__xss = 1">')
-            await expect(reply).to_have_class(re.compile(r"\bstreaming\b"))
-            await expect(page.locator(".log script, .log img")).to_have_count(0)
+        agent.next()  # raw HTML, then a code block still open
+        code = reply.locator(".code-block code")
+        await expect(code).to_have_text("<script>window.__xss", timeout=UI_WAIT)
+        await expect(reply).to_contain_text('<img src=x onerror="window.__xss = 1">')
+        await expect(reply).to_have_class(re.compile(r"\bstreaming\b"))
+        await expect(page.locator(".log script, .log img")).to_have_count(0)
 
-            agent.next()  # the rest, and the turn ends
-            await expect(reply).not_to_have_class(re.compile(r"\bstreaming\b"), timeout=UI_WAIT)
-            await expect(reply).not_to_have_attribute("aria-busy", "true")
-            await expect(code).to_have_text("<script>window.__xss = 1</script>")
-            await expect(reply.locator(".code-language")).to_have_text("html")
-            await expect(reply.locator("ol > li")).to_have_count(30)
-            end = reply.locator("p", has_text="The end")
-            await expect(end.locator("strong")).to_have_text("end")
-            await expect(end).to_be_in_viewport()
-            await expect(page.locator(".msg.assistant")).to_have_count(1)
-            await expect(page.locator(".log script, .log img")).to_have_count(0)
-            assert await page.evaluate("typeof window.__xss") == "undefined"
-            await shot(page, "web-reply-streamed")
-            assert chat.errors == []
-        finally:
-            await chat.close()
+        agent.next()  # the rest, and the turn ends
+        await expect(reply).not_to_have_class(re.compile(r"\bstreaming\b"), timeout=UI_WAIT)
+        await expect(reply).not_to_have_attribute("aria-busy", "true")
+        await expect(code).to_have_text("<script>window.__xss = 1</script>")
+        await expect(reply.locator(".code-language")).to_have_text("html")
+        await expect(reply.locator("ol > li")).to_have_count(30)
+        end = reply.locator("p", has_text="The end")
+        await expect(end.locator("strong")).to_have_text("end")
+        await expect(end).to_be_in_viewport()
+        await expect(page.locator(".msg.assistant")).to_have_count(1)
+        await expect(page.locator(".log script, .log img")).to_have_count(0)
+        assert await page.evaluate("typeof window.__xss") == "undefined"
+        await shot(page, "web-reply-streamed")
+        assert chat.errors == []
 
 
 async def test_the_running_turn_its_queue_and_stop(browser: Browser, host: str) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         activity = page.locator("#activity")
         await expect(activity).to_be_hidden()
@@ -282,51 +271,44 @@ async def test_the_running_turn_its_queue_and_stop(browser: Browser, host: str) 
         await chat.sees(".msg.assistant", "echo: hello again")
         await expect(state_of(page, "hello again")).to_have_count(0)  # answered: no state line
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def test_merged_steered_interrupted_and_refused_messages(browser: Browser) -> None:
     config = Config(runtime=RuntimeSettings(busy=BusySettings(BusyPolicy.COLLECT)))
-    async with web_server(config) as address:
-        chat = await ChatPage.open(browser, address)
-        try:
-            page = chat.page
-            await chat.say("approve deploy")
-            await chat.sees(".approval", "deploy")
-            await chat.say("/steer look at the logs")  # steered only while nothing waits
-            await expect(state_of(page, "/steer look at the logs")).to_contain_text("Steered")
-            await shot(page, "web-turn-steered")
-            await chat.say("one more thing")
-            await chat.say("and another")
-            await expect(state_of(page, "and another")).to_contain_text("Merged into the next turn")
-            await shot(page, "web-turn-merged")
-            await chat.say("/now forget it")
-            await expect(state_of(page, "/now forget it")).to_contain_text(
-                re.compile("Interrupting|Running")
-            )
-            await expect(state_of(page, "approve deploy")).to_have_text("Interrupted")
-            card = page.locator(".approval", has_text="deploy")
-            await expect(card.get_by_role("button", name="Approve")).to_be_disabled()
-            await expect(card).to_contain_text("No longer asked")
-            await chat.sees(".msg.assistant", "echo: forget it")
-            await shot(page, "web-turn-interrupted")
+    async with web_server(config) as address, ChatPage.opened(browser, address) as chat:
+        page = chat.page
+        await chat.say("approve deploy")
+        await chat.sees(".approval", "deploy")
+        await chat.say("/steer look at the logs")  # steered only while nothing waits
+        await expect(state_of(page, "/steer look at the logs")).to_contain_text("Steered")
+        await shot(page, "web-turn-steered")
+        await chat.say("one more thing")
+        await chat.say("and another")
+        await expect(state_of(page, "and another")).to_contain_text("Merged into the next turn")
+        await shot(page, "web-turn-merged")
+        await chat.say("/now forget it")
+        await expect(state_of(page, "/now forget it")).to_contain_text(
+            re.compile("Interrupting|Running")
+        )
+        await expect(state_of(page, "approve deploy")).to_have_text("Interrupted")
+        card = page.locator(".approval", has_text="deploy")
+        await expect(card.get_by_role("button", name="Approve")).to_be_disabled()
+        await expect(card).to_contain_text("No longer asked")
+        await chat.sees(".msg.assistant", "echo: forget it")
+        await shot(page, "web-turn-interrupted")
 
-            await chat.say("/busy reject")
-            await chat.sees(".msg.command", "Busy policy for this session: reject")
-            await chat.say("approve publish")
-            await chat.sees(".approval", "publish")
-            await chat.say("too soon")
-            await expect(state_of(page, "too soon")).to_have_text("Refused — not run")
-            await shot(page, "web-turn-refused")
-            assert chat.errors == []
-        finally:
-            await chat.close()
+        await chat.say("/busy reject")
+        await chat.sees(".msg.command", "Busy policy for this session: reject")
+        await chat.say("approve publish")
+        await chat.sees(".approval", "publish")
+        await chat.say("too soon")
+        await expect(state_of(page, "too soon")).to_have_text("Refused — not run")
+        await shot(page, "web-turn-refused")
+        assert chat.errors == []
 
 
 async def test_conversations_are_listed_by_their_titles(browser: Browser, host: str) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         current = page.locator("#conversations button[aria-current=true]")
         await chat.say("#  Plan the   trip\nto Lisbon, with every detail we talked about")
@@ -354,16 +336,13 @@ async def test_conversations_are_listed_by_their_titles(browser: Browser, host: 
         await expect(current).to_contain_text("Plan the trip", timeout=UI_WAIT)
         await expect(page.locator("#chat-heading")).to_have_text("Plan the trip")
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def test_resume_with_title_words_shows_that_conversation(browser: Browser, host: str) -> None:
     """``/resume`` with words of a title, typed in any case and order, switches to the
     conversation so titled and the page shows it, then and after a reload; no
     conversation's id is ever shown."""
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         current = page.locator("#conversations button[aria-current=true]")
         await chat.say("Plan the trip to Lisbon")
@@ -395,8 +374,6 @@ async def test_resume_with_title_words_shows_that_conversation(browser: Browser,
         await expect(log.locator(".msg.user .text")).to_have_text(["Plan the trip to Lisbon"])
         await no_conversation_id_is_shown(page)
         assert chat.errors == []
-    finally:
-        await chat.close()
 
 
 async def no_conversation_id_is_shown(page: Page) -> None:
@@ -575,8 +552,7 @@ ODD = [
 async def test_odd_long_and_html_looking_messages_never_break_the_page(
     browser: Browser, host: str
 ) -> None:
-    chat = await ChatPage.open(browser, host)
-    try:
+    async with ChatPage.opened(browser, host) as chat:
         page = chat.page
         for text in ODD:
             await chat.say(text)
@@ -594,5 +570,3 @@ async def test_odd_long_and_html_looking_messages_never_break_the_page(
         assert width <= 0
         await shot(page, "web-odd-input")
         assert chat.errors == []
-    finally:
-        await chat.close()
