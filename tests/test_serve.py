@@ -23,6 +23,7 @@ import pytest
 
 from chatlane.config import Config, ServerConfig, StoreConfig
 from chatlane.serve import STOPPED, announce, freeze_the_start
+from tests.pausing import stop_between_transactions
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,7 +267,7 @@ def test_a_paused_gateways_requests_get_the_answer_another_one_committed(tmp_pat
         for thread in threads:
             thread.start()
         wait_for(lambda: held_leases(tmp_path, keys) == len(keys), "the turns to start on A")
-        first.send_signal(signal.SIGSTOP)
+        stop_between_transactions(first.pid, tmp_path / "chatlane.db")
         wait_for(lambda: answered_count(tmp_path, keys) == len(keys), "B's answers")
         first.send_signal(signal.SIGCONT)
         for thread in threads:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.pausing import sqlite_file, stop_between_transactions
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -88,6 +90,10 @@ class Cluster:
         text = self.log_path.read_text()
         complete = text[: text.rfind("\n") + 1]
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def pause(self, worker: Worker) -> None:
+        """Stop ``worker`` (``SIGSTOP``) between two of its transactions (see tests/pausing.py)."""
+        stop_between_transactions(worker.process.pid, sqlite_file(self.store_url))
 
     def wait_for(self, predicate: Any, timeout: float, what: str) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout

@@ -101,7 +101,7 @@ def test_paused_worker_cannot_write_or_reply(cluster: Cluster) -> None:
     paused, _taker = cluster.start("paused"), cluster.start("taker")
     paused.send("pause-chat", "sleep 1.5", "pause-1")
     cluster.wait_for(lambda ev: any(e["event"] == "start" for e in ev), 10, "the turn to start")
-    paused.signal(signal.SIGSTOP)
+    cluster.pause(paused)
     cluster.wait_for(all_answered(["pause-1"]), 20, "the taker's answer")
     paused.signal(signal.SIGCONT)
     events = cluster.wait_for(

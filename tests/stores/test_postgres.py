@@ -13,10 +13,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from chatlane.errors import LeaseLost, StoreError
-from chatlane.stores import DeliveryDraft, TranscriptEntry, WriteBatch, open_store
+from chatlane.errors import LeaseLost, SessionBusy, StoreError
+from chatlane.stores import DeliveryDraft, Lease, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.postgres import PostgresStore, ledger
+from chatlane.stores.postgres.pools import _milliseconds
 from chatlane.stores.postgres.schema import MIGRATIONS, migrate
+from chatlane.stores.postgres.store import _LOCKED_NOW
 from chatlane.stores.postgres.url import Location, parse_url, redact
 from chatlane.testing_postgres import ENV, PASSWORD, USER, binaries, throwaway
 from chatlane.testing_redis import free_port
@@ -58,10 +60,15 @@ class TestUrls:
     def test_every_option_is_read_and_ours_are_taken_out(self) -> None:
         location = parse_url(
             "postgres://bot:s3cret@db.internal:6432/chat?schema=bot_eu&pool_min=0&pool_max=4"
-            "&connect_timeout=2.5&sslmode=require"
+            "&connect_timeout=2.5&idle_in_transaction_timeout=0.75&sslmode=require"
         )
         assert location == Location(
-            "postgresql://bot:s3cret@db.internal:6432/chat?sslmode=require", "bot_eu", 0, 4, 2.5
+            "postgresql://bot:s3cret@db.internal:6432/chat?sslmode=require",
+            "bot_eu",
+            0,
+            4,
+            2.5,
+            0.75,
         )
 
     def test_defaults(self) -> None:
@@ -84,6 +91,10 @@ class TestUrls:
             (
                 "postgresql://localhost/chat?connect_timeout=nan",
                 "connect_timeout must be a positive",
+            ),
+            (
+                "postgresql://localhost/chat?idle_in_transaction_timeout=0",
+                "idle_in_transaction_timeout must be a positive",
             ),
             ("postgresql://localhost:port/chat", "Port could not be cast"),
             ("postgresql://localhost/chat?schema", "bad query field"),
@@ -347,6 +358,43 @@ class TestUpkeep:
         finally:
             await store.close()
             await forget_store(url)
+
+
+class TestStoppedClients:
+    async def test_a_transaction_left_idle_is_ended_and_frees_the_session(self, url: str) -> None:
+        """A client stopped mid-transaction (here: one that never sends its next statement)
+        holds the session's lock and lease row only until the server ends its transaction."""
+        stopped = await PostgresStore.open(f"{url}&idle_in_transaction_timeout=0.2")
+        taker = await PostgresStore.open(url)
+        try:
+            await stopped.acquire(KEY, "stopped", 0.1)
+            async with stopped._pools.turns.acquire() as db:
+                transaction = db.transaction()
+                await transaction.start()
+                await db.fetchval(_LOCKED_NOW, KEY)  # the session's lock, as every write takes it
+                await db.execute("UPDATE leases SET holder = holder")  # and the lease's row
+                async with asyncio.timeout(30):  # never, without the server's timeout
+                    lease = await eventually_acquired(taker, KEY, "taker")
+                assert lease.holder == "taker"
+                with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)):
+                    await db.fetchval("SELECT 1")  # its connection was ended with it
+        finally:
+            await stopped.close()
+            await taker.close()
+            await forget_store(url)
+
+    def test_every_connection_is_given_the_timeout(self) -> None:
+        assert _milliseconds(5.0) == "5000"
+        assert _milliseconds(0.0001) == "1"  # never 0, which turns the server's timeout off
+
+
+async def eventually_acquired(store: PostgresStore, key: SessionKey, holder: str) -> Lease:
+    """The lease, once ``key``'s current one expired and its lock is free."""
+    while True:
+        try:
+            return await store.acquire(key, holder, 5)
+        except SessionBusy:
+            await asyncio.sleep(0.05)
 
 
 async def _execute(url: str, statement: str) -> None:

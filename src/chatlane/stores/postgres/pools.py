@@ -18,6 +18,11 @@ What stays true:
   :mod:`~chatlane.stores.postgres.wakeups`), or holds a lock past its
   transaction, so a connection given back to the pool is not reset by a query
   of its own (a round trip per call); an open transaction is still rolled back.
+* The server ends a transaction of the store's left idle longer than the
+  location's ``idle_in_transaction_timeout`` (and with it the connection):
+  a process stopped mid-transaction (``SIGSTOP``, a debugger, a frozen VM)
+  holds a session's lock and rows only that long, never until it runs again,
+  so another process can take its sessions over once their leases expire.
 """
 
 from __future__ import annotations
@@ -70,11 +75,21 @@ async def _pool(location: Location, name: str, least: int, most: int) -> Any:
             min_size=least,
             max_size=most,
             timeout=location.connect_timeout,
-            server_settings={"search_path": f'"{location.schema}"'},
+            server_settings={
+                "search_path": f'"{location.schema}"',
+                "idle_in_transaction_session_timeout": _milliseconds(
+                    location.idle_in_transaction_timeout
+                ),
+            },
             reset=_keep_session,
         )
     except ConnectError as error:
         raise StoreError(f"{name}: cannot connect ({str(error) or type(error).__name__})") from None
+
+
+def _milliseconds(seconds: float) -> str:
+    """A server setting in milliseconds: at least 1, since 0 would turn the timeout off."""
+    return str(max(1, round(seconds * 1000)))
 
 
 async def _keep_session(connection: Any) -> None:

@@ -3,11 +3,11 @@
 What stays true:
 
 * chatlane's own options (``schema``, ``pool_min``, ``pool_max``,
-  ``connect_timeout``) are taken out of the URL; the rest of it is handed to
-  the driver as written. A query option chatlane does not know and libpq's
-  connection options do not include is refused with a
-  :class:`~chatlane.errors.StoreError` naming it — a misspelt option never
-  silently falls back to a default (or becomes a server setting).
+  ``connect_timeout``, ``idle_in_transaction_timeout``) are taken out of the
+  URL; the rest of it is handed to the driver as written. A query option
+  chatlane does not know and libpq's connection options do not include is
+  refused with a :class:`~chatlane.errors.StoreError` naming it — a
+  misspelt option never silently falls back to a default (or becomes a server setting).
 * Passwords never appear in an error message or a log line (:func:`redact`).
 """
 
@@ -28,8 +28,13 @@ POOL_MIN, POOL_MAX = 1, 10
 """Connections a store keeps open at least, and opens at most (``pool_min``, ``pool_max``)."""
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a connection, authentication included (``connect_timeout=`` wins)."""
+IDLE_IN_TRANSACTION_TIMEOUT = 5.0
+"""Seconds the server lets one of the store's transactions wait for its client before ending it
+(``idle_in_transaction_timeout=`` wins). A transaction of chatlane's never waits for anything but
+its own next statement: one idle this long belongs to a process that was stopped or frozen
+mid-transaction, and ending it frees the session's lock and rows for the process taking over."""
 
-_OURS = ("schema", "pool_min", "pool_max", "connect_timeout")
+_OURS = ("schema", "pool_min", "pool_max", "connect_timeout", "idle_in_transaction_timeout")
 _DRIVERS = (
     "sslmode",
     "sslrootcert",
@@ -52,13 +57,15 @@ _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 @dataclass(frozen=True, slots=True)
 class Location:
-    """Where a PostgreSQL store lives: the driver's URL, the schema and the pool's bounds."""
+    """Where a PostgreSQL store lives: the driver's URL, the schema, the pool's bounds and
+    timeouts."""
 
     dsn: str
     schema: str = DEFAULT_SCHEMA
     pool_min: int = POOL_MIN
     pool_max: int = POOL_MAX
     connect_timeout: float = CONNECT_TIMEOUT
+    idle_in_transaction_timeout: float = IDLE_IN_TRANSACTION_TIMEOUT
 
 
 def parse_url(url: str) -> Location:
@@ -90,7 +97,14 @@ def _location(parts: SplitResult, pairs: list[tuple[str, str]]) -> Location:
     pool_max = _count(ours, "pool_max", POOL_MAX, least=1)
     if pool_min > pool_max:
         raise ValueError(f"pool_min ({pool_min}) must not exceed pool_max ({pool_max})")
-    return Location(dsn, _schema(ours), pool_min, pool_max, _seconds(ours, "connect_timeout"))
+    return Location(
+        dsn,
+        _schema(ours),
+        pool_min,
+        pool_max,
+        _seconds(ours, "connect_timeout", CONNECT_TIMEOUT),
+        _seconds(ours, "idle_in_transaction_timeout", IDLE_IN_TRANSACTION_TIMEOUT),
+    )
 
 
 def _schema(options: dict[str, str]) -> str:
@@ -110,8 +124,8 @@ def _count(options: dict[str, str], name: str, default: int, *, least: int) -> i
     return int(text)
 
 
-def _seconds(options: dict[str, str], name: str) -> float:
-    text = options.get(name, str(CONNECT_TIMEOUT))
+def _seconds(options: dict[str, str], name: str, default: float) -> float:
+    text = options.get(name, str(default))
     try:
         value = float(text)
     except ValueError:
