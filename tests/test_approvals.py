@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from chatlane.approvals import HOW_TO_ANSWER, markdown_prompt
+from chatlane.approvals import HOW_TO_ANSWER, markdown_prompt, quote_command
 from chatlane.delivery.ledger import draft_of, outbound_of
 from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy, SessionKey, SessionSource
@@ -108,6 +108,29 @@ def test_a_markdown_prompt_shows_the_command_in_a_block_nothing_in_it_closes(
     command: str, reason: str, shown: str
 ) -> None:
     assert markdown_prompt(Asks(command, reason), str.upper) == shown + HOW_TO_ANSWER
+
+
+@pytest.mark.parametrize(
+    ("command", "quoted"),
+    [
+        ("rm -rf build", "`rm -rf build`"),
+        ("||x|| [a](b) **c**", "`||x|| [a](b) **c**`"),  # nothing renders inside a span
+        ("a`b", "\n```\na`\u200bb\n```\n"),
+        ("ls\n\n||hidden||", "\n```\nls\n\n||hidden||\n```\n"),  # a blank line ends a span
+        ("x```\ny", "\n```\nx`\u200b`\u200b`\u200b\ny\n```\n"),
+    ],
+)
+def test_a_decision_quotes_its_command_as_code_nothing_in_it_ends(
+    command: str, quoted: str
+) -> None:
+    assert quote_command(command) == quoted
+
+
+async def test_a_timeout_notice_quotes_an_odd_command_in_a_block() -> None:
+    async with GatewayHarness(approving_agent, approval_timeout=0.2) as h:
+        await h.send("approve a`b", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies[1] == "Approval for \n```\na`\u200bb\n```\n timed out — denied."
 
 
 async def test_plain_yes_approves() -> None:

@@ -43,7 +43,7 @@ log = logging.getLogger("chatlane.approvals")
 
 
 _NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
-_TOO_LATE = "Too late: the approval for `{command}` timed out — denied."
+_TOO_LATE = "Too late: the approval for {command} timed out — denied."
 
 
 def new_request_id() -> str:
@@ -107,6 +107,21 @@ HOW_TO_ANSWER = (
 
 UNBREAKABLE_BACKTICK = "`\u200b"
 """A backtick followed by a zero-width space: no run of them closes a code block."""
+
+
+def quote_command(command: str) -> str:
+    """``command`` quoted as code in a notice, so that no Markdown renders any of it.
+
+    A command without backticks or line breaks goes in a code span
+    (```` `ls -l` ````), which nothing in it can end. Any other command stands in
+    a fenced block of its own lines, every backtick in it followed by a
+    zero-width space (as in :func:`markdown_prompt`): a backtick would end a
+    span, and a blank line the paragraph holding it, and the rest would be
+    rendered — a spoiler or a link hiding part of what was decided.
+    """
+    if "`" not in command and "\n" not in command and "\r" not in command:
+        return f"`{command}`"
+    return f"\n```\n{command.replace('`', UNBREAKABLE_BACKTICK)}\n```\n"
 
 
 def prompt_text(request: ApprovalRequest) -> str:
@@ -207,7 +222,7 @@ class ApprovalBroker:
         except TimeoutError:
             if not _close(state, request, Decision(False, note="timed out")):
                 return request.decided.result()  # answered just as the timer fired
-            text = f"Approval for `{request.command}` timed out — denied."
+            text = f"Approval for {quote_command(request.command)} timed out — denied."
             await self._notify(request, text, OutboundKind.NOTICE)
             return request.decided.result()
 
@@ -270,7 +285,7 @@ class ApprovalBroker:
         stale = [r for r in deny_stale(state, self._is_current) if meant(r)]
         waiting = [r for r in _requests(state).values() if meant(r)]
         if not waiting:
-            told = [f"Denied: `{r.command}` — its turn was stopped" for r in stale]
+            told = [f"Denied: {quote_command(r.command)} — its turn was stopped" for r in stale]
             named = generation is not None or request_id is not None
             nothing = _NOT_PENDING if named else "No approval is pending."
             return "\n".join(told) or nothing
@@ -290,7 +305,7 @@ class ApprovalBroker:
         """
         if request.expired():
             _close(state, request, Decision(False, note="timed out"))
-            return _TOO_LATE.format(command=request.command)
+            return _TOO_LATE.format(command=quote_command(request.command))
         if not self._is_current(request.session_key, request.generation):
             decision = Decision(False, note="its turn was stopped")
         if not _close(state, request, decision):
@@ -302,7 +317,7 @@ class ApprovalBroker:
         verb = "Approved" if decision.approved else "Denied"
         extra = f" ({decision.grant})" if decision.approved and decision.grant else ""
         note = f" — {decision.note}" if decision.note else ""
-        return f"{verb}{extra}: `{request.command}`{note}"
+        return f"{verb}{extra}: {quote_command(request.command)}{note}"
 
     async def _allow_always(self, state: SessionState, command: str) -> None:
         allowlist = state.persistent.approval_allowlist
@@ -381,4 +396,5 @@ __all__ = [
     "markdown_text",
     "new_request_id",
     "prompt_text",
+    "quote_command",
 ]

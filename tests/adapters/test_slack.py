@@ -513,6 +513,9 @@ async def test_an_approval_prompt_shows_the_command_whole_in_its_code_block(
     assert tail == HOW_TO_ANSWER
     await gateway.slack.press(ALICE, prompt, prompt.button("Deny"))
     sent = await api.wait_for_messages(ALICE_DM, 3)
+    head, block, tail = sent[1].text.split("```\n")  # the decision quotes it the same way
+    assert (head, tail) == ("Denied: \n", "")
+    assert block.replace(UNBREAKABLE_BACKTICK, "`") == HIDING_COMMAND + "\n"
     assert sent[2].text == to_mrkdwn(f"denied: {HIDING_COMMAND}")
 
 
