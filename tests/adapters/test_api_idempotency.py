@@ -166,6 +166,24 @@ async def test_only_its_own_client_may_fetch_a_completion(tmp_path: Path) -> Non
     assert message_of(new_message_id("bob").replace("api-", "chatcmpl-"), "alice") is None
 
 
+def test_a_fresh_message_id_sorts_after_those_made_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its moment comes first: a store's index of message ids grows at its end."""
+    made = []
+    for moment_ms in (1_700_000_000_000, 1_700_000_000_000, 1_700_000_000_001, 2**47):
+        monkeypatch.setattr("time.time_ns", lambda ms=moment_ms: ms * 1_000_000 + 999_999)
+        made.append(new_message_id("alice"))
+    assert made[1] != made[0]  # the same moment: the random bits tell them apart
+    assert made[2] > max(made[:2])
+    assert made[3] > made[2]
+    owner, rest = made[2].removeprefix("api-").split("-")
+    assert (len(owner), len(rest)) == (12, 36)
+    assert rest.startswith(f"{1_700_000_000_001:012x}")
+    assert all(c in "0123456789abcdef" for c in rest)
+    assert message_of(made[2].replace("api-", "chatcmpl-"), "alice") == made[2]
+
+
 async def test_a_request_that_timed_out_is_fetched_once_answered(tmp_path: Path) -> None:
     agent = CountingAgent(held=True)
     async with serve(make_config(tmp_path), agent, wait_timeout=0.2, tick=0.05) as s:
