@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -46,8 +47,13 @@ _decode = msgspec.msgpack.Decoder(Outbound).decode
 
 
 def new_delivery_id() -> str:
-    """A delivery id: unguessable (96 random bits) and URL-safe."""
-    return "d_" + secrets.token_hex(12)
+    """A delivery id: URL-safe, unguessable (96 random bits), and in creation order.
+
+    It starts with the millisecond it was made (12 hex digits), so the
+    ledger's index of ids (delivered ones are kept an hour) grows at its end,
+    where its pages are in memory, instead of at a random page of it.
+    """
+    return f"d_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(12)}"
 
 
 def target_key(target: Target) -> str:
