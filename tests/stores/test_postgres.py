@@ -96,6 +96,22 @@ class TestUrls:
                 "postgresql://localhost/chat?idle_in_transaction_timeout=0",
                 "idle_in_transaction_timeout must be a positive",
             ),
+            (
+                "postgresql://localhost/chat?idle_in_transaction_timeout=0.001",
+                "idle_in_transaction_timeout must be from 0.1 to 2000000 seconds, not '0.001'",
+            ),
+            (
+                "postgresql://localhost/chat?idle_in_transaction_timeout=3e6",
+                "idle_in_transaction_timeout must be from 0.1 to 2000000 seconds",
+            ),
+            (
+                "postgresql://localhost/chat?idle_in_transaction_timeout=inf",
+                "idle_in_transaction_timeout must be a positive",
+            ),
+            (
+                "postgresql://localhost/chat?connect_timeout=inf",
+                "connect_timeout must be a positive",
+            ),
             ("postgresql://localhost:port/chat", "Port could not be cast"),
             ("postgresql://localhost/chat?schema", "bad query field"),
         ],

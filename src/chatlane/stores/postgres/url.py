@@ -13,6 +13,7 @@ What stays true:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
@@ -33,6 +34,9 @@ IDLE_IN_TRANSACTION_TIMEOUT = 5.0
 (``idle_in_transaction_timeout=`` wins). A transaction of chatlane's never waits for anything but
 its own next statement: one idle this long belongs to a process that was stopped or frozen
 mid-transaction, and ending it frees the session's lock and rows for the process taking over."""
+MIN_IDLE_IN_TRANSACTION_TIMEOUT, MAX_IDLE_IN_TRANSACTION_TIMEOUT = 0.1, 2_000_000.0
+"""The bounds of ``idle_in_transaction_timeout``: shorter would end a loaded client's live
+transactions; longer does not fit the server's setting."""
 
 _OURS = ("schema", "pool_min", "pool_max", "connect_timeout", "idle_in_transaction_timeout")
 _DRIVERS = (
@@ -103,7 +107,7 @@ def _location(parts: SplitResult, pairs: list[tuple[str, str]]) -> Location:
         pool_min,
         pool_max,
         _seconds(ours, "connect_timeout", CONNECT_TIMEOUT),
-        _seconds(ours, "idle_in_transaction_timeout", IDLE_IN_TRANSACTION_TIMEOUT),
+        _idle_timeout(ours),
     )
 
 
@@ -130,8 +134,21 @@ def _seconds(options: dict[str, str], name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:  # also NaN
-        raise ValueError(f"{name} must be a positive number of seconds, not {text!r}")
+    if not 0 < value < math.inf:  # also NaN
+        raise ValueError(f"{name} must be a positive, finite number of seconds, not {text!r}")
+    return value
+
+
+def _idle_timeout(options: dict[str, str]) -> float:
+    """``idle_in_transaction_timeout``: long enough for a loaded client's next statement, and
+    within what the server's setting can hold (milliseconds in a 32-bit integer)."""
+    name = "idle_in_transaction_timeout"
+    value = _seconds(options, name, IDLE_IN_TRANSACTION_TIMEOUT)
+    if not MIN_IDLE_IN_TRANSACTION_TIMEOUT <= value <= MAX_IDLE_IN_TRANSACTION_TIMEOUT:
+        raise ValueError(
+            f"{name} must be from {MIN_IDLE_IN_TRANSACTION_TIMEOUT:g} to "
+            f"{MAX_IDLE_IN_TRANSACTION_TIMEOUT:.0f} seconds, not {options[name]!r}"
+        )
     return value
 
 
