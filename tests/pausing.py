@@ -4,41 +4,66 @@ SQLite's write lock is the file's, held by the process that took it: a process
 stopped while it holds it keeps every other process from writing until it runs
 again (see docs/stores.md, "Threads and transactions"). The tests that stop a
 process check how the others take over from it, so they stop it between two
-transactions: stop it, check from here that the write lock is free, and if it
-is not, let the process run on a moment (to its commit) and try again.
+transactions: the test takes the write lock itself (SQLite's busy handler
+returns as soon as the process commits), stops the process while holding it
+— so the process cannot be inside a write transaction — waits until it has
+stopped, and gives the lock back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 __all__ = ["sqlite_file", "stop_between_transactions", "write_lock_is_free"]
 
-ATTEMPTS = 200
+LOCK_TIMEOUT = 30.0
+"""Seconds to wait for the process to end its transaction (it never holds one that long)."""
 
 
 def stop_between_transactions(pid: int, database: Path | None) -> None:
-    """``SIGSTOP`` ``pid`` at a moment it holds no write lock on ``database`` (None: no SQLite
-    file, any moment will do)."""
-    for _ in range(ATTEMPTS):
-        os.kill(pid, signal.SIGSTOP)
-        if database is None or write_lock_is_free(database):
-            return
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.005)  # a transaction's length: the process commits and lets go
-    raise AssertionError(f"process {pid} held {database}'s write lock at every try")
+    """``SIGSTOP`` ``pid`` (a child of this process) at a moment it holds no write lock on
+    ``database`` (None: no SQLite file, any moment will do); return once it has stopped."""
+    if database is None:
+        _stop(pid)
+        return
+    with _write_lock(database):
+        _stop(pid)
+    assert write_lock_is_free(database)
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    _, status = os.waitpid(pid, os.WUNTRACED)  # returns once the child has stopped
+    assert os.WIFSTOPPED(status), f"process {pid} ended instead of stopping"
+
+
+@contextlib.contextmanager
+def _write_lock(database: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold SQLite's write lock on ``database``, taken as soon as whoever holds it lets go."""
+    connection = _connect(database, timeout)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        yield
+        connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
+def _connect(database: Path, timeout: float) -> sqlite3.Connection:
+    return sqlite3.connect(
+        f"file:{quote(str(database))}?mode=rw", uri=True, timeout=timeout, isolation_level=None
+    )
 
 
 def write_lock_is_free(database: Path) -> bool:
     """Whether SQLite's write lock on ``database`` can be taken at once (it is given back)."""
-    connection = sqlite3.connect(
-        f"file:{quote(str(database))}?mode=rw", uri=True, timeout=0, isolation_level=None
-    )
+    connection = _connect(database, 0)
     try:
         connection.execute("BEGIN IMMEDIATE")
         connection.execute("ROLLBACK")
