@@ -121,7 +121,12 @@ def quote_command(command: str) -> str:
     """
     if "`" not in command and "\n" not in command and "\r" not in command:
         return f"`{command}`"
-    return f"\n```\n{command.replace('`', UNBREAKABLE_BACKTICK)}\n```\n"
+    return f"\n{_fenced(command)}\n"
+
+
+def _fenced(command: str) -> str:
+    """``command`` alone in a fenced code block that nothing in it can close."""
+    return f"```\n{command.replace('`', UNBREAKABLE_BACKTICK) or ' '}\n```"
 
 
 def prompt_text(request: ApprovalRequest) -> str:
@@ -147,8 +152,7 @@ def markdown_prompt(asks: Asks, escape: Callable[[str], str] | None = None) -> s
     reason = " ".join(asks.reason.split())
     shown = escape(reason) if escape is not None else reason
     why = f" — {shown}" if reason else ""
-    command = asks.command.replace("`", UNBREAKABLE_BACKTICK) or " "
-    return f"Approval needed{why}\n```\n{command}\n```\n{HOW_TO_ANSWER}"
+    return f"Approval needed{why}\n{_fenced(asks.command)}\n{HOW_TO_ANSWER}"
 
 
 def markdown_text(outbound: Outbound, escape: Callable[[str], str] | None = None) -> str:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import time
+
+from chatlane.stores.ids import time_prefix
 
 MESSAGE_PREFIX = "api-"
 COMPLETION_PREFIX = "chatcmpl-"
@@ -47,8 +48,7 @@ def owner_tag(client: str) -> str:
 def new_message_id(client: str) -> str:
     """A fresh message id for a request of ``client`` without an idempotency key: its
     moment, then random bits (see the module docstring)."""
-    moment = time.time_ns() // 1_000_000
-    return f"{MESSAGE_PREFIX}{owner_tag(client)}-{moment:012x}{os.urandom(12).hex()}"
+    return f"{MESSAGE_PREFIX}{owner_tag(client)}-{time_prefix()}{os.urandom(12).hex()}"
 
 
 def keyed_message_id(client: str, session: str, key: str) -> str:

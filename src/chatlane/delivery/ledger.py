@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections.abc import Callable, Iterable
 
 import msgspec
 
 from chatlane.stores.base import Delivery, DeliveryDraft, Store
+from chatlane.stores.ids import time_prefix
 from chatlane.types import Outbound, OutboundKind, Target
 
 __all__ = [
@@ -53,7 +53,7 @@ def new_delivery_id() -> str:
     ledger's index of ids (delivered ones are kept an hour) grows at its end,
     where its pages are in memory, instead of at a random page of it.
     """
-    return f"d_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(12)}"
+    return f"d_{time_prefix()}{secrets.token_hex(12)}"
 
 
 def target_key(target: Target) -> str:

@@ -9,7 +9,7 @@ import string
 import threading
 import time
 
-__all__ = ["ProcessIds", "new_conversation_id", "new_token"]
+__all__ = ["ProcessIds", "new_conversation_id", "new_token", "time_prefix"]
 
 
 class ProcessIds:
@@ -40,6 +40,12 @@ _STAMP_WIDTH = 8
 """Milliseconds since 1970 fit in 8 base-62 digits for the next few thousand years."""
 _RANDOM_WIDTH = 11
 """64 random bits fit in 11 base-62 digits."""
+
+
+def time_prefix() -> str:
+    """This millisecond since 1970 as 12 hex digits: ids that start with it sort by the time
+    they were made, so a store's index of them grows at its end."""
+    return f"{time.time_ns() // 1_000_000:012x}"
 
 
 def new_token() -> str:
