@@ -76,11 +76,38 @@ async def test_a_pass_with_more_quick_calls_than_the_loop_takes_goes_to_the_thre
     store: SQLiteStore,
 ) -> None:
     count = sqlite_writer.MAX_HERE + 1
-    threads = await asyncio.gather(*(store._quick(thread_of) for _ in range(count)))
+    threads = await in_one_pass(store, count)
     assert threading.get_ident() not in threads
     assert store.stats.handed_over == 1
-    threads = await asyncio.gather(*(store._quick(thread_of) for _ in range(count - 1)))
+    threads = await in_one_pass(store, count - 1)
     assert set(threads) == {threading.get_ident()}
+
+
+async def in_one_pass(store: SQLiteStore, count: int) -> list[int]:
+    """The threads ``count`` quick calls ran on, made in one pass by a task each."""
+
+    async def call() -> int:
+        return await store._quick(thread_of)
+
+    return await asyncio.gather(*(call() for _ in range(count)))
+
+
+async def test_a_lone_quick_call_runs_as_it_is_made(store: SQLiteStore) -> None:
+    """With nothing else for the loop to run before it polls, no call could join it: it
+    runs at once, and its caller goes on without waiting for the pass's end."""
+    loop = asyncio.get_running_loop()
+    ran_at_once = loop.create_future()
+
+    def lone() -> None:  # the pass's only callback: the test's task waits
+        made = store._quick(thread_of)
+        ran_at_once.set_result(made.done() and made.result() == threading.get_ident())
+
+    loop.call_soon(lone)
+    assert await ran_at_once
+    loop.call_soon(lambda: None)  # something else runs in this pass: it may make a call too
+    made = store._quick(thread_of)
+    assert not made.done()
+    assert await made == threading.get_ident()
 
 
 async def test_a_quick_call_waits_behind_a_call_the_thread_has(store: SQLiteStore) -> None:

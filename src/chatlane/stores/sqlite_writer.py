@@ -14,8 +14,11 @@ What stays true:
   made), only if SQLite's write lock is free at once (``busy_timeout`` 0
   there: another process's transaction never blocks the loop; the batch
   goes to the thread instead), and not for :data:`PAUSE_AFTER_SLOW` seconds
-  after a batch that took more than :data:`SLOW_BATCH` there. Everything
-  else (reads, scans, purges) runs on the writer thread.
+  after a batch that took more than :data:`SLOW_BATCH` there. A call made
+  when the loop has nothing else to run before it next polls for I/O, and
+  no other quick call waits, would be its pass's batch alone: it runs as it
+  is made, and its caller goes on without suspending. Everything else
+  (reads, scans, purges) runs on the writer thread.
 * The loop never waits for the disk: commits in WAL mode with
   ``synchronous=NORMAL`` write to the page cache, and the only syncs are
   checkpoints' and the first write's after a full one, which starts the WAL
@@ -203,9 +206,12 @@ class Writer:
             self._urgent.append(call)
             self._queue.put(True)  # wakes the thread if it waits
         elif quick and loop is self._owner:
-            self._here.append(call)
-            if len(self._here) == 1:
-                loop.call_soon(self._flush)
+            if not self._here and _nothing_else_ready(loop):
+                self._run_quick([call])  # no other call could join it this pass
+            else:
+                self._here.append(call)
+                if len(self._here) == 1:
+                    loop.call_soon(self._flush)
         else:
             if self._here and loop is self._owner:
                 self._hand_over(self._here)  # earlier quick calls keep their place
@@ -237,8 +243,11 @@ class Writer:
         """Run the quick calls of the pass that ended, here if the thread idles, else there."""
         calls = [call for call in self._here if not call[3].cancelled()]
         self._here = []
-        if not calls:
-            return
+        if calls:
+            self._run_quick(calls)
+
+    def _run_quick(self, calls: list[_Call]) -> None:
+        """Run ``calls`` in one transaction here if the thread idles, else hand them to it."""
         if len(calls) <= MAX_HERE and self._may_run_here() and self._lock.acquire(blocking=False):
             try:
                 outcomes = self._run_here(calls)
@@ -478,6 +487,18 @@ class Writer:
         if self._stopped is not None:
             leftovers.append((self._stopped, None, None))
         _deliver(leftovers)
+
+
+def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` has no other callback to run before it next polls for I/O.
+
+    Then no other quick call can be made in this pass, and a call run at once is
+    the batch the pass's end would have run, with no wait for it: its caller
+    goes on without suspending (two passes of the loop fewer). Known only for
+    asyncio's own loops (their ``_ready`` queue); any other loop always batches.
+    """
+    ready = getattr(loop, "_ready", None)
+    return ready is not None and not ready
 
 
 def _signal() -> _Call:
