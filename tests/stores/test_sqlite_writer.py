@@ -92,22 +92,40 @@ async def in_one_pass(store: SQLiteStore, count: int) -> list[int]:
     return await asyncio.gather(*(call() for _ in range(count)))
 
 
-async def test_a_lone_quick_call_runs_as_it_is_made(store: SQLiteStore) -> None:
-    """With nothing else for the loop to run before it polls, no call could join it: it
-    runs at once, and its caller goes on without waiting for the pass's end."""
+async def made_alone(store: SQLiteStore) -> bool:
+    """Whether a quick call made as its pass's only callback (the test's task waits)
+    had run by the time the call returned."""
     loop = asyncio.get_running_loop()
-    ran_at_once = loop.create_future()
+    ran_at_once: asyncio.Future[bool] = loop.create_future()
 
-    def lone() -> None:  # the pass's only callback: the test's task waits
+    def lone() -> None:
         made = store._quick(thread_of)
         ran_at_once.set_result(made.done() and made.result() == threading.get_ident())
 
     loop.call_soon(lone)
-    assert await ran_at_once
-    loop.call_soon(lambda: None)  # something else runs in this pass: it may make a call too
+    return await ran_at_once
+
+
+async def test_a_lone_quick_call_runs_as_it_is_made(store: SQLiteStore) -> None:
+    """With nothing else for the loop to run before it polls, no call could join it: it
+    runs at once, and its caller goes on without waiting for the pass's end."""
+    assert await made_alone(store)
+    assert await made_alone(store)
+    asyncio.get_running_loop().call_soon(lambda: None)  # it may make a call in this pass too
     made = store._quick(thread_of)
     assert not made.done()
     assert await made == threading.get_ident()
+
+
+async def test_after_a_batch_of_several_calls_a_lone_one_waits_for_company(
+    store: SQLiteStore,
+) -> None:
+    """While other turns write, a call made last in its pass still waits for the pass's
+    end: the turns that wake next may join its batch (a loop running every call at once
+    polls more often for less work). A batch of one call says they stopped."""
+    await in_one_pass(store, 3)
+    assert not await made_alone(store)  # the batch of one it then made
+    assert await made_alone(store)
 
 
 async def test_a_quick_call_waits_behind_a_call_the_thread_has(store: SQLiteStore) -> None:

@@ -14,10 +14,13 @@ What stays true:
   made), only if SQLite's write lock is free at once (``busy_timeout`` 0
   there: another process's transaction never blocks the loop; the batch
   goes to the thread instead), and not for :data:`PAUSE_AFTER_SLOW` seconds
-  after a batch that took more than :data:`SLOW_BATCH` there. A call made
-  when the loop has nothing else to run before it next polls for I/O, and
-  no other quick call waits, would be its pass's batch alone: it runs as it
-  is made, and its caller goes on without suspending. Everything else
+  after a batch that took more than :data:`SLOW_BATCH` there. While the
+  loop's last batch held a single call (no other turn is writing), a call
+  made when the loop has nothing else to run before it next polls for I/O,
+  and no other quick call waits, would be its pass's batch alone: it runs
+  as it is made, and its caller goes on without suspending (two passes of
+  the loop fewer). While turns write together, it still waits for the
+  pass's end, so that the turns woken next join its batch. Everything else
   (reads, scans, purges) runs on the writer thread.
 * The loop never waits for the disk: commits in WAL mode with
   ``synchronous=NORMAL`` write to the page cache, and the only syncs are
@@ -177,6 +180,9 @@ class Writer:
         """A full checkpoint emptied the WAL: the next write starts it again, and syncs."""
         self._waits = True
         """Whether the connection's busy timeout is the location's (else 0), as last set."""
+        self._alone = True
+        """Whether the loop's last quick batch held one call (or there was none yet):
+        no other turn seems to be writing, so a call is unlikely to find company."""
 
     def start(self) -> asyncio.Future[None]:
         """Start the thread; the future completes once the file is open and migrated."""
@@ -206,8 +212,8 @@ class Writer:
             self._urgent.append(call)
             self._queue.put(True)  # wakes the thread if it waits
         elif quick and loop is self._owner:
-            if not self._here and _nothing_else_ready(loop):
-                self._run_quick([call])  # no other call could join it this pass
+            if self._alone and not self._here and _nothing_else_ready(loop):
+                self._run_quick([call])  # no other call could join it: no wait for the pass
             else:
                 self._here.append(call)
                 if len(self._here) == 1:
@@ -248,6 +254,7 @@ class Writer:
 
     def _run_quick(self, calls: list[_Call]) -> None:
         """Run ``calls`` in one transaction here if the thread idles, else hand them to it."""
+        self._alone = len(calls) == 1
         if len(calls) <= MAX_HERE and self._may_run_here() and self._lock.acquire(blocking=False):
             try:
                 outcomes = self._run_here(calls)
@@ -492,9 +499,8 @@ class Writer:
 def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether ``loop`` has no other callback to run before it next polls for I/O.
 
-    Then no other quick call can be made in this pass, and a call run at once is
-    the batch the pass's end would have run, with no wait for it: its caller
-    goes on without suspending (two passes of the loop fewer). Known only for
+    Then no other quick call can be made in this pass: a call run at once is the
+    batch the pass's end would have run, without the wait for it. Known only for
     asyncio's own loops (their ``_ready`` queue); any other loop always batches.
     """
     ready = getattr(loop, "_ready", None)
