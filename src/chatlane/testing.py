@@ -235,8 +235,12 @@ class GatewayHarness:
         user_name: str = "",
         internal: bool = False,
         attachments: tuple[Attachment, ...] = (),
+        whole_reply: bool = False,
     ) -> DispatchResult:
         """Deliver one inbound message (with ``attachments``, if any), as an adapter would.
+
+        ``whole_reply``: its sender takes only whole replies, as an API request without
+        ``stream`` (:attr:`~chatlane.types.InboundMessage.whole_reply`).
 
         :raises RuntimeError: outside the ``async with`` block.
         """
@@ -245,7 +249,9 @@ class GatewayHarness:
         if self._closed:
             raise RuntimeError("this GatewayHarness was closed; send inside its `async with`")
         try:
-            message = InboundMessage(source, text, internal=internal, attachments=attachments)
+            message = InboundMessage(
+                source, text, internal=internal, attachments=attachments, whole_reply=whole_reply
+            )
             return await gateway.dispatch(message)
         finally:
             self._notify()

@@ -123,8 +123,12 @@ class InboundMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     be empty when there are some. ``context`` is what was said in the same
     session's chat without mentioning the bot since its last turn, oldest first
     (:mod:`chatlane.overheard`); it travels with the message, so whichever
-    process runs it sees it. Fields left at their defaults are not stored, so a
-    message without attachments or context costs nothing more.
+    process runs it sees it. ``whole_reply`` marks a message whose sender takes
+    only whole replies (an API request without ``stream``): a turn that answers
+    only such messages sends none of its agent's chunks out, though each still
+    marks the turn's progress and becomes part of the reply. Fields left at their
+    defaults are not stored, so a message without attachments or context costs
+    nothing more.
     """
 
     source: SessionSource
@@ -136,6 +140,7 @@ class InboundMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     idempotent: bool = False
     attachments: tuple[Attachment, ...] = ()
     context: tuple[ContextLine, ...] = ()
+    whole_reply: bool = False
 
     def cleaned(self) -> InboundMessage:
         """This message, with lone surrogates in its text, source and attachments made U+FFFD.

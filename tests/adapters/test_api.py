@@ -31,8 +31,9 @@ from chatlane.runtime.output import CUT_SHORT
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.secrets import Secrets
-from chatlane.stores import open_store
-from chatlane.types import Agent
+from chatlane.stores import Admission, Store, open_store
+from chatlane.stores.codec import decode_message
+from chatlane.types import Agent, Outbound, OutboundKind, SessionKey
 from tests.keys import chat_key
 
 TOKEN = "s3cret-token"
@@ -111,9 +112,14 @@ def make_config(
 
 @contextlib.asynccontextmanager
 async def serve(
-    config: Config, agent: Agent | None = None, *, store: str = "memory://", **adapter_options: Any
+    config: Config,
+    agent: Agent | None = None,
+    *,
+    store: str | Store = "memory://",
+    **adapter_options: Any,
 ) -> AsyncIterator[Served]:
-    hub = Hub(config, await open_store(store), agent or DemoAgent())
+    opened = await open_store(store) if isinstance(store, str) else store
+    hub = Hub(config, opened, agent or DemoAgent())
     adapter = ApiAdapter(config, **adapter_options)
     hub.add(adapter)
     server = uvicorn.Server(
@@ -164,6 +170,32 @@ async def test_streaming_completion(tmp_path: Path) -> None:
         assert events[-1].choices[0].finish_reason == "stop"
         text = "".join(e.choices[0].delta.content or "" for e in events)
         assert "key=main:api:dm:bob " in text
+
+
+async def test_only_a_streaming_request_has_its_chunks_sent_out(tmp_path: Path) -> None:
+    """A request without ``stream`` takes the reply whole: its turn sends no chunk out,
+    and the message stored for it says so, for whichever process runs it."""
+    kinds: dict[str, list[OutboundKind]] = {}
+    queued: dict[str, bool] = {}
+    store = await open_store("memory://")
+    enqueue = store.enqueue_and_acquire
+
+    async def recorded(key: SessionKey, message_id: str, *args: Any, **kw: Any) -> Admission:
+        queued[key] = decode_message(args[1]).whole_reply
+        return await enqueue(key, message_id, *args, **kw)
+
+    def keep(outbound: Outbound) -> bool:
+        kinds.setdefault(outbound.target.chat_id or "", []).append(outbound.kind)
+        return True
+
+    store.enqueue_and_acquire = recorded  # type: ignore[method-assign]
+    async with serve(make_config(tmp_path), store=store) as s:
+        s.hub.gateway.add_outbound_filter(keep)
+        assert await s.ask("hello there", "whole") == "echo: hello there"
+        assert "".join(await s.ask_streaming("hello there", "streamed")) == "echo: hello there"
+    assert kinds["whole"] == [OutboundKind.REPLY]
+    assert kinds["streamed"].count(OutboundKind.CHUNK) >= 3
+    assert queued == {chat_key("whole", "api"): True, chat_key("streamed", "api"): False}
 
 
 async def test_content_parts_and_the_session_header(tmp_path: Path) -> None:

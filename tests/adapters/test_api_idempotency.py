@@ -10,6 +10,7 @@ can be fetched by its id from any process, by its own client only.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -98,6 +99,33 @@ async def test_retries_sent_while_the_first_waits_share_its_turn(tmp_path: Path)
     assert text == "run 1: hello"
     assert {e.id for e in streamed} == {answer.id}
     assert agent.runs == 1
+
+
+async def test_a_streaming_retry_beside_a_whole_reply_request_gets_the_answer_at_the_end(
+    tmp_path: Path,
+) -> None:
+    """The first request asked for its reply whole, so its turn sends no chunk out: the
+    streaming retry beside it gets the whole answer as one chunk, as from a plain agent."""
+    release = asyncio.Event()
+    runs: list[str] = []
+
+    async def agent(turn: Turn) -> AsyncIterator[str]:
+        runs.append(turn.text)
+        await release.wait()
+        for word in ("run ", "1: ", turn.text):
+            yield word
+
+    async with serve(make_config(tmp_path), agent) as s:
+        first = asyncio.create_task(ask(s, "k"))
+        await eventually(lambda: len(runs) == 1)
+        streamed_retry = asyncio.create_task(ask_streaming(s, "k"))
+        await eventually(lambda: s.adapter.waiting == 2)
+        release.set()
+        answer, streamed = await asyncio.gather(first, streamed_retry)
+    assert answer.choices[0].message.content == "run 1: hello"
+    contents = [e.choices[0].delta.content for e in streamed if e.choices[0].delta.content]
+    assert contents == ["run 1: hello"]
+    assert runs == ["hello"]
 
 
 async def test_a_key_is_one_clients_for_one_session(tmp_path: Path) -> None:

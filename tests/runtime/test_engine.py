@@ -50,6 +50,50 @@ async def test_streamed_chunks_then_whole_reply() -> None:
         assert kinds == [OutboundKind.CHUNK] * 3 + [OutboundKind.REPLY]
 
 
+async def test_a_turn_of_messages_that_take_whole_replies_sends_no_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    touched: list[str] = []
+    touch = Turn.touch
+
+    def counted(turn: Turn) -> None:
+        touched.append(turn.source.chat_id or "")
+        touch(turn)
+
+    monkeypatch.setattr(Turn, "touch", counted)
+    async with GatewayHarness(streaming_agent) as h:
+        await h.send("one two", chat_id="c", whole_reply=True)
+        await h.send("one two", chat_id="d")
+        assert await h.replies(chat_id="c", count=1) == ["echo: one two "]
+        assert [o.kind for o in h.delivered(chat_id="c")] == [OutboundKind.REPLY]
+        assert await h.replies(chat_id="d", count=1) == ["echo: one two "]
+        assert [o.kind for o in h.delivered(chat_id="d")] == [OutboundKind.CHUNK] * 3 + [
+            OutboundKind.REPLY
+        ]
+    # every chunk held back still marked the turn's progress, as a chunk sent out does
+    assert touched.count("c") == touched.count("d") >= 3
+
+
+async def test_chunks_go_out_once_a_message_that_takes_them_is_steered_in() -> None:
+    steered_in = asyncio.Event()
+
+    async def agent(turn: Turn) -> AsyncIterator[str]:
+        yield "before "
+        await steered_in.wait()
+        yield f"after {' '.join(turn.take_steers())}"
+
+    agent.accepts_steering = True  # type: ignore[attr-defined]
+    async with GatewayHarness(agent, busy="steer", ack_debounce=0) as h:
+        await h.send("go", chat_id="c", whole_reply=True)
+        await h.until_running(chat_id="c")
+        await h.send("more", chat_id="c")
+        steered_in.set()
+        replies = await h.replies(chat_id="c", count=2)
+        assert replies == ["Steered into the current run", "before after more"]
+        chunks = [o.text for o in h.delivered(chat_id="c") if o.kind is OutboundKind.CHUNK]
+        assert chunks == ["after more"]
+
+
 async def test_messages_arriving_together_never_both_start() -> None:
     recorder = Recorder()
     async with GatewayHarness(EchoAgent(recorder), ack_debounce=0) as h:

@@ -395,6 +395,7 @@ class ApiAdapter:
             id=message_id,
             busy_policy=chat.busy_policy,
             idempotent=bool(chat.idempotency_key),
+            whole_reply=not chat.stream,
         )
         waiter = self._register(Waiter(message.id, stream=chat.stream))
         try:

@@ -33,7 +33,9 @@ What stays true:
 * Replies go to the chat and topic the message came from. Each Telegram message
   holds at most 4096 UTF-16 code units, so long texts are split (at a newline
   or space where possible, never inside a character or an emoji sequence);
-  streamed ``CHUNK``\\ s are not sent, the complete ``REPLY`` follows them.
+  streamed ``CHUNK``\\ s are not sent, the complete ``REPLY`` follows them. Its
+  messages ask for whole replies (``InboundMessage.whole_reply``), so their
+  turns do not send chunks out to be dropped here.
 * A sender not on the allowlist is never answered in a group or channel
   (the refusal is logged and counted); in a private chat they hear so at
   most once per :data:`REFUSAL_INTERVAL`. A button pressed by such a sender
@@ -481,7 +483,8 @@ def inbound_message(update: Update, bot: BotIdentity, groups: GroupPolicy) -> In
     if text is None:
         return None
     msg_id = f"tg-{message.chat.id}-{message.message_id}"
-    return InboundMessage(source_of(message, message.from_user), text, id=msg_id, attachments=files)
+    source = source_of(message, message.from_user)
+    return InboundMessage(source, text, id=msg_id, attachments=files, whole_reply=True)
 
 
 def overheard_message(

@@ -193,6 +193,15 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
 
     # -- what the engine reads (the record's fields, read-only here) -------------
 
+    def shows_chunks(self) -> bool:
+        """Whether the agent's chunks go out: unless every message this turn answers
+        (steered ones taken included) asked for its reply whole
+        (:attr:`~chatlane.types.InboundMessage.whole_reply`)."""
+        for message in self.messages:
+            if not message.whole_reply:
+                return True
+        return any(not message.whole_reply for message in self._steered)
+
     @property
     def seqs(self) -> tuple[int, ...]:
         """The store's ``seq`` of each message this turn answers (engine side)."""
