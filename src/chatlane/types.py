@@ -124,11 +124,11 @@ class InboundMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     session's chat without mentioning the bot since its last turn, oldest first
     (:mod:`chatlane.overheard`); it travels with the message, so whichever
     process runs it sees it. ``whole_reply`` marks a message whose sender takes
-    only whole replies (an API request without ``stream``): a turn that answers
-    only such messages sends none of its agent's chunks out, though each still
-    marks the turn's progress and becomes part of the reply. Fields left at their
-    defaults are not stored, so a message without attachments or context costs
-    nothing more.
+    only whole replies (an API request without ``stream``, a Telegram message):
+    a turn that answers only such messages sends none of its agent's chunks
+    out, though each still marks the turn's progress and becomes part of the
+    reply. Fields left at their defaults are not stored, so a message without
+    attachments or context costs nothing more.
     """
 
     source: SessionSource
