@@ -353,8 +353,10 @@ def test_bad_options_stop_the_start_with_a_clear_message(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "CHATLANE_TOKEN"}
+    # a free port, not 8080, which a gateway on this machine may hold (a --port in args wins)
+    port = ["--port", str(free_port())]
     result = subprocess.run(
-        [sys.executable, "-m", "chatlane.cli", "serve", *args],
+        [sys.executable, "-m", "chatlane.cli", "serve", *port, *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,

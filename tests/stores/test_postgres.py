@@ -174,8 +174,9 @@ class TestCannotOpen:
 
     def test_chatlane_serve_says_why_and_shows_no_traceback(self, tmp_path: Path) -> None:
         url = f"postgresql://bot:s3cret@127.0.0.1:{free_port()}/chat?connect_timeout=2"
+        port = str(free_port())  # not 8080, which a gateway here may hold
         result = subprocess.run(
-            [sys.executable, "-m", "chatlane.cli", "serve", "--store", url],
+            [sys.executable, "-m", "chatlane.cli", "serve", "--port", port, "--store", url],
             cwd=tmp_path,
             capture_output=True,
             text=True,
