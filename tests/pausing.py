@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-__all__ = ["sqlite_file", "stop_between_transactions", "write_lock_is_free"]
+__all__ = ["assert_not_held", "sqlite_file", "stop_between_transactions", "write_lock_is_free"]
 
 LOCK_TIMEOUT = 30.0
 """Seconds to wait for the process to end its transaction (it never holds one that long)."""
@@ -34,7 +34,22 @@ def stop_between_transactions(pid: int, database: Path | None) -> None:
         return
     with _write_lock(database):
         _stop(pid)
-    assert write_lock_is_free(database)
+    assert_not_held(database)
+
+
+def assert_not_held(database: Path, timeout: float = LOCK_TIMEOUT) -> None:
+    """:raises AssertionError: unless the write lock on ``database`` can be taken
+    within ``timeout`` seconds.
+
+    Other processes sharing the file may take it for a moment, so this waits
+    for them as :func:`_write_lock` does (a check at once failed when another
+    gateway wrote just then); a stopped process holding it never lets go.
+    """
+    try:
+        with _write_lock(database, timeout):
+            pass
+    except sqlite3.OperationalError as error:
+        raise AssertionError(f"the write lock on {database} stayed held: {error}") from error
 
 
 def _stop(pid: int) -> None:

@@ -10,7 +10,14 @@ import sys
 import threading
 from pathlib import Path
 
-from tests.pausing import sqlite_file, stop_between_transactions, write_lock_is_free
+import pytest
+
+from tests.pausing import (
+    assert_not_held,
+    sqlite_file,
+    stop_between_transactions,
+    write_lock_is_free,
+)
 
 HOLDER = """
 import sqlite3, sys
@@ -34,6 +41,35 @@ def test_a_held_write_lock_is_seen_and_a_free_one_is_left_free(tmp_path: Path) -
     holder.execute("ROLLBACK")
     assert write_lock_is_free(path)
     holder.execute("INSERT INTO t VALUES (1)")  # the probe gave the lock back
+    holder.close()
+
+
+def test_the_check_after_a_stop_waits_for_a_writer_and_fails_on_a_lock_never_given_back(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "shared.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(AssertionError, match="stayed held"):
+        assert_not_held(path, timeout=0.05)  # as a stopped process that held it
+    failures: list[AssertionError] = []
+
+    def check() -> None:
+        try:
+            assert_not_held(path)
+        except AssertionError as failure:
+            failures.append(failure)
+
+    checking = threading.Thread(target=check)
+    checking.start()
+    checking.join(0.5)
+    assert checking.is_alive()  # another process's write: it waits for it to end
+    holder.execute("ROLLBACK")
+    checking.join(30)
+    assert not checking.is_alive()
+    assert not failures
+    assert write_lock_is_free(path)
     holder.close()
 
 
