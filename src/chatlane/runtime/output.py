@@ -22,10 +22,10 @@ What stays true:
   if the conversation has none. Once titled, a turn sends no title: the
   title costs the hot path nothing but its first turn's few bytes.
 * A chunk goes out only while someone takes chunks: a turn whose messages all
-  asked for their reply whole (:attr:`~chatlane.types.InboundMessage.whole_reply`,
-  an API request without ``stream``) sends none, until a message steered into
-  it asks for them. Every chunk still marks the turn's progress and is part of
-  the reply that is committed and delivered.
+  asked for their reply whole (:attr:`~chatlane.types.InboundMessage.whole_reply`:
+  an API request without ``stream``, a Telegram message) sends none, until a
+  message steered into it asks for them. Every chunk still marks the turn's
+  progress and is part of the reply that is committed and delivered.
 * A redirected turn (busy policy ``redirect``) stops streaming at its next
   chunk and commits, under its own fence, its input and the reply shown so
   far, marked with :data:`CUT_SHORT`: the next turn sees both as history.
