@@ -243,6 +243,46 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
     assert len(pending_ids(tmp_path, "main:api:dm:shutdown")) == 3
 
 
+def refuses_connections(port: int) -> bool:
+    """Whether nothing listens on ``port`` any more (a connection made as the listener
+    closed is reset)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    return False
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_ends_the_wait_for_open_requests_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    process = start(tmp_path, "--port", str(port))
+    try:
+        wait_ready(process)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            body = b'{"model": "chatlane", "messages": ['  # the rest never comes
+            head = (
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Content-Type: application/json\r\nX-Chatlane-Session: half\r\n"
+                "Content-Length: 1000\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)
+            process.send_signal(signal.SIGINT)
+            # no new connection is taken: the server waits for the half-sent request
+            wait_for(lambda: refuses_connections(port), "the server to stop listening")
+            process.send_signal(signal.SIGINT)  # stop waiting for it
+            output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0
+    assert "Traceback" not in output, output
+    assert output.rstrip().endswith(STOPPED)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_paused_gateways_requests_get_the_answer_another_one_committed(tmp_path: Path) -> None:

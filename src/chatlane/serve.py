@@ -8,6 +8,7 @@ checked there, and handed to the hub, the agent and every adapter by :func:`serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import gc
@@ -250,6 +251,10 @@ def bind_socket(config: Config) -> socket.socket:
 STOPPED = "chatlane stopped (messages not answered yet stay in the store for the next start)"
 """What ``chatlane serve`` prints once it has shut down."""
 
+FORCED_APP_SHUTDOWN = 5.0
+"""After a second Ctrl-C, the seconds open requests may take to end once their
+connections are dropped, and then the app's own shutdown (adapters, agent, store)."""
+
 FILES_KEPT = 64 + MAX_LINGERING
 """Open files kept free of connections: for the store, logs and the agent, and for
 refused connections while they linger."""
@@ -296,17 +301,42 @@ class AnnouncingServer(uvicorn.Server):
         self.hub = hub
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Shut down gracefully and then exit normally (status 0), not by re-raising the signal."""
+        """Shut down gracefully and then exit normally (status 0), not by re-raising the signal.
+
+        A second Ctrl-C (SIGINT) stops waiting for open connections, as
+        uvicorn's does; :meth:`shutdown` still closes the app.
+        """
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """Stop the turns first, so requests waiting on them are answered, not held open."""
+        """Stop the turns first, so requests waiting on them are answered, not held open.
+
+        A second Ctrl-C makes uvicorn stop waiting for open requests and skip
+        the app's own shutdown (adapters, agent, store); both are then ended
+        here (:meth:`_close_the_rest`). Left running, their tasks would be
+        cancelled as the process exits, each printing uvicorn's traceback.
+        """
         if hasattr(signal, "SIGHUP"):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await self.hub.gateway.aclose()
         await super().shutdown(sockets)
+        if self.force_exit:
+            await self._close_the_rest()
         gc.unfreeze()  # what the start made may go now, as in a process that never froze it
+
+    async def _close_the_rest(self) -> None:
+        """After a second Ctrl-C: drop the connections still open, so their requests end
+        as a client's disconnect ends them, then close the app; each step waited for
+        :data:`FORCED_APP_SHUTDOWN` seconds at most."""
+        for connection in list(self.server_state.connections):
+            connection.transport.close()
+        requests = set(self.server_state.tasks)
+        if requests:
+            await asyncio.wait(requests, timeout=FORCED_APP_SHUTDOWN)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FORCED_APP_SHUTDOWN):
+                await self.lifespan.shutdown()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
