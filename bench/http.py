@@ -11,6 +11,9 @@ bare Starlette under the same uvicorn settings). The same raw HTTP/1.1 client
 * Every session gets one untimed request first, so no cell pays for creating
   sessions. Each cell (server, mode, concurrency) then warms up on its own
   connections before its timed requests.
+* A mode is a completion, the same streamed, or a streamed long reply (the
+  demo agent's ``tokens <n>``, the floor streaming the same chunks with the
+  same pauses); a long reply's cells send 1/:data:`REPLY_SHARE` of the requests.
 * The cells of the two servers are interleaved: for each mode and concurrency
   one after the other, the order alternating by round. The table shows
   medians over rounds.
@@ -50,9 +53,9 @@ from typing import Any
 from bench import http_load
 from bench.common import SEED, BenchError, describe_machine, describe_versions, machine, positive
 from bench.http_load import CellResult, Target
+from chatlane.agents.demo import MAX_TOKENS
 
 SIDES = ("chatlane", "floor")
-MODES = {False: "non-streaming", True: "streaming"}
 PRIME_LANES = 16
 ROOT = Path(__file__).resolve().parent.parent
 """The folder that holds ``bench``: the servers run elsewhere and must still import it."""
@@ -105,12 +108,41 @@ are of one CPU over the timed wall time."""
 
 
 @dataclass(frozen=True, slots=True)
+class Mode:
+    """What a cell's requests ask for, and how many of them a cell sends."""
+
+    name: str
+    stream: bool
+    text: str = http_load.TEXT
+    share: int = 1
+    """A cell of this mode sends 1/``share`` of ``--requests`` and ``--warmup`` (at least one)."""
+
+
+NON_STREAMING = Mode("non-streaming", stream=False)
+STREAMING = Mode("streaming", stream=True)
+REPLY_SHARE = 10
+"""A long reply costs tens of the echo's: its cells send a tenth of the requests."""
+
+
+def long_reply(tokens: int) -> Mode:
+    """A stream of ``tokens`` chunks, one event-loop pass apart (the demo's ``tokens <n>``)."""
+    return Mode(f"streaming, {tokens}-token reply", True, f"tokens {tokens}", REPLY_SHARE)
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     sessions: int
     requests: int
     warmup: int
     rounds: int
     concurrencies: tuple[int, ...]
+    reply_tokens: int = 0
+    """The tokens of the long reply's cells; 0: no such cells."""
+
+    @property
+    def modes(self) -> tuple[Mode, ...]:
+        extra = (long_reply(self.reply_tokens),) if self.reply_tokens else ()
+        return (NON_STREAMING, STREAMING, *extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,22 +279,22 @@ class Side:
     """One server as the client sees it: its targets per mode and what was sent to it."""
 
     server: Server
-    targets: dict[bool, Target]
-    requests: dict[bool, list[bytes]]
+    targets: dict[Mode, Target]
+    requests: dict[Mode, list[bytes]]
     sent: int = 0
 
     @classmethod
-    def of(cls, server: Server, token: str, sessions: int) -> Side:
-        targets = {stream: Target(server.port, token, stream) for stream in MODES}
+    def of(cls, server: Server, token: str, workload: Workload) -> Side:
+        targets = {m: Target(server.port, token, m.stream, m.text) for m in workload.modes}
         requests = {
-            stream: [target.request(session_name(s)) for s in range(sessions)]
-            for stream, target in targets.items()
+            mode: [target.request(session_name(s)) for s in range(workload.sessions)]
+            for mode, target in targets.items()
         }
         return cls(server, targets, requests)
 
-    def lanes(self, plan: list[list[int]], stream: bool) -> list[list[bytes]]:
+    def lanes(self, plan: list[list[int]], mode: Mode) -> list[list[bytes]]:
         self.sent += sum(map(len, plan))
-        return [[self.requests[stream][s] for s in lane] for lane in plan]
+        return [[self.requests[mode][s] for s in lane] for lane in plan]
 
 
 def shape(value: object) -> object:
@@ -281,20 +313,21 @@ def body_shape(body: bytes, stream: bool) -> object:
     return [e.decode() if e == b"[DONE]" else shape(json.loads(e)) for e in events]
 
 
-async def compare_shapes(sides: dict[str, Side]) -> None:
+async def compare_shapes(sides: dict[str, Side], modes: Sequence[Mode]) -> None:
     """:raises BenchError: unless both servers answer each mode with the same shape."""
-    for stream in MODES:
+    for mode in modes:
         shapes = {}
         for name, side in sides.items():
-            shapes[name] = body_shape(await http_load.post(side.targets[stream], "probe"), stream)
+            body = await http_load.post(side.targets[mode], "probe")
+            shapes[name] = body_shape(body, mode.stream)
             side.sent += 1
         if shapes["chatlane"] != shapes["floor"]:
-            raise BenchError(f"{MODES[stream]} responses differ in shape: {shapes}")
+            raise BenchError(f"{mode.name} responses differ in shape: {shapes}")
 
 
 async def count_turns(side: Side) -> None:
     """:raises BenchError: unless chatlane started exactly one turn per request it was sent."""
-    metrics = await http_load.get(side.targets[False], "/metrics")
+    metrics = await http_load.get(side.targets[NON_STREAMING], "/metrics")
     name = b"chatlane_turns_started_total "
     lines = [line for line in metrics.splitlines() if line.startswith(name)]
     turns = int(float(lines[0][len(name) :])) if lines else -1
@@ -304,39 +337,40 @@ async def count_turns(side: Side) -> None:
 
 # --- measuring ---------------------------------------------------------------------
 
-Results = dict[tuple[str, bool, int], list[CellResult]]
+Results = dict[tuple[str, Mode, int], list[CellResult]]
 
 
 async def measure(sides: dict[str, Side], workload: Workload) -> Results:
     """Compare shapes, prime every session, then run the interleaved rounds."""
-    await compare_shapes(sides)
+    await compare_shapes(sides, workload.modes)
     prime = plan_requests(workload.sessions, workload.sessions, PRIME_LANES, "prime")
     for side in sides.values():
-        await http_load.each(side.lanes(prime, False), side.targets[False])
+        await http_load.each(side.lanes(prime, NON_STREAMING), side.targets[NON_STREAMING])
     results: Results = {}
     for round_ in range(workload.rounds):
         order = [sides[name] for name in (SIDES if round_ % 2 == 0 else reversed(SIDES))]
-        for stream in MODES:
+        for mode in workload.modes:
             for concurrency in workload.concurrencies:
-                for name, result in await run_pair(order, workload, round_, stream, concurrency):
-                    results.setdefault((name, stream, concurrency), []).append(result)
+                for name, result in await run_pair(order, workload, round_, mode, concurrency):
+                    results.setdefault((name, mode, concurrency), []).append(result)
     await count_turns(sides["chatlane"])
     return results
 
 
 async def run_pair(
-    order: list[Side], workload: Workload, round_: int, stream: bool, concurrency: int
+    order: list[Side], workload: Workload, round_: int, mode: Mode, concurrency: int
 ) -> list[tuple[str, CellResult]]:
     """One cell on each side, in ``order``, with the same plan of sessions."""
-    salt = f"{round_}:{stream}:{concurrency}"
-    warmup = plan_requests(workload.warmup, workload.sessions, concurrency, f"warmup:{salt}")
-    timed = plan_requests(workload.requests, workload.sessions, concurrency, salt)
+    salt = f"{round_}:{mode.name}:{concurrency}"
+    warmups, requests = (max(1, n // mode.share) for n in (workload.warmup, workload.requests))
+    warmup = plan_requests(warmups, workload.sessions, concurrency, f"warmup:{salt}")
+    timed = plan_requests(requests, workload.sessions, concurrency, salt)
     pair = []
     for side in order:
         result = await http_load.run_cell(
-            side.targets[stream],
-            side.lanes(warmup, stream),
-            side.lanes(timed, stream),
+            side.targets[mode],
+            side.lanes(warmup, mode),
+            side.lanes(timed, mode),
             side.server.cpu_seconds,
         )
         pair.append((side.server.name, result))
@@ -352,11 +386,11 @@ def medians(rounds: list[CellResult]) -> dict[str, float]:
     }
 
 
-def cell_json(results: Results, stream: bool, concurrency: int) -> dict[str, Any]:
+def cell_json(results: Results, mode: Mode, concurrency: int) -> dict[str, Any]:
     """One mode and concurrency: each side's rounds and medians, the ratios, the goals met."""
-    out: dict[str, Any] = {"mode": MODES[stream], "stream": stream, "concurrency": concurrency}
+    out: dict[str, Any] = {"mode": mode.name, "stream": mode.stream, "concurrency": concurrency}
     for name in SIDES:
-        rounds = results[(name, stream, concurrency)]
+        rounds = results[(name, mode, concurrency)]
         out[name] = {
             "median": {key: round(value, 4) for key, value in medians(rounds).items()},
             "rounds": {
@@ -386,7 +420,7 @@ def goal_json(goal: Goal, ratio: float | None) -> dict[str, Any]:
 def report_json(
     results: Results, workload: Workload, pinning: Pinning, head: dict[str, Any]
 ) -> dict[str, Any]:
-    cells = [cell_json(results, s, c) for s in MODES for c in workload.concurrencies]
+    cells = [cell_json(results, m, c) for m in workload.modes for c in workload.concurrencies]
     goals = [goal for cell in cells for goal in cell["goals"]]
     return {
         **head,
@@ -397,6 +431,8 @@ def report_json(
             "warmup_per_cell": workload.warmup,
             "rounds": workload.rounds,
             "concurrencies": list(workload.concurrencies),
+            "reply_tokens": workload.reply_tokens,
+            "reply_share": REPLY_SHARE,
         },
         "cells": cells,
         "goals_passed": sum(goal["passed"] for goal in goals),
@@ -417,7 +453,12 @@ def render(report: dict[str, Any]) -> str:
         f"pinning:  {report['pinning']}",
         f"workload: {w['sessions']} sessions (each primed with one request); per cell "
         f"{w['warmup_per_cell']} warmup + {w['requests_per_cell']} timed requests; "
-        f"{w['rounds']} rounds, sides alternating; medians over rounds",
+        f"{w['rounds']} rounds, sides alternating; medians over rounds"
+        + (
+            f"; {w['reply_tokens']}-token replies: 1/{w['reply_share']} of those requests"
+            if w["reply_tokens"]
+            else ""
+        ),
         "ratio:    chatlane / floor",
     ]
     for cell in report["cells"]:
@@ -446,6 +487,13 @@ def concurrencies(text: str) -> tuple[int, ...]:
     return tuple(positive(part) for part in text.split(","))
 
 
+def token_count(text: str) -> int:
+    """An argparse type: a whole number of at least 0, at most the demo agent's ``tokens``."""
+    if text.isdecimal() and int(text) <= MAX_TOKENS:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_TOKENS}: {text!r}")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     add = parser.add_argument
@@ -454,6 +502,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--warmup", type=positive, help="warmup requests per cell (default 500; --quick 30)")
     add("--rounds", type=positive, help="rounds of cells per side (default 3; --quick 1)")
     add("--concurrency", type=concurrencies, default=(1, 16, 64), help="default 1,16,64")
+    add(
+        "--reply-tokens",
+        type=token_count,
+        default=200,
+        help="tokens of the streamed long reply's cells (default 200; 0: no such cells)",
+    )
     add("--quick", action="store_true", help="a smoke run: fewer requests, one round")
     add("--no-pin", action="store_true", help="leave the processes on every CPU")
     add("--json", action="store_true", help="print machine-readable results")
@@ -468,6 +522,7 @@ def workload_of(args: argparse.Namespace) -> Workload:
         warmup=args.warmup or (30 if quick else 500),
         rounds=args.rounds or (1 if quick else 3),
         concurrencies=args.concurrency,
+        reply_tokens=args.reply_tokens,
     )
 
 
@@ -493,9 +548,7 @@ def run(workload: Workload, pinning: Pinning) -> Results:
             }
             if pinning.client is not None:
                 os.sched_setaffinity(0, pinning.client)
-            sides = {
-                name: Side.of(server, token, workload.sessions) for name, server in servers.items()
-            }
+            sides = {name: Side.of(server, token, workload) for name, server in servers.items()}
             return asyncio.run(measure(sides, workload))
 
 

@@ -8,6 +8,8 @@ agent, and does nothing else. What stays true:
   ``chat.completion``, or for ``"stream": true`` the same server-sent events
   chatlane sends (a role chunk, the echo in the demo agent's chunks, a stop
   chunk, ``data: [DONE]``), encoded with :func:`json.dumps` as chatlane does.
+  ``tokens <n>`` is answered as the demo agent answers it: ``n`` chunks, each
+  after one more pass of the event loop.
 * No session, store, turn, queue or middleware: whatever chatlane costs
   beyond this is the cost of being a gateway.
 * uvicorn runs it as ``chatlane serve`` runs chatlane: h11, the default event
@@ -21,6 +23,7 @@ Run as ``python -m bench.http_floor --port PORT --token-file PATH`` (``bench.htt
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import json
 import time
@@ -35,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from chatlane.agents.demo import token_chunks
 from chatlane.config import ServerConfig
 
 DEFAULT_MODEL = "chatlane"
@@ -55,11 +59,11 @@ def build_app(token: bytes) -> Starlette:
             return error(400, "not a chat completion request")
         model = data.get("model") or DEFAULT_MODEL
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
-        reply = f"echo: {text}"
+        pieces, paced = answer(text)
         if data.get("stream"):
-            events = stream(response_id, model, reply)
+            events = stream(response_id, model, pieces, paced)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        return json_response(completion(response_id, model, reply))
+        return json_response(completion(response_id, model, "".join(pieces)))
 
     return Starlette(routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"])])
 
@@ -72,15 +76,27 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
     raise ValueError("no user message")
 
 
+def answer(text: str) -> tuple[list[str], bool]:
+    """The demo agent's chunks for ``text``, and whether they come one loop pass apart."""
+    command, _, rest = text.partition(" ")
+    if command == "tokens" and rest.isdecimal():
+        return token_chunks(int(rest)), True
+    return echo_chunks(f"echo: {text}"), False
+
+
 def echo_chunks(text: str) -> list[str]:
     """``text`` cut as the demo agent cuts its echo: into pieces of a third of its length."""
     size = max(1, len(text) // 3)
     return [text[start : start + size] for start in range(0, len(text), size)]
 
 
-async def stream(response_id: str, model: str, reply: str) -> AsyncIterator[bytes]:
+async def stream(
+    response_id: str, model: str, pieces: list[str], paced: bool
+) -> AsyncIterator[bytes]:
     yield sse(chunk(response_id, model, {"role": "assistant", "content": ""}))
-    for piece in echo_chunks(reply):
+    for number, piece in enumerate(pieces):
+        if paced and number:
+            await asyncio.sleep(0)
         yield sse(chunk(response_id, model, {"content": piece}))
     yield sse(chunk(response_id, model, {}, "stop"))
     yield sse("[DONE]")

@@ -45,13 +45,16 @@ class Target:
     port: int
     token: str
     stream: bool
+    text: str = TEXT
+    """The user's message: the echo's, or (streams only: a completion is checked for the
+    echo) one asking the demo agent for a longer reply."""
 
     def request(self, session: str) -> bytes:
         """A chat completion for ``session`` (named by the ``X-Chatlane-Session`` header)."""
         body = json.dumps(
             {
                 "model": "chatlane",
-                "messages": [{"role": "user", "content": TEXT}],
+                "messages": [{"role": "user", "content": self.text}],
                 "stream": self.stream,
             }
         ).encode()

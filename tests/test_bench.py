@@ -123,16 +123,23 @@ def test_stores_judges_durable_engine_turns_against_memory_on_cpu() -> None:
 
 def test_http_runs_both_servers_in_every_cell() -> None:
     report = run_bench(
-        "http", "--sessions", "20", "--requests", "40", "--warmup", "8", "--concurrency", "1,4"
-    )
+        "http", "--sessions", "20", "--requests", "40", "--warmup", "8", "--concurrency", "1,4",
+        "--reply-tokens", "30",
+    )  # fmt: skip
+    modes = ("non-streaming", "streaming", "streaming, 30-token reply")
     assert [(c["mode"], c["concurrency"]) for c in report["cells"]] == [
-        (mode, n) for mode in ("non-streaming", "streaming") for n in (1, 4)
+        (mode, n) for mode in modes for n in (1, 4)
     ]
     for cell in report["cells"]:
+        long = cell["mode"] == modes[2]
         for side in ("chatlane", "floor"):
             assert cell[side]["median"]["requests_per_s"] > 0
-            assert cell[side]["requests_per_round"] == 40
+            assert cell[side]["requests_per_round"] == (4 if long else 40)
         assert cell["floor"]["events_per_response"] == cell["chatlane"]["events_per_response"]
+        assert cell["chatlane"]["events_per_response"] == (
+            33 if long else 0 if not cell["stream"] else 7
+        )
+    assert report["goals"] == 3 * 3  # each mode: CPU at 1 and 4, p50 at 1 (none at 4 alone)
     assert "passed" in report
 
 

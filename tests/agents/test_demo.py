@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from chatlane.agents.demo import DemoAgent
+from chatlane.agents.demo import DemoAgent, token_chunks
 from chatlane.runtime.output import CUT_SHORT
 from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
@@ -94,7 +94,8 @@ async def test_stream_sends_numbered_chunks_and_stops_when_interrupted() -> None
         assert await h.replies(chat_id="c", count=1) == ["1\n2\n3\n"]
         chunks = [o.text for o in h.delivered(chat_id="c") if o.kind.value == "chunk"]
         assert chunks == ["1\n", "2\n", "3\n"]
-        for n, text in enumerate(("stream 0", "stream 51", "stream x", "stream")):
+        wrong = ("stream 0", "stream 51", "stream x", "stream", "stream " + "9" * 5000)
+        for n, text in enumerate(wrong):
             await h.send(text, chat_id=f"u{n}")
             assert await h.replies(chat_id=f"u{n}", count=1) == ["usage: stream <n> (1 to 50)"]
         await h.send("stream 50", chat_id="g")
@@ -103,6 +104,34 @@ async def test_stream_sends_numbered_chunks_and_stops_when_interrupted() -> None
         await h.settle()
     streamed = [o.text for o in h.delivered(chat_id="g") if o.kind.value == "chunk"]
     assert len(streamed) < 50
+
+
+async def test_tokens_sends_each_number_as_a_chunk_and_stops_when_interrupted() -> None:
+    async with GatewayHarness(DemoAgent()) as h:
+        await h.send("tokens 5", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["1 2 3 4 5"]
+        chunks = [o.text for o in h.delivered(chat_id="c") if o.kind.value == "chunk"]
+        assert chunks == ["1", " 2", " 3", " 4", " 5"] == token_chunks(5)
+        await h.send("tokens 0002", chat_id="z")
+        assert await h.replies(chat_id="z", count=1) == ["1 2"]
+        wrong = (
+            "tokens 0",
+            "tokens 2001",
+            "tokens x",
+            "tokens",
+            "tokens \uff15",  # a fullwidth 5
+            "tokens " + "9" * 5000,
+        )
+        for n, text in enumerate(wrong):
+            await h.send(text, chat_id=f"u{n}")
+            assert await h.replies(chat_id=f"u{n}", count=1) == ["usage: tokens <n> (1 to 2000)"]
+        await h.send("tokens 2000", chat_id="g")
+        await h.wait_for(lambda _: len(h.delivered(chat_id="g")) >= 2)
+        await h.send("/stop", chat_id="g")
+        await h.settle()
+    streamed = [o.text for o in h.delivered(chat_id="g") if o.kind.value == "chunk"]
+    assert 2 <= len(streamed) < 2000
+    assert streamed == token_chunks(len(streamed))
 
 
 async def test_context_lists_the_history_a_redirect_kept() -> None:

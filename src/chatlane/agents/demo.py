@@ -11,6 +11,9 @@
 * ``stream <n>`` (at most 50) → ``1``, ``2`` … ``n`` as chunks 0.2 s apart, so a
   message sent meanwhile shows what the busy policy does; an interrupt ends
   the stream at once (the reply is what was streamed so far);
+* ``tokens <n>`` (at most 2,000) → ``1 2 … n``, each number a chunk of its own
+  as soon as the event loop has run once more, as a fast model's tokens come;
+  an interrupt ends it at once (see :func:`token_chunks`);
 * ``context`` → the history the agent is given for the turn: the current
   conversation's entries in the store, one line each (so a ``redirect``'s
   kept partial reply, or what ``/new`` cleared, can be seen), then what the
@@ -38,6 +41,7 @@ from chatlane.types import Attachment, SessionKey
 
 MAX_SLEEP = 60.0
 MAX_STREAM = 50
+MAX_TOKENS = 2000
 STREAM_EVERY = 0.2
 """Seconds between the chunks of ``stream <n>``."""
 PROGRESS_EVERY = 1.0
@@ -97,6 +101,8 @@ class DemoAgent:
             return _settings(turn)
         if command == "stream":
             return _stream(turn, rest)
+        if command == "tokens":
+            return _tokens(rest)
         if command == "context" and not rest:
             return await self._context(turn)
         return _echo(turn)
@@ -160,13 +166,45 @@ async def _interrupted_within(turn: Turn, seconds: float) -> bool:
 
 async def _stream(turn: Turn, argument: str) -> AsyncIterator[str]:
     """``1`` … ``n``, one chunk every :data:`STREAM_EVERY` seconds, until interrupted."""
-    if not argument.isdecimal() or not 1 <= int(argument) <= MAX_STREAM:
+    count = _count(argument, MAX_STREAM)
+    if count is None:
         yield f"usage: stream <n> (1 to {MAX_STREAM})"
         return
-    for number in range(1, int(argument) + 1):
+    for number in range(1, count + 1):
         if number > 1 and await _interrupted_within(turn, STREAM_EVERY):
             return
         yield f"{number}\n"
+
+
+def _count(argument: str, most: int) -> int | None:
+    """``argument`` as a whole number from 1 to ``most`` (ASCII digits only), else ``None``."""
+    if not (argument.isascii() and argument.isdigit()) or len(argument.lstrip("0")) > len(
+        str(most)
+    ):
+        return None
+    count = int(argument)
+    return count if 1 <= count <= most else None
+
+
+def token_chunks(count: int) -> list[str]:
+    """The chunks of ``tokens <count>``: ``"1"``, then ``" 2"`` … ``" <count>"``.
+
+    ``bench.http``'s floor streams the same chunks, so both sides send the same events.
+    """
+    return [f"{'' if number == 1 else ' '}{number}" for number in range(1, count + 1)]
+
+
+async def _tokens(argument: str) -> AsyncIterator[str]:
+    """:func:`token_chunks`, each after one more pass of the event loop (an interrupted
+    turn stops reading its agent's chunks, which ends this at once)."""
+    count = _count(argument, MAX_TOKENS)
+    if count is None:
+        yield f"usage: tokens <n> (1 to {MAX_TOKENS})"
+        return
+    for number, chunk in enumerate(token_chunks(count)):
+        if number:
+            await asyncio.sleep(0)
+        yield chunk
 
 
 def _settings(turn: Turn) -> str:
