@@ -307,6 +307,36 @@ class TestFile:
         finally:
             await store.close()
 
+    async def test_step_11_chains_the_entries_a_file_already_holds(self, path: Path) -> None:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            migrate(db, path, MIGRATIONS[:10])
+            db.execute("INSERT INTO sessions VALUES ('k', 1, 'c_2'), ('j', 1, 'c_3')")
+            db.execute(
+                "INSERT INTO conversations (id, key, started_at) "
+                "VALUES ('c_1', 'k', 1.0), ('c_2', 'k', 2.0), ('c_3', 'j', 3.0), ('c_4', 'j', 4.0)"
+            )
+            for n, conversation in enumerate(["c_1", "c_3", "c_1", "c_2", "c_3", "c_2", "c_3"]):
+                db.execute(
+                    "INSERT INTO transcript (conversation_id, role, content, generation, "
+                    "message_id, created_at) VALUES (?, 'user', ?, 1, ?, 1.0)",
+                    (conversation, f"{conversation}:{n}", f"m{n}"),
+                )
+        store = await SQLiteStore.open(f"sqlite:///{path}")
+        try:
+            k, j = SessionKey("k"), SessionKey("j")
+            assert [e.content for e in await store.transcript(k, "c_1")] == ["c_1:0", "c_1:2"]
+            assert [e.content for e in await store.transcript(k)] == ["c_2:3", "c_2:5"]
+            assert [e.content for e in await store.transcript(j, limit=2)] == ["c_3:4", "c_3:6"]
+            assert await store.transcript(j, "c_4") == []
+            await store.append_transcript(k, None, TranscriptEntry("user", "new", 2))
+            assert [e.content for e in await store.transcript(k)] == ["c_2:3", "c_2:5", "new"]
+        finally:
+            await store.close()
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+        assert "transcript_conversation" not in names
+        assert "transcript_chain" in names
+
     def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
         steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:

@@ -295,8 +295,21 @@ def _append(
 
 _APPEND = (
     "INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation, "
-    "message_id, created_at, attachments) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "message_id, created_at, attachments, prev) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+    "coalesce((SELECT last_entry FROM conversations WHERE id = ?1), 0))"
 )
+"""One entry, chained after the conversation's newest (whose id the schema's trigger then
+moves on to this one: see :data:`chatlane.stores.sqlite_schema.MIGRATIONS`)."""
+_LAST_ENTRIES = (
+    "WITH RECURSIVE chain (id, depth) AS ("
+    "SELECT last_entry, 1 FROM conversations WHERE id = ?1 AND last_entry != 0 "
+    "UNION ALL SELECT t.prev, chain.depth + 1 FROM chain JOIN transcript t ON t.id = chain.id "
+    "WHERE t.prev != 0 AND chain.depth < ?2) "
+    "SELECT t.role, t.content, t.generation, coalesce(t.entry_conversation, t.conversation_id), "
+    "t.message_id, t.created_at, t.attachments FROM chain JOIN transcript t ON t.id = chain.id "
+    "ORDER BY t.id"
+)
+"""A conversation's last ``?2`` entries, oldest first: its chain walked back from its newest."""
 _SET_FIELD = (
     "INSERT INTO persistent (key, field, value) VALUES (?, ?, ?) "
     "ON CONFLICT (key, field) DO UPDATE SET value = excluded.value"
@@ -375,12 +388,7 @@ def _transcript(
     conversation = _current(db, clock, key).id if conversation_id is None else conversation_id
     if limit <= 0:
         return []
-    rows = db.execute(
-        "SELECT role, content, generation, coalesce(entry_conversation, conversation_id), "
-        "message_id, created_at, attachments FROM (SELECT * FROM transcript "
-        "WHERE conversation_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id",
-        (conversation, limit),
-    ).fetchall()
+    rows = db.execute(_LAST_ENTRIES, (conversation, limit)).fetchall()
     return [
         TranscriptEntry(r[0], r[1], r[2], r[3], r[4], r[5], decode_attachments(r[6])) for r in rows
     ]

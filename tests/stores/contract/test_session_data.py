@@ -17,6 +17,7 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.stores import Store, TranscriptEntry, WriteBatch
+from chatlane.types import SessionKey
 from tests.keys import chat_key
 from tests.stores.conftest import Reopen, StoreClock, stored_answered_ids
 from tests.stores.contract.common import KEY, entry
@@ -225,6 +226,38 @@ class TestTranscripts:
         assert [e.content for e in full] == [f"m{i}" for i in range(5)]
         conversation = await store.conversation(KEY)
         assert all(e.conversation_id == conversation.id and e.created_at > 0 for e in full)
+
+    async def test_interleaved_conversations_keep_their_own_entries_in_order(
+        self, store: Store
+    ) -> None:
+        """Appends to several sessions take turns, a session starts a new conversation and
+        resumes its first; every conversation's last entries, at every limit, are its own."""
+        keys = [chat_key(f"talk-{n}") for n in range(3)]
+        written: dict[str, list[str]] = {}
+
+        async def say(key: SessionKey, *texts: str) -> None:
+            await store.append_transcript(key, None, *(entry(t, 0) for t in texts))
+            written.setdefault((await store.conversation(key)).id, []).extend(texts)
+
+        first = {key: (await store.conversation(key)).id for key in keys}
+        for turn in range(4):
+            for n, key in enumerate(keys):
+                await say(key, f"{n}.{turn}", f"{n}.{turn} answer")
+        await store.new_conversation(keys[0])
+        await say(keys[0], "fresh")
+        for n, key in enumerate(keys):
+            await say(key, f"{n}.later")
+        await store.resume_conversation(keys[0], first[keys[0]])
+        await say(keys[0], "back", "back answer")
+        assert len(written) == len(keys) + 1
+        owner = {c.id: key for key in keys for c in await store.conversations(key)}
+        for conversation, texts in written.items():
+            key = owner[conversation]
+            for limit in (1, 2, 3, len(texts), len(texts) + 5):
+                stored = await store.transcript(key, conversation, limit)
+                assert [e.content for e in stored] == texts[-limit:]
+                assert {e.conversation_id for e in stored} == {conversation}
+        assert await store.transcript(keys[1], "c_no_such_conversation") == []
 
     async def test_fields_round_trip(self, store: Store) -> None:
         original = TranscriptEntry("assistant", "ответ\n🙂", 7, message_id="m-9")
