@@ -332,10 +332,24 @@ class TestFile:
             assert [e.content for e in await store.transcript(k)] == ["c_2:3", "c_2:5", "new"]
         finally:
             await store.close()
-        with contextlib.closing(sqlite3.connect(path)) as db:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
             names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+            db.execute(  # as a process of an earlier version still running beside it would
+                "INSERT INTO transcript (conversation_id, role, content, generation, "
+                "message_id, created_at) VALUES ('c_2', 'user', 'from before', 2, 'm9', 1.0)"
+            )
         assert "transcript_conversation" not in names
-        assert "transcript_chain" in names
+        assert {"transcript_chained", "transcript_unchained"} <= names
+        store = await SQLiteStore.open(f"sqlite:///{path}")
+        try:
+            assert [e.content for e in await store.transcript(SessionKey("k"))] == [
+                "c_2:3",
+                "c_2:5",
+                "new",
+                "from before",
+            ]
+        finally:
+            await store.close()
 
     def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
         steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]

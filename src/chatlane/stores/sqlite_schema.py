@@ -202,24 +202,31 @@ dead processes until pruned) are counted by a scan. The index cost two page writ
 turn (taking and giving back the lease) and one per renewal."""
 
 _V11: Migration = (
-    "ALTER TABLE transcript ADD COLUMN prev INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE transcript ADD COLUMN prev INTEGER NOT NULL DEFAULT -1",
     "ALTER TABLE conversations ADD COLUMN last_entry INTEGER NOT NULL DEFAULT 0",
     "UPDATE transcript SET prev = coalesce((SELECT max(t.id) FROM transcript t "
     "WHERE t.conversation_id = transcript.conversation_id AND t.id < transcript.id), 0)",
     "UPDATE conversations SET last_entry = coalesce((SELECT max(t.id) FROM transcript t "
     "WHERE t.conversation_id = conversations.id), 0)",
     "DROP INDEX transcript_conversation",
-    """CREATE TRIGGER transcript_chain AFTER INSERT ON transcript BEGIN
+    """CREATE TRIGGER transcript_chained AFTER INSERT ON transcript WHEN NEW.prev >= 0 BEGIN
+        UPDATE conversations SET last_entry = NEW.id WHERE id = NEW.conversation_id;
+    END""",
+    """CREATE TRIGGER transcript_unchained AFTER INSERT ON transcript WHEN NEW.prev < 0 BEGIN
+        UPDATE transcript SET prev = coalesce((SELECT last_entry FROM conversations
+            WHERE id = NEW.conversation_id), 0) WHERE id = NEW.id;
         UPDATE conversations SET last_entry = NEW.id WHERE id = NEW.conversation_id;
     END""",
 )
 """A conversation's entries are chained, newest first, instead of indexed: each entry
-names the one before it (``prev``), the conversation its newest (``last_entry``, kept by
-the trigger). The index on ``(conversation_id, id)`` took a page write at a place of its
-own for every entry — where that conversation's entries end, so with many conversations
-running, a different page each time — and those pages were most of what a checkpoint
-copied. The conversation's row is written instead; conversations started about the same
-time share its pages (ids come in creation order)."""
+names the one before it (``prev``), the conversation its newest (``last_entry``, moved on
+by a trigger). An entry appended without ``prev`` (-1: by a process of an earlier version
+still running beside the one that migrated) is chained by the other trigger. The index on
+``(conversation_id, id)`` took a page write at a place of its own for every entry —
+where that conversation's entries end, so with many conversations running, a different
+page each time — and those pages were most of what a checkpoint copied. The
+conversation's row is written instead; conversations started about the same time share
+its pages (ids come in creation order)."""
 
 MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
@@ -227,9 +234,10 @@ MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9
 ``transcript.entry_conversation`` is NULL unless an entry named another
 conversation than the one it was appended to (it is returned as written).
 ``transcript.prev`` is the id of the entry appended to the same conversation just
-before it (0 for its first), and ``conversations.last_entry`` the id of its newest
-entry (0: none); the ``transcript_chain`` trigger keeps the second, the statement
-that appends (``_APPEND`` in :mod:`chatlane.stores.sqlite`) the first. Entries are never
+before it (0 for its first), and ``conversations.last_entry`` the id of its newest entry
+(0: none). The statement that appends (``_APPEND`` in :mod:`chatlane.stores.sqlite`)
+sets the first and the ``transcript_chained`` trigger the second; an entry appended
+without ``prev`` gets both from ``transcript_unchained``. Entries are never
 deleted: a step that deletes some must mend the chains it cuts.
 """
 
