@@ -178,9 +178,8 @@ async def _stream(turn: Turn, argument: str) -> AsyncIterator[str]:
 
 def _count(argument: str, most: int) -> int | None:
     """``argument`` as a whole number from 1 to ``most`` (ASCII digits only), else ``None``."""
-    if not (argument.isascii() and argument.isdigit()) or len(argument.lstrip("0")) > len(
-        str(most)
-    ):
+    digits = argument.lstrip("0")
+    if not (argument.isascii() and argument.isdigit()) or len(digits) > len(str(most)):
         return None
     count = int(argument)
     return count if 1 <= count <= most else None
