@@ -61,11 +61,28 @@ def path(tmp_path: Path) -> Path:
     return tmp_path / "chatlane.db"
 
 
+@contextlib.asynccontextmanager
+async def opened(path: Path) -> AsyncIterator[SQLiteStore]:
+    """The store in ``path``, opened (and so migrated) by this version, closed at the end."""
+    store = await SQLiteStore.open(f"sqlite:///{path}")
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
 @pytest.fixture
 async def store(path: Path) -> AsyncIterator[SQLiteStore]:
-    opened = await SQLiteStore.open(f"sqlite:///{path}")
-    yield opened
-    await opened.close()
+    async with opened(path) as store:
+        yield store
+
+
+@contextlib.contextmanager
+def file_at_step(path: Path, step: int) -> Iterator[sqlite3.Connection]:
+    """A file whose schema stops at ``step``, to write what a store of that version held."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        migrate(db, path, MIGRATIONS[:step])
+        yield db
 
 
 @contextlib.contextmanager
@@ -209,28 +226,22 @@ class TestFile:
             await open_store(f"sqlite:///{path}")
 
     async def test_a_first_version_file_is_upgraded_and_keeps_its_data(self, path: Path) -> None:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-            migrate(db, path, MIGRATIONS[:1])
+        with file_at_step(path, 1) as db:
             db.execute("INSERT INTO answered VALUES ('m1', 'k', 1, 1e12)")
-        store = await SQLiteStore.open(f"sqlite:///{path}")
-        try:
+        async with opened(path) as store:
             assert pragma(path, "user_version") == len(MIGRATIONS)
             assert await store.is_answered("m1")
             assert await store.answer("m1") == ""  # answered before answers were kept
-        finally:
-            await store.close()
 
     async def test_step_6_keeps_conversations_and_answered_marks(self, path: Path) -> None:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-            migrate(db, path, MIGRATIONS[:5])
+        with file_at_step(path, 5) as db:
             db.execute(
                 "INSERT INTO conversations (id, key, started_at, ended_at, title) "
                 "VALUES ('c_old', 'k', 1.0, 2.0, 'first'), ('c_now', 'k', 3.0, 0, '')"
             )
             db.execute("INSERT INTO sessions VALUES ('k', 4, 'c_now')")
             db.execute("INSERT INTO answered VALUES ('m1', 'k', 4, 1e12, 'hi')")
-        store = await SQLiteStore.open(f"sqlite:///{path}")
-        try:
+        async with opened(path) as store:
             key = SessionKey("k")
             listed = await store.conversations(key)
             assert [(c.id, c.title, c.ended_at) for c in listed] == [
@@ -239,8 +250,6 @@ class TestFile:
             ]
             assert (await store.conversation(key)).id == "c_now"
             assert await store.answer("m1") == "hi"
-        finally:
-            await store.close()
         with contextlib.closing(sqlite3.connect(path)) as db:
             answered = [row[1] for row in db.execute("PRAGMA table_info(answered)")]
             assert answered == ["message_id", "at", "answer"]
@@ -248,15 +257,13 @@ class TestFile:
                 db.execute("SELECT rowid FROM conversations")
 
     async def test_step_8_adds_the_ledger_and_keeps_what_was_there(self, path: Path) -> None:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-            migrate(db, path, MIGRATIONS[:7])
+        with file_at_step(path, 7) as db:
             db.execute("INSERT INTO sessions VALUES ('k', 3, '')")
             db.execute(
                 "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
                 "VALUES ('k', 'm1', 'p1', x'00', 1.0)"
             )
-        store = await SQLiteStore.open(f"sqlite:///{path}")
-        try:
+        async with opened(path) as store:
             assert pragma(path, "user_version") == len(MIGRATIONS)
             key = SessionKey("k")
             assert await store.generation(key) == 3
@@ -264,8 +271,6 @@ class TestFile:
             await store.record_deliveries([DeliveryDraft("d1", "tg", "chat", b"hi")])
             [claimed] = await store.claim_deliveries(["tg"], "p1", 5, 10)
             assert (claimed.id, claimed.seq, claimed.payload) == ("d1", 1, b"hi")
-        finally:
-            await store.close()
         with contextlib.closing(sqlite3.connect(path)) as db:
             indexes = db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'deliveries' "
@@ -279,8 +284,7 @@ class TestFile:
         ]
 
     async def test_step_9_keeps_old_messages_readable_without_attachments(self, path: Path) -> None:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-            migrate(db, path, MIGRATIONS[:8])
+        with file_at_step(path, 8) as db:
             db.execute("INSERT INTO sessions VALUES ('k', 1, 'c_1')")
             db.execute("INSERT INTO conversations (id, key, started_at) VALUES ('c_1', 'k', 1.0)")
             db.execute(
@@ -292,8 +296,7 @@ class TestFile:
                 "VALUES ('k', 'm1', 'p1', ?, 1.0)",
                 (OLD_PAYLOAD,),
             )
-        store = await SQLiteStore.open(f"sqlite:///{path}")
-        try:
+        async with opened(path) as store:
             key = SessionKey("k")
             [old] = await store.transcript(key)
             assert (old.content, old.attachments) == ("old words", ())
@@ -304,12 +307,9 @@ class TestFile:
             new = TranscriptEntry("user", "", 2, message_id="m1", attachments=(photo,))
             await store.append_transcript(key, None, new)
             assert [e.attachments for e in await store.transcript(key)] == [(), (photo,)]
-        finally:
-            await store.close()
 
     async def test_step_11_chains_the_entries_a_file_already_holds(self, path: Path) -> None:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-            migrate(db, path, MIGRATIONS[:10])
+        with file_at_step(path, 10) as db:
             db.execute("INSERT INTO sessions VALUES ('k', 1, 'c_2'), ('j', 1, 'c_3')")
             db.execute(
                 "INSERT INTO conversations (id, key, started_at) "
@@ -321,8 +321,7 @@ class TestFile:
                     "message_id, created_at) VALUES (?, 'user', ?, 1, ?, 1.0)",
                     (conversation, f"{conversation}:{n}", f"m{n}"),
                 )
-        store = await SQLiteStore.open(f"sqlite:///{path}")
-        try:
+        async with opened(path) as store:
             k, j = SessionKey("k"), SessionKey("j")
             assert [e.content for e in await store.transcript(k, "c_1")] == ["c_1:0", "c_1:2"]
             assert [e.content for e in await store.transcript(k)] == ["c_2:3", "c_2:5"]
@@ -330,8 +329,6 @@ class TestFile:
             assert await store.transcript(j, "c_4") == []
             await store.append_transcript(k, None, TranscriptEntry("user", "new", 2))
             assert [e.content for e in await store.transcript(k)] == ["c_2:3", "c_2:5", "new"]
-        finally:
-            await store.close()
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
             names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
             db.execute(  # as a process of an earlier version still running beside it would
@@ -340,16 +337,13 @@ class TestFile:
             )
         assert "transcript_conversation" not in names
         assert {"transcript_chained", "transcript_unchained"} <= names
-        store = await SQLiteStore.open(f"sqlite:///{path}")
-        try:
+        async with opened(path) as store:
             assert [e.content for e in await store.transcript(SessionKey("k"))] == [
                 "c_2:3",
                 "c_2:5",
                 "new",
                 "from before",
             ]
-        finally:
-            await store.close()
 
     def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
         steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]
