@@ -77,10 +77,13 @@ def _authorized(request: Request, hub: Hub) -> bool:
 Endpoint = Callable[[Request], Awaitable[JSONResponse]]
 
 
-def _store_failures_as_503(endpoint: Endpoint) -> Endpoint:
-    """Answer a store that cannot serve the request with 503 and its message."""
+def _guarded(hub: Hub, endpoint: Endpoint) -> Endpoint:
+    """``endpoint`` behind the bearer token (401 without it); a store that cannot serve the
+    request is answered with 503 and its message."""
 
     async def guarded(request: Request) -> JSONResponse:
+        if not _authorized(request, hub):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         try:
             return await endpoint(request)
         except StoreError as error:
@@ -105,19 +108,13 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
         return health(hub)
 
     async def commands(request: Request) -> JSONResponse:
-        if not _authorized(request, hub):
-            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         return JSONResponse({"commands": command_list(hub)})
 
     async def sessions(request: Request) -> JSONResponse:
-        if not _authorized(request, hub):
-            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         items = [session_summary(s, hub) for _, s in hub.gateway.engine.registry.items()]
         return JSONResponse({"sessions": items})
 
     async def one(request: Request) -> JSONResponse:
-        if not _authorized(request, hub):
-            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         # taken as it is: reserved keys (a local cron job's session) are listed, so they can be
         # inspected, and an unknown key is a 404
         key = SessionKey(request.path_params["key"])
@@ -126,21 +123,15 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
         return JSONResponse(await session_detail(hub, key))
 
     async def failed(request: Request) -> JSONResponse:
-        if not _authorized(request, hub):
-            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         return JSONResponse({"failed": [_failed(f) for f in await hub.store.failed(1000)]})
 
     async def retry(request: Request) -> JSONResponse:
-        if not _authorized(request, hub):
-            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         message_id = request.path_params["message_id"]
         if not await hub.gateway.engine.retry_failed(message_id):
             return JSONResponse({"error": f"no failed message {message_id!r}"}, status_code=404)
         return JSONResponse({"retried": message_id})
 
     async def deliveries(request: Request) -> JSONResponse:
-        if not _authorized(request, hub):
-            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         state = request.query_params.get("state", DEAD)
         if state not in (DEAD, PENDING, DELIVERED):
             error = f"state must be one of {DEAD}, {PENDING}, {DELIVERED}; not {state!r}"
@@ -148,8 +139,6 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
         return JSONResponse(await ledger_listing(hub, state))
 
     async def redeliver(request: Request) -> JSONResponse:
-        if not _authorized(request, hub):
-            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
         delivery_id = request.path_params["delivery_id"]
         if not await hub.store.retry_dead(delivery_id):
             return JSONResponse({"error": f"no dead delivery {delivery_id!r}"}, status_code=404)
@@ -159,21 +148,17 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
 
     return [
         Route("/health", healthy, methods=["GET"]),
-        Route("/admin/deliveries", _store_failures_as_503(deliveries), methods=["GET"]),
+        Route("/admin/deliveries", _guarded(hub, deliveries), methods=["GET"]),
         Route(
             "/admin/deliveries/{delivery_id:path}/retry",
-            _store_failures_as_503(redeliver),
+            _guarded(hub, redeliver),
             methods=["POST"],
         ),
-        Route("/admin/commands", commands, methods=["GET"]),
-        Route("/admin/sessions", _store_failures_as_503(sessions), methods=["GET"]),
-        Route("/admin/sessions/{key:path}", _store_failures_as_503(one), methods=["GET"]),
-        Route("/admin/failed", _store_failures_as_503(failed), methods=["GET"]),
-        Route(
-            "/admin/failed/{message_id:path}/retry",
-            _store_failures_as_503(retry),
-            methods=["POST"],
-        ),
+        Route("/admin/commands", _guarded(hub, commands), methods=["GET"]),
+        Route("/admin/sessions", _guarded(hub, sessions), methods=["GET"]),
+        Route("/admin/sessions/{key:path}", _guarded(hub, one), methods=["GET"]),
+        Route("/admin/failed", _guarded(hub, failed), methods=["GET"]),
+        Route("/admin/failed/{message_id:path}/retry", _guarded(hub, retry), methods=["POST"]),
         *admin_cron.routes(hub, lambda request: _authorized(request, hub)),
     ]
 

@@ -81,6 +81,19 @@ class Metrics:
         """The exposition text (with the SQLite store's counters when ``sqlite`` is given,
         and the delivery ledger's gauges when ``ledger`` is)."""
         lines = [
+            *self._turns(queue_depth, running),
+            *self._refusals(store_damaged),
+            *(_liveness(beats) if beats is not None else []),
+            *(_sqlite(sqlite) if sqlite is not None else []),
+            *(self._ledger(ledger) if ledger is not None else []),
+            *self._histogram(),
+            *_collector(),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _turns(self, queue_depth: int, running: int) -> list[str]:
+        """Turns started, ended and running, and the messages that wait for one."""
+        return [
             *_metric(
                 "chatlane_turns_started_total",
                 "counter",
@@ -106,6 +119,12 @@ class Metrics:
                 "chatlane_queue_depth", "gauge", "Messages waiting for a turn.", [("", queue_depth)]
             ),
             *_metric("chatlane_turns_running", "gauge", "Turns running now.", [("", running)]),
+        ]
+
+    def _refusals(self, store_damaged: bool) -> list[str]:
+        """What was refused or set aside: a damaged store, lost leases, stale writes, failed
+        messages, unknown senders."""
+        return [
             *_metric(
                 "chatlane_store_damaged",
                 "gauge",
@@ -136,13 +155,7 @@ class Metrics:
                 "Messages refused because their sender is not on the allowlist, by platform.",
                 [(f'platform="{p}"', n) for p, n in sorted(self.senders_refused.items())],
             ),
-            *(_liveness(beats) if beats is not None else []),
-            *(_sqlite(sqlite) if sqlite is not None else []),
-            *(self._ledger(ledger) if ledger is not None else []),
-            *self._histogram(),
-            *_collector(),
         ]
-        return "\n".join(lines) + "\n"
 
     def _ledger(self, stats: DeliveryStats) -> list[str]:
         oldest = max(time.time() - stats.oldest_pending_at, 0.0) if stats.pending else 0.0

@@ -4,8 +4,9 @@ Every call becomes an operation — a function of the connection — run by the
 store's writer thread with group commit, or, for a turn's small writes
 (:meth:`SQLiteStore._quick`), by the event loop itself while that thread
 idles and the write lock is free (:mod:`chatlane.stores.sqlite_writer`).
-The operations below (and the durable queue's, in
-:mod:`chatlane.stores.sqlite_queue`, and the delivery ledger's, in
+The operations below (and those of the durable queue, in
+:mod:`chatlane.stores.sqlite_queue`, of conversations and their transcripts,
+in :mod:`chatlane.stores.sqlite_conversations`, and of the delivery ledger, in
 :mod:`chatlane.stores.sqlite_ledger`) keep the store's contract inside
 SQLite's transactions; a turn's fused calls are one operation each.
 
@@ -42,6 +43,7 @@ from chatlane.errors import (
     StoreDamaged,
     StoreError,
 )
+from chatlane.stores import sqlite_conversations as conv
 from chatlane.stores import sqlite_ledger as ledger
 from chatlane.stores import sqlite_queue as pq
 from chatlane.stores.base import (
@@ -65,12 +67,10 @@ from chatlane.stores.base import (
     taken_over,
 )
 from chatlane.stores.codec import (
-    decode_attachments,
     decode_value,
     detached_batch,
-    encode_attachments,
 )
-from chatlane.stores.ids import new_conversation_id, new_token
+from chatlane.stores.ids import new_token
 from chatlane.stores.sqlite_schema import Location, parse_url
 from chatlane.stores.sqlite_writer import MAX_BATCH, Operation, Writer, WriterStats
 from chatlane.types import SessionKey
@@ -259,11 +259,11 @@ def _commit(
         if repeated:
             raise AlreadyAnswered(repeated, key=key)
         _mark_answered(db, clock, answered, batch.answer)
-    conversation = conversation or _start(db, clock, key, "").id
+    conversation = conversation or conv.start(db, clock, key, "").id
     if batch.transcript:  # each statement only when it has rows: every call costs a step
-        _append(db, clock, conversation, batch.transcript)
+        conv.append(db, clock, conversation, batch.transcript)
     if batch.title:
-        _set_title(db, conversation, batch.title, batch.rename)
+        conv.set_title(db, conversation, batch.title, batch.rename)
     if fields:
         _set_fields(db, key, fields)
     if batch.done:
@@ -272,44 +272,6 @@ def _commit(
         ledger.record(db, clock, batch.deliveries)
 
 
-def _append(
-    db: sqlite3.Connection, clock: Clock, conversation: str, entries: list[TranscriptEntry]
-) -> None:
-    """Append to ``conversation``; an entry naming another conversation keeps its own name."""
-    moment = clock()
-    rows = [
-        (
-            conversation,
-            e.conversation_id if e.conversation_id not in ("", conversation) else None,
-            e.role,
-            e.content,
-            e.generation,
-            e.message_id,
-            e.created_at or moment,
-            encode_attachments(e.attachments),
-        )
-        for e in entries
-    ]
-    _many(db, _APPEND, rows)
-
-
-_APPEND = (
-    "INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation, "
-    "message_id, created_at, attachments, prev) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
-    "coalesce((SELECT last_entry FROM conversations WHERE id = ?1), 0))"
-)
-"""One entry, chained after the conversation's newest (whose id the schema's trigger then
-moves on to this one: see :data:`chatlane.stores.sqlite_schema.MIGRATIONS`)."""
-_LAST_ENTRIES = (
-    "WITH RECURSIVE chain (id, depth) AS ("
-    "SELECT last_entry, 1 FROM conversations WHERE id = ?1 AND last_entry != 0 "
-    "UNION ALL SELECT t.prev, chain.depth + 1 FROM chain JOIN transcript t ON t.id = chain.id "
-    "WHERE t.prev != 0 AND chain.depth < ?2) "
-    "SELECT t.role, t.content, t.generation, coalesce(t.entry_conversation, t.conversation_id), "
-    "t.message_id, t.created_at, t.attachments FROM chain JOIN transcript t ON t.id = chain.id "
-    "ORDER BY t.id"
-)
-"""A conversation's last ``?2`` entries, oldest first: its chain walked back from its newest."""
 _SET_FIELD = (
     "INSERT INTO persistent (key, field, value) VALUES (?, ?, ?) "
     "ON CONFLICT (key, field) DO UPDATE SET value = excluded.value"
@@ -327,12 +289,6 @@ def _many(db: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> No
         db.execute(sql, rows[0])
     else:
         db.executemany(sql, rows)
-
-
-def _set_title(db: sqlite3.Connection, conversation: str, title: str, rename: bool) -> None:
-    """Title ``conversation``: if it has no title yet, unless ``rename``."""
-    untitled = "" if rename else " AND title = ''"
-    db.execute(f"UPDATE conversations SET title = ? WHERE id = ?{untitled}", (title, conversation))
 
 
 def _set_fields(db: sqlite3.Connection, key: SessionKey, fields: list[tuple[str, str]]) -> None:
@@ -380,93 +336,6 @@ def _load_persistent(db: sqlite3.Connection, key: SessionKey) -> dict[str, Any]:
         "SELECT field, value FROM persistent WHERE key = ? ORDER BY rowid", (key,)
     ).fetchall()
     return {name: decode_value(key, name, value) for name, value in rows}
-
-
-def _transcript(
-    db: sqlite3.Connection, clock: Clock, key: SessionKey, conversation_id: str | None, limit: int
-) -> list[TranscriptEntry]:
-    conversation = _current(db, clock, key).id if conversation_id is None else conversation_id
-    if limit <= 0:
-        return []
-    rows = db.execute(_LAST_ENTRIES, (conversation, limit)).fetchall()
-    return [
-        TranscriptEntry(r[0], r[1], r[2], r[3], r[4], r[5], decode_attachments(r[6])) for r in rows
-    ]
-
-
-# -- conversations -------------------------------------------------------------------
-
-_CONVERSATION = "SELECT c.id, c.key, c.started_at, c.ended_at, c.title FROM conversations c"
-
-
-def _conversation(row: Sequence[Any]) -> Conversation:
-    """A row of :data:`_CONVERSATION` as a conversation (the key was stored from one)."""
-    id_, key, started_at, ended_at, title = row
-    return Conversation(id_, SessionKey(key), started_at, ended_at, title)
-
-
-def _current(db: sqlite3.Connection, clock: Clock, key: SessionKey) -> Conversation:
-    """``key``'s current conversation, started (and made current) if it has none."""
-    row = db.execute(
-        f"{_CONVERSATION} JOIN sessions s ON c.id = s.current_conversation WHERE s.key = ?",
-        (key,),
-    ).fetchone()
-    return _start(db, clock, key, "") if row is None else _conversation(row)
-
-
-def _start(db: sqlite3.Connection, clock: Clock, key: SessionKey, title: str) -> Conversation:
-    conversation = Conversation(new_conversation_id(), key, clock(), title=title)
-    db.execute(
-        "INSERT INTO conversations (id, key, started_at, title) VALUES (?, ?, ?, ?)",
-        (conversation.id, key, conversation.started_at, title),
-    )
-    db.execute(
-        "INSERT INTO sessions (key, current_conversation) VALUES (?, ?) ON CONFLICT (key) "
-        "DO UPDATE SET current_conversation = excluded.current_conversation",
-        (key, conversation.id),
-    )
-    return conversation
-
-
-def _end_current(db: sqlite3.Connection, clock: Clock, key: SessionKey) -> None:
-    db.execute(
-        "UPDATE conversations SET ended_at = ? "
-        "WHERE id = (SELECT current_conversation FROM sessions WHERE key = ?)",
-        (clock(), key),
-    )
-
-
-def _new_conversation(
-    db: sqlite3.Connection, clock: Clock, key: SessionKey, title: str
-) -> Conversation:
-    _end_current(db, clock, key)
-    return _start(db, clock, key, title)
-
-
-def _resume(
-    db: sqlite3.Connection, clock: Clock, key: SessionKey, conversation_id: str
-) -> Conversation:
-    ours = "SELECT 1 FROM conversations WHERE id = ? AND key = ?"
-    if not _scalar(db, ours, (conversation_id, key)):
-        raise KeyError(conversation_id)
-    _end_current(db, clock, key)
-    db.execute("UPDATE conversations SET ended_at = 0 WHERE id = ?", (conversation_id,))
-    db.execute("UPDATE sessions SET current_conversation = ? WHERE key = ?", (conversation_id, key))
-    return _conversation(
-        db.execute(f"{_CONVERSATION} WHERE c.id = ?", (conversation_id,)).fetchone()
-    )
-
-
-def _conversations(
-    db: sqlite3.Connection, clock: Clock, key: SessionKey, limit: int
-) -> list[Conversation]:
-    """Newest first; equal start times keep the order they were started in (their ids')."""
-    _current(db, clock, key)
-    rows = db.execute(
-        f"{_CONVERSATION} WHERE c.key = ? ORDER BY c.started_at DESC, c.id LIMIT ?",
-        (key, limit if limit >= 0 else -1),
-    ).fetchall()
-    return [_conversation(row) for row in rows][:limit]
 
 
 # -- liveness ------------------------------------------------------------------------------
@@ -662,7 +531,7 @@ class SQLiteStore(Store):
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
     ) -> list[TranscriptEntry]:
         def op(db: sqlite3.Connection) -> list[TranscriptEntry]:
-            return _transcript(db, self._clock, key, conversation_id, limit)
+            return conv.last_entries(db, self._clock, key, conversation_id, limit)
 
         return await self._submit(op, writes=conversation_id is None)
 
@@ -719,16 +588,16 @@ class SQLiteStore(Store):
     # -- conversations -----------------------------------------------------------
 
     async def conversation(self, key: SessionKey) -> Conversation:
-        return await self._write(lambda db: _current(db, self._clock, key))
+        return await self._write(lambda db: conv.current(db, self._clock, key))
 
     async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
-        return await self._write(lambda db: _new_conversation(db, self._clock, key, title))
+        return await self._write(lambda db: conv.new_conversation(db, self._clock, key, title))
 
     async def resume_conversation(self, key: SessionKey, conversation_id: str) -> Conversation:
-        return await self._write(lambda db: _resume(db, self._clock, key, conversation_id))
+        return await self._write(lambda db: conv.resume(db, self._clock, key, conversation_id))
 
     async def conversations(self, key: SessionKey, limit: int = 20) -> list[Conversation]:
-        return await self._write(lambda db: _conversations(db, self._clock, key, limit))
+        return await self._write(lambda db: conv.conversations(db, self._clock, key, limit))
 
     # -- the durable pending queue -------------------------------------------------
 

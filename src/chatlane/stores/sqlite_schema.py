@@ -235,10 +235,11 @@ MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9
 conversation than the one it was appended to (it is returned as written).
 ``transcript.prev`` is the id of the entry appended to the same conversation just
 before it (0 for its first), and ``conversations.last_entry`` the id of its newest entry
-(0: none). The statement that appends (``_APPEND`` in :mod:`chatlane.stores.sqlite`)
-sets the first and the ``transcript_chained`` trigger the second; an entry appended
-without ``prev`` gets both from ``transcript_unchained``. Entries are never
-deleted: a step that deletes some must mend the chains it cuts.
+(0: none). The statement that appends (``_APPEND`` in
+:mod:`chatlane.stores.sqlite_conversations`) sets the first and the
+``transcript_chained`` trigger the second; an entry appended without ``prev`` gets
+both from ``transcript_unchained``. Entries are never deleted: a step that deletes
+some must mend the chains it cuts.
 """
 
 

@@ -13,6 +13,7 @@ server's clock read in it, after the session's lock). What stays true:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration
@@ -109,15 +110,7 @@ async def commit(
         wanted,
         moment - retention,
         conversation,
-        [
-            e.conversation_id if e.conversation_id not in ("", conversation) else None
-            for e in entries
-        ],
-        [e.role for e in entries],
-        [e.content for e in entries],
-        [e.generation for e in entries],
-        [e.message_id for e in entries],
-        [e.created_at or moment for e in entries],
+        *_entry_columns(entries, conversation, moment),
         [name for name, _ in fields],
         [value for _, value in fields],
         batch.done,
@@ -133,6 +126,25 @@ async def commit(
     if repeated:
         raise AlreadyAnswered(repeated, key=key)
     return freed
+
+
+def _entry_columns(
+    entries: Sequence[TranscriptEntry], conversation: str, moment: float
+) -> tuple[list[Any], ...]:
+    """The entries' columns as :data:`_WRITE` takes them, one array each (their attachments
+    are a later parameter): the conversation each names, if another, role, content,
+    generation, message id and time."""
+    return (
+        [
+            e.conversation_id if e.conversation_id not in ("", conversation) else None
+            for e in entries
+        ],
+        [e.role for e in entries],
+        [e.content for e in entries],
+        [e.generation for e in entries],
+        [e.message_id for e in entries],
+        [e.created_at or moment for e in entries],
+    )
 
 
 async def load_persistent(db: Db, key: SessionKey) -> dict[str, Any]:
