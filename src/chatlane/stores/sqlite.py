@@ -66,10 +66,7 @@ from chatlane.stores.base import (
     now,
     taken_over,
 )
-from chatlane.stores.codec import (
-    decode_value,
-    detached_batch,
-)
+from chatlane.stores.codec import decode_value, detached_batch
 from chatlane.stores.ids import new_token
 from chatlane.stores.sqlite_schema import Location, parse_url
 from chatlane.stores.sqlite_writer import MAX_BATCH, Operation, Writer, WriterStats

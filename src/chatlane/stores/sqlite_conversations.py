@@ -6,12 +6,12 @@ connection, run inside the transaction of its batch, depending on the
 database alone. What stays true:
 
 * A session has one current conversation (``sessions.current_conversation``);
-  reading it starts one if there is none, so every session always has one.
+  reading it starts one where there is none.
 * A conversation's entries are chained, each naming the one appended before
   it (``transcript.prev``) and the conversation naming its newest
   (``conversations.last_entry``, moved on by a trigger of the schema): its last
   entries are read by walking back from its newest, and come back oldest
-  first. Entries are never changed or deleted once appended.
+  first. Entries are never deleted, and never changed once chained.
 * An entry naming another conversation keeps that name when read.
 """
 
