@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.errors import ChatlaneError, ConfigError, shown_to_users
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.aside import TooManyAsides
@@ -259,7 +259,8 @@ async def _unqueue(call: CommandCall) -> str:
     try:
         message = await call.engine.unqueue(call.session_key, seq)
     except ChatlaneError as error:
-        return f"Could not take #{seq} out of the queue ({error}); it still waits."
+        log.warning("/unqueue #%d failed for %s: %s", seq, call.session_key, error)
+        return f"Could not take #{seq} out of the queue ({shown_to_users(error)}); it still waits."
     if message is None:
         return f"No message #{seq} waits here (/status lists the queue)."
     return f"Took #{seq} out of the queue: {pending.preview(message)}; its sender was told."

@@ -1,9 +1,11 @@
-"""The exceptions chatlane raises.
+"""The exceptions chatlane raises, and what users may be shown of them.
 
 Every exception derives from :class:`ChatlaneError`, and from a builtin where
 the meaning fits, so callers can catch either the family or the plain
 condition (``except ValueError`` still catches a malformed session source).
 Each class is named for the condition, never for the place it was raised.
+A store's errors name its file or server: :func:`shown_to_users` is what a
+chat's users and the API's clients are told of any error.
 """
 
 from __future__ import annotations
@@ -181,3 +183,22 @@ class PlatformUnavailable(DeliveryFailed):
 
     The worker pauses the platform's lane, with a growing backoff, until a send succeeds.
     """
+
+
+STORE_UNAVAILABLE = "the store is unavailable; try again later"
+"""What a user or a client is told of a :class:`StoreError`."""
+
+
+def shown_to_users(error: ChatlaneError) -> str:
+    """The text of ``error`` fit for a chat's users and the API's clients.
+
+    A store's errors name its file or its server, which only the operator's log
+    may show: a user is told that the store is unavailable, or, for damage, the
+    condition alone (:attr:`StoreDamaged.reason`). Every other error is shown in
+    its own words.
+    """
+    if isinstance(error, StoreDamaged):
+        return f"the store is damaged ({error.reason})"
+    if isinstance(error, StoreError):
+        return STORE_UNAVAILABLE
+    return str(error)

@@ -33,6 +33,7 @@ from chatlane.adapters.web_page import (
 )
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT, MessageState, state_of
 from chatlane.config import Config, Secret, ServerConfig, StoreConfig
+from chatlane.errors import STORE_UNAVAILABLE
 from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, build_app, open_hub
 from chatlane.identity import SessionSource, build_session_key
@@ -42,6 +43,7 @@ from chatlane.secrets import TokenSource
 from chatlane.serve import uvicorn_config
 from chatlane.stores import open_store
 from chatlane.types import Agent, Outbound, OutboundKind, SessionKey, Target
+from tests.runtime.test_outage import write_lock
 
 Event = dict[str, Any]
 MEMORY = StoreConfig(url="memory://")
@@ -51,22 +53,23 @@ WAIT = 10.0
 
 @contextlib.asynccontextmanager
 async def web_server(
-    config: Config | None = None, agent: Agent | None = None
+    config: Config | None = None, agent: Agent | None = None, store: StoreConfig = MEMORY
 ) -> AsyncIterator[str]:
     """A hub with only the web adapter, served on a free port; yields ``host:port``.
 
-    The hub runs ``agent`` if given, else the one ``config`` names (the demo agent).
+    The hub runs ``agent`` if given, else the one ``config`` names (the demo agent),
+    on ``store`` (:data:`MEMORY` unless a test needs another).
     """
-    async with web_hub(config, agent) as (address, _):
+    async with web_hub(config, agent, store) as (address, _):
         yield address
 
 
 @contextlib.asynccontextmanager
 async def web_hub(
-    config: Config | None = None, agent: Agent | None = None
+    config: Config | None = None, agent: Agent | None = None, store: StoreConfig = MEMORY
 ) -> AsyncIterator[tuple[str, Hub]]:
     """As :func:`web_server`, yielding the hub too."""
-    config = msgspec.structs.replace(config or Config(), store=MEMORY)
+    config = msgspec.structs.replace(config or Config(), store=store)
     if agent is None:
         hub = await open_hub(config)
     else:
@@ -334,6 +337,22 @@ async def test_refused_sender_gets_a_notice() -> None:
         await say(ws, "let me in")
         (notice,) = await until(ws, "notice")
     assert "not allowed" in notice["text"]
+
+
+async def test_a_message_the_store_cannot_take_is_refused_without_naming_its_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "chatlane.db"
+    async with (
+        web_server(store=StoreConfig(url=f"sqlite:///{path}?busy_timeout=50")) as host,
+        greeted(host, await browser_id(host)) as (ws, _),
+    ):
+        with write_lock(path):
+            await say(ws, "during")
+            (error,) = [e for e in await until(ws, "error") if e["type"] == "error"]
+        await say(ws, "after")
+        await until(ws, "reply", "echo: after")
+    assert error["text"] == f"The message was not handled: {STORE_UNAVAILABLE}"
 
 
 async def test_busy_reject_policy_gives_a_notice() -> None:

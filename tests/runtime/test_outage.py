@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from chatlane.runtime.turn import Turn
@@ -25,7 +26,8 @@ from chatlane.stores.sqlite_schema import parse_url
 from chatlane.testing import GatewayHarness
 from chatlane.testing_redis import free_port, server_binary, wait_until_ready
 from chatlane.types import OutboundKind, SessionKey
-from tests.adapters.test_api import eventually
+from tests.adapters.test_api import eventually, make_config, serve
+from tests.keys import chat_key
 
 
 class HeldFirst:
@@ -86,6 +88,28 @@ async def test_a_commit_outlasts_a_held_write_lock_and_later_messages_wait_behin
         await store.close()
     assert "never retrieved" not in caplog.text
     assert "could not settle" not in caplog.text
+
+
+async def test_an_api_request_during_an_outage_is_refused_without_naming_the_store_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "chatlane.db"
+    store = f"sqlite:///{path}?busy_timeout=50"
+    caplog.set_level(logging.WARNING)
+    async with serve(make_config(tmp_path), store=store) as s:
+        assert await s.ask("before", "c") == "echo: before"
+        with write_lock(path), pytest.raises(openai.InternalServerError) as refused:
+            await s.ask("during", "c")
+        assert await s.ask("after", "c") == "echo: after"
+        said = [e.content for e in await s.hub.store.transcript(chat_key("c", "api"))]
+    assert refused.value.status_code == 503
+    told = refused.value.response.text
+    assert "the store is unavailable" in told
+    assert str(tmp_path) not in told
+    assert "locked" not in told
+    assert str(path) in caplog.text  # the operator's log keeps what the store said
+    # refused, so never taken (the client knows to send it again); the others answered
+    assert said == ["before", "echo: before", "after", "echo: after"]
 
 
 class OutageAtFirstAcquire(SQLiteStore):

@@ -94,7 +94,7 @@ from chatlane.adapters.api_wire import (
     unrouted_error,
 )
 from chatlane.config import Config
-from chatlane.errors import ChatlaneError, GatewayFull
+from chatlane.errors import ChatlaneError, GatewayFull, shown_to_users
 from chatlane.gateway import DispatchResult
 from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.busy import BusyOutcome
@@ -309,7 +309,8 @@ class ApiAdapter:
         try:
             taken = await hub.gateway.engine.cancel_waiting(key, message_id)
         except ChatlaneError as error:
-            message = f"the gateway could not cancel it: {error}; it still waits"
+            log.warning("could not cancel %s: %s", message_id, error)
+            message = f"the gateway could not cancel it: {shown_to_users(error)}; it still waits"
             raise ApiRequestError(503, message, "server_error") from None
         if taken is None:
             message = "its turn has started (stop it with /stop in its session)"
@@ -453,9 +454,8 @@ class ApiAdapter:
             return await hub.store.answer(message_id)
         except ChatlaneError as error:
             log.warning("could not read an earlier answer: %s", error)
-            raise ApiRequestError(
-                503, f"the gateway could not read its store: {error}", "server_error"
-            ) from None
+            message = f"the gateway could not read an earlier answer: {shown_to_users(error)}"
+            raise ApiRequestError(503, message, "server_error") from None
 
     async def _checked(self, waiter: Waiter, disconnected: Disconnected) -> bool:
         """On a tick: end a request whose gateway is closing or whose ceiling passed
@@ -590,9 +590,8 @@ async def _dispatch(hub: Hub, message: InboundMessage, session: str) -> Dispatch
         raise ApiRequestError(503, str(error), "service_unavailable", "gateway_full") from None
     except ChatlaneError as error:
         log.warning("dispatch failed: %s", error)
-        raise ApiRequestError(
-            503, f"the gateway could not take the message: {error}", "server_error"
-        ) from None
+        told = f"the gateway could not take the message: {shown_to_users(error)}"
+        raise ApiRequestError(503, told, "server_error") from None
     if result.refused:
         raise ApiRequestError(
             403, "you are not allowed to use this assistant", "permission_error", "not_allowed"

@@ -71,7 +71,7 @@ from chatlane.adapters.web_wire import (
 from chatlane.approvals import ApprovalRequest
 from chatlane.commands import parse_command
 from chatlane.config import Config
-from chatlane.errors import ChatlaneError, StoreError
+from chatlane.errors import ChatlaneError, StoreError, shown_to_users
 from chatlane.gateway import DispatchResult
 from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.outcomes import MessageOutcome
@@ -384,7 +384,8 @@ class WebAdapter:
         try:
             result = await self.hub.submit(message)
         except ChatlaneError as error:
-            connection.send(error_event(f"The message was not handled: {error}"))
+            log.warning("web: message %s not handled: %s", message.id, error)
+            connection.send(error_event(f"The message was not handled: {shown_to_users(error)}"))
             chat.broadcast(state_event(message.id, MessageState.REFUSED))
             return
         except Exception:

@@ -55,7 +55,7 @@ import msgspec
 
 from chatlane.approvals import ApprovalBroker, asks_of, prompt_text
 from chatlane.context import bound_context
-from chatlane.errors import ActiveSessionLimit, ChatlaneError, SessionBusy
+from chatlane.errors import ActiveSessionLimit, ChatlaneError, SessionBusy, shown_to_users
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
@@ -304,7 +304,7 @@ class TurnEngine:
         try:
             seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
         except ChatlaneError as error:
-            self.outcomes.end([message.id], Outcome.FAILED, reason=str(error))
+            self.outcomes.end([message.id], Outcome.FAILED, reason=shown_to_users(error))
             raise
         state = self.registry.get(key)
         if not state.turn.is_running:
