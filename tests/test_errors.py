@@ -27,7 +27,7 @@ def test_damage_is_shown_as_its_condition_without_the_path() -> None:
     assert isinstance(error, StoreDamaged)
     assert "/srv/chatlane" in str(error)  # the operator's log keeps the file
     shown = shown_to_users(error)
-    assert shown == "the store is damaged (disk image malformed)"
+    assert shown == "the store is damaged: disk image malformed"
     assert "/srv" not in shown
 
 

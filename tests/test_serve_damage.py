@@ -96,6 +96,7 @@ def test_damage_found_while_serving_turns_health_unhealthy(tmp_path: Path) -> No
         refused = ask(base, "hello")
         assert refused.status_code == 503
         assert "is damaged: database disk image is malformed" in refused.text
+        assert str(tmp_path) not in refused.text  # the condition, not the file
     finally:
         code = stop(process)
     assert code == 0

@@ -194,11 +194,11 @@ def shown_to_users(error: ChatlaneError) -> str:
 
     A store's errors name its file or its server, which only the operator's log
     may show: a user is told that the store is unavailable, or, for damage, the
-    condition alone (:attr:`StoreDamaged.reason`). Every other error is shown in
-    its own words.
+    condition alone (:attr:`StoreDamaged.reason`, as ``/health`` shows it). Every
+    other error is shown in its own words.
     """
     if isinstance(error, StoreDamaged):
-        return f"the store is damaged ({error.reason})"
+        return f"the store is damaged: {error.reason}"
     if isinstance(error, StoreError):
         return STORE_UNAVAILABLE
     return str(error)
