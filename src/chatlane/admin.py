@@ -32,7 +32,7 @@ from starlette.routing import BaseRoute, Route
 
 from chatlane import admin_cron
 from chatlane.delivery.ledger import outbound_of
-from chatlane.errors import StoreError
+from chatlane.errors import StoreError, shown_to_users
 from chatlane.identity import SessionKey
 from chatlane.runtime import pending
 from chatlane.state import SessionState, SlotPhase
@@ -97,8 +97,7 @@ def health(hub: Hub) -> JSONResponse:
     damage = hub.store.damaged
     if damage is None:
         return JSONResponse({"status": "ok"})
-    reason = f"the store is damaged: {damage.reason}"
-    return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+    return JSONResponse({"status": "unhealthy", "reason": shown_to_users(damage)}, status_code=503)
 
 
 def routes(hub: Hub) -> Sequence[BaseRoute]:
