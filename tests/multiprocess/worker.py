@@ -4,7 +4,8 @@ Reads one JSON message per line on stdin (``{"chat", "text", "id"}``; ``{"quit":
 shuts down gracefully) and appends JSON events to a shared log file: turn
 ``start``/``end`` (with a system-wide monotonic clock; ``end`` also says
 whether the turn still held a live lease then, and ``answers`` every message
-the turn answers, steered ones included), each message's one ``outcome``,
+the turn answers, steered ones included), each message's one ``outcome`` (or
+``not taken: <error>`` for one the gateway refused to take),
 every ``deliver``, every
 ``write`` a turn attempts after sleeping (``accepted`` or ``refused``), and,
 when told to quit, its heartbeats (``beats``: how many, the longest gap) and
@@ -24,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from chatlane.errors import StaleGeneration
+from chatlane.errors import ChatlaneError, StaleGeneration
 from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import SessionSource
 from chatlane.runtime.engine import RuntimeSettings
@@ -141,7 +142,7 @@ async def serve(args: argparse.Namespace) -> None:
     gateway = Gateway(agent, deliver, settings=settings, store=store, on_outcome=ended)
     await gateway.start()
     print("ready", flush=True)
-    await read_messages(gateway, ordered=args.ordered)
+    await read_messages(gateway, log, ordered=args.ordered)
     beats = gateway.engine.leases.beats
     log.write("beats", count=beats.count, longest=beats.longest)
     metrics = gateway.engine.metrics
@@ -150,7 +151,7 @@ async def serve(args: argparse.Namespace) -> None:
     await store.close()
 
 
-async def read_messages(gateway: Gateway, *, ordered: bool) -> None:
+async def read_messages(gateway: Gateway, log: SharedLog, *, ordered: bool) -> None:
     """Dispatch each line's message; with ``ordered``, a chat's in the order sent."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -164,7 +165,7 @@ async def read_messages(gateway: Gateway, *, ordered: bool) -> None:
         source = SessionSource("test", chat_id=data["chat"], user_id="u")
         message = InboundMessage(source, data["text"], id=data["id"])
         previous = last.get(data["chat"]) if ordered else None
-        task = asyncio.create_task(dispatch_after(previous, gateway, message))
+        task = asyncio.create_task(dispatch_after(previous, gateway, message, log))
         last[data["chat"]] = task
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -172,13 +173,18 @@ async def read_messages(gateway: Gateway, *, ordered: bool) -> None:
 
 
 async def dispatch_after(
-    previous: asyncio.Task[Any] | None, gateway: Gateway, message: InboundMessage
+    previous: asyncio.Task[Any] | None, gateway: Gateway, message: InboundMessage, log: SharedLog
 ) -> None:
     """Dispatch ``message`` once its chat's previous message was accepted, as a chat
-    adapter keeps a chat's order; chats are dispatched concurrently."""
+    adapter keeps a chat's order; chats are dispatched concurrently. A message the
+    gateway refuses to take (its store failing) is logged as ending ``not taken``, so
+    that a test waiting for every message's end sees it at once."""
     if previous is not None:
         await asyncio.wait([previous])
-    await gateway.dispatch(message)
+    try:
+        await gateway.dispatch(message)
+    except ChatlaneError as error:  # told to its sender, never accepted: no outcome follows
+        log.write("outcome", ids=[message.id], outcome=f"not taken: {error}")
 
 
 class SteeredAgent(Agent):

@@ -356,7 +356,9 @@ def _cannot_open(path: Path, error: sqlite3.Error) -> StoreError:
 def _upgrade(connection: sqlite3.Connection, path: Path) -> None:
     """Migrate an existing store; a file without a schema was never one, so it is refused.
 
-    Applied steps are checkpointed into the main file at once.
+    Applied steps are checkpointed into the main file at once. A store already at
+    this version is only read: opening it never waits for the write lock, which
+    another process's writes may hold without pause.
     """
     version: int = connection.execute("PRAGMA user_version").fetchone()[0]
     if version == 0:
@@ -365,7 +367,7 @@ def _upgrade(connection: sqlite3.Connection, path: Path) -> None:
             "another program's), and a store is only created where no file exists. Restore "
             "the store from a backup, or move the file aside to start a new store."
         )
-    if migrate(connection, path) > version:
+    if version != len(MIGRATIONS) and migrate(connection, path) > version:
         connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
     _check_marker(connection, path)
 

@@ -13,7 +13,8 @@ What stays true:
   that loop's queued or running (so calls still run in the order they were
   made), only if SQLite's write lock is free at once (``busy_timeout`` 0
   there: another process's transaction never blocks the loop; the batch
-  goes to the thread instead), and not for :data:`PAUSE_AFTER_SLOW` seconds
+  goes to the thread instead) and no other process's writer waits for it
+  (the thread lets it in first), and not for :data:`PAUSE_AFTER_SLOW` seconds
   after a batch that took more than :data:`SLOW_BATCH` there. While the
   loop's last batch held a single call (no other turn is writing), a call
   made when the loop has nothing else to run before it next polls for I/O,
@@ -47,7 +48,10 @@ What stays true:
   Operations are functions of the connection alone, so the second run is
   what a first run with savepoints would have done.
 * A batch with a write begins ``IMMEDIATE`` (the write lock first); a batch
-  of reads begins deferred.
+  of reads begins deferred. On the thread, a write lets other processes'
+  writers that wait for the lock in first, and waits for it as one of them
+  (:mod:`chatlane.stores.sqlite_waiting`): however fast this process
+  commits, another process's writes are never starved of the lock.
 * Reads go through the same thread as writes, in queue order: a read issued
   after a write returned sees that write. *Urgent* calls (the heartbeat and
   lease renewals: liveness, which other processes judge by the clock) jump
@@ -79,6 +83,7 @@ from chatlane.errors import StoreDamaged, StoreError
 from chatlane.stores.sqlite_checkpoints import Checkpointer
 from chatlane.stores.sqlite_file import damaged, is_damage
 from chatlane.stores.sqlite_schema import Location, connect, is_busy
+from chatlane.stores.sqlite_waiting import WaitingWriters, lock_file
 
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -161,6 +166,8 @@ class Writer:
         self.damage: StoreDamaged | None = None
         """The first damage found while running (set once, by whichever thread found it)."""
         self._connection: sqlite3.Connection | None = None
+        self._writers: WaitingWriters | None = None
+        """How this store's writes let other processes' in (set while the connection is open)."""
         self._lock = threading.Lock()
         """Held by whichever thread runs a transaction on the connection."""
         self._owner: asyncio.AbstractEventLoop | None = None
@@ -280,13 +287,16 @@ class Writer:
         )
 
     def _run_here(self, calls: list[_Call]) -> list[_Outcome] | None:
-        """Run ``calls`` in one transaction on this thread; None if the write lock was taken."""
-        connection = self._connection
+        """Run ``calls`` in one transaction on this thread; None if the write lock was taken
+        or another process's writer waits for it."""
+        connection, writers = self._connection, self._writers
         assert connection is not None
+        assert writers is not None
+        if writers.others_wait():  # the thread lets them in first
+            return None
         started = time.perf_counter()
         try:
-            self._wait_when_busy(connection, False)
-            outcomes = self._transaction(connection, calls)
+            outcomes = self._transaction(connection, calls, here=True)
         except sqlite3.OperationalError as error:
             _rollback(connection)
             if is_busy(error):  # another process writes: the thread waits for it instead
@@ -316,12 +326,12 @@ class Writer:
 
     def _main(self, ready: _Call) -> None:
         try:
-            connection = connect(self.location)
-            connection.execute("PRAGMA wal_autocheckpoint = 0")  # ours: see the module docstring
+            connection, writers = self._open()
         except Exception as error:  # handed to the awaiting open()
             _deliver([(ready, None, error)])
             return
         self._connection = connection
+        self._writers = writers
         self._checkpointer = Checkpointer(self.location, self._checkpointed)
         self._checkpointer.start()
         _deliver([(ready, None, None)])
@@ -337,9 +347,25 @@ class Writer:
         finally:
             self._checkpointer.stop()  # first: the writer's connection closes last
             with self._lock:
-                self._connection = None
+                self._connection = self._writers = None
                 connection.close()
+                writers.close()
             self._fail_queued()
+
+    def _open(self) -> tuple[sqlite3.Connection, WaitingWriters]:
+        connection = connect(self.location)
+        try:
+            connection.execute("PRAGMA wal_autocheckpoint = 0")  # ours: see the module docstring
+            return connection, WaitingWriters(self.location.path)
+        except OSError as error:
+            connection.close()
+            raise StoreError(
+                f"cannot open {str(lock_file(self.location.path))!r}, beside the SQLite "
+                f"store, through which its writers take turns: {error}"
+            ) from error
+        except BaseException:
+            connection.close()
+            raise
 
     def _next_batch(self) -> list[_Call] | None:
         """Block for one call, then take the calls already waiting; None once stopped."""
@@ -369,8 +395,7 @@ class Writer:
         if not calls:
             return []
         try:
-            self._wait_when_busy(connection, True)
-            return self._transaction(connection, calls)
+            return self._transaction(connection, calls, here=False)
         except Exception as error:  # the whole batch failed: every caller gets the error
             _rollback(connection)
             return [(call, None, self._store_error(error)) for call in calls]
@@ -403,7 +428,8 @@ class Writer:
     # -- on either thread, holding the lock ----------------------------------------
 
     def _wait_when_busy(self, connection: sqlite3.Connection, wait: bool) -> None:
-        """Have SQLite wait out another connection's lock (the thread) or not (the loop).
+        """Have SQLite wait out another connection's lock (a read on the thread) or not
+        (the loop, and writes: see :meth:`_begin`).
 
         Set only when it changes: a run of batches on one side pays nothing.
         """
@@ -412,16 +438,18 @@ class Writer:
             connection.execute(f"PRAGMA busy_timeout = {timeout:d}")
             self._waits = wait
 
-    def _transaction(self, connection: sqlite3.Connection, calls: list[_Call]) -> list[_Outcome]:
-        begin = "BEGIN IMMEDIATE" if any(c[1] for c in calls) else "BEGIN"
-        connection.execute(begin)
+    def _transaction(
+        self, connection: sqlite3.Connection, calls: list[_Call], here: bool
+    ) -> list[_Outcome]:
+        writes = any(c[1] for c in calls)
+        self._begin(connection, writes, here)
         outcomes = self._run_plain(connection, calls)
         if outcomes is None:
-            connection.execute(begin)
+            self._begin(connection, writes, here)
             outcomes = [self._run_one(connection, call) for call in calls]
         if connection.in_transaction:  # not after a lone operation's failure
             connection.execute("COMMIT")
-            if begin == "BEGIN IMMEDIATE":
+            if writes:
                 self._restart_due = False  # this write started the WAL again
         stats = self.stats
         stats.transactions += 1
@@ -431,6 +459,22 @@ class Writer:
             if self._checkpointer is not None:
                 self._checkpointer.ask()
         return outcomes
+
+    def _begin(self, connection: sqlite3.Connection, writes: bool, here: bool) -> None:
+        """Begin a batch's transaction: deferred for reads, which wait out a lock on the
+        thread (SQLite's busy timeout); ``IMMEDIATE`` for writes, which on the loop take
+        the write lock only if it is free at once, and on the thread let other processes'
+        waiting writers in first and wait as one of them (:mod:`~chatlane.stores.sqlite_waiting`).
+        A write transaction in WAL mode meets no lock once begun: it runs without a timeout.
+        """
+        self._wait_when_busy(connection, not (writes or here))
+        if not writes:
+            connection.execute("BEGIN")
+        elif here:
+            connection.execute("BEGIN IMMEDIATE")
+        else:
+            assert self._writers is not None  # set before the thread takes its first batch
+            self._writers.begin(connection, self.location.busy_timeout_ms / 1000)
 
     def _run_plain(
         self, connection: sqlite3.Connection, calls: list[_Call]
