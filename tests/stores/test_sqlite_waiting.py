@@ -11,7 +11,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -52,9 +52,9 @@ def writer(
         connection.close()
 
 
-def wait_until(condition: object, seconds: float = 10.0) -> None:
+def wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
-    while not condition():  # type: ignore[operator]
+    while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.001)
 
@@ -74,7 +74,8 @@ def test_a_writer_that_found_the_lock_taken_goes_before_the_holder_writes_again(
 
         waiting = threading.Thread(target=wait_as_another_process)
         waiting.start()
-        wait_until(holders.others_wait)  # it found the lock taken and said so
+        # it found the lock taken and says so (a look of its own, before, could seem a waiter)
+        wait_until(lambda: others.waited == 1 and holders.others_wait())
         holder.execute("INSERT INTO t VALUES ('holder')")
         holder.execute("COMMIT")
         holders.begin(holder, timeout=PATIENT)  # at once, were the waiter not let in
@@ -95,17 +96,12 @@ def test_with_no_one_waiting_a_writer_begins_at_once(path: Path) -> None:
 
 
 def test_a_writer_waits_out_its_timeout_then_fails_as_locked(path: Path) -> None:
-    with write_lock(path), writer(path) as (connection, writers), writer(path) as (_, third):
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
+    with writer(path) as (connection, writers), writer(path) as (_, third):
+        with write_lock(path), pytest.raises(sqlite3.OperationalError, match="locked"):
             writers.begin(connection, timeout=0.05)
         assert not connection.in_transaction
         assert not third.others_wait()  # it no longer says it waits
-    writers_begin_after_release(path)
-
-
-def writers_begin_after_release(path: Path) -> None:
-    with writer(path) as (connection, writers):
-        writers.begin(connection, timeout=5)
+        writers.begin(connection, timeout=5)  # the lock is free again
         connection.execute("COMMIT")
 
 
