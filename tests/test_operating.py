@@ -105,6 +105,8 @@ async def test_metrics_show_where_sqlite_ran_a_turns_writes(
     assert int(lines['chatlane_sqlite_transactions_total{thread="loop"}']) >= 2  # a turn's two
     assert int(lines['chatlane_sqlite_transactions_total{thread="writer"}']) >= 1  # the heartbeat
     assert lines["chatlane_sqlite_handed_over_total"] == "0"
+    assert lines['chatlane_sqlite_lock_waits_total{side="waited"}'] == "0"  # no other process
+    assert lines['chatlane_sqlite_lock_waits_total{side="let_in"}'] == "0"
     assert lines['chatlane_sqlite_checkpoints_total{kind="beside"}'] == "0"
     assert lines['chatlane_sqlite_checkpoints_total{kind="held"}'] == "0"
 

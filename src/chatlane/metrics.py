@@ -256,6 +256,14 @@ def _sqlite(stats: WriterStats) -> list[str]:
             [("", stats.handed_over)],
         ),
         *_metric(
+            "chatlane_sqlite_lock_waits_total",
+            "counter",
+            "Write transactions that found another process holding the write lock and "
+            "waited for it (waited), or found another process's writer waiting and let it "
+            "in first (let_in): processes sharing the file take turns.",
+            [('side="waited"', stats.lock.waited), ('side="let_in"', stats.lock.let_in)],
+        ),
+        *_metric(
             "chatlane_sqlite_checkpoints_total",
             "counter",
             "Checkpoints of the WAL into the database file: beside the writes, or held "

@@ -19,7 +19,7 @@ import pytest
 from chatlane.errors import StoreError
 from chatlane.stores import WriteBatch
 from chatlane.stores.sqlite import SQLiteStore
-from chatlane.stores.sqlite_waiting import WaitingWriters, lock_file
+from chatlane.stores.sqlite_waiting import LockWaits, WaitingWriters, lock_file
 from tests.keys import chat_key
 from tests.stores.test_sqlite import write_lock
 
@@ -44,7 +44,7 @@ def writer(
 ) -> Iterator[tuple[sqlite3.Connection, WaitingWriters]]:
     """A connection as the store's writer holds it (no busy timeout), and its writer's side."""
     connection = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
-    writers = WaitingWriters(path, let_in_bound)
+    writers = WaitingWriters(path, let_in_bound=let_in_bound)
     try:
         yield connection, writers
     finally:
@@ -75,7 +75,7 @@ def test_a_writer_that_found_the_lock_taken_goes_before_the_holder_writes_again(
         waiting = threading.Thread(target=wait_as_another_process)
         waiting.start()
         # it found the lock taken and says so (a look of its own, before, could seem a waiter)
-        wait_until(lambda: others.waited == 1 and holders.others_wait())
+        wait_until(lambda: others.counts.waited == 1 and holders.others_wait())
         holder.execute("INSERT INTO t VALUES ('holder')")
         holder.execute("COMMIT")
         holders.begin(holder, timeout=PATIENT)  # at once, were the waiter not let in
@@ -83,7 +83,7 @@ def test_a_writer_that_found_the_lock_taken_goes_before_the_holder_writes_again(
         holder.execute("COMMIT")
         waiting.join(PATIENT)
         assert order == ["waiter", "holder"]
-        assert (holders.let_in, others.waited) == (1, 1)
+        assert (holders.counts.let_in, others.counts.waited) == (1, 1)
         assert not holders.others_wait()  # the waiter no longer says it waits
 
 
@@ -92,7 +92,7 @@ def test_with_no_one_waiting_a_writer_begins_at_once(path: Path) -> None:
         for _ in range(3):
             writers.begin(connection, timeout=5)
             connection.execute("COMMIT")
-        assert (writers.let_in, writers.waited) == (0, 0)
+        assert writers.counts == LockWaits()
 
 
 def test_a_writer_waits_out_its_timeout_then_fails_as_locked(path: Path) -> None:
@@ -114,7 +114,7 @@ def test_a_waiter_that_never_gets_in_holds_a_writer_up_only_for_the_bound(path: 
         with writer(path, let_in_bound=0.01) as (connection, writers):
             writers.begin(connection, timeout=5)
             connection.execute("COMMIT")
-            assert writers.let_in == 1
+            assert writers.counts == LockWaits(let_in=1)
     finally:
         os.close(stuck)
 
@@ -140,6 +140,7 @@ async def test_a_store_keeps_writing_beside_another_process_that_commits_back_to
         assert await other.stdout.readline() == b"writing\n"
         failed = await asyncio.gather(*(turns(store, task, 200) for task in range(8)))
         assert other.returncode is None  # it kept writing all along
+        assert store.stats.lock.waited > 0  # this process did find the lock taken
     finally:
         assert other.stdin is not None
         other.stdin.close()

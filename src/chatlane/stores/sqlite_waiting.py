@@ -36,17 +36,28 @@ import fcntl
 import os
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from chatlane.stores.sqlite_schema import is_busy
 
-__all__ = ["LET_IN_BOUND", "POLL", "WaitingWriters", "lock_file"]
+__all__ = ["LET_IN_BOUND", "POLL", "LockWaits", "WaitingWriters", "lock_file"]
 
 POLL = 0.0002
 """Seconds between two asks for the write lock (a waiter) or two looks for waiters."""
 
 LET_IN_BOUND = 0.05
 """Most seconds a writer waits for waiters to get in before it asks for the lock itself."""
+
+
+@dataclass(slots=True)
+class LockWaits:
+    """What taking turns came to for one writer (``chatlane_sqlite_lock_waits_total``)."""
+
+    waited: int = 0
+    """Times it found the write lock taken and waited for it as a waiter."""
+    let_in: int = 0
+    """Times it found others waiting and let them in before it asked."""
 
 
 def lock_file(database: Path) -> Path:
@@ -57,17 +68,19 @@ def lock_file(database: Path) -> Path:
 class WaitingWriters:
     """This writer's side of the agreement (see the module docstring); one per connection."""
 
-    def __init__(self, database: Path, let_in_bound: float = LET_IN_BOUND) -> None:
-        """Open (or create) the lock file beside ``database``.
+    def __init__(
+        self,
+        database: Path,
+        counts: LockWaits | None = None,
+        let_in_bound: float = LET_IN_BOUND,
+    ) -> None:
+        """Open (or create) the lock file beside ``database``; ``counts`` are kept up to date.
 
         :raises OSError: the lock file cannot be opened or created.
         """
         self._fd = os.open(lock_file(database), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.counts = LockWaits() if counts is None else counts
         self.let_in_bound = let_in_bound
-        self.waited = 0
-        """How many times this writer found the write lock taken and waited."""
-        self.let_in = 0
-        """How many times this writer found others waiting and let them in first."""
 
     def close(self) -> None:
         os.close(self._fd)
@@ -97,7 +110,7 @@ class WaitingWriters:
         except sqlite3.OperationalError as error:
             if not is_busy(error):
                 raise
-        self.waited += 1
+        self.counts.waited += 1
         fcntl.flock(self._fd, fcntl.LOCK_SH)
         try:
             self._ask_until(connection, time.monotonic() + timeout)
@@ -105,7 +118,7 @@ class WaitingWriters:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def _let_waiters_in(self) -> None:
-        self.let_in += 1
+        self.counts.let_in += 1
         deadline = time.monotonic() + self.let_in_bound
         while time.monotonic() < deadline:
             time.sleep(POLL)

@@ -76,14 +76,14 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from chatlane.errors import StoreDamaged, StoreError
 from chatlane.stores.sqlite_checkpoints import Checkpointer
 from chatlane.stores.sqlite_file import damaged, is_damage
 from chatlane.stores.sqlite_schema import Location, connect, is_busy
-from chatlane.stores.sqlite_waiting import WaitingWriters, lock_file
+from chatlane.stores.sqlite_waiting import LockWaits, WaitingWriters, lock_file
 
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -139,6 +139,8 @@ class WriterStats:
     """Checkpoints run beside the writes."""
     held_checkpoints: int = 0
     """Checkpoints the writer thread ran with its writes held (the WAL past its bound)."""
+    lock: LockWaits = field(default_factory=LockWaits)
+    """Write transactions that waited for another process's, or let its waiting ones in."""
 
 
 _Call = tuple[Operation[Any], bool, asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
@@ -356,7 +358,7 @@ class Writer:
         connection = connect(self.location)
         try:
             connection.execute("PRAGMA wal_autocheckpoint = 0")  # ours: see the module docstring
-            return connection, WaitingWriters(self.location.path)
+            return connection, WaitingWriters(self.location.path, self.stats.lock)
         except OSError as error:
             connection.close()
             raise StoreError(
