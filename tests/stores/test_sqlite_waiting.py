@@ -10,8 +10,7 @@ import os
 import sqlite3
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,25 +37,30 @@ def path(tmp_path: Path) -> Path:
     return database
 
 
+class Announcing(WaitingWriters):
+    """Sets :attr:`waiting` once it says it waits (its shared lock taken), before it asks again."""
+
+    def __init__(self, database: Path, let_in_bound: float) -> None:
+        super().__init__(database, let_in_bound=let_in_bound)
+        self.waiting = threading.Event()
+
+    def _ask_until(self, connection: sqlite3.Connection, deadline: float) -> None:
+        self.waiting.set()
+        super()._ask_until(connection, deadline)
+
+
 @contextlib.contextmanager
 def writer(
     path: Path, let_in_bound: float = PATIENT
-) -> Iterator[tuple[sqlite3.Connection, WaitingWriters]]:
+) -> Iterator[tuple[sqlite3.Connection, Announcing]]:
     """A connection as the store's writer holds it (no busy timeout), and its writer's side."""
     connection = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
-    writers = WaitingWriters(path, let_in_bound=let_in_bound)
+    writers = Announcing(path, let_in_bound)
     try:
         yield connection, writers
     finally:
         writers.close()
         connection.close()
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.001)
 
 
 def test_a_writer_that_found_the_lock_taken_goes_before_the_holder_writes_again(
@@ -74,8 +78,8 @@ def test_a_writer_that_found_the_lock_taken_goes_before_the_holder_writes_again(
 
         waiting = threading.Thread(target=wait_as_another_process)
         waiting.start()
-        # it found the lock taken and says so (a look of its own, before, could seem a waiter)
-        wait_until(lambda: others.counts.waited == 1 and holders.others_wait())
+        assert others.waiting.wait(PATIENT)  # it found the lock taken and says so
+        assert holders.others_wait()
         holder.execute("INSERT INTO t VALUES ('holder')")
         holder.execute("COMMIT")
         holders.begin(holder, timeout=PATIENT)  # at once, were the waiter not let in
