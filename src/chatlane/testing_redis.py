@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from chatlane.errors import ChatlaneError
 
@@ -51,23 +52,46 @@ def free_port() -> int:
         return port
 
 
-def wait_until_ready(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
-    """Return once the server on ``port`` answers PING.
+class PortTaken(TestServerError):
+    """Another server answered on the port chosen for a throwaway one: choose another."""
 
+
+def wait_until_ready(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
+    """Return once the server on ``port`` answers PING and is ``process``.
+
+    :raises PortTaken: another server took the port between its choice and the start.
     :raises TestServerError: it exited, or did not answer within ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise TestServerError(f"the throwaway redis server exited with {process.returncode}")
+        exited = process.poll() is not None  # asked first: a server answering then is another
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
                 sock.sendall(b"PING\r\n")
                 if sock.recv(16).startswith(b"+PONG"):
+                    _check_is(sock, process, port)
                     return
         except OSError:
-            time.sleep(0.05)
+            pass
+        if exited:
+            raise TestServerError(f"the throwaway redis server exited with {process.returncode}")
+        time.sleep(0.05)
     raise TestServerError("the throwaway redis server did not start in time")
+
+
+def _check_is(sock: socket.socket, process: subprocess.Popen[bytes], port: int) -> None:
+    """Raise :class:`PortTaken` unless the server on ``sock`` is ``process`` (its ``INFO``)."""
+    sock.sendall(b"INFO server\r\n")
+    reply = sock.recv(4096)
+    header, _, _ = reply.partition(b"\r\n")  # $<length> of the bulk string that follows
+    length = int(header[1:]) if header[:1] == b"$" and header[1:].isdigit() else 0
+    while len(reply) < len(header) + 2 + length + 2:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        reply += chunk
+    if f"process_id:{process.pid}\r\n".encode() not in reply:
+        raise PortTaken(f"port {port} answers as another server than the one started there")
 
 
 @contextmanager
@@ -80,26 +104,35 @@ def redis_server(timeout: float = 10.0) -> Iterator[str]:
     if url:
         yield url
         return
-    binary, port = server_binary(), free_port()
-    with tempfile.TemporaryDirectory(prefix="chatlane-redis-") as folder:
-        command = [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            folder,
-        ]
-        with Path(folder, "server.log").open("wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                wait_until_ready(port, process, timeout)
-                yield f"redis://127.0.0.1:{port}/0"
-            finally:
-                process.terminate()
-                process.wait(timeout=10)
+    binary = server_binary()
+    with (
+        tempfile.TemporaryDirectory(prefix="chatlane-redis-") as folder,
+        Path(folder, "server.log").open("wb") as log,
+    ):
+        process, port = _start(binary, folder, log, timeout)
+        try:
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def _start(
+    binary: str, folder: str, log: IO[bytes], timeout: float, attempts: int = 3
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a server on a free port, on another if one was taken meanwhile."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        command += ["--appendonly", "no", "--dir", folder]
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_until_ready(port, process, timeout)
+        except BaseException as error:
+            process.terminate()
+            process.wait(timeout=10)
+            if not isinstance(error, PortTaken) or attempt == attempts:
+                raise
+        else:
+            return process, port
+    raise AssertionError("unreachable")

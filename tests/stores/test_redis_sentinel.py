@@ -88,32 +88,55 @@ def sentinel_setup() -> Iterator[Setup]:
     except testing_redis.TestServerError as error:
         pytest.skip(str(error))
     with tempfile.TemporaryDirectory(prefix="chatlane-sentinel-") as folder:
-        base = Path(folder)
-        primary, replica = free_port(), free_port()
-        setup = Setup(
-            Node(primary, _data_node(binary, base / "primary", primary)),
-            Node(
-                replica,
-                [
-                    *_data_node(binary, base / "replica", replica),
-                    "--replicaof",
-                    "127.0.0.1",
-                    str(primary),
-                ],
-            ),
-        )
-        for n in range(3):
-            port = free_port()
-            config = base / f"sentinel-{n}.conf"
-            config.write_text(_sentinel_config(port, primary))
-            setup.sentinels.append(Node(port, [binary, str(config), "--sentinel"]))
+        setup = _started(binary, Path(folder))
+        try:
+            yield setup
+        finally:
+            _stop(setup)
+
+
+def _started(binary: str, base: Path, attempts: int = 3) -> Setup:
+    """Start the setup, on other ports if a server took one of its ports meanwhile."""
+    for attempt in range(1, attempts + 1):
+        setup = _planned(binary, base / f"try-{attempt}")
         try:
             for node in (setup.primary, setup.replica, *setup.sentinels):
                 node.start()
-            yield setup
-        finally:
-            for node in (*setup.sentinels, setup.replica, setup.primary):
-                node.stop()
+        except BaseException as error:
+            _stop(setup)
+            if not isinstance(error, testing_redis.PortTaken) or attempt == attempts:
+                raise
+        else:
+            return setup
+    raise AssertionError("unreachable")
+
+
+def _planned(binary: str, base: Path) -> Setup:
+    base.mkdir()
+    primary, replica = free_port(), free_port()
+    setup = Setup(
+        Node(primary, _data_node(binary, base / "primary", primary)),
+        Node(
+            replica,
+            [
+                *_data_node(binary, base / "replica", replica),
+                "--replicaof",
+                "127.0.0.1",
+                str(primary),
+            ],
+        ),
+    )
+    for n in range(3):
+        port = free_port()
+        config = base / f"sentinel-{n}.conf"
+        config.write_text(_sentinel_config(port, primary))
+        setup.sentinels.append(Node(port, [binary, str(config), "--sentinel"]))
+    return setup
+
+
+def _stop(setup: Setup) -> None:
+    for node in (*setup.sentinels, setup.replica, setup.primary):
+        node.stop()
 
 
 def _data_node(binary: str, folder: Path, port: int) -> list[str]:
