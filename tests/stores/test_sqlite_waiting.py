@@ -38,24 +38,37 @@ def path(tmp_path: Path) -> Path:
 
 
 class Announcing(WaitingWriters):
-    """Sets :attr:`waiting` once it says it waits (its shared lock taken), before it asks again."""
+    """Says what it is doing through events: :attr:`waiting` once it says it waits (its
+    shared lock taken), :attr:`letting_in` once it found waiters and lets them in. As a
+    waiter, it asks again only once ``asks_after`` is set (if given), so that a test
+    decides whether it could have got in by asking alone."""
 
-    def __init__(self, database: Path, let_in_bound: float) -> None:
+    def __init__(
+        self, database: Path, let_in_bound: float, asks_after: threading.Event | None
+    ) -> None:
         super().__init__(database, let_in_bound=let_in_bound)
         self.waiting = threading.Event()
+        self.letting_in = threading.Event()
+        self._asks_after = asks_after
+
+    def _let_waiters_in(self) -> None:
+        self.letting_in.set()
+        super()._let_waiters_in()
 
     def _ask_until(self, connection: sqlite3.Connection, deadline: float) -> None:
         self.waiting.set()
+        if self._asks_after is not None:
+            assert self._asks_after.wait(PATIENT)
         super()._ask_until(connection, deadline)
 
 
 @contextlib.contextmanager
 def writer(
-    path: Path, let_in_bound: float = PATIENT
+    path: Path, let_in_bound: float = PATIENT, asks_after: threading.Event | None = None
 ) -> Iterator[tuple[sqlite3.Connection, Announcing]]:
     """A connection as the store's writer holds it (no busy timeout), and its writer's side."""
     connection = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
-    writers = Announcing(path, let_in_bound)
+    writers = Announcing(path, let_in_bound, asks_after)
     try:
         yield connection, writers
     finally:
@@ -66,8 +79,13 @@ def writer(
 def test_a_writer_that_found_the_lock_taken_goes_before_the_holder_writes_again(
     path: Path,
 ) -> None:
+    """The waiter asks again only once the holder lets it in, so it cannot get in by
+    asking alone while the holder is slow to begin again (a loaded machine)."""
     order: list[str] = []
-    with writer(path) as (holder, holders), writer(path) as (other, others):
+    with (
+        writer(path) as (holder, holders),
+        writer(path, asks_after=holders.letting_in) as (other, others),
+    ):
         holders.begin(holder, timeout=5)
 
         def wait_as_another_process() -> None:
