@@ -102,6 +102,35 @@ async def test_queue_without_text_shows_usage() -> None:
         assert reply.endswith("Usage: /queue <text>")
 
 
+class EnqueueFails(MemoryStore):
+    """Refuses the first ``enqueue`` as an outage would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 1
+
+    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("cannot write /var/lib/chatlane/chatlane.db: disk I/O error")
+        return await super().enqueue(key, message_id, owner, payload)
+
+
+async def test_queue_tells_its_sender_when_the_store_could_not_take_the_message() -> None:
+    async with GatewayHarness(EchoAgent(), store=EnqueueFails()) as h:
+        result = await h.send("/queue first", chat_id="c")
+        assert last_text(h) == f"Could not queue it: {STORE_UNAVAILABLE}."
+        [ended] = h.outcomes  # not queued: it ends here, and says why without the store's words
+        assert (ended.message_id, ended.outcome) == (result.message_id, Outcome.FAILED)
+        assert ended.reason == STORE_UNAVAILABLE
+        await h.send("/queue second", chat_id="c")
+        assert await h.replies(chat_id="c", count=3) == [
+            f"Could not queue it: {STORE_UNAVAILABLE}.",
+            "Started a turn for it now.",
+            "echo: second",
+        ]
+
+
 async def test_queue_command_respects_the_cap() -> None:
     async with GatewayHarness(EchoAgent(), queue_cap=1) as h:
         await h.send("sleep 0.05", chat_id="c")

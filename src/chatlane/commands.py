@@ -208,7 +208,11 @@ async def _queue(call: CommandCall) -> str:
     message = InboundMessage(
         call.message.source, call.args, id=call.message.id, attachments=call.message.attachments
     )
-    outcome = await call.engine.enqueue(call.session_key, message)
+    try:
+        outcome = await call.engine.enqueue(call.session_key, message)
+    except ChatlaneError as error:  # not queued; its outcome says so (failed)
+        log.warning("/queue failed for %s: %s", call.session_key, error)
+        return f"Could not queue it: {shown_to_users(error)}."
     if outcome is None:
         return "Started a turn for it now."
     state = call.engine.registry.get(call.session_key)
