@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 
@@ -71,6 +72,84 @@ async def test_stop_interrupts_and_drops_the_queue() -> None:
         assert len(recorder.turns[result.session_key]) == 1
         await h.send("again", chat_id="c")
         assert (await h.replies(chat_id="c", count=3))[2] == "echo: again"
+
+
+class DropFailsOnceIdle(MemoryStore):
+    """Refuses the first ``drop_pending``, once ``idle()`` returned: the stopped turn
+    ended while the store was asked (its own drop, the next call, goes through)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 1
+        self.idle: Callable[[], Awaitable[None]] | None = None
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        if self.failures:
+            self.failures -= 1
+            assert self.idle is not None
+            await self.idle()
+            raise StoreError("the store is out of reach")
+        await super().drop_pending(key, seqs)
+
+
+@pytest.mark.parametrize("turn_ends_first", [False, True])
+async def test_stop_keeps_the_queue_the_store_could_not_drop_and_runs_it(
+    turn_ends_first: bool,
+) -> None:
+    """A /stop the store could not follow stops the running turn here, and the
+    messages it could not drop wait again in their places: they run, none is lost
+    (also when the stopped turn ended while the store was asked)."""
+    store = DropFailsOnceIdle() if turn_ends_first else DropFails()
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        if isinstance(store, DropFailsOnceIdle):
+            store.idle = h.gateway.engine.wait_idle
+        await h.send("sleep 30", chat_id="c")
+        await h.until_running(chat_id="c")
+        queued = [await h.send(text, chat_id="c") for text in ("a", "b")]
+        await h.send("/stop", chat_id="c")
+        replies = await h.replies(chat_id="c", count=4)
+        assert replies[1:] == [
+            f"Stopped the running turn. Could not drop 2 queued messages: {STORE_UNAVAILABLE}."
+            " They still wait.",
+            "echo: a",
+            "echo: b",
+        ]
+        await h.settle()
+        ends = {o.message_id: o.outcome for o in h.outcomes}
+        assert [ends[r.message_id] for r in queued] == [Outcome.ANSWERED, Outcome.ANSWERED]
+        assert len(h.outcomes) == 3  # one each: the stopped turn's, and a's and b's
+
+
+class PersistentWritesFail(MemoryStore):
+    """Refuses every ``set_persistent`` as an outage would."""
+
+    async def set_persistent(
+        self, key: SessionKey, generation: int | None, **fields: object
+    ) -> None:
+        raise StoreError("cannot write /var/lib/chatlane/chatlane.db: disk I/O error")
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("/model big", "Model: the default"),
+        ("/reasoning high", "Reasoning effort: the default"),
+        ("/fast on", "Fast mode: default"),
+        ("/busy reject", "Busy policy: queue"),
+    ],
+)
+async def test_a_choice_the_store_could_not_keep_changes_nothing(
+    command: str, shown: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with GatewayHarness(EchoAgent(), store=PersistentWritesFail()) as h:
+        await h.send(command, chat_id="c")
+        name = command.split()[0]
+        assert last_text(h) == f"{name} could not finish: {STORE_UNAVAILABLE}."
+        await h.send(name, chat_id="c")
+        assert last_text(h) == shown  # not taken up here either
+        assert not [
+            r for r in caplog.records if r.levelno >= logging.ERROR
+        ]  # an outage: no traceback
 
 
 async def test_stop_when_idle_still_bumps_generation() -> None:

@@ -5,8 +5,10 @@ A command is data — a :class:`CommandSpec` naming its handler and its
 decided in one place (:meth:`CommandRouter.run`), never inside handlers.
 A handler returns the reply text; a malformed argument raises
 :class:`UsageError` and the user gets the command's usage line. Nothing a user
-types can crash the router: an unexpected error in a handler becomes a clear
-reply and a logged traceback.
+types can crash the router: an error the gateway expects (a store outage, any
+:class:`~chatlane.errors.ChatlaneError`) becomes a reply saying what went
+wrong, logged as a warning; an unexpected one a clear reply and a logged
+traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.aside import TooManyAsides
 from chatlane.runtime.busy import NOW, BusyOutcome, BusyPolicy, ack_text
+from chatlane.runtime.settings import StopIncomplete
 from chatlane.state import SlotPhase
 from chatlane.stores.fields import BUSY_POLICY
 from chatlane.types import InboundMessage, SessionKey
@@ -180,6 +183,9 @@ async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
     except (UsageError, ConfigError) as error:
         detail = str(error)
         return f"{detail}\nUsage: {spec.usage}" if detail else f"Usage: {spec.usage}"
+    except ChatlaneError as error:  # an outage the gateway expects: no traceback
+        log.warning("command /%s failed for %s: %s", spec.name, call.session_key, error)
+        return f"/{spec.name} could not finish: {shown_to_users(error)}."
     except Exception:
         log.exception("command /%s failed for %s", spec.name, call.session_key)
         return f"/{spec.name} failed unexpectedly; the error was logged."
@@ -189,13 +195,26 @@ async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
 
 
 async def _stop(call: CommandCall) -> str:
-    result = await call.engine.stop(call.session_key)
+    try:
+        result = await call.engine.stop(call.session_key)
+    except StopIncomplete as incomplete:
+        log.warning("/stop could not drop the queue of %s: %s", call.session_key, incomplete)
+        kept = incomplete.kept
+        head = _stopped(incomplete.stopped_turn)
+        if not kept:
+            return f"{head} The rest could not finish: {incomplete}."
+        waits = "It still waits." if kept == 1 else "They still wait."
+        return f"{head} Could not drop {kept} queued {_messages(kept)}: {incomplete}. {waits}"
     dropped, elsewhere = len(result.dropped), result.dropped_elsewhere
-    head = "Stopped the running turn." if result.stopped_turn else "Nothing was running here."
+    head = _stopped(result.stopped_turn)
     text = f"{head} Dropped {dropped} queued {_messages(dropped)}"
     if elsewhere:
         text += f", and {elsewhere} {_messages(elsewhere)} other gateway processes had taken"
     return text + "."
+
+
+def _stopped(turn: bool) -> str:
+    return "Stopped the running turn." if turn else "Nothing was running here."
 
 
 def _messages(count: int) -> str:

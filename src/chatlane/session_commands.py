@@ -182,8 +182,8 @@ async def _model(call: CommandCall) -> str:
     if once:
         apply_once(state, choice)
         return f"Next turn only: {choice.describe()}"
-    state.conversation.one_turn_restore = None
     await engine.persist_conversation(key, **{MODEL_OVERRIDE: choice})
+    state.conversation.one_turn_restore = None
     return f"Model for this conversation: {choice.describe()}"
 
 

@@ -12,7 +12,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy, BusySettings, resolve_policy
-from chatlane.runtime.settings import RuntimeSettings, StopResult
+from chatlane.runtime.settings import RuntimeSettings, StopIncomplete, StopResult
 
 if TYPE_CHECKING:
     from chatlane.runtime.engine import TurnEngine
@@ -37,6 +37,7 @@ __all__ = [
     "BusyPolicy",
     "BusySettings",
     "RuntimeSettings",
+    "StopIncomplete",
     "StopResult",
     "Turn",
     "TurnEngine",

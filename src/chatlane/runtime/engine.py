@@ -78,7 +78,7 @@ from chatlane.runtime.persisted import (
     stored_fields,
 )
 from chatlane.runtime.recovery import adopt_all
-from chatlane.runtime.settings import RuntimeSettings, StopResult
+from chatlane.runtime.settings import RuntimeSettings, StopIncomplete, StopResult
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep, expiry_margin
@@ -227,18 +227,24 @@ class TurnEngine:
         return state
 
     async def persist_conversation(self, key: SessionKey, **fields: object) -> None:
-        """Set conversation overrides of ``key``, here and in the store (a boundary clears both)."""
+        """Set conversation overrides of ``key``, in the store, then here (a boundary clears both).
+
+        :raises ChatlaneError: the store could not take them; nothing changed here.
+        """
         state = await self.session(key)
+        await self.store.set_persistent(key, None, **stored_fields(fields))
         for name, value in fields.items():
             setattr(state.conversation, name, value)
-        await self.store.set_persistent(key, None, **stored_fields(fields))
 
     async def persist(self, key: SessionKey, **fields: object) -> None:
-        """Set persistent fields of ``key``, here and in the store (enums stored by value)."""
+        """Set persistent fields of ``key``, in the store (enums by value), then here.
+
+        :raises ChatlaneError: the store could not take them; nothing changed here.
+        """
         state = await self.session(key)
+        await self.store.set_persistent(key, None, **stored_fields(fields))
         for name, value in fields.items():
             setattr(state.persistent, name, value)
-        await self.store.set_persistent(key, None, **stored_fields(fields))
 
     async def accept(
         self,
@@ -588,28 +594,39 @@ class TurnEngine:
         re-runs what is still queued as its own, which must be nothing.
         """
         state = self.registry.get(key)
-        dropped, seqs = pending.drain(state)
+        entries = list(pending.pending_entries(state))
+        queued, queued_seqs = pending.drain(state)
         turn = running_turn_of(state)
         if turn is not None and turn.ended_by:
             turn = None  # an earlier /stop (or interrupt) already ended it: nothing to count
-        if turn is not None and turn.lease is None:  # waiting for the lease: never ran
-            dropped, seqs = [*turn.messages, *dropped], [*turn.seqs, *seqs]
-        if turn is not None:
-            steers = turn.waiting_steers()  # told "steered", never run
-            dropped = [*(message for message, _ in steers), *dropped]
-            seqs = [*(seq for _, seq in steers), *seqs]
+        held, held_seqs = _held_by(turn)
         fenced_here = turn is not None and turn.is_current()  # its supersede bumps
         if turn is not None:
             self.slots.supersede(turn, TurnEnd.STOPPED)
-        await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
+        stopped = turn is not None and turn.lease is not None
+        seqs = [*held_seqs, *queued_seqs]
+        try:
+            if seqs:
+                await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
+        except ChatlaneError as error:
+            self._queue_again(state, entries)
+            self.outcomes.end((message.id for message in held), Outcome.DROPPED)
+            raise StopIncomplete(stopped, len(queued), error) from error
+        dropped = [*held, *queued]
+        self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
         elsewhere = await self._drop_elsewhere(key)
         if not fenced_here:
             state.persistent.bump_generation()
             await self.store.bump_generation(key)
             self.slots.stop_collecting(state)
-        stopped = turn is not None and turn.lease is not None
-        self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
         return StopResult(stopped, tuple(dropped), elsewhere)
+
+    def _queue_again(self, state: SessionState, entries: list[pending.PendingEntry]) -> None:
+        """``/stop`` could not drop ``entries`` from the store: they wait here again, in
+        their places before what came since, and run when the session is free."""
+        pending.restore(state, entries)
+        if not state.turn.is_running:  # the stopped turn ended meanwhile
+            self.slots.promote(state)
 
     async def unqueue(self, key: SessionKey, seq: int) -> InboundMessage | None:
         """``/unqueue``: take one waiting message out of this process's queue and the store's.
@@ -779,6 +796,20 @@ def _must_propagate(error: BaseException) -> bool:
         task = asyncio.current_task()
         return task is None or task.cancelling() > 0
     return False
+
+
+def _held_by(turn: Turn | None) -> tuple[list[InboundMessage], list[int]]:
+    """What ``/stop`` drops with ``turn`` and its aftermath drops too: the messages of
+    a turn still waiting for its lease (it never ran), and the steers it never took
+    (their senders were told "steered")."""
+    if turn is None:
+        return [], []
+    steers = turn.waiting_steers()
+    messages = [message for message, _ in steers]
+    seqs = [seq for _, seq in steers]
+    if turn.lease is None:
+        messages, seqs = [*messages, *turn.messages], [*seqs, *turn.seqs]
+    return messages, seqs
 
 
 __all__ = ["RuntimeSettings", "StopResult", "TurnEngine"]

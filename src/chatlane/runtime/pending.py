@@ -269,6 +269,13 @@ def collapse(
     return [m for m, _ in pairs if m is not message]
 
 
+def restore(state: SessionState, entries: list[PendingEntry]) -> None:
+    """Put ``entries`` taken by :func:`drain` back at the head of the queue, before
+    what was queued since; one whose messages wait here again already is skipped."""
+    waiting = known(state)
+    pending_entries(state)[:0] = [e for e in entries if not waiting.intersection(e.seqs)]
+
+
 def drain(state: SessionState) -> tuple[list[InboundMessage], list[int]]:
     """Remove every pending message and return them with their seqs, oldest first."""
     queue = pending_entries(state)

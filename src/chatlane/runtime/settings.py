@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from chatlane.errors import ConfigError
+from chatlane.errors import ChatlaneError, ConfigError, shown_to_users
 from chatlane.runtime.busy import BusySettings, Overflow
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.limits import Count, CountOrZero, PositiveSeconds, Seconds, check_bounds
@@ -138,4 +138,18 @@ class StopResult:
     """Messages other processes had accepted (running there, or queued), dropped from the store."""
 
 
-__all__ = ["LeaseSettings", "RuntimeSettings", "StopResult"]
+class StopIncomplete(ChatlaneError):
+    """``/stop`` stopped what ran here, but the store could not drop the queued messages.
+
+    They wait again in their places (the store still holds them; they run
+    as if no ``/stop`` had come); ``kept`` counts them. Its text is the
+    cause's as users may see it (:func:`~chatlane.errors.shown_to_users`).
+    """
+
+    def __init__(self, stopped_turn: bool, kept: int, cause: ChatlaneError) -> None:
+        super().__init__(shown_to_users(cause))
+        self.stopped_turn = stopped_turn
+        self.kept = kept
+
+
+__all__ = ["LeaseSettings", "RuntimeSettings", "StopIncomplete", "StopResult"]
