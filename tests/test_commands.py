@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -207,6 +208,29 @@ async def test_queue_tells_its_sender_when_the_store_could_not_take_the_message(
             f"Could not queue it: {STORE_UNAVAILABLE}.",
             "Started a turn for it now.",
             "echo: second",
+        ]
+
+
+class FirstLoadFails(MemoryStore):
+    """Refuses the first ``load_persistent`` as an outage would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 1
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("the store is out of reach")
+        return await super().load_persistent(key)
+
+
+async def test_queue_ends_its_message_when_the_session_could_not_be_read() -> None:
+    async with GatewayHarness(EchoAgent(), store=FirstLoadFails()) as h:
+        result = await h.send("/queue first", chat_id="c")
+        assert last_text(h) == f"Could not queue it: {STORE_UNAVAILABLE}."
+        assert [(o.message_id, o.outcome) for o in h.outcomes] == [
+            (result.message_id, Outcome.FAILED)
         ]
 
 

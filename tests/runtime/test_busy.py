@@ -275,6 +275,35 @@ async def test_reject_always_answers_and_never_runs() -> None:
         assert [o.refusal for o in h.delivered(chat_id="c")] == ["rejected", "rejected", ""]
 
 
+QUEUED_ONE = "Queued for the next turn (1 queued)"
+
+
+@pytest.mark.parametrize(
+    ("busy", "before", "expected"),
+    [
+        ("reject", [], [QUEUED_ONE, "slept 0.05", "echo: a"]),
+        # the queue (cap 1) is full: refused; its ack is within the first's debounce
+        ("queue", ["b"], [QUEUED_ONE, "slept 0.05", "echo: b", "echo: a"]),
+    ],
+)
+async def test_a_refusal_the_store_could_not_follow_queues_the_message_instead(
+    busy: str, before: list[str], expected: list[str]
+) -> None:
+    """A refused message leaves the store's queue; one the store could not drop
+    stays there, so it waits here too (past the cap) and runs."""
+    async with GatewayHarness(EchoAgent(), busy=busy, queue_cap=1, store=FirstDropFails()) as h:
+        await h.send("sleep 0.05", chat_id="c")
+        await h.until_running(chat_id="c")
+        for text in before:
+            await h.send(text, chat_id="c")
+        result = await h.send("a", chat_id="c")
+        assert result.outcome is BusyOutcome.QUEUED
+        assert await h.replies(chat_id="c", count=len(expected)) == expected
+        await h.settle()
+        [ended] = [o for o in h.outcomes if o.message_id == result.message_id]
+        assert ended.outcome is Outcome.ANSWERED
+
+
 async def test_internal_events_queue_without_interrupting() -> None:
     recorder = Recorder()
     async with GatewayHarness(EchoAgent(recorder), busy="interrupt") as h:
@@ -538,6 +567,18 @@ async def test_stop_empties_a_coalescing_buffer() -> None:
         assert status.startswith("Status: collecting messages for the next turn")
         await h.send("/stop", chat_id="c")
     assert {o.message_id: o.outcome for o in h.outcomes}[held.message_id] is Outcome.DROPPED
+
+
+async def test_a_wait_for_idle_ends_when_a_dropped_buffer_frees_the_last_session() -> None:
+    """A session that only waited out a window was the last live one: once /stop
+    drops its buffer the engine is idle, and whoever waits for that is told."""
+    async with GatewayHarness(EchoAgent(), coalesce={"test": 3600}) as h:
+        await h.send("wait for it", chat_id="c")
+        settling = asyncio.create_task(h.settle(timeout=30))
+        await asyncio.sleep(0)  # it runs until it waits for the engine to be idle
+        assert not settling.done()
+        await h.send("/stop", chat_id="c")
+        await settling
 
 
 def test_a_coalescing_turn_never_waits_past_its_max_wait(monkeypatch: pytest.MonkeyPatch) -> None:

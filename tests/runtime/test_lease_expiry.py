@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from chatlane.errors import StoreError
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.runtime.upkeep import expiry_margin
@@ -23,6 +24,7 @@ from chatlane.stores import MemoryStore
 from chatlane.stores.base import Admission, Lease
 from chatlane.testing import GatewayHarness
 from chatlane.types import SessionKey
+from tests.runtime.agents import EchoAgent
 
 SHORT = LeaseSettings(ttl=1.0, fence_check=0.0)
 
@@ -119,3 +121,31 @@ async def test_a_lease_that_arrives_about_to_expire_runs_no_agent() -> None:
     [(generation, left)] = leases
     assert generation not in store.late  # the agent ran only under a later lease
     assert left > expiry_margin(SHORT)
+
+
+class FirstReleaseRefused(MemoryStore):
+    """Refuses the first ``release`` as an outage would (before it changes anything)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def release(self, lease: Lease) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise StoreError("the store is out of reach")
+        await super().release(lease)
+
+
+async def test_a_lease_the_store_could_not_take_back_is_given_back_once_it_answers() -> None:
+    """Giving back a stopped turn's lease is retried through the outage: the
+    session's next turn runs at once, not after the lease's TTL (an hour here)."""
+    store = FirstReleaseRefused()
+    async with GatewayHarness(EchoAgent(), store=store, leases=LeaseSettings(ttl=3600)) as h:
+        await h.send("sleep 30", chat_id="c")
+        await h.until_running(chat_id="c")
+        await h.send("/stop", chat_id="c")
+        await h.send("hi", chat_id="c")
+        await h.wait_for(lambda outbox: any(o.text == "echo: hi" for o in outbox))
+        await h.settle()
+        assert (store.refused, await store.active_sessions()) == (1, 0)

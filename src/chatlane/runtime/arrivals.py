@@ -6,7 +6,10 @@ and tells the sender. What stays true:
 * Here, a message for a running session is queued, merged, steered into the
   run, used to interrupt it (rolled back, or redirected: stopped at a safe
   point with its work kept), or refused with a notice; a refused message
-  leaves the store's queue at once, so it is never run later.
+  leaves the store's queue at once, so it is never run later. If the store
+  cannot drop it, it is not refused: it waits in the queue (past the cap if
+  need be) and its sender is told so, since a message the store keeps runs
+  some day, and never unannounced.
 * A turn that waits for a lease another process holds gets the policy once,
   on its first refused acquire (:mod:`chatlane.runtime.elsewhere`): ``reject``
   refuses it, ``rollback`` interrupts the other process's turn through the
@@ -181,12 +184,32 @@ class BusyDesk:
         if outcome is BusyOutcome.QUEUE_FULL and self._settings.overflow is Overflow.SUMMARIZE:
             outcome = BusyOutcome.COLLAPSED
             await self._collapse(state, message, seq)
-        self._metrics.busy(outcome.value, policy.value)
         if outcome in ALWAYS_ANSWERED:
-            await self._store.drop_pending(state.key, [seq])
+            outcome = await self._refuse(state, message, seq, outcome)
+        self._metrics.busy(outcome.value, policy.value)
         if outcome is not BusyOutcome.COLLAPSED:  # its senders were told, every one
             await self._acknowledge(state, message, outcome)
         return outcome
+
+    async def _refuse(
+        self, state: SessionState, message: InboundMessage, seq: int, refusal: BusyOutcome
+    ) -> BusyOutcome:
+        """Drop a refused ``message`` from the store: ``refusal``; or, if the store cannot,
+        queue it (past the cap if need be): :attr:`BusyOutcome.QUEUED`."""
+        try:
+            await self._store.drop_pending(state.key, [seq])
+        except ChatlaneError as error:
+            log.warning(
+                "could not drop a %s message; it waits instead: %s",
+                refusal.value,
+                error,
+                extra=turn_fields(state.key),
+            )
+            pending.insert_in_order(state, [message], [seq])
+            if not state.turn.is_running:  # the turn it found ended meanwhile
+                self._slots.promote(state)
+            return BusyOutcome.QUEUED
+        return refusal
 
     async def _collapse(self, state: SessionState, message: InboundMessage, seq: int) -> None:
         """Make the waiting messages and ``message`` one turn; tell each of their senders."""

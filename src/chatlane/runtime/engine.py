@@ -307,10 +307,10 @@ class TurnEngine:
         if not message.busy_policy:
             message = msgspec.structs.replace(message, busy_policy=BusyPolicy.QUEUE.value)
         self.outcomes.open(key, message)  # a refusal below is its outcome
-        state = await self.session(key)
-        if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
-            return BusyOutcome.QUEUE_FULL
         try:
+            state = await self.session(key)
+            if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
+                return BusyOutcome.QUEUE_FULL
             seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
         except ChatlaneError as error:
             self.outcomes.end([message.id], Outcome.FAILED, reason=shown_to_users(error))

@@ -15,6 +15,8 @@ What stays true:
   itself before it can deliver anything).
 * Each lease is released exactly once, through ``TurnState.lease_tokens``
   keyed by generation: a displaced turn's unwind frees only its own lease.
+  A release the store could not answer leaves the token (and the lease)
+  held here, so that trying again releases it.
   A turn that answers releases its lease in the commit that records the
   answer (:meth:`LeaseKeeper.commit_and_release`), and its entry is settled
   there; every other ending releases it afterwards, as before.
@@ -50,7 +52,7 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.logs import turn_fields
-from chatlane.runtime.backoff import MAX_DELAY, retryable
+from chatlane.runtime.backoff import MAX_DELAY, retry_store, retryable
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.state import SessionState
 from chatlane.stores.base import Admission, Lease, Store, Taken, WriteBatch
@@ -139,10 +141,21 @@ class LeaseKeeper:
         return generation in state.turn.lease_tokens
 
     async def let_go(self, state: SessionState, lease: Lease) -> None:
-        """Give back a lease taken with a message that no turn runs now (once; errors logged)."""
+        """Give back a lease taken with a message that no turn runs now (once).
+
+        Through an outage it is tried again until the store answers or the
+        lease was released otherwise (the engine's close), so the session's
+        next turn does not wait out the lease's TTL; other errors are logged.
+        """
         self.hold(state, lease)
+        generation = lease.generation
         try:
-            await self.release(state, lease.generation)
+            await retry_store(
+                lambda: self.release(state, generation),
+                wanted=lambda: self.holds(state, generation),
+                what="giving back a lease",
+                fields=turn_fields(state.key, generation),
+            )
         except ChatlaneError as error:  # it expires within the TTL; the session waits till then
             log.warning("could not give back a lease: %s", error, extra=turn_fields(state.key))
 
@@ -231,7 +244,11 @@ class LeaseKeeper:
             state.turn.release_lease_token(generation)
 
     async def release(self, state: SessionState, generation: int) -> None:
-        """Release the lease taken for ``generation``, if it is still held (once only)."""
+        """Release the lease taken for ``generation``, if it is still held (once only).
+
+        :raises StoreError: the store could not be reached; the lease is still
+            held here (and renewed), so that calling again releases it.
+        """
         if self._drawing:
             await self._drawn(state.key)
         lease = state.turn.release_lease_token(generation)
@@ -241,6 +258,9 @@ class LeaseKeeper:
             await self.store.release(lease)
         except LeaseError as error:
             log.info("lease already gone: %s", error, extra=turn_fields(state.key, generation))
+        except StoreError:
+            self.hold(state, lease)
+            raise
 
     def is_drawing(self, key: SessionKey) -> bool:
         """Whether messages are being drawn into ``key``'s running turn (:meth:`drawing`)."""

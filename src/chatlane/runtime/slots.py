@@ -82,7 +82,7 @@ class Slots:
         self._collecting: set[SessionKey] = set()
         self._tasks: set[asyncio.Task[object]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
-        self._turn_ended = asyncio.Event()
+        self._live_ended = asyncio.Event()
         self.closed = False
         """Whether :meth:`close` was called (only it sets this): from then on nothing is promoted.
 
@@ -100,7 +100,7 @@ class Slots:
         """``turn``'s task is done: end it, free its slot if it still holds it, promote."""
         state, ended_by = turn.session_state, turn.ended_by
         ran = self.end(turn)
-        self._turn_ended.set()
+        self._live_ended.set()
         if ran:
             outcome = "answered" if turn.answered else (ended_by or "fenced")
             self._metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
@@ -147,7 +147,7 @@ class Slots:
             turn.annotate(entry.note)
 
     def _promote_after_debounce(self, state: SessionState) -> None:
-        self._collecting.discard(state.key)
+        self._done_collecting(state.key)
         if state.turn.phase is SlotPhase.COLLECTING:
             state.turn.clear()
             self.promote(state)
@@ -156,7 +156,12 @@ class Slots:
         """Free ``state``'s slot if it is held empty for a debounce (its queue was dropped)."""
         if state.turn.phase is SlotPhase.COLLECTING:
             state.turn.clear()
-            self._collecting.discard(state.key)
+            self._done_collecting(state.key)
+
+    def _done_collecting(self, key: SessionKey) -> None:
+        """``key`` no longer waits out a debounce: it may have been the last live session."""
+        self._collecting.discard(key)
+        self._live_ended.set()
 
     def supersede(
         self,
@@ -302,8 +307,8 @@ class Slots:
     async def wait_idle(self) -> None:
         """Return once :meth:`is_idle` holds (wrap in a timeout to bound the wait)."""
         while not self.is_idle():
-            self._turn_ended.clear()
-            await self._turn_ended.wait()
+            self._live_ended.clear()
+            await self._live_ended.wait()
 
 
 def _cancel(turn: Turn) -> None:

@@ -1,0 +1,131 @@
+"""Store calls refused at random under many sessions and commands: nothing is lost.
+
+While the store refuses about one call in three — whichever call, wherever
+the runtime makes it — 30 sessions each send 15 messages and commands drawn
+at random: plain text, agent work that holds its turn, ``/queue``, ``/stop``,
+``/steer``, ``/now``, ``/new``, ``/unqueue``, ``/busy`` with every policy,
+``/model``. Once the store answers again and the gateway is idle:
+
+* every message the gateway took (its dispatch returned) ended in exactly
+  one outcome, and no message ended twice;
+* no outcome is left open, and no session's stored queue holds a message:
+  nothing waits for a restart to run;
+* every lease was given back: with a lease TTL of an hour, a lease left
+  behind in the store would hold its session's next turn for good;
+* no session ever ran two turns at once, and no turn saw another's context.
+
+The seeds fix what is sent, not how it interleaves: every run is a new
+interleaving, and the claims hold for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import random
+from typing import Any
+
+import pytest
+
+from chatlane.errors import ChatlaneError, StoreError
+from chatlane.runtime.settings import LeaseSettings
+from chatlane.stores import MemoryStore
+from chatlane.testing import GatewayHarness
+from tests.runtime.agents import EchoAgent, Recorder
+
+SESSIONS = 30
+MESSAGES = 15
+REFUSED = 0.3
+"""The share of store calls refused while the outage lasts."""
+
+SENT = (
+    "hi",
+    "sleep 0.01",
+    "sleep 0.03",
+    "/queue q",
+    "/stop",
+    "/new",
+    "yes",
+    "/new confirm",
+    "/status",
+    "/unqueue #1",
+    "/unqueue #3",
+    "/steer s",
+    "/now n",
+    "/model m",
+    *(f"/busy {policy}" for policy in ("queue", "collect", "steer", "reject", "redirect")),
+)
+TAKEN_AS_MESSAGES = ("/queue", "/steer", "/now")
+"""Commands whose text the gateway takes as a message."""
+
+
+class Refusing(MemoryStore):
+    """A memory store that, while :attr:`refusing`, refuses each call with probability ``p``.
+
+    A refused call raises :class:`StoreError` before it changes anything, as
+    an outage does (a write lock held past the busy timeout, a server away).
+    """
+
+    def __init__(self, rng: random.Random, p: float) -> None:
+        super().__init__()
+        self.rng, self.p = rng, p
+        self.refusing = False
+        self.refused: collections.Counter[str] = collections.Counter()
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or name == "aclose" or not inspect.iscoroutinefunction(attr):
+            return attr
+        if not super().__getattribute__("refusing"):
+            return attr
+
+        async def maybe_refused(*args: Any, **kwargs: Any) -> Any:
+            if self.rng.random() < self.p:
+                self.refused[name] += 1
+                raise StoreError(f"refused {name}")
+            return await attr(*args, **kwargs)
+
+        return maybe_refused
+
+
+async def chat(
+    h: GatewayHarness, chat_id: str, rng: random.Random, taken: list[tuple[str, str]]
+) -> None:
+    """Send ``MESSAGES`` drawn from ``SENT``; note each one the gateway took."""
+    for _ in range(MESSAGES):
+        text = rng.choice(SENT)
+        try:
+            result = await h.send(text, chat_id=chat_id)
+        except ChatlaneError:
+            continue  # not taken: its dispatch said so
+        if text == "yes":  # a confirmation or a message, by what came before: not judged
+            continue
+        if not text.startswith("/") or text.split()[0] in TAKEN_AS_MESSAGES:
+            taken.append((result.message_id, text))
+        for _ in range(rng.randrange(4)):
+            await asyncio.sleep(0)  # let other chats' sends and turns interleave
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_nothing_is_lost_while_the_store_refuses_calls_at_random(seed: int) -> None:
+    rng = random.Random(seed)
+    store, recorder = Refusing(rng, REFUSED), Recorder()
+    lasting = LeaseSettings(ttl=3600)  # a lease left behind would hold its session for good
+    async with GatewayHarness(EchoAgent(recorder), store=store, leases=lasting) as h:
+        taken: list[tuple[str, str]] = []
+        store.refusing = True
+        await asyncio.gather(*(chat(h, f"c{n}", rng, taken) for n in range(SESSIONS)))
+        store.refusing = False
+        await h.settle(timeout=30)  # a bound no loaded machine reaches
+        engine = h.gateway.engine
+        ended = collections.Counter(outcome.message_id for outcome in h.outcomes)
+        assert sum(store.refused.values()) > 50  # the outage touched every part of the run
+        assert [m for m, count in ended.items() if count > 1] == []
+        assert [(m, text) for m, text in taken if m not in ended] == []
+        assert engine.outcomes.open_ids() == []
+        assert await store.active_sessions() == 0  # every lease was given back
+        for n in range(SESSIONS):
+            assert await store.pending(h.session_key(chat_id=f"c{n}")) == []
+        assert max(recorder.max_active.values()) == 1
+        assert recorder.cross_talk == []
