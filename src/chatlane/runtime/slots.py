@@ -37,9 +37,11 @@ import time
 from collections.abc import Callable, Coroutine
 
 from chatlane.approvals import deny_stale, end_turn_requests
+from chatlane.errors import StoreError
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
+from chatlane.runtime.backoff import retryable
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.persisted import settle_once
 from chatlane.runtime.settings import RuntimeSettings
@@ -246,7 +248,11 @@ class Slots:
 
     def _spawned_done(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        if isinstance(error, StoreError) and retryable(error):  # an outage: no traceback
+            log.warning("background step failed: %s", error)
+        else:
             log.error("background step failed: %r", error, exc_info=error)
 
     def spawned(self) -> list[asyncio.Task[object]]:
