@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder
+from tests.runtime.refusing import Refusing, every, first_of
 
 
 class TestParse:
@@ -100,7 +100,7 @@ async def test_stop_keeps_the_queue_the_store_could_not_drop_and_runs_it(
     """A /stop the store could not follow stops the running turn here, and the
     messages it could not drop wait again in their places: they run, none is lost
     (also when the stopped turn ended while the store was asked)."""
-    store = DropFailsOnceIdle() if turn_ends_first else DropFails()
+    store = DropFailsOnceIdle() if turn_ends_first else Refusing(first_of("drop_pending"))
     async with GatewayHarness(EchoAgent(), store=store) as h:
         if isinstance(store, DropFailsOnceIdle):
             store.idle = h.gateway.engine.wait_idle
@@ -121,15 +121,6 @@ async def test_stop_keeps_the_queue_the_store_could_not_drop_and_runs_it(
         assert len(h.outcomes) == 3  # one each: the stopped turn's, and a's and b's
 
 
-class PersistentWritesFail(MemoryStore):
-    """Refuses every ``set_persistent`` as an outage would."""
-
-    async def set_persistent(
-        self, key: SessionKey, generation: int | None, **fields: object
-    ) -> None:
-        raise StoreError("cannot write /var/lib/chatlane/chatlane.db: disk I/O error")
-
-
 @pytest.mark.parametrize(
     ("command", "shown"),
     [
@@ -142,7 +133,7 @@ class PersistentWritesFail(MemoryStore):
 async def test_a_choice_the_store_could_not_keep_changes_nothing(
     command: str, shown: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with GatewayHarness(EchoAgent(), store=PersistentWritesFail()) as h:
+    async with GatewayHarness(EchoAgent(), store=Refusing(every("set_persistent"))) as h:
         await h.send(command, chat_id="c")
         name = command.split()[0]
         assert last_text(h) == f"{name} could not finish: {STORE_UNAVAILABLE}."
@@ -182,22 +173,8 @@ async def test_queue_without_text_shows_usage() -> None:
         assert reply.endswith("Usage: /queue <text>")
 
 
-class EnqueueFails(MemoryStore):
-    """Refuses the first ``enqueue`` as an outage would."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failures = 1
-
-    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
-        if self.failures:
-            self.failures -= 1
-            raise StoreError("cannot write /var/lib/chatlane/chatlane.db: disk I/O error")
-        return await super().enqueue(key, message_id, owner, payload)
-
-
 async def test_queue_tells_its_sender_when_the_store_could_not_take_the_message() -> None:
-    async with GatewayHarness(EchoAgent(), store=EnqueueFails()) as h:
+    async with GatewayHarness(EchoAgent(), store=Refusing(first_of("enqueue"))) as h:
         result = await h.send("/queue first", chat_id="c")
         assert last_text(h) == f"Could not queue it: {STORE_UNAVAILABLE}."
         [ended] = h.outcomes  # not queued: it ends here, and says why without the store's words
@@ -211,22 +188,8 @@ async def test_queue_tells_its_sender_when_the_store_could_not_take_the_message(
         ]
 
 
-class FirstLoadFails(MemoryStore):
-    """Refuses the first ``load_persistent`` as an outage would."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failures = 1
-
-    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
-        if self.failures:
-            self.failures -= 1
-            raise StoreError("the store is out of reach")
-        return await super().load_persistent(key)
-
-
 async def test_queue_ends_its_message_when_the_session_could_not_be_read() -> None:
-    async with GatewayHarness(EchoAgent(), store=FirstLoadFails()) as h:
+    async with GatewayHarness(EchoAgent(), store=Refusing(first_of("load_persistent"))) as h:
         result = await h.send("/queue first", chat_id="c")
         assert last_text(h) == f"Could not queue it: {STORE_UNAVAILABLE}."
         assert [(o.message_id, o.outcome) for o in h.outcomes] == [
@@ -416,22 +379,8 @@ async def test_unqueue_explains_what_it_cannot_do(args: str, answer: str) -> Non
         assert answer in last_text(h)
 
 
-class DropFails(MemoryStore):
-    """Refuses the first ``drop_pending`` as an outage would."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failures = 1
-
-    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise StoreError("the store is out of reach")
-        await super().drop_pending(key, seqs)
-
-
 async def test_a_message_the_store_could_not_drop_waits_in_its_place() -> None:
-    async with GatewayHarness(EchoAgent(), store=DropFails()) as h:
+    async with GatewayHarness(EchoAgent(), store=Refusing(first_of("drop_pending"))) as h:
         await h.send("sleep 30", chat_id="c", user_name="ann")
         await h.until_running(chat_id="c")
         for text in ("one", "two", "three"):

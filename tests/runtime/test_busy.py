@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from chatlane.errors import ConfigError, StoreError
+from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, KeyPolicy, SessionSource
 from chatlane.runtime import pending
 from chatlane.runtime.arrivals import DROPPED_OLDEST
@@ -29,11 +28,11 @@ from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
 from chatlane.state import SessionRegistry
-from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
-from chatlane.types import InboundMessage, OutboundKind, SessionKey
+from chatlane.types import InboundMessage, OutboundKind
 from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent, UntakenSteers
+from tests.runtime.refusing import Refusing, first_of
 
 IDLE_CTX = BusyContext(
     queued=0,
@@ -291,7 +290,9 @@ async def test_a_refusal_the_store_could_not_follow_queues_the_message_instead(
 ) -> None:
     """A refused message leaves the store's queue; one the store could not drop
     stays there, so it waits here too (past the cap) and runs."""
-    async with GatewayHarness(EchoAgent(), busy=busy, queue_cap=1, store=FirstDropFails()) as h:
+    async with GatewayHarness(
+        EchoAgent(), busy=busy, queue_cap=1, store=Refusing(first_of("drop_pending"))
+    ) as h:
         await h.send("sleep 0.05", chat_id="c")
         await h.until_running(chat_id="c")
         for text in before:
@@ -392,20 +393,6 @@ class Gate:
         return f"ran: {turn.text}"
 
 
-class FirstDropFails(MemoryStore):
-    """Refuses the first ``drop_pending`` as an outage would."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.refused_once = False
-
-    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
-        if not self.refused_once:
-            self.refused_once = True
-            raise StoreError("the store is out of reach")
-        await super().drop_pending(key, seqs)
-
-
 async def test_drop_oldest_makes_room_and_tells_the_dropped_message_sender() -> None:
     gate = Gate()
     async with GatewayHarness(gate, queue_cap=2, overflow=Overflow.DROP_OLDEST) as h:
@@ -430,7 +417,7 @@ async def test_drop_oldest_makes_room_and_tells_the_dropped_message_sender() -> 
 
 async def test_a_message_the_store_would_not_drop_still_runs() -> None:
     gate = Gate()
-    store = FirstDropFails()
+    store = Refusing(first_of("drop_pending"))
     async with GatewayHarness(gate, store=store, queue_cap=1, overflow="drop-oldest") as h:
         await h.send("hold", chat_id="c")
         await h.until_running(chat_id="c")

@@ -16,7 +16,6 @@ from typing import Any
 
 import msgspec
 
-from chatlane.errors import StoreError
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.runtime.upkeep import expiry_margin
@@ -25,6 +24,7 @@ from chatlane.stores.base import Admission, Lease
 from chatlane.testing import GatewayHarness
 from chatlane.types import SessionKey
 from tests.runtime.agents import EchoAgent
+from tests.runtime.refusing import Refusing, first_of
 
 SHORT = LeaseSettings(ttl=1.0, fence_check=0.0)
 
@@ -123,24 +123,10 @@ async def test_a_lease_that_arrives_about_to_expire_runs_no_agent() -> None:
     assert left > expiry_margin(SHORT)
 
 
-class FirstReleaseRefused(MemoryStore):
-    """Refuses the first ``release`` as an outage would (before it changes anything)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.refused = 0
-
-    async def release(self, lease: Lease) -> None:
-        if not self.refused:
-            self.refused += 1
-            raise StoreError("the store is out of reach")
-        await super().release(lease)
-
-
 async def test_a_lease_the_store_could_not_take_back_is_given_back_once_it_answers() -> None:
     """Giving back a stopped turn's lease is retried through the outage: the
     session's next turn runs at once, not after the lease's TTL (an hour here)."""
-    store = FirstReleaseRefused()
+    store = Refusing(first_of("release"))
     async with GatewayHarness(EchoAgent(), store=store, leases=LeaseSettings(ttl=3600)) as h:
         await h.send("sleep 30", chat_id="c")
         await h.until_running(chat_id="c")
@@ -148,4 +134,4 @@ async def test_a_lease_the_store_could_not_take_back_is_given_back_once_it_answe
         await h.send("hi", chat_id="c")
         await h.wait_for(lambda outbox: any(o.text == "echo: hi" for o in outbox))
         await h.settle()
-        assert (store.refused, await store.active_sessions()) == (1, 0)
+        assert (store.refused["release"], await store.active_sessions()) == (1, 0)

@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import logging
 import random
-from typing import Any
 
 import pytest
 
-from chatlane.errors import ChatlaneError, StoreError
+from chatlane.errors import ChatlaneError
 from chatlane.runtime.settings import LeaseSettings
-from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
 from tests.runtime.agents import EchoAgent, Recorder
+from tests.runtime.refusing import Refusing
 
 SESSIONS = 30
 MESSAGES = 15
@@ -62,33 +60,15 @@ TAKEN_AS_MESSAGES = ("/queue", "/steer", "/now")
 """Commands whose text the gateway takes as a message."""
 
 
-class Refusing(MemoryStore):
-    """A memory store that, while :attr:`refusing`, refuses each call with probability ``p``.
-
-    A refused call raises :class:`StoreError` before it changes anything, as
-    an outage does (a write lock held past the busy timeout, a server away).
-    """
+class Outage:
+    """While :attr:`on`, refuses each store call with probability ``p`` (see :class:`Refusing`)."""
 
     def __init__(self, rng: random.Random, p: float) -> None:
-        super().__init__()
         self.rng, self.p = rng, p
-        self.refusing = False
-        self.refused: collections.Counter[str] = collections.Counter()
+        self.on = False
 
-    def __getattribute__(self, name: str) -> Any:
-        attr = super().__getattribute__(name)
-        if name.startswith("_") or name == "aclose" or not inspect.iscoroutinefunction(attr):
-            return attr
-        if not super().__getattribute__("refusing"):
-            return attr
-
-        async def maybe_refused(*args: Any, **kwargs: Any) -> Any:
-            if self.rng.random() < self.p:
-                self.refused[name] += 1
-                raise StoreError(f"refused {name}")
-            return await attr(*args, **kwargs)
-
-        return maybe_refused
+    def __call__(self, name: str) -> bool:
+        return self.on and self.rng.random() < self.p
 
 
 async def chat(
@@ -114,13 +94,14 @@ async def test_nothing_is_lost_while_the_store_refuses_calls_at_random(
     seed: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     rng = random.Random(seed)
-    store, recorder = Refusing(rng, REFUSED), Recorder()
+    outage, recorder = Outage(rng, REFUSED), Recorder()
+    store = Refusing(outage)
     lasting = LeaseSettings(ttl=3600)  # a lease left behind would hold its session for good
     async with GatewayHarness(EchoAgent(recorder), store=store, leases=lasting) as h:
         taken: list[tuple[str, str]] = []
-        store.refusing = True
+        outage.on = True
         await asyncio.gather(*(chat(h, f"c{n}", rng, taken) for n in range(SESSIONS)))
-        store.refusing = False
+        outage.on = False
         await h.settle(timeout=30)  # a bound no loaded machine reaches
         engine = h.gateway.engine
         ended = collections.Counter(outcome.message_id for outcome in h.outcomes)

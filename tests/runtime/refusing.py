@@ -1,0 +1,57 @@
+"""A memory store that refuses chosen calls as an outage would, for the outage tests."""
+
+from __future__ import annotations
+
+import collections
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from chatlane.errors import StoreError
+from chatlane.stores import MemoryStore
+
+
+class Refusing(MemoryStore):
+    """A memory store whose calls ``refuses(name)`` picks raise :class:`StoreError`.
+
+    A refused call changes nothing, as when a SQLite write lock is held past
+    the busy timeout or a server cannot be reached. ``refused`` counts them
+    by method.
+    """
+
+    def __init__(self, refuses: Callable[[str], bool]) -> None:
+        super().__init__()
+        self.refuses = refuses
+        self.refused: collections.Counter[str] = collections.Counter()
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or name == "aclose" or not inspect.iscoroutinefunction(attr):
+            return attr
+        refuses = super().__getattribute__("refuses")
+
+        async def maybe_refused(*args: Any, **kwargs: Any) -> Any:
+            if refuses(name):
+                self.refused[name] += 1
+                raise StoreError(f"the store refused {name}")
+            return await attr(*args, **kwargs)
+
+        return maybe_refused
+
+
+def first_of(*names: str) -> Callable[[str], bool]:
+    """Refuse the first call of each of ``names``, and nothing else."""
+    left = set(names)
+
+    def refuses(name: str) -> bool:
+        if name in left:
+            left.discard(name)
+            return True
+        return False
+
+    return refuses
+
+
+def every(*names: str) -> Callable[[str], bool]:
+    """Refuse every call of ``names``."""
+    return lambda name: name in names
