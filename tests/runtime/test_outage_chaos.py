@@ -8,6 +8,8 @@ at random: plain text, agent work that holds its turn, ``/queue``, ``/stop``,
 
 * every message the gateway took (its dispatch returned) ended in exactly
   one outcome, and no message ended twice;
+* every message answered had its answer delivered, once: no answer was
+  committed for a turn gone stale meanwhile and then held back;
 * no outcome is left open, and no session's stored queue holds a message:
   nothing waits for a restart to run;
 * every lease was given back: with a lease TTL of an hour, a lease left
@@ -29,8 +31,10 @@ import random
 import pytest
 
 from chatlane.errors import ChatlaneError
+from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.testing import GatewayHarness
+from chatlane.types import OutboundKind
 from tests.runtime.agents import EchoAgent, Recorder
 from tests.runtime.refusing import Refusing
 
@@ -109,6 +113,14 @@ async def test_nothing_is_lost_while_the_store_refuses_calls_at_random(
         assert [m for m, count in ended.items() if count > 1] == []
         assert [(m, text) for m, text in taken if m not in ended] == []
         assert engine.outcomes.open_ids() == []
+        delivered = collections.Counter(
+            (message_id, o.text)
+            for o in h.outbox
+            if o.kind is OutboundKind.REPLY
+            for message_id in o.in_reply_to
+        )
+        answered = [o for o in h.outcomes if o.outcome is Outcome.ANSWERED]
+        assert [o.message_id for o in answered if delivered[o.message_id, o.text] != 1] == []
         assert await store.active_sessions() == 0  # every lease was given back
         for n in range(SESSIONS):
             assert await store.pending(h.session_key(chat_id=f"c{n}")) == []

@@ -47,6 +47,10 @@ async def retry_store(
 ) -> T:
     """``await call()``, again after each :class:`StoreError` while ``wanted()`` holds.
 
+    ``wanted()`` is asked after each failure and again just before each retry:
+    a call no longer wanted once the wait is over (a turn gone stale
+    meanwhile must not commit) is not made.
+
     :raises StoreError: the last failure, once ``wanted()`` is false.
     """
     delay, warned = FIRST_DELAY, False
@@ -58,6 +62,8 @@ async def retry_store(
                 raise
             level = logging.DEBUG if warned else logging.WARNING
             log.log(level, "%s failed, retrying: %s", what, error, extra=fields)
-            warned = True
+            warned, last = True, error
         await asyncio.sleep(delay * random.uniform(0.5, 1.0))
         delay = min(delay * 2, MAX_DELAY)
+        if not wanted():
+            raise last
