@@ -299,7 +299,8 @@ class TurnEngine:
 
         :returns: ``None`` when it started at once, :attr:`BusyOutcome.QUEUED`, or
             :attr:`BusyOutcome.QUEUE_FULL` (refused: the caller tells the sender).
-        :raises ChatlaneError: the store could not queue it; its outcome ended ``failed``.
+        :raises ChatlaneError: the store could not read the session or queue the message;
+            its outcome ended ``failed``.
             (Its outcome opens before the store call, so that a refusal for a full
             queue is one too; :meth:`submit` opens one once the store took the message.)
         """
