@@ -62,6 +62,25 @@ async def hold(turn: Turn, seconds: float) -> str:
     return "interrupted"
 
 
+class BriefSteeringAgent(EchoAgent):
+    """Takes steered text for three short steps, then replies with everything it saw."""
+
+    accepts_steering = True
+
+    async def __call__(self, turn: Turn) -> str:
+        self.recorder.enter(turn)
+        try:
+            seen = [turn.text]
+            for _ in range(3):
+                if turn.interrupted.is_set():
+                    break
+                await asyncio.sleep(0.005)
+                seen += turn.take_steers()
+            return " + ".join(seen)
+        finally:
+            self.recorder.leave(turn)
+
+
 class SteeringAgent(EchoAgent):
     """Takes steered text while it runs and replies with everything it saw."""
 

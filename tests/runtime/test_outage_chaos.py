@@ -17,8 +17,10 @@ at random: plain text, agent work that holds its turn, ``/queue``, ``/stop``,
 * no session ever ran two turns at once, and no turn saw another's context;
 * the outage was logged as warnings: nothing in it is an error.
 
-The seeds fix what is sent, not how it interleaves: every run is a new
-interleaving, and the claims hold for all of them.
+It runs under each busy policy and overflow, with coalescing, and with an
+agent that takes steered text (:data:`SETUPS`). The seeds fix what is sent,
+not how it interleaves: every run is a new interleaving, and the claims hold
+for all of them.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ import asyncio
 import collections
 import logging
 import random
+from typing import Any
 
 import pytest
 
 from chatlane.errors import ChatlaneError
+from chatlane.runtime.busy import Overflow
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind
-from tests.runtime.agents import EchoAgent, Recorder
+from tests.runtime.agents import BriefSteeringAgent, EchoAgent, Recorder
 from tests.runtime.refusing import Refusing
 
 SESSIONS = 30
@@ -93,15 +97,34 @@ async def chat(
             await asyncio.sleep(0)  # let other chats' sends and turns interleave
 
 
-@pytest.mark.parametrize("seed", range(4))
+SETUPS: dict[str, dict[str, Any]] = {
+    "queue": {},
+    "collect, steered": {"busy": "collect", "steering": True},
+    "steer, steered": {"busy": "steer", "steering": True},
+    "rollback": {"busy": "rollback"},
+    "redirect, steered": {"busy": "redirect", "steering": True},
+    "reject": {"busy": "reject"},
+    "a short queue, the oldest dropped": {"queue_cap": 2, "overflow": Overflow.DROP_OLDEST},
+    "a short queue, summarized": {"queue_cap": 2, "overflow": Overflow.SUMMARIZE},
+    "coalescing": {"coalesce": {"test": 0.01}},
+}
+"""The gateway's busy policy and settings, and whether its agent takes steered text."""
+
+
+@pytest.mark.parametrize(
+    ("seed", "setup"),
+    [*((seed, "queue") for seed in range(4)), *((4, setup) for setup in list(SETUPS)[1:])],
+)
 async def test_nothing_is_lost_while_the_store_refuses_calls_at_random(
-    seed: int, caplog: pytest.LogCaptureFixture
+    seed: int, setup: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    settings: dict[str, Any] = dict(SETUPS[setup])
+    agent = BriefSteeringAgent if settings.pop("steering", False) else EchoAgent
     rng = random.Random(seed)
     outage, recorder = Outage(rng, REFUSED), Recorder()
     store = Refusing(outage)
     lasting = LeaseSettings(ttl=3600)  # a lease left behind would hold its session for good
-    async with GatewayHarness(EchoAgent(recorder), store=store, leases=lasting) as h:
+    async with GatewayHarness(agent(recorder), store=store, leases=lasting, **settings) as h:
         taken: list[tuple[str, str]] = []
         outage.on = True
         await asyncio.gather(*(chat(h, f"c{n}", rng, taken) for n in range(SESSIONS)))
