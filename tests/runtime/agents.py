@@ -62,37 +62,24 @@ async def hold(turn: Turn, seconds: float) -> str:
     return "interrupted"
 
 
-class BriefSteeringAgent(EchoAgent):
-    """Takes steered text for three short steps, then replies with everything it saw."""
-
-    accepts_steering = True
-
-    async def __call__(self, turn: Turn) -> str:
-        self.recorder.enter(turn)
-        try:
-            seen = [turn.text]
-            for _ in range(3):
-                if turn.interrupted.is_set():
-                    break
-                await asyncio.sleep(0.005)
-                seen += turn.take_steers()
-            return " + ".join(seen)
-        finally:
-            self.recorder.leave(turn)
-
-
 class SteeringAgent(EchoAgent):
-    """Takes steered text while it runs and replies with everything it saw."""
+    """Takes steered text while it runs and replies with everything it saw: once it
+    saw three texts, or, with ``looks``, after that many looks for steered text."""
 
     accepts_steering = True
+
+    def __init__(self, recorder: Recorder | None = None, looks: int | None = None) -> None:
+        super().__init__(recorder)
+        self.looks = looks
 
     async def __call__(self, turn: Turn) -> str:
         self.recorder.enter(turn)
         try:
-            seen = [turn.text]
-            while not turn.interrupted.is_set() and len(seen) < 3:
+            seen, looked = [turn.text], 0
+            while not turn.interrupted.is_set() and len(seen) < 3 and looked != self.looks:
                 await asyncio.sleep(0.01)
                 seen += turn.take_steers()
+                looked += 1
             return " + ".join(seen)
         finally:
             self.recorder.leave(turn)

@@ -39,7 +39,7 @@ from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind
-from tests.runtime.agents import BriefSteeringAgent, EchoAgent, Recorder
+from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent
 from tests.runtime.refusing import Refusing
 
 SESSIONS = 30
@@ -119,12 +119,13 @@ async def test_nothing_is_lost_while_the_store_refuses_calls_at_random(
     seed: int, setup: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings: dict[str, Any] = dict(SETUPS[setup])
-    agent = BriefSteeringAgent if settings.pop("steering", False) else EchoAgent
+    steering = settings.pop("steering", False)
     rng = random.Random(seed)
     outage, recorder = Outage(rng, REFUSED), Recorder()
     store = Refusing(outage)
     lasting = LeaseSettings(ttl=3600)  # a lease left behind would hold its session for good
-    async with GatewayHarness(agent(recorder), store=store, leases=lasting, **settings) as h:
+    agent = SteeringAgent(recorder, looks=3) if steering else EchoAgent(recorder)
+    async with GatewayHarness(agent, store=store, leases=lasting, **settings) as h:
         taken: list[tuple[str, str]] = []
         outage.on = True
         await asyncio.gather(*(chat(h, f"c{n}", rng, taken) for n in range(SESSIONS)))
