@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from chatlane.errors import ConfigError
+from chatlane.errors import STORE_UNAVAILABLE, ConfigError
 from chatlane.identity import ChatType, KeyPolicy, SessionSource
 from chatlane.runtime import pending
 from chatlane.runtime.arrivals import DROPPED_OLDEST
@@ -260,6 +260,23 @@ async def test_stop_counts_steered_messages_the_agent_never_took() -> None:
         assert replies[2] == "Stopped the running turn. Dropped 2 queued messages."
         await h.settle()
         assert not any(r.startswith("ran ") for r in await h.replies(chat_id="c", count=3))
+
+
+async def test_a_stop_the_store_could_not_follow_still_drops_the_steered_messages() -> None:
+    """Steered messages the agent never took leave with the stopped turn even when
+    /stop's own drop is refused: the turn's aftermath drops them once the store answers."""
+    store = Refusing(first_of("drop_pending"))
+    async with GatewayHarness(UntakenSteers(hold=5), busy="steer", store=store) as h:
+        await h.send("long", chat_id="c")
+        await h.until_running(chat_id="c")
+        steered = await h.send("A", chat_id="c")  # steered, never taken
+        result = await h.send("/stop", chat_id="c")
+        text = f"Stopped the running turn. The rest could not finish: {STORE_UNAVAILABLE}."
+        assert (await h.replies(chat_id="c", count=2))[1] == text
+        await h.settle()
+        assert {o.message_id: o.outcome for o in h.outcomes}[steered.message_id] is Outcome.DROPPED
+        assert await store.pending(result.session_key) == []
+        assert not any(r.startswith("ran ") for r in await h.replies(chat_id="c", count=2))
 
 
 async def test_reject_always_answers_and_never_runs() -> None:
