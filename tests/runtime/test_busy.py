@@ -578,8 +578,14 @@ async def test_a_wait_for_idle_ends_when_a_dropped_buffer_frees_the_last_session
     drops its buffer the engine is idle, and whoever waits for that is told."""
     async with GatewayHarness(EchoAgent(), coalesce={"test": 3600}) as h:
         await h.send("wait for it", chat_id="c")
-        settling = asyncio.create_task(h.settle(timeout=30))
-        await asyncio.sleep(0)  # it runs until it waits for the engine to be idle
+        waiting = asyncio.Event()
+
+        async def settle() -> None:
+            waiting.set()  # what follows runs on until it waits for the engine to be idle
+            await h.settle(timeout=30)
+
+        settling = asyncio.create_task(settle())
+        await waiting.wait()
         assert not settling.done()
         await h.send("/stop", chat_id="c")
         await settling
