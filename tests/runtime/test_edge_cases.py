@@ -16,8 +16,8 @@ from chatlane.identity import SessionKey, SessionSource
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.turn import Turn
-from chatlane.stores import Admission, MemoryStore, Taken
-from chatlane.stores.base import Conversation
+from chatlane.stores import Admission, Lease, MemoryStore, Taken
+from chatlane.stores.base import Conversation, WriteBatch
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, OutboundKind
@@ -294,3 +294,48 @@ async def test_lone_surrogates_are_replaced_not_fatal(store: str, tmp_path: Path
         assert sorted(replies) == ["Model for this conversation: \ufffd", "echo: hi \ufffd there"]
         state = h.session(result.session_key)
         assert state.conversation.model_override.name == "\ufffd"
+
+
+class CommitAnswersLate(MemoryStore):
+    """A store whose first commit applies, then answers only once ``may_answer`` is set.
+
+    Stands in for a commit on SQLite's writer thread or a Redis script: the
+    store has the answer while its caller still waits to hear so.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied = asyncio.Event()
+        self.may_answer = asyncio.Event()
+
+    async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
+        released = await super().commit_and_release(lease, batch)
+        if not self.applied.is_set():
+            self.applied.set()
+            await self.may_answer.wait()
+        return released
+
+
+@pytest.mark.parametrize("superseding", ["/stop", "next"])
+async def test_an_answer_committed_before_its_turn_was_superseded_is_delivered(
+    superseding: str,
+) -> None:
+    turns: list[Turn] = []
+
+    async def agent(turn: Turn) -> str:
+        turns.append(turn)
+        return "ran " + turn.text
+
+    store = CommitAnswersLate()
+    async with GatewayHarness(agent, store=store, busy="interrupt") as h:
+        first = await h.send("first", chat_id="c")
+        await store.applied.wait()  # the store holds the answer; the turn waits to hear
+        await h.send(superseding, chat_id="c")
+        assert not turns[0].is_current()
+        store.may_answer.set()
+        await h.settle()
+        texts = [o.text for o in h.delivered(chat_id="c")]
+        assert texts.count("ran first") == 1  # the answer of record reaches its sender
+        [outcome] = [o for o in h.outcomes if o.message_id == first.message_id]
+        assert outcome.outcome.value == "answered"
+        assert outcome.text == "ran first"

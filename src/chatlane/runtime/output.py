@@ -4,6 +4,11 @@ What stays true:
 
 * Nothing is delivered for a turn that is not current: each chunk is checked
   before it goes out, and a stale streaming agent is closed at its next chunk.
+  The one exception is what the store took: a reply whose commit applied is
+  the answer of record and is delivered even if the turn was superseded (a
+  ``/stop``, an interrupt) while the commit was on its way, as the delivery
+  ledger sends what it recorded — so an ``answered`` outcome always means the
+  sender is sent the answer.
 * The reply is committed to the store — transcript, "answered" marks with the
   answer's text, removal from the durable queue — in one fenced write *before*
   it is delivered, so any process can tell what a message was answered with. A
@@ -87,10 +92,11 @@ class TurnOutput:
         self.on_fenced: Callable[[], None] | None = None
 
     async def answer(self, agent: Agent, turn: Turn) -> None:
-        """Run ``agent`` for ``turn``, commit its whole reply, deliver it if still current.
+        """Run ``agent`` for ``turn``, commit its whole reply, and deliver what was committed.
 
-        Chunks are streamed as they come. Once committed, the messages are
-        answered, delivered or not.
+        Chunks are streamed as they come, while the turn is current. A reply
+        the store refused (the turn was fenced) is dropped; one it took is
+        delivered, whatever superseded the turn meanwhile.
 
         :raises TypeError: if the agent returns something other than text or chunks of text.
         """
@@ -153,8 +159,7 @@ class TurnOutput:
         text = answers[-1] or ""
         await self._forget(turn)
         self._outcomes.end(turn.message_ids, _ANSWERED, text)
-        if turn.is_current():
-            await self._outlet.to_turn(turn, _REPLY, text)
+        await self._outlet.to_turn(turn, _REPLY, text)  # the answer of record, as after a commit
         return True
 
     async def failure(self, turn: Turn, error: BaseException) -> None:
@@ -179,7 +184,7 @@ class TurnOutput:
         failure: str = "",
         drafts: list[DeliveryDraft] | None = None,
     ) -> bool:
-        """Record the answer; True if the caller should deliver it.
+        """Record the answer; True if the caller should deliver it (it was recorded).
 
         Once recorded, the turn's messages have their outcome: answered, or
         failed (``failure`` names why) when the answer is a failure notice.
@@ -219,7 +224,7 @@ class TurnOutput:
         if drafts:
             self._outlet.recorded()
             return False
-        return turn.is_current() or self._fenced(turn, "delivery")
+        return True  # committed: the answer of record, delivered whatever came since
 
     async def _commit_through(
         self, turn: Turn, batch: WriteBatch, error: StoreError
