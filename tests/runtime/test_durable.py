@@ -88,10 +88,11 @@ class CountsRefusals(MemoryStore):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Taken:
         try:
             return await super().acquire_and_read(
-                key, holder, ttl, head_seq=head_seq, max_active=max_active
+                key, holder, ttl, head_seq=head_seq, max_active=max_active, token=token
             )
         except SessionBusy:
             self.refusals += 1

@@ -170,6 +170,11 @@ class Store(Turns, Leases, SessionData, Conversations, PendingQueue, Liveness, D
     url: str = ""
     answered_retention: float = ANSWERED_RETENTION
     """Seconds an answered mark holds (see :data:`ANSWERED_RETENTION`)."""
+    answers_may_be_lost: bool = False
+    """Whether a call can fail here after it applied (its answer lost on the way back, as
+    over a connection to a server that broke): then the runtime takes back what a failed
+    admission may have stored (:mod:`chatlane.runtime.withdrawals`). ``False`` where a
+    failed call changed nothing."""
     delivered_retention: float = DELIVERED_RETENTION
     """Seconds a delivered delivery is kept (see :data:`DELIVERED_RETENTION`); dead ones
     are kept for :attr:`answered_retention`."""

@@ -140,8 +140,9 @@ class MemoryStore(Store):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Lease:
-        return self._acquire(key, holder, ttl, head_seq, max_active, self._clock())
+        return self._acquire(key, holder, ttl, head_seq, max_active, self._clock(), token)
 
     def _acquire(
         self,
@@ -151,11 +152,14 @@ class MemoryStore(Store):
         head_seq: int | None,
         max_active: int,
         moment: float,
+        token: str,
     ) -> Lease:
         """Take ``key``'s lease at ``moment`` (the store's clock, read once by the caller)."""
         session = self._sessions[key]
         held = session.lease
         if held is not None and held.expires_at > moment:  # live: as _live_lease reads it
+            if token and held.token == token:
+                return held  # an earlier try of this acquisition took it
             raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
         if (
             head_seq is not None
@@ -168,7 +172,7 @@ class MemoryStore(Store):
                 f"at the active session limit ({active}/{max_active})", key=key
             )
         session.generation += 1
-        session.lease = Lease(key, holder, new_token(), session.generation, moment + ttl)
+        session.lease = Lease(key, holder, token or new_token(), session.generation, moment + ttl)
         self._leased.add(key)
         return session.lease
 
@@ -305,13 +309,14 @@ class MemoryStore(Store):
         *,
         max_active: int = 0,
         with_persistent: bool = True,
+        token: str = "",
     ) -> Admission:
         moment = self._clock()  # one reading for the record and the lease
         seq = self._enqueue(key, message_id, owner, payload, moment)
         lease: Lease | None = None
         refusal: SessionBusy | None = None
         try:
-            lease = self._acquire(key, owner, ttl, seq, max_active, moment)
+            lease = self._acquire(key, owner, ttl, seq, max_active, moment, token)
         except SessionBusy as error:
             refusal = error
         persistent = self._load_persistent(key) if with_persistent else None
@@ -325,8 +330,9 @@ class MemoryStore(Store):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Taken:
-        lease = self._acquire(key, holder, ttl, head_seq, max_active, self._clock())
+        lease = self._acquire(key, holder, ttl, head_seq, max_active, self._clock(), token)
         return Taken(lease, self._load_persistent(key))
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:

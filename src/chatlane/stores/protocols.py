@@ -75,6 +75,7 @@ class Leases(Protocol):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Lease:
         """Take ``key``'s lease for ``ttl`` seconds and bump its generation.
 
@@ -83,6 +84,12 @@ class Leases(Protocol):
             run in store order across processes; a process orders its own).
         :param max_active: if positive, succeed only while fewer than this many
             other sessions hold a live lease.
+        :param token: the lease's token, chosen by the caller (a fresh one if
+            empty; never reuse one for another acquisition). A call that finds
+            ``key``'s live lease already carrying it — an earlier try of this
+            acquisition, whose answer was lost on the way back — returns that
+            lease as it stands (no new generation) instead of refusing: a
+            retried acquisition never waits on itself.
         :raises SessionBusy: another live lease exists.
         :raises EarlierMessageFirst: (a ``SessionBusy``) with ``head_seq``, a pending
             record of another holder has a smaller ``seq``.
@@ -400,13 +407,14 @@ class Turns(Leases, SessionData, PendingQueue, Protocol):
         *,
         max_active: int = 0,
         with_persistent: bool = True,
+        token: str = "",
     ) -> Admission:
         """Persist an accepted message, and take ``key``'s lease for ``owner`` with it.
 
         The message is queued as by :meth:`PendingQueue.enqueue` (idempotent
         per message id) whatever becomes of the lease. The lease is taken by
         the rules of :meth:`Leases.acquire` with ``head_seq`` the message's
-        ``seq``; what ``acquire`` would raise is returned as
+        ``seq`` (and ``token``); what ``acquire`` would raise is returned as
         :attr:`Admission.refusal` instead.
 
         :param with_persistent: also read the session's persistent fields
@@ -419,7 +427,9 @@ class Turns(Leases, SessionData, PendingQueue, Protocol):
         lease: Lease | None = None
         refusal: SessionBusy | None = None
         try:
-            lease = await self.acquire(key, owner, ttl, head_seq=seq, max_active=max_active)
+            lease = await self.acquire(
+                key, owner, ttl, head_seq=seq, max_active=max_active, token=token
+            )
         except SessionBusy as error:
             refusal = error
         except StoreError:
@@ -435,12 +445,15 @@ class Turns(Leases, SessionData, PendingQueue, Protocol):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Taken:
         """:meth:`Leases.acquire`, returning the session's persistent fields read with the lease.
 
         :raises SessionBusy: as :meth:`Leases.acquire` (and its subclasses).
         """
-        lease = await self.acquire(key, holder, ttl, head_seq=head_seq, max_active=max_active)
+        lease = await self.acquire(
+            key, holder, ttl, head_seq=head_seq, max_active=max_active, token=token
+        )
         return Taken(lease, await self._read_persistent(key))
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:

@@ -123,6 +123,8 @@ _failed = msgspec.msgpack.Decoder(FailedRecord)
 class RedisStore(Store):
     """A :class:`~chatlane.stores.base.Store` on a Redis (6+) or Valkey server."""
 
+    answers_may_be_lost = True  # a script's reply can be lost past the client's retries
+
     def __init__(self, url: str, client: Transport, keyspace: Keyspace) -> None:
         self.url = url
         self._name = f"redis store {redact(url)}"
@@ -273,8 +275,9 @@ class RedisStore(Store):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Lease:
-        token = new_token()
+        token = token or new_token()
         head = "" if head_seq is None else head_seq
         reply = await self._run(lua.ACQUIRE, key, token, holder, _ms(ttl), head, max_active, key)
         return _granted(key, holder, token, reply, max_active)
@@ -429,9 +432,10 @@ class RedisStore(Store):
         *,
         max_active: int = 0,
         with_persistent: bool = True,
+        token: str = "",
     ) -> Admission:
         record = _msgpack.encode(_Queued(payload, now()))
-        token = new_token()
+        token = token or new_token()
         args = (message_id, owner, record, key, token, _ms(ttl), max_active, int(with_persistent))
         seq, granted, flat = await self._run(lua.ENQUEUE_ACQUIRE, key, *args)
         lease: Lease | None = None
@@ -451,8 +455,9 @@ class RedisStore(Store):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Taken:
-        token = new_token()
+        token = token or new_token()
         head = "" if head_seq is None else head_seq
         args = (token, holder, _ms(ttl), head, max_active, key)
         granted, flat = await self._run(lua.ACQUIRE_READ, key, *args)

@@ -141,24 +141,41 @@ def _acquire(
     ttl: float,
     head_seq: int | None,
     max_active: int,
+    token: str = "",
 ) -> Lease:
     """Check that ``key`` is free and take it, in one transaction holding the write lock.
 
     Every refusal writes nothing: the queue and the active-session checks are reads,
     and the lease is written only where none is live (:data:`_TAKE`), before the
     session's generation is bumped. A busy session is reported as busy whichever
-    check found it (the order a separate check of each would give).
+    check found it (the order a separate check of each would give) — unless the
+    live lease carries ``token``: then it is this acquisition's, and returned.
     """
-    moment = clock()
-    if head_seq is not None or max_active:
-        _check_turn(db, key, holder, head_seq, max_active, moment)
-    token = new_token()
-    taken = db.execute(_TAKE, (key, holder, token, moment + ttl, moment)).fetchone()
-    if taken is None:
-        raise _busy(key)
-    generation: int = taken[0]
+    moment, chosen = clock(), token or new_token()
+    try:
+        if head_seq is not None or max_active:
+            _check_turn(db, key, holder, head_seq, max_active, moment)
+        row = db.execute(_TAKE, (key, holder, chosen, moment + ttl, moment)).fetchone()
+        if row is None:
+            raise _busy(key)
+    except SessionBusy:
+        own = _own_lease(db, key, token, moment) if token else None
+        if own is None:
+            raise
+        return own
+    generation: int = row[0]
     db.execute(_BUMP_TO, (key, generation))
-    return Lease(key, holder, token, generation, moment + ttl)
+    return Lease(key, holder, chosen, generation, moment + ttl)
+
+
+def _own_lease(db: sqlite3.Connection, key: SessionKey, token: str, moment: float) -> Lease | None:
+    """``key``'s live lease if it carries ``token`` (taken by an earlier try of the caller's)."""
+    row = db.execute(
+        "SELECT holder, generation, expires_at FROM leases "
+        "WHERE key = ? AND token = ? AND expires_at > ?",
+        (key, token, moment),
+    ).fetchone()
+    return None if row is None else Lease(key, row[0], token, row[1], row[2])
 
 
 def _busy(key: SessionKey) -> SessionBusy:
@@ -377,6 +394,7 @@ def _enqueue_and_acquire(
     ttl: float,
     max_active: int,
     with_persistent: bool,
+    token: str,
 ) -> Admission:
     """Queue the message, then take the lease for it; a refusal is returned, the queueing kept."""
     message_id, owner, payload = message
@@ -384,7 +402,7 @@ def _enqueue_and_acquire(
     lease: Lease | None = None
     refusal: SessionBusy | None = None
     try:  # every check of _acquire runs before its first write: a refusal writes nothing
-        lease = _acquire(db, clock, key, owner, ttl, seq, max_active)
+        lease = _acquire(db, clock, key, owner, ttl, seq, max_active, token)
     except SessionBusy as error:
         refusal = error
     persistent = _load_persistent(db, key) if with_persistent else None
@@ -482,9 +500,10 @@ class SQLiteStore(Store):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Lease:
         return await self._quick(
-            lambda db: _acquire(db, self._clock, key, holder, ttl, head_seq, max_active)
+            lambda db: _acquire(db, self._clock, key, holder, ttl, head_seq, max_active, token)
         )
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -552,11 +571,12 @@ class SQLiteStore(Store):
         *,
         max_active: int = 0,
         with_persistent: bool = True,
+        token: str = "",
     ) -> Admission:
         message = (message_id, owner, payload)
         return await self._quick(
             lambda db: _enqueue_and_acquire(
-                db, self._clock, key, message, ttl, max_active, with_persistent
+                db, self._clock, key, message, ttl, max_active, with_persistent, token
             )
         )
 
@@ -568,9 +588,10 @@ class SQLiteStore(Store):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Taken:
         def op(db: sqlite3.Connection) -> Taken:
-            lease = _acquire(db, self._clock, key, holder, ttl, head_seq, max_active)
+            lease = _acquire(db, self._clock, key, holder, ttl, head_seq, max_active, token)
             return Taken(lease, _load_persistent(db, key))
 
         return await self._quick(op)

@@ -42,6 +42,17 @@ class TestLeases:
             await store.acquire(KEY, "p2", 5)
         assert await store.generation(KEY) == 1
 
+    async def test_a_caller_token_makes_a_try_again_idempotent(self, store: Store) -> None:
+        first = await store.acquire(KEY, "p1", 5, token="t-1")
+        again = await store.acquire(KEY, "p1", 5, token="t-1")  # the first one's answer lost
+        assert (again.token, again.generation) == ("t-1", first.generation)
+        assert await store.generation(KEY) == first.generation
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p2", 5, token="t-2")
+        await store.renew(again, 5)
+        await store.release(again)
+        assert (await store.acquire(KEY, "p2", 5, token="t-2")).generation == 2
+
     async def test_one_winner_among_concurrent_acquires(self, store: Store) -> None:
         results = await asyncio.gather(
             *(store.acquire(KEY, f"p{i}", 5) for i in range(30)), return_exceptions=True

@@ -62,6 +62,16 @@ def held(admission: Admission) -> Lease:
     return admission.lease
 
 
+def same_holding(lease: Lease, other: Lease) -> bool:
+    """Whether two leases are one holding (Redis reads the expiry back to the millisecond)."""
+    return (lease.key, lease.holder, lease.token, lease.generation) == (
+        other.key,
+        other.holder,
+        other.token,
+        other.generation,
+    )
+
+
 async def queued(store: Store, key: SessionKey = KEY) -> list[str]:
     return [record.message_id for record in await store.pending(key)]
 
@@ -202,8 +212,39 @@ class TestEnqueueAndAcquire:
         assert (held(first).generation, held(second).generation) == (1, 1)
         assert (first.persistent, second.persistent) == ({"f": "odd"}, {})
 
+    async def test_a_try_again_with_the_same_token_gets_its_own_lease_back(
+        self, store: Store, fused: Fused
+    ) -> None:
+        admission = await fused.enqueue_and_acquire(KEY, "m1", "p1", token="t-1")
+        first = held(admission)
+        assert first.token == "t-1"
+        again = await fused.enqueue_and_acquire(KEY, "m1", "p1", token="t-1")  # answer lost
+        assert again.seq == admission.seq
+        assert same_holding(held(again), first)
+        assert await queued(store) == ["m1"]
+        assert await store.generation(KEY) == first.generation
+        other = await fused.enqueue_and_acquire(KEY, "m2", "p1", token="t-2")
+        assert isinstance(other.refusal, SessionBusy)
+        await store.release(first)  # the one holding, whichever try returned it
+        with pytest.raises(LeaseError):
+            await store.release(first)
+
 
 class TestAcquireAndRead:
+    async def test_a_try_again_with_the_same_token_gets_its_own_lease_back(
+        self, store: Store, fused: Fused
+    ) -> None:
+        taken = await fused.acquire_and_read("p1", max_active=1, token="t-1")
+        await store.set_persistent(KEY, None, n=1)
+        await store.enqueue(KEY, "m1", "p2", b"")  # refusals that come after the busy check
+        later = await store.enqueue(KEY, "m2", "p1", b"")
+        again = await fused.acquire_and_read("p1", head_seq=later, max_active=1, token="t-1")
+        assert same_holding(again.lease, taken.lease)
+        assert again.persistent == {"n": 1}
+        with pytest.raises(SessionBusy):
+            await fused.acquire_and_read("p1", token="t-2")
+        assert await store.generation(KEY) == taken.lease.generation
+
     async def test_the_lease_comes_with_the_fields(self, store: Store, fused: Fused) -> None:
         await store.set_persistent(KEY, None, busy_policy="steer", n=3)
         taken = await fused.acquire_and_read("p1")

@@ -11,7 +11,9 @@ inside the transaction (after its session lock, see
   lease only where nothing refuses.
 * Releasing a lease wakes the session's waiters (``pg_notify``, in the same
   statement) only if one marked it ``waiting``.
-* A busy session is reported as busy whichever check found it.
+* A busy session is reported as busy whichever check found it — unless its
+  live lease carries the caller's token: then it is the caller's, taken by an
+  earlier try whose answer was lost, and returned as it stands.
 * With ``max_active``, the live leases are counted under one store-wide
   advisory lock, so two processes at the limit never both take the last place.
 """
@@ -74,6 +76,13 @@ then nothing is written); the session marked ``waiting`` when it is busy (a live
 earlier message), so its next release notifies; and, if asked, the persistent fields, as the
 transaction reads them."""
 
+_OWN = """SELECT holder, generation, expires_at FROM leases
+WHERE key = $1 AND token = $2 AND expires_at > $3"""
+"""``key``'s live lease, if it carries the caller's token."""
+
+Turn = tuple[int | None, int, str]
+"""``head_seq``, ``max_active`` and the caller's ``token`` ("" for a fresh one)."""
+
 _ACTIVE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('chatlane-active:' || $1, 0))"
 
 Persistent = dict[str, Any]
@@ -85,28 +94,33 @@ async def admit(
     key: SessionKey,
     holder: str,
     ttl: float,
-    turn: tuple[int | None, int],
+    turn: Turn,
     schema: str,
     read: bool,
 ) -> tuple[Lease | SessionBusy, Persistent | None]:
     """Take ``key``'s lease for ``holder`` if nothing refuses it (see the module docstring).
 
-    :param turn: ``head_seq`` and ``max_active``, as :meth:`Leases.acquire` takes them.
+    :param turn: ``head_seq``, ``max_active`` and ``token``, as :meth:`Leases.acquire`
+        takes them.
     :returns: the lease, or what :meth:`Leases.acquire` would raise; and, if ``read``,
         the session's persistent fields.
     """
-    head_seq, max_active = turn
+    head_seq, max_active, token = turn
     if max_active:
         await db.execute(_ACTIVE_LOCK, schema)
-    token = new_token()
+    chosen = token or new_token()
     row = await db.fetchrow(
-        _ADMIT, key, moment, head_seq, holder, max_active, token, moment + ttl, read
+        _ADMIT, key, moment, head_seq, holder, max_active, chosen, moment + ttl, read
     )
     assert row is not None
     busy, earlier, live, generation, names, values = row
     persistent = _fields(key, names, values) if read else None
     if generation is not None:
-        return Lease(key, holder, token, int(generation), moment + ttl), persistent
+        return Lease(key, holder, chosen, int(generation), moment + ttl), persistent
+    if busy and token:
+        own = await db.fetchrow(_OWN, key, token, moment)
+        if own is not None:
+            return Lease(key, own[0], token, int(own[1]), own[2]), persistent
     if not busy and earlier:
         return EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key), persistent
     if not busy and max_active and live >= max_active:
@@ -125,7 +139,7 @@ async def acquire(
     key: SessionKey,
     holder: str,
     ttl: float,
-    turn: tuple[int | None, int],
+    turn: Turn,
     schema: str,
 ) -> Lease | SessionBusy:
     """:func:`admit`, without the persistent fields.

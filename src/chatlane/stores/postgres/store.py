@@ -83,6 +83,8 @@ class PostgresStore(Store):
     """A :class:`~chatlane.stores.base.Store` in a PostgreSQL (13+) schema; open it with
     :meth:`open`."""
 
+    answers_may_be_lost = True  # a connection can break after the server committed
+
     def __init__(self, url: str, location: Location, pools: Pools) -> None:
         self.url = url
         self.location = location
@@ -174,8 +176,9 @@ class PostgresStore(Store):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Lease:
-        turn, schema = (head_seq, max_active), self.location.schema
+        turn, schema = (head_seq, max_active, token), self.location.schema
         lease = await self._write(
             key, lambda db, m: ls.acquire(db, m, key, holder, ttl, turn, schema)
         )
@@ -279,12 +282,13 @@ class PostgresStore(Store):
         *,
         max_active: int = 0,
         with_persistent: bool = True,
+        token: str = "",
     ) -> Admission:
         schema = self.location.schema
 
         async def op(db: Db, moment: float) -> Admission:
             seq = await pq.enqueue(db, moment, key, message_id, owner, payload)
-            turn = (seq, max_active)
+            turn = (seq, max_active, token)
             lease, persistent = await ls.admit(
                 db, moment, key, owner, ttl, turn, schema, with_persistent
             )
@@ -302,8 +306,9 @@ class PostgresStore(Store):
         *,
         head_seq: int | None = None,
         max_active: int = 0,
+        token: str = "",
     ) -> Taken:
-        turn, schema = (head_seq, max_active), self.location.schema
+        turn, schema = (head_seq, max_active, token), self.location.schema
 
         async def op(db: Db, moment: float) -> Taken | SessionBusy:
             lease, persistent = await ls.admit(db, moment, key, holder, ttl, turn, schema, True)
