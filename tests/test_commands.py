@@ -21,7 +21,7 @@ from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder
-from tests.runtime.refusing import Refusing, every, first_of
+from tests.runtime.refusing import LosingAnswers, Refusing, every, first_of
 
 
 class TestParse:
@@ -93,14 +93,16 @@ class DropFailsOnceIdle(MemoryStore):
         await super().drop_pending(key, seqs)
 
 
-@pytest.mark.parametrize("turn_ends_first", [False, True])
-async def test_stop_keeps_the_queue_the_store_could_not_drop_and_runs_it(
-    turn_ends_first: bool,
-) -> None:
+@pytest.mark.parametrize("failing", ["refused", "turn ends first", "answer lost"])
+async def test_stop_keeps_the_queue_the_store_could_not_drop_and_runs_it(failing: str) -> None:
     """A /stop the store could not follow stops the running turn here, and the
     messages it could not drop wait again in their places: they run, none is lost
-    (also when the stopped turn ended while the store was asked)."""
-    store = DropFailsOnceIdle() if turn_ends_first else Refusing(first_of("drop_pending"))
+    (also when the stopped turn ended while the store was asked, and when the
+    store dropped them but its answer was lost: they were told they still wait)."""
+    store: MemoryStore = DropFailsOnceIdle()
+    if failing != "turn ends first":
+        kind = Refusing if failing == "refused" else LosingAnswers
+        store = kind(first_of("drop_pending"))
     async with GatewayHarness(EchoAgent(), store=store) as h:
         if isinstance(store, DropFailsOnceIdle):
             store.idle = h.gateway.engine.wait_idle

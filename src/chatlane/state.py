@@ -273,6 +273,10 @@ class ConversationState:
     service_tier_override: ServiceTier = SERVICE_TIER_UNSET
     last_resolved_model: str = ""
     queued_events: list[Any] = field(default_factory=list)
+    kept_seqs: set[int] = field(default_factory=set)
+    """Queued messages that wait here again after a drop the store may have made all the
+    same (its answer lost): they count as stored while they wait
+    (:mod:`~chatlane.runtime.pending`)."""
     sidecar_notes: list[Any] = field(default_factory=list)
     ephemeral_pin: Any = None
     channel_pin: Any = None

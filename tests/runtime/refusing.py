@@ -19,6 +19,9 @@ class Refusing(MemoryStore):
     by method.
     """
 
+    applies = False
+    """Whether a refused call runs first (see :class:`LosingAnswers`)."""
+
     def __init__(self, refuses: Callable[[str], bool]) -> None:
         super().__init__()
         self.refuses = refuses
@@ -33,10 +36,23 @@ class Refusing(MemoryStore):
         async def maybe_refused(*args: Any, **kwargs: Any) -> Any:
             if refuses(name):
                 self.refused[name] += 1
+                if self.applies:
+                    await attr(*args, **kwargs)
                 raise StoreError(f"the store refused {name}")
             return await attr(*args, **kwargs)
 
         return maybe_refused
+
+
+class LosingAnswers(Refusing):
+    """A memory store whose calls ``refuses(name)`` picks run, then raise :class:`StoreError`.
+
+    As a Redis or PostgreSQL call whose answer a broken connection lost on
+    its way back: the store changed, and its caller cannot tell.
+    """
+
+    applies = True
+    answers_may_be_lost = True
 
 
 def first_of(*names: str) -> Callable[[str], bool]:

@@ -26,6 +26,7 @@ from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import SERVICE_TIER_UNSET, SessionState
 from chatlane.stores import Admission, MemoryStore
 from chatlane.stores.codec import encode_message
+from chatlane.stores.ids import new_token
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, ModelChoice, Outbound, OutboundKind
 from tests.keys import chat_key
@@ -179,7 +180,9 @@ async def given_turn(engine: TurnEngine, *, choices: bool) -> tuple[Turn, Admiss
     state = await engine.session(key)
     message = InboundMessage(SessionSource("test", chat_id="c1", user_id="u1"), "hi")
     payload = encode_message(message)
-    admission = await engine.leases.admit(state, message.id, payload, choices=choices)
+    admission = await engine.leases.admit(
+        state, message.id, payload, choices=choices, token=new_token()
+    )
     turn = Turn.of(state, (message,), (admission.seq,), TurnOverrides())
     engine.slots.claim(turn)
     return turn, admission

@@ -1,10 +1,12 @@
-"""Store calls refused at random under many sessions and commands: nothing is lost.
+"""Store calls failing at random under many sessions and commands: nothing is lost.
 
-While the store refuses about one call in three — whichever call, wherever
-the runtime makes it — 30 sessions each send 15 messages and commands drawn
-at random: plain text, agent work that holds its turn, ``/queue``, ``/stop``,
-``/steer``, ``/now``, ``/new``, ``/unqueue``, ``/busy`` with every policy,
-``/model``. Once the store answers again and the gateway is idle:
+While the store fails about one call in three — whichever call, wherever
+the runtime makes it; refused before it changed anything, or run and then
+failed as if its answer was lost on the way back (:data:`FAILING`) — 30
+sessions each send 15 messages and commands drawn at random: plain text,
+agent work that holds its turn, ``/queue``, ``/stop``, ``/steer``, ``/now``,
+``/new``, ``/unqueue``, ``/busy`` with every policy, ``/model``. Once the
+store answers again and the gateway is idle:
 
 * every message the gateway took (its dispatch returned) ended in exactly
   one outcome, and no message ended twice;
@@ -40,7 +42,7 @@ from chatlane.runtime.settings import LeaseSettings
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind
 from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent
-from tests.runtime.refusing import Refusing
+from tests.runtime.refusing import LosingAnswers, Refusing
 
 SESSIONS = 30
 MESSAGES = 15
@@ -111,18 +113,23 @@ SETUPS: dict[str, dict[str, Any]] = {
 """The gateway's busy policy and settings, and whether its agent takes steered text."""
 
 
+FAILING = {"refused": Refusing, "answer lost": LosingAnswers}
+"""How a failing call fails: before it changed anything, or after (see :mod:`.refusing`)."""
+
+
+@pytest.mark.parametrize("failing", list(FAILING))
 @pytest.mark.parametrize(
     ("seed", "setup"),
     [*((seed, "queue") for seed in range(4)), *((4, setup) for setup in list(SETUPS)[1:])],
 )
-async def test_nothing_is_lost_while_the_store_refuses_calls_at_random(
-    seed: int, setup: str, caplog: pytest.LogCaptureFixture
+async def test_nothing_is_lost_while_the_store_fails_calls_at_random(
+    seed: int, setup: str, failing: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings: dict[str, Any] = dict(SETUPS[setup])
     steering = settings.pop("steering", False)
     rng = random.Random(seed)
     outage, recorder = Outage(rng, REFUSED), Recorder()
-    store = Refusing(outage)
+    store = FAILING[failing](outage)
     lasting = LeaseSettings(ttl=3600)  # a lease left behind would hold its session for good
     agent = SteeringAgent(recorder, looks=3) if steering else EchoAgent(recorder)
     async with GatewayHarness(agent, store=store, leases=lasting, **settings) as h:

@@ -152,8 +152,8 @@ class TurnAftermath:
         state = turn.session_state
         known = pending.known(state).union(seq for _, seq in turn.waiting_steers())
         records = await self._store.pending(state.key)
-        ours = {r.seq for r in records if r.owner == self._leases.holder}
-        stored = {r.seq for r in records}
+        ours = pending.or_kept(state, {r.seq for r in records if r.owner == self._leases.holder})
+        stored = pending.or_kept(state, {r.seq for r in records})
         gone = pending.keep_only(state, stored, known) + turn.keep_steers(stored, known)
         if gone:
             log.info("%d queued message(s) left the store", len(gone), extra=turn_fields(state.key))

@@ -206,6 +206,7 @@ class BusyDesk:
                 extra=turn_fields(state.key),
             )
             pending.insert_in_order(state, [message], [seq])
+            pending.kept_after_drop(state, [seq], self._store.answers_may_be_lost)
             if not state.turn.is_running:  # the turn it found ended meanwhile
                 self._slots.promote(state)
             return BusyOutcome.QUEUED
@@ -305,6 +306,7 @@ class BusyDesk:
             await self._store.drop_pending(state.key, [seq])
         except ChatlaneError as error:
             pending.insert_in_order(state, [message], [seq], taken.reruns)
+            pending.kept_after_drop(state, [seq], self._store.answers_may_be_lost)
             if reraise:
                 raise
             log.warning("could not drop a message: %s", error, extra=turn_fields(state.key))

@@ -205,6 +205,7 @@ async def waited_in_vain(turn: Turn, store: Store, holder: str, outcomes: Outcom
     except ChatlaneError as error:
         log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
         return False
+    alive = pending.or_kept(state, alive)
     if not alive.issuperset(known):
         left = pending.keep_only(state, alive, known) + turn.keep_steers(alive, known)
         outcomes.watch(message.id for message in left)

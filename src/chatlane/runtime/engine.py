@@ -55,7 +55,13 @@ import msgspec
 
 from chatlane.approvals import ApprovalBroker, asks_of, prompt_text
 from chatlane.context import bound_context
-from chatlane.errors import ActiveSessionLimit, ChatlaneError, SessionBusy, shown_to_users
+from chatlane.errors import (
+    ActiveSessionLimit,
+    ChatlaneError,
+    SessionBusy,
+    StoreError,
+    shown_to_users,
+)
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
@@ -85,6 +91,7 @@ from chatlane.runtime.upkeep import Upkeep, expiry_margin
 from chatlane.state import SessionRegistry, SessionState
 from chatlane.stores.base import Admission, Lease, Store
 from chatlane.stores.codec import decode_message, encode_message
+from chatlane.stores.ids import new_token
 from chatlane.stores.memory import MemoryStore
 from chatlane.types import (
     Agent,
@@ -157,6 +164,8 @@ class TurnEngine:
             drawing=self.busy,
         )
         self.capacity = Capacity(self.settings.capacity, self.slots)
+        self.withdrawals = self.leases.withdrawals
+        """What failed admissions may have stored, taken back (:mod:`~.withdrawals`)."""
         self._expiry_margin = expiry_margin(self.settings.leases)
 
     @property
@@ -177,7 +186,10 @@ class TurnEngine:
         :returns: ``None`` when a turn started for the message, else the busy outcome.
         :raises GatewayFull: a process-wide limit (:mod:`chatlane.runtime.capacity`) is
             reached; nothing was stored.
+        :raises StoreError: the store could not take the message: it is not taken (what a
+            call that failed may have stored is taken back, :mod:`~.withdrawals`).
         """
+        self.withdrawals.check(message.id)
         state = self.registry.get(key)
         new_session = not state.is_busy  # so not running: a running turn keeps it busy
         self.capacity.reserve(message, new_session=new_session)
@@ -186,12 +198,19 @@ class TurnEngine:
             running = not new_session and state.turn.is_running
             if running or self.slots.closed or self.busy.coalesces(message):
                 state = state if state.loaded else await self._load(key)
-                seq = await self.store.enqueue(key, message.id, self.holder, payload)
+                seq = await self._enqueue(key, message, payload)
                 return await self.accept(key, message, seq)
             stale = not state.loaded or self._choices_stale(state)
-            admission = await self.leases.admit(state, message.id, payload, choices=stale)
-            if not state.loaded:
-                state = await self._load_admitted(key, admission)
+            token, admission = new_token(), None
+            try:
+                admission = await self.leases.admit(
+                    state, message.id, payload, choices=stale, token=token
+                )
+                if not state.loaded:
+                    state = await self._load_admitted(key, admission)
+            except StoreError:  # not taken: what the store has of it goes
+                self.withdrawals.failed(key, message.id, token, stored=admission is not None)
+                raise
             state, seq = self._accepted(key, message, state), admission.seq
             if not state.turn.is_running:  # it does not coalesce: asked above
                 self._start(state, (message,), (seq,), refusable=True, admission=admission)
@@ -199,6 +218,14 @@ class TurnEngine:
             return await self._arrive_busy(state, message, seq, admission)
         finally:
             self.capacity.settled(message, new_session=new_session)
+
+    async def _enqueue(self, key: SessionKey, message: InboundMessage, payload: bytes) -> int:
+        """Queue ``message`` in the store (no lease); on failure, take back what it may hold."""
+        try:
+            return await self.store.enqueue(key, message.id, self.holder, payload)
+        except StoreError:
+            self.withdrawals.failed(key, message.id)
+            raise
 
     async def session(self, key: SessionKey) -> SessionState:
         """``key``'s state, its persistent scope loaded from the store on first use."""
@@ -309,10 +336,11 @@ class TurnEngine:
             message = msgspec.structs.replace(message, busy_policy=BusyPolicy.QUEUE.value)
         self.outcomes.open(key, message)  # a refusal below is its outcome
         try:
+            self.withdrawals.check(message.id)
             state = await self.session(key)
             if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
                 return BusyOutcome.QUEUE_FULL
-            seq = await self.store.enqueue(key, message.id, self.holder, encode_message(message))
+            seq = await self._enqueue(key, message, encode_message(message))
         except ChatlaneError as error:
             self.outcomes.end([message.id], Outcome.FAILED, reason=shown_to_users(error))
             raise
@@ -610,7 +638,7 @@ class TurnEngine:
             if seqs:
                 await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
         except ChatlaneError as error:
-            self._queue_again(state, entries)
+            self._queue_again(state, entries, queued_seqs)
             self.outcomes.end((message.id for message in held), Outcome.DROPPED)
             raise StopIncomplete(stopped, len(queued), error) from error
         dropped = [*held, *queued]
@@ -622,10 +650,14 @@ class TurnEngine:
             self.slots.stop_collecting(state)
         return StopResult(stopped, tuple(dropped), elsewhere)
 
-    def _queue_again(self, state: SessionState, entries: list[pending.PendingEntry]) -> None:
-        """``/stop`` could not drop ``entries`` from the store: they wait here again, in
-        their places before what came since, and run when the session is free."""
+    def _queue_again(
+        self, state: SessionState, entries: list[pending.PendingEntry], seqs: list[int]
+    ) -> None:
+        """``/stop`` could not drop ``entries`` (their messages ``seqs``) from the store:
+        they wait here again, in their places before what came since, and run when the
+        session is free."""
         pending.restore(state, entries)
+        pending.kept_after_drop(state, seqs, self.store.answers_may_be_lost)
         if not state.turn.is_running:  # the stopped turn ended meanwhile
             self.slots.promote(state)
 
@@ -743,8 +775,12 @@ class TurnEngine:
         return self.slots.is_idle()
 
     async def wait_idle(self) -> None:
-        """Return once :meth:`is_idle` holds (wrap in a timeout to bound the wait)."""
+        """Return once :meth:`is_idle` holds and no withdrawal is owed (wrap in a timeout
+        to bound the wait)."""
         await self.slots.wait_idle()
+        while self.withdrawals.owed:  # what a failed admission may have stored is taken back
+            await self.withdrawals.settled()
+            await self.slots.wait_idle()
 
     async def aclose(self) -> None:
         """Stop every turn and release its lease; unanswered messages stay queued in the store.
@@ -761,6 +797,7 @@ class TurnEngine:
         for task in [*tasks, *background]:
             task.cancel()
         await asyncio.gather(*tasks, *background, *self.slots.spawned(), return_exceptions=True)
+        await self.withdrawals.aclose()
         await self.asides.close()
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)

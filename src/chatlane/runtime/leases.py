@@ -54,8 +54,10 @@ from chatlane.errors import (
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import MAX_DELAY, retry_store, retryable
 from chatlane.runtime.settings import LeaseSettings
+from chatlane.runtime.withdrawals import Withdrawals
 from chatlane.state import SessionState
 from chatlane.stores.base import Admission, Lease, Store, Taken, WriteBatch
+from chatlane.stores.ids import new_token
 from chatlane.stores.protocols import Wakeups, Watch
 from chatlane.types import SessionKey
 
@@ -72,6 +74,8 @@ class AcquireWait:
 
     def __init__(self) -> None:
         self.reported: set[type[ChatlaneError]] = set()
+        self.unsure = False
+        """Whether a try failed: on a store whose answers may be lost, it may have applied."""
 
     def first(self, error: ChatlaneError) -> bool:
         """Whether this is the first time ``error``'s kind of wait happened."""
@@ -106,11 +110,13 @@ class LeaseKeeper:
         self.holder = holder
         self.settings = settings
         self.beats = BeatGaps()
+        self.withdrawals = Withdrawals(store, holder)
+        """What failed calls may have left in the store, taken back (:mod:`~.withdrawals`)."""
         self._drawing: dict[SessionKey, asyncio.Future[None]] = {}
         """Sessions whose lease is kept until the messages being drawn in have changed owner."""
 
     def admit(
-        self, state: SessionState, message_id: str, payload: bytes, *, choices: bool
+        self, state: SessionState, message_id: str, payload: bytes, *, choices: bool, token: str
     ) -> Awaitable[Admission]:
         """Queue a message for ``state``'s session and take the session's lease with it.
 
@@ -119,7 +125,11 @@ class LeaseKeeper:
         message takes it with :meth:`hold` (or gives it back with :meth:`let_go`).
 
         :param choices: also read the session's stored choices.
-        :raises ChatlaneError: the store could not be asked; nothing was queued.
+        :param token: the lease's token (a fresh one: see :meth:`Leases.acquire
+            <chatlane.stores.protocols.Leases.acquire>`), so that what a failed call
+            may have taken can be given back.
+        :raises ChatlaneError: the store could not be asked; nothing was queued, or,
+            on a store whose answers may be lost, the call may have applied.
         """
         settings = self.settings
         return self.store.enqueue_and_acquire(
@@ -130,6 +140,7 @@ class LeaseKeeper:
             settings.ttl,
             max_active=settings.max_active_sessions,
             with_persistent=choices,
+            token=token,
         )
 
     def hold(self, state: SessionState, lease: Lease) -> None:
@@ -182,7 +193,26 @@ class LeaseKeeper:
         :param refused: the store already refused the lease (when the message
             was queued): the wait starts from that answer instead of asking again.
         """
-        wait, delay, longest = AcquireWait(), self.settings.poll, self.settings.max_poll
+        wait, token = AcquireWait(), new_token()  # one token a wait: each try finds the last's
+        taken: Taken | None = None
+        try:
+            taken = await self._wait(state, head_seq, still_wanted, on_wait, refused, wait, token)
+            return taken
+        finally:
+            if taken is None and wait.unsure:  # a try whose answer was lost may hold it
+                self.withdrawals.failed(state.key, token=token)
+
+    async def _wait(
+        self,
+        state: SessionState,
+        head_seq: int | None,
+        still_wanted: Callable[[], bool],
+        on_wait: Callable[[ChatlaneError, AcquireWait], object],
+        refused: SessionBusy | None,
+        wait: AcquireWait,
+        token: str,
+    ) -> Taken | None:
+        delay, longest = self.settings.poll, self.settings.max_poll
         with _watch(self.store, state) as wakeup:
             while still_wanted():
                 if refused is not None:
@@ -192,10 +222,11 @@ class LeaseKeeper:
                         continue  # a release before the watch was taken went unheard: ask now
                 else:
                     try:
-                        return await self._try(state, head_seq)
+                        return await self._try(state, head_seq, token)
                     except (ActiveSessionLimit, SessionBusy) as error:
                         on_wait(error, wait)
                     except StoreError as error:
+                        wait.unsure = True
                         if not retryable(error):
                             raise
                         self._outage(state, error, wait)
@@ -209,7 +240,7 @@ class LeaseKeeper:
             fields = turn_fields(state.key)
             log.warning("taking the lease failed, retrying: %s", error, extra=fields)
 
-    async def _try(self, state: SessionState, head_seq: int | None) -> Taken:
+    async def _try(self, state: SessionState, head_seq: int | None, token: str) -> Taken:
         settings = self.settings
         taken = await self.store.acquire_and_read(
             state.key,
@@ -217,6 +248,7 @@ class LeaseKeeper:
             settings.ttl,
             head_seq=head_seq,
             max_active=settings.max_active_sessions,
+            token=token,
         )
         self.hold(state, taken.lease)
         return taken

@@ -41,8 +41,10 @@ What stays true:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from types import CoroutineType
 
@@ -235,9 +237,40 @@ class TurnOutput:
         """
         try:
             await self._retry_commit(turn, batch, error)
-        except (StaleGeneration, StoreError, AlreadyAnswered) as refused:
-            return refused
+        except (AlreadyAnswered, StaleGeneration, StoreError) as refused:
+            return None if await self._applied_before(turn, batch) else refused
         return None
+
+    async def _applied_before(self, turn: Turn, batch: WriteBatch) -> bool:
+        """Whether the try that failed had applied ``batch`` (its answer lost on the way back).
+
+        Asked, on a store whose answers may be lost, when no retry applied it:
+        one found its messages answered, or the session moved on since (after
+        the lost try applied, say, a ``/stop`` bumped the generation), or the
+        turn went stale before one could be made. Its messages were answered
+        by this very write if the store keeps its answer for each — no other
+        run answers them without taking the session, and then the lost try
+        would have been refused — and that write also released the lease,
+        which is then no longer held here.
+        """
+        store = self._leases.store
+        if not store.answers_may_be_lost or not batch.answered:
+            return False
+        until = time.monotonic() + self._leases.settings.ttl  # then, anyone may have run them
+        try:
+            answers = await retry_store(
+                lambda: asyncio.gather(*(store.answer(id_) for id_ in batch.answered)),
+                wanted=lambda: time.monotonic() < until,
+                what="asking whether a commit applied",
+                fields=_fields(turn),
+            )
+        except StoreError:
+            return False  # cannot tell: taken as not applied, as before
+        if any(answer != batch.answer for answer in answers):
+            return False
+        turn.session_state.turn.release_lease_token(turn.generation)
+        log.info("a commit whose answer was lost had applied", extra=_fields(turn))
+        return True
 
     async def _refused(self, turn: Turn, error: ChatlaneError) -> bool:
         """A refused commit: the turn lost its lease, or its messages were answered before."""

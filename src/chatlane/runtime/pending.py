@@ -245,6 +245,24 @@ def keep_only(state: SessionState, stored: set[int], known: set[int]) -> list[In
     return gone
 
 
+def kept_after_drop(state: SessionState, seqs: list[int], unsure: bool) -> None:
+    """``seqs`` wait here again because their drop from the store failed; if ``unsure``
+    (the store's answers may be lost), the drop may have been made all the same.
+
+    Such messages were told they still wait, so they run even if the store no
+    longer holds them: :func:`or_kept` counts them as stored.
+    """
+    if unsure:
+        state.conversation.kept_seqs.update(seqs)
+
+
+def or_kept(state: SessionState, stored: set[int]) -> set[int]:
+    """``stored`` (seqs a read of the store found) with the messages kept after a drop
+    that may have been made (:func:`kept_after_drop`)."""
+    kept: set[int] = state.conversation.kept_seqs
+    return stored | kept if kept else stored
+
+
 def known(state: SessionState) -> set[int]:
     """The seqs of every message waiting here: taken before a read of the store, what
     :func:`keep_only` may forget after it."""

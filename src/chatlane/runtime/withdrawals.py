@@ -1,0 +1,141 @@
+"""Taking back what a failed admission may have stored, so that "not taken" stays true.
+
+A store whose calls can apply and still fail (:attr:`Store.answers_may_be_lost
+<chatlane.stores.base.Store.answers_may_be_lost>`: a Redis or PostgreSQL
+connection that broke after the server ran the call) can leave a message its
+sender was told was not taken queued in the store as this process's — to run
+once this process's messages are adopted, after its end — and the lease its
+admission took held until the lease's TTL. What stays true:
+
+* A message whose queueing failed on such a store is owed a withdrawal: the
+  lease taken with the admission's token, if the store holds it, is given
+  back, and the message's record, if the store holds one of this process's,
+  is dropped. The sender was told it was not taken; the store comes to agree.
+* So is a turn that stopped waiting for its lease after a try failed so: the
+  lease that try may have taken (with the wait's token) is given back.
+* Withdrawals outlast an outage: one worker takes them in the order owed,
+  each tried again with backoff (:func:`~chatlane.runtime.backoff.retry_store`)
+  until the store answers, so an outage costs one retrying caller, not one per
+  message refused during it.
+* While its withdrawal is owed, the same message id is not taken again (a
+  platform's redelivery, an API client's retry with the same idempotency key):
+  it is refused as the store being unavailable. So a withdrawal never drops
+  a record that a later, successful try of the message queued.
+* So, on any store, is a message the store took when a later step of its
+  admission failed (reading a session this process had not seen): its sender
+  is told it was not taken, as for the store call itself.
+* On a store whose failed calls change nothing (SQLite, memory) nothing else
+  is ever owed. A withdrawal still owed when the engine closes is given up
+  (and logged): the record, if it exists, runs once another process adopts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from functools import partial
+
+from chatlane.errors import LeaseError, StoreError
+from chatlane.logs import turn_fields
+from chatlane.runtime.backoff import retry_store
+from chatlane.stores.base import Lease, Store
+from chatlane.types import SessionKey
+
+log = logging.getLogger("chatlane.runtime")
+
+
+class TakenBack(StoreError):
+    """An earlier try of this message is still being taken back from the store."""
+
+
+class Withdrawals:
+    """The withdrawals one process owes its store, and the worker that makes them."""
+
+    def __init__(self, store: Store, holder: str) -> None:
+        self._store = store
+        self._holder = holder
+        self._owed: dict[tuple[str, str], SessionKey] = {}
+        """(message id or "", lease token or "") → the session they were asked for."""
+        self._messages: set[str] = set()
+        """The message ids among them."""
+        self._worker: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def check(self, message_id: str) -> None:
+        """Refuse ``message_id`` while its withdrawal is owed.
+
+        :raises TakenBack: it is.
+        """
+        if self._messages and message_id in self._messages:
+            raise TakenBack(f"message {message_id} is still being taken back from the store")
+
+    def failed(
+        self, key: SessionKey, message_id: str = "", token: str = "", *, stored: bool = False
+    ) -> None:
+        """Queueing ``message_id``, or taking ``key``'s lease with ``token``, or both in one
+        call, failed: take back what the store may hold of them, if a failed call of the
+        store's may have applied — or, with ``stored``, what it took before a later step
+        failed, on any store."""
+        if not (stored or self._store.answers_may_be_lost) or self._closed:
+            return
+        self._owed[message_id, token] = key
+        if message_id:
+            self._messages.add(message_id)
+        if self._worker is None:
+            self._worker = asyncio.ensure_future(self._work())
+
+    @property
+    def owed(self) -> int:
+        """How many withdrawals are owed."""
+        return len(self._owed)
+
+    async def settled(self) -> None:
+        """Return once nothing is owed."""
+        while self._worker is not None:
+            await asyncio.shield(self._worker)
+
+    async def aclose(self) -> None:
+        """Give up what is still owed (see the module docstring)."""
+        self._closed = True
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+        if self._owed:
+            log.warning("closing with %d messages not yet taken back from the store", self.owed)
+
+    async def _work(self) -> None:
+        try:
+            while self._owed:
+                message_id, token = owed = next(iter(self._owed))
+                await self._take_back(self._owed[owed], message_id, token)
+                del self._owed[owed]
+                self._messages.discard(message_id)
+        finally:
+            self._worker = None
+
+    async def _take_back(self, key: SessionKey, message_id: str, token: str) -> None:
+        """Withdraw through an outage; give up on damage or at close."""
+        try:
+            await retry_store(
+                partial(self._withdraw, key, message_id, token),
+                wanted=lambda: not self._closed,
+                what="taking back a message not taken",
+                fields=turn_fields(key),
+            )
+        except StoreError as error:
+            log.warning("could not take back a message: %s", error, extra=turn_fields(key))
+
+    async def _withdraw(self, key: SessionKey, message_id: str, token: str) -> None:
+        if token:
+            with contextlib.suppress(LeaseError):  # never taken with it, or gone since
+                await self._store.release(Lease(key, self._holder, token, 0, 0.0))
+        if not message_id:
+            return
+        records = await self._store.pending(key)
+        seqs = [r.seq for r in records if r.message_id == message_id and r.owner == self._holder]
+        if seqs:
+            await self._store.drop_pending(key, seqs)
+            log.info(
+                "took back a message its sender was told was not taken", extra=turn_fields(key)
+            )

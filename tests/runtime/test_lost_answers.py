@@ -1,0 +1,177 @@
+"""Store calls that applied, but whose answer was lost on the way back.
+
+A Redis or PostgreSQL connection that breaks after the server ran a call
+leaves its caller with an error for a change the store made. Each test
+holds one such call to what its caller was promised: the reply delivered
+once, no lease left held, nothing left queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from chatlane.errors import SessionBusy, StoreError
+from chatlane.identity import SessionKey, SessionSource
+from chatlane.runtime.outcomes import Outcome
+from chatlane.runtime.settings import LeaseSettings
+from chatlane.runtime.withdrawals import TakenBack
+from chatlane.stores import Taken
+from chatlane.testing import GatewayHarness
+from chatlane.types import InboundMessage
+from tests.runtime.agents import EchoAgent
+from tests.runtime.refusing import LosingAnswers, Refusing, first_of
+
+
+async def test_a_commit_whose_answer_was_lost_is_known_for_its_own_and_delivered() -> None:
+    store = LosingAnswers(first_of("commit_and_release"))
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        sent = await h.send("hello", chat_id="c")
+        await h.settle()
+        assert store.refused["commit_and_release"] == 1
+        assert [o.text for o in h.delivered(chat_id="c")] == ["echo: hello"]
+        [outcome] = h.outcomes
+        assert (outcome.message_id, outcome.outcome) == (sent.message_id, Outcome.ANSWERED)
+        assert await store.pending(sent.session_key) == []
+        assert await store.active_sessions() == 0
+        await h.send("again", chat_id="c")  # the session is free at once
+        await h.settle()
+        assert [o.text for o in h.delivered(chat_id="c")] == ["echo: hello", "echo: again"]
+        assert [o.outcome for o in h.outcomes] == [Outcome.ANSWERED, Outcome.ANSWERED]
+
+
+class Switch:
+    """Refuses the calls named in :attr:`names` while :attr:`on` (see :class:`LosingAnswers`)."""
+
+    def __init__(self, *names: str) -> None:
+        self.names, self.on = set(names), True
+
+    def __call__(self, name: str) -> bool:
+        return self.on and name in self.names
+
+
+LASTING = LeaseSettings(ttl=3600)
+"""A lease left behind would hold its session for good: a leak shows as a hang, not a delay."""
+
+
+async def test_a_message_told_not_taken_is_taken_back_with_its_lease() -> None:
+    store = LosingAnswers(first_of("enqueue_and_acquire"))
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        with pytest.raises(StoreError):
+            await h.send("lost", chat_id="c")  # the store queued it and leased its session
+        await h.settle()
+        key = h.session_key(chat_id="c")
+        assert await store.pending(key) == []
+        assert await store.active_sessions() == 0
+        assert h.outcomes == []  # it was never taken
+        await h.send("next", chat_id="c")  # runs at once: no lease to wait out
+        assert await h.replies(chat_id="c", count=1) == ["echo: next"]
+
+
+async def test_a_message_queued_behind_a_turn_and_told_not_taken_is_taken_back() -> None:
+    losing = Switch("enqueue")
+    store = LosingAnswers(losing)
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        await h.send("sleep 0.05", chat_id="c")
+        await h.until_running(chat_id="c")
+        with pytest.raises(StoreError):
+            await h.send("lost", chat_id="c")
+        await h.send("/queue lost too", chat_id="c")  # its reply says it was not queued
+        losing.on = False
+        await h.settle()
+        assert await store.pending(h.session_key(chat_id="c")) == []
+        assert store.refused["enqueue"] == 2
+        assert sorted(o.outcome for o in h.outcomes) == [Outcome.ANSWERED, Outcome.FAILED]
+        texts = [o.text for o in h.outbox]
+        assert "slept 0.05" in texts
+        assert not [text for text in texts if text.startswith("echo: lost")]
+
+
+async def test_the_same_message_waits_until_its_earlier_try_is_taken_back() -> None:
+    losing = Switch("enqueue_and_acquire", "pending")
+    store = LosingAnswers(losing)
+    source = SessionSource("test", chat_id="c", user_id="u1")
+    message = InboundMessage(source, "retried", id="m-retried")
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        with pytest.raises(StoreError):
+            await h.gateway.dispatch(message)
+        losing.names = {"pending"}  # the withdrawal cannot see the queue yet
+        with pytest.raises(TakenBack):
+            await h.gateway.dispatch(message)  # a retry of the same message, too soon
+        losing.on = False
+        await h.gateway.engine.withdrawals.settled()
+        result = await h.gateway.dispatch(message)  # taken, and run once
+        assert result.started
+        assert await h.replies(chat_id="c", count=1) == ["echo: retried"]
+        await h.settle()
+        assert [o.message_id for o in h.outcomes] == ["m-retried"]
+        assert await store.pending(result.session_key) == []
+
+
+async def test_a_waiting_turn_whose_lease_answer_was_lost_takes_it_at_its_next_try() -> None:
+    store = LosingAnswers(first_of("acquire_and_read"))
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        key = h.session_key(chat_id="c")
+        elsewhere = await store.acquire(key, "another process", 3600)
+        await h.send("waits", chat_id="c")  # queued: the session runs elsewhere
+        await store.release(elsewhere)
+        assert await h.replies(chat_id="c", count=2) == [
+            "Queued for the next turn (this conversation is busy)",
+            "echo: waits",
+        ]
+        assert store.refused["acquire_and_read"] == 1
+        await h.settle()
+        assert await store.active_sessions() == 0
+
+
+async def test_a_message_stored_before_its_session_could_be_read_is_taken_back() -> None:
+    store = Refusing(first_of("load_persistent"))  # an outage that changes nothing
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        key = h.session_key(chat_id="c")
+        elsewhere = await store.acquire(key, "another process", 3600)
+        with pytest.raises(StoreError):  # queued, then the session could not be read
+            await h.send("not taken", chat_id="c")
+        await h.settle()
+        assert await store.pending(key) == []
+        assert h.outcomes == []
+        await store.release(elsewhere)
+        await h.send("taken", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["echo: taken"]
+
+
+class SeesBusy(LosingAnswers):
+    """Sets :attr:`busy` each time a waiting turn is refused its lease."""
+
+    def __init__(self, refuses: Callable[[str], bool]) -> None:
+        super().__init__(refuses)
+        self.busy = asyncio.Event()
+
+    async def acquire_and_read(self, key: SessionKey, *args: Any, **options: Any) -> Taken:
+        try:
+            return await super().acquire_and_read(key, *args, **options)
+        except SessionBusy:
+            self.busy.set()
+            raise
+
+
+async def test_messages_told_they_still_wait_run_though_their_drop_applied() -> None:
+    store = SeesBusy(first_of("drop_pending"))
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        key = h.session_key(chat_id="c")
+        elsewhere = await store.acquire(key, "another process", 3600)
+        await h.send("a", chat_id="c")  # its turn waits: the session runs elsewhere
+        await store.busy.wait()
+        await h.send("b", chat_id="c")  # queued behind it
+        store.busy.clear()
+        await h.send("/stop", chat_id="c")  # the store drops both; its answer is lost
+        await store.busy.wait()  # b's turn waits for the lease, as a's did
+        assert await store.pending(key) == []
+        await store.release(elsewhere)
+        await h.settle()
+        texts = [o.text for o in h.outbox]
+        assert any("Could not drop 1 queued message" in text for text in texts), texts
+        assert "echo: b" in texts  # it was told it still waits
+        assert {o.outcome for o in h.outcomes} == {Outcome.DROPPED, Outcome.ANSWERED}
