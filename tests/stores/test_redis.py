@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from chatlane.errors import AlreadyAnswered, LeaseLost, SessionBusy, StoreError
 from chatlane.identity import SessionKey
+from chatlane.runtime.settings import LeaseSettings
 from chatlane.stores import (
     Delivery,
     DeliveryDraft,
@@ -33,7 +34,9 @@ from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
 from chatlane.stores.redis_url import parse_url
 from chatlane.stores.resp import Arg, RespClient, _Connection
+from chatlane.testing import GatewayHarness
 from tests.keys import chat_key, odd_keys
+from tests.runtime.agents import EchoAgent
 from tests.stores.servers import redis_server
 
 T = TypeVar("T")
@@ -290,6 +293,32 @@ class TestDroppedConnections:
         assert await store.pending(KEY) == []
         with pytest.raises(AlreadyAnswered):  # another batch answering m1 is still refused
             await store.commit(KEY, None, WriteBatch(answered=["m1"], answer="again"))
+
+
+    async def test_a_message_whose_admission_reply_was_lost_is_taken_back(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A gateway on the real server: the reply to a message's admission is lost past
+        the client's retries, so its sender is told it was not taken; the store, which
+        queued it and leased its session all the same, is brought to agree."""
+        client = store._client
+        assert isinstance(client, RespClient)
+        lasting = LeaseSettings(ttl=3600)  # a lease left behind would hold the session for good
+        async with GatewayHarness(EchoAgent(), store=store, leases=lasting) as h:
+            await h.send("warm-up", chat_id="c")
+            await h.replies(chat_id="c", count=1)
+            client.retries = 0  # as past its retries: the lost reply reaches the gateway
+            lose = LostReply(monkeypatch)
+            with pytest.raises(StoreError):
+                await lose.next(h.send("lost", chat_id="c"))
+            client.retries = 5
+            await h.settle()
+            key = h.session_key(chat_id="c")
+            assert lose.lost == 1
+            assert await store.pending(key) == []
+            assert await store.active_sessions() == 0
+            await h.send("next", chat_id="c")  # its session is free at once
+            assert await h.replies(chat_id="c", count=2) == ["echo: warm-up", "echo: next"]
 
 
 async def kill_until(admin: Redis, name: str, stop: asyncio.Event) -> int:

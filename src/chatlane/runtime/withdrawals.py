@@ -13,6 +13,9 @@ admission took held until the lease's TTL. What stays true:
   is dropped. The sender was told it was not taken; the store comes to agree.
 * So is a turn that stopped waiting for its lease after a try failed so: the
   lease that try may have taken (with the wait's token) is given back.
+* So, on any store, is a message the store took when a later step of its
+  admission failed (reading a session this process had not seen): its sender
+  is told it was not taken, as for the store call itself.
 * Withdrawals outlast an outage: one worker takes them in the order owed,
   each tried again with backoff (:func:`~chatlane.runtime.backoff.retry_store`)
   until the store answers, so an outage costs one retrying caller, not one per
@@ -21,9 +24,6 @@ admission took held until the lease's TTL. What stays true:
   platform's redelivery, an API client's retry with the same idempotency key):
   it is refused as the store being unavailable. So a withdrawal never drops
   a record that a later, successful try of the message queued.
-* So, on any store, is a message the store took when a later step of its
-  admission failed (reading a session this process had not seen): its sender
-  is told it was not taken, as for the store call itself.
 * On a store whose failed calls change nothing (SQLite, memory) nothing else
   is ever owed. A withdrawal still owed when the engine closes is given up
   (and logged): the record, if it exists, runs once another process adopts it.
