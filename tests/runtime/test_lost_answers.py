@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from chatlane.errors import SessionBusy, StoreError
+from chatlane.errors import SessionBusy, StillTakingBack, StoreError
 from chatlane.identity import SessionKey, SessionSource
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import LeaseSettings
-from chatlane.runtime.withdrawals import TakenBack
 from chatlane.stores import Taken
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage
@@ -99,7 +98,7 @@ async def test_the_same_message_waits_until_its_earlier_try_is_taken_back() -> N
         with pytest.raises(StoreError):
             await h.gateway.dispatch(message)
         losing.names = {"pending"}  # the withdrawal cannot see the queue yet
-        with pytest.raises(TakenBack):
+        with pytest.raises(StillTakingBack):
             await h.gateway.dispatch(message)  # a retry of the same message, too soon
         losing.on = False
         await h.gateway.engine.withdrawals.settled()

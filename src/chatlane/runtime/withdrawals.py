@@ -36,17 +36,13 @@ import contextlib
 import logging
 from functools import partial
 
-from chatlane.errors import LeaseError, StoreError
+from chatlane.errors import LeaseError, StillTakingBack, StoreError
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store
 from chatlane.stores.base import Lease, Store
 from chatlane.types import SessionKey
 
 log = logging.getLogger("chatlane.runtime")
-
-
-class TakenBack(StoreError):
-    """An earlier try of this message is still being taken back from the store."""
 
 
 class Withdrawals:
@@ -65,10 +61,10 @@ class Withdrawals:
     def check(self, message_id: str) -> None:
         """Refuse ``message_id`` while its withdrawal is owed.
 
-        :raises TakenBack: it is.
+        :raises StillTakingBack: it is.
         """
         if self._messages and message_id in self._messages:
-            raise TakenBack(f"message {message_id} is still being taken back from the store")
+            raise StillTakingBack(f"message {message_id} is still being taken back from the store")
 
     def failed(
         self, key: SessionKey, message_id: str = "", token: str = "", *, stored: bool = False
