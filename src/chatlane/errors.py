@@ -116,7 +116,17 @@ class AlreadyAnswered(ChatlaneError):
 
 
 class StoreError(ChatlaneError):
-    """A store could not be opened or used (bad URL, unreachable server, damaged file)."""
+    """A store could not be opened or used (bad URL, unreachable server, damaged file).
+
+    ``maybe_applied``: whether the call may have changed the store all the same
+    (it reached a server and its answer was lost on the way back). ``False``
+    where it surely did not — the server could not be reached, or the
+    transaction failed before its commit — so nothing needs taking back.
+    """
+
+    def __init__(self, *args: object, maybe_applied: bool = True) -> None:
+        super().__init__(*args)
+        self.maybe_applied = maybe_applied
 
 
 class StoreDamaged(StoreError):

@@ -38,7 +38,7 @@ class Refusing(MemoryStore):
                 self.refused[name] += 1
                 if self.applies:
                     await attr(*args, **kwargs)
-                raise StoreError(f"the store refused {name}")
+                raise StoreError(f"the store refused {name}", maybe_applied=self.applies)
             return await attr(*args, **kwargs)
 
         return maybe_refused

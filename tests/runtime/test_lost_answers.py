@@ -174,3 +174,21 @@ async def test_messages_told_they_still_wait_run_though_their_drop_applied() -> 
         assert any("Could not drop 1 queued message" in text for text in texts), texts
         assert "echo: b" in texts  # it was told it still waits
         assert {o.outcome for o in h.outcomes} == {Outcome.DROPPED, Outcome.ANSWERED}
+
+
+class Unreachable(Refusing):
+    """A store whose answers may be lost, refusing calls that surely never reached it."""
+
+    answers_may_be_lost = True
+
+
+async def test_a_message_that_surely_never_reached_the_store_owes_nothing() -> None:
+    store = Unreachable(first_of("enqueue_and_acquire"))
+    source = SessionSource("test", chat_id="c", user_id="u1")
+    message = InboundMessage(source, "again", id="m-again")
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        with pytest.raises(StoreError):
+            await h.gateway.dispatch(message)
+        assert h.gateway.engine.withdrawals.owed == 0  # nothing to take back
+        assert (await h.gateway.dispatch(message)).started  # its retry is taken at once
+        assert await h.replies(chat_id="c", count=1) == ["echo: again"]

@@ -306,10 +306,11 @@ class TestBadInput:
     ) -> None:
         lease = await store.acquire(KEY, "p1", 5)
         entries = [TranscriptEntry("user", "fine", 1), TranscriptEntry("user", content, 1)]
-        with pytest.raises(StoreError):
+        with pytest.raises(StoreError) as refused:
             await store.commit(
                 KEY, lease.generation, WriteBatch(transcript=entries, answered=["m1"])
             )
+        assert not refused.value.maybe_applied  # refused before its commit: rolled back
         assert await store.transcript(KEY) == []
         assert not await store.is_answered("m1")
 

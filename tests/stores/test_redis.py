@@ -285,15 +285,15 @@ class TestDroppedConnections:
         assert isinstance(client, RespClient)
         client.retries = 0  # as past its retries: the lost reply reaches the caller
         lose = LostReply(monkeypatch)
-        with pytest.raises(StoreError, match="reply lost"):
+        with pytest.raises(StoreError, match="reply lost") as lost:
             await lose.next(store.commit_and_release(admission.lease, batch))
+        assert lost.value.maybe_applied
         assert await store.answer("m1") == "hi"  # it applied all the same
         assert await store.commit_and_release(admission.lease, batch) is True
         assert [e.content for e in await store.transcript(KEY)] == ["once"]
         assert await store.pending(KEY) == []
         with pytest.raises(AlreadyAnswered):  # another batch answering m1 is still refused
             await store.commit(KEY, None, WriteBatch(answered=["m1"], answer="again"))
-
 
     async def test_a_message_whose_admission_reply_was_lost_is_taken_back(
         self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
@@ -417,8 +417,9 @@ class TestLostServer:
             await store.renew(lease, 30)
         assert isinstance(raised.value.__cause__, StoreError)
         assert (raised.value.key, raised.value.generation) == (KEY, lease.generation)
-        with pytest.raises(StoreError):
+        with pytest.raises(StoreError) as failed:
             await store.generation(KEY)
+        assert not failed.value.maybe_applied  # the server was never reached: nothing ran
         assert time.monotonic() - started < 15
         await store.close()
 

@@ -17,7 +17,7 @@ import pytest
 from chatlane import testing_redis
 from chatlane.errors import StoreError
 from chatlane.stores.redis import RedisStore
-from chatlane.stores.resp import Endpoint, ReplyError, RespClient
+from chatlane.stores.resp import Endpoint, ReplyError, RespClient, maybe_sent
 from chatlane.testing_redis import free_port, server_binary
 from tests.keys import chat_key
 
@@ -178,10 +178,19 @@ class TestBrokenServers:
         closed_port = free_port()
         failing = client(closed_port, retries=2)
         started = time.monotonic()
-        with pytest.raises(ConnectionError):
+        with pytest.raises(ConnectionError) as raised:
             await failing.execute("PING")
         assert time.monotonic() - started < 5
+        assert not maybe_sent(raised.value)  # never written anywhere: it surely did not run
         await failing.close()
+
+    async def test_a_command_written_before_the_connection_failed_may_have_run(self) -> None:
+        async with fake_server(None) as port:
+            silent = client(port, reply_timeout=0.3)
+            with pytest.raises(ConnectionError) as raised:
+                await silent.execute("SET", "k", "v")
+            assert maybe_sent(raised.value)
+            await silent.close()
 
 
 class TestConnections:

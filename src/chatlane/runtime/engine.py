@@ -208,8 +208,9 @@ class TurnEngine:
                 )
                 if not state.loaded:
                     state = await self._load_admitted(key, admission)
-            except StoreError:  # not taken: what the store has of it goes
-                self.withdrawals.failed(key, message.id, token, stored=admission is not None)
+            except StoreError as error:  # not taken: what the store has of it goes
+                taken = admission is not None  # and then a later step failed
+                self.withdrawals.failed(key, message.id, token, error=None if taken else error)
                 raise
             state, seq = self._accepted(key, message, state), admission.seq
             if not state.turn.is_running:  # it does not coalesce: asked above
@@ -223,8 +224,8 @@ class TurnEngine:
         """Queue ``message`` in the store (no lease); on failure, take back what it may hold."""
         try:
             return await self.store.enqueue(key, message.id, self.holder, payload)
-        except StoreError:
-            self.withdrawals.failed(key, message.id)
+        except StoreError as error:
+            self.withdrawals.failed(key, message.id, error=error)
             raise
 
     async def session(self, key: SessionKey) -> SessionState:

@@ -74,8 +74,9 @@ class AcquireWait:
 
     def __init__(self) -> None:
         self.reported: set[type[ChatlaneError]] = set()
-        self.unsure = False
-        """Whether a try failed: on a store whose answers may be lost, it may have applied."""
+        self.unsure: StoreError | None = None
+        """The last failure of a try that may have applied all the same (see
+        :attr:`StoreError.maybe_applied <chatlane.errors.StoreError.maybe_applied>`)."""
 
     def first(self, error: ChatlaneError) -> bool:
         """Whether this is the first time ``error``'s kind of wait happened."""
@@ -199,8 +200,8 @@ class LeaseKeeper:
             taken = await self._wait(state, head_seq, still_wanted, on_wait, refused, wait, token)
             return taken
         finally:
-            if taken is None and wait.unsure:  # a try whose answer was lost may hold it
-                self.withdrawals.failed(state.key, token=token)
+            if taken is None and wait.unsure is not None:  # a try whose answer was lost
+                self.withdrawals.failed(state.key, token=token, error=wait.unsure)
 
     async def _wait(
         self,
@@ -226,7 +227,8 @@ class LeaseKeeper:
                     except (ActiveSessionLimit, SessionBusy) as error:
                         on_wait(error, wait)
                     except StoreError as error:
-                        wait.unsure = True
+                        if error.maybe_applied:
+                            wait.unsure = error
                         if not retryable(error):
                             raise
                         self._outage(state, error, wait)

@@ -24,9 +24,12 @@ admission took held until the lease's TTL. What stays true:
   platform's redelivery, an API client's retry with the same idempotency key):
   it is refused as the store being unavailable. So a withdrawal never drops
   a record that a later, successful try of the message queued.
-* On a store whose failed calls change nothing (SQLite, memory) nothing else
-  is ever owed. A withdrawal still owed when the engine closes is given up
-  (and logged): the record, if it exists, runs once another process adopts it.
+* On a store whose failed calls change nothing (SQLite, memory), and for a
+  call that surely never applied (the server could not be reached, a
+  transaction failed before its commit: :attr:`StoreError.maybe_applied
+  <chatlane.errors.StoreError.maybe_applied>`), nothing else is ever owed.
+* A withdrawal still owed when the engine closes is given up (and logged):
+  the record, if it exists, runs once another process adopts it.
 """
 
 from __future__ import annotations
@@ -67,19 +70,27 @@ class Withdrawals:
             raise StillTakingBack(f"message {message_id} is still being taken back from the store")
 
     def failed(
-        self, key: SessionKey, message_id: str = "", token: str = "", *, stored: bool = False
+        self,
+        key: SessionKey,
+        message_id: str = "",
+        token: str = "",
+        *,
+        error: StoreError | None = None,
     ) -> None:
         """Queueing ``message_id``, or taking ``key``'s lease with ``token``, or both in one
-        call, failed: take back what the store may hold of them, if a failed call of the
-        store's may have applied — or, with ``stored``, what it took before a later step
-        failed, on any store."""
-        if not (stored or self._store.answers_may_be_lost) or self._closed:
+        call, failed with ``error``: take back what the store may hold of them, if the call
+        may have applied all the same. Without ``error``, the store took them and a later
+        step failed: take them back on any store."""
+        if self._closed or (error is not None and not self._may_have_applied(error)):
             return
         self._owed[message_id, token] = key
         if message_id:
             self._messages.add(message_id)
         if self._worker is None:
             self._worker = asyncio.ensure_future(self._work())
+
+    def _may_have_applied(self, error: StoreError) -> bool:
+        return self._store.answers_may_be_lost and error.maybe_applied
 
     @property
     def owed(self) -> int:

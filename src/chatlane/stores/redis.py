@@ -81,7 +81,7 @@ from chatlane.stores.redis_sentinel import SCHEME as SENTINEL_SCHEME
 from chatlane.stores.redis_sentinel import Sentinels, parse_sentinel_url
 from chatlane.stores.redis_transport import RedisPyTransport, Transport
 from chatlane.stores.redis_url import parse_url, redact
-from chatlane.stores.resp import RETRIES, Arg, ReplyError, RespClient
+from chatlane.stores.resp import RETRIES, Arg, ReplyError, RespClient, maybe_sent
 from chatlane.types import SessionKey
 
 if TYPE_CHECKING:
@@ -263,7 +263,8 @@ class RedisStore(Store):
         return StoreError(f"{self._name} is closed")
 
     def _failure(self, error: ReplyError | ConnectionError) -> StoreError:
-        return StoreError(f"{self._name}: {type(error).__name__}: {error}")
+        text = f"{self._name}: {type(error).__name__}: {error}"
+        return StoreError(text, maybe_applied=maybe_sent(error))
 
     # -- generations and leases ----------------------------------------------
 

@@ -33,7 +33,9 @@ What stays true:
   :class:`TimeoutError` with jittered exponential backoff. A command may thus
   reach the server twice; callers make such commands idempotent (the store's
   scripts take request ids). Any other error reply raises :class:`ReplyError`
-  and is never retried.
+  and is never retried. The :class:`ConnectionError` a caller gets at the
+  end says whether any try may have reached the server (:func:`maybe_sent`):
+  a server that could not be reached at all ran nothing.
 * A half-open connection (the server or the network went away without a
   word) is found before a command waits on it: TCP keepalive probes an idle
   connection after ``keepalive`` seconds, and a connection idle for
@@ -312,28 +314,38 @@ class RespClient:
         """
         connection = self._connection
         if connection is None or connection.closed:
-            return await self._execute_retrying(args, 0)
+            return await self._execute_retrying(args, 0, False)
+        sent = False
         try:
             if not connection.writable:
                 await connection.wait_writable()
-            return await connection.send(args)
+            reply = connection.send(args)
+            sent = True
+            return await reply
         except ConnectionError as error:
+            sent = sent and not isinstance(error, ServerNotReady)
             if self._closed or self.retries == 0:
-                raise _failed(error) from error
-        return await self._execute_retrying(args, 1)
+                raise _failed(error, sent) from error
+        return await self._execute_retrying(args, 1, sent)
 
-    async def _execute_retrying(self, args: tuple[Arg, ...], first: int) -> Any:
+    async def _execute_retrying(self, args: tuple[Arg, ...], first: int, sent: bool) -> Any:
+        """Try ``args`` from attempt ``first`` on; ``sent``: an earlier attempt may have
+        reached the server."""
         for attempt in range(first, self.retries + 1):
             if attempt:
                 await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)))
+            queued = False
             try:
                 connection = await self._opened_for_caller()
                 if not connection.writable:
                     await connection.wait_writable()
-                return await connection.send(args)
+                reply = connection.send(args)
+                queued = True
+                return await reply
             except (ConnectionError, TimeoutError, OSError) as error:
+                sent = sent or (queued and not isinstance(error, ServerNotReady))
                 if self._closed or attempt == self.retries:
-                    raise _failed(error) from error
+                    raise _failed(error, sent) from error
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _opened_for_caller(self) -> _Connection:
@@ -434,10 +446,20 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _failed(error: BaseException) -> ConnectionError:
-    """What a caller gets once ``error`` ended its command (a not-ready server stays one)."""
+def _failed(error: BaseException, sent: bool) -> ConnectionError:
+    """What a caller gets once ``error`` ended its command (a not-ready server stays one),
+    saying whether the command may have reached the server (:func:`maybe_sent`)."""
     kind = ServerNotReady if isinstance(error, ServerNotReady) else ConnectionError
-    return kind(_describe(error))
+    failure = kind(_describe(error))
+    failure.maybe_sent = sent  # type: ignore[attr-defined]
+    return failure
+
+
+def maybe_sent(error: BaseException) -> bool:
+    """Whether the command ``error`` ended may have reached the server, and run there:
+    ``False`` only when no try of it was ever written to a connection (or a server
+    that answered ``-LOADING`` and the like ran nothing of it)."""
+    return bool(getattr(error, "maybe_sent", True))
 
 
 def _describe(error: BaseException) -> str:

@@ -138,12 +138,15 @@ class PostgresStore(Store):
             the quick pool (see :mod:`~chatlane.stores.postgres.pools`).
         """
         pool = self._pool(upkeep)
+        committing = False
         try:
             async with pool.acquire() as db, db.transaction():
                 moment = await (db.fetchval(_NOW) if key is None else db.fetchval(_LOCKED_NOW, key))
-                return await op(db, moment)
+                done = await op(db, moment)
+                committing = True  # leaving the block sends COMMIT: from here it may apply
+                return done
         except DriverError as error:
-            raise self._failure(error) from error
+            raise self._failure(error, committing) from error
 
     async def _read(self, op: Callable[[Db], Awaitable[T]]) -> T:
         """Run ``op``, a single statement that only reads, outside any transaction (quick pool)."""
@@ -152,7 +155,7 @@ class PostgresStore(Store):
             async with pool.acquire() as db:
                 return await op(db)
         except DriverError as error:
-            raise self._failure(error) from error
+            raise self._failure(error, False) from error
 
     async def _fetch(self, query: str, *args: Any) -> list[Row]:
         """The rows of one read (for tests and tools that look into the store's tables)."""
@@ -163,8 +166,11 @@ class PostgresStore(Store):
             raise StoreError(f"{self._name} is closed")
         return self._pools.quick if quick else self._pools.turns
 
-    def _failure(self, error: BaseException) -> StoreError:
-        return StoreError(f"{self._name}: {type(error).__name__}: {_reason(error)}")
+    def _failure(self, error: BaseException, committing: bool) -> StoreError:
+        """``error`` as a :class:`StoreError`; ``committing``: it came as the transaction
+        was being committed, which may have applied (otherwise the server rolled it back)."""
+        text = f"{self._name}: {type(error).__name__}: {_reason(error)}"
+        return StoreError(text, maybe_applied=committing)
 
     # -- generations and leases ----------------------------------------------
 
