@@ -146,6 +146,19 @@ async def test_a_choice_the_store_could_not_keep_changes_nothing(
         ]  # an outage: no traceback
 
 
+async def test_a_choice_whose_answer_was_lost_is_not_said_to_have_failed() -> None:
+    """The store may have kept it: the reply says so, and a later turn takes it up."""
+    store = LosingAnswers(first_of("set_persistent"))
+    # every turn reads the stored choices again, as with messages seconds apart
+    async with GatewayHarness(EchoAgent(), store=store, reread_stored=0.0) as h:
+        await h.send("/busy reject", chat_id="c")
+        assert last_text(h) == f"/busy could not be confirmed: {STORE_UNAVAILABLE}."
+        await h.send("hello", chat_id="c")
+        await h.settle()
+        await h.send("/busy", chat_id="c")
+        assert last_text(h) == "Busy policy: reject"  # it had been kept
+
+
 async def test_stop_when_idle_still_bumps_generation() -> None:
     async with GatewayHarness(EchoAgent()) as h:
         result = await h.send("/stop", chat_id="c")

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatlane.errors import ChatlaneError, ConfigError, shown_to_users
+from chatlane.errors import ChatlaneError, ConfigError, StoreError, shown_to_users
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.aside import TooManyAsides
@@ -185,10 +185,18 @@ async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
         return f"{detail}\nUsage: {spec.usage}" if detail else f"Usage: {spec.usage}"
     except ChatlaneError as error:  # an outage the gateway expects: no traceback
         log.warning("command /%s failed for %s: %s", spec.name, call.session_key, error)
+        if _maybe_applied(call, error):  # its answer lost: the store may have kept it
+            return f"/{spec.name} could not be confirmed: {shown_to_users(error)}."
         return f"/{spec.name} could not finish: {shown_to_users(error)}."
     except Exception:
         log.exception("command /%s failed for %s", spec.name, call.session_key)
         return f"/{spec.name} failed unexpectedly; the error was logged."
+
+
+def _maybe_applied(call: CommandCall, error: ChatlaneError) -> bool:
+    """Whether the store call that failed with ``error`` may have been made all the same."""
+    store_may = call.engine.store.answers_may_be_lost
+    return store_may and isinstance(error, StoreError) and error.maybe_applied
 
 
 # -- the built-in commands ---------------------------------------------------------
