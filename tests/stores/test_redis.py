@@ -33,7 +33,7 @@ from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
 from chatlane.stores.redis_url import parse_url
-from chatlane.stores.resp import Arg, RespClient, _Connection
+from chatlane.stores.resp import Arg, RespClient, _Connection, _failed
 from chatlane.testing import GatewayHarness
 from tests.keys import chat_key, odd_keys
 from tests.runtime.agents import EchoAgent
@@ -294,6 +294,19 @@ class TestDroppedConnections:
         assert await store.pending(KEY) == []
         with pytest.raises(AlreadyAnswered):  # another batch answering m1 is still refused
             await store.commit(KEY, None, WriteBatch(answered=["m1"], answer="again"))
+
+    async def test_a_script_that_ran_before_its_wait_for_replicas_failed_may_have_applied(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        async def replicas_out_of_reach() -> None:
+            raise _failed(ConnectionError("connection refused"), False)  # WAIT never sent
+
+        store._wait_replicas = 1
+        monkeypatch.setattr(store, "_replicated", replicas_out_of_reach)
+        with pytest.raises(StoreError) as failed:
+            await store.acquire(KEY, "p1", 5)
+        assert failed.value.maybe_applied  # the script had run: the lease is there
+        assert await store.generation(KEY) == 1
 
     async def test_a_message_whose_admission_reply_was_lost_is_taken_back(
         self, store: RedisStore, monkeypatch: pytest.MonkeyPatch

@@ -220,11 +220,14 @@ class RedisStore(Store):
                 if not str(error).startswith("NOSCRIPT"):
                     raise
                 reply = await self._client.execute("EVAL", script.source, *head[2:], *args)
-            if self._wait_replicas:
-                await self._replicated()
-            return reply
         except (ReplyError, ConnectionError) as error:
             raise self._failure(error) from error
+        if self._wait_replicas:
+            try:
+                await self._replicated()
+            except (ReplyError, ConnectionError) as error:
+                raise self._failure(error, ran=True) from error
+        return reply
 
     async def _replicated(self) -> None:
         """Wait until ``wait_replicas`` replicas have every write so far (``WAIT``).
@@ -262,9 +265,11 @@ class RedisStore(Store):
     def _closed_error(self) -> StoreError:
         return StoreError(f"{self._name} is closed")
 
-    def _failure(self, error: ReplyError | ConnectionError) -> StoreError:
+    def _failure(self, error: ReplyError | ConnectionError, *, ran: bool = False) -> StoreError:
+        """``error`` as a :class:`StoreError`; ``ran``: the command it follows surely ran
+        (so did the call), else it may have only if it was ever sent (:func:`maybe_sent`)."""
         text = f"{self._name}: {type(error).__name__}: {error}"
-        return StoreError(text, maybe_applied=maybe_sent(error))
+        return StoreError(text, maybe_applied=ran or maybe_sent(error))
 
     # -- generations and leases ----------------------------------------------
 

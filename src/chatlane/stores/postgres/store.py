@@ -30,7 +30,9 @@ What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
   :class:`~chatlane.errors.StoreError` naming the store (its password masked) —
   except :meth:`PostgresStore.renew`, which raises
   :class:`~chatlane.errors.LeaseLost`: a lease that could not be renewed must
-  be treated as gone. A transaction that failed wrote nothing.
+  be treated as gone. A transaction that failed before its commit wrote
+  nothing (``StoreError.maybe_applied`` is false); one whose connection broke
+  as it committed may have applied all the same.
 """
 
 from __future__ import annotations
