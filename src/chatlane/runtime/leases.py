@@ -28,6 +28,10 @@ What stays true:
   call that queues it (:meth:`LeaseKeeper.admit`), and a turn that waits for
   it reads the session's stored choices with it: a turn costs two store
   calls, from the message's arrival to its answer.
+* Every acquisition asks with a token of its own, the same for each of its
+  tries: a try whose answer was lost (Redis, PostgreSQL) never holds the
+  session against the next one, and what it may have taken is given back
+  when the acquisition ends without it (:mod:`~chatlane.runtime.withdrawals`).
 * While this process draws another process's messages into a session's
   running turn (:meth:`LeaseKeeper.drawing`), that session's lease is not
   released here: the drawn messages change owner while the lease is held,
@@ -191,6 +195,12 @@ class LeaseKeeper:
         (:class:`~chatlane.stores.protocols.Wakeups`) ends the wait as soon as
         the session may be free.
 
+        Every try asks with the wait's one token, so a try whose answer was lost
+        is found by the next (:meth:`Leases.acquire
+        <chatlane.stores.protocols.Leases.acquire>`); a wait that ends without
+        the lease after such a try owes the store that lease's withdrawal
+        (:mod:`~chatlane.runtime.withdrawals`).
+
         :param refused: the store already refused the lease (when the message
             was queued): the wait starts from that answer instead of asking again.
         """
@@ -213,6 +223,7 @@ class LeaseKeeper:
         wait: AcquireWait,
         token: str,
     ) -> Taken | None:
+        """:meth:`acquire`'s tries; ``wait`` keeps what they met."""
         delay, longest = self.settings.poll, self.settings.max_poll
         with _watch(self.store, state) as wakeup:
             while still_wanted():
