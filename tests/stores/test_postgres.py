@@ -9,22 +9,26 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 from chatlane.errors import LeaseLost, StoreError
+from chatlane.runtime.settings import LeaseSettings
 from chatlane.stores import DeliveryDraft, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.postgres import PostgresStore, ledger
 from chatlane.stores.postgres.pools import _milliseconds
 from chatlane.stores.postgres.schema import MIGRATIONS, migrate
 from chatlane.stores.postgres.store import _LOCKED_NOW
 from chatlane.stores.postgres.url import Location, parse_url, redact
+from chatlane.testing import GatewayHarness
 from chatlane.testing_postgres import ENV, PASSWORD, USER, binaries, throwaway
 from chatlane.testing_redis import free_port
 from chatlane.types import Attachment, AttachmentKind, SessionKey
 from tests.adapters.test_api import eventually
 from tests.keys import chat_key
+from tests.runtime.agents import EchoAgent
 from tests.stores.conftest import forget_store, own_schema
 
 KEY = chat_key("c1")
@@ -406,6 +410,63 @@ class TestStoppedClients:
     def test_every_connection_is_given_the_timeout(self) -> None:
         assert _milliseconds(5.0) == "5000"
         assert _milliseconds(0.0001) == "1"  # never 0, which turns the server's timeout off
+
+
+class LoseNextAnswer:
+    """Makes the store's next write transaction fail *after* it committed, as if the
+    connection broke on the way back: the caller gets ``StoreError`` (maybe applied)."""
+
+    def __init__(self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed, self.lost = False, 0
+        write = store._write
+
+        async def losing(key: SessionKey | None, op: Any, *, upkeep: bool = False) -> Any:
+            done = await write(key, op, upkeep=upkeep)
+            if self.armed and not upkeep:
+                self.armed, self.lost = False, self.lost + 1
+                raise StoreError("connection lost (test)", maybe_applied=True)
+            return done
+
+        monkeypatch.setattr(store, "_write", losing)
+
+
+class TestLostAnswers:
+    async def test_a_message_whose_admission_answer_was_lost_is_taken_back(
+        self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        lose = LoseNextAnswer(store, monkeypatch)
+        lasting = LeaseSettings(ttl=3600)  # a lease left behind would hold the session for good
+        async with GatewayHarness(EchoAgent(), store=store, leases=lasting) as h:
+            lose.armed = True
+            with pytest.raises(StoreError):
+                await h.send("lost", chat_id="c")  # queued and leased, its answer lost
+            await h.settle()
+            key = h.session_key(chat_id="c")
+            assert lose.lost == 1
+            assert await store.pending(key) == []
+            assert await store.active_sessions() == 0
+            await h.send("next", chat_id="c")  # its session is free at once
+            assert await h.replies(chat_id="c", count=1) == ["echo: next"]
+
+    async def test_a_waiting_turn_whose_lease_answer_was_lost_takes_it_at_its_next_try(
+        self, store: PostgresStore, url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        lose = LoseNextAnswer(store, monkeypatch)
+        lasting = LeaseSettings(ttl=3600)
+        other = await PostgresStore.open(url)  # another process, on the same schema
+        try:
+            async with GatewayHarness(EchoAgent(), store=store, leases=lasting) as h:
+                key = h.session_key(chat_id="c")
+                elsewhere = await other.acquire(key, "another process", 3600)
+                await h.send("waits", chat_id="c")  # queued: the session runs elsewhere
+                lose.armed = True  # its next try takes the lease, and the answer is lost
+                await other.release(elsewhere)
+                assert (await h.replies(chat_id="c", count=2))[1] == "echo: waits"
+                assert lose.lost == 1
+                await h.settle()
+                assert await store.active_sessions() == 0
+        finally:
+            await other.close()
 
 
 async def _execute(url: str, statement: str) -> None:
