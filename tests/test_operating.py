@@ -82,6 +82,7 @@ async def test_metrics_count_turns_and_busy_outcomes(tmp_path: Path) -> None:
         assert 'chatlane_turns_finished_total{outcome="answered"} 1' in text
         assert 'chatlane_turn_duration_seconds_bucket{le="+Inf"} 1' in text
         assert "chatlane_queue_depth 0" in text
+        assert "chatlane_messages_taken_back_total 0" in text
         assert 'python_gc_collections_total{generation="2"} ' in text
         assert "python_gc_frozen_objects " in text
 

@@ -34,6 +34,7 @@ class Metrics:
         self.lease_failures = 0
         self.stale_refused = 0
         self.messages_failed = 0
+        self.taken_back = 0
         self.senders_refused: Counter[str] = Counter()
         self.deliveries: Counter[str] = Counter()
         self._latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
@@ -60,6 +61,11 @@ class Metrics:
     def failed(self, count: int) -> None:
         """``count`` messages were set aside as failed (kept for an operator to retry)."""
         self.messages_failed += count
+
+    def took_back(self) -> None:
+        """A message told it was not taken, which the store had kept all the same (a call
+        whose answer was lost), was dropped from the store again."""
+        self.taken_back += 1
 
     def refused(self, platform: str) -> None:
         """A message from a sender not on ``platform``'s allowlist was refused."""
@@ -123,7 +129,7 @@ class Metrics:
 
     def _refusals(self, store_damaged: bool) -> list[str]:
         """What was refused or set aside: a damaged store, lost leases, stale writes, failed
-        messages, unknown senders."""
+        messages, messages taken back, unknown senders."""
         return [
             *_metric(
                 "chatlane_store_damaged",
@@ -148,6 +154,13 @@ class Metrics:
                 "counter",
                 "Messages set aside as failed (kept; an operator can run them again).",
                 [("", self.messages_failed)],
+            ),
+            *_metric(
+                "chatlane_messages_taken_back_total",
+                "counter",
+                "Messages told they were not taken that the store had kept all the same "
+                "(a call whose answer was lost), dropped from it again.",
+                [("", self.taken_back)],
             ),
             *_metric(
                 "chatlane_senders_refused_total",

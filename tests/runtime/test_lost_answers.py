@@ -66,6 +66,7 @@ async def test_a_message_told_not_taken_is_taken_back_with_its_lease() -> None:
         assert await store.pending(key) == []
         assert await store.active_sessions() == 0
         assert h.outcomes == []  # it was never taken
+        assert "chatlane_messages_taken_back_total 1\n" in h.gateway.engine.metrics.render(0, 0)
         await h.send("next", chat_id="c")  # runs at once: no lease to wait out
         assert await h.replies(chat_id="c", count=1) == ["echo: next"]
 

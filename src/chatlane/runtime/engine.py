@@ -166,6 +166,7 @@ class TurnEngine:
         self.capacity = Capacity(self.settings.capacity, self.slots)
         self.withdrawals = self.leases.withdrawals
         """What failed admissions may have stored, taken back (:mod:`~.withdrawals`)."""
+        self.withdrawals.on_taken_back = self.metrics.took_back
         self._expiry_margin = expiry_margin(self.settings.leases)
 
     @property

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from functools import partial
 
 from chatlane.errors import LeaseError, StillTakingBack, StoreError
@@ -60,6 +61,8 @@ class Withdrawals:
         """The message ids among them."""
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
+        self.on_taken_back: Callable[[], None] | None = None
+        """Told each time a message's record was found in the store and dropped."""
 
     def check(self, message_id: str) -> None:
         """Refuse ``message_id`` while its withdrawal is owed.
@@ -146,3 +149,5 @@ class Withdrawals:
             log.info(
                 "took back a message its sender was told was not taken", extra=turn_fields(key)
             )
+            if self.on_taken_back is not None:
+                self.on_taken_back()
