@@ -142,12 +142,6 @@ class StoreDamaged(StoreError):
         super().__init__(message)
 
 
-class StillTakingBack(StoreError):
-    """An earlier try of this message failed, and what the store may hold of it is still
-    being taken back (:mod:`chatlane.runtime.withdrawals`): the message is not taken now;
-    its sender may send it again once the store answers."""
-
-
 class GatewayFull(ChatlaneError):
     """A process-wide limit is reached; the message was refused before it was stored.
 

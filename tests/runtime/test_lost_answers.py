@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from chatlane.errors import SessionBusy, StillTakingBack, StoreError
+from chatlane.errors import SessionBusy, StoreError
 from chatlane.identity import SessionKey, SessionSource
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import LeaseSettings
-from chatlane.stores import Taken
+from chatlane.runtime.turn import Turn
+from chatlane.stores import MemoryStore, PendingRecord, Taken
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage
 from tests.runtime.agents import EchoAgent
@@ -90,25 +91,73 @@ async def test_a_message_queued_behind_a_turn_and_told_not_taken_is_taken_back()
         assert not [text for text in texts if text.startswith("echo: lost")]
 
 
-async def test_the_same_message_waits_until_its_earlier_try_is_taken_back() -> None:
+async def test_a_retry_of_the_message_takes_over_from_its_withdrawal() -> None:
     losing = Switch("enqueue_and_acquire", "pending")
     store = LosingAnswers(losing)
     source = SessionSource("test", chat_id="c", user_id="u1")
     message = InboundMessage(source, "retried", id="m-retried")
     async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        key = h.session_key(chat_id="c")
+        elsewhere = await store.acquire(key, "another process", 3600)
         with pytest.raises(StoreError):
-            await h.gateway.dispatch(message)
-        losing.names = {"pending"}  # the withdrawal cannot see the queue yet
-        with pytest.raises(StillTakingBack):
-            await h.gateway.dispatch(message)  # a retry of the same message, too soon
+            await h.gateway.dispatch(message)  # stored; its answer lost
+        losing.names = {"pending"}  # the withdrawal cannot read the queue yet
+        await h.gateway.dispatch(message)  # the sender tries again: queued, same record
         losing.on = False
         await h.gateway.engine.withdrawals.settled()
-        result = await h.gateway.dispatch(message)  # taken, and run once
-        assert result.started
+        assert [r.message_id for r in await store.pending(key)] == ["m-retried"]  # kept
+        await store.release(elsewhere)
+        assert (await h.replies(chat_id="c", count=2))[1] == "echo: retried"
+        await h.settle()
+        assert [o.message_id for o in h.outcomes] == ["m-retried"]  # taken once, run once
+        assert await store.pending(key) == []
+        assert h.gateway.engine.metrics.taken_back == 0
+
+
+class ReadsWhenLet(LosingAnswers):
+    """Holds each ``pending`` read until :attr:`go` is set; :attr:`reading` is set meanwhile."""
+
+    def __init__(self, refuses: Callable[[str], bool]) -> None:
+        super().__init__(refuses)
+        self.reading, self.go = asyncio.Event(), asyncio.Event()
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        self.reading.set()
+        await self.go.wait()
+        return await super().pending(key)
+
+
+class SeesSeqs(EchoAgent):
+    """An echo agent that notes the store's seq of each message it answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seqs: list[int] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        self.seqs += turn.seqs
+        return await super().__call__(turn)
+
+
+async def test_a_retry_waits_while_the_withdrawal_reads_its_record() -> None:
+    store = ReadsWhenLet(first_of("enqueue_and_acquire"))
+    agent = SeesSeqs()
+    source = SessionSource("test", chat_id="c", user_id="u1")
+    message = InboundMessage(source, "retried", id="m-retried")
+    async with GatewayHarness(agent, store=store, leases=LASTING) as h:
+        with pytest.raises(StoreError):
+            await h.gateway.dispatch(message)
+        key = h.session_key(chat_id="c")
+        [lost] = await MemoryStore.pending(store, key)  # the record the lost try made
+        await store.reading.wait()  # the withdrawal reads the queue; its drop comes next
+        retry = asyncio.create_task(h.gateway.dispatch(message))
+        asyncio.get_running_loop().call_soon(store.go.set)  # after the retry's first step
+        assert (await retry).started
         assert await h.replies(chat_id="c", count=1) == ["echo: retried"]
         await h.settle()
-        assert [o.message_id for o in h.outcomes] == ["m-retried"]
-        assert await store.pending(result.session_key) == []
+        assert h.gateway.engine.metrics.taken_back == 1  # the lost try's record went
+        assert agent.seqs == [lost.seq + 1]  # the retry ran on a record of its own
+        assert await store.pending(key) == []
 
 
 async def test_a_waiting_turn_whose_lease_answer_was_lost_takes_it_at_its_next_try() -> None:

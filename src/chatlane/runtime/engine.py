@@ -190,7 +190,8 @@ class TurnEngine:
         :raises StoreError: the store could not take the message: it is not taken (what a
             call that failed may have stored is taken back, :mod:`~.withdrawals`).
         """
-        self.withdrawals.check(message.id)
+        if message.id in self.withdrawals:  # an earlier try of it failed: this one decides
+            await self.withdrawals.take_over(message.id)
         state = self.registry.get(key)
         new_session = not state.is_busy  # so not running: a running turn keeps it busy
         self.capacity.reserve(message, new_session=new_session)
@@ -338,7 +339,8 @@ class TurnEngine:
             message = msgspec.structs.replace(message, busy_policy=BusyPolicy.QUEUE.value)
         self.outcomes.open(key, message)  # a refusal below is its outcome
         try:
-            self.withdrawals.check(message.id)
+            if message.id in self.withdrawals:
+                await self.withdrawals.take_over(message.id)
             state = await self.session(key)
             if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
                 return BusyOutcome.QUEUE_FULL

@@ -20,10 +20,14 @@ admission took held until the lease's TTL. What stays true:
   each tried again with backoff (:func:`~chatlane.runtime.backoff.retry_store`)
   until the store answers, so an outage costs one retrying caller, not one per
   message refused during it.
-* While its withdrawal is owed, the same message id is not taken again (a
-  platform's redelivery, an API client's retry with the same idempotency key):
-  it is refused as the store being unavailable. So a withdrawal never drops
-  a record that a later, successful try of the message queued.
+* A later try of the same message (a platform's redelivery, an API client's
+  retry with the same idempotency key) takes over from its withdrawal: from
+  then on the withdrawal leaves the message's record alone (it still gives
+  back the failed try's lease), and the new try's store call — idempotent
+  per message id — decides. A try that comes while the withdrawal reads or
+  drops that record waits for that store call first. So a withdrawal never
+  drops a record a later try relies on, and a sender who tries again is
+  never refused for it.
 * On a store whose failed calls change nothing (SQLite, memory), and for a
   call that surely never applied (the server could not be reached, a
   transaction failed before its commit: :attr:`StoreError.maybe_applied
@@ -37,10 +41,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
-from chatlane.errors import LeaseError, StillTakingBack, StoreError
+from chatlane.errors import LeaseError, StoreError
 from chatlane.logs import turn_fields
 from chatlane.runtime.backoff import retry_store
 from chatlane.stores.base import Lease, Store
@@ -49,28 +55,49 @@ from chatlane.types import SessionKey
 log = logging.getLogger("chatlane.runtime")
 
 
+@dataclass(slots=True)
+class _Owed:
+    """What one failed call may have left in the store."""
+
+    key: SessionKey
+    message_id: str
+    """The message whose record goes ("" for a lease alone, or once a later try took over)."""
+    token: str
+    """The token of the lease that goes ("" for none)."""
+
+
 class Withdrawals:
     """The withdrawals one process owes its store, and the worker that makes them."""
 
     def __init__(self, store: Store, holder: str) -> None:
         self._store = store
         self._holder = holder
-        self._owed: dict[tuple[str, str], SessionKey] = {}
-        """(message id or "", lease token or "") → the session they were asked for."""
-        self._messages: set[str] = set()
-        """The message ids among them."""
+        self._owed: deque[_Owed] = deque()
+        self._by_message: dict[str, _Owed] = {}
+        """The owed records, by message id."""
+        self._reading: _Owed | None = None
+        """The withdrawal whose record the worker is reading or dropping now."""
+        self._read: asyncio.Future[None] | None = None
+        """Done once that store call is over."""
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
         self.on_taken_back: Callable[[], None] | None = None
         """Told each time a message's record was found in the store and dropped."""
 
-    def check(self, message_id: str) -> None:
-        """Refuse ``message_id`` while its withdrawal is owed.
+    def __contains__(self, message_id: str) -> bool:
+        """Whether ``message_id``'s record is owed a withdrawal (see :meth:`take_over`)."""
+        return bool(self._by_message) and message_id in self._by_message
 
-        :raises StillTakingBack: it is.
-        """
-        if self._messages and message_id in self._messages:
-            raise StillTakingBack(f"message {message_id} is still being taken back from the store")
+    async def take_over(self, message_id: str) -> None:
+        """A new try of ``message_id`` is about to ask the store: the withdrawal leaves its
+        record alone from now on, once any store call reading or dropping it is over."""
+        owed = self._by_message.get(message_id)
+        while owed is not None and owed is self._reading and self._read is not None:
+            await asyncio.shield(self._read)
+            owed = self._by_message.get(message_id)
+        if owed is not None:
+            owed.message_id = ""  # its lease, if it took one, still goes back
+            del self._by_message[message_id]
 
     def failed(
         self,
@@ -86,9 +113,10 @@ class Withdrawals:
         step failed: take them back on any store."""
         if self._closed or (error is not None and not self._may_have_applied(error)):
             return
-        self._owed[message_id, token] = key
+        owed = _Owed(key, message_id, token)
+        self._owed.append(owed)
         if message_id:
-            self._messages.add(message_id)
+            self._by_message[message_id] = owed
         if self._worker is None:
             self._worker = asyncio.ensure_future(self._work())
 
@@ -117,31 +145,41 @@ class Withdrawals:
     async def _work(self) -> None:
         try:
             while self._owed:
-                message_id, token = owed = next(iter(self._owed))
-                await self._take_back(self._owed[owed], message_id, token)
-                del self._owed[owed]
-                self._messages.discard(message_id)
+                owed = self._owed[0]
+                await self._take_back(owed)
+                self._owed.popleft()
+                if self._by_message.get(owed.message_id) is owed:
+                    del self._by_message[owed.message_id]
         finally:
             self._worker = None
 
-    async def _take_back(self, key: SessionKey, message_id: str, token: str) -> None:
+    async def _take_back(self, owed: _Owed) -> None:
         """Withdraw through an outage; give up on damage or at close."""
         try:
             await retry_store(
-                partial(self._withdraw, key, message_id, token),
+                partial(self._withdraw, owed),
                 wanted=lambda: not self._closed,
                 what="taking back a message not taken",
-                fields=turn_fields(key),
+                fields=turn_fields(owed.key),
             )
         except StoreError as error:
-            log.warning("could not take back a message: %s", error, extra=turn_fields(key))
+            log.warning("could not take back a message: %s", error, extra=turn_fields(owed.key))
 
-    async def _withdraw(self, key: SessionKey, message_id: str, token: str) -> None:
-        if token:
+    async def _withdraw(self, owed: _Owed) -> None:
+        key = owed.key
+        if owed.token:
             with contextlib.suppress(LeaseError):  # never taken with it, or gone since
-                await self._store.release(Lease(key, self._holder, token, 0, 0.0))
-        if not message_id:
-            return
+                await self._store.release(Lease(key, self._holder, owed.token, 0, 0.0))
+        if owed.message_id:
+            self._reading, self._read = owed, asyncio.get_running_loop().create_future()
+            try:
+                await self._drop(key, owed.message_id)
+            finally:
+                self._reading = None
+                self._read.set_result(None)
+
+    async def _drop(self, key: SessionKey, message_id: str) -> None:
+        """Drop ``message_id``'s record if the store holds one of this process's."""
         records = await self._store.pending(key)
         seqs = [r.seq for r in records if r.message_id == message_id and r.owner == self._holder]
         if seqs:
