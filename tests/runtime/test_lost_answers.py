@@ -72,16 +72,33 @@ async def test_a_message_told_not_taken_is_taken_back_with_its_lease() -> None:
         assert await h.replies(chat_id="c", count=1) == ["echo: next"]
 
 
+class HeldUntilGo(EchoAgent):
+    """An echo agent whose ``sleep <s>`` turns hold until :attr:`go` is set, then say they
+    slept: the turn runs for as long as the test needs, however loaded the machine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        if not turn.text.startswith("sleep "):
+            return await super().__call__(turn)
+        await self.go.wait()
+        return f"slept {float(turn.text.split()[1]):g}"
+
+
 async def test_a_message_queued_behind_a_turn_and_told_not_taken_is_taken_back() -> None:
     losing = Switch("enqueue")
     store = LosingAnswers(losing)
-    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+    agent = HeldUntilGo()
+    async with GatewayHarness(agent, store=store, leases=LASTING) as h:
         await h.send("sleep 0.05", chat_id="c")
         await h.until_running(chat_id="c")
         with pytest.raises(StoreError):
             await h.send("lost", chat_id="c")
         await h.send("/queue lost too", chat_id="c")  # its reply says it was not queued
         losing.on = False
+        agent.go.set()
         await h.settle()
         assert await store.pending(h.session_key(chat_id="c")) == []
         assert store.refused["enqueue"] == 2
