@@ -30,6 +30,7 @@ from tests.adapters.test_api import eventually
 from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent
 from tests.stores.conftest import forget_store, own_schema
+from tests.stores.taken_back import check_taken_back
 
 KEY = chat_key("c1")
 
@@ -440,13 +441,8 @@ class TestLostAnswers:
             lose.armed = True
             with pytest.raises(StoreError):
                 await h.send("lost", chat_id="c")  # queued and leased, its answer lost
-            await h.settle()
-            key = h.session_key(chat_id="c")
             assert lose.lost == 1
-            assert await store.pending(key) == []
-            assert await store.active_sessions() == 0
-            await h.send("next", chat_id="c")  # its session is free at once
-            assert await h.replies(chat_id="c", count=1) == ["echo: next"]
+            await check_taken_back(h, store, ["echo: next"])
 
     async def test_a_waiting_turn_whose_lease_answer_was_lost_takes_it_at_its_next_try(
         self, store: PostgresStore, url: str, monkeypatch: pytest.MonkeyPatch
