@@ -205,48 +205,39 @@ class LeaseKeeper:
             was queued): the wait starts from that answer instead of asking again.
         """
         wait, token = AcquireWait(), new_token()  # one token a wait: each try finds the last's
-        taken: Taken | None = None
-        try:
-            taken = await self._wait(state, head_seq, still_wanted, on_wait, refused, wait, token)
-            return taken
-        finally:
-            if taken is None and wait.unsure is not None:  # a try whose answer was lost
-                self.withdrawals.failed(state.key, token=token, error=wait.unsure)
-
-    async def _wait(
-        self,
-        state: SessionState,
-        head_seq: int | None,
-        still_wanted: Callable[[], bool],
-        on_wait: Callable[[ChatlaneError, AcquireWait], object],
-        refused: SessionBusy | None,
-        wait: AcquireWait,
-        token: str,
-    ) -> Taken | None:
-        """:meth:`acquire`'s tries; ``wait`` keeps what they met."""
         delay, longest = self.settings.poll, self.settings.max_poll
-        with _watch(self.store, state) as wakeup:
-            while still_wanted():
-                if refused is not None:
-                    on_wait(refused, wait)
-                    refused = None
-                    if wakeup.listening:
-                        continue  # a release before the watch was taken went unheard: ask now
-                else:
-                    try:
-                        return await self._try(state, head_seq, token)
-                    except (ActiveSessionLimit, SessionBusy) as error:
-                        on_wait(error, wait)
-                    except StoreError as error:
-                        if error.maybe_applied:
-                            wait.unsure = error
-                        if not retryable(error):
-                            raise
-                        self._outage(state, error, wait)
-                        longest = MAX_DELAY  # an outage: back off further than a busy session
-                await wakeup.wait(delay)
-                delay = min(delay * 2, longest)
+        try:
+            with _watch(self.store, state) as wakeup:
+                while still_wanted():
+                    if refused is not None:
+                        on_wait(refused, wait)
+                        refused = None
+                        if wakeup.listening:
+                            continue  # a release before the watch was taken went unheard
+                    else:
+                        try:
+                            return await self._try(state, head_seq, token)
+                        except (ActiveSessionLimit, SessionBusy) as error:
+                            on_wait(error, wait)
+                        except StoreError as error:
+                            if error.maybe_applied:
+                                wait.unsure = error
+                            if not retryable(error):
+                                raise
+                            self._outage(state, error, wait)
+                            longest = MAX_DELAY  # an outage: back off further than a busy one
+                    await wakeup.wait(delay)
+                    delay = min(delay * 2, longest)
+        except BaseException:
+            self._give_back_unsure(state, wait, token)
+            raise
+        self._give_back_unsure(state, wait, token)
         return None
+
+    def _give_back_unsure(self, state: SessionState, wait: AcquireWait, token: str) -> None:
+        """A wait ended without the lease: a try whose answer was lost may hold it."""
+        if wait.unsure is not None:
+            self.withdrawals.failed(state.key, token=token, error=wait.unsure)
 
     def _outage(self, state: SessionState, error: StoreError, wait: AcquireWait) -> None:
         if wait.first(error):
