@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from chatlane.errors import ConfigError, LeaseError
 from chatlane.identity import SessionKey
+from chatlane.runtime import pending
 from chatlane.state import (
     AGENT_PENDING,
     SERVICE_TIER_UNSET,
@@ -378,6 +379,50 @@ class TestSessionState:
         state = SessionState(persistent=PersistentState(run_generation=7))
         state.conversation.model_override = "m"
         assert not state.holds_unsaved_data()
+
+
+class TestFootprint:
+    """What a session holds of its own: a registry keeps many thousands resident."""
+
+    OWNED = frozenset(
+        {
+            "turn.lease_tokens",
+            "turn.approval_requests",
+            "conversation.queued_events",
+            "conversation.sidecar_notes",
+            "conversation.approval_grants",
+            "conversation.overheard",
+            "persistent.native_image_paths",
+            "persistent.approval_allowlist",
+        }
+    )
+    """The fields whose default is a container of each session's own (filled in place)."""
+
+    def test_a_fresh_session_owns_only_the_containers_it_fills_in_place(self) -> None:
+        """A field added with a container of its own (an empty ``set`` costs 216 bytes
+        a session) fails here: share an immutable default, or add it above with reason."""
+        one, other = SessionState(), SessionState()
+        owned = {
+            f"{scope}.{name}"
+            for scope in ("turn", "conversation", "persistent")
+            for name in type(getattr(one, scope)).__slots__
+            if _owned(getattr(getattr(one, scope), name), getattr(getattr(other, scope), name))
+        }
+        assert owned == self.OWNED
+
+    def test_kept_seqs_are_shared_until_some_are_kept(self) -> None:
+        one, other = SessionState(), SessionState()
+        assert one.conversation.kept_seqs is other.conversation.kept_seqs
+        pending.kept_after_drop(one, [3, 5], unsure=True)
+        assert one.conversation.kept_seqs == {3, 5}
+        assert other.conversation.kept_seqs == frozenset()
+        one.conversation.clear()
+        assert one.conversation.kept_seqs is other.conversation.kept_seqs
+
+
+def _owned(value: object, fresh: object) -> bool:
+    """Whether ``value`` is a container that another fresh session does not share."""
+    return isinstance(value, list | dict | set | bytearray) and value is not fresh
 
 
 class TestRegistryBasics:

@@ -273,10 +273,12 @@ class ConversationState:
     service_tier_override: ServiceTier = SERVICE_TIER_UNSET
     last_resolved_model: str = ""
     queued_events: list[Any] = field(default_factory=list)
-    kept_seqs: set[int] = field(default_factory=set)
+    kept_seqs: frozenset[int] = frozenset()
     """Queued messages that wait here again after a drop the store may have made all the
     same (its answer lost): they count as stored while they wait
-    (:mod:`~chatlane.runtime.pending`)."""
+    (:mod:`~chatlane.runtime.pending`). Replaced, never changed in place: the empty
+    default is one shared object, so a session that never needs it pays nothing for it
+    (an empty ``set`` of its own cost 216 bytes a session)."""
     sidecar_notes: list[Any] = field(default_factory=list)
     ephemeral_pin: Any = None
     channel_pin: Any = None

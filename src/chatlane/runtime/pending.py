@@ -253,13 +253,14 @@ def kept_after_drop(state: SessionState, seqs: list[int], unsure: bool) -> None:
     longer holds them: :func:`or_kept` counts them as stored.
     """
     if unsure:
-        state.conversation.kept_seqs.update(seqs)
+        conversation = state.conversation
+        conversation.kept_seqs = conversation.kept_seqs.union(seqs)
 
 
 def or_kept(state: SessionState, stored: set[int]) -> set[int]:
     """``stored`` (seqs a read of the store found) with the messages kept after a drop
     that may have been made (:func:`kept_after_drop`)."""
-    kept: set[int] = state.conversation.kept_seqs
+    kept = state.conversation.kept_seqs
     return stored | kept if kept else stored
 
 
