@@ -19,7 +19,7 @@ from chatlane.identity import SessionKey, SessionSource
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
-from chatlane.stores import MemoryStore, PendingRecord, Taken
+from chatlane.stores import Lease, MemoryStore, PendingRecord, Taken
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage
 from tests.runtime.agents import EchoAgent
@@ -223,24 +223,73 @@ class SeesBusy(LosingAnswers):
             raise
 
 
-async def test_messages_told_they_still_wait_run_though_their_drop_applied() -> None:
+async def stop_losing_the_drop(h: GatewayHarness, store: SeesBusy) -> tuple[int, Lease]:
+    """``a`` waits for the session another process holds, ``b`` behind it; ``/stop``'s
+    drop of both applies and its answer is lost. Returns once ``b``'s turn waits for the
+    lease as ``a``'s did: ``b``'s seq, and the other process's lease."""
+    key = h.session_key(chat_id="c")
+    elsewhere = await store.acquire(key, "another process", 3600)
+    await h.send("a", chat_id="c")  # its turn waits: the session runs elsewhere
+    await store.busy.wait()
+    await h.send("b", chat_id="c")  # queued behind it
+    [_, b] = [record.seq for record in await store.pending(key)]
+    store.busy.clear()
+    await h.send("/stop", chat_id="c")
+    await store.busy.wait()
+    return b, elsewhere
+
+
+def after(first: str, then: str) -> Callable[[str], bool]:
+    """Refuse the first call of ``first``, then the first call of ``then`` after it."""
+    refused: list[str] = []
+
+    def refuses(name: str) -> bool:
+        wanted = then if refused else first
+        if name == wanted and len(refused) < 2:
+            refused.append(name)
+            return True
+        return False
+
+    return refuses
+
+
+async def test_messages_told_they_still_wait_are_queued_again_and_run() -> None:
     store = SeesBusy(first_of("drop_pending"))
     async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
-        key = h.session_key(chat_id="c")
-        elsewhere = await store.acquire(key, "another process", 3600)
-        await h.send("a", chat_id="c")  # its turn waits: the session runs elsewhere
-        await store.busy.wait()
-        await h.send("b", chat_id="c")  # queued behind it
-        store.busy.clear()
-        await h.send("/stop", chat_id="c")  # the store drops both; its answer is lost
-        await store.busy.wait()  # b's turn waits for the lease, as a's did
-        assert await store.pending(key) == []
+        key, engine = h.session_key(chat_id="c"), h.gateway.engine
+        b, elsewhere = await stop_losing_the_drop(h, store)
+        assert [(r.seq, r.owner) for r in await store.pending(key)] == [(b, engine.holder)]
+        assert engine.registry.get(key).conversation.kept_seqs == frozenset()  # it is stored
         await store.release(elsewhere)
         await h.settle()
         texts = [o.text for o in h.outbox]
         assert any("Could not drop 1 queued message" in text for text in texts), texts
         assert "echo: b" in texts  # it was told it still waits
         assert {o.outcome for o in h.outcomes} == {Outcome.DROPPED, Outcome.ANSWERED}
+        assert await store.pending(key) == []
+
+
+async def test_a_message_told_it_still_waits_outlives_its_process() -> None:
+    store = SeesBusy(first_of("drop_pending"))
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        _, elsewhere = await stop_losing_the_drop(h, store)
+    await store.release(elsewhere)
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as restarted:
+        assert await restarted.replies(chat_id="c", count=1) == ["echo: b"]
+
+
+async def test_a_message_whose_queueing_again_was_lost_too_runs_once() -> None:
+    store = SeesBusy(after("drop_pending", "enqueue"))
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        key = h.session_key(chat_id="c")
+        b, elsewhere = await stop_losing_the_drop(h, store)
+        assert store.refused == {"drop_pending": 1, "enqueue": 1}
+        assert [r.seq for r in await store.pending(key)] == [b]  # it applied: back in place
+        assert h.gateway.engine.registry.get(key).conversation.kept_seqs == {b}  # unsure
+        await store.release(elsewhere)
+        await h.settle()
+        assert [o.text for o in h.outbox].count("echo: b") == 1
+        assert await store.pending(key) == []
 
 
 class Unreachable(Refusing):

@@ -63,6 +63,7 @@ from chatlane.runtime.elsewhere import (
     redirect_elsewhere,
 )
 from chatlane.runtime.ending import TurnEnd
+from chatlane.runtime.kept import KeptMessages
 from chatlane.runtime.leases import AcquireWait
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
@@ -104,7 +105,9 @@ class BusyDesk:
         outlet: Outlet,
         outcomes: OutcomeLedger,
         slots: Slots,
+        kept: KeptMessages,
     ) -> None:
+        """:param kept: puts back what a failed drop may have taken from the store."""
         self._settings = settings
         self._agent = agent
         self._store = store
@@ -112,6 +115,7 @@ class BusyDesk:
         self._outlet = outlet
         self._outcomes = outcomes
         self._slots = slots
+        self._kept = kept
         self._drawn: dict[str, None] = {}
         """Ids of the latest messages drawn in from other processes (at most :data:`_DRAWN_KEPT`):
         their senders heard from there, so a wait here tells them nothing more."""
@@ -205,8 +209,9 @@ class BusyDesk:
                 error,
                 extra=turn_fields(state.key),
             )
+            stored = await self._kept.stored(state.key, [(message, seq)], error)
             pending.insert_in_order(state, [message], [seq])
-            pending.kept_after_drop(state, [seq], self._store.answers_may_be_lost)
+            pending.kept_after_drop(state, [seq], unsure=not stored)
             if not state.turn.is_running:  # the turn it found ended meanwhile
                 self._slots.promote(state)
             return BusyOutcome.QUEUED
@@ -305,8 +310,9 @@ class BusyDesk:
         try:
             await self._store.drop_pending(state.key, [seq])
         except ChatlaneError as error:
+            stored = await self._kept.stored(state.key, [(message, seq)], error)
             pending.insert_in_order(state, [message], [seq], taken.reruns)
-            pending.kept_after_drop(state, [seq], self._store.answers_may_be_lost)
+            pending.kept_after_drop(state, [seq], unsure=not stored)
             if reraise:
                 raise
             log.warning("could not drop a message: %s", error, extra=turn_fields(state.key))

@@ -72,6 +72,7 @@ from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
 from chatlane.runtime.elsewhere import waited_in_vain
 from chatlane.runtime.ending import TurnEnd
+from chatlane.runtime.kept import KeptMessages
 from chatlane.runtime.leases import AcquireWait, LeaseKeeper, new_holder_id
 from chatlane.runtime.outcomes import OnOutcome, Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
@@ -149,8 +150,17 @@ class TurnEngine:
         self.aftermath = TurnAftermath(
             self.store, self.leases, self.outlet, self.metrics, self.outcomes, self.slots
         )
+        self.kept = KeptMessages(self.store, self.holder)
+        """Puts back what a failed drop may have taken from the store (:mod:`~.kept`)."""
         self.busy = BusyDesk(
-            self.settings, agent, self.store, self.metrics, self.outlet, self.outcomes, self.slots
+            self.settings,
+            agent,
+            self.store,
+            self.metrics,
+            self.outlet,
+            self.outcomes,
+            self.slots,
+            self.kept,
         )
         self.upkeep = Upkeep(
             self.leases,
@@ -642,7 +652,7 @@ class TurnEngine:
             if seqs:
                 await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
         except ChatlaneError as error:
-            self._queue_again(state, entries, queued_seqs)
+            await self._queue_again(state, entries, queued_seqs, error)
             self.outcomes.end((message.id for message in held), Outcome.DROPPED)
             raise StopIncomplete(stopped, len(queued), error) from error
         dropped = [*held, *queued]
@@ -654,14 +664,20 @@ class TurnEngine:
             self.slots.stop_collecting(state)
         return StopResult(stopped, tuple(dropped), elsewhere)
 
-    def _queue_again(
-        self, state: SessionState, entries: list[pending.PendingEntry], seqs: list[int]
+    async def _queue_again(
+        self,
+        state: SessionState,
+        entries: list[pending.PendingEntry],
+        seqs: list[int],
+        error: ChatlaneError,
     ) -> None:
-        """``/stop`` could not drop ``entries`` (their messages ``seqs``) from the store:
-        they wait here again, in their places before what came since, and run when the
-        session is free."""
+        """``/stop`` could not drop ``entries`` (their messages ``seqs``) from the store
+        (``error``): they wait here again, in their places before what came since, and
+        run when the session is free (:mod:`~chatlane.runtime.kept`)."""
+        kept = [pair for entry in entries for pair in zip(entry.messages, entry.seqs, strict=True)]
+        stored = await self.kept.stored(state.key, kept, error)
         pending.restore(state, entries)
-        pending.kept_after_drop(state, seqs, self.store.answers_may_be_lost)
+        pending.kept_after_drop(state, seqs, unsure=not stored)
         if not state.turn.is_running:  # the stopped turn ended meanwhile
             self.slots.promote(state)
 

@@ -245,9 +245,9 @@ def keep_only(state: SessionState, stored: set[int], known: set[int]) -> list[In
     return gone
 
 
-def kept_after_drop(state: SessionState, seqs: list[int], unsure: bool) -> None:
-    """``seqs`` wait here again because their drop from the store failed; if ``unsure``
-    (the store's answers may be lost), the drop may have been made all the same.
+def kept_after_drop(state: SessionState, seqs: list[int], *, unsure: bool) -> None:
+    """``seqs`` wait here again because their drop from the store failed; if ``unsure``,
+    the store may no longer hold them (:mod:`~chatlane.runtime.kept`).
 
     Such messages were told they still wait, so they run even if the store no
     longer holds them: :func:`or_kept` counts them as stored.

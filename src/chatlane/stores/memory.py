@@ -399,17 +399,26 @@ class MemoryStore(Store):
 
     # -- the durable pending queue -------------------------------------------------
 
-    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
-        return self._enqueue(key, message_id, owner, payload, self._clock())
+    async def enqueue(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, *, seq: int = 0
+    ) -> int:
+        return self._enqueue(key, message_id, owner, payload, self._clock(), seq)
 
     def _enqueue(
-        self, key: SessionKey, message_id: str, owner: str, payload: bytes, moment: float
+        self,
+        key: SessionKey,
+        message_id: str,
+        owner: str,
+        payload: bytes,
+        moment: float,
+        seq: int = 0,
     ) -> int:
-        """Queue the message, accepted at ``moment``; a message queued before keeps its seq."""
+        """Queue the message, accepted at ``moment`` (under ``seq``, given one); a message
+        queued before keeps its seq."""
         known = self._message_seq.get(message_id)
         if known is not None:
             return known
-        seq = next(self._seq)
+        seq = seq or next(self._seq)
         record = PendingRecord(key, seq, message_id, owner, payload, moment)
         self._sessions[key].pending[seq] = record
         self._message_seq[message_id] = seq

@@ -240,8 +240,16 @@ class PendingQueue(Protocol):
     """Accepted messages, in the order the store accepted them, until done, dropped or parked."""
 
     @abc.abstractmethod
-    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
-        """Persist an accepted message and return its ``seq`` (idempotent per message id)."""
+    async def enqueue(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, *, seq: int = 0
+    ) -> int:
+        """Persist an accepted message and return its ``seq`` (idempotent per message id).
+
+        ``seq``: the one the store gave this message before, for a message whose drop
+        may have applied although it failed (its answer lost): if it is no longer
+        queued, it is queued again under that ``seq``, in its place among the others.
+        A message still queued keeps its record either way.
+        """
 
     @abc.abstractmethod
     async def pending(self, key: SessionKey) -> list[PendingRecord]:

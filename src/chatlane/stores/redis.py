@@ -495,9 +495,11 @@ class RedisStore(Store):
 
     # -- the durable pending queue -------------------------------------------------
 
-    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+    async def enqueue(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, *, seq: int = 0
+    ) -> int:
         record = _msgpack.encode(_Queued(payload, now()))
-        return int(await self._run(lua.ENQUEUE, key, message_id, owner, record, key))
+        return int(await self._run(lua.ENQUEUE, key, message_id, owner, record, key, seq))
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
         reply = await self._run(lua.PENDING, key)

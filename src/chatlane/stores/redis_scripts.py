@@ -137,10 +137,11 @@ local function forget_if_empty(member)
   if redis.call('EXISTS', K.pending) == 0 then redis.call('SREM', K.pkeys, member) end
 end
 
-local function enqueue(id, owner, record, member)
+local function enqueue(id, owner, record, member, wanted)
   local known = redis.call('HGET', K.msgseq, id)
   if known then return tonumber(known) end
-  local seq = redis.call('INCR', K.seq)
+  local seq = tonumber(wanted or 0)
+  if seq == 0 then seq = redis.call('INCR', K.seq) end
   redis.call('ZADD', K.pending, seq, id)
   redis.call('HSET', K.pmsg, id, record)
   redis.call('HSET', K.powner, id, owner)
@@ -318,11 +319,11 @@ set at or before the cutoff, with their answers. Reply: how many it forgot."""
 ENQUEUE = _script(
     "pending pmsg powner seq msgseq pkeys",
     """
-return enqueue(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+return enqueue(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """,
 )
-"""ARGV: message id, owner, encoded record, session key. Reply: the seq (the known one
-if the message is queued already)."""
+"""ARGV: message id, owner, encoded record, session key, the seq to queue it under (0: a
+new one). Reply: the seq (the known one if the message is queued already)."""
 
 PENDING = _script(
     "pending pmsg powner",

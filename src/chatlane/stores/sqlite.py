@@ -619,9 +619,11 @@ class SQLiteStore(Store):
 
     # -- the durable pending queue -------------------------------------------------
 
-    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+    async def enqueue(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, *, seq: int = 0
+    ) -> int:
         return await self._quick(
-            lambda db: pq.enqueue(db, self._clock, key, message_id, owner, payload)
+            lambda db: pq.enqueue(db, self._clock, key, message_id, owner, payload, seq)
         )
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:

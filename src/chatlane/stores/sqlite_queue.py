@@ -51,8 +51,14 @@ def enqueue(
     message_id: str,
     owner: str,
     payload: bytes,
+    seq: int = 0,
 ) -> int:
-    """Queue a message and return its ``seq``: the one it has if it is queued already."""
+    """Queue a message and return its ``seq``: the one it has if it is queued already.
+
+    Given a ``seq`` (one it had before), a message no longer queued goes back under it.
+    """
+    if seq:
+        return _enqueue_under(db, clock, key, (message_id, owner, payload), seq)
     row = db.execute(
         "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
         "VALUES (?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING RETURNING seq",
@@ -61,6 +67,22 @@ def enqueue(
     if row is None:  # queued already: nothing was written
         row = db.execute("SELECT seq FROM pending WHERE message_id = ?", (message_id,)).fetchone()
     return int(row[0])
+
+
+def _enqueue_under(
+    db: sqlite3.Connection, clock: Clock, key: SessionKey, message: tuple[str, str, bytes], seq: int
+) -> int:
+    """:func:`enqueue` under ``seq``: two statements, never on a turn's path."""
+    message_id, owner, payload = message
+    known = db.execute("SELECT seq FROM pending WHERE message_id = ?", (message_id,)).fetchone()
+    if known is not None:
+        return int(known[0])
+    db.execute(
+        "INSERT INTO pending (seq, key, message_id, owner, payload, accepted_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (seq, key, message_id, owner, payload, clock()),
+    )
+    return seq
 
 
 def _pending_record(row: Sequence[Any]) -> PendingRecord:

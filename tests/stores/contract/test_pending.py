@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from chatlane.errors import SessionBusy
 from chatlane.stores import Store
 from tests.keys import chat_key
 from tests.stores.conftest import Reopen, StoreClock
@@ -44,6 +47,35 @@ class TestPendingQueue:
         seqs = await asyncio.gather(*(store.enqueue(KEY, f"m{i}", "p", b"") for i in range(40)))
         assert len(set(seqs)) == 40
         assert [r.seq for r in await store.pending(KEY)] == sorted(seqs)
+
+    async def test_a_message_queued_again_under_its_seq_takes_its_place(self, store: Store) -> None:
+        seqs = [await store.enqueue(KEY, f"m{i}", "p1", f"{i}".encode()) for i in range(3)]
+        await store.drop_pending(KEY, seqs[:2])  # a drop that applied, its answer lost
+        assert await store.enqueue(KEY, "m1", "p1", b"1", seq=seqs[1]) == seqs[1]
+        records = await store.pending(KEY)
+        assert [(r.message_id, r.seq) for r in records] == [("m1", seqs[1]), ("m2", seqs[2])]
+        assert (records[0].owner, records[0].payload) == ("p1", b"1")
+        with pytest.raises(SessionBusy):  # another process's later message waits for it
+            await store.acquire(KEY, "p2", 5, head_seq=seqs[2])
+        assert await store.enqueue(KEY, "m3", "p1", b"3") > seqs[2]
+
+    async def test_a_message_still_queued_keeps_its_record_when_queued_again(
+        self, store: Store
+    ) -> None:
+        seq = await store.enqueue(KEY, "m1", "p1", b"first")
+        assert await store.enqueue(KEY, "m1", "p2", b"again", seq=seq) == seq
+        [record] = await store.pending(KEY)
+        assert (record.seq, record.owner, record.payload) == (seq, "p1", b"first")
+
+    async def test_a_message_queued_again_survives_a_restart(
+        self, store: Store, reopen: Reopen
+    ) -> None:
+        seq = await store.enqueue(KEY, "m1", "p1", b"kept")
+        await store.drop_pending(KEY, [seq])
+        await store.enqueue(KEY, "m1", "p1", b"kept", seq=seq)
+        await store.close()
+        again = await reopen()
+        assert [(r.seq, r.payload) for r in await again.pending(KEY)] == [(seq, b"kept")]
 
 
 class TestOwnership:

@@ -55,9 +55,20 @@ async def drop(db: Db, key: SessionKey, seqs: Sequence[int], notice: tuple[str, 
 
 
 async def enqueue(
-    db: Db, moment: float, key: SessionKey, message_id: str, owner: str, payload: bytes
+    db: Db,
+    moment: float,
+    key: SessionKey,
+    message_id: str,
+    owner: str,
+    payload: bytes,
+    wanted: int = 0,
 ) -> int:
-    """Queue a message and return its ``seq``: the one it has if it is queued already."""
+    """Queue a message and return its ``seq``: the one it has if it is queued already.
+
+    Given a ``seq`` it had before (``wanted``), a message no longer queued goes back under it.
+    """
+    if wanted:
+        return await _enqueue_under(db, moment, key, (message_id, owner, payload), wanted)
     seq = await db.fetchval(
         "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
         "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING RETURNING seq",
@@ -70,6 +81,26 @@ async def enqueue(
     if seq is None:  # queued already: nothing was written
         seq = await db.fetchval("SELECT seq FROM pending WHERE message_id = $1", message_id)
     return int(seq)
+
+
+async def _enqueue_under(
+    db: Db, moment: float, key: SessionKey, message: tuple[str, str, bytes], seq: int
+) -> int:
+    """:func:`enqueue` under ``seq`` (never on a turn's path)."""
+    message_id, owner, payload = message
+    written = await db.fetchval(
+        "INSERT INTO pending (seq, key, message_id, owner, payload, accepted_at) "
+        "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (message_id) DO NOTHING RETURNING seq",
+        seq,
+        key,
+        message_id,
+        owner,
+        payload,
+        moment,
+    )
+    if written is None:  # queued already, under the seq it has
+        written = await db.fetchval("SELECT seq FROM pending WHERE message_id = $1", message_id)
+    return int(written)
 
 
 async def pending(db: Db, key: SessionKey) -> list[PendingRecord]:

@@ -357,9 +357,11 @@ class PostgresStore(Store):
 
     # -- the durable pending queue -------------------------------------------------
 
-    async def enqueue(self, key: SessionKey, message_id: str, owner: str, payload: bytes) -> int:
+    async def enqueue(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, *, seq: int = 0
+    ) -> int:
         return await self._write(
-            key, lambda db, m: pq.enqueue(db, m, key, message_id, owner, payload)
+            key, lambda db, m: pq.enqueue(db, m, key, message_id, owner, payload, seq)
         )
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
