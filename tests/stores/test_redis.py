@@ -28,6 +28,7 @@ from chatlane.stores import (
     open_store,
 )
 from chatlane.stores import redis as redis_store_module
+from chatlane.stores import redis_scripts as lua
 from chatlane.stores.base import DEAD, DELIVERED, PENDING
 from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.redis import RedisStore
@@ -329,6 +330,33 @@ class TestDroppedConnections:
             assert lose.lost == 1
             await check_taken_back(h, store, ["echo: warm-up", "echo: next"])
 
+    async def test_a_message_whose_drop_reply_was_lost_is_queued_again_and_outlives_it(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A gateway on the real server: ``/stop``'s drop of a queued message applies and
+        its reply is lost past the client's retries, so the message is told it still
+        waits; it is queued again under its seq, and runs after the gateway's end."""
+        client = store._client
+        assert isinstance(client, RespClient)
+        lasting = LeaseSettings(ttl=3600)  # a lease left behind would hold the session for good
+        async with GatewayHarness(EchoAgent(), store=store, leases=lasting) as h:
+            key = h.session_key(chat_id="c")
+            elsewhere = await store.acquire(key, "another process", 3600)
+            await h.send("a", chat_id="c")  # its turn waits: the session runs elsewhere
+            await h.send("b", chat_id="c")  # queued behind it
+            [_, b] = [record.seq for record in await store.pending(key)]
+            await store.drop_pending(chat_key("warm-up"), [b])  # the server knows the script
+            client.retries = 0  # as past its retries: the lost reply reaches the gateway
+            lose = LostReply(monkeypatch, digest=store._digests[lua.DROP])
+            await lose.next(h.send("/stop", chat_id="c"))
+            client.retries = 5
+            assert lose.lost == 1
+            assert [record.seq for record in await store.pending(key)] == [b]
+            assert any("It still waits." in sent.text for sent in h.outbox)
+        await store.release(elsewhere)
+        async with GatewayHarness(EchoAgent(), store=store, leases=lasting) as restarted:
+            assert await restarted.replies(chat_id="c", count=1) == ["echo: b"]
+
 
 async def kill_until(admin: Redis, name: str, stop: asyncio.Event) -> int:
     """Kill the connections named ``name`` every few milliseconds; how many were killed."""
@@ -356,7 +384,8 @@ class LostReply:
     dropped: the caller sees a lost connection and sends the script again.
     """
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, digest: str = "") -> None:
+        """:param digest: lose only the reply to this script (``""``: to any)."""
         self.armed = False
         self.lost = 0
         self.doomed: asyncio.Future[Any] | None = None
@@ -364,7 +393,7 @@ class LostReply:
 
         def sending(connection: _Connection, args: tuple[Arg, ...]) -> asyncio.Future[Any]:
             waiter = send(connection, args)
-            if self.armed and args[0] == "EVALSHA":
+            if self.armed and args[0] == "EVALSHA" and (not digest or args[1] == digest):
                 self.armed, self.doomed = False, waiter
             return waiter
 
