@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import collections
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from chatlane.errors import StoreError
-from chatlane.stores import MemoryStore
+from chatlane.identity import SessionKey
+from chatlane.stores import MemoryStore, PendingRecord
 
 
 class Refusing(MemoryStore):
@@ -71,3 +72,39 @@ def first_of(*names: str) -> Callable[[str], bool]:
 def every(*names: str) -> Callable[[str], bool]:
     """Refuse every call of ``names``."""
     return lambda name: name in names
+
+
+class FailingAdoption(MemoryStore):
+    """A memory store whose adoption of ``failing``'s records fails once: before it
+    changed anything, or (``applies``) after, as when its answer is lost. It refuses
+    the next ``reads_refused`` reads of a session's queue."""
+
+    answers_may_be_lost = True
+
+    def __init__(self, failing: SessionKey, *, applies: bool) -> None:
+        super().__init__()
+        self.failing: SessionKey | None = failing
+        self.applies = applies
+        self.reads_refused = 0
+
+    async def adopt(
+        self,
+        key: SessionKey,
+        seqs: Sequence[int],
+        old_owner: str,
+        new_owner: str,
+        *,
+        generation: int | None = None,
+    ) -> list[int]:
+        if key != self.failing:
+            return await super().adopt(key, seqs, old_owner, new_owner, generation=generation)
+        self.failing = None
+        if self.applies:
+            await super().adopt(key, seqs, old_owner, new_owner, generation=generation)
+        raise StoreError("adoption failed (test)", maybe_applied=self.applies)
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        if self.reads_refused:
+            self.reads_refused -= 1
+            raise StoreError("read refused (test)", maybe_applied=False)
+        return await super().pending(key)

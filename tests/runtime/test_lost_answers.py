@@ -16,14 +16,17 @@ import pytest
 
 from chatlane.errors import SessionBusy, StoreError
 from chatlane.identity import SessionKey, SessionSource
+from chatlane.runtime import pending
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import Lease, MemoryStore, PendingRecord, Taken
+from chatlane.stores.codec import decode_message, encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage
+from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent
-from tests.runtime.refusing import LosingAnswers, Refusing, first_of
+from tests.runtime.refusing import FailingAdoption, LosingAnswers, Refusing, first_of
 
 
 async def test_a_commit_whose_answer_was_lost_is_known_for_its_own_and_delivered() -> None:
@@ -308,3 +311,45 @@ async def test_a_message_that_surely_never_reached_the_store_owes_nothing() -> N
         assert h.gateway.engine.withdrawals.owed == 0  # nothing to take back
         assert (await h.gateway.dispatch(message)).started  # its retry is taken at once
         assert await h.replies(chat_id="c", count=1) == ["echo: again"]
+
+
+async def test_messages_adopted_by_a_call_whose_answer_was_lost_still_run() -> None:
+    """A dead process left messages in three sessions; the gateway's adoption of one
+    session applies and its answer is lost. The other two run at once, and the third
+    once the next adoption reads it back."""
+    store = FailingAdoption(chat_key("b"), applies=True)
+    for chat in "abc":
+        message = InboundMessage(SessionSource("test", chat_id=chat), f"left in {chat}")
+        await store.enqueue(chat_key(chat), message.id, "h-gone", encode_message(message))
+    quick = LeaseSettings(ttl=2)  # an adoption every 0.4 s
+    async with GatewayHarness(EchoAgent(), store=store, leases=quick) as h:
+        for chat in "abc":
+            assert await h.replies(chat_id=chat, count=1) == [f"echo: left in {chat}"]
+        assert store.failing is None  # the adoption of b did fail
+
+
+async def test_a_message_adopted_again_where_it_waits_already_is_left_there() -> None:
+    """An adoption read back may return a record this process holds already (drawn into
+    a turn here meanwhile): it is not queued, opened or run a second time."""
+    agent = HeldUntilGo()
+    async with GatewayHarness(agent, store=MemoryStore(), leases=LASTING) as h:
+        key, engine = h.session_key(chat_id="c"), h.gateway.engine
+        await h.send("sleep 1", chat_id="c")
+        await h.until_running(chat_id="c")
+        await h.send("b", chat_id="c")  # queued behind it
+        [_, b] = await engine.store.pending(key)
+        message = decode_message(b.payload)
+        await engine.adopt(key, message, b.seq)  # as read back: it waits here already
+        running = engine.running_turn(key)
+        assert running is not None
+        await engine.adopt(key, running.messages[0], running.seqs[0])  # it runs here
+        assert pending.known(engine.registry.get(key)) == {b.seq}  # b, once; not the running
+        agent.go.set()
+        await h.settle()
+        assert [o.text for o in h.outbox if o.text.startswith(("echo", "slept"))] == [
+            "slept 1",
+            "echo: b",
+        ]
+        assert sorted(o.message_id for o in h.outcomes) == sorted(
+            [running.message_ids[0], b.message_id]
+        )

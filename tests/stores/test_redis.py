@@ -357,6 +357,26 @@ class TestDroppedConnections:
         async with GatewayHarness(EchoAgent(), store=store, leases=lasting) as restarted:
             assert await restarted.replies(chat_id="c", count=1) == ["echo: b"]
 
+    async def test_an_adoption_whose_reply_was_lost_is_read_back_by_the_next(
+        self, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The reply to a session's adoption is lost past the client's retries: the
+        adoption fails, and the next one returns the records the lost one made ours."""
+        client = store._client
+        assert isinstance(client, RespClient)
+        await store.enqueue(KEY, "m1", "a process that died", b"left")
+        await store.adopt(chat_key("warm-up"), [1], "x", "y")  # the server knows the script
+        client.retries = 0  # as past its retries: the lost reply reaches the caller
+        lose = LostReply(monkeypatch, digest=store._digests[lua.ADOPT])
+        with pytest.raises(StoreError):
+            await lose.next(store.adopt_orphans("me", 10))
+        client.retries = 5
+        assert lose.lost == 1
+        assert [record.owner for record in await store.pending(KEY)] == ["me"]  # it applied
+        adopted = await store.adopt_orphans("me", 10)
+        assert [(r.message_id, r.owner, r.payload) for r in adopted] == [("m1", "me", b"left")]
+        assert await store.adopt_orphans("me", 10) == []
+
 
 async def kill_until(admin: Redis, name: str, stop: asyncio.Event) -> int:
     """Kill the connections named ``name`` every few milliseconds; how many were killed."""

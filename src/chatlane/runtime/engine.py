@@ -369,9 +369,15 @@ class TurnEngine:
         return BusyOutcome.QUEUED
 
     async def adopt(self, key: SessionKey, message: InboundMessage, seq: int) -> None:
-        """Run a message adopted from a dead process: now if idle, else in store order."""
+        """Run a message adopted from a dead process: now if idle, else in store order.
+
+        One that waits or runs here already (drawn into a turn here, then read back
+        from an adoption whose answer was lost) is left where it is.
+        """
+        state = await self.session(key)
+        if _holds(state, seq):
+            return
         self.outcomes.open(key, message)
-        await self.session(key)
         state = self.registry.get(key)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
@@ -854,6 +860,17 @@ def _must_propagate(error: BaseException) -> bool:
         task = asyncio.current_task()
         return task is None or task.cancelling() > 0
     return False
+
+
+def _holds(state: SessionState, seq: int) -> bool:
+    """Whether the message stored under ``seq`` waits here, runs here, or was steered into
+    the turn running here."""
+    if seq in pending.known(state):
+        return True
+    turn = running_turn_of(state)
+    return turn is not None and (
+        seq in turn.seqs or any(steered == seq for _, steered in turn.waiting_steers())
+    )
 
 
 def _held_by(turn: Turn | None) -> tuple[list[InboundMessage], list[int]]:

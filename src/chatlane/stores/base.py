@@ -60,13 +60,12 @@ against each backend:
 from __future__ import annotations
 
 import abc
-import asyncio
+import functools
 import time
 from collections.abc import Callable
 
-import msgspec
-
 from chatlane.errors import LeaseError, LeaseLost, StoreDamaged
+from chatlane.stores.adoption import Adoptions
 from chatlane.stores.protocols import (
     Conversations,
     Deliveries,
@@ -180,26 +179,13 @@ class Store(Turns, Leases, SessionData, Conversations, PendingQueue, Liveness, D
     are kept for :attr:`answered_retention`."""
 
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
-        """See :meth:`PendingQueue.adopt_orphans`: the queues, read against :meth:`alive`."""
-        keys = await self.pending_keys()
-        queues = await asyncio.gather(*(self.pending(key) for key in keys))
-        owners = sorted({r.owner for records in queues for r in records if r.owner != holder})
-        alive = await self.alive(owners) if owners else {}
-        orphaned = [
-            [r for r in records if r.owner != holder and not alive.get(r.owner, False)]
-            for records in queues
-        ]
-        chosen = [records for records in orphaned if records][:limit]
-        taken = await asyncio.gather(*(self._adopt_all(records, holder) for records in chosen))
-        return [record for records in taken for record in records]
+        """See :meth:`PendingQueue.adopt_orphans`: the queues, read against :meth:`alive`,
+        each session adopted on its own (:mod:`chatlane.stores.adoption`)."""
+        return await self._adoptions.orphans(holder, limit)
 
-    async def _adopt_all(self, records: list[PendingRecord], holder: str) -> list[PendingRecord]:
-        adopted: list[PendingRecord] = []
-        for owner in sorted({r.owner for r in records}):
-            mine = [r for r in records if r.owner == owner]
-            seqs = set(await self.adopt(mine[0].key, [r.seq for r in mine], owner, holder))
-            adopted += [msgspec.structs.replace(r, owner=holder) for r in mine if r.seq in seqs]
-        return sorted(adopted, key=lambda r: r.seq)
+    @functools.cached_property
+    def _adoptions(self) -> Adoptions:
+        return Adoptions(self)
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -539,7 +539,7 @@ class RedisStore(Store):
         holders = self._keys.one("holders")
         dead = await self._command("ZRANGEBYSCORE", holders, "-inf", _ms(now()), "LIMIT", 0, 1)
         moment = asyncio.get_running_loop().time()
-        if not dead and moment - self._scanned_at < FULL_SCAN_EVERY:
+        if not dead and moment - self._scanned_at < FULL_SCAN_EVERY and not self._adoptions.unsure:
             return []
         adopted = await super().adopt_orphans(holder, limit)
         if len({record.key for record in adopted}) < limit:
