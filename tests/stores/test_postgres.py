@@ -419,11 +419,15 @@ class LoseNextAnswer:
 
     def __init__(self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed, self.lost = False, 0
+        self.passes = 0
+        """Writes to let through, once armed, before the one whose answer is lost."""
         write = store._write
 
         async def losing(key: SessionKey | None, op: Any, *, upkeep: bool = False) -> Any:
             done = await write(key, op, upkeep=upkeep)
-            if self.armed and not upkeep:
+            if self.armed and not upkeep and self.passes:
+                self.passes -= 1
+            elif self.armed and not upkeep:
                 self.armed, self.lost = False, self.lost + 1
                 raise StoreError("connection lost (test)", maybe_applied=True)
             return done
@@ -463,6 +467,30 @@ class TestLostAnswers:
                 assert await store.active_sessions() == 0
         finally:
             await other.close()
+
+    async def test_an_adoption_whose_answer_was_lost_is_read_back_by_the_next(
+        self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The orphaned records are read, then the one statement adopting exactly those
+        commits and its answer is lost: the next adoption returns them."""
+        key, other = chat_key("a"), chat_key("b")
+        await store.enqueue(key, "m1", "a process that died", b"left")
+        await store.enqueue(other, "m2", "a process that died", b"left too")
+        lose = LoseNextAnswer(store, monkeypatch)
+        lose.armed, lose.passes = True, 1  # the read goes through; the adoption's answer is lost
+        with pytest.raises(StoreError):
+            await store.adopt_orphans("me", 10)
+        assert lose.lost == 1
+        assert [r.owner for r in [*await store.pending(key), *await store.pending(other)]] == [
+            "me",
+            "me",
+        ]
+        adopted = await store.adopt_orphans("me", 10)
+        assert [(r.key, r.message_id, r.owner) for r in adopted] == [
+            (key, "m1", "me"),
+            (other, "m2", "me"),
+        ]
+        assert await store.adopt_orphans("me", 10) == []
 
 
 async def _execute(url: str, statement: str) -> None:

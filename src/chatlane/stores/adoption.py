@@ -1,6 +1,10 @@
-"""Adopting dead processes' records session by session, for the stores without one call
-that adopts many sessions at once (memory and Redis; SQLite and PostgreSQL adopt in one
-transaction).
+"""Adopting dead processes' records without losing any to a failed call.
+
+:meth:`Adoptions.orphans` adopts session by session, for the stores without
+one call that adopts many sessions at once (memory and Redis). PostgreSQL
+reads the orphaned records, then adopts exactly those in one statement, and
+uses :meth:`Adoptions.remember` and :meth:`Adoptions.read_back` alike. (SQLite
+adopts in one transaction and its answers are never lost.)
 
 What stays true:
 
@@ -53,7 +57,7 @@ class Adoptions:
 
         :raises StoreError: the queues could not be read, or every adoption failed.
         """
-        found = await self._read_back(holder)
+        found = await self.read_back(holder)
         store = self._store
         keys = await store.pending_keys()
         queues = await asyncio.gather(*(store.pending(key) for key in keys))
@@ -82,13 +86,18 @@ class Adoptions:
             try:
                 got = set(await self._store.adopt(key, seqs, owner, holder))
             except StoreError as error:
-                if self._store.answers_may_be_lost and error.maybe_applied:
-                    self._unsure.setdefault(key, set()).update(seqs)
+                self.remember(key, seqs, error)
                 return _in_order(adopted), error
             adopted += [_owned_by(r, holder) for r in mine if r.seq in got]
         return _in_order(adopted), None
 
-    async def _read_back(self, holder: str) -> list[PendingRecord]:
+    def remember(self, key: SessionKey, seqs: Sequence[int], error: StoreError) -> None:
+        """An adoption of ``key``'s records ``seqs`` failed with ``error``: if it may have
+        applied all the same, read them back at the next adoption."""
+        if self._store.answers_may_be_lost and error.maybe_applied:
+            self._unsure.setdefault(key, set()).update(seqs)
+
+    async def read_back(self, holder: str) -> list[PendingRecord]:
         """The remembered records that became ``holder``'s; a session whose queue cannot
         be read stays remembered."""
         found: list[PendingRecord] = []

@@ -141,20 +141,35 @@ _ORPHANED = """SELECT DISTINCT p.key FROM pending p LEFT JOIN heartbeats h ON h.
 WHERE p.owner <> $1 AND (h.expires_at IS NULL OR h.expires_at <= $2)
 ORDER BY p.key LIMIT $3"""
 
-_ADOPT_ORPHANS = f"""UPDATE pending SET owner = $1
-WHERE key = ANY($2) AND owner <> $1
-    AND owner NOT IN (SELECT holder FROM heartbeats WHERE expires_at > $3)
-RETURNING {_RECORD}"""
+_ORPHAN_RECORDS = f"""SELECT key, seq, owner FROM pending
+WHERE key IN ({_ORPHANED}) AND owner <> $1
+    AND owner NOT IN (SELECT holder FROM heartbeats WHERE expires_at > $2)
+ORDER BY key, seq"""
+
+_ADOPT_RECORDS = """UPDATE pending p SET owner = $1
+FROM unnest($2::text[], $3::bigint[], $4::text[]) AS c (key, seq, owner)
+WHERE p.key = c.key AND p.seq = c.seq AND p.owner = c.owner
+    AND p.owner NOT IN (SELECT holder FROM heartbeats WHERE expires_at > $5)
+RETURNING p.key, p.seq, p.message_id, p.owner, p.payload, p.accepted_at"""
+
+Orphan = tuple[SessionKey, int, str]
+"""An orphaned record: its session, ``seq`` and (dead) owner."""
 
 
-async def adopt_orphans(db: Db, moment: float, holder: str, limit: int) -> list[PendingRecord]:
-    """Take the records of up to ``limit`` sessions whose owners' heartbeats are gone."""
-    keys = [row[0] for row in await db.fetch(_ORPHANED, holder, moment, max(limit, 0))]
-    if not keys:
-        return []
-    order = {key: index for index, key in enumerate(keys)}
-    records = [_pending_record(row) for row in await db.fetch(_ADOPT_ORPHANS, holder, keys, moment)]
-    return sorted(records, key=lambda r: (order[r.key], r.seq))
+async def orphans(db: Db, moment: float, holder: str, limit: int) -> list[Orphan]:
+    """The records of up to ``limit`` sessions whose owners' heartbeats are gone, by session."""
+    rows = await db.fetch(_ORPHAN_RECORDS, holder, moment, max(limit, 0))
+    return [(SessionKey(row[0]), int(row[1]), row[2]) for row in rows]
+
+
+async def adopt_orphans(
+    db: Db, moment: float, holder: str, found: Sequence[Orphan]
+) -> list[PendingRecord]:
+    """Make ``found`` ``holder``'s, each only from the owner it was found with and while
+    that owner's heartbeat is still gone; return those adopted, by session, in order."""
+    keys, seqs, owners = (list(column) for column in zip(*found, strict=True))
+    rows = await db.fetch(_ADOPT_RECORDS, holder, keys, seqs, owners, moment)
+    return sorted((_pending_record(row) for row in rows), key=lambda r: (r.key, r.seq))
 
 
 async def park(

@@ -396,9 +396,23 @@ class PostgresStore(Store):
         return adopted
 
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
-        records = await self._write(None, lambda db, m: pq.adopt_orphans(db, m, holder, limit))
-        self.listener.wake({record.key for record in records})
-        return records
+        """One read of the orphaned records, then one ``UPDATE`` of exactly those: an
+        adoption whose answer was lost is read back at the next (:mod:`~.adoption`)."""
+        adoptions = self._adoptions
+        adopted = await adoptions.read_back(holder)
+        found = await self._write(None, lambda db, m: pq.orphans(db, m, holder, limit))
+        if found:
+            try:
+                adopted += await self._write(
+                    None, lambda db, m: pq.adopt_orphans(db, m, holder, found)
+                )
+            except StoreError as error:
+                for key, seqs in _by_session(found).items():
+                    adoptions.remember(key, seqs, error)
+                if not adopted:
+                    raise
+        self.listener.wake({record.key for record in adopted})
+        return adopted
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
         parked = list(seqs)
@@ -478,3 +492,10 @@ class PostgresStore(Store):
 def _reason(error: BaseException) -> str:
     """What went wrong, in the driver's or the system's words (never the URL's password)."""
     return str(error) or type(error).__name__
+
+
+def _by_session(found: Sequence[pq.Orphan]) -> dict[SessionKey, list[int]]:
+    seqs: dict[SessionKey, list[int]] = {}
+    for key, seq, _ in found:
+        seqs.setdefault(key, []).append(seq)
+    return seqs
