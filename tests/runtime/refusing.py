@@ -77,7 +77,8 @@ def every(*names: str) -> Callable[[str], bool]:
 class FailingAdoption(MemoryStore):
     """A memory store whose adoption of ``failing``'s records fails once: before it
     changed anything, or (``applies``) after, as when its answer is lost. It refuses
-    the next ``reads_refused`` reads of a session's queue."""
+    the next ``reads_refused`` reads of a session's queue, and the next
+    ``scans_refused`` listings of the sessions with queued records."""
 
     answers_may_be_lost = True
 
@@ -86,6 +87,7 @@ class FailingAdoption(MemoryStore):
         self.failing: SessionKey | None = failing
         self.applies = applies
         self.reads_refused = 0
+        self.scans_refused = 0
 
     async def adopt(
         self,
@@ -108,3 +110,9 @@ class FailingAdoption(MemoryStore):
             self.reads_refused -= 1
             raise StoreError("read refused (test)", maybe_applied=False)
         return await super().pending(key)
+
+    async def pending_keys(self) -> list[SessionKey]:
+        if self.scans_refused:
+            self.scans_refused -= 1
+            raise StoreError("scan refused (test)", maybe_applied=False)
+        return await super().pending_keys()

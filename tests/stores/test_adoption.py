@@ -62,3 +62,12 @@ async def test_a_lost_adoption_that_cannot_be_read_back_yet_is_read_back_later()
     assert await store.adopt_orphans(ME, 10) == []
     assert adopted_ids(await store.adopt_orphans(ME, 10)) == ["m-a"]
     assert await store.adopt_orphans(ME, 10) == []
+
+
+async def test_what_is_read_back_is_returned_though_the_scan_after_it_fails() -> None:
+    store = FailingAdoption(chat_key("a"), applies=True)
+    await left_by_the_dead(store, ["a", "b"])
+    assert adopted_ids(await store.adopt_orphans(ME, 10)) == ["m-b"]
+    store.scans_refused = 1
+    assert adopted_ids(await store.adopt_orphans(ME, 10)) == ["m-a"]  # never dropped
+    assert await store.adopt_orphans(ME, 10) == []

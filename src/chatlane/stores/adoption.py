@@ -55,9 +55,18 @@ class Adoptions:
         """Adopt the records of up to ``limit`` sessions whose owners have no live heartbeat
         (and return those a lost answer made ``holder``'s before).
 
-        :raises StoreError: the queues could not be read, or every adoption failed.
+        :raises StoreError: nothing was adopted: the queues could not be read, or every
+            adoption failed.
         """
         found = await self.read_back(holder)
+        try:
+            return [*found, *await self._scan(holder, limit)]
+        except StoreError:
+            if not found:
+                raise
+            return found  # what is read back is never dropped; the scan is made next time
+
+    async def _scan(self, holder: str, limit: int) -> list[PendingRecord]:
         store = self._store
         keys = await store.pending_keys()
         queues = await asyncio.gather(*(store.pending(key) for key in keys))
@@ -69,7 +78,7 @@ class Adoptions:
         ]
         chosen = [records for records in orphaned if records][:limit]
         taken = await asyncio.gather(*(self._session(records, holder) for records in chosen))
-        adopted = [*found, *(record for records, _ in taken for record in records)]
+        adopted = [record for records, _ in taken for record in records]
         failures = [error for _, error in taken if error is not None]
         if failures and not adopted:
             raise failures[0]

@@ -398,21 +398,25 @@ class PostgresStore(Store):
     async def adopt_orphans(self, holder: str, limit: int) -> list[PendingRecord]:
         """One read of the orphaned records, then one ``UPDATE`` of exactly those: an
         adoption whose answer was lost is read back at the next (:mod:`~.adoption`)."""
-        adoptions = self._adoptions
-        adopted = await adoptions.read_back(holder)
-        found = await self._write(None, lambda db, m: pq.orphans(db, m, holder, limit))
-        if found:
-            try:
-                adopted += await self._write(
-                    None, lambda db, m: pq.adopt_orphans(db, m, holder, found)
-                )
-            except StoreError as error:
-                for key, seqs in _by_session(found).items():
-                    adoptions.remember(key, seqs, error)
-                if not adopted:
-                    raise
+        adopted = await self._adoptions.read_back(holder)
+        try:
+            adopted += await self._adopt_found(holder, limit)
+        except StoreError:
+            if not adopted:  # what is read back is never dropped
+                raise
         self.listener.wake({record.key for record in adopted})
         return adopted
+
+    async def _adopt_found(self, holder: str, limit: int) -> list[PendingRecord]:
+        found = await self._write(None, lambda db, m: pq.orphans(db, m, holder, limit))
+        if not found:
+            return []
+        try:
+            return await self._write(None, lambda db, m: pq.adopt_orphans(db, m, holder, found))
+        except StoreError as error:
+            for key, seqs in _by_session(found).items():
+                self._adoptions.remember(key, seqs, error)
+            raise
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
         parked = list(seqs)
