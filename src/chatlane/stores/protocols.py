@@ -289,7 +289,10 @@ class PendingQueue(Protocol):
         """Adopt the records of up to ``limit`` sessions whose owners have no live heartbeat.
 
         Each record becomes ``holder``'s atomically (of two adopters each gets
-        it once). Failed records are never adopted.
+        it once). Failed records are never adopted. No record becomes
+        ``holder``'s without being returned: by this call, or — where the call
+        failed after it applied, its answer lost — by the next one
+        (:mod:`chatlane.stores.adoption`).
 
         :returns: the adopted records (with ``holder`` as owner), by session, in ``seq`` order.
         """
