@@ -353,3 +353,57 @@ async def test_a_message_adopted_again_where_it_waits_already_is_left_there() ->
         assert sorted(o.message_id for o in h.outcomes) == sorted(
             [running.message_ids[0], b.message_id]
         )
+
+
+class ReadsRefusedUntilClose:
+    """Loses the answer to the first admission, then refuses every read of a session's
+    queue — the withdrawal's — until :attr:`on` is cleared."""
+
+    def __init__(self) -> None:
+        self.admission_lost, self.on = False, True
+        self.read_refused = asyncio.Event()
+
+    def __call__(self, name: str) -> bool:
+        if name == "enqueue_and_acquire" and not self.admission_lost:
+            self.admission_lost = True
+            return True
+        if name == "pending" and self.on:
+            self.read_refused.set()
+            return True
+        return False
+
+
+async def test_a_withdrawal_still_owed_at_close_is_made_once_more() -> None:
+    """The store answers again while the withdrawal waits out the outage; the gateway
+    closes before its next try: closing tries it once more, so the record goes."""
+    outage = ReadsRefusedUntilClose()
+    store = LosingAnswers(outage)
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        key, withdrawals = h.session_key(chat_id="c"), h.gateway.engine.withdrawals
+        with pytest.raises(StoreError):
+            await h.send("lost", chat_id="c")  # queued and leased; told not taken
+        await outage.read_refused.wait()  # its withdrawal waits out the outage
+        close = withdrawals.aclose
+
+        async def closing() -> None:
+            outage.on = False  # the store answers again just as the gateway closes
+            await close()
+
+        withdrawals.aclose = closing  # type: ignore[method-assign]
+    assert await store.pending(key) == []
+    assert await store.active_sessions() == 0
+
+
+async def test_a_withdrawal_the_store_still_refuses_at_close_is_given_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outage = ReadsRefusedUntilClose()
+    store = LosingAnswers(outage)
+    async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
+        key = h.session_key(chat_id="c")
+        with pytest.raises(StoreError):
+            await h.send("lost", chat_id="c")
+        await outage.read_refused.wait()
+    outage.on = False  # the store answers again once the gateway is gone
+    assert [record.owner for record in await store.pending(key)] == [h.gateway.engine.holder]
+    assert "closing with 1 messages not yet taken back" in caplog.text  # it runs once adopted

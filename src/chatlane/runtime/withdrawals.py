@@ -32,8 +32,11 @@ admission took held until the lease's TTL. What stays true:
   call that surely never applied (the server could not be reached, a
   transaction failed before its commit: :attr:`StoreError.maybe_applied
   <chatlane.errors.StoreError.maybe_applied>`), nothing else is ever owed.
-* A withdrawal still owed when the engine closes is given up (and logged):
-  the record, if it exists, runs once another process adopts it.
+* When the engine closes, each withdrawal still owed is tried once more, in
+  order, without backoff (the worker may have been waiting out an outage the
+  store has since left). At the first that fails, it and the rest are given
+  up (and logged): the record, if it exists, runs once another process adopts
+  it.
 """
 
 from __future__ import annotations
@@ -134,13 +137,20 @@ class Withdrawals:
             await asyncio.shield(self._worker)
 
     async def aclose(self) -> None:
-        """Give up what is still owed (see the module docstring)."""
+        """Stop the worker, try what is still owed once more, and give up what then fails
+        (see the module docstring)."""
         self._closed = True
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
-        if self._owed:
-            log.warning("closing with %d messages not yet taken back from the store", self.owed)
+        try:
+            while self._owed:
+                await self._withdraw(self._owed[0])
+                self._owed.popleft()
+        except StoreError as error:
+            log.warning(
+                "closing with %d messages not yet taken back from the store: %s", self.owed, error
+            )
 
     async def _work(self) -> None:
         try:
