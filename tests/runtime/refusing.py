@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from chatlane.errors import StoreError
@@ -89,20 +89,12 @@ class FailingAdoption(MemoryStore):
         self.reads_refused = 0
         self.scans_refused = 0
 
-    async def adopt(
-        self,
-        key: SessionKey,
-        seqs: Sequence[int],
-        old_owner: str,
-        new_owner: str,
-        *,
-        generation: int | None = None,
-    ) -> list[int]:
+    async def adopt(self, key: SessionKey, *args: Any, **options: Any) -> list[int]:
         if key != self.failing:
-            return await super().adopt(key, seqs, old_owner, new_owner, generation=generation)
+            return await super().adopt(key, *args, **options)
         self.failing = None
         if self.applies:
-            await super().adopt(key, seqs, old_owner, new_owner, generation=generation)
+            await super().adopt(key, *args, **options)
         raise StoreError("adoption failed (test)", maybe_applied=self.applies)
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
