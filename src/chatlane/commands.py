@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatlane.errors import ChatlaneError, ConfigError, StoreError, shown_to_users
+from chatlane.errors import ChatlaneError, ConfigError, shown_to_users
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.aside import TooManyAsides
@@ -195,8 +195,7 @@ async def _call_handler(spec: CommandSpec, call: CommandCall) -> str:
 
 def _maybe_applied(call: CommandCall, error: ChatlaneError) -> bool:
     """Whether the store call that failed with ``error`` may have been made all the same."""
-    store_may = call.engine.store.answers_may_be_lost
-    return store_may and isinstance(error, StoreError) and error.maybe_applied
+    return call.engine.store.may_have_applied(error)
 
 
 # -- the built-in commands ---------------------------------------------------------

@@ -209,9 +209,8 @@ class BusyDesk:
                 error,
                 extra=turn_fields(state.key),
             )
-            stored = await self._kept.stored(state.key, [(message, seq)], error)
+            await self._kept.keep(state, [(message, seq)], error)
             pending.insert_in_order(state, [message], [seq])
-            pending.kept_after_drop(state, [seq], unsure=not stored)
             if not state.turn.is_running:  # the turn it found ended meanwhile
                 self._slots.promote(state)
             return BusyOutcome.QUEUED
@@ -310,9 +309,8 @@ class BusyDesk:
         try:
             await self._store.drop_pending(state.key, [seq])
         except ChatlaneError as error:
-            stored = await self._kept.stored(state.key, [(message, seq)], error)
+            await self._kept.keep(state, [(message, seq)], error)
             pending.insert_in_order(state, [message], [seq], taken.reruns)
-            pending.kept_after_drop(state, [seq], unsure=not stored)
             if reraise:
                 raise
             log.warning("could not drop a message: %s", error, extra=turn_fields(state.key))

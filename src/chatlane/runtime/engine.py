@@ -378,7 +378,6 @@ class TurnEngine:
         if _holds(state, seq):
             return
         self.outcomes.open(key, message)
-        state = self.registry.get(key)
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
         else:
@@ -658,7 +657,7 @@ class TurnEngine:
             if seqs:
                 await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
         except ChatlaneError as error:
-            await self._queue_again(state, entries, queued_seqs, error)
+            await self._queue_again(state, entries, error)
             self.outcomes.end((message.id for message in held), Outcome.DROPPED)
             raise StopIncomplete(stopped, len(queued), error) from error
         dropped = [*held, *queued]
@@ -671,19 +670,14 @@ class TurnEngine:
         return StopResult(stopped, tuple(dropped), elsewhere)
 
     async def _queue_again(
-        self,
-        state: SessionState,
-        entries: list[pending.PendingEntry],
-        seqs: list[int],
-        error: ChatlaneError,
+        self, state: SessionState, entries: list[pending.PendingEntry], error: ChatlaneError
     ) -> None:
-        """``/stop`` could not drop ``entries`` (their messages ``seqs``) from the store
-        (``error``): they wait here again, in their places before what came since, and
-        run when the session is free (:mod:`~chatlane.runtime.kept`)."""
+        """``/stop`` could not drop ``entries`` from the store (``error``): they wait here
+        again, in their places before what came since, and run when the session is free
+        (:mod:`~chatlane.runtime.kept`)."""
         kept = [pair for entry in entries for pair in zip(entry.messages, entry.seqs, strict=True)]
-        stored = await self.kept.stored(state.key, kept, error)
+        await self.kept.keep(state, kept, error)
         pending.restore(state, entries)
-        pending.kept_after_drop(state, seqs, unsure=not stored)
         if not state.turn.is_running:  # the stopped turn ended meanwhile
             self.slots.promote(state)
 

@@ -27,9 +27,11 @@ from collections.abc import Sequence
 
 from chatlane.errors import ChatlaneError, StoreError
 from chatlane.logs import turn_fields
+from chatlane.runtime import pending
+from chatlane.state import SessionState
 from chatlane.stores.base import Store
 from chatlane.stores.codec import encode_message
-from chatlane.types import InboundMessage, SessionKey
+from chatlane.types import InboundMessage
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -41,17 +43,18 @@ class KeptMessages:
         self._store = store
         self._holder = holder
 
-    async def stored(
+    async def keep(
         self,
-        key: SessionKey,
+        state: SessionState,
         kept: Sequence[tuple[InboundMessage, int]],
         error: ChatlaneError,
-    ) -> bool:
-        """Whether the store holds ``kept`` (``key``'s messages and their seqs), whose drop
-        failed with ``error``: as it was, or queued again. False where that is unsure."""
-        if not self._may_have_applied(error):
-            return True
-        store, holder = self._store, self._holder
+    ) -> None:
+        """Make sure the store holds ``kept`` (the session's messages and their seqs), whose
+        drop failed with ``error``; those it may not hold count as stored here
+        (:func:`~chatlane.runtime.pending.kept_after_drop`). Called before they wait again."""
+        if not self._store.may_have_applied(error):
+            return
+        store, holder, key = self._store, self._holder, state.key
         try:
             for message, seq in kept:
                 await store.enqueue(key, message.id, holder, encode_message(message), seq=seq)
@@ -63,10 +66,4 @@ class KeptMessages:
                 again,
                 extra=turn_fields(key),
             )
-            return False
-        return True
-
-    def _may_have_applied(self, error: ChatlaneError) -> bool:
-        if not self._store.answers_may_be_lost:
-            return False
-        return not isinstance(error, StoreError) or error.maybe_applied
+            pending.kept_after_drop(state, [seq for _, seq in kept], unsure=True)

@@ -114,7 +114,7 @@ class Withdrawals:
         call, failed with ``error``: take back what the store may hold of them, if the call
         may have applied all the same. Without ``error``, the store took them and a later
         step failed: take them back on any store."""
-        if self._closed or (error is not None and not self._may_have_applied(error)):
+        if self._closed or (error is not None and not self._store.may_have_applied(error)):
             return
         owed = _Owed(key, message_id, token)
         self._owed.append(owed)
@@ -122,9 +122,6 @@ class Withdrawals:
             self._by_message[message_id] = owed
         if self._worker is None:
             self._worker = asyncio.ensure_future(self._work())
-
-    def _may_have_applied(self, error: StoreError) -> bool:
-        return self._store.answers_may_be_lost and error.maybe_applied
 
     @property
     def owed(self) -> int:

@@ -25,7 +25,7 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -95,16 +95,17 @@ class Adoptions:
             try:
                 got = set(await self._store.adopt(key, seqs, owner, holder))
             except StoreError as error:
-                self.remember(key, seqs, error)
+                self.remember(((key, seq) for seq in seqs), error)
                 return _in_order(adopted), error
             adopted += [_owned_by(r, holder) for r in mine if r.seq in got]
         return _in_order(adopted), None
 
-    def remember(self, key: SessionKey, seqs: Sequence[int], error: StoreError) -> None:
-        """An adoption of ``key``'s records ``seqs`` failed with ``error``: if it may have
-        applied all the same, read them back at the next adoption."""
-        if self._store.answers_may_be_lost and error.maybe_applied:
-            self._unsure.setdefault(key, set()).update(seqs)
+    def remember(self, records: Iterable[tuple[SessionKey, int]], error: StoreError) -> None:
+        """An adoption of ``records`` (session and seq) failed with ``error``: if it may
+        have applied all the same, read them back at the next adoption."""
+        if self._store.may_have_applied(error):
+            for key, seq in records:
+                self._unsure.setdefault(key, set()).add(seq)
 
     async def read_back(self, holder: str) -> list[PendingRecord]:
         """The remembered records that became ``holder``'s; a session whose queue cannot

@@ -64,7 +64,7 @@ import functools
 import time
 from collections.abc import Callable
 
-from chatlane.errors import LeaseError, LeaseLost, StoreDamaged
+from chatlane.errors import LeaseError, LeaseLost, StoreDamaged, StoreError
 from chatlane.stores.adoption import Adoptions
 from chatlane.stores.protocols import (
     Conversations,
@@ -174,6 +174,13 @@ class Store(Turns, Leases, SessionData, Conversations, PendingQueue, Liveness, D
     over a connection to a server that broke): then the runtime takes back what a failed
     admission may have stored (:mod:`chatlane.runtime.withdrawals`). ``False`` where a
     failed call changed nothing."""
+
+    def may_have_applied(self, error: BaseException) -> bool:
+        """Whether a call that failed with ``error`` may have changed this store all the
+        same: only a :class:`~chatlane.errors.StoreError` that says it may have
+        (``maybe_applied``), on a store whose answers may be lost."""
+        return self.answers_may_be_lost and isinstance(error, StoreError) and error.maybe_applied
+
     delivered_retention: float = DELIVERED_RETENTION
     """Seconds a delivered delivery is kept (see :data:`DELIVERED_RETENTION`); dead ones
     are kept for :attr:`answered_retention`."""

@@ -414,8 +414,7 @@ class PostgresStore(Store):
         try:
             return await self._write(None, lambda db, m: pq.adopt_orphans(db, m, holder, found))
         except StoreError as error:
-            for key, seqs in _by_session(found).items():
-                self._adoptions.remember(key, seqs, error)
+            self._adoptions.remember(((key, seq) for key, seq, _ in found), error)
             raise
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
@@ -496,10 +495,3 @@ class PostgresStore(Store):
 def _reason(error: BaseException) -> str:
     """What went wrong, in the driver's or the system's words (never the URL's password)."""
     return str(error) or type(error).__name__
-
-
-def _by_session(found: Sequence[pq.Orphan]) -> dict[SessionKey, list[int]]:
-    seqs: dict[SessionKey, list[int]] = {}
-    for key, seq, _ in found:
-        seqs.setdefault(key, []).append(seq)
-    return seqs
