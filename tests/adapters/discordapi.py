@@ -293,6 +293,13 @@ class DiscordApi:
             number += 1
         failures[number] = Failure(status, body, retry_after)
 
+    def unannounced_channel(self, guild: int, name: str) -> int:
+        """A text channel of ``guild``, a server the bot was never sent (no ``GUILD_CREATE``:
+        not in discord.py's cache); its id."""
+        channel = self.new_id()
+        self.channels[channel] = _text_channel(channel, guild, name)
+        return channel
+
     async def say(
         self, channel: int, author_id: int, content: str, *, bot: bool = False, **fields: Any
     ) -> int:
@@ -360,6 +367,10 @@ class DiscordApi:
     def messages(self, channel: int) -> list[Posted]:
         """What the bot posted in ``channel``, oldest first."""
         return [posted for posted in self.posted if posted.channel == channel]
+
+    def delete(self, posted: Posted) -> None:
+        """``posted`` is deleted (by a moderator, say): an edit of it is 404 Unknown Message."""
+        self.posted.remove(posted)
 
     def texts(self, channel: int) -> list[str]:
         return [posted.text for posted in self.messages(channel)]

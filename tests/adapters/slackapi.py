@@ -211,6 +211,10 @@ class SlackApi:
         """What the bot posted in ``channel`` (threads included), oldest first."""
         return [message for message in self._messages if message.channel == channel]
 
+    def delete(self, message: Message) -> None:
+        """``message`` is deleted (by its reader, say): an edit of it is ``message_not_found``."""
+        self._messages.remove(message)
+
     def texts(self, channel: str) -> list[str]:
         """The texts of :meth:`messages`, as they read now."""
         return [message.text for message in self.messages(channel)]
@@ -550,16 +554,20 @@ class SlackRequests(EventSender):
         content_type: str = "application/json",
         age: float = 0.0,
         secret: str | None = None,
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str | bytes] | None = None,
     ) -> httpx.Response:
         """``body`` posted to ``path``, signed ``age`` seconds ago (with ``secret``, if given)."""
         timestamp = str(int(time.time() - age))
-        signed = {
+        signed: dict[str, str | bytes] = {
             "Content-Type": content_type,
             "X-Slack-Request-Timestamp": timestamp,
             "X-Slack-Signature": signature(secret or self.secret, timestamp, body),
         }
-        return await self.http.post(path, content=body, headers=signed | (headers or {}))
+        sent = [
+            (name.encode(), value if isinstance(value, bytes) else value.encode())
+            for name, value in (signed | (headers or {})).items()
+        ]
+        return await self.http.post(path, content=body, headers=sent)
 
     def envelope(self, event: Json, event_id: str | None = None) -> Json:
         """``event`` as the Events API wraps it."""

@@ -34,6 +34,7 @@ from tests.adapters.discordapi import (
     ELSEWHERE,
     GENERAL,
     GUILD,
+    OTHER_GUILD,
     RANDOM,
     THREAD,
     DiscordApi,
@@ -369,6 +370,27 @@ async def test_allowed_channels_and_guilds_limit_where_the_bot_answers(
     assert api.messages(RANDOM) == api.messages(ELSEWHERE) == []
 
 
+async def test_a_server_not_in_the_cache_is_read_as_that_server_not_as_a_dm(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    """A server whose ``GUILD_CREATE`` has not come (made after the bot connected)."""
+    config = discord_config(api, tmp_path, allowed_guilds=[str(GUILD)])
+    async with running(config) as r:
+        unseen = api.unannounced_channel(OTHER_GUILD + 1, "unseen")
+        await api.say(unseen, ALICE, f"{MENTION} whoami")  # a server not allowed
+        await r.idle()
+    assert api.messages(unseen) == []
+    async with running(discord_config(api, tmp_path)) as r:
+        unseen = api.unannounced_channel(OTHER_GUILD + 2, "unseen too")
+        await api.say(unseen, ALICE, "whoami")  # a server's message names the bot
+        await api.say(unseen, BOB, f"{MENTION} whoami")
+        [reply] = await api.wait_for_messages(unseen)
+        await r.idle()
+    assert key_of(reply.text) == f"main:discord:group:{unseen}::{BOB}"  # a server channel's
+    assert f"user={BOB} " in reply.text
+    assert len(api.messages(unseen)) == 1
+
+
 # -- approvals -----------------------------------------------------------------------
 
 
@@ -518,6 +540,36 @@ async def test_a_draft_is_edited_then_replaced_by_the_reply(
     [shown] = api.messages(dm)
     assert shown.edits == ["Hello ", "Hello world"]
     assert shown.text == "Hello world!"
+
+
+async def test_a_reply_whose_draft_was_deleted_is_posted_anew(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    async with running(discord_config(api, tmp_path), edit_interval=0.01) as r:
+        dm = api.dm_channel(ALICE)
+        key, target = chat_key(str(dm), "discord"), Target("discord", str(dm))
+        await r.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "Hel", generation=1))
+        [draft] = await api.wait_for_messages(dm)
+        api.delete(draft)  # by a moderator, before the reply replaced it
+        reply = Outbound(OutboundKind.REPLY, key, target, "Hello!", generation=1)
+        await r.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
+    assert api.texts(dm) == ["Hello!"]
+    assert api.calls.count("messages.edit") == 1  # tried, refused: Unknown Message
+
+
+async def test_a_reply_is_cut_in_the_same_places_labelled_or_not(bot: Running) -> None:
+    """A part sent before is the same part again, which its nonce deduplicates: no part
+    overlaps the next when a retry is labelled."""
+    dm = 960000000000000001
+    text = "".join(f"line {n:03}\n" for n in range(400))
+    key, target = chat_key(str(dm), "discord"), Target("discord", str(dm))
+    reply = Outbound(OutboundKind.REPLY, key, target, text)
+    first = await bot.adapter._parts(reply, uncertain=False, nonce="d_1")
+    again = await bot.adapter._parts(reply, uncertain=True, nonce="d_1")
+    assert len(first.parts) > 1
+    assert again.parts[0].startswith(RESENT_LABEL)
+    assert [part.removeprefix(RESENT_LABEL) for part in again.parts] == first.parts
+    assert all(len(part) <= MESSAGE_LIMIT for part in again.parts)
 
 
 # -- the delivery ledger -------------------------------------------------------------

@@ -372,6 +372,7 @@ async def test_url_verification_answers_the_challenge(gateway: Served) -> None:
         {"age": 6 * 60},  # older than five minutes: a replay
         {"headers": {"X-Slack-Signature": ""}},
         {"headers": {"X-Slack-Request-Timestamp": "yesterday"}},
+        {"headers": {"X-Slack-Signature": b"v0=\xff\xfe"}},  # no ASCII: no digest to compare
     ],
 )
 async def test_bad_and_stale_signatures_are_refused(
@@ -618,6 +619,48 @@ async def test_a_draft_is_edited_then_replaced_by_the_reply(api: SlackApi, tmp_p
     assert message.edits == ["Hello ", "Hello *world*"]
     assert message.text == "Hello *world*!"
     assert api.calls.count("chat.postMessage") == 1
+
+
+async def test_a_reply_whose_draft_was_deleted_is_posted_anew(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    async with served(slack_config(api, tmp_path), edit_interval=0.01) as s:
+        key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+        await s.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "Hel", generation=1))
+        [draft] = await api.wait_for_messages(ALICE_DM)
+        api.delete(draft)  # by its reader, before the reply replaced it
+        reply = Outbound(OutboundKind.REPLY, key, target, "Hello!", generation=1)
+        await s.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
+    assert api.texts(ALICE_DM) == ["Hello!"]
+    assert api.calls.count("chat.update") == 1  # tried, refused: message_not_found
+
+
+async def test_a_reply_sent_again_over_its_draft_labels_the_first_part_it_posts(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    """The draft's edit repeats nothing; the parts posted after it may repeat."""
+    text = ("word " * 19 + "end\n") * 40  # two parts
+    async with served(slack_config(api, tmp_path), edit_interval=0.01) as s:
+        key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+        await s.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "word", generation=1))
+        await api.wait_for_messages(ALICE_DM)
+        reply = Outbound(OutboundKind.REPLY, key, target, text, generation=1)
+        await s.adapter.send(reply, Attempt("d_1", uncertain=True, attempts=1))
+    edited, posted = api.texts(ALICE_DM)
+    assert not edited.startswith(RESENT_LABEL)
+    assert posted.startswith(RESENT_LABEL)
+    assert edited + posted.removeprefix(RESENT_LABEL) == text
+
+
+async def test_a_reply_is_cut_in_the_same_places_labelled_or_not(gateway: Served) -> None:
+    text = ("word " * 19 + "end\n") * 70
+    key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+    reply = Outbound(OutboundKind.REPLY, key, target, text)
+    first = await gateway.adapter._parts(reply, uncertain=False)
+    again = await gateway.adapter._parts(reply, uncertain=True)
+    assert again.parts[0].startswith(RESENT_LABEL)
+    assert [part.removeprefix(RESENT_LABEL) for part in again.parts] == first.parts
+    assert all(len(part) <= MESSAGE_LIMIT for part in again.parts)
 
 
 async def test_a_reply_whose_edit_failed_still_replaces_its_draft(

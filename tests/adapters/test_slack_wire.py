@@ -82,6 +82,9 @@ def test_one_message_has_one_key_whichever_event_brings_it() -> None:
         {"text": None},
         {"text": f"<@{BOT}>  "},
         {"type": "reaction_added"},
+        {"subtype": ["thread_broadcast"]},  # shapes only a broken sender makes
+        {"subtype": {"name": "file_share"}},
+        {"type": ["message"]},
     ],
 )
 def test_no_message_is_read_from(fields: dict[str, Any]) -> None:

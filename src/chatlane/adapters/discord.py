@@ -76,7 +76,7 @@ from chatlane.adapters.typing import TypingIndicators
 from chatlane.approvals import markdown_text
 from chatlane.attachments import oversized, too_large_notice
 from chatlane.config import Config
-from chatlane.delivery.ledger import RESENT_LABEL
+from chatlane.delivery.ledger import RESENT_LABEL, label_resent
 from chatlane.delivery.worker import Attempt
 from chatlane.errors import (
     ChatlaneError,
@@ -103,6 +103,8 @@ REFUSAL_INTERVAL = 3600.0
 START_WAIT = 30.0
 """Seconds the start waits for the gateway's first session, to report a refusal."""
 MORE = " …"
+LABELLED_LIMIT = MESSAGE_LIMIT - len(RESENT_LABEL)  # each of its characters one UTF-16 unit
+"""Where a reply's parts are cut, labelled or not: the same cuts on every attempt."""
 """Ends a draft that shows only the beginning of a longer text."""
 _SEEN_KEPT = 8192
 """Message ids remembered, so a message dispatched twice is handled once."""
@@ -299,13 +301,18 @@ class DiscordAdapter:
 
     async def _parts(self, outbound: Outbound, *, uncertain: bool, nonce: str = "") -> Parts:
         """``outbound`` as Discord gets it; a reply replaces its stream's draft, if one is
-        shown (an edit repeats nothing, so a retry that replaces it needs no label)."""
+        shown.
+
+        Parts are cut at the same places on every attempt, so a part sent before is the
+        same part again, which its nonce deduplicates; an ``uncertain`` delivery's first
+        posted part is labelled (:func:`~chatlane.delivery.ledger.label_resent`).
+        """
         draft = self._drafts.of(outbound)
         shown = None if draft is None else await draft.finish()
         text = clean_text(markdown_text(outbound, discord.utils.escape_markdown))
-        if uncertain and shown is None:
-            text = RESENT_LABEL + text
-        parts = [part for part in split_message(text) if part.strip()]
+        parts = [part for part in split_message(text, LABELLED_LIMIT) if part.strip()]
+        if uncertain:
+            parts = label_resent(parts, 0 if shown is None else 1)
         view = None
         if outbound.kind is OutboundKind.APPROVAL and parts:
             view = approval_view(outbound.approval_id, author_of(outbound.in_reply_to))

@@ -121,18 +121,26 @@ async def send_parts(
     A rate limit is waited out in place between parts, and before the first
     one too with ``wait_first`` (for a send outside the ledger, which has no
     later attempt); one part's waits add up to at most ``wait_cap`` seconds.
+    A draft that no longer exists (deleted) is let go: the first part is
+    posted instead.
 
     :raises DeliveryFailed: the failure, classified (:func:`classify`).
     """
+    draft = message.draft
     for index, text in enumerate(message.parts):
         later = index > 0
         view = message.view if index == len(message.parts) - 1 else None
         waited = 0.0
         while True:
+            shown = draft if index == 0 else None
             try:
-                await _send_part(client, message, index, text, view)
+                await _send_part(client, message, index, text, view, shown)
                 break
             except (discord.DiscordException, aiohttp.ClientError, TimeoutError) as error:
+                if shown is not None and _gone(error):
+                    log.info("discord: the draft %s is gone; the reply is posted anew", shown)
+                    draft = None
+                    continue
                 wait = rate_limit_wait(error)
                 if wait is None or not (wait_first or later) or waited + wait > wait_cap:
                     raise classify(error, sent_before=later) from error
@@ -141,11 +149,26 @@ async def send_parts(
                 waited += wait
 
 
+UNKNOWN_MESSAGE = 10008
+"""Discord's error code for a message that does not exist (any more)."""
+
+
+def _gone(error: BaseException) -> bool:
+    """Whether ``error`` says the message edited does not exist any more."""
+    return isinstance(error, discord.NotFound) and error.code == UNKNOWN_MESSAGE
+
+
 async def _send_part(
-    client: discord.Client, message: Parts, index: int, text: str, view: discord.ui.View | None
+    client: discord.Client,
+    message: Parts,
+    index: int,
+    text: str,
+    view: discord.ui.View | None,
+    draft: int | None,
 ) -> None:
-    if index == 0 and message.draft is not None:
-        await _edit(client, message.channel, message.draft, text, view)
+    """Part ``index``: an edit of ``draft`` if one is given, else posted."""
+    if draft is not None:
+        await _edit(client, message.channel, draft, text, view)
         return
     channel = client.get_partial_messageable(message.channel)
     await channel.send(text, **_options(view, nonce=message.nonce(index)))

@@ -99,8 +99,8 @@ async def read_message(
     files = files_of(message)
     if not text and not files:
         return None
-    guild = message.guild
-    where = await channels.where(None if guild is None else guild.id, message.channel)
+    guild_id = guild_of(message)
+    where = await channels.where(guild_id, message.channel)
     return Posted(
         where=where,
         message=message.id,
@@ -108,11 +108,24 @@ async def read_message(
         text=text,
         mentions_bot=mentioned or any(user.id == bot_id for user in message.mentions),
         replies_to_bot=_replies_to(message, bot_id),
-        guild_id=None if guild is None else guild.id,
+        guild_id=guild_id,
         chat_name=clean_text(getattr(message.channel, "name", None) or ""),
         user_name=clean_text(author.name),
         files=files,
     )
+
+
+def guild_of(message: discord.Message) -> int | None:
+    """The id of the server ``message`` was written in; None in a direct message.
+
+    A server discord.py has not cached (its ``GUILD_CREATE`` not come yet, or the server
+    unavailable) leaves ``message.guild`` None, as a DM does; the message's channel then
+    still names the server, and it is read as that server's, under its rules.
+    """
+    if message.guild is not None:
+        return message.guild.id
+    named = getattr(message.channel, "guild_id", None)
+    return named if isinstance(named, int) else None
 
 
 def _replies_to(message: discord.Message, bot_id: int) -> bool:

@@ -61,7 +61,7 @@ from starlette.routing import BaseRoute
 
 from chatlane.adapters.slack_delivery import Parts, bot_user, classify, post, send_parts
 from chatlane.adapters.slack_events import Inbox, Intake
-from chatlane.adapters.slack_format import split_message, to_mrkdwn
+from chatlane.adapters.slack_format import MESSAGE_LIMIT, split_message, to_mrkdwn
 from chatlane.adapters.slack_socket import SocketMode
 from chatlane.adapters.slack_stream import EDIT_INTERVAL, Draft, Drafts, draft_text
 from chatlane.adapters.slack_wire import (
@@ -77,7 +77,7 @@ from chatlane.adapters.slack_wire import (
 from chatlane.approvals import markdown_text
 from chatlane.attachments import oversized, too_large_notice
 from chatlane.config import Config, SlackMode
-from chatlane.delivery.ledger import RESENT_LABEL
+from chatlane.delivery.ledger import RESENT_LABEL, label_resent
 from chatlane.delivery.worker import Attempt
 from chatlane.errors import (
     ChatlaneError,
@@ -110,6 +110,8 @@ _THREADS_KEPT = 8192
 _REFUSALS_KEPT = 4096
 _DRAFTS_KEPT = 1024
 _NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
+LABELLED_LIMIT = MESSAGE_LIMIT - len(RESENT_LABEL)
+"""Where a reply's parts are cut, labelled or not: the same cuts on every attempt."""
 _NOT_HANDLED = "Sorry — your message could not be handled right now; please try again."
 _NO_LONGER_ACTIVE = "This button is no longer active."
 
@@ -261,14 +263,18 @@ class SlackAdapter:
         self._drafts.forget(outbound)
 
     async def _parts(self, outbound: Outbound, *, uncertain: bool) -> Parts:
-        """``outbound`` as Slack gets it; a reply replaces its stream's draft, if one is shown
-        (an edit repeats nothing, so a retry that replaces it needs no label)."""
+        """``outbound`` as Slack gets it; a reply replaces its stream's draft, if one is shown.
+
+        An ``uncertain`` delivery's first posted part is labelled
+        (:func:`~chatlane.delivery.ledger.label_resent`): the first part when no draft is
+        shown, else the second (the draft's edit repeats nothing, the parts after it may).
+        """
         draft = self._drafts.of(outbound)
         draft_ts = None if draft is None else await draft.finish()
-        text = clean_text(markdown_text(outbound))  # to_mrkdwn escapes links and mentions
-        if uncertain and draft_ts is None:
-            text = RESENT_LABEL + text
-        parts = [part for part in split_message(to_mrkdwn(text)) if part.strip()]
+        text = to_mrkdwn(clean_text(markdown_text(outbound)))  # escapes links and mentions
+        parts = [part for part in split_message(text, LABELLED_LIMIT) if part.strip()]
+        if uncertain:
+            parts = label_resent(parts, 0 if draft_ts is None else 1)
         blocks = None
         if outbound.kind is OutboundKind.APPROVAL and parts:
             asker = author_of(outbound.in_reply_to)

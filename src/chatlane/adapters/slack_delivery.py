@@ -140,18 +140,25 @@ async def send_parts(
     one too with ``wait_first`` (for a send outside the ledger, which has no
     later attempt); one part's waits add up to at most ``wait_cap`` seconds.
 
+    A draft that can no longer be edited (deleted, or past Slack's edit window)
+    is let go: the first part is posted instead.
+
     :raises DeliveryFailed: the failure, classified (:func:`classify`).
     """
     for index, text in enumerate(message.parts):
         later = index > 0
-        ts = message.draft_ts if index == 0 else None
         blocks = message.blocks if index == len(message.parts) - 1 else None
         waited = 0.0
         while True:
+            ts = message.draft_ts if index == 0 else None
             try:
                 await _call(client, message.target, text, blocks, ts)
                 break
             except SlackApiError as error:
+                if ts is not None and error_code(error) in DRAFT_GONE:
+                    log.info("slack: the draft %s is gone; the reply is posted anew", ts)
+                    message.draft_ts = None
+                    continue
                 wait = rate_limit_wait(error)
                 if wait is None or not (wait_first or later) or waited + wait > wait_cap:
                     raise classify(error, sent_before=later) from error
@@ -160,6 +167,10 @@ async def send_parts(
                 waited += wait
             except (aiohttp.ClientError, TimeoutError) as error:
                 raise classify(error, sent_before=later) from error
+
+
+DRAFT_GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
+"""What ``chat.update`` answers for a message that cannot be edited any more."""
 
 
 def rate_limit_wait(error: SlackApiError) -> float | None:

@@ -224,3 +224,5 @@ def signed_by_slack(verifier: SignatureVerifier, body: bytes, headers: Mapping[s
         return verifier.is_valid(body, timestamp, signature)
     except ValueError:  # a timestamp that is no number, a body that is no UTF-8
         return False
+    except TypeError:  # a signature of other than ASCII, which no digest compares with
+        return False

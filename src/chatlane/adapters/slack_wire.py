@@ -159,10 +159,15 @@ class Posted:
         return InboundMessage(source, self.text, id=self.id, attachments=self.files)
 
 
+def _read_subtype(subtype: object) -> bool:
+    """Whether a message of ``subtype`` is a person writing (any shape Slack might send)."""
+    return (subtype is None or isinstance(subtype, str)) and subtype in _READ_SUBTYPES
+
+
 def read_posted(event: Mapping[str, Any], bot_user: str) -> Posted | None:
     """The person's message ``event`` carries, or None (see the module docstring)."""
-    kind, user = event.get("type"), event.get("user")
-    if kind not in ("message", "app_mention") or event.get("subtype") not in _READ_SUBTYPES:
+    kind, user, subtype = event.get("type"), event.get("user"), event.get("subtype")
+    if kind not in ("message", "app_mention") or not _read_subtype(subtype):
         return None
     if event.get("bot_id") or not isinstance(user, str) or not user or user == bot_user:
         return None

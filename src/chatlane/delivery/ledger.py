@@ -30,6 +30,7 @@ __all__ = [
     "RESENT_LABEL",
     "DeliveryLedger",
     "draft_of",
+    "label_resent",
     "new_delivery_id",
     "outbound_of",
     "target_key",
@@ -41,6 +42,22 @@ LEDGERED_KINDS = frozenset({OutboundKind.REPLY, OutboundKind.NOTICE, OutboundKin
 RESENT_LABEL = "↻ Sent again — this may repeat an earlier message.\n\n"
 """Put before a delivery that may have reached its chat already, where the
 platform cannot deduplicate: a duplicate the reader can tell for one."""
+
+
+def label_resent(parts: list[str], first_posted: int = 0) -> list[str]:
+    """``parts`` with :data:`RESENT_LABEL` in front of part ``first_posted``: the first that
+    is posted, not an edit of a draft already shown (an edit repeats nothing).
+
+    A platform that takes parts one by one must cut them where it cut them the first time
+    (split at its limit less the label's length, labelled or not): a part that went out
+    before and is deduplicated is then the same part, and none overlaps the next.
+    """
+    if first_posted >= len(parts):
+        return parts
+    return [
+        RESENT_LABEL + part if index == first_posted else part for index, part in enumerate(parts)
+    ]
+
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Outbound).decode
