@@ -256,10 +256,11 @@ async def test_a_socket_whose_cookie_resembles_an_id_is_closed_4400(host: str, n
     assert closed.value.rcvd.code == 4400
 
 
-async def test_cross_origin_socket_is_closed_4403(host: str) -> None:
+@pytest.mark.parametrize("origin", ["http://evil.example", "http://[::1", "http://host:port"])
+async def test_cross_origin_socket_is_closed_4403(host: str, origin: str) -> None:
     bid = await browser_id(host)
     cookie = f"{IDENTITY_COOKIE}={bid}"
-    async with chat_socket(host, cookie, Origin="http://evil.example") as ws:
+    async with chat_socket(host, cookie, Origin=origin) as ws:
         with pytest.raises(ConnectionClosed) as closed:
             await receive(ws)
     assert closed.value.rcvd is not None
@@ -752,6 +753,7 @@ async def test_a_cross_site_sign_in_is_refused(token_config: Config) -> None:
         for headers in (
             {"Origin": "http://elsewhere.example"},
             {"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+            {"Origin": "http://[::1"},  # no URL at all: matches no host
         ):
             response = await client.post("/", data={"token": "s3cret-tøken"}, headers=headers)
             assert response.status_code == 403

@@ -42,14 +42,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from chatlane.access import AccessToken
 from chatlane.adapters.web_ids import BrowserIds, id_secret
-from chatlane.adapters.web_page import Gate, WebPage
+from chatlane.adapters.web_page import Gate, WebPage, origin_host
 from chatlane.adapters.web_wire import (
     Event,
     InvalidWebMessage,
@@ -283,7 +282,7 @@ class WebAdapter:
         if not self.gate.admits(websocket):
             return (CLOSE_UNAUTHORIZED, "access token required")
         origin = websocket.headers.get("origin")
-        if origin is not None and urlsplit(origin).netloc != websocket.headers.get("host"):
+        if origin is not None and origin_host(origin) != websocket.headers.get("host"):
             return (CLOSE_FOREIGN_ORIGIN, "cross-origin WebSocket refused")
         return None
 

@@ -238,7 +238,16 @@ def _same_origin(request: Request) -> bool:
     if site is not None:
         return site in ("same-origin", "none")
     origin = request.headers.get("origin")
-    return origin in (None, "null") or urlsplit(origin).netloc == request.headers.get("host")
+    return origin in (None, "null") or origin_host(origin) == request.headers.get("host")
+
+
+def origin_host(origin: str) -> str | None:
+    """The host (and port) an ``Origin`` header names; None for one that is no URL (a
+    bracket left open, a port of letters), which matches no host."""
+    try:
+        return urlsplit(origin).netloc
+    except ValueError:
+        return None
 
 
 async def posted_token(request: Request) -> bytes:
