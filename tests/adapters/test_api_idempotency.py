@@ -20,7 +20,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 
 from chatlane.adapters.api_ids import keyed_message_id, message_of, new_message_id
 from chatlane.agents.demo import DemoAgent
-from chatlane.identity import SessionSource
+from chatlane.identity import ChatType, SessionSource, build_session_key
+from chatlane.runtime import pending
 from chatlane.runtime.turn import Turn
 from chatlane.stores import WriteBatch, open_store
 from chatlane.testing import GatewayHarness
@@ -29,6 +30,7 @@ from tests.adapters.test_api import TOKEN, Served, eventually, make_config, serv
 from tests.adapters.test_limits import clients_config
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+API_ALICE = SessionSource("api", chat_id="alice", user_id="alice", chat_type=ChatType.DM)
 
 
 class CountingAgent:
@@ -126,6 +128,29 @@ async def test_a_streaming_retry_beside_a_whole_reply_request_gets_the_answer_at
     contents = [e.choices[0].delta.content for e in streamed if e.choices[0].delta.content]
     assert contents == ["run 1: hello"]
     assert runs == ["hello"]
+
+
+async def test_retries_whose_first_request_left_wait_once_in_the_queue(tmp_path: Path) -> None:
+    """Each retry comes after the request before it gave up (its client gone): the message
+    is queued once, however many times it is sent, and runs once."""
+    agent = CountingAgent(held=True)
+    async with serve(make_config(tmp_path), agent) as s:
+        blocking = asyncio.create_task(s.ask("block", "alice"))
+        await eventually(lambda: agent.runs == 1)
+        for _ in range(3):
+            gave_up = asyncio.create_task(ask(s, "pay-once"))
+            await eventually(lambda: s.adapter.waiting == 2)
+            gave_up.cancel()
+            await eventually(lambda: s.adapter.waiting == 1)  # the server saw it go
+        state = s.hub.gateway.engine.registry.get(build_session_key(API_ALICE))
+        assert pending.pending_count(state) == 1
+        last = asyncio.create_task(ask(s, "pay-once"))
+        await eventually(lambda: s.adapter.waiting == 2)
+        agent.release.set()
+        answer = await last
+        await blocking
+    assert answer.choices[0].message.content == "run 2: hello"
+    assert agent.runs == 2
 
 
 async def test_a_key_is_one_clients_for_one_session(tmp_path: Path) -> None:

@@ -180,6 +180,33 @@ async def test_interrupt_stops_the_run_and_runs_the_new_message() -> None:
         assert not first.is_current()
 
 
+@pytest.mark.parametrize("busy", ["interrupt", "queue", "collect", "steer", "reject"])
+async def test_a_message_sent_again_under_its_id_keeps_its_one_place(busy: str) -> None:
+    """A retry of a message that runs, or waits, here (a client's retry under one id,
+    which the store queues once) meets no busy policy: it interrupts nothing, takes no
+    second place in the queue, is told nothing, and every message runs once."""
+    recorder = Recorder()
+    source = SessionSource("test", chat_id="c", user_id="u1", chat_type=ChatType.DM)
+    running = InboundMessage(source, "sleep 5", id="m-running")
+    waiting = InboundMessage(source, "later", id="m-waiting", busy_policy="queue")
+    async with GatewayHarness(EchoAgent(recorder), busy=busy) as h:
+        first = await h.gateway.dispatch(running)
+        await h.until_running(chat_id="c")
+        await h.gateway.dispatch(waiting)
+        acks = len(h.delivered(chat_id="c"))
+        for message in (running, waiting, running, waiting):
+            again = await h.gateway.dispatch(message)
+            assert again.outcome is BusyOutcome.QUEUED
+        state = h.session(first.session_key)
+        assert pending.pending_count(state) == 1
+        assert not recorder.turns[first.session_key][0].interrupted.is_set()
+        assert len(h.delivered(chat_id="c")) == acks  # nothing more was said
+        recorder.turns[first.session_key][0].interrupted.set()  # let the held turn end
+        replies = await h.replies(chat_id="c", count=acks + 2)
+    assert replies[acks:] == ["interrupted", "echo: later"]
+    assert [t.text for t in recorder.turns[first.session_key]] == ["sleep 5", "later"]
+
+
 async def test_interrupt_depth_degrades_to_queue() -> None:
     recorder = Recorder()
     async with GatewayHarness(

@@ -17,6 +17,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from chatlane.errors import EarlierMessageFirst
+from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.runtime.busy import BUSY_ELSEWHERE
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import LeaseSettings
@@ -26,6 +28,7 @@ from chatlane.stores.postgres import PostgresStore
 from chatlane.stores.postgres import wakeups as pg_wakeups
 from chatlane.stores.postgres.url import parse_url
 from chatlane.testing import GatewayHarness
+from chatlane.types import InboundMessage, SessionKey
 from tests.adapters.test_api import eventually
 from tests.stores.conftest import forget_store, own_schema
 
@@ -117,6 +120,65 @@ async def test_several_sessions_on_two_gateways_answer_every_message_once(
     outcomes = [o for h in (one, two) for o in h.outcomes]
     assert len(outcomes) == len(sent)
     assert {o.outcome for o in outcomes} == {Outcome.ANSWERED}
+
+
+class LateAnswer(MemoryStore):
+    """A memory store that holds back its answer to one message's admission (applied) until
+    told: as the answer of a call a pool sent first that came back after a later call's."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held = held
+        self.applied, self.answering = asyncio.Event(), asyncio.Event()
+        self.earlier_first = 0
+
+    async def enqueue_and_acquire(
+        self, key: SessionKey, message_id: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        admission = await super().enqueue_and_acquire(key, message_id, *args, **kwargs)
+        if message_id == self.held:
+            self.applied.set()
+            await self.answering.wait()
+        return admission
+
+    async def acquire_and_read(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().acquire_and_read(*args, **kwargs)
+        except EarlierMessageFirst:
+            self.earlier_first += 1
+            raise
+
+
+def echoes(harness: GatewayHarness) -> list[str]:
+    return [o.text for o in harness.outbox if o.text.startswith("echo: ")]
+
+
+async def test_an_earlier_message_answered_late_goes_first_without_waiting_for_a_wakeup() -> None:
+    """Process one's first message is answered after its second, whose turn started and
+    waits for the lease; process two's message lies between the two. Each waits on the
+    other's earlier message, and no store event will come: process one's turn must see
+    its own earlier message queued behind it, and give way at once."""
+    store = LateAnswer(held="first")
+    source = SessionSource("test", chat_id="c", user_id="u1", chat_type=ChatType.DM)
+    key = build_session_key(source)
+    elsewhere = await store.acquire(key, "a third process", 3600)
+    async with (
+        GatewayHarness(echo, store=store, leases=SLOW_POLL) as one,
+        GatewayHarness(echo, store=store, leases=SLOW_POLL) as two,
+        asyncio.timeout(20),
+    ):
+        first = asyncio.create_task(one.gateway.dispatch(InboundMessage(source, "1", id="first")))
+        await store.applied.wait()  # seq 1, its answer held back
+        await two.gateway.dispatch(InboundMessage(source, "2", id="between"))  # seq 2
+        await one.gateway.dispatch(InboundMessage(source, "3", id="second"))  # seq 3: waits
+        await store.release(elsewhere)  # both ask; each finds the other's earlier message
+        await eventually(lambda: store.earlier_first >= 2)
+        store.answering.set()  # seq 1 reaches process one, behind its waiting turn
+        await first
+        await eventually(lambda: len(echoes(one)) == 2 and len(echoes(two)) == 1)
+    assert echoes(one) == ["echo: 1", "echo: 3"]
+    assert echoes(two) == ["echo: 2"]
+    assert [e.content for e in await store.transcript(key) if e.role == "user"] == ["1", "2", "3"]
 
 
 @pytest.fixture

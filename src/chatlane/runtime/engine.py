@@ -225,6 +225,8 @@ class TurnEngine:
                 self.withdrawals.failed(key, message.id, token, error=None if taken else error)
                 raise
             state, seq = self._accepted(key, message, state), admission.seq
+            if _holds(state, seq):
+                return self._repeated(state, admission)
             if not state.turn.is_running:  # it does not coalesce: asked above
                 self._start(state, (message,), (seq,), refusable=True, admission=admission)
                 return None
@@ -302,6 +304,8 @@ class TurnEngine:
             call; used if the registry still holds it, else read again.
         """
         state = self._accepted(key, message, held)
+        if _holds(state, seq):
+            return self._repeated(state, admission)
         if not state.turn.is_running:
             if self.busy.coalesces(message):
                 return self.busy.coalesce(state, message, seq)
@@ -323,13 +327,31 @@ class TurnEngine:
             return held
         return self.registry.get(key)
 
+    def _repeated(self, state: SessionState, admission: Admission | None) -> BusyOutcome:
+        """A message that already waits or runs here came again (a retry under its id, which
+        the store queued once): it keeps its place and its one outcome, and no busy policy
+        sees it twice (a retry never interrupts its own turn, nor fills the queue)."""
+        if admission is not None and admission.lease is not None:
+            self.slots.spawn(self.leases.let_go(state, admission.lease))
+        return BusyOutcome.QUEUED
+
     async def _arrive_busy(
         self, state: SessionState, message: InboundMessage, seq: int, admission: Admission | None
     ) -> BusyOutcome:
         """``message`` found its session running here: the busy policy decides."""
         if admission is not None and admission.lease is not None:
             self.slots.spawn(self.leases.let_go(state, admission.lease))  # a turn started meanwhile
-        return await self.busy.arrive(state, message, seq)
+        outcome = await self.busy.arrive(state, message, seq)
+        self._nudge_if_behind(state, seq)
+        return outcome
+
+    def _nudge_if_behind(self, state: SessionState, seq: int) -> None:
+        """A message accepted before the one whose turn waits here for the lease is queued
+        behind it (two submits whose store calls came back out of order): the wait looks
+        at once, and the turn gives way (:meth:`_still_wanted`)."""
+        turn = running_turn_of(state)
+        if turn is not None and turn.lease is None and seq < min(turn.seqs):
+            self.leases.nudge(state.key)
 
     async def enqueue(self, key: SessionKey, message: InboundMessage) -> BusyOutcome | None:
         """Queue ``message`` as its own turn, whatever the busy policy (``/queue``).
@@ -382,6 +404,7 @@ class TurnEngine:
             self._start(state, (message,), (seq,))
         else:
             pending.insert_in_order(state, [message], [seq])
+            self._nudge_if_behind(state, seq)
 
     async def start(self) -> int:
         """Announce this process and adopt what dead ones left; return how many were adopted.
@@ -859,7 +882,7 @@ def _must_propagate(error: BaseException) -> bool:
 def _holds(state: SessionState, seq: int) -> bool:
     """Whether the message stored under ``seq`` waits here, runs here, or was steered into
     the turn running here."""
-    if seq in pending.known(state):
+    if any(seq in entry.seqs for entry in pending.pending_entries(state)):
         return True
     turn = running_turn_of(state)
     return turn is not None and (

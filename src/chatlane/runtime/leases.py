@@ -45,7 +45,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 
 from chatlane.errors import (
     ActiveSessionLimit,
@@ -119,6 +119,8 @@ class LeaseKeeper:
         """What failed calls may have left in the store, taken back (:mod:`~.withdrawals`)."""
         self._drawing: dict[SessionKey, asyncio.Future[None]] = {}
         """Sessions whose lease is kept until the messages being drawn in have changed owner."""
+        self._waits: dict[SessionKey, Watch] = {}
+        """The watch of each session whose lease a turn here waits for."""
 
     def admit(
         self, state: SessionState, message_id: str, payload: bytes, *, choices: bool, token: str
@@ -207,7 +209,7 @@ class LeaseKeeper:
         wait, token = AcquireWait(), new_token()  # one token a wait: each try finds the last's
         delay, longest = self.settings.poll, self.settings.max_poll
         try:
-            with _watch(self.store, state) as wakeup:
+            with self._watch(state) as wakeup:
                 while still_wanted():
                     if refused is not None:
                         on_wait(refused, wait)
@@ -233,6 +235,26 @@ class LeaseKeeper:
             raise
         self._give_back_unsure(state, wait, token)
         return None
+
+    @contextmanager
+    def _watch(self, state: SessionState) -> Iterator[Watch]:
+        """A watch on ``state``'s session for one wait (:meth:`nudge` wakes it too)."""
+        with _watch(self.store, state) as watch:
+            self._waits[state.key] = watch
+            try:
+                yield watch
+            finally:
+                if self._waits.get(state.key) is watch:
+                    del self._waits[state.key]
+
+    def nudge(self, key: SessionKey) -> None:
+        """Wake the wait for ``key``'s lease here, if one waits, to ask at once whether it
+        is still wanted: a message accepted before its own came to this process behind it
+        (its turn then gives way; two processes never wait on each other's earlier
+        messages for longer than it takes to look)."""
+        watch = self._waits.get(key)
+        if watch is not None:
+            watch.wake()
 
     def _give_back_unsure(self, state: SessionState, wait: AcquireWait, token: str) -> None:
         """A wait ended without the lease: a try whose answer was lost may hold it."""
@@ -356,13 +378,24 @@ class LeaseKeeper:
 
 
 class _Polling:
-    """The watch of a store without wake-ups: every wait is the whole poll delay."""
+    """The watch of a store without wake-ups: every wait is the whole poll delay, unless
+    this process wakes it (:meth:`LeaseKeeper.nudge`)."""
 
     listening = False
 
+    def __init__(self) -> None:
+        self._woken = asyncio.Event()
+
     async def wait(self, seconds: float) -> bool:
-        await asyncio.sleep(seconds)
-        return False
+        with suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._woken.wait()
+        woken = self._woken.is_set()
+        self._woken.clear()
+        return woken
+
+    def wake(self) -> None:
+        self._woken.set()
 
     def close(self) -> None:
         return None

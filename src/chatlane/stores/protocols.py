@@ -513,6 +513,10 @@ class Watch(Protocol):
         """
         ...
 
+    def wake(self) -> None:
+        """Wake this watch from this process (its next :meth:`wait` returns at once)."""
+        ...
+
     def close(self) -> None:
         """Stop watching (idempotent)."""
         ...
