@@ -40,6 +40,7 @@ from tests.adapters.discordapi import (
     DiscordApi,
     message,
 )
+from tests.adapters.test_api import eventually as eventually_true
 from tests.clock import Clock
 from tests.delivery.waits import WAIT, dead, delivered, eventually
 from tests.keys import chat_key
@@ -540,6 +541,27 @@ async def test_a_draft_is_edited_then_replaced_by_the_reply(
     [shown] = api.messages(dm)
     assert shown.edits == ["Hello ", "Hello world"]
     assert shown.text == "Hello world!"
+
+
+async def test_an_acknowledgement_waiting_out_a_rate_limit_holds_up_no_message(
+    api: DiscordApi, bot: Running
+) -> None:
+    """The channel's next message is held by chatlane at once, not after the
+    acknowledgement's wait (Discord never sends an event again: a process ending
+    meanwhile would lose it)."""
+    dm = api.dm_channel(ALICE)
+    source = SessionSource("discord", chat_id=str(dm), chat_type=ChatType.DM, user_id=str(ALICE))
+    key = build_session_key(source)
+    await api.say(dm, ALICE, "sleep 30")
+    await eventually_true(lambda: bot.hub.gateway.engine.running_turn(key) is not None)
+    api.fail_next("messages.create", 429, text="You are being rate limited.", retry_after=50)
+    await api.say(dm, ALICE, "second")  # "Queued…" meets the limit
+    third = str(await api.say(dm, ALICE, "third"))
+
+    async def held() -> bool:
+        return any(third in record.message_id for record in await bot.hub.store.pending(key))
+
+    await eventually_true(held)  # within seconds; the limit is longer
 
 
 async def test_a_reply_whose_draft_was_deleted_is_posted_anew(

@@ -43,6 +43,7 @@ from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, Target
 from tests.adapters.slackapi import BOT_ID, BOT_USER, SlackApi, SlackRequests
+from tests.adapters.test_api import eventually as eventually_true
 from tests.clock import Clock
 from tests.delivery.waits import dead, delivered, eventually
 from tests.keys import chat_key
@@ -619,6 +620,27 @@ async def test_a_draft_is_edited_then_replaced_by_the_reply(api: SlackApi, tmp_p
     assert message.edits == ["Hello ", "Hello *world*"]
     assert message.text == "Hello *world*!"
     assert api.calls.count("chat.postMessage") == 1
+
+
+async def test_an_acknowledgement_waiting_out_a_rate_limit_holds_up_no_message(
+    api: SlackApi, gateway: Served
+) -> None:
+    """The next message of the conversation is held by chatlane before Slack's answer,
+    not after the acknowledgement's wait (a minute at most: Slack's 200 would come first,
+    and a process ending meanwhile would lose the message)."""
+    key = build_session_key(
+        SessionSource("slack", chat_id=ALICE_DM, chat_type=ChatType.DM, user_id=ALICE)
+    )
+    await gateway.slack.message(ALICE_DM, ALICE, "sleep 30")
+    await eventually_true(lambda: gateway.hub.gateway.engine.running_turn(key) is not None)
+    api.fail_next("chat.postMessage", "ratelimited", status=429, retry_after=50)
+    await gateway.slack.message(ALICE_DM, ALICE, "second")  # "Queued…" meets the limit
+    third = message_id(ALICE_DM, await gateway.slack.message(ALICE_DM, ALICE, "third"), ALICE)
+
+    async def held() -> bool:
+        return any(third == record.message_id for record in await gateway.hub.store.pending(key))
+
+    await eventually_true(held)  # within seconds; the limit is longer
 
 
 async def test_a_reply_whose_draft_was_deleted_is_posted_anew(

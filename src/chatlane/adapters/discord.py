@@ -57,6 +57,7 @@ import discord
 from discord.backoff import ExponentialBackoff
 from starlette.routing import BaseRoute
 
+from chatlane.adapters.aside import Aside
 from chatlane.adapters.discord_client import Events, GatewayClient, answer_interaction
 from chatlane.adapters.discord_delivery import Parts, edit, post, send_parts
 from chatlane.adapters.discord_events import Channels, approval_view, read_message, read_press
@@ -156,6 +157,8 @@ class DiscordAdapter:
         self._refused_at = Recent(_REFUSALS_KEPT)
         self._lanes = Lanes("Discord")
         self._drafts = Drafts(self._draft_of, _DRAFTS_KEPT)
+        self._aside = Aside()
+        """Best-effort sends (acknowledgements), which hold their caller up only briefly."""
         self._channels: Channels | None = None
         self.typing: TypingIndicators | None = None
         """The typing indicators, while the bot runs with ``discord.typing`` on."""
@@ -241,6 +244,7 @@ class DiscordAdapter:
         client, self._client = self._client, None
         typing, self.typing = self.typing, None
         await self._lanes.aclose()
+        await self._aside.aclose()
         await self._drafts.aclose()
         if typing is not None:
             await typing.aclose()
@@ -260,7 +264,10 @@ class DiscordAdapter:
         return self._client is not None and not self._client.is_closed()
 
     async def deliver(self, outbound: Outbound) -> None:
-        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort."""
+        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort,
+        holding the caller up at most :data:`~chatlane.adapters.aside.PATIENCE` seconds
+        (:mod:`~chatlane.adapters.aside`): an acknowledgement waiting out a rate limit never
+        holds up the intake of the messages behind it."""
         client = self._client
         if client is None or _channel_of(outbound.target) is None:
             log.warning(
@@ -270,6 +277,10 @@ class DiscordAdapter:
         if outbound.kind is OutboundKind.CHUNK:
             self._drafts.add(outbound)
             return
+        await self._aside.send(self._best_effort(client, outbound))
+
+    async def _best_effort(self, client: discord.Client, outbound: Outbound) -> None:
+        """Send ``outbound`` outside the ledger, a rate limit waited out in place."""
         try:
             message = await self._parts(outbound, uncertain=False)
             await send_parts(client, message, RATE_LIMIT_CAP, wait_first=True)

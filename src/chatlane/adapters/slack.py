@@ -59,6 +59,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from starlette.routing import BaseRoute
 
+from chatlane.adapters.aside import Aside
 from chatlane.adapters.slack_delivery import Parts, bot_user, classify, post, send_parts
 from chatlane.adapters.slack_events import Inbox, Intake
 from chatlane.adapters.slack_format import MESSAGE_LIMIT, split_message, to_mrkdwn
@@ -155,6 +156,8 @@ class SlackAdapter:
         self._inbox = Inbox(self._intake)
         self._socket: SocketMode | None = None
         self._drafts = Drafts(self._draft_of, _DRAFTS_KEPT)
+        self._aside = Aside()
+        """Best-effort sends (acknowledgements), which hold their caller up only briefly."""
 
     def routes(self) -> Sequence[BaseRoute]:
         """Slack's Request URLs: ``/slack/events``, and ``/slack/interactions`` (buttons);
@@ -215,6 +218,7 @@ class SlackAdapter:
         if socket is not None:
             await socket.aclose()
         await self._intake.aclose()
+        await self._aside.aclose()
         await self._drafts.aclose()
         if client is not None and client.session is not None:
             await client.session.close()
@@ -229,7 +233,10 @@ class SlackAdapter:
         return self._client is not None
 
     async def deliver(self, outbound: Outbound) -> None:
-        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort."""
+        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort,
+        holding the caller up at most :data:`~chatlane.adapters.aside.PATIENCE` seconds
+        (:mod:`~chatlane.adapters.aside`): an acknowledgement waiting out a rate limit never
+        holds up the intake of the messages behind it."""
         client, target = self._client, outbound.target
         if client is None or target.chat_id is None:
             log.warning("slack is not running; dropped a %s for %s", outbound.kind, target)
@@ -237,11 +244,15 @@ class SlackAdapter:
         if outbound.kind is OutboundKind.CHUNK:
             self._drafts.add(outbound)
             return
+        await self._aside.send(self._best_effort(client, outbound))
+
+    async def _best_effort(self, client: AsyncWebClient, outbound: Outbound) -> None:
+        """Send ``outbound`` outside the ledger, a rate limit waited out in place."""
         try:
             message = await self._parts(outbound, uncertain=False)
             await send_parts(client, message, RATE_LIMIT_CAP, wait_first=True)
         except DeliveryFailed as error:
-            log.warning("slack chat.postMessage to %s failed: %s", target.chat_id, error)
+            log.warning("slack chat.postMessage to %s failed: %s", outbound.target.chat_id, error)
         finally:
             self._drafts.forget(outbound)
 
