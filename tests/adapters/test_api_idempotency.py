@@ -153,6 +153,32 @@ async def test_retries_whose_first_request_left_wait_once_in_the_queue(tmp_path:
     assert agent.runs == 2
 
 
+async def test_a_retried_command_gets_its_first_reply_without_running_again(
+    tmp_path: Path,
+) -> None:
+    """A ``/stop`` retried under its key must not stop the turn that started since."""
+    agent = CountingAgent(held=True)
+    stop: list[ChatCompletionMessageParam] = [{"role": "user", "content": "/stop"}]
+    async with serve(make_config(tmp_path), agent) as s:
+
+        async def ask_stop() -> ChatCompletion:
+            return await s.client.chat.completions.create(
+                model="chatlane",
+                messages=stop,
+                user="alice",
+                extra_headers={"Idempotency-Key": "s1"},
+            )
+
+        first = await ask_stop()
+        working = asyncio.create_task(s.ask("work", "alice"))
+        await eventually(lambda: agent.runs == 1)
+        again = await ask_stop()
+        agent.release.set()
+        answer = await working
+    assert same_completion(again, first)
+    assert answer == "run 1: work"  # not stopped
+
+
 async def test_a_key_is_one_clients_for_one_session(tmp_path: Path) -> None:
     agent = CountingAgent()
     async with serve(make_config(tmp_path), agent) as s:
