@@ -235,10 +235,11 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
     assert output.rstrip().endswith(STOPPED)
     assert "Cancel" not in output, output  # no request was still open when uvicorn gave up
     assert answers["running"][0] == answers["queued"][0] == 503
-    assert "service_unavailable" in answers["running"][1]
+    error = json.loads(answers["running"][1])["error"]
+    assert (error["type"], error["code"]) == ("service_unavailable", "service_unavailable")
     status, events = answers["streamed"]
     assert status == 200
-    assert "service_unavailable" in events
+    assert '"code": "service_unavailable"' in events
     assert events.rstrip().endswith("data: [DONE]")
     assert len(pending_ids(tmp_path, "main:api:dm:shutdown")) == 3
 

@@ -779,6 +779,12 @@ async def test_a_foreign_origin_is_403(tmp_path: Path, origin: str) -> None:
         assert response.json()["error"]["code"] == "foreign_origin"
         response = await http.get(f"{s.base_url}/models", headers={"Origin": headers["Origin"]})
         assert response.status_code == 403
+        for path in ("/nosuch", "/chat/completions"):  # no route, and no such method: still 403
+            response = await http.get(f"{s.base_url}{path}", headers={"Origin": headers["Origin"]})
+            assert (response.status_code, response.json()["error"]["code"]) == (
+                403,
+                "foreign_origin",
+            )
         assert await s.generation("alice") == before
         assert s.adapter.waiting == 0
 

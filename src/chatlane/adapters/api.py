@@ -224,6 +224,7 @@ class ApiAdapter:
         """Any other ``/v1`` request: an OpenAI-shaped 404, or 405 for a known path."""
         try:
             self._authenticate(request)
+            check_origin(request)
             raise unrouted_error(request.method, request.url.path)
         except ApiRequestError as error:
             return error_response(error)
@@ -572,7 +573,10 @@ def _ending_error(event: WaiterEvent, session: str) -> ApiRequestError:
             504, "no answer in time; the message may still run", "timeout", "timeout"
         )
     return ApiRequestError(
-        503, "the gateway is shutting down; the message stays queued", "service_unavailable"
+        503,
+        "the gateway is shutting down; the message stays queued",
+        "service_unavailable",
+        "service_unavailable",
     )
 
 
