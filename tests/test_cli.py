@@ -34,6 +34,21 @@ def run(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("inspect", "main:api:dm:\udcff"),  # a byte a Latin-1 terminal typed for "ÿ"
+        ("sessions", "--token", "\udcf6"),
+        ("chat", "--url", "http://127.0.0.1:1/\udcff"),
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_one_clear_error(args: tuple[str, ...]) -> None:
+    code, output = run(*args)
+    assert code == 2
+    assert "is not valid UTF-8; run chatlane in a UTF-8 locale" in output
+    assert "Traceback" not in output
+
+
 def test_build_and_parse_round_trip() -> None:
     code, key = run(
         "key",

@@ -40,6 +40,12 @@ def test_file_then_environment(tmp_path: Path) -> None:
     assert config.allow == {"telegram": ["42", "43"]}
 
 
+@pytest.mark.parametrize("value", ["\udcff", "80\udce9"])  # bytes a locale could not decode
+def test_an_environment_value_that_is_not_utf8_is_one_clear_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="CHATLANE_SERVER__PORT: its value is not valid UTF-8"):
+        load_config(environ={"CHATLANE_SERVER__PORT": value})
+
+
 def test_lease_settings_come_from_the_runtime_table(tmp_path: Path) -> None:
     text = "[runtime]\nlease_ttl = 12\nfence_check = 0\nmax_active_sessions = 3\n"
     text += "reread_stored = 0.25\n"

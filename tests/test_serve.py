@@ -544,6 +544,13 @@ def test_the_start_banner_never_shows_the_stores_password(
     assert "store:" in printed
 
 
+def test_the_start_banner_brackets_an_ipv6_address(capsys: pytest.CaptureFixture[str]) -> None:
+    announce(Config(server=ServerConfig(host="::1", port=18188)))
+    printed = capsys.readouterr().out
+    assert "web chat: http://[::1]:18188/" in printed
+    assert "http://::1:" not in printed
+
+
 WITHOUT = (
     "import runpy, sys; sys.modules.update(dict.fromkeys(sys.argv[1].split(',')));"
     " sys.argv = ['chatlane', *sys.argv[2:]]; runpy.run_module('chatlane.cli', run_name='__main__')"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -15,7 +16,25 @@ from chatlane.identity import parse_session_key as _parse_session_key
 from chatlane.logs import escape_controls, escape_json_controls
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group: every argument must be text (a locale that is not UTF-8 hands
+    Python bytes it cannot decode, which nothing downstream could send or store)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for number, argument in enumerate(args, start=1):
+            try:
+                argument.encode()
+            except UnicodeEncodeError:
+                shown = os.fsencode(argument).decode("utf-8", "backslashreplace")
+                raise click.UsageError(
+                    f"argument {number} ({shown}) is not valid UTF-8; "
+                    "run chatlane in a UTF-8 locale",
+                    ctx,
+                ) from None
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="chatlane")
 def main() -> None:
     """chatlane: sessions and turns for AI chat-agent gateways."""

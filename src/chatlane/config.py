@@ -414,6 +414,10 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
+        if not _encodable(value):
+            raise ConfigError(
+                f"environment {name}: its value is not valid UTF-8 (set it in a UTF-8 locale)"
+            )
         path = name.removeprefix(ENV_PREFIX).lower().split("__")
         target = raw
         for part in path[:-1]:
@@ -421,6 +425,16 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
             if not isinstance(target, dict):
                 raise ConfigError(f"environment {name}: {part!r} is not a section")
         target[path[-1]] = _env_value(value)
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode: bytes a locale could not decode come into Python
+    as lone surrogates, which no UTF-8 can carry."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _env_value(value: str) -> Any:
@@ -771,9 +785,14 @@ def gateway_url(config: Config, environ: Mapping[str, str] | None = None) -> str
     host = config.server.host
     if config.server.is_wildcard():
         host = "::1" if ":" in host else "127.0.0.1"
+    return http_url(host, config.server.port)
+
+
+def http_url(host: str, port: int) -> str:
+    """``http://host:port``, an IPv6 address in brackets (``http://[::1]:8080``)."""
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{config.server.port}"
+    return f"http://{host}:{port}"
 
 
 def chat_history_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -29,7 +29,7 @@ from chatlane.adapters.discord_wire import check_token
 from chatlane.adapters.slack_wire import check_secrets
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.agents import needs_extra
-from chatlane.config import Config, check_config, load_config
+from chatlane.config import Config, check_config, http_url, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
 from chatlane.hub import Adapter, Hub, build_app, open_hub
@@ -368,7 +368,7 @@ def freeze_the_start() -> None:
 def announce(config: Config) -> None:
     """Print where the gateway can be reached, and its store: the URL without its
     credentials, and a SQLite store's file as an absolute path."""
-    base = f"http://{config.server.host}:{config.server.port}"
+    base = http_url(config.server.host, config.server.port)
     print(
         f"chatlane is ready\n  web chat: {base}/\n  API:      {base}/v1  "
         f"(OpenAI-compatible)\n  metrics:  {base}/metrics   health: {base}/health\n"
