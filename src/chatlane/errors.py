@@ -154,6 +154,20 @@ class GatewayFull(ChatlaneError):
         super().__init__(f"the gateway is full ({limit}): {detail}; try again later")
 
 
+class MessageTooLarge(GatewayFull):
+    """A message larger on its own than the process-wide ``queued_bytes`` limit: it can
+    never be taken, however long its sender waits (so not "try again later")."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.limit = "queued_bytes"
+        self.size = size
+        ChatlaneError.__init__(
+            self,
+            f"the message is too large: {size} bytes, more than the gateway holds for all "
+            f"waiting messages together (queued_bytes = {limit}); send a shorter one",
+        )
+
+
 class DeliveryFailed(ChatlaneError):
     """A platform did not take an outbound message; the subclass says what to do about it.
 

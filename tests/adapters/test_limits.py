@@ -120,6 +120,19 @@ async def test_big_bodies_under_invented_names_stop_at_the_global_byte_limit(
         assert reply.choices[0].message.content == "done"
 
 
+async def test_a_message_larger_than_the_byte_limit_alone_is_a_413(tmp_path: Path) -> None:
+    """A 503 would have the client (and the SDK, by default) retry what can never pass."""
+    config = make_config(tmp_path, capacity=CapacitySettings(queued_bytes=4000))
+    hub = await api_hub(config, HeldAgent())
+    async with served(hub) as client:
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.chat.completions.create(
+                model="chatlane", messages=[{"role": "user", "content": "x" * 5000}], user="big"
+            )
+    assert (refused.value.status_code, refused.value.code) == (413, "message_too_large")
+    assert "queued_bytes = 4000" in refused.value.message
+
+
 async def test_a_session_beyond_the_live_limit_is_refused_but_a_live_one_queues(
     tmp_path: Path,
 ) -> None:

@@ -6,7 +6,7 @@ from typing import cast
 
 import pytest
 
-from chatlane.errors import GatewayFull
+from chatlane.errors import GatewayFull, MessageTooLarge
 from chatlane.identity import SessionSource
 from chatlane.runtime.capacity import RECOUNT_FLOOR, Capacity, CapacitySettings, message_bytes
 from chatlane.runtime.slots import Slots
@@ -54,6 +54,17 @@ def test_held_messages_stay_counted_through_recounts() -> None:
     for _ in range(10 * RECOUNT_FLOOR):
         admit(capacity, InboundMessage(SOURCE, "passing"))
     assert capacity.counted_bytes >= sum(message_bytes(m) for m in held)
+
+
+def test_a_message_larger_than_the_byte_limit_alone_is_told_so() -> None:
+    """Not "N bytes wait; try again later": no wait makes room for it."""
+    message = InboundMessage(SOURCE, "x" * 100)
+    capacity = capacity_over([], CapacitySettings(queued_bytes=message_bytes(message) - 1))
+    with pytest.raises(MessageTooLarge, match="the message is too large") as refused:
+        capacity.reserve(message, new_session=True)
+    assert "try again later" not in str(refused.value)
+    assert isinstance(refused.value, GatewayFull)  # every adapter refuses it as before
+    admit(capacity, InboundMessage(SOURCE, "x" * 50))  # nothing of it was counted
 
 
 def test_the_byte_limit_still_refuses_what_would_pass_it() -> None:

@@ -94,7 +94,7 @@ from chatlane.adapters.api_wire import (
     unrouted_error,
 )
 from chatlane.config import Config
-from chatlane.errors import ChatlaneError, GatewayFull, shown_to_users
+from chatlane.errors import ChatlaneError, GatewayFull, MessageTooLarge, shown_to_users
 from chatlane.gateway import DispatchResult
 from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.busy import BusyOutcome
@@ -589,6 +589,11 @@ async def _dispatch(hub: Hub, message: InboundMessage, session: str) -> Dispatch
     """
     try:
         result = await hub.submit(message)
+    except MessageTooLarge as error:
+        log.warning("refused: %s", error)
+        raise ApiRequestError(
+            413, str(error), "invalid_request_error", "message_too_large"
+        ) from None
     except GatewayFull as error:
         log.warning("refused: %s", error)
         raise ApiRequestError(503, str(error), "service_unavailable", "gateway_full") from None

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatlane.errors import GatewayFull
+from chatlane.errors import GatewayFull, MessageTooLarge
 from chatlane.runtime.limits import Count, check_bounds
 from chatlane.types import Attachment, InboundMessage
 
@@ -125,9 +125,12 @@ class Capacity:
         raise GatewayFull("live_sessions", f"{live} sessions are live (limit {limit})")
 
     def _recount_for(self, size: int) -> None:
-        """Recount; :raises GatewayFull: if ``size`` more bytes would still pass the limit."""
-        self._recount()
+        """Recount; :raises GatewayFull: if ``size`` more bytes would still pass the limit
+        (:class:`~chatlane.errors.MessageTooLarge` if they alone pass it)."""
         limit = self.settings.queued_bytes
+        if size > limit:
+            raise MessageTooLarge(size, limit)
+        self._recount()
         if self._total + size > limit:
             raise GatewayFull(
                 "queued_bytes", f"{self._total} bytes wait to be answered (limit {limit})"
