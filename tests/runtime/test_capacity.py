@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -10,7 +12,10 @@ from chatlane.errors import GatewayFull, MessageTooLarge
 from chatlane.identity import SessionSource
 from chatlane.runtime.capacity import RECOUNT_FLOOR, Capacity, CapacitySettings, message_bytes
 from chatlane.runtime.slots import Slots
+from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage
+from tests.keys import chat_key
+from tests.runtime.agents import EchoAgent
 
 SOURCE = SessionSource("test", chat_id="c", user_id="u")
 
@@ -33,8 +38,8 @@ def capacity_over(held: list[InboundMessage], settings: CapacitySettings | None 
 
 
 def admit(capacity: Capacity, message: InboundMessage) -> None:
-    capacity.reserve(message, new_session=False)
-    capacity.settled(message, new_session=False)
+    capacity.reserve(message, arriving=None)
+    capacity.settled(message, arriving=None)
 
 
 def test_answered_messages_are_forgotten_however_many_came_and_went() -> None:
@@ -61,10 +66,36 @@ def test_a_message_larger_than_the_byte_limit_alone_is_told_so() -> None:
     message = InboundMessage(SOURCE, "x" * 100)
     capacity = capacity_over([], CapacitySettings(queued_bytes=message_bytes(message) - 1))
     with pytest.raises(MessageTooLarge, match="the message is too large") as refused:
-        capacity.reserve(message, new_session=True)
+        capacity.reserve(message, arriving=chat_key("big"))
     assert "try again later" not in str(refused.value)
     assert isinstance(refused.value, GatewayFull)  # every adapter refuses it as before
     admit(capacity, InboundMessage(SOURCE, "x" * 50))  # nothing of it was counted
+
+
+def test_messages_of_one_session_arriving_at_once_count_it_once() -> None:
+    capacity = capacity_over([], CapacitySettings(live_sessions=2))
+    together = [InboundMessage(SOURCE, "hi") for _ in range(4)]
+    for message in together:  # all being stored at once
+        capacity.reserve(message, arriving=chat_key("a"))
+    capacity.reserve(InboundMessage(SOURCE, "hi"), arriving=chat_key("b"))  # the second session
+    with pytest.raises(GatewayFull, match=r"2 sessions are live \(limit 2\)"):
+        capacity.reserve(InboundMessage(SOURCE, "hi"), arriving=chat_key("c"))
+    for message in together:
+        capacity.settled(message, arriving=chat_key("a"))
+    capacity.reserve(InboundMessage(SOURCE, "hi"), arriving=chat_key("c"))  # "a" went
+
+
+async def test_a_burst_to_one_idle_session_at_the_live_limit_is_taken(tmp_path: Path) -> None:
+    """Four messages at once to one idle session, on a store whose calls suspend: one live
+    session, which the limit of one admits."""
+    store = f"sqlite:///{tmp_path / 'burst.db'}"
+    limits = CapacitySettings(live_sessions=1)
+    async with GatewayHarness(EchoAgent(), store=store, capacity=limits) as h:
+        results = await asyncio.gather(*(h.send(f"m{n}", chat_id="c") for n in range(4)))
+        assert [r.refused for r in results] == [False] * 4
+        await h.settle()
+        replies = [o.text for o in h.outbox if o.text.startswith("echo: ")]
+    assert sorted(replies) == [f"echo: m{n}" for n in range(4)]
 
 
 def test_the_byte_limit_still_refuses_what_would_pass_it() -> None:
@@ -76,4 +107,4 @@ def test_the_byte_limit_still_refuses_what_would_pass_it() -> None:
         admit(capacity, admitted)
         held.append(admitted)
     with pytest.raises(GatewayFull):
-        capacity.reserve(InboundMessage(SOURCE, "x" * 100), new_session=False)
+        capacity.reserve(InboundMessage(SOURCE, "x" * 100), arriving=None)

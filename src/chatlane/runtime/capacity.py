@@ -17,7 +17,8 @@ bounds the sum. What stays true:
   of what the engine holds, however many sessions came and went, and a
   message pays for a constant share of recounting on average.
 * Sessions being admitted concurrently are counted while they are stored,
-  so messages arriving at once cannot all slip in under the live limit.
+  so messages arriving at once cannot all slip in under the live limit; a
+  session counts once however many of its messages arrive together.
 * Messages already accepted (adopted after a restart, retried, re-queued
   after a lost lease) are never refused: only new arrivals are admitted.
 """
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from chatlane.errors import GatewayFull, MessageTooLarge
 from chatlane.runtime.limits import Count, check_bounds
-from chatlane.types import Attachment, InboundMessage
+from chatlane.types import Attachment, InboundMessage, SessionKey
 
 if TYPE_CHECKING:
     from chatlane.runtime.slots import Slots
@@ -87,7 +88,8 @@ class Capacity:
         self._live = slots.live_count
         self._sizes: dict[str, int] = {}
         self._total = 0
-        self._arriving = 0
+        self._arriving: dict[SessionKey, int] = {}
+        """Sessions not live here with messages being admitted, and how many of them."""
         self._storing: dict[str, InboundMessage] = {}
         """Admitted messages not yet held by the engine (being stored): recounts keep them."""
         self._recount_at = RECOUNT_FLOOR
@@ -97,31 +99,40 @@ class Capacity:
         """Bytes counted now (at least what is held: stale entries go at the next recount)."""
         return self._total
 
-    def reserve(self, message: InboundMessage, *, new_session: bool) -> None:
+    def reserve(self, message: InboundMessage, *, arriving: SessionKey | None) -> None:
         """Count ``message`` in while it is stored and accepted; :meth:`settled` ends that.
 
+        :param arriving: the message's session when it is not live here: one more live
+            session, counted once however many of its messages arrive at once.
         :raises GatewayFull: if a limit would be passed; nothing was counted.
         """
         settings = self.settings
-        if new_session and self._live() + self._arriving >= settings.live_sessions:
-            self._refuse_live()
+        if arriving is not None and arriving not in self._arriving:
+            if self._live() + len(self._arriving) >= settings.live_sessions:
+                self._refuse_live()
         size = message_bytes(message)
         if self._total + size > settings.queued_bytes or len(self._sizes) >= self._recount_at:
             self._recount_for(size)
         message_id, sizes = message.id, self._sizes  # counted once, however often reserved
         self._total += size - sizes.get(message_id, 0)
         sizes[message_id] = size
-        self._arriving += new_session
+        if arriving is not None:
+            self._arriving[arriving] = self._arriving.get(arriving, 0) + 1
         self._storing[message_id] = message
 
-    def settled(self, message: InboundMessage, *, new_session: bool) -> None:
+    def settled(self, message: InboundMessage, *, arriving: SessionKey | None) -> None:
         """``message`` is stored and accepted (or refused): the engine holds it from now on."""
-        self._arriving -= new_session
+        if arriving is not None:
+            left = self._arriving[arriving] - 1
+            if left:
+                self._arriving[arriving] = left
+            else:
+                del self._arriving[arriving]
         self._storing.pop(message.id, None)
 
     def _refuse_live(self) -> None:
         limit = self.settings.live_sessions
-        live = self._live() + self._arriving
+        live = self._live() + len(self._arriving)
         raise GatewayFull("live_sessions", f"{live} sessions are live (limit {limit})")
 
     def _recount_for(self, size: int) -> None:

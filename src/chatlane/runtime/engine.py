@@ -204,7 +204,8 @@ class TurnEngine:
             await self.withdrawals.take_over(message.id)
         state = self.registry.get(key)
         new_session = not state.is_busy  # so not running: a running turn keeps it busy
-        self.capacity.reserve(message, new_session=new_session)
+        arriving = key if new_session else None
+        self.capacity.reserve(message, arriving=arriving)
         try:
             payload = encode_message(message)
             running = not new_session and state.turn.is_running
@@ -232,7 +233,7 @@ class TurnEngine:
                 return None
             return await self._arrive_busy(state, message, seq, admission)
         finally:
-            self.capacity.settled(message, new_session=new_session)
+            self.capacity.settled(message, arriving=arriving)
 
     async def _enqueue(self, key: SessionKey, message: InboundMessage, payload: bytes) -> int:
         """Queue ``message`` in the store (no lease); on failure, take back what it may hold."""
