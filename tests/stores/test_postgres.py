@@ -14,13 +14,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from chatlane.errors import LeaseLost, StoreError
+from chatlane.errors import AlreadyAnswered, LeaseLost, StoreError
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.stores import DeliveryDraft, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.postgres import PostgresStore, ledger
 from chatlane.stores.postgres.pools import _milliseconds
 from chatlane.stores.postgres.schema import MIGRATIONS, migrate
-from chatlane.stores.postgres.store import _LOCKED_NOW
+from chatlane.stores.postgres.store import _LOCKED_NOW, _rolled_back
 from chatlane.stores.postgres.url import Location, parse_url, redact
 from chatlane.testing import GatewayHarness
 from chatlane.testing_postgres import ENV, PASSWORD, USER, binaries, throwaway
@@ -339,7 +339,7 @@ class TestLedger:
             transaction = db.transaction()
             await transaction.start()
             try:
-                await ledger.record(db, 1.0, [first], store._target_lock)
+                await ledger.record(db, [first], store._target_lock)
                 recording = asyncio.create_task(store.record_deliveries([later]))
                 await eventually(lambda: _waiting_for_a_lock(store))
                 assert await store.claim_deliveries(["tg"], "p1", 5, 10) == []
@@ -357,12 +357,23 @@ class TestLedger:
         assert (only.id, only.target, only.payload) == ("d1", "a", b"1")
 
 
-async def _waiting_for_a_lock(store: PostgresStore) -> bool:
-    """Whether a connection recording deliveries waits for an advisory lock (a target's)."""
+def _server_error(severity: str, sqlstate: str) -> BaseException:
+    """The error asyncpg raises for the server's message of ``severity``."""
+    error: BaseException = asyncpg.PostgresError.new(
+        {"S": severity, "V": severity, "C": sqlstate, "M": "refused (test)"}
+    )
+    return error
+
+
+async def _waiting_for_a_lock(
+    store: PostgresStore, routine: str = "chatlane_record_deliveries"
+) -> bool:
+    """Whether a connection calling ``routine`` waits for an advisory lock (by default: one
+    recording deliveries, for a target's)."""
     rows = await store._fetch(
         "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
         "AND wait_event = 'advisory' AND datname = current_database() "
-        "AND query LIKE 'INSERT INTO deliveries%'"
+        f"AND query LIKE '%{routine}(%' AND query NOT LIKE '%pg_stat_activity%'"
     )
     return bool(rows)
 
@@ -416,26 +427,132 @@ class TestStoppedClients:
         assert _milliseconds(0.0001) == "1"  # never 0, which turns the server's timeout off
 
 
+class Statements:
+    """Counts the statements the store's connections send (``BEGIN`` and ``COMMIT`` too)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sent: list[str] = []
+        for name in ("execute", "fetch", "fetchrow", "fetchval"):
+            monkeypatch.setattr(asyncpg.Connection, name, self._counted(name))
+
+    def _counted(self, name: str) -> Any:
+        method = getattr(asyncpg.Connection, name)
+
+        async def counted(connection: Any, query: str, *args: Any, **options: Any) -> Any:
+            self.sent.append(query)
+            return await method(connection, query, *args, **options)
+
+        return counted
+
+    def taken(self) -> list[str]:
+        sent, self.sent = self.sent, []
+        return sent
+
+
+class TestRoutines:
+    """A turn's calls are one statement each: one round trip, in its own transaction."""
+
+    async def test_a_turns_calls_send_one_statement_each(
+        self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        statements = Statements(monkeypatch)
+        admission = await store.enqueue_and_acquire(KEY, "m1", "p1", b"hi", 5)
+        assert admission.lease is not None
+        assert len(statements.taken()) == 1
+        answer = WriteBatch(
+            transcript=[TranscriptEntry("user", "hi", admission.lease.generation)],
+            answered=["m1"],
+            done=[admission.seq],
+            deliveries=[DeliveryDraft("d1", "tg", "chat", b"reply")],
+        )
+        assert await store.commit_and_release(admission.lease, answer) is True
+        assert len(statements.taken()) == 1
+        taken = await store.acquire_and_read(KEY, "p1", 5)
+        await store.commit(KEY, taken.lease.generation, WriteBatch(persistent={"model": "m"}))
+        await store.record_deliveries([DeliveryDraft("d2", "tg", "chat", b"more")])
+        assert len(statements.taken()) == 3
+        assert [d.id for d in await store.deliveries("pending")] == ["d1", "d2"]
+        assert await store.load_persistent(KEY) == {"model": "m"}
+
+    async def test_ids_of_every_shape_come_back_from_a_refused_commit(
+        self, store: PostgresStore
+    ) -> None:
+        ids = ['quote " and \\ back', "comma, colon: slash/", "émoji 🎉 and ناقل", "m1"]
+        await store.commit(KEY, None, WriteBatch(answered=ids))
+        entry = TranscriptEntry("user", "again", 0)
+        with pytest.raises(AlreadyAnswered) as refused:
+            await store.commit(KEY, None, WriteBatch(transcript=[entry], answered=["new", *ids]))
+        assert refused.value.message_ids == ids
+        assert await store.transcript(KEY) == []  # the whole commit rolled back
+        assert not await store.is_answered("new")
+
+    async def test_a_call_cut_off_at_the_server_may_have_applied(
+        self, store: PostgresStore
+    ) -> None:
+        """The server ends the connection of a call waiting for the session's lock: the
+        caller cannot tell that from an answer lost after the commit."""
+        async with store._pools.turns.acquire() as holder:
+            transaction = holder.transaction()
+            await transaction.start()
+            await holder.fetchval(_LOCKED_NOW, KEY)  # the session's lock, as every write takes it
+            calling = asyncio.create_task(store.enqueue_and_acquire(KEY, "m1", "p1", b"hi", 5))
+            await eventually(lambda: _waiting_for_a_lock(store, "chatlane_admit"))
+            await store._fetch(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE query LIKE 'SELECT * FROM chatlane_admit(%' AND wait_event = 'advisory'"
+            )
+            with pytest.raises(StoreError) as cut:
+                await calling
+            await transaction.rollback()
+        assert cut.value.maybe_applied
+        assert await store.pending(KEY) == []  # it had not: the lock was never given
+
+    @pytest.mark.parametrize(
+        ("error", "rolled_back"),
+        [
+            (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"), True),
+            (asyncpg.DataError("invalid input for query argument $1"), True),  # never sent
+            (_server_error("ERROR", "22021"), True),  # refused: rolled back
+            (_server_error("FATAL", "57P01"), False),  # the server ended the connection
+            (ConnectionResetError(), False),
+            (asyncpg.ConnectionDoesNotExistError("closed in the middle"), False),
+            (TimeoutError(), False),
+        ],
+    )
+    def test_what_a_failed_call_tells_of_its_statement(
+        self, error: BaseException, rolled_back: bool
+    ) -> None:
+        assert _rolled_back(error) is rolled_back
+
+
 class LoseNextAnswer:
-    """Makes the store's next write transaction fail *after* it committed, as if the
-    connection broke on the way back: the caller gets ``StoreError`` (maybe applied)."""
+    """Makes the store's next write — a transaction, or a routine's statement — fail *after*
+    it committed, as if the connection broke on the way back: the caller gets
+    ``StoreError`` (maybe applied)."""
 
     def __init__(self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed, self.lost = False, 0
         self.passes = 0
         """Writes to let through, once armed, before the one whose answer is lost."""
-        write = store._write
+        write, call = store._write, store._call
 
-        async def losing(key: SessionKey | None, op: Any, *, upkeep: bool = False) -> Any:
+        async def losing_write(key: SessionKey | None, op: Any, *, upkeep: bool = False) -> Any:
             done = await write(key, op, upkeep=upkeep)
-            if self.armed and not upkeep and self.passes:
-                self.passes -= 1
-            elif self.armed and not upkeep:
-                self.armed, self.lost = False, self.lost + 1
-                raise StoreError("connection lost (test)", maybe_applied=True)
-            return done
+            return done if upkeep else self._answer(done)
 
-        monkeypatch.setattr(store, "_write", losing)
+        async def losing_call(op: Any) -> Any:
+            return self._answer(await call(op))
+
+        monkeypatch.setattr(store, "_write", losing_write)
+        monkeypatch.setattr(store, "_call", losing_call)
+
+    def _answer(self, done: Any) -> Any:
+        if self.armed and self.passes:
+            self.passes -= 1
+        elif self.armed:
+            self.armed, self.lost = False, self.lost + 1
+            raise StoreError("connection lost (test)", maybe_applied=True)
+        return done
 
 
 class TestLostAnswers:

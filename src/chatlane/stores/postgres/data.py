@@ -1,27 +1,34 @@
 """The PostgreSQL store's session data: fenced commits, persistent fields, transcripts, marks.
 
-Each function runs inside one of the store's transactions (``moment`` is the
-server's clock read in it, after the session's lock). What stays true:
+The fenced commit is one statement, in its own transaction: a call of the
+schema's ``chatlane_commit`` (:mod:`~chatlane.stores.postgres.routines`), which
+takes the session's lock and reads the server's clock itself. Every other
+function that writes runs inside one of the store's transactions (``moment`` is
+the server's clock read in it, after the session's lock). What stays true:
 
 * The fenced commit checks the generation before it writes; then one
-  statement (:data:`_WRITE`) makes every write, setting only answered marks
-  past their retention; if any mark was kept, the whole transaction rolls
-  back, so a refused commit writes nothing.
+  statement makes every write, setting only answered marks past their
+  retention; if any mark was kept, the whole commit rolls back, so a refused
+  commit writes nothing.
 * Two commits answering one message, from any processes and sessions, are
   ordered by the mark's row lock: the second finds the first's mark.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
+
+from asyncpg import PostgresError
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration
 from chatlane.stores.base import Conversation, TranscriptEntry, WriteBatch
 from chatlane.stores.codec import decode_attachments, decode_value, encode_attachments
 from chatlane.stores.ids import new_conversation_id
+from chatlane.stores.postgres import ledger
 from chatlane.stores.postgres.db import Db, Row
-from chatlane.stores.postgres.leases import WAKE
+from chatlane.stores.postgres.routines import ALREADY_ANSWERED
 from chatlane.types import SessionKey
 
 __all__ = [
@@ -35,115 +42,80 @@ __all__ = [
     "transcript",
 ]
 
-_WOKEN = WAKE.format(
-    condition="AND (EXISTS (SELECT 1 FROM freed) OR EXISTS (SELECT 1 FROM dropped))",
-    channel="$17",
-    token="$18",
+_COMMIT = (
+    "SELECT * FROM chatlane_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, "
+    "$14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)"
 )
-
-_WRITE = f"""WITH marked AS (
-    INSERT INTO answered (message_id, at, answer) SELECT m, $2, $3 FROM unnest($4::text[]) m
-    ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, answer = excluded.answer
-    WHERE answered.at <= $5
-    RETURNING message_id
-), appended AS (
-    INSERT INTO transcript (conversation_id, entry_conversation, role, content, generation,
-        message_id, created_at, attachments)
-    SELECT $6, e, r, c, g, m, t, a
-    FROM unnest($7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[], $12::float8[],
-        $21::bytea[]) WITH ORDINALITY AS x(e, r, c, g, m, t, a, n)
-    ORDER BY n
-), fields AS (
-    INSERT INTO persistent (key, field, value)
-    SELECT $1, f, v FROM unnest($13::text[], $14::text[]) WITH ORDINALITY AS x(f, v, n) ORDER BY n
-    ON CONFLICT (key, field) DO UPDATE SET value = excluded.value
-), dropped AS (
-    DELETE FROM pending WHERE key = $1 AND seq = ANY($15::bigint[]) RETURNING 1
-), freed AS (
-    DELETE FROM leases WHERE key = $1 AND token = $16 RETURNING 1
-), titled AS (
-    UPDATE conversations SET title = $19::text
-    WHERE $19::text <> '' AND id = $6 AND ($20::boolean OR title = '')
-), woken AS ({_WOKEN})
-SELECT array(SELECT message_id FROM marked), EXISTS (SELECT 1 FROM freed)"""
-"""Every write of a commit in one statement: the answered marks (a mark within the retention
-is kept, and its id not returned), the transcript entries in order, the persistent fields,
-the done records, the lease carrying the token (if any) freed, the conversation titled (if
-it has no title, or the batch renames it), and — if a lease was freed or
-a record done while someone waits for the session — its waiters woken."""
+"""One statement, one round trip: the session's lock and clock, the fence, and every write
+of the commit (:mod:`~chatlane.stores.postgres.routines`)."""
 
 
 async def commit(
     db: Db,
-    moment: float,
     key: SessionKey,
     generation: int | None,
     batch: WriteBatch,
     fields: list[tuple[str, str]],
     retention: float,
     notice: tuple[str, str],
+    lock: str,
     token: str = "",
 ) -> bool:
-    """Fenced: the generation is checked before the writes, in the transaction that writes.
+    """Fenced: the generation is checked before the writes, in the statement that writes;
+    the batch's deliveries are recorded with them.
 
     :param notice: the store's channel and the session's token on it: the waiters to wake.
+    :param lock: the store's delivery target lock prefix (:func:`~.ledger.target_lock`).
     :param token: a lease's token: free that lease with the writes.
     :returns: whether a lease was freed.
-    :raises StaleGeneration: the generation moved on.
-    :raises AlreadyAnswered: a message of ``batch.answered`` was answered within ``retention``
-        (the transaction must then roll back: the statement wrote the rest).
+    :raises StaleGeneration: the generation moved on (nothing was written).
+    :raises AlreadyAnswered: a message of ``batch.answered`` was answered within
+        ``retention`` (nothing was written).
     """
-    row = await db.fetchrow(
-        "SELECT generation, current_conversation FROM sessions WHERE key = $1", key
-    )
-    current, conversation = (0, "") if row is None else (int(row[0]), row[1])
-    if generation is not None and generation != current:
-        raise StaleGeneration(key, generation, current, "commit")
-    conversation = conversation or (await _start(db, moment, key, "")).id
     wanted = list(dict.fromkeys(batch.answered))  # one row per message: a statement sets it once
     entries = batch.transcript
-    result = await db.fetchrow(
-        _WRITE,
-        key,
-        moment,
-        batch.answer,
-        wanted,
-        moment - retention,
-        conversation,
-        *_entry_columns(entries, conversation, moment),
-        [name for name, _ in fields],
-        [value for _, value in fields],
-        batch.done,
-        token,
-        *notice,
-        batch.title,
-        batch.rename,
-        [encode_attachments(e.attachments) for e in entries],
-    )
-    assert result is not None
-    marked, freed = set(result[0]), bool(result[1])
-    repeated = [message_id for message_id in wanted if message_id not in marked]
-    if repeated:
-        raise AlreadyAnswered(repeated, key=key)
+    try:
+        row = await db.fetchrow(
+            _COMMIT,
+            key,
+            generation,
+            new_conversation_id(),  # the session's first conversation, if it has none
+            batch.answer,
+            wanted,
+            retention,
+            *_entry_columns(entries),
+            [encode_attachments(e.attachments) for e in entries],
+            [name for name, _ in fields],
+            [value for _, value in fields],
+            batch.done,
+            token,
+            *notice,
+            batch.title,
+            batch.rename,
+            *ledger.columns(batch.deliveries, lock),
+        )
+    except PostgresError as error:
+        if error.sqlstate != ALREADY_ANSWERED:
+            raise
+        raise AlreadyAnswered(json.loads(error.detail), key=key) from None
+    assert row is not None
+    current, freed = int(row[0]), bool(row[1])
+    if generation is not None and generation != current:
+        raise StaleGeneration(key, generation, current, "commit")
     return freed
 
 
-def _entry_columns(
-    entries: Sequence[TranscriptEntry], conversation: str, moment: float
-) -> tuple[list[Any], ...]:
-    """The entries' columns as :data:`_WRITE` takes them, one array each (their attachments
-    are a later parameter): the conversation each names, if another, role, content,
-    generation, message id and time."""
+def _entry_columns(entries: Sequence[TranscriptEntry]) -> tuple[list[Any], ...]:
+    """The entries' columns as ``chatlane_commit`` takes them, one array each: the
+    conversation each names ("" for the one it is appended to), role, content, generation,
+    message id and time (0: the commit's)."""
     return (
-        [
-            e.conversation_id if e.conversation_id not in ("", conversation) else None
-            for e in entries
-        ],
+        [e.conversation_id for e in entries],
         [e.role for e in entries],
         [e.content for e in entries],
         [e.generation for e in entries],
         [e.message_id for e in entries],
-        [e.created_at or moment for e in entries],
+        [e.created_at for e in entries],
     )
 
 

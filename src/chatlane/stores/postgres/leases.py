@@ -1,14 +1,18 @@
 """The PostgreSQL store's generations and leases: operations run inside the store's transactions.
 
-Each function takes the connection and ``moment``, the server's clock read
-inside the transaction (after its session lock, see
-:mod:`chatlane.stores.postgres.store`). What stays true:
+Taking a lease (:func:`admit`, :func:`acquire`) is one statement, in its own
+transaction: a call of the schema's ``chatlane_admit``
+(:mod:`~chatlane.stores.postgres.routines`), which takes the session's lock
+and reads the server's clock itself. Every other function takes the
+connection and ``moment``, the server's clock read inside the transaction
+(after its session lock, see :mod:`chatlane.stores.postgres.store`). What stays
+true:
 
 * A refusal writes nothing but the session's ``waiting`` mark (when the
   session is busy: see :mod:`~chatlane.stores.postgres.wakeups`): the checks,
   the lease taken with the session's new generation, the mark and the read of
-  its persistent fields are one statement (:data:`_ADMIT`), which takes the
-  lease only where nothing refuses.
+  its persistent fields are one statement, which takes the lease only where
+  nothing refuses.
 * Releasing a lease wakes the session's waiters (``pg_notify``, in the same
   statement) only if one marked it ``waiting``.
 * A busy session is reported as busy whichever check found it — unless its
@@ -42,91 +46,61 @@ __all__ = [
     "renew_many",
 ]
 
-_ADMIT = """WITH checked AS (SELECT
-    EXISTS (SELECT 1 FROM leases WHERE key = $1 AND expires_at > $2) AS busy,
-    $3::bigint IS NOT NULL
-        AND EXISTS (SELECT 1 FROM pending WHERE key = $1 AND seq < $3 AND owner <> $4) AS earlier,
-    CASE WHEN $5 > 0 THEN (SELECT count(*) FROM leases WHERE expires_at > $2) ELSE 0 END AS live
-), taken AS (
-    INSERT INTO leases (key, holder, token, generation, expires_at)
-    SELECT $1, $4, $6, coalesce((SELECT generation FROM sessions WHERE key = $1), 0) + 1, $7
-    FROM checked WHERE NOT busy AND NOT earlier AND ($5 = 0 OR live < $5)
-    ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, token = excluded.token,
-        generation = excluded.generation, expires_at = excluded.expires_at
-    WHERE leases.expires_at <= $2
-    RETURNING generation
-), bumped AS (
-    INSERT INTO sessions (key, generation) SELECT $1, generation FROM taken
-    ON CONFLICT (key) DO UPDATE SET generation = excluded.generation
-    RETURNING generation
-), waits AS (
-    INSERT INTO sessions (key, waiting) SELECT $1, true FROM checked WHERE busy OR earlier
-    ON CONFLICT (key) DO UPDATE SET waiting = true WHERE NOT sessions.waiting
-)
-SELECT busy, earlier, live, (SELECT generation FROM bumped),
-    CASE WHEN $8 THEN (SELECT coalesce(array_agg(field ORDER BY position), '{}')
-        FROM persistent WHERE key = $1) END,
-    CASE WHEN $8 THEN (SELECT coalesce(array_agg(value ORDER BY position), '{}')
-        FROM persistent WHERE key = $1) END
-FROM checked"""
-"""One statement: whether ``key`` is busy, whether another holder's message came before
-``head_seq``, how many sessions hold a live lease (if ``max_active``); the lease taken with
-the session's next generation only when none of those refuses (and no live lease holds it:
-then nothing is written); the session marked ``waiting`` when it is busy (a live lease or an
-earlier message), so its next release notifies; and, if asked, the persistent fields, as the
-transaction reads them."""
-
-_OWN = """SELECT holder, generation, expires_at FROM leases
-WHERE key = $1 AND token = $2 AND expires_at > $3"""
-"""``key``'s live lease, if it carries the caller's token."""
+_ADMIT = "SELECT * FROM chatlane_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+"""One statement, one round trip: the session's lock and clock, the message queued (if
+one is given), the checks, the lease, the ``waiting`` mark and the persistent fields
+(:mod:`~chatlane.stores.postgres.routines`)."""
 
 Turn = tuple[int | None, int, str]
 """``head_seq``, ``max_active`` and the caller's ``token`` ("" for a fresh one)."""
 
-_ACTIVE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('chatlane-active:' || $1, 0))"
+Message = tuple[str, bytes]
+"""A message to queue before the lease is asked for: its id and payload."""
 
 Persistent = dict[str, Any]
 
 
 async def admit(
     db: Db,
-    moment: float,
     key: SessionKey,
     holder: str,
     ttl: float,
     turn: Turn,
     schema: str,
     read: bool,
-) -> tuple[Lease | SessionBusy, Persistent | None]:
-    """Take ``key``'s lease for ``holder`` if nothing refuses it (see the module docstring).
+    message: Message | None = None,
+) -> tuple[int | None, Lease | SessionBusy, Persistent | None]:
+    """Queue ``message`` (if given), then take ``key``'s lease for ``holder`` if nothing
+    refuses it (see the module docstring); one statement, in its own transaction.
 
     :param turn: ``head_seq``, ``max_active`` and ``token``, as :meth:`Leases.acquire`
-        takes them.
-    :returns: the lease, or what :meth:`Leases.acquire` would raise; and, if ``read``,
-        the session's persistent fields.
+        takes them; with a ``message``, its ``seq`` is the head.
+    :returns: the message's ``seq`` (``head_seq`` without one); the lease, or what
+        :meth:`Leases.acquire` would raise; and, if ``read``, the session's persistent fields.
     """
     head_seq, max_active, token = turn
-    if max_active:
-        await db.execute(_ACTIVE_LOCK, schema)
     chosen = token or new_token()
+    message_id, payload = message or (None, None)
     row = await db.fetchrow(
-        _ADMIT, key, moment, head_seq, holder, max_active, chosen, moment + ttl, read
-    )
+        _ADMIT, key, holder, ttl, head_seq, max_active, token, chosen, read, schema, message_id,
+        payload,
+    )  # fmt: skip
     assert row is not None
-    busy, earlier, live, generation, names, values = row
+    moment, seq, busy, earlier, live, generation, names, values, *own = row
     persistent = _fields(key, names, values) if read else None
     if generation is not None:
-        return Lease(key, holder, chosen, int(generation), moment + ttl), persistent
-    if busy and token:
-        own = await db.fetchrow(_OWN, key, token, moment)
-        if own is not None:
-            return Lease(key, own[0], token, int(own[1]), own[2]), persistent
+        return seq, Lease(key, holder, chosen, int(generation), moment + ttl), persistent
+    if own[0] is not None:  # the live lease carries the caller's token
+        return seq, Lease(key, own[0], token, int(own[1]), own[2]), persistent
     if not busy and earlier:
-        return EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key), persistent
-    if not busy and max_active and live >= max_active:
+        refusal: SessionBusy = EarlierMessageFirst(
+            f"an earlier message of {key!r} runs first", key=key
+        )
+    elif not busy and max_active and live >= max_active:
         refusal = ActiveSessionLimit(f"at the active session limit ({live}/{max_active})", key=key)
-        return refusal, persistent
-    return _busy(key), persistent
+    else:
+        refusal = _busy(key)
+    return seq, refusal, persistent
 
 
 def _fields(key: SessionKey, names: list[str], values: list[str]) -> Persistent:
@@ -135,20 +109,19 @@ def _fields(key: SessionKey, names: list[str], values: list[str]) -> Persistent:
 
 async def acquire(
     db: Db,
-    moment: float,
     key: SessionKey,
     holder: str,
     ttl: float,
     turn: Turn,
     schema: str,
 ) -> Lease | SessionBusy:
-    """:func:`admit`, without the persistent fields.
+    """:func:`admit`, without a message or the persistent fields.
 
     :returns: the lease, or what :meth:`~chatlane.stores.protocols.Leases.acquire`
-        raises: the caller raises it once the transaction committed (so the
+        raises: the caller raises it once the statement committed (so the
         session's ``waiting`` mark is kept).
     """
-    lease, _ = await admit(db, moment, key, holder, ttl, turn, schema, False)
+    _, lease, _ = await admit(db, key, holder, ttl, turn, schema, False)
     return lease
 
 

@@ -1,7 +1,10 @@
 """The PostgreSQL store's delivery ledger (:class:`~chatlane.stores.protocols.Deliveries`).
 
 Each function that writes runs inside one of the store's transactions
-(``moment`` is the server's clock read in it); the others are single reads.
+(``moment`` is the server's clock read in it), except :func:`record`, one
+statement calling the schema's ``chatlane_record_deliveries``
+(:mod:`~chatlane.stores.postgres.routines`), as a commit's own statement does;
+the others are single reads.
 The rows live in the ``deliveries`` table (schema step 3). What stays true:
 
 * ``seq`` comes from the table's identity: it grows in the order deliveries
@@ -29,6 +32,7 @@ The rows live in the ``deliveries`` table (schema step 3). What stays true:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from chatlane.stores.base import (
     DEAD,
@@ -45,6 +49,7 @@ from chatlane.stores.postgres.db import Db, Row
 
 __all__ = [
     "claim",
+    "columns",
     "get",
     "listed",
     "prune",
@@ -105,16 +110,12 @@ def _delivery(row: Row) -> Delivery:
 
 # -- recording -------------------------------------------------------------------------
 
-_RECORD = """INSERT INTO deliveries (id, lane, target, payload, created_at)
-SELECT i, l, t, p, $5
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS x(i, l, t, p, n)
-WHERE (SELECT count(pg_advisory_xact_lock(hashtextextended($6 || g, 0)))
-    FROM unnest($7::text[]) AS g) >= 0
-ORDER BY n
-ON CONFLICT (id) DO NOTHING"""
-"""The drafts inserted in order, each id at most once; the condition is a one-time check
-(evaluated before any row is made, so before any ``seq`` is drawn) that takes the targets'
-locks in the order given."""
+_RECORD = (
+    "SELECT chatlane_record_deliveries($1, $2, $3, $4, extract(epoch FROM clock_timestamp()), "
+    "$5, $6)"
+)
+"""One statement: the targets' locks in the order given, then the drafts inserted in order,
+each id at most once (:mod:`~chatlane.stores.postgres.routines`)."""
 
 
 def target_lock(schema: str) -> str:
@@ -122,27 +123,33 @@ def target_lock(schema: str) -> str:
     return f"chatlane-target:{schema}:"
 
 
-async def record(db: Db, moment: float, drafts: Sequence[DeliveryDraft], lock: str) -> None:
-    """Record each draft not recorded before as pending and due now (``created_at = moment``).
-
-    :param lock: the store's :func:`target_lock` prefix.
-    """
+def columns(drafts: Sequence[DeliveryDraft], lock: str) -> list[Any]:
+    """The drafts as the schema's ``chatlane_record_deliveries`` takes them: their ids, lanes,
+    targets and payloads (a later draft of one id left out, as recording would ignore it),
+    then ``lock``, the store's :func:`target_lock` prefix, and the targets to lock, sorted
+    (so two recorders never wait for each other in a circle)."""
     firsts: dict[str, DeliveryDraft] = {}
     for draft in drafts:
-        firsts.setdefault(draft.id, draft)  # a later draft of one id is ignored, as recorded
+        firsts.setdefault(draft.id, draft)
     first = list(firsts.values())
-    if not first:
-        return
-    await db.execute(
-        _RECORD,
+    return [
         [d.id for d in first],
         [d.lane for d in first],
         [d.target for d in first],
         [d.payload for d in first],
-        moment,
         lock,
         sorted({d.target for d in first}),
-    )
+    ]
+
+
+async def record(db: Db, drafts: Sequence[DeliveryDraft], lock: str) -> None:
+    """Record each draft not recorded before as pending and due now; one statement, in its
+    own transaction.
+
+    :param lock: the store's :func:`target_lock` prefix.
+    """
+    if drafts:
+        await db.execute(_RECORD, *columns(drafts, lock))
 
 
 # -- claiming ----------------------------------------------------------------------------

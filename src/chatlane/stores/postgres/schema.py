@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from chatlane.errors import StoreError
 from chatlane.stores.postgres.db import Db, DriverError
+from chatlane.stores.postgres.routines import STEP_5
 
 __all__ = ["MIGRATIONS", "migrate"]
 
@@ -129,7 +130,7 @@ _V3: Migration = (
 
 _V4: Migration = ("ALTER TABLE transcript ADD COLUMN attachments bytea",)
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, STEP_5)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
@@ -143,7 +144,8 @@ hold only pending deliveries, each lane's targets (``deliveries_lane``) and each
 target's deliveries in ``seq`` order (``deliveries_target``), so a claim finds
 the targets' heads without reading what was delivered; ``transcript.attachments``
 (step 4) holds an entry's attachments (msgspec JSON, :mod:`chatlane.stores.codec`), NULL
-for none, as in every row written before the step.
+for none, as in every row written before the step. Step 5 adds the routines a turn's
+calls run as one statement each (:mod:`~chatlane.stores.postgres.routines`).
 """
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_version (

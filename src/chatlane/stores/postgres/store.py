@@ -40,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import asyncpg
+
 from chatlane.errors import LeaseLost, SessionBusy, StoreError
 from chatlane.stores.base import (
     Admission,
@@ -150,6 +152,23 @@ class PostgresStore(Store):
         except DriverError as error:
             raise self._failure(error, committing) from error
 
+    async def _call(self, op: Callable[[Db], Awaitable[T]]) -> T:
+        """Run ``op``, one statement calling a routine of the schema, in its own transaction
+        (:mod:`~chatlane.stores.postgres.routines`: it takes the session's lock itself).
+
+        A failure once the statement may have reached the server may have applied, unless
+        the server refused it (an ``ERROR`` rolls its transaction back) or the driver did
+        before sending it.
+        """
+        pool = self._pool(False)
+        sent = False
+        try:
+            async with pool.acquire() as db:
+                sent = True
+                return await op(db)
+        except DriverError as error:
+            raise self._failure(error, sent and not _rolled_back(error)) from error
+
     async def _read(self, op: Callable[[Db], Awaitable[T]]) -> T:
         """Run ``op``, a single statement that only reads, outside any transaction (quick pool)."""
         pool = self._pool(True)
@@ -187,11 +206,9 @@ class PostgresStore(Store):
         token: str = "",
     ) -> Lease:
         turn, schema = (head_seq, max_active, token), self.location.schema
-        lease = await self._write(
-            key, lambda db, m: ls.acquire(db, m, key, holder, ttl, turn, schema)
-        )
+        lease = await self._call(lambda db: ls.acquire(db, key, holder, ttl, turn, schema))
         if isinstance(lease, SessionBusy):
-            raise lease  # once the refusal's transaction committed: it marks who waits
+            raise lease  # once the refusal's statement committed: it marks who waits
         return lease
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -243,12 +260,9 @@ class PostgresStore(Store):
     async def commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> None:
         (fields, frozen), retention = detached_batch(key, batch), self._retained
         notice, lock = self._notice(key), self._target_lock
-
-        async def op(db: Db, moment: float) -> None:
-            await data.commit(db, moment, key, generation, frozen, fields, retention, notice)
-            await dl.record(db, moment, frozen.deliveries, lock)
-
-        await self._write(key, op)
+        await self._call(
+            lambda db: data.commit(db, key, generation, frozen, fields, retention, notice, lock)
+        )
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return await self._read(lambda db: data.load_persistent(db, key))
@@ -292,19 +306,18 @@ class PostgresStore(Store):
         with_persistent: bool = True,
         token: str = "",
     ) -> Admission:
-        schema = self.location.schema
-
-        async def op(db: Db, moment: float) -> Admission:
-            seq = await pq.enqueue(db, moment, key, message_id, owner, payload)
-            turn = (seq, max_active, token)
-            lease, persistent = await ls.admit(
-                db, moment, key, owner, ttl, turn, schema, with_persistent
-            )
-            if isinstance(lease, SessionBusy):
-                return Admission(seq, None, lease, persistent)
-            return Admission(seq, lease, None, persistent)
-
-        return await self._write(key, op)
+        turn, schema, message = (
+            (None, max_active, token),
+            self.location.schema,
+            (message_id, payload),
+        )
+        seq, lease, persistent = await self._call(
+            lambda db: ls.admit(db, key, owner, ttl, turn, schema, with_persistent, message)
+        )
+        assert seq is not None
+        if isinstance(lease, SessionBusy):
+            return Admission(seq, None, lease, persistent)
+        return Admission(seq, lease, None, persistent)
 
     async def acquire_and_read(
         self,
@@ -317,29 +330,22 @@ class PostgresStore(Store):
         token: str = "",
     ) -> Taken:
         turn, schema = (head_seq, max_active, token), self.location.schema
-
-        async def op(db: Db, moment: float) -> Taken | SessionBusy:
-            lease, persistent = await ls.admit(db, moment, key, holder, ttl, turn, schema, True)
-            return lease if isinstance(lease, SessionBusy) else Taken(lease, persistent)
-
-        taken = await self._write(key, op)
-        if isinstance(taken, SessionBusy):
-            raise taken  # once the refusal's transaction committed: it marks who waits
-        return taken
+        _, lease, persistent = await self._call(
+            lambda db: ls.admit(db, key, holder, ttl, turn, schema, True)
+        )
+        if isinstance(lease, SessionBusy):
+            raise lease  # once the refusal's statement committed: it marks who waits
+        return Taken(lease, persistent)
 
     async def commit_and_release(self, lease: Lease, batch: WriteBatch) -> bool:
         key, generation = lease.key, lease.generation
         (fields, frozen), retention = detached_batch(key, batch), self._retained
-        notice, lock = self._notice(key), self._target_lock
-
-        async def op(db: Db, moment: float) -> bool:
-            freed = await data.commit(
-                db, moment, key, generation, frozen, fields, retention, notice, lease.token
+        notice, lock, freeing = self._notice(key), self._target_lock, lease.token
+        return await self._call(
+            lambda db: data.commit(
+                db, key, generation, frozen, fields, retention, notice, lock, freeing
             )
-            await dl.record(db, moment, frozen.deliveries, lock)
-            return freed
-
-        return await self._write(key, op)
+        )
 
     # -- conversations -----------------------------------------------------------
 
@@ -439,7 +445,7 @@ class PostgresStore(Store):
     async def record_deliveries(self, drafts: Sequence[DeliveryDraft]) -> None:
         recorded, lock = list(drafts), self._target_lock
         if recorded:
-            await self._write(None, lambda db, m: dl.record(db, m, recorded, lock))
+            await self._call(lambda db: dl.record(db, recorded, lock))
 
     async def claim_deliveries(
         self, lanes: Sequence[str], holder: str, ttl: float, limit: int
@@ -490,6 +496,18 @@ class PostgresStore(Store):
             self._closed = True
             await self.listener.close()
             await self._pools.close()
+
+
+def _rolled_back(error: BaseException) -> bool:
+    """Whether ``error`` says a statement did not apply: the server refused it with an
+    ``ERROR`` (its transaction rolled back), or the driver refused its arguments before
+    sending it (a text it cannot encode, a value it cannot convert). A broken connection,
+    a ``FATAL`` or a timeout says nothing: the statement may have committed."""
+    if isinstance(error, UnicodeEncodeError):
+        return True
+    if isinstance(error, asyncpg.DataError) and error.severity is None:
+        return True  # made by the driver, not the server: never sent
+    return isinstance(error, asyncpg.PostgresError) and error.severity_en == "ERROR"
 
 
 def _reason(error: BaseException) -> str:
