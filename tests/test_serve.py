@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import re
 import signal
@@ -21,8 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chatlane.config import Config, ServerConfig, StoreConfig
-from chatlane.serve import STOPPED, announce, freeze_the_start
+from chatlane.config import Config, Secret, ServerConfig, StoreConfig
+from chatlane.secrets import resolve_secrets
+from chatlane.serve import STOPPED, announce, freeze_the_start, require_token
 from tests.pausing import stop_between_transactions
 from tests.ports import free_port
 
@@ -383,6 +385,8 @@ def stored_count(tmp_path: Path, sql: str, params: Sequence[object]) -> int:
         (["--store", "ftp://x"], "store URL 'ftp://x'"),
         (["--agent", "python:nowhere:agent"], "cannot import it"),
         (["--host", "0.0.0.0"], "needs a token"),
+        (["--host", "999.1.1.1"], "'999.1.1.1': expected an IP address or a host name"),
+        (["--host", "not a host!"], "expected an IP address or a host name"),
         (["--port", "70000"], "--port 70000: expected a port between 1 and 65535"),
         (["--port", "0"], "--port 0: expected a port"),
         (["--host", ""], "--host: expected a value"),
@@ -542,6 +546,19 @@ def test_the_start_banner_never_shows_the_stores_password(
     printed = capsys.readouterr().out
     assert "hunter2-secret" not in printed
     assert "store:" in printed
+
+
+def test_a_token_variable_that_is_not_set_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """A loopback gateway may run without a token; one configured from a variable that is
+    not set most likely has its name mistyped."""
+    config = Config(server=ServerConfig(token=Secret(env="NOPE_NOT_SET")))
+    with caplog.at_level(logging.WARNING, logger="chatlane.server"):
+        require_token(config, resolve_secrets(config, {}))
+    assert "the environment variable NOPE_NOT_SET, which gives nothing" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="chatlane.server"):
+        require_token(Config(), resolve_secrets(Config(), {}))  # the default: no token, quietly
+    assert caplog.text == ""
 
 
 def test_the_start_banner_brackets_an_ipv6_address(capsys: pytest.CaptureFixture[str]) -> None:

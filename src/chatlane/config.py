@@ -67,6 +67,14 @@ class Secret(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise ConfigError(f"secret file {self.file!r}: {error.strerror}") from None
         return environ.get(self.env, "") if self.env else ""
 
+    def source(self) -> str:
+        """Where the value is read from, for a message (never the value itself)."""
+        if self.file:
+            return f"the file {self.file!r}"
+        if self.env:
+            return f"the environment variable {self.env}"
+        return "nowhere (neither env nor file is set)"
+
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where the web chat and the API listen."""
@@ -692,6 +700,11 @@ def _check(config: Config) -> None:
 
 
 def _check_server(server: ServerConfig) -> None:
+    if not _is_host(server.host):
+        raise ConfigError(
+            f"configuration key 'server.host' = {server.host!r}: expected an IP address "
+            "or a host name (127.0.0.1, ::1, 0.0.0.0, localhost, chat.example.com)"
+        )
     if not 0 < server.port < 65536:
         raise ConfigError(
             f"configuration key 'server.port' = {server.port}: expected a port between 1 and 65535"
@@ -702,6 +715,21 @@ def _check_server(server: ServerConfig) -> None:
             "expected a whole number of seconds > 0"
         )
     _check_limits(server)
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _is_host(host: str) -> bool:
+    """Whether ``host`` is an IP address, or a name of DNS labels whose last is no number
+    (``999.1.1.1`` is neither: an address out of range)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        labels = host.removesuffix(".").split(".")
+        named = len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+        return named and not labels[-1].isdigit()
+    return True
 
 
 def _check_limits(server: ServerConfig) -> None:

@@ -29,7 +29,7 @@ from chatlane.adapters.discord_wire import check_token
 from chatlane.adapters.slack_wire import check_secrets
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.agents import needs_extra
-from chatlane.config import Config, check_config, http_url, load_config
+from chatlane.config import Config, ServerConfig, check_config, http_url, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
 from chatlane.hub import Adapter, Hub, build_app, open_hub
@@ -144,6 +144,12 @@ def require_token(config: Config, secrets: Secrets) -> None:
 
     :raises ConfigError: if either is missing.
     """
+    token = config.server.token
+    if not secrets.access_token.value and token != ServerConfig().token:
+        log.warning(  # a name mistyped in the configuration, most likely
+            "server.token reads %s, which gives nothing: the gateway has no access token",
+            token.source(),
+        )
     if not config.server.is_loopback() and not secrets.access_token.value:
         raise ConfigError(
             f"configuration key 'server.host' = {config.server.host!r}: listening beyond this "

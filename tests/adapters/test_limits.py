@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from chatlane.adapters import web
 from chatlane.adapters.api import ApiAdapter
+from chatlane.adapters.api_clients import ApiClients
 from chatlane.adapters.web_ids import SECRET_SUFFIX, BrowserIds, id_secret
 from chatlane.adapters.web_page import IDENTITY_COOKIE
 from chatlane.agents.demo import DemoAgent
@@ -274,6 +275,14 @@ async def test_a_client_can_never_name_another_clients_session(tmp_path: Path) -
                     model="chatlane", messages=[{"role": "user", "content": "hi"}], user="bob:x"
                 )
         assert hub.gateway.engine.registry.peek(chat_key("bob:x", "api")) is None
+
+
+def test_a_client_whose_token_is_unset_is_told_where_it_was_read() -> None:
+    clients = {"alice": ApiClientConfig(Secret(env="ALICE_API_TOKEN"))}
+    config = Config(api=ApiConfig(clients=clients))
+    with pytest.raises(ConfigError, match="the environment variable ALICE_API_TOKEN") as refused:
+        ApiClients.from_config(config, {})
+    assert "'api.clients.alice.token': it is empty" in str(refused.value)
 
 
 def test_client_prefixes_that_overlap_are_refused(tmp_path: Path) -> None:

@@ -61,7 +61,11 @@ class ApiClients:
         for name, client in config.api.clients.items():
             token = tokens.get(name, "")
             if not token:
-                raise ConfigError(f"configuration key 'api.clients.{name}.token': it is empty")
+                source = client.token.source()
+                raise ConfigError(
+                    f"configuration key 'api.clients.{name}.token': it is empty "
+                    f"(read from {source})"
+                )
             if token in clients:
                 other = clients[token].name
                 raise ConfigError(f"api clients {other!r} and {name!r} have the same token")

@@ -107,9 +107,9 @@ class Capacity:
         :raises GatewayFull: if a limit would be passed; nothing was counted.
         """
         settings = self.settings
-        if arriving is not None and arriving not in self._arriving:
-            if self._live() + len(self._arriving) >= settings.live_sessions:
-                self._refuse_live()
+        arrives = arriving is not None and arriving not in self._arriving
+        if arrives and self._live() + len(self._arriving) >= settings.live_sessions:
+            self._refuse_live()
         size = message_bytes(message)
         if self._total + size > settings.queued_bytes or len(self._sizes) >= self._recount_at:
             self._recount_for(size)
