@@ -46,7 +46,7 @@ from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.runtime.outcomes import OnOutcome
 from chatlane.session_commands import NO, YES
 from chatlane.state import SessionRegistry
-from chatlane.stores.base import Store, WriteBatch
+from chatlane.stores.base import Store
 from chatlane.types import (
     Agent,
     Deliver,
@@ -356,21 +356,10 @@ class Gateway:
             await self.engine.send(notice, key, message.source, refused.text, ids, refusal=outcome)
             return DispatchResult(key, message.id, outcome=outcome, command=parsed.name)
         if reply:  # a command that answers later (/btw) replies then
-            if message.idempotent:
-                await self._keep_answer(key, message, reply)
+            if message.idempotent:  # a retry gets this reply: a second /stop would stop more
+                await self.engine.keep_answer(key, message, reply)
             await self.engine.send(OutboundKind.REPLY, key, message.source, reply, ids)
         return DispatchResult(key, message.id, command=parsed.name)
-
-    async def _keep_answer(self, key: SessionKey, message: InboundMessage, reply: str) -> None:
-        """Keep a command's ``reply`` as the answer to ``message``, whose sender's retries
-        name it (an API request's ``Idempotency-Key``): a retry gets this reply instead of
-        running the command again (a second ``/stop`` would stop a newer turn). If the store
-        cannot keep it, a retry runs the command again, as before."""
-        batch = WriteBatch(answered=[message.id], answer=reply)
-        try:
-            await self.engine.store.commit(key, None, batch)
-        except ChatlaneError as error:
-            log.warning("could not keep a command's answer for its retries: %s", error)
 
     def _may_be_command(self, key: SessionKey, message: InboundMessage) -> bool:
         """Whether ``message`` may be a command (:meth:`_command_for` decides).

@@ -18,10 +18,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
-from chatlane.adapters.api_ids import keyed_message_id, message_of, new_message_id
+from chatlane.adapters.api_ids import completion_id, keyed_message_id, message_of, new_message_id
 from chatlane.agents.demo import DemoAgent
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.runtime import pending
+from chatlane.runtime.engine import CANCELLED
 from chatlane.runtime.turn import Turn
 from chatlane.stores import WriteBatch, open_store
 from chatlane.testing import GatewayHarness
@@ -177,6 +178,29 @@ async def test_a_retried_command_gets_its_first_reply_without_running_again(
         answer = await working
     assert same_completion(again, first)
     assert answer == "run 1: work"  # not stopped
+
+
+async def test_a_retry_of_a_cancelled_request_is_cancelled_too(tmp_path: Path) -> None:
+    """One key names one message: cancelled, it stays cancelled, however it is sent again."""
+    agent = CountingAgent(held=True)
+    async with serve(make_config(tmp_path), agent) as s:
+        blocking = asyncio.create_task(s.ask("block", "alice"))
+        await eventually(lambda: agent.runs == 1)
+        waiting = asyncio.create_task(ask(s, "k1"))
+        await eventually(lambda: s.adapter.waiting == 2)
+        key = build_session_key(API_ALICE)
+        [(_, queued)] = pending.queued(s.hub.gateway.engine.registry.get(key))
+        async with httpx.AsyncClient(base_url=s.base_url) as http:
+            path = f"/chat/completions/{completion_id(queued.id)}/cancel"
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            assert (await http.post(path, headers=headers)).status_code == 200
+        cancelled = await waiting
+        again = await ask(s, "k1")
+        agent.release.set()
+        await blocking
+    assert again.choices[0].message.content == CANCELLED
+    assert (cancelled.choices[0].message.content or "").startswith(CANCELLED)
+    assert agent.runs == 1  # "k1" never ran
 
 
 async def test_a_key_is_one_clients_for_one_session(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep, expiry_margin
 from chatlane.state import SessionRegistry, SessionState
-from chatlane.stores.base import Admission, Lease, Store
+from chatlane.stores.base import Admission, Lease, Store, WriteBatch
 from chatlane.stores.codec import decode_message, encode_message
 from chatlane.stores.ids import new_token
 from chatlane.stores.memory import MemoryStore
@@ -732,7 +732,20 @@ class TurnEngine:
         seqs = [] if state is None else [s for s, m in pending.queued(state) if m.id == message_id]
         if state is None or not seqs:
             return None
-        return await self.busy.take_out(state, seqs[0], CANCELLED)
+        taken = await self.busy.take_out(state, seqs[0], CANCELLED)
+        if taken is not None and taken.idempotent:  # a retry is cancelled too, not run
+            await self.keep_answer(key, taken, CANCELLED)
+        return taken
+
+    async def keep_answer(self, key: SessionKey, message: InboundMessage, text: str) -> None:
+        """Keep ``text`` as the answer to ``message``, which no turn answers (a command's
+        reply; a cancelled message's notice), for its sender's retries under its id (an API
+        request's ``Idempotency-Key``): a retry gets ``text`` instead of running the
+        message. If the store cannot keep it, a retry runs the message, as before."""
+        try:
+            await self.store.commit(key, None, WriteBatch(answered=[message.id], answer=text))
+        except ChatlaneError as error:
+            log.warning("could not keep an answer for retries: %s", error, extra=turn_fields(key))
 
     async def _drop_elsewhere(self, key: SessionKey) -> int:
         """Drop the messages other processes accepted (their turns are fenced); count them."""
