@@ -686,6 +686,7 @@ async def test_without_the_ledger_a_failed_send_is_logged_and_the_bot_goes_on(
         with caplog.at_level(logging.WARNING, logger="chatlane.adapters.discord"):
             await api.say(dm, ALICE, "first")
             await api.wait_for(lambda: "messages.create" in api.calls)
+            await r.hub.gateway.engine.wait_idle()  # its turn ended: "second" finds it idle
             await api.say(dm, ALICE, "second")
             [reply] = await api.wait_for_messages(dm)
     assert reply.text == "echo: second"

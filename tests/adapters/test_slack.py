@@ -779,6 +779,7 @@ async def test_without_the_ledger_a_failed_send_is_logged_and_the_adapter_goes_o
         with caplog.at_level(logging.WARNING, logger="chatlane.adapters.slack"):
             await s.slack.message(ALICE_DM, ALICE, "first")
             await api.wait_for_call("chat.postMessage")
+            await s.hub.gateway.engine.wait_idle()  # its turn ended: "second" finds it idle
             await s.slack.message(ALICE_DM, ALICE, "second")
             [reply] = await api.wait_for_messages(ALICE_DM)
     assert reply.text == "echo: second"

@@ -1,11 +1,10 @@
 """Best-effort sends that hold their caller up only briefly.
 
-An adapter's send outside the delivery ledger — an acknowledgement ("Queued
-for the next turn"), a notice the store could not record — is made from
-the path that takes a message in: the busy policy acknowledges a message
-before its sender's next one is handed on. A platform's rate limit waited
-out there (up to a minute) would hold that intake up, and with it messages
-not yet held by chatlane. What stays true:
+An adapter's acknowledgement ("Queued for the next turn", sent outside the
+delivery ledger) is made from the path that takes a message in: the busy
+policy acknowledges a message before its sender's next one is handed on.
+A platform's rate limit waited out there (up to a minute) would hold that
+intake up, and with it messages not yet held by chatlane. What stays true:
 
 * Each send runs as a task of its own; its caller waits for it at most
   :data:`PATIENCE` seconds, then goes on while the send finishes. A send that

@@ -264,10 +264,10 @@ class DiscordAdapter:
         return self._client is not None and not self._client.is_closed()
 
     async def deliver(self, outbound: Outbound) -> None:
-        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort,
-        holding the caller up at most :data:`~chatlane.adapters.aside.PATIENCE` seconds
-        (:mod:`~chatlane.adapters.aside`): an acknowledgement waiting out a rate limit never
-        holds up the intake of the messages behind it."""
+        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort;
+        an acknowledgement holds the caller up at most
+        :data:`~chatlane.adapters.aside.PATIENCE` seconds (:mod:`~chatlane.adapters.aside`),
+        so one waiting out a rate limit never holds up the intake of the messages behind it."""
         client = self._client
         if client is None or _channel_of(outbound.target) is None:
             log.warning(
@@ -277,7 +277,10 @@ class DiscordAdapter:
         if outbound.kind is OutboundKind.CHUNK:
             self._drafts.add(outbound)
             return
-        await self._aside.send(self._best_effort(client, outbound))
+        if outbound.kind is OutboundKind.ACK:  # sent while a message is taken in
+            await self._aside.send(self._best_effort(client, outbound))
+        else:  # in a turn's order (without the ledger): its next reply comes after it
+            await self._best_effort(client, outbound)
 
     async def _best_effort(self, client: discord.Client, outbound: Outbound) -> None:
         """Send ``outbound`` outside the ledger, a rate limit waited out in place."""

@@ -233,10 +233,10 @@ class SlackAdapter:
         return self._client is not None
 
     async def deliver(self, outbound: Outbound) -> None:
-        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort,
-        holding the caller up at most :data:`~chatlane.adapters.aside.PATIENCE` seconds
-        (:mod:`~chatlane.adapters.aside`): an acknowledgement waiting out a rate limit never
-        holds up the intake of the messages behind it."""
+        """Send ``outbound`` outside the ledger: a chunk to its draft, the rest best-effort;
+        an acknowledgement holds the caller up at most
+        :data:`~chatlane.adapters.aside.PATIENCE` seconds (:mod:`~chatlane.adapters.aside`),
+        so one waiting out a rate limit never holds up the intake of the messages behind it."""
         client, target = self._client, outbound.target
         if client is None or target.chat_id is None:
             log.warning("slack is not running; dropped a %s for %s", outbound.kind, target)
@@ -244,7 +244,10 @@ class SlackAdapter:
         if outbound.kind is OutboundKind.CHUNK:
             self._drafts.add(outbound)
             return
-        await self._aside.send(self._best_effort(client, outbound))
+        if outbound.kind is OutboundKind.ACK:  # sent while a message is taken in
+            await self._aside.send(self._best_effort(client, outbound))
+        else:  # in a turn's order (without the ledger): its next reply comes after it
+            await self._best_effort(client, outbound)
 
     async def _best_effort(self, client: AsyncWebClient, outbound: Outbound) -> None:
         """Send ``outbound`` outside the ledger, a rate limit waited out in place."""
