@@ -896,7 +896,8 @@ def _must_propagate(error: BaseException) -> bool:
 def _holds(state: SessionState, seq: int) -> bool:
     """Whether the message stored under ``seq`` waits here, runs here, or was steered into
     the turn running here."""
-    if any(seq in entry.seqs for entry in pending.pending_entries(state)):
+    queue = pending.pending_entries(state)
+    if queue and any(seq in entry.seqs for entry in queue):  # most sessions: nothing waits
         return True
     turn = running_turn_of(state)
     return turn is not None and (
