@@ -49,6 +49,15 @@ def test_an_argument_that_is_not_utf8_is_one_clear_error(args: tuple[str, ...]) 
     assert "Traceback" not in output
 
 
+def test_windows_is_told_to_use_wsl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chatlane needs fcntl, resource and POSIX signals: one line, not an ImportError."""
+    monkeypatch.setattr(sys, "platform", "win32")
+    code, output = run("serve")
+    assert code == 1
+    assert "on Windows, run it inside WSL" in output
+    assert "Traceback" not in output
+
+
 def test_build_and_parse_round_trip() -> None:
     code, key = run(
         "key",

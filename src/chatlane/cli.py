@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,6 +22,11 @@ class _Commands(click.Group):
     Python bytes it cannot decode, which nothing downstream could send or store)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if sys.platform == "win32":
+            raise click.ClickException(
+                "chatlane runs on Linux and macOS (it uses POSIX file locks, signals and "
+                "resource limits); on Windows, run it inside WSL"
+            )
         for number, argument in enumerate(args, start=1):
             try:
                 argument.encode()
