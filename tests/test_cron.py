@@ -122,6 +122,7 @@ class TestCronExpression:
             ("0 0 31 apr,jun *", "never matches"),
             ("@sometimes", "5 fields"),
             ("0 0 \u00b2 * *", "day of month: '\u00b2' is not a number"),
+            ("0 9 \u0661 * *", "day of month: '\u0661' is not a number"),  # Arabic-Indic 1
             ("*/\u00b2 * * * *", "step '\u00b2'"),
             ("*/" + "9" * 5000 + " * * * *", "step '9999"),
             ("9" * 5000 + " * * * *", "minute: '9999"),

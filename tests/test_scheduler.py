@@ -899,6 +899,9 @@ class TestCronCommand:
             '/cron add "*/5 * * * * hi',
             "/cron add tomorrow hi",
             "/cron add every 0s hi",
+            "/cron add every 5m \u200b",  # an invisible prompt
+            "/cron add every 5m " + "x" * 4001,  # longer than a prompt may be
+            "/cron add every \u0665m hi",  # an Arabic-Indic 5
             "/cron list extra",
             "/cron remove",
             "/cron remove a b",

@@ -173,7 +173,7 @@ class TestResume:
             ]
             assert replies[2] == f"Resumed “Weekly plan” (started {started(older)})."
             assert (await store.conversation(key)).id == older.id
-            assert replies[3] == f"Resumed “Weekly plan” (started {started(older)})."
+            assert replies[3] == f"Already in “Weekly plan” (started {started(older)})."
 
     async def test_an_id_is_still_taken_and_never_shown(self) -> None:
         store = MemoryStore()
@@ -266,7 +266,86 @@ class TestOverrides:
             assert replies[7] == "model=default reasoning=low tier=default"
 
 
+class TestResumeEdges:
+    async def test_the_current_conversation_named_again_changes_nothing(self) -> None:
+        """No boundary: the running turn answers and the waiting message runs."""
+        async with GatewayHarness(EchoAgent(), lifecycle=NO_CONFIRM) as h:
+            await h.send("sleep 0.2", chat_id="c")
+            await h.until_running(chat_id="c")
+            await h.send("waiting", chat_id="c")
+            await h.send("/resume 1", chat_id="c")
+            replies = await h.replies(chat_id="c", count=4)
+        assert replies[1].startswith("Already in the untitled conversation started ")
+        assert replies[2:] == ["slept 0.2", "echo: waiting"]
+
+    async def test_an_older_conversation_than_the_list_is_found_by_id_and_title(self) -> None:
+        store = MemoryStore()
+        async with GatewayHarness(EchoAgent(), store=store, lifecycle=NO_CONFIRM) as h:
+            key = h.session_key(chat_id="c")
+            oldest = await store.new_conversation(key, title="Budget 2019")
+            for n in range(25):
+                await store.new_conversation(key, title=f"topic {n}")
+            await h.send(f"/resume {oldest.id}", chat_id="c")
+            await h.send("/new", chat_id="c")
+            await h.send("/resume budget 2019", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+            assert replies[0] == replies[2] == f"Resumed “Budget 2019” (started {started(oldest)})."
+            assert (await store.conversation(key)).id == oldest.id
+
+    async def test_a_long_argument_is_not_echoed_whole(self) -> None:
+        async with GatewayHarness(EchoAgent()) as h:
+            await h.send("/resume " + "x" * 5000, chat_id="c")
+            [reply] = await h.replies(chat_id="c", count=1)
+        assert len(reply) < 300
+        assert "…" in reply
+
+
+class TestModelNames:
+    @pytest.mark.parametrize("name", ["''", '""', "\u200b", "x" * 201])
+    async def test_a_blank_invisible_or_huge_name_is_refused(self, name: str) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            await h.send(f"/model {name}", chat_id="c")
+            await h.send(f"/model --once {name}", chat_id="c")
+            await h.send("go", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+        assert all("name exactly one model" in r or "at most 200" in r for r in replies[:2])
+        assert replies[2].startswith("model=default ")
+
+    async def test_an_option_with_its_value_after_equals_is_read(self) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            await h.send("/model m --provider=p", chat_id="c")
+            await h.send("/model", chat_id="c")
+            replies = await h.replies(chat_id="c", count=2)
+        assert "unknown option" not in replies[0]
+        assert replies[1] == f"Model: {ModelChoice('m', 'p').describe()}"
+
+    async def test_the_model_shown_says_a_once_is_for_one_turn(self) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            await h.send("/model sticky", chat_id="c")
+            await h.send("/model --once quick", chat_id="c")
+            await h.send("/model", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+        assert replies[2] == "Model: quick, for the next turn only; then sticky"
+
+
 class TestModelOnce:
+    async def test_an_internal_turn_leaves_it_to_the_persons_next_turn(self) -> None:
+        """A cron job's prompt (an internal message) runs with the conversation's model."""
+        async with GatewayHarness(settings_agent) as h:
+            await h.send("/model sticky", chat_id="c")
+            await h.send("/model --once once-a", chat_id="c")
+            await h.send("go", chat_id="c", internal=True)
+            await h.settle()
+            await h.send("mine", chat_id="c")
+            await h.settle()
+            await h.send("after", chat_id="c")
+            replies = await h.replies(chat_id="c", count=5)
+        assert [r.split()[0] for r in replies[2:]] == [
+            "model=sticky",
+            "model=once-a",
+            "model=sticky",
+        ]
+
     async def run_once(self, h: GatewayHarness, first: str) -> list[str]:
         await h.send("/model sticky", chat_id="c")
         await h.send("/model --once once-a", chat_id="c")

@@ -24,7 +24,7 @@ from chatlane.runtime.persisted import apply_once
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import Conversation
 from chatlane.stores.fields import MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIER_OVERRIDE
-from chatlane.types import ModelChoice
+from chatlane.types import ModelChoice, visible
 
 YES = frozenset({"yes", "y", "ok", "confirm"})
 NO = frozenset({"no", "n", "cancel"})
@@ -67,15 +67,32 @@ def _dropped(count: int) -> str:
 LISTED = 20
 """Conversations ``/resume`` lists, and numbers, newest first."""
 
+SEARCHED = 1000
+"""Conversations ``/resume <id or title words>`` looks through, newest first (as many as
+the boundary accepts an id from)."""
+
+SHOWN = 80
+"""Characters of an argument a reply repeats; a longer one is cut, with ``…``."""
+
+
+def _shown(text: str) -> str:
+    """``text`` as a reply repeats it: at most :data:`SHOWN` characters."""
+    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
+
 
 async def _resume(call: CommandCall) -> str:
     store, key = call.engine.store, call.session_key
-    conversations = await store.conversations(key, LISTED)
     if not call.args:
-        return _listing(conversations, (await store.conversation(key)).id)
+        listed = await store.conversations(key, LISTED)
+        return _listing(listed, (await store.conversation(key)).id)
+    conversations = await store.conversations(key, SEARCHED)
     chosen, others = _find(conversations, call.args.strip())
     if chosen is None:
-        raise UsageError(f"No conversation matches {call.args!r}; send /resume to list them.")
+        raise UsageError(
+            f"No conversation matches {_shown(call.args)!r}; send /resume to list them."
+        )
+    if chosen.id == (await store.conversation(key)).id:  # nothing to switch to: nothing ends
+        return f"Already in {_named(chosen)}." + _also_matching(others)
     ended = await end_conversation(
         call.engine,
         key,
@@ -114,7 +131,11 @@ def _find(conversations: list[Conversation], wanted: str) -> tuple[Conversation 
     id (what the web chat sends), or words its title holds, in any order and
     case; of several titles holding them, the newest is picked.
     """
-    if wanted.isascii() and wanted.isdigit() and 1 <= int(wanted) <= len(conversations):
+    if (
+        wanted.isascii()
+        and wanted.isdigit()
+        and 1 <= int(wanted) <= min(LISTED, len(conversations))
+    ):
         return conversations[int(wanted) - 1], 0
     for c in conversations:
         if c.id == wanted:
@@ -157,7 +178,10 @@ def _parse_model(args: str) -> tuple[ModelChoice, bool]:
         word = words.pop(0)
         if word in ("--api-key", "--key") or word.startswith("--api-key="):
             raise UsageError(CREDENTIALS_REFUSED)
-        if word in options:
+        option, equals, value = word.partition("=")
+        if option in options and equals:  # --provider=P
+            options[option] = value
+        elif word in options:
             if not words:
                 raise UsageError(f"{word} needs a value.")
             options[word] = words.pop(0)
@@ -167,15 +191,31 @@ def _parse_model(args: str) -> tuple[ModelChoice, bool]:
             names.append(word)
     if len(names) != 1:
         raise UsageError("name exactly one model.")
-    return ModelChoice(names[0], options["--provider"], options["--base-url"]), once
+    name = names[0]
+    if not visible(name):
+        raise UsageError("name exactly one model (a name of visible characters).")
+    if len(name) > MODEL_NAME_MAX:
+        raise UsageError(f"a model name is at most {MODEL_NAME_MAX} characters.")
+    return ModelChoice(name, options["--provider"], options["--base-url"]), once
+
+
+MODEL_NAME_MAX = 200
+"""The longest model name ``/model`` takes (providers' names are far shorter)."""
 
 
 async def _model(call: CommandCall) -> str:
     engine, key = call.engine, call.session_key
     state = await engine.session(key)
     if not call.args:
-        current = state.conversation.model_override
-        return f"Model: {current.describe() if current else 'the default'}"
+        conversation = state.conversation
+        current, once = conversation.model_override, conversation.one_turn_restore
+        shown = f"Model: {current.describe() if current else 'the default'}"
+        if once is None:
+            return shown
+        after: ModelChoice | None = once["model_override"]
+        return (
+            f"{shown}, for the next turn only; then {after.describe() if after else 'the default'}"
+        )
     choice, once = _parse_model(call.args)
     if choice.base_url:
         choice = await _allowed_endpoint(call, choice)

@@ -13,6 +13,7 @@ import itertools
 import re
 import secrets
 import time
+import unicodedata
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -37,6 +38,12 @@ def new_message_id() -> str:
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def visible(text: str) -> bool:
+    """Whether ``text`` holds a character one can see: not only spaces, line breaks,
+    controls or invisible format characters (a zero-width space, a joiner)."""
+    return any(unicodedata.category(c)[0] not in "ZC" for c in text)
 
 
 def clean_text(text: str) -> str:

@@ -446,8 +446,17 @@ class TurnEngine:
         refusable: bool = False,
         admission: Admission | None = None,
     ) -> Turn:
-        """Claim ``state``'s slot for a turn of ``messages`` and drive it in a task of its own."""
+        """Claim ``state``'s slot for a turn of ``messages`` and drive it in a task of its own.
+
+        A ``/model --once`` is for the next turn of a person: a turn of internal messages
+        only (a cron job's prompt, a background completion) runs with the conversation's
+        own model and leaves the one-turn choice to the turn after it.
+        """
         overrides = TurnOverrides.of(state)
+        once = state.conversation.one_turn_restore
+        internal = once is not None and all(message.internal for message in messages)
+        if internal:
+            overrides = msgspec.structs.replace(overrides, model=once["model_override"])
         turn = Turn.of(
             state,
             messages,
@@ -456,6 +465,7 @@ class TurnEngine:
             reruns=reruns,
             refusable=refusable,
             approvals=self.approvals,
+            claims_once=not internal,
         )
         self.slots.claim(turn)
         context = bound_context(messages[-1].source, state.key)

@@ -165,9 +165,14 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         reruns: int = 0,
         refusable: bool = False,
         approvals: ApprovalBroker | None = None,
+        claims_once: bool = True,
     ) -> Turn:
-        """A turn of ``messages`` (stored under ``seqs``) for ``state``'s session."""
-        once_restore = state.conversation.one_turn_restore
+        """A turn of ``messages`` (stored under ``seqs``) for ``state``'s session.
+
+        :param claims_once: the turn uses up a ``/model --once`` in force (its model is
+            then restored once the turn ends); False for a turn that leaves it to the next.
+        """
+        once_restore = state.conversation.one_turn_restore if claims_once else None
         record = TurnRecord(tuple(seqs), once_restore, reruns, refusable, approvals)  # by place
         return cls(
             state,

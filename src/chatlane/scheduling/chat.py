@@ -27,7 +27,7 @@ from chatlane.errors import ConfigError
 from chatlane.identity import SessionSource, build_session_key
 from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
 from chatlane.scheduling.cron import ORIGIN, CronExpression, Job, Schedule, parse_schedule
-from chatlane.types import SessionKey
+from chatlane.types import SessionKey, visible
 
 if TYPE_CHECKING:
     from chatlane.scheduling.loop import Scheduler
@@ -117,12 +117,17 @@ def split_add(args: str) -> tuple[str, str]:
         schedule, prompt = match.group(1), text[match.end() :]
     else:
         raise UsageError('quote a cron expression ("*/30 * * * *") or write every <n>s|m|h.')
-    if not prompt.strip():
+    if not visible(prompt):
         raise UsageError("say what the job should ask, after the schedule.")
+    if len(prompt.strip()) > PROMPT_MAX:
+        raise UsageError(f"a job's prompt is at most {PROMPT_MAX} characters.")
     return schedule, prompt.strip()
 
 
-_UNQUOTED = re.compile(r"(every\s+\d+\s*[a-z]+|@[a-z]+)(?=\s|$)", re.IGNORECASE)
+PROMPT_MAX = 4000
+"""The longest prompt ``/cron add`` takes (a job's prompt is kept, listed and run)."""
+
+_UNQUOTED = re.compile(r"(every\s+[0-9]+\s*[a-z]+|@[a-z]+)(?=\s|$)", re.IGNORECASE)
 
 
 async def _add(scheduler: Scheduler, call: CommandCall, args: str) -> str:

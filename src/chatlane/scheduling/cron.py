@@ -77,7 +77,7 @@ MACROS: Final = {
 }
 UNITS: Final = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
 UNITS.update({"h": 3600, "hr": 3600, "hour": 3600})
-_EVERY: Final = re.compile(r"every\s+(\d+)\s*([a-z]+)", re.IGNORECASE)
+_EVERY: Final = re.compile(r"every\s+([0-9]+)\s*([a-z]+)", re.IGNORECASE)
 _HORIZON: Final = dt.timedelta(days=146_097 + 1)
 """How far ahead a match is looked for: one whole Gregorian cycle (400 years), after which
 the calendar, weekdays included, repeats — so what is not found in it never matches."""
@@ -105,8 +105,8 @@ _FIELDS: Final = (
 
 
 def _number(text: str) -> int | None:
-    """``text`` as a whole number written in decimal digits, or None if it is not one."""
-    if not text.isdecimal():
+    """``text`` as a whole number written in ASCII digits, or None if it is not one."""
+    if not (text.isascii() and text.isdecimal()):  # Arabic-Indic digits are decimal too
         return None
     try:
         return int(text)
