@@ -40,7 +40,7 @@ from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
-from tests.adapters.botapi import ANONYMOUS_ADMIN, CHANNEL_BOT, BotApi
+from tests.adapters.botapi import ANONYMOUS_ADMIN, BOT_ID, CHANNEL_BOT, BotApi
 from tests.clock import Clock
 from tests.delivery.waits import dead, delivered, eventually
 from tests.keys import chat_key
@@ -465,6 +465,54 @@ async def test_a_sticker_in_a_private_chat_gets_a_clear_notice(
         "Sorry, I can only read text, photos, documents, voice messages, audio and video "
         "— not this kind of message."
     )
+
+
+STICKER = {"file_id": "s1", "file_unique_id": "u1", "type": "regular", "width": 1, "height": 1}
+STICKER |= {"is_animated": False, "is_video": False}
+
+
+async def test_a_strangers_stickers_get_only_the_hourly_refusal(
+    api: BotApi, tmp_path: Path
+) -> None:
+    config = telegram_config(api, tmp_path, allow={"telegram": [str(ALICE)]})
+    async with running(config) as (hub, _):
+        for _ in range(3):
+            api.push_message(BOB, BOB, {"sticker": STICKER})
+        api.push_text(ALICE, ALICE, "after")
+        await api.wait_for_sent(ALICE)
+        await hub.gateway.engine.wait_idle()
+    assert [sent.text for sent in api.sent(BOB)] == [NOT_ALLOWED]
+
+
+async def test_a_pinned_message_in_a_private_chat_is_not_answered(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    """A service message (a message pinned, a timer set) is no message to read."""
+    api.push_text(ALICE, ALICE, "remember this")
+    [reply] = await api.wait_for_sent(ALICE)
+    pinned = {"message_id": reply.message_id, "date": 0, "text": reply.text}
+    pinned |= {"chat": {"id": ALICE, "type": "private", "first_name": "Alice"}}
+    pinned |= {"from": {"id": BOT_ID, "is_bot": True, "first_name": "Bot"}}
+    api.push_message(ALICE, ALICE, {"pinned_message": pinned})
+    api.push_text(ALICE, ALICE, "after")
+    sent = await api.wait_for_sent(ALICE, 2)
+    assert [s.text for s in sent] == ["echo: remember this", "echo: after"]
+
+
+async def test_an_acknowledgement_waiting_out_flood_control_holds_up_no_other_chat(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    """python-telegram-bot hands updates on one at a time: Bob's message, in another chat,
+    is answered while Alice's "Queued…" waits out its 429 (longer than any test waits)."""
+    api.push_text(BOB, BOB, "hi")
+    await api.wait_for_sent(BOB)
+    api.push_text(ALICE, ALICE, "sleep 30")
+    await api.wait_for_call("sendChatAction")  # Alice's turn runs
+    api.fail_next("sendMessage", 429, "Too Many Requests: retry after 50", retry_after=50)
+    api.push_text(ALICE, ALICE, "and this")  # "Queued…" meets flood control
+    api.push_text(BOB, BOB, "urgent")
+    sent = await api.wait_for_sent(BOB, 2)
+    assert sent[1].text == "echo: urgent"
 
 
 async def test_an_unreadable_update_is_skipped_not_fetched_forever(

@@ -1,8 +1,9 @@
 """Best-effort sends that hold their caller up only briefly.
 
 An adapter's acknowledgement ("Queued for the next turn", sent outside the
-delivery ledger) is made from the path that takes a message in: the busy
-policy acknowledges a message before its sender's next one is handed on.
+delivery ledger) and its own notices to a sender (:func:`sent_aside`) are
+made from the path that takes a message in: the busy policy acknowledges a
+message before its sender's next one is handed on.
 A platform's rate limit waited out there (up to a minute) would hold that
 intake up, and with it messages not yet held by chatlane. What stays true:
 
@@ -23,12 +24,22 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-__all__ = ["PATIENCE", "Aside"]
+from chatlane.identity import NO_SESSION
+from chatlane.types import Outbound, OutboundKind
+
+__all__ = ["PATIENCE", "Aside", "sent_aside"]
 
 log = logging.getLogger("chatlane.adapters")
 
 PATIENCE = 1.0
 """Seconds a caller waits for a best-effort send before it goes on without it."""
+
+
+def sent_aside(outbound: Outbound) -> bool:
+    """Whether ``outbound`` is sent from the path that takes messages in: an
+    acknowledgement, or an adapter's own notice to a sender (no session: a stranger told
+    they are not allowed, a file refused, a kind of message not read)."""
+    return outbound.kind is OutboundKind.ACK or outbound.session_key == NO_SESSION
 
 
 class Aside:

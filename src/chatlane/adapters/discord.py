@@ -57,7 +57,7 @@ import discord
 from discord.backoff import ExponentialBackoff
 from starlette.routing import BaseRoute
 
-from chatlane.adapters.aside import Aside
+from chatlane.adapters.aside import Aside, sent_aside
 from chatlane.adapters.discord_client import Events, GatewayClient, answer_interaction
 from chatlane.adapters.discord_delivery import Parts, edit, post, send_parts
 from chatlane.adapters.discord_events import Channels, approval_view, read_message, read_press
@@ -277,7 +277,7 @@ class DiscordAdapter:
         if outbound.kind is OutboundKind.CHUNK:
             self._drafts.add(outbound)
             return
-        if outbound.kind is OutboundKind.ACK:  # sent while a message is taken in
+        if sent_aside(outbound):  # sent while a message is taken in
             await self._aside.send(self._best_effort(client, outbound))
         else:  # in a turn's order (without the ledger): its next reply comes after it
             await self._best_effort(client, outbound)

@@ -85,6 +85,7 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
+from chatlane.adapters.aside import Aside, sent_aside
 from chatlane.adapters.splitting import joined
 from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
@@ -186,6 +187,9 @@ class TelegramAdapter:
         self._token = None if secrets is None else secrets.telegram_token
         self._clock = clock
         self._refused_at: dict[str, float] = {}
+        self._aside = Aside()
+        """Acknowledgements and the adapter's own notices, which hold their caller up only
+        briefly."""
         """Stranger's user id → when a private chat last told them they are refused."""
         self._poll_timeout = poll_timeout
         self._poll_interval = poll_interval
@@ -237,7 +241,8 @@ class TelegramAdapter:
         app = builder.get_updates_request(UpdatesRequest(connection_pool_size=1)).build()
         updates = filters.UpdateType.MESSAGE | filters.UpdateType.CHANNEL_POST
         app.add_handler(MessageHandler((filters.TEXT | MEDIA) & updates, self._on_message))
-        app.add_handler(MessageHandler(filters.ChatType.PRIVATE & updates, self._on_other))
+        other = filters.ChatType.PRIVATE & ~filters.StatusUpdate.ALL & updates  # no pins, timers
+        app.add_handler(MessageHandler(other, self._on_other))
         app.add_handler(CallbackQueryHandler(self._on_button))
         app.add_error_handler(self._on_error)
         return app
@@ -269,6 +274,7 @@ class TelegramAdapter:
         try:
             if typing is not None:
                 await typing.aclose()
+            await self._aside.aclose()
             if app is not None:
                 await _stop(app)
         finally:
@@ -284,13 +290,27 @@ class TelegramAdapter:
         self._redactor = redactor
 
     async def deliver(self, outbound: Outbound) -> None:
-        """Send ``outbound`` to its chat and topic, split to fit; failures are logged."""
+        """Send ``outbound`` to its chat and topic, split to fit; failures are logged.
+
+        An acknowledgement or a notice of the adapter's own holds the caller up at most
+        :data:`~chatlane.adapters.aside.PATIENCE` seconds (:mod:`~chatlane.adapters.aside`):
+        python-telegram-bot hands updates on one at a time, so one waiting out flood
+        control would hold up every chat's next message.
+        """
         if outbound.kind is OutboundKind.CHUNK:
             return
         app, target = self._app, outbound.target
         if app is None or target.chat_id is None:
             log.warning("telegram is not running; dropped a %s for %s", outbound.kind, target)
             return
+        if sent_aside(outbound):
+            await self._aside.send(self._send_whole(app.bot, outbound))
+        else:  # in a turn's order (without the ledger): its next reply comes after it
+            await self._send_whole(app.bot, outbound)
+
+    async def _send_whole(self, bot: Bot, outbound: Outbound) -> None:
+        """Send ``outbound``'s parts in order outside the ledger, flood control waited out."""
+        target = outbound.target
         parts = [part for part in split_message(clean_text(outbound.text)) if part.strip()]
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
@@ -299,7 +319,7 @@ class TelegramAdapter:
                 if last and outbound.kind is OutboundKind.APPROVAL
                 else None
             )
-            if not await _send(app.bot, target, part, buttons):
+            if not await _send(bot, target, part, buttons):
                 return
 
     def ready(self) -> bool:
@@ -357,13 +377,17 @@ class TelegramAdapter:
         )
 
     async def _on_other(self, update: Update, context: object) -> None:
-        """A sticker, location or poll in a private chat: say what is understood."""
+        """A sticker, location or poll in a private chat: say what is understood — to a
+        sender the allowlist admits; a stranger hears only what strangers do."""
         message = update.effective_message
-        if message is not None:
-            source = source_of(message, message.from_user)
-            await self.deliver(
-                Outbound(OutboundKind.NOTICE, NO_SESSION, Target.of(source), _NOT_TEXT)
-            )
+        if message is None or self._hub is None:
+            return
+        source = source_of(message, message.from_user)
+        inbound = InboundMessage(source, "", id=f"tg-{message.chat.id}-{message.message_id}")
+        if not self._hub.admit(inbound):
+            await self.refuse(inbound)
+            return
+        await self.deliver(Outbound(OutboundKind.NOTICE, NO_SESSION, Target.of(source), _NOT_TEXT))
 
     async def _on_button(self, update: Update, context: object) -> None:
         query = update.callback_query
