@@ -24,6 +24,7 @@ from chatlane.stores.records import PENDING, Delivery, DeliveryDraft
 from chatlane.testing import GatewayHarness
 from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind
 from tests.runtime.agents import EchoAgent, approving_agent
+from tests.runtime.refusing import Refusing
 from tests.runtime.test_outage import write_lock
 
 SHARED_GROUPS = KeyPolicy(group_sessions_per_user=False)
@@ -171,6 +172,24 @@ async def test_always_grant_is_kept_in_the_store(tmp_path: Path) -> None:
     async with GatewayHarness(approving_agent, store=url) as h:
         await h.send("approve deploy", chat_id="c")
         assert await h.replies(chat_id="c", count=1) == ["approved: deploy"]
+
+
+async def test_an_always_grant_the_store_cannot_keep_is_approved_once_and_said_so() -> None:
+    """The command runs (the request was approved); the reply says so, and that "always"
+    was not kept, instead of "could not finish" beside the command's own answer."""
+    store = Refusing(lambda name: name == "set_persistent")
+    async with GatewayHarness(approving_agent, store=store) as h:
+        await h.send("approve deploy", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send("/approve always", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        key = h.session_key(chat_id="c")
+        assert h.session(key).persistent.approval_allowlist == []
+    assert replies[1] == (
+        "Approved (once): `deploy` — it could not be kept for always (the store is "
+        "unavailable); ask again later"
+    )
+    assert replies[2] == "approved: deploy"
 
 
 async def test_a_boundary_denies_a_blocked_request_at_once() -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
@@ -44,6 +45,7 @@ log = logging.getLogger("chatlane.approvals")
 
 _NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
 _TOO_LATE = "Too late: the approval for {command} timed out — denied."
+_NOT_KEPT = "it could not be kept for always (the store is unavailable); ask again later"
 
 
 def new_request_id() -> str:
@@ -316,18 +318,30 @@ class ApprovalBroker:
             return _NOT_PENDING
         if decision.approved and decision.grant is Grant.SESSION:
             state.conversation.approval_grants.append(request.command)
-        if decision.approved and decision.grant is Grant.ALWAYS:
-            await self._allow_always(state, request.command)
+        always = decision.approved and decision.grant is Grant.ALWAYS
+        if always and not await self._allow_always(state, request.command):
+            decision = Decision(True, Grant.ONCE, _NOT_KEPT)  # it was approved all the same
         verb = "Approved" if decision.approved else "Denied"
         extra = f" ({decision.grant})" if decision.approved and decision.grant else ""
         note = f" — {decision.note}" if decision.note else ""
         return f"{verb}{extra}: {quote_command(request.command)}{note}"
 
-    async def _allow_always(self, state: SessionState, command: str) -> None:
+    async def _allow_always(self, state: SessionState, command: str) -> bool:
+        """Keep ``command`` on the session's allowlist, in the store first; whether it was
+        kept (a store that cannot take it leaves the allowlist as it was)."""
         allowlist = state.persistent.approval_allowlist
+        if command in allowlist:
+            return True
+        try:
+            await self._store.set_persistent(
+                state.key, None, **{APPROVAL_ALLOWLIST: [*allowlist, command]}
+            )
+        except ChatlaneError as error:
+            log.warning("could not keep an always-approval: %s", error)
+            return False
         if command not in allowlist:
             allowlist.append(command)
-        await self._store.set_persistent(state.key, None, **{APPROVAL_ALLOWLIST: list(allowlist)})
+        return True
 
     def end_conversation(self, state: SessionState) -> int:
         """Deny every pending request of ``state`` at once; return how many there were."""
