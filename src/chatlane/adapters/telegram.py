@@ -187,10 +187,10 @@ class TelegramAdapter:
         self._token = None if secrets is None else secrets.telegram_token
         self._clock = clock
         self._refused_at: dict[str, float] = {}
+        """Stranger's user id → when a private chat last told them they are refused."""
         self._aside = Aside()
         """Acknowledgements and the adapter's own notices, which hold their caller up only
         briefly."""
-        """Stranger's user id → when a private chat last told them they are refused."""
         self._poll_timeout = poll_timeout
         self._poll_interval = poll_interval
         self._hub: Hub | None = None
