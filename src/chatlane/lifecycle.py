@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chatlane.lifecycle")
 
+RESUMABLE = 1000
+"""How many of a session's newest conversations one may be resumed from (by id or title)."""
+
 
 class EndReason(enum.StrEnum):
     """Why a conversation ended."""
@@ -114,7 +117,8 @@ async def end_conversation(
 
 
 async def _has_conversation(engine: TurnEngine, key: SessionKey, conversation_id: str) -> bool:
-    return any(c.id == conversation_id for c in await engine.store.conversations(key, 1000))
+    found = await engine.store.conversations(key, RESUMABLE)
+    return any(c.id == conversation_id for c in found)
 
 
 def queued_count(engine: TurnEngine, key: SessionKey) -> int:

@@ -18,13 +18,13 @@ import msgspec
 from chatlane.approvals import Decision, Grant, is_request_id
 from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
 from chatlane.endpoints import EndpointRefused, endpoint_policy
-from chatlane.lifecycle import EndReason, end_conversation
+from chatlane.lifecycle import RESUMABLE, EndReason, end_conversation
 from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
 from chatlane.runtime.persisted import apply_once
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import Conversation
 from chatlane.stores.fields import MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIER_OVERRIDE
-from chatlane.types import ModelChoice, visible
+from chatlane.types import ModelChoice, clipped, visible
 
 YES = frozenset({"yes", "y", "ok", "confirm"})
 NO = frozenset({"no", "n", "cancel"})
@@ -67,17 +67,8 @@ def _dropped(count: int) -> str:
 LISTED = 20
 """Conversations ``/resume`` lists, and numbers, newest first."""
 
-SEARCHED = 1000
-"""Conversations ``/resume <id or title words>`` looks through, newest first (as many as
-the boundary accepts an id from)."""
-
 SHOWN = 80
 """Characters of an argument a reply repeats; a longer one is cut, with ``…``."""
-
-
-def _shown(text: str) -> str:
-    """``text`` as a reply repeats it: at most :data:`SHOWN` characters."""
-    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
 
 
 async def _resume(call: CommandCall) -> str:
@@ -85,11 +76,11 @@ async def _resume(call: CommandCall) -> str:
     if not call.args:
         listed = await store.conversations(key, LISTED)
         return _listing(listed, (await store.conversation(key)).id)
-    conversations = await store.conversations(key, SEARCHED)
+    conversations = await store.conversations(key, RESUMABLE)
     chosen, others = _find(conversations, call.args.strip())
     if chosen is None:
         raise UsageError(
-            f"No conversation matches {_shown(call.args)!r}; send /resume to list them."
+            f"No conversation matches {clipped(call.args, SHOWN)!r}; send /resume to list them."
         )
     if chosen.id == (await store.conversation(key)).id:  # nothing to switch to: nothing ends
         return f"Already in {_named(chosen)}." + _also_matching(others)
@@ -203,19 +194,20 @@ MODEL_NAME_MAX = 200
 """The longest model name ``/model`` takes (providers' names are far shorter)."""
 
 
+def _described(choice: ModelChoice | None) -> str:
+    return choice.describe() if choice else "the default"
+
+
 async def _model(call: CommandCall) -> str:
     engine, key = call.engine, call.session_key
     state = await engine.session(key)
     if not call.args:
         conversation = state.conversation
         current, once = conversation.model_override, conversation.one_turn_restore
-        shown = f"Model: {current.describe() if current else 'the default'}"
+        shown = f"Model: {_described(current)}"
         if once is None:
             return shown
-        after: ModelChoice | None = once["model_override"]
-        return (
-            f"{shown}, for the next turn only; then {after.describe() if after else 'the default'}"
-        )
+        return f"{shown}, for the next turn only; then {_described(once['model_override'])}"
     choice, once = _parse_model(call.args)
     if choice.base_url:
         choice = await _allowed_endpoint(call, choice)

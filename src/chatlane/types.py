@@ -40,6 +40,11 @@ def new_message_id() -> str:
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def clipped(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and ``…``."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def visible(text: str) -> bool:
     """Whether ``text`` holds a character one can see: not only spaces, line breaks,
     controls or invisible format characters (a zero-width space, a joiner)."""

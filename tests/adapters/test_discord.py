@@ -27,7 +27,7 @@ from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
-from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, Target
+from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, SessionKey, Target
 from tests.adapters.discordapi import (
     BOT_ID,
     BOT_USER,
@@ -38,6 +38,7 @@ from tests.adapters.discordapi import (
     RANDOM,
     THREAD,
     DiscordApi,
+    Posted,
     message,
 )
 from tests.adapters.test_api import eventually as eventually_true
@@ -526,14 +527,23 @@ async def test_a_stream_is_shown_as_one_message_edited_in_place(
     assert all(final.startswith(edit.removesuffix(" …")) for edit in shown.edits)
 
 
+async def show_draft(
+    r: Running, api: DiscordApi, text: str
+) -> tuple[int, SessionKey, Target, Posted]:
+    """A stream's first chunk ``text`` in Alice's DM, shown as its draft: the DM's channel,
+    the key, the target and the draft."""
+    dm = api.dm_channel(ALICE)
+    key, target = chat_key(str(dm), "discord"), Target("discord", str(dm))
+    await r.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, text, generation=1))
+    [draft] = await api.wait_for_messages(dm)
+    return dm, key, target, draft
+
+
 async def test_a_draft_is_edited_then_replaced_by_the_reply(
     api: DiscordApi, tmp_path: Path
 ) -> None:
     async with running(discord_config(api, tmp_path), edit_interval=0.01) as r:
-        dm = api.dm_channel(ALICE)
-        key, target = chat_key(str(dm), "discord"), Target("discord", str(dm))
-        await r.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "Hello ", generation=1))
-        await api.wait_for(lambda: api.calls.count("messages.create") == 1)
+        dm, key, target, _ = await show_draft(r, api, "Hello ")
         await r.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "world", generation=1))
         await api.wait_for(lambda: "messages.edit" in api.calls)
         reply = Outbound(OutboundKind.REPLY, key, target, "Hello world!", generation=1)
@@ -568,10 +578,7 @@ async def test_a_reply_whose_draft_was_deleted_is_posted_anew(
     api: DiscordApi, tmp_path: Path
 ) -> None:
     async with running(discord_config(api, tmp_path), edit_interval=0.01) as r:
-        dm = api.dm_channel(ALICE)
-        key, target = chat_key(str(dm), "discord"), Target("discord", str(dm))
-        await r.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "Hel", generation=1))
-        [draft] = await api.wait_for_messages(dm)
+        dm, key, target, draft = await show_draft(r, api, "Hel")
         api.delete(draft)  # by a moderator, before the reply replaced it
         reply = Outbound(OutboundKind.REPLY, key, target, "Hello!", generation=1)
         await r.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))

@@ -41,8 +41,8 @@ from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, build_app, open_hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
-from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, Target
-from tests.adapters.slackapi import BOT_ID, BOT_USER, SlackApi, SlackRequests
+from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, SessionKey, Target
+from tests.adapters.slackapi import BOT_ID, BOT_USER, Message, SlackApi, SlackRequests
 from tests.adapters.test_api import eventually as eventually_true
 from tests.clock import Clock
 from tests.delivery.waits import dead, delivered, eventually
@@ -643,13 +643,22 @@ async def test_an_acknowledgement_waiting_out_a_rate_limit_holds_up_no_message(
     await eventually_true(held)  # within seconds; the limit is longer
 
 
+async def show_draft(
+    s: Served, api: SlackApi, text: str, generation: int = 1
+) -> tuple[SessionKey, Target, Message]:
+    """A stream's first chunk ``text`` in Alice's DM, shown as its draft: the key, the target
+    and the draft."""
+    key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+    await s.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, text, generation=generation))
+    [draft] = await api.wait_for_messages(ALICE_DM)
+    return key, target, draft
+
+
 async def test_a_reply_whose_draft_was_deleted_is_posted_anew(
     api: SlackApi, tmp_path: Path
 ) -> None:
     async with served(slack_config(api, tmp_path), edit_interval=0.01) as s:
-        key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
-        await s.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "Hel", generation=1))
-        [draft] = await api.wait_for_messages(ALICE_DM)
+        key, target, draft = await show_draft(s, api, "Hel")
         api.delete(draft)  # by its reader, before the reply replaced it
         reply = Outbound(OutboundKind.REPLY, key, target, "Hello!", generation=1)
         await s.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
@@ -663,9 +672,7 @@ async def test_a_reply_sent_again_over_its_draft_labels_the_first_part_it_posts(
     """The draft's edit repeats nothing; the parts posted after it may repeat."""
     text = ("word " * 19 + "end\n") * 40  # two parts
     async with served(slack_config(api, tmp_path), edit_interval=0.01) as s:
-        key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
-        await s.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "word", generation=1))
-        await api.wait_for_messages(ALICE_DM)
+        key, target, _ = await show_draft(s, api, "word")
         reply = Outbound(OutboundKind.REPLY, key, target, text, generation=1)
         await s.adapter.send(reply, Attempt("d_1", uncertain=True, attempts=1))
     edited, posted = api.texts(ALICE_DM)
@@ -689,9 +696,7 @@ async def test_a_reply_whose_edit_failed_still_replaces_its_draft(
     api: SlackApi, tmp_path: Path
 ) -> None:
     async with served(slack_config(api, tmp_path), edit_interval=0.01) as s:
-        key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
-        await s.adapter.deliver(Outbound(OutboundKind.CHUNK, key, target, "1 ", generation=3))
-        await api.wait_for_call("chat.postMessage")
+        key, target, _ = await show_draft(s, api, "1 ", generation=3)
         ack = Outbound(OutboundKind.ACK, key, target, "Queued for the next turn", generation=3)
         await s.adapter.deliver(ack)
         api.fail_next("chat.update", "ratelimited", status=429, retry_after=0)

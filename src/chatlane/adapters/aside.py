@@ -49,6 +49,15 @@ class Aside:
         self.patience = patience
         self._running: set[asyncio.Task[None]] = set()
 
+    async def deliver(self, outbound: Outbound, sending: Coroutine[Any, Any, None]) -> None:
+        """Run ``sending``, the send of ``outbound``: aside if :func:`sent_aside` says so,
+        else in the caller, to its end (a reply sent without the ledger keeps its turn's
+        order: the turn's next reply comes after it)."""
+        if sent_aside(outbound):
+            await self.send(sending)
+        else:
+            await sending
+
     async def send(self, sending: Coroutine[Any, Any, None]) -> None:
         """Run ``sending``; return once it is done, or after :attr:`patience` seconds."""
         task = asyncio.create_task(self._logged(sending))

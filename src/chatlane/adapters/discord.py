@@ -57,7 +57,7 @@ import discord
 from discord.backoff import ExponentialBackoff
 from starlette.routing import BaseRoute
 
-from chatlane.adapters.aside import Aside, sent_aside
+from chatlane.adapters.aside import Aside
 from chatlane.adapters.discord_client import Events, GatewayClient, answer_interaction
 from chatlane.adapters.discord_delivery import Parts, edit, post, send_parts
 from chatlane.adapters.discord_events import Channels, approval_view, read_message, read_press
@@ -277,10 +277,7 @@ class DiscordAdapter:
         if outbound.kind is OutboundKind.CHUNK:
             self._drafts.add(outbound)
             return
-        if sent_aside(outbound):  # sent while a message is taken in
-            await self._aside.send(self._best_effort(client, outbound))
-        else:  # in a turn's order (without the ledger): its next reply comes after it
-            await self._best_effort(client, outbound)
+        await self._aside.deliver(outbound, self._best_effort(client, outbound))
 
     async def _best_effort(self, client: discord.Client, outbound: Outbound) -> None:
         """Send ``outbound`` outside the ledger, a rate limit waited out in place."""

@@ -59,7 +59,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from starlette.routing import BaseRoute
 
-from chatlane.adapters.aside import Aside, sent_aside
+from chatlane.adapters.aside import Aside
 from chatlane.adapters.slack_delivery import Parts, bot_user, classify, post, send_parts
 from chatlane.adapters.slack_events import Inbox, Intake
 from chatlane.adapters.slack_format import MESSAGE_LIMIT, split_message, to_mrkdwn
@@ -244,10 +244,7 @@ class SlackAdapter:
         if outbound.kind is OutboundKind.CHUNK:
             self._drafts.add(outbound)
             return
-        if sent_aside(outbound):  # sent while a message is taken in
-            await self._aside.send(self._best_effort(client, outbound))
-        else:  # in a turn's order (without the ledger): its next reply comes after it
-            await self._best_effort(client, outbound)
+        await self._aside.deliver(outbound, self._best_effort(client, outbound))
 
     async def _best_effort(self, client: AsyncWebClient, outbound: Outbound) -> None:
         """Send ``outbound`` outside the ledger, a rate limit waited out in place."""

@@ -85,7 +85,7 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
-from chatlane.adapters.aside import Aside, sent_aside
+from chatlane.adapters.aside import Aside
 from chatlane.adapters.splitting import joined
 from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
@@ -303,10 +303,7 @@ class TelegramAdapter:
         if app is None or target.chat_id is None:
             log.warning("telegram is not running; dropped a %s for %s", outbound.kind, target)
             return
-        if sent_aside(outbound):
-            await self._aside.send(self._send_whole(app.bot, outbound))
-        else:  # in a turn's order (without the ledger): its next reply comes after it
-            await self._send_whole(app.bot, outbound)
+        await self._aside.deliver(outbound, self._send_whole(app.bot, outbound))
 
     async def _send_whole(self, bot: Bot, outbound: Outbound) -> None:
         """Send ``outbound``'s parts in order outside the ledger, flood control waited out."""

@@ -37,7 +37,7 @@ from chatlane.overheard import render
 from chatlane.runtime.turn import Turn
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.records import TranscriptEntry
-from chatlane.types import Attachment, SessionKey
+from chatlane.types import Attachment, SessionKey, clipped
 
 MAX_SLEEP = 60.0
 MAX_STREAM = 50
@@ -130,8 +130,7 @@ def _with_files(text: str, attachments: tuple[Attachment, ...]) -> str:
 
 
 def _one_line(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= CONTEXT_WIDTH else flat[: CONTEXT_WIDTH - 1] + "…"
+    return clipped(" ".join(text.split()), CONTEXT_WIDTH)
 
 
 async def _sleep(turn: Turn, argument: str) -> str:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from chatlane.state import SessionState
-from chatlane.types import InboundMessage
+from chatlane.types import InboundMessage, clipped
 
 
 @dataclass(slots=True)
@@ -177,8 +177,7 @@ PREVIEW_CHARS = 40
 def preview(message: InboundMessage) -> str:
     """The start of ``message``'s text on one line, quoted, to name it in a notice or a list."""
     text = " ".join(message.text.split())
-    short = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
-    return f"“{short}”"
+    return f"“{clipped(text, PREVIEW_CHARS)}”"
 
 
 def smallest_seq(state: SessionState) -> int | None:
