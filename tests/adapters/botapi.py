@@ -11,6 +11,9 @@ form fields) and answers as the real API does: ``{"ok": true, "result": …}`` o
   most 4096 UTF-16 units) and records every accepted message.
 * ``sendChatAction`` checks the chat and the action and records each one
   (:meth:`BotApi.actions`).
+* A group upgraded to a supergroup (:meth:`BotApi.migrate`) answers every
+  send with a 400 naming the new chat (``migrate_to_chat_id``), as Telegram
+  does.
 * Files are never served: a message with one (:meth:`BotApi.push_media`)
   carries its Bot API object, whose ``file_id`` chatlane only passes on.
 * A method the stand-in does not implement gets a 400 naming it and is recorded
@@ -103,11 +106,20 @@ def _ok(result: object) -> Response:
     return Response(json.dumps({"ok": True, "result": result}), media_type="application/json")
 
 
-def _error(status: int, description: str, retry_after: int | None = None) -> Response:
+def _error(
+    status: int, description: str, retry_after: int | None = None, **parameters: int
+) -> Response:
     body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
     if retry_after is not None:
-        body["parameters"] = {"retry_after": retry_after}
+        parameters["retry_after"] = retry_after
+    if parameters:
+        body["parameters"] = parameters
     return Response(json.dumps(body), status_code=status, media_type="application/json")
+
+
+def _moved(chat: int) -> Response:
+    upgraded = "Bad Request: group chat was upgraded to a supergroup chat"
+    return _error(400, upgraded, migrate_to_chat_id=chat)
 
 
 def _coerce(name: str, value: str) -> Any:
@@ -158,7 +170,9 @@ class BotApi:
         self._actions: list[Action] = []
         self._updates: list[dict[str, Any]] = []
         self._chats: dict[int | str, dict[str, Any]] = {}
-        self._failures: dict[str, list[tuple[int, str, int | None]]] = {}
+        self._moved: dict[int | str, int] = {}
+        self._failures: dict[str, dict[int, tuple[int, str, int | None]]] = {}
+        """Failures to answer with, by method and the number of the call (from 1)."""
         self._update_ids = itertools.count(1000)
         self._message_ids = itertools.count(1)
         self._changed = asyncio.Event()
@@ -292,15 +306,27 @@ class BotApi:
         self._enqueue("callback_query", {**query, "message": message})
         return query_id
 
+    def migrate(self, chat: int, to: int) -> None:
+        """Upgrade the group ``chat`` to the supergroup ``to``: sends to ``chat`` fail."""
+        self._chat(to, "supergroup", forum=False)
+        self._moved[chat] = to
+
     def fail_next(
         self,
         method: str,
         status: int = 500,
         description: str = "Internal",
         retry_after: int | None = None,
+        *,
+        after: int = 0,
     ) -> None:
-        """Make the next call of ``method`` fail with ``status`` (and ``retry_after``, for 429s)."""
-        self._failures.setdefault(method, []).append((status, description, retry_after))
+        """Make the next call of ``method`` (or the one ``after`` calls later) fail with
+        ``status`` (and ``retry_after``, for 429s)."""
+        failures = self._failures.setdefault(method, {})
+        number = self.calls.count(method) + 1 + after
+        while number in failures:
+            number += 1
+        failures[number] = (status, description, retry_after)
 
     def sent(self, chat_id: int | str) -> list[Sent]:
         """What the bot sent to ``chat_id``, oldest first."""
@@ -379,9 +405,9 @@ class BotApi:
         method = request.path_params["method"]
         self.calls.append(method)
         self._notify()
-        failures = self._failures.get(method)
-        if failures:
-            return _error(*failures.pop(0))
+        failure = self._failures.get(method, {}).pop(self.calls.count(method), None)
+        if failure is not None:
+            return _error(*failure)
         handler = self._methods().get(method)
         if handler is None:
             self.unknown.append(method)
@@ -417,6 +443,9 @@ class BotApi:
         return _ok(self._updates[: int(params.get("limit") or 100)])
 
     async def _send_message(self, params: Params) -> Response:
+        moved = self._moved.get(params.get("chat_id", ""))
+        if moved is not None:
+            return _moved(moved)
         chat = self._chats.get(params.get("chat_id", ""))
         text = str(params.get("text", ""))
         if chat is None:
@@ -432,6 +461,9 @@ class BotApi:
         return _ok(self._message(sent, chat))
 
     async def _send_chat_action(self, params: Params) -> Response:
+        moved = self._moved.get(params.get("chat_id", ""))
+        if moved is not None:
+            return _moved(moved)
         chat = self._chats.get(params.get("chat_id", ""))
         action = str(params.get("action", ""))
         if chat is None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +19,12 @@ import pytest
 
 from chatlane.adapters.discord import REFUSAL_INTERVAL, DiscordAdapter
 from chatlane.adapters.discord_wire import MESSAGE_LIMIT
+from chatlane.adapters.waits import SEND_ROOM
 from chatlane.approvals import HOW_TO_ANSWER, UNBREAKABLE_BACKTICK, markdown_prompt
 from chatlane.config import Config, DiscordConfig, Secret, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
-from chatlane.errors import ConfigError, RateLimited, StoreError
+from chatlane.errors import ConfigError, RateLimited, StoreError, TransientDelivery
 from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
@@ -614,6 +616,25 @@ async def test_a_short_rate_limit_is_waited_out_in_place(api: DiscordApi, bot: R
     done = await bot.hub.store.deliveries(DELIVERED)
     assert api.texts(dm) == ["echo: first", "echo: second"]  # in order, no label: not sent
     assert [d.attempts for d in done] == [0, 0]
+
+
+async def test_a_rate_limit_that_would_outlast_the_attempt_is_not_waited_for(
+    api: DiscordApi, bot: Running
+) -> None:
+    """A wait between parts that would end past the worker's deadline fails the attempt at
+    once (the first part went out: maybe sent), instead of being cancelled mid-wait."""
+    dm = api.dm_channel(ALICE)
+    key, target = chat_key(str(dm), "discord"), Target("discord", str(dm))
+    reply = Outbound(OutboundKind.REPLY, key, target, "word " * 1000)  # three parts
+    api.fail_next(
+        "messages.create", 429, text="You are being rate limited.", retry_after=45, after=1
+    )
+    deadline = time.monotonic() + SEND_ROOM + 10
+    with pytest.raises(TransientDelivery) as failed:
+        await bot.adapter.send(reply, Attempt("d_1", False, 0, deadline))
+    assert failed.value.maybe_sent
+    assert time.monotonic() < deadline
+    assert len(api.messages(dm)) == 1
 
 
 async def test_a_long_rate_limit_is_the_ledgers_to_wait(api: DiscordApi, bot: Running) -> None:

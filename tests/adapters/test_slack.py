@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from chatlane.adapters.slack import REFUSAL_INTERVAL, SlackAdapter
 from chatlane.adapters.slack_delivery import classify
 from chatlane.adapters.slack_format import MESSAGE_LIMIT, to_mrkdwn
 from chatlane.adapters.slack_wire import message_id
+from chatlane.adapters.waits import SEND_ROOM
 from chatlane.approvals import HOW_TO_ANSWER, UNBREAKABLE_BACKTICK, markdown_prompt
 from chatlane.config import Config, Secret, SlackConfig, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings
@@ -580,6 +582,23 @@ async def test_a_later_part_that_failed_makes_the_reply_maybe_sent(
     assert failed.value.maybe_sent
     await gateway.adapter.send(reply, Attempt("d_1", uncertain=True, attempts=2))
     assert api.texts(ALICE_DM)[-3].startswith(RESENT_LABEL)
+
+
+async def test_a_rate_limit_that_would_outlast_the_attempt_is_not_waited_for(
+    api: SlackApi, gateway: Served
+) -> None:
+    """A wait between parts that would end past the worker's deadline fails the attempt at
+    once (the first part went out: maybe sent), instead of being cancelled mid-wait."""
+    text = ("word " * 19 + "end\n") * 70
+    key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
+    api.fail_next("chat.postMessage", "ratelimited", status=429, retry_after=30, after=1)
+    reply = Outbound(OutboundKind.REPLY, key, target, text)
+    deadline = time.monotonic() + SEND_ROOM + 10
+    with pytest.raises(TransientDelivery) as failed:
+        await gateway.adapter.send(reply, Attempt("d_1", False, 0, deadline))
+    assert failed.value.maybe_sent
+    assert time.monotonic() < deadline
+    assert api.calls.count("chat.postMessage") == 2
 
 
 async def test_markdown_is_sent_as_mrkdwn(api: SlackApi, gateway: Served) -> None:

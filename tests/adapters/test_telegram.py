@@ -30,10 +30,11 @@ from chatlane.adapters.telegram import (
     utf16_len,
 )
 from chatlane.adapters.telegram_groups import BotIdentity
+from chatlane.adapters.waits import SEND_ROOM
 from chatlane.config import Config, Secret, TelegramConfig
-from chatlane.delivery import DeliverySettings
+from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
-from chatlane.errors import ConfigError, StoreError
+from chatlane.errors import ConfigError, StoreError, TransientDelivery
 from chatlane.gateway import DispatchResult
 from chatlane.groups import GroupPolicy
 from chatlane.hub import Hub, open_hub, shutdown
@@ -48,6 +49,8 @@ from tests.keys import chat_key
 GROUP = -1001234
 TOPIC = 7
 ALICE, BOB = 42, 43
+LONG = ("word " * 19 + "end\n") * 50
+"""A reply of two parts (5,000 characters)."""
 
 
 @pytest.fixture
@@ -374,6 +377,37 @@ async def test_flood_control_is_waited_out_without_losing_or_reordering(
     assert time.monotonic() - started >= 1.0
     assert [r.text for r in replies] == ["echo: first", "echo: second"]  # no label: not sent
     assert api.calls.count("sendMessage") == 3
+
+
+async def test_a_flood_wait_that_would_outlast_the_attempt_is_not_begun(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    """A wait between parts that would end past the worker's deadline fails the attempt at
+    once (the first part went out: maybe sent), instead of being cancelled mid-wait."""
+    api.push_text(ALICE, ALICE, "hi")  # the stand-in knows the chat once it wrote
+    await api.wait_for_sent(ALICE)
+    key = chat_key(str(ALICE), "telegram")
+    reply = Outbound(OutboundKind.REPLY, key, Target("telegram", str(ALICE)), LONG)
+    api.fail_next("sendMessage", 429, "Too Many Requests: retry after 30", 30, after=1)
+    deadline = time.monotonic() + SEND_ROOM + 10
+    with pytest.raises(TransientDelivery) as failed:
+        await adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0, deadline=deadline))
+    assert failed.value.maybe_sent
+    assert time.monotonic() < deadline
+    assert api.calls.count("sendMessage") == 3  # "echo: hi", part 1, part 2 refused
+
+
+async def test_a_reply_to_a_group_upgraded_to_a_supergroup_goes_to_the_supergroup(
+    api: BotApi, tmp_path: Path
+) -> None:
+    old, new = -4321, -1004321
+    async with running(telegram_config(api, tmp_path)) as (hub, _):
+        api.migrate(old, new)  # Telegram still hands on a message sent before the upgrade
+        api.push_text(old, ALICE, "before the upgrade", chat_type="group")
+        [reply] = await api.wait_for_sent(new)
+        await eventually(hub.gateway.delivery, lambda: delivered(hub, 1))
+    assert reply.text == "echo: before the upgrade"
+    assert api.sent(old) == []
 
 
 async def test_approval_buttons_answer_as_the_presser(

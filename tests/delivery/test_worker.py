@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
@@ -81,6 +82,17 @@ class TestTheLedgerPath:
         [done] = await rig.store.deliveries(DELIVERED)
         assert done.id == rig.platform.accepted[0].delivery_id
         assert rig.gateway.engine.metrics.deliveries["delivered"] == 1
+
+    async def test_a_sender_is_told_when_its_attempt_is_given_up(self, rig: Rig) -> None:
+        """The deadline a sender keeps its rate-limit waits inside: ``send_timeout`` from
+        the start of the send."""
+        before = time.monotonic()
+        await rig.say("one")
+        await rig.platform.until(lambda: len(rig.platform.accepted) == 1)
+        [attempt] = rig.platform.attempts
+        assert (
+            before + FAST.send_timeout <= attempt.deadline <= time.monotonic() + FAST.send_timeout
+        )
 
     async def test_chunks_and_acks_stay_direct(self, rig: Rig) -> None:
         await rig.say("sleep 30")

@@ -74,6 +74,7 @@ from chatlane.adapters.drafts import EDIT_INTERVAL, Draft, Drafts
 from chatlane.adapters.lanes import Lanes
 from chatlane.adapters.recent import Recent
 from chatlane.adapters.typing import TypingIndicators
+from chatlane.adapters.waits import WaitBudget
 from chatlane.approvals import markdown_text
 from chatlane.attachments import oversized, too_large_notice
 from chatlane.config import Config
@@ -283,7 +284,7 @@ class DiscordAdapter:
         """Send ``outbound`` outside the ledger, a rate limit waited out in place."""
         try:
             message = await self._parts(outbound, uncertain=False)
-            await send_parts(client, message, RATE_LIMIT_CAP, wait_first=True)
+            await send_parts(client, message, WaitBudget(RATE_LIMIT_CAP), wait_first=True)
         except DeliveryFailed as error:
             log.warning("discord send to %s failed: %s", outbound.target.chat_id, error)
         finally:
@@ -307,7 +308,7 @@ class DiscordAdapter:
         message = await self._parts(
             outbound, uncertain=attempt.uncertain, nonce=attempt.delivery_id
         )
-        await send_parts(client, message, RATE_LIMIT_CAP)
+        await send_parts(client, message, WaitBudget(RATE_LIMIT_CAP, attempt.deadline))
         self._drafts.forget(outbound)
 
     async def _parts(self, outbound: Outbound, *, uncertain: bool, nonce: str = "") -> Parts:

@@ -22,7 +22,8 @@ What stays true:
   Past that window a re-send may repeat, so the adapter labels it.
 * A long message goes out in parts; once one part went out, a failure of a
   later one counts as maybe sent, and a rate limit between parts is waited
-  out in place, up to ``wait_cap`` seconds.
+  out in place, up to a cap for the whole message and never past the
+  worker's deadline (:mod:`chatlane.adapters.waits`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 import aiohttp
 import discord
 
+from chatlane.adapters.waits import WaitBudget
 from chatlane.errors import (
     DeliveryFailed,
     PermanentDelivery,
@@ -114,13 +116,13 @@ class Parts:
 
 
 async def send_parts(
-    client: discord.Client, message: Parts, wait_cap: float, *, wait_first: bool = False
+    client: discord.Client, message: Parts, budget: WaitBudget, *, wait_first: bool = False
 ) -> None:
     """Send ``message``'s parts in order.
 
     A rate limit is waited out in place between parts, and before the first
     one too with ``wait_first`` (for a send outside the ledger, which has no
-    later attempt); one part's waits add up to at most ``wait_cap`` seconds.
+    later attempt), as long as ``budget`` allows (:mod:`chatlane.adapters.waits`).
     A draft that no longer exists (deleted) is let go: the first part is
     posted instead.
 
@@ -130,7 +132,6 @@ async def send_parts(
     for index, text in enumerate(message.parts):
         later = index > 0
         view = message.view if index == len(message.parts) - 1 else None
-        waited = 0.0
         while True:
             shown = draft if index == 0 else None
             try:
@@ -142,11 +143,10 @@ async def send_parts(
                     draft = None
                     continue
                 wait = rate_limit_wait(error)
-                if wait is None or not (wait_first or later) or waited + wait > wait_cap:
+                if wait is None or not (wait_first or later) or not budget.allows(wait):
                     raise classify(error, sent_before=later) from error
                 log.info("discord rate limit: channel %s waits %gs", message.channel, wait)
                 await asyncio.sleep(wait)  # in place: keep the parts in order
-                waited += wait
 
 
 UNKNOWN_MESSAGE = 10008

@@ -75,6 +75,7 @@ from chatlane.adapters.slack_wire import (
     check_secrets,
     read_posted,
 )
+from chatlane.adapters.waits import WaitBudget
 from chatlane.approvals import markdown_text
 from chatlane.attachments import oversized, too_large_notice
 from chatlane.config import Config, SlackMode
@@ -250,7 +251,7 @@ class SlackAdapter:
         """Send ``outbound`` outside the ledger, a rate limit waited out in place."""
         try:
             message = await self._parts(outbound, uncertain=False)
-            await send_parts(client, message, RATE_LIMIT_CAP, wait_first=True)
+            await send_parts(client, message, WaitBudget(RATE_LIMIT_CAP), wait_first=True)
         except DeliveryFailed as error:
             log.warning("slack chat.postMessage to %s failed: %s", outbound.target.chat_id, error)
         finally:
@@ -270,7 +271,7 @@ class SlackAdapter:
         if outbound.target.chat_id is None:
             raise PermanentDelivery("slack: the delivery names no conversation")
         message = await self._parts(outbound, uncertain=attempt.uncertain)
-        await send_parts(client, message, RATE_LIMIT_CAP)
+        await send_parts(client, message, WaitBudget(RATE_LIMIT_CAP, attempt.deadline))
         self._drafts.forget(outbound)
 
     async def _parts(self, outbound: Outbound, *, uncertain: bool) -> Parts:

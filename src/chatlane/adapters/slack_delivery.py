@@ -19,7 +19,8 @@ What stays true:
   before goes out again with :data:`~chatlane.delivery.ledger.RESENT_LABEL` in
   front (the adapter adds it). A long message goes out in parts; once one part
   went out, a failure of a later one counts as maybe sent, and a rate limit
-  between parts is waited out in place, up to ``wait_cap`` seconds.
+  between parts is waited out in place, up to a cap for the whole message and never past the
+  worker's deadline (:mod:`chatlane.adapters.waits`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
+from chatlane.adapters.waits import WaitBudget
 from chatlane.errors import (
     ConfigError,
     DeliveryFailed,
@@ -132,13 +134,13 @@ class Parts:
 
 
 async def send_parts(
-    client: AsyncWebClient, message: Parts, wait_cap: float, *, wait_first: bool = False
+    client: AsyncWebClient, message: Parts, budget: WaitBudget, *, wait_first: bool = False
 ) -> None:
     """Send ``message``'s parts in order.
 
     A rate limit is waited out in place between parts, and before the first
     one too with ``wait_first`` (for a send outside the ledger, which has no
-    later attempt); one part's waits add up to at most ``wait_cap`` seconds.
+    later attempt), as long as ``budget`` allows (:mod:`chatlane.adapters.waits`).
 
     A draft that can no longer be edited (deleted, or past Slack's edit window)
     is let go: the first part is posted instead.
@@ -148,7 +150,6 @@ async def send_parts(
     for index, text in enumerate(message.parts):
         later = index > 0
         blocks = message.blocks if index == len(message.parts) - 1 else None
-        waited = 0.0
         while True:
             ts = message.draft_ts if index == 0 else None
             try:
@@ -160,11 +161,10 @@ async def send_parts(
                     message.draft_ts = None
                     continue
                 wait = rate_limit_wait(error)
-                if wait is None or not (wait_first or later) or waited + wait > wait_cap:
+                if wait is None or not (wait_first or later) or not budget.allows(wait):
                     raise classify(error, sent_before=later) from error
                 log.info("slack rate limit: %s waits %gs", message.target.chat_id, wait)
                 await asyncio.sleep(wait)  # in place: keep the parts in order
-                waited += wait
             except (aiohttp.ClientError, TimeoutError) as error:
                 raise classify(error, sent_before=later) from error
 

@@ -92,6 +92,7 @@ from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_
 from chatlane.adapters.telegram_groups import BotIdentity, addressed_text, overheard
 from chatlane.adapters.telegram_media import MEDIA, attachment_of
 from chatlane.adapters.typing import TypingIndicators
+from chatlane.adapters.waits import WaitBudget
 from chatlane.approvals import is_request_id
 from chatlane.attachments import oversized, too_large_notice
 from chatlane.commands import parse_command
@@ -306,18 +307,16 @@ class TelegramAdapter:
         await self._aside.deliver(outbound, self._send_whole(app.bot, outbound))
 
     async def _send_whole(self, bot: Bot, outbound: Outbound) -> None:
-        """Send ``outbound``'s parts in order outside the ledger, flood control waited out."""
+        """Send ``outbound``'s parts in order outside the ledger, flood control waited out;
+        a failure is logged."""
         target = outbound.target
         parts = [part for part in split_message(clean_text(outbound.text)) if part.strip()]
-        for index, part in enumerate(parts):
-            last = index == len(parts) - 1
-            buttons = (
-                approval_buttons(outbound.approval_id)
-                if last and outbound.kind is OutboundKind.APPROVAL
-                else None
+        try:
+            await send_parts(
+                bot, target, parts, _buttons(outbound), WaitBudget(FLOOD_WAIT_CAP), wait_first=True
             )
-            if not await _send(bot, target, part, buttons):
-                return
+        except DeliveryFailed as error:
+            log.warning("telegram sendMessage to chat %s failed: %s", target.chat_id, error)
 
     def ready(self) -> bool:
         """Whether the bot runs, so the delivery worker may send (:mod:`chatlane.delivery`)."""
@@ -341,10 +340,8 @@ class TelegramAdapter:
         if attempt.uncertain:
             text = RESENT_LABEL + text
         parts = [part for part in split_message(text) if part.strip()]
-        buttons = None
-        if outbound.kind is OutboundKind.APPROVAL:
-            buttons = approval_buttons(outbound.approval_id)
-        await send_parts(app.bot, target, parts, buttons, FLOOD_WAIT_CAP)
+        budget = WaitBudget(FLOOD_WAIT_CAP, attempt.deadline)
+        await send_parts(app.bot, target, parts, _buttons(outbound), budget)
 
     async def _on_message(self, update: Update, context: object) -> None:
         """A text, or a file and its caption: to the hub, unless the file is over the cap."""
@@ -663,14 +660,11 @@ def _is_flag_half(char: str) -> bool:
     return 0x1F1E6 <= ord(char) <= 0x1F1FF
 
 
-async def _send(bot: Bot, target: Target, text: str, buttons: InlineKeyboardMarkup | None) -> bool:
-    """``sendMessage`` outside the ledger, waiting out flood control; ``False`` if it failed."""
-    try:
-        await send_parts(bot, target, [text], buttons, FLOOD_WAIT_CAP, wait_first=True)
-    except DeliveryFailed as error:
-        log.warning("telegram sendMessage to chat %s failed: %s", target.chat_id, error)
-        return False
-    return True
+def _buttons(outbound: Outbound) -> InlineKeyboardMarkup | None:
+    """The buttons under ``outbound``'s last part: an approval's, else none."""
+    if outbound.kind is OutboundKind.APPROVAL:
+        return approval_buttons(outbound.approval_id)
+    return None
 
 
 async def _answer(query: CallbackQuery, text: str) -> None:

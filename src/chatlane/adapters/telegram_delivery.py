@@ -16,7 +16,11 @@ What stays true:
 * A long message goes out in parts; once one part went out, a failure of a
   later one may leave the chat with part of it, so it counts as maybe sent
   (the re-send is labelled). Flood control between parts is waited out in
-  place, up to :data:`~chatlane.adapters.telegram.FLOOD_WAIT_CAP` seconds.
+  place, up to :data:`~chatlane.adapters.telegram.FLOOD_WAIT_CAP` seconds for
+  the whole message and never past the worker's deadline
+  (:mod:`chatlane.adapters.waits`).
+* A group upgraded to a supergroup has a new chat id; a send to the old one
+  is answered with the new one (``ChatMigrated``), and the parts go there.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from telegram.error import (
 )
 from telegram.request import HTTPXRequest
 
+from chatlane.adapters.waits import WaitBudget
 from chatlane.errors import (
     DeliveryFailed,
     PermanentDelivery,
@@ -106,7 +111,7 @@ async def send_parts(
     target: Target,
     parts: list[str],
     buttons: InlineKeyboardMarkup | None,
-    flood_wait_cap: float,
+    budget: WaitBudget,
     *,
     wait_first: bool = False,
 ) -> None:
@@ -114,48 +119,36 @@ async def send_parts(
 
     Flood control is waited out in place between parts, and before the first
     one too with ``wait_first`` (for a send outside the ledger, which has no
-    later attempt); waits of one part add up to at most ``flood_wait_cap``.
+    later attempt), as long as ``budget`` allows. A group that became a
+    supergroup is followed, once: the parts go to the chat Telegram names instead.
 
     :raises DeliveryFailed: the failure, classified (:func:`classify`).
     """
-    cap = flood_wait_cap
+    chat: int | str = target.chat_id or ""
+    thread = thread_of(target)
+    moved = False
     for index, part in enumerate(parts):
         markup = buttons if index == len(parts) - 1 else None
         later = index > 0
-        await _send_part(
-            bot, target, part, markup, sent_before=later, wait=wait_first or later, cap=cap
-        )
-
-
-async def _send_part(
-    bot: Bot,
-    target: Target,
-    text: str,
-    buttons: InlineKeyboardMarkup | None,
-    *,
-    sent_before: bool,
-    wait: bool,
-    cap: float,
-) -> None:
-    waited = 0.0
-    while True:
-        try:
-            await bot.send_message(
-                chat_id=target.chat_id or "",
-                text=text,
-                message_thread_id=thread_of(target),
-                reply_markup=buttons,
-            )
-            return
-        except RetryAfter as error:
-            seconds = retry_after_seconds(error)
-            if not wait or waited + seconds > cap:
-                raise classify(error, sent_before=sent_before) from error
-            log.info("telegram flood control: chat %s waits %gs", target.chat_id, seconds)
-            await asyncio.sleep(seconds)  # in place: keep the parts in order
-            waited += seconds
-        except TelegramError as error:
-            raise classify(error, sent_before=sent_before) from error
+        while True:
+            try:
+                await bot.send_message(
+                    chat_id=chat, text=part, message_thread_id=thread, reply_markup=markup
+                )
+                break
+            except ChatMigrated as error:
+                if moved:  # a chat moves once: no chain of moves is followed
+                    raise classify(error, sent_before=later) from error
+                log.info("telegram: chat %s is now %s", chat, error.new_chat_id)
+                chat, moved = error.new_chat_id, True
+            except RetryAfter as error:
+                seconds = retry_after_seconds(error)
+                if not (wait_first or later) or not budget.allows(seconds):
+                    raise classify(error, sent_before=later) from error
+                log.info("telegram flood control: chat %s waits %gs", chat, seconds)
+                await asyncio.sleep(seconds)  # in place: keep the parts in order
+            except TelegramError as error:
+                raise classify(error, sent_before=later) from error
 
 
 def thread_of(target: Target) -> int | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -115,6 +116,9 @@ class Attempt(NamedTuple):
     """An earlier attempt may have reached the platform: label the re-send, or deduplicate."""
     attempts: int
     """Failed attempts so far."""
+    deadline: float = math.inf
+    """``time.monotonic()`` at which the worker gives the send up (its ``send_timeout``):
+    a sender waits out a rate limit only if the send after it can end before this."""
 
 
 @runtime_checkable
@@ -295,9 +299,12 @@ class DeliveryWorker:
             outbound = outbound_of(delivery)
         except msgspec.DecodeError as error:
             return _dead(delivery, f"damaged record: {error}")
-        attempt = Attempt(delivery.id, delivery.uncertain, delivery.attempts)
+        timeout = self.settings.send_timeout
+        attempt = Attempt(
+            delivery.id, delivery.uncertain, delivery.attempts, time.monotonic() + timeout
+        )
         try:
-            await asyncio.wait_for(sender.send(outbound, attempt), self.settings.send_timeout)
+            await asyncio.wait_for(sender.send(outbound, attempt), timeout)
         except PermanentDelivery as error:
             log.warning("delivery %s is undeliverable: %s", delivery.id, error)
             return _dead(delivery, str(error))
