@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from chatlane.adapters import waits
 from chatlane.adapters.waits import SEND_ROOM, WaitBudget
 
 
@@ -19,7 +20,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(waits.time, "monotonic", clock)
+    monkeypatch.setattr(time, "monotonic", clock)
     return clock
 
 
