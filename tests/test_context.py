@@ -338,6 +338,18 @@ class TestTasks:
         assert await task == bound
 
     @pytest.mark.asyncio
+    async def test_a_spawned_task_that_calls_exit_fails_alone(self) -> None:
+        async def background() -> None:
+            sys.exit(2)
+
+        task = spawn(background())
+        with pytest.raises(RuntimeError, match=r"called exit \(2\)"):
+            await task
+        assert await asyncio.create_task(asyncio.sleep(0, "the loop goes on")) == (
+            "the loop goes on"
+        )
+
+    @pytest.mark.asyncio
     async def test_spawn_holds_strong_reference_until_done(self) -> None:
         release = asyncio.Event()
 

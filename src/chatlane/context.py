@@ -392,12 +392,21 @@ def spawn(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.T
 
     The task is strongly referenced until it finishes, so it cannot be
     garbage-collected mid-flight; an exception it raises is logged to
-    ``chatlane.context`` (and still raised to anyone awaiting the task).
+    ``chatlane.context`` (and still raised to anyone awaiting the task). A
+    ``SystemExit`` is raised as a ``RuntimeError`` from it: let out of a task,
+    asyncio would stop the whole gateway.
     """
-    task = asyncio.get_running_loop().create_task(coro, name=name)
+    task = asyncio.get_running_loop().create_task(_contained(coro), name=name)
     _BACKGROUND.add(task)
     task.add_done_callback(_spawned_done)
     return task
+
+
+async def _contained(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await coro
+    except SystemExit as error:
+        raise RuntimeError(f"a background task called exit ({error.code!r})") from error
 
 
 def _spawned_done(task: asyncio.Task[Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from chatlane.context import get_session_env
 from chatlane.runtime.aside import SIDE_MARK
@@ -13,7 +14,8 @@ from chatlane.types import OutboundKind
 
 
 class Beside:
-    """``hold`` waits for :attr:`opened`; ``block`` for :attr:`unblocked`; ``fail`` raises;
+    """``hold`` waits for :attr:`opened`; ``block`` for :attr:`unblocked`; ``fail`` raises,
+    ``exit`` calls ``sys.exit``;
     anything else answers with what it saw of its turn and its session's context."""
 
     def __init__(self) -> None:
@@ -28,6 +30,8 @@ class Beside:
             await self.unblocked.wait()
         if turn.text == "fail":
             raise RuntimeError("boom")
+        if turn.text == "exit":
+            sys.exit(2)  # a tool's argparse on bad arguments
         chat = get_session_env("CHATLANE_SESSION_CHAT_ID")
         approved = await turn.request_approval("rm -rf /", "a side answer may not")
         return f"{turn.text} in {chat}, current={turn.is_current()}, approved={approved}"
@@ -82,6 +86,18 @@ async def test_a_failed_side_answer_is_a_notice_and_many_sessions_keep_apart() -
         for chat in chats:
             [answer] = await h.replies(chat_id=chat, count=1)
             assert answer.startswith(f"{SIDE_MARK}q{chat} in {chat},")
+
+
+async def test_a_side_answer_that_calls_exit_is_a_notice_not_the_gateways_end() -> None:
+    async with GatewayHarness(Beside()) as h:
+        await h.send("/btw exit", chat_id="x")
+        await h.wait_for(lambda _: bool(texts(h, "x", OutboundKind.NOTICE)))
+        await h.send("/btw still here?", chat_id="y")
+        [answer] = await h.replies(chat_id="y", count=1)
+    assert texts(h, "x", OutboundKind.NOTICE) == [
+        "Sorry — the agent failed on this message (SystemExit)."
+    ]
+    assert answer.startswith(f"{SIDE_MARK}still here? in y,")
 
 
 async def test_btw_without_a_question_shows_its_usage() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from operator import attrgetter
@@ -172,6 +173,32 @@ async def test_agent_failure_becomes_a_notice_and_session_goes_on() -> None:
         assert replies[1].startswith("Sorry — the agent failed")
         assert "RuntimeError" in replies[1]
         assert replies[2] == "fine"
+
+
+async def test_an_agent_that_calls_exit_fails_its_turn_not_the_gateway() -> None:
+    """A tool's ``sys.exit()`` (argparse on bad arguments) is the agent's failure: let out
+    of the turn's task, asyncio would stop every session's turns."""
+    other_running, release = asyncio.Event(), asyncio.Event()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "tool --bogus":
+            sys.exit(2)
+        other_running.set()
+        await release.wait()
+        return f"echo: {turn.text}"
+
+    async with GatewayHarness(agent) as h:
+        await h.send("a long question", chat_id="other")
+        await other_running.wait()
+        await h.send("tool --bogus", chat_id="c")
+        [notice] = await h.replies(chat_id="c", count=1)
+        release.set()
+        [answer] = await h.replies(chat_id="other", count=1)
+        await h.send("and now?", chat_id="c")
+        [_, again] = await h.replies(chat_id="c", count=2)
+    assert notice == "Sorry — the agent failed on this message (SystemExit)."
+    assert answer == "echo: a long question"
+    assert again == "echo: and now?"
 
 
 async def test_agent_returning_wrong_type_gets_a_notice() -> None:

@@ -83,7 +83,7 @@ class SideAnswers:
         try:
             async with asyncio.timeout(self._settings.turn_timeout or None):
                 text = SIDE_MARK + await self._text(turn)
-        except Exception as error:  # the agent's own failure: told, and logged
+        except (Exception, SystemExit) as error:  # the agent's failure: told, and logged
             log.error("side answer failed", exc_info=error, extra=turn_fields(turn.session_key))
             kind, text = OutboundKind.NOTICE, failure_text(error)
         message = turn.messages[0]

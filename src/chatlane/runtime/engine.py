@@ -893,9 +893,11 @@ def _must_propagate(error: BaseException) -> bool:
 
     A ``CancelledError`` counts only while this task is being cancelled (an
     interrupt's grace ran out, an eviction, shutdown); one the agent let out
-    of its own cancelled subtask is its failure, answered like any other.
+    of its own cancelled subtask is its failure, answered like any other. A
+    ``SystemExit`` is the agent's too (a tool's ``sys.exit()``, argparse on
+    bad arguments): let out of the task, asyncio would stop the whole gateway.
     """
-    if isinstance(error, KeyboardInterrupt | SystemExit | GeneratorExit):
+    if isinstance(error, KeyboardInterrupt | GeneratorExit):
         return True
     if isinstance(error, asyncio.CancelledError):
         task = asyncio.current_task()
