@@ -142,6 +142,41 @@ async def test_plain_yes_approves() -> None:
         assert (await h.replies(chat_id="c", count=3))[2] == "approved: a"
 
 
+@pytest.mark.parametrize("answer", ["yes", "no"])
+async def test_a_yes_or_no_two_questions_wait_for_answers_neither(answer: str) -> None:
+    """An approval asked, then /new's confirmation: a bare answer could be meant for either,
+    so it approves nothing, starts nothing, and leaves neither question armed for a later
+    plain yes (one meant for the agent's own question, say)."""
+
+    async def agent(turn: Turn) -> str:
+        if turn.text.startswith("approve "):
+            return await approving_agent(turn)
+        return f"echo: {turn.text}"
+
+    confirm = LifecycleOptions(confirm_new=True)
+    async with GatewayHarness(agent, busy="queue", lifecycle=confirm) as h:
+        asked = await h.send("approve rm -rf /srv/data", chat_id="c")
+        await prompted(h, "c", 1)
+        state = h.gateway.engine.registry.get(asked.session_key)
+        conversation = state.conversation.conversation_id
+        await h.send("/new", chat_id="c")
+        await h.send(answer, chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+        assert replies[1].startswith("Start a new conversation?")
+        assert replies[2] == (
+            "Not done: an approval and your last command were both waiting for a yes or no, "
+            "so that answered neither. Answer the approval with /approve or /deny; "
+            "send /new confirm to go ahead with the command."
+        )
+        await h.send("/deny", chat_id="c")
+        replies = await h.replies(chat_id="c", count=5)
+        assert replies[3:] == ["Denied: `rm -rf /srv/data`", "denied: rm -rf /srv/data"]
+        await h.send("yes", chat_id="c")  # nothing waits for it now: a plain message
+        replies = await h.replies(chat_id="c", count=6)
+        assert replies[5] == "echo: yes"
+        assert state.conversation.conversation_id == conversation
+
+
 async def test_timeout_counts_as_deny() -> None:
     async with GatewayHarness(approving_agent, approval_timeout=0.2) as h:
         await h.send("approve a", chat_id="c")

@@ -329,6 +329,14 @@ async def _cancelled(call: CommandCall) -> str:
     return "Cancelled; nothing changed."
 
 
+async def _unclear(call: CommandCall) -> str:
+    return (
+        "Not done: an approval and your last command were both waiting for a yes or no, "
+        "so that answered neither. Answer the approval with /approve or /deny; "
+        f"send {call.args} to go ahead with the command."
+    )
+
+
 async def _help(call: CommandCall) -> str:
     return call.router.help_text()
 
@@ -395,6 +403,14 @@ BUILTIN_COMMANDS = (
         "no",
         CommandBusy.DISPATCH,
         _cancelled,
+        hidden=True,
+    ),
+    CommandSpec(
+        "unclear",
+        "(internal) answer to a yes or no that two questions were waiting for",
+        "yes",
+        CommandBusy.DISPATCH,
+        _unclear,
         hidden=True,
     ),
 )

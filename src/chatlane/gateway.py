@@ -377,7 +377,11 @@ class Gateway:
         """The command ``message`` means: a slash command, or a yes/no to a pending question.
 
         Anything but a yes or no — another command included — cancels a
-        pending confirmation, as its prompt says.
+        pending confirmation, as its prompt says. A yes or no answers one
+        question at most, and never one it may not be meant for: with both an
+        approval and a confirmation waiting, it answers neither (the
+        confirmation is given up) and the sender is told to answer each by
+        its command.
         """
         parsed = parse_command(message.text)
         if parsed is not None:
@@ -388,10 +392,12 @@ class Gateway:
             self._cancel_confirmation(key)
             return None
         state = await self.engine.session(key)
-        if self.engine.approvals.has_pending(state):
-            return ParsedCommand("approve" if word in YES else "deny", "")
         confirm = state.conversation.pending_command_text
         state.conversation.pending_command_text = None
+        if self.engine.approvals.has_pending(state):
+            if confirm:  # two questions wait for it: a bare yes or no answers neither
+                return ParsedCommand("unclear", confirm)
+            return ParsedCommand("approve" if word in YES else "deny", "")
         if confirm and word in YES:
             return parse_command(confirm)
         return ParsedCommand("cancelled", "") if confirm else None
