@@ -255,6 +255,35 @@ class TestProcesses:
         [done] = await store.deliveries(DELIVERED)
         assert done.reason == "its claim ran short before the send began"
 
+    async def test_a_claim_answered_while_the_worker_closes_is_given_back_unsent(self) -> None:
+        """Cut off mid-claim, the store would keep a claim nobody holds: the next process
+        would wait out its life and label a reply that was never sent."""
+        store = _HeldClaimStore()
+        first = Rig(store, PlatformStandIn(), FAST)
+        await first.gateway.start()
+        worker = first.gateway.delivery
+        assert worker is not None
+        try:
+            await first.say("hello")
+            await store.claiming.wait()  # the store took the claim; its answer is held
+            closing = asyncio.create_task(worker.aclose())
+            await asyncio.sleep(0)  # its first step: it claims nothing more
+            assert worker.closing
+            store.go_on.set()
+            await closing
+        finally:
+            await first.gateway.aclose()
+        [waiting] = await store.deliveries(PENDING)
+        assert (waiting.claim, waiting.uncertain) == ("", False)
+        second = Rig(store, PlatformStandIn(), FAST)
+        await second.gateway.start()
+        try:
+            await second.platform.until(lambda: len(second.platform.accepted) == 1)
+        finally:
+            await second.gateway.aclose()
+        assert second.platform.accepted[0].labelled is False
+        assert first.platform.accepted == []
+
     async def test_many_chats_with_a_flaky_platform_lose_nothing(self) -> None:
         store, platform = MemoryStore(), PlatformStandIn(flaky=0.2)
         rig = Rig(store, platform, dataclasses.replace(FAST, max_attempts=50))
@@ -299,4 +328,23 @@ class _StallingStore(MemoryStore):
         if claimed and not self.stalled:
             self.stalled += 1
             self.clock.now += ttl
+        return claimed
+
+
+class _HeldClaimStore(MemoryStore):
+    """A store whose first claim that takes something is applied at once, but answered only
+    once :attr:`go_on` is set (:attr:`claiming` says it was taken)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claiming = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def claim_deliveries(
+        self, lanes: Sequence[str], holder: str, ttl: float, limit: int
+    ) -> list[Delivery]:
+        claimed = await super().claim_deliveries(lanes, holder, ttl, limit)
+        if claimed and not self.claiming.is_set():
+            self.claiming.set()
+            await self.go_on.wait()
         return claimed

@@ -190,6 +190,11 @@ class DeliveryWorker:
         """
         return self._settled
 
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`aclose` began: nothing more is claimed."""
+        return self._closing
+
     def poke(self) -> None:
         """Look at the ledger now: something was recorded or settled."""
         self._woken.set()
@@ -202,13 +207,18 @@ class DeliveryWorker:
     async def aclose(self) -> None:
         """Stop claiming; give sends in flight :attr:`DeliverySettings.close_grace` to finish.
 
-        A send cut off here is released as one that may have reached its
-        platform, so the next sender labels it.
+        A claim the store is answering is let finish (within the grace too), and
+        what it took is released unsent: cut off, the store would keep a claim
+        nobody holds, and its deliveries would wait out ``claim_ttl`` and go out
+        labelled as re-sends. A send cut off here is released as one that may
+        have reached its platform, so the next sender labels it.
         """
         self._closing = True
         self._woken.set()
         if self._task is not None:
-            self._task.cancel()
+            done, _ = await asyncio.wait([self._task], timeout=self.settings.close_grace)
+            if not done:
+                self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if self._in_flight:
             await asyncio.wait(list(self._in_flight), timeout=self.settings.close_grace)
@@ -231,6 +241,9 @@ class DeliveryWorker:
             lanes = self._ready_lanes()
             deadline = time.monotonic() + settings.claim_ttl - settings.send_timeout
             claimed = await self._claim(lanes, min(settings.claim_batch, room)) if lanes else []
+            if self.closing:  # while the store answered
+                await self._give_back(claimed)
+                return
             for delivery in claimed:
                 task = asyncio.create_task(self._deliver(delivery, deadline))
                 self._in_flight[task] = delivery
@@ -239,6 +252,13 @@ class DeliveryWorker:
                 continue  # more may be due
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), self._next_look())
+
+    async def _give_back(self, claimed: list[Delivery]) -> None:
+        """Release ``claimed`` unsent, claimable at once (the worker is closing)."""
+        if claimed:
+            released = [_release(d, "the sender shut down before sending") for d in claimed]
+            with contextlib.suppress(StoreError):
+                await self.store.settle_deliveries(released)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(task, None)
