@@ -73,12 +73,12 @@ async def test_deny_with_reason_and_plain_no() -> None:
 
 async def test_a_prompt_carries_what_it_asks_verbatim_through_the_ledger() -> None:
     async with GatewayHarness(approving_agent) as h:
-        await h.send("approve rm `x` ||y||", chat_id="c")
+        await h.send("approve rm `x` ||y||", chat_id="c", user_id="u7")
         await prompted(h, "c", 1)
         [prompt] = [o for o in h.outbox if o.kind is OutboundKind.APPROVAL]
-        assert prompt.asks == Asks("rm `x` ||y||", "the test wants it")
+        assert prompt.asks == Asks("rm `x` ||y||", "the test wants it", asker="u7")
         assert outbound_of(as_delivery(draft_of(prompt))) == prompt
-        await h.send("no", chat_id="c")
+        await h.send("no", chat_id="c", user_id="u7")
         await h.replies(chat_id="c", count=3)
     assert all(o.asks is None for o in h.outbox if o.kind is not OutboundKind.APPROVAL)
 
@@ -94,6 +94,12 @@ def test_a_delivery_recorded_before_prompts_carried_what_they_ask_still_reads() 
         {"kind": "approval", "session_key": "k", "target": target, "text": "t", "approval_id": "a"}
     )
     assert outbound_of(as_delivery(DeliveryDraft("d", "slack", "t", older))).asks is None
+    without_asker = msgspec.msgpack.encode(
+        {"kind": "approval", "session_key": "k", "target": target, "text": "t"}
+        | {"approval_id": "a", "asks": {"command": "ls", "reason": ""}}
+    )
+    asked = outbound_of(as_delivery(DeliveryDraft("d", "slack", "t", without_asker)))
+    assert asked.asks == Asks("ls", "", asker=None)
 
 
 @pytest.mark.parametrize(

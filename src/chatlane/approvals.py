@@ -139,7 +139,7 @@ def prompt_text(request: ApprovalRequest) -> str:
 
 def asks_of(request: ApprovalRequest) -> Asks:
     """What ``request`` asks about, for adapters that render its prompt themselves."""
-    return Asks(request.command, request.reason)
+    return Asks(request.command, request.reason, request.user_id)
 
 
 def markdown_prompt(asks: Asks, escape: Callable[[str], str] | None = None) -> str:

@@ -209,6 +209,9 @@ class Asks(msgspec.Struct, frozen=True):
 
     command: str
     reason: str = ""
+    asker: str | None = None
+    """The user id of whoever's message the asking turn runs (None: not known), so a
+    button on the prompt can count only the asker's press."""
 
 
 class Outbound(msgspec.Struct, frozen=True):

@@ -23,6 +23,8 @@ from chatlane.adapters.telegram import (
     MESSAGE_LIMIT,
     REFUSAL_INTERVAL,
     TelegramAdapter,
+    approval_buttons,
+    button_asker,
     button_command,
     inbound_message,
     readable_updates,
@@ -425,6 +427,40 @@ async def test_approval_buttons_answer_as_the_presser(
     assert "approved: rm -rf build" in [s.text for s in sent]
     assert all(s.thread_id == TOPIC for s in sent)
     assert [a["text"] for a in api.answers] == ["Sent /approve"]
+
+
+async def test_another_users_press_is_answered_privately_and_the_asker_still_answers(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(GROUP, ALICE, "approve rm -rf build", thread_id=TOPIC, chat_type="supergroup")
+    [prompt] = await api.wait_for_sent(GROUP)
+    assert prompt.reply_markup is not None
+    approve = prompt.reply_markup["inline_keyboard"][0][0]["callback_data"]
+    api.push_button(BOB, approve, prompt)
+    await api.wait_for_call("answerCallbackQuery")
+    assert [a["text"] for a in api.answers] == [
+        "Only the person who asked can answer this approval."
+    ]
+    api.push_button(ALICE, approve, prompt)
+    sent = await api.wait_for_sent(GROUP, 3)
+    assert [s.text for s in sent][1:] == [
+        "Approved (once): `rm -rf build`",
+        "approved: rm -rf build",
+    ]
+
+
+def test_button_data_names_the_asker_when_it_fits() -> None:
+    [[approve, deny]] = approval_buttons("a1b2c3d4", "42").inline_keyboard
+    assert (approve.callback_data, deny.callback_data) == (
+        f"{APPROVE_DATA}:a1b2c3d4@42",
+        f"{DENY_DATA}:a1b2c3d4@42",
+    )
+    assert button_command(f"{APPROVE_DATA}:a1b2c3d4@42") == "/approve #a1b2c3d4"
+    assert button_asker(f"{APPROVE_DATA}:a1b2c3d4@chat:-1001234") == "chat:-1001234"
+    assert button_asker(f"{APPROVE_DATA}:a1b2c3d4") is None
+    assert button_asker("other:a1b2c3d4@42") is None
+    [[too_long, _]] = approval_buttons("a1b2c3d4", "9" * 60).inline_keyboard
+    assert too_long.callback_data == f"{APPROVE_DATA}:a1b2c3d4"
 
 
 async def test_a_button_on_an_old_prompt_never_answers_a_newer_request(

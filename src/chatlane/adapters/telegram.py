@@ -43,9 +43,12 @@ What stays true:
 * An approval prompt carries Approve / Deny buttons; pressing one sends
   ``/approve #<request>`` or ``/deny #<request>`` as the user who pressed it,
   so a button left on an old prompt answers its own request or nothing,
-  never another one. In a channel anyone who reads it can press a button, so
-  there a press only says to answer by posting ``/approve`` or ``/deny``
-  (which only the channel's admins can).
+  never another one. The buttons name the asker too (when Telegram's 64
+  bytes of button data hold it): anyone else's press is answered privately
+  and sends nothing, so a group sees no "no longer pending" for a request
+  its asker can still answer. In a channel anyone who reads it can press a
+  button, so there a press only says to answer by posting ``/approve`` or
+  ``/deny`` (which only the channel's admins can).
 * A send refused by flood control (HTTP 429, ``RetryAfter``) is sent again
   after the wait Telegram names, as long as one message's waits add up to at
   most :data:`FLOOD_WAIT_CAP`; nothing was delivered, so a retry cannot
@@ -143,6 +146,8 @@ REFUSAL_INTERVAL = 3600.0
 _REFUSALS_KEPT = 4096
 """Strangers whose last refusal is remembered; older entries are forgotten first."""
 _NOT_ALLOWED = "Sorry, you are not allowed to use this assistant."
+_NOT_THE_ASKER = "Only the person who asked can answer this approval."
+_AS_THE_CHAT = "A chat asked: answer by posting /approve or /deny as that chat."
 _IN_A_CHANNEL = "In a channel, answer by posting /approve or /deny."
 _CHAT_TYPES = {"private": ChatType.DM, "channel": ChatType.CHANNEL}
 _UPDATES = ["message", "channel_post", "callback_query"]
@@ -400,6 +405,11 @@ class TelegramAdapter:
         if self._hub is None or not self._hub.admit(inbound):
             await _answer(query, _NOT_ALLOWED)  # privately: the chat sees nothing
             return
+        asker = button_asker(query.data or "")
+        if asker is not None and asker != inbound.source.user_id:
+            only = _AS_THE_CHAT if asker.startswith(SENDER_CHAT_PREFIX) else _NOT_THE_ASKER
+            await _answer(query, only)  # privately: the asker may still answer
+            return
         await _answer(query, f"Sent {answer.partition(' #')[0]}")
         await self._submit(inbound)
 
@@ -582,9 +592,12 @@ def _author(message: Message, user: User | None) -> tuple[str | None, str]:
     return str(user.id), user.full_name
 
 
-def approval_buttons(request_id: str) -> InlineKeyboardMarkup:
-    """Approve / Deny buttons for the approval request ``request_id``."""
+def approval_buttons(request_id: str, asker: str | None = None) -> InlineKeyboardMarkup:
+    """Approve / Deny buttons for the approval request ``request_id``, naming ``asker``
+    when the button's data has room for it (Telegram takes 64 bytes)."""
     suffix = f":{request_id}" if request_id else ""
+    if request_id and asker and len(f"{APPROVE_DATA}{suffix}@{asker}".encode()) <= 64:
+        suffix += f"@{asker}"
     return InlineKeyboardMarkup(
         [
             [
@@ -598,13 +611,23 @@ def approval_buttons(request_id: str) -> InlineKeyboardMarkup:
 def button_command(data: str) -> str | None:
     """The command a press of a button with ``data`` sends; None for no button of ours.
 
-    ``chatlane:approve:a1b2c3d4`` becomes ``/approve #a1b2c3d4``; data without
-    a request (prompts sent by older versions) answers the oldest pending one.
+    ``chatlane:approve:a1b2c3d4`` (or ``…:a1b2c3d4@<asker>``) becomes
+    ``/approve #a1b2c3d4``; data without a request (prompts sent by older
+    versions) answers the oldest pending one.
     """
-    prefix, _, request = data.rpartition(":")
-    if prefix in _ANSWERS and is_request_id(request):
-        return f"{_ANSWERS[prefix]} #{request}"
+    for prefix, command in _ANSWERS.items():
+        request = data.removeprefix(f"{prefix}:").partition("@")[0]
+        if data.startswith(f"{prefix}:") and is_request_id(request):
+            return f"{command} #{request}"
     return _ANSWERS.get(data)
+
+
+def button_asker(data: str) -> str | None:
+    """The user id a button's ``data`` names as the only one whose press counts; None when
+    it names none (any allowed sender's press is sent)."""
+    if button_command(data) is None:
+        return None
+    return data.partition("@")[2] or None
 
 
 def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
@@ -663,7 +686,8 @@ def _is_flag_half(char: str) -> bool:
 def _buttons(outbound: Outbound) -> InlineKeyboardMarkup | None:
     """The buttons under ``outbound``'s last part: an approval's, else none."""
     if outbound.kind is OutboundKind.APPROVAL:
-        return approval_buttons(outbound.approval_id)
+        asker = None if outbound.asks is None else outbound.asks.asker
+        return approval_buttons(outbound.approval_id, asker)
     return None
 
 
