@@ -298,9 +298,10 @@ async def _unqueue(call: CommandCall) -> str:
 
 async def _busy(call: CommandCall) -> str:
     engine, key = call.engine, call.session_key
-    state = await engine.session(key)
     if not call.args:
+        state = await engine.fresh_session(key)
         return f"Busy policy: {engine.policy_for(state, call.message)}"
+    state = await engine.session(key)
     if call.args.lower() == "default":
         await engine.persist(key, **{BUSY_POLICY: None})
         return f"Busy policy reset to the default ({engine.policy_for(state, call.message)})."

@@ -200,9 +200,8 @@ def _described(choice: ModelChoice | None) -> str:
 
 async def _model(call: CommandCall) -> str:
     engine, key = call.engine, call.session_key
-    state = await engine.session(key)
     if not call.args:
-        conversation = state.conversation
+        conversation = (await engine.fresh_session(key)).conversation
         current, once = conversation.model_override, conversation.one_turn_restore
         shown = f"Model: {_described(current)}"
         if once is None:
@@ -211,6 +210,7 @@ async def _model(call: CommandCall) -> str:
     choice, once = _parse_model(call.args)
     if choice.base_url:
         choice = await _allowed_endpoint(call, choice)
+    state = await engine.session(key)
     if once:
         apply_once(state, choice)
         return f"Next turn only: {choice.describe()}"
@@ -236,10 +236,10 @@ async def _allowed_endpoint(call: CommandCall, choice: ModelChoice) -> ModelChoi
 
 async def _reasoning(call: CommandCall) -> str:
     engine, key = call.engine, call.session_key
-    state = await engine.session(key)
     value = call.args.strip().lower()
     if not value:
-        return f"Reasoning effort: {state.conversation.reasoning_override or 'the default'}"
+        effort = (await engine.fresh_session(key)).conversation.reasoning_override
+        return f"Reasoning effort: {effort or 'the default'}"
     if value == "default":
         await engine.persist_conversation(key, **{REASONING_OVERRIDE: None})
         return "Reasoning effort: back to the default."
@@ -251,11 +251,10 @@ async def _reasoning(call: CommandCall) -> str:
 
 async def _fast(call: CommandCall) -> str:
     engine, key = call.engine, call.session_key
-    state = await engine.session(key)
     tiers = {"on": "priority", "off": None, "default": SERVICE_TIER_UNSET}
     value = call.args.strip().lower()
     if not value:
-        tier = state.conversation.service_tier_override
+        tier = (await engine.fresh_session(key)).conversation.service_tier_override
         shown = "default" if tier is SERVICE_TIER_UNSET else ("off" if tier is None else "on")
         return f"Fast mode: {shown}"
     if value not in tiers:

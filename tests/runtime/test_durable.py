@@ -321,6 +321,25 @@ async def test_choices_made_through_another_process_apply_to_the_next_turn() -> 
         assert runner.session(key).persistent.busy_policy is BusyPolicy.REJECT
 
 
+async def test_choices_shown_here_are_those_another_process_made() -> None:
+    """/model, /reasoning, /fast and /busy read the store again as a turn would, so a
+    choice made through another process shows before any turn runs here."""
+    async with runner_and_other(ModelSpy(), reread_stored=0) as (runner, other):
+        await runner.send("one", chat_id="c")
+        await runner.replies(chat_id="c", count=1)
+        for choice in ("/model gpt-x", "/reasoning high", "/fast on", "/busy reject"):
+            await other.send(choice, chat_id="c")
+        await other.replies(chat_id="c", count=4)
+        for shown in ("/model", "/reasoning", "/fast", "/busy"):
+            await runner.send(shown, chat_id="c")
+        assert (await runner.replies(chat_id="c", count=5))[1:] == [
+            "Model: gpt-x",
+            "Reasoning effort: high",
+            "Fast mode: on",
+            "Busy policy: reject",
+        ]
+
+
 async def test_a_new_conversation_started_elsewhere_clears_this_process_conversation() -> None:
     spy = ModelSpy()
     async with runner_and_other(spy, reread_stored=0) as (runner, other):

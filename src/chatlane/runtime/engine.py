@@ -248,6 +248,27 @@ class TurnEngine:
         state = self.registry.get(key)
         return state if state.loaded else await self._load(key)
 
+    async def fresh_session(self, key: SessionKey) -> SessionState:
+        """``key``'s state, its stored choices taken up as a turn would take them: read
+        again once older than ``reread_stored``, so what another process changed
+        (``/model``, ``/busy``, a new conversation) shows here too. While a turn runs
+        here, it is left with the choices it started with; the store cannot be read:
+        the choices read before.
+        """
+        state = await self.session(key)
+        moment = time.monotonic()
+        if moment - state.read_at < self.settings.reread_stored or self.running_turn(key):
+            return state
+        try:
+            fields = await self.store.load_persistent(key)
+        except ChatlaneError as error:
+            log.warning("kept the choices read before: %s", error, extra=turn_fields(key))
+            return state
+        if not at_rest(state, fields) and refresh_persistent(state, fields):
+            self.approvals.end_conversation(state)
+        state.read_at = moment
+        return state
+
     async def _load(self, key: SessionKey) -> SessionState:
         fields = await self.store.load_persistent(key)
         generation = await self.store.generation(key)
