@@ -36,7 +36,7 @@ from chatlane.runtime.turn import Turn
 from chatlane.scheduler import CRON_COMMAND, Scheduler, SchedulerSettings
 from chatlane.scheduling.silent import CRON_ID, DONE_ID, silent_filter
 from chatlane.stores import MemoryStore
-from chatlane.stores.base import Conversation
+from chatlane.stores.base import Conversation, Lease
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, SessionKey, Target
@@ -231,6 +231,33 @@ class GatedTranscript(MemoryStore):
         return await super().transcript(*args, **kwargs)
 
 
+class LeaseLookGate(MemoryStore):
+    """A memory store that holds an auto-reset just after its first look at a session's
+    lease (whichever call makes it), until the test lets it go."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.looked = asyncio.Event()
+        self.let_go = asyncio.Event()
+
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        holder = await super().lease_holder(key)
+        await self._hold()
+        return holder
+
+    async def acquire(self, key: SessionKey, holder: str, ttl: float, **kwargs: Any) -> Lease:
+        lease = await super().acquire(key, holder, ttl, **kwargs)
+        await self._hold()
+        return lease
+
+    async def _hold(self) -> None:
+        task = asyncio.current_task()
+        resetting = task is not None and task.get_name().startswith("chatlane-reset")
+        if resetting and not self.looked.is_set():
+            self.looked.set()
+            await self.let_go.wait()
+
+
 class TestIdleReset:
     async def test_fires_without_a_new_message_in_the_sessions_own_thread(
         self, monkeypatch: pytest.MonkeyPatch
@@ -291,6 +318,31 @@ class TestIdleReset:
             assert await h.replies(chat_id="c", count=2) == ["echo: hello", "slept 0.2"]
             assert (await store.conversation(result.session_key)).id == old.id
             assert IDLE_NOTICE not in texts(h, "c")[:2]
+
+    @pytest.mark.parametrize("busy", ["reject", "queue", "rollback"])
+    async def test_a_message_arriving_while_the_reset_looks_at_the_lease_runs_as_usual(
+        self, busy: str
+    ) -> None:
+        clock = FakeClock(time.time())
+        store = LeaseLookGate(clock)
+        scheduler = Scheduler(idle(1.0), now=clock)
+        async with GatewayHarness(EchoAgent(), store=store, busy=busy) as h:
+            h.gateway.use_scheduler(scheduler)  # passes are run by hand
+            result = await h.send("hello", chat_id="c")
+            await h.replies(chat_id="c", count=1)
+            old = await store.conversation(result.session_key)
+            clock.advance(2)
+            await scheduler.run_once()
+            await asyncio.wait_for(store.looked.wait(), 5)
+            sent = await h.send("are you there?", chat_id="c")
+            assert (sent.refused, sent.started) == (False, True)
+            replies = await h.replies(chat_id="c", count=2)
+            assert replies == ["echo: hello", "echo: are you there?"]
+            store.let_go.set()
+            await scheduler.wait_idle()  # the reset is called off: the session is active again
+            await h.settle()
+            assert texts(h, "c") == ["echo: hello", "echo: are you there?"]
+            assert (await store.conversation(result.session_key)).id == old.id
 
     async def test_notify_off_resets_silently(self) -> None:
         store = MemoryStore()

@@ -6,7 +6,6 @@ Kept so that ``from chatlane.autoreset import …`` goes on working.
 from __future__ import annotations
 
 from chatlane.scheduling.autoreset import (
-    PROBE_TTL,
     RECENT,
     Activity,
     ActivityTracker,
@@ -21,7 +20,6 @@ from chatlane.scheduling.autoreset import (
 )
 
 __all__ = [
-    "PROBE_TTL",
     "RECENT",
     "Activity",
     "ActivityTracker",

@@ -10,6 +10,16 @@ an :class:`AutoResetter` on each pass which sessions are due. What stays true:
   the store, nor while a message waits for it there. A due idle reset simply
   waits (the turn's reply is activity, so the idle time starts again); a due
   daily reset is remembered and done as soon as the session is idle.
+* Looking never disturbs the session: whether another process runs it is a
+  read of the store (:meth:`~chatlane.stores.protocols.Leases.lease_holder`),
+  never a lease taken and given back. Such a lease would guard nothing the
+  read does not (the reset keeps no lease while it ends the conversation),
+  but a person's message arriving while it was held would find the session
+  busy elsewhere and get the busy policy's answer (refused, "queued",
+  "interrupting") for a turn that does not exist. A message that arrives
+  here before the session is stopped is activity, and the last check, after
+  every await, calls the reset off; one arriving after it starts the new
+  conversation.
 * What a person said through another process counts as activity too: the
   store's transcript is checked before a reset, and a newer message than the
   tracker knows postpones it (the tracker then counts from that message).
@@ -33,7 +43,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn
 
-from chatlane.errors import ChatlaneError, ConfigError, LeaseError, SessionBusy
+from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import ChatType, SessionSource
 from chatlane.lifecycle import BeforeReset, EndReason, end_conversation
 from chatlane.stores.base import Conversation
@@ -57,8 +67,6 @@ __all__ = [
 
 log = logging.getLogger("chatlane.scheduler")
 
-PROBE_TTL = 5.0
-"""Seconds a reset holds the session's lease to learn that no process runs it (released at once)."""
 RECENT = 50
 """How many of the newest transcript entries are searched for a person's last message."""
 
@@ -301,7 +309,8 @@ class AutoResetter:
             lease (in any process), or the transcript has a person's message
             newer than the tracker's last activity (which then moves to it).
         """
-        if await engine.store.pending(due.key) or not await _lease_free(engine, due.key):
+        store = engine.store
+        if await store.pending(due.key) or await store.lease_holder(due.key) is not None:
             self._call_off(due)
         spoke_at = await self._last_spoken(engine, due.key)
         if spoke_at > due.last_at:
@@ -326,23 +335,6 @@ class AutoResetter:
 def _busy(engine: TurnEngine, key: SessionKey) -> bool:
     state = engine.registry.peek(key)
     return state is not None and state.turn.is_running
-
-
-async def _lease_free(engine: TurnEngine, key: SessionKey) -> bool:
-    """Whether no process holds ``key``'s lease: taken for a moment, then given back.
-
-    Taking it bumps the session's generation, which changes nothing for a
-    session no one runs.
-    """
-    try:
-        lease = await engine.store.acquire(key, engine.holder, PROBE_TTL)
-    except SessionBusy:
-        return False
-    try:
-        await engine.store.release(lease)
-    except LeaseError as error:  # it runs out by its TTL
-        log.warning("could not give back the probe lease of %s: %s", key, error)
-    return True
 
 
 def notice_text(reason: EndReason, policy: AutoResetPolicy) -> str:

@@ -214,6 +214,11 @@ class MemoryStore(Store):
         session = self._sessions.get(key)
         return 0 if session is None else session.generation
 
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        session = self._sessions.get(key)
+        lease = None if session is None else self._live_lease(session)
+        return None if lease is None else lease.holder
+
     async def active_sessions(self) -> int:
         return self._active()
 

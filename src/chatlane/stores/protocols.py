@@ -148,6 +148,15 @@ class Leases(Protocol):
         return list(await asyncio.gather(*(self.generation(key) for key in keys)))
 
     @abc.abstractmethod
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        """The holder of ``key``'s live lease, or ``None`` while it has none.
+
+        Only a read: it takes no lease, bumps no generation and wakes no one, so
+        asking never makes the session look busy to a message arriving meanwhile.
+        A lease that expired counts as none, even before anyone took it over.
+        """
+
+    @abc.abstractmethod
     async def active_sessions(self) -> int:
         """How many sessions hold a live lease, across every process."""
 

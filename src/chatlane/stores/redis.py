@@ -340,6 +340,11 @@ class RedisStore(Store):
         found = await self._command("MGET", *(self._keys.one("gen", key) for key in keys))
         return [int(value or 0) for value in found]
 
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        """See :meth:`Store.lease_holder`: one ``GET`` of the lease, which expires on the server."""
+        held = await self._command("GET", self._keys.one("lease", key))
+        return None if held is None else held.decode().split("|", 2)[2]
+
     async def active_sessions(self) -> int:
         return int(await self._run(lua.ACTIVE, None))
 

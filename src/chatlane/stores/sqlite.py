@@ -112,6 +112,11 @@ def _bump(db: sqlite3.Connection, key: SessionKey) -> int:
     return int(row[0])
 
 
+def _holder(db: sqlite3.Connection, key: SessionKey, moment: float) -> str | None:
+    found = _scalar(db, "SELECT holder FROM leases WHERE key = ? AND expires_at > ?", (key, moment))
+    return None if found is None else str(found)
+
+
 def _active(db: sqlite3.Connection, moment: float) -> int:
     return int(_scalar(db, "SELECT count(*) FROM leases WHERE expires_at > ?", (moment,)))
 
@@ -527,6 +532,9 @@ class SQLiteStore(Store):
     async def generations(self, keys: Sequence[SessionKey]) -> list[int]:
         wanted = list(keys)
         return await self._read(lambda db: _generations(db, wanted))
+
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        return await self._read(lambda db: _holder(db, key, self._clock()))
 
     async def active_sessions(self) -> int:
         return await self._read(lambda db: _active(db, self._clock()))

@@ -183,6 +183,44 @@ class TestLeases:
             await store.acquire(key, "p2", 5)
 
 
+class TestLeaseHolder:
+    """``lease_holder`` reads who runs a session; reading it never takes or changes anything."""
+
+    async def test_names_the_live_lease_holder_until_it_is_released(self, store: Store) -> None:
+        assert await store.lease_holder(KEY) is None  # never ran
+        lease = await store.acquire(KEY, "p|1", 5)
+        assert await store.lease_holder(KEY) == "p|1"
+        await store.bump_generation(KEY)  # fenced, but still held by its holder
+        assert await store.lease_holder(KEY) == "p|1"
+        await store.release(lease)
+        assert await store.lease_holder(KEY) is None
+
+    async def test_an_expired_lease_has_no_holder(self, store: Store, clock: StoreClock) -> None:
+        await store.acquire(KEY, "p1", 0.2)
+        await clock.advance(0.35)
+        assert await store.lease_holder(KEY) is None  # expired, not yet taken over
+        await store.acquire(KEY, "p2", 5)
+        assert await store.lease_holder(KEY) == "p2"
+
+    async def test_reading_takes_nothing(self, store: Store) -> None:
+        await store.bump_generation(KEY)
+        assert await store.lease_holder(KEY) is None
+        assert await store.generation(KEY) == 1
+        assert await store.active_sessions() == 0
+        lease = await store.acquire(KEY, "p1", 5)  # the reader's look never stands in the way
+        assert lease.generation == 2
+        assert await store.lease_holder(KEY) == "p1"
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p2", 5)
+        assert await store.generation(KEY) == 2
+
+    @pytest.mark.parametrize("key", ODD_KEYS)
+    async def test_odd_keys_are_isolated(self, store: Store, key: SessionKey) -> None:
+        await store.acquire(key, "p1", 5)
+        assert await store.lease_holder(SessionKey(f"{key}:x")) is None
+        assert await store.lease_holder(key) == "p1"
+
+
 class TestRefusalsNameTheirSession:
     """Every refusal carries the session's key (and the lease's generation) as attributes."""
 

@@ -42,6 +42,7 @@ __all__ = [
     "free",
     "generation",
     "generations",
+    "holder",
     "release",
     "renew_many",
 ]
@@ -203,6 +204,12 @@ async def generations(db: Db, keys: Sequence[SessionKey]) -> list[int]:
         list(keys),
     )
     return [int(row[0]) for row in rows]
+
+
+async def holder(db: Db, key: SessionKey) -> str | None:
+    live = "SELECT holder FROM leases WHERE key = $1 AND expires_at > extract(epoch FROM now())"
+    found = await db.fetchval(live, key)
+    return None if found is None else str(found)
 
 
 async def active(db: Db) -> int:

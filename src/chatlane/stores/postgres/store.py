@@ -252,6 +252,9 @@ class PostgresStore(Store):
             return []
         return await self._read(lambda db: ls.generations(db, wanted))
 
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        return await self._read(lambda db: ls.holder(db, key))
+
     async def active_sessions(self) -> int:
         return await self._read(ls.active)
 
