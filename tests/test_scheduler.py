@@ -40,6 +40,7 @@ from chatlane.stores.base import Conversation, Lease
 from chatlane.stores.codec import encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, SessionKey, Target
+from tests.clock import Clock
 from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent
 
@@ -729,6 +730,57 @@ class TestJobs:
     def test_configured_ids_must_be_unique(self) -> None:
         with pytest.raises(ConfigError, match="share the id"):
             Scheduler(jobs=[Job("@daily", "a", id="x"), Job("@hourly", "b", id="x")])
+
+
+class TestClockSteps:
+    """The wall clock stepped a day ahead (a bad NTP step), then put right."""
+
+    TEN = dt.datetime(2025, 3, 1, 10, 0, tzinfo=dt.UTC).timestamp()
+    HOUR, DAY = 3600.0, 86400.0
+
+    @staticmethod
+    async def pass_at(scheduler: Scheduler, clock: Clock, moment: float) -> None:
+        clock.now = moment
+        await scheduler.run_once()
+        await scheduler.wait_idle()
+
+    async def test_a_job_runs_on_time_again_once_the_clock_is_put_right(self) -> None:
+        ten, hour, day = self.TEN, self.HOUR, self.DAY
+        clock = Clock()
+        clock.now = ten - 60
+        scheduler = Scheduler(jobs=[Job("@hourly", "ping", "test:c", id="hourly")], now=clock)
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)  # passes are run by hand
+            await scheduler.sync()
+            await self.pass_at(scheduler, clock, ten + 30)
+            assert await h.replies(chat_id="c", count=1) == ["echo: ping"]
+            await self.pass_at(scheduler, clock, ten + day + 60)  # 11:00 is past: it runs
+            assert await h.replies(chat_id="c", count=2) == ["echo: ping"] * 2
+            assert scheduler.next_run("hourly") == ten + day + hour
+            await self.pass_at(scheduler, clock, ten + 120)  # put right
+            assert scheduler.next_run("hourly") == ten + hour
+            await self.pass_at(scheduler, clock, ten + hour + 30)  # 11:00 ran: not again
+            assert scheduler.next_run("hourly") == ten + 2 * hour
+            await self.pass_at(scheduler, clock, ten + 2 * hour + 30)
+            assert await h.replies(chat_id="c", count=3) == ["echo: ping"] * 3
+            assert scheduler.next_run("hourly") == ten + 3 * hour
+            await h.settle()
+            assert texts(h, "c") == ["echo: ping"] * 3
+
+    async def test_the_job_list_is_reloaded_at_once_once_the_clock_is_put_right(self) -> None:
+        ten, day = self.TEN, self.DAY
+        clock = Clock()
+        clock.now = ten
+        scheduler = Scheduler(now=clock)
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            await scheduler.sync()
+            await self.pass_at(scheduler, clock, ten + day)  # loaded by the wrong clock
+            clock.now = ten + 30  # put right; then another process stores a job
+            await scheduler.book.save(Job("@hourly", "pong", "test:c", id="there"))
+            await self.pass_at(scheduler, clock, ten + 31)
+            assert [job.id for job in scheduler.list_jobs()] == ["there"]
+            assert scheduler.next_run("there") == ten + self.HOUR
 
 
 class TestBadJobs:

@@ -21,6 +21,10 @@ person gets (activity). What stays true:
   store: a process runs a tick only after recording it under the job's lease
   with a fenced write (:class:`JobBook`); a tick is named by its epoch, which
   every process computes alike.
+* A job's next tick follows the clock as it reads now: one computed while the
+  clock was ahead is computed again once the clock reads earlier (see
+  :meth:`Scheduler.run_once`), so a clock put right never holds a job back
+  until the wrong time comes round again.
 """
 
 from __future__ import annotations
@@ -144,6 +148,8 @@ class _Slot:
     schedule: Schedule
     configured: bool
     due: float | None = None
+    after: float = 0.0
+    """The clock's reading ``due`` was computed from: its first tick after this."""
     firing: bool = False
 
     @classmethod
@@ -155,6 +161,7 @@ class _Slot:
 
     def advance(self, moment: float, tz: dt.tzinfo) -> None:
         """Make the first tick after ``moment`` the next one (None, logged: it never runs again)."""
+        self.after = moment
         self.due = self.schedule.next_after(moment, anchor=self.job.created_at, tz=tz)
         if self.due is None:
             log.warning(
@@ -199,7 +206,7 @@ class Scheduler:
         self._adding = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
-        self._next_sync = 0.0
+        self._synced_at: float | None = None
 
     def adding(self, key: SessionKey) -> asyncio.Lock:
         """The lock under which a chat (``key``) counts jobs and adds one (this process).
@@ -293,18 +300,36 @@ class Scheduler:
             await asyncio.sleep(self.settings.period)
 
     async def run_once(self) -> None:
-        """One pass: reload jobs if due, then start every due reset and job tick in its own task."""
-        moment = self._now()
-        if moment >= self._next_sync:
+        """One pass: reload jobs if due, then start every due reset and job tick in its own task.
+
+        A job whose next tick was computed from a later reading of the clock
+        than this pass's (the wall clock was stepped back: a bad step put right)
+        has it computed again from now, so it runs at its next tick by the
+        clock as it reads now, not when the wrong time comes round again. A
+        tick that already ran stays run: its claim is stored (:class:`JobBook`).
+        The job list is reloaded at once then too.
+        """
+        if self._sync_due(self._now()):
             await self.sync()
+        moment = self._now()  # after the sync: no slot was computed from a later reading
         for due in self._resetter.due(self.engine, moment):
             if due.key not in self._resetting:
                 self._resetting.add(due.key)
                 self._spawn(self._reset(due), f"chatlane-reset {due.key}")
         for slot in list(self._slots.values()):
-            if not slot.firing and slot.due is not None and slot.due <= moment:
+            if slot.firing:
+                continue
+            if slot.after > moment:  # the clock went back since
+                slot.advance(moment, self.settings.tz)
+            if slot.due is not None and slot.due <= moment:
                 slot.firing = True
                 self._spawn(self._fire(slot, slot.due), f"chatlane-job {slot.job.id}")
+
+    def _sync_due(self, moment: float) -> bool:
+        """Whether to reload the job list: ``sync_every`` after the last load, or at once
+        if the clock now reads earlier than it did then."""
+        last = self._synced_at
+        return last is None or not last <= moment < last + self.settings.sync_every
 
     async def wait_idle(self) -> None:
         """Return once no job or reset started by a pass is still running."""
@@ -358,7 +383,7 @@ class Scheduler:
             self._place(job, moment, configured=False)
         for gone in known - set(stored):
             self._slots.pop(gone, None)
-        self._next_sync = moment + self.settings.sync_every
+        self._synced_at = moment
 
     def _place(self, job: Job, moment: float, *, configured: bool) -> None:
         """Schedule ``job`` from ``moment`` on, unless it already is; one that fails is skipped.
