@@ -507,6 +507,28 @@ class TestRoutines:
         assert cut.value.maybe_applied
         assert await store.pending(KEY) == []  # it had not: the lock was never given
 
+    @pytest.mark.parametrize("way", ["_call", "_write", "_read"])
+    async def test_a_connection_the_driver_lost_track_of_is_an_outage_and_is_closed(
+        self, store: PostgresStore, way: str
+    ) -> None:
+        """asyncpg's ``InternalClientError`` ("cannot switch to state …; another operation is
+        in progress", seen after the server dropped connections) is a store failure, never an
+        error of the caller's own (an agent's, a request's), and its connection is not
+        handed out again."""
+        pids: list[int] = []
+
+        async def lost(db: Any, *_: Any) -> None:
+            pids.append(await db.fetchval("SELECT pg_backend_pid()"))
+            raise asyncpg.InternalClientError("cannot switch to state 12 (test)")
+
+        call = getattr(store, way)
+        with pytest.raises(StoreError) as failed:
+            await (call(None, lost) if way == "_write" else call(lost))
+        assert failed.value.maybe_applied is (way == "_call")  # a transaction: not committed
+        [pid] = pids
+        gone = "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $1"
+        await eventually(lambda: store._read(lambda db: db.fetchval(gone, pid)))
+
     @pytest.mark.parametrize(
         ("error", "rolled_back"),
         [

@@ -21,12 +21,15 @@ Row = Sequence[Any]
 DriverError: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     OSError,
     TimeoutError,
     UnicodeEncodeError,
 )
 """What a call may raise when the server refuses it, cannot be reached, or cannot be sent
-the text (a lone surrogate)."""
+the text (a lone surrogate); or when the driver lost track of a connection the server
+dropped (``InternalClientError``: "cannot switch to state …; another operation is in
+progress"), which says nothing of whether the statement applied."""
 
 ConnectError: tuple[type[BaseException], ...] = (*DriverError, ValueError)
 """What opening a pool may raise besides: the driver's refusal of a URL it cannot read."""
@@ -36,6 +39,8 @@ class Db(Protocol):
     """One connection, as the store's operations use it."""
 
     def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+
+    def terminate(self) -> None: ...
 
     async def execute(self, query: str, *args: Any) -> str: ...
 

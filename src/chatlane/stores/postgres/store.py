@@ -37,7 +37,8 @@ What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -144,7 +145,7 @@ class PostgresStore(Store):
         pool = self._pool(upkeep)
         committing = False
         try:
-            async with pool.acquire() as db, db.transaction():
+            async with _connection(pool) as db, db.transaction():
                 moment = await (db.fetchval(_NOW) if key is None else db.fetchval(_LOCKED_NOW, key))
                 done = await op(db, moment)
                 committing = True  # leaving the block sends COMMIT: from here it may apply
@@ -163,7 +164,7 @@ class PostgresStore(Store):
         pool = self._pool(False)
         sent = False
         try:
-            async with pool.acquire() as db:
+            async with _connection(pool) as db:
                 sent = True
                 return await op(db)
         except DriverError as error:
@@ -173,7 +174,7 @@ class PostgresStore(Store):
         """Run ``op``, a single statement that only reads, outside any transaction (quick pool)."""
         pool = self._pool(True)
         try:
-            async with pool.acquire() as db:
+            async with _connection(pool) as db:
                 return await op(db)
         except DriverError as error:
             raise self._failure(error, False) from error
@@ -499,6 +500,18 @@ class PostgresStore(Store):
             self._closed = True
             await self.listener.close()
             await self._pools.close()
+
+
+@contextlib.asynccontextmanager
+async def _connection(pool: Any) -> AsyncIterator[Db]:
+    """A connection of ``pool`` for one call; closed, not handed out again, if the driver
+    lost track of its state (``InternalClientError``)."""
+    async with pool.acquire() as db:
+        try:
+            yield db
+        except asyncpg.InternalClientError:
+            db.terminate()
+            raise
 
 
 def _rolled_back(error: BaseException) -> bool:
