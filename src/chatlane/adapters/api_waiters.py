@@ -34,7 +34,10 @@ from chatlane.types import Outbound, OutboundKind
 
 INTERRUPTED_TEXT = "Interrupted by a newer message; this turn's answer was discarded."
 STOPPED_TEXT = "Stopped (by /stop, /new or /reset) before it answered."
-NOT_RUN_TEXT = "This message was dropped (by /stop, /new or /reset) before it was answered."
+NOT_RUN_TEXT = (
+    "This message was dropped before it was answered "
+    "(stopped, interrupted by a newer message, or its conversation ended)."
+)
 FAILED_TEXT = "Sorry — this message could not be completed ({reason})."
 
 
