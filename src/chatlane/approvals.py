@@ -260,6 +260,10 @@ class ApprovalBroker:
         """Whether a request waits for an answer in this session."""
         return bool(_requests(state))
 
+    def asked_by(self, state: SessionState, user_id: str | None) -> bool:
+        """Whether a request of ``user_id``'s own (a known sender) waits in this session."""
+        return user_id is not None and any(r.user_id == user_id for r in _requests(state).values())
+
     def pending(self, state: SessionState) -> list[ApprovalRequest]:
         """The requests waiting for an answer in this session, oldest first."""
         return list(_requests(state).values())

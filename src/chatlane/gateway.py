@@ -44,7 +44,7 @@ from chatlane.overheard import ContextLimits, keep, line_of, take
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.runtime.outcomes import OnOutcome
-from chatlane.session_commands import NO, YES
+from chatlane.session_commands import NO, YES, is_yes_or_no
 from chatlane.state import SessionRegistry
 from chatlane.stores.base import Store
 from chatlane.types import (
@@ -291,6 +291,22 @@ class Gateway:
         except ChatlaneError as error:
             log.warning("could not ask whether a session has run: %s", error)
             return False
+
+    def awaits_answer(self, message: InboundMessage) -> bool:
+        """Whether ``message``, said in a shared chat but not to the bot, is a plain yes or
+        no its sender owes an approval prompt: a request of their own waits in its session
+        here. An adapter hands such a message on as if it were for the bot, so the prompt's
+        "(or yes)" holds where the chat needs the bot mentioned. Anyone else's yes, and a
+        confirmation's (``/new``), still needs the mention.
+        """
+        if not is_yes_or_no(message.text):
+            return False
+        try:
+            key = self.session_key(message)
+        except ChatlaneError:
+            return False
+        state = self.engine.registry.peek(key)
+        return state is not None and self.engine.approvals.asked_by(state, message.source.user_id)
 
     def overhear(self, message: InboundMessage, limits: ContextLimits) -> bool:
         """Keep ``message`` — said in a shared chat, not to the bot — as context for the

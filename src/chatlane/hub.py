@@ -173,6 +173,11 @@ class Hub:
         """Whether the sender may use the gateway; a refusal is logged and counted, not told."""
         return self.gateway.admit(message)
 
+    def awaits_answer(self, message: InboundMessage) -> bool:
+        """Whether ``message``, not said to the bot, is a yes or no its sender owes an
+        approval prompt (:meth:`~chatlane.gateway.Gateway.awaits_answer`)."""
+        return self.gateway.awaits_answer(message)
+
     def overhear(self, message: InboundMessage, limits: ContextLimits) -> bool:
         """Keep ``message``, said in a shared chat but not to the bot, as context for the next
         turn of its session (:meth:`~chatlane.gateway.Gateway.overhear`); whether it was kept."""

@@ -28,6 +28,14 @@ from chatlane.types import ModelChoice, clipped, visible
 
 YES = frozenset({"yes", "y", "ok", "confirm"})
 NO = frozenset({"no", "n", "cancel"})
+
+
+def is_yes_or_no(text: str) -> bool:
+    """Whether ``text`` is a plain yes or no (what answers a pending question)."""
+    word = text.strip().lower()
+    return word in YES or word in NO
+
+
 REASONING = ("none", "low", "medium", "high")
 
 

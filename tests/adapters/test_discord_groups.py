@@ -116,3 +116,19 @@ async def test_a_stranger_is_never_kept_and_by_default_nothing_is(
     assert "from alice" in shown.text
     assert "stranger" not in shown.text
     assert random.text == "context: no history yet in this conversation"
+
+
+async def test_a_plain_yes_answers_the_senders_own_approval_prompt_without_a_mention(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    """The prompt says "(or yes)": the asker's plain yes answers it where the channel needs
+    the bot mentioned; anyone else's stays unread."""
+    async with running(discord_config(api, tmp_path)) as bot:
+        await api.say(GENERAL, ALICE, f"{MENTION} approve rm -rf build")
+        [prompt] = await api.wait_for_messages(GENERAL)
+        assert "Approval needed" in prompt.text
+        await api.say(GENERAL, BOB, "yes")  # owes no answer
+        await api.say(GENERAL, ALICE, "yes")
+        await api.wait_for_messages(GENERAL, 3)
+        await bot.idle()
+    assert api.texts(GENERAL)[1:] == ["Approved (once): `rm -rf build`", "approved: rm -rf build"]

@@ -113,3 +113,22 @@ async def test_unmentioned_messages_are_ignored_by_default_and_strangers_never_k
             await s.hub.gateway.engine.wait_idle()
         assert ("from alice" in shown.text) is kept
         assert "stranger" not in shown.text
+
+
+async def test_a_plain_yes_answers_the_senders_own_approval_prompt_without_a_mention(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    """The prompt says "(or yes)": the asker's plain yes answers it where the channel needs
+    the bot mentioned; anyone else's stays unread."""
+    async with served(slack_config(api, tmp_path)) as s:
+        await s.slack.message(
+            GENERAL, ALICE, f"{MENTION} approve rm -rf build", channel_type="channel"
+        )
+        [prompt] = await api.wait_for_messages(GENERAL)
+        assert prompt.text.startswith("Approval needed")
+        await s.slack.message(GENERAL, BOB, "yes", channel_type="channel")  # owes no answer
+        await s.slack.message(GENERAL, ALICE, "yes", channel_type="channel")
+        await api.wait_for_messages(GENERAL, 3)
+        await s.adapter.handled()
+        await s.hub.gateway.engine.wait_idle()
+    assert api.texts(GENERAL)[1:] == ["Approved (once): `rm -rf build`", "approved: rm -rf build"]

@@ -246,3 +246,24 @@ async def test_a_chat_can_keep_context_when_the_default_ignores(
         there = await answered(api, "@chatlane_bot context", chat=OTHER_GROUP, thread_id=TOPIC)
         assert "ignored here" not in here
         assert "kept there" in there
+
+
+async def test_a_plain_yes_answers_the_senders_own_approval_prompt_without_a_mention(
+    api: BotApi, tmp_path: Path
+) -> None:
+    """The prompt says "(or yes)": the asker's plain yes answers it where the group needs
+    the bot mentioned; anyone else's stays unread, as does one nothing waits for."""
+    async with running(config(api, tmp_path)):
+        say(api, "@chatlane_bot approve rm -rf build")
+        [prompt] = await api.wait_for_sent(GROUP)
+        assert prompt.text.startswith("Approval needed")
+        say(api, "yes", user=BOB)  # Bob owes no answer
+        say(api, "yes")
+        sent = await api.wait_for_sent(GROUP, 3)
+        assert [s.text for s in sent[1:]] == [
+            "Approved (once): `rm -rf build`",
+            "approved: rm -rf build",
+        ]
+        say(api, "yes")  # nothing waits for it now
+        assert (await answered(api, "/status")).startswith("Status: idle")
+        assert len(api.sent(GROUP)) == 4

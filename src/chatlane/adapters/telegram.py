@@ -350,7 +350,7 @@ class TelegramAdapter:
 
     async def _on_message(self, update: Update, context: object) -> None:
         """A text, or a file and its caption: to the hub, unless the file is over the cap."""
-        inbound = inbound_message(update, self._bot, self._groups)
+        inbound = inbound_message(update, self._bot, self._groups) or self._answer_owed(update)
         if inbound is None:
             said = overheard_message(update, self._bot, self._groups)
             if said is not None and self._hub is not None:
@@ -362,6 +362,18 @@ class TelegramAdapter:
             await self._refuse_file(inbound, too_large_notice(too_large, cap))
         else:
             await self._submit(inbound)
+
+    def _answer_owed(self, update: Update) -> InboundMessage | None:
+        """``update``'s text if, not said to the bot, it is a yes or no its sender owes an
+        approval prompt (:meth:`~chatlane.hub.Hub.awaits_answer`); else None."""
+        message = update.effective_message
+        if message is None or message.text is None or self._hub is None:
+            return None
+        msg_id = f"tg-{message.chat.id}-{message.message_id}"
+        said = InboundMessage(
+            source_of(message, message.from_user), clean_text(message.text), id=msg_id
+        )
+        return said if self._hub.awaits_answer(said) else None
 
     async def _refuse_file(self, message: InboundMessage, notice: str) -> None:
         """Tell the sender their file was not taken (a stranger hears only what strangers do)."""
