@@ -185,7 +185,11 @@ class TurnState:
         return self.phase is not _IDLE or self.started_ts != 0.0
 
     def claim(self, turn: Turn, now: float) -> None:
-        """``turn`` takes the slot (idle or collecting) and waits for its lease."""
+        """``turn`` takes the slot (idle or collecting) and waits for its lease.
+
+        The caller has seen the slot free, with no ``await`` since: a claimed or
+        running slot is never claimed again (:meth:`chatlane.runtime.slots.Slots.promote`).
+        """
         self.phase, self.current, self.started_ts = _CLAIMED, turn, now
 
     def run(self, turn: Turn) -> None:

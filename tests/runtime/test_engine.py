@@ -17,10 +17,12 @@ from chatlane.context import current_session
 from chatlane.errors import StaleGeneration
 from chatlane.gateway import Gateway
 from chatlane.identity import SessionSource
+from chatlane.runtime import pending
 from chatlane.runtime import turn as turn_module
 from chatlane.runtime import upkeep as upkeep_module
+from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.turn import AS_DEFINED, PLAIN_READS, Turn
-from chatlane.stores import Admission, MemoryStore
+from chatlane.stores import Admission, Lease, MemoryStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, Recorder, hold, streaming_agent
@@ -257,6 +259,21 @@ class FrozenMonotonic:
         return clock
 
 
+class ReleasesAnswerLate(MemoryStore):
+    """A release applies at once, and its answer comes back only once :attr:`answer_after`
+    is done: whatever runs meanwhile finds the lease free while its releaser still waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer_after: asyncio.Task[None] | None = None
+
+    async def release(self, lease: Lease) -> None:
+        await super().release(lease)
+        waited, self.answer_after = self.answer_after, None
+        if waited is not None:
+            await asyncio.wait({waited})
+
+
 class TestEviction:
     async def test_stuck_turn_is_evicted_and_cannot_touch_successor(
         self, monkeypatch: pytest.MonkeyPatch
@@ -354,6 +371,56 @@ class TestEviction:
                 "012345",
                 "The running turn made no progress for 1s and was stopped.",
             ]
+
+    async def test_an_eviction_racing_the_evicted_turns_end_starts_one_next_turn(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The evicted turn's task ends while its eviction waits for the store's answer to
+        the release; both then start the session's next turn. One does: the slot holds
+        the turn that runs, the message after it waits, and a ``rollback`` message
+        interrupts the turn that runs."""
+        clock = FrozenMonotonic.patch(monkeypatch)
+        store = ReleasesAnswerLate()
+        recorder = Recorder()
+
+        async def agent(turn: Turn) -> str:
+            recorder.enter(turn)
+            if turn.text == "stuck":
+                await asyncio.Event().wait()  # no progress; ends when cancelled
+            if turn.text == "m2":
+                await turn.interrupted.wait()
+            return f"done {turn.text}"
+
+        async with GatewayHarness(
+            agent, store=store, busy="rollback", turn_timeout=0.2, ack_debounce=0
+        ) as h:
+            engine = h.gateway.engine
+            result = await h.send("stuck", chat_id="c")
+            await h.until_running(chat_id="c")
+            await h.send("/queue m2", chat_id="c")
+            await h.send("/queue m3", chat_id="c")
+            key = result.session_key
+            store.answer_after = recorder.turns[key][0].task
+            clock.now += 0.3  # this call evicts it, not the watchdog: no await since
+            assert await engine.evict_stuck() == 1
+            running = engine.running_turn(key)
+            assert running is not None
+            assert running.text == "m2"
+            assert engine.slots.running_count() == 1
+            assert pending.pending_count(h.session(key)) == 1  # m3 waits for its turn
+            await h.until_running(chat_id="c", text="m2")
+            urgent = await h.send("urgent", chat_id="c")
+            assert urgent.outcome == BusyOutcome.INTERRUPTING
+            await h.settle()
+        assert [turn.text for turn in recorder.turns[key]] == ["stuck", "m2", "m3", "urgent"]
+        assert await h.replies(chat_id="c", count=6) == [
+            "Queued for the next turn (1 queued)",
+            "Queued for the next turn (2 queued)",
+            "The running turn made no progress for 0.2s and was stopped.",
+            "Interrupting the current task",
+            "done m3",
+            "done urgent",
+        ]
 
 
 async def test_interrupted_agent_that_ignores_it_is_cancelled_after_grace() -> None:

@@ -171,8 +171,7 @@ class BusyDesk:
             if outcome in _PLACED:
                 return
         pending.insert_in_order(state, [message], [seq])
-        if not state.turn.is_running:
-            self._slots.promote(state)
+        self._slots.promote(state)  # runs now if the turn it was drawn for has freed the slot
 
     # -- the session runs here ---------------------------------------------------
 
@@ -211,8 +210,7 @@ class BusyDesk:
             )
             await self._kept.keep(state, [(message, seq)], error)
             pending.insert_in_order(state, [message], [seq])
-            if not state.turn.is_running:  # the turn it found ended meanwhile
-                self._slots.promote(state)
+            self._slots.promote(state)  # if the turn it found ended meanwhile
             return BusyOutcome.QUEUED
         return refusal
 
@@ -246,8 +244,7 @@ class BusyDesk:
         settings = self._settings
         window = settings.coalesce.get(message.source.platform, 0)
         pending.collect(state, message, seq, window, settings.coalesce_max_wait)
-        if state.turn.phase is SlotPhase.IDLE:
-            self._slots.promote(state)  # holds the slot until the window runs out
+        self._slots.promote(state)  # a free slot is held until the window runs out
         return BusyOutcome.MERGED
 
     def _apply(

@@ -733,8 +733,7 @@ class TurnEngine:
         kept = [pair for entry in entries for pair in zip(entry.messages, entry.seqs, strict=True)]
         await self.kept.keep(state, kept, error)
         pending.restore(state, entries)
-        if not state.turn.is_running:  # the stopped turn ended meanwhile
-            self.slots.promote(state)
+        self.slots.promote(state)  # if the stopped turn ended meanwhile
 
     async def unqueue(self, key: SessionKey, seq: int) -> InboundMessage | None:
         """``/unqueue``: take one waiting message out of this process's queue and the store's.

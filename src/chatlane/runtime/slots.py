@@ -16,6 +16,11 @@ instead of callables into the engine. What stays true:
   ``collect`` debounce runs out. Steers the agent never took go back into
   the queue first, in store order. Nothing is promoted once
   :meth:`Slots.close` was called.
+* A session has at most one turn claimed or running here: :meth:`Slots.promote`
+  starts a turn only into a free slot (idle), and is a no-op while a turn holds
+  it or a ``collect`` debounce runs; whoever frees the slot promotes. So
+  several ends racing to promote one session (an evicted turn's own end and
+  its eviction) start its next turn once.
 * A superseded turn is stale from that moment: the session's generation is
   bumped here, and in the store unless the store already moved on; its
   approval requests are denied at once; its task is cancelled after
@@ -112,8 +117,7 @@ class Slots:
             pending.insert_in_order(state, [message], [seq])  # before what came after it
         slot = state.turn
         if slot.current is not turn:  # as slot.holds(turn): a turn is never None
-            if not slot.is_running:
-                self.promote(state)  # an evicted turn's untaken steers still run
+            self.promote(state)  # an evicted turn's untaken steers still run
             return
         if not turn.interrupted.is_set():
             state.conversation.interrupt_streak = 0
@@ -133,9 +137,15 @@ class Slots:
         return True
 
     def promote(self, state: SessionState) -> None:
-        """Start the session's next pending turn, or wait out a collect debounce."""
+        """Start the session's next pending turn, or wait out a collect debounce.
+
+        Only into a free slot: while a turn holds it (claimed or running) or a
+        debounce runs, nothing changes, and the next turn starts when it is freed.
+        """
+        if state.turn.is_running or self.closed:
+            return
         queue = pending.pending_entries(state)
-        if not queue or self.closed:
+        if not queue:
             return
         delay = queue[0].delay()
         if delay > 0:

@@ -37,8 +37,9 @@ What stays true:
   batch is followed at once by the next.
 * A turn that made no progress for ``turn_timeout`` is evicted: superseded and
   cancelled at once, its lease released, its messages failed and its sender
-  told, and the session's next turn started (the watchdog runs only when
-  ``turn_timeout > 0``).
+  told, and the session's next turn started, once: the evicted turn's own end
+  may start it first, while the eviction still waits on the store, and then
+  the eviction starts nothing (the watchdog runs only when ``turn_timeout > 0``).
 
 The upkeep reaches the turns through the engine's :class:`~chatlane.runtime.slots.Slots`;
 its one call back into the engine is ``adopt``, which runs an adopted message
@@ -381,6 +382,12 @@ class Upkeep:
         return len(stuck)
 
     async def _evict(self, turn: Turn) -> None:
+        """Stop ``turn``, free its slot, release its lease, tell its sender, and promote.
+
+        The turn's task, cancelled here, starts the session's next turn itself
+        when it ends (:meth:`Slots.finish`), perhaps during the awaits here; the
+        promotion at the end then finds the slot taken and starts nothing.
+        """
         state, slots = turn.session_state, self._slots
         if not state.turn.holds(turn):
             return
@@ -395,7 +402,7 @@ class Upkeep:
         text = f"The running turn made no progress for {timeout:g}s and was stopped."
         self._outcomes.end(turn.message_ids, Outcome.FAILED, text, reason=TurnEnd.EVICTED)
         await self._outlet.about(turn, OutboundKind.NOTICE, text)
-        slots.promote(state)
+        slots.promote(state)  # nothing if the turn's own end started the next one
 
 
 def expiry_margin(settings: LeaseSettings) -> float:
