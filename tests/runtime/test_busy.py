@@ -11,6 +11,7 @@ import pytest
 
 from chatlane.errors import STORE_UNAVAILABLE, ConfigError
 from chatlane.identity import ChatType, KeyPolicy, SessionSource
+from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.arrivals import DROPPED_OLDEST
 from chatlane.runtime.busy import (
@@ -42,6 +43,7 @@ IDLE_CTX = BusyContext(
     interrupt_streak=0,
     interrupt_depth=3,
     already_interrupted=False,
+    winding_down=False,
 )
 
 
@@ -88,6 +90,11 @@ class TestDecide:
     @pytest.mark.parametrize("policy", [BusyPolicy.ROLLBACK, BusyPolicy.REDIRECT])
     def test_interrupt_queues_while_already_interrupting(self, policy: BusyPolicy) -> None:
         assert decide(policy, _ctx(already_interrupted=True)) is BusyOutcome.QUEUED
+
+    def test_reject_queues_behind_a_turn_that_only_winds_down(self) -> None:
+        assert decide(BusyPolicy.REJECT, _ctx(winding_down=True)) is BusyOutcome.QUEUED
+        full = _ctx(winding_down=True, queued=32)
+        assert decide(BusyPolicy.REJECT, full) is BusyOutcome.QUEUE_FULL
 
     @pytest.mark.parametrize(
         "policy", [BusyPolicy.QUEUE, BusyPolicy.COLLECT, BusyPolicy.INTERRUPT, BusyPolicy.REDIRECT]
@@ -319,6 +326,43 @@ async def test_reject_always_answers_and_never_runs() -> None:
 
 
 QUEUED_ONE = "Queued for the next turn (1 queued)"
+
+
+@pytest.mark.parametrize(
+    ("command", "answer"),
+    [
+        ("/stop", "Stopped the running turn. Dropped 0 queued messages."),
+        ("/new", "Started a new conversation."),
+    ],
+)
+async def test_reject_refuses_nothing_for_a_turn_that_was_stopped(
+    command: str, answer: str
+) -> None:
+    """A stopped turn winds down (up to ``interrupt_grace``) in its slot; the message that
+    follows the stop waits for it to end and runs, as under every other policy."""
+    let_go = asyncio.Event()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "long":
+            await let_go.wait()  # a tool call that does not look at turn.interrupted
+        return f"echo: {turn.text}"
+
+    no_confirm = LifecycleOptions(confirm_new=False)
+    async with GatewayHarness(agent, busy="reject", lifecycle=no_confirm) as h:
+        try:
+            await h.send("long", chat_id="c")
+            await h.until_running(chat_id="c")
+            await h.send(command, chat_id="c")
+            after = await h.send("hello again", chat_id="c")
+            assert after.outcome is BusyOutcome.QUEUED
+            stopped = h.gateway.engine.running_turn(after.session_key)
+            assert stopped is not None
+            assert stopped.text == "long"  # still winding down
+        finally:
+            let_go.set()
+        await h.settle()
+        assert await h.replies(chat_id="c", count=3) == [answer, QUEUED_ONE, "echo: hello again"]
+        assert {o.message_id: o.outcome for o in h.outcomes}[after.message_id] is Outcome.ANSWERED
 
 
 @pytest.mark.parametrize(

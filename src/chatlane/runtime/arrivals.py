@@ -9,7 +9,10 @@ and tells the sender. What stays true:
   leaves the store's queue at once, so it is never run later. If the store
   cannot drop it, it is not refused: it waits in the queue (past the cap if
   need be) and its sender is told so, since a message the store keeps runs
-  some day, and never unannounced.
+  some day, and never unannounced. A turn that let its session go
+  (``/stop``, ``/new``, an interrupt, its agent's failure) and only winds
+  down in its slot refuses nothing: under ``reject`` the message queues and
+  runs once that turn is gone.
 * A turn that waits for a lease another process holds gets the policy once,
   on its first refused acquire (:mod:`chatlane.runtime.elsewhere`): ``reject``
   refuses it, ``rollback`` interrupts the other process's turn through the
@@ -62,7 +65,7 @@ from chatlane.runtime.elsewhere import (
     outcome_elsewhere,
     redirect_elsewhere,
 )
-from chatlane.runtime.ending import TurnEnd
+from chatlane.runtime.ending import LET_GO, TurnEnd
 from chatlane.runtime.kept import KeptMessages
 from chatlane.runtime.leases import AcquireWait
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
@@ -334,6 +337,7 @@ class BusyDesk:
             interrupt_streak=state.conversation.interrupt_streak,
             interrupt_depth=settings.interrupt_depth,
             already_interrupted=_not_interruptible(turn),
+            winding_down=_winding_down(turn),
         )
 
     async def _acknowledge(
@@ -468,6 +472,11 @@ class Taken:
 def _taken(state: SessionState, seq: int) -> Taken | None:
     found = pending.take(state, seq)
     return None if found is None else Taken(found[0], seq, found[1])
+
+
+def _winding_down(turn: Turn | None) -> bool:
+    """``turn`` ran here under its lease and let the session go (:data:`LET_GO`)."""
+    return turn is not None and turn.lease is not None and turn.ended_by in LET_GO
 
 
 def _not_interruptible(turn: Turn | None) -> bool:

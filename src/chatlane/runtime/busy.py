@@ -157,6 +157,9 @@ class BusyContext:
     interrupt_streak: int
     interrupt_depth: int
     already_interrupted: bool
+    winding_down: bool
+    """The running turn let the session go (``/stop``, ``/new``, an interrupt, its agent's
+    failure) and only winds down: the session is free here once it is gone."""
 
 
 def decide(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
@@ -167,7 +170,9 @@ def decide(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
     must never overtake them); an interrupt falls back to queueing when the
     running turn is already being interrupted (or redirected) or the session
     has been interrupted ``interrupt_depth`` times in a row; so does a
-    redirect. Anything that would queue past the cap is refused with :attr:`BusyOutcome.QUEUE_FULL`.
+    redirect. ``reject`` refuses nothing for a turn that is only winding down (after
+    a ``/stop`` or ``/new``): the message queues, to run once that turn is gone.
+    Anything that would queue past the cap is refused with :attr:`BusyOutcome.QUEUE_FULL`.
     """
     outcome = _preferred(policy, ctx)
     if outcome in _QUEUEING and ctx.queued >= ctx.queue_cap:
@@ -179,7 +184,7 @@ def _preferred(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
     if ctx.internal:
         return BusyOutcome.QUEUED
     if policy is BusyPolicy.REJECT:
-        return BusyOutcome.REJECTED
+        return BusyOutcome.QUEUED if ctx.winding_down else BusyOutcome.REJECTED
     if policy is BusyPolicy.COLLECT:
         return BusyOutcome.MERGED
     if policy is BusyPolicy.STEER and ctx.agent_accepts_steering and ctx.queued == 0:

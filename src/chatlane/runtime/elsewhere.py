@@ -87,6 +87,7 @@ def outcome_elsewhere(
         interrupt_streak=state.conversation.interrupt_streak,
         interrupt_depth=depth,
         already_interrupted=False,
+        winding_down=False,
     )
     return decide(policy, remote)
 

@@ -55,6 +55,11 @@ TOLD = frozenset(
 )
 """Ends whose senders were told what happened: their messages are done."""
 
+LET_GO = frozenset({TurnEnd.STOPPED, TurnEnd.INTERRUPTED, TurnEnd.FAILED})
+"""Ends by which a turn that ran here under its lease lets its session go: stopped by a
+command or an interrupt, or its agent failed; not a lease refused or lost, by which
+another process may hold the session. Such a turn only winds down in its slot."""
+
 
 def fate(end: TurnEnd | None, *, answered: bool, closing: bool) -> Fate:
     """What becomes of a turn's stored messages, given why it ended.
