@@ -191,7 +191,16 @@ class TransientDelivery(DeliveryFailed):
 
 
 class PermanentDelivery(DeliveryFailed):
-    """A failure no retry can cure (the bot was blocked, the chat is gone, a 400): dead-lettered."""
+    """A failure no retry can cure (the bot was blocked, the chat is gone, a 400): dead-lettered.
+
+    ``maybe_sent``: part of the message may have reached the platform before
+    the refusal (an earlier part of a long reply went out), so a redelivery
+    of the dead letter is labelled.
+    """
+
+    def __init__(self, message: str, *, maybe_sent: bool = False) -> None:
+        self.maybe_sent = maybe_sent
+        super().__init__(message)
 
 
 class RateLimited(DeliveryFailed):

@@ -24,7 +24,13 @@ from chatlane.approvals import HOW_TO_ANSWER, UNBREAKABLE_BACKTICK, markdown_pro
 from chatlane.config import Config, DiscordConfig, Secret, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
-from chatlane.errors import ConfigError, RateLimited, StoreError, TransientDelivery
+from chatlane.errors import (
+    ConfigError,
+    PermanentDelivery,
+    RateLimited,
+    StoreError,
+    TransientDelivery,
+)
 from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
@@ -665,6 +671,21 @@ async def test_a_reply_to_a_channel_the_bot_cannot_post_in_is_dead_lettered(
     assert reply.text == "echo: second"
     assert gone.reason.startswith(f"discord: {status} ")
     assert text in gone.reason
+
+
+async def test_a_later_part_refused_makes_the_dead_letter_maybe_sent(
+    api: DiscordApi, bot: Running
+) -> None:
+    """Part 1 went out before part 2 was refused: a redelivery of the dead letter is
+    labelled (past the nonce window, Discord would post part 1 again)."""
+    dm = api.dm_channel(ALICE)
+    key, target = chat_key(str(dm), "discord"), Target("discord", str(dm))
+    reply = Outbound(OutboundKind.REPLY, key, target, "word " * 1000)  # three parts
+    api.fail_next("messages.create", 403, 50013, "Missing Permissions", after=1)
+    with pytest.raises(PermanentDelivery) as refused:
+        await bot.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
+    assert refused.value.maybe_sent
+    assert len(api.messages(dm)) == 1
 
 
 async def test_a_server_error_is_retried_with_the_label(api: DiscordApi, bot: Running) -> None:

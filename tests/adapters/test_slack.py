@@ -574,8 +574,9 @@ async def test_a_later_part_that_failed_makes_the_reply_maybe_sent(
     key, target = chat_key(ALICE_DM, "slack"), Target("slack", ALICE_DM)
     api.fail_next("chat.postMessage", "channel_not_found", after=1)
     reply = Outbound(OutboundKind.REPLY, key, target, text)
-    with pytest.raises(PermanentDelivery):
+    with pytest.raises(PermanentDelivery) as refused:
         await gateway.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=0))
+    assert refused.value.maybe_sent  # a redelivery of its dead letter is labelled
     api.fail_next("chat.postMessage", "ratelimited", status=429, retry_after=3600, after=1)
     with pytest.raises(TransientDelivery) as failed:
         await gateway.adapter.send(reply, Attempt("d_1", uncertain=False, attempts=1))

@@ -367,6 +367,25 @@ async def test_a_reply_to_a_chat_that_is_gone_is_dead_lettered(api: BotApi, tmp_
     assert 'chatlane_delivery_attempts_total{outcome="dead"} 1' in text
 
 
+async def test_a_redelivered_reply_whose_first_part_went_out_is_labelled(
+    api: BotApi, tmp_path: Path
+) -> None:
+    """Part 1 of a long reply was taken, part 2 refused for good: the reply is dead-lettered,
+    and once redelivered, the chat has part 1 unlabelled once and the labelled re-send."""
+    text = "a" * 3000 + "\n" + "b" * 1090  # its echo is two parts, cut at the line break
+    api.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user", after=1)
+    async with running(telegram_config(api, tmp_path)) as (hub, _):
+        api.push_text(ALICE, ALICE, text)
+        await eventually(hub.gateway.delivery, lambda: dead(hub, 1))
+        [gone] = await hub.store.deliveries(DEAD)
+        assert await hub.store.retry_dead(gone.id)  # the user unblocked the bot
+        await eventually(hub.gateway.delivery, lambda: delivered(hub, 1))
+    first, *again = [sent.text for sent in api.sent(ALICE)]
+    assert first == "echo: " + "a" * 3000 + "\n"
+    assert again[0].startswith(RESENT_LABEL)
+    assert "".join(again) == f"{RESENT_LABEL}echo: {text}"
+
+
 async def test_flood_control_is_waited_out_without_losing_or_reordering(
     api: BotApi, adapter: TelegramAdapter
 ) -> None:

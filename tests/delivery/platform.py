@@ -97,8 +97,8 @@ def transient(maybe_sent: bool = False) -> TransientDelivery:
     return TransientDelivery("timeout", maybe_sent=maybe_sent)
 
 
-def permanent() -> PermanentDelivery:
-    return PermanentDelivery("bot blocked by the user")
+def permanent(maybe_sent: bool = False) -> PermanentDelivery:
+    return PermanentDelivery("bot blocked by the user", maybe_sent=maybe_sent)
 
 
 def rate_limited(seconds: float) -> RateLimited:

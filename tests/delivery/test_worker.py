@@ -137,6 +137,18 @@ class TestFailures:
         await rig.platform.until(lambda: len(rig.platform.accepted) == 1)
         assert rig.platform.texts("c1") == ["echo: hello"]
 
+    async def test_a_refusal_after_part_of_it_went_out_is_labelled_when_redelivered(
+        self, rig: Rig
+    ) -> None:
+        rig.platform.failures.append(permanent(maybe_sent=True))
+        await rig.say("hello")
+        await eventually(rig.gateway.delivery, settled(rig.store))
+        [dead] = await rig.store.deliveries(DEAD)
+        assert dead.uncertain is True
+        assert await rig.store.retry_dead(dead.id)
+        await rig.platform.until(lambda: len(rig.platform.accepted) == 1)
+        assert rig.platform.accepted[0].labelled is True
+
     async def test_a_dead_delivery_does_not_hold_up_the_chat(self, rig: Rig) -> None:
         rig.platform.failures.append(permanent())
         await rig.say("first")
@@ -157,6 +169,22 @@ class TestFailures:
         [dead] = await store.deliveries(DEAD)
         assert dead.reason == "gave up after 3 attempts: timeout"
         assert len(platform.attempts) == 3
+
+    async def test_a_last_attempt_that_may_have_sent_is_labelled_when_redelivered(self) -> None:
+        store, platform = MemoryStore(), PlatformStandIn()
+        rig = Rig(store, platform, dataclasses.replace(FAST, max_attempts=1))
+        platform.failures.append(transient(maybe_sent=True))
+        await rig.gateway.start()
+        try:
+            await rig.say("hello")
+            await eventually(rig.gateway.delivery, settled(store))
+            [dead] = await store.deliveries(DEAD)
+            assert (dead.reason, dead.uncertain) == ("gave up after 1 attempts: timeout", True)
+            assert await store.retry_dead(dead.id)
+            await platform.until(lambda: len(platform.accepted) == 1)
+        finally:
+            await rig.gateway.aclose()
+        assert platform.accepted[0].labelled is True
 
     async def test_a_rate_limit_is_waited_out_without_an_attempt(self, rig: Rig) -> None:
         rig.platform.failures.append(rate_limited(0.05))

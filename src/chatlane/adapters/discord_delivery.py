@@ -21,7 +21,8 @@ What stays true:
   minutes) with the message it already created instead of posting it again.
   Past that window a re-send may repeat, so the adapter labels it.
 * A long message goes out in parts; once one part went out, a failure of a
-  later one counts as maybe sent, and a rate limit between parts is waited
+  later one counts as maybe sent (a refusal too: its dead letter, redelivered,
+  is labelled), and a rate limit between parts is waited
   out in place, up to a cap for the whole message and never past the
   worker's deadline (:mod:`chatlane.adapters.waits`).
 """
@@ -73,7 +74,7 @@ def classify(error: Exception, *, sent_before: bool = False) -> DeliveryFailed:
             return PlatformUnavailable(text)
         if error.status >= 500 or error.status == 401:
             return TransientDelivery(text, maybe_sent=True)
-        return PermanentDelivery(text)
+        return PermanentDelivery(text, maybe_sent=sent_before)
     if isinstance(error, _NOT_SENT) and not sent_before:
         return PlatformUnavailable(text)
     return TransientDelivery(text, maybe_sent=True)

@@ -18,7 +18,8 @@ What stays true:
 * Slack cannot deduplicate a post, so a delivery that may have been sent
   before goes out again with :data:`~chatlane.delivery.ledger.RESENT_LABEL` in
   front (the adapter adds it). A long message goes out in parts; once one part
-  went out, a failure of a later one counts as maybe sent, and a rate limit
+  went out, a failure of a later one counts as maybe sent (a refusal too: its
+  dead letter, redelivered, is labelled), and a rate limit
   between parts is waited out in place, up to a cap for the whole message and never past the
   worker's deadline (:mod:`chatlane.adapters.waits`).
 """
@@ -91,7 +92,7 @@ def classify(error: Exception, *, sent_before: bool = False) -> DeliveryFailed:
         return PlatformUnavailable(text)
     if status >= 500 or wait is not None or code in SERVER_FAULTS or code in TOKEN_REFUSED:
         return TransientDelivery(text, maybe_sent=True)
-    return PermanentDelivery(text)
+    return PermanentDelivery(text, maybe_sent=sent_before)
 
 
 def status_of(error: SlackApiError) -> int:

@@ -15,7 +15,8 @@ What stays true:
   goes out again with :data:`~chatlane.delivery.ledger.RESENT_LABEL` in front.
 * A long message goes out in parts; once one part went out, a failure of a
   later one may leave the chat with part of it, so it counts as maybe sent
-  (the re-send is labelled). Flood control between parts is waited out in
+  (the re-send is labelled) — a refusal too: its dead letter, redelivered,
+  is labelled. Flood control between parts is waited out in
   place, up to :data:`~chatlane.adapters.telegram.FLOOD_WAIT_CAP` seconds for
   the whole message and never past the worker's deadline
   (:mod:`chatlane.adapters.waits`).
@@ -74,7 +75,7 @@ def classify(error: TelegramError, *, sent_before: bool = False) -> DeliveryFail
     if isinstance(error, RetryAfter) and not sent_before:
         return RateLimited(text, retry_after_seconds(error))
     if isinstance(error, Forbidden | BadRequest | ChatMigrated):
-        return PermanentDelivery(text)
+        return PermanentDelivery(text, maybe_sent=sent_before)
     if not sent_before and _not_sent(error):
         return PlatformUnavailable(text)
     return TransientDelivery(text, maybe_sent=True)

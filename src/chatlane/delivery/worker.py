@@ -27,9 +27,11 @@ What stays true:
   claims what is due whenever it is woken (a recording, a settled delivery)
   and at least every :attr:`DeliverySettings.poll_interval`.
 * A delivery whose earlier attempt may have reached the platform (a timeout,
-  a process that died mid-send) is handed to its sender with
+  a process that died mid-send, part of a long reply that went out before a
+  later part was refused) is handed to its sender with
   :attr:`Attempt.uncertain` set, so the sender labels the re-send or lets the
-  platform deduplicate by :attr:`Attempt.delivery_id`.
+  platform deduplicate by :attr:`Attempt.delivery_id` — a dead letter the
+  operator redelivers too: its last attempt's ``maybe_sent`` is settled with it.
 """
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ class DeliveryWorker:
             await asyncio.wait_for(sender.send(outbound, attempt), timeout)
         except PermanentDelivery as error:
             log.warning("delivery %s is undeliverable: %s", delivery.id, error)
-            return _dead(delivery, str(error))
+            return _dead(delivery, str(error), maybe_sent=error.maybe_sent)
         except RateLimited as error:
             return _release(delivery, str(error), delay=error.retry_after)
         except PlatformUnavailable as error:
@@ -346,7 +348,8 @@ class DeliveryWorker:
         """An attempt spent: again after a backoff, or dead after the last attempt."""
         spent = delivery.attempts + 1
         if spent >= self.settings.max_attempts:
-            return _dead(delivery, f"gave up after {spent} attempts: {reason}")
+            gave_up = f"gave up after {spent} attempts: {reason}"
+            return _dead(delivery, gave_up, maybe_sent=maybe_sent)
         delay = min(self.settings.first_retry * 2 ** (spent - 1), self.settings.max_retry)
         delay *= random.uniform(0.5, 1.0)
         return Settlement(
@@ -386,5 +389,9 @@ def _release(
     )
 
 
-def _dead(delivery: Delivery, reason: str) -> Settlement:
-    return Settlement(delivery.id, delivery.claim, SettlementKind.DEAD, reason=reason)
+def _dead(delivery: Delivery, reason: str, *, maybe_sent: bool = False) -> Settlement:
+    """Given up on; ``maybe_sent`` (some of it may have reached the platform) stays with it,
+    so a redelivery of the dead letter is labelled."""
+    return Settlement(
+        delivery.id, delivery.claim, SettlementKind.DEAD, reason=reason, maybe_sent=maybe_sent
+    )

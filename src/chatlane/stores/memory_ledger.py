@@ -154,8 +154,15 @@ def _settled(delivery: Delivery, settlement: Settlement, moment: float) -> Deliv
     kind = settlement.kind
     if kind is SettlementKind.DELIVERED:
         return replace(delivery, state=DELIVERED, claim="", settled_at=moment)
-    if kind is SettlementKind.DEAD:
-        return replace(delivery, state=DEAD, claim="", reason=settlement.reason, settled_at=moment)
+    if kind is SettlementKind.DEAD:  # maybe sent stays, so a redelivery is labelled
+        return replace(
+            delivery,
+            state=DEAD,
+            claim="",
+            reason=settlement.reason,
+            settled_at=moment,
+            uncertain=delivery.uncertain or settlement.maybe_sent,
+        )
     spent = 1 if kind is SettlementKind.RETRY else 0
     return replace(
         delivery,

@@ -402,6 +402,10 @@ class Deliveries(Protocol):
     async def retry_dead(self, delivery_id: str) -> bool:
         """Make a dead delivery pending again, due now, with no attempts counted.
 
+        It stays :attr:`~Delivery.uncertain` if an attempt may have reached the
+        platform (its dead settlement's ``maybe_sent`` included), so the
+        re-send is labelled.
+
         :returns: whether a dead delivery had that id.
         """
 

@@ -223,7 +223,10 @@ class Delivery(msgspec.Struct, frozen=True):
     holder: str = ""
     """The process that claimed it last."""
     uncertain: bool = False
-    """An earlier attempt may have reached the platform: a re-send may duplicate it."""
+    """An earlier attempt may have reached the platform: a re-send may duplicate it.
+
+    Once set it stays, through a dead letter and its redelivery
+    (:meth:`~chatlane.stores.protocols.Deliveries.retry_dead`)."""
     reason: str = ""
     """The last failure (a dead delivery's: why it was given up)."""
     settled_at: float = 0.0
@@ -252,7 +255,8 @@ class Settlement(msgspec.Struct, frozen=True):
     delay: float = 0.0
     reason: str = ""
     maybe_sent: bool = False
-    """The attempt may have reached the platform (a timeout): a later send is labelled."""
+    """The attempt may have reached the platform (a timeout, part of a long message before a
+    refusal): a later send is labelled, a dead letter's redelivery too."""
 
 
 class DeliveryStats(msgspec.Struct, frozen=True):

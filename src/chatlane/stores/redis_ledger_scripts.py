@@ -204,6 +204,7 @@ local function settle(name, key, kind, delay, reason, maybe_sent, now)
     if kind == 'dead' then
       by_seq, by_time = K.ddead, K.ddead_at
       redis.call('HSET', key, 'reason', reason)
+      if maybe_sent then redis.call('HSET', key, 'uncertain', 1) end
     end
     redis.call('HSET', key, 'state', kind, 'claim', '', 'settled_at', int(now))
     redis.call('ZREM', named(L.q, f[3]), name)

@@ -156,7 +156,8 @@ _AGAIN = (
 )
 _SETTLED = {
     SettlementKind.DELIVERED: "state = 'delivered', claim = '', settled_at = :now",
-    SettlementKind.DEAD: "state = 'dead', claim = '', reason = :reason, settled_at = :now",
+    SettlementKind.DEAD: "state = 'dead', claim = '', reason = :reason, settled_at = :now, "
+    "uncertain = uncertain OR :maybe_sent",
     SettlementKind.RETRY: _AGAIN,
     SettlementKind.RELEASE: _AGAIN,
 }

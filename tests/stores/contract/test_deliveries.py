@@ -234,6 +234,29 @@ class TestSettlements:
         assert (revived.id, revived.state, revived.attempts) == ("a1", PENDING, 0)
         assert (await store.delivery_stats()).dead == 0
 
+    async def test_a_dead_delivery_that_may_have_been_sent_is_redelivered_as_uncertain(
+        self, store: Store
+    ) -> None:
+        """Part of it went out before the refusal (or an earlier attempt may have sent it):
+        its redelivery is labelled. One that never reached the platform stays certain."""
+        await store.record_deliveries([draft("a1", "A"), draft("b1", "B"), draft("c1", "C")])
+        partly, unsent, earlier = await claim(store)
+        await store.settle_deliveries(
+            [
+                settle(partly, SettlementKind.DEAD, reason="bot blocked", maybe_sent=True),
+                settle(unsent, SettlementKind.DEAD, reason="chat not found"),
+                settle(earlier, SettlementKind.RELEASE, maybe_sent=True),
+            ]
+        )
+        [earlier] = await claim(store)
+        await store.settle_deliveries([settle(earlier, SettlementKind.DEAD, reason="refused")])
+        dead = {d.id: d.uncertain for d in await store.deliveries(DEAD)}
+        assert dead == {"a1": True, "b1": False, "c1": True}
+        for delivery_id in dead:
+            assert await store.retry_dead(delivery_id)
+        revived = {d.id: (d.uncertain, d.attempts) for d in await claim(store)}
+        assert revived == {"a1": (True, 0), "b1": (False, 0), "c1": (True, 0)}
+
     async def test_stats_of_an_empty_ledger(self, store: Store) -> None:
         stats = await store.delivery_stats()
         assert (stats.pending, stats.oldest_pending_at, stats.dead) == (0, 0.0, 0)

@@ -232,7 +232,7 @@ def _change(settlement: Settlement) -> _Change:
     if kind is SettlementKind.DELIVERED:
         return DELIVERED, 0, None, None, False
     if kind is SettlementKind.DEAD:
-        return DEAD, 0, None, settlement.reason, False
+        return DEAD, 0, None, settlement.reason, settlement.maybe_sent
     spent = 1 if kind is SettlementKind.RETRY else 0
     return PENDING, spent, settlement.delay, settlement.reason or None, settlement.maybe_sent
 
