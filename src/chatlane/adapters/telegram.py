@@ -112,6 +112,7 @@ from chatlane.errors import (
 from chatlane.groups import GroupPolicy
 from chatlane.identity import NO_SESSION, ChatType, SessionSource
 from chatlane.secrets import Secrets, read_secret
+from chatlane.session_commands import is_yes_or_no
 from chatlane.types import (
     Attachment,
     InboundMessage,
@@ -368,6 +369,8 @@ class TelegramAdapter:
         approval prompt (:meth:`~chatlane.hub.Hub.awaits_answer`); else None."""
         message = update.effective_message
         if message is None or message.text is None or self._hub is None:
+            return None
+        if not is_yes_or_no(message.text):  # most messages: no InboundMessage made
             return None
         msg_id = f"tg-{message.chat.id}-{message.message_id}"
         said = InboundMessage(
