@@ -274,6 +274,22 @@ class ReleasesAnswerLate(MemoryStore):
             await asyncio.wait({waited})
 
 
+class ReleasesLate(MemoryStore):
+    """A release applies, and is answered, only once :attr:`apply_after` is done: whatever
+    asks for the lease meanwhile overtakes the release, as on a store with several
+    connections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.apply_after: asyncio.Task[None] | None = None
+
+    async def release(self, lease: Lease) -> None:
+        waited, self.apply_after = self.apply_after, None
+        if waited is not None:
+            await asyncio.wait({waited})
+        await super().release(lease)
+
+
 class TestEviction:
     async def test_stuck_turn_is_evicted_and_cannot_touch_successor(
         self, monkeypatch: pytest.MonkeyPatch
@@ -421,6 +437,39 @@ class TestEviction:
             "done m3",
             "done urgent",
         ]
+
+
+async def test_a_turn_never_takes_its_own_process_release_for_a_turn_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The evicted turn's end starts the next turn while the eviction's release is still on
+    its way: the next turn waits for that answer, and is not refused its session by a
+    lease of its own process (a false "busy", the busy policy applied)."""
+    clock = FrozenMonotonic.patch(monkeypatch)
+    store = ReleasesLate()
+    recorder = Recorder()
+
+    async def agent(turn: Turn) -> str:
+        recorder.enter(turn)
+        if turn.text == "stuck":
+            await asyncio.Event().wait()  # no progress; ends when cancelled
+        return f"done {turn.text}"
+
+    async with GatewayHarness(
+        agent, store=store, busy="rollback", turn_timeout=0.2, ack_debounce=0
+    ) as h:
+        result = await h.send("stuck", chat_id="c")
+        await h.until_running(chat_id="c")
+        await h.send("/queue m2", chat_id="c")
+        store.apply_after = recorder.turns[result.session_key][0].task
+        clock.now += 0.3
+        assert await h.gateway.engine.evict_stuck() == 1
+        await h.settle()
+    assert await h.replies(chat_id="c", count=3) == [
+        "Queued for the next turn (1 queued)",
+        "The running turn made no progress for 0.2s and was stopped.",
+        "done m2",
+    ]
 
 
 async def test_interrupted_agent_that_ignores_it_is_cancelled_after_grace() -> None:

@@ -32,6 +32,12 @@ What stays true:
   tries: a try whose answer was lost (Redis, PostgreSQL) never holds the
   session against the next one, and what it may have taken is given back
   when the acquisition ends without it (:mod:`~chatlane.runtime.withdrawals`).
+* A process waits for its own release of a session's lease to be answered
+  before it asks for that lease again (:meth:`LeaseKeeper.acquire`): on a
+  store with several connections the request could otherwise overtake the
+  release, and a turn here would be refused its session by a lease of its own
+  process, and taken for one running elsewhere (its busy policy applied, its
+  sender told "busy").
 * While this process draws another process's messages into a session's
   running turn (:meth:`LeaseKeeper.drawing`), that session's lease is not
   released here: the drawn messages change owner while the lease is held,
@@ -121,6 +127,8 @@ class LeaseKeeper:
         """Sessions whose lease is kept until the messages being drawn in have changed owner."""
         self._waits: dict[SessionKey, Watch] = {}
         """The watch of each session whose lease a turn here waits for."""
+        self._releasing: dict[SessionKey, asyncio.Future[None]] = {}
+        """Sessions whose lease this process is giving back: done once the store answered."""
 
     def admit(
         self, state: SessionState, message_id: str, payload: bytes, *, choices: bool, token: str
@@ -204,8 +212,13 @@ class LeaseKeeper:
         (:mod:`~chatlane.runtime.withdrawals`).
 
         :param refused: the store already refused the lease (when the message
-            was queued): the wait starts from that answer instead of asking again.
+            was queued): the wait starts from that answer instead of asking again,
+            unless this process was giving the lease back meanwhile.
         """
+        releasing = self._releasing.get(state.key)
+        if releasing is not None:  # its answer first: the refusal may have been our own lease
+            await asyncio.shield(releasing)
+            refused = None
         wait, token = AcquireWait(), new_token()  # one token a wait: each try finds the last's
         delay, longest = self.settings.poll, self.settings.max_poll
         try:
@@ -312,13 +325,20 @@ class LeaseKeeper:
         lease = state.turn.release_lease_token(generation)
         if lease is None:
             return
+        key = state.key
+        answered = asyncio.get_running_loop().create_future()
+        self._releasing[key] = answered
         try:
             await self.store.release(lease)
         except LeaseError as error:
-            log.info("lease already gone: %s", error, extra=turn_fields(state.key, generation))
+            log.info("lease already gone: %s", error, extra=turn_fields(key, generation))
         except StoreError:
             self.hold(state, lease)
             raise
+        finally:
+            if self._releasing.get(key) is answered:
+                del self._releasing[key]
+            answered.set_result(None)
 
     def is_drawing(self, key: SessionKey) -> bool:
         """Whether messages are being drawn into ``key``'s running turn (:meth:`drawing`)."""
