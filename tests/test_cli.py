@@ -271,6 +271,18 @@ async def command(
     return process.returncode, out.decode(), err.decode()
 
 
+async def test_python_m_chatlane_is_the_chatlane_command(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "chatlane", "--help"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 40)
+    assert (process.returncode, err) == (0, b"")
+    assert out.decode().startswith("Usage: chatlane [OPTIONS] COMMAND")
+
+
 async def test_clients_find_the_gateway_as_serve_is_configured(tmp_path: Path) -> None:
     async with real_gateway("t0ken") as port:
         configured = {"CHATLANE_SERVER__PORT": str(port), "CHATLANE_TOKEN": "t0ken"}

@@ -248,3 +248,19 @@ def test_allowed_base_urls_are_plain_urls_and_a_bad_one_is_not_repeated() -> Non
     with pytest.raises(ConfigError, match=r"'agent\.openai\.allowed_base_urls\[1\]'") as error:
         load_config(environ={"CHATLANE_AGENT__OPENAI__ALLOWED_BASE_URLS": bad})
     assert "hunter2" not in str(error.value)
+
+
+def test_a_config_file_nested_past_reading_is_a_clear_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply to read"):
+        load_config(path, environ={})
+
+
+@pytest.mark.parametrize("platform", ["telegram", "slack", "discord"])
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "ftp://example.com", "https://x.example/?a=1", "https://u:p@x.example"]
+)
+def test_a_platforms_api_url_must_be_a_plain_http_url(platform: str, url: str) -> None:
+    environ = {f"CHATLANE_{platform.upper()}__API_URL": url}
+    with pytest.raises(ConfigError, match=rf"^configuration key '{platform}.api_url' = "):
+        load_config(environ=environ)

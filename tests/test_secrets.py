@@ -138,3 +138,18 @@ def test_a_reload_rereads_a_file_and_keeps_a_variables_value(tmp_path: Path) -> 
 def test_nothing_configured_is_no_secret() -> None:
     assert read_secret(Named(), {"CHATLANE_TOKEN": "x"}) == ""
     assert not AccessToken(Secrets().access_token).required
+
+
+def test_a_secret_file_that_is_not_text_is_a_clear_error_and_locks_on_reload(
+    tmp_path: Path,
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_bytes(b"\xe4\xff\xfe")
+    with pytest.raises(ConfigError, match=r"secret file .*: not UTF-8 text"):
+        read_secret(Named(file=str(token_file)), {})
+    token_file.write_text("first")
+    access = AccessToken(TokenSource.read(Named(file=str(token_file))))
+    token_file.write_bytes(b"\xe4\xff\xfe")  # rotated to something unreadable
+    access.reload()
+    assert not access.matches(b"first")  # locked until a reload finds a token
+    assert access.required

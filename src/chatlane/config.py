@@ -62,9 +62,11 @@ class Secret(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """The secret's value, or ``""`` if none is configured."""
         if self.file:
             try:
-                return Path(self.file).read_text().strip()
+                return Path(self.file).read_text(encoding="utf-8").strip()
             except OSError as error:
                 raise ConfigError(f"secret file {self.file!r}: {error.strerror}") from None
+            except UnicodeDecodeError:
+                raise ConfigError(f"secret file {self.file!r}: not UTF-8 text") from None
         return environ.get(self.env, "") if self.env else ""
 
     def source(self) -> str:
@@ -411,11 +413,13 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise ConfigError(f"config file {str(path)!r}: {error.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {str(path)!r} is nested too deeply to read") from None
 
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -679,7 +683,7 @@ def _check(config: Config) -> None:
         check_file_cap(platform, getattr(config, platform))
     _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
-    _check_discord(config.discord)
+    _check_api_urls(config)
     config.groups.check()
     for platform in CHAT_PLATFORMS:
         section = config.chat_settings(platform)
@@ -754,16 +758,32 @@ def _check_openai(openai: OpenAIConfig) -> None:
             ) from None
 
 
-def _check_discord(discord: DiscordConfig) -> None:
-    """The REST API's address is an http(s) URL without credentials, query or fragment."""
-    url = urlsplit(discord.api_url)
-    if url.scheme not in ("http", "https") or not url.hostname or url.username or url.query:
-        raise ConfigError(
-            f"configuration key 'discord.api_url' = {redact_urls(discord.api_url)!r}: "
-            "expected an http(s) URL such as 'https://discord.com/api/v10'"
-        )
-    if url.fragment or url.password:
-        raise ConfigError("configuration key 'discord.api_url': expected no fragment or password")
+def _check_api_urls(config: Config) -> None:
+    """Each platform's API address is an http(s) URL without credentials, query or fragment
+    (the adapters build their requests' URLs on it)."""
+    for platform, section in (
+        ("telegram", config.telegram),
+        ("slack", config.slack),
+        ("discord", config.discord),
+    ):
+        try:
+            url = urlsplit(section.api_url)
+            valid = url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
+        except ValueError:  # an unclosed IPv6 bracket, a port out of range
+            valid = False
+        if not valid or url.username or url.password or url.query or url.fragment:
+            raise ConfigError(
+                f"configuration key '{platform}.api_url' = {redact_urls(section.api_url)!r}: "
+                "expected an http(s) URL without credentials, query or fragment, such as "
+                f"{_API_URL_EXAMPLES[platform]!r}"
+            )
+
+
+_API_URL_EXAMPLES = {
+    "telegram": "https://api.telegram.org",
+    "slack": "https://slack.com/api",
+    "discord": "https://discord.com/api/v10",
+}
 
 
 def _check_whole(section: str, record: object, names: tuple[str, ...]) -> None:
