@@ -44,7 +44,7 @@ from chatlane.overheard import ContextLimits, keep, line_of, take
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.runtime.outcomes import OnOutcome
-from chatlane.session_commands import NO, YES, is_yes_or_no
+from chatlane.session_commands import YES, YES_OR_NO, is_yes_or_no
 from chatlane.state import SessionRegistry
 from chatlane.stores.base import Store
 from chatlane.types import (
@@ -62,9 +62,6 @@ if TYPE_CHECKING:
     from chatlane.scheduling.loop import Scheduler
 
 log = logging.getLogger("chatlane.gateway")
-
-_YES_OR_NO = YES | NO
-"""Words that answer a pending approval or confirmation."""
 
 Refuse: TypeAlias = Callable[[InboundMessage], Awaitable[None]]
 """How a refused sender is told (or not); see :meth:`Gateway.notify_refused`."""
@@ -384,7 +381,7 @@ class Gateway:
         is none; it cancels a pending confirmation, as :meth:`_command_for` would.
         """
         word = message.text.strip()
-        if word[:1] == "/" or word.lower() in _YES_OR_NO:
+        if word[:1] == "/" or word.lower() in YES_OR_NO:
             return True
         self._cancel_confirmation(key)
         return False
@@ -404,7 +401,7 @@ class Gateway:
             self._cancel_confirmation(key)
             return parsed
         word = message.text.strip().lower()
-        if word not in _YES_OR_NO:
+        if word not in YES_OR_NO:
             self._cancel_confirmation(key)
             return None
         state = await self.engine.session(key)

@@ -30,10 +30,13 @@ YES = frozenset({"yes", "y", "ok", "confirm"})
 NO = frozenset({"no", "n", "cancel"})
 
 
+YES_OR_NO = YES | NO
+"""Every word that answers a pending question (an approval, a confirmation)."""
+
+
 def is_yes_or_no(text: str) -> bool:
     """Whether ``text`` is a plain yes or no (what answers a pending question)."""
-    word = text.strip().lower()
-    return word in YES or word in NO
+    return text.strip().lower() in YES_OR_NO
 
 
 REASONING = ("none", "low", "medium", "high")
