@@ -252,8 +252,8 @@ class TurnEngine:
         """``key``'s state, its stored choices taken up as a turn would take them: read
         again once older than ``reread_stored``, so what another process changed
         (``/model``, ``/busy``, a new conversation) shows here too. While a turn runs
-        here, it is left with the choices it started with; the store cannot be read:
-        the choices read before.
+        here, it keeps the choices it started with, and so does a store that cannot be
+        read: the choices read before are shown.
         """
         state = await self.session(key)
         moment = time.monotonic()
