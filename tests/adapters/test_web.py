@@ -778,6 +778,26 @@ async def test_token_guards_the_socket(token_config: Config) -> None:
             assert (await receive(ws))["type"] == "commands"
 
 
+@pytest.mark.parametrize("expires", [b"\xb2", b"\xb9", b"9" * 5000])
+async def test_a_sign_in_cookie_with_an_odd_expiry_is_no_sign_in(
+    token_config: Config, expires: bytes
+) -> None:
+    """Not a 500 with a traceback, nor a socket dropped without a close frame: ``²`` (the
+    byte 0xB2 as Starlette reads a header) passes ``str.isdigit`` and fails ``int``, and so
+    does a number of 5,000 digits."""
+    forged = AUTH_COOKIE.encode() + b"=" + expires + b".nonce.signature"
+    async with web_server(token_config) as host:
+        async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+            page = await client.get("/", headers={"cookie": forged})
+        assert page.status_code == 401
+        if expires.isascii():  # what a WebSocket client sends as it is
+            async with chat_socket(host, forged.decode()) as ws:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await receive(ws)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code in (4400, 4401)
+
+
 @pytest.mark.parametrize("outcome", list(BusyOutcome))
 def test_every_busy_outcome_shows_as_a_message_state(outcome: BusyOutcome) -> None:
     shown = state_of(DispatchResult(SessionKey("k"), "m1", outcome=outcome))

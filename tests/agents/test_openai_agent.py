@@ -295,6 +295,40 @@ async def test_a_chat_cannot_send_the_gateway_to_an_unlisted_url(tmp_path: Path)
         assert up.recorder.requests[-1].json()["model"] == "upstream-model"
 
 
+@contextlib.asynccontextmanager
+async def redirecting_to(location: str) -> AsyncIterator[int]:
+    """A server that answers every request with a 307 to ``location``; its port."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        head = f"HTTP/1.1 307 Temporary Redirect\r\nlocation: {location}\r\n"
+        writer.write(f"{head}content-length: 0\r\nconnection: close\r\n\r\n".encode())
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_listed_endpoints_redirect_is_not_followed(tmp_path: Path) -> None:
+    """A listed endpoint that answers 307 cannot send the gateway to an unlisted address
+    (and its answer back to the chat)."""
+    async with upstream(tmp_path) as up, bystander() as inside:
+        unlisted = f"http://127.0.0.1:{inside.port}/internal/secret"
+        async with redirecting_to(unlisted) as port:
+            listed = f"http://127.0.0.1:{port}/v1"
+            async with downstream(up, tmp_path, allowed=[listed]) as (h, _):
+                await h.send(f"/model m --base-url {listed}", chat_id="c")
+                await h.send("hi", chat_id="c")
+                replies = await h.replies(chat_id="c", count=2, timeout=20)
+        assert replies[1] == ENDPOINT_FAILED
+        assert inside.request_lines == []
+
+
 async def test_a_stored_endpoint_no_longer_allowed_is_not_called(tmp_path: Path) -> None:
     async with upstream(tmp_path) as up, bystander() as inside:
         chosen = f"http://127.0.0.1:{inside.port}/v1"

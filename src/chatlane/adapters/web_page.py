@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 import secrets
 import time
 from collections import deque
@@ -114,8 +115,8 @@ class Gate:
     def _valid(self, cookie: str) -> bool:
         payload, _, signature = cookie.rpartition(".")
         expires, _, nonce = payload.partition(".")
-        if not (expires.isdigit() and nonce and int(expires) > self._clock()):
-            return False
+        if not (_EXPIRY.fullmatch(expires) and nonce and int(expires) > self._clock()):
+            return False  # an expiry of ASCII digits only, of a size a clock reads
         expected = self._signature(payload)
         return bool(expected) and hmac.compare_digest(signature.encode(), expected.encode())
 
@@ -125,6 +126,11 @@ class Gate:
         if key is None:
             return ""
         return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+_EXPIRY = re.compile(r"[0-9]{1,15}")
+"""A sign-in cookie's expiry: whole seconds of the epoch (``²`` or a 5,000-digit number is
+no expiry)."""
 
 
 class SignInLimiter:

@@ -14,7 +14,10 @@ What stays true:
   redirect the key to a server of their choice. The key is never logged and
   never part of ``repr``.
 * A chat-chosen endpoint is called only if :attr:`OpenAIAgent.endpoints`
-  allows it at the turn that uses it (see :mod:`chatlane.endpoints`).
+  allows it at the turn that uses it (see :mod:`chatlane.endpoints`). No
+  endpoint's redirect is followed: a listed endpoint answering 3xx could
+  otherwise send the gateway to any address (another port, loopback, a cloud
+  metadata service) and the answer back to the chat; a 3xx fails the turn.
 * Whatever goes wrong with an endpoint — refused, unreachable, an error
   status, a broken stream — the turn fails with one :class:`EndpointFailed`,
   so a chat learns nothing about which ports answer; the log has the cause,
@@ -47,7 +50,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, Protocol
 
-from openai import AsyncOpenAI, OpenAIError
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient, OpenAIError
 from openai.types.chat import (
     ChatCompletionChunk,
     ChatCompletionContentPartParam,
@@ -180,7 +183,8 @@ class OpenAIAgent:
         """A client for ``base_url``: with the API key only if it is the configured endpoint."""
         trusted = base_url == self.endpoints.configured
         key = self._api_key if trusted and self._api_key else NO_KEY
-        return AsyncOpenAI(base_url=base_url, api_key=key)
+        unredirected = DefaultAsyncHttpxClient(follow_redirects=False)
+        return AsyncOpenAI(base_url=base_url, api_key=key, http_client=unredirected)
 
     def open_endpoints(self) -> list[str]:
         """The endpoints with an open client, least recently used first."""
