@@ -32,6 +32,7 @@ from chatlane.adapters.web_page import (
     WebPage,
 )
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT, MessageState, state_of
+from chatlane.agents.demo import DemoAgent
 from chatlane.config import Config, Secret, ServerConfig, StoreConfig
 from chatlane.errors import STORE_UNAVAILABLE
 from chatlane.gateway import DispatchResult
@@ -41,7 +42,8 @@ from chatlane.runtime.busy import BusyOutcome, BusyPolicy, BusySettings
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.secrets import TokenSource
 from chatlane.serve import uvicorn_config
-from chatlane.stores import open_store
+from chatlane.stores import MemoryStore, Store, open_store
+from chatlane.stores.base import Admission
 from chatlane.types import Agent, Outbound, OutboundKind, SessionKey, Target
 from tests.runtime.test_outage import write_lock
 
@@ -66,11 +68,17 @@ async def web_server(
 
 @contextlib.asynccontextmanager
 async def web_hub(
-    config: Config | None = None, agent: Agent | None = None, store: StoreConfig = MEMORY
+    config: Config | None = None,
+    agent: Agent | None = None,
+    store: StoreConfig = MEMORY,
+    *,
+    opened: Store | None = None,
 ) -> AsyncIterator[tuple[str, Hub]]:
-    """As :func:`web_server`, yielding the hub too."""
+    """As :func:`web_server`, yielding the hub too; on the store ``opened`` if given."""
     config = msgspec.structs.replace(config or Config(), store=store)
-    if agent is None:
+    if opened is not None:
+        hub = Hub(config, opened, agent or DemoAgent())
+    elif agent is None:
         hub = await open_hub(config)
     else:
         hub = Hub(config, await open_store(config.store.url), agent)
@@ -788,7 +796,7 @@ async def test_a_sign_in_cookie_with_an_odd_expiry_is_no_sign_in(
     forged = AUTH_COOKIE.encode() + b"=" + expires + b".nonce.signature"
     async with web_server(token_config) as host:
         async with httpx.AsyncClient(base_url=f"http://{host}") as client:
-            page = await client.get("/", headers={"cookie": forged})
+            page = await client.get("/", headers={b"cookie": forged})
         assert page.status_code == 401
         if expires.isascii():  # what a WebSocket client sends as it is
             async with chat_socket(host, forged.decode()) as ws:
@@ -796,6 +804,41 @@ async def test_a_sign_in_cookie_with_an_odd_expiry_is_no_sign_in(
                     await receive(ws)
             assert closed.value.rcvd is not None
             assert closed.value.rcvd.code in (4400, 4401)
+
+
+class HeldEnqueues(MemoryStore):
+    """A store that takes no message until :attr:`go_on` is set; :attr:`asked` counts the
+    messages handed to it meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go_on = asyncio.Event()
+        self.asked = 0
+
+    async def enqueue_and_acquire(self, *args: Any, **options: Any) -> Admission:
+        self.asked += 1
+        await self.go_on.wait()
+        return await super().enqueue_and_acquire(*args, **options)
+
+
+async def test_one_browser_has_a_bounded_number_of_messages_not_handed_on() -> None:
+    """A socket that floods: past :data:`web.MAX_UNDISPATCHED` messages the gateway has not
+    taken yet, one more is refused at once, and told so; the ones taken all run."""
+    store = HeldEnqueues()
+    async with web_hub(opened=store) as (host, _):
+        bid = await browser_id(host)
+        async with greeted(host, bid) as (ws, _):
+            ids = [await say_as(ws, f"m{n}", f"r{n}") for n in range(web.MAX_UNDISPATCHED)]
+            extra = await say_as(ws, "one too many", "extra")
+            events = await until(ws, "error")
+            assert of(events, "state", extra) == [
+                {"type": "state", "id": extra, "state": "refused"}
+            ]
+            assert events[-1]["text"].startswith("Too many messages at once (32 wait")
+            store.go_on.set()
+            answered = await until(ws, "reply", f"echo: m{web.MAX_UNDISPATCHED - 1}")
+    assert store.asked == len(ids)
+    assert [e["text"] for e in answered if e["type"] == "reply"][-1] == "echo: m31"
 
 
 @pytest.mark.parametrize("outcome", list(BusyOutcome))

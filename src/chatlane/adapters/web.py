@@ -17,6 +17,9 @@ What stays true:
 * Reading never waits for the gateway: each message is submitted in a task of
   its own, after the chat's previous message was dispatched (or after
   :data:`HANDOFF` seconds, so a slow dispatch cannot hold up an ``/approve``).
+  A browser has at most :data:`MAX_UNDISPATCHED` messages waiting to be
+  handed on; one more is refused (its ``state`` says so, with an ``error``),
+  so one flooding socket cannot fill the process's ``limits.queued_bytes``.
 * Browser ids are signed by the server (:mod:`chatlane.adapters.web_ids`): a
   socket whose cookie holds no id this server issued is closed with 4400, so
   no client can invent browsers to get past :data:`MAX_TABS`; and no more
@@ -88,6 +91,8 @@ MAX_TABS = 32
 """Most open sockets one browser may have; more are closed with 1013."""
 SERVER_FULL = (1013, "the server has too many open connections; try again later")
 HANDOFF = 1.0
+MAX_UNDISPATCHED = 32
+"""Most messages of one browser not handed to the gateway yet; one more is refused."""
 HISTORY_LIMIT = 200
 CONVERSATION_LIMIT = 20
 
@@ -97,6 +102,10 @@ CLOSE_FOREIGN_ORIGIN = 4403
 CLOSE_TRY_LATER = 1013
 CLOSE_GOING_AWAY = 1001
 NO_IDENTITY = (CLOSE_NO_IDENTITY, "no browser id: load the page first")
+_TOO_MANY = (
+    f"Too many messages at once ({MAX_UNDISPATCHED} wait to be taken): "
+    "this one was not taken; send it again shortly."
+)
 
 
 @dataclass(eq=False)
@@ -145,6 +154,8 @@ class WebChat:
     title: str = ""
     """The current conversation's title as this chat's sockets were last told it."""
     last_submit: asyncio.Task[None] | None = None
+    undispatched: int = 0
+    """Messages submitted from this chat's sockets and not yet handed to the gateway."""
     commands: set[str] = field(default_factory=set)
     """Ids of this chat's commands being dispatched now (their replies are marked)."""
 
@@ -361,7 +372,12 @@ class WebAdapter:
         message = InboundMessage(chat.source, frame.text)
         if frame.ref:
             connection.send(accepted_event(frame.ref, message.id))
+        if chat.undispatched >= MAX_UNDISPATCHED:
+            connection.send(state_event(message.id, MessageState.REFUSED))
+            connection.send(error_event(_TOO_MANY))
+            return
         chat.broadcast({"type": "user", "text": frame.text, "id": message.id}, skip=connection)
+        chat.undispatched += 1
         task = asyncio.create_task(self._dispatch(chat, connection, message, chat.last_submit))
         chat.last_submit = task
         self._tasks.add(task)
@@ -376,12 +392,8 @@ class WebAdapter:
     ) -> None:
         """Submit after the chat's previous message (bounded wait), then tell every tab
         what became of it; a failure is told to the sender."""
-        if previous is not None and not previous.done():
-            await asyncio.wait({previous}, timeout=HANDOFF)
-        if _may_be_command(message.text):
-            chat.commands.add(message.id)
         try:
-            result = await self.hub.submit(message)
+            result = await self._handed_on(chat, message, previous)
         except ChatlaneError as error:
             log.warning("web: message %s not handled: %s", message.id, error)
             connection.send(error_event(f"The message was not handled: {shown_to_users(error)}"))
@@ -395,6 +407,20 @@ class WebAdapter:
         finally:
             chat.commands.discard(message.id)
         chat.broadcast(self._arrival(chat, result))
+
+    async def _handed_on(
+        self, chat: WebChat, message: InboundMessage, previous: asyncio.Task[None] | None
+    ) -> DispatchResult:
+        """``message`` submitted to the gateway after the chat's previous message (a bounded
+        wait); from then on, or if it never is, it no longer counts as waiting to be."""
+        try:
+            if previous is not None and not previous.done():
+                await asyncio.wait({previous}, timeout=HANDOFF)
+            if _may_be_command(message.text):
+                chat.commands.add(message.id)
+            return await self.hub.submit(message)
+        finally:
+            chat.undispatched -= 1
 
     def _arrival(self, chat: WebChat, result: DispatchResult) -> Event:
         """The ``state`` event of a dispatched message (a waiting one names its short id)."""
