@@ -50,7 +50,7 @@ async def test_chats_and_threads_are_addressed_as_the_gateway_names_them() -> No
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"queue_cap": "3"}, "RuntimeSettings.queue_cap = '3': expected a finite number > 0"),
+        ({"queue_cap": "3"}, "RuntimeSettings.queue_cap = '3': expected a whole number > 0"),
         ({"queue_cap": -1}, "RuntimeSettings.queue_cap = -1"),
         ({"queue_cap": 2.5}, "RuntimeSettings.queue_cap = 2.5: expected a whole number > 0"),
         ({"interrupt_depth": True}, "RuntimeSettings.interrupt_depth = True"),
@@ -66,7 +66,9 @@ def test_settings_are_checked_when_made(settings: dict[str, Any], message: str) 
 
 
 def test_lease_settings_are_checked_when_made() -> None:
-    with pytest.raises(ConfigError, match=r"LeaseSettings.ttl = 0: expected a finite number > 0"):
+    with pytest.raises(
+        ConfigError, match=r"LeaseSettings\.ttl = 0: expected a finite number >= 0\.1"
+    ):
         LeaseSettings(ttl=0)
     with pytest.raises(ConfigError, match=r"LeaseSettings\.fence_check = inf"):
         LeaseSettings(fence_check=float("inf"))

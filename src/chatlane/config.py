@@ -7,6 +7,11 @@ What stays true:
   secret once at start, and the context layer's documented legacy lookup).
 * A bad key or value stops the start with a :class:`~chatlane.errors.ConfigError`
   that names the key, the value and what was expected — never a traceback.
+* Every number has a range, declared once on its type
+  (:mod:`chatlane.runtime.limits`): within what every store holds, and for the
+  lease TTL at least a second, so no configuration that starts fails every
+  message. The decoder checks them; :func:`check_config` checks them again for
+  a :class:`Config` built in code.
 * Secrets (API keys, bot tokens, the access token) are named by the
   environment variable or file they come from; their values are read at start,
   kept out of ``repr`` and never logged.
@@ -26,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
-import math
 import os
 import re
 import tomllib
@@ -39,13 +43,24 @@ from urllib.parse import urlsplit
 import msgspec
 
 from chatlane.authorization import AdminCommands
-from chatlane.chat_settings import ChatSettings, check_file_cap
+from chatlane.chat_settings import ChatSettings
 from chatlane.delivery.worker import DeliverySettings
 from chatlane.endpoints import EndpointRefused, Prefix, normal
 from chatlane.errors import ConfigError
 from chatlane.groups import GroupsConfig, GroupSettings, check_group_settings
 from chatlane.identity import ChatType, SessionSource
 from chatlane.redaction import redact_urls
+from chatlane.runtime.limits import (
+    CONFIGURED_GE,
+    Bytes,
+    Count,
+    CountOrZero,
+    PositiveSeconds,
+    Seconds,
+    WholeSeconds,
+    expectation,
+    out_of_bounds,
+)
 from chatlane.runtime.settings import LeaseSettings, RuntimeSettings
 from chatlane.scheduler import SchedulerSettings
 
@@ -85,13 +100,13 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int = 8080
     token: Secret = Secret(env="CHATLANE_TOKEN")
     """Required on a non-loopback address: browsers and API clients must present it."""
-    keep_alive: int = 75
+    keep_alive: WholeSeconds = 75
     """Seconds an idle HTTP connection is kept open; longer than clients' and proxies'
     idle pools, so they close first and never reuse a connection the server is closing."""
-    header_timeout: float = 10.0
+    header_timeout: PositiveSeconds = 10.0
     """Seconds a client has to send a request's headers (a WebSocket handshake's
     included), from connecting or from the first byte of its next request."""
-    max_connections: int = 1000
+    max_connections: Count = 1000
     """Most connections open at once (HTTP and WebSocket); more are answered 503 and
     closed. Lowered at start to fit the process's open-file limit."""
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
@@ -99,7 +114,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     (``*.example.com`` matches subdomains, ``*`` any name)."""
     metrics_public: bool = False
     """Serve ``/metrics`` without the token even when one is configured."""
-    sign_in_ttl: int = 7 * 24 * 3600
+    sign_in_ttl: WholeSeconds = 7 * 24 * 3600
     """Seconds a web chat sign-in lasts before the browser must present the token again."""
 
     def is_wildcard(self) -> bool:
@@ -129,7 +144,8 @@ class OpenAIConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     base_url: str = "https://api.openai.com/v1"
     model: str = "gpt-4o-mini"
     api_key: Secret = Secret(env="OPENAI_API_KEY")
-    history: int = 20
+    history: CountOrZero = 20
+    """Transcript entries sent with each turn (0: none)."""
     allowed_base_urls: list[str] = msgspec.field(default_factory=list)
     """Endpoints chat users may choose with ``/model --base-url`` (origin and path prefix);
     empty: none but ``base_url``."""
@@ -177,7 +193,7 @@ _RUNTIME_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(RuntimeSet
 class LimitsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Process-wide limits the runtime does not hold (its own are ``runtime.capacity``)."""
 
-    sockets: int = 256
+    sockets: Count = 256
     """Web chat WebSockets open at once in one process."""
 
 
@@ -285,7 +301,7 @@ class DiscordConfig(ChatSettings, frozen=True, forbid_unknown_fields=True):
     the bot."""
     allow_bots: bool = False
     """Read messages of other bots and webhooks too (never the bot's own)."""
-    max_attachment_bytes: int = 25 * 1024 * 1024
+    max_attachment_bytes: Bytes = 25 * 1024 * 1024
     """As :class:`ChatSettings`; 25 MB, Discord's long-standing upload limit."""
     typing: bool = True
     """Show "… is typing" in a channel while its message is being worked on."""
@@ -303,7 +319,7 @@ class DiscordConfig(ChatSettings, frozen=True, forbid_unknown_fields=True):
 class ResetPolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """When conversations end by themselves (both off by default)."""
 
-    idle_after: float | None = None
+    idle_after: PositiveSeconds | None = None
     """Seconds without activity."""
     daily_at_hour: int | None = None
     """Hour of the day (0-23, in ``scheduler.timezone``)."""
@@ -333,13 +349,13 @@ _SCHEDULER = SchedulerSettings()
 class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timezone: str = "UTC"
     """Of cron expressions and daily reset hours; the same in every process."""
-    chat_job_cap: int = _SCHEDULER.chat_job_cap
+    chat_job_cap: Count = _SCHEDULER.chat_job_cap
     """Jobs one chat may create with ``/cron add``."""
-    user_job_cap: int = _SCHEDULER.user_job_cap
+    user_job_cap: Count = _SCHEDULER.user_job_cap
     """Jobs one user (or API client) may create with ``/cron add``, over all their chats."""
-    total_job_cap: int = _SCHEDULER.total_job_cap
+    total_job_cap: Count = _SCHEDULER.total_job_cap
     """Jobs all chats together may create with ``/cron add``."""
-    min_interval: float = _SCHEDULER.min_interval
+    min_interval: Seconds = _SCHEDULER.min_interval
     """Seconds that must at least pass between two runs of a job made from a chat."""
 
 
@@ -632,15 +648,27 @@ def _type_at(path: list[str]) -> msgspec.inspect.Type | None:
 
 
 def _expectation(info: msgspec.inspect.Type | None) -> str:
-    """What a bounded number or an enum must be, in words ("" for anything else)."""
+    """What a bounded number or an enum must be, in words ("" for anything else).
+
+    A lowest value only the configuration enforces (a lease TTL's) is the one told.
+    """
     if isinstance(info, msgspec.inspect.EnumType):
         return "one of: " + ", ".join(str(member.value) for member in info.cls)
-    if isinstance(info, msgspec.inspect.IntType | msgspec.inspect.FloatType):
-        kind = "whole" if isinstance(info, msgspec.inspect.IntType) else "finite"
-        if info.gt is not None:
-            return f"a {kind} number > {info.gt}"
-        if info.ge is not None:
-            return f"a {kind} number >= {info.ge}"
+    if isinstance(info, msgspec.inspect.UnionType):  # ``… | None``: the number's bounds
+        info = next((t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)), None)
+    configured = None
+    if isinstance(info, msgspec.inspect.Metadata):
+        configured = (info.extra or {}).get(CONFIGURED_GE)
+        info = info.type
+    if not isinstance(info, msgspec.inspect.IntType | msgspec.inspect.FloatType):
+        return ""
+    whole = isinstance(info, msgspec.inspect.IntType)
+    if configured is not None:
+        return expectation(whole, configured, True, info.le)
+    if info.gt is not None:
+        return expectation(whole, info.gt, False, info.le)
+    if info.ge is not None:
+        return expectation(whole, info.ge, True, info.le)
     return ""
 
 
@@ -677,11 +705,8 @@ def _check(config: Config) -> None:
     if not config.namespace:
         raise ConfigError("configuration key 'namespace' = '': expected a non-empty name")
     _check_server(config.server)
+    _check_bounds(config)
     _check_openai(config.agent.openai)
-    _check_whole("limits", config.limits, ("sockets",))
-    for platform in CHAT_PLATFORMS:
-        check_file_cap(platform, getattr(config, platform))
-    _check_whole("scheduler", config.scheduler, ("chat_job_cap", "user_job_cap", "total_job_cap"))
     _check_api_clients(config.api)
     _check_api_urls(config)
     config.groups.check()
@@ -689,12 +714,6 @@ def _check(config: Config) -> None:
         section = config.chat_settings(platform)
         if section is not None:
             check_group_settings(platform, section)
-    interval = config.scheduler.min_interval
-    if not interval >= 0 or not math.isfinite(interval):
-        raise ConfigError(
-            f"configuration key 'scheduler.min_interval' = {interval}: "
-            "expected a finite number of seconds >= 0"
-        )
     for chat_type in config.auto_reset.per_chat_type:
         if chat_type not in {t.value for t in ChatType}:
             raise ConfigError(
@@ -713,12 +732,6 @@ def _check_server(server: ServerConfig) -> None:
         raise ConfigError(
             f"configuration key 'server.port' = {server.port}: expected a port between 1 and 65535"
         )
-    if not server.keep_alive > 0:
-        raise ConfigError(
-            f"configuration key 'server.keep_alive' = {server.keep_alive}: "
-            "expected a whole number of seconds > 0"
-        )
-    _check_limits(server)
 
 
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
@@ -734,16 +747,6 @@ def _is_host(host: str) -> bool:
         named = len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
         return named and not labels[-1].isdigit()
     return True
-
-
-def _check_limits(server: ServerConfig) -> None:
-    """Header deadline, connection cap and sign-in lifetime are finite and > 0."""
-    for name in ("header_timeout", "max_connections", "sign_in_ttl"):
-        value = getattr(server, name)
-        if not value > 0 or not math.isfinite(value):
-            raise ConfigError(
-                f"configuration key 'server.{name}' = {value}: expected a finite number > 0"
-            )
 
 
 def _check_openai(openai: OpenAIConfig) -> None:
@@ -786,13 +789,16 @@ _API_URL_EXAMPLES = {
 }
 
 
-def _check_whole(section: str, record: object, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(record, name)
-        if not value > 0:
-            raise ConfigError(
-                f"configuration key '{section}.{name}' = {value}: expected a whole number > 0"
-            )
+def _check_bounds(config: Config) -> None:
+    """Every bounded number of every section is in its range, as the configuration's
+    (a lease TTL of at least a second: :data:`~chatlane.runtime.limits.CONFIGURED_LEASE_TTL`).
+
+    :raises ConfigError: naming the first key out of its range.
+    """
+    found = out_of_bounds(config, configured=True)
+    if found is not None:
+        key = ".".join(_file_path(list(found.path)))
+        raise ConfigError(f"configuration key {key!r} = {found.value!r}: expected {found.expected}")
 
 
 def _check_api_clients(api: ApiConfig) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chatlane.errors import GatewayFull, MessageTooLarge
-from chatlane.runtime.limits import Count, check_bounds
+from chatlane.runtime.limits import Bytes, Count, check_bounds
 from chatlane.types import Attachment, InboundMessage, SessionKey
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class CapacitySettings:
         collecting in this process at once; a message for one more is refused.
     """
 
-    queued_bytes: Count = 64 * 1024 * 1024
+    queued_bytes: Bytes = 64 * 1024 * 1024
     live_sessions: Count = 10_000
 
     def __post_init__(self) -> None:

@@ -8,7 +8,6 @@ They are also what the configuration's ``[runtime]`` table decodes into
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -16,7 +15,15 @@ from types import MappingProxyType
 from chatlane.errors import ChatlaneError, ConfigError, shown_to_users
 from chatlane.runtime.busy import BusySettings, Overflow
 from chatlane.runtime.capacity import CapacitySettings
-from chatlane.runtime.limits import Count, CountOrZero, PositiveSeconds, Seconds, check_bounds
+from chatlane.runtime.limits import (
+    MAX_SECONDS,
+    Count,
+    CountOrZero,
+    LeaseSeconds,
+    PositiveSeconds,
+    Seconds,
+    check_bounds,
+)
 from chatlane.types import InboundMessage
 
 
@@ -27,7 +34,9 @@ class LeaseSettings:
     :param ttl: seconds a lease (and a process's heartbeat) lives without
         renewal; both are renewed every :attr:`renew_every` (``ttl / 10``), so
         a process whose event loop turns is never taken for dead, and a
-        killed one's sessions are taken over within ``ttl``.
+        killed one's sessions are taken over within ``ttl``. At least
+        :data:`~chatlane.runtime.limits.MIN_LEASE_TTL` (0.1 s), and 1 s when read
+        from the configuration (:data:`~chatlane.runtime.limits.CONFIGURED_LEASE_TTL`).
     :param max_active_sessions: sessions that may run at once across every
         process sharing the store (0 = unlimited).
     :param poll: first wait (seconds) before retrying a busy session; doubles
@@ -39,7 +48,7 @@ class LeaseSettings:
         renewal (every ``ttl / 3``).
     """
 
-    ttl: PositiveSeconds = 10.0
+    ttl: LeaseSeconds = 10.0
     max_active_sessions: CountOrZero = 0
     poll: PositiveSeconds = 0.005
     max_poll: PositiveSeconds = 0.25
@@ -119,12 +128,15 @@ class RuntimeSettings:
 
 
 def _windows(coalesce: Mapping[str, float]) -> Mapping[str, float]:
-    """``coalesce`` frozen, every window a finite number of seconds >= 0."""
+    """``coalesce`` frozen, every window a number of seconds from 0 to ``MAX_SECONDS``."""
     for platform, seconds in coalesce.items():
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
             raise ConfigError(f"coalesce.{platform}: expected seconds, got {seconds!r}")
-        if not 0 <= seconds < math.inf:
-            raise ConfigError(f"coalesce.{platform} = {seconds}: expected a finite number >= 0")
+        if not 0 <= seconds <= MAX_SECONDS:
+            raise ConfigError(
+                f"coalesce.{platform} = {seconds}: expected a finite number >= 0 "
+                f"and <= {MAX_SECONDS}"
+            )
     return MappingProxyType(dict(coalesce))
 
 

@@ -43,7 +43,7 @@ from chatlane.context import cron_context
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import SessionSource, build_session_key, parse_session_key
 from chatlane.runtime.busy import BusyOutcome
-from chatlane.runtime.limits import require_numbers
+from chatlane.runtime.limits import Count, PositiveSeconds, Seconds, check_bounds
 from chatlane.scheduling.autoreset import (
     ActivityTracker,
     AutoResetPolicy,
@@ -118,26 +118,18 @@ class SchedulerSettings:
 
     auto_reset: AutoResetSettings = field(default_factory=AutoResetSettings)
     tz: dt.tzinfo = dt.UTC
-    period: float = 1.0
-    sync_every: float = 10.0
-    track_cap: int = 10_000
-    claim_ttl: float = 30.0
-    chat_job_cap: int = 10
-    close_grace: float = 5.0
-    user_job_cap: int = 20
-    total_job_cap: int = 1000
-    min_interval: float = 60.0
+    period: PositiveSeconds = 1.0
+    sync_every: PositiveSeconds = 10.0
+    track_cap: Count = 10_000
+    claim_ttl: PositiveSeconds = 30.0
+    chat_job_cap: Count = 10
+    close_grace: Seconds = 5.0
+    user_job_cap: Count = 20
+    total_job_cap: Count = 1000
+    min_interval: Seconds = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("period", "sync_every", "claim_ttl"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"scheduler {name} must be positive")
-        require_numbers(
-            self,
-            positive=("chat_job_cap", "user_job_cap", "total_job_cap"),
-            non_negative=("min_interval",),
-            whole=("chat_job_cap", "user_job_cap", "total_job_cap"),
-        )
+        check_bounds(self)
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration
+from chatlane.runtime.limits import MAX_COUNT
 from chatlane.stores import Store, WriteBatch
 from tests.keys import chat_key
 from tests.stores.conftest import Reopen
@@ -31,6 +32,12 @@ class TestConversations:
         listed = await store.conversations(KEY)
         assert [c.id for c in listed] == [new.id, old.id]
         assert listed[1].ended_at > 0
+
+    async def test_the_longest_history_a_setting_asks_for_is_read(self, store: Store) -> None:
+        """``agent.openai.history`` at its largest: a limit every store takes."""
+        await store.append_transcript(KEY, None, entry("talk", 0))
+        [read] = await store.transcript(KEY, limit=MAX_COUNT)
+        assert read.content == "talk"
 
     async def test_resume_switches_back(self, store: Store) -> None:
         old = await store.conversation(KEY)

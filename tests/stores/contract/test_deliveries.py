@@ -11,6 +11,7 @@ import asyncio
 import pytest
 
 from chatlane.errors import StaleGeneration
+from chatlane.runtime.limits import MAX_COUNT, MAX_SECONDS
 from chatlane.stores import (
     Delivery,
     DeliveryDraft,
@@ -70,6 +71,13 @@ class TestRecordAndClaim:
         assert ids(await claim(store, limit=2)) == ["d0", "d1"]
         assert ids(await claim(store, limit=10)) == ["d2", "d3", "d4"]
         assert await claim(store) == []
+
+    async def test_the_largest_settings_are_held(self, store: Store) -> None:
+        """A claim as long and a batch as large as a setting may make them."""
+        await store.record_deliveries([draft("d1", "A")])
+        [claimed] = await claim(store, ttl=MAX_SECONDS, limit=MAX_COUNT)
+        assert claimed.id == "d1"
+        assert await claim(store, ttl=MAX_SECONDS, limit=MAX_COUNT) == []
 
     async def test_a_claim_takes_only_its_lanes(self, store: Store) -> None:
         await store.record_deliveries([draft("t", "A"), draft("w", "B", lane="web:B")])

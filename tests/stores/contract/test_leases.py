@@ -8,6 +8,7 @@ server's ``TIME`` (so TTLs here stay short).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -19,6 +20,7 @@ from chatlane.errors import (
     SessionBusy,
 )
 from chatlane.identity import SessionKey
+from chatlane.runtime.limits import MAX_COUNT, MAX_SECONDS
 from chatlane.stores import Store, WriteBatch
 from tests.keys import chat_key
 from tests.stores.conftest import StoreClock
@@ -149,6 +151,19 @@ class TestLeases:
             await store.acquire(chat_key("c"), "p2", 5, max_active=2)
         assert await store.active_sessions() == 2
         assert await store.generation(chat_key("c")) == 0
+
+    async def test_the_largest_settings_are_held(self, store: Store) -> None:
+        """A lease, renewal and heartbeat as long as a setting may make them, under the
+        largest active-session cap: every store holds them."""
+        lease = await store.acquire(KEY, "p1", MAX_SECONDS, max_active=MAX_COUNT)
+        assert lease.expires_at >= time.time() + MAX_SECONDS - 3600
+        [renewed] = await store.renew_many([lease], MAX_SECONDS)
+        assert renewed is not None
+        await store.heartbeat("p1", MAX_SECONDS)
+        assert await store.active_sessions() == 1
+        with pytest.raises(SessionBusy):
+            await store.acquire(KEY, "p2", 5, max_active=MAX_COUNT)
+        await store.release(renewed)
 
     async def test_expired_leases_do_not_count_as_active(
         self, store: Store, clock: StoreClock

@@ -8,6 +8,7 @@ separate methods, which must keep the same rules.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.identity import SessionKey
+from chatlane.runtime.limits import MAX_COUNT, MAX_SECONDS
 from chatlane.stores import Admission, Lease, Store, Taken, Turns, WriteBatch
 from tests.keys import chat_key
 from tests.stores.conftest import Reopen, StoreClock
@@ -139,6 +141,14 @@ class TestEnqueueAndAcquire:
         assert await queued(store, chat_key("b")) == ["m1"]
         assert await store.generation(chat_key("b")) == 0
         assert held(await fused.enqueue_and_acquire(chat_key("c"), "m2", "p1", max_active=2))
+
+    async def test_the_largest_settings_are_held(self, store: Store, fused: Fused) -> None:
+        """The longest lease TTL and the largest active-session cap a setting takes."""
+        options = {"ttl": MAX_SECONDS, "max_active": MAX_COUNT}
+        lease = held(await fused.enqueue_and_acquire(KEY, "m1", "p1", **options))
+        assert lease.expires_at >= time.time() + MAX_SECONDS - 3600
+        admission = await fused.enqueue_and_acquire(KEY, "m2", "p2", **options)
+        assert isinstance(admission.refusal, SessionBusy)
 
     async def test_persistent_fields_only_when_asked(self, store: Store, fused: Fused) -> None:
         await store.set_persistent(KEY, None, busy_policy="reject")
