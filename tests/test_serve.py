@@ -383,6 +383,7 @@ def stored_count(tmp_path: Path, sql: str, params: Sequence[object]) -> int:
     [
         (["--busy", "later"], "--busy: 'later' is not one of"),
         (["--store", "ftp://x"], "store URL 'ftp://x'"),
+        (["--store", "sqlite:///t.db?busy_timeout=²"], "busy_timeout must be a whole number"),
         (["--agent", "python:nowhere:agent"], "cannot import it"),
         (["--host", "0.0.0.0"], "needs a token"),
         (["--host", "999.1.1.1"], "'999.1.1.1': expected an IP address or a host name"),

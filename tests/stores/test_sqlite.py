@@ -167,6 +167,16 @@ class TestUrl:
         with pytest.raises(StoreError, match="store URL"):
             parse_url(url)
 
+    @pytest.mark.parametrize(
+        "value", ["²", "٣", "-1", "1.5", "2147483648", "9" * 20, "9" * 5000, " 1"]
+    )
+    def test_a_busy_timeout_that_is_not_plain_milliseconds_is_named(self, value: str) -> None:
+        with pytest.raises(StoreError, match="busy_timeout must be a whole number of milli"):
+            parse_url(f"sqlite:///x.db?busy_timeout={value}")
+
+    def test_the_longest_busy_timeout_sqlite_holds(self) -> None:
+        assert parse_url("sqlite:///x.db?busy_timeout=2147483647").busy_timeout_ms == 2**31 - 1
+
     async def test_a_relative_path_is_under_the_working_directory(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

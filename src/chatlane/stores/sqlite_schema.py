@@ -40,6 +40,8 @@ from chatlane.stores.sqlite_file import (
 __all__ = ["MIGRATIONS", "Location", "connect", "is_busy", "migrate", "parse_url"]
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
+MAX_BUSY_TIMEOUT_MS = 2**31 - 1
+"""The longest busy timeout SQLite's setting holds (a C ``int`` of milliseconds: 24 days)."""
 
 Migration = tuple[str, ...]
 """One schema step: SQL statements run in order (never ``executescript``, which commits)."""
@@ -274,8 +276,13 @@ def _busy_timeout(url: str, query: str) -> int:
             f"store URL {url!r}: unknown parameter {unknown[0]!r} (known: busy_timeout)"
         )
     value = params.get("busy_timeout", str(DEFAULT_BUSY_TIMEOUT_MS))
-    if not value.isdigit():
-        raise StoreError(f"store URL {url!r}: busy_timeout must be milliseconds, got {value!r}")
+    digits = value.isascii() and value.isdigit() and len(value) <= 10
+    if not digits or int(value) > MAX_BUSY_TIMEOUT_MS:
+        shown = value if len(value) <= 20 else f"{value[:20]}…"
+        raise StoreError(
+            f"store URL {url!r}: busy_timeout must be a whole number of milliseconds "
+            f"from 0 to {MAX_BUSY_TIMEOUT_MS}, got {shown!r}"
+        )
     return int(value)
 
 
