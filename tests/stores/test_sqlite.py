@@ -134,6 +134,10 @@ async def writer_held(store: SQLiteStore) -> AsyncIterator[Callable[[int], Await
         await held
 
 
+def contents(path: Path) -> bytes:
+    return path.read_bytes()
+
+
 def pragma(path: Path, name: str) -> object:
     with contextlib.closing(sqlite3.connect(path)) as db:
         return db.execute(f"PRAGMA {name}").fetchone()[0]
@@ -234,6 +238,27 @@ class TestFile:
             db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
         with pytest.raises(StoreError, match=r"schema version \d+, newer than"):
             await open_store(f"sqlite:///{path}")
+
+    @pytest.mark.parametrize("step", range(1, len(MIGRATIONS)))
+    async def test_a_store_of_every_older_version_is_upgraded(self, path: Path, step: int) -> None:
+        with file_at_step(path, step) as db:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("INSERT INTO sessions (key, generation) VALUES ('k', 7)")
+        async with opened(path) as store:
+            assert await store.generation(SessionKey("k")) == 7
+        assert pragma(path, "user_version") == len(MIGRATIONS)
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            assert db.execute("SELECT value FROM meta").fetchall() == [("chatlane",)]
+
+    async def test_a_store_of_a_newer_chatlane_is_refused_untouched(self, path: Path) -> None:
+        async with opened(path):
+            pass
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+        before = contents(path)
+        with pytest.raises(StoreError, match=r"schema version \d+, newer than"):
+            await open_store(f"sqlite:///{path}")
+        assert contents(path) == before
 
     async def test_a_first_version_file_is_upgraded_and_keeps_its_data(self, path: Path) -> None:
         with file_at_step(path, 1) as db:

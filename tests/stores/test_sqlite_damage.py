@@ -72,6 +72,10 @@ def size(path: Path) -> int:
     return path.stat().st_size
 
 
+def contents(path: Path) -> bytes:
+    return path.read_bytes()
+
+
 def write_from_elsewhere(path: Path) -> None:
     """Commit from another connection: the store's connection drops its page cache."""
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
@@ -183,6 +187,39 @@ class TestRefusedAtOpen:
         with contextlib.closing(sqlite3.connect(path)) as db:
             tables = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
         assert tables == [("notes",)]
+
+    @pytest.mark.parametrize("version", [0, 3, 5, len(MIGRATIONS), 42])
+    @pytest.mark.parametrize(
+        "tables",
+        [
+            ("CREATE TABLE notes (text)",),
+            ("CREATE TABLE meta (name TEXT, value TEXT)", "INSERT INTO meta VALUES ('v', '1')"),
+            ("CREATE TABLE meta (key, val)",),
+        ],
+    )
+    async def test_another_programs_database_is_refused_unchanged(
+        self, path: Path, version: int, tables: tuple[str, ...]
+    ) -> None:
+        """Whatever its user_version: not a newer store, not damage, and never put in WAL."""
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            for statement in tables:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {version}")
+        before = contents(path)
+        for _ in range(2):
+            with pytest.raises(StoreError) as raised:
+                await open_store(url(path))
+            assert not isinstance(raised.value, StoreDamaged)
+            assert str(raised.value) == (
+                f"{str(path)!r} is not a chatlane store: a SQLite database without chatlane's "
+                "schema (empty, or another program's), left as it was. A store is only created "
+                "where no file exists: check the store URL, restore the store from a backup, or "
+                "move the file aside to start a new store."
+            )
+        assert contents(path) == before
+        assert not wal(path).exists()
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
 
     async def test_a_damaged_page_is_refused_with_sqlites_findings(self, path: Path) -> None:
         await fill(path)

@@ -10,8 +10,11 @@ What stays true:
   never both migrate it, and a failed step leaves the file as it was.
 * A store file is created only where none exists, whole (see
   :mod:`chatlane.stores.sqlite_file`); an existing file is opened only if it
-  passes ``quick_check``, has a schema, and after migrating carries the
-  marker row ``meta.store = 'chatlane'``.
+  is chatlane's, carrying the marker row ``meta.store = 'chatlane'`` (or, at a
+  version from before the marker, chatlane's first tables), and passes
+  ``quick_check``. Whether it is chatlane's is found by reading alone, before
+  any setting that changes the file (WAL): another program's database is
+  refused as it was, whatever its ``user_version``.
 * Nothing here is called on the event loop's thread (the writer thread opens
   the connection), and every failure surfaces as
   :class:`~chatlane.errors.StoreError` naming the path
@@ -292,12 +295,14 @@ def connect(location: Location) -> sqlite3.Connection:
 
     :raises StoreDamaged: the file is empty, damaged, or lost committed writes.
     :raises StoreError: the folder is missing, the file is not a
-        chatlane store, or its schema is newer than this version knows.
+        chatlane store (then left as it was), or its schema is newer than this version
+        knows.
     """
     create_if_missing(location.path, lambda temporary: _build(temporary, location))
     check_files(location.path)
     connection = _open_file(location)
     try:
+        _while_busy(location, lambda: _identify(connection, location.path))
         _while_busy(location, lambda: _configure(connection, location))
         _while_busy(location, lambda: check_integrity(connection, location.path))
         _while_busy(location, lambda: _upgrade(connection, location.path))
@@ -360,29 +365,68 @@ def _cannot_open(path: Path, error: sqlite3.Error) -> StoreError:
     return StoreError(f"cannot open SQLite store {str(path)!r}: {error}")
 
 
+_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
+_MARKED_FROM = MIGRATIONS.index(_V5) + 1
+"""The first version whose files carry the marker."""
+_FIRST_TABLES = frozenset(
+    {"sessions", "leases", "persistent", "conversations", "transcript", "answered"}
+    | {"pending", "heartbeats"}
+)
+"""The tables of step 1: how a file from before the marker is known as chatlane's."""
+
+
+def _identify(connection: sqlite3.Connection, path: Path) -> None:
+    """Refuse, by reading alone, a file that is not a chatlane store, or is one of a newer
+    chatlane.
+
+    A file is chatlane's if it carries the marker, or if its version is from before the
+    marker (step 5) and it holds the tables of step 1. A file without tables says nothing
+    of whose it is: only a version newer than this chatlane knows is taken at its word.
+
+    :raises StoreError: naming the path, the file left as it was.
+    """
+    connection.execute("BEGIN")  # one snapshot for the three reads; takes no write lock
+    try:
+        version: int = connection.execute("PRAGMA user_version").fetchone()[0]
+        tables = {row[0] for row in connection.execute(_TABLES)}
+        marked = _marked(connection)
+    finally:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+    if version > len(MIGRATIONS) and (marked or not tables):
+        raise StoreError(
+            f"SQLite store {str(path)!r} has schema version {version}, newer than this "
+            f"chatlane knows ({len(MIGRATIONS)}); upgrade chatlane to open it"
+        )
+    if marked or (0 < version < _MARKED_FROM and tables >= _FIRST_TABLES):
+        return
+    raise StoreError(
+        f"{str(path)!r} is not a chatlane store: a SQLite database without chatlane's schema "
+        "(empty, or another program's), left as it was. A store is only created where no "
+        "file exists: check the store URL, restore the store from a backup, or move the "
+        "file aside to start a new store."
+    )
+
+
+def _marked(connection: sqlite3.Connection) -> bool:
+    """Whether the file holds the marker row (another program's ``meta`` may be otherwise)."""
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(meta)")}
+    if not {"name", "value"} <= columns:
+        return False
+    marker = connection.execute("SELECT value FROM meta WHERE name = 'store'").fetchone()
+    return marker is not None and marker[0] == "chatlane"
+
+
 def _upgrade(connection: sqlite3.Connection, path: Path) -> None:
-    """Migrate an existing store; a file without a schema was never one, so it is refused.
+    """Migrate a store :func:`_identify` found to be chatlane's and not newer.
 
     Applied steps are checkpointed into the main file at once. A store already at
     this version is only read: opening it never waits for the write lock, which
     another process's writes may hold without pause.
     """
     version: int = connection.execute("PRAGMA user_version").fetchone()[0]
-    if version == 0:
-        raise StoreError(
-            f"{str(path)!r} is a SQLite database without chatlane's schema (empty, or "
-            "another program's), and a store is only created where no file exists. Restore "
-            "the store from a backup, or move the file aside to start a new store."
-        )
     if version != len(MIGRATIONS) and migrate(connection, path) > version:
         connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
-    _check_marker(connection, path)
-
-
-def _check_marker(connection: sqlite3.Connection, path: Path) -> None:
-    marker = connection.execute("SELECT value FROM meta WHERE name = 'store'").fetchone()
-    if marker is None or marker[0] != "chatlane":
-        raise damaged(path, "its schema is there but its marker row (meta.store) is not")
 
 
 def _configure(connection: sqlite3.Connection, location: Location) -> None:
