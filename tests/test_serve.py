@@ -383,6 +383,10 @@ def stored_count(tmp_path: Path, sql: str, params: Sequence[object]) -> int:
     [
         (["--busy", "later"], "--busy: 'later' is not one of"),
         (["--store", "ftp://x"], "store URL 'ftp://x'"),
+        (
+            ["--store", "postgresql://postgres@127.0.0.1:1/postgres?pool_max=99999999999999999999"],
+            "pool_max must be a whole number from 1 to 1000",
+        ),
         (["--store", "sqlite:///t.db?busy_timeout=²"], "busy_timeout must be a whole number"),
         (["--agent", "python:nowhere:agent"], "cannot import it"),
         (["--host", "0.0.0.0"], "needs a token"),

@@ -79,6 +79,10 @@ class TestUrls:
     def test_defaults(self) -> None:
         assert parse_url("postgresql://localhost/chat") == Location("postgresql://localhost/chat")
 
+    def test_the_largest_pool(self) -> None:
+        location = parse_url("postgresql://localhost/chat?pool_min=1000&pool_max=1000")
+        assert (location.pool_min, location.pool_max) == (1000, 1000)
+
     @pytest.mark.parametrize(
         ("url", "complaint"),
         [
@@ -89,7 +93,25 @@ class TestUrls:
             ("postgresql://localhost/chat?schema=pg_x", "not starting with the reserved pg_"),
             (
                 "postgresql://localhost/chat?pool_max=0",
-                "pool_max must be a whole number of at least 1",
+                "pool_max must be a whole number from 1 to 1000, not '0'",
+            ),
+            (
+                "postgresql://localhost/chat?pool_max=1001",
+                "pool_max must be a whole number from 1 to 1000, not '1001'",
+            ),
+            (
+                "postgresql://localhost/chat?pool_max=99999999999999999999",
+                "pool_max must be a whole number from 1 to 1000",
+            ),
+            (
+                f"postgresql://localhost/chat?pool_max={'9' * 5000}",
+                "pool_max must be a whole number from 1 to 1000, not '99999999999999999999…'",
+            ),
+            ("postgresql://localhost/chat?pool_max=²", "pool_max must be a whole number"),
+            ("postgresql://localhost/chat?pool_max=٣", "pool_max must be a whole number"),
+            (
+                "postgresql://localhost/chat?pool_min=1001&pool_max=1000",
+                "pool_min must be a whole number from 0 to 1000, not '1001'",
             ),
             ("postgresql://localhost/chat?pool_min=x", "pool_min must be a whole number"),
             ("postgresql://localhost/chat?pool_min=5&pool_max=2", "must not exceed pool_max"),

@@ -27,6 +27,10 @@ DEFAULT_SCHEMA = "chatlane"
 """The schema holding chatlane's tables unless the URL names another (``?schema=``)."""
 POOL_MIN, POOL_MAX = 1, 10
 """Connections a store keeps open at least, and opens at most (``pool_min``, ``pool_max``)."""
+MAX_POOL = 1000
+"""The most ``pool_min`` and ``pool_max`` may say: far above what a server serves one client
+(PostgreSQL allows 100 connections by default), and small enough for the driver, which sets
+up a pool's every slot at once, to do so without a pause."""
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a connection, authentication included (``connect_timeout=`` wins)."""
 IDLE_IN_TRANSACTION_TIMEOUT = 5.0
@@ -123,9 +127,11 @@ def _schema(options: dict[str, str]) -> str:
 
 def _count(options: dict[str, str], name: str, default: int, *, least: int) -> int:
     text = options.get(name, str(default))
-    if not text.isdigit() or int(text) < least:
-        raise ValueError(f"{name} must be a whole number of at least {least}, not {text!r}")
-    return int(text)
+    value = int(text) if text.isascii() and text.isdigit() and len(text) < 10 else -1
+    if not least <= value <= MAX_POOL:
+        shown = text if len(text) <= 20 else f"{text[:20]}…"
+        raise ValueError(f"{name} must be a whole number from {least} to {MAX_POOL}, not {shown!r}")
+    return value
 
 
 def _seconds(options: dict[str, str], name: str, default: float) -> float:
