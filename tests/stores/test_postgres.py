@@ -92,6 +92,10 @@ class TestUrls:
             ("postgresql://localhost/chat?schema=", "schema must be a lower-case SQL name"),
             ("postgresql://localhost/chat?schema=pg_x", "not starting with the reserved pg_"),
             (
+                "postgresql://localhost/chat?schema=information_schema",
+                "schema must not be the server's own information_schema",
+            ),
+            (
                 "postgresql://localhost/chat?pool_max=0",
                 "pool_max must be a whole number from 1 to 1000, not '0'",
             ),

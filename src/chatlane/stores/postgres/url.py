@@ -61,6 +61,8 @@ _DRIVERS = (
 )
 """libpq connection options the driver reads from the URL's query, passed on as written."""
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_SYSTEM_SCHEMA = "information_schema"
+"""A schema of the server's own, besides the ``pg_…`` ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,8 @@ def _schema(options: dict[str, str]) -> str:
             "schema must be a lower-case SQL name (letters, digits, _; at most 63; not "
             f"starting with the reserved pg_), not {schema!r}"
         )
+    if schema == _SYSTEM_SCHEMA:
+        raise ValueError(f"schema must not be the server's own {_SYSTEM_SCHEMA}")
     return schema
 
 
