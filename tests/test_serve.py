@@ -388,6 +388,10 @@ def stored_count(tmp_path: Path, sql: str, params: Sequence[object]) -> int:
             "pool_max must be a whole number from 1 to 1000",
         ),
         (["--store", "sqlite:///t.db?busy_timeout=²"], "busy_timeout must be a whole number"),
+        (
+            ["--store", "postgresql://postgres:top/hunter2@127.0.0.1/postgres"],
+            "postgres store URL: malformed",
+        ),
         (["--agent", "python:nowhere:agent"], "cannot import it"),
         (["--host", "0.0.0.0"], "needs a token"),
         (["--host", "999.1.1.1"], "'999.1.1.1': expected an IP address or a host name"),
@@ -416,6 +420,7 @@ def test_bad_options_stop_the_start_with_a_clear_message(
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+    assert "hunter2" not in result.stderr
 
 
 def test_a_port_in_use_stops_the_start_with_a_hint(tmp_path: Path) -> None:
@@ -542,6 +547,9 @@ def test_an_adapter_that_cannot_start_stops_the_start_cleanly(
         "redis://:hunter2-secret@redis.internal:6379/0",
         "postgresql://bot:hunter2-secret@db.internal/chatlane",
         "redis+sentinel://h1,h2/main?sentinel_password=hunter2-secret",
+        "redis://:top@hunter2-secret@redis.internal:6379/0",
+        "postgresql://bot:top@hunter2-secret@db.internal/chatlane",
+        "redis+sentinel://:top@hunter2-secret@h1,h2/main",
     ],
 )
 def test_the_start_banner_never_shows_the_stores_password(

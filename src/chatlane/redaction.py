@@ -42,7 +42,7 @@ _CREDENTIAL = re.compile(
 
 _URL = re.compile(
     r"""(?P<scheme>\b[a-z][a-z0-9+.-]*://)
-        (?P<userinfo>[^/\s?#@"'<>]*@)?
+        (?P<userinfo>[^/\s"'<>]*@)?    # to the last @ before the path: a password may hold @
         (?P<rest>[^\s?#"'<>]*)
         (?P<query>\?[^\s#"'<>]*)?
         (?P<fragment>\#[^\s"'<>]*)?""",

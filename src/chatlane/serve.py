@@ -37,6 +37,7 @@ from chatlane.redaction import redact_urls
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
 from chatlane.secrets import Secrets, resolve_secrets
+from chatlane.stores.urls import mask_userinfo
 
 log = logging.getLogger("chatlane.server")
 
@@ -385,7 +386,7 @@ def announce(config: Config) -> None:
 
 def shown_store(url: str) -> str:
     """``url`` without credentials; for SQLite, with the file's absolute path after it."""
-    shown = redact_urls(url)
+    shown = redact_urls(mask_userinfo(url))
     if url.startswith("sqlite:"):
         from chatlane.stores.sqlite_schema import parse_url
 

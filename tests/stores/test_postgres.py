@@ -143,8 +143,8 @@ class TestUrls:
                 "postgresql://localhost/chat?connect_timeout=inf",
                 "connect_timeout must be a positive",
             ),
-            ("postgresql://localhost:port/chat", "Port could not be cast"),
-            ("postgresql://localhost/chat?schema", "bad query field"),
+            ("postgresql://localhost:port/chat", "malformed (a port that is not a number"),
+            ("postgresql://localhost/chat?schema", "every option must be name=value"),
         ],
     )
     def test_a_url_part_that_is_not_understood_is_named(self, url: str, complaint: str) -> None:

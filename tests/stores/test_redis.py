@@ -847,6 +847,10 @@ class TestUrls:
             ("redis://h/0?socket_timeout=soon", "positive number of seconds, not 'soon'"),
             ("redis://h/0?socket_connect_timeout=nan", "positive number of seconds"),
             ("http://h/0", "scheme must be redis or rediss"),
+            ("redis://h/٣", "the path must be /<database number>"),
+            ("redis://h/0?wait_replicas=٣", "wait_replicas must be a whole number from 0 to 64"),
+            ("redis://h/0?wait_replicas=²", "wait_replicas must be a whole number from 0 to 64"),
+            ("redis://h:port/0", r"malformed \(a port that is not a number"),
         ],
     )
     def test_a_url_part_that_is_not_understood_is_named(self, url: str, complaint: str) -> None:

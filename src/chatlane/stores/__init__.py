@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from chatlane.errors import StoreError
+from chatlane.redaction import redact_urls
 from chatlane.stores.base import (
     Admission,
     Conversation,
@@ -36,6 +37,7 @@ from chatlane.stores.base import (
     WriteBatch,
 )
 from chatlane.stores.memory import MemoryStore
+from chatlane.stores.urls import mask_userinfo
 
 SCHEMES = ("memory", "sqlite", "redis", "rediss", "redis+sentinel", "postgresql", "postgres")
 
@@ -47,8 +49,9 @@ async def open_store(url: str) -> Store:
     """
     scheme, sep, _ = url.partition("://")
     if not sep or scheme not in SCHEMES:
+        shown = redact_urls(mask_userinfo(url))
         raise StoreError(
-            f"store URL {url!r}: expected memory://, sqlite:///path, redis://host:port/db, "
+            f"store URL {shown!r}: expected memory://, sqlite:///path, redis://host:port/db, "
             "rediss://…, redis+sentinel://host:port,…/<primary name> "
             "or postgresql://host:port/database"
         )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from urllib.parse import parse_qsl, unquote, urlencode
 
 from chatlane.errors import StoreError
+from chatlane.stores import urls
 from chatlane.stores.redis_url import redact
 from chatlane.stores.resp import Endpoint, ReplyError, RespClient
 
@@ -46,6 +47,7 @@ class SentinelUrl:
 
 def parse_sentinel_url(url: str) -> SentinelUrl:
     """:raises StoreError: naming what is wrong (passwords never shown)."""
+    urls.split(url, "sentinel store URL")
     shown = redact(url)
     rest = url.removeprefix(f"{SCHEME}://")
     if rest == url:
@@ -57,7 +59,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     if not name:
         raise StoreError(f"sentinel store URL {shown!r}: name the primary: …/<name>[/<db>]")
     try:
-        sentinels = tuple(_address(host) for host in hosts.split(","))
+        sentinels = tuple(_address(n, host) for n, host in enumerate(hosts.split(","), 1))
     except ValueError as error:
         raise StoreError(f"sentinel store URL {shown!r}: {error}") from None
     options = dict(parse_qsl(query, keep_blank_values=True))
@@ -68,12 +70,15 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     return SentinelUrl(sentinels, unquote(name), redis_url, username, password)
 
 
-def _address(host: str) -> tuple[str, int]:
+def _address(number: int, host: str) -> tuple[str, int]:
+    """The ``number``-th sentinel's host and port; the error does not quote it (a password
+    with an unencoded ``?`` would put its start there)."""
     name, colon, port = host.rpartition(":")
     if not colon:
         name, port = host, str(SENTINEL_PORT)
-    if not name or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{host!r} is not a sentinel's host[:port]")
+    numeric = port.isascii() and port.isdigit() and len(port) <= 5
+    if not name or not numeric or not 0 < int(port) < 65536:
+        raise ValueError(f"sentinel {number} is not host[:port] (a port from 1 to 65535)")
     return name, int(port)
 
 

@@ -5,16 +5,19 @@ What stays true:
 * Every part of a URL is either understood or refused with a
   :class:`~chatlane.errors.StoreError` naming it — a misspelt option never
   silently falls back to a default.
-* Passwords never appear in an error message or a log line (:func:`redact`).
+* Passwords never appear in an error message or a log line (:func:`redact`); a URL
+  that cannot be split safely (see :mod:`chatlane.stores.urls`) is refused without
+  being shown.
 """
 
 from __future__ import annotations
 
 import re
 import ssl
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 from chatlane.errors import StoreError
+from chatlane.stores import urls
 from chatlane.stores.redis_keys import DEFAULT_PREFIX
 from chatlane.stores.resp import Endpoint
 
@@ -59,15 +62,15 @@ def parse_url(url: str) -> tuple[Endpoint, str]:
     :raises StoreError: the URL is malformed, names an unknown option, or has a
         path that is not a database number.
     """
+    parts = urls.split(url, "redis store URL")
+    port = urls.port(parts, "redis store URL") or 6379
     try:
-        parts = urlsplit(url)
-        port = parts.port or 6379
         options = _options(parts.query)
     except ValueError as error:
         raise StoreError(f"redis store URL {redact(url)!r}: {error}") from None
     if parts.scheme not in ("redis", "rediss"):
         raise StoreError(f"redis store URL {redact(url)!r}: the scheme must be redis or rediss")
-    if not re.fullmatch(r"/?\d*", parts.path):
+    if not re.fullmatch(r"/?[0-9]*", parts.path):
         raise StoreError(f"redis store URL {redact(url)!r}: the path must be /<database number>")
     try:
         tls = _tls(options) if parts.scheme == "rediss" else _refuse_tls_options(options)
@@ -93,8 +96,7 @@ def parse_url(url: str) -> tuple[Endpoint, str]:
 
 def redact(url: str) -> str:
     """``url`` with its passwords (if any) replaced by ``***``, fit for messages and logs."""
-    url = re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url, count=1)
-    return re.sub(r"(sentinel_password=)[^&]*", r"\1***", url)
+    return re.sub(r"(sentinel_password=)[^&#]*", r"\1***", urls.mask_userinfo(url))
 
 
 def _options(query: str) -> dict[str, str]:
@@ -124,7 +126,7 @@ def _seconds(options: dict[str, str], name: str, default: float, *, zero: bool =
 
 def _count(options: dict[str, str], name: str) -> int:
     text = options.get(name, "0")
-    if not text.isdigit() or int(text) > 64:
+    if not (text.isascii() and text.isdigit()) or len(text) > 2 or int(text) > 64:
         raise ValueError(f"{name} must be a whole number from 0 to 64, not {text!r}")
     return int(text)
 

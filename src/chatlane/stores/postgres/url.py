@@ -8,7 +8,11 @@ What stays true:
   chatlane does not know and libpq's connection options do not include is
   refused with a :class:`~chatlane.errors.StoreError` naming it — a
   misspelt option never silently falls back to a default (or becomes a server setting).
-* Passwords never appear in an error message or a log line (:func:`redact`).
+* Passwords never appear in an error message or a log line (:func:`redact`); a URL
+  that cannot be split safely (see :mod:`chatlane.stores.urls`) is refused without
+  being shown.
+* A password holding ``@`` reaches the driver percent-encoded (it splits its address at
+  the first ``@``, while the host follows the last one).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlunsplit
 
 from chatlane.errors import StoreError
+from chatlane.stores import urls
 
 __all__ = ["DEFAULT_SCHEMA", "SCHEMES", "Location", "parse_url", "redact"]
 
@@ -63,6 +68,7 @@ _DRIVERS = (
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _SYSTEM_SCHEMA = "information_schema"
 """A schema of the server's own, besides the ``pg_…`` ones."""
+_WHAT = "postgres store URL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +90,18 @@ def parse_url(url: str) -> Location:
     :raises StoreError: the URL is malformed, names an unknown option, or gives
         an option a value it cannot have.
     """
+    parts = urls.split(url, _WHAT)
+    urls.port(parts, _WHAT)
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:  # its words quote the field
+        raise StoreError(
+            f"{_WHAT} {redact(url)!r}: every option must be name=value, joined by &"
+        ) from None
+    try:
         return _location(parts, pairs)
     except ValueError as error:
-        raise StoreError(f"postgres store URL {redact(url)!r}: {error}") from None
+        raise StoreError(f"{_WHAT} {redact(url)!r}: {error}") from None
 
 
 def _location(parts: SplitResult, pairs: list[tuple[str, str]]) -> Location:
@@ -102,7 +113,7 @@ def _location(parts: SplitResult, pairs: list[tuple[str, str]]) -> Location:
         known = ", ".join((*_OURS, *_DRIVERS))
         raise ValueError(f"unknown option {unknown[0]!r} (known: {known})")
     passed = urlencode([(name, value) for name, value in pairs if name not in _OURS])
-    dsn = urlunsplit(parts._replace(scheme="postgresql", query=passed))
+    dsn = urlunsplit(parts._replace(scheme="postgresql", netloc=_netloc(parts), query=passed))
     pool_min = _count(ours, "pool_min", POOL_MIN, least=0)
     pool_max = _count(ours, "pool_max", POOL_MAX, least=1)
     if pool_min > pool_max:
@@ -115,6 +126,12 @@ def _location(parts: SplitResult, pairs: list[tuple[str, str]]) -> Location:
         _seconds(ours, "connect_timeout", CONNECT_TIMEOUT),
         _idle_timeout(ours),
     )
+
+
+def _netloc(parts: SplitResult) -> str:
+    """The address, with any ``@`` in its user and password percent-encoded."""
+    userinfo, at, host = parts.netloc.rpartition("@")
+    return f"{userinfo.replace('@', '%40')}{at}{host}"
 
 
 def _schema(options: dict[str, str]) -> str:
@@ -163,6 +180,5 @@ def _idle_timeout(options: dict[str, str]) -> float:
 
 
 def redact(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, fit for messages and logs."""
-    masked = re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url, count=1)
-    return re.sub(r"([?&]password=)[^&]*", r"\1***", masked)
+    """``url`` with its passwords (if any) replaced by ``***``, fit for messages and logs."""
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", urls.mask_userinfo(url))
