@@ -199,6 +199,24 @@ def gateway_answering(body: object) -> Iterator[str]:
         (["inspect", "main:web:dm:x"], {"key": EVIL, "transcript": [{"content": EVIL}]}),
         (["inspect", "main:web:dm:x", "--json"], {"key": EVIL, "transcript": [{"content": EVIL}]}),
         (["failed"], {"failed": [{"message_id": "m\r1", "key": EVIL, "reason": EVIL}]}),
+        (
+            ["cron", "list"],
+            {
+                "jobs": [
+                    {
+                        "id": "j\x1b[2J1",
+                        "schedule": "every 2h\x07",
+                        "next_run_text": "soon",
+                        "configured": False,
+                        "principal": EVIL,
+                        "session": EVIL,
+                        "target": "",
+                        "paused": False,
+                        "prompt": "hi",
+                    }
+                ]
+            },
+        ),
     ],
 )
 def test_admin_output_shows_control_characters_escaped(command: list[str], body: object) -> None:
@@ -206,11 +224,32 @@ def test_admin_output_shows_control_characters_escaped(command: list[str], body:
         code, output = run(*command, "--url", url)
     assert code == 0, output
     assert {c for c in output if not c.isprintable()} == {"\n"}
-    lines = {"sessions": 2, "failed": 1}
+    lines = {"sessions": 2, "failed": 1, "cron": 1}
     if command[0] in lines:
         assert len(output.splitlines()) == lines[command[0]], "a forged row"
     if "--json" in command:
         assert json.loads(output) == body, "the same JSON, its raw bytes escaped"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["sessions"], ["inspect", "main:web:dm:x"], ["failed"], ["deliveries"], ["cron", "list"]],
+)
+@pytest.mark.parametrize("body", [{"another": "service"}, [1, 2], {"sessions": [{"key": 1}]}])
+def test_admin_commands_explain_json_of_another_shape(command: list[str], body: object) -> None:
+    """Another service on that address, or another version: one line, not a traceback."""
+    with gateway_answering(body) as url:
+        code, output = run(*command, "--url", url)
+    assert code == 1, output
+    assert "the gateway's answer is not what this chatlane expects" in output
+    assert "Traceback" not in output
+
+
+def test_an_admin_url_with_a_port_out_of_range_is_refused() -> None:
+    """The system would wrap 99999 round to port 34463, and talk to whatever listens there."""
+    code, output = run("sessions", "--url", "http://127.0.0.1:99999")
+    assert code == 1
+    assert "port 99999 is not between 1 and 65535" in output
 
 
 # -- finding the gateway as `chatlane serve` is configured, against a real one ------------------

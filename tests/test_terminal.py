@@ -283,6 +283,49 @@ def test_ctrl_c_stops_the_turn_and_the_prompt_stays_after_an_approval(tmp_path: 
         assert "Traceback" not in term.text
 
 
+def test_bytes_that_are_no_utf8_are_sent_replaced_and_the_conversation_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A Latin-1 terminal's ``é``, or pasted binary: the line is sent with U+FFFD in their
+    place, as from a pipe, instead of ending the conversation."""
+    with running_terminal("--local", cwd=tmp_path) as term:
+        term.expect_prompt()
+        os.write(term.master, b"hello \xff\xfe world\r")
+        term.expect("echo: hello \ufffd\ufffd world")
+        term.type("whoami\r")
+        term.expect_prompt(above="platform=api")
+        term.type("\x04")
+        assert term.wait() == 0
+        assert "failed" not in term.text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_put_the_terminal_back_and_shut_down_the_local_gateway(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """Killed by their default action, the client left the terminal in raw mode, and a
+    ``--local`` gateway's lease held: the next conversation found its session busy."""
+    store = f"sqlite:///{tmp_path / 'chat.db'}"
+    local = ("--local", "--store", store, "--session", "kept")
+    with running_terminal(*local, cwd=tmp_path) as term:
+        term.expect_prompt()
+        term.type("sleep 2\r")  # a turn holds the session's lease
+        term.expect_prompt(above="sleep 2")
+        term.process.send_signal(signum)
+        assert term.wait() == 128 + signum
+        modes = termios.tcgetattr(term.master)[3]
+        assert modes & termios.ECHO
+        assert modes & termios.ICANON
+        assert "Traceback" not in term.text
+    with running_terminal(*local, cwd=tmp_path) as term:
+        term.expect_prompt()
+        term.type("hello\r")
+        term.expect("echo: hello")
+        term.type("\x04")
+        assert term.wait() == 0
+        assert "busy" not in term.text
+
+
 def test_history_is_kept_and_searched_and_commands_complete(tmp_path: Path) -> None:
     state = tmp_path / "state"
     (tmp_path / "cwd").mkdir()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -116,6 +118,9 @@ def _admin_get(url: str, token: str, path: str, method: str = "GET") -> Any:
 
     headers = {b"Authorization": b"Bearer " + token.encode()} if token else {}
     try:
+        port = httpx.URL(url).port  # the system would wrap 99999 round to another port
+        if port is not None and not 0 < port < 65536:
+            raise httpx.InvalidURL(f"port {port} is not between 1 and 65535")
         response = httpx.request(method, url.rstrip("/") + path, headers=headers, timeout=10)
     except (httpx.HTTPError, httpx.InvalidURL) as error:
         raise click.ClickException(f"cannot reach the gateway at {url}: {error}") from None
@@ -130,6 +135,26 @@ def _admin_get(url: str, token: str, path: str, method: str = "GET") -> Any:
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reads_the_gateway(command: F) -> F:
+    """An admin command whose gateway answered JSON of another shape (another service on
+    that address, another version) ends with one line, not a traceback."""
+
+    @functools.wraps(command)
+    def reading(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (KeyError, TypeError, AttributeError, IndexError):
+            raise click.ClickException(_UNEXPECTED) from None
+
+    return typing.cast(F, reading)
+
+
+_UNEXPECTED = (
+    "the gateway's answer is not what this chatlane expects (another service at that "
+    "address, or another version of chatlane?); check --url"
+)
 
 
 def _gateway_options(command: F) -> F:
@@ -180,6 +205,7 @@ def _gateway(config_path: str | None, url: str | None, token: str | None) -> tup
 
 @main.command()
 @_gateway_options
+@_reads_the_gateway
 def sessions(url: str | None, token: str | None, config_path: str | None) -> None:
     """List the sessions a running gateway holds."""
     items = _admin_get(*_gateway(config_path, url, token), "/admin/sessions")["sessions"]
@@ -202,6 +228,7 @@ def _shown(value: object) -> str:
 @click.argument("session_key")
 @_gateway_options
 @click.option("--json", "as_json", is_flag=True, help="The gateway's answer as it is (JSON).")
+@_reads_the_gateway
 def inspect(
     session_key: str, url: str | None, token: str | None, config_path: str | None, as_json: bool
 ) -> None:
@@ -212,6 +239,8 @@ def inspect(
 
     path = "/admin/sessions/" + quote(session_key, safe="")
     detail = _admin_get(*_gateway(config_path, url, token), path)
+    if not isinstance(detail, dict) or "key" not in detail:
+        raise click.ClickException(_UNEXPECTED)
     if as_json:  # raw line breaks are the indentation's only: JSON escapes those in strings
         dumped = json.dumps(detail, indent=2, ensure_ascii=False)
         click.echo("\n".join(map(escape_json_controls, dumped.split("\n"))))
@@ -222,6 +251,7 @@ def inspect(
 
 @main.command()
 @_gateway_options
+@_reads_the_gateway
 def failed(url: str | None, token: str | None, config_path: str | None) -> None:
     """List the messages set aside as failed (oldest first), with why."""
     items = _admin_get(*_gateway(config_path, url, token), "/admin/failed")["failed"]
@@ -253,6 +283,7 @@ def retry(message_id: str, url: str | None, token: str | None, config_path: str 
     help="Which deliveries to list.",
 )
 @_gateway_options
+@_reads_the_gateway
 def deliveries(state: str, url: str | None, token: str | None, config_path: str | None) -> None:
     """List the delivery ledger: dead letters (with why) by default, and its counts."""
     answer = _admin_get(*_gateway(config_path, url, token), f"/admin/deliveries?state={state}")
@@ -286,6 +317,7 @@ def cron() -> None:
 
 @cron.command("list")
 @_gateway_options
+@_reads_the_gateway
 def cron_list(url: str | None, token: str | None, config_path: str | None) -> None:
     """List every job: id, next run, where it came from, whether it is paused."""
     items = _admin_get(*_gateway(config_path, url, token), "/admin/cron")["jobs"]
@@ -294,9 +326,11 @@ def cron_list(url: str | None, token: str | None, config_path: str | None) -> No
     for item in items:
         made = "configured" if item["configured"] else (item["principal"] or "api")
         paused = "  (paused)" if item["paused"] else ""
+        where = item["session"] or item["target"]
         click.echo(
-            f"{item['id']}  {item['schedule']}  next {item['next_run_text']}  "
-            f"{made}  {item['session'] or item['target']}{paused}  {item['prompt']!r}"
+            f"{_shown(item['id'])}  {_shown(item['schedule'])}  "
+            f"next {_shown(item['next_run_text'])}  {_shown(made)}  {_shown(where)}{paused}  "
+            f"{_shown(repr(item['prompt']))}"
         )
 
 
@@ -309,7 +343,7 @@ def cron_remove(job_id: str, url: str | None, token: str | None, config_path: st
 
     path = f"/admin/cron/{quote(job_id, safe='')}"
     _admin_get(*_gateway(config_path, url, token), path, method="DELETE")
-    click.echo(f"removed job {job_id}")
+    click.echo(f"removed job {_shown(job_id)}")
 
 
 @main.command()
@@ -391,7 +425,7 @@ def key_build(
             user_id=user_id,
         )
         policy = KeyPolicy(namespace, not shared_groups, per_user_threads)
-        click.echo(build_session_key(source, policy))
+        click.echo(_shown(build_session_key(source, policy)))
     except ChatlaneError as error:
         raise click.ClickException(str(error)) from None
 

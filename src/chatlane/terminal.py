@@ -17,7 +17,11 @@ What stays true:
   message; an unreachable gateway or a refused token ends with status 1.
 * Ctrl-C while replies are awaited stops the turn: their requests are
   cancelled and ``/stop`` is sent, and the prompt is back. At an idle prompt
-  it exits with status 130; EOF and ``/quit`` exit with status 0.
+  it exits with status 130; EOF and ``/quit`` exit with status 0. SIGTERM and
+  SIGHUP end the conversation as Ctrl-C at an idle prompt does (status 143,
+  129): the terminal's modes are put back and a ``--local`` gateway shuts down.
+* A line the editor read with bytes that are no UTF-8 is sent with U+FFFD in
+  their place, as a line read from a pipe is.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -295,13 +300,22 @@ class Idle:
 
 
 @dataclass(frozen=True)
+class Hangup:
+    """The process was told to end (SIGTERM) or its terminal went away (SIGHUP): the
+    conversation ends now, with ``code``, as Ctrl-C at an idle prompt ends it (the
+    terminal's modes put back, a ``--local`` gateway shut down)."""
+
+    code: int
+
+
+@dataclass(frozen=True)
 class Fatal:
     """The conversation cannot go on."""
 
     error: ChatlaneError
 
 
-Event = str | Eof | Interrupt | Idle | Fatal
+Event = str | Eof | Interrupt | Idle | Fatal | Hangup
 
 
 def start_reader(fd: int, events: asyncio.Queue[Event]) -> threading.Thread:
@@ -321,6 +335,16 @@ def start_reader(fd: int, events: asyncio.Queue[Event]) -> threading.Thread:
     )
     thread.start()
     return thread
+
+
+def _well_formed(line: str) -> str:
+    """``line`` as the editor read it, each byte that was no UTF-8 (kept as a lone surrogate)
+    a U+FFFD, as :func:`_read_lines` reads a pipe: no request could carry it."""
+    try:
+        raw = line.encode("utf-8", "surrogateescape")  # the bytes the terminal sent
+    except UnicodeEncodeError:  # a lone surrogate no byte stands for
+        raw = line.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
 
 
 def _read_lines(fd: int, put: Callable[[Event], None]) -> None:
@@ -381,7 +405,7 @@ class Chat:
         """Queue the lines ``prompt`` reads, then :class:`Eof` or :class:`Interrupt`."""
 
         def put(line: str | None) -> None:
-            self.events.put_nowait(Eof() if line is None else line)
+            self.events.put_nowait(Eof() if line is None else _well_formed(line))
 
         try:
             await prompt.until_closed(put)
@@ -434,6 +458,10 @@ class Chat:
         if isinstance(event, Interrupt):
             self.console.leave()
             return EXIT_INTERRUPTED
+        if isinstance(event, Hangup):
+            with contextlib.suppress(OSError):  # the terminal may be gone
+                self.console.leave()
+            return event.code
         if not self.inflight:
             self.console.prompt()
         return None
@@ -464,6 +492,10 @@ class Chat:
         if error is not None:  # a bug: say so rather than wait forever
             self.events.put_nowait(Fatal(ChatlaneError(f"the terminal client failed: {error!r}")))
         self.events.put_nowait(Idle())
+
+    def hang_up(self, signum: int) -> None:
+        """SIGTERM or SIGHUP: leave now (:class:`Hangup`)."""
+        self.events.put_nowait(Hangup(128 + signum))
 
     def interrupt(self) -> None:
         """Ctrl-C: stop the turn if replies are awaited, else leave."""
@@ -544,18 +576,28 @@ class Chat:
 
 
 @contextlib.contextmanager
-def on_sigint(chat: Chat) -> Iterator[None]:
-    """Route Ctrl-C to :meth:`Chat.interrupt` while the conversation runs."""
+def on_signals(chat: Chat) -> Iterator[None]:
+    """Route Ctrl-C to :meth:`Chat.interrupt`, and SIGTERM and SIGHUP to
+    :meth:`Chat.hang_up`, while the conversation runs: killed by their default action, the
+    client would leave the terminal in raw mode and a ``--local`` gateway's lease held."""
     loop = asyncio.get_running_loop()
+    handled: dict[signal.Signals, Callable[[], None]] = {
+        signal.SIGINT: chat.interrupt,
+        signal.SIGTERM: partial(chat.hang_up, signal.SIGTERM),
+        signal.SIGHUP: partial(chat.hang_up, signal.SIGHUP),
+    }
+    added: list[signal.Signals] = []
     try:
-        loop.add_signal_handler(signal.SIGINT, chat.interrupt)
-    except (NotImplementedError, RuntimeError, ValueError):  # no signals here: keep the default
-        yield
-        return
+        for signum, handler in handled.items():
+            loop.add_signal_handler(signum, handler)
+            added.append(signum)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals here: the defaults
+        pass
     try:
         yield
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        for signum in added:
+            loop.remove_signal_handler(signum)
 
 
 async def converse(
@@ -582,7 +624,7 @@ async def converse(
     console = Console(out or sys.stdout, err or sys.stderr, interactive)
     async with _client() as http:
         chat = Chat(gateway, http, console)
-        with on_sigint(chat):
+        with on_signals(chat):
             return await chat.run(stdin_fd)
 
 
@@ -615,7 +657,7 @@ async def _converse_edited(gateway: RemoteGateway, stdin_fd: int, history: Path 
                     above=lambda: console.partial,
                 )
 
-            with on_sigint(chat):
+            with on_signals(chat):
                 return await chat.run(stdin_fd, editor)
 
 
