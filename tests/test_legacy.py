@@ -370,6 +370,17 @@ class TestRunGeneration:
             runner._session_run_generation.clear()
         assert runner._session_run_generation == {"a": 1, "b": 2}
 
+    def test_an_assignment_one_of_whose_writes_is_refused_changes_nothing(self) -> None:
+        runner = Runner()
+        runner._session_run_generation["a"] = 1
+        runner._session_run_generation["b"] = 3
+        with pytest.raises(ValueError, match="only grows"):
+            runner._session_run_generation = {"a": 5, "b": 1}  # "a" would go up first
+        with pytest.raises(ValueError, match="only grows"):
+            runner._session_run_generation = {"a": 2, "new": -1}
+        assert runner._session_run_generation == {"a": 1, "b": 3}
+        assert "new" not in runner._sessions
+
     def test_setter_keeps_or_raises_but_never_lowers(self) -> None:
         runner = Runner()
         runner._session_run_generation = {}
@@ -486,10 +497,14 @@ class DictModel:
         self.items.clear()
 
     def replace(self, entries: dict[str, Any]) -> None:
-        for key in [key for key in self.items if key not in entries]:
-            self.delete(key)
+        """All or nothing: the writes are made on a copy, kept only if none was refused."""
+        trial = DictModel.__new__(DictModel)
+        trial.items, trial.presence, trial.grows = dict(self.items), self.presence, self.grows
+        for key in [key for key in trial.items if key not in entries]:
+            trial.delete(key)
         for key, value in entries.items():
-            self.set(key, value)
+            trial.set(key, value)
+        self.items = trial.items
 
 
 KEYS = st.sampled_from(["a", "b", "c"])

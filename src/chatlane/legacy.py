@@ -21,6 +21,7 @@ and :class:`~chatlane.state.SessionState` can never drift apart. What stays true
 
 from __future__ import annotations
 
+import copy
 import enum
 from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -315,8 +316,13 @@ class LegacyFieldView(LegacyView[str]):
         self._order().pop(key, None)
 
     def replace(self, entries: Mapping[str, Any] | None) -> None:
-        """Reset the field on every session not in ``entries``, then write ``entries`` in order."""
+        """Reset the field on every session not in ``entries``, then write ``entries`` in order.
+
+        All or nothing: every write is tried on a copy first, so one the field refuses
+        (a ``run_generation`` that would go down) leaves every session as it was.
+        """
         new = dict(entries or {})
+        self._try_first(new)
         self._reset(keep=new.keys())
         for key, value in new.items():
             self[key] = value
@@ -325,9 +331,27 @@ class LegacyFieldView(LegacyView[str]):
         """Reset the field on every session, present or not (no ``popitem`` loop).
 
         A session holding an absent value (an empty list handed out by
-        ``setdefault``) gets a fresh default too, so nothing stays attached.
+        ``setdefault``) gets a fresh default too, so nothing stays attached. All or
+        nothing, as :meth:`replace`.
         """
+        self._try_first({})
         self._reset(keep=())
+
+    def _try_first(self, new: Mapping[str, Any]) -> None:
+        """Make on copies the writes :meth:`replace` would make; raise what the field refuses.
+
+        :raises ValueError: (or the field's own error) before any session was changed.
+        """
+        name = self._spec.field
+        known = dict(_session_items(self._runner))
+        for key, state in known.items():
+            trial = copy.copy(self._scope(state))
+            if key in new:
+                setattr(trial, name, new[key])
+            else:
+                reset_field(trial, name)
+        for key in new.keys() - known.keys():
+            setattr(self._scope(SessionState(SessionKey(key))), name, new[key])
 
     def _reset(self, keep: Collection[str]) -> None:
         for key, state in _session_items(self._runner):
