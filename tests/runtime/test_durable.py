@@ -340,6 +340,35 @@ async def test_choices_shown_here_are_those_another_process_made() -> None:
         ]
 
 
+async def test_a_once_model_is_not_used_up_by_a_message_refused_for_running_elsewhere() -> None:
+    """Under ``reject`` a message refused because another process runs the session never ran
+    its agent: the ``/model --once`` sent before it is for the next turn that does run."""
+    store = MemoryStore()
+    hold = asyncio.Event()
+
+    async def holding(turn: Turn) -> str:
+        await hold.wait()
+        return "held"
+
+    async with (
+        GatewayHarness(holding, store=store, busy="reject") as runner,
+        GatewayHarness(ModelSpy(), store=store, busy="reject") as other,
+    ):
+        await runner.send("hold", chat_id="c")
+        await runner.until_running(chat_id="c")
+        await other.send("/model gpt-once --once", chat_id="c")
+        await other.send("refused", chat_id="c")
+        replies = await other.replies(chat_id="c", count=2)
+        assert replies[1] == "Busy — your message was not run"
+        hold.set()
+        assert await runner.replies(chat_id="c", count=1) == ["held"]
+        await runner.settle()
+        for count, text in enumerate(("once", "after"), start=3):
+            await other.send(text, chat_id="c")
+            await other.replies(chat_id="c", count=count)
+        assert (await other.replies(chat_id="c", count=4))[2:] == ["model=gpt-once", "model=-"]
+
+
 async def test_a_new_conversation_started_elsewhere_clears_this_process_conversation() -> None:
     spy = ModelSpy()
     async with runner_and_other(spy, reread_stored=0) as (runner, other):

@@ -111,8 +111,8 @@ class Slots:
         if ran:
             outcome = "answered" if turn.answered else (ended_by or "fenced")
             self._metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
-        if ended_by is not _REORDERED and turn.once_restore is not None:
-            settle_once(turn)
+        if ran and ended_by is not _REORDERED and turn.once_restore is not None:
+            settle_once(turn)  # only a turn that ran used up a --once: not one refused its lease
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
         slot = state.turn
