@@ -45,7 +45,7 @@ from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.runtime.outcomes import OnOutcome
 from chatlane.session_commands import YES, YES_OR_NO, is_yes_or_no
-from chatlane.state import SessionRegistry
+from chatlane.state import SessionRegistry, SessionState
 from chatlane.stores.base import Store
 from chatlane.types import (
     Agent,
@@ -411,9 +411,25 @@ class Gateway:
             if confirm:  # two questions wait for it: a bare yes or no answers neither
                 return ParsedCommand("unclear", confirm)
             return ParsedCommand("approve" if word in YES else "deny", "")
+        if confirm and not await self._confirmation_current(state):
+            return None  # it lapsed: the yes or no is a message like any other
         if confirm and word in YES:
             return parse_command(confirm)
         return ParsedCommand("cancelled", "") if confirm else None
+
+    async def _confirmation_current(self, state: SessionState) -> bool:
+        """Whether the confirmation ``state`` waits for still stands: no turn ran in another
+        process since it was asked. Messages that reached another process (a load balancer
+        in front of several) never cancelled it here, as they would have in this one; a
+        turn they ran moved the session's generation past what this process knows."""
+        asked = state.conversation.pending_command_generation
+        try:
+            now = await self.engine.store.generation(state.key)
+        except ChatlaneError as error:
+            log.warning("kept a confirmation the store could not be asked about: %s", error)
+            return True
+        known: int = state.persistent.run_generation
+        return now <= max(asked, known)
 
     def _cancel_confirmation(self, key: SessionKey) -> None:
         state = self.engine.registry.peek(key)

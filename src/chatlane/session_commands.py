@@ -57,7 +57,10 @@ async def _boundary(call: CommandCall, reason: EndReason) -> str:
     options = call.router.options
     if options.confirm_new and call.args.lower() != "confirm":
         state = await call.engine.session(call.session_key)
-        state.conversation.pending_command_text = f"/{reason.value} confirm"
+        asked_at = await call.engine.store.generation(call.session_key)
+        conversation = state.conversation
+        conversation.pending_command_text = f"/{reason.value} confirm"
+        conversation.pending_command_generation = max(asked_at, state.persistent.run_generation)
         return (
             f"Start a new conversation? The current one will be closed. "
             f"Reply yes (or /{reason.value} confirm) to go ahead; anything else cancels."

@@ -295,6 +295,9 @@ class ConversationState:
     """The store's id of the conversation this scope belongs to, as last read ("" if none)."""
     pending_command_text: str | None = None
     """The command a plain "yes" confirms (``/new confirm``); any other message cancels it."""
+    pending_command_generation: int = 0
+    """The session's generation when that confirmation was asked: a turn another process ran
+    since (its generation higher, and not this process's) lapses it."""
     titled: bool = False
     """A commit of this process titled the conversation: later turns send no title of their own."""
     overheard: list[Any] = field(default_factory=list)

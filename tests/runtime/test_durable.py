@@ -9,6 +9,7 @@ from pathlib import Path
 
 from chatlane.errors import SessionBusy, StoreError
 from chatlane.identity import SessionSource
+from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime.busy import BUSY_ELSEWHERE, STEERED_ELSEWHERE, BusyOutcome, BusyPolicy
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseSettings
@@ -367,6 +368,44 @@ async def test_a_once_model_is_not_used_up_by_a_message_refused_for_running_else
             await other.send(text, chat_id="c")
             await other.replies(chat_id="c", count=count)
         assert (await other.replies(chat_id="c", count=4))[2:] == ["model=gpt-once", "model=-"]
+
+
+async def test_a_confirmation_lapses_once_another_process_ran_a_turn() -> None:
+    """/new asked here, the person's next messages answered through another process: a
+    later plain yes reaching this process is a message like any other, not the confirmation
+    those messages would have cancelled here."""
+    store = MemoryStore()
+    confirm = LifecycleOptions(confirm_new=True)
+    async with (
+        GatewayHarness(EchoAgent(), store=store, lifecycle=confirm) as asked,
+        GatewayHarness(EchoAgent(), store=store, lifecycle=confirm) as other,
+    ):
+        first = await asked.send("hello", chat_id="c")
+        await asked.replies(chat_id="c", count=1)
+        await asked.send("/new", chat_id="c")
+        replies = await asked.replies(chat_id="c", count=2)
+        assert replies[1].startswith("Start a new conversation?")
+        before = (await store.conversation(first.session_key)).id
+        await other.send("and then", chat_id="c")
+        assert await other.replies(chat_id="c", count=1) == ["echo: and then"]
+        await asked.send("yes", chat_id="c")  # meant for the agent's own question
+        assert (await asked.replies(chat_id="c", count=3))[2] == "echo: yes"
+        assert (await store.conversation(first.session_key)).id == before
+
+
+async def test_a_confirmation_stands_over_turns_this_process_ran() -> None:
+    store = MemoryStore()
+    confirm = LifecycleOptions(confirm_new=True)
+    async with GatewayHarness(EchoAgent(), store=store, lifecycle=confirm) as h:
+        first = await h.send("sleep 0.2", chat_id="c")
+        await h.until_running(chat_id="c")
+        await h.send("/queue queued before", chat_id="c")
+        await h.send("/new", chat_id="c")
+        await h.replies(chat_id="c", count=4)  # queued, the question, slept, the queued one
+        before = (await store.conversation(first.session_key)).id
+        await h.send("yes", chat_id="c")
+        assert (await h.replies(chat_id="c", count=5))[4].startswith("Started a new conversation")
+        assert (await store.conversation(first.session_key)).id != before
 
 
 async def test_a_new_conversation_started_elsewhere_clears_this_process_conversation() -> None:
