@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
@@ -12,12 +14,16 @@ from chatlane.runtime.elsewhere import (
     outcome_elsewhere,
     was_interrupted_elsewhere,
 )
+from chatlane.runtime.leases import LeaseSettings
+from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import SessionState
-from chatlane.stores import MemoryStore
+from chatlane.stores import MemoryStore, Store
 from chatlane.stores.fields import INTERRUPTED_GENERATION
+from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage
 from tests.keys import chat_key
+from tests.runtime.agents import EchoAgent
 
 SOURCE = SessionSource("test", chat_id="c", user_id="u")
 
@@ -76,3 +82,46 @@ async def test_an_interrupt_names_the_running_generation_and_fences_it() -> None
     _, later = await waiting_turn()  # a later turn of the session was not the one interrupted
     later.bind_lease(msgspec.structs.replace(lease, generation=lease.generation + 1))
     assert not await was_interrupted_elsewhere(store, later)
+
+
+class FinishesOnceInterrupted:
+    """Answers each message once ``landed`` is set (the interrupt from elsewhere reached
+    the store), so its reply comes to be committed after the turn was fenced."""
+
+    def __init__(self) -> None:
+        self.landed = asyncio.Event()
+        self.ran: list[str] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        self.ran.append(turn.text)
+        await self.landed.wait()
+        return f"answer: {turn.text}"
+
+
+async def test_a_reply_fenced_by_an_interrupt_elsewhere_ends_interrupted(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """The agent finished while the interrupt landed; the commit, not a fence check, finds
+    out: the turn ends interrupted, its message is done, not run again."""
+    agent = FinishesOnceInterrupted()
+    unchecked = LeaseSettings(ttl=60, fence_check=0)  # no fence check, no renewal meanwhile
+    here, there = two_stores
+    async with (
+        GatewayHarness(agent, store=here, busy="rollback", leases=unchecked) as runner,
+        GatewayHarness(EchoAgent(), store=there, busy="rollback") as other,
+    ):
+        first = await runner.send("first", chat_id="c")
+        await runner.until_running(chat_id="c")
+        await other.send("hello", chat_id="c")
+        assert await other.replies(chat_id="c", count=1) == ["Interrupting the current task"]
+        agent.landed.set()
+        assert await other.replies(chat_id="c", count=2) == [
+            "Interrupting the current task",
+            "echo: hello",
+        ]
+        await runner.settle()
+        assert agent.ran == ["first"]
+        assert runner.delivered(chat_id="c") == []
+        outcomes = [(o.message_id, o.outcome) for o in runner.outcomes]
+        assert outcomes == [(first.message_id, Outcome.INTERRUPTED)]
+        assert await here.pending(first.session_key) == []

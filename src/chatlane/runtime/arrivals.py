@@ -367,13 +367,18 @@ class BusyDesk:
     # -- the session runs in another process ----------------------------------------
 
     def on_wait(self, turn: Turn, error: ChatlaneError, wait: AcquireWait) -> None:
-        """``turn`` was refused its lease with ``error``; act once per kind of wait."""
+        """``turn`` was refused its lease with ``error``; act once per kind of wait, and
+        apply the busy policy once: a turn that interrupted the one running elsewhere
+        must not interrupt what runs after it there."""
         state = turn.session_state
         if not wait.first(error):
             return
         if isinstance(error, ActiveSessionLimit):
             self._tell(turn, OutboundKind.ACK, f"{error}, queued")
             return
+        if wait.elsewhere:
+            return  # busy, then an earlier message first (or the reverse): one wait, one policy
+        wait.elsewhere = True
         log.info(
             "running elsewhere; %d message(s) wait",
             len(turn.messages),

@@ -95,11 +95,20 @@ def outcome_elsewhere(
 async def interrupt_elsewhere(store: Store, key: SessionKey) -> int:
     """Mark the turn running ``key`` elsewhere as interrupted and fence it; return its generation.
 
+    The mark is a write fenced by the generation it names, so it names the
+    generation that was current when it was written, never one that had
+    moved on; the bump follows it. A generation that moved between the two
+    (that turn committed and another took the lease, in that moment) is
+    fenced as a lost lease: its messages run again, never twice at once.
+
+    :raises StaleGeneration: the generation moved on before the mark (nothing changed).
     :raises ChatlaneError: if the store cannot be reached (nothing may have changed).
     """
     running = await store.generation(key)
-    await store.set_persistent(key, None, **{INTERRUPTED_GENERATION: running})
-    await store.bump_generation(key)
+    await store.set_persistent(key, running, **{INTERRUPTED_GENERATION: running})
+    bumped = await store.bump_generation(key)
+    if bumped != running + 1:
+        log.warning("the generation moved on while interrupting", extra=turn_fields(key, bumped))
     return running
 
 

@@ -173,6 +173,7 @@ class TurnEngine:
             redirectable=self.busy.redirectable,
             drawing=self.busy,
         )
+        self.output.on_lost = partial(self.upkeep.lease_lost, fenced=True)
         self.capacity = Capacity(self.settings.capacity, self.slots)
         self.withdrawals = self.leases.withdrawals
         """What failed admissions may have stored, taken back (:mod:`~.withdrawals`)."""

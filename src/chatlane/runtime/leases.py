@@ -84,6 +84,9 @@ class AcquireWait:
 
     def __init__(self) -> None:
         self.reported: set[type[ChatlaneError]] = set()
+        self.elsewhere = False
+        """Whether the turn was told its session runs in another process: its busy
+        policy applies once however many kinds of refusal follow."""
         self.unsure: StoreError | None = None
         """The last failure of a try that may have applied all the same (see
         :attr:`StoreError.maybe_applied <chatlane.errors.StoreError.maybe_applied>`)."""

@@ -45,7 +45,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import CoroutineType
 
 from chatlane.errors import (
@@ -92,6 +92,9 @@ class TurnOutput:
         self._outlet = outlet
         self._outcomes = outcomes
         self.on_fenced: Callable[[], None] | None = None
+        self.on_lost: Callable[[Turn, str], Awaitable[None]] | None = None
+        """Decides why a turn the store fenced was fenced, and supersedes it
+        (:meth:`~chatlane.runtime.upkeep.Upkeep.lease_lost`, asking the store)."""
 
     async def answer(self, agent: Agent, turn: Turn) -> None:
         """Run ``agent`` for ``turn``, commit its whole reply, and deliver what was committed.
@@ -195,11 +198,13 @@ class TurnOutput:
         turn goes stale after its commit, and the caller has nothing to deliver.
 
         A turn fenced for no reason the engine recorded (its lease expired on
-        this host's clock, or the store moved on) counts as having lost its
-        lease, so its messages are run again if they are still its own.
+        this host's clock, or the store moved on) ends as the fence check ends
+        it (:meth:`_lost`): interrupted, if another process fenced it to
+        interrupt it; else it lost its lease, and its messages are run again
+        if they are still its own.
         """
         if not turn.is_current():
-            turn.end(TurnEnd.LEASE_LOST)
+            await self._lost(turn, "its lease ran out before its reply was committed")
             return self._fenced(turn, "reply")
         batch = _answer(turn, role, text)
         if drafts:
@@ -273,9 +278,10 @@ class TurnOutput:
         return True
 
     async def _refused(self, turn: Turn, error: ChatlaneError) -> bool:
-        """A refused commit: the turn lost its lease, or its messages were answered before."""
+        """A refused commit: the turn was fenced (:meth:`_lost`), or its messages were
+        answered before."""
         if not isinstance(error, AlreadyAnswered):
-            turn.end(TurnEnd.LEASE_LOST)
+            await self._lost(turn, f"its reply commit was refused ({error})")
             return self._fenced(turn, "reply commit")
         log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
         answered = set(error.message_ids)
@@ -341,6 +347,16 @@ class TurnOutput:
             what="commit",
             fields=_fields(turn),
         )
+
+    async def _lost(self, turn: Turn, why: str) -> None:
+        """``turn`` may no longer write: end it as the fence check would (``why`` is for the log).
+
+        Another process's interrupt ends it as interrupted (its messages are
+        done, its senders told); anything else is a lost lease.
+        """
+        if self.on_lost is not None:
+            await self.on_lost(turn, why)
+        turn.end(TurnEnd.LEASE_LOST)  # unless that ended it: the first reason stands
 
     def _fenced(self, turn: Turn, what: str) -> bool:
         log.info("fenced stale %s", what, extra=_fields(turn))
