@@ -23,10 +23,12 @@ refused acquire, that its session is busy elsewhere. What stays true:
   The message waits for the lease meanwhile, and runs next.
 * An interrupt is told through the store, never by a message between
   processes: the interrupting process records the generation it interrupts
-  as the session's ``interrupted_generation`` field, then bumps the
-  generation. The running process sees the bump, reads the field, and ends
-  its turn as *interrupted* (its messages are done, not re-run) when the
-  field names that turn's generation; any other bump is a lost lease.
+  as the session's ``interrupted_generation`` field (a write fenced by that
+  generation), then bumps the generation. The running process sees the bump
+  (at a fence check, or as a refused commit), reads the field, and ends its
+  turn as *interrupted* (its messages are done, not re-run) when the field
+  names that turn's generation; any other bump is a lost lease. A waiting
+  message applies its policy once, however many refusals it meets.
 * Under ``steer`` and ``collect`` a message reaches the turn another
   process runs through the store: at each fence check that process reads
   the queue of each of its running turns whose session steers or collects,
