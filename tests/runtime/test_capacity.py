@@ -12,6 +12,7 @@ from chatlane.errors import GatewayFull, MessageTooLarge
 from chatlane.identity import SessionSource
 from chatlane.runtime.capacity import RECOUNT_FLOOR, Capacity, CapacitySettings, message_bytes
 from chatlane.runtime.slots import Slots
+from chatlane.runtime.turn import Turn
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage
 from tests.keys import chat_key
@@ -96,6 +97,27 @@ async def test_a_burst_to_one_idle_session_at_the_live_limit_is_taken(tmp_path: 
         await h.settle()
         replies = [o.text for o in h.outbox if o.text.startswith("echo: ")]
     assert sorted(replies) == [f"echo: m{n}" for n in range(4)]
+
+
+async def test_a_message_the_limits_refuse_leaves_no_session_behind() -> None:
+    """Refused names made up by whoever is refused would otherwise fill the session list
+    (pushing real idle sessions out) and the operator's view of it."""
+    hold = asyncio.Event()
+
+    async def holding(turn: Turn) -> str:
+        await hold.wait()
+        return "held"
+
+    limits = CapacitySettings(live_sessions=1)
+    async with GatewayHarness(holding, capacity=limits) as h:
+        await h.send("hold", chat_id="real")
+        await h.until_running(chat_id="real")
+        for n in range(20):
+            with pytest.raises(GatewayFull):
+                await h.send("hi", chat_id=f"made-up-{n}")
+        assert len(h.gateway.engine.registry) == 1
+        hold.set()
+        assert await h.replies(chat_id="real", count=1) == ["held"]
 
 
 def test_the_byte_limit_still_refuses_what_would_pass_it() -> None:

@@ -203,10 +203,11 @@ class TurnEngine:
         """
         if message.id in self.withdrawals:  # an earlier try of it failed: this one decides
             await self.withdrawals.take_over(message.id)
-        state = self.registry.get(key)
-        new_session = not state.is_busy  # so not running: a running turn keeps it busy
+        known = self.registry.peek(key)  # a message the limits refuse makes no session
+        new_session = known is None or not known.is_busy  # a running turn keeps it busy
         arriving = key if new_session else None
         self.capacity.reserve(message, arriving=arriving)
+        state = self.registry.get(key)
         try:
             payload = encode_message(message)
             running = not new_session and state.turn.is_running
