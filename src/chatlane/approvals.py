@@ -16,6 +16,9 @@ a plain "yes"/"no" while a request is pending. What stays true:
   refused and grants nothing.
 * Grants: ``once`` (this request), ``session`` (matching commands until the
   conversation ends), ``always`` (a pattern kept in the store's allowlist).
+* A request waits in the process whose turn asked it; an answer that reaches
+  another process goes there through the store (:mod:`chatlane.approvals_elsewhere`)
+  and is resolved there exactly as a local one.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chatlane.errors import ChatlaneError
+from chatlane import approvals_elsewhere as elsewhere
+from chatlane.errors import ChatlaneError, shown_to_users
 from chatlane.logs import turn_fields
 from chatlane.state import SessionState
 from chatlane.stores.base import Store
-from chatlane.stores.fields import APPROVAL_ALLOWLIST
+from chatlane.stores.fields import APPROVAL_ALLOWLIST, APPROVALS_WAITING
 from chatlane.types import Asks, Outbound, OutboundKind, SessionKey
 
 if TYPE_CHECKING:
@@ -44,6 +48,7 @@ log = logging.getLogger("chatlane.approvals")
 
 
 _NOT_PENDING = "That approval is no longer pending (it was answered, or its turn ended)."
+_NOT_YOURS = "Only the person whose message started this turn can answer its approval."
 _TOO_LATE = "Too late: the approval for {command} timed out — denied."
 _NOT_KEPT = "it could not be kept for always (the store is unavailable); ask again later"
 
@@ -169,14 +174,21 @@ class ApprovalBroker:
 
     :param slots: the engine's slots: which turn runs, and which generation is current.
     :param outlet: where prompts and timeout notices go.
+    :param holder: this process's lease holder id, under which its waiting
+        requests are kept in the store for other processes to answer.
     """
 
-    def __init__(self, store: Store, slots: Slots, outlet: Outlet, timeout: float) -> None:
+    def __init__(
+        self, store: Store, slots: Slots, outlet: Outlet, timeout: float, holder: str = ""
+    ) -> None:
         self._store = store
         self._slots = slots
         self._outlet = outlet
         self._is_current = slots.generation_is
         self.timeout = timeout
+        self._holder = holder
+        self._publishing = asyncio.Lock()
+        """One write of waiting requests at a time, each of what waits when it starts."""
 
     async def request(
         self,
@@ -193,10 +205,86 @@ class ApprovalBroker:
             return Decision(True, note="allowed by an earlier grant")
         request = self._open(state, generation, user_id, command, reason)
         try:
+            await self._publish(state, generation)
             await self._notify(request, prompt_text(request), OutboundKind.APPROVAL)
             return await self._wait(state, request)
         finally:
             _close(state, request, Decision(False, note="its turn ended"))
+            self._slots.spawn(self._publish(state, generation))
+
+    async def _publish(self, state: SessionState, generation: int) -> None:
+        """Keep in the store what the turn of ``generation`` waits for, for other
+        processes to answer; fenced, so a superseded turn writes nothing.
+
+        A write that fails is logged: answers then reach these requests only here.
+        """
+        async with self._publishing:
+            waiting = elsewhere.waiting_now(state, self._holder, generation)
+            try:
+                await self._store.set_persistent(
+                    state.key, generation, **{APPROVALS_WAITING: waiting}
+                )
+            except ChatlaneError as error:
+                log.info("approvals not kept for other processes: %s", error)
+
+    async def take_answers(self, states: list[SessionState]) -> None:
+        """Resolve the requests of ``states`` that another process recorded answers to,
+        as answers given here, and tell each chat what was decided.
+
+        Asked at each fence check, only for sessions whose turn waits on a request.
+        """
+        try:
+            stored = await asyncio.gather(*(self._store.load_persistent(s.key) for s in states))
+        except ChatlaneError as error:
+            log.warning("could not read the approvals answered elsewhere: %s", error)
+            return
+        for state, fields in zip(states, stored, strict=True):
+            for request_id, answer in elsewhere.answers_for(fields, state):
+                request = _requests(state).get(request_id)
+                if request is None:
+                    continue
+                decision = Decision(answer.approved, _grant_of(answer.grant), answer.note)
+                text = await self.resolve(
+                    state, answer.user_id, decision, False, request_id=request_id
+                )
+                await self._notify(request, text, OutboundKind.NOTICE)
+
+    async def pass_on(
+        self,
+        key: SessionKey,
+        user_id: str | None,
+        decision: Decision,
+        meant: elsewhere.Meant,
+    ) -> str | None:
+        """Record ``decision`` from ``user_id`` for the requests waiting in the process
+        that runs ``key``, when it is another one; it resolves them at its next fence check.
+
+        Only for an answer that found no request waiting here.
+
+        :returns: the reply for the user, or ``None`` when no request waiting
+            elsewhere is named: the answer is then handled here.
+        """
+        waiting = await elsewhere.waiting_elsewhere(self._store, self._holder, key)
+        named = [w for w in waiting if meant.names(w)]
+        if not named:
+            return None
+        mine = [w for w in named if w.user_id in (None, user_id)]
+        if not mine:
+            return _NOT_YOURS
+        chosen = mine if meant.everything else mine[:1]
+        grant = decision.grant.value if decision.grant is not None else None
+        answer = elsewhere.Answer(decision.approved, grant, decision.note, user_id)
+        given = {w.id: answer for w in chosen}
+        try:
+            await elsewhere.record_answers(self._store, key, {w.id for w in waiting}, given)
+        except ChatlaneError as error:
+            log.warning("could not pass an approval answer on: %s", error)
+            return f"Not answered: it could not be passed on ({shown_to_users(error)}); try again."
+        return "\n".join(_passed_on(w.command, decision) for w in chosen)
+
+    async def waits_elsewhere(self, key: SessionKey) -> bool:
+        """Whether a request waits for an answer in another process that runs ``key``."""
+        return bool(await elsewhere.waiting_elsewhere(self._store, self._holder, key))
 
     def _granted(self, state: SessionState, command: str) -> bool:
         """Exact commands, never patterns: ``rm -rf build/*`` is not ``rm -rf build/ ~/``."""
@@ -301,7 +389,7 @@ class ApprovalBroker:
             return "\n".join(told) or nothing
         mine = [r for r in waiting if r.user_id in (None, user_id)]
         if not mine:
-            return "Only the person whose message started this turn can answer its approval."
+            return _NOT_YOURS
         chosen = mine if everything else mine[:1]
         return "\n".join([await self._settle(state, r, decision) for r in chosen])
 
@@ -355,6 +443,26 @@ class ApprovalBroker:
                 request.decided.set_result(Decision(False, note="the conversation ended"))
         state.turn.approval_requests.clear()
         return len(waiting)
+
+
+def _grant_of(value: str | None) -> Grant | None:
+    """The grant named ``value``; none for a name this version does not know."""
+    try:
+        return Grant(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _passed_on(command: str, decision: Decision) -> str:
+    """The reply to an answer recorded for the process that runs the turn."""
+    verb = "approve" if decision.approved else "deny"
+    extra = f" ({decision.grant})" if decision.approved and decision.grant else ""
+    note = f" — {decision.note}" if decision.note else ""
+    return (
+        f"Passed on to the gateway process running this turn: {verb}{extra} "
+        f"{quote_command(command)}{note}. That process tells this chat when it applies "
+        "it (unless the request ended first)."
+    )
 
 
 def deny_stale(state: SessionState, is_current: IsCurrent) -> list[ApprovalRequest]:

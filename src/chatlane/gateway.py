@@ -394,7 +394,9 @@ class Gateway:
         question at most, and never one it may not be meant for: with both an
         approval and a confirmation waiting, it answers neither (the
         confirmation is given up) and the sender is told to answer each by
-        its command.
+        its command. With neither waiting here, it answers an approval that
+        waits in another process running the session's turn (read from the
+        store only for a yes or no), and is otherwise a message.
         """
         parsed = parse_command(message.text)
         if parsed is not None:
@@ -415,7 +417,11 @@ class Gateway:
             return None  # it lapsed: the yes or no is a message like any other
         if confirm and word in YES:
             return parse_command(confirm)
-        return ParsedCommand("cancelled", "") if confirm else None
+        if confirm:
+            return ParsedCommand("cancelled", "")
+        if await self.engine.approvals.waits_elsewhere(key):
+            return ParsedCommand("approve" if word in YES else "deny", "")
+        return None
 
     async def _confirmation_current(self, state: SessionState) -> bool:
         """Whether the confirmation ``state`` waits for still stands: no turn ran in another

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import msgspec
 
 from chatlane.approvals import Decision, Grant, is_request_id
+from chatlane.approvals_elsewhere import Meant
 from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
 from chatlane.endpoints import EndpointRefused, endpoint_policy
 from chatlane.lifecycle import RESUMABLE, EndReason, end_conversation
@@ -324,9 +325,17 @@ async def _deny(call: CommandCall) -> str:
 
 
 async def _answer(call: CommandCall, decision: Decision, args: _ApprovalArgs) -> str:
-    state = await call.engine.session(call.session_key)
+    """Resolve the requests waiting here; with none here, pass the answer on to another
+    process whose turn waits for it (through the store), if one does."""
+    approvals, key = call.engine.approvals, call.session_key
+    state = await call.engine.session(key)
     user = call.message.source.user_id
-    return await call.engine.approvals.resolve(
+    if not approvals.has_pending(state):
+        meant = Meant(args.everything, args.generation, args.request_id)
+        passed = await approvals.pass_on(key, user, decision, meant)
+        if passed is not None:
+            return passed
+    return await approvals.resolve(
         state,
         user,
         decision,

@@ -145,7 +145,7 @@ class TurnEngine:
         """``/btw`` answers beside a session's turn (:mod:`chatlane.runtime.aside`)."""
         self.output.on_fenced = self.metrics.stale
         self.approvals = ApprovalBroker(
-            self.store, self.slots, self.outlet, self.settings.approval_timeout
+            self.store, self.slots, self.outlet, self.settings.approval_timeout, self.holder
         )
         self.aftermath = TurnAftermath(
             self.store, self.leases, self.outlet, self.metrics, self.outcomes, self.slots
@@ -172,6 +172,7 @@ class TurnEngine:
             turn_timeout=self.settings.turn_timeout,
             redirectable=self.busy.redirectable,
             drawing=self.busy,
+            answers=self.approvals.take_answers,
         )
         self.output.on_lost = partial(self.upkeep.lease_lost, fenced=True)
         self.capacity = Capacity(self.settings.capacity, self.slots)

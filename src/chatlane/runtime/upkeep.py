@@ -80,6 +80,10 @@ log = logging.getLogger("chatlane.runtime")
 Adopt = Callable[[SessionKey, InboundMessage, int], Awaitable[None]]
 """Runs a message adopted from a dead process (the engine's ``adopt``)."""
 
+TakeAnswers = Callable[[list[SessionState]], Awaitable[None]]
+"""Resolves the approvals of sessions waiting here that other processes answered
+(the engine's :meth:`~chatlane.approvals.ApprovalBroker.take_answers`)."""
+
 
 class Drawing(Protocol):
     """Which running turns draw in other processes' messages, and what becomes of them
@@ -98,6 +102,7 @@ class Upkeep:
     :param slots: the engine's slots: the turns holding leases, and the way
         to supersede, end and promote.
     :param adopt: run a message adopted from a dead process.
+    :param answers: resolve the approvals another process answered, at each fence check.
     """
 
     def __init__(
@@ -112,6 +117,7 @@ class Upkeep:
         turn_timeout: float,
         redirectable: Callable[[Turn], bool] = lambda turn: False,
         drawing: Drawing | None = None,
+        answers: TakeAnswers | None = None,
     ) -> None:
         self._leases = leases
         self._slots = slots
@@ -125,6 +131,8 @@ class Upkeep:
         self._redirectable = redirectable
         """Whether another process may redirect a turn: only those are read for it."""
         self._drawing = drawing
+        self._answers = answers
+        """Resolves the approvals other processes answered (only sessions that wait on one)."""
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
         """Whether :meth:`start` started the loops (a plain attribute: read per message)."""
@@ -265,6 +273,13 @@ class Upkeep:
                 await self.lease_lost(turn, "fenced by another process", fenced=True)
         await self._redirect_asked(held)
         await self._draw_in(held)
+        await self._take_answers(held)
+
+    async def _take_answers(self, held: list[Turn]) -> None:
+        """Resolve the approvals waiting here that another process recorded answers to."""
+        asking = [t.session_state for t in held if t.session_state.turn.approval_requests]
+        if asking and self._answers is not None:
+            await self._answers(asking)
 
     async def _redirect_asked(self, held: list[Turn]) -> None:
         """Redirect the running turns another process asked to (``redirect_generation``)."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "APPROVALS_WAITING",
     "APPROVAL_ALLOWLIST",
+    "APPROVAL_ANSWERS",
     "BUSY_POLICY",
     "CONVERSATION_ID",
     "CONVERSATION_OVERRIDES",
@@ -49,6 +51,14 @@ CONVERSATION_OVERRIDES: Final = (MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIE
 
 APPROVAL_ALLOWLIST: Final = "approval_allowlist"
 """Commands the session approved for good (``always``), as a list of strings."""
+
+APPROVALS_WAITING: Final = "approvals_waiting"
+"""The approval requests the running turn waits on, oldest first, each as ``{"id",
+"holder", "generation", "user_id", "command"}``; written by the process that runs it."""
+
+APPROVAL_ANSWERS: Final = "approval_answers"
+"""Answers given in another process to waiting requests: request id → ``{"approved",
+"grant", "note", "user_id"}``; read by the process where the request waits."""
 
 INTERRUPTED_GENERATION: Final = "interrupted_generation"
 """The generation another process interrupted (so its turn ends as interrupted, not lost)."""
