@@ -413,15 +413,15 @@ class Gateway:
             if confirm:  # two questions wait for it: a bare yes or no answers neither
                 return ParsedCommand("unclear", confirm)
             return ParsedCommand("approve" if word in YES else "deny", "")
-        if confirm and not await self._confirmation_current(state):
-            return None  # it lapsed: the yes or no is a message like any other
-        if confirm and word in YES:
-            return parse_command(confirm)
-        if confirm:
-            return ParsedCommand("cancelled", "")
-        if await self.engine.approvals.waits_elsewhere(key):
+        current = confirm is not None and await self._confirmation_current(state)
+        elsewhere = await self.engine.approvals.waits_elsewhere(key)
+        if confirm and current and elsewhere:
+            return ParsedCommand("unclear", confirm)
+        if confirm and current:
+            return parse_command(confirm) if word in YES else ParsedCommand("cancelled", "")
+        if elsewhere:
             return ParsedCommand("approve" if word in YES else "deny", "")
-        return None
+        return None  # nothing waits for it (a confirmation that lapsed included): a message
 
     async def _confirmation_current(self, state: SessionState) -> bool:
         """Whether the confirmation ``state`` waits for still stands: no turn ran in another
