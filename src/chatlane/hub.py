@@ -55,6 +55,7 @@ from chatlane.metrics import Metrics
 from chatlane.overheard import ContextLimits
 from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.secrets import Secrets, TokenSource, resolve_secrets
+from chatlane.session_commands import is_yes_or_no
 from chatlane.stores import Store, open_store
 from chatlane.types import Agent, InboundMessage, Outbound
 
@@ -173,10 +174,11 @@ class Hub:
         """Whether the sender may use the gateway; a refusal is logged and counted, not told."""
         return self.gateway.admit(message)
 
-    def awaits_answer(self, message: InboundMessage) -> bool:
-        """Whether ``message``, not said to the bot, is a yes or no its sender owes an
-        approval prompt (:meth:`~chatlane.gateway.Gateway.awaits_answer`)."""
-        return self.gateway.awaits_answer(message)
+    def awaits_answer(self, text: str, message: Callable[[], InboundMessage]) -> bool:
+        """Whether ``text``, not said to the bot, is a yes or no its sender owes an approval
+        prompt (:meth:`~chatlane.gateway.Gateway.awaits_answer`); ``message`` makes the
+        message it was said in, only for a plain yes or no (most texts need none)."""
+        return is_yes_or_no(text) and self.gateway.awaits_answer(message())
 
     def overhear(self, message: InboundMessage, limits: ContextLimits) -> bool:
         """Keep ``message``, said in a shared chat but not to the bot, as context for the next

@@ -91,7 +91,6 @@ from chatlane.errors import (
 from chatlane.groups import GroupPolicy, Unmentioned
 from chatlane.identity import NO_SESSION, ChatType
 from chatlane.secrets import Secrets, read_secret
-from chatlane.session_commands import is_yes_or_no
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target, clean_text
 
 if TYPE_CHECKING:
@@ -327,14 +326,7 @@ class SlackAdapter:
         mentioned = posted.mentions_bot or in_bot_thread
         if self._groups.answers(posted.channel, kind, posted.text, mentioned=mentioned):
             return True
-        return self._answer_owed(posted)
-
-    def _answer_owed(self, posted: Posted) -> bool:
-        """Whether ``posted`` is a yes or no its sender owes an approval prompt
-        (:meth:`~chatlane.hub.Hub.awaits_answer`)."""
-        if self._hub is None or not is_yes_or_no(posted.text):
-            return False
-        return self._hub.awaits_answer(posted.inbound())
+        return self._hub is not None and self._hub.awaits_answer(posted.text, posted.inbound)
 
     def _overhear(self, posted: Posted) -> None:
         """Keep ``posted`` (not for the bot) as context, where the group rule says so."""

@@ -112,7 +112,6 @@ from chatlane.errors import (
 from chatlane.groups import GroupPolicy
 from chatlane.identity import NO_SESSION, ChatType, SessionSource
 from chatlane.secrets import Secrets, read_secret
-from chatlane.session_commands import is_yes_or_no
 from chatlane.types import (
     Attachment,
     InboundMessage,
@@ -367,16 +366,16 @@ class TelegramAdapter:
     def _answer_owed(self, update: Update) -> InboundMessage | None:
         """``update``'s text if, not said to the bot, it is a yes or no its sender owes an
         approval prompt (:meth:`~chatlane.hub.Hub.awaits_answer`); else None."""
-        message = update.effective_message
-        if message is None or message.text is None or self._hub is None:
+        message, hub = update.effective_message, self._hub
+        if message is None or message.text is None or hub is None:
             return None
-        if not is_yes_or_no(message.text):  # most messages: no InboundMessage made
-            return None
-        msg_id = f"tg-{message.chat.id}-{message.message_id}"
-        said = InboundMessage(
-            source_of(message, message.from_user), clean_text(message.text), id=msg_id
-        )
-        return said if self._hub.awaits_answer(said) else None
+        text = clean_text(message.text)
+
+        def said() -> InboundMessage:
+            msg_id = f"tg-{message.chat.id}-{message.message_id}"
+            return InboundMessage(source_of(message, message.from_user), text, id=msg_id)
+
+        return said() if hub.awaits_answer(text, said) else None
 
     async def _refuse_file(self, message: InboundMessage, notice: str) -> None:
         """Tell the sender their file was not taken (a stranger hears only what strangers do)."""
