@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -516,12 +517,17 @@ class TestRoutines:
         self, store: PostgresStore
     ) -> None:
         """The server ends the connection of a call waiting for the session's lock: the
-        caller cannot tell that from an answer lost after the commit."""
+        caller cannot tell that from an answer lost after the commit.
+
+        The session is this test's own: advisory locks are the whole database's, so a
+        test running beside this one on a session of the same name in its own schema
+        would wait for the lock held here, and be ended too."""
+        key = chat_key("cut-off-" + secrets.token_hex(4))
         async with store._pools.turns.acquire() as holder:
             transaction = holder.transaction()
             await transaction.start()
-            await holder.fetchval(_LOCKED_NOW, KEY)  # the session's lock, as every write takes it
-            calling = asyncio.create_task(store.enqueue_and_acquire(KEY, "m1", "p1", b"hi", 5))
+            await holder.fetchval(_LOCKED_NOW, key)  # the session's lock, as every write takes it
+            calling = asyncio.create_task(store.enqueue_and_acquire(key, "m1", "p1", b"hi", 5))
             await eventually(lambda: _waiting_for_a_lock(store, "chatlane_admit"))
             await store._fetch(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -531,7 +537,7 @@ class TestRoutines:
                 await calling
             await transaction.rollback()
         assert cut.value.maybe_applied
-        assert await store.pending(KEY) == []  # it had not: the lock was never given
+        assert await store.pending(key) == []  # it had not: the lock was never given
 
     @pytest.mark.parametrize("way", ["_call", "_write", "_read"])
     async def test_a_connection_the_driver_lost_track_of_is_an_outage_and_is_closed(

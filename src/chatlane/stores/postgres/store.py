@@ -37,8 +37,7 @@ What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -145,11 +144,17 @@ class PostgresStore(Store):
         pool = self._pool(upkeep)
         committing = False
         try:
-            async with _connection(pool) as db, db.transaction():
-                moment = await (db.fetchval(_NOW) if key is None else db.fetchval(_LOCKED_NOW, key))
-                done = await op(db, moment)
-                committing = True  # leaving the block sends COMMIT: from here it may apply
-                return done
+            async with pool.acquire() as db:
+                try:
+                    async with db.transaction():
+                        clock = db.fetchval(_NOW) if key is None else db.fetchval(_LOCKED_NOW, key)
+                        moment = await clock
+                        done = await op(db, moment)
+                        committing = True  # leaving the block sends COMMIT: it may apply
+                        return done
+                except asyncpg.InternalClientError:
+                    db.terminate()  # the driver lost track of it: never handed out again
+                    raise
         except DriverError as error:
             raise self._failure(error, committing) from error
 
@@ -164,9 +169,13 @@ class PostgresStore(Store):
         pool = self._pool(False)
         sent = False
         try:
-            async with _connection(pool) as db:
+            async with pool.acquire() as db:
                 sent = True
-                return await op(db)
+                try:
+                    return await op(db)
+                except asyncpg.InternalClientError:
+                    db.terminate()  # the driver lost track of it: never handed out again
+                    raise
         except DriverError as error:
             raise self._failure(error, sent and not _rolled_back(error)) from error
 
@@ -174,8 +183,12 @@ class PostgresStore(Store):
         """Run ``op``, a single statement that only reads, outside any transaction (quick pool)."""
         pool = self._pool(True)
         try:
-            async with _connection(pool) as db:
-                return await op(db)
+            async with pool.acquire() as db:
+                try:
+                    return await op(db)
+                except asyncpg.InternalClientError:
+                    db.terminate()  # the driver lost track of it: never handed out again
+                    raise
         except DriverError as error:
             raise self._failure(error, False) from error
 
@@ -500,18 +513,6 @@ class PostgresStore(Store):
             self._closed = True
             await self.listener.close()
             await self._pools.close()
-
-
-@contextlib.asynccontextmanager
-async def _connection(pool: Any) -> AsyncIterator[Db]:
-    """A connection of ``pool`` for one call; closed, not handed out again, if the driver
-    lost track of its state (``InternalClientError``)."""
-    async with pool.acquire() as db:
-        try:
-            yield db
-        except asyncpg.InternalClientError:
-            db.terminate()
-            raise
 
 
 def _rolled_back(error: BaseException) -> bool:
