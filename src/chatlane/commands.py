@@ -252,7 +252,9 @@ async def _status(call: CommandCall) -> str:
     engine, key = call.engine, call.session_key
     state = await engine.session(key)
     turn = engine.running_turn(key)
-    if turn is not None:
+    if turn is not None and state.turn.phase is SlotPhase.CLAIMED:
+        activity = "waiting for the session (another gateway process runs it)"
+    elif turn is not None:
         activity = f"running for {time.monotonic() - turn.started_at:.1f}s"
     elif state.turn.phase is SlotPhase.COLLECTING:
         activity = "collecting messages for the next turn"

@@ -408,6 +408,29 @@ async def test_a_confirmation_stands_over_turns_this_process_ran() -> None:
         assert (await store.conversation(first.session_key)).id != before
 
 
+async def test_status_says_a_message_here_waits_for_the_session_another_process_runs() -> None:
+    store = MemoryStore()
+    hold = asyncio.Event()
+
+    async def holding(turn: Turn) -> str:
+        await hold.wait()
+        return "held"
+
+    async with (
+        GatewayHarness(holding, store=store) as runner,
+        GatewayHarness(EchoAgent(), store=store) as other,
+    ):
+        await runner.send("hold", chat_id="c")
+        await runner.until_running(chat_id="c")
+        await other.send("after it", chat_id="c")
+        await other.replies(chat_id="c", count=1)  # told it waits: the session is busy
+        await other.send("/status", chat_id="c")
+        status = (await other.replies(chat_id="c", count=2))[1]
+        hold.set()
+        assert (await other.replies(chat_id="c", count=3))[2] == "echo: after it"
+    assert status.startswith("Status: waiting for the session (another gateway process runs it)")
+
+
 async def test_a_new_conversation_started_elsewhere_clears_this_process_conversation() -> None:
     spy = ModelSpy()
     async with runner_and_other(spy, reread_stored=0) as (runner, other):
