@@ -295,10 +295,9 @@ class TestProcesses:
             await first.say("hello")
             await store.claiming.wait()  # the store took the claim; its answer is held
             closing = asyncio.create_task(worker.aclose())
-            await asyncio.sleep(0)  # its first step: it claims nothing more
-            assert worker.closing
-            store.go_on.set()
+            store.go_on.set()  # the claim's answer resumes after aclose's first step (FIFO)
             await closing
+            assert worker.closing
         finally:
             await first.gateway.aclose()
         [waiting] = await store.deliveries(PENDING)

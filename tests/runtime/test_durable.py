@@ -280,6 +280,19 @@ async def test_interrupt_elsewhere_lets_what_that_process_queued_run_first() -> 
         assert ran_there == ["Queued for the next turn (1 queued)", "echo: queued there"]
 
 
+class Holding:
+    """Holds a turn for ``hold`` until :attr:`released` is set; echoes anything else."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        if turn.text == "hold":
+            await self.released.wait()
+            return "held"
+        return f"echo: {turn.text}"
+
+
 class ModelSpy:
     """Replies with the model the turn runs with; records approval grants it saw."""
 
@@ -345,12 +358,7 @@ async def test_a_once_model_is_not_used_up_by_a_message_refused_for_running_else
     """Under ``reject`` a message refused because another process runs the session never ran
     its agent: the ``/model --once`` sent before it is for the next turn that does run."""
     store = MemoryStore()
-    hold = asyncio.Event()
-
-    async def holding(turn: Turn) -> str:
-        await hold.wait()
-        return "held"
-
+    holding = Holding()
     async with (
         GatewayHarness(holding, store=store, busy="reject") as runner,
         GatewayHarness(ModelSpy(), store=store, busy="reject") as other,
@@ -361,7 +369,7 @@ async def test_a_once_model_is_not_used_up_by_a_message_refused_for_running_else
         await other.send("refused", chat_id="c")
         replies = await other.replies(chat_id="c", count=2)
         assert replies[1] == "Busy — your message was not run"
-        hold.set()
+        holding.released.set()
         assert await runner.replies(chat_id="c", count=1) == ["held"]
         await runner.settle()
         for count, text in enumerate(("once", "after"), start=3):
@@ -396,12 +404,15 @@ async def test_a_confirmation_lapses_once_another_process_ran_a_turn() -> None:
 async def test_a_confirmation_stands_over_turns_this_process_ran() -> None:
     store = MemoryStore()
     confirm = LifecycleOptions(confirm_new=True)
-    async with GatewayHarness(EchoAgent(), store=store, lifecycle=confirm) as h:
-        first = await h.send("sleep 0.2", chat_id="c")
+    holding = Holding()
+    async with GatewayHarness(holding, store=store, lifecycle=confirm) as h:
+        first = await h.send("hold", chat_id="c")
         await h.until_running(chat_id="c")
         await h.send("/queue queued before", chat_id="c")
         await h.send("/new", chat_id="c")
-        await h.replies(chat_id="c", count=4)  # queued, the question, slept, the queued one
+        await h.replies(chat_id="c", count=2)  # queued, the question
+        holding.released.set()
+        await h.replies(chat_id="c", count=4)  # held, the queued one
         before = (await store.conversation(first.session_key)).id
         await h.send("yes", chat_id="c")
         assert (await h.replies(chat_id="c", count=5))[4].startswith("Started a new conversation")
@@ -410,12 +421,7 @@ async def test_a_confirmation_stands_over_turns_this_process_ran() -> None:
 
 async def test_status_says_a_message_here_waits_for_the_session_another_process_runs() -> None:
     store = MemoryStore()
-    hold = asyncio.Event()
-
-    async def holding(turn: Turn) -> str:
-        await hold.wait()
-        return "held"
-
+    holding = Holding()
     async with (
         GatewayHarness(holding, store=store) as runner,
         GatewayHarness(EchoAgent(), store=store) as other,
@@ -426,7 +432,7 @@ async def test_status_says_a_message_here_waits_for_the_session_another_process_
         await other.replies(chat_id="c", count=1)  # told it waits: the session is busy
         await other.send("/status", chat_id="c")
         status = (await other.replies(chat_id="c", count=2))[1]
-        hold.set()
+        holding.released.set()
         assert (await other.replies(chat_id="c", count=3))[2] == "echo: after it"
     assert status.startswith("Status: waiting for the session (another gateway process runs it)")
 
