@@ -153,7 +153,7 @@ class PostgresStore(Store):
                         committing = True  # leaving the block sends COMMIT: it may apply
                         return done
                 except asyncpg.InternalClientError:
-                    db.terminate()  # the driver lost track of it: never handed out again
+                    db.terminate()  # as _closing_if_lost: never handed out again
                     raise
         except DriverError as error:
             raise self._failure(error, committing) from error
@@ -171,11 +171,7 @@ class PostgresStore(Store):
         try:
             async with pool.acquire() as db:
                 sent = True
-                try:
-                    return await op(db)
-                except asyncpg.InternalClientError:
-                    db.terminate()  # the driver lost track of it: never handed out again
-                    raise
+                return await _closing_if_lost(db, op)
         except DriverError as error:
             raise self._failure(error, sent and not _rolled_back(error)) from error
 
@@ -184,11 +180,7 @@ class PostgresStore(Store):
         pool = self._pool(True)
         try:
             async with pool.acquire() as db:
-                try:
-                    return await op(db)
-                except asyncpg.InternalClientError:
-                    db.terminate()  # the driver lost track of it: never handed out again
-                    raise
+                return await _closing_if_lost(db, op)
         except DriverError as error:
             raise self._failure(error, False) from error
 
@@ -513,6 +505,17 @@ class PostgresStore(Store):
             self._closed = True
             await self.listener.close()
             await self._pools.close()
+
+
+async def _closing_if_lost(db: Db, op: Callable[[Db], Awaitable[T]]) -> T:
+    """``op(db)``; a connection the driver lost track of (``InternalClientError``: "cannot
+    switch to state …; another operation is in progress", after the server dropped
+    connections) is closed before the pool takes it back, never handed out again."""
+    try:
+        return await op(db)
+    except asyncpg.InternalClientError:
+        db.terminate()
+        raise
 
 
 def _rolled_back(error: BaseException) -> bool:
