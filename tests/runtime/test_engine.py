@@ -259,35 +259,28 @@ class FrozenMonotonic:
         return clock
 
 
-class ReleasesAnswerLate(MemoryStore):
-    """A release applies at once, and its answer comes back only once :attr:`answer_after`
-    is done: whatever runs meanwhile finds the lease free while its releaser still waits."""
+class SlowRelease(MemoryStore):
+    """A release answered only once :attr:`after` is done (the task of the turn it releases).
 
-    def __init__(self) -> None:
+    ``applies_first``: it takes effect at once, so whatever runs meanwhile finds the lease
+    free while its releaser still waits; otherwise it takes effect only then too, so
+    whatever asks for the lease meanwhile overtakes it, as on a store with several
+    connections.
+    """
+
+    def __init__(self, *, applies_first: bool) -> None:
         super().__init__()
-        self.answer_after: asyncio.Task[None] | None = None
+        self.applies_first = applies_first
+        self.after: asyncio.Task[None] | None = None
 
     async def release(self, lease: Lease) -> None:
-        await super().release(lease)
-        waited, self.answer_after = self.answer_after, None
+        if self.applies_first:
+            await super().release(lease)
+        waited, self.after = self.after, None
         if waited is not None:
             await asyncio.wait({waited})
-
-
-class ReleasesLate(MemoryStore):
-    """A release applies, and is answered, only once :attr:`apply_after` is done: whatever
-    asks for the lease meanwhile overtakes the release, as on a store with several
-    connections."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.apply_after: asyncio.Task[None] | None = None
-
-    async def release(self, lease: Lease) -> None:
-        waited, self.apply_after = self.apply_after, None
-        if waited is not None:
-            await asyncio.wait({waited})
-        await super().release(lease)
+        if not self.applies_first:
+            await super().release(lease)
 
 
 class TestEviction:
@@ -396,7 +389,7 @@ class TestEviction:
         the turn that runs, the message after it waits, and a ``rollback`` message
         interrupts the turn that runs."""
         clock = FrozenMonotonic.patch(monkeypatch)
-        store = ReleasesAnswerLate()
+        store = SlowRelease(applies_first=True)
         recorder = Recorder()
 
         async def agent(turn: Turn) -> str:
@@ -416,7 +409,7 @@ class TestEviction:
             await h.send("/queue m2", chat_id="c")
             await h.send("/queue m3", chat_id="c")
             key = result.session_key
-            store.answer_after = recorder.turns[key][0].task
+            store.after = recorder.turns[key][0].task
             clock.now += 0.3  # this call evicts it, not the watchdog: no await since
             assert await engine.evict_stuck() == 1
             running = engine.running_turn(key)
@@ -446,7 +439,7 @@ async def test_a_turn_never_takes_its_own_process_release_for_a_turn_elsewhere(
     its way: the next turn waits for that answer, and is not refused its session by a
     lease of its own process (a false "busy", the busy policy applied)."""
     clock = FrozenMonotonic.patch(monkeypatch)
-    store = ReleasesLate()
+    store = SlowRelease(applies_first=False)
     recorder = Recorder()
 
     async def agent(turn: Turn) -> str:
@@ -461,7 +454,7 @@ async def test_a_turn_never_takes_its_own_process_release_for_a_turn_elsewhere(
         result = await h.send("stuck", chat_id="c")
         await h.until_running(chat_id="c")
         await h.send("/queue m2", chat_id="c")
-        store.apply_after = recorder.turns[result.session_key][0].task
+        store.after = recorder.turns[result.session_key][0].task
         clock.now += 0.3
         assert await h.gateway.engine.evict_stuck() == 1
         await h.settle()
