@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 from telegram import Update
+from telegram.request import HTTPXRequest
 
 from chatlane.adapters import telegram as telegram_adapter
 from chatlane.adapters.telegram import (
@@ -614,6 +615,74 @@ async def test_an_unreadable_update_is_skipped_not_fetched_forever(
     assert reply.text == "echo: still here"
     assert api.calls.count("getUpdates") - polls < 10
     assert "skipped Telegram update 1000: cannot read it" in caplog.text
+
+
+class Confirming(BotApi):
+    """The stand-in, noting at each ``getUpdates`` how many pushed updates its offset
+    confirms and how many messages the hub had taken by then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pushed: list[int] = []
+        self.taken = 0
+        self.confirmations: list[tuple[int, int]] = []
+
+    async def _get_updates(self, params: dict[str, Any]) -> Any:
+        offset = int(params.get("offset") or 0)
+        confirmed = sum(1 for update_id in self.pushed if update_id < offset)
+        self.confirmations.append((confirmed, self.taken))
+        return await super()._get_updates(params)
+
+
+async def test_an_update_is_confirmed_to_telegram_only_once_the_hub_took_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between the two would lose a message Telegram never sends again
+    (on the durable SQLite store, whose writes let the poller run ahead)."""
+    store = f"sqlite:///{tmp_path / 'chat.db'}"
+    async with Confirming() as api, running(telegram_config(api, tmp_path), store) as (hub, _):
+        submit = hub.submit
+
+        async def counted(message: InboundMessage) -> DispatchResult:
+            result = await submit(message)
+            api.taken += 1
+            return result
+
+        monkeypatch.setattr(hub, "submit", counted)
+        users = range(5000, 5030)
+        for user in users:
+            api.push_text(user, user, f"hello {user}")
+        api.pushed = [update["update_id"] for update in api._updates]
+        await api.wait_for(lambda: bool(api.confirmations) and api.confirmations[-1][0] == 30)
+        for user in users:
+            await api.wait_for_sent(user)
+    early = [(confirmed, taken) for confirmed, taken in api.confirmations if confirmed > taken]
+    assert early == []
+
+
+async def test_getupdates_waits_until_every_update_fetched_before_it_was_handled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+
+    async def answered(self: HTTPXRequest, url: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(url)
+        return 200, b'{"ok": true, "result": []}'
+
+    monkeypatch.setattr(HTTPXRequest, "do_request", answered)
+    fetched: asyncio.Queue[object] = asyncio.Queue()
+    fetched.put_nowait("an update not handled yet")
+    request = telegram_adapter.UpdatesRequest(fetched)
+    try:
+        polled = asyncio.create_task(request.do_request("getUpdates", "POST"))
+        await asyncio.sleep(0)  # one pass of the loop: the task's first step
+        assert asked == []
+        fetched.get_nowait()
+        fetched.task_done()
+        assert await polled == (200, b'{"ok": true, "result": []}')
+        assert asked == ["getUpdates"]
+    finally:
+        await request.shutdown()
 
 
 def text_update(text: str) -> Update:

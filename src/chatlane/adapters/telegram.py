@@ -58,6 +58,7 @@ What stays true:
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -244,7 +245,10 @@ class TelegramAdapter:
         builder = ApplicationBuilder().token(token).base_url(f"{api_url}/bot")
         builder = builder.base_file_url(f"{api_url}/file/bot")
         builder = builder.request(SendRequest(connection_pool_size=SEND_CONNECTIONS))
-        app = builder.get_updates_request(UpdatesRequest(connection_pool_size=1)).build()
+        handed_over: asyncio.Queue[object] = asyncio.Queue()
+        builder = builder.update_queue(handed_over)
+        updates_request = UpdatesRequest(handed_over, connection_pool_size=1)
+        app = builder.get_updates_request(updates_request).build()
         updates = filters.UpdateType.MESSAGE | filters.UpdateType.CHANNEL_POST
         app.add_handler(MessageHandler((filters.TEXT | MEDIA) & updates, self._on_message))
         other = filters.ChatType.PRIVATE & ~filters.StatusUpdate.ALL & updates  # no pins, timers
@@ -736,7 +740,16 @@ async def _stop(app: TelegramApp) -> None:
 
 
 class UpdatesRequest(HTTPXRequest):
-    """The ``getUpdates`` connection: an update PTB cannot read is reduced to its id.
+    """The ``getUpdates`` connection: an update is confirmed only once handled, and an
+    update PTB cannot read is reduced to its id.
+
+    Each ``getUpdates`` names the offset past the last update fetched, which
+    tells Telegram never to send those again; PTB asks for the next batch as
+    soon as it has queued the last one for its handlers. So a call waits
+    until every update in ``updates`` was handled — its message stored by the
+    hub, or refused, or its sender told it could not be — and an update
+    fetched before a crash is still Telegram's to send again at the next start
+    (where its message id makes it a repeat, not a second turn).
 
     PTB reads a whole batch or nothing, and fetches an unreadable batch again
     forever (a newer Bot API field, a malformed payload): polling would stall
@@ -744,7 +757,12 @@ class UpdatesRequest(HTTPXRequest):
     and ignored, and the rest of the batch is handled.
     """
 
+    def __init__(self, updates: asyncio.Queue[object], **options: Any) -> None:
+        super().__init__(**options)
+        self._updates = updates
+
     async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
+        await self._updates.join()
         code, payload = await super().do_request(*args, **kwargs)
         return code, (readable_updates(payload) if code == 200 else payload)
 
