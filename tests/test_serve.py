@@ -209,6 +209,7 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
     port = free_port()
     process = start(tmp_path, "--port", str(port))
     answers: dict[str, tuple[int, str]] = {}
+    retry: dict[str, str | None] = {}
 
     def ask(name: str, content: str, stream: bool = False) -> None:
         body = {"model": "chatlane", "messages": [{"role": "user", "content": content}]}
@@ -219,6 +220,7 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
             client.stream("POST", url, json={**body, "stream": stream}, headers=headers) as reply,
         ):
             answers[name] = (reply.status_code, reply.read().decode())
+            retry[name] = reply.headers.get("x-should-retry")
 
     asks = [("running", "sleep 30", False), ("queued", "q1", False), ("streamed", "q2", True)]
     threads = [threading.Thread(target=ask, args=a) for a in asks]
@@ -239,6 +241,7 @@ def test_requests_waiting_at_shutdown_get_503_and_their_messages_stay(tmp_path: 
     assert answers["running"][0] == answers["queued"][0] == 503
     error = json.loads(answers["running"][1])["error"]
     assert (error["type"], error["code"]) == ("service_unavailable", "service_unavailable")
+    assert retry["running"] == retry["queued"] == "false"  # the SDK would run them twice
     status, events = answers["streamed"]
     assert status == 200
     assert '"code": "service_unavailable"' in events

@@ -570,13 +570,14 @@ def _ending_error(event: WaiterEvent, session: str) -> ApiRequestError:
             return refusal
     if event.kind is EventKind.TIMEOUT:
         return ApiRequestError(
-            504, "no answer in time; the message may still run", "timeout", "timeout"
+            504, "no answer in time; the message may still run", "timeout", "timeout", retry=False
         )
     return ApiRequestError(
         503,
         "the gateway is shutting down; the message stays queued",
         "service_unavailable",
         "service_unavailable",
+        retry=False,
     )
 
 

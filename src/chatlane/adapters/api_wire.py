@@ -47,6 +47,7 @@ class ApiRequestError(ChatlaneError):
         *,
         allow: str = "",
         param: str | None = None,
+        retry: bool = True,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -57,6 +58,11 @@ class ApiRequestError(ChatlaneError):
         """For a 405: the method the path takes (the ``Allow`` header)."""
         self.param = param
         """The request field at fault, as OpenAI names it (``messages[2].content``)."""
+        self.retry = retry
+        """Whether sending the request again is safe. False once its message was taken
+        and may still run (a 504, the 503 of a shutdown): the response then says
+        ``x-should-retry: false``, which OpenAI's SDKs obey, since their own retry
+        carries no ``Idempotency-Key`` and would run the message a second time."""
 
     def body(self) -> dict[str, Any]:
         """The OpenAI-shaped error body."""
@@ -558,6 +564,10 @@ def _too_large() -> ApiRequestError:
     )
 
 
+SHOULD_RETRY_HEADER = "x-should-retry"
+"""The header OpenAI's SDKs read before retrying an error response on their own."""
+
+
 def json_response(body: object, status: int = 200) -> Response:
     """A JSON response (ASCII-escaped, so any text can be sent)."""
     return Response(encode(body), status_code=status, media_type="application/json")
@@ -570,12 +580,15 @@ def error_response(error: ApiRequestError) -> Response:
         response.headers["WWW-Authenticate"] = "Bearer"
     if error.allow:
         response.headers["Allow"] = error.allow
+    if not error.retry:
+        response.headers[SHOULD_RETRY_HEADER] = "false"
     return response
 
 
 __all__ = [
     "COMPLETION_ID_HEADER",
     "MAX_BODY",
+    "SHOULD_RETRY_HEADER",
     "ApiRequestError",
     "AsgiEndpoint",
     "ChatRequest",
