@@ -553,7 +553,9 @@ class GatedConversations(MemoryStore):
         return await super().new_conversation(key, title)
 
 
-async def test_a_boundary_denies_a_request_opened_while_it_ran() -> None:
+async def test_a_message_arriving_during_a_boundary_asks_in_the_new_conversation() -> None:
+    """No turn runs while a boundary does, so none can open a request the boundary
+    would have to deny: the message waits, and asks once the new conversation began."""
     store = GatedConversations()
     options = LifecycleOptions(confirm_new=False)
     async with GatewayHarness(
@@ -562,8 +564,11 @@ async def test_a_boundary_denies_a_request_opened_while_it_ran() -> None:
         boundary = asyncio.create_task(h.send("/new", chat_id="c"))
         await store.held.wait()  # stopped; the new conversation is not there yet
         await h.send("approve a", chat_id="c")
-        await prompted(h, "c", 1)
+        assert not any(o.kind is OutboundKind.APPROVAL for o in h.outbox)
         store.gate.set()
         await boundary
-        replies = await h.replies(chat_id="c", count=3)
-        assert replies[1:] == ["Started a new conversation.", "denied: a"]
+        await prompted(h, "c", 1)
+        await h.send("/approve", chat_id="c")
+        await h.wait_for(lambda out: any(o.text == "approved: a" for o in out))
+    texts = [o.text for o in h.outbox]
+    assert texts.index("Started a new conversation.") < texts.index("approved: a")

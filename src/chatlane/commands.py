@@ -258,6 +258,8 @@ async def _status(call: CommandCall) -> str:
         activity = f"running for {time.monotonic() - turn.started_at:.1f}s"
     elif state.turn.phase is SlotPhase.COLLECTING:
         activity = "collecting messages for the next turn"
+    elif state.turn.phase is SlotPhase.ENDING:
+        activity = "ending its conversation (what arrives now waits for the new one)"
     else:
         activity = "idle"
     policy = engine.policy_for(state, call.message)

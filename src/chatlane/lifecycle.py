@@ -14,7 +14,11 @@ after it returns:
   blocked tool call returns at once), session-level grants ended, a pending
   prompt dropped;
 * queued messages of the old conversation were dropped and counted, so the
-  caller can tell the user.
+  caller can tell the user;
+* a message that arrived after it began was not dropped, and no turn ran for
+  the session meanwhile: it waited, whatever its busy policy, and runs in the
+  new conversation with its cleared choices (or in the old one, if the
+  boundary failed or was called off).
 """
 
 from __future__ import annotations
@@ -91,13 +95,31 @@ async def end_conversation(
     :raises KeyError: if ``resume_id`` names no conversation of ``key``; nothing
         was changed then.
     """
+    waiting = engine.begin_boundary(key)
+    try:
+        return await _end(engine, key, reason, waiting, resume_id, before_reset)
+    finally:
+        engine.end_boundary(key)
+
+
+async def _end(
+    engine: TurnEngine,
+    key: SessionKey,
+    reason: EndReason,
+    waiting: frozenset[int],
+    resume_id: str | None,
+    before_reset: BeforeReset | None,
+) -> Ended:
+    """:func:`end_conversation`'s steps, while no turn can start for ``key``;
+    ``waiting``: the messages that waited when it began (dropped with the old
+    conversation, where what came since waits for the new one)."""
     store = engine.store
     previous = await store.conversation(key)
     if resume_id is not None and not await _has_conversation(engine, key, resume_id):
         raise KeyError(resume_id)
     if before_reset is not None:
         await before_reset(key, reason, previous)
-    stopped = await engine.stop(key)
+    stopped = await engine.stop(key, only=waiting)
     state = await engine.session(key)
     if resume_id is None:
         current = await store.new_conversation(key)
@@ -106,7 +128,7 @@ async def end_conversation(
     engine.approvals.end_conversation(state)
     arrived_meanwhile = state.conversation.queued_events
     state.conversation.clear()
-    state.conversation.queued_events = arrived_meanwhile  # came after the stop: they stay
+    state.conversation.queued_events = arrived_meanwhile  # came after it began: they stay
     state.conversation.conversation_id = current.id
     cleared = dict.fromkeys(CONVERSATION_OVERRIDES)
     await store.set_persistent(key, None, **cleared, **{CONVERSATION_ID: current.id})

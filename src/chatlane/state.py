@@ -136,6 +136,10 @@ class SlotPhase(enum.Enum):
     """No turn: a message for the session starts one at once."""
     COLLECTING = "collecting"
     """Waiting out a collect debounce; the next turn claims the slot after it."""
+    ENDING = "ending"
+    """A conversation boundary (``/new``, ``/reset``, ``/resume``, an auto-reset) runs:
+    the slot is held empty, and a message arriving meanwhile waits for the new
+    conversation (:meth:`chatlane.runtime.slots.Slots.begin_boundary`)."""
     CLAIMED = "claimed"
     """A turn holds the slot and waits for its lease."""
     RUNNING = "running"
@@ -152,7 +156,8 @@ class TurnState:
     """One session's turn slot and what its turn holds; :meth:`clear` runs after every turn.
 
     The slot is a small state machine (:class:`SlotPhase`) moved only by
-    :meth:`claim`, :meth:`run`, :meth:`collect` and :meth:`clear`; ``current``
+    :meth:`claim`, :meth:`run`, :meth:`collect`, :meth:`hold_for_boundary` and
+    :meth:`clear`; ``current``
     is the claimed or running :class:`~chatlane.runtime.turn.Turn`.
     ``started_ts`` and ``busy_ack_ts`` are ``0.0`` when unset.
     ``lease_tokens`` maps the generation that acquired a token to the token; it
@@ -200,6 +205,10 @@ class TurnState:
     def collect(self, now: float) -> None:
         """Hold the slot empty while a collect debounce runs out."""
         self.phase, self.current, self.started_ts = SlotPhase.COLLECTING, None, now
+
+    def hold_for_boundary(self, now: float) -> None:
+        """Hold the free slot empty while a conversation boundary runs."""
+        self.phase, self.current, self.started_ts = SlotPhase.ENDING, None, now
 
     def holds(self, turn: object) -> bool:
         """Whether ``turn`` is the slot's current turn."""

@@ -421,25 +421,19 @@ async def test_a_failing_agent_answers_with_its_notice(tmp_path: Path) -> None:
 
 async def test_no_progress_answers_504_which_the_sdk_does_not_send_again(tmp_path: Path) -> None:
     """The SDK's own retry carries no key: sent again, the message would run twice."""
-    sent: list[httpx.Request] = []
-
-    async def note(request: httpx.Request) -> None:
-        sent.append(request)
-
     async with (
         serve(make_config(tmp_path), wait_timeout=0.5) as s,
-        httpx.AsyncClient(event_hooks={"request": [note]}) as http,
-        AsyncOpenAI(base_url=s.base_url, api_key=TOKEN, max_retries=2, http_client=http) as client,
+        AsyncOpenAI(base_url=s.base_url, api_key=TOKEN, max_retries=2) as retrying,
     ):
         with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
+            await retrying.chat.completions.create(
                 model="chatlane",
                 messages=[{"role": "user", "content": "approve rm -rf /tmp/x"}],
                 user="slow",
             )
         assert caught.value.status_code == 504
         assert caught.value.response.headers["x-should-retry"] == "false"
-        assert len(sent) == 1
+        assert "queued: 0" in await s.ask("/status", "slow")  # no retry waits behind it
         assert "Denied" in await s.ask("/deny", "slow")
 
 

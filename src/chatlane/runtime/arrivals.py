@@ -17,6 +17,10 @@ and tells the sender. What stays true:
   on its first refused acquire (:mod:`chatlane.runtime.elsewhere`): ``reject``
   refuses it, ``rollback`` interrupts the other process's turn through the
   store and ``redirect`` redirects it, anything else lets it wait for the lease.
+* A message that arrives while a conversation boundary runs (``/new``,
+  ``/reset``, ``/resume``, an auto-reset) is queued whatever the policy:
+  it steers, interrupts and merges into nothing of the ending conversation,
+  and runs in the new one.
 * A message that finds the queue full is refused, unless the overflow is
   ``drop-oldest`` or ``summarize`` (below): under ``drop-oldest`` the oldest
   waiting message leaves the queue (here and in the store, its sender told)
@@ -86,6 +90,9 @@ _DRAWN_KEPT = 10_000
 """How many drawn-in message ids a desk remembers (see ``BusyDesk._drawn``)."""
 
 _PLACED = frozenset({BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.STEERED})
+
+_QUEUE = BusyPolicy.QUEUE
+"""What a message arriving during a conversation boundary gets, whatever its policy."""
 """The outcomes of :meth:`BusyDesk._apply` that put the message somewhere here."""
 
 DROPPED_OLDEST = "Dropped from a full queue to make room for a newer message"
@@ -254,6 +261,11 @@ class BusyDesk:
         self, state: SessionState, message: InboundMessage, seq: int, policy: BusyPolicy
     ) -> BusyOutcome:
         turn = running_turn_of(state)
+        if self._slots.ends_conversation(state.key):  # it waits for the new conversation,
+            outcome = decide(_QUEUE, self._context(state, message, None))  # whatever the policy
+            if outcome is BusyOutcome.QUEUED:
+                pending.enqueue(state, message, seq)
+            return outcome
         coalescing = turn is None and state.turn.phase is SlotPhase.COLLECTING
         if coalescing and self.coalesces(message) and not self._full(state):
             return self.coalesce(state, message, seq)

@@ -48,6 +48,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from functools import partial
 from typing import Any
 
@@ -690,8 +691,11 @@ class TurnEngine:
         self.slots.supersede(turn, TurnEnd.INTERRUPTED, reason)
         return True
 
-    async def stop(self, key: SessionKey) -> StopResult:
+    async def stop(self, key: SessionKey, *, only: AbstractSet[int] | None = None) -> StopResult:
         """``/stop``: interrupt the running turn, bump the generation, drop the queue.
+
+        With ``only`` (a boundary's, :meth:`begin_boundary`), just the waiting
+        messages stored under those seqs are dropped: what arrived since stays.
 
         The session's messages are dropped from the store's queue too, so a
         turn another process runs for it — fenced by the generation bump —
@@ -700,8 +704,8 @@ class TurnEngine:
         re-runs what is still queued as its own, which must be nothing.
         """
         state = self.registry.get(key)
-        entries = list(pending.pending_entries(state))
-        queued, queued_seqs = pending.drain(state)
+        entries = [e for e in pending.pending_entries(state) if only is None or _any_of(e, only)]
+        queued, queued_seqs = pending.drain(state, only)
         turn = running_turn_of(state)
         if turn is not None and turn.ended_by:
             turn = None  # an earlier /stop (or interrupt) already ended it: nothing to count
@@ -726,6 +730,21 @@ class TurnEngine:
             await self.store.bump_generation(key)
             self.slots.stop_collecting(state)
         return StopResult(stopped, tuple(dropped), elsewhere)
+
+    def begin_boundary(self, key: SessionKey) -> frozenset[int]:
+        """A conversation boundary begins for ``key``: no turn starts for it until
+        :meth:`end_boundary`, and what arrives meanwhile waits, whatever its busy policy.
+
+        :returns: the seqs of the messages waiting now, the ones the boundary's
+            :meth:`stop` drops (``only``).
+        """
+        state = self.registry.get(key)
+        self.slots.begin_boundary(state)
+        return frozenset(pending.known(state))
+
+    def end_boundary(self, key: SessionKey) -> None:
+        """The boundary :meth:`begin_boundary` began is done, or failed: what waits starts."""
+        self.slots.end_boundary(self.registry.get(key))
 
     async def _queue_again(
         self, state: SessionState, entries: list[pending.PendingEntry], error: ChatlaneError
@@ -938,6 +957,10 @@ def _holds(state: SessionState, seq: int) -> bool:
     return turn is not None and (
         seq in turn.seqs or any(steered == seq for _, steered in turn.waiting_steers())
     )
+
+
+def _any_of(entry: pending.PendingEntry, seqs: AbstractSet[int]) -> bool:
+    return not seqs.isdisjoint(entry.seqs)
 
 
 def _held_by(turn: Turn | None) -> tuple[list[InboundMessage], list[int]]:

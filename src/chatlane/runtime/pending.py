@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from chatlane.state import SessionState
@@ -294,10 +295,19 @@ def restore(state: SessionState, entries: list[PendingEntry]) -> None:
     pending_entries(state)[:0] = [e for e in entries if not waiting.intersection(e.seqs)]
 
 
-def drain(state: SessionState) -> tuple[list[InboundMessage], list[int]]:
-    """Remove every pending message and return them with their seqs, oldest first."""
+def drain(
+    state: SessionState, only: AbstractSet[int] | None = None
+) -> tuple[list[InboundMessage], list[int]]:
+    """Remove every pending message and return them with their seqs, oldest first.
+
+    With ``only``, just the turns holding one of those seqs; the rest stay queued.
+    """
     queue = pending_entries(state)
-    messages = [message for entry in queue for message in entry.messages]
-    seqs = [seq for entry in queue for seq in entry.seqs]
-    queue.clear()
+    taken = queue if only is None else [e for e in queue if not only.isdisjoint(e.seqs)]
+    messages = [message for entry in taken for message in entry.messages]
+    seqs = [seq for entry in taken for seq in entry.seqs]
+    if only is None:
+        queue.clear()
+    else:
+        queue[:] = [entry for entry in queue if only.isdisjoint(entry.seqs)]
     return messages, seqs

@@ -21,6 +21,10 @@ instead of callables into the engine. What stays true:
   it or a ``collect`` debounce runs; whoever frees the slot promotes. So
   several ends racing to promote one session (an evicted turn's own end and
   its eviction) start its next turn once.
+* While a conversation boundary runs (:meth:`begin_boundary` until
+  :meth:`end_boundary`) no turn starts for its session: a freed slot is held
+  empty (:attr:`~chatlane.state.SlotPhase.ENDING`), so what arrives meanwhile
+  waits, and starts in the new conversation once the boundary is done.
 * A superseded turn is stale from that moment: the session's generation is
   bumped here, and in the store unless the store already moved on; its
   approval requests are denied at once; its task is cancelled after
@@ -87,6 +91,8 @@ class Slots:
         self._start = start
         self._turns: set[Turn] = set()
         self._collecting: set[SessionKey] = set()
+        self._ending: dict[SessionKey, int] = {}
+        """The sessions whose conversation boundaries run, and how many run for each."""
         self._tasks: set[asyncio.Task[object]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
         self._live_ended = asyncio.Event()
@@ -144,6 +150,9 @@ class Slots:
         """
         if state.turn.is_running or self.closed:
             return
+        if state.key in self._ending:
+            state.turn.hold_for_boundary(time.time())
+            return
         queue = pending.pending_entries(state)
         if not queue:
             return
@@ -169,6 +178,35 @@ class Slots:
         if state.turn.phase is SlotPhase.COLLECTING:
             state.turn.clear()
             self._done_collecting(state.key)
+            if state.key in self._ending:
+                state.turn.hold_for_boundary(time.time())
+
+    # -- conversation boundaries ----------------------------------------------------
+
+    def begin_boundary(self, state: SessionState) -> None:
+        """A conversation boundary begins for ``state``'s session: from now until
+        :meth:`end_boundary` no turn starts for it, and a free slot is held empty."""
+        key = state.key
+        self._ending[key] = self._ending.get(key, 0) + 1
+        if not state.turn.is_running:
+            state.turn.hold_for_boundary(time.time())
+
+    def end_boundary(self, state: SessionState) -> None:
+        """The boundary :meth:`begin_boundary` began is done (or failed): once the last one
+        for the session is, its slot is freed and what waits starts."""
+        key = state.key
+        left = self._ending.pop(key, 1) - 1
+        if left > 0:
+            self._ending[key] = left
+            return
+        if state.turn.phase is SlotPhase.ENDING:
+            state.turn.clear()
+            self._live_ended.set()
+        self.promote(state)
+
+    def ends_conversation(self, key: SessionKey) -> bool:
+        """Whether a conversation boundary runs for ``key``: what arrives waits for it."""
+        return key in self._ending
 
     def _done_collecting(self, key: SessionKey) -> None:
         """``key`` no longer waits out a debounce: it may have been the last live session."""
@@ -317,8 +355,8 @@ class Slots:
         return len(self._turns)
 
     def is_idle(self) -> bool:
-        """No turn is live and no session waits out a collect debounce."""
-        return not self._turns and not self._collecting
+        """No turn is live, no session waits out a collect debounce or a boundary."""
+        return not self._turns and not self._collecting and not self._ending
 
     async def wait_idle(self) -> None:
         """Return once :meth:`is_idle` holds (wrap in a timeout to bound the wait)."""

@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, NoReturn
 from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.identity import ChatType, SessionSource
 from chatlane.lifecycle import BeforeReset, EndReason, end_conversation
+from chatlane.runtime import pending
+from chatlane.state import SlotPhase
 from chatlane.stores.base import Conversation
 from chatlane.types import OutboundKind, SessionKey
 
@@ -333,8 +335,13 @@ class AutoResetter:
 
 
 def _busy(engine: TurnEngine, key: SessionKey) -> bool:
+    """A turn holds ``key``'s slot here, or a message waits for one (the reset's own
+    hold of the slot is not activity; what arrived during it waits)."""
     state = engine.registry.peek(key)
-    return state is not None and state.turn.is_running
+    if state is None:
+        return False
+    held_for_reset = state.turn.phase is SlotPhase.ENDING
+    return (state.turn.is_running and not held_for_reset) or pending.pending_count(state) > 0
 
 
 def notice_text(reason: EndReason, policy: AutoResetPolicy) -> str:

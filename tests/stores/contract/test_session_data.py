@@ -67,13 +67,13 @@ class TestCommit:
     async def test_an_answered_mark_is_forgotten_after_its_retention(
         self, store: Store, clock: StoreClock
     ) -> None:
-        store.answered_retention = 1.0
+        store.answered_retention = 2.0  # "new" outlives a second's delay on a real clock
         await store.commit(KEY, None, WriteBatch(answered=["old"]))
-        await clock.advance(0.5)
+        await clock.advance(1.1)
         await store.commit(KEY, None, WriteBatch(answered=["new"]))
         with pytest.raises(AlreadyAnswered):
             await store.commit(KEY, None, WriteBatch(answered=["old"]))
-        await clock.advance(0.7)  # "old" is past its retention, "new" is not
+        await clock.advance(1.0)  # "old" is past its retention, "new" is not
         await store.heartbeat("p1", 5)
         assert not await store.is_answered("old")
         assert await store.is_answered("new")

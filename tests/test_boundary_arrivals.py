@@ -1,0 +1,167 @@
+"""Messages that arrive while a conversation boundary runs (``/new``, ``/reset``,
+``/resume``, an auto-reset): they wait, whatever the busy policy, and run in the new
+conversation — never in the old one, never dropped with it, never unanswered."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from chatlane.lifecycle import EndReason, LifecycleOptions
+from chatlane.runtime.turn import Turn
+from chatlane.stores.base import Conversation
+from chatlane.stores.sqlite import SQLiteStore
+from chatlane.testing import GatewayHarness
+from chatlane.types import SessionKey
+
+
+class Gated:
+    """An await a test holds: ``entered`` once reached, goes on once ``opened``."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.entered.set()
+        await self.opened.wait()
+
+
+class GatedConversations(SQLiteStore):
+    """The SQLite store, whose start of a new conversation a test can hold."""
+
+    gate: Gated | None = None
+
+    async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
+        if self.gate is not None:
+            await self.gate.wait()
+        return await super().new_conversation(key, title)
+
+
+def seen_by(runs: list[str]):  # type: ignore[no-untyped-def]
+    """An agent noting the text, model and reasoning each turn ran with."""
+
+    async def agent(turn: Turn) -> str:
+        model = turn.overrides.model
+        runs.append(
+            f"{turn.text} | {model.name if model else 'default'} | {turn.overrides.reasoning}"
+        )
+        return f"echo {turn.text}"
+
+    return agent
+
+
+async def test_a_message_sent_while_the_hook_runs_starts_the_new_conversation() -> None:
+    hook = Gated()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()  # say, a model summarizing the ending conversation
+
+    runs: list[str] = []
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with GatewayHarness(seen_by(runs), lifecycle=options) as h:
+        await h.send("/model old-model", chat_id="c")
+        await h.send("old talk", chat_id="c")
+        await h.replies(chat_id="c", count=2)
+        new = asyncio.create_task(h.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        before = await h.gateway.engine.store.conversation(h.session_key(chat_id="c"))
+        sent = await h.send("hi, new topic", chat_id="c")
+        assert not sent.started  # it waits for the boundary
+        hook.opened.set()
+        await new
+        await h.wait_for(lambda out: any(o.text == "echo hi, new topic" for o in out))
+        replies = [o.text for o in h.outbox]
+        await h.settle()
+        after = await h.gateway.engine.store.conversation(h.session_key(chat_id="c"))
+    assert "Started a new conversation." in replies
+    assert "echo hi, new topic" in replies
+    assert runs[-1] == "hi, new topic | default | None"  # the new conversation's choices
+    assert after.id != before.id
+    assert [o.outcome for o in h.outcomes if o.message_id == sent.message_id] == ["answered"]
+
+
+@pytest.mark.parametrize("busy", ["queue", "steer", "rollback", "reject", "collect"])
+async def test_a_message_arriving_while_the_store_starts_the_conversation_runs_in_it(
+    tmp_path: Path, busy: str
+) -> None:
+    store = await GatedConversations.open(f"sqlite:///{tmp_path / 'chat.db'}")
+    assert isinstance(store, GatedConversations)
+    runs: list[str] = []
+    options = LifecycleOptions(confirm_new=False)
+    try:
+        async with GatewayHarness(seen_by(runs), store=store, busy=busy, lifecycle=options) as h:
+            await h.send("/model old-model", chat_id="c")
+            await h.send("/reasoning high", chat_id="c")
+            await h.send("secret of the old conversation", chat_id="c")
+            await h.replies(chat_id="c", count=3)
+            store.gate = gate = Gated()
+            new = asyncio.create_task(h.send("/new", chat_id="c"))
+            await gate.entered.wait()
+            await h.send("first of the new conversation", chat_id="c")
+            gate.opened.set()
+            await new
+            await h.wait_for(
+                lambda out: any(o.text == "echo first of the new conversation" for o in out)
+            )
+            await h.settle()
+            key = h.session_key(chat_id="c")
+            transcript = [entry.content for entry in await store.transcript(key)]
+    finally:
+        await store.close()
+    assert runs[-1] == "first of the new conversation | default | None"
+    assert "secret of the old conversation" not in transcript
+    assert transcript == ["first of the new conversation", "echo first of the new conversation"]
+
+
+async def test_what_waited_before_the_boundary_is_dropped_and_what_came_after_runs() -> None:
+    hook = Gated()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "long task":
+            await turn.interrupted.wait()  # stopped by /new
+        return f"echo {turn.text}"
+
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with GatewayHarness(agent, busy="steer", lifecycle=options) as h:
+        await h.send("long task", chat_id="c")
+        await h.until_running(chat_id="c", text="long task")
+        before = [await h.send(text, chat_id="c") for text in ("queued before /new", "again")]
+        new = asyncio.create_task(h.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        after = await h.send("sent after /new", chat_id="c")  # steers nothing of the old turn
+        hook.opened.set()
+        await new
+        await h.wait_for(lambda out: any(o.text == "echo sent after /new" for o in out))
+        await h.settle()
+    texts = [o.text for o in h.outbox]
+    assert any(t.startswith("Started a new conversation. Dropped 2 queued") for t in texts)
+    assert "echo long task" not in texts
+    outcomes = {o.message_id: o.outcome for o in h.outcomes}
+    assert [outcomes[sent.message_id] for sent in before] == ["dropped", "dropped"]
+    assert outcomes[after.message_id] == "answered"
+
+
+async def test_a_failed_boundary_lets_what_arrived_run_in_the_conversation_it_kept() -> None:
+    hook = Gated()
+
+    async def failing(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+        raise RuntimeError("the summary could not be written")
+
+    runs: list[str] = []
+    options = LifecycleOptions(confirm_new=False, before_reset=failing)
+    async with GatewayHarness(seen_by(runs), lifecycle=options) as h:
+        new = asyncio.create_task(h.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        await h.send("still here", chat_id="c")
+        hook.opened.set()
+        await new
+        await h.wait_for(lambda out: any(o.text == "echo still here" for o in out))
+        await h.settle()
+    assert runs == ["still here | default | None"]
