@@ -14,6 +14,7 @@ from chatlane.identity import ChatType, SessionSource
 from chatlane.types import InboundMessage
 from tests.adapters.botapi import BOT_ID, BotApi
 from tests.adapters.test_telegram import ALICE, BOB, GROUP, TOPIC, running, telegram_config
+from tests.adapters.test_telegram_media import photo_sizes
 
 OTHER_GROUP = -1005678
 CHANNEL = -1007001
@@ -267,3 +268,45 @@ async def test_a_plain_yes_answers_the_senders_own_approval_prompt_without_a_men
         say(api, "yes")  # nothing waits for it now
         assert (await answered(api, "/status")).startswith("Status: idle")
         assert len(api.sent(GROUP)) == 4
+
+
+# -- text Telegram would not send, read without losing the message ----------------------
+
+EMOJI = "\U0001f600"
+"""Two UTF-16 units: an entity at offset 1 cuts it in two."""
+
+
+async def test_a_lone_surrogate_in_a_text_or_caption_is_read_as_u_fffd(
+    api: BotApi, tmp_path: Path
+) -> None:
+    async with running(config(api, tmp_path)):
+        assert await answered(api, "@chatlane_bot hi \ud800 there") == "echo: hi \ufffd there"
+        caption = "@chatlane_bot look \udfff"
+        api.push_media(GROUP, ALICE, "photo", photo_sizes(), caption, chat_type="supergroup")
+        [_, shown] = await api.wait_for_sent(GROUP, 2)
+        assert shown.text == "echo: look \ufffd (1 attachment: image image/jpeg 12 KB)"
+
+
+async def test_an_entity_that_cuts_a_character_or_leaves_the_text_names_nothing(
+    api: BotApi, tmp_path: Path
+) -> None:
+    bot = {"id": BOT_ID, "is_bot": True, "first_name": "Bot"}
+    cut = {"type": "bold", "offset": 1, "length": 2}
+    async with running(config(api, tmp_path)):
+        shown = await answered(api, f"{EMOJI} @chatlane_bot hi", entities=[cut])
+        assert shown == f"echo: {EMOJI} hi"
+        say(api, f"{EMOJI} Bot, hi", entities=[{**cut, "type": "text_mention", "user": bot}])
+        past = {"type": "text_mention", "offset": 0, "length": 99, "user": bot}
+        say(api, "Bot, hi", entities=[past])
+        assert await answered(api, "@chatlane_bot after") == "echo: after"  # in order
+        assert len(api.sent(GROUP)) == 2
+
+
+async def test_a_hostile_message_not_for_the_bot_is_still_kept_as_context(
+    api: BotApi, tmp_path: Path
+) -> None:
+    async with running(keeping(api, tmp_path)):
+        cut = {"type": "italic", "offset": 1, "length": 3}
+        say(api, f"{EMOJI} the build is red \ud800", thread_id=TOPIC, entities=[cut])
+        shown = await answered(api, "@chatlane_bot context", thread_id=TOPIC)
+        assert f"User 42 (42): {EMOJI} the build is red \ufffd" in shown

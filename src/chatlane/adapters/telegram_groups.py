@@ -11,6 +11,10 @@ What stays true:
   bot never reaches this module).
 * The bot's mentions are cut out of the text by their entities' UTF-16
   offsets, never by searching the text, so a lookalike name stays.
+* Entities are read against the cleaned text (lone surrogates already U+FFFD,
+  one UTF-16 unit each, so offsets still fit). An entity that falls outside
+  the text or cuts a character in two names nothing: the message is read as
+  if that entity were not there.
 * A file's caption is its message's text, mentions and all; a message with a
   file is for the bot even when nothing is left of its caption.
 * A group's message that is not for the bot is kept as context
@@ -47,7 +51,7 @@ def addressed_text(
     if not for the bot; with ``files`` (the message has some), an empty text is kept."""
     if message.chat.type == _PRIVATE:
         return text
-    mentions = _mentions_of(message, bot)
+    mentions = _mentions_of(message, text, bot)
     stripped = _without(text, mentions).strip() if mentions else text
     return stripped if _answers(message, text, bot, policy) and (stripped or files) else None
 
@@ -64,23 +68,38 @@ def overheard(message: Message, text: str, bot: BotIdentity, policy: GroupPolicy
 def _answers(message: Message, text: str, bot: BotIdentity, policy: GroupPolicy) -> bool:
     """Whether the group's ``message`` is for the bot, by the policy (nothing cut out yet)."""
     mentioned = (
-        bool(_mentions_of(message, bot))
+        bool(_mentions_of(message, text, bot))
         or _replies_to(message, bot)
         or parse_command(text) is not None
     )
     return policy.answers(str(message.chat.id), message.chat.type, text, mentioned=mentioned)
 
 
-def _mentions_of(message: Message, bot: BotIdentity) -> list[MessageEntity]:
-    """The entities of ``message`` (of its caption, if it has no text) that name the bot."""
-    shown = (
-        message.parse_entities() if message.text is not None else message.parse_caption_entities()
-    )
-    return [entity for entity, said in shown.items() if _names_bot(entity, said, bot)]
+def _mentions_of(message: Message, text: str, bot: BotIdentity) -> list[MessageEntity]:
+    """The entities of ``message`` (of its caption, if it has no text) that name the bot in
+    ``text``, the text or caption they were sent with."""
+    entities = message.entities if message.text is not None else message.caption_entities
+    units = text.encode("utf-16-le", "surrogatepass")
+    return [entity for entity in entities if _names_bot(entity, _shown(units, entity), bot)]
 
 
-def _names_bot(entity: MessageEntity, shown: str, bot: BotIdentity) -> bool:
-    """Whether ``entity`` (showing ``shown``) is an ``@username`` or text mention of the bot."""
+def _shown(units: bytes, entity: MessageEntity) -> str | None:
+    """The characters ``entity`` spans in ``units`` (UTF-16-LE); None when it reaches
+    outside them or cuts a character in two."""
+    start, end = entity.offset * 2, (entity.offset + entity.length) * 2
+    if not 0 <= start < end <= len(units):
+        return None
+    try:
+        return units[start:end].decode("utf-16-le")
+    except UnicodeDecodeError:
+        return None
+
+
+def _names_bot(entity: MessageEntity, shown: str | None, bot: BotIdentity) -> bool:
+    """Whether ``entity`` (showing ``shown``; None for no whole characters) is an
+    ``@username`` or text mention of the bot."""
+    if shown is None:
+        return False
     if entity.type == MessageEntity.MENTION:
         return shown.casefold() == f"@{bot.username}".casefold()
     return (
