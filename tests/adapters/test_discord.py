@@ -19,9 +19,10 @@ import pytest
 
 from chatlane.adapters.discord import REFUSAL_INTERVAL, DiscordAdapter
 from chatlane.adapters.discord_wire import MESSAGE_LIMIT
+from chatlane.adapters.splitting import EMPTY_REPLY
 from chatlane.adapters.waits import SEND_ROOM
 from chatlane.approvals import HOW_TO_ANSWER, UNBREAKABLE_BACKTICK, markdown_prompt
-from chatlane.config import Config, DiscordConfig, Secret, StoreConfig
+from chatlane.config import AgentConfig, Config, DiscordConfig, Secret, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import (
@@ -36,6 +37,7 @@ from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, SessionKey, Target
+from tests.adapters.blank_agent import AGENT as BLANK_AGENT
 from tests.adapters.discordapi import (
     BOT_ID,
     BOT_USER,
@@ -607,6 +609,21 @@ async def test_a_reply_is_cut_in_the_same_places_labelled_or_not(bot: Running) -
     assert again.parts[0].startswith(RESENT_LABEL)
     assert [part.removeprefix(RESENT_LABEL) for part in again.parts] == first.parts
     assert all(len(part) <= MESSAGE_LIMIT for part in again.parts)
+
+
+async def test_a_reply_with_nothing_visible_is_sent_as_a_placeholder(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    """Discord posts no blank message: the user still sees the turn ended."""
+    config = discord_config(api, tmp_path)
+    blank = msgspec.structs.replace(config, agent=AgentConfig(name=BLANK_AGENT))
+    dm = api.dm_channel(ALICE)
+    async with running(blank) as r:
+        await api.say(dm, ALICE, "spaces")
+        await eventually(r.hub.gateway.delivery, lambda: delivered(r.hub, 1))
+        await api.say(dm, ALICE, "zero-width")
+        await eventually(r.hub.gateway.delivery, lambda: delivered(r.hub, 2))
+    assert api.texts(dm) == [EMPTY_REPLY, EMPTY_REPLY]
 
 
 # -- the delivery ledger -------------------------------------------------------------

@@ -26,9 +26,10 @@ from chatlane.adapters.slack import REFUSAL_INTERVAL, SlackAdapter
 from chatlane.adapters.slack_delivery import classify
 from chatlane.adapters.slack_format import MESSAGE_LIMIT, to_mrkdwn
 from chatlane.adapters.slack_wire import message_id
+from chatlane.adapters.splitting import EMPTY_REPLY
 from chatlane.adapters.waits import SEND_ROOM
 from chatlane.approvals import HOW_TO_ANSWER, UNBREAKABLE_BACKTICK, markdown_prompt
-from chatlane.config import Config, Secret, SlackConfig, StoreConfig
+from chatlane.config import AgentConfig, Config, Secret, SlackConfig, StoreConfig
 from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import (
@@ -44,6 +45,7 @@ from chatlane.hub import Hub, build_app, open_hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, SessionKey, Target
+from tests.adapters.blank_agent import AGENT as BLANK_AGENT
 from tests.adapters.slackapi import BOT_ID, BOT_USER, Message, SlackApi, SlackRequests
 from tests.adapters.test_api import eventually as eventually_true
 from tests.clock import Clock
@@ -553,6 +555,20 @@ async def test_a_long_reply_is_split_into_messages(api: SlackApi, gateway: Serve
     assert all(len(part.text) <= MESSAGE_LIMIT for part in parts)
     assert all(part.text.endswith("\n") for part in parts[:-1])
     assert "".join(part.text for part in parts) == f"echo: {text}".rstrip("\n")
+
+
+async def test_a_reply_with_nothing_visible_is_sent_as_a_placeholder(
+    api: SlackApi, tmp_path: Path
+) -> None:
+    """Slack posts no blank message: the user still sees the turn ended."""
+    config = slack_config(api, tmp_path)
+    blank = msgspec.structs.replace(config, agent=AgentConfig(name=BLANK_AGENT))
+    async with served(blank) as s:
+        await s.slack.message(ALICE_DM, ALICE, "spaces")
+        await eventually(s.hub.gateway.delivery, lambda: delivered(s.hub, 1))
+        await s.slack.message(ALICE_DM, ALICE, "zero-width")
+        await eventually(s.hub.gateway.delivery, lambda: delivered(s.hub, 2))
+    assert api.texts(ALICE_DM) == [EMPTY_REPLY, EMPTY_REPLY]
 
 
 async def test_a_rate_limit_between_parts_is_waited_out_in_place(

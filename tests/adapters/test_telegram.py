@@ -18,6 +18,7 @@ from telegram import Update
 from telegram.request import HTTPXRequest
 
 from chatlane.adapters import telegram as telegram_adapter
+from chatlane.adapters.splitting import EMPTY_REPLY
 from chatlane.adapters.telegram import (
     APPROVE_DATA,
     DENY_DATA,
@@ -34,7 +35,7 @@ from chatlane.adapters.telegram import (
 )
 from chatlane.adapters.telegram_groups import BotIdentity
 from chatlane.adapters.waits import SEND_ROOM
-from chatlane.config import Config, Secret, TelegramConfig
+from chatlane.config import AgentConfig, Config, Secret, TelegramConfig
 from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
 from chatlane.errors import ConfigError, StoreError, TransientDelivery
@@ -44,6 +45,7 @@ from chatlane.hub import Hub, open_hub, shutdown
 from chatlane.identity import ChatType
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import InboundMessage, Outbound, OutboundKind, Target
+from tests.adapters.blank_agent import AGENT as BLANK_AGENT
 from tests.adapters.botapi import ANONYMOUS_ADMIN, BOT_ID, CHANNEL_BOT, BotApi
 from tests.clock import Clock
 from tests.delivery.waits import dead, delivered, eventually
@@ -351,6 +353,19 @@ async def test_no_attempt_is_spent_while_the_api_is_down(api: BotApi, tmp_path: 
     assert reply.text == "echo: first"  # nothing reached Telegram before: no label
     assert done.attempts == 0
     assert api.calls.count("sendMessage") == 4
+
+
+async def test_a_reply_with_nothing_visible_is_sent_as_a_placeholder(
+    api: BotApi, tmp_path: Path
+) -> None:
+    """Telegram shows no blank message: the user still sees the turn ended."""
+    blank = telegram_config(api, tmp_path, agent=AgentConfig(name=BLANK_AGENT))
+    async with running(blank) as (hub, _):
+        api.push_text(ALICE, ALICE, "spaces")
+        await eventually(hub.gateway.delivery, lambda: delivered(hub, 1))
+        api.push_text(ALICE, ALICE, "zero-width")
+        await eventually(hub.gateway.delivery, lambda: delivered(hub, 2))
+    assert [sent.text for sent in api.sent(ALICE)] == [EMPTY_REPLY, EMPTY_REPLY]
 
 
 async def test_a_reply_to_a_chat_that_is_gone_is_dead_lettered(api: BotApi, tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ from chatlane.adapters.discord_wire import (
 from chatlane.adapters.drafts import EDIT_INTERVAL, Draft, Drafts
 from chatlane.adapters.lanes import Lanes
 from chatlane.adapters.recent import Recent
+from chatlane.adapters.splitting import blank, never_blank
 from chatlane.adapters.typing import TypingIndicators
 from chatlane.adapters.waits import WaitBudget
 from chatlane.approvals import markdown_text
@@ -321,8 +322,8 @@ class DiscordAdapter:
         """
         draft = self._drafts.of(outbound)
         shown = None if draft is None else await draft.finish()
-        text = clean_text(markdown_text(outbound, discord.utils.escape_markdown))
-        parts = [part for part in split_message(text, LABELLED_LIMIT) if part.strip()]
+        text = never_blank(clean_text(markdown_text(outbound, discord.utils.escape_markdown)))
+        parts = [part for part in split_message(text, LABELLED_LIMIT) if not blank(part)]
         if uncertain:
             parts = label_resent(parts, 0 if shown is None else 1)
         view = None

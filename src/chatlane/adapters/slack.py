@@ -75,6 +75,7 @@ from chatlane.adapters.slack_wire import (
     check_secrets,
     read_posted,
 )
+from chatlane.adapters.splitting import blank, never_blank
 from chatlane.adapters.waits import WaitBudget
 from chatlane.approvals import markdown_text
 from chatlane.attachments import oversized, too_large_notice
@@ -283,8 +284,9 @@ class SlackAdapter:
         """
         draft = self._drafts.of(outbound)
         draft_ts = None if draft is None else await draft.finish()
-        text = to_mrkdwn(clean_text(markdown_text(outbound)))  # escapes links and mentions
-        parts = [part for part in split_message(text, LABELLED_LIMIT) if part.strip()]
+        mrkdwn = to_mrkdwn(clean_text(markdown_text(outbound)))  # escapes links and mentions
+        text = never_blank(mrkdwn)
+        parts = [part for part in split_message(text, LABELLED_LIMIT) if not blank(part)]
         if uncertain:
             parts = label_resent(parts, 0 if draft_ts is None else 1)
         blocks = None

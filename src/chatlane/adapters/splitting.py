@@ -1,7 +1,8 @@
 """Long texts split into messages a platform takes: at a line or word, code blocks kept whole.
 
 Shared by the chat adapters that send Markdown-like text (Slack's mrkdwn,
-Discord's Markdown). What stays true:
+Discord's Markdown); Telegram, which splits plain text its own way, shares the
+character checks and the blank-text rule. What stays true:
 
 * Joined, the parts are the text, but for the fences added where a part ends
   inside a code block: that part gets a closing fence, and the next one an
@@ -11,6 +12,9 @@ Discord's Markdown). What stays true:
 * A cut never splits a character sequence (an emoji with joiners or skin
   tones, a flag, a letter with its combining marks), nor anything the caller's
   ``unbroken`` check protects (Slack's escapes and links).
+* A text with nothing visible in it (:func:`blank`), which no chat platform
+  posts, is sent as :data:`EMPTY_REPLY` (:func:`never_blank`), so every outbound
+  message shows its chat something; a part with nothing visible is not sent.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 
-__all__ = ["FENCE", "joined", "split_text", "utf16_len"]
+__all__ = ["EMPTY_REPLY", "FENCE", "blank", "joined", "never_blank", "split_text", "utf16_len"]
 
 FENCE = "```"
+EMPTY_REPLY = "(empty reply)"
+"""What a chat gets for a text with nothing visible in it (a reply of only spaces): the
+user still sees that the turn ended."""
+_INVISIBLE = frozenset({"Cc", "Cf"})
+"""Unicode categories drawn as nothing: control and format characters (U+200B …)."""
 _JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
 
 Measure = Callable[[str], int]
@@ -31,6 +40,17 @@ Unbroken = Callable[[str, int], bool]
 def utf16_len(text: str) -> int:
     """The length of ``text`` in UTF-16 code units (a character outside the BMP counts two)."""
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def blank(text: str) -> bool:
+    """Whether nothing in ``text`` is visible: it holds only whitespace, control and format
+    characters (a zero-width space …), or nothing at all."""
+    return all(char.isspace() or unicodedata.category(char) in _INVISIBLE for char in text)
+
+
+def never_blank(text: str) -> str:
+    """``text``, or :data:`EMPTY_REPLY` if nothing in it is visible (:func:`blank`)."""
+    return EMPTY_REPLY if blank(text) else text
 
 
 def split_text(

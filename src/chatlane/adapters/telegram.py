@@ -90,7 +90,7 @@ from telegram.ext import (
 from telegram.request import HTTPXRequest
 
 from chatlane.adapters.aside import Aside
-from chatlane.adapters.splitting import joined
+from chatlane.adapters.splitting import blank, joined, never_blank
 from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
 from chatlane.adapters.telegram_groups import BotIdentity, addressed_text, overheard
@@ -319,7 +319,7 @@ class TelegramAdapter:
         """Send ``outbound``'s parts in order outside the ledger, flood control waited out;
         a failure is logged."""
         target = outbound.target
-        parts = [part for part in split_message(clean_text(outbound.text)) if part.strip()]
+        parts = [part for part in split_message(_text_of(outbound)) if not blank(part)]
         try:
             await send_parts(
                 bot, target, parts, _buttons(outbound), WaitBudget(FLOOD_WAIT_CAP), wait_first=True
@@ -345,10 +345,10 @@ class TelegramAdapter:
             raise PlatformUnavailable("telegram is not running")
         if target.chat_id is None:
             raise PermanentDelivery("telegram: the delivery names no chat")
-        text = clean_text(outbound.text)
+        text = _text_of(outbound)
         if attempt.uncertain:
             text = RESENT_LABEL + text
-        parts = [part for part in split_message(text) if part.strip()]
+        parts = [part for part in split_message(text) if not blank(part)]
         budget = WaitBudget(FLOOD_WAIT_CAP, attempt.deadline)
         await send_parts(app.bot, target, parts, _buttons(outbound), budget)
 
@@ -699,6 +699,12 @@ def _splits(text: str, cut: int) -> bool:
 
 def _is_flag_half(char: str) -> bool:
     return 0x1F1E6 <= ord(char) <= 0x1F1FF
+
+
+def _text_of(outbound: Outbound) -> str:
+    """``outbound``'s text as sent: lone surrogates as U+FFFD, a blank one as
+    :data:`~chatlane.adapters.splitting.EMPTY_REPLY`."""
+    return never_blank(clean_text(outbound.text))
 
 
 def _buttons(outbound: Outbound) -> InlineKeyboardMarkup | None:
