@@ -17,6 +17,9 @@ the events missed since the sequence it names and RESUMED, dispatches
   bot may post in, some content or components, at most 2,000 characters) and
   records it; a nonce with ``enforce_nonce`` seen before returns the message
   it made instead of a new one; an edit replaces a recorded message's text.
+* A message a person writes (:meth:`DiscordApi.say`) lists in ``mentions``
+  the users its text mentions as Discord finds them (:func:`mentioned`): not
+  one quoted in code or escaped with a backslash.
 * :meth:`DiscordApi.fail_next` makes the next call of a route fail with an
   HTTP status and Discord's error body; a 429 carries ``retry_after`` in its
   body and ``Retry-After`` and ``Via`` headers, as Discord's do.
@@ -86,6 +89,16 @@ def user(user_id: int, name: str = "", *, bot: bool = False) -> Json:
 
 
 BOT_USER = user(BOT_ID, "chatlane", bot=True)
+_CODE = re.compile(r"```.*?```|``.+?``|`[^`]+`", re.DOTALL)
+_MENTION = re.compile(r"(?<!\\)<@!?([0-9]+)>")
+"""A user's mention not escaped (an escaped backslash before it is beyond the stand-in)."""
+
+
+def mentioned(content: str) -> list[Json]:
+    """The users ``content`` mentions, as a message's ``mentions`` lists them: once each,
+    none in a code block or span, none escaped with a backslash."""
+    ids = dict.fromkeys(_MENTION.findall(_CODE.sub("", content)))
+    return [BOT_USER if int(found) == BOT_ID else user(int(found)) for found in ids]
 
 
 def message(
@@ -303,7 +316,8 @@ class DiscordApi:
     async def say(
         self, channel: int, author_id: int, content: str, *, bot: bool = False, **fields: Any
     ) -> int:
-        """``author_id`` writes ``content`` in ``channel``: a MESSAGE_CREATE; its id."""
+        """``author_id`` writes ``content`` in ``channel``: a MESSAGE_CREATE (its ``mentions``
+        found in ``content`` unless ``fields`` name them); its id."""
         message_id = self.new_id()
         guild = self.channels[channel].get("guild_id")
         payload = message(
@@ -312,7 +326,7 @@ class DiscordApi:
             user(author_id, bot=bot),
             content,
             None if guild is None else int(guild),
-            **fields,
+            **({"mentions": mentioned(content)} | fields),
         )
         await self.dispatch("MESSAGE_CREATE", payload)
         return message_id

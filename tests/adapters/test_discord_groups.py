@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.adapters.discordapi import GENERAL, RANDOM, THREAD, DiscordApi
+from chatlane.adapters.discord_wire import strip_mentions
+from tests.adapters.discordapi import BOT_ID, BOT_USER, GENERAL, RANDOM, THREAD, DiscordApi
 from tests.adapters.test_discord import ALICE, BOB, MENTION, discord_config, running
 
 
@@ -27,6 +28,47 @@ async def test_a_pattern_counts_as_a_mention(api: DiscordApi, tmp_path: Path) ->
         await api.wait_for_messages(GENERAL)
         await bot.idle()
     assert api.texts(GENERAL) == ["echo: Hey CHATTY, hi"]
+
+
+async def test_a_mention_quoted_in_code_or_escaped_is_no_mention(
+    api: DiscordApi, tmp_path: Path
+) -> None:
+    """Discord pings nobody for these and lists no one in ``mentions``: neither does chatlane
+    count them; a mention is what Discord lists, with or without one in the text."""
+    async with running(discord_config(api, tmp_path)) as bot:
+        await api.say(GENERAL, ALICE, f"type `{MENTION}` to ping the bot")
+        await api.say(GENERAL, ALICE, f"```\n{MENTION}\n```")
+        await api.say(GENERAL, ALICE, f"\\{MENTION} is how it is written")
+        await api.say(GENERAL, ALICE, "listed only", mentions=[BOT_USER])  # a reply's ping
+        await api.wait_for_messages(GENERAL)
+        await bot.idle()
+    assert api.texts(GENERAL) == ["echo: listed only"]
+
+
+async def test_only_a_mention_discord_shows_is_taken_out(api: DiscordApi, tmp_path: Path) -> None:
+    async with running(discord_config(api, tmp_path)) as bot:
+        await api.say(GENERAL, ALICE, f"{MENTION} type `{MENTION}` or \\{MENTION} to ping")
+        dm = api.dm_channel(ALICE)
+        await api.say(dm, ALICE, f"```\n{MENTION}\n```")
+        await api.wait_for_messages(GENERAL)
+        await api.wait_for_messages(dm)
+        await bot.idle()
+    assert api.texts(GENERAL) == [f"echo: type `{MENTION}` or \\{MENTION} to ping"]
+    assert api.texts(dm) == [f"echo: ```\n{MENTION}\n```"]
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        (f"<@!{BOT_ID}> nickname form", "nickname form"),
+        (f"``a `{MENTION}` b`` {MENTION}hi", f"``a `{MENTION}` b`` hi"),
+        (f"` unclosed {MENTION} hi", "` unclosed hi"),
+        (f"\\`{MENTION}\\` escaped ticks", "\\`\\` escaped ticks"),
+        (f"<@{BOB}> someone else", f"<@{BOB}> someone else"),
+    ],
+)
+def test_a_mention_is_taken_out_only_where_discord_shows_one(text: str, read: str) -> None:
+    assert strip_mentions(text, BOT_ID) == read
 
 
 async def test_a_channel_and_threads_can_go_without_mentions(

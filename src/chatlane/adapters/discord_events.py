@@ -95,7 +95,9 @@ async def read_message(
         return None
     if (author.bot or message.webhook_id is not None) and not allow_bots:
         return None
-    text, mentioned = strip_mentions(clean_text(message.content), bot_id)
+    mentioned = any(user.id == bot_id for user in message.mentions)
+    content = clean_text(message.content)
+    text = strip_mentions(content, bot_id) if mentioned else content.strip()
     files = files_of(message)
     if not text and not files:
         return None
@@ -106,7 +108,7 @@ async def read_message(
         message=message.id,
         user=author.id,
         text=text,
-        mentions_bot=mentioned or any(user.id == bot_id for user in message.mentions),
+        mentions_bot=mentioned,
         replies_to_bot=_replies_to(message, bot_id),
         guild_id=guild_id,
         chat_name=clean_text(getattr(message.channel, "name", None) or ""),

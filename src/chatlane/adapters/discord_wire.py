@@ -16,6 +16,10 @@ What stays true:
   (:func:`message_id`), so the author of every turn can be read back from its
   messages' ids (:func:`author_of`) and an approval prompt's buttons name who
   may press them.
+* Whether a message mentions the bot is Discord's word (its ``mentions``),
+  never a search of the text; :func:`strip_mentions` takes out only the
+  mentions Discord shows as one — not one quoted in code or escaped with a
+  backslash, which stays as written.
 * A button's ``custom_id`` names the answer, the request and the asker
   (:func:`button_id`); :func:`read_button` gives the command a press sends, or
   None for anything it did not make — a forged, malformed or foreign id
@@ -62,6 +66,9 @@ DENY = "chatlane:deny"
 _ANSWERS = {APPROVE: "/approve", DENY: "/deny"}
 """A button's ``custom_id`` prefix → the command a press sends."""
 _SNOWFLAKE = re.compile(r"[0-9]{1,20}")
+_MARKUP = re.compile(r"\\.|```.*?```|``.+?``|`[^`]+`|<@!?(?P<user>[0-9]+)> ?", re.DOTALL)
+"""What a mention is read among, from the left: an escaped character, a code block, a
+code span (none of which holds a mention), or a user's mention with one space after it."""
 
 
 def check_token(token: str) -> None:
@@ -119,12 +126,17 @@ def _author(message: str) -> str | None:
     return parts[1]
 
 
-def strip_mentions(text: str, bot_id: int) -> tuple[str, bool]:
+def strip_mentions(text: str, bot_id: int) -> str:
     """``text`` without the bot's mentions (``<@id>``, ``<@!id>``), each with one space after
-    it (so ``ask <@id> about it`` reads ``ask about it``), trimmed; and whether there was one."""
-    mention = re.compile(rf"<@!?{bot_id}> ?")
-    stripped, count = mention.subn("", text)
-    return stripped.strip(), count > 0
+    it (so ``ask <@id> about it`` reads ``ask about it``), trimmed; one in a code block or
+    span, or escaped (``\\<@id>``), is no mention and stays."""
+    kept, end = [], 0
+    for found in _MARKUP.finditer(text):
+        if found["user"] == str(bot_id):
+            kept.append(text[end : found.start()])
+            end = found.end()
+    kept.append(text[end:])
+    return "".join(kept).strip()
 
 
 def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
