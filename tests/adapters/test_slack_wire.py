@@ -230,7 +230,15 @@ def test_a_split_prefers_newlines_then_spaces() -> None:
 
 
 @pytest.mark.parametrize(
-    "token", ["&amp;", "<https://e.com/x|a link with spaces>", "👨\u200d👩\u200d👧", "e\u0301"]
+    "token",
+    [
+        "&amp;",
+        "<https://e.com/x|a link with spaces>",
+        "👨\u200d👩\u200d👧",
+        "e\u0301",
+        "\u0915\u093f",  # a spacing mark: Devanagari's vowel sign i
+        "\u1100\u1161\u11a8",  # a Hangul syllable of conjoining jamo
+    ],
 )
 def test_a_split_never_cuts_an_escape_a_link_or_a_character(token: str) -> None:
     for lead in range(6):

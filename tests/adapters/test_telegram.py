@@ -825,6 +825,24 @@ def test_split_never_separates_a_flag(lead: str) -> None:
         assert flags == flag * (len(flags) // 2), "a part starts or ends inside a flag"
 
 
+@pytest.mark.parametrize(
+    "sequence",
+    ["e\u0301", "\u0915\u093f", "\u1100\u1161\u11a8", " \u0301"],
+    ids=["combining-mark", "spacing-mark", "hangul-jamo", "space-and-mark"],
+)
+def test_split_never_separates_a_mark_or_a_jamo_from_what_it_belongs_to(sequence: str) -> None:
+    """Not even after a space: a mark after one belongs to it."""
+    for lead in range(len(sequence)):
+        text = "x" * lead + sequence * (2 * MESSAGE_LIMIT // len(sequence))
+        parts = split_message(text)
+        assert "".join(parts) == text
+        assert all(utf16_len(part) <= MESSAGE_LIMIT for part in parts)
+        cut = 0
+        for part in parts[:-1]:
+            cut += len(part)
+            assert (cut - lead) % len(sequence) == 0, f"cut inside {sequence!r} at {cut}"
+
+
 def test_split_prefers_newlines_then_spaces() -> None:
     text = "a" * 3000 + " " + "b" * 500 + "\n" + "c" * 1000
     assert split_message(text) == ["a" * 3000 + " " + "b" * 500 + "\n", "c" * 1000]

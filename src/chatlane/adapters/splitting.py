@@ -10,8 +10,9 @@ character checks and the blank-text rule. What stays true:
 * A part is at most ``limit`` long, as ``measure`` counts (characters, or
   UTF-16 code units for a platform that counts those).
 * A cut never splits a character sequence (an emoji with joiners or skin
-  tones, a flag, a letter with its combining marks), nor anything the caller's
-  ``unbroken`` check protects (Slack's escapes and links).
+  tones, a flag, a letter with its marks, a Hangul syllable of conjoining
+  jamo), nor anything the caller's ``unbroken`` check protects (Slack's
+  escapes and links).
 * A text with nothing visible in it (:func:`blank`), which no chat platform
   posts, is sent as :data:`EMPTY_REPLY` (:func:`never_blank`), so every outbound
   message shows its chat something; a part with nothing visible is not sent.
@@ -31,6 +32,13 @@ user still sees that the turn ended."""
 _INVISIBLE = frozenset({"Cc", "Cf"})
 """Unicode categories drawn as nothing: control and format characters (U+200B …)."""
 _JOINERS = frozenset("\u200d\ufe0e\ufe0f\u20e3")
+_MARKS = frozenset({"Mn", "Mc", "Me"})
+"""Unicode categories of marks, which belong to the character before them (spacing ones,
+such as Devanagari's vowel signs, too)."""
+_LEADING_JAMO = ((0x1100, 0x115F), (0xA960, 0xA97F))
+_FOLLOWING_JAMO = ((0x1160, 0x11FF), (0xD7B0, 0xD7FF))
+"""Hangul jamo: a syllable is leading consonants, then vowels and trailing consonants."""
+_SYLLABLES = (0xAC00, 0xD7A3)
 
 Measure = Callable[[str], int]
 Unbroken = Callable[[str, int], bool]
@@ -111,9 +119,24 @@ def _cut_point(text: str, end: int, unbroken: Unbroken | None) -> int:
 
 def joined(before: str, after: str) -> bool:
     """Whether a cut between ``before`` and ``after`` would split one visible character."""
-    if before == "\u200d" or after in _JOINERS or unicodedata.combining(after):
+    if before == "\u200d" or after in _JOINERS or unicodedata.category(after) in _MARKS:
         return True
     code = ord(after)
     if 0x1F1E6 <= ord(before) <= 0x1F1FF and 0x1F1E6 <= code <= 0x1F1FF:
         return True  # a flag is two regional indicators (a cut may still fall between two flags)
+    if _jamo_joined(ord(before), code):
+        return True
     return 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F or 0xFE00 <= code <= 0xFE0F
+
+
+def _jamo_joined(before: int, after: int) -> bool:
+    """Whether ``after`` continues a Hangul syllable of conjoining jamo: a vowel or trailing
+    consonant, or anything of a syllable after a leading consonant."""
+    if _within(after, _FOLLOWING_JAMO):
+        return True
+    starts = _within(after, _LEADING_JAMO) or _SYLLABLES[0] <= after <= _SYLLABLES[1]
+    return starts and _within(before, _LEADING_JAMO)
+
+
+def _within(code: int, ranges: tuple[tuple[int, int], ...]) -> bool:
+    return any(low <= code <= high for low, high in ranges)

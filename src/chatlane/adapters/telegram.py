@@ -651,8 +651,9 @@ def button_asker(data: str) -> str | None:
 def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
     """``text`` in parts of at most ``limit`` UTF-16 units; joined, they equal ``text``.
 
-    A part ends after the last newline (else space) in its second half; failing
-    that, it is cut where no character sequence (emoji, combining mark) is split.
+    A part ends after the last newline (else space) in its second half where no
+    character sequence (emoji, mark, Hangul syllable) is split; failing that, at
+    the last point of its second half where none is (at the limit if none).
     """
     parts = []
     while utf16_len(text) > limit:
@@ -677,6 +678,8 @@ def _cut_point(text: str, limit: int) -> int:
     end = _fit(text, limit)
     for separator in ("\n", " "):
         at = text.rfind(separator, end // 2, end)
+        while at >= 0 and _splits(text, at + 1):
+            at = text.rfind(separator, end // 2, at)
         if at >= 0:
             return at + 1
     end = max(end, 1)
