@@ -61,6 +61,26 @@ async def test_a_side_answer_comes_while_the_turn_runs_and_leaves_it_alone() -> 
     assert not texts(h, "c", OutboundKind.APPROVAL)  # denied at once, never asked
 
 
+async def test_a_side_answer_neither_uses_nor_uses_up_a_once_model() -> None:
+    """A ``/model --once`` is for the next turn: a side answer runs with the conversation's
+    own model, and the turn after it still gets the one-turn model."""
+
+    async def says_its_model(turn: Turn) -> str:
+        model = turn.overrides.model
+        return f"{turn.text}: {model.name if model else '-'}"
+
+    async with GatewayHarness(says_its_model) as h:
+        for text in ("/model sticky", "/model --once special", "/btw which?"):
+            await h.send(text, chat_id="c")
+        await h.wait_for(
+            lambda _: f"{SIDE_MARK}which?: sticky" in texts(h, "c", OutboundKind.REPLY)
+        )
+        for text in ("next", "after"):
+            await h.send(text, chat_id="c")
+            await h.settle()
+    assert texts(h, "c", OutboundKind.REPLY)[-2:] == ["next: special", "after: sticky"]
+
+
 async def test_side_answers_have_their_own_budget() -> None:
     agent = Beside()
     async with GatewayHarness(agent, side_answers=1) as h:

@@ -116,6 +116,45 @@ async def test_a_message_steered_into_a_turn_waiting_here_and_drawn_elsewhere_ne
     assert ends(other) == {first.message_id: answered, second.message_id: answered}
 
 
+class SaysItsModel(HoldsForSteers):
+    """As :class:`HoldsForSteers`, recording the model each turn ran with (``-``: none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.models: list[tuple[str, str]] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        model = turn.overrides.model
+        self.models.append((turn.text, model.name if model else "-"))
+        return await super().__call__(turn)
+
+
+async def test_a_once_model_is_not_used_up_by_a_message_drawn_into_another_process_turn(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """The message's turn here took the lease only to find it answered there: no agent ran
+    here, so the ``/model --once`` sent before it is for the next turn that runs one."""
+    runner_agent, other_agent = SaysItsModel(), SaysItsModel()
+    async with two_processes(two_stores, (runner_agent, other_agent), "steer") as (
+        runner,
+        other,
+    ):
+        await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        await other.send("/model --once special", chat_id="c")
+        await other.send("drawn in", chat_id="c")  # its turn waits for the lease
+        await runner.gateway.engine.upkeep.check_fences()  # draws it in
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=1) == ["long + drawn in"]
+        await other.settle()
+        await other.gateway.engine.upkeep.settle_watched()
+        for text in ("next", "after"):
+            await other.send(text, chat_id="c")
+            await other.settle()
+    assert runner_agent.models == [("long", "-")]
+    assert other_agent.models == [("next", "special"), ("after", "-")]
+
+
 async def test_collected_messages_of_another_process_become_one_turn_after_the_running_one(
     two_stores: tuple[Store, Store],
 ) -> None:

@@ -378,6 +378,25 @@ async def test_a_once_model_is_not_used_up_by_a_message_refused_for_running_else
         assert (await other.replies(chat_id="c", count=4))[2:] == ["model=gpt-once", "model=-"]
 
 
+async def test_a_once_model_is_not_used_up_by_a_retry_answered_from_the_store() -> None:
+    """A retry whose answer the store holds is replayed, its agent never called: the
+    ``/model --once`` sent before it is for the next turn that does run."""
+    store = MemoryStore()
+    async with GatewayHarness(ModelSpy(), store=store) as h:
+        source = SessionSource("test", chat_id="c", user_id="u1")
+        retry = InboundMessage(source, "hi", id="r-1", idempotent=True)
+        key = h.gateway.session_key(retry)
+        await store.commit(key, None, WriteBatch(answered=[retry.id], answer="answered before"))
+        await h.send("/model gpt-once --once", chat_id="c")
+        await h.gateway.dispatch(retry)
+        replies = await h.replies(chat_id="c", count=2)
+        assert replies == ["Next turn only: gpt-once", "answered before"]
+        for count, text in enumerate(("once", "after"), start=3):
+            await h.send(text, chat_id="c")
+            await h.replies(chat_id="c", count=count)
+        assert (await h.replies(chat_id="c", count=4))[2:] == ["model=gpt-once", "model=-"]
+
+
 async def test_a_confirmation_lapses_once_another_process_ran_a_turn() -> None:
     """/new asked here, the person's next messages answered through another process: a
     later plain yes reaching this process is a message like any other, not the confirmation

@@ -5,7 +5,9 @@ What stays true:
 * A side answer never touches the session's turn: it takes no lease, writes
   nothing to the transcript or the session's state, and is never queued
   behind the running turn nor steered into it. Its agent sees a turn that
-  is not current, so any approval it asks for is denied at once.
+  is not current, so any approval it asks for is denied at once. It runs
+  with the conversation's own model: a ``/model --once`` waiting for the
+  next turn is neither used nor used up.
 * At most ``side_answers`` run at once in a process; one more is refused
   with a notice, never queued.
 * Its reply, or a failure notice, goes to the chat it came from, in reply
@@ -28,8 +30,9 @@ from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.output import failure_text
+from chatlane.runtime.persisted import without_once
 from chatlane.runtime.settings import RuntimeSettings
-from chatlane.runtime.turn import Turn, TurnOverrides
+from chatlane.runtime.turn import Turn
 from chatlane.state import SessionState
 from chatlane.types import Agent, InboundMessage, OutboundKind
 
@@ -66,7 +69,7 @@ class SideAnswers:
         if len(self._running) >= limit:
             raise TooManyAsides(f"{limit} side questions are being answered; ask again shortly")
         asked = msgspec.structs.replace(message, text=question)
-        turn = Turn.of(state, (asked,), (), TurnOverrides.of(state))
+        turn = Turn.of(state, (asked,), (), without_once(state), claims_once=False)
         context = bound_context(message.source, state.key)
         task = asyncio.get_running_loop().create_task(self._answer(turn), context=context)
         self._running.add(task)

@@ -84,6 +84,7 @@ from chatlane.runtime.persisted import (
     nothing_to_save,
     refresh_persistent,
     stored_fields,
+    without_once,
 )
 from chatlane.runtime.recovery import adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopIncomplete, StopResult
@@ -477,11 +478,9 @@ class TurnEngine:
         only (a cron job's prompt, a background completion) runs with the conversation's
         own model and leaves the one-turn choice to the turn after it.
         """
-        overrides = TurnOverrides.of(state)
-        once = state.conversation.one_turn_restore
-        internal = once is not None and all(message.internal for message in messages)
-        if internal:
-            overrides = msgspec.structs.replace(overrides, model=once["model_override"])
+        once = state.conversation.one_turn_restore is not None
+        internal = once and all(message.internal for message in messages)
+        overrides = without_once(state) if internal else TurnOverrides.of(state)
         turn = Turn.of(
             state,
             messages,

@@ -105,6 +105,7 @@ class TurnOutput:
 
         :raises TypeError: if the agent returns something other than text or chunks of text.
         """
+        turn.mark_agent_called()  # from here a /model --once the turn runs with is used up
         result: object = agent(turn)
         if type(result) is CoroutineType or inspect.isawaitable(result):
             result = await result

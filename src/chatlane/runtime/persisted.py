@@ -6,8 +6,11 @@ What stays true:
   choice as ``{"name", "provider", "base_url"}`` — never an API key — and the
   service tier as ``"priority"``, ``"normal"`` (explicitly normal) or nothing
   (unset), so its three states survive a restart.
-* A one-turn override (``/model --once``) is settled by the turn that used it
-  on every exit path, restoring the snapshot taken by the *first* ``--once``.
+* A one-turn override (``/model --once``) is for the next turn of a person
+  whose agent is called: that turn settles it on every exit path, restoring
+  the snapshot taken by the *first* ``--once``. Anything else the agent answers
+  meanwhile (a turn of internal messages, a side answer) runs with the
+  conversation's own model (:func:`without_once`) and leaves it in place.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import msgspec
 from chatlane.errors import ConfigError
 from chatlane.logs import turn_fields
 from chatlane.runtime.busy import BusyPolicy
-from chatlane.runtime.turn import Turn
+from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
 from chatlane.stores.fields import (
     APPROVAL_ALLOWLIST,
@@ -84,6 +87,15 @@ def apply_once(state: SessionState, model: ModelChoice) -> None:
     if conversation.one_turn_restore is None:
         conversation.one_turn_restore = {"model_override": conversation.model_override}
     conversation.model_override = model
+
+
+def without_once(state: SessionState) -> TurnOverrides:
+    """The overrides of ``state``'s conversation with its own model, a ``--once`` left aside."""
+    overrides = TurnOverrides.of(state)
+    snapshot = state.conversation.one_turn_restore
+    if snapshot is None:
+        return overrides
+    return msgspec.structs.replace(overrides, model=snapshot["model_override"])
 
 
 def settle_once(turn: Turn) -> None:

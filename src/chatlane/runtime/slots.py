@@ -25,6 +25,9 @@ instead of callables into the engine. What stays true:
   :meth:`end_boundary`) no turn starts for its session: a freed slot is held
   empty (:attr:`~chatlane.state.SlotPhase.ENDING`), so what arrives meanwhile
   waits, and starts in the new conversation once the boundary is done.
+* A ``/model --once`` is settled when a turn whose agent was called ends,
+  however it ends; a turn that never called its agent (refused its lease,
+  drawn into another process's turn, answered by a replay) leaves it to the next.
 * A superseded turn is stale from that moment: the session's generation is
   bumped here, and in the store unless the store already moved on; its
   approval requests are denied at once; its task is cancelled after
@@ -60,10 +63,6 @@ from chatlane.stores.base import Store
 from chatlane.types import InboundMessage, SessionKey
 
 log = logging.getLogger("chatlane.runtime")
-
-_REORDERED = TurnEnd.REORDERED
-"""Read after every turn; a global, since on Python 3.11 a member read through its
-enum class costs about ten times a global read."""
 
 StartTurn = Callable[[SessionState, tuple[InboundMessage, ...], tuple[int, ...], int], Turn]
 """Starts a turn for a session's messages (seqs, reruns); it calls :meth:`Slots.claim`."""
@@ -117,8 +116,8 @@ class Slots:
         if ran:
             outcome = "answered" if turn.answered else (ended_by or "fenced")
             self._metrics.turn_finished(outcome, time.monotonic() - turn.started_at)
-        if ran and ended_by is not _REORDERED and turn.once_restore is not None:
-            settle_once(turn)  # only a turn that ran used up a --once: not one refused its lease
+        if turn.agent_called and turn.once_restore is not None:
+            settle_once(turn)  # not a turn refused, drawn in elsewhere or replayed: it ran no agent
         for message, seq in turn.untaken_steers():
             pending.insert_in_order(state, [message], [seq])  # before what came after it
         slot = state.turn

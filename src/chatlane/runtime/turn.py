@@ -103,6 +103,9 @@ class TurnRecord(msgspec.Struct):
     ended_by: TurnEnd | None = None
     """Why the turn ended early, once recorded (:meth:`Turn.end`)."""
     answered: bool = False
+    agent_called: bool = False
+    """The agent was called for the turn (:meth:`Turn.mark_agent_called`): only such a turn
+    uses up a ``/model --once``."""
     redirected: bool = False
     """A newer message redirected it: it stops at its next safe point and keeps its work."""
     note: str = ""
@@ -255,8 +258,13 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
 
     @property
     def once_restore(self) -> object:
-        """The ``/model --once`` snapshot this turn settles, if it used one (engine side)."""
+        """The ``/model --once`` snapshot this turn settles if its agent is called (engine side)."""
         return self._record.once_restore
+
+    @property
+    def agent_called(self) -> bool:
+        """Whether the agent was called for this turn (engine side)."""
+        return self._record.agent_called
 
     @property
     def last_progress(self) -> float:
@@ -272,6 +280,10 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     def renewed(self, lease: Lease) -> None:
         """The turn's lease was renewed as ``lease`` (engine side)."""
         self._record.lease = lease
+
+    def mark_agent_called(self) -> None:
+        """The agent is called for this turn now (engine side)."""
+        self._record.agent_called = True
 
     def mark_answered(self) -> None:
         """The turn's answer was committed (engine side)."""
@@ -514,6 +526,7 @@ PLAIN_READS: dict[str, str] = {
     "refusable": "_record.refusable",
     "task": "_record.task",
     "once_restore": "_record.once_restore",
+    "agent_called": "_record.agent_called",
     "last_progress": "_record.last_progress",
     "chosen_title": "_record.title",
 }
