@@ -19,6 +19,7 @@ from chatlane.state import (
     AGENT_PENDING,
     SERVICE_TIER_UNSET,
     ConversationState,
+    EvictHook,
     PersistentState,
     Scope,
     SessionRegistry,
@@ -380,6 +381,21 @@ class TestSessionState:
         state.conversation.model_override = "m"
         assert not state.holds_unsaved_data()
 
+    @pytest.mark.parametrize(
+        "held",
+        [
+            {"one_turn_restore": {"model_override": None}},
+            {"approval_grants": ["ls"]},
+            {"pending_command_text": "/new confirm"},
+        ],
+    )
+    def test_what_only_memory_keeps(self, held: dict[str, Any]) -> None:
+        assert ConversationState(**held).holds_memory_only_data()
+
+    def test_stored_choices_are_not_what_only_memory_keeps(self) -> None:
+        conversation = ConversationState(model_override="m", reasoning_override="high")
+        assert not conversation.holds_memory_only_data()
+
 
 class TestFootprint:
     """What a session holds of its own: a registry keeps many thousands resident."""
@@ -550,6 +566,43 @@ class TestEvictionByCap:
         registry.get(B)
         assert A in registry
 
+    @pytest.mark.parametrize("hook", [None, lambda key, state: None])
+    def test_a_session_holding_what_only_memory_keeps_is_passed_over(
+        self, hook: EvictHook | None
+    ) -> None:
+        registry = SessionRegistry(max_sessions=2, on_evict=hook)
+        registry.get(A).conversation.approval_grants.append("make deploy")
+        registry.get(B)
+        registry.get(C)
+        assert set(registry) == {A, C}  # A was passed over: it counts as used now
+        assert registry.get(A).conversation.approval_grants == ["make deploy"]
+
+    def test_sessions_holding_what_only_memory_keeps_still_leave_at_the_cap(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """When nothing else can go, the least recently used of them goes, with a warning."""
+        registry = SessionRegistry(max_sessions=2)
+        for key in (A, B):
+            registry.get(key).conversation.pending_command_text = "/new confirm"
+        registry.get(C)
+        assert set(registry) == {B, C}
+        assert "evicted a session holding a /model --once" in caplog.text
+
+    @given(
+        st.lists(
+            st.tuples(st.sampled_from("abcdefgh").map(SessionKey), st.booleans()), max_size=40
+        ),
+        st.integers(1, 4),
+    )
+    def test_never_exceeds_the_cap_however_many_hold_what_only_memory_keeps(
+        self, steps: list[tuple[SessionKey, bool]], cap: int
+    ) -> None:
+        registry = SessionRegistry(max_sessions=cap)
+        for key, holds in steps:
+            registry.get(key).conversation.approval_grants = ["ls"] if holds else []
+            assert len(registry) <= cap
+            assert key in registry
+
     def test_on_evict_sees_the_state_before_removal(self) -> None:
         seen: list[tuple[str, Any, bool]] = []
 
@@ -643,6 +696,13 @@ class TestEvictionByIdleTime:
         clock.now += 30
         assert registry.evict_idle() == []
         clock.now += 31
+        assert registry.evict_idle() == [A]
+
+    def test_what_only_memory_keeps_lapses_with_an_idle_session(self) -> None:
+        clock = FakeClock()
+        registry = SessionRegistry(idle_ttl=60, clock=clock)
+        registry.get(A).conversation.one_turn_restore = {"model_override": None}
+        clock.now += 61
         assert registry.evict_idle() == [A]
 
     def test_without_ttl_nothing_expires(self) -> None:

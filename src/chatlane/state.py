@@ -11,12 +11,14 @@ Each session owns one :class:`SessionState`, made of three scope containers:
 A scope's ``clear()`` walks :func:`dataclasses.fields`, so fields added later —
 in this module or by an application's subclass — are reset with the rest.
 :class:`SessionRegistry` hands out one state per key and evicts idle sessions so
-memory stays bounded, never a session that is running a turn.
+memory stays bounded, never a session that is running a turn, and a session
+holding what only memory keeps (:attr:`ConversationState.MEMORY_ONLY`) last.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -25,9 +27,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from chatlane.errors import ConfigError, LeaseError
 from chatlane.identity import NO_SESSION, SessionKey
+from chatlane.logs import turn_fields
 
 if TYPE_CHECKING:
     from chatlane.runtime.turn import Turn
+
+log = logging.getLogger("chatlane.state")
 
 __all__ = [
     "AGENT_PENDING",
@@ -314,9 +319,25 @@ class ConversationState:
     (:class:`~chatlane.types.ContextLine`, oldest first; :mod:`chatlane.overheard`). Kept
     in this process only: an evicted session loses it, as nothing the store must keep."""
 
+    MEMORY_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"one_turn_restore", "approval_grants", "pending_command_text"}
+    )
+    """The fields a person set that no store keeps: a ``/model --once`` not used yet,
+    ``/approve session`` grants, a confirmation waiting for its "yes". A session holding
+    one is evicted last (:class:`SessionRegistry`); a subclass may name more."""
+
     def clear(self) -> None:
         """Reset every field to its default, including fields added by a subclass."""
         _reset_fields(self)
+
+    def holds_memory_only_data(self) -> bool:
+        """Whether a field of :attr:`MEMORY_ONLY` is off its default (eviction would lose it)."""
+        only = self.MEMORY_ONLY
+        return any(
+            getattr(self, name) != (default() if is_factory else default)
+            for name, default, is_factory in _reset_plan(type(self), frozenset())
+            if name in only
+        )
 
 
 @dataclass(slots=True)
@@ -414,6 +435,8 @@ class SessionState:
         """Eviction would lose data: queued messages or a persistent field off its default.
 
         ``run_generation`` does not count: the registry keeps a generation floor.
+        An ``on_evict`` hook may save this data; what only memory keeps is
+        :meth:`ConversationState.holds_memory_only_data`.
         """
         if self.conversation.queued_events:
             return True
@@ -475,8 +498,15 @@ class SessionRegistry:
     * a busy session (:attr:`SessionState.is_busy`) is never evicted;
     * a session holding unsaved data is evicted only when ``on_evict`` is set,
       and only after ``on_evict`` returned (if it raises, the session stays);
+    * a session holding what only memory keeps
+      (:meth:`ConversationState.holds_memory_only_data`) is passed over for
+      ``max_sessions``; only when nothing else can go is the least recently
+      used of them evicted, one per new session and logged as a warning, so
+      such sessions never hold the registry above ``max_sessions``. Past
+      ``idle_ttl`` it is evicted as any idle session: what it held lapses;
     * a session that could not be evicted counts as used now, so the registry
-      may hold more than ``max_sessions`` while that many are pinned;
+      may hold more than ``max_sessions`` while that many are pinned (busy, or
+      holding unsaved data with no ``on_evict``);
     * generations are not reused after eviction: a new session starts at the
       highest ``run_generation`` any evicted session reached.
 
@@ -584,27 +614,54 @@ class SessionRegistry:
 
     def _sweep(self, keep: SessionKey, now: float) -> None:
         self._evict_while(self._expired(now), keep, now)
-        self._evict_while(lambda _: len(self._sessions) > self._max_sessions, keep, now)
+        spared: list[tuple[SessionKey, SessionState]] = []
+        self._evict_while(self._over_cap, keep, now, spared)
+        if spared and self._over_cap():  # nothing else could go: the last resort
+            self._evict_spared(*spared[0])
+
+    def _over_cap(self, _: object = None) -> bool:
+        return len(self._sessions) > self._max_sessions
 
     def _expired(self, now: float) -> Callable[[SessionState], bool]:
         ttl = self._idle_ttl
         return lambda state: ttl is not None and now - state.last_access > ttl
 
     def _evict_while(
-        self, wanted: Callable[[SessionState], bool], keep: SessionKey | None, now: float
+        self,
+        wanted: Callable[[SessionState], bool],
+        keep: SessionKey | None,
+        now: float,
+        spared: list[tuple[SessionKey, SessionState]] | None = None,
     ) -> list[SessionKey]:
-        """Walk sessions oldest first while ``wanted(oldest)``; each is evicted or refreshed."""
+        """Walk sessions oldest first while ``wanted(oldest)``; each is evicted or refreshed.
+
+        With ``spared``, a session holding what only memory keeps is refreshed
+        too, and added to it (least recently used first) instead of evicted.
+        """
         evicted: list[SessionKey] = []
         for _ in range(len(self._sessions)):
             key, state = next(iter(self._sessions.items()))
             if key == keep or not wanted(state):
                 break
-            if self._can_evict(state):
+            if not self._can_evict(state):
+                self._touch(key, state, now)
+            elif spared is not None and state.conversation.holds_memory_only_data():
+                spared.append((key, state))
+                self._touch(key, state, now)
+            else:
                 self._evict(key, state)
                 evicted.append(key)
-            else:
-                self._touch(key, state, now)
         return evicted
+
+    def _evict_spared(self, key: SessionKey, state: SessionState) -> None:
+        """Evict ``key`` although it holds what only memory keeps: nothing else could go."""
+        self._evict(key, state)
+        log.warning(
+            "evicted a session holding a /model --once, /approve session grants or a "
+            "confirmation, now lost: no other of the %d sessions kept could go",
+            self._max_sessions,
+            extra=turn_fields(key),
+        )
 
     def _can_evict(self, state: SessionState) -> bool:
         if state.is_busy:

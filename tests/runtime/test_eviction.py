@@ -119,3 +119,27 @@ async def test_a_session_below_the_registrys_floor_runs_at_its_own_generation(
         assert not await store.failed()
     finally:
         await chats.gateway.aclose()
+
+
+async def test_a_once_model_and_a_confirmation_outlast_the_eviction_of_idle_sessions(
+    store: Store,
+) -> None:
+    """No store keeps a ``/model --once`` or a ``/new`` waiting for its "yes": the
+    sessions holding them are passed over while other idle sessions can leave."""
+    chats = Chats(store, room=3)
+    try:
+        once = await chats.say(0, "/model --once special")
+        asked = await chats.say(1, "/new")
+        others = [await chats.say(n, "hello") for n in range(2, 8)]
+        assert once in chats.registry
+        assert asked in chats.registry
+        assert not any(key in chats.registry for key in others[:-1])
+        assert len(chats.registry) == 3
+        old_conversation = (await store.conversation(asked)).id
+        await chats.say(1, "yes")
+        await chats.say(0, "go")
+        assert (await store.conversation(asked)).id != old_conversation
+        assert [overrides.model for _, overrides in chats.seen[once]] == [ModelChoice("special")]
+        assert asked not in chats.seen  # the yes confirmed: it ran no turn
+    finally:
+        await chats.gateway.aclose()

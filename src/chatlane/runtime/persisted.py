@@ -115,9 +115,12 @@ def settle_once(turn: Turn) -> None:
 def nothing_to_save(key: SessionKey, state: SessionState) -> None:
     """The ``on_evict`` hook of a registry whose sessions the store keeps: it does nothing.
 
-    An evicted session loses nothing, since its persistent fields and queue
-    live in the store. Passing this hook, rather than none, is what lets the
-    registry evict a session that holds such data.
+    Its persistent fields and queue live in the store, so evicting a session
+    that holds them loses nothing; passing this hook, rather than none, is
+    what lets the registry evict it. What no store keeps (a ``/model --once``,
+    ``/approve session`` grants, a confirmation waiting:
+    :attr:`~chatlane.state.ConversationState.MEMORY_ONLY`) this hook cannot
+    save: the registry evicts such a session last.
     """
 
 
