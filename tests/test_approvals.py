@@ -425,6 +425,28 @@ async def test_a_deny_reason_may_mention_a_number() -> None:
         assert replies[1:] == ["Denied: `rm x` — see issue #12", "denied: rm x"]
 
 
+@pytest.mark.parametrize(
+    ("reason", "why"),
+    [
+        ("\x1b[2Jwiped", "a reason may hold no control characters or bidirectional overrides."),
+        ("\u202eedoc", "a reason may hold no control characters or bidirectional overrides."),
+        ("x" * 501, "a reason is at most 500 characters."),
+    ],
+)
+async def test_a_deny_reason_that_could_disguise_the_chat_is_refused(reason: str, why: str) -> None:
+    """It is repeated in the chat (and kept with an answer passed on): the request still
+    waits, for an answer that can be shown."""
+    async with GatewayHarness(approving_agent, approval_timeout=30) as h:
+        await h.send("approve rm x", chat_id="c")
+        await prompted(h, "c", 1)
+        await h.send(f"/deny {reason}", chat_id="c")
+        refused = (await h.replies(chat_id="c", count=2))[1]
+        assert refused.split("\n")[0] == why
+        await h.send("/deny not now", chat_id="c")
+        replies = await h.replies(chat_id="c", count=4)
+        assert replies[2:] == ["Denied: `rm x` — not now", "denied: rm x"]
+
+
 async def test_a_turn_without_requests_leaves_its_session_evictable() -> None:
     async with GatewayHarness(EchoAgent()) as h:
         result = await h.send("hello there", chat_id="c")

@@ -308,8 +308,58 @@ class TestModelNames:
             await h.send(f"/model --once {name}", chat_id="c")
             await h.send("go", chat_id="c")
             replies = await h.replies(chat_id="c", count=3)
-        assert all("name exactly one model" in r or "at most 200" in r for r in replies[:2])
+        assert all("needs visible characters" in r or "at most 200" in r for r in replies[:2])
         assert replies[2].startswith("model=default ")
+
+    @pytest.mark.parametrize(
+        ("args", "why"),
+        [
+            ("x --provider " + "p" * 201, "--provider is at most 200 characters."),
+            ("x --base-url " + "h" * 2001, "--base-url is at most 2000 characters."),
+            ("x --provider=\u200b", "--provider needs visible characters."),
+            ("x --base-url=", "--base-url needs visible characters."),
+            ("\x1b[31mred\x1b[0m", "a model name may hold no control characters or bidi"),
+            ("\u202egpt-4", "a model name may hold no control characters or bidi"),
+            ("'gpt\x85x'", "a model name may hold no control characters or bidi"),
+            ("x --provider '\u2066p'", "--provider may hold no control characters or bidi"),
+            ("x --provider a --provider b", "--provider is given twice."),
+            ("x --\x1b[2J", "unknown option '--\\x1b[2J'."),
+        ],
+    )
+    async def test_every_value_is_checked_alike_and_never_repeated_raw(
+        self, args: str, why: str
+    ) -> None:
+        """The name and every option's value: visible, not too long, no control character
+        or bidirectional override; the refusal is one line that repeats none of it raw."""
+        async with GatewayHarness(settings_agent) as h:
+            await h.send(f"/model {args}", chat_id="c")
+            await h.send(f"/model --once {args}", chat_id="c")
+            await h.send("/model", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+        for refused in replies[:2]:
+            reason, usage = refused.split("\n")
+            assert reason.startswith(why)
+            assert usage.startswith("Usage: /model")
+            assert reason.isprintable()
+        assert replies[2] == "Model: the default"
+
+    @pytest.mark.parametrize(
+        "command",
+        [
+            "/reasoning " + "x" * 5000,
+            "/reasoning \u202ehigh",
+            "/fast \x1b[2J" + "x" * 5000,
+            "/approve #\x1b[2J" + "x" * 5000,
+            "/busy \u2066" + "x" * 5000,
+        ],
+    )
+    async def test_a_refused_argument_is_repeated_escaped_and_cut(self, command: str) -> None:
+        async with GatewayHarness(settings_agent) as h:
+            await h.send(command, chat_id="c")
+            [reply] = await h.replies(chat_id="c", count=1)
+        reason = reply.split("\n")[0]
+        assert reason.isprintable()
+        assert len(reason) < 300
 
     async def test_an_option_with_its_value_after_equals_is_read(self) -> None:
         async with GatewayHarness(settings_agent) as h:

@@ -29,7 +29,7 @@ from chatlane.runtime.busy import NOW, BusyOutcome, BusyPolicy, ack_text
 from chatlane.runtime.settings import StopIncomplete
 from chatlane.state import SlotPhase
 from chatlane.stores.fields import BUSY_POLICY
-from chatlane.types import InboundMessage, SessionKey
+from chatlane.types import InboundMessage, SessionKey, clipped
 
 if TYPE_CHECKING:
     from chatlane.runtime.engine import TurnEngine
@@ -53,6 +53,17 @@ class CommandRefused(ChatlaneError):
 
 class UsageError(ChatlaneError, ValueError):
     """A command's arguments are malformed; the user is shown its usage line."""
+
+
+SHOWN = 80
+"""Characters of an argument a reply repeats; a longer one is cut, with ``…``."""
+
+
+def quoted(argument: str) -> str:
+    """``argument`` as a reply repeats it: quoted and escaped as Python shows a string (no
+    control character or bidirectional override reaches the chat as it is), cut to
+    :data:`SHOWN` characters."""
+    return repr(clipped(argument, SHOWN))
 
 
 class CommandBusy(enum.StrEnum):
@@ -309,7 +320,7 @@ async def _busy(call: CommandCall) -> str:
     if call.args.lower() == "default":
         await engine.persist(key, **{BUSY_POLICY: None})
         return f"Busy policy reset to the default ({engine.policy_for(state, call.message)})."
-    policy = BusyPolicy.parse(call.args, what="/busy")
+    policy = BusyPolicy.parse(clipped(call.args, SHOWN), what="/busy")  # a refusal repeats it
     await engine.persist(key, **{BUSY_POLICY: policy})
     return f"Busy policy for this session: {policy}"
 
@@ -432,6 +443,7 @@ def default_router(options: LifecycleOptions | None = None) -> CommandRouter:
 
 __all__ = [
     "BUILTIN_COMMANDS",
+    "SHOWN",
     "CommandBusy",
     "CommandCall",
     "CommandHandler",
@@ -441,4 +453,5 @@ __all__ = [
     "UsageError",
     "default_router",
     "parse_command",
+    "quoted",
 ]

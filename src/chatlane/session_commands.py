@@ -17,7 +17,7 @@ import msgspec
 
 from chatlane.approvals import Decision, Grant, is_request_id
 from chatlane.approvals_elsewhere import Meant
-from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
+from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError, quoted
 from chatlane.endpoints import EndpointRefused, endpoint_policy
 from chatlane.lifecycle import RESUMABLE, EndReason, end_conversation
 from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
@@ -25,7 +25,7 @@ from chatlane.runtime.persisted import apply_once
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import Conversation
 from chatlane.stores.fields import MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIER_OVERRIDE
-from chatlane.types import ModelChoice, clipped, visible
+from chatlane.types import ModelChoice, disguising, visible
 
 YES = frozenset({"yes", "y", "ok", "confirm"})
 NO = frozenset({"no", "n", "cancel"})
@@ -82,9 +82,6 @@ def _dropped(count: int) -> str:
 LISTED = 20
 """Conversations ``/resume`` lists, and numbers, newest first."""
 
-SHOWN = 80
-"""Characters of an argument a reply repeats; a longer one is cut, with ``…``."""
-
 
 async def _resume(call: CommandCall) -> str:
     store, key = call.engine.store, call.session_key
@@ -94,9 +91,7 @@ async def _resume(call: CommandCall) -> str:
     conversations = await store.conversations(key, RESUMABLE)
     chosen, others = _find(conversations, call.args.strip())
     if chosen is None:
-        raise UsageError(
-            f"No conversation matches {clipped(call.args, SHOWN)!r}; send /resume to list them."
-        )
+        raise UsageError(f"No conversation matches {quoted(call.args)}; send /resume to list them.")
     if chosen.id == (await store.conversation(key)).id:  # nothing to switch to: nothing ends
         return f"Already in {_named(chosen)}." + _also_matching(others)
     ended = await end_conversation(
@@ -167,6 +162,9 @@ def _also_matching(others: int) -> str:
 def _parse_model(args: str) -> tuple[ModelChoice, bool]:
     """``[--once] <name> [--provider P] [--base-url URL]``, credentials refused unrepeated.
 
+    Each value given — the name, and each option's — is checked alike
+    (:func:`_checked`); an option is given at most once.
+
     :raises UsageError: for malformed arguments, an API key, or anything shaped
         like a credential in the name, the provider or the URL.
     """
@@ -177,36 +175,65 @@ def _parse_model(args: str) -> tuple[ModelChoice, bool]:
     except ValueError as error:
         raise UsageError(f"could not read the arguments: {error}") from None
     once = "--once" in words
-    words = [w for w in words if w != "--once"]
-    options = {"--provider": "", "--base-url": ""}
+    names, options = _model_words([w for w in words if w != "--once"])
+    if len(names) != 1:
+        raise UsageError("name exactly one model.")
+    name = _checked("a model name", names[0], MODEL_NAME_MAX)
+    return ModelChoice(name, options.get("--provider", ""), options.get("--base-url", "")), once
+
+
+MODEL_NAME_MAX = 200
+"""The longest model or provider name ``/model`` takes (real ones are far shorter)."""
+
+BASE_URL_MAX = 2000
+"""The longest ``--base-url`` ``/model`` takes."""
+
+_MODEL_OPTIONS = {"--provider": MODEL_NAME_MAX, "--base-url": BASE_URL_MAX}
+"""``/model``'s options that take a value, with the longest value each takes."""
+
+
+def _model_words(words: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The names among ``words``, and the options with their checked values.
+
+    :raises UsageError: an API key, an unknown option, an option without a
+        value or given twice, or a value :func:`_checked` refuses.
+    """
     names: list[str] = []
+    options: dict[str, str] = {}
     while words:
         word = words.pop(0)
         if word in ("--api-key", "--key") or word.startswith("--api-key="):
             raise UsageError(CREDENTIALS_REFUSED)
         option, equals, value = word.partition("=")
-        if option in options and equals:  # --provider=P
-            options[option] = value
-        elif word in options:
-            if not words:
-                raise UsageError(f"{word} needs a value.")
-            options[word] = words.pop(0)
-        elif word.startswith("--"):
-            raise UsageError(f"unknown option {word.partition('=')[0]}.")
-        else:
+        if not word.startswith("--"):
             names.append(word)
-    if len(names) != 1:
-        raise UsageError("name exactly one model.")
-    name = names[0]
-    if not visible(name):
-        raise UsageError("name exactly one model (a name of visible characters).")
-    if len(name) > MODEL_NAME_MAX:
-        raise UsageError(f"a model name is at most {MODEL_NAME_MAX} characters.")
-    return ModelChoice(name, options["--provider"], options["--base-url"]), once
+            continue
+        if option not in _MODEL_OPTIONS:
+            raise UsageError(f"unknown option {quoted(option)}.")
+        if not equals:  # --provider P
+            if not words:
+                raise UsageError(f"{option} needs a value.")
+            value = words.pop(0)
+        if option in options:
+            raise UsageError(f"{option} is given twice.")
+        options[option] = _checked(option, value, _MODEL_OPTIONS[option])
+    return names, options
 
 
-MODEL_NAME_MAX = 200
-"""The longest model name ``/model`` takes (providers' names are far shorter)."""
+def _checked(what: str, value: str, limit: int) -> str:
+    """``value`` (of ``what``), if a chat may set it: it holds a visible character, is at
+    most ``limit`` characters, and holds no control character or bidirectional override
+    (which could change how it, or what follows it, is shown where it is repeated).
+
+    :raises UsageError: naming what is wrong in one line, repeating none of ``value``.
+    """
+    if not visible(value):
+        raise UsageError(f"{what} needs visible characters.")
+    if len(value) > limit:
+        raise UsageError(f"{what} is at most {limit} characters.")
+    if disguising(value):
+        raise UsageError(f"{what} may hold no control characters or bidirectional overrides.")
+    return value
 
 
 def _described(choice: ModelChoice | None) -> str:
@@ -259,7 +286,7 @@ async def _reasoning(call: CommandCall) -> str:
         await engine.persist_conversation(key, **{REASONING_OVERRIDE: None})
         return "Reasoning effort: back to the default."
     if value not in REASONING:
-        raise UsageError(f"{value!r} is not one of: {', '.join(REASONING)}, default.")
+        raise UsageError(f"{quoted(value)} is not one of: {', '.join(REASONING)}, default.")
     await engine.persist_conversation(key, **{REASONING_OVERRIDE: value})
     return f"Reasoning effort for this conversation: {value}"
 
@@ -273,7 +300,7 @@ async def _fast(call: CommandCall) -> str:
         shown = "default" if tier is SERVICE_TIER_UNSET else ("off" if tier is None else "on")
         return f"Fast mode: {shown}"
     if value not in tiers:
-        raise UsageError(f"{value!r} is not one of: on, off, default.")
+        raise UsageError(f"{quoted(value)} is not one of: on, off, default.")
     await engine.persist_conversation(key, **{SERVICE_TIER_OVERRIDE: tiers[value]})
     return f"Fast mode: {value}"
 
@@ -307,7 +334,7 @@ def _approval_args(args: str) -> _ApprovalArgs:
         return _ApprovalArgs(everything, rest, generation=int(named))
     if is_request_id(named):
         return _ApprovalArgs(everything, rest, request_id=named)
-    raise UsageError(f"{words[0]!r} names no request (buttons send #<request id>).")
+    raise UsageError(f"{quoted(words[0])} names no request (buttons send #<request id>).")
 
 
 async def _approve(call: CommandCall) -> str:
@@ -321,7 +348,25 @@ async def _approve(call: CommandCall) -> str:
 
 async def _deny(call: CommandCall) -> str:
     args = _approval_args(call.args)
-    return await _answer(call, Decision(False, note=" ".join(args.words)), args)
+    return await _answer(call, Decision(False, note=_reason(args.words)), args)
+
+
+REASON_MAX = 500
+"""The longest reason ``/deny`` takes."""
+
+
+def _reason(words: list[str]) -> str:
+    """The reason a ``/deny`` gives (repeated in the chat, and kept with a passed-on answer).
+
+    :raises UsageError: longer than :data:`REASON_MAX`, or holding a control
+        character or bidirectional override.
+    """
+    reason = " ".join(words)
+    if len(reason) > REASON_MAX:
+        raise UsageError(f"a reason is at most {REASON_MAX} characters.")
+    if disguising(reason):
+        raise UsageError("a reason may hold no control characters or bidirectional overrides.")
+    return reason
 
 
 async def _answer(call: CommandCall, decision: Decision, args: _ApprovalArgs) -> str:

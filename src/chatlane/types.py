@@ -51,6 +51,17 @@ def visible(text: str) -> bool:
     return any(unicodedata.category(c)[0] not in "ZC" for c in text)
 
 
+_DISGUISING = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""C0 and C1 controls (a terminal escape's ESC, a line break) and the bidirectional
+embeddings, overrides and isolates (U+202A to U+202E, U+2066 to U+2069)."""
+
+
+def disguising(text: str) -> bool:
+    """Whether ``text`` holds a character that can change how it or what follows is shown:
+    a C0 or C1 control, or a bidirectional embedding, override or isolate."""
+    return _DISGUISING.search(text) is not None
+
+
 def clean_text(text: str) -> str:
     """``text`` with every lone surrogate (which no UTF-8 can carry) replaced by U+FFFD."""
     if text.isascii() or _LONE_SURROGATE.search(text) is None:

@@ -22,7 +22,7 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError
+from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError, quoted
 from chatlane.errors import ConfigError
 from chatlane.identity import SessionSource, build_session_key
 from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
@@ -206,7 +206,7 @@ def _paused(scheduler: Scheduler, job: Job) -> str:
 async def _remove(scheduler: Scheduler, key: SessionKey, job_id: str) -> str:
     await scheduler.sync()
     if job_id not in {job.id for job in _chat_jobs(scheduler, key)}:
-        raise UsageError(f"this chat has no job {job_id!r}; send /cron list.")
+        raise UsageError(f"this chat has no job {quoted(job_id)}; send /cron list.")
     await scheduler.remove_job(job_id)
     return f"Removed job {job_id}."
 
