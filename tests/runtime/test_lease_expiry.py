@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 
+from chatlane.runtime import slots as slots_module
+from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.runtime.upkeep import expiry_margin
@@ -135,3 +137,35 @@ async def test_a_lease_the_store_could_not_take_back_is_given_back_once_it_answe
         await h.wait_for(lambda outbox: any(o.text == "echo: hi" for o in outbox))
         await h.settle()
         assert (store.refused["release"], await store.active_sessions()) == (1, 0)
+
+
+class AnswersLate(MemoryStore):
+    """Applies a turn's commit at once, then holds its answer until ``answer_sent`` is set,
+    as a store under a burst of commits answers late."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed = asyncio.Event()
+        self.answer_sent = asyncio.Event()
+
+    async def commit_and_release(self, lease: Lease, batch: Any) -> Any:
+        result = await super().commit_and_release(lease, batch)
+        self.committed.set()
+        await self.answer_sent.wait()
+        return result
+
+
+async def test_a_turn_given_up_while_its_commit_is_in_flight_still_delivers_it() -> None:
+    """The store holds the answer: were the turn cancelled then, it would never be sent."""
+    store = AnswersLate()
+    async with GatewayHarness(EchoAgent(), store=store) as h:
+        await h.send("hello", chat_id="c")
+        await store.committed.wait()
+        turn = h.gateway.engine.running_turn(h.session_key(chat_id="c"))
+        assert turn is not None
+        slots = h.gateway.engine.slots
+        slots.supersede(turn, TurnEnd.LEASE_LOST, "its lease is about to expire", grace=0.0)
+        slots_module._cancel(turn)  # what the grace's timer does when it runs out
+        store.answer_sent.set()
+        await h.wait_for(lambda out: any(o.text == "echo: hello" for o in out))
+    assert await store.answer(h.outcomes[0].message_id) == "echo: hello"

@@ -101,7 +101,9 @@ class TurnOutput:
 
         Chunks are streamed as they come, while the turn is current. A reply
         the store refused (the turn was fenced) is dropped; one it took is
-        delivered, whatever superseded the turn meanwhile.
+        delivered, whatever superseded the turn meanwhile: the turn settles
+        from the moment its commit is sent, so nothing cancels it between a
+        commit the store applied and the delivery of what it holds.
 
         :raises TypeError: if the agent returns something other than text or chunks of text.
         """
@@ -113,6 +115,7 @@ class TurnOutput:
         if turn.redirected:  # stopped at a safe point: what it said so far is kept, marked
             text = cut_short(text)
         drafts = self._outlet.drafts(turn, _REPLY, text)
+        turn.mark_settling()  # the agent is done; a commit in flight may apply: no cancel
         if await self._commit(turn, "assistant", text, drafts=drafts):
             await self._outlet.to_turn(turn, _REPLY, text)
 
@@ -179,6 +182,7 @@ class TurnOutput:
             await self._outlet.to_turn(turn, OutboundKind.NOTICE, text)
             return
         drafts = self._outlet.drafts(turn, OutboundKind.NOTICE, text)
+        turn.mark_settling()  # as for an answer: a commit in flight may apply
         if await self._commit(turn, "notice", text, type(error).__name__, drafts):
             await self._outlet.to_turn(turn, OutboundKind.NOTICE, text)
 
