@@ -14,6 +14,10 @@ What stays true:
   again before the reply that follows a switch of conversation (``/new``,
   ``/resume``…), and the conversation's title before the reply that follows
   its change (the first reply of a conversation, a title the agent set).
+* Each message shows once in a socket's page, with its answer: what is in
+  flight is read as the socket joins its chat, the live events heard while
+  its history is read follow that history, and nothing is sent about a
+  message a history shows (:mod:`chatlane.adapters.web_view`).
 * Reading never waits for the gateway: each message is submitted in a task of
   its own, after the chat's previous message was dispatched (or after
   :data:`HANDOFF` seconds, so a slow dispatch cannot hold up an ``/approve``).
@@ -52,6 +56,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from chatlane.access import AccessToken
 from chatlane.adapters.web_ids import BrowserIds, id_secret
 from chatlane.adapters.web_page import Gate, WebPage, origin_host
+from chatlane.adapters.web_view import View
 from chatlane.adapters.web_wire import (
     Event,
     InvalidWebMessage,
@@ -110,21 +115,48 @@ _TOO_MANY = (
 
 @dataclass(eq=False)
 class Connection:
-    """One open socket and the events waiting to be written to it, in order."""
+    """One open socket, what its page shows, and the events waiting to be written to it.
+
+    Events reach the outbox in the order they are sent, less those its page
+    shows already (:class:`~chatlane.adapters.web_view.View`). Live events
+    heard while the socket is greeted are held, and follow the greeting.
+    """
 
     websocket: WebSocket
     outbox: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
     close_with: tuple[int, str] | None = None
+    view: View = field(default_factory=View)
+    held: list[Event] | None = field(default_factory=list)
+    """Live events heard before the greeting was sent; ``None`` once it was."""
+
+    def hear(self, event: Event) -> None:
+        """Send the live ``event``, after the greeting: held until that is sent."""
+        if self.held is None:
+            self.send(event)
+        elif len(self.held) < OUTBOX_LIMIT:
+            self.held.append(event)
+        else:
+            self._behind()
+
+    def greeted(self, events: list[Event]) -> None:
+        """Send ``events``, the greeting, then the live events held meanwhile."""
+        held, self.held = self.held or [], None
+        for event in [*events, *held]:
+            self.send(event)
 
     def send(self, event: Event) -> None:
-        """Queue ``event``; a socket too far behind is closed instead."""
-        if self.close_with is not None:
+        """Queue ``event`` unless the page shows it already; a socket too far behind is
+        closed instead."""
+        if self.close_with is not None or not self.view.admits(event):
             return
         if self.outbox.qsize() >= OUTBOX_LIMIT:
-            log.warning("web socket %d events behind; closing it", OUTBOX_LIMIT)
-            self.close(CLOSE_TRY_LATER, "too far behind")
+            self._behind()
             return
         self.outbox.put_nowait(encode(event))
+
+    def _behind(self) -> None:
+        log.warning("web socket %d events behind; closing it", OUTBOX_LIMIT)
+        self.close(CLOSE_TRY_LATER, "too far behind")
 
     def close(self, code: int, reason: str) -> None:
         """Close the socket once the events queued before are written."""
@@ -154,8 +186,8 @@ class WebChat:
     title: str = ""
     """The current conversation's title as this chat's sockets were last told it."""
     last_submit: asyncio.Task[None] | None = None
-    undispatched: int = 0
-    """Messages submitted from this chat's sockets and not yet handed to the gateway."""
+    handing: dict[str, InboundMessage] = field(default_factory=dict)
+    """Messages submitted from this chat's sockets and not yet handed to the gateway, by id."""
     commands: set[str] = field(default_factory=set)
     """Ids of this chat's commands being dispatched now (their replies are marked)."""
 
@@ -163,7 +195,7 @@ class WebChat:
         """Queue ``event`` on every open socket of this chat except ``skip``."""
         for connection in list(self.connections):
             if connection is not skip:
-                connection.send(event)
+                connection.hear(event)
 
 
 class WebAdapter:
@@ -274,7 +306,6 @@ class WebAdapter:
             await websocket.close(CLOSE_TRY_LATER, "too many open tabs")
             return
         connection = Connection(websocket)
-        chat.connections.add(connection)
         self._open += 1
         writer = asyncio.create_task(connection.pump())
         try:
@@ -314,29 +345,37 @@ class WebAdapter:
             del self._by_key[chat.session_key]
 
     async def _greet(self, chat: WebChat, connection: Connection) -> None:
+        """Join ``connection`` to ``chat`` and send its commands, history and list, then what
+        the history cannot show yet, then the live events heard meanwhile.
+
+        What is in flight is read as the socket joins, with no ``await`` between, and the
+        history after: a message answered in between is in the history, or its answer
+        is heard live. Either way it shows once, as the view leaves out whatever is
+        sent about a message the history shows (:mod:`~chatlane.adapters.web_view`).
+        """
+        chat.connections.add(connection)
         connection.send(commands_event(self.hub.gateway.router))
+        waiting = self._in_flight(chat)
         try:
             events = await self._snapshot(chat)
         except StoreError as error:
             log.warning("web: could not load %s: %s", chat.session_key, error)
-            connection.send(error_event("Could not load this conversation; try again later."))
+            connection.greeted([error_event("Could not load this conversation; try again later.")])
             return
-        for event in [*events, *self._in_flight(chat, events)]:
-            connection.send(event)
+        connection.greeted([*events, *waiting])
 
-    def _in_flight(self, chat: WebChat, snapshot: list[Event]) -> list[Event]:
-        """What the history cannot show yet: unanswered messages, then waiting approvals."""
+    def _in_flight(self, chat: WebChat) -> list[Event]:
+        """What a history may not show yet: the messages not answered (held here or being
+        handed on), then the prompts of waiting approvals, then the messages' states."""
         engine = self.hub.gateway.engine
-        history = next(event for event in snapshot if event["type"] == "history")
-        shown = {message["id"] for message in history["messages"] if message["id"]}
-        messages = [
-            m for m in engine.unanswered(chat.session_key) if m.id not in shown and not m.internal
-        ]
+        held = [m for m in engine.unanswered(chat.session_key) if not m.internal]
+        ids = {m.id for m in held}
+        messages = [*held, *(m for m in chat.handing.values() if m.id not in ids)]
         prompts = engine.pending_approvals(chat.session_key)
         return [
             *({"type": "user", "text": m.text, "id": m.id} for m in messages),
             *(outbound_event(prompt, self._asks(prompt)) for prompt in prompts),
-            *self._states(chat, {m.id for m in messages}),
+            *self._states(chat, ids),
         ]
 
     def _states(self, chat: WebChat, ids: set[str]) -> list[Event]:
@@ -372,12 +411,12 @@ class WebAdapter:
         message = InboundMessage(chat.source, frame.text)
         if frame.ref:
             connection.send(accepted_event(frame.ref, message.id))
-        if chat.undispatched >= MAX_UNDISPATCHED:
+        if len(chat.handing) >= MAX_UNDISPATCHED:
             connection.send(state_event(message.id, MessageState.REFUSED))
             connection.send(error_event(_TOO_MANY))
             return
         chat.broadcast({"type": "user", "text": frame.text, "id": message.id}, skip=connection)
-        chat.undispatched += 1
+        chat.handing[message.id] = message
         task = asyncio.create_task(self._dispatch(chat, connection, message, chat.last_submit))
         chat.last_submit = task
         self._tasks.add(task)
@@ -420,7 +459,7 @@ class WebAdapter:
                 chat.commands.add(message.id)
             return await self.hub.submit(message)
         finally:
-            chat.undispatched -= 1
+            del chat.handing[message.id]
 
     def _arrival(self, chat: WebChat, result: DispatchResult) -> Event:
         """The ``state`` event of a dispatched message (a waiting one names its short id)."""
