@@ -44,6 +44,7 @@ from chatlane.overheard import ContextLimits, keep, line_of, take
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.runtime.outcomes import OnOutcome
+from chatlane.runtime.recovery import OnAdopted
 from chatlane.session_commands import YES, YES_OR_NO, is_yes_or_no
 from chatlane.state import SessionRegistry, SessionState
 from chatlane.stores.base import Store
@@ -117,8 +118,11 @@ class Gateway:
         scheduler: Scheduler | None = None,
         refuse: Refuse | None = None,
         on_outcome: OnOutcome | None = None,
+        on_adopted: OnAdopted | None = None,
     ) -> None:
-        """``on_outcome`` hears the one outcome of every message the gateway accepted."""
+        """``on_outcome`` hears the one outcome of every message the gateway accepted;
+        ``on_adopted`` each message it adopted from a process that stopped (or an operator
+        retried), once it runs or waits here."""
         self.settings = settings or GatewaySettings()
         self.router = router if router is not None else default_router(self.settings.lifecycle)
         self._deliver = deliver
@@ -137,6 +141,7 @@ class Gateway:
             store=store,
             holder=holder,
             on_outcome=on_outcome,
+            on_adopted=on_adopted,
         )
         if scheduler is not None:
             self.use_scheduler(scheduler)

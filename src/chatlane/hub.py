@@ -57,7 +57,7 @@ from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.secrets import Secrets, TokenSource, resolve_secrets
 from chatlane.session_commands import is_yes_or_no
 from chatlane.stores import Store, open_store
-from chatlane.types import Agent, InboundMessage, Outbound
+from chatlane.types import Agent, InboundMessage, Outbound, SessionKey
 
 log = logging.getLogger("chatlane.server")
 
@@ -107,6 +107,16 @@ class OutcomeAdapter(Protocol):
         ...
 
 
+@runtime_checkable
+class AdoptingAdapter(Protocol):
+    """An adapter that hears of messages taken over from a process that stopped (the web
+    chat shows them in its open tabs, which that process told)."""
+
+    def adopted(self, key: SessionKey, message: InboundMessage) -> None:
+        """``message``, of this adapter's platform, was adopted here and runs or waits."""
+        ...
+
+
 def gateway_settings(config: Config) -> GatewaySettings:
     """How the gateway authorizes senders, names sessions, runs turns and ends conversations."""
     return GatewaySettings(
@@ -149,6 +159,7 @@ class Hub:
             store=self.store,
             refuse=self._refuse,
             on_outcome=self.outcome,
+            on_adopted=self.adopted,
         )
         if self.config.delivery.enabled:
             for platform in LEDGERED_PLATFORMS:
@@ -208,6 +219,12 @@ class Hub:
         hear = getattr(self.adapters.get(outcome.platform), "outcome", None)
         if hear is not None:
             hear(outcome)
+
+    def adopted(self, key: SessionKey, message: InboundMessage) -> None:
+        """Hand a message adopted here to its platform's adapter, if that adapter listens."""
+        hear = getattr(self.adapters.get(message.source.platform), "adopted", None)
+        if hear is not None:  # adopted() is optional (AdoptingAdapter)
+            hear(key, message)
 
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to its platform's adapter."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from chatlane.hub import (
     LOOPBACK_NAMES,
     Adapter,
+    AdoptingAdapter,
     Hub,
     OutcomeAdapter,
     RefusingAdapter,
@@ -21,6 +22,7 @@ from chatlane.hub import (
 __all__ = [
     "LOOPBACK_NAMES",
     "Adapter",
+    "AdoptingAdapter",
     "Hub",
     "OutcomeAdapter",
     "RefusingAdapter",

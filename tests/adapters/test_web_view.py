@@ -1,5 +1,5 @@
 """Each message shows once in a tab, with its answer, however its turn and the tab's connect
-interleave (:mod:`chatlane.adapters.web_view`).
+interleave (:mod:`chatlane.adapters.web_view`), and whichever process accepted it.
 
 The interleavings are forced: the store holds one call of the tab's greeting (or of a
 reply's delivery) until the test lets it go, and the agent holds its turn likewise.
@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 
 from chatlane.adapters.web_page import IDENTITY_COOKIE
 from chatlane.adapters.web_view import View
+from chatlane.hub import Hub
+from chatlane.identity import ChatType, SessionSource
 from chatlane.stores import MemoryStore
 from chatlane.stores.base import Conversation
-from chatlane.types import SessionKey
+from chatlane.stores.codec import encode_message
+from chatlane.types import InboundMessage, SessionKey
 from tests.adapters.test_web import (
     WAIT,
     Event,
@@ -135,6 +138,44 @@ async def test_a_message_being_handed_on_when_a_tab_connects_shows_there() -> No
                 events = await until(second, "reply", "echo: on its way")
     assert page(events) == [("user", "on its way"), ("assistant", "echo: on its way")]
     assert [e["id"] for e in events if e["type"] == "user"] == [said]
+
+
+GONE = "a-process-that-stopped"
+TOLD = ("user", "state")
+
+
+async def left_behind(hub: Hub, bid: str, text: str) -> InboundMessage:
+    """A message of browser ``bid`` that the process :data:`GONE` took and left in the
+    store's queue; that process still counts as alive, so it is not taken over yet."""
+    issued = bid.partition(".")[0]
+    source = SessionSource("web", chat_id=issued, user_id=issued, chat_type=ChatType.DM)
+    message = InboundMessage(source, text)
+    await hub.store.heartbeat(GONE, 3600)
+    key = hub.gateway.session_key(message)
+    await hub.store.enqueue(key, message.id, GONE, encode_message(message))
+    return message
+
+
+async def test_a_message_another_process_left_shows_on_connect_and_when_taken_over() -> None:
+    """The tab that connects after it was queued shows it at once, and its state when it
+    is taken over; the tab that connected before shows it then, once, with that state."""
+    async with web_hub() as (host, hub):
+        bid = await browser_id(host)
+        async with greeted(host, bid) as (before, earlier):
+            message = await left_behind(hub, bid, "left behind")
+            async with greeted(host, bid) as (after, greeting):
+                await hub.store.heartbeat(GONE, 0)  # it stopped
+                await hub.gateway.engine.upkeep.adopt_once()
+                late = await until(after, "reply")
+                early = await until(before, "reply")
+    for shown, events in ((greeting, late), (earlier, early)):
+        assert page([shown["history"], *events]) == [
+            ("user", "left behind"),
+            ("assistant", "echo: left behind"),
+        ]
+        told = [(e["type"], e["id"], e.get("state")) for e in events if e["type"] in TOLD]
+        assert told == [("user", message.id, None), ("state", message.id, "running")]
+    assert late[0] == {"type": "user", "text": "left behind", "id": message.id}  # on connect
 
 
 def test_a_view_shows_each_message_once_until_a_history_replaces_it() -> None:

@@ -9,11 +9,13 @@ What stays true:
   socket of its chat and to no other. One for a chat with no open socket is
   dropped (the transcript keeps it, and the next connect shows it).
 * A socket gets the commands, the current conversation's history, the
-  conversation list, the messages not answered yet and the prompts of
-  approval requests still waiting when it connects, and history and list
-  again before the reply that follows a switch of conversation (``/new``,
-  ``/resume``…), and the conversation's title before the reply that follows
-  its change (the first reply of a conversation, a title the agent set).
+  conversation list, the messages not answered yet (those the store queues
+  for another process too: one that stopped, whose messages wait to be taken
+  over) and the prompts of approval requests still waiting when it connects,
+  and history and list again before the reply that follows a switch of
+  conversation (``/new``, ``/resume``…), and the conversation's title before
+  the reply that follows its change (the first reply of a conversation, a
+  title the agent set).
 * Each message shows once in a socket's page, with its answer: what is in
   flight is read as the socket joins its chat, the live events heard while
   its history is read follow that history, and nothing is sent about a
@@ -33,8 +35,9 @@ What stays true:
   ``state`` when the gateway took it (running, queued with its short id,
   merged, steered, interrupting, redirecting, refused, a command) and one ``outcome`` when
   it ended; the sender also learns the id of its own message (``accepted``).
-  A reply delivered while its command is being dispatched is marked as a
-  command's answer.
+  A message taken over from a process that stopped is shown (where it is not
+  yet) with its state, running or queued, as it is taken. A reply delivered
+  while its command is being dispatched is marked as a command's answer.
 * Writing never waits for a browser: each socket has its own outbox and
   writer task; a socket that falls :data:`OUTBOX_LIMIT` events behind is closed.
 * Bad input gets an ``error`` event and the socket stays open; nothing a
@@ -84,6 +87,8 @@ from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.secrets import Secrets, TokenSource
 from chatlane.session_commands import NO, YES
+from chatlane.stores.base import PendingRecord
+from chatlane.stores.codec import decode_message
 from chatlane.types import InboundMessage, Outbound, OutboundKind, SessionKey
 
 if TYPE_CHECKING:
@@ -268,6 +273,17 @@ class WebAdapter:
         waiting = [] if state is None else engine.approvals.pending(state)
         return next((r for r in waiting if r.id == outbound.approval_id), None)
 
+    def adopted(self, key: SessionKey, message: InboundMessage) -> None:
+        """Tell the chat's open tabs that ``message``, taken over from a process that
+        stopped, runs or waits here: the message (to a tab that does not show it) and its
+        state."""
+        chat = self._by_key.get(key)
+        if chat is None or message.internal:
+            return
+        chat.broadcast(_said(message))
+        for event in self._states(chat, {message.id}):
+            chat.broadcast(event)
+
     def outcome(self, outcome: MessageOutcome) -> None:
         """Tell the chat's open tabs how one of its messages ended."""
         chat = self._by_key.get(outcome.session_key)
@@ -348,32 +364,35 @@ class WebAdapter:
         """Join ``connection`` to ``chat`` and send its commands, history and list, then what
         the history cannot show yet, then the live events heard meanwhile.
 
-        What is in flight is read as the socket joins, with no ``await`` between, and the
-        history after: a message answered in between is in the history, or its answer
-        is heard live. Either way it shows once, as the view leaves out whatever is
-        sent about a message the history shows (:mod:`~chatlane.adapters.web_view`).
+        What is in flight here is read as the socket joins, with no ``await`` between,
+        then the store's queue, then the history: a message answered in between is in
+        the history, or its answer is heard live. Either way it shows once, as the view
+        leaves out whatever is sent about a message the history shows
+        (:mod:`~chatlane.adapters.web_view`).
         """
         chat.connections.add(connection)
         connection.send(commands_event(self.hub.gateway.router))
-        waiting = self._in_flight(chat)
+        here, told = self._in_flight(chat)
         try:
+            queued = await self.hub.store.pending(chat.session_key)
             events = await self._snapshot(chat)
         except StoreError as error:
             log.warning("web: could not load %s: %s", chat.session_key, error)
             connection.greeted([error_event("Could not load this conversation; try again later.")])
             return
-        connection.greeted([*events, *waiting])
+        said = [_said(m) for m in _unanswered(here, queued)]
+        connection.greeted([*events, *said, *told])
 
-    def _in_flight(self, chat: WebChat) -> list[Event]:
-        """What a history may not show yet: the messages not answered (held here or being
-        handed on), then the prompts of waiting approvals, then the messages' states."""
+    def _in_flight(self, chat: WebChat) -> tuple[list[InboundMessage], list[Event]]:
+        """What a history may not show yet, of what this process holds: the messages not
+        answered (held here or being handed on), and the prompts of waiting approvals and
+        the messages' states."""
         engine = self.hub.gateway.engine
         held = [m for m in engine.unanswered(chat.session_key) if not m.internal]
         ids = {m.id for m in held}
         messages = [*held, *(m for m in chat.handing.values() if m.id not in ids)]
         prompts = engine.pending_approvals(chat.session_key)
-        return [
-            *({"type": "user", "text": m.text, "id": m.id} for m in messages),
+        return messages, [
             *(outbound_event(prompt, self._asks(prompt)) for prompt in prompts),
             *self._states(chat, ids),
         ]
@@ -415,7 +434,7 @@ class WebAdapter:
             connection.send(state_event(message.id, MessageState.REFUSED))
             connection.send(error_event(_TOO_MANY))
             return
-        chat.broadcast({"type": "user", "text": frame.text, "id": message.id}, skip=connection)
+        chat.broadcast(_said(message), skip=connection)
         chat.handing[message.id] = message
         task = asyncio.create_task(self._dispatch(chat, connection, message, chat.last_submit))
         chat.last_submit = task
@@ -497,6 +516,29 @@ class WebAdapter:
             conversation_item(c, current.id, await store.transcript(key, c.id, 20)) for c in listed
         ]
         return [history_event(current.id, entries), {"type": "conversations", "items": items}]
+
+
+def _said(message: InboundMessage) -> Event:
+    """The ``user`` event that shows ``message`` in a tab."""
+    return {"type": "user", "text": message.text, "id": message.id}
+
+
+def _unanswered(here: list[InboundMessage], queued: list[PendingRecord]) -> list[InboundMessage]:
+    """The messages not answered yet, in the store's order: those ``here`` (what this
+    process holds), and those the store ``queued`` for another process (one that stopped
+    and whose messages wait to be taken over, or one running the session now)."""
+    held = {m.id: m for m in here}
+    listed = [held.pop(r.message_id, None) or _stored(r) for r in queued]
+    return [m for m in (*listed, *held.values()) if m is not None and not m.internal]
+
+
+def _stored(record: PendingRecord) -> InboundMessage | None:
+    """The message ``record`` keeps; ``None`` if it cannot be read (it will be set aside)."""
+    try:
+        return decode_message(record.payload)
+    except StoreError as error:
+        log.debug("web: unreadable pending record %s: %s", record.seq, error)
+        return None
 
 
 def _may_be_command(text: str) -> bool:

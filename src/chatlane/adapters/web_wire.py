@@ -13,7 +13,7 @@ Server → client::
     {"type": "chunk" | "reply" | "ack" | "notice" | "approval",
      "text", "id", "in_reply_to", "generation"[, "approval_id"][, "command": true]
      [, "asks": {"command", "reason"}]}     # asks: what an approval asks about, verbatim
-    {"type": "user", "text", "id"}            # sent from another tab of this browser
+    {"type": "user", "text", "id"}            # from another tab; on connect, not answered yet
     {"type": "accepted", "ref", "id"}         # the sender's own message got this id
     {"type": "state", "id", "state"[, "short_id"][, "elapsed"]}   # what the gateway did with it
     {"type": "outcome", "id", "outcome"}      # how it ended (one per message)

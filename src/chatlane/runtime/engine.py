@@ -86,7 +86,7 @@ from chatlane.runtime.persisted import (
     stored_fields,
     without_once,
 )
-from chatlane.runtime.recovery import adopt_all
+from chatlane.runtime.recovery import OnAdopted, adopt_all
 from chatlane.runtime.settings import RuntimeSettings, StopIncomplete, StopResult
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
@@ -126,8 +126,10 @@ class TurnEngine:
         store: Store | None = None,
         holder: str | None = None,
         on_outcome: OnOutcome | None = None,
+        on_adopted: OnAdopted | None = None,
     ) -> None:
         self.agent = agent
+        self._on_adopted = on_adopted
         self.settings = settings or RuntimeSettings()
         self.registry = (
             registry if registry is not None else SessionRegistry(on_evict=nothing_to_save)
@@ -418,7 +420,8 @@ class TurnEngine:
         return BusyOutcome.QUEUED
 
     async def adopt(self, key: SessionKey, message: InboundMessage, seq: int) -> None:
-        """Run a message adopted from a dead process: now if idle, else in store order.
+        """Run a message adopted from a dead process: now if idle, else in store order;
+        then tell ``on_adopted``.
 
         One that waits or runs here already (drawn into a turn here, then read back
         from an adoption whose answer was lost) is left where it is.
@@ -432,6 +435,8 @@ class TurnEngine:
         else:
             pending.insert_in_order(state, [message], [seq])
             self._nudge_if_behind(state, seq)
+        if self._on_adopted is not None:
+            self._on_adopted(key, message)
 
     async def start(self) -> int:
         """Announce this process and adopt what dead ones left; return how many were adopted.

@@ -26,6 +26,10 @@ log = logging.getLogger("chatlane.runtime")
 
 Run = Callable[[SessionKey, InboundMessage, int], Awaitable[object]]
 
+OnAdopted = Callable[[SessionKey, InboundMessage], None]
+"""Hears each message an engine adopted (from a process that stopped, or retried by an
+operator) once it runs or waits there: no dispatch here told its sender's adapter of it."""
+
 
 async def adopt_orphans(store: Store, holder: str, run: Run, limit: int) -> list[PendingRecord]:
     """Adopt one batch of dead processes' records (``limit`` sessions) and ``run`` them.
