@@ -1,20 +1,26 @@
-"""Messages that arrive while a conversation boundary runs (``/new``, ``/reset``,
-``/resume``, an auto-reset): they wait, whatever the busy policy, and run in the new
-conversation — never in the old one, never dropped with it, never unanswered."""
+"""Conversation boundaries (``/new``, ``/reset``, ``/resume``, an auto-reset) at their
+edges. Messages that arrive while one runs wait, whatever the busy policy, and run in
+the new conversation — never in the old one, never dropped with it, never unanswered;
+one that fails part way never carries the old conversation's choices into a new one."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from chatlane.errors import StoreError
 from chatlane.lifecycle import EndReason, LifecycleOptions
 from chatlane.runtime.turn import Turn
+from chatlane.stores import MemoryStore
 from chatlane.stores.base import Conversation
+from chatlane.stores.fields import CONVERSATION_ID
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import SessionKey
+from tests.runtime.agents import settings_agent
 
 
 class Gated:
@@ -165,3 +171,33 @@ async def test_a_failed_boundary_lets_what_arrived_run_in_the_conversation_it_ke
         await h.wait_for(lambda out: any(o.text == "echo still here" for o in out))
         await h.settle()
     assert runs == ["still here | default | None"]
+
+
+class FailsToName(MemoryStore):
+    """Fails the write that names the session's new conversation, once."""
+
+    failing = False
+
+    async def set_persistent(self, key: SessionKey, generation: int | None, **fields: Any) -> Any:
+        if self.failing and CONVERSATION_ID in fields:
+            self.failing = False
+            raise StoreError("the connection was lost")
+        return await super().set_persistent(key, generation, **fields)
+
+
+async def test_a_boundary_failing_part_way_carries_no_old_choice_into_the_new_one() -> None:
+    store = FailsToName()
+    options = LifecycleOptions(confirm_new=False)
+    async with GatewayHarness(settings_agent, store=store, lifecycle=options, reread_stored=0) as h:
+        key = h.session_key(chat_id="c")
+        await h.send("/model old-model", chat_id="c")
+        await h.send("/reasoning high", chat_id="c")
+        before = (await store.conversation(key)).id
+        store.failing = True
+        await h.send("/new", chat_id="c")
+        assert (await store.conversation(key)).id != before  # the store did start it
+        await h.send("next", chat_id="c")
+        replies = await h.replies(chat_id="c", count=4)
+    assert "could not finish" in replies[2]
+    assert "old-model" not in replies[3], replies[3]
+    assert "high" not in replies[3], replies[3]

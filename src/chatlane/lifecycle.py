@@ -8,7 +8,9 @@ after it returns:
   store), so nothing the old turn does later can land;
 * the store ended the conversation and a new one (or the resumed one) is current;
 * the whole conversation scope is cleared — every field, including ones added
-  later — and the overrides it held are cleared in the store too;
+  later — and the overrides it held are cleared in the store too, before the
+  store starts the new conversation: a boundary that fails part way may leave
+  the old conversation without its choices, never the new one with them;
 * a one-turn override is settled (nothing is left to restore);
 * the security state is clean: pending approvals resolved as denied (a
   blocked tool call returns at once), session-level grants ended, a pending
@@ -121,6 +123,9 @@ async def _end(
         await before_reset(key, reason, previous)
     stopped = await engine.stop(key, only=waiting)
     state = await engine.session(key)
+    # the ending conversation's choices leave the store first: a step failing after this
+    # can never carry them into the new conversation
+    await store.set_persistent(key, None, **dict.fromkeys(CONVERSATION_OVERRIDES))
     if resume_id is None:
         current = await store.new_conversation(key)
     else:
@@ -130,8 +135,7 @@ async def _end(
     state.conversation.clear()
     state.conversation.queued_events = arrived_meanwhile  # came after it began: they stay
     state.conversation.conversation_id = current.id
-    cleared = dict.fromkeys(CONVERSATION_OVERRIDES)
-    await store.set_persistent(key, None, **cleared, **{CONVERSATION_ID: current.id})
+    await store.set_persistent(key, None, **{CONVERSATION_ID: current.id})
     log.info(
         "conversation ended (%s): %s -> %s", reason, previous.id, current.id, extra=turn_fields(key)
     )
