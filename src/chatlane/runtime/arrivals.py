@@ -90,10 +90,10 @@ _DRAWN_KEPT = 10_000
 """How many drawn-in message ids a desk remembers (see ``BusyDesk._drawn``)."""
 
 _PLACED = frozenset({BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.STEERED})
+"""The outcomes of :meth:`BusyDesk._apply` that put the message somewhere here."""
 
 _QUEUE = BusyPolicy.QUEUE
 """What a message arriving during a conversation boundary gets, whatever its policy."""
-"""The outcomes of :meth:`BusyDesk._apply` that put the message somewhere here."""
 
 DROPPED_OLDEST = "Dropped from a full queue to make room for a newer message"
 """The notice the sender of a message dropped by the ``drop-oldest`` overflow gets."""
