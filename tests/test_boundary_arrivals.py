@@ -11,16 +11,19 @@ from typing import Any
 
 import pytest
 
-from chatlane.errors import StoreError
+from chatlane import lifecycle
+from chatlane.errors import GatewayFull, StoreError
 from chatlane.lifecycle import EndReason, LifecycleOptions
+from chatlane.runtime.busy import Overflow
+from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore
-from chatlane.stores.base import Conversation
+from chatlane.stores.base import Conversation, Lease
 from chatlane.stores.fields import CONVERSATION_ID
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import SessionKey
-from tests.runtime.agents import settings_agent
+from tests.runtime.agents import EchoAgent, settings_agent
 
 
 class Gated:
@@ -201,3 +204,166 @@ async def test_a_boundary_failing_part_way_carries_no_old_choice_into_the_new_on
     assert "could not finish" in replies[2]
     assert "old-model" not in replies[3], replies[3]
     assert "high" not in replies[3], replies[3]
+
+
+async def test_a_full_queue_collapses_nothing_of_the_ending_conversation_into_an_arrival() -> None:
+    """Under ``summarize`` a full queue becomes one turn: not with what the boundary drops."""
+    hook = Gated()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "long task":
+            await turn.interrupted.wait()
+        return f"echo {turn.text}"
+
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with GatewayHarness(
+        agent, queue_cap=2, overflow=Overflow.SUMMARIZE, lifecycle=options
+    ) as h:
+        await h.send("long task", chat_id="c")
+        await h.until_running(chat_id="c", text="long task")
+        await h.send("q1", chat_id="c")
+        await h.send("q2", chat_id="c")  # the queue is full
+        new = asyncio.create_task(h.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        after = await h.send("sent after /new", chat_id="c")
+        hook.opened.set()
+        await new
+        await h.wait_for(lambda out: any(o.text == "echo sent after /new" for o in out))
+        await h.settle()
+    assert any(o.text.endswith("Dropped 2 queued messages.") for o in h.outbox)
+    assert {o.message_id: o.outcome for o in h.outcomes}[after.message_id] == "answered"
+
+
+async def test_a_session_a_boundary_holds_counts_as_live_for_the_limits() -> None:
+    hook = Gated()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    limits = CapacitySettings(live_sessions=1)
+    async with GatewayHarness(EchoAgent(), lifecycle=options, capacity=limits) as h:
+        engine = h.gateway.engine
+        new = asyncio.create_task(h.send("/new", chat_id="a"))
+        await hook.entered.wait()
+        waiting = await h.send("for the new conversation", chat_id="a")
+        assert engine.slots.live_count() == 1
+        assert [m.id for m in engine.slots.held()] == [waiting.message_id]
+        with pytest.raises(GatewayFull):
+            await h.send("another session", chat_id="b")
+        hook.opened.set()
+        await new
+        await h.wait_for(lambda out: any(o.text == "echo: for the new conversation" for o in out))
+
+
+class ReleasesLate(MemoryStore):
+    """Holds the next lease release, and the next drop from the queue, on their gates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.releasing: Gated | None = None
+        self.dropping: Gated | None = None
+
+    async def release(self, lease: Lease) -> Any:
+        gate, self.releasing = self.releasing, None
+        if gate is not None:
+            await gate.wait()
+        return await super().release(lease)
+
+    async def drop_pending(self, key: SessionKey, seqs: Any) -> Any:
+        gate, self.dropping = self.dropping, None
+        if gate is not None:
+            await gate.wait()
+        return await super().drop_pending(key, seqs)
+
+
+async def test_a_turn_evicted_during_a_boundary_leaves_its_slot_held() -> None:
+    """The watchdog frees a stuck turn's slot and awaits its release: nothing may start
+    meanwhile in the conversation that is ending."""
+    hook = Gated()
+    runs: list[str] = []
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    async def agent(turn: Turn) -> str:
+        model = turn.overrides.model
+        runs.append(f"{turn.text} | {model.name if model else 'default'}")
+        if turn.text == "stuck":
+            await asyncio.Event().wait()  # no progress: the watchdog evicts it
+        return f"echo {turn.text}"
+
+    store = ReleasesLate()
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with GatewayHarness(agent, store=store, lifecycle=options, turn_timeout=0.3) as h:
+        await h.send("/model old-model", chat_id="c")
+        await h.send("stuck", chat_id="c")
+        await h.until_running(chat_id="c", text="stuck")
+        store.releasing, store.dropping = releasing, dropping = Gated(), Gated()
+        new = asyncio.create_task(h.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        await releasing.entered.wait()  # the watchdog evicted it and waits in the release
+        await dropping.entered.wait()  # and the cancelled turn's own aftermath waits
+        sent = await h.send("sent during /new", chat_id="c")
+        assert not sent.started
+        releasing.opened.set()
+        dropping.opened.set()
+        hook.opened.set()
+        await new
+        await h.wait_for(lambda out: any(o.text == "echo sent during /new" for o in out))
+    assert runs[-1] == "sent during /new | default"
+
+
+async def test_a_hook_that_never_returns_gives_the_session_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lifecycle, "HOOK_TIMEOUT", 0.05)
+
+    async def hangs(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await asyncio.Event().wait()  # a summarizing model that never answers
+
+    options = LifecycleOptions(confirm_new=False, before_reset=hangs)
+    async with GatewayHarness(EchoAgent(), lifecycle=options) as h:
+        new = asyncio.create_task(h.send("/new", chat_id="c"))
+        await h.send("hello?", chat_id="c")
+        await new
+        await h.wait_for(lambda out: any(o.text == "echo: hello?" for o in out))
+    failed = [o.text for o in h.outbox if o.text.startswith("/new could not finish")]
+    assert failed == [
+        "/new could not finish: the conversation could not be closed in time (0.05s); try again."
+    ]
+
+
+async def test_the_reply_counts_what_other_processes_had_taken() -> None:
+    hook = Gated()
+    running_elsewhere = asyncio.Event()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    async def agent(turn: Turn) -> str:
+        if turn.text == "sent to the other process":
+            running_elsewhere.set()
+            await turn.interrupted.wait()
+        return f"echo {turn.text}"
+
+    store = MemoryStore()
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with (
+        GatewayHarness(agent, store=store, lifecycle=options) as here,
+        GatewayHarness(agent, store=store, lifecycle=options) as there,
+    ):
+        new = asyncio.create_task(here.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        await there.send("sent to the other process", chat_id="c")
+        await running_elsewhere.wait()
+        hook.opened.set()
+        await new
+        replies = await here.replies(chat_id="c", count=1)
+    assert replies == [
+        "Started a new conversation. Dropped 0 queued messages, "
+        "and 1 message other gateway processes had taken."
+    ]

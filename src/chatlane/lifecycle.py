@@ -25,12 +25,14 @@ after it returns:
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
 from chatlane.runtime import pending
 from chatlane.stores.base import Conversation
@@ -44,6 +46,16 @@ log = logging.getLogger("chatlane.lifecycle")
 
 RESUMABLE = 1000
 """How many of a session's newest conversations one may be resumed from (by id or title)."""
+
+HOOK_TIMEOUT = 120.0
+"""Seconds a ``before_reset`` hook may take; past them the boundary fails, changing nothing.
+
+The session is held for the boundary meanwhile (what arrives waits), so a hook
+that never returned would hold it for good."""
+
+
+class HookTimedOut(ChatlaneError):
+    """A ``before_reset`` hook ran past its time: the boundary did nothing."""
 
 
 class EndReason(enum.StrEnum):
@@ -82,6 +94,8 @@ class Ended:
     current: Conversation
     interrupted_turn: bool
     dropped: int
+    dropped_elsewhere: int = 0
+    """Messages other gateway processes had taken (queued or running there), dropped too."""
 
 
 async def end_conversation(
@@ -120,7 +134,7 @@ async def _end(
     if resume_id is not None and not await _has_conversation(engine, key, resume_id):
         raise KeyError(resume_id)
     if before_reset is not None:
-        await before_reset(key, reason, previous)
+        await _run_hook(before_reset, key, reason, previous)
     stopped = await engine.stop(key, only=waiting)
     state = await engine.session(key)
     # the ending conversation's choices leave the store first: a step failing after this
@@ -139,7 +153,28 @@ async def _end(
     log.info(
         "conversation ended (%s): %s -> %s", reason, previous.id, current.id, extra=turn_fields(key)
     )
-    return Ended(previous, current, stopped.stopped_turn, len(stopped.dropped))
+    dropped, elsewhere = len(stopped.dropped), stopped.dropped_elsewhere
+    return Ended(previous, current, stopped.stopped_turn, dropped, elsewhere)
+
+
+async def _run_hook(
+    hook: BeforeReset, key: SessionKey, reason: EndReason, ending: Conversation
+) -> None:
+    """Await ``hook`` for at most :data:`HOOK_TIMEOUT` seconds.
+
+    :raises HookTimedOut: it took longer (it was cancelled; nothing else was done).
+    """
+    limit = asyncio.timeout(HOOK_TIMEOUT)
+    try:
+        async with limit:
+            await hook(key, reason, ending)
+    except TimeoutError:
+        if not limit.expired():
+            raise  # the hook's own
+        log.warning("before_reset took over %gs; %s was not reset", HOOK_TIMEOUT, key)
+        raise HookTimedOut(
+            f"the conversation could not be closed in time ({HOOK_TIMEOUT:g}s); try again"
+        ) from None
 
 
 async def _has_conversation(engine: TurnEngine, key: SessionKey, conversation_id: str) -> bool:

@@ -19,7 +19,7 @@ from chatlane.approvals import Decision, Grant, is_request_id
 from chatlane.approvals_elsewhere import Meant
 from chatlane.commands import CommandBusy, CommandCall, CommandSpec, UsageError, quoted
 from chatlane.endpoints import EndpointRefused, endpoint_policy
-from chatlane.lifecycle import RESUMABLE, EndReason, end_conversation
+from chatlane.lifecycle import RESUMABLE, Ended, EndReason, end_conversation
 from chatlane.redaction import CREDENTIALS_REFUSED, looks_like_credential
 from chatlane.runtime.persisted import apply_once
 from chatlane.state import SERVICE_TIER_UNSET
@@ -69,14 +69,22 @@ async def _boundary(call: CommandCall, reason: EndReason) -> str:
     ended = await end_conversation(
         call.engine, call.session_key, reason, before_reset=options.before_reset
     )
-    return "Started a new conversation." + _dropped(ended.dropped)
+    return "Started a new conversation." + _dropped(ended)
 
 
-def _dropped(count: int) -> str:
-    if not count:
+def _dropped(ended: Ended) -> str:
+    """What the boundary dropped: here, and what other gateway processes had taken."""
+    count, elsewhere = ended.dropped, ended.dropped_elsewhere
+    if not count and not elsewhere:
         return ""
-    noun = "message" if count == 1 else "messages"
-    return f" Dropped {count} queued {noun}."
+    text = f" Dropped {count} queued {_messages(count)}"
+    if elsewhere:
+        text += f", and {elsewhere} {_messages(elsewhere)} other gateway processes had taken"
+    return text + "."
+
+
+def _messages(count: int) -> str:
+    return "message" if count == 1 else "messages"
 
 
 LISTED = 20
@@ -101,7 +109,7 @@ async def _resume(call: CommandCall) -> str:
         resume_id=chosen.id,
         before_reset=call.router.options.before_reset,
     )
-    return f"Resumed {_named(chosen)}." + _also_matching(others) + _dropped(ended.dropped)
+    return f"Resumed {_named(chosen)}." + _also_matching(others) + _dropped(ended)
 
 
 def _listing(conversations: list[Conversation], current: str) -> str:

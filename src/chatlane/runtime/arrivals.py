@@ -18,9 +18,11 @@ and tells the sender. What stays true:
   refuses it, ``rollback`` interrupts the other process's turn through the
   store and ``redirect`` redirects it, anything else lets it wait for the lease.
 * A message that arrives while a conversation boundary runs (``/new``,
-  ``/reset``, ``/resume``, an auto-reset) is queued whatever the policy:
-  it steers, interrupts and merges into nothing of the ending conversation,
-  and runs in the new one.
+  ``/reset``, ``/resume``, an auto-reset) is queued whatever the policy, and
+  past the cap (what fills the queue is dropped with the ending
+  conversation; the process-wide limits still apply): it steers, interrupts,
+  merges and collapses into nothing of the ending conversation, and runs in
+  the new one.
 * A message that finds the queue full is refused, unless the overflow is
   ``drop-oldest`` or ``summarize`` (below): under ``drop-oldest`` the oldest
   waiting message leaves the queue (here and in the store, its sender told)
@@ -92,8 +94,6 @@ _DRAWN_KEPT = 10_000
 _PLACED = frozenset({BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.STEERED})
 """The outcomes of :meth:`BusyDesk._apply` that put the message somewhere here."""
 
-_QUEUE = BusyPolicy.QUEUE
-"""What a message arriving during a conversation boundary gets, whatever its policy."""
 
 DROPPED_OLDEST = "Dropped from a full queue to make room for a newer message"
 """The notice the sender of a message dropped by the ``drop-oldest`` overflow gets."""
@@ -262,10 +262,8 @@ class BusyDesk:
     ) -> BusyOutcome:
         turn = running_turn_of(state)
         if self._slots.ends_conversation(state.key):  # it waits for the new conversation,
-            outcome = decide(_QUEUE, self._context(state, message, None))  # whatever the policy
-            if outcome is BusyOutcome.QUEUED:
-                pending.enqueue(state, message, seq)
-            return outcome
+            pending.enqueue(state, message, seq)  # whatever the policy, and past the cap:
+            return BusyOutcome.QUEUED  # what fills the queue is dropped with the old one
         coalescing = turn is None and state.turn.phase is SlotPhase.COLLECTING
         if coalescing and self.coalesces(message) and not self._full(state):
             return self.coalesce(state, message, seq)

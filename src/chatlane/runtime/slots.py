@@ -92,6 +92,8 @@ class Slots:
         self._collecting: set[SessionKey] = set()
         self._ending: dict[SessionKey, int] = {}
         """The sessions whose conversation boundaries run, and how many run for each."""
+        self._held: set[SessionKey] = set()
+        """The sessions whose slot a boundary holds empty (:attr:`SlotPhase.ENDING`)."""
         self._tasks: set[asyncio.Task[object]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
         self._live_ended = asyncio.Event()
@@ -150,7 +152,7 @@ class Slots:
         if state.turn.is_running or self.closed:
             return
         if state.key in self._ending:
-            state.turn.hold_for_boundary(time.time())
+            self._hold(state)
             return
         queue = pending.pending_entries(state)
         if not queue:
@@ -175,10 +177,14 @@ class Slots:
     def stop_collecting(self, state: SessionState) -> None:
         """Free ``state``'s slot if it is held empty for a debounce (its queue was dropped)."""
         if state.turn.phase is SlotPhase.COLLECTING:
-            state.turn.clear()
+            self.free(state)
             self._done_collecting(state.key)
-            if state.key in self._ending:
-                state.turn.hold_for_boundary(time.time())
+
+    def free(self, state: SessionState) -> None:
+        """Empty ``state``'s slot (its turn is gone); held empty while a boundary runs."""
+        state.turn.clear()
+        if state.key in self._ending:
+            self._hold(state)
 
     # -- conversation boundaries ----------------------------------------------------
 
@@ -188,7 +194,11 @@ class Slots:
         key = state.key
         self._ending[key] = self._ending.get(key, 0) + 1
         if not state.turn.is_running:
-            state.turn.hold_for_boundary(time.time())
+            self._hold(state)
+
+    def _hold(self, state: SessionState) -> None:
+        state.turn.hold_for_boundary(time.time())
+        self._held.add(state.key)
 
     def end_boundary(self, state: SessionState) -> None:
         """The boundary :meth:`begin_boundary` began is done (or failed): once the last one
@@ -198,9 +208,10 @@ class Slots:
         if left > 0:
             self._ending[key] = left
             return
+        self._held.discard(key)
         if state.turn.phase is SlotPhase.ENDING:
             state.turn.clear()
-            self._live_ended.set()
+        self._live_ended.set()
         self.promote(state)
 
     def ends_conversation(self, key: SessionKey) -> bool:
@@ -342,12 +353,12 @@ class Slots:
         return [message for key in self.live_keys() for message in self.unanswered(key)]
 
     def live_keys(self) -> set[SessionKey]:
-        """Sessions with a turn running or waiting, or collecting, in this process."""
-        return {turn.session_key for turn in self._turns} | self._collecting
+        """Sessions with a turn running or waiting, collecting, or held by a boundary here."""
+        return {turn.session_key for turn in self._turns} | self._collecting | self._held
 
     def live_count(self) -> int:
-        """Sessions with a turn running or waiting, or collecting, in this process."""
-        return len(self._turns) + len(self._collecting)
+        """Sessions with a turn running or waiting, collecting, or held by a boundary here."""
+        return len(self._turns) + len(self._collecting) + len(self._held)
 
     def running_count(self) -> int:
         """Turns running (or waiting for their lease) in this process."""

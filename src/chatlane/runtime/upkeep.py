@@ -407,11 +407,12 @@ class Upkeep:
         if not state.turn.holds(turn):
             return
         slots.supersede(turn, TurnEnd.EVICTED)
-        settle_once(turn)
+        if turn.agent_called:  # a --once is used up only by a turn whose agent was called
+            settle_once(turn)
         if turn.task is not None:
             turn.task.cancel()
         slots.end(turn)
-        state.turn.clear()
+        slots.free(state)  # held at once if a boundary runs: nothing starts in the old conversation
         await self._leases.release(state, turn.generation)
         timeout = self._turn_timeout
         text = f"The running turn made no progress for {timeout:g}s and was stopped."
