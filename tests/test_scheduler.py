@@ -7,7 +7,7 @@ import datetime as dt
 import importlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -730,6 +730,88 @@ class TestJobs:
     def test_configured_ids_must_be_unique(self) -> None:
         with pytest.raises(ConfigError, match="share the id"):
             Scheduler(jobs=[Job("@daily", "a", id="x"), Job("@hourly", "b", id="x")])
+
+
+class FieldsRead(MemoryStore):
+    """A memory store that counts the persistent fields its reads hand back: what a
+    backend reads and decodes for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields = 0
+
+    async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        found = await super().load_persistent(key)
+        self.fields += len(found)
+        return found
+
+    async def load_fields(self, key: SessionKey, names: Sequence[str]) -> dict[str, Any]:
+        found = await super().load_fields(key, names)
+        self.fields += len(found)
+        return found
+
+
+class ClaimGate(MemoryStore):
+    """A memory store that holds every claim of a job's tick at its lease until ``opened``,
+    counting how many are held at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = asyncio.Event()
+        self.held = 0
+        self.most = 0
+
+    async def acquire(self, key: SessionKey, holder: str, ttl: float, **kwargs: Any) -> Lease:
+        if ":scheduler:job:" in key:
+            self.held += 1
+            self.most = max(self.most, self.held)
+            await self.opened.wait()
+            self.held -= 1
+        return await super().acquire(key, holder, ttl, **kwargs)
+
+
+class TestBursts:
+    """Many ticks due at once: each claim costs the same, and few are claimed at a time."""
+
+    async def test_claims_of_ticks_due_together_read_one_job_each(self) -> None:
+        clock, store, runs = FakeClock(), FieldsRead(), []
+
+        async def action(run: JobRun) -> None:
+            runs.append(run.job.id)
+
+        scheduler = Scheduler(action=action, now=clock)
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            h.gateway.use_scheduler(scheduler)
+            for i in range(60):
+                await scheduler.add_job("* * * * *", f"job {i}", f"test:c{i}")
+            clock.advance(120)
+            store.fields = 0
+            await scheduler.run_once()
+            await scheduler.wait_idle()
+        assert len(runs) == 60
+        # each claim: the job's own field and its claim's last tick (not every job: 60 x 60)
+        assert store.fields <= 2 * 60
+
+    async def test_no_more_ticks_are_claimed_at_once_than_the_cap(self) -> None:
+        clock, store, runs = FakeClock(), ClaimGate(), []
+
+        async def action(run: JobRun) -> None:
+            runs.append(run.job.id)
+
+        scheduler = Scheduler(SchedulerSettings(firing_cap=4), action=action, now=clock)
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            h.gateway.use_scheduler(scheduler)
+            for i in range(12):
+                await scheduler.add_job("* * * * *", f"job {i}", f"test:c{i}")
+            clock.advance(120)
+            await scheduler.run_once()
+            for _ in range(20):  # every due tick's task runs as far as it can
+                await asyncio.sleep(0)
+            assert store.held == 4
+            store.opened.set()
+            await scheduler.wait_idle()
+        assert sorted(runs) == sorted(job.id for job in scheduler.list_jobs())
+        assert store.most == 4
 
 
 class TestClockSteps:

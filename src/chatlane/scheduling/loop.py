@@ -114,6 +114,10 @@ class SchedulerSettings:
     :param min_interval: the least time between two runs of a job made from a chat.
     :param close_grace: how long :meth:`Scheduler.aclose` lets running jobs
         and resets finish before cancelling them.
+    :param firing_cap: how many job ticks this process claims and runs at once; a
+        tick due beyond them waits for a place, in the order it fell due. A job's
+        action holds its place until it returns (the default one: once its prompt
+        is accepted, not answered).
     """
 
     auto_reset: AutoResetSettings = field(default_factory=AutoResetSettings)
@@ -127,6 +131,7 @@ class SchedulerSettings:
     user_job_cap: Count = 20
     total_job_cap: Count = 1000
     min_interval: Seconds = 60.0
+    firing_cap: Count = 32
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -195,6 +200,7 @@ class Scheduler:
         self._book: JobBook | None = None
         self._slots: dict[str, _Slot] = {}
         self._resetting: set[SessionKey] = set()
+        self._firing_places = asyncio.Semaphore(self.settings.firing_cap)
         self._adding = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
@@ -447,14 +453,16 @@ class Scheduler:
         return None if slot is None else slot.due
 
     async def _fire(self, slot: _Slot, tick: float) -> None:
-        """Claim ``tick``; unless another process is deciding, move on to the next tick; run it."""
-        claim = await self._claim(slot, tick)
-        if claim is Claim.GONE:
-            self._slots.pop(slot.job.id, None)
-        if claim is not Claim.BUSY:
-            slot.advance(max(tick, self._now()), self.settings.tz)
-        if claim is Claim.CLAIMED:
-            await self._run(self._job_run(slot.job, tick))
+        """Once one of the ``firing_cap`` places is free: claim ``tick``; unless another
+        process is deciding, move on to the next tick; run it."""
+        async with self._firing_places:
+            claim = await self._claim(slot, tick)
+            if claim is Claim.GONE:
+                self._slots.pop(slot.job.id, None)
+            if claim is not Claim.BUSY:
+                slot.advance(max(tick, self._now()), self.settings.tz)
+            if claim is Claim.CLAIMED:
+                await self._run(self._job_run(slot.job, tick))
 
     async def _claim(self, slot: _Slot, tick: float) -> Claim:
         try:

@@ -272,6 +272,11 @@ class MemoryStore(Store):
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return self._load_persistent(key)
 
+    async def load_fields(self, key: SessionKey, names: Sequence[str]) -> dict[str, Any]:
+        session = self._sessions.get(key)
+        stored = {} if session is None else session.persistent
+        return {n: decode_value(key, n, stored[n]) for n in names if n in stored}
+
     def _load_persistent(self, key: SessionKey) -> dict[str, Any]:
         session = self._sessions.get(key)
         if session is None or not session.persistent:

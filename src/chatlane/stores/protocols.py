@@ -23,7 +23,7 @@ store without it is polled, as before.
 The contract suite has one module per protocol (``tests/stores/contract/``),
 each run over every backend. Operations derived from a protocol's own
 methods are written here, once; a backend overrides one only to do it in
-fewer round trips.
+fewer round trips, or reading less.
 """
 
 from __future__ import annotations
@@ -220,6 +220,15 @@ class SessionData(Protocol):
         entry = TranscriptEntry("assistant", text, generation)
         batch = WriteBatch(transcript=[entry], answered=list(message_ids), answer=text)
         await self.commit(key, generation, batch)
+
+    async def load_fields(self, key: SessionKey, names: Sequence[str]) -> dict[str, Any]:
+        """The persistent fields of ``key`` named in ``names`` that are stored (a fresh copy).
+
+        Each shipped backend reads those fields alone, so looking at one field of a
+        key that holds thousands (the scheduler's jobs) costs one field, not all.
+        """
+        wanted = set(names)
+        return {n: v for n, v in (await self.load_persistent(key)).items() if n in wanted}
 
 
 class Conversations(Protocol):

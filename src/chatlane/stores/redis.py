@@ -400,6 +400,14 @@ class RedisStore(Store):
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return _fields(key, await self._command("HGETALL", self._keys.one("persist", key)))
 
+    async def load_fields(self, key: SessionKey, names: Sequence[str]) -> dict[str, Any]:
+        wanted = list(dict.fromkeys(names))
+        if not wanted:
+            return {}
+        raw = await self._command("HMGET", self._keys.one("persist", key), *wanted)
+        found = zip(wanted, raw, strict=True)
+        return {name: decode_value(key, name, value) for name, value in found if value is not None}
+
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
     ) -> list[TranscriptEntry]:

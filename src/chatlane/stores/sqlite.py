@@ -357,6 +357,15 @@ def _load_persistent(db: sqlite3.Connection, key: SessionKey) -> dict[str, Any]:
     return {name: decode_value(key, name, value) for name, value in rows}
 
 
+def _load_fields(db: sqlite3.Connection, key: SessionKey, names: list[str]) -> dict[str, Any]:
+    marks = ", ".join("?" * len(names))
+    rows = db.execute(
+        f"SELECT field, value FROM persistent WHERE key = ? AND field IN ({marks}) ORDER BY rowid",
+        (key, *names),
+    ).fetchall()
+    return {name: decode_value(key, name, value) for name, value in rows}
+
+
 # -- liveness ------------------------------------------------------------------------------
 
 
@@ -550,6 +559,10 @@ class SQLiteStore(Store):
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return await self._read(lambda db: _load_persistent(db, key))
+
+    async def load_fields(self, key: SessionKey, names: Sequence[str]) -> dict[str, Any]:
+        wanted = list(dict.fromkeys(names))
+        return await self._read(lambda db: _load_fields(db, key, wanted)) if wanted else {}
 
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100

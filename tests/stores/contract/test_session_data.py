@@ -17,6 +17,7 @@ from chatlane.errors import (
     StoreError,
 )
 from chatlane.stores import Store, TranscriptEntry, WriteBatch
+from chatlane.stores.protocols import SessionData
 from chatlane.types import SessionKey
 from tests.keys import chat_key
 from tests.stores.conftest import Reopen, StoreClock, stored_answered_ids
@@ -155,6 +156,28 @@ class TestValues:
         read["l"].clear()
         read["added"] = True
         assert await store.load_persistent(KEY) == {"d": {"ids": [1]}, "l": [1]}
+
+
+class TestLoadFields:
+    """Some of a key's persistent fields, read alone: as ``load_persistent`` has them."""
+
+    @pytest.mark.parametrize("form", ["own", "derived"])
+    async def test_the_named_fields_that_are_stored_come_back(
+        self, store: Store, form: str
+    ) -> None:
+        load = SessionData.load_fields if form == "derived" else type(store).load_fields
+        await store.set_persistent(KEY, None, a=1, b={"x": [1]}, gone=None, c="three")
+        await store.set_persistent(chat_key("other"), None, a="not this key's")
+        asked = ["b", "gone", "never", "a", "a"]
+        assert await load(store, KEY, asked) == {"a": 1, "b": {"x": [1]}, "gone": None}
+        assert await load(store, KEY, []) == {}
+        assert await load(store, chat_key("unknown"), ["a"]) == {}
+
+    async def test_changing_what_was_read_changes_nothing_stored(self, store: Store) -> None:
+        await store.set_persistent(KEY, None, d={"ids": [1]})
+        read = await store.load_fields(KEY, ["d"])
+        read["d"]["ids"].append(2)
+        assert await store.load_fields(KEY, ["d"]) == {"d": {"ids": [1]}}
 
 
 class TestAnswers:

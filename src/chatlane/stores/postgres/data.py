@@ -36,6 +36,7 @@ __all__ = [
     "commit",
     "conversations",
     "current",
+    "load_fields",
     "load_persistent",
     "new_conversation",
     "resume",
@@ -122,6 +123,16 @@ def _entry_columns(entries: Sequence[TranscriptEntry]) -> tuple[list[Any], ...]:
 async def load_persistent(db: Db, key: SessionKey) -> dict[str, Any]:
     rows = await db.fetch(
         "SELECT field, value FROM persistent WHERE key = $1 ORDER BY position", key
+    )
+    return {name: decode_value(key, name, value) for name, value in rows}
+
+
+async def load_fields(db: Db, key: SessionKey, names: list[str]) -> dict[str, Any]:
+    rows = await db.fetch(
+        "SELECT field, value FROM persistent WHERE key = $1 AND field = ANY($2::text[]) "
+        "ORDER BY position",
+        key,
+        names,
     )
     return {name: decode_value(key, name, value) for name, value in rows}
 

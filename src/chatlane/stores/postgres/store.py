@@ -276,6 +276,10 @@ class PostgresStore(Store):
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
         return await self._read(lambda db: data.load_persistent(db, key))
 
+    async def load_fields(self, key: SessionKey, names: Sequence[str]) -> dict[str, Any]:
+        wanted = list(dict.fromkeys(names))
+        return await self._read(lambda db: data.load_fields(db, key, wanted)) if wanted else {}
+
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
     ) -> list[TranscriptEntry]:
