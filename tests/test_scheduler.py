@@ -50,6 +50,9 @@ IDLE_NOTICE = (
 RESET_NOTICE = (
     "This conversation was idle for 1s, so it was closed. Your next message starts a new one."
 )
+IDLE_NOTICE_60 = (
+    "This conversation was idle for 1m, so it was closed. Your next message starts a new one."
+)
 DAILY_NOTICE = "The daily reset closed this conversation. Your next message starts a new one."
 START = dt.datetime(2024, 1, 1, 3, 58, tzinfo=dt.UTC).timestamp()
 AHEAD = dt.datetime(2100, 1, 1, 3, 58, tzinfo=dt.UTC).timestamp()
@@ -422,6 +425,49 @@ class TestIdleReset:
             assert len(scheduler.tracker) == 0
             assert (await store.conversation(result.session_key)).id == old.id
             assert texts(h, "c") == ["echo: hello"]
+
+
+class ResetGate(MemoryStore):
+    """A memory store that holds each auto-reset at its look at the session's lease until
+    ``opened``, counting how many are held at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = asyncio.Event()
+        self.held = 0
+        self.most = 0
+
+    async def lease_holder(self, key: SessionKey) -> str | None:
+        task = asyncio.current_task()
+        if task is not None and task.get_name().startswith("chatlane-reset"):
+            self.held += 1
+            self.most = max(self.most, self.held)
+            await self.opened.wait()
+            self.held -= 1
+        return await super().lease_holder(key)
+
+
+class TestResetBursts:
+    async def test_no_more_resets_are_under_way_at_once_than_the_cap(self) -> None:
+        clock, store = FakeClock(AHEAD), ResetGate()
+        settings = SchedulerSettings(AutoResetSettings(AutoResetPolicy(idle_after=60)), reset_cap=3)
+        scheduler = Scheduler(settings, now=clock)
+        chats = [f"c{i}" for i in range(8)]
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            h.gateway.use_scheduler(scheduler)
+            for chat in chats:
+                await h.send("hello", chat_id=chat)
+                await h.replies(chat_id=chat, count=1)
+            clock.advance(61)
+            await scheduler.run_once()
+            for _ in range(20):  # every due reset's task runs as far as it can
+                await asyncio.sleep(0)
+            assert store.held == 3
+            store.opened.set()
+            await scheduler.wait_idle()
+            for chat in chats:
+                assert await h.replies(chat_id=chat, count=2) == ["echo: hello", IDLE_NOTICE_60]
+        assert store.most == 3
 
 
 class HookCalled:

@@ -19,7 +19,7 @@ from chatlane.errors import AlreadyAnswered, LeaseLost, StoreError
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.stores import DeliveryDraft, TranscriptEntry, WriteBatch, open_store
 from chatlane.stores.postgres import PostgresStore, ledger
-from chatlane.stores.postgres.pools import _milliseconds
+from chatlane.stores.postgres.pools import QUICK_POOL, _milliseconds
 from chatlane.stores.postgres.schema import MIGRATIONS, migrate
 from chatlane.stores.postgres.store import _LOCKED_NOW, _rolled_back
 from chatlane.stores.postgres.url import Location, parse_url, redact
@@ -419,6 +419,45 @@ class TestUpkeep:
         finally:
             await store.close()
             await forget_store(url)
+
+    async def test_heartbeats_and_renewals_do_not_wait_behind_reads(
+        self, store: PostgresStore
+    ) -> None:
+        """Every read connection is held (a burst of reads: the scheduler's checks of
+        thousands of sessions due for a reset), and more reads wait for one."""
+        lease = await store.acquire(KEY, "p1", 5)
+        gate, holding = asyncio.Event(), Counted(QUICK_POOL)
+
+        async def held(db: Any) -> None:
+            holding.add()
+            await gate.wait()
+
+        reads = [asyncio.create_task(store._read(held)) for _ in range(QUICK_POOL + 3)]
+        try:
+            await holding.reached.wait()
+            async with asyncio.timeout(5):  # never, were they queued behind the reads
+                await store.heartbeat("p1", 5)
+                [renewed] = await store.renew_many([lease], 5)
+            assert renewed is not None
+            assert renewed.expires_at > lease.expires_at
+            assert not any(read.done() for read in reads)  # the reads still held theirs
+        finally:
+            gate.set()
+            await asyncio.gather(*reads)
+        assert await store.alive(["p1"]) == {"p1": True}
+
+
+class Counted:
+    """A count that sets ``reached`` once it gets to ``goal``."""
+
+    def __init__(self, goal: int) -> None:
+        self.goal, self.count = goal, 0
+        self.reached = asyncio.Event()
+
+    def add(self) -> None:
+        self.count += 1
+        if self.count >= self.goal:
+            self.reached.set()
 
 
 class TestStoppedClients:

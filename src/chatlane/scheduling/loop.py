@@ -21,6 +21,10 @@ person gets (activity). What stays true:
   store: a process runs a tick only after recording it under the job's lease
   with a fenced write (:class:`JobBook`); a tick is named by its epoch, which
   every process computes alike.
+* At most ``firing_cap`` job ticks are claimed or run, and at most
+  ``reset_cap`` auto-resets carried out, at once in a process: what falls due
+  beyond them waits for a place, so a burst never floods the store ahead of
+  the heartbeats and lease renewals of the turns running meanwhile.
 * A job's next tick follows the clock as it reads now: one computed while the
   clock was ahead is computed again once the clock reads earlier (see
   :meth:`Scheduler.run_once`), so a clock put right never holds a job back
@@ -118,6 +122,8 @@ class SchedulerSettings:
         tick due beyond them waits for a place, in the order it fell due. A job's
         action holds its place until it returns (the default one: once its prompt
         is accepted, not answered).
+    :param reset_cap: how many auto-resets this process carries out at once; a reset
+        due beyond them waits for a place, in the order it fell due.
     """
 
     auto_reset: AutoResetSettings = field(default_factory=AutoResetSettings)
@@ -132,6 +138,7 @@ class SchedulerSettings:
     total_job_cap: Count = 1000
     min_interval: Seconds = 60.0
     firing_cap: Count = 32
+    reset_cap: Count = 32
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -201,6 +208,7 @@ class Scheduler:
         self._slots: dict[str, _Slot] = {}
         self._resetting: set[SessionKey] = set()
         self._firing_places = asyncio.Semaphore(self.settings.firing_cap)
+        self._reset_places = asyncio.Semaphore(self.settings.reset_cap)
         self._adding = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
@@ -298,7 +306,9 @@ class Scheduler:
             await asyncio.sleep(self.settings.period)
 
     async def run_once(self) -> None:
-        """One pass: reload jobs if due, then start every due reset and job tick in its own task.
+        """One pass: reload jobs if due, then start every due reset and job tick in its own task
+        (at most ``reset_cap`` resets and ``firing_cap`` ticks get on with it at once; the
+        others wait for a place).
 
         A job whose next tick was computed from a later reading of the clock
         than this pass's (the wall clock was stepped back: a bad step put right)
@@ -362,9 +372,11 @@ class Scheduler:
     # -- auto-reset ---------------------------------------------------------------------------
 
     async def _reset(self, due: DueReset) -> None:
+        """Carry out ``due`` once one of the ``reset_cap`` places is free."""
         try:
-            hook = self.gateway.settings.lifecycle.before_reset
-            await self._resetter.reset(self.engine, due, hook)
+            async with self._reset_places:
+                hook = self.gateway.settings.lifecycle.before_reset
+                await self._resetter.reset(self.engine, due, hook)
         finally:
             self._resetting.discard(due.key)
 

@@ -1,17 +1,21 @@
-"""The PostgreSQL store's connections: a pool for transactions, and a small one for quick calls.
+"""The PostgreSQL store's connections: a pool for transactions, a small one for reads, and one
+kept for liveness.
 
 What stays true:
 
 * Transactions that take a session's lock (acquire, commit, enqueue…) share
   the pool of ``pool_min`` to ``pool_max`` connections, waiting their turn for
   one when all are busy.
-* Quick calls — heartbeats and lease renewals, and every read that is a
-  single statement (fence checks, persistent fields, queues, answers) — never
-  wait for a session's lock, and have a pool of their own
-  (:data:`QUICK_POOL`). A backlog of turns therefore never delays them: not
-  the heartbeats and renewals past a TTL (which would make the process look
-  dead and its messages be adopted and run elsewhere while it still runs
-  them), nor the reads the runtime's upkeep makes between two renewals.
+* Reads that are a single statement (fence checks, persistent fields, queues,
+  answers) never wait for a session's lock, and have a pool of their own
+  (:data:`QUICK_POOL`): a backlog of turns never delays the reads the
+  runtime's upkeep makes between two renewals.
+* Heartbeats and lease renewals have a pool of their own too
+  (:data:`LIVENESS_POOL`), which nothing else uses: neither a backlog of turns
+  nor a burst of reads (the scheduler's checks of thousands of sessions due
+  for an auto-reset, say) ever delays them past a TTL, which would make the
+  process look dead and its messages be adopted and run elsewhere while it
+  still runs them. Neither takes a session's lock.
 * Every connection's ``search_path`` is the store's schema, and stays so: the
   store never changes a pooled session's settings, listens on it (its one
   ``LISTEN`` has a connection of its own, outside the pools:
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 
@@ -37,35 +41,49 @@ from chatlane.errors import StoreError
 from chatlane.stores.postgres.db import ConnectError
 from chatlane.stores.postgres.url import Location
 
-__all__ = ["QUICK_POOL", "Pools", "open_pools"]
+__all__ = ["LIVENESS_POOL", "QUICK_POOL", "PoolName", "Pools", "open_pools"]
+
+PoolName = Literal["turns", "quick", "liveness"]
+"""The store's pools: for transactions, for single-statement reads, for heartbeats and renewals."""
 
 QUICK_POOL = 2
-"""Connections the quick calls use at most (one is kept open)."""
+"""Connections the single-statement reads use at most (one is kept open)."""
+
+LIVENESS_POOL = 2
+"""Connections heartbeats and renewals use at most (one is kept open): one each, so that
+neither waits for the other."""
 
 
 @dataclass(frozen=True, slots=True)
 class Pools:
-    """The store's two pools (asyncpg's ``Pool``, untyped)."""
+    """The store's three pools (asyncpg's ``Pool``, untyped)."""
 
     turns: Any
     quick: Any
+    liveness: Any
+
+    def __getitem__(self, name: PoolName) -> Any:
+        return getattr(self, name)
 
     async def close(self) -> None:
-        await asyncio.gather(self.turns.close(), self.quick.close())
+        await asyncio.gather(self.turns.close(), self.quick.close(), self.liveness.close())
 
 
 async def open_pools(location: Location, name: str) -> Pools:
-    """Open both pools.
+    """Open the three pools.
 
     :raises StoreError: the server cannot be reached, or refuses the credentials.
     """
-    quick = await _pool(location, name, 1, QUICK_POOL)
+    opened: list[Any] = []
     try:
-        turns = await _pool(location, name, location.pool_min, location.pool_max)
+        for least, most in ((1, LIVENESS_POOL), (1, QUICK_POOL)):
+            opened.append(await _pool(location, name, least, most))
+        opened.append(await _pool(location, name, location.pool_min, location.pool_max))
     except BaseException:
-        await quick.close()
+        await asyncio.gather(*(pool.close() for pool in opened))
         raise
-    return Pools(turns, quick)
+    liveness, quick, turns = opened
+    return Pools(turns, quick, liveness)
 
 
 async def _pool(location: Location, name: str, least: int, most: int) -> Any:

@@ -65,7 +65,7 @@ from chatlane.stores.postgres import ledger as dl
 from chatlane.stores.postgres import liveness as lv
 from chatlane.stores.postgres import queue as pq
 from chatlane.stores.postgres.db import Db, DriverError, Row
-from chatlane.stores.postgres.pools import Pools, open_pools
+from chatlane.stores.postgres.pools import PoolName, Pools, open_pools
 from chatlane.stores.postgres.schema import migrate
 from chatlane.stores.postgres.url import Location, parse_url, redact
 from chatlane.stores.postgres.wakeups import Listener, token
@@ -138,10 +138,10 @@ class PostgresStore(Store):
     async def _write(self, key: SessionKey | None, op: Operation[T], *, upkeep: bool = False) -> T:
         """Run ``op`` in one transaction, under ``key``'s lock unless ``key`` is None.
 
-        :param upkeep: a quick call that takes no session's lock (heartbeat, renewals): on
-            the quick pool (see :mod:`~chatlane.stores.postgres.pools`).
+        :param upkeep: a heartbeat or a renewal, which takes no session's lock: on the pool
+            kept for them (see :mod:`~chatlane.stores.postgres.pools`).
         """
-        pool = self._pool(upkeep)
+        pool = self._pool("liveness" if upkeep else "turns")
         committing = False
         try:
             async with pool.acquire() as db:
@@ -166,7 +166,7 @@ class PostgresStore(Store):
         the server refused it (an ``ERROR`` rolls its transaction back) or the driver did
         before sending it.
         """
-        pool = self._pool(False)
+        pool = self._pool()
         sent = False
         try:
             async with pool.acquire() as db:
@@ -177,7 +177,7 @@ class PostgresStore(Store):
 
     async def _read(self, op: Callable[[Db], Awaitable[T]]) -> T:
         """Run ``op``, a single statement that only reads, outside any transaction (quick pool)."""
-        pool = self._pool(True)
+        pool = self._pool("quick")
         try:
             async with pool.acquire() as db:
                 return await _closing_if_lost(db, op)
@@ -188,10 +188,11 @@ class PostgresStore(Store):
         """The rows of one read (for tests and tools that look into the store's tables)."""
         return await self._read(lambda db: db.fetch(query, *args))
 
-    def _pool(self, quick: bool) -> Any:
+    def _pool(self, name: PoolName = "turns") -> Any:
+        """The pool a call takes its connection from (:mod:`~chatlane.stores.postgres.pools`)."""
         if self._closed:
             raise StoreError(f"{self._name} is closed")
-        return self._pools.quick if quick else self._pools.turns
+        return self._pools[name]
 
     def _failure(self, error: BaseException, committing: bool) -> StoreError:
         """``error`` as a :class:`StoreError`; ``committing``: it came as the transaction
