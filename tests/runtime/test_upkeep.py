@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
+import msgspec
 import pytest
 
 from chatlane.context import bind_session, get_session_env
@@ -255,3 +257,60 @@ async def test_a_renewal_the_store_refuses_is_one_warning_and_one_failure(
 async def _running(recorder: Recorder, key: SessionKey) -> Turn:
     await eventually(lambda: bool(recorder.turns.get(key)))
     return recorder.turns[key][0]
+
+
+class SlowToWindDown:
+    """Runs until cancelled, then winds down only once the test lets it: a turn whose end
+    takes a while (its settling waits on a loaded store, say) while it still holds its lease.
+    Its message's next turn answers at once."""
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+        self.running = asyncio.Event()
+        self.cancelled = asyncio.Event()
+        self.let_go = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        self.turns.append(turn)
+        if len(self.turns) > 1:
+            return "run again"
+        self.running.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            await self.let_go.wait()
+            raise
+        return "never"
+
+
+async def test_a_turn_given_up_for_its_expiring_lease_is_given_up_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    agent = SlowToWindDown()
+    quiet = LeaseSettings(ttl=60, fence_check=0)  # no pass of the loops finds it expiring
+    caplog.set_level(logging.INFO, logger="chatlane.runtime")
+    async with GatewayHarness(agent, leases=quiet) as h:
+        await h.send("hello", chat_id="c")
+        await agent.running.wait()
+        [turn] = agent.turns
+        assert turn.lease is not None
+        # the expiry pass came late (an overloaded loop): the lease ran out here meanwhile
+        turn.renewed(msgspec.structs.replace(turn.lease, expires_at=time.time() - 1))
+        upkeep = h.gateway.engine.upkeep
+        assert await upkeep.give_up_expiring() == 1
+        await agent.cancelled.wait()  # cancelled, and still winding down with its lease
+        assert await upkeep.give_up_expiring() == 0
+        assert await upkeep.give_up_expiring() == 0
+        await upkeep.lease_lost(turn, "its lease could not be renewed", fenced=True)
+        assert h.gateway.engine.metrics.lease_failures == 1
+        agent.let_go.set()
+        assert await h.replies(chat_id="c", count=1) == ["run again"]  # its message, once more
+    logged = [record.getMessage() for record in caplog.records]
+    assert [m for m in logged if m.startswith("lease lost")] == [f"lease lost: {EXPIRING}"]
+    assert [m for m in logged if m.startswith("turn superseded")] == [
+        f"turn superseded (lease lost: {EXPIRING})"
+    ]
+
+
+EXPIRING = "its lease is about to expire unrenewed"

@@ -114,6 +114,9 @@ class TurnRecord(msgspec.Struct):
     """The conversation's title the agent chose (:meth:`Turn.set_title`), cleaned; "" if none."""
     settling: bool = False
     """The agent is done: the engine settles the turn's messages, which nothing may cancel."""
+    lease_given_up: bool = False
+    """The upkeep gave the turn up for its lease (refused, fenced elsewhere, or about to
+    expire unrenewed): it is superseded, logged and counted once (:meth:`Turn.give_up_lease`)."""
     finished: bool = False
     """The engine is done with the turn: whatever still runs for it can ask nothing."""
     task: asyncio.Task[None] | None = None
@@ -280,6 +283,15 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     def renewed(self, lease: Lease) -> None:
         """The turn's lease was renewed as ``lease`` (engine side)."""
         self._record.lease = lease
+
+    @property
+    def lease_given_up(self) -> bool:
+        """Whether the turn was given up because its lease was lost or about to expire."""
+        return self._record.lease_given_up
+
+    def give_up_lease(self) -> None:
+        """Record that the turn was given up for its lease, once (engine side)."""
+        self._record.lease_given_up = True
 
     def mark_agent_called(self) -> None:
         """The agent is called for this turn now (engine side)."""
@@ -529,6 +541,7 @@ PLAIN_READS: dict[str, str] = {
     "agent_called": "_record.agent_called",
     "last_progress": "_record.last_progress",
     "chosen_title": "_record.title",
+    "lease_given_up": "_record.lease_given_up",
 }
 """The read-only properties of :class:`Turn` that only read an attribute, with its path.
 

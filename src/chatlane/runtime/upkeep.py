@@ -16,7 +16,9 @@ What stays true:
   answers), so it has stopped before the store lets another process take the
   session. A lease released while its renewal was
   under way (the turn committed and ended) is not a loss, and is not logged
-  as one.
+  as one. A turn is given up for its lease once: superseded, logged and
+  counted in ``chatlane_lease_failures_total`` once, however many passes
+  find it still holding the lease while it winds down.
 * Every ``fence_check`` seconds each running turn's generation is compared
   with the store's (one batched read, :meth:`~chatlane.stores.base.Store.generations`):
   a turn another process fenced (``/stop`` or ``/new`` sent there, or an
@@ -230,9 +232,11 @@ class Upkeep:
 
     @staticmethod
     def _lost_nothing(turn: Turn) -> bool:
-        """Whether ``turn`` ended, answered, gave its lease back or was fenced here already."""
+        """Whether ``turn`` ended, answered, gave its lease back, was fenced here already, or
+        was given up for its lease before (it keeps the lease until it ends, and is not
+        given up again at each pass meanwhile)."""
         released = turn.generation not in turn.session_state.turn.lease_tokens
-        return turn.finished or turn.answered or released or turn.is_fenced()
+        return turn.finished or turn.answered or released or turn.is_fenced() or turn.lease_given_up
 
     async def give_up_expiring(self) -> int:
         """Supersede and cancel each turn whose lease is about to expire here; return how many.
@@ -241,7 +245,11 @@ class Upkeep:
         hold it up.
         """
         margin = expiry_margin(self._leases.settings)
-        expiring = [turn for turn in self._leased() if expires_within(turn.lease, margin)]
+        expiring = [
+            turn
+            for turn in self._leased()
+            if expires_within(turn.lease, margin) and not turn.lease_given_up
+        ]
         for turn in expiring:
             left = 0.0 if turn.lease is None else turn.lease.expires_at - time.time()
             why = "its lease is about to expire unrenewed"
@@ -343,7 +351,7 @@ class Upkeep:
         When the store said so (``fenced``), another process may have fenced
         it to interrupt it, and the store is asked; then the turn ends as
         interrupted. A turn that ended, or was fenced here, while the renewal
-        was under way lost nothing.
+        was under way lost nothing; so did one given up for its lease before.
         """
         if self._lost_nothing(turn):
             return  # before asking the store: no read for a turn that ended meanwhile
@@ -354,6 +362,7 @@ class Upkeep:
             interrupted = False
         if self._lost_nothing(turn):
             return
+        turn.give_up_lease()
         if interrupted:
             detail = "by a message to another process"
             self._slots.supersede(turn, TurnEnd.INTERRUPTED, detail, fenced_in_store=True)
