@@ -26,7 +26,7 @@ from chatlane.autoreset import (
 )
 from chatlane.commands import CommandRouter
 from chatlane.context import current_cron_target, get_session_env
-from chatlane.cron import LOCAL, Interval, Job, JobRun, Schedule
+from chatlane.cron import LOCAL, CronExpression, Interval, Job, JobRun, Schedule
 from chatlane.errors import ConfigError, InvalidSessionKey
 from chatlane.gateway import DispatchResult, Gateway
 from chatlane.identity import ChatType, SessionSource, check_session_key
@@ -837,6 +837,29 @@ class TestBursts:
         assert len(runs) == 60
         # each claim: the job's own field and its claim's last tick (not every job: 60 x 60)
         assert store.fields <= 2 * 60
+
+    async def test_syncs_parse_a_schedule_many_jobs_share_once(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Every sync reads every stored job again; checking that ``*/7 * * * *`` ever
+        matches costs a day's minutes, and was paid again for each job at each sync."""
+        scheduler = Scheduler()
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)
+            for i in range(40):
+                await scheduler.book.save(Job("*/7 * * * *", f"job {i}", id=f"j{i}"))
+            parses: list[str] = []
+            parse = CronExpression.parse
+
+            def counted(text: str) -> CronExpression:
+                parses.append(text)
+                return parse(text)
+
+            monkeypatch.setattr(CronExpression, "parse", counted)
+            for _ in range(3):
+                await scheduler.sync()
+            assert len(scheduler.list_jobs()) == 40
+        assert len(parses) <= 1  # none, if an earlier test parsed it already
 
     async def test_no_more_ticks_are_claimed_at_once_than_the_cap(self) -> None:
         clock, store, runs = FakeClock(), ClaimGate(), []

@@ -26,6 +26,7 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import enum
+import functools
 import hashlib
 import logging
 import re
@@ -286,8 +287,17 @@ Schedule: TypeAlias = CronExpression | Interval
 def parse_schedule(text: str) -> Schedule:
     """An interval for ``every …``, else a cron expression (or ``@daily``-style shorthand).
 
+    A text is parsed once (a schedule is immutable, and checking that a cron
+    expression ever matches can take milliseconds): reloading thousands of jobs
+    that share a few schedules, as every sync does, costs a few parses, not thousands.
+
     :raises ConfigError: if ``text`` is neither, with what was expected.
     """
+    return _parsed(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> Schedule:
     if text.strip().lower().startswith("every"):
         return Interval.parse(text)
     return CronExpression.parse(text)
