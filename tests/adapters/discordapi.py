@@ -258,6 +258,11 @@ class DiscordApi:
 
     # -- what tests call ------------------------------------------------------------
 
+    @property
+    def connected(self) -> bool:
+        """Whether the bot's gateway connection is open (identified or resumed)."""
+        return self._socket is not None
+
     def new_id(self) -> int:
         """A snowflake no other object of the stand-in has."""
         return next(self._ids)

@@ -17,6 +17,7 @@ import discord
 import msgspec
 import pytest
 
+from chatlane.adapters import discord as discord_adapter
 from chatlane.adapters.discord import REFUSAL_INTERVAL, DiscordAdapter
 from chatlane.adapters.discord_wire import MESSAGE_LIMIT
 from chatlane.adapters.splitting import EMPTY_REPLY
@@ -784,6 +785,70 @@ async def test_an_invalidated_session_identifies_again(api: DiscordApi, bot: Run
     await api.say(dm, ALICE, "still here")
     [reply] = await api.wait_for_messages(dm)
     assert reply.text == "echo: still here"
+
+
+async def test_a_shutdown_closes_the_gateway_first_and_stores_the_message_it_brought(
+    api: DiscordApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Discord sends nothing more once the gateway is closed, and never sends again what it
+    sent: the message whose store write is under way is stored, not cancelled."""
+    store = StoreConfig(url=f"sqlite:///{tmp_path / 'chatlane.db'}")
+    config = msgspec.structs.replace(discord_config(api, tmp_path), store=store)
+    dm = api.dm_channel(ALICE)
+    storing, release = asyncio.Event(), asyncio.Event()
+    connected_when_stored: list[bool] = []
+    async with running(config) as r:
+        submit = r.hub.submit
+
+        async def slow(message: InboundMessage) -> DispatchResult:
+            storing.set()
+            await release.wait()  # a store write that takes a while
+            connected_when_stored.append(api.connected)
+            return await submit(message)
+
+        monkeypatch.setattr(r.hub, "submit", slow)
+        said = await api.say(dm, ALICE, "sent as the gateway stops")
+        async with asyncio.timeout(WAIT):
+            await storing.wait()
+        closing = asyncio.create_task(shutdown(r.hub))
+        await api.wait_for(lambda: not api.connected)
+        release.set()
+        await closing
+    assert connected_when_stored == [False]
+    hub = await open_hub(config)  # the next start
+    try:
+        source = SessionSource(
+            "discord", chat_id=str(dm), chat_type=ChatType.DM, user_id=str(ALICE)
+        )
+        pending = await hub.store.pending(build_session_key(source))
+    finally:
+        await shutdown(hub)
+    assert [record.message_id for record in pending] == [f"discord-{said}-{ALICE}"]
+
+
+async def test_a_shutdown_gives_a_store_write_that_never_ends_up(
+    api: DiscordApi,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(discord_adapter, "CLOSE_WAIT", 0.01)
+    storing = asyncio.Event()
+    async with running(discord_config(api, tmp_path)) as r:
+
+        async def stuck(message: InboundMessage) -> DispatchResult:
+            storing.set()
+            await asyncio.Event().wait()  # a store that never answers
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(r.hub, "submit", stuck)
+        await api.say(api.dm_channel(ALICE), ALICE, "hello")
+        async with asyncio.timeout(WAIT):
+            await storing.wait()
+        with caplog.at_level(logging.WARNING, logger="chatlane.adapters"):
+            await shutdown(r.hub)  # returns: the write was cancelled after CLOSE_WAIT
+    assert not r.adapter.ready()
+    assert "1 Discord jobs not done after 0.01s were cancelled" in caplog.text
 
 
 # -- starting ------------------------------------------------------------------------

@@ -11,7 +11,9 @@ What stays true:
   are handled in arrival order within a channel, in parallel across channels.
   Discord never sends an event again once it was dispatched on a live
   connection, so a process that dies between receiving a message and its
-  acceptance loses that message (``docs/discord.md`` says so).
+  acceptance loses that message (``docs/discord.md`` says so). A shutdown
+  closes the gateway first, then gives what it brought :data:`CLOSE_WAIT`
+  seconds to be handed on.
 * In a server the shared group rule decides (:class:`~chatlane.groups.GroupPolicy`,
   keyed by the channel — a thread's parent — and ``channel`` or ``thread``):
   with ``require_mention``, only a message that mentions the bot, replies to
@@ -105,6 +107,9 @@ REFUSAL_INTERVAL = 3600.0
 """Seconds between two refusals told to one stranger."""
 START_WAIT = 30.0
 """Seconds the start waits for the gateway's first session, to report a refusal."""
+CLOSE_WAIT = 10.0
+"""Seconds a shutdown waits, once the gateway is closed, for the messages it brought to be
+handed to chatlane; what is left then is cancelled."""
 MORE = " …"
 LABELLED_LIMIT = MESSAGE_LIMIT - len(RESENT_LABEL)  # each of its characters one UTF-16 unit
 """Where a reply's parts are cut, labelled or not: the same cuts on every attempt."""
@@ -242,19 +247,36 @@ class DiscordAdapter:
             log.warning("discord: no gateway session after %gs; still trying", START_WAIT)
 
     async def aclose(self) -> None:
-        """Stop taking events, drop what they still ask for, stop drafts and typing, log out."""
+        """Close the gateway, let the events it brought be handed on, then stop drafts,
+        typing and best-effort sends and log out.
+
+        The gateway closes first, so nothing arrives that could no longer be handed
+        on. What it brought before is given :data:`CLOSE_WAIT` seconds to reach
+        chatlane (stored, refused, or its sender told it could not be), with the
+        client and its REST API still there for what that needs; Discord never
+        sends it again. Only what is left after that is cancelled.
+        """
+        await self._close_gateway()
+        await self._lanes.aclose(CLOSE_WAIT)
         client, self._client = self._client, None
         typing, self.typing = self.typing, None
-        await self._lanes.aclose()
         await self._aside.aclose()
         await self._drafts.aclose()
         if typing is not None:
             await typing.aclose()
         if client is not None:
             await client.close()
-        if self._connection is not None:
-            await asyncio.gather(self._connection, return_exceptions=True)
-            self._connection = None
+
+    async def _close_gateway(self) -> None:
+        """End the gateway connection, so Discord dispatches nothing more here; the REST API
+        stays open."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.cancel()
+            await asyncio.gather(connection, return_exceptions=True)
+        client = self._client
+        if client is not None and client.ws is not None and client.ws.open:
+            await client.ws.close(code=1000)
 
     async def handled(self) -> None:
         """Wait until what the gateway's events asked for so far is done (handed to chatlane,

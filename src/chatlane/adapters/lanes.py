@@ -2,12 +2,15 @@
 
 Chat adapters hand each event's work to :class:`Lanes` so that a platform's
 events for one conversation reach chatlane in the order they arrived, however
-long one of them takes, while other conversations go on.
+long one of them takes, while other conversations go on. A shutdown may give
+the jobs under way a while to end (:meth:`Lanes.aclose`) before it cancels
+what is left.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine
 
@@ -56,9 +59,19 @@ class Lanes:
         while self._running:
             await asyncio.wait(list(self._running))
 
-    async def aclose(self) -> None:
-        """Cancel the jobs not done yet and wait until they ended."""
+    async def aclose(self, within: float = 0.0) -> None:
+        """Wait up to ``within`` seconds for the jobs given so far (and any given meanwhile)
+        to end, then cancel those not done and wait until they ended; a job given up after
+        such a wait is logged."""
+        if within > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within):
+                    await self.drained()
         running = list(self._running)
+        if running and within > 0:
+            log.warning(
+                "%d %s jobs not done after %gs were cancelled", len(running), self._name, within
+            )
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
