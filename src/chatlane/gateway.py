@@ -30,7 +30,7 @@ from chatlane.commands import (
 )
 from chatlane.delivery.ledger import DeliveryLedger
 from chatlane.delivery.worker import DeliverySettings, DeliveryWorker, Sender
-from chatlane.errors import ChatlaneError
+from chatlane.errors import ChatlaneError, InvalidSource
 from chatlane.identity import (
     NO_SESSION,
     ChatType,
@@ -285,14 +285,16 @@ class Gateway:
     async def has_run(self, message: InboundMessage) -> bool:
         """Whether a turn ever ran, in any process sharing the store, for the session
         ``message`` would go to: its generation there is above 0 (every turn's lease
-        bumps it). False when its source names no session or the store cannot say.
+        bumps it). False when its source names no session.
+
+        :raises ChatlaneError: the store could not say (a :class:`~chatlane.errors.StoreError`):
+            not known, which a caller must not take for no.
         """
         try:
             key = self.session_key(message)
-            return await self.engine.store.generation(key) > 0
-        except ChatlaneError as error:
-            log.warning("could not ask whether a session has run: %s", error)
+        except InvalidSource:
             return False
+        return await self.engine.store.generation(key) > 0
 
     def awaits_answer(self, message: InboundMessage) -> bool:
         """Whether ``message``, said in a shared chat but not to the bot, is a plain yes or

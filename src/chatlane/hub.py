@@ -198,7 +198,10 @@ class Hub:
 
     async def has_run(self, message: InboundMessage) -> bool:
         """Whether a turn ever ran for ``message``'s session, in any process sharing the
-        store (:meth:`~chatlane.gateway.Gateway.has_run`)."""
+        store (:meth:`~chatlane.gateway.Gateway.has_run`).
+
+        :raises ChatlaneError: the store could not say.
+        """
         return await self.gateway.has_run(message)
 
     async def submit(self, message: InboundMessage) -> DispatchResult:

@@ -297,6 +297,41 @@ async def test_a_thread_the_bot_answered_in_needs_no_mention_in_another_process(
         assert len(api.messages(GENERAL)) == 2  # nothing for the thread the bot is not in
 
 
+async def test_a_thread_message_is_not_dropped_when_the_store_cannot_say_whose_thread_it_is(
+    api: SlackApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unknown is not no: the sender alone hears the message could not be handled."""
+    shared = StoreConfig(url=f"sqlite:///{tmp_path / 'shared.db'}")
+    config = msgspec.structs.replace(slack_config(api, tmp_path), store=shared)
+    async with served(config) as first, served(config) as second:
+        thread = await first.slack.message(GENERAL, BOB, "a question", channel_type="channel")
+        await first.slack.message(
+            GENERAL, ALICE, f"{MENTION} hello", channel_type="channel", thread_ts=thread
+        )
+        await api.wait_for_messages(GENERAL)
+        store = second.hub.gateway.engine.store
+        generation = store.generation
+
+        async def once_failing(key: SessionKey) -> int:
+            monkeypatch.setattr(store, "generation", generation)
+            raise StoreError("the store timed out")
+
+        monkeypatch.setattr(store, "generation", once_failing)
+        await second.slack.message(
+            GENERAL, BOB, "and more", channel_type="channel", thread_ts=thread
+        )
+        await second.adapter.handled()
+        [told] = api.ephemerals
+        assert (told.channel, told.user, told.thread_ts) == (GENERAL, BOB, thread)
+        assert told.text == "Sorry — your message could not be handled right now; please try again."
+        assert len(api.messages(GENERAL)) == 1  # told privately: it may not have been for the bot
+        await second.slack.message(
+            GENERAL, BOB, "and again", channel_type="channel", thread_ts=thread
+        )
+        replies = await api.wait_for_messages(GENERAL, 2)
+    assert (replies[1].text, replies[1].thread_ts) == ("echo: and again", thread)
+
+
 async def test_a_thread_under_the_bots_own_message_needs_no_mention(
     api: SlackApi, gateway: Served
 ) -> None:

@@ -23,9 +23,12 @@ What stays true:
   keyed by the conversation and ``channel`` or ``thread``): with ``require_mention``,
   only a message that mentions the bot, matches a mention pattern, or is in a
   thread the bot is in (it started it, or answered there) goes to chatlane;
-  the bot's mention is taken out of the text. With ``unmentioned = "context"``
-  the others are kept for the next turn of their session
-  (:meth:`~chatlane.hub.Hub.overhear`); by default they are ignored.
+  the bot's mention is taken out of the text. A message whose thread the store
+  cannot say is the bot's is not taken as not for the bot: its sender is told,
+  privately, that it could not be handled.
+  With ``unmentioned = "context"`` the others are kept for the next turn of
+  their session (:meth:`~chatlane.hub.Hub.overhear`); by default they are
+  ignored.
 * A message's files go with it as attachments, referenced by their private
   URLs (:mod:`~chatlane.adapters.slack_files`); a message with a file over
   ``slack.max_attachment_bytes`` is refused with a notice instead, after the
@@ -311,7 +314,12 @@ class SlackAdapter:
         posted = read_posted(event, self._bot_user)
         if posted is None:
             return
-        if not self._addressed(posted, await self._in_bot_thread(posted)):
+        try:
+            for_the_bot = await self._for_the_bot(posted)
+        except ChatlaneError as error:
+            await self._unknown_thread(posted, error)
+            return
+        if not for_the_bot:
             self._overhear(posted)
             return
         if not self._seen.note(posted.id):
@@ -319,6 +327,23 @@ class SlackAdapter:
         result = await self._take(posted.inbound())
         if posted.thread_ts is not None and result is not None and not result.refused:
             self._threads.note((posted.channel, posted.thread_ts))  # the bot answers there
+
+    async def _for_the_bot(self, posted: Posted) -> bool:
+        """Whether ``posted`` is for the bot; whether its thread is one the bot is in is
+        asked only when that decides it.
+
+        :raises ChatlaneError: the store could not say whether the bot is in the thread.
+        """
+        if self._addressed(posted, in_bot_thread=False):
+            return True
+        return await self._in_bot_thread(posted) and self._addressed(posted, in_bot_thread=True)
+
+    async def _unknown_thread(self, posted: Posted, error: ChatlaneError) -> None:
+        """``posted`` is for the bot only if the bot is in its thread, which the store could
+        not say (``error``): its sender alone is told it could not be handled, as it may
+        not have been said to the bot at all."""
+        log.warning("slack message %s could not be handled: %s", posted.id, error)
+        await self._ephemeral(posted.channel, posted.user, posted.thread_ts, _NOT_HANDLED)
 
     def _addressed(self, posted: Posted, in_bot_thread: bool) -> bool:
         """Whether ``posted`` is for the bot (see the module docstring)."""
@@ -344,6 +369,8 @@ class SlackAdapter:
         store once (a turn ran for its session, in any process sharing it), and
         remembered here if so: a thread is one session, so this holds across
         processes and restarts.
+
+        :raises ChatlaneError: the store could not say.
         """
         thread = posted.thread_ts
         if thread is None or posted.mentions_bot:
