@@ -463,6 +463,49 @@ async def test_a_retried_or_repeated_event_is_handled_once(
     assert submitted[0] == f"slack-{GENERAL}-{ts}-{ALICE}"
 
 
+async def test_a_retry_is_answered_only_once_the_first_copy_is_held(
+    api: SlackApi, gateway: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slack_events, "ANSWER_WITHIN", 60.0)  # a loaded machine: no cut-off
+    order: list[str] = []
+    storing, release, retried = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    submit, hand_on = gateway.hub.submit, slack_events.Intake.event
+
+    async def slow(message: InboundMessage) -> DispatchResult:
+        storing.set()
+        await release.wait()  # a store write that takes a while
+        result = await submit(message)
+        order.append("accepted")
+        return result
+
+    def answering(*args: Any, **kwargs: Any) -> Response:
+        order.append("answered")
+        return Response(*args, **kwargs)
+
+    async def arriving(intake: slack_events.Intake, envelope: Any) -> None:
+        if storing.is_set():
+            retried.set()
+        await hand_on(intake, envelope)
+
+    monkeypatch.setattr(gateway.hub, "submit", slow)
+    monkeypatch.setattr(slack_events, "Response", answering)
+    monkeypatch.setattr(slack_events.Intake, "event", arriving)
+    slack = gateway.slack
+    event = {"type": "message", "channel": ALICE_DM, "user": ALICE, "text": "hello"}
+    event |= {"ts": slack.next_ts(), "channel_type": "im"}
+    first = asyncio.create_task(slack.event(event, event_id="Ev0001"))
+    retry = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+    async with asyncio.timeout(WAIT):
+        await storing.wait()
+        again = asyncio.create_task(slack.event(event, event_id="Ev0001", headers=retry))
+        await retried.wait()
+    release.set()
+    await asyncio.gather(first, again)
+    assert order == ["accepted", "answered", "answered"]
+    [reply] = await api.wait_for_messages(ALICE_DM)
+    assert reply.text == "echo: hello"
+
+
 # -- who may talk --------------------------------------------------------------------
 
 

@@ -24,7 +24,15 @@ from chatlane.gateway import DispatchResult
 from chatlane.hub import Hub
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.types import InboundMessage
-from tests.adapters.slackapi import BOT_USER, SlackApi, SlackRequests, SlackSocket
+from tests.adapters.slackapi import (
+    BOT_USER,
+    WAIT,
+    SlackApi,
+    SlackRequests,
+    SlackSocket,
+    event_callback,
+    message_event,
+)
 from tests.adapters.test_slack import (
     ALICE,
     ALICE_DM,
@@ -253,6 +261,53 @@ async def test_what_slack_kept_while_the_app_was_away_is_answered_at_start(
         await kept
         [reply] = await api.wait_for_messages(ALICE_DM)
     assert reply.text == "echo: are you there"
+
+
+async def test_a_copy_sent_again_after_a_reconnect_waits_for_the_first_to_be_held(
+    api: SlackApi, gateway: Socketed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy is not acknowledged while the first copy's message is not held yet: a
+    process that died then would have had Slack's last chance to send it."""
+    monkeypatch.setattr(slack_events, "ANSWER_WITHIN", 60.0)  # a loaded machine: no cut-off
+    order: list[str] = []
+    storing, release, copied = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    submit, acknowledge = gateway.hub.submit, SocketModeClient.send_socket_mode_response
+    hand_on, arrived = slack_events.Intake.event, []
+
+    async def slow(message: InboundMessage) -> DispatchResult:
+        storing.set()
+        await release.wait()  # a store write that takes a while
+        result = await submit(message)
+        order.append("accepted")
+        return result
+
+    async def acknowledging(client: SocketModeClient, response: Any) -> None:
+        order.append("acknowledged")
+        await acknowledge(client, response)
+
+    async def arriving(intake: slack_events.Intake, envelope: Any) -> None:
+        arrived.append(envelope)
+        if len(arrived) == 2:
+            copied.set()
+        await hand_on(intake, envelope)
+
+    monkeypatch.setattr(gateway.hub, "submit", slow)
+    monkeypatch.setattr(SocketModeClient, "send_socket_mode_response", acknowledging)
+    monkeypatch.setattr(slack_events.Intake, "event", arriving)
+    event = message_event(ALICE_DM, ALICE, "hello", gateway.slack.next_ts(), "im", None)
+    envelope = await api.send_envelope("events_api", event_callback(event, "Ev0001"))
+    async with asyncio.timeout(WAIT):
+        await storing.wait()
+        await api.drop()  # Slack sends what it has no acknowledgement for again
+        await copied.wait()
+    release.set()
+    await api.wait_for_ack(envelope)
+    await gateway.adapter.handled()
+    assert order[0] == "accepted"
+    assert api.unacknowledged == []
+    await api.wait_for_messages(ALICE_DM)
+    await gateway.hub.gateway.engine.wait_idle()
+    assert api.texts(ALICE_DM) == ["echo: hello"]
 
 
 async def test_closing_closes_the_connection(api: SlackApi, tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ What stays true:
   handles what arrives: Slack is answered (a response, an acknowledgement)
   once chatlane holds it, and what it asks for is done afterwards, in order
   within a conversation.
-* An event is handled once: a retry of an event seen before is ignored (by
-  ``event_id``), and so is a second event for a message seen before (a
+* An event is handled once: a retry of an event seen before is not handed on
+  again (by ``event_id``; it is answered once the first copy is), and a
+  second event for a message seen before is ignored (a
   mention arrives as ``message`` and as ``app_mention``); the message id
   derived from the message (:func:`~chatlane.adapters.slack_wire.message_id`)
   lets the store keep one record of it across processes too.

@@ -7,7 +7,11 @@ both hand what they receive to one :class:`Intake`. What stays true:
 * An event (the ``event`` of an ``event_callback``) and a button press are
   handled by the same code whichever way they came (:meth:`Intake.event`,
   :meth:`Intake.interaction`), and handed on once: a retry of an event seen
-  before (its ``event_id``) is dropped; so is a repeated button press.
+  before (its ``event_id``) is not handed on again; nor is a repeated button
+  press. A copy is answered only once the first copy's job is done (or after
+  :data:`ANSWER_WITHIN` seconds, as any request), so Slack never has its
+  answer while the message it carries is not held yet; if that job failed,
+  the copy is handed on as if it were the first (:class:`Jobs`).
 * What they ask for runs in the background (:class:`Lanes`): in arrival order
   within one conversation, and in parallel across conversations. Slack is
   answered once that is done — the message accepted by chatlane (durably
@@ -28,9 +32,11 @@ both hand what they receive to one :class:`Intake`. What stays true:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Hashable, Mapping
 from typing import Any
 
 from slack_sdk.signature import SignatureVerifier
@@ -39,7 +45,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from chatlane.adapters.lanes import Job, Lanes
-from chatlane.adapters.slack_wire import Press, Recent, read_interaction, read_press
+from chatlane.adapters.slack_wire import Press, read_interaction, read_press
 from chatlane.errors import ChatlaneError
 
 __all__ = [
@@ -65,14 +71,16 @@ ANSWER_WITHIN = 2.0
 """Most seconds Slack's answer (a request's response, an envelope's acknowledgement)
 waits for what Slack asks for to be handled; Slack is answered then anyway."""
 SEEN_KEPT = 8192
-"""Event ids and presses remembered, so a retry or a repeat is dropped."""
+"""Event ids and presses remembered with their jobs, so a retry or a repeat is not handed on
+again."""
 
 OnEvent = Callable[[dict[str, Any]], Job]
 OnPress = Callable[[Press], Job]
 
 
 class Intake:
-    """What Slack sends, from either way in: dropped if seen before, else handed on in order.
+    """What Slack sends, from either way in: handed on in order, a copy of what was handed on
+    before not again (it waits for the first copy's job instead).
 
     :param on_event: what an event (the ``event`` of an ``event_callback``) asks for.
     :param on_press: what a press of a button asks for.
@@ -81,30 +89,42 @@ class Intake:
     def __init__(self, on_event: OnEvent, on_press: OnPress) -> None:
         self._on_event = on_event
         self._on_press = on_press
-        self._seen = Recent(SEEN_KEPT)
+        self._jobs = Jobs(SEEN_KEPT)
         self.lanes = Lanes("Slack")
 
     async def event(self, envelope: Mapping[str, Any]) -> None:
         """Hand on the event of ``envelope`` (an ``event_callback``, as Slack wraps every
-        event) unless it was seen before; return once it is handled, or after
-        :data:`ANSWER_WITHIN` seconds. Anything else is ignored."""
+        event) unless a copy of it was handed on before; return once it (or that copy) is
+        handled, or after :data:`ANSWER_WITHIN` seconds. Anything else is ignored."""
         event = envelope.get("event")
         if envelope.get("type") != "event_callback" or not isinstance(event, dict):
             return
-        if self._first(envelope):
-            await _within(self.lanes.run(str(event.get("channel", "")), self._on_event(event)))
-
-    def _first(self, envelope: Mapping[str, Any]) -> bool:
-        """Whether the envelope's event was not seen before (a retry was)."""
         event_id = envelope.get("event_id")
-        return not isinstance(event_id, str) or self._seen.note(("event", event_id))
+        key = ("event", event_id) if isinstance(event_id, str) else None
+        lane = str(event.get("channel", ""))
+        await _within(self._handing_on(key, lane, lambda: self._on_event(event)))
 
     async def interaction(self, payload: Mapping[str, Any]) -> None:
-        """Hand on the button press ``payload`` carries unless it was seen before; return
-        once it is handled, or after :data:`ANSWER_WITHIN` seconds. Anything else is ignored."""
+        """Hand on the button press ``payload`` carries unless it was handed on before;
+        return once it (or that copy) is handled, or after :data:`ANSWER_WITHIN` seconds.
+        Anything else is ignored."""
         press = read_press(payload)
-        if press is not None and self._seen.note(("press", press.user, press.action_ts)):
-            await _within(self.lanes.run(press.channel, self._on_press(press)))
+        if press is not None:
+            key = ("press", press.user, press.action_ts)
+            await _within(self._handing_on(key, press.channel, lambda: self._on_press(press)))
+
+    async def _handing_on(self, key: Hashable | None, lane: str, job: Callable[[], Job]) -> None:
+        """Run ``job`` in ``lane`` and wait for it to end; unless a copy (the same ``key``)
+        was handed on and did not fail: then wait for that copy's job instead."""
+        earlier = self._jobs.of(key)
+        while earlier is not None and not earlier.done():
+            await asyncio.wait([earlier])
+            earlier = self._jobs.of(key)  # None if it failed
+        if earlier is not None:
+            return
+        running = self.lanes.run(lane, job())
+        self._jobs.note(key, running)
+        await asyncio.wait([running])
 
     async def aclose(self) -> None:
         """Cancel what earlier events asked for that is not done, and wait until it ended."""
@@ -168,10 +188,44 @@ class Inbox:
         return body
 
 
-async def _within(job: asyncio.Task[None]) -> None:
-    """Wait for ``job`` at most :data:`ANSWER_WITHIN` seconds; it goes on after that, and
-    its failure is the lane's to log, not the request's."""
-    await asyncio.wait([job], timeout=ANSWER_WITHIN)
+async def _within(handing_on: Coroutine[Any, Any, None]) -> None:
+    """Wait for ``handing_on`` at most :data:`ANSWER_WITHIN` seconds; the job it waits for
+    goes on after that, and its failure is the lane's to log, not the request's."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(ANSWER_WITHIN):
+            await handing_on
+
+
+class Jobs:
+    """The job that handles each event or press, for the ``kept`` ones handed on last.
+
+    A job that failed (raised, or was cancelled) counts as none: a copy of what it
+    handled is handed on again.
+    """
+
+    def __init__(self, kept: int) -> None:
+        self._kept = kept
+        self._jobs: OrderedDict[Hashable, asyncio.Task[None]] = OrderedDict()
+
+    def of(self, key: Hashable | None) -> asyncio.Task[None] | None:
+        """The job that handles or handled ``key`` without failing, if any (never for
+        None: what has no key is never a copy)."""
+        job = None if key is None else self._jobs.get(key)
+        return None if job is None or _failed(job) else job
+
+    def note(self, key: Hashable | None, job: asyncio.Task[None]) -> None:
+        """``job`` handles ``key`` (as the newest); the oldest are forgotten past ``kept``."""
+        if key is None:
+            return
+        self._jobs.pop(key, None)
+        self._jobs[key] = job
+        while len(self._jobs) > self._kept:
+            self._jobs.popitem(last=False)
+
+
+def _failed(job: asyncio.Task[None]) -> bool:
+    """Whether ``job`` ended without doing its work: cancelled, or raised."""
+    return job.done() and (job.cancelled() or job.exception() is not None)
 
 
 class RequestRefused(ChatlaneError):

@@ -20,8 +20,9 @@ or Slack sends a ``disconnect`` envelope. What stays true:
   :data:`~chatlane.adapters.slack_events.ANSWER_WITHIN` seconds after it
   arrived — before any turn runs. So Slack sends again only what a process
   did not take; an acknowledgement that cannot be sent is logged, and the
-  copy Slack sends is dropped as a retry. An envelope that arrives while the
-  connection closes is not acknowledged: Slack sends it again.
+  copy Slack sends is acknowledged once the first copy is held, and not
+  handed on again. An envelope that arrives while the connection closes is
+  not acknowledged: Slack sends it again.
 * A ``disconnect`` envelope is logged with its reason; slack-sdk then opens a
   new connection.
 * :meth:`SocketMode.aclose` stops the envelopes being handled, closes the
