@@ -429,6 +429,39 @@ async def test_approval_buttons_count_only_from_the_asker(api: DiscordApi, bot: 
     assert api.answers[1][1] == {"type": 6}
 
 
+async def test_a_press_is_answered_at_once_and_its_answer_sent_in_order(
+    api: DiscordApi, bot: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Discord wants a press answered within three seconds: the answer does not wait for
+    the channel's messages before it; the /approve it sends still comes after them."""
+    dm = api.dm_channel(ALICE)
+    await api.say(dm, ALICE, "approve rm x")
+    [prompt] = await api.wait_for_messages(dm)
+    storing, release = asyncio.Event(), asyncio.Event()
+    submitted: list[str] = []
+    submit = bot.hub.submit
+
+    async def slow(message: InboundMessage) -> DispatchResult:
+        submitted.append(message.text)
+        if message.text == "later":
+            storing.set()
+            await release.wait()  # a store write that takes a while
+        return await submit(message)
+
+    monkeypatch.setattr(bot.hub, "submit", slow)
+    await api.say(dm, ALICE, "later")
+    async with asyncio.timeout(WAIT):
+        await storing.wait()
+    await api.press(ALICE, prompt, prompt.button("Approve"))
+    await api.wait_for(lambda: len(api.answers) == 1)  # while "later" is still being stored
+    assert api.answers[0][1] == {"type": 6}
+    assert submitted == ["later"]
+    release.set()
+    await api.wait_for(lambda: "approved: rm x" in api.texts(dm))
+    await bot.idle()
+    assert [text.split(" #")[0] for text in submitted] == ["later", "/approve"]
+
+
 SPOILING_COMMAND = "echo ok```\n||rm -rf ~|| [docs](https://e.example) **x** `y`"
 """A command that would end a plain code span or block and hide its second half."""
 

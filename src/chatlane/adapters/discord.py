@@ -36,7 +36,9 @@ What stays true:
   asker; a press counts only from the asker, and is sent as
   ``/approve #<request>`` or ``/deny #<request>`` by the user who pressed it.
   Anyone else's press, and a press of a button chatlane does not know, is
-  answered with an ephemeral message and sends nothing.
+  answered with an ephemeral message and sends nothing. A press is answered
+  at once, beside its channel's queue (Discord wants it within three
+  seconds); what it sends keeps its place in that queue.
 * A sender not on the allowlist hears so at most once per
   :data:`REFUSAL_INTERVAL`, in a DM; in a server the refusal is logged and
   counted, never posted.
@@ -417,26 +419,40 @@ class DiscordAdapter:
             self._hub.overhear(posted.inbound(), self._groups.limits)
 
     async def _on_interaction(self, interaction: discord.Interaction) -> None:
-        self._lanes.run(str(interaction.channel_id), self._handle_press(interaction))
+        """Answer a press at once, beside its channel's queue (Discord wants its answer within
+        three seconds); what the press sends joins that queue now (synchronously: in dispatch
+        order), after the channel's earlier messages."""
+        answered = self._lanes.beside(self._answer_press(interaction))
+        self._lanes.run(str(interaction.channel_id), self._send_press(answered))
 
-    async def _handle_press(self, interaction: discord.Interaction) -> None:
+    async def _answer_press(self, interaction: discord.Interaction) -> InboundMessage | None:
+        """Answer ``interaction``: silently for the asker's press, else with why it sends
+        nothing (only its user sees that); the message it sends, if any."""
         channels = self._channels
         press = None if channels is None else await read_press(interaction, channels)
         if press is None:
-            return
+            return None
         answer = press.answer
         if answer is None:
             await self._tell(interaction, _NO_LONGER_ACTIVE)
-            return
+            return None
         if answer.asker is not None and str(press.user) != answer.asker:
             await self._tell(interaction, f"Only <@{answer.asker}> can answer this approval.")
-            return
+            return None
         inbound = press.inbound()
         if not self._guild_allowed(interaction.guild_id) or not self._admit(inbound):
             await self._tell(interaction, _NOT_ALLOWED)
-            return
+            return None
         await self._answer(interaction, {"type": 6})  # acknowledged; the chat hears the rest
-        await self._submit(inbound)
+        return inbound
+
+    async def _send_press(self, answered: asyncio.Task[InboundMessage | None]) -> None:
+        """Hand on the message of the press ``answered`` answers, once it is answered."""
+        await asyncio.wait([answered])
+        failed = answered.cancelled() or answered.exception() is not None
+        inbound = None if failed else answered.result()
+        if inbound is not None:
+            await self._submit(inbound)
 
     def _admit(self, message: InboundMessage) -> bool:
         return self._hub is not None and self._hub.admit(message)

@@ -2,9 +2,10 @@
 
 Chat adapters hand each event's work to :class:`Lanes` so that a platform's
 events for one conversation reach chatlane in the order they arrived, however
-long one of them takes, while other conversations go on. A shutdown may give
-the jobs under way a while to end (:meth:`Lanes.aclose`) before it cancels
-what is left.
+long one of them takes, while other conversations go on. What must not wait
+for a conversation's queue runs beside the lanes (:meth:`Lanes.beside`),
+tracked with them. A shutdown may give the jobs under way a while to end
+(:meth:`Lanes.aclose`) before it cancels what is left.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 __all__ = ["Job", "Lanes"]
 
 log = logging.getLogger("chatlane.adapters")
 
 Job = Coroutine[object, object, None]
+T = TypeVar("T")
 
 
 class Lanes:
@@ -27,15 +30,25 @@ class Lanes:
     def __init__(self, name: str = "chat") -> None:
         self._name = name
         self._last: dict[str, asyncio.Task[None]] = {}
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: set[asyncio.Task[Any]] = set()
 
     def run(self, lane: str, job: Job) -> asyncio.Task[None]:
         """Run ``job`` once the jobs given before it in ``lane`` ended; its task."""
         task = asyncio.create_task(self._after(self._last.get(lane), job))
         self._last[lane] = task
+        self._keep(lane, task)
+        return task
+
+    def beside(self, job: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``job`` at once, in no lane (it waits for no job, and no job waits for it
+        unless it awaits its task); drained and closed with the lanes' jobs. Its task."""
+        task = asyncio.create_task(job)
+        self._keep(None, task)
+        return task
+
+    def _keep(self, lane: str | None, task: asyncio.Task[Any]) -> None:
         self._running.add(task)
         task.add_done_callback(lambda done: self._done(lane, done))
-        return task
 
     async def _after(self, earlier: asyncio.Task[None] | None, job: Job) -> None:
         """``job``, once ``earlier`` ended (however it ended); closed unrun if cancelled first."""
@@ -47,9 +60,9 @@ class Lanes:
             raise
         await job
 
-    def _done(self, lane: str, task: asyncio.Task[None]) -> None:
+    def _done(self, lane: str | None, task: asyncio.Task[Any]) -> None:
         self._running.discard(task)
-        if self._last.get(lane) is task:
+        if lane is not None and self._last.get(lane) is task:
             del self._last[lane]
         if not task.cancelled() and task.exception() is not None:
             log.error("a %s job could not be done", self._name, exc_info=task.exception())
