@@ -1,5 +1,5 @@
 """``python -m chatlane``: the same command line as the ``chatlane`` script."""
 
-from chatlane.cli import main
+from chatlane.console import main
 
-main(prog_name="chatlane")
+main()

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import click
 
 from chatlane import __version__
-from chatlane.errors import ChatlaneError
+from chatlane.console import stopped_early
+from chatlane.errors import ChatlaneError, StartInterrupted
 from chatlane.identity import ChatType, KeyPolicy, SessionSource, build_session_key
 from chatlane.identity import parse_session_key as _parse_session_key
 from chatlane.logs import escape_controls, escape_json_controls
@@ -89,15 +90,8 @@ def serve(
     log_format: str,
 ) -> None:
     """Run the gateway: web chat and OpenAI-compatible API (and Telegram if enabled)."""
-    import asyncio
-
-    from chatlane.logs import configure_logging
-    from chatlane.serve import prepare
-    from chatlane.serve import serve as run
-
-    configure_logging(log_format)
     try:
-        config, secrets = prepare(
+        _serve(
             config_path,
             host=host,
             port=port,
@@ -105,12 +99,28 @@ def serve(
             agent=agent,
             busy=busy,
             keep_alive=keep_alive,
+            log_format=log_format,
         )
-        asyncio.run(run(config, secrets))
+    except StartInterrupted as interrupted:
+        click.get_current_context().exit(stopped_early(128 + interrupted.signal))
     except ChatlaneError as error:
         raise click.ClickException(str(error)) from None
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # before uvicorn handles the signals: nothing was ready
+        click.get_current_context().exit(stopped_early())
+
+
+def _serve(config_path: str | None, *, log_format: str, **overrides: Any) -> None:
+    """``chatlane serve``: configure, then run until a signal (imports here, where the
+    command's Ctrl-C is caught)."""
+    import asyncio
+
+    from chatlane.logs import configure_logging
+    from chatlane.serve import prepare
+    from chatlane.serve import serve as run
+
+    configure_logging(log_format)
+    config, secrets = prepare(config_path, **overrides)
+    asyncio.run(run(config, secrets))
 
 
 def _admin_get(url: str, token: str, path: str, method: str = "GET") -> Any:

@@ -115,6 +115,15 @@ class AlreadyAnswered(ChatlaneError):
         super().__init__(f"already answered: {', '.join(message_ids)}")
 
 
+class StartInterrupted(ChatlaneError):
+    """A signal (Ctrl-C, SIGTERM) came before the gateway was ready: the start was called
+    off and what it had started shut down. ``signal`` is the signal's number."""
+
+    def __init__(self, signal: int) -> None:
+        self.signal = signal
+        super().__init__(f"stopped by signal {signal} before the gateway was ready")
+
+
 class StoreError(ChatlaneError):
     """A store could not be opened or used (bad URL, unreachable server, damaged file).
 

@@ -29,6 +29,7 @@ What stays true:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -47,7 +48,7 @@ from chatlane.asgi import App, HostCheck
 from chatlane.commands import CommandSpec
 from chatlane.config import Config
 from chatlane.delivery.worker import Sender
-from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.errors import ChatlaneError, ConfigError, StartInterrupted
 from chatlane.gateway import DispatchResult, Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy
 from chatlane.lifecycle import LifecycleOptions
@@ -145,7 +146,9 @@ class Hub:
     access: AccessToken = field(init=False)
     """The access token every route checks, one for all (a reload swaps it everywhere)."""
     startup_error: ChatlaneError | None = None
-    """Why the gateway or an adapter could not start (the server then stops at once)."""
+    """Why the gateway or an adapter could not start, or :class:`StartInterrupted` (the
+    server then stops at once)."""
+    _starting: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self, secrets: Secrets | None) -> None:
         if secrets is None:
@@ -229,6 +232,48 @@ class Hub:
         if hear is not None:  # adopted() is optional (AdoptingAdapter)
             hear(key, message)
 
+    async def start(self) -> None:
+        """Start the gateway, then each adapter in turn; never raises for what stops that.
+
+        A :class:`~chatlane.errors.ChatlaneError` that stops it, or the
+        :class:`~chatlane.errors.StartInterrupted` of :meth:`interrupt_start`, is kept
+        in :attr:`startup_error`; what did start is shut down by :func:`shutdown` as
+        always. A start interrupted before it began does not begin.
+        """
+        if self.startup_error is not None:
+            return
+        starting = asyncio.ensure_future(self._start_everything())
+        self._starting = starting
+        try:
+            await starting
+        except ChatlaneError as error:
+            self.startup_error = error
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this task itself is being cancelled, not only the start
+        finally:
+            self._starting = None
+
+    async def _start_everything(self) -> None:
+        await self.gateway.start()
+        for adapter in self.adapters.values():
+            await adapter.start(self)
+
+    def interrupt_start(self, signal: int) -> None:
+        """Call the start off: ``signal`` came before it ended (:meth:`start` then returns,
+        with :class:`~chatlane.errors.StartInterrupted` in :attr:`startup_error`).
+
+        Safe in a signal handler: the running start is cancelled and its event loop woken,
+        as :func:`asyncio.run` does for Ctrl-C.
+        """
+        if self.startup_error is None:
+            self.startup_error = StartInterrupted(signal)
+        starting = self._starting
+        if starting is not None and not starting.done():
+            starting.cancel()
+            starting.get_loop().call_soon_threadsafe(lambda: None)
+
     async def deliver(self, outbound: Outbound) -> None:
         """Hand ``outbound`` to its platform's adapter."""
         adapter = self.adapters.get(outbound.target.platform)
@@ -286,12 +331,7 @@ def build_app(hub: Hub, on_ready: Callable[[], None] | None = None) -> Starlette
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        try:
-            await hub.gateway.start()
-            for adapter in hub.adapters.values():
-                await adapter.start(hub)
-        except ChatlaneError as error:
-            hub.startup_error = error  # reported by the caller, without a traceback
+        await hub.start()  # what stops it is reported by the caller, without a traceback
         if on_ready is not None and hub.startup_error is None:
             on_ready()
         try:

@@ -32,7 +32,7 @@ from chatlane.agents import needs_extra
 from chatlane.config import Config, ServerConfig, check_config, http_url, load_config
 from chatlane.errors import ConfigError
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
-from chatlane.hub import Adapter, Hub, build_app, open_hub
+from chatlane.hub import Adapter, Hub, build_app, open_hub, shutdown
 from chatlane.redaction import redact_urls
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
@@ -210,20 +210,29 @@ async def serve(config: Config, secrets: Secrets | None = None) -> None:
     """Run until SIGINT or SIGTERM; then shut down gracefully and say so (:data:`STOPPED`).
 
     The address is bound first, so a port in use stops the start before the
-    store is opened or any adapter starts.
+    store is opened or any adapter starts. A Ctrl-C before the gateway is ready
+    calls the start off: what it opened is closed, and the call ends with
+    :class:`~asyncio.CancelledError` (which :func:`asyncio.run` turns into
+    :class:`KeyboardInterrupt`) or, once uvicorn handles the signals,
+    :class:`~chatlane.errors.StartInterrupted`.
 
     :param secrets: as :func:`prepare` read them (default: read now).
     :raises ConfigError: the port is in use, or the address cannot be listened on.
+    :raises StartInterrupted: a signal came while the app and its adapters started.
     """
     secrets = resolve_secrets(config) if secrets is None else secrets
     listening = bind_socket(config)  # before anything starts: a port in use changes nothing
     with listening:
         scheduler = build_scheduler(config)
         hub = await open_hub(config, secrets=secrets)
-        hub.gateway.use_scheduler(scheduler)
-        add_adapters(hub, secrets)
-        server = AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub)
-        await server.serve(sockets=[listening])
+        try:
+            hub.gateway.use_scheduler(scheduler)
+            add_adapters(hub, secrets)
+            server = AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub)
+            await server.serve(sockets=[listening])
+        except asyncio.CancelledError:  # Ctrl-C before the app started: close what opened
+            await shutdown(hub)
+            raise
     if hub.startup_error is not None:
         raise hub.startup_error
     print(STOPPED, flush=True)
@@ -300,7 +309,11 @@ def uvicorn_config(app: ASGIApp, config: Config) -> uvicorn.Config:
 
 class AnnouncingServer(uvicorn.Server):
     """Prints the URLs once the socket is bound (so "ready" means ready), the start's
-    objects frozen first (:func:`freeze_the_start`); reloads the access token on SIGHUP."""
+    objects frozen first (:func:`freeze_the_start`); reloads the access token on SIGHUP.
+
+    A signal before then calls the start off (:meth:`~chatlane.hub.Hub.interrupt_start`):
+    nothing is announced, and what started is shut down as after a failed start.
+    """
 
     def __init__(self, uvicorn_config: uvicorn.Config, config: Config, hub: Hub) -> None:
         super().__init__(uvicorn_config)
@@ -308,13 +321,16 @@ class AnnouncingServer(uvicorn.Server):
         self.hub = hub
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Shut down gracefully and then exit normally (status 0), not by re-raising the signal.
+        """Shut down gracefully and then exit normally (status 0), not by re-raising the signal;
+        before the gateway is ready, call its start off.
 
         A second Ctrl-C (SIGINT) stops waiting for open connections, as
         uvicorn's does; :meth:`shutdown` still closes the app.
         """
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
+        if not self.started:
+            self.hub.interrupt_start(sig)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Stop the turns first, so requests waiting on them are answered, not held open.
@@ -346,6 +362,9 @@ class AnnouncingServer(uvicorn.Server):
                 await self.lifespan.shutdown()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # A Ctrl-C that came before uvicorn took the signals asked asyncio.run to cancel
+        # this task: the cancellation lands here, before the app begins to start.
+        await asyncio.sleep(0)
         await super().startup(sockets)
         if self.hub.startup_error is not None:
             self.should_exit = True
