@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -782,6 +784,56 @@ async def test_an_unreachable_api_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="failed"):
         async with running(config):
             pass
+
+
+class HtmlServer(BaseHTTPRequestHandler):
+    """A web server, not a Bot API: a POST gets an HTML page (``http.server``'s 501 page)."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class HtmlPage(HtmlServer):
+    """A web server that answers a POST with 200 and an HTML page."""
+
+    def do_POST(self) -> None:
+        page = b"<!DOCTYPE html><html><body>" + b"<p>not the Bot API</p>" * 200 + b"</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+
+@pytest.mark.parametrize(
+    ("handler", "status"), [(HtmlServer, "HTTP 501 Not Implemented"), (HtmlPage, "HTTP 200 OK")]
+)
+async def test_an_api_url_that_answers_no_json_stops_the_start_in_one_line(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    handler: type[BaseHTTPRequestHandler],
+    status: str,
+) -> None:
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        token = tmp_path / "telegram-token"
+        token.write_text("123:abc")
+        config = Config(
+            telegram=TelegramConfig(enabled=True, token=Secret(file=str(token)), api_url=url)
+        )
+        try:
+            with pytest.raises(ConfigError) as caught:
+                async with running(config):
+                    pass
+        finally:
+            server.shutdown()
+    assert str(caught.value) == (
+        f"the Telegram Bot API at {url} failed: its answer is not JSON ({status}): "
+        "is that a Telegram Bot API server?"
+    )
+    assert [record.getMessage() for record in caplog.records if record.exc_info] == []
+    assert "html" not in caplog.text.lower()
 
 
 async def test_delivery_after_close_is_dropped(api: BotApi, tmp_path: Path) -> None:

@@ -87,12 +87,16 @@ from telegram.ext import (
     Updater,
     filters,
 )
-from telegram.request import HTTPXRequest
 
 from chatlane.adapters.aside import Aside
 from chatlane.adapters.splitting import blank, joined, never_blank
 from chatlane.adapters.splitting import utf16_len as utf16_len
-from chatlane.adapters.telegram_delivery import SendRequest, send_parts, thread_of
+from chatlane.adapters.telegram_delivery import (
+    BotApiRequest,
+    SendRequest,
+    send_parts,
+    thread_of,
+)
 from chatlane.adapters.telegram_groups import BotIdentity, addressed_text, overheard
 from chatlane.adapters.telegram_media import MEDIA, attachment_of
 from chatlane.adapters.typing import TypingIndicators
@@ -748,7 +752,7 @@ async def _stop(app: TelegramApp) -> None:
     await app.bot.shutdown()  # a no-op unless ``initialize`` failed half-way
 
 
-class UpdatesRequest(HTTPXRequest):
+class UpdatesRequest(BotApiRequest):
     """The ``getUpdates`` connection: an update is confirmed only once handled, and an
     update PTB cannot read is reduced to its id.
 
@@ -772,7 +776,7 @@ class UpdatesRequest(HTTPXRequest):
 
     async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
         await self._updates.join()
-        code, payload = await super().do_request(*args, **kwargs)
+        code, payload = self.json_answer(*await super().do_request(*args, **kwargs))
         return code, (readable_updates(payload) if code == 200 else payload)
 
 

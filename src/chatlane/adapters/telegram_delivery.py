@@ -27,9 +27,11 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import warnings
 from datetime import timedelta
+from http import HTTPStatus
 from typing import Any
 
 import httpx
@@ -55,7 +57,16 @@ from chatlane.errors import (
 )
 from chatlane.types import Target
 
-__all__ = ["ApiDown", "SendRequest", "classify", "retry_after_seconds", "send_parts", "thread_of"]
+__all__ = [
+    "ApiDown",
+    "BotApiRequest",
+    "NotJson",
+    "SendRequest",
+    "classify",
+    "retry_after_seconds",
+    "send_parts",
+    "thread_of",
+]
 
 log = logging.getLogger("chatlane.adapters.telegram")
 
@@ -92,7 +103,49 @@ class ApiDown(NetworkError):
     """The Bot API (or the proxy in front of it) answered 502 or 503: nothing was sent."""
 
 
-class SendRequest(HTTPXRequest):
+class NotJson(TelegramError):
+    """The server at ``telegram.api_url`` answered something other than JSON: it is not a
+    Bot API (a web server, a proxy's error page). ``code`` is its HTTP status, if known."""
+
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+        status = "" if code is None else f" (HTTP {_status(code)})"
+        super().__init__(f"its answer is not JSON{status}: is that a Telegram Bot API server?")
+
+
+def _status(code: int) -> str:
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return str(code)
+
+
+class BotApiRequest(HTTPXRequest):
+    """A connection to the Bot API that tells an answer that is not JSON in a few words
+    (:class:`NotJson`), where python-telegram-bot would log the whole body with a
+    traceback and quote it in its error."""
+
+    @staticmethod
+    def parse_json_payload(payload: bytes) -> dict[str, Any]:
+        try:
+            parsed: dict[str, Any] = json.loads(payload.decode("utf-8", "replace"))
+        except ValueError:
+            raise NotJson(None) from None
+        return parsed
+
+    @staticmethod
+    def json_answer(code: int, payload: bytes) -> tuple[int, bytes]:
+        """``code`` and ``payload`` as they came, if ``payload`` is a JSON object (every
+        answer of the Bot API is one).
+
+        :raises NotJson: it is not.
+        """
+        if not payload.lstrip().startswith(b"{"):
+            raise NotJson(code)
+        return code, payload
+
+
+class SendRequest(BotApiRequest):
     """The bot's connection for everything but ``getUpdates``: tells a Bot API that is down.
 
     python-telegram-bot reports a 502 or 503 by its description alone, like
@@ -104,7 +157,7 @@ class SendRequest(HTTPXRequest):
         code, payload = await super().do_request(*args, **kwargs)
         if code in _DOWN_STATUSES:
             raise ApiDown(f"the Bot API is unavailable ({code})")
-        return code, payload
+        return self.json_answer(code, payload)
 
 
 async def send_parts(
