@@ -262,6 +262,7 @@ async def test_auto_reset_and_cron_from_the_file(tmp_path: Path) -> None:
         (
             "[auto_reset]\nidle_after = 3600\n"
             "[auto_reset.per_platform.telegram]\ndaily_at_hour = 4\n"
+            "[telegram]\nenabled = true\n"
             '[scheduler]\ntimezone = "Europe/Berlin"\n'
             '[[cron]]\nschedule = "0 9 * * 1-5"\nprompt = "standup"\ntarget = "telegram:-100"\n'
             'id = "standup"\n'
@@ -296,6 +297,50 @@ def test_bad_scheduling_config_is_named(tmp_path: Path, text: str, message: str)
     with pytest.raises(ConfigError) as raised:
         build_scheduler(load_config(write(tmp_path, text), environ={}))
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (
+            "telegram:-1001234",
+            "configuration key 'cron.0': job 'standup' sends to telegram, which is not "
+            "enabled, so its replies would wait for it forever: set [telegram] enabled = true, "
+            "or give the job another target",
+        ),
+        (
+            "discord:42:7",
+            "configuration key 'cron.0': job 'standup' sends to discord, which is not enabled",
+        ),
+        (
+            "telgram:-1001234",
+            "configuration key 'cron.0': job 'standup' sends to 'telgram', which is not a "
+            "platform chatlane serves (web, api, telegram, slack, discord)",
+        ),
+    ],
+)
+def test_a_cron_job_for_a_platform_not_served_is_refused_naming_both(
+    tmp_path: Path, target: str, message: str
+) -> None:
+    from chatlane.scheduling_config import build_scheduler
+
+    job = f'[[cron]]\nschedule = "@daily"\nprompt = "x"\ntarget = "{target}"\nid = "standup"\n'
+    with pytest.raises(ConfigError) as raised:
+        build_scheduler(load_config(write(tmp_path, job), environ={}))
+    assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    "target", ["local", "web:browser-1", "api:alice", "slack:C024:1712.5", "telegram:-1001234"]
+)
+def test_a_cron_job_for_a_served_platform_is_taken(tmp_path: Path, target: str) -> None:
+    from chatlane.scheduling_config import build_scheduler
+
+    text = (
+        "[slack]\nenabled = true\n[telegram]\nenabled = true\n"
+        f'[[cron]]\nschedule = "@daily"\nprompt = "x"\ntarget = "{target}"\nid = "standup"\n'
+    )
+    build_scheduler(load_config(write(tmp_path, text), environ={}))  # no ConfigError
 
 
 def test_keep_alive_from_file_environment_and_command_line(

@@ -342,6 +342,8 @@ class CronJobConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 CHAT_PLATFORMS: Final = ("telegram", "slack", "discord")
 """The chat adapters whose sections hold the group keys (:mod:`chatlane.groups`)."""
+SERVED_ALWAYS: Final = ("web", "api")
+"""The platforms ``chatlane serve`` always runs: the web chat and the API."""
 
 _SCHEDULER = SchedulerSettings()
 
@@ -407,6 +409,16 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if (section := self.chat_settings(platform)) is not None
         }
         return AdminCommands(frozenset(self.groups.admin_commands), admins)
+
+    def served_platforms(self) -> tuple[str, ...]:
+        """The platforms ``chatlane serve`` runs an adapter for: the web chat and the API
+        always, and each chat platform whose section is enabled."""
+        enabled = {
+            "telegram": self.telegram.enabled,
+            "slack": self.slack.enabled,
+            "discord": self.discord.enabled,
+        }
+        return (*SERVED_ALWAYS, *(name for name in CHAT_PLATFORMS if enabled[name]))
 
     def chat_settings(self, platform: str) -> GroupSettings | None:
         """The section of chat adapter ``platform`` (``[telegram]`` …), if it has one."""

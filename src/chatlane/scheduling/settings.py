@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import zoneinfo
 
-from chatlane.config import Config, ResetPolicyConfig
+from chatlane.config import CHAT_PLATFORMS, SERVED_ALWAYS, Config, ResetPolicyConfig
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType
 from chatlane.scheduling.autoreset import AutoResetPolicy, AutoResetSettings
-from chatlane.scheduling.cron import Job
+from chatlane.scheduling.cron import LOCAL, ORIGIN, Job, explicit_target
 from chatlane.scheduling.loop import Scheduler, SchedulerSettings
 
 
@@ -37,13 +37,43 @@ def auto_reset_settings(config: Config) -> AutoResetSettings:
     )
 
 
+def _configured_job(config: Config, index: int) -> Job:
+    """Job ``index`` of ``[[cron]]``; its target, if it names a chat, on a platform served here.
+
+    A reply to a chat platform this gateway does not run would wait in the
+    delivery ledger for its adapter forever.
+
+    :raises ConfigError: naming ``cron.<index>``, for a bad job or such a target.
+    """
+    entry = config.cron[index]
+    try:
+        job = Job(entry.schedule, entry.prompt, entry.target, id=entry.id)
+    except ConfigError as error:
+        raise ConfigError(f"configuration key 'cron.{index}': {error}") from None
+    if job.target in (ORIGIN, LOCAL):
+        return job
+    platform = explicit_target(job.target).platform
+    if platform in config.served_platforms():
+        return job
+    if platform in CHAT_PLATFORMS:
+        problem = (
+            f"sends to {platform}, which is not enabled, so its replies would wait for it "
+            f"forever: set [{platform}] enabled = true, or give the job another target"
+        )
+    else:
+        served = ", ".join((*SERVED_ALWAYS, *CHAT_PLATFORMS))
+        problem = f"sends to {platform!r}, which is not a platform chatlane serves ({served})"
+    raise ConfigError(f"configuration key 'cron.{index}': job {job.id!r} {problem}")
+
+
 def build_scheduler(config: Config) -> Scheduler:
     """The scheduler for ``config``'s auto-reset policies, cron jobs and ``/cron`` limits.
 
     A job created from a chat runs only while its gateway allows its creator
     (:func:`chatlane.hub.gateway_settings` makes that ``config.allows``).
 
-    :raises ConfigError: for an unknown time zone, a bad policy or a bad job (named).
+    :raises ConfigError: for an unknown time zone, a bad policy, a bad job or one whose
+        target is on a platform not served here (named).
     """
     try:
         tz = zoneinfo.ZoneInfo(config.scheduler.timezone)
@@ -53,12 +83,7 @@ def build_scheduler(config: Config) -> Scheduler:
             f"{config.scheduler.timezone!r}: expected a time zone such as "
             "'UTC' or 'Europe/Berlin'"
         ) from None
-    jobs = []
-    for index, job in enumerate(config.cron):
-        try:
-            jobs.append(Job(job.schedule, job.prompt, job.target, id=job.id))
-        except ConfigError as error:
-            raise ConfigError(f"configuration key 'cron.{index}': {error}") from None
+    jobs = [_configured_job(config, index) for index in range(len(config.cron))]
     limits = config.scheduler
     settings = SchedulerSettings(
         auto_reset=auto_reset_settings(config),
