@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import pytest
 
 from chatlane.commands import (
+    GREETING,
     CommandBusy,
     CommandCall,
     CommandSpec,
@@ -281,6 +282,16 @@ async def test_help_lists_every_command() -> None:
         [reply] = await h.replies(chat_id="c", count=1)
         for name in ("busy", "help", "queue", "status", "stop"):
             assert f"/{name}" in reply
+
+
+@pytest.mark.parametrize("text", ["/start", "/start deep-link-payload", "/start@chatlane_bot"])
+async def test_start_is_greeted_with_what_help_says(text: str) -> None:
+    async with GatewayHarness(EchoAgent()) as h:
+        await h.send(text, chat_id="c")
+        await h.send("/help", chat_id="c")
+        greeting, help_ = await h.replies(chat_id="c", count=2)
+    assert greeting == f"{GREETING}\n\n{help_}"
+    assert "/start" not in help_  # Telegram's, not one to list
 
 
 async def test_not_a_command_goes_to_the_agent() -> None:

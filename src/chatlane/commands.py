@@ -357,6 +357,14 @@ async def _help(call: CommandCall) -> str:
     return call.router.help_text()
 
 
+GREETING = "Hello! Send a message and the agent answers it."
+"""The first line of the answer to ``/start``."""
+
+
+async def _start(call: CommandCall) -> str:
+    return f"{GREETING}\n\n{call.router.help_text()}"
+
+
 BUILTIN_COMMANDS = (
     CommandSpec(
         "stop",
@@ -414,6 +422,14 @@ BUILTIN_COMMANDS = (
     ),
     CommandSpec("help", "list every command", "/help", CommandBusy.DISPATCH, _help),
     CommandSpec(
+        "start",
+        "a greeting and /help: the first message Telegram sends for a new user (its Start)",
+        "/start",
+        CommandBusy.DISPATCH,
+        _start,
+        hidden=True,
+    ),
+    CommandSpec(
         "cancelled",
         "(internal) answer to a declined confirmation",
         "no",
@@ -443,6 +459,7 @@ def default_router(options: LifecycleOptions | None = None) -> CommandRouter:
 
 __all__ = [
     "BUILTIN_COMMANDS",
+    "GREETING",
     "SHOWN",
     "CommandBusy",
     "CommandCall",

@@ -37,6 +37,7 @@ from chatlane.adapters.telegram import (
 )
 from chatlane.adapters.telegram_groups import BotIdentity
 from chatlane.adapters.waits import SEND_ROOM
+from chatlane.commands import GREETING
 from chatlane.config import AgentConfig, Config, Secret, TelegramConfig
 from chatlane.delivery import Attempt, DeliverySettings
 from chatlane.delivery.ledger import RESENT_LABEL
@@ -271,6 +272,15 @@ async def test_the_chat_shows_typing_while_its_turn_runs(
     await api.wait_for_sent(GROUP)
     await asyncio.wait_for(adapter.typing.settled(), 10)
     assert adapter.typing.showing() == []  # the turn ended: so did the indicator
+
+
+async def test_start_the_first_message_of_every_user_is_greeted(
+    api: BotApi, adapter: TelegramAdapter
+) -> None:
+    api.push_text(ALICE, ALICE, "/start")
+    [reply] = await api.wait_for_sent(ALICE)
+    assert reply.text.startswith(GREETING + "\n\nCommands:\n")
+    assert "/help" in reply.text
 
 
 async def test_a_command_answered_at_once_shows_no_typing(
