@@ -37,6 +37,7 @@ from chatlane.redaction import redact_urls
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
 from chatlane.secrets import Secrets, resolve_secrets
+from chatlane.stores import MemoryStore, Store
 from chatlane.stores.urls import mask_userinfo
 
 log = logging.getLogger("chatlane.server")
@@ -207,7 +208,7 @@ def add_adapters(hub: Hub, secrets: Secrets | None = None) -> None:
 
 
 async def serve(config: Config, secrets: Secrets | None = None) -> None:
-    """Run until SIGINT or SIGTERM; then shut down gracefully and say so (:data:`STOPPED`).
+    """Run until SIGINT or SIGTERM; then shut down gracefully and say so (:func:`stopped_line`).
 
     The address is bound first, so a port in use stops the start before the
     store is opened or any adapter starts. A Ctrl-C before the gateway is ready
@@ -235,7 +236,7 @@ async def serve(config: Config, secrets: Secrets | None = None) -> None:
             raise
     if hub.startup_error is not None:
         raise hub.startup_error
-    print(STOPPED, flush=True)
+    print(stopped_line(hub.store), flush=True)
 
 
 def bind_socket(config: Config) -> socket.socket:
@@ -265,7 +266,19 @@ def bind_socket(config: Config) -> socket.socket:
 
 
 STOPPED = "chatlane stopped (messages not answered yet stay in the store for the next start)"
-"""What ``chatlane serve`` prints once it has shut down."""
+"""What ``chatlane serve`` prints once it has shut down, on a store that keeps its messages."""
+
+STOPPED_MEMORY = (
+    "chatlane stopped (the memory store keeps nothing: messages not answered yet are gone)"
+)
+"""What it prints instead on the memory store, which ends with the process."""
+
+
+def stopped_line(store: Store) -> str:
+    """The last line of ``chatlane serve`` on ``store``: whether what it holds waits for the
+    next start."""
+    return STOPPED_MEMORY if isinstance(store, MemoryStore) else STOPPED
+
 
 FORCED_APP_SHUTDOWN = 5.0
 """After a second Ctrl-C, the seconds open requests may take to end once their
