@@ -115,6 +115,20 @@ class AlreadyAnswered(ChatlaneError):
         super().__init__(f"already answered: {', '.join(message_ids)}")
 
 
+class AgentFailed(ChatlaneError):
+    """An agent's failure that the agent explains itself: a condition to fix (its endpoint,
+    its key, its model), not a bug.
+
+    Its message is what the sender is told, after "the agent failed on this
+    message:"; ``detail`` is what the log gets, in one line without a traceback
+    (the message when empty). Neither names a secret.
+    """
+
+    def __init__(self, told: str, detail: str = "") -> None:
+        super().__init__(told)
+        self.detail = detail or told
+
+
 class StartInterrupted(ChatlaneError):
     """A signal (Ctrl-C, SIGTERM) came before the gateway was ready: the start was called
     off and what it had started shut down. ``signal`` is the signal's number."""

@@ -123,13 +123,16 @@ async def downstream(
     tmp_path: Path,
     busy: str = "queue",
     allowed: Sequence[str] = (),
+    base_url: str | None = None,
+    api_key: str = TOKEN,
     **settings: Any,
 ) -> AsyncIterator[tuple[GatewayHarness, OpenAIAgent]]:
-    """A second gateway whose agent is the OpenAI agent pointed at ``up``."""
+    """A second gateway whose agent is the OpenAI agent pointed at ``up`` (or at
+    ``base_url``), with ``api_key``."""
     key_file = tmp_path / "api-key"
-    key_file.write_text(TOKEN)
+    key_file.write_text(api_key)
     config = OpenAIConfig(
-        base_url=up.base_url,
+        base_url=up.base_url if base_url is None else base_url,
         model="upstream-model",
         api_key=Secret(file=str(key_file)),
         allowed_base_urls=list(allowed),
@@ -355,6 +358,53 @@ async def test_endpoint_errors_read_the_same_whatever_answered(tmp_path: Path) -
                 await h.send("hi", chat_id=f"c{index}")
             answers = {(await h.replies(chat_id=f"c{i}", count=2, timeout=60))[1] for i in range(3)}
         assert answers == {ENDPOINT_FAILED}
+
+
+@pytest.mark.parametrize(
+    ("case", "told", "logged"),
+    [
+        ("wrong key", "the model endpoint refused the API key", "refused the API key: Authen"),
+        ("unknown model", "the model endpoint does not know the model", "know the model: NotFound"),
+        ("closed port", "the model endpoint could not be reached", "be reached: APIConnection"),
+    ],
+)
+async def test_the_configured_endpoints_failure_is_told_in_words_and_logged_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str, told: str, logged: str
+) -> None:
+    """The operator's own endpoint: the chat hears what went wrong, the log one line with
+    the endpoint's URL and the cause (never the key), no traceback."""
+    async with upstream(tmp_path) as up:
+        closed = f"http://127.0.0.1:{free_port()}/v1"
+        key = "sk-wrong-key" if case == "wrong key" else TOKEN
+        url = closed if case == "closed port" else up.base_url
+        async with downstream(up, tmp_path, base_url=url, api_key=key) as (h, _):
+            if case == "unknown model":
+                await h.send("/model no-such-model", chat_id="c")
+            await h.send("hi", chat_id="c")
+            replies = await h.replies(chat_id="c", count=2 if case == "unknown model" else 1)
+    assert replies[-1] == f"Sorry — the agent failed on this message: {told}."
+    [record] = [r for r in caplog.records if r.name == "chatlane.runtime"]
+    assert record.exc_info is None
+    line = record.getMessage()
+    assert line.startswith(f"agent failed: the model endpoint {url} ")
+    assert logged in line
+    assert "\n" not in line
+    assert key not in caplog.text
+
+
+async def test_a_chosen_endpoints_failure_is_logged_with_its_url_and_cause(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    closed = f"http://127.0.0.1:{free_port()}/v1"
+    async with upstream(tmp_path) as up, downstream(up, tmp_path, allowed=[closed]) as (h, _):
+        await h.send(f"/model m --base-url {closed}", chat_id="c")
+        await h.send("hi", chat_id="c")
+        assert (await h.replies(chat_id="c", count=2, timeout=20))[1] == ENDPOINT_FAILED
+    [record] = [r for r in caplog.records if r.name == "chatlane.runtime"]
+    assert record.exc_info is None
+    assert record.getMessage().startswith(
+        f"agent failed: the model endpoint {closed} (chosen in the chat) could not be reached: "
+    )
 
 
 async def test_the_http_clients_request_log_is_redacted(

@@ -20,8 +20,11 @@ What stays true:
   metadata service) and the answer back to the chat; a 3xx fails the turn.
 * Whatever goes wrong with an endpoint — refused, unreachable, an error
   status, a broken stream — the turn fails with one :class:`EndpointFailed`,
-  so a chat learns nothing about which ports answer; the log has the cause,
-  its URLs redacted.
+  logged in one line with the endpoint's URL and the cause, URLs redacted.
+  The chat is told what went wrong in words (:class:`EndpointTrouble`: the
+  key refused, the model unknown, the endpoint unreachable) only for the
+  configured endpoint; a chat-chosen one fails with the same words whatever
+  the cause, so a chat learns nothing about which ports answer.
 * At most :data:`CLIENT_CACHE_SIZE` HTTP clients are kept, one per endpoint,
   the least recently used closed first.
 * An interrupted turn closes its HTTP stream at once — while waiting for the
@@ -45,12 +48,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import hashlib
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, Protocol
 
-from openai import AsyncOpenAI, DefaultAsyncHttpxClient, OpenAIError
+from openai import (
+    APIConnectionError,
+    AsyncOpenAI,
+    AuthenticationError,
+    DefaultAsyncHttpxClient,
+    NotFoundError,
+    OpenAIError,
+    PermissionDeniedError,
+)
 from openai.types.chat import (
     ChatCompletionChunk,
     ChatCompletionContentPartParam,
@@ -62,17 +73,14 @@ from chatlane.agents.clients import ClientCache
 from chatlane.attachments import summary
 from chatlane.config import OpenAIConfig
 from chatlane.endpoints import EndpointPolicy, EndpointRefused, Resolver, system_resolver
-from chatlane.errors import ChatlaneError
-from chatlane.logs import turn_fields
+from chatlane.errors import AgentFailed, ChatlaneError
 from chatlane.overheard import CONTEXT_ROLE, render
-from chatlane.redaction import redact_client_logs
+from chatlane.redaction import redact_client_logs, redact_urls
 from chatlane.runtime.turn import Turn, TurnOverrides
 from chatlane.secrets import read_secret
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import TranscriptEntry
-from chatlane.types import Attachment, AttachmentKind, ModelChoice, SessionKey
-
-log = logging.getLogger("chatlane.agents.openai")
+from chatlane.types import Attachment, AttachmentKind, ModelChoice, SessionKey, clipped
 
 SESSION_HEADER = "X-Chatlane-Session"
 NO_KEY = "none"
@@ -86,11 +94,40 @@ class EmptyCompletion(ChatlaneError):
     """The endpoint answered, but with no completion chunk at all."""
 
 
-class EndpointFailed(ChatlaneError):
-    """The model endpoint could not be used for a turn; says the same whatever the cause."""
+class EndpointTrouble(enum.Enum):
+    """What went wrong with a model endpoint, in the words its chat is told."""
 
-    def __init__(self) -> None:
-        super().__init__("the model endpoint could not be used")
+    KEY_REFUSED = "the model endpoint refused the API key"
+    UNKNOWN_MODEL = "the model endpoint does not know the model"
+    UNREACHABLE = "the model endpoint could not be reached"
+    FAILED = "the model endpoint could not be used"
+    """Anything else; and whatever happened at an endpoint a chat chose."""
+
+
+class EndpointFailed(AgentFailed):
+    """The model endpoint could not be used for a turn: ``trouble`` says how, in words a
+    chat may read; ``detail`` (for the log) names the endpoint and the cause."""
+
+    def __init__(self, trouble: EndpointTrouble = EndpointTrouble.FAILED, detail: str = "") -> None:
+        super().__init__(trouble.value, detail)
+        self.trouble = trouble
+
+
+def trouble_of(error: Exception, model: str) -> EndpointTrouble:
+    """What ``error``, from asking the endpoint for ``model``, says went wrong."""
+    if isinstance(error, AuthenticationError | PermissionDeniedError):
+        return EndpointTrouble.KEY_REFUSED
+    if isinstance(error, NotFoundError) and (
+        error.code == "model_not_found" or model in str(error)
+    ):
+        return EndpointTrouble.UNKNOWN_MODEL
+    if isinstance(error, APIConnectionError):
+        return EndpointTrouble.UNREACHABLE
+    return EndpointTrouble.FAILED
+
+
+CAUSE_SHOWN = 200
+"""Characters of an endpoint's error the log line keeps (an error page can be long)."""
 
 
 class TranscriptSource(Protocol):
@@ -148,15 +185,27 @@ class OpenAIAgent:
 
     async def _reply(self, turn: Turn) -> AsyncIterator[str]:
         messages = await self.messages(turn)
+        choice = turn.overrides.model
+        base_url = choice.base_url if choice and choice.base_url else self.endpoints.configured
+        model = choice.name if choice else self.config.model
         try:
-            base_url, model = await self._endpoint(turn.overrides.model)
+            base_url, model = await self._endpoint(choice)
             async with self._clients.use(base_url) as client:
                 async for text in _stream(client, model, messages, turn):
                     yield text
         except (OpenAIError, EndpointRefused, EmptyCompletion) as error:
-            fields = turn_fields(turn.session_key, turn.generation)
-            log.warning("the model endpoint failed: %r", error, extra=fields)
-            raise EndpointFailed from error
+            raise self._failed(base_url, model, error) from error
+
+    def _failed(self, base_url: str, model: str, error: Exception) -> EndpointFailed:
+        """``error`` from ``base_url`` as the turn fails with it: its trouble told in words
+        only if ``base_url`` is the configured endpoint."""
+        found = trouble_of(error, model)
+        configured = base_url == self.endpoints.configured
+        where = redact_urls(base_url) + ("" if configured else " (chosen in the chat)")
+        what = found.value.removeprefix("the model endpoint ")
+        cause = clipped(" ".join(f"{type(error).__name__}: {error}".split()), CAUSE_SHOWN)
+        detail = f"the model endpoint {where} {what}: {cause}"
+        return EndpointFailed(found if configured else EndpointTrouble.FAILED, detail)
 
     async def messages(self, turn: Turn) -> list[ChatCompletionMessageParam]:
         """The history of ``turn``'s conversation, then its context and its input."""
@@ -304,6 +353,7 @@ def _message(entry: TranscriptEntry) -> ChatCompletionMessageParam:
 __all__ = [
     "CLIENT_CACHE_SIZE",
     "EndpointFailed",
+    "EndpointTrouble",
     "OpenAIAgent",
     "TranscriptSource",
     "request_options",

@@ -29,7 +29,7 @@ from chatlane.context import bound_context
 from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
 from chatlane.runtime.outlet import Outlet
-from chatlane.runtime.output import failure_text
+from chatlane.runtime.output import failure_text, log_failure
 from chatlane.runtime.persisted import without_once
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import Turn
@@ -87,7 +87,7 @@ class SideAnswers:
             async with asyncio.timeout(self._settings.turn_timeout or None):
                 text = SIDE_MARK + await self._text(turn)
         except (Exception, SystemExit) as error:  # the agent's failure: told, and logged
-            log.error("side answer failed", exc_info=error, extra=turn_fields(turn.session_key))
+            log_failure(log, "side answer failed", error, turn_fields(turn.session_key))
             kind, text = OutboundKind.NOTICE, failure_text(error)
         message = turn.messages[0]
         await self._outlet.send(kind, turn.session_key, message.source, text, (message.id,))

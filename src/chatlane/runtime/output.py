@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import CoroutineType
 
 from chatlane.errors import (
+    AgentFailed,
     AlreadyAnswered,
     ChatlaneError,
     StaleGeneration,
@@ -172,8 +173,8 @@ class TurnOutput:
         return True
 
     async def failure(self, turn: Turn, error: BaseException) -> None:
-        """Tell the sender the agent failed (the traceback goes to the log)."""
-        log.error("agent failed", exc_info=error, extra=_fields(turn))
+        """Tell the sender the agent failed (:func:`log_failure` logs it)."""
+        log_failure(log, "agent failed", error, _fields(turn))
         text = failure_text(error)
         # a turn without a lease never ran: there is nothing to fence or record
         if turn.lease is None:
@@ -371,12 +372,26 @@ class TurnOutput:
 
 
 def failure_text(error: BaseException) -> str:
-    """What the sender is told when a turn failed."""
+    """What the sender is told when a turn failed: what went wrong in words when the agent
+    said (:class:`~chatlane.errors.AgentFailed`), else the kind of error."""
     if isinstance(error, StoreDamaged):
         return "Sorry — the gateway's store is damaged; your message was not run."
     if isinstance(error, StoreError):
         return "Sorry — the gateway could not reach its store; your message was not run."
+    if isinstance(error, AgentFailed):
+        return f"Sorry — the agent failed on this message: {error}."
     return f"Sorry — the agent failed on this message ({type(error).__name__})."
+
+
+def log_failure(
+    logger: logging.Logger, what: str, error: BaseException, fields: dict[str, object]
+) -> None:
+    """Log an agent's failure: an :class:`~chatlane.errors.AgentFailed` in one line with its
+    ``detail``, anything else with its traceback."""
+    if isinstance(error, AgentFailed):
+        logger.error("%s: %s", what, error.detail, extra=fields)
+    else:
+        logger.error(what, exc_info=error, extra=fields)
 
 
 def _fields(turn: Turn) -> dict[str, object]:
