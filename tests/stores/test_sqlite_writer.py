@@ -225,7 +225,41 @@ async def test_a_quick_call_cancelled_before_its_pass_ends_is_never_applied(
     assert await store.generation(KEY) == 0
 
 
-async def test_checkpoints_keep_the_wal_within_its_bound(store: SQLiteStore, path: Path) -> None:
+@pytest.fixture
+def reported(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once a checkpoint beside the writes has run and reported (cleared by its waiter)."""
+    event = threading.Event()
+    run = Checkpointer._run
+
+    def reporting(self: Checkpointer, connection: sqlite3.Connection) -> None:
+        run(self, connection)
+        event.set()
+
+    monkeypatch.setattr(Checkpointer, "_run", reporting)
+    return event
+
+
+async def write_in_rounds(store: SQLiteStore, rounds: int, reported: threading.Event) -> None:
+    """``rounds`` times: 100 transactions, in which a checkpoint beside them is asked for,
+    then that checkpoint's report, then one turn more — whose calls go to the writer
+    thread if the report found the WAL past its bound: it then copies the rest, its writes
+    held — and a call queued after that copy.
+
+    What follows a checkpoint is then the design's doing, whatever the machine's load:
+    a checkpoint thread that a loaded machine holds up is waited for.
+    """
+    for round_ in range(rounds):
+        for n in range(50):
+            await turn(store, round_ * 100 + n)
+        await asyncio.to_thread(reported.wait)
+        reported.clear()
+        await turn(store, round_ * 100 + 99)
+        await store._write(thread_of)
+
+
+async def test_checkpoints_keep_the_wal_within_its_bound(
+    store: SQLiteStore, path: Path, reported: threading.Event
+) -> None:
     """SQLite's own checkpoint is off (it would sync on the loop); ours keep up.
 
     Without them, 1,500 transactions of about ten pages each leave a WAL of
@@ -235,31 +269,30 @@ async def test_checkpoints_keep_the_wal_within_its_bound(store: SQLiteStore, pat
     connection = store._writer._connection
     assert connection is not None
     assert connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
-    for n in range(750):
-        await turn(store, n)
-    assert store.stats.checkpoints >= 1
+    await write_in_rounds(store, 15, reported)
+    assert store.stats.checkpoints == 15  # each copied the WAL, or found it past the bound
     wal = path.with_name(path.name + "-wal")
     assert wal.stat().st_size < 2 * sqlite_writer.WAL_FRAMES_BOUND * 4096
     assert store.stats.on_loop > 0  # the others went to the thread while a checkpoint ran
 
 
 async def test_past_its_bound_the_writer_copies_the_rest_and_starts_the_wal_again(
-    store: SQLiteStore, path: Path, monkeypatch: pytest.MonkeyPatch
+    store: SQLiteStore, path: Path, monkeypatch: pytest.MonkeyPatch, reported: threading.Event
 ) -> None:
-    """A WAL written without pause is never all copied beside the writes (on an idle
-    machine; a loaded one leaves gaps in which it starts again by itself)."""
+    """Every checkpoint beside the writes finds the WAL past its bound (one frame): the
+    writer thread then checkpoints it itself, its writes held, and the WAL starts again."""
     monkeypatch.setattr(sqlite_writer, "WAL_FRAMES_BOUND", 1)  # every checkpoint finds it past
-    for n in range(750):
-        await turn(store, n)
-    assert store.stats.held_checkpoints >= 1
+    await write_in_rounds(store, 8, reported)
+    assert store.stats.checkpoints == 8
+    assert store.stats.held_checkpoints == 8
     wal = path.with_name(path.name + "-wal")
-    assert wal.stat().st_size < 20 * 1024 * 1024  # never started again: some 60 MB
+    assert wal.stat().st_size < 20 * 1024 * 1024  # never started again: some 35 MB
 
 
 async def test_a_checkpoint_beside_the_writes_holds_none_of_them_up(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A checkpoint that does not end (a slow disk) while 300 transactions commit."""
+    """A checkpoint that does not end (a slow disk) while 200 more transactions commit."""
     started, release = threading.Event(), threading.Event()
     run = Checkpointer._run
 
@@ -270,9 +303,11 @@ async def test_a_checkpoint_beside_the_writes_holds_none_of_them_up(
 
     monkeypatch.setattr(Checkpointer, "_run", stuck)
     try:
-        for n in range(150):
+        for n in range(50):
             await turn(store, n)
-        assert started.is_set()  # asked after the first 100 transactions, and stuck since
+        await asyncio.to_thread(started.wait)  # asked after these 100 transactions: stuck
+        for n in range(50, 150):
+            await turn(store, n)
         assert store.stats.transactions >= 300
         assert store.stats.checkpoints == 0
     finally:
