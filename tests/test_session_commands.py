@@ -29,6 +29,16 @@ class EndpointSettingsAgent:
         return await settings_agent(turn)
 
 
+class NamedDefaultAgent:
+    """``settings_agent`` that says which model it uses by default (``default_model``)."""
+
+    def __init__(self, default: object) -> None:
+        self.default_model = default
+
+    async def __call__(self, turn: Turn) -> str:
+        return await settings_agent(turn)
+
+
 class TestNew:
     async def test_asks_then_yes_proceeds(self) -> None:
         store = MemoryStore()
@@ -376,6 +386,23 @@ class TestModelNames:
             await h.send("/model", chat_id="c")
             replies = await h.replies(chat_id="c", count=3)
         assert replies[2] == "Model: quick, for the next turn only; then sticky"
+
+
+class TestDefaultModel:
+    async def test_model_names_the_default_the_agent_says_it_uses(self) -> None:
+        async with GatewayHarness(NamedDefaultAgent("gpt-4o-mini")) as h:
+            await h.send("/model", chat_id="c")
+            await h.send("/model --once other", chat_id="c")
+            await h.send("/model", chat_id="c")
+            replies = await h.replies(chat_id="c", count=3)
+        assert replies[0] == "Model: gpt-4o-mini (the default)"
+        assert replies[2] == "Model: other, for the next turn only; then gpt-4o-mini (the default)"
+
+    @pytest.mark.parametrize("default", [None, 42, "", "  ", "gpt\x1b[31m", "m" * 201])
+    async def test_a_default_not_fit_to_show_is_not_named(self, default: object) -> None:
+        async with GatewayHarness(NamedDefaultAgent(default)) as h:
+            await h.send("/model", chat_id="c")
+            assert await h.replies(chat_id="c", count=1) == ["Model: the default"]
 
 
 class TestModelOnce:

@@ -25,7 +25,7 @@ from chatlane.runtime.persisted import apply_once
 from chatlane.state import SERVICE_TIER_UNSET
 from chatlane.stores.base import Conversation
 from chatlane.stores.fields import MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIER_OVERRIDE
-from chatlane.types import ModelChoice, disguising, visible
+from chatlane.types import ModelChoice, default_model, disguising, visible
 
 YES = frozenset({"yes", "y", "ok", "confirm"})
 NO = frozenset({"no", "n", "cancel"})
@@ -244,8 +244,11 @@ def _checked(what: str, value: str, limit: int) -> str:
     return value
 
 
-def _described(choice: ModelChoice | None) -> str:
-    return choice.describe() if choice else "the default"
+def _described(choice: ModelChoice | None, default: str) -> str:
+    """``choice`` for a reply; none is the agent's ``default`` (named, if the agent says)."""
+    if choice:
+        return choice.describe()
+    return f"{default} (the default)" if default else "the default"
 
 
 async def _model(call: CommandCall) -> str:
@@ -253,10 +256,12 @@ async def _model(call: CommandCall) -> str:
     if not call.args:
         conversation = (await engine.fresh_session(key)).conversation
         current, once = conversation.model_override, conversation.one_turn_restore
-        shown = f"Model: {_described(current)}"
+        default = default_model(engine.agent)
+        shown = f"Model: {_described(current, default)}"
         if once is None:
             return shown
-        return f"{shown}, for the next turn only; then {_described(once['model_override'])}"
+        then = _described(once["model_override"], default)
+        return f"{shown}, for the next turn only; then {then}"
     choice, once = _parse_model(call.args)
     if choice.base_url:
         choice = await _allowed_endpoint(call, choice)

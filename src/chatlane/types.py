@@ -288,6 +288,16 @@ def accepts_steering(agent: object) -> bool:
     return bool(getattr(agent, "accepts_steering", False))
 
 
+def default_model(agent: object) -> str:
+    """The model ``agent`` uses where a conversation chose none: its ``default_model``
+    attribute, if that is a name fit to show (at most 200 characters, visible, no control
+    character or bidirectional override); else ``""`` (the agent does not say)."""
+    name = getattr(agent, "default_model", None)
+    if not isinstance(name, str) or len(name) > 200 or not visible(name) or disguising(name):
+        return ""
+    return name
+
+
 _SOURCE_TEXTS = (
     "platform",
     "chat_id",

@@ -229,6 +229,12 @@ async def test_attachments_are_described_and_url_images_sent_as_parts(tmp_path: 
         assert history[-1] == {"role": "user", "content": "[1 attachment: image image/jpeg 12 KB]"}
 
 
+async def test_model_names_the_configured_model_as_the_default(tmp_path: Path) -> None:
+    async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
+        await h.send("/model", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["Model: upstream-model (the default)"]
+
+
 async def test_overrides_reach_the_upstream(tmp_path: Path) -> None:
     async with upstream(tmp_path) as up, downstream(up, tmp_path) as (h, _):
         for command in ("/model other-model", "/reasoning high", "/fast on", "hi", "/fast off"):

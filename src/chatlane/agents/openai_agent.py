@@ -169,6 +169,11 @@ class OpenAIAgent:
         redact_client_logs()
 
     @property
+    def default_model(self) -> str:
+        """The model asked for where a conversation chose none (``/model`` names it)."""
+        return self.config.model
+
+    @property
     def has_key(self) -> bool:
         """Whether an API key was configured (a local server may need none)."""
         return bool(self._api_key)
