@@ -256,6 +256,27 @@ class TestAuth:
             assert "n0tit" not in str(raised.value)
             assert time.monotonic() - started < 2
 
+    @pytest.mark.parametrize(
+        ("userinfo", "db", "said"),
+        [
+            ("", 0, "the server needs a password (NOAUTH "),
+            (":n0tit@", 0, "the server refused the user name or password (WRONGPASS "),
+            ("nobody:s3cret@", 0, "the server refused the user name or password (WRONGPASS "),
+            (":s3cret@", 9, "the server has no database of that number (ERR DB index is out"),
+        ],
+    )
+    async def test_a_server_that_answers_and_refuses_is_not_called_unreachable(
+        self, userinfo: str, db: int, said: str
+    ) -> None:
+        with (
+            private_server("--requirepass", "s3cret", "--databases", "4") as port,
+            pytest.raises(StoreError) as raised,
+        ):
+            await RedisStore.open(f"redis://{userinfo}127.0.0.1:{port}/{db}")
+        assert said in str(raised.value)
+        assert "cannot reach" not in str(raised.value)
+        assert "n0tit" not in str(raised.value)
+
     async def test_an_acl_user_and_password(self) -> None:
         acl = ["--user", "bot", "on", ">pw", "~*", "+@all"]
         with private_server(*acl) as port:

@@ -80,7 +80,7 @@ from chatlane.stores.redis_scripts import LuaScript, Status
 from chatlane.stores.redis_sentinel import SCHEME as SENTINEL_SCHEME
 from chatlane.stores.redis_sentinel import Sentinels, parse_sentinel_url
 from chatlane.stores.redis_transport import RedisPyTransport, Transport
-from chatlane.stores.redis_url import parse_url, redact
+from chatlane.stores.redis_url import parse_url, redact, refusal
 from chatlane.stores.resp import RETRIES, Arg, ReplyError, RespClient, maybe_sent
 from chatlane.types import SessionKey
 
@@ -182,13 +182,17 @@ class RedisStore(Store):
     async def _check_reachable(self) -> None:
         """One ``PING``, then make sure the server is not a cluster node.
 
-        :raises StoreError: it does not answer in time, or runs Redis Cluster.
+        :raises StoreError: it does not answer in time, refuses (a password it needs or
+            does not take, a database it does not have), or runs Redis Cluster.
         """
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
                 await self._client.execute("PING")
                 info = await self._client.execute("INFO", "cluster")
-        except (ReplyError, ConnectionError, TimeoutError, OSError) as error:
+        except ReplyError as error:  # it answered: reached, and refused
+            await self._client.close()
+            raise StoreError(f"{self._name}: {refusal(str(error))}") from error
+        except (ConnectionError, TimeoutError, OSError) as error:
             await self._client.close()
             reason = str(error) or "timed out"
             raise StoreError(f"{self._name}: cannot reach the server ({reason})") from error

@@ -99,6 +99,22 @@ def redact(url: str) -> str:
     return re.sub(r"(sentinel_password=)[^&#]*", r"\1***", urls.mask_userinfo(url))
 
 
+def refusal(reason: str) -> str:
+    """What a server that answered a store's first commands with the error ``reason``
+    refused, in its words and, for the URL's password or database, what to change."""
+    code = reason.split(" ", 1)[0]
+    if code == "NOAUTH":
+        return (
+            f"the server needs a password ({reason}): give it in the URL, "
+            "redis://:<password>@host:port/db"
+        )
+    if code == "WRONGPASS":
+        return f"the server refused the user name or password ({reason})"
+    if "DB index is out of range" in reason:
+        return f"the server has no database of that number ({reason})"
+    return f"the server refused to open the store ({reason})"
+
+
 def _options(query: str) -> dict[str, str]:
     options: dict[str, str] = {}
     for name, value in parse_qsl(query, keep_blank_values=True):
@@ -166,4 +182,4 @@ def _flag(text: str, name: str) -> bool:
     raise ValueError(f"{name} must be true or false")
 
 
-__all__ = ["CLIENT_NAME", "parse_url", "redact"]
+__all__ = ["CLIENT_NAME", "parse_url", "redact", "refusal"]
