@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import secrets
 import sqlite3
 import struct
@@ -33,6 +34,7 @@ from pathlib import Path
 from chatlane.errors import StoreDamaged, StoreError
 
 __all__ = [
+    "check_access",
     "check_files",
     "check_integrity",
     "create_if_missing",
@@ -95,13 +97,18 @@ def create_if_missing(path: Path, build: Callable[[Path], None]) -> None:
             f"cannot create SQLite store {str(path.absolute())!r}: {str(folder)!r} {what} "
             "(chatlane creates the database file, not its folder)"
         )
+    cannot = f"cannot create SQLite store {str(path.absolute())!r}"
     try:
         if os.path.lexists(path):
             return
         _refuse_orphan_wal(path)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StoreError(f"{cannot}: {_denied_in(folder)}")
         _link_new(path, build)
+    except PermissionError as error:
+        raise StoreError(f"{cannot}: {_denied_in(folder)}") from error
     except OSError as error:
-        raise StoreError(f"cannot create SQLite store {str(path)!r}: {error}") from error
+        raise StoreError(f"{cannot}: {error}") from error
 
 
 def _link_new(path: Path, build: Callable[[Path], None]) -> None:
@@ -141,6 +148,62 @@ def _refuse_orphan_wal(path: Path) -> None:
 
 
 # -- checks before and after the file is opened --------------------------------------
+
+
+def check_access(path: Path) -> None:
+    """Refuse, saying so, a store this process may not read and write: the file, its
+    ``-wal`` and ``-shm`` files when they are there, and its folder when SQLite must make
+    one of them. SQLite itself says only "unable to open database file", or opens a file
+    it may not write read-only, to fail at the first write.
+
+    :raises StoreError: "permission denied", naming what this user may not do with which
+        file (or that it is on a read-only file system).
+    """
+    cannot = f"cannot open SQLite store {str(path.absolute())!r}"
+    for file in (path, wal_path(path), shm_path(path)):
+        lacking = _lacking(file) if os.path.lexists(file) else ""
+        if lacking:
+            raise StoreError(f"{cannot}: {_denied(file, lacking)}")
+    folder = path.absolute().parent
+    made = wal_path(path).exists() and shm_path(path).exists()
+    if not made and not os.access(folder, os.W_OK | os.X_OK):
+        raise StoreError(f"{cannot}: {_denied_in(folder)}, where SQLite keeps its -wal and -shm")
+
+
+def _lacking(file: Path) -> str:
+    """What this process may not do with ``file``: "read", "write", both, or nothing."""
+    readable, writable = os.access(file, os.R_OK), os.access(file, os.W_OK)
+    return {(False, False): "read or write", (True, False): "write", (False, True): "read"}.get(
+        (readable, writable), ""
+    )
+
+
+def _denied(file: Path, lacking: str) -> str:
+    if "write" in lacking and _read_only_file_system(file.absolute().parent):
+        return f"{str(file.absolute())!r} is on a read-only file system"
+    return f"permission denied: the user {_user()} may not {lacking} {str(file.absolute())!r}"
+
+
+def _denied_in(folder: Path) -> str:
+    if _read_only_file_system(folder):
+        return f"its folder {str(folder)!r} is on a read-only file system"
+    return f"permission denied: the user {_user()} may not write in its folder {str(folder)!r}"
+
+
+def _read_only_file_system(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _user() -> str:
+    """The name this process runs as (its number where it has no name)."""
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def check_files(path: Path) -> None:

@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl
 
 from chatlane.errors import StoreError
 from chatlane.stores.sqlite_file import (
+    check_access,
     check_files,
     check_integrity,
     create_if_missing,
@@ -299,6 +300,7 @@ def connect(location: Location) -> sqlite3.Connection:
         knows.
     """
     create_if_missing(location.path, lambda temporary: _build(temporary, location))
+    check_access(location.path)
     check_files(location.path)
     connection = _open_file(location)
     try:
