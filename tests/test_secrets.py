@@ -18,10 +18,11 @@ from chatlane.config import (
     ServerConfig,
     TelegramConfig,
     WebConfig,
+    load_config,
 )
 from chatlane.config import Secret as Named
 from chatlane.errors import ConfigError
-from chatlane.secrets import Secrets, TokenSource, read_secret, resolve_secrets
+from chatlane.secrets import Secrets, TokenSource, read_secret, resolve_secrets, why_empty
 
 PACKAGE = Path(chatlane.__file__).parent
 MAY_READ_THE_ENVIRONMENT = {
@@ -153,3 +154,58 @@ def test_a_secret_file_that_is_not_text_is_a_clear_error_and_locks_on_reload(
     access.reload()
     assert not access.matches(b"first")  # locked until a reload finds a token
     assert access.required
+
+
+@pytest.mark.parametrize(
+    ("environ", "why"),
+    [
+        ({}, "the environment variable BOT_TOKEN is not set"),
+        ({"BOT_TOKEN": ""}, "the environment variable BOT_TOKEN is empty"),
+    ],
+)
+def test_an_empty_secret_says_whether_its_variable_is_set(
+    environ: dict[str, str], why: str
+) -> None:
+    assert why_empty(Named(env="BOT_TOKEN"), environ) == why
+
+
+def test_an_empty_secret_file_or_none_configured_says_so(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("\n")
+    assert why_empty(Named(file=str(tmp_path / "token"))) == (
+        f"the file '{tmp_path / 'token'}' is empty"
+    )
+    assert why_empty(Named()) == "neither env nor file is set"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[telegram]\ntoken = "hunter2-inline"', "telegram.token"),
+        ('[server]\ntoken = "hunter2-inline"', "server.token"),
+        ('[agent.openai]\napi_key = "hunter2-inline"', "agent.openai.api_key"),
+        ('[web]\nid_secret = "hunter2-inline"', "web.id_secret"),
+        (
+            '[api.clients.bob]\ntoken = { env = "BOB" }\n'
+            '[api.clients.alice]\ntoken = "hunter2-inline"',
+            "api.clients.alice.token",
+        ),
+    ],
+)
+def test_a_secret_written_as_its_value_is_told_where_to_keep_it(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    path = tmp_path / "chatlane.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, environ={})
+    assert str(raised.value) == (
+        f"configuration key {key!r}: a secret is not written in the configuration: "
+        'use { env = "VARIABLE" } or { file = "/path/to/file" }'
+    )
+
+
+def test_a_secret_overridden_with_a_value_is_told_the_same_and_not_shown() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, environ={"CHATLANE_TELEGRAM__TOKEN": "hunter2-inline"})
+    assert str(raised.value).startswith("configuration key 'telegram.token': a secret is not")
+    assert "hunter2" not in str(raised.value)

@@ -93,6 +93,13 @@ class Secret(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return "nowhere (neither env nor file is set)"
 
 
+SECRET_SHAPE = (
+    'a secret is not written in the configuration: use { env = "VARIABLE" } '
+    'or { file = "/path/to/file" }'
+)
+"""What a secret given as a value (``token = "…"``) is told: where to keep it instead."""
+
+
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where the web chat and the API listen."""
 
@@ -624,6 +631,9 @@ def _explain(message: str, raw: dict[str, Any]) -> str:
         info = info.key_type if isinstance(info, msgspec.inspect.DictType) else None
         path = [*path, "*"]
     file_path = _file_path(path)
+    if isinstance(info, msgspec.inspect.StructType) and info.cls is Secret:
+        key = ".".join(_written_secret(raw, file_path))
+        return f"configuration key {key!r}: {SECRET_SHAPE}"  # the value never shown
     if bad is not None and file_path[-1:] == ["*"]:
         file_path[-1] = _entry_named(raw, file_path[:-1], bad.group(1))
         shown = ""
@@ -633,6 +643,18 @@ def _explain(message: str, raw: dict[str, Any]) -> str:
     expected = _expectation(info)
     why = f"expected {expected}" if expected else what.lower()
     return f"configuration key {'.'.join(file_path)!r}{shown}: {why}"
+
+
+def _written_secret(raw: Any, path: list[str]) -> list[str]:
+    """``path`` with a table's entry (``*``) named: the first whose secret is not a table."""
+    if "*" not in path:
+        return path
+    at = path.index("*")
+    table = _lookup(raw, path[:at])
+    for name, entry in table.items() if isinstance(table, dict) else ():
+        if not isinstance(_lookup(entry, path[at + 1 :]), dict):
+            return [*path[:at], str(name), *path[at + 1 :]]
+    return path
 
 
 def _file_path(path: list[str]) -> list[str]:

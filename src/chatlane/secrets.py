@@ -35,6 +35,19 @@ def read_secret(secret: Secret, environ: Mapping[str, str] | None = None) -> str
     return secret.read(os.environ if environ is None else environ)
 
 
+def why_empty(secret: Secret, environ: Mapping[str, str] | None = None) -> str:
+    """Why ``secret`` reads as ``""``, in words for a message (never a value): its variable
+    is not set in ``environ`` (default ``os.environ``) or is empty, its file is empty, or
+    neither is configured."""
+    environ = os.environ if environ is None else environ
+    if secret.file:
+        return f"the file {secret.file!r} is empty"
+    if secret.env:
+        state = "is empty" if secret.env in environ else "is not set"
+        return f"the environment variable {secret.env} {state}"
+    return "neither env nor file is set"
+
+
 @dataclass(frozen=True, slots=True)
 class TokenSource:
     """The access token as read at start, and where a reload reads it again."""

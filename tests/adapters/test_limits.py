@@ -280,9 +280,12 @@ async def test_a_client_can_never_name_another_clients_session(tmp_path: Path) -
 def test_a_client_whose_token_is_unset_is_told_where_it_was_read() -> None:
     clients = {"alice": ApiClientConfig(Secret(env="ALICE_API_TOKEN"))}
     config = Config(api=ApiConfig(clients=clients))
-    with pytest.raises(ConfigError, match="the environment variable ALICE_API_TOKEN") as refused:
+    with pytest.raises(ConfigError) as refused:
         ApiClients.from_config(config, {})
-    assert "'api.clients.alice.token': it is empty" in str(refused.value)
+    assert str(refused.value) == (
+        "configuration key 'api.clients.alice.token': no token: "
+        "the environment variable ALICE_API_TOKEN is not set"
+    )
 
 
 def test_client_prefixes_that_overlap_are_refused(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from chatlane.adapters.api_wire import ApiRequestError
 from chatlane.config import Config, client_prefix
 from chatlane.errors import ConfigError
+from chatlane.secrets import why_empty
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +62,9 @@ class ApiClients:
         for name, client in config.api.clients.items():
             token = tokens.get(name, "")
             if not token:
-                source = client.token.source()
                 raise ConfigError(
-                    f"configuration key 'api.clients.{name}.token': it is empty "
-                    f"(read from {source})"
+                    f"configuration key 'api.clients.{name}.token': no token: "
+                    f"{why_empty(client.token)}"
                 )
             if token in clients:
                 other = clients[token].name
