@@ -393,3 +393,13 @@ def test_inspect_reads_a_partial_answer() -> None:
         "  ?: two",
         "    lines",
     ]
+
+
+def test_serve_help_names_every_chat_platform_and_store() -> None:
+    code, output = run("serve", "--help")
+    assert code == 0
+    text = " ".join(output.split())  # as wrapped for the terminal
+    assert "(and Telegram, Slack and Discord when enabled)" in text
+    for scheme in ("memory://", "sqlite://", "redis://", "rediss://", "redis+sentinel://"):
+        assert scheme in text
+    assert "postgresql://" in text

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from chatlane.config import Config, Secret, ServerConfig, StoreConfig
@@ -594,6 +595,19 @@ def test_a_token_variable_that_is_not_set_is_warned_of(caplog: pytest.LogCapture
     with caplog.at_level(logging.WARNING, logger="chatlane.server"):
         require_token(Config(), resolve_secrets(Config(), {}))  # the default: no token, quietly
     assert caplog.text == ""
+
+
+def test_the_start_banner_lists_the_chat_platforms_enabled(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    announce(Config())
+    assert "chats:" not in capsys.readouterr().out
+    enabled = {"enabled": True}
+    config = msgspec.convert({"telegram": enabled, "discord": enabled}, Config)
+    announce(config)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2] == "  chats:    telegram, discord"
+    assert lines[-1].startswith("  store:")  # last: what waiting for the start reads
 
 
 def test_the_start_banner_brackets_an_ipv6_address(capsys: pytest.CaptureFixture[str]) -> None:

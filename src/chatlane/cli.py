@@ -62,7 +62,10 @@ def main() -> None:
 @click.option(
     "--store",
     default=None,
-    help="memory://, sqlite:///path, redis://host:port/db or postgresql://host/db",
+    help=(
+        "memory://, sqlite:///path, redis://host:port/db, rediss://host:port/db, "
+        "redis+sentinel://host:port,…/<primary name> or postgresql://host/db"
+    ),
 )
 @click.option("--agent", default=None, help="demo, openai or python:module:attribute")
 @click.option("--busy", default=None, help="queue, collect, rollback, redirect, steer or reject")
@@ -89,7 +92,8 @@ def serve(
     keep_alive: int | None,
     log_format: str,
 ) -> None:
-    """Run the gateway: web chat and OpenAI-compatible API (and Telegram if enabled)."""
+    """Run the gateway: web chat and OpenAI-compatible API (and Telegram, Slack and Discord
+    when enabled)."""
     try:
         _serve(
             config_path,

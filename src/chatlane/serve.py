@@ -405,12 +405,15 @@ def freeze_the_start() -> None:
 
 
 def announce(config: Config) -> None:
-    """Print where the gateway can be reached, and its store: the URL without its
-    credentials, and a SQLite store's file as an absolute path."""
+    """Print where the gateway can be reached, the chat platforms it runs, and its store:
+    the URL without its credentials, and a SQLite store's file as an absolute path. The
+    store's line is the last."""
     base = http_url(config.server.host, config.server.port)
+    platforms = enabled_platforms(config)
+    chats = f"  chats:    {', '.join(platforms)}\n" if platforms else ""
     print(
         f"chatlane is ready\n  web chat: {base}/\n  API:      {base}/v1  "
-        f"(OpenAI-compatible)\n  metrics:  {base}/metrics   health: {base}/health\n"
+        f"(OpenAI-compatible)\n  metrics:  {base}/metrics   health: {base}/health\n{chats}"
         f"  store:    {shown_store(config.store.url)}   agent: {config.agent.name}",
         flush=True,
     )
