@@ -134,7 +134,9 @@ def test_a_command_given_by_a_python_agent_answers_under_serve(tmp_path: Path) -
 
         assert ask("/ping 2") == "pong pong "
         assert "/ping [count] — answer pong" in ask("/help")
-        assert ask("/ping x").startswith("the count must be a number")
+        assert ask("/ping x").startswith("the count must be a number from 1 to 100")
+        for refused in ("/ping 100000000", "/ping ²", "/ping 0"):
+            assert ask(refused).startswith("the count must be a number from 1 to 100")
         assert ask("hello") == "you said: hello"
         client.close()
     finally:
