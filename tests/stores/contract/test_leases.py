@@ -294,3 +294,12 @@ class TestRenewMany:
         assert await store.renew_many([], 5) == []
         with pytest.raises(SessionBusy):
             await store.acquire(chat_key("a"), "p2", 5)
+
+    async def test_a_lost_lease_stays_lost_beside_its_successor(self, store: Store) -> None:
+        old = await store.acquire(KEY, "p1", 5)
+        await store.release(old)
+        new = await store.acquire(KEY, "p1", 5)
+        renewed = await store.renew_many([old, new, old], 30)
+        assert [None if r is None else r.token for r in renewed] == [None, new.token, None]
+        with pytest.raises(LeaseLost):
+            await store.renew(old, 5)

@@ -134,21 +134,27 @@ _RENEW = """UPDATE leases l SET expires_at = $1 + $2
 FROM unnest($3::text[], $4::text[], $5::bigint[]) AS r(key, token, generation), sessions s
 WHERE l.key = r.key AND l.token = r.token AND l.expires_at > $1 AND l.generation = r.generation
     AND s.key = r.key AND s.generation = r.generation
-RETURNING l.key"""
-"""Extend every live, unfenced holding named by its key, token and generation."""
+RETURNING l.key, l.token"""
+"""Extend every live, unfenced holding named by its key, token and generation; the renewed
+come back by key and token, since one call may hold a lost lease and its successor."""
 
 
 async def renew_many(
     db: Db, moment: float, leases: Sequence[Lease], ttl: float
 ) -> list[Lease | None]:
-    """One compare-and-set for all ``leases``: ``None`` for each one lost."""
+    """One compare-and-set for all ``leases``: ``None`` for each one lost.
+
+    A lease is matched by its key and token, never its key alone: a lost lease renewed
+    beside its successor on the same session (the same call) stays lost.
+    """
     keys = [lease.key for lease in leases]
     tokens = [lease.token for lease in leases]
     fences = [lease.generation for lease in leases]
-    renewed = {row[0] for row in await db.fetch(_RENEW, moment, ttl, keys, tokens, fences)}
+    rows = await db.fetch(_RENEW, moment, ttl, keys, tokens, fences)
+    renewed = {(row[0], row[1]) for row in rows}
     return [
         Lease(lease.key, lease.holder, lease.token, lease.generation, moment + ttl)
-        if lease.key in renewed
+        if (lease.key, lease.token) in renewed
         else None
         for lease in leases
     ]
