@@ -14,6 +14,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chatlane.errors import AlreadyAnswered, LeaseLost, StoreError
 from chatlane.runtime.settings import LeaseSettings
@@ -22,6 +24,7 @@ from chatlane.stores.postgres import PostgresStore, ledger
 from chatlane.stores.postgres.pools import QUICK_POOL, _milliseconds
 from chatlane.stores.postgres.schema import MIGRATIONS, migrate
 from chatlane.stores.postgres.store import _LOCKED_NOW, _rolled_back
+from chatlane.stores.postgres.text import escape, unescape
 from chatlane.stores.postgres.url import Location, parse_url, redact
 from chatlane.testing import GatewayHarness
 from chatlane.testing_postgres import ENV, PASSWORD, USER, binaries, throwaway
@@ -312,6 +315,43 @@ class TestMigrations:
             await store.close()
             await forget_store(url)
 
+    async def test_a_fifth_version_schema_reads_its_text_back_as_it_was(self, url: str) -> None:
+        location = parse_url(url)
+        connection = await asyncpg.connect(location.dsn)
+        try:
+            await migrate(connection, location.schema, MIGRATIONS[:5])
+        finally:
+            await connection.close()
+        soh = "chr(1)"  # stored raw by a version without the escape, two of them in a row too
+        await _execute(
+            url,
+            "INSERT INTO sessions (key, generation, current_conversation) "
+            f"VALUES ('k' || {soh}, 3, 'c_1')",
+        )
+        await _execute(
+            url, f"INSERT INTO conversations (id, key, started_at) VALUES ('c_1', 'k' || {soh}, 1)"
+        )
+        await _execute(
+            url,
+            "INSERT INTO transcript (conversation_id, role, content, generation, message_id, "
+            f"created_at) VALUES ('c_1', 'user', 'a' || {soh} || {soh} || 'b', 1, 'm0', 1.0)",
+        )
+        await _execute(
+            url,
+            "INSERT INTO pending (key, message_id, owner, payload, accepted_at) "
+            f"VALUES ('k' || {soh}, 'm' || {soh}, 'p1', '', 1.0)",
+        )
+        store = await PostgresStore.open(url)
+        try:
+            key = SessionKey("k\x01")
+            assert await store.generation(key) == 3
+            assert [e.content for e in await store.transcript(key)] == ["a\x01\x01b"]
+            assert [r.message_id for r in await store.pending(key)] == ["m\x01"]
+            assert await store.pending_keys() == [key]
+        finally:
+            await store.close()
+            await forget_store(url)
+
     async def test_schemas_do_not_see_each_other(self, store: PostgresStore, url: str) -> None:
         await store.set_persistent(KEY, None, model="mine")
         other_url = own_schema(url.partition("?")[0], "other")
@@ -331,12 +371,26 @@ class TestServerClock:
         assert before + 30 <= lease.expires_at <= after + 30
 
 
+class TestText:
+    @given(*[st.text(alphabet=st.sampled_from("\x00\x01\x02a"))] * 2)
+    def test_the_escape_is_reversible_and_keeps_order(self, text: str, other: str) -> None:
+        assert "\x00" not in escape(text)
+        assert unescape(escape(text)) == text
+        assert (escape(text) < escape(other)) is (text < other)
+        assert escape(text + other) == escape(text) + escape(other)
+
+    async def test_the_tables_hold_the_escaped_text(self, store: PostgresStore) -> None:
+        await store.enqueue(KEY, "a\x00b\x01c", "p1", b"")
+        rows = await store._fetch(
+            "SELECT encode(convert_to(message_id, 'UTF8'), 'hex') FROM pending"
+        )
+        assert rows[0][0] == "610101620102" + "63"
+
+
 class TestBadInput:
-    @pytest.mark.parametrize("content", ["nul \x00 inside", "lone \ud800 surrogate"])
-    async def test_text_the_server_cannot_keep_is_refused_whole(
-        self, store: PostgresStore, content: str
-    ) -> None:
+    async def test_text_the_server_cannot_keep_is_refused_whole(self, store: PostgresStore) -> None:
         lease = await store.acquire(KEY, "p1", 5)
+        content = "lone \ud800 surrogate"
         entries = [TranscriptEntry("user", "fine", 1), TranscriptEntry("user", content, 1)]
         with pytest.raises(StoreError) as refused:
             await store.commit(

@@ -29,6 +29,7 @@ from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.postgres import ledger
 from chatlane.stores.postgres.db import Db, Row
 from chatlane.stores.postgres.routines import ALREADY_ANSWERED
+from chatlane.stores.postgres.text import unescape
 from chatlane.types import SessionKey
 
 __all__ = [
@@ -98,7 +99,8 @@ async def commit(
     except PostgresError as error:
         if error.sqlstate != ALREADY_ANSWERED:
             raise
-        raise AlreadyAnswered(json.loads(error.detail), key=key) from None
+        repeated = [unescape(m) for m in json.loads(error.detail)]  # as the server keeps them
+        raise AlreadyAnswered(repeated, key=key) from None
     assert row is not None
     current, freed = int(row[0]), bool(row[1])
     if generation is not None and generation != current:

@@ -14,6 +14,8 @@ What stays true:
   refused with :class:`~chatlane.errors.StoreError`, never written to.
 * Text that is compared or ordered (keys, ids, holders) uses the ``"C"``
   collation: byte order, as in the other stores, whatever the database's locale.
+* Text is stored escaped (:mod:`~chatlane.stores.postgres.text`): a NUL as U+0001
+  U+0001, a U+0001 as U+0001 U+0002; a query of the tables by hand sees those.
 """
 
 from __future__ import annotations
@@ -130,7 +132,61 @@ _V3: Migration = (
 
 _V4: Migration = ("ALTER TABLE transcript ADD COLUMN attachments bytea",)
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, STEP_5)
+_V6: Migration = (
+    """UPDATE sessions SET key = replace(key, chr(1), chr(1) || chr(2)),
+        current_conversation = replace(current_conversation, chr(1), chr(1) || chr(2))
+    WHERE strpos(key, chr(1)) > 0 OR strpos(current_conversation, chr(1)) > 0""",
+    """UPDATE leases SET key = replace(key, chr(1), chr(1) || chr(2)),
+        holder = replace(holder, chr(1), chr(1) || chr(2)),
+        token = replace(token, chr(1), chr(1) || chr(2))
+    WHERE strpos(key, chr(1)) > 0 OR strpos(holder, chr(1)) > 0 OR strpos(token, chr(1)) > 0""",
+    """UPDATE persistent SET key = replace(key, chr(1), chr(1) || chr(2)),
+        field = replace(field, chr(1), chr(1) || chr(2)),
+        value = replace(value, chr(1), chr(1) || chr(2))
+    WHERE strpos(key, chr(1)) > 0 OR strpos(field, chr(1)) > 0 OR strpos(value, chr(1)) > 0""",
+    """UPDATE conversations SET id = replace(id, chr(1), chr(1) || chr(2)),
+        key = replace(key, chr(1), chr(1) || chr(2)),
+        title = replace(title, chr(1), chr(1) || chr(2))
+    WHERE strpos(id, chr(1)) > 0 OR strpos(key, chr(1)) > 0 OR strpos(title, chr(1)) > 0""",
+    """UPDATE transcript SET conversation_id = replace(conversation_id, chr(1), chr(1) || chr(2)),
+        entry_conversation = replace(entry_conversation, chr(1), chr(1) || chr(2)),
+        role = replace(role, chr(1), chr(1) || chr(2)),
+        content = replace(content, chr(1), chr(1) || chr(2)),
+        message_id = replace(message_id, chr(1), chr(1) || chr(2))
+    WHERE strpos(conversation_id, chr(1)) > 0 OR strpos(entry_conversation, chr(1)) > 0
+        OR strpos(role, chr(1)) > 0 OR strpos(content, chr(1)) > 0
+        OR strpos(message_id, chr(1)) > 0""",
+    """UPDATE answered SET message_id = replace(message_id, chr(1), chr(1) || chr(2)),
+        answer = replace(answer, chr(1), chr(1) || chr(2))
+    WHERE strpos(message_id, chr(1)) > 0 OR strpos(answer, chr(1)) > 0""",
+    """UPDATE pending SET key = replace(key, chr(1), chr(1) || chr(2)),
+        message_id = replace(message_id, chr(1), chr(1) || chr(2)),
+        owner = replace(owner, chr(1), chr(1) || chr(2))
+    WHERE strpos(key, chr(1)) > 0 OR strpos(message_id, chr(1)) > 0
+        OR strpos(owner, chr(1)) > 0""",
+    """UPDATE failed SET message_id = replace(message_id, chr(1), chr(1) || chr(2)),
+        key = replace(key, chr(1), chr(1) || chr(2)),
+        owner = replace(owner, chr(1), chr(1) || chr(2)),
+        reason = replace(reason, chr(1), chr(1) || chr(2))
+    WHERE strpos(message_id, chr(1)) > 0 OR strpos(key, chr(1)) > 0
+        OR strpos(owner, chr(1)) > 0 OR strpos(reason, chr(1)) > 0""",
+    """UPDATE heartbeats SET holder = replace(holder, chr(1), chr(1) || chr(2))
+    WHERE strpos(holder, chr(1)) > 0""",
+    """UPDATE deliveries SET id = replace(id, chr(1), chr(1) || chr(2)),
+        lane = replace(lane, chr(1), chr(1) || chr(2)),
+        target = replace(target, chr(1), chr(1) || chr(2)),
+        claim = replace(claim, chr(1), chr(1) || chr(2)),
+        holder = replace(holder, chr(1), chr(1) || chr(2)),
+        reason = replace(reason, chr(1), chr(1) || chr(2))
+    WHERE strpos(id, chr(1)) > 0 OR strpos(lane, chr(1)) > 0 OR strpos(target, chr(1)) > 0
+        OR strpos(claim, chr(1)) > 0 OR strpos(holder, chr(1)) > 0
+        OR strpos(reason, chr(1)) > 0""",
+)
+"""Schema step 6: every U+0001 already stored escaped as U+0001 U+0002, as the store keeps
+text from this step on (:mod:`~chatlane.stores.postgres.text`, which keeps a NUL as U+0001
+U+0001); each table is read once, and only rows holding one are written."""
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, STEP_5, _V6)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
@@ -145,7 +201,9 @@ target's deliveries in ``seq`` order (``deliveries_target``), so a claim finds
 the targets' heads without reading what was delivered; ``transcript.attachments``
 (step 4) holds an entry's attachments (msgspec JSON, :mod:`chatlane.stores.codec`), NULL
 for none, as in every row written before the step. Step 5 adds the routines a turn's
-calls run as one statement each (:mod:`~chatlane.stores.postgres.routines`).
+calls run as one statement each (:mod:`~chatlane.stores.postgres.routines`). Step 6
+escapes the U+0001 characters stored before the store kept NUL
+(:mod:`~chatlane.stores.postgres.text`).
 """
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_version (

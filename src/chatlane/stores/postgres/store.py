@@ -26,6 +26,10 @@ What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
   pending records removed) notifies the store's channel, and one connection
   outside the pools listens (:mod:`~chatlane.stores.postgres.wakeups`).
   Without it (down, or not yet back) waiters poll.
+* Every text is kept exactly, NUL included, which PostgreSQL's ``text`` cannot
+  hold: each call talks through :class:`~chatlane.stores.postgres.text.Escaped`,
+  which escapes it on the way to the server and back
+  (:mod:`~chatlane.stores.postgres.text`).
 * Any failure of the driver or the server becomes
   :class:`~chatlane.errors.StoreError` naming the store (its password masked) —
   except :meth:`PostgresStore.renew`, which raises
@@ -67,6 +71,7 @@ from chatlane.stores.postgres import queue as pq
 from chatlane.stores.postgres.db import Db, DriverError, Row
 from chatlane.stores.postgres.pools import PoolName, Pools, open_pools
 from chatlane.stores.postgres.schema import migrate
+from chatlane.stores.postgres.text import Escaped
 from chatlane.stores.postgres.url import Location, parse_url, redact
 from chatlane.stores.postgres.wakeups import Listener, token
 from chatlane.stores.wakeups import Watch
@@ -144,7 +149,8 @@ class PostgresStore(Store):
         pool = self._pool("liveness" if upkeep else "turns")
         committing = False
         try:
-            async with pool.acquire() as db:
+            async with pool.acquire() as connection:
+                db = Escaped(connection)
                 try:
                     async with db.transaction():
                         clock = db.fetchval(_NOW) if key is None else db.fetchval(_LOCKED_NOW, key)
@@ -171,7 +177,7 @@ class PostgresStore(Store):
         try:
             async with pool.acquire() as db:
                 sent = True
-                return await _closing_if_lost(db, op)
+                return await _closing_if_lost(Escaped(db), op)
         except DriverError as error:
             raise self._failure(error, sent and not _rolled_back(error)) from error
 
@@ -180,7 +186,7 @@ class PostgresStore(Store):
         pool = self._pool("quick")
         try:
             async with pool.acquire() as db:
-                return await _closing_if_lost(db, op)
+                return await _closing_if_lost(Escaped(db), op)
         except DriverError as error:
             raise self._failure(error, False) from error
 
