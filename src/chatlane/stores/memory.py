@@ -485,11 +485,25 @@ class MemoryStore(Store):
         failed = self._failed.pop(message_id, None)
         if failed is None:
             return None
+        self._unqueue(message_id)  # queued again since it failed: this record takes its place
         record = replace(failed.record, owner=owner)
         self._sessions[record.key].pending[record.seq] = record
         self._message_seq[message_id] = record.seq
         self._queued.add(record.key)
         return record
+
+    def _unqueue(self, message_id: str) -> None:
+        """Remove the pending record holding ``message_id``, under whichever key it is queued."""
+        seq = self._message_seq.get(message_id)
+        if seq is None:
+            return
+        for key in self._queued:
+            session = self._sessions[key]
+            record = session.pending.get(seq)
+            if record is not None and record.message_id == message_id:
+                self._remove_pending(session, seq)
+                self._wakeups.wake(key)
+                return
 
     def _remove_pending(self, session: _Session, seq: int) -> None:
         self._remove_all_pending(session, (seq,))

@@ -329,6 +329,9 @@ class PendingQueue(Protocol):
     async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
         """Put a failed message back into its session's queue, owned by ``owner``.
 
+        A record queued since under the same message id (the platform delivered the
+        message again) gives way to it: the message is queued once, under its ``seq``.
+
         :returns: its pending record (same ``seq`` as before), or ``None`` if
             no failed message has that id.
         """

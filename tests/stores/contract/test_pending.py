@@ -185,6 +185,21 @@ class TestFailed:
         assert await store.retry_failed("m1", "p3") is None
         assert await store.retry_failed("nothing", "p3") is None
 
+    async def test_a_retry_replaces_the_message_queued_again_since(self, store: Store) -> None:
+        first = await store.enqueue(KEY, "m1", "p1", b"first")
+        await store.park(KEY, [first], "failed")
+        again = await store.enqueue(KEY, "m1", "p1", b"again")  # delivered again: queued anew
+        assert again != first
+        record = await store.retry_failed("m1", "p2")
+        assert record is not None
+        assert record.seq == first
+        kept = [(r.seq, r.message_id, r.owner, r.payload) for r in await store.pending(KEY)]
+        assert kept == [(first, "m1", "p2", b"first")]
+        assert await store.enqueue(KEY, "m1", "p1", b"x") == first  # still queued: one record
+        await store.drop_pending(KEY, [first])
+        assert await store.pending(KEY) == []
+        assert await store.pending_keys() == []
+
     async def test_failed_lists_oldest_first_within_the_limit(self, store: Store) -> None:
         for i in range(3):
             seq = await store.enqueue(chat_key(f"k{i}"), f"m{i}", "p", b"")
