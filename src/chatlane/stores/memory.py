@@ -161,9 +161,10 @@ class MemoryStore(Store):
             if token and held.token == token:
                 return held  # an earlier try of this acquisition took it
             raise SessionBusy(f"session {key!r} is running elsewhere", key=key)
+        pending = session.pending
         if (
             head_seq is not None
-            and len(session.pending) > 1
+            and (len(pending) > 1 or head_seq not in pending)  # else the head is all there is
             and _earlier_foreign(session, head_seq, holder)
         ):
             raise EarlierMessageFirst(f"an earlier message of {key!r} runs first", key=key)

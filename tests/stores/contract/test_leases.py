@@ -144,6 +144,16 @@ class TestLeases:
             await store.acquire(KEY, "p2", 5, head_seq=later)
         assert not isinstance(raised.value, EarlierMessageFirst)
 
+    async def test_an_earlier_message_refuses_when_the_head_is_no_longer_queued(
+        self, store: Store
+    ) -> None:
+        await store.enqueue(KEY, "m1", "p1", b"1")  # the session's only record
+        head = await store.enqueue(KEY, "m2", "p2", b"2")
+        await store.drop_pending(KEY, [head])  # answered with a notice, or drawn elsewhere
+        with pytest.raises(EarlierMessageFirst):
+            await store.acquire(KEY, "p2", 5, head_seq=head)
+        assert await store.generation(KEY) == 0
+
     async def test_max_active_caps_running_sessions(self, store: Store) -> None:
         await store.acquire(chat_key("a"), "p1", 5, max_active=2)
         await store.acquire(chat_key("b"), "p1", 5, max_active=2)
