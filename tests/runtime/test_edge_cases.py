@@ -296,6 +296,23 @@ async def test_lone_surrogates_are_replaced_not_fatal(store: str, tmp_path: Path
         assert state.conversation.model_override.name == "\ufffd"
 
 
+async def lone_reply(turn: Turn) -> str:
+    return f"said \ud83d {turn.text}"
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_a_reply_holding_a_lone_surrogate_is_answered_with_it_replaced(
+    store: str, tmp_path: Path
+) -> None:
+    url = "memory" if store == "memory" else f"sqlite:///{tmp_path / 'odd.db'}"
+    async with GatewayHarness(lone_reply, store=url) as h:
+        result = await h.send("hi", chat_id="c")
+        assert await h.replies(chat_id="c", count=1) == ["said \ufffd hi"]
+        await h.settle()
+        entries = await h.gateway.engine.store.transcript(result.session_key)
+        assert [e.content for e in entries] == ["hi", "said \ufffd hi"]
+
+
 class CommitAnswersLate(MemoryStore):
     """A store whose first commit applies, then answers only once ``may_answer`` is set.
 

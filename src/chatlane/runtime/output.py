@@ -13,7 +13,9 @@ What stays true:
   answer's text, removal from the durable queue — in one fenced write *before*
   it is delivered, so any process can tell what a message was answered with. A
   refused commit (stale generation, or a message already answered by an
-  earlier run) means the reply is dropped and logged, never delivered.
+  earlier run) means the reply is dropped and logged, never delivered. Each
+  lone surrogate in the reply is made U+FFFD first, as the gateway makes those
+  of a message: no store, and no wire, can carry one.
 * That write also releases the turn's lease (the turn's work with the store
   is done; a committed reply is delivered without it), so the session's next
   turn, here or elsewhere, need not wait for a release of its own. A refused
@@ -67,7 +69,7 @@ from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import DeliveryDraft, TranscriptEntry, WriteBatch
 from chatlane.titles import title_from
-from chatlane.types import Agent, InboundMessage, OutboundKind
+from chatlane.types import Agent, InboundMessage, OutboundKind, clean_text
 
 log = logging.getLogger("chatlane.runtime")
 
@@ -113,6 +115,7 @@ class TurnOutput:
         if type(result) is CoroutineType or inspect.isawaitable(result):
             result = await result
         text = result if type(result) is str else await self._text_of(turn, result)
+        text = clean_text(text)  # a lone surrogate: no store (and no wire) can carry it
         if turn.redirected:  # stopped at a safe point: what it said so far is kept, marked
             text = cut_short(text)
         drafts = self._outlet.drafts(turn, _REPLY, text)
