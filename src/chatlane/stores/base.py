@@ -47,6 +47,11 @@ against each backend:
   messages in one call: upkeep costs do not grow with one round trip per session.
 * Each heartbeat also prunes what no one needs any more: answered marks past
   their retention, heartbeats and leases expired for :data:`PRUNE_AFTER`.
+* A text kept as text (a key, an id, a transcript entry, an answer, a title…)
+  comes back exactly as given, NUL included; one holding a lone surrogate,
+  which no UTF-8 carries, is refused by every call with
+  :class:`~chatlane.errors.StoreError`, nothing written
+  (:func:`~chatlane.stores.codec.unstorable`).
 * Persistent values are JSON, encoded alike by every backend
   (:mod:`chatlane.stores.codec`): a value that is not is refused with
   :class:`~chatlane.errors.StoreError`, and no backend hands out or keeps the

@@ -14,11 +14,18 @@
   lists and non-``str`` dict keys as strings — in every backend alike.
 * A batch handed to a store thread or a pool (:func:`detached_batch`) is a
   copy the caller can no longer change, its persistent fields already encoded.
+* Every other text is kept as UTF-8, which cannot carry a lone surrogate: a
+  call given a text holding one is refused by every backend alike, with
+  :func:`unstorable`'s :class:`~chatlane.errors.StoreError` (nothing written,
+  ``maybe_applied`` false) — the memory store checks with :func:`storable`,
+  the others find it as their driver encodes the call.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -108,3 +115,48 @@ def detached_batch(key: SessionKey, batch: WriteBatch) -> tuple[list[tuple[str, 
     )
     fields = [(name, encode_value(key, name, value)) for name, value in batch.persistent.items()]
     return fields, rest
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unstorable(store: str, surrogate: str) -> StoreError:
+    """The refusal of a call whose text holds ``surrogate``, a lone surrogate: no UTF-8
+    carries one, so no store keeps it; nothing of the call was written or sent."""
+    return StoreError(
+        f"{store}: a text holding a lone surrogate ({surrogate!r}) cannot be stored",
+        maybe_applied=False,
+    )
+
+
+def encoding_refused(store: str, error: UnicodeEncodeError) -> StoreError:
+    """:func:`unstorable`, for a driver's failure to encode a call's text as UTF-8."""
+    return unstorable(store, error.object[error.start : error.end])
+
+
+def storable(store: str, texts: Iterable[str]) -> None:
+    """Refuse ``texts`` as the stores that encode them do, if one holds a lone surrogate.
+
+    :raises StoreError: :func:`unstorable`'s.
+    """
+    joined = "".join(texts)  # one scan for the common case: none, or ASCII
+    if joined.isascii():
+        return
+    found = _LONE_SURROGATE.search(joined)
+    if found is not None:
+        raise unstorable(store, found.group())
+
+
+def batch_texts(key: SessionKey, batch: WriteBatch) -> list[str]:
+    """``key`` and the texts of ``batch`` a store keeps as text: its persistent values are
+    JSON, which keeps every ``str``, and are not among them (their names are)."""
+    texts = [key, batch.answer, batch.title, *batch.answered]
+    for entry in batch.transcript:
+        texts += (entry.role, entry.content, entry.conversation_id, entry.message_id)
+        for attachment in entry.attachments:
+            texts += (attachment.ref, attachment.mime_type, attachment.name)
+    if batch.persistent:
+        texts += batch.persistent
+    for draft in batch.deliveries:
+        texts += (draft.id, draft.lane, draft.target)
+    return texts

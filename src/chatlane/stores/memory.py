@@ -11,6 +11,10 @@ lease is released or the session's pending records are removed or handed on.
 Persistent values are kept as JSON text, as the other stores keep them
 (:mod:`chatlane.stores.codec`): a value they would refuse is refused here
 too, and what a caller passes in or gets back is never the stored object.
+So is every other text they would refuse: a call given a text holding a lone
+surrogate, which no UTF-8 carries, fails with the same
+:class:`~chatlane.errors.StoreError` (:func:`~chatlane.stores.codec.storable`),
+nothing written, though this store could have kept it.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from chatlane.stores.base import (
     now,
     taken_over,
 )
-from chatlane.stores.codec import decode_value, encode_value
+from chatlane.stores.codec import batch_texts, decode_value, encode_value, storable
 from chatlane.stores.ids import new_conversation_id, new_token
 from chatlane.stores.memory_ledger import MemoryLedger
 from chatlane.stores.wakeups import WakeupHub, Watch
@@ -142,6 +146,7 @@ class MemoryStore(Store):
         max_active: int = 0,
         token: str = "",
     ) -> Lease:
+        _storable(key, holder, token)
         return self._acquire(key, holder, ttl, head_seq, max_active, self._clock(), token)
 
     def _acquire(
@@ -207,15 +212,18 @@ class MemoryStore(Store):
         raise taken_over(lease)
 
     async def bump_generation(self, key: SessionKey) -> int:
+        _storable(key)
         session = self._sessions[key]
         session.generation += 1
         return session.generation
 
     async def generation(self, key: SessionKey) -> int:
+        _storable(key)
         session = self._sessions.get(key)
         return 0 if session is None else session.generation
 
     async def lease_holder(self, key: SessionKey) -> str | None:
+        _storable(key)
         session = self._sessions.get(key)
         lease = None if session is None else self._live_lease(session)
         return None if lease is None else lease.holder
@@ -234,6 +242,7 @@ class MemoryStore(Store):
 
     def _commit(self, key: SessionKey, generation: int | None, batch: WriteBatch) -> _Session:
         """Apply ``batch`` whole, or raise with nothing applied; the session it applied to."""
+        storable(NAME, batch_texts(key, batch))
         persistent = batch.persistent
         fields = {n: encode_value(key, n, v) for n, v in persistent.items()} if persistent else None
         session = self._sessions[key]
@@ -271,9 +280,11 @@ class MemoryStore(Store):
             raise AlreadyAnswered(repeated, key=key)
 
     async def load_persistent(self, key: SessionKey) -> dict[str, Any]:
+        _storable(key)
         return self._load_persistent(key)
 
     async def load_fields(self, key: SessionKey, names: Sequence[str]) -> dict[str, Any]:
+        _storable(key, *names)
         session = self._sessions.get(key)
         stored = {} if session is None else session.persistent
         return {n: decode_value(key, n, stored[n]) for n in names if n in stored}
@@ -287,6 +298,7 @@ class MemoryStore(Store):
     async def transcript(
         self, key: SessionKey, conversation_id: str | None = None, limit: int = 100
     ) -> list[TranscriptEntry]:
+        _storable(key, conversation_id or "")
         if conversation_id is None:
             conversation_id = (await self.conversation(key)).id
         return self._read_transcript(conversation_id, limit) if limit > 0 else []
@@ -297,9 +309,11 @@ class MemoryStore(Store):
         return [_stamped(k.entry, conversation_id, k.at) for k in kept]
 
     async def is_answered(self, message_id: str) -> bool:
+        _storable(message_id)
         return self._marked(message_id, self._clock() - self.answered_retention) is not None
 
     async def answer(self, message_id: str) -> str | None:
+        _storable(message_id)
         mark = self._marked(message_id, self._clock() - self.answered_retention)
         return None if mark is None else mark.answer
 
@@ -322,6 +336,7 @@ class MemoryStore(Store):
         with_persistent: bool = True,
         token: str = "",
     ) -> Admission:
+        _storable(key, message_id, owner, token)
         moment = self._clock()  # one reading for the record and the lease
         seq = self._enqueue(key, message_id, owner, payload, moment)
         lease: Lease | None = None
@@ -343,6 +358,7 @@ class MemoryStore(Store):
         max_active: int = 0,
         token: str = "",
     ) -> Taken:
+        _storable(key, holder, token)
         lease = self._acquire(key, holder, ttl, head_seq, max_active, self._clock(), token)
         return Taken(lease, self._load_persistent(key))
 
@@ -383,14 +399,17 @@ class MemoryStore(Store):
         ]
 
     async def conversation(self, key: SessionKey) -> Conversation:
+        _storable(key)
         return self._current(key, self._sessions[key])
 
     async def new_conversation(self, key: SessionKey, title: str = "") -> Conversation:
+        _storable(key, title)
         session = self._sessions[key]
         self._end_current(session)
         return self._start(key, session, title)
 
     async def resume_conversation(self, key: SessionKey, conversation_id: str) -> Conversation:
+        _storable(key, conversation_id)
         session = self._sessions[key]
         found = [c for c in session.conversations if c.id == conversation_id]
         if not found:
@@ -404,6 +423,7 @@ class MemoryStore(Store):
         return resumed
 
     async def conversations(self, key: SessionKey, limit: int = 20) -> list[Conversation]:
+        _storable(key)
         session = self._sessions[key]
         self._current(key, session)
         return sorted(session.conversations, key=lambda c: c.started_at, reverse=True)[:limit]
@@ -413,6 +433,7 @@ class MemoryStore(Store):
     async def enqueue(
         self, key: SessionKey, message_id: str, owner: str, payload: bytes, *, seq: int = 0
     ) -> int:
+        _storable(key, message_id, owner)
         return self._enqueue(key, message_id, owner, payload, self._clock(), seq)
 
     def _enqueue(
@@ -437,6 +458,7 @@ class MemoryStore(Store):
         return seq
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        _storable(key)
         session = self._sessions.get(key)
         return [] if session is None else [session.pending[s] for s in sorted(session.pending)]
 
@@ -446,6 +468,7 @@ class MemoryStore(Store):
         return sorted(self._queued)
 
     async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        _storable(key)
         self._remove_all_pending(self._sessions[key], seqs)
         self._wakeups.wake(key)
 
@@ -458,6 +481,7 @@ class MemoryStore(Store):
         *,
         generation: int | None = None,
     ) -> list[int]:
+        _storable(key, old_owner, new_owner)
         session = self._sessions[key]
         if generation is not None and session.generation != generation:
             return []
@@ -470,6 +494,7 @@ class MemoryStore(Store):
         return adopted
 
     async def park(self, key: SessionKey, seqs: Sequence[int], reason: str) -> None:
+        _storable(key, reason)
         session = self._sessions[key]
         moment = self._clock()
         for seq in sorted(seqs):
@@ -483,6 +508,7 @@ class MemoryStore(Store):
         return list(self._failed.values())[: max(limit, 0)]
 
     async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
+        _storable(message_id, owner)
         failed = self._failed.pop(message_id, None)
         if failed is None:
             return None
@@ -522,31 +548,38 @@ class MemoryStore(Store):
     # -- the delivery ledger ---------------------------------------------------------
 
     async def record_deliveries(self, drafts: Sequence[DeliveryDraft]) -> None:
+        _storable(*(text for d in drafts for text in (d.id, d.lane, d.target)))
         self._ledger.record(drafts)
 
     async def claim_deliveries(
         self, lanes: Sequence[str], holder: str, ttl: float, limit: int
     ) -> list[Delivery]:
+        _storable(holder, *lanes)
         return self._ledger.claim(lanes, holder, ttl, limit)
 
     async def settle_deliveries(self, settlements: Sequence[Settlement]) -> list[bool]:
+        _storable(*(text for s in settlements for text in (s.id, s.claim, s.reason)))
         return self._ledger.settle(settlements)
 
     async def deliveries(self, state: str, limit: int = 100) -> list[Delivery]:
+        _storable(state)
         return self._ledger.listed(state, limit)
 
     async def delivery(self, delivery_id: str) -> Delivery | None:
+        _storable(delivery_id)
         return self._ledger.get(delivery_id)
 
     async def delivery_stats(self) -> DeliveryStats:
         return self._ledger.stats()
 
     async def retry_dead(self, delivery_id: str) -> bool:
+        _storable(delivery_id)
         return self._ledger.retry_dead(delivery_id)
 
     # -- process liveness ------------------------------------------------------------
 
     async def heartbeat(self, holder: str, ttl: float) -> None:
+        _storable(holder)
         moment = self._clock()
         self._heartbeats[holder] = moment + ttl
         cutoff = moment - self.answered_retention
@@ -573,11 +606,22 @@ class MemoryStore(Store):
         self._leased = kept
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
+        _storable(*holders)
         moment = self._clock()
         return {h: self._heartbeats.get(h, 0.0) > moment for h in holders}
 
     async def close(self) -> None:
         return None
+
+
+NAME = "memory store"
+"""How the memory store names itself in its errors."""
+
+
+def _storable(*texts: str) -> None:
+    """Refuse ``texts`` as the stores that encode them do, if one holds a lone surrogate
+    (:func:`~chatlane.stores.codec.storable`)."""
+    storable(NAME, texts)
 
 
 def _earlier_foreign(session: _Session, head_seq: int, holder: str) -> bool:

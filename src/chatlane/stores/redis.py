@@ -71,7 +71,7 @@ from chatlane.stores.base import (
     now,
     taken_over,
 )
-from chatlane.stores.codec import decode_value, encode_value
+from chatlane.stores.codec import decode_value, encode_value, encoding_refused
 from chatlane.stores.ids import ProcessIds, new_conversation_id, new_token
 from chatlane.stores.redis_keys import DEFAULT_PREFIX, Keyspace
 from chatlane.stores.redis_ledger import SCRIPTS as LEDGER_SCRIPTS
@@ -226,6 +226,8 @@ class RedisStore(Store):
                 reply = await self._client.execute("EVAL", script.source, *head[2:], *args)
         except (ReplyError, ConnectionError) as error:
             raise self._failure(error) from error
+        except UnicodeEncodeError as error:  # a text the client cannot send: never sent
+            raise encoding_refused(self._name, error) from None
         if self._wait_replicas:
             try:
                 await self._replicated()
@@ -265,6 +267,15 @@ class RedisStore(Store):
             return await self._client.execute(*args)
         except (ReplyError, ConnectionError) as error:
             raise self._failure(error) from error
+        except UnicodeEncodeError as error:  # a text the client cannot send: never sent
+            raise encoding_refused(self._name, error) from None
+
+    def _packed(self, value: Any) -> bytes:
+        """``value`` as msgpack; a text no UTF-8 carries refused as every store refuses it."""
+        try:
+            return _msgpack.encode(value)
+        except UnicodeEncodeError as error:
+            raise encoding_refused(self._name, error) from None
 
     def _closed_error(self) -> StoreError:
         return StoreError(f"{self._name} is closed")
@@ -371,7 +382,10 @@ class RedisStore(Store):
         fence = "" if generation is None else str(generation)
         head, tail = self._keys.transcript_affixes()
         drafts = self._ledger.draft_args(batch.deliveries)
-        args = _batch_args(key, batch, self.answered_retention, token, drafts)
+        try:
+            args = _batch_args(key, batch, self.answered_retention, token, drafts)
+        except UnicodeEncodeError as error:  # a transcript entry's text
+            raise encoding_refused(self._name, error) from None
         slot = (key, fence, token)
         unsettled = self._unsettled.pop(slot, None)
         rid = unsettled[1] if unsettled is not None and unsettled[0] == batch else _request_id()
@@ -573,7 +587,7 @@ class RedisStore(Store):
         moment = now()
         args: list[Arg] = [key, _ms(moment)]
         for record in records:
-            failed = _msgpack.encode(FailedRecord(record, reason, moment))
+            failed = self._packed(FailedRecord(record, reason, moment))
             args += [record.seq, record.message_id, failed]
         await self._run(lua.PARK, key, *args)
 

@@ -59,6 +59,9 @@ What stays true:
   many calls a burst of messages queued, they wait for one batch at most.
 * A call cancelled while still queued is skipped; one cancelled while its
   transaction runs may still be applied (its result is dropped).
+* A text SQLite cannot be given (a lone surrogate, which no UTF-8 carries)
+  fails its operation alone, with the :class:`~chatlane.errors.StoreError`
+  every store refuses it with; its writes are undone.
 * Damage SQLite reports while running (a malformed page, a file that is no
   longer a database) reaches its caller as
   :class:`~chatlane.errors.StoreDamaged`, and :attr:`Writer.damage` keeps
@@ -80,6 +83,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from chatlane.errors import StoreDamaged, StoreError
+from chatlane.stores.codec import encoding_refused
 from chatlane.stores.sqlite_checkpoints import Checkpointer
 from chatlane.stores.sqlite_file import damaged, is_damage
 from chatlane.stores.sqlite_schema import Location, connect, is_busy
@@ -495,8 +499,7 @@ class Writer:
                 if len(calls) > 1:
                     self.stats.reruns += 1
                     return None
-                failure = self._store_error(error) if isinstance(error, sqlite3.Error) else error
-                return [(call, None, failure)]
+                return [(call, None, self._failure(error))]
         return outcomes
 
     def _run_one(self, connection: sqlite3.Connection, call: _Call) -> _Outcome:
@@ -507,10 +510,19 @@ class Writer:
         except Exception as error:  # delivered to this call's future, never swallowed
             connection.execute("ROLLBACK TO op")
             connection.execute("RELEASE op")
-            failure = self._store_error(error) if isinstance(error, sqlite3.Error) else error
-            return call, None, failure
+            return call, None, self._failure(error)
         connection.execute("RELEASE op")
         return call, result, None
+
+    def _failure(self, error: Exception) -> Exception:
+        """What an operation's ``error`` reaches its caller as: SQLite's own as a
+        :class:`StoreError`, a text it could not encode (a lone surrogate) as the refusal
+        every store makes (:func:`~chatlane.stores.codec.unstorable`), any other as raised."""
+        if isinstance(error, sqlite3.Error):
+            return self._store_error(error)
+        if isinstance(error, UnicodeEncodeError):
+            return encoding_refused(f"SQLite store {str(self.location.path)!r}", error)
+        return error
 
     def _store_error(self, error: Exception) -> StoreError:
         if isinstance(error, sqlite3.Error) and is_damage(error):

@@ -1,5 +1,6 @@
 """What text every backend keeps, across the protocols: every ``str`` a store keeps as
-text comes back exactly as given, NUL (U+0000) included, whichever call wrote it.
+text comes back exactly as given, NUL (U+0000) included, whichever call wrote it; a text
+holding a lone surrogate, which no UTF-8 carries, is refused by every call alike.
 
 A NUL reaches the store with a user's message (the gateway takes it as it came), an id or
 a key a platform made, or an agent's reply; PostgreSQL's ``text`` cannot hold one, so
@@ -8,14 +9,20 @@ that store escapes it (:mod:`chatlane.stores.postgres.text`).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
+from chatlane.errors import StoreError
 from chatlane.identity import SessionKey
 from chatlane.stores import DeliveryDraft, Store, TranscriptEntry, WriteBatch
+from chatlane.stores.base import PENDING
 from chatlane.testing import GatewayHarness
+from chatlane.types import Attachment, AttachmentKind
 from tests.keys import odd_keys
 from tests.runtime.agents import EchoAgent
 from tests.stores.conftest import StoreClock
+from tests.stores.contract.common import KEY
 
 NUL_KEY = odd_keys("main:test:dm:a\x00b\x01\x01c")[0]
 
@@ -112,3 +119,78 @@ class TestNul:
         assert await store.answer(text) == ""
         assert not any([await store.is_answered(t) for t in CLOSE_CALLS if t != text])
         assert sorted(await store.pending_keys()) == sorted([key, *others])
+
+
+LONE = "a\ud800b"
+"""A lone surrogate: no UTF-8 carries it, so no store can keep it (the gateway makes each
+U+FFFD; a store given one refuses it)."""
+
+Call = Callable[[Store], Awaitable[object]]
+
+PHOTO = Attachment(AttachmentKind.IMAGE, "f1", "image/jpeg", 10, name=LONE)
+
+WRITES: dict[str, Call] = {
+    "transcript content": lambda s: s.commit(
+        KEY, None, WriteBatch(transcript=[TranscriptEntry("user", LONE, 0)], answered=["m1"])
+    ),
+    "transcript message id": lambda s: s.commit(
+        KEY, None, WriteBatch(transcript=[TranscriptEntry("user", "hi", 0, message_id=LONE)])
+    ),
+    "attachment name": lambda s: s.commit(
+        KEY, None, WriteBatch(transcript=[TranscriptEntry("user", "hi", 0, attachments=(PHOTO,))])
+    ),
+    "answer": lambda s: s.commit(KEY, None, WriteBatch(answered=["m1"], answer=LONE)),
+    "answered id": lambda s: s.commit(KEY, None, WriteBatch(answered=["m1", LONE])),
+    "title": lambda s: s.commit(KEY, None, WriteBatch(answered=["m1"], title=LONE)),
+    "field name": lambda s: s.commit(KEY, None, WriteBatch(answered=["m1"], persistent={LONE: 1})),
+    "delivery target": lambda s: s.commit(
+        KEY, None, WriteBatch(answered=["m1"], deliveries=[DeliveryDraft("d1", "l", LONE, b"")])
+    ),
+    "new conversation's title": lambda s: s.new_conversation(KEY, LONE),
+    "session key": lambda s: s.enqueue(SessionKey(LONE), "m1", "p1", b""),
+    "message id": lambda s: s.enqueue(KEY, LONE, "p1", b""),
+    "fused message id": lambda s: s.enqueue_and_acquire(KEY, LONE, "p1", b"", 5),
+    "lease holder": lambda s: s.acquire(KEY, LONE, 5),
+    "lease token": lambda s: s.acquire_and_read(KEY, "p1", 5, token=LONE),
+    "failure reason": lambda s: s.park(KEY, [1], LONE),
+    "heartbeat": lambda s: s.heartbeat(LONE, 5),
+    "recorded delivery": lambda s: s.record_deliveries([DeliveryDraft(LONE, "l", "t", b"")]),
+}
+"""Calls that would keep a text holding a lone surrogate, by what holds it."""
+
+READS: dict[str, Call] = {
+    "generation": lambda s: s.generation(SessionKey(LONE)),
+    "pending": lambda s: s.pending(SessionKey(LONE)),
+    "persistent fields": lambda s: s.load_persistent(SessionKey(LONE)),
+    "answer": lambda s: s.answer(LONE),
+    "conversation's transcript": lambda s: s.transcript(KEY, LONE),
+    "alive": lambda s: s.alive([LONE]),
+}
+"""Calls that only read, naming such a text."""
+
+
+class TestLoneSurrogates:
+    @pytest.mark.parametrize("call", WRITES.values(), ids=WRITES.keys())
+    async def test_a_text_no_utf8_carries_is_refused_and_nothing_is_written(
+        self, store: Store, call: Call
+    ) -> None:
+        seq = await store.enqueue(KEY, "m0", "p1", b"")
+        assert seq == 1  # the failure reason's call parks it
+        with pytest.raises(StoreError) as refused:
+            await call(store)
+        assert not refused.value.maybe_applied  # nothing reached a server
+        assert [r.message_id for r in await store.pending(KEY)] == ["m0"]
+        assert await store.failed() == []
+        assert await store.generation(KEY) == 0
+        assert await store.transcript(KEY) == []
+        assert [c.title for c in await store.conversations(KEY)] == [""]
+        assert not await store.is_answered("m1")
+        assert await store.load_persistent(KEY) == {}
+        assert await store.deliveries(PENDING) == []
+        assert await store.alive(["p1"]) == {"p1": False}
+
+    @pytest.mark.parametrize("call", READS.values(), ids=READS.keys())
+    async def test_a_read_naming_one_is_refused_alike(self, store: Store, call: Call) -> None:
+        with pytest.raises(StoreError) as refused:
+            await call(store)
+        assert not refused.value.maybe_applied

@@ -62,7 +62,7 @@ from chatlane.stores.base import (
     TranscriptEntry,
     WriteBatch,
 )
-from chatlane.stores.codec import detached_batch
+from chatlane.stores.codec import detached_batch, encoding_refused
 from chatlane.stores.postgres import data
 from chatlane.stores.postgres import leases as ls
 from chatlane.stores.postgres import ledger as dl
@@ -203,6 +203,8 @@ class PostgresStore(Store):
     def _failure(self, error: BaseException, committing: bool) -> StoreError:
         """``error`` as a :class:`StoreError`; ``committing``: it came as the transaction
         was being committed, which may have applied (otherwise the server rolled it back)."""
+        if isinstance(error, UnicodeEncodeError):  # never sent: the refusal every store makes
+            return encoding_refused(self._name, error)
         text = f"{self._name}: {type(error).__name__}: {_reason(error)}"
         return StoreError(text, maybe_applied=committing)
 
