@@ -780,6 +780,8 @@ def _granted(key: SessionKey, holder: str, token: str, reply: Sequence[Any], cap
     :raises SessionBusy: (or a subclass) the script refused it.
     """
     if reply[0] == Status.OK:
+        if len(reply) > 3:  # the live lease already carried the token: its own holder
+            holder = reply[3].decode()
         return Lease(key, holder, token, int(reply[1]), reply[2] / 1000)
     raise _refusal(key, Status(reply[0]), reply, cap)
 

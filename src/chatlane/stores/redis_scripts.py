@@ -153,8 +153,8 @@ end
 local function acquire(token, holder, ttl, head, cap, member)
   local held = redis.call('GET', K.lease)
   if holds(held, token) then
-    local generation = tonumber(string.match(held, '^[^|]*|(%d+)|'))
-    return {OK, generation, now_ms() + redis.call('PTTL', K.lease)}
+    local generation, owner = string.match(string.sub(held, #token + 2), '^(%d+)|(.*)$')
+    return {OK, tonumber(generation), now_ms() + redis.call('PTTL', K.lease), owner}
   end
   if held then return {BUSY} end
   if head ~= '' then
@@ -183,7 +183,8 @@ return acquire(ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), 
 """,
 )
 """ARGV: token, holder, ttl ms, head seq or '', max active, session key.
-Reply: {OK, generation, expiry ms} | {BUSY} | {EARLIER} | {LIMIT, active}."""
+Reply: {OK, generation, expiry ms} | {OK, generation, expiry ms, holder} (the live lease
+already carrying the token, as it stands) | {BUSY} | {EARLIER} | {LIMIT, active}."""
 
 RENEW = _script(
     "gen lease live",

@@ -55,6 +55,12 @@ class TestLeases:
         await store.release(again)
         assert (await store.acquire(KEY, "p2", 5, token="t-2")).generation == 2
 
+    async def test_a_token_finds_the_lease_as_it_stands_whoever_asks(self, store: Store) -> None:
+        first = await store.acquire(KEY, "p1", 5, token="t-1")
+        again = await store.acquire(KEY, "p2", 5, token="t-1")
+        assert (again.holder, again.token, again.generation) == ("p1", "t-1", first.generation)
+        assert await store.lease_holder(KEY) == "p1"
+
     async def test_one_winner_among_concurrent_acquires(self, store: Store) -> None:
         results = await asyncio.gather(
             *(store.acquire(KEY, f"p{i}", 5) for i in range(30)), return_exceptions=True
