@@ -65,6 +65,13 @@ class TestCommit:
         assert await store.is_answered("m1")
         assert not await store.is_answered("m3")
 
+    async def test_the_refusal_names_the_answered_ids_as_the_batch_does(self, store: Store) -> None:
+        await store.commit(KEY, None, WriteBatch(answered=["m1", "m2"]))
+        with pytest.raises(AlreadyAnswered) as raised:
+            await store.commit(KEY, None, WriteBatch(answered=["m2", "m3", "m1", "m2"]))
+        assert raised.value.message_ids == ["m2", "m1", "m2"]
+        assert not await store.is_answered("m3")
+
     async def test_an_answered_mark_is_forgotten_after_its_retention(
         self, store: Store, clock: StoreClock
     ) -> None:

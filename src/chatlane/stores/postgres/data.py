@@ -99,8 +99,9 @@ async def commit(
     except PostgresError as error:
         if error.sqlstate != ALREADY_ANSWERED:
             raise
-        repeated = [unescape(m) for m in json.loads(error.detail)]  # as the server keeps them
-        raise AlreadyAnswered(repeated, key=key) from None
+        repeated = {unescape(m) for m in json.loads(error.detail)}  # as the server keeps them
+        named = [m for m in batch.answered if m in repeated]  # as the batch names them
+        raise AlreadyAnswered(named, key=key) from None
     assert row is not None
     current, freed = int(row[0]), bool(row[1])
     if generation is not None and generation != current:
