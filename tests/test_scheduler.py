@@ -427,23 +427,38 @@ class TestIdleReset:
             assert texts(h, "c") == ["echo: hello"]
 
 
-class ResetGate(MemoryStore):
-    """A memory store that holds each auto-reset at its look at the session's lease until
-    ``opened``, counting how many are held at once."""
+class HoldingStore(MemoryStore):
+    """A memory store whose chosen calls wait in :meth:`hold` until ``opened``: ``held`` of
+    them wait now, ``most`` waited at once."""
 
     def __init__(self) -> None:
         super().__init__()
         self.opened = asyncio.Event()
         self.held = 0
         self.most = 0
+        self._changed = asyncio.Condition()
+
+    async def hold(self) -> None:
+        async with self._changed:
+            self.held += 1
+            self.most = max(self.most, self.held)
+            self._changed.notify_all()
+        await self.opened.wait()
+        self.held -= 1
+
+    async def until_held(self, count: int) -> None:
+        """Return once ``count`` calls wait (never, past the cap that keeps them fewer)."""
+        async with asyncio.timeout(5), self._changed:
+            await self._changed.wait_for(lambda: self.held >= count)
+
+
+class ResetGate(HoldingStore):
+    """Holds each auto-reset at its look at the session's lease until ``opened``."""
 
     async def lease_holder(self, key: SessionKey) -> str | None:
         task = asyncio.current_task()
         if task is not None and task.get_name().startswith("chatlane-reset"):
-            self.held += 1
-            self.most = max(self.most, self.held)
-            await self.opened.wait()
-            self.held -= 1
+            await self.hold()
         return await super().lease_holder(key)
 
 
@@ -460,8 +475,7 @@ class TestResetBursts:
                 await h.replies(chat_id=chat, count=1)
             clock.advance(61)
             await scheduler.run_once()
-            for _ in range(20):  # every due reset's task runs as far as it can
-                await asyncio.sleep(0)
+            await store.until_held(3)
             assert store.held == 3
             store.opened.set()
             await scheduler.wait_idle()
@@ -797,22 +811,12 @@ class FieldsRead(MemoryStore):
         return found
 
 
-class ClaimGate(MemoryStore):
-    """A memory store that holds every claim of a job's tick at its lease until ``opened``,
-    counting how many are held at once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.opened = asyncio.Event()
-        self.held = 0
-        self.most = 0
+class ClaimGate(HoldingStore):
+    """Holds every claim of a job's tick at its lease until ``opened``."""
 
     async def acquire(self, key: SessionKey, holder: str, ttl: float, **kwargs: Any) -> Lease:
         if ":scheduler:job:" in key:
-            self.held += 1
-            self.most = max(self.most, self.held)
-            await self.opened.wait()
-            self.held -= 1
+            await self.hold()
         return await super().acquire(key, holder, ttl, **kwargs)
 
 
@@ -874,8 +878,7 @@ class TestBursts:
                 await scheduler.add_job("* * * * *", f"job {i}", f"test:c{i}")
             clock.advance(120)
             await scheduler.run_once()
-            for _ in range(20):  # every due tick's task runs as far as it can
-                await asyncio.sleep(0)
+            await store.until_held(4)
             assert store.held == 4
             store.opened.set()
             await scheduler.wait_idle()

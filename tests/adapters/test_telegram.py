@@ -699,10 +699,19 @@ async def test_getupdates_waits_until_every_update_fetched_before_it_was_handled
     monkeypatch.setattr(HTTPXRequest, "do_request", answered)
     fetched: asyncio.Queue[object] = asyncio.Queue()
     fetched.put_nowait("an update not handled yet")
+    joining = asyncio.Event()
+    join = fetched.join
+
+    async def noted_join() -> None:
+        joining.set()
+        await join()
+
+    monkeypatch.setattr(fetched, "join", noted_join)
     request = telegram_adapter.UpdatesRequest(fetched)
     try:
         polled = asyncio.create_task(request.do_request("getUpdates", "POST"))
-        await asyncio.sleep(0)  # one pass of the loop: the task's first step
+        async with asyncio.timeout(5):  # without the wait, it never begins
+            await joining.wait()
         assert asked == []
         fetched.get_nowait()
         fetched.task_done()
