@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.ports import free_port
@@ -21,3 +23,15 @@ def serve_once(directory: Path, env: dict[str, str]) -> subprocess.CompletedProc
         env=env,
         timeout=60,
     )
+
+
+@contextlib.contextmanager
+def reaped(process: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``process``, killed and waited for on the way out if it is still running then
+    (a test that failed before it stopped the process leaves nothing behind)."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -28,6 +28,7 @@ from chatlane.secrets import resolve_secrets
 from chatlane.serve import STOPPED, STOPPED_MEMORY, announce, freeze_the_start, require_token
 from tests.pausing import stop_between_transactions
 from tests.ports import free_port
+from tests.serving import reaped
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,15 +107,10 @@ def test_serve_with_no_config_runs_the_web_chat_and_api(tmp_path: Path) -> None:
 def test_the_stop_line_says_whether_the_store_keeps_what_waits(
     tmp_path: Path, store: str, line: str
 ) -> None:
-    process = start(tmp_path, "--port", str(free_port()), "--store", store)
-    try:
+    with reaped(start(tmp_path, "--port", str(free_port()), "--store", store)) as process:
         wait_ready(process)
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 0
     assert output.splitlines()[-1] == line
 

@@ -20,6 +20,7 @@ import pytest
 
 from chatlane.console import INTERRUPTED, STOPPED_EARLY
 from tests.ports import free_port
+from tests.serving import reaped
 
 HOLD = """\
 import os, signal, sys
@@ -73,15 +74,11 @@ def interrupted(
         env={**os.environ, **(env or {})},
     )
     assert process.stdout is not None
-    try:
+    with reaped(process):
         seen = process.stdout.readline()
         assert seen.startswith(ready), seen + process.stdout.read()
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     return process.returncode, output
 
 
@@ -164,14 +161,10 @@ def test_ctrl_c_while_the_store_connects_stops_the_start_in_one_line(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    try:
+    with reaped(process):
         assert connected.wait(timeout=30), "chatlane serve never connected to the store"
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     ends_early(process.returncode, output)
 
 
