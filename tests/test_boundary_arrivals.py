@@ -6,6 +6,7 @@ one that fails part way never carries the old conversation's choices into a new 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,19 @@ import pytest
 
 from chatlane import lifecycle
 from chatlane.errors import GatewayFull, StoreError
+from chatlane.identity import SessionSource
 from chatlane.lifecycle import EndReason, LifecycleOptions
-from chatlane.runtime.busy import Overflow
+from chatlane.runtime.busy import BusyOutcome, Overflow, ack_text
 from chatlane.runtime.capacity import CapacitySettings
+from chatlane.runtime.settings import LeaseSettings
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore
 from chatlane.stores.base import Conversation, Lease
+from chatlane.stores.codec import encode_message
 from chatlane.stores.fields import CONVERSATION_ID
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.testing import GatewayHarness
-from chatlane.types import SessionKey
+from chatlane.types import InboundMessage, OutboundKind, SessionKey
 from tests.runtime.agents import EchoAgent, settings_agent
 
 
@@ -337,6 +341,46 @@ async def test_a_hook_that_never_returns_gives_the_session_back(
     ]
 
 
+@pytest.mark.parametrize("busy", ["queue", "steer", "collect", "rollback", "redirect"])
+async def test_what_another_process_takes_during_the_hook_runs_in_the_new_conversation(
+    tmp_path: Path, busy: str
+) -> None:
+    hook = Gated()
+    runs: list[str] = []
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    store = await SQLiteStore.open(f"sqlite:///{tmp_path / 'shared.db'}")
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    try:
+        async with (
+            GatewayHarness(seen_by(runs), store=store, busy=busy, lifecycle=options) as here,
+            GatewayHarness(seen_by(runs), store=store, busy=busy, lifecycle=options) as there,
+        ):
+            await here.send("/model old-model", chat_id="c")
+            await here.send("old talk", chat_id="c")
+            await here.replies(chat_id="c", count=2)
+            new = asyncio.create_task(here.send("/new", chat_id="c"))
+            await hook.entered.wait()  # the boundary holds the session in the store
+            await there.send("sent to the other process", chat_id="c")
+            await there.wait_for(lambda out: any(o.kind is OutboundKind.ACK for o in out))
+            hook.opened.set()
+            await new
+            await there.wait_for(
+                lambda out: any(o.text == "echo sent to the other process" for o in out)
+            )
+            replies = await here.replies(chat_id="c", count=3)
+            await there.settle()
+            key = here.session_key(chat_id="c")
+            transcript = [entry.content for entry in await store.transcript(key)]
+    finally:
+        await store.close()
+    assert replies[-1] == "Started a new conversation."
+    assert runs[-1] == "sent to the other process | default | None"
+    assert transcript == ["sent to the other process", "echo sent to the other process"]
+
+
 async def test_the_reply_counts_what_other_processes_had_taken() -> None:
     hook = Gated()
     running_elsewhere = asyncio.Event()
@@ -345,7 +389,7 @@ async def test_the_reply_counts_what_other_processes_had_taken() -> None:
         await hook.wait()
 
     async def agent(turn: Turn) -> str:
-        if turn.text == "sent to the other process":
+        if turn.text == "running in the other process":
             running_elsewhere.set()
             await turn.interrupted.wait()
         return f"echo {turn.text}"
@@ -356,10 +400,10 @@ async def test_the_reply_counts_what_other_processes_had_taken() -> None:
         GatewayHarness(agent, store=store, lifecycle=options) as here,
         GatewayHarness(agent, store=store, lifecycle=options) as there,
     ):
+        await there.send("running in the other process", chat_id="c")
+        await running_elsewhere.wait()  # it holds the lease: the boundary cannot
         new = asyncio.create_task(here.send("/new", chat_id="c"))
         await hook.entered.wait()
-        await there.send("sent to the other process", chat_id="c")
-        await running_elsewhere.wait()
         hook.opened.set()
         await new
         replies = await here.replies(chat_id="c", count=1)
@@ -367,3 +411,84 @@ async def test_the_reply_counts_what_other_processes_had_taken() -> None:
         "Started a new conversation. Dropped 0 queued messages, "
         "and 1 message other gateway processes had taken."
     ]
+
+
+class CountingRenewals(MemoryStore):
+    """The memory store, telling a test once a lease of ``key`` was renewed ``enough`` times."""
+
+    def __init__(self, enough: int) -> None:
+        super().__init__()
+        self.enough, self.renewed = enough, asyncio.Event()
+        self.count = 0
+
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        renewed = await super().renew_many(leases, ttl)
+        self.count += sum(1 for lease in renewed if lease is not None)
+        if self.count >= self.enough:
+            self.renewed.set()
+        return renewed
+
+
+async def test_the_hold_outlasts_its_lease_ttl_and_a_reject_elsewhere_is_told() -> None:
+    """The boundary's lease is renewed while its hook runs past the lease's TTL, so the
+    other process still finds the session held; under ``reject`` there, its message is
+    refused out loud (it cannot tell a boundary from a turn), never run in the old one."""
+    fast = LeaseSettings(ttl=0.3, poll=0.01)
+    store = CountingRenewals(enough=10)  # ten renewals at ttl/10: a whole TTL and more
+    runs: list[str] = []
+    hook = Gated()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with (
+        GatewayHarness(seen_by(runs), store=store, lifecycle=options, leases=fast) as here,
+        GatewayHarness(seen_by(runs), store=store, busy="reject", leases=fast) as there,
+    ):
+        new = asyncio.create_task(here.send("/new", chat_id="c"))  # its first message
+        await hook.entered.wait()
+        async with asyncio.timeout(10):  # renewed or not, a lease TTL is long past by then
+            await store.renewed.wait()
+        await there.send("sent to the other process", chat_id="c")
+        refused = await there.replies(chat_id="c", count=1)
+        hook.opened.set()
+        await new
+        await there.send("after it", chat_id="c")
+        await there.wait_for(lambda out: any(o.text == "echo after it" for o in out))
+    assert refused == [ack_text(BusyOutcome.REJECTED, 0)]
+    assert runs == ["after it | default | None"]
+
+
+async def test_the_hold_drops_what_other_processes_queued_before_it_not_after() -> None:
+    hook = Gated()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    store = MemoryStore()
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with (
+        GatewayHarness(EchoAgent(), store=store, lifecycle=options) as here,
+        GatewayHarness(EchoAgent(), store=store) as there,
+    ):
+        key, elsewhere = here.session_key(chat_id="c"), there.gateway.engine.holder
+
+        async def queued_there(text: str) -> int:
+            source = SessionSource("test", chat_id="c", user_id="u1")
+            message = InboundMessage(source, text, id=f"m-{text}")
+            return await store.enqueue(key, message.id, elsewhere, encode_message(message))
+
+        await queued_there("before")
+        new = asyncio.create_task(here.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        after = await queued_there("after")
+        hook.opened.set()
+        await new
+        replies = await here.replies(chat_id="c", count=1)
+        left = [record.seq for record in await store.pending(key)]
+    assert replies == [
+        "Started a new conversation. Dropped 0 queued messages, "
+        "and 1 message other gateway processes had taken."
+    ]
+    assert left == [after]

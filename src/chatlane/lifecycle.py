@@ -20,7 +20,11 @@ after it returns:
 * a message that arrived after it began was not dropped, and no turn ran for
   the session meanwhile: it waited, whatever its busy policy, and runs in the
   new conversation with its cleared choices (or in the old one, if the
-  boundary failed or was called off).
+  boundary failed or was called off);
+* if no process ran the session when it began, that holds across processes:
+  it held the session's lease in the store throughout, so what other
+  processes accepted meanwhile waited there for the lease, and only what they
+  had queued before was dropped.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import TYPE_CHECKING
 from chatlane.errors import ChatlaneError
 from chatlane.logs import turn_fields
 from chatlane.runtime import pending
+from chatlane.runtime.settings import Boundary
 from chatlane.stores.base import Conversation
 from chatlane.stores.fields import CONVERSATION_ID, CONVERSATION_OVERRIDES
 from chatlane.types import SessionKey
@@ -111,31 +116,31 @@ async def end_conversation(
     :raises KeyError: if ``resume_id`` names no conversation of ``key``; nothing
         was changed then.
     """
-    waiting = engine.begin_boundary(key)
+    boundary = engine.begin_boundary(key)
     try:
-        return await _end(engine, key, reason, waiting, resume_id, before_reset)
+        await engine.hold_boundary(boundary)
+        return await _end(engine, boundary, reason, resume_id, before_reset)
     finally:
-        engine.end_boundary(key)
+        await engine.end_boundary(boundary)
 
 
 async def _end(
     engine: TurnEngine,
-    key: SessionKey,
+    boundary: Boundary,
     reason: EndReason,
-    waiting: frozenset[int],
     resume_id: str | None,
     before_reset: BeforeReset | None,
 ) -> Ended:
-    """:func:`end_conversation`'s steps, while no turn can start for ``key``;
-    ``waiting``: the messages that waited when it began (dropped with the old
-    conversation, where what came since waits for the new one)."""
-    store = engine.store
+    """:func:`end_conversation`'s steps, while no turn can start for the session here
+    (nor anywhere, if ``boundary`` holds its lease); what waited when it began is
+    dropped with the old conversation, what came since waits for the new one."""
+    store, key = engine.store, boundary.key
     previous = await store.conversation(key)
     if resume_id is not None and not await _has_conversation(engine, key, resume_id):
         raise KeyError(resume_id)
     if before_reset is not None:
         await _run_hook(before_reset, key, reason, previous)
-    stopped = await engine.stop(key, only=waiting)
+    stopped = await engine.stop(key, only=boundary.waiting, foreign=boundary.foreign)
     state = await engine.session(key)
     # the ending conversation's choices leave the store first: a step failing after this
     # can never carry them into the new conversation

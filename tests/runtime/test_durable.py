@@ -485,6 +485,33 @@ async def test_stored_choices_are_trusted_for_reread_stored_seconds() -> None:
         assert await runner.replies(chat_id="c", count=2) == ["model=-", "model=-"]
 
 
+async def test_choices_that_come_with_a_lease_waited_for_are_taken_up_whatever_their_age() -> None:
+    """A turn that waited for another process's lease takes up the choices the store read
+    with it, though ``reread_stored`` would still trust those read before: the session
+    moved on meanwhile (a turn ran there), so they may have changed, and cost no read."""
+    store, finish = MemoryStore(), asyncio.Event()
+
+    async def slow(turn: Turn) -> str:
+        await finish.wait()
+        return "done there"
+
+    async with (
+        GatewayHarness(ModelSpy(), store=store, reread_stored=60) as runner,
+        GatewayHarness(slow, store=store) as other,
+    ):
+        await runner.send("one", chat_id="c")
+        await runner.replies(chat_id="c", count=1)
+        await other.send("long", chat_id="c")
+        await other.until_running(chat_id="c")
+        await other.send("/model gpt-x", chat_id="c")
+        await other.replies(chat_id="c", count=1)
+        await runner.send("two", chat_id="c")
+        await runner.replies(chat_id="c", count=2)  # it waits for the lease
+        finish.set()
+        replies = await runner.replies(chat_id="c", count=3)
+    assert replies == ["model=-", BUSY_ELSEWHERE, "model=gpt-x"]
+
+
 async def test_reject_never_refuses_what_was_queued_explicitly() -> None:
     store = MemoryStore()
     fast = LeaseSettings(ttl=0.3, poll=0.02)

@@ -87,7 +87,7 @@ from chatlane.runtime.persisted import (
     without_once,
 )
 from chatlane.runtime.recovery import OnAdopted, adopt_all
-from chatlane.runtime.settings import RuntimeSettings, StopIncomplete, StopResult
+from chatlane.runtime.settings import Boundary, RuntimeSettings, StopIncomplete, StopResult
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
 from chatlane.runtime.upkeep import Upkeep, expiry_margin
@@ -184,6 +184,8 @@ class TurnEngine:
         """What failed admissions may have stored, taken back (:mod:`~.withdrawals`)."""
         self.withdrawals.on_taken_back = self.metrics.took_back
         self._expiry_margin = expiry_margin(self.settings.leases)
+        self._holding: dict[SessionKey, Boundary] = {}
+        """The boundaries under way here that hold their session's lease."""
 
     @property
     def closed(self) -> bool:
@@ -582,7 +584,7 @@ class TurnEngine:
         elsewhere = lease.generation > known + 1 or (waited is not None and waited.seen)
         if elsewhere and await waited_in_vain(turn, self.store, self.holder, self.outcomes):
             return False  # another process ran, stopped or drew in the messages meanwhile
-        await self._take_choices(turn, choices)
+        await self._take_choices(turn, choices, moved_on=elsewhere)
         self._started(turn)
         return True
 
@@ -630,14 +632,20 @@ class TurnEngine:
     def _choices_stale(self, state: SessionState) -> bool:
         return time.monotonic() - state.read_at >= self.settings.reread_stored
 
-    async def _take_choices(self, turn: Turn, fields: Mapping[str, object] | None) -> None:
+    async def _take_choices(
+        self, turn: Turn, fields: Mapping[str, object] | None, *, moved_on: bool = False
+    ) -> None:
         """Take up stored choices another process may have changed, if older than
-        ``reread_stored``: ``fields`` if the store read them with the message or
-        the lease, else a read of their own (:meth:`_apply_choices`).
+        ``reread_stored``: ``fields`` if the store read them with the message or the
+        lease, else a read of their own (:meth:`_apply_choices`). ``fields`` read
+        with the lease are taken up whatever their age if the session's generation
+        ``moved_on`` since this process last saw it (another process ran it,
+        stopped it or ended its conversation meanwhile): they cost no read.
         """
         state = turn.session_state
         moment = time.monotonic()
-        if moment - state.read_at < self.settings.reread_stored:
+        fresh = moved_on and fields is not None
+        if not fresh and moment - state.read_at < self.settings.reread_stored:
             return
         if fields is None:
             try:
@@ -695,11 +703,19 @@ class TurnEngine:
         self.slots.supersede(turn, TurnEnd.INTERRUPTED, reason)
         return True
 
-    async def stop(self, key: SessionKey, *, only: AbstractSet[int] | None = None) -> StopResult:
+    async def stop(
+        self,
+        key: SessionKey,
+        *,
+        only: AbstractSet[int] | None = None,
+        foreign: AbstractSet[int] | None = None,
+    ) -> StopResult:
         """``/stop``: interrupt the running turn, bump the generation, drop the queue.
 
         With ``only`` (a boundary's, :meth:`begin_boundary`), just the waiting
         messages stored under those seqs are dropped: what arrived since stays.
+        With ``foreign`` (a boundary's that holds its session in the store,
+        :meth:`hold_boundary`), of other processes' messages just those are dropped.
 
         The session's messages are dropped from the store's queue too, so a
         turn another process runs for it — fenced by the generation bump —
@@ -728,27 +744,60 @@ class TurnEngine:
             raise StopIncomplete(stopped, len(queued), error) from error
         dropped = [*held, *queued]
         self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
-        elsewhere = await self._drop_elsewhere(key)
+        elsewhere = await self._drop_elsewhere(key, foreign)
         if not fenced_here:
             state.persistent.bump_generation()
             await self.store.bump_generation(key)
             self.slots.stop_collecting(state)
         return StopResult(stopped, tuple(dropped), elsewhere)
 
-    def begin_boundary(self, key: SessionKey) -> frozenset[int]:
-        """A conversation boundary begins for ``key``: no turn starts for it until
+    def begin_boundary(self, key: SessionKey) -> Boundary:
+        """A conversation boundary begins for ``key``: no turn starts for it here until
         :meth:`end_boundary`, and what arrives meanwhile waits, whatever its busy policy.
 
-        :returns: the seqs of the messages waiting now, the ones the boundary's
-            :meth:`stop` drops (``only``).
+        :returns: the boundary, holding the seqs of the messages waiting now: the ones
+            its :meth:`stop` drops (``only``).
         """
         state = self.registry.get(key)
         self.slots.begin_boundary(state)
-        return frozenset(pending.known(state))
+        return Boundary(key, frozenset(pending.known(state)))
 
-    def end_boundary(self, key: SessionKey) -> None:
-        """The boundary :meth:`begin_boundary` began is done, or failed: what waits starts."""
-        self.slots.end_boundary(self.registry.get(key))
+    async def hold_boundary(self, boundary: Boundary) -> None:
+        """Hold ``boundary``'s session in the store too, if no process runs it: no turn
+        starts for it anywhere until :meth:`end_boundary` (what other processes accept
+        meanwhile waits for the lease), and the messages they had queued before are
+        the ones its :meth:`stop` drops (``foreign``). Otherwise nothing changes."""
+        state = self.registry.get(boundary.key)
+        lease = await self.leases.hold_for_boundary(state)
+        if lease is None:
+            return
+        self._ensure_background()  # it is renewed with the turns' leases
+        boundary.lease = lease
+        self._holding[boundary.key] = boundary
+        try:
+            queued = await self.store.pending(boundary.key)
+        except ChatlaneError as error:  # the boundary's stop reads the queue again
+            log.info("could not read the queue: %s", error, extra=turn_fields(boundary.key))
+            return
+        boundary.foreign = frozenset(r.seq for r in queued if r.owner != self.holder)
+
+    async def end_boundary(self, boundary: Boundary) -> None:
+        """``boundary`` is done, or failed: its lease is given back, then what waits starts."""
+        state = self.registry.get(boundary.key)
+        try:
+            if boundary.lease is not None:
+                if self._holding.get(boundary.key) is boundary:
+                    del self._holding[boundary.key]
+                await self.leases.let_go_of_boundary(state, boundary.lease, self._open)
+        finally:
+            self.slots.end_boundary(state)
+
+    def _open(self) -> bool:
+        return not self.slots.closed
+
+    def holds_boundary(self, key: SessionKey) -> bool:
+        """Whether a boundary under way here holds ``key``'s lease (:meth:`hold_boundary`)."""
+        return key in self._holding
 
     async def _queue_again(
         self, state: SessionState, entries: list[pending.PendingEntry], error: ChatlaneError
@@ -803,9 +852,14 @@ class TurnEngine:
         except ChatlaneError as error:
             log.warning("could not keep an answer for retries: %s", error, extra=turn_fields(key))
 
-    async def _drop_elsewhere(self, key: SessionKey) -> int:
-        """Drop the messages other processes accepted (their turns are fenced); count them."""
-        foreign = [r.seq for r in await self.store.pending(key) if r.owner != self.holder]
+    async def _drop_elsewhere(self, key: SessionKey, only: AbstractSet[int] | None) -> int:
+        """Drop the messages other processes accepted (their turns are fenced), or just
+        those stored under ``only``'s seqs; count them."""
+        foreign = [
+            r.seq
+            for r in await self.store.pending(key)
+            if r.owner != self.holder and (only is None or r.seq in only)
+        ]
         if foreign:
             await self.store.drop_pending(key, foreign)
         return len(foreign)

@@ -42,6 +42,12 @@ What stays true:
   running turn (:meth:`LeaseKeeper.drawing`), that session's lease is not
   released here: the drawn messages change owner while the lease is held,
   so the process that gave them up cannot take the lease and run them first.
+* A conversation boundary that finds its session's lease free takes it for
+  its whole length (:meth:`LeaseKeeper.hold_for_boundary`), so that no
+  process starts a turn for the session meanwhile; it is renewed with the
+  turns' leases until a renewal is refused (a generation bump ends it as a
+  fence: the store keeps it until it is released or expires), and released
+  once, when the boundary ends (:meth:`LeaseKeeper.let_go_of_boundary`).
 """
 
 from __future__ import annotations
@@ -132,6 +138,8 @@ class LeaseKeeper:
         """The watch of each session whose lease a turn here waits for."""
         self._releasing: dict[SessionKey, asyncio.Future[None]] = {}
         """Sessions whose lease this process is giving back: done once the store answered."""
+        self._boundaries: dict[SessionKey, Lease] = {}
+        """The leases conversation boundaries hold, as last renewed: renewed until refused."""
 
     def admit(
         self, state: SessionState, message_id: str, payload: bytes, *, choices: bool, token: str
@@ -342,6 +350,72 @@ class LeaseKeeper:
             if self._releasing.get(key) is answered:
                 del self._releasing[key]
             answered.set_result(None)
+
+    async def hold_for_boundary(self, state: SessionState) -> Lease | None:
+        """Take ``state``'s lease for a conversation boundary, if it is free; ``None`` if not.
+
+        One try, with no wait: a session a turn holds (here or in another
+        process), an earlier message's turn about to take, or a store that
+        cannot be asked, is left as it is. What a try whose answer was lost
+        may have taken is given back (:mod:`~chatlane.runtime.withdrawals`).
+        The lease taken counts for no active-session limit: a boundary is short
+        and runs no agent.
+        """
+        key = state.key
+        releasing = self._releasing.get(key)
+        if releasing is not None:  # our own lease, being given back: its answer first
+            await asyncio.shield(releasing)
+        token = new_token()
+        try:
+            lease = await self.store.acquire(key, self.holder, self.settings.ttl, token=token)
+        except SessionBusy:
+            return None
+        except ChatlaneError as error:
+            if isinstance(error, StoreError) and error.maybe_applied:
+                self.withdrawals.failed(key, token=token, error=error)
+            log.info("a boundary goes on without its lease: %s", error, extra=turn_fields(key))
+            return None
+        self.hold(state, lease)
+        self._boundaries[key] = lease
+        return lease
+
+    async def let_go_of_boundary(
+        self, state: SessionState, lease: Lease, wanted: Callable[[], bool]
+    ) -> None:
+        """Give back the lease :meth:`hold_for_boundary` took (once; never raises but for
+        cancellation), so the session's next turn, here or elsewhere, may take it.
+
+        Through an outage it is tried again while ``wanted()`` holds (the engine is
+        not closing): a lease left behind would hold the session until it expires.
+        """
+        self._boundaries.pop(state.key, None)
+        generation = lease.generation
+        try:
+            await retry_store(
+                lambda: self.release(state, generation),
+                wanted=lambda: wanted() and self.holds(state, generation),
+                what="giving back a boundary's lease",
+                fields=turn_fields(state.key, generation),
+            )
+        except ChatlaneError as error:  # it expires within the TTL; the session waits till then
+            log.warning(
+                "could not give back a boundary's lease: %s", error, extra=turn_fields(state.key)
+            )
+
+    def boundary_leases(self) -> list[Lease]:
+        """The leases boundaries hold now, to be renewed beside the turns' (:meth:`renewed`)."""
+        return list(self._boundaries.values())
+
+    def renewed(self, held: Lease, lease: Lease | None) -> None:
+        """A boundary's lease ``held`` was renewed as ``lease``, or refused (``None``): then
+        it is renewed no more, and stays to be released."""
+        key = held.key
+        if self._boundaries.get(key) is not held:
+            return  # let go of meanwhile
+        if lease is None:
+            del self._boundaries[key]
+        else:
+            self._boundaries[key] = lease
 
     def is_drawing(self, key: SessionKey) -> bool:
         """Whether messages are being drawn into ``key``'s running turn (:meth:`drawing`)."""

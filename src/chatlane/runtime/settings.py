@@ -24,7 +24,8 @@ from chatlane.runtime.limits import (
     Seconds,
     check_bounds,
 )
-from chatlane.types import InboundMessage
+from chatlane.stores.base import Lease
+from chatlane.types import InboundMessage, SessionKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,20 @@ class StopResult:
     dropped: tuple[InboundMessage, ...]
     dropped_elsewhere: int = 0
     """Messages other processes had accepted (running there, or queued), dropped from the store."""
+
+
+@dataclass(slots=True)
+class Boundary:
+    """A conversation boundary under way for ``key`` (see :mod:`chatlane.lifecycle`)."""
+
+    key: SessionKey
+    waiting: frozenset[int]
+    """The seqs of the messages waiting here when it began: the ones it drops."""
+    lease: Lease | None = None
+    """The session's lease, held for it in the store: no process starts a turn meanwhile."""
+    foreign: frozenset[int] | None = None
+    """With ``lease``: the seqs of other processes' messages queued when it was taken, the
+    ones it drops (``None``: every other process's message it finds)."""
 
 
 class StopIncomplete(ChatlaneError):

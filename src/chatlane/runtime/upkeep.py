@@ -197,10 +197,10 @@ class Upkeep:
         store why may wait behind a burst of other work, and the next beat
         must not.
         """
-        held = self._leased()
+        held, boundaries = self._leased(), self._leases.boundary_leases()
         beat, renewal = await asyncio.gather(
             self._leases.heartbeat(),
-            self._leases.renew_all(_leases_of(held)),
+            self._leases.renew_all([*_leases_of(held), *boundaries]),
             return_exceptions=True,
         )
         if isinstance(beat, BaseException):
@@ -210,7 +210,9 @@ class Upkeep:
             _raise_unless_store_error(renewal)
             await self._unreachable(held, renewal)
             return
-        for turn, lease in zip(held, renewal, strict=True):
+        for boundary, lease in zip(boundaries, renewal[len(held) :], strict=True):
+            self._leases.renewed(boundary, lease)
+        for turn, lease in zip(held, renewal[: len(held)], strict=True):
             if lease is None:
                 self._lose(turn, "its lease could not be renewed")
             else:

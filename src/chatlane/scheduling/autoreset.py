@@ -312,12 +312,19 @@ class AutoResetter:
             newer than the tracker's last activity (which then moves to it).
         """
         store = engine.store
-        if await store.pending(due.key) or await store.lease_holder(due.key) is not None:
+        if await store.pending(due.key) or await self._leased(engine, due.key):
             self._call_off(due)
         spoke_at = await self._last_spoken(engine, due.key)
         if spoke_at > due.last_at:
             self.tracker.refresh(due.key, spoke_at)
             self._call_off(due)
+
+    @staticmethod
+    async def _leased(engine: TurnEngine, key: SessionKey) -> bool:
+        """Whether a turn holds ``key``'s lease, in any process (the reset's own hold of
+        the lease, :meth:`~chatlane.runtime.engine.TurnEngine.hold_boundary`, is none)."""
+        holder = await engine.store.lease_holder(key)
+        return holder is not None and not (holder == engine.holder and engine.holds_boundary(key))
 
     async def _last_spoken(self, engine: TurnEngine, key: SessionKey) -> float:
         """When a person's newest message in the current conversation was stored (0: none seen)."""
