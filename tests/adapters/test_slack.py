@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 from starlette.responses import Response
 
-from chatlane.adapters import slack_events
+from chatlane.adapters import slack, slack_events
 from chatlane.adapters.slack import REFUSAL_INTERVAL, SlackAdapter
 from chatlane.adapters.slack_delivery import classify
 from chatlane.adapters.slack_format import MESSAGE_LIMIT, to_mrkdwn
@@ -46,7 +46,14 @@ from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.stores.base import DEAD, DELIVERED
 from chatlane.types import Asks, InboundMessage, Outbound, OutboundKind, SessionKey, Target
 from tests.adapters.blank_agent import AGENT as BLANK_AGENT
-from tests.adapters.slackapi import BOT_ID, BOT_USER, Message, SlackApi, SlackRequests
+from tests.adapters.slackapi import (
+    BOT_ID,
+    BOT_USER,
+    Message,
+    SlackApi,
+    SlackRequests,
+    message_event,
+)
 from tests.adapters.test_api import eventually as eventually_true
 from tests.clock import Clock
 from tests.delivery.waits import dead, delivered, eventually
@@ -912,6 +919,92 @@ async def test_delivery_after_close_is_dropped(api: SlackApi, tmp_path: Path) ->
     await s.adapter.deliver(Outbound(OutboundKind.REPLY, key, Target("slack", ALICE_DM), "late"))
     assert api.messages(ALICE_DM) == []
     assert not s.adapter.ready()
+
+
+# -- stopping ------------------------------------------------------------------------
+
+
+def on_disk(config: Config, tmp_path: Path) -> Config:
+    """``config`` with a SQLite store in ``tmp_path``, which the next start opens again."""
+    store = StoreConfig(url=f"sqlite:///{tmp_path / 'chatlane.db'}")
+    return msgspec.structs.replace(config, store=store)
+
+
+async def queued_at_next_start(config: Config, chat_id: str, user: str) -> list[str]:
+    """The ids of the messages queued in the DM ``chat_id`` with ``user`` when a hub on
+    ``config``'s store starts again."""
+    hub = await open_hub(config)
+    try:
+        source = SessionSource("slack", chat_id=chat_id, chat_type=ChatType.DM, user_id=user)
+        pending = await hub.store.pending(build_session_key(source))
+    finally:
+        await shutdown(hub)
+    return [record.message_id for record in pending]
+
+
+async def test_a_shutdown_refuses_new_events_first_and_stores_the_one_slack_was_answered_for(
+    api: SlackApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slack never sends an event again once it was answered (at ANSWER_WITHIN, while the
+    store still wrote its message): that write is waited for, not cancelled; an event that
+    arrives once the shutdown began is refused with 503, which Slack retries."""
+    monkeypatch.setattr(slack_events, "ANSWER_WITHIN", 0.0)  # answered while still storing
+    config = on_disk(slack_config(api, tmp_path), tmp_path)
+    storing, release, refusing = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    close = slack_events.Inbox.close
+
+    def closing(inbox: slack_events.Inbox) -> None:
+        close(inbox)
+        refusing.set()
+
+    monkeypatch.setattr(slack_events.Inbox, "close", closing)
+    async with served(config) as s:
+        submit = s.hub.submit
+
+        async def slow(message: InboundMessage) -> DispatchResult:
+            storing.set()
+            await release.wait()  # a store write that takes a while
+            return await submit(message)
+
+        monkeypatch.setattr(s.hub, "submit", slow)
+        ts = await s.slack.message(ALICE_DM, ALICE, "sent as the gateway stops")  # 200
+        async with asyncio.timeout(WAIT):
+            await storing.wait()
+            stopping = asyncio.create_task(shutdown(s.hub))
+            await refusing.wait()
+        late = message_event(ALICE_DM, ALICE, "too late", s.slack.next_ts(), "im", None)
+        refused = await s.slack.post("/slack/events", json.dumps(s.slack.envelope(late)).encode())
+        release.set()
+        await stopping
+    assert refused.status_code == 503
+    queued = await queued_at_next_start(config, ALICE_DM, ALICE)
+    assert queued == [message_id(ALICE_DM, ts, ALICE)]
+
+
+async def test_a_shutdown_gives_a_store_write_that_never_ends_up(
+    api: SlackApi,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(slack_events, "ANSWER_WITHIN", 0.0)
+    monkeypatch.setattr(slack, "CLOSE_WAIT", 0.01)
+    storing = asyncio.Event()
+    async with served(slack_config(api, tmp_path)) as s:
+
+        async def stuck(message: InboundMessage) -> DispatchResult:
+            storing.set()
+            await asyncio.Event().wait()  # a store that never answers
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(s.hub, "submit", stuck)
+        await s.slack.message(ALICE_DM, ALICE, "hello")
+        async with asyncio.timeout(WAIT):
+            await storing.wait()
+        with caplog.at_level(logging.WARNING, logger="chatlane.adapters"):
+            await shutdown(s.hub)  # returns: the write was cancelled after CLOSE_WAIT
+    assert not s.adapter.ready()
+    assert "1 Slack jobs not done after 0.01s were cancelled" in caplog.text
 
 
 # -- starting ------------------------------------------------------------------------

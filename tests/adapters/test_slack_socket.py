@@ -21,7 +21,7 @@ from chatlane.adapters.slack_wire import message_id
 from chatlane.config import Config, Secret, SlackConfig, SlackMode, StoreConfig
 from chatlane.errors import ConfigError
 from chatlane.gateway import DispatchResult
-from chatlane.hub import Hub
+from chatlane.hub import Hub, shutdown
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.types import InboundMessage
 from tests.adapters.slackapi import (
@@ -41,6 +41,8 @@ from tests.adapters.test_slack import (
     MENTION,
     QUICK_DELIVERY,
     key_of,
+    on_disk,
+    queued_at_next_start,
     record_submissions,
     serve_env,
     served,
@@ -318,6 +320,39 @@ async def test_closing_closes_the_connection(api: SlackApi, tmp_path: Path) -> N
     await api.wait_for(lambda: not api.connected)
     assert not s.adapter.ready()
     assert api.connections == 1
+
+
+async def test_a_shutdown_closes_the_connection_first_and_stores_the_message_it_acknowledged(
+    api: SlackApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slack never sends an envelope again once it was acknowledged (at ANSWER_WITHIN, while
+    the store still wrote its message): that write is waited for, not cancelled, with the
+    connection already closed, so Slack sends again whatever was not acknowledged."""
+    monkeypatch.setattr(slack_events, "ANSWER_WITHIN", 0.0)  # acknowledged while still storing
+    config = on_disk(socket_config(api, tmp_path), tmp_path)
+    storing, release = asyncio.Event(), asyncio.Event()
+    connected_when_stored: list[bool] = []
+    async with served(config) as s:
+        submit = s.hub.submit
+
+        async def slow(message: InboundMessage) -> DispatchResult:
+            storing.set()
+            await release.wait()  # a store write that takes a while
+            connected_when_stored.append(api.connected)
+            return await submit(message)
+
+        monkeypatch.setattr(s.hub, "submit", slow)
+        ts = await SlackSocket(api).message(ALICE_DM, ALICE, "sent as the gateway stops")
+        async with asyncio.timeout(WAIT):
+            await storing.wait()
+        stopping = asyncio.create_task(shutdown(s.hub))
+        await api.wait_for(lambda: not api.connected)
+        release.set()
+        await stopping
+    assert connected_when_stored == [False]
+    assert api.unacknowledged == []
+    queued = await queued_at_next_start(config, ALICE_DM, ALICE)
+    assert queued == [message_id(ALICE_DM, ts, ALICE)]
 
 
 # -- starting ------------------------------------------------------------------------

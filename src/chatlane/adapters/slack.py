@@ -12,7 +12,9 @@ What stays true:
   served. Either way one :class:`~chatlane.adapters.slack_events.Intake`
   handles what arrives: Slack is answered (a response, an acknowledgement)
   once chatlane holds it, and what it asks for is done afterwards, in order
-  within a conversation.
+  within a conversation. A shutdown stops taking events first (503, or the
+  connection closed), then gives what Slack was answered for :data:`CLOSE_WAIT`
+  seconds to be handed on.
 * An event is handled once: a retry of an event seen before is not handed on
   again (by ``event_id``; it is answered once the first copy is), and a
   second event for a message seen before is ignored (a
@@ -110,6 +112,9 @@ RATE_LIMIT_CAP = 60.0
 """Seconds one message may wait out rate limits in all, in place, before it is given up."""
 REFUSAL_INTERVAL = 3600.0
 """Seconds between two refusals told to one stranger."""
+CLOSE_WAIT = 10.0
+"""Seconds a shutdown waits, once Slack's events are no longer taken, for those it took to
+be handed to chatlane; what is left then is cancelled."""
 _SEEN_KEPT = 8192
 """Message ids remembered, so a second event for one message is ignored."""
 _THREADS_KEPT = 8192
@@ -216,18 +221,33 @@ class SlackAdapter:
         return token, signing_secret, app_token
 
     async def aclose(self) -> None:
-        """Refuse Slack's requests or close Socket Mode's connection, drop what they still
-        ask for, stop drafts, close the client."""
+        """Stop taking Slack's events, let those Slack was answered for be handed on, then
+        stop drafts and best-effort sends and close the client.
+
+        Slack's requests are refused (503) and Socket Mode's connection closes first, so
+        Slack sends again what arrives from now on and every envelope not acknowledged.
+        What Slack was already answered for (at
+        :data:`~chatlane.adapters.slack_events.ANSWER_WITHIN`, while a slow store still
+        wrote it) Slack never sends again: it is given :data:`CLOSE_WAIT` seconds to
+        reach chatlane (stored, refused, or its sender told it could not be), with the
+        Web API still there for what that needs. Only what is left after that is
+        cancelled.
+        """
+        await self._stop_taking()
+        await self._intake.aclose(CLOSE_WAIT)
         client, self._client = self._client, None
-        socket, self._socket = self._socket, None
-        self._inbox.close()
-        if socket is not None:
-            await socket.aclose()
-        await self._intake.aclose()
         await self._aside.aclose()
         await self._drafts.aclose()
         if client is not None and client.session is not None:
             await client.session.close()
+
+    async def _stop_taking(self) -> None:
+        """Refuse Slack's requests from now on (503) and close Socket Mode's connection, so
+        Slack sends again what this process did not take; the Web API stays open."""
+        socket, self._socket = self._socket, None
+        self._inbox.close()
+        if socket is not None:
+            await socket.aclose()
 
     async def handled(self) -> None:
         """Wait until what Slack sent so far asked for is done (handed to chatlane,

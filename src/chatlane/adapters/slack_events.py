@@ -126,9 +126,11 @@ class Intake:
         self._jobs.note(key, running)
         await asyncio.wait([running])
 
-    async def aclose(self) -> None:
-        """Cancel what earlier events asked for that is not done, and wait until it ended."""
-        await self.lanes.aclose()
+    async def aclose(self, within: float = 0.0) -> None:
+        """Wait up to ``within`` seconds for what earlier events asked for (and what is
+        handed on meanwhile) to be done, then cancel what is not and wait until it ended;
+        what is cancelled after such a wait is logged."""
+        await self.lanes.aclose(within)
 
 
 class Inbox:
