@@ -26,6 +26,7 @@ from chatlane.state import (
     SessionState,
     SlotPhase,
     TurnState,
+    UserGrant,
     _reset_fields,
     default_value,
     reset_field,
@@ -364,6 +365,7 @@ class TestSessionState:
             PersistentState(update_prompt_pending=True),
             PersistentState(native_image_paths=["/x.png"]),
             PersistentState(approval_allowlist=["ls"]),
+            PersistentState(approval_allowlist_by_user=(UserGrant("alice", "ls"),)),
             PersistentState(hygiene_failure_streak=2),
             MyPersistent(karma=1),
         ],
@@ -386,6 +388,7 @@ class TestSessionState:
         [
             {"one_turn_restore": {"model_override": None}},
             {"approval_grants": ["ls"]},
+            {"approval_grants_by_user": (UserGrant("alice", "ls"),)},
             {"pending_command_text": "/new confirm"},
         ],
     )

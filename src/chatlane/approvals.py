@@ -16,6 +16,11 @@ a plain "yes"/"no" while a request is pending. What stays true:
   refused and grants nothing.
 * Grants: ``once`` (this request), ``session`` (matching commands until the
   conversation ends), ``always`` (a pattern kept in the store's allowlist).
+* A grant is an answer given in advance, so it is bound as an answer is: in a
+  shared session (:func:`~chatlane.identity.is_shared`) a ``session`` or
+  ``always`` grant is its giver's, and approves that user's turns only; a grant
+  bound to no one (every grant of a session of one person, every entry kept
+  before grants were bound) approves no turn of a shared session.
 * A request waits in the process whose turn asked it; an answer that reaches
   another process goes there through the store (:mod:`chatlane.approvals_elsewhere`)
   and is resolved there exactly as a local one.
@@ -33,11 +38,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from chatlane import approvals_elsewhere as elsewhere
-from chatlane.errors import ChatlaneError, shown_to_users
+from chatlane.errors import ChatlaneError, InvalidSessionKey, shown_to_users
+from chatlane.identity import is_shared
 from chatlane.logs import turn_fields
-from chatlane.state import SessionState
+from chatlane.runtime.persisted import encode_user_grants
+from chatlane.state import SessionState, UserGrant
 from chatlane.stores.base import Store
-from chatlane.stores.fields import APPROVAL_ALLOWLIST, APPROVALS_WAITING
+from chatlane.stores.fields import APPROVAL_ALLOWLIST, APPROVAL_ALLOWLIST_BY_USER, APPROVALS_WAITING
 from chatlane.types import Asks, Outbound, OutboundKind, SessionKey
 
 if TYPE_CHECKING:
@@ -51,6 +58,10 @@ _NOT_PENDING = "That approval is no longer pending (it was answered, or its turn
 _NOT_YOURS = "Only the person whose message started this turn can answer its approval."
 _TOO_LATE = "Too late: the approval for {command} timed out — denied."
 _NOT_KEPT = "it could not be kept for always (the store is unavailable); ask again later"
+_NO_GIVER = (
+    "it is not kept for later: in a shared session a grant is its giver's, and this answer "
+    "came from no known user"
+)
 
 
 def new_request_id() -> str:
@@ -201,7 +212,7 @@ class ApprovalBroker:
         """Ask the session's user; return once approved, denied, timed out or cancelled."""
         if not self._is_current(state.key, generation):
             return Decision(False, note="the turn is no longer current")
-        if self._granted(state, command):
+        if _granted(state, user_id, command):
             return Decision(True, note="allowed by an earlier grant")
         request = self._open(state, generation, user_id, command, reason)
         try:
@@ -272,6 +283,7 @@ class ApprovalBroker:
         if not mine:
             return _NOT_YOURS
         chosen = mine if meant.everything else mine[:1]
+        bound_to = _bound_to(key, user_id, decision)
         grant = decision.grant.value if decision.grant is not None else None
         answer = elsewhere.Answer(decision.approved, grant, decision.note, user_id)
         given = {w.id: answer for w in chosen}
@@ -280,16 +292,11 @@ class ApprovalBroker:
         except ChatlaneError as error:
             log.warning("could not pass an approval answer on: %s", error)
             return f"Not answered: it could not be passed on ({shown_to_users(error)}); try again."
-        return "\n".join(_passed_on(w.command, decision) for w in chosen)
+        return "\n".join(_passed_on(w.command, decision, bound_to) for w in chosen)
 
     async def waits_elsewhere(self, key: SessionKey) -> bool:
         """Whether a request waits for an answer in another process that runs ``key``."""
         return bool(await elsewhere.waiting_elsewhere(self._store, self._holder, key))
-
-    def _granted(self, state: SessionState, command: str) -> bool:
-        """Exact commands, never patterns: ``rm -rf build/*`` is not ``rm -rf build/ ~/``."""
-        granted = (state.conversation.approval_grants, state.persistent.approval_allowlist)
-        return any(command in grants for grants in granted)
 
     def _open(
         self,
@@ -391,12 +398,17 @@ class ApprovalBroker:
         if not mine:
             return _NOT_YOURS
         chosen = mine if everything else mine[:1]
-        return "\n".join([await self._settle(state, r, decision) for r in chosen])
+        return "\n".join([await self._settle(state, r, decision, user_id) for r in chosen])
 
     async def _settle(
-        self, state: SessionState, request: ApprovalRequest, decision: Decision
+        self,
+        state: SessionState,
+        request: ApprovalRequest,
+        decision: Decision,
+        giver: str | None,
     ) -> str:
-        """Close ``request`` with ``decision``, then record its grant; refused once it ended.
+        """Close ``request`` with ``decision``, then record its grant as ``giver``'s;
+        refused once it ended.
 
         The request is closed before the grant is written (an ``await``), so a
         timeout firing meanwhile finds it decided and cannot deny it.
@@ -408,19 +420,52 @@ class ApprovalBroker:
             decision = Decision(False, note="its turn was stopped")
         if not _close(state, request, decision):
             return _NOT_PENDING
-        if decision.approved and decision.grant is Grant.SESSION:
-            state.conversation.approval_grants.append(request.command)
-        always = decision.approved and decision.grant is Grant.ALWAYS
-        if always and not await self._allow_always(state, request.command):
-            decision = Decision(True, Grant.ONCE, _NOT_KEPT)  # it was approved all the same
-        verb = "Approved" if decision.approved else "Denied"
-        extra = f" ({decision.grant})" if decision.approved and decision.grant else ""
-        note = f" — {decision.note}" if decision.note else ""
-        return f"{verb}{extra}: {quote_command(request.command)}{note}"
+        decision = await self._keep(state, request.command, decision, giver)
+        bound_to = _bound_to(state.key, giver, decision)
+        return _decided(request.command, decision, bound_to)
+
+    async def _keep(
+        self, state: SessionState, command: str, decision: Decision, giver: str | None
+    ) -> Decision:
+        """Record ``decision``'s ``session`` or ``always`` grant of ``command``, bound to
+        ``giver`` in a shared session; the decision as it then stands: ``once``, said
+        so, when the grant could not be kept (it was approved all the same)."""
+        if not decision.approved or decision.grant not in (Grant.SESSION, Grant.ALWAYS):
+            return decision
+        bound: UserGrant | None = None
+        if _shared(state.key):
+            if giver is None:
+                return Decision(True, Grant.ONCE, _NO_GIVER)
+            bound = UserGrant(giver, command)
+        if decision.grant is Grant.SESSION:
+            _grant_for_conversation(state, command, bound)
+            return decision
+        kept = await (
+            self._allow_always(state, command)
+            if bound is None
+            else self._allow_always_for(state, bound)
+        )
+        return decision if kept else Decision(True, Grant.ONCE, _NOT_KEPT)
+
+    async def _allow_always_for(self, state: SessionState, grant: UserGrant) -> bool:
+        """Keep ``grant`` on the session's allowlist of grants bound to users, in the store
+        first; whether it was kept (a store that cannot take it leaves it as it was)."""
+        persistent = state.persistent
+        if grant in persistent.approval_allowlist_by_user:
+            return True
+        kept = encode_user_grants([*persistent.approval_allowlist_by_user, grant])
+        try:
+            await self._store.set_persistent(state.key, None, **{APPROVAL_ALLOWLIST_BY_USER: kept})
+        except ChatlaneError as error:
+            log.warning("could not keep an always-approval: %s", error)
+            return False
+        if grant not in persistent.approval_allowlist_by_user:
+            persistent.approval_allowlist_by_user = (*persistent.approval_allowlist_by_user, grant)
+        return True
 
     async def _allow_always(self, state: SessionState, command: str) -> bool:
-        """Keep ``command`` on the session's allowlist, in the store first; whether it was
-        kept (a store that cannot take it leaves the allowlist as it was)."""
+        """Keep ``command`` on the session's allowlist bound to no one, in the store first;
+        whether it was kept (a store that cannot take it leaves the allowlist as it was)."""
         allowlist = state.persistent.approval_allowlist
         if command in allowlist:
             return True
@@ -445,6 +490,72 @@ class ApprovalBroker:
         return len(waiting)
 
 
+def _shared(key: SessionKey) -> bool:
+    """Whether several people write in the session ``key`` (:func:`~chatlane.identity.is_shared`).
+
+    A key chatlane did not build (an application's own, a scheduled job's) names
+    no chat it could judge: it counts as one person's, as every session did
+    before grants were bound to their giver.
+    """
+    try:
+        return is_shared(key)
+    except InvalidSessionKey:
+        return False
+
+
+def _granted(state: SessionState, user_id: str | None, command: str) -> bool:
+    """Whether an earlier grant approves ``command`` in a turn of ``user_id``'s.
+
+    Exact commands, never patterns: ``rm -rf build/*`` is not ``rm -rf build/ ~/``.
+    A grant bound to a user approves that user's turns only; one bound to no one,
+    any turn of a session of one person, and none of a shared session.
+    """
+    if user_id is not None:
+        mine = UserGrant(user_id, command)
+        bound = (
+            state.conversation.approval_grants_by_user,
+            state.persistent.approval_allowlist_by_user,
+        )
+        if any(mine in grants for grants in bound):
+            return True
+    if _shared(state.key):
+        return False
+    unbound = (state.conversation.approval_grants, state.persistent.approval_allowlist)
+    return any(command in grants for grants in unbound)
+
+
+def _grant_for_conversation(state: SessionState, command: str, bound: UserGrant | None) -> None:
+    """Allow ``command`` again until the conversation ends: to ``bound``'s user only, if given."""
+    conversation = state.conversation
+    if bound is None:
+        conversation.approval_grants.append(command)
+    elif bound not in conversation.approval_grants_by_user:
+        conversation.approval_grants_by_user = (*conversation.approval_grants_by_user, bound)
+
+
+def _bound_to(key: SessionKey, giver: str | None, decision: Decision) -> str | None:
+    """Whose turns alone ``decision``'s grant approves: ``giver``'s, for a ``session`` or
+    ``always`` grant in a shared session; ``None`` for any other decision."""
+    lasting = decision.approved and decision.grant in (Grant.SESSION, Grant.ALWAYS)
+    return giver if lasting and _shared(key) else None
+
+
+def _grant_words(decision: Decision, bound_to: str | None) -> str:
+    """How far an approval reaches, as replies say it: `` (always)``, `` (session, for
+    `alice` only)``; nothing for a denial."""
+    if not decision.approved or decision.grant is None:
+        return ""
+    whose = f", for {quote_command(bound_to)} only" if bound_to is not None else ""
+    return f" ({decision.grant}{whose})"
+
+
+def _decided(command: str, decision: Decision, bound_to: str | None) -> str:
+    """The reply to an answer applied here: what was decided, and for whom it lasts."""
+    verb = "Approved" if decision.approved else "Denied"
+    note = f" — {decision.note}" if decision.note else ""
+    return f"{verb}{_grant_words(decision, bound_to)}: {quote_command(command)}{note}"
+
+
 def _grant_of(value: str | None) -> Grant | None:
     """The grant named ``value``; none for a name this version does not know."""
     try:
@@ -453,10 +564,10 @@ def _grant_of(value: str | None) -> Grant | None:
         return None
 
 
-def _passed_on(command: str, decision: Decision) -> str:
+def _passed_on(command: str, decision: Decision, bound_to: str | None) -> str:
     """The reply to an answer recorded for the process that runs the turn."""
     verb = "approve" if decision.approved else "deny"
-    extra = f" ({decision.grant})" if decision.approved and decision.grant else ""
+    extra = _grant_words(decision, bound_to)
     note = f" — {decision.note}" if decision.note else ""
     return (
         f"Passed on to the gateway process running this turn: {verb}{extra} "

@@ -19,6 +19,9 @@ answer goes through the store, as an interrupt or a redirect does:
   local answer (the same checks: only the asker, not after the deadline, not for
   a superseded turn; the same grants, ``always`` kept in the store first), then
   tells the chat what it decided.
+* An answer keeps who gave it (``user_id``), and is applied as theirs: in a shared
+  session its ``session`` or ``always`` grant is bound to that user there, exactly
+  as if they had answered in that process.
 
 No other message reads these fields: only an approval answer that found no
 request where it arrived, and the fence check of a turn that waits on one.
@@ -66,6 +69,8 @@ class Answer(msgspec.Struct, frozen=True):
     """A :class:`~chatlane.approvals.Grant` by value."""
     note: str
     user_id: str | None
+    """Who answered: the asker, or anyone for a request without one. A grant the answer
+    carries is bound to this user in a shared session."""
 
 
 class Meant(msgspec.Struct, frozen=True):

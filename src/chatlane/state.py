@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, NamedTuple
 
 from chatlane.errors import ConfigError, LeaseError
 from chatlane.identity import NO_SESSION, SessionKey
@@ -45,6 +45,7 @@ __all__ = [
     "SessionState",
     "SlotPhase",
     "TurnState",
+    "UserGrant",
     "default_value",
     "reset_field",
     "reset_scope",
@@ -68,6 +69,14 @@ AGENT_PENDING: Final = AgentPending.AGENT_PENDING
 SERVICE_TIER_UNSET: Final = ServiceTierUnset.SERVICE_TIER_UNSET
 
 ServiceTier = str | None | Literal[ServiceTierUnset.SERVICE_TIER_UNSET]
+
+
+class UserGrant(NamedTuple):
+    """An approval grant bound to the user who gave it: it approves ``command`` in that
+    user's turns only (what a grant given in a shared session is)."""
+
+    user_id: str
+    command: str
 
 
 def _field_default(f: Field[Any]) -> Any:
@@ -304,7 +313,12 @@ class ConversationState:
     interrupt_streak: int = 0
     """Turns of this conversation interrupted in a row (the ``rollback`` busy policy's depth)."""
     approval_grants: list[str] = field(default_factory=list)
-    """Commands approved with ``/approve session``: allowed until the conversation ends."""
+    """Commands approved with ``/approve session``: allowed until the conversation ends.
+    Bound to no one: they count in a session of one person only."""
+    approval_grants_by_user: tuple[UserGrant, ...] = ()
+    """Commands approved with ``/approve session`` in a shared session, each for its
+    giver's turns only, until the conversation ends. Replaced, never changed in place
+    (the empty default is one shared object, as ``kept_seqs``)."""
     conversation_id: str = ""
     """The store's id of the conversation this scope belongs to, as last read ("" if none)."""
     pending_command_text: str | None = None
@@ -320,11 +334,12 @@ class ConversationState:
     in this process only: an evicted session loses it, as nothing the store must keep."""
 
     MEMORY_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"one_turn_restore", "approval_grants", "pending_command_text"}
+        {"one_turn_restore", "approval_grants", "approval_grants_by_user", "pending_command_text"}
     )
     """The fields a person set that no store keeps: a ``/model --once`` not used yet,
-    ``/approve session`` grants, a confirmation waiting for its "yes". A session holding
-    one is evicted last (:class:`SessionRegistry`); a subclass may name more."""
+    ``/approve session`` grants (either kind), a confirmation waiting for its "yes". A
+    session holding one is evicted last (:class:`SessionRegistry`); a subclass may name
+    more."""
 
     def clear(self) -> None:
         """Reset every field to its default, including fields added by a subclass."""
@@ -355,7 +370,12 @@ class PersistentState:
     busy_policy: Any = None
     """This session's own busy policy (``/busy``), or None for the gateway's."""
     approval_allowlist: list[str] = field(default_factory=list)
-    """Exact commands approved with ``/approve always`` (kept in the store)."""
+    """Exact commands approved with ``/approve always`` (kept in the store), bound to no
+    one: each approves every turn of a session of one person, and none in a shared
+    session (an entry kept before grants were bound may have been anyone's)."""
+    approval_allowlist_by_user: tuple[UserGrant, ...] = ()
+    """Exact commands approved with ``/approve always`` in a shared session, each for its
+    giver's turns only (kept in the store). Replaced, never changed in place."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "run_generation":

@@ -132,6 +132,46 @@ async def test_only_the_asker_can_answer_from_another_process(
     assert replies[1:] == ["Approved (once): `rm -rf /tmp/x`", "approved: rm -rf /tmp/x"]
 
 
+@pytest.mark.parametrize("grant", ["session", "always"])
+async def test_a_grant_passed_on_in_a_shared_session_is_its_givers_where_it_applies(
+    two_stores: tuple[Store, Store], grant: str
+) -> None:
+    """The answer keeps who gave it: the process running the turn binds its grant to
+    Alice, so Mallory's next turn there is asked, and Alice's is not."""
+    _, there = two_stores
+    shared = KeyPolicy(group_sessions_per_user=False)
+    agents = (asks_or_echoes, asks_or_echoes)
+    async with two_processes(two_stores, agents, "queue", key_policy=shared) as (runner, other):
+
+        async def says(h: GatewayHarness, user_id: str, text: str) -> None:
+            await h.send(text, user_id=user_id, chat_id="g", chat_type="group")
+
+        await says(runner, "alice", "approve rm -rf /tmp/x")
+        await asked(runner, "g")
+        await says(other, "alice", f"/approve {grant}")
+        passed = await other.replies(chat_id="g", count=1)
+        await runner.gateway.engine.upkeep.check_fences()
+        applied = await runner.replies(chat_id="g", count=3)
+        await runner.settle()
+        await says(runner, "mallory", "approve rm -rf /tmp/x")
+        await asked(runner, "g", count=2)
+        await says(runner, "mallory", "/deny")
+        await runner.replies(chat_id="g", count=6)
+        await runner.settle()
+        await says(runner, "alice", "approve rm -rf /tmp/x")
+        again = await runner.replies(chat_id="g", count=7)
+        await runner.settle()
+        stored = await there.load_persistent(runner.session_key(chat_id="g", chat_type="group"))
+    whose = f"({grant}, for `alice` only)"
+    assert passed == [PASSED_ON.format(f"approve {whose}", "") + TOLD_LATER]
+    assert applied[1:] == [f"Approved {whose}: `rm -rf /tmp/x`", "approved: rm -rf /tmp/x"]
+    assert again[3:] == [ASKED, "Denied: `rm -rf /tmp/x`", "denied: rm -rf /tmp/x", applied[2]]
+    assert len(prompts(runner.outbox, "g")) == 2
+    kept = {"alice": ["rm -rf /tmp/x"]} if grant == "always" else None
+    assert stored.get("approval_allowlist_by_user") == kept
+    assert APPROVAL_ALLOWLIST not in stored
+
+
 async def test_an_answer_to_a_request_that_ended_never_reaches_the_next_one(
     two_stores: tuple[Store, Store],
 ) -> None:

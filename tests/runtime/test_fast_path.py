@@ -23,7 +23,7 @@ from chatlane.runtime.busy import BusyPolicy
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
 from chatlane.runtime.persisted import at_rest, refresh_persistent
 from chatlane.runtime.turn import Turn, TurnOverrides
-from chatlane.state import SERVICE_TIER_UNSET, SessionState
+from chatlane.state import SERVICE_TIER_UNSET, SessionState, UserGrant
 from chatlane.stores import Admission, MemoryStore
 from chatlane.stores.codec import encode_message
 from chatlane.stores.ids import new_token
@@ -47,6 +47,7 @@ STORED = st.fixed_dictionaries(
         "reasoning_override": st.sampled_from([None, "high", 3]),
         "service_tier_override": st.sampled_from([None, "normal", "priority"]),
         "approval_allowlist": st.sampled_from([None, [], ["ls"], ["ls", 4]]),
+        "approval_allowlist_by_user": st.sampled_from([None, {}, {"u": ["ls"]}, {"u": "ls"}]),
         "interrupted_generation": st.integers(0, 3),
     },
 )
@@ -65,6 +66,9 @@ def states(draw: st.DrawFn) -> SessionState:
     conversation.queued_events = draw(st.sampled_from([[], ["event"]]))
     state.persistent.busy_policy = draw(st.sampled_from([None, BusyPolicy.QUEUE]))
     state.persistent.approval_allowlist = draw(st.sampled_from([[], ["ls"]]))
+    state.persistent.approval_allowlist_by_user = draw(
+        st.sampled_from([(), (UserGrant("u", "ls"),)])
+    )
     return state
 
 

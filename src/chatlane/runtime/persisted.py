@@ -6,6 +6,11 @@ What stays true:
   choice as ``{"name", "provider", "base_url"}`` — never an API key — and the
   service tier as ``"priority"``, ``"normal"`` (explicitly normal) or nothing
   (unset), so its three states survive a restart.
+* The approval allowlist keeps what it always kept: ``approval_allowlist``, a
+  list of commands bound to no one. Grants bound to their giver (given in a
+  shared session) are kept beside it, in ``approval_allowlist_by_user`` as
+  ``{"<user id>": ["<command>", …]}``: an entry of either field read back is
+  the entry written, and what an earlier version wrote reads as it did.
 * A one-turn override (``/model --once``) is for the next turn of a person
   whose agent is called: that turn settles it on every exit path, restoring
   the snapshot taken by the *first* ``--once``. Anything else the agent answers
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -26,9 +31,10 @@ from chatlane.errors import ConfigError
 from chatlane.logs import turn_fields
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.runtime.turn import Turn, TurnOverrides
-from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
+from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState, UserGrant
 from chatlane.stores.fields import (
     APPROVAL_ALLOWLIST,
+    APPROVAL_ALLOWLIST_BY_USER,
     BUSY_POLICY,
     CONVERSATION_ID,
     MODEL_OVERRIDE,
@@ -54,6 +60,29 @@ def decode_tier(value: object) -> ServiceTier:
     return None if value == "normal" else str(value)
 
 
+def encode_user_grants(grants: Iterable[UserGrant]) -> dict[str, list[str]]:
+    """The stored form of grants bound to users: each user's commands, in the order given."""
+    stored: dict[str, list[str]] = {}
+    for user_id, command in grants:
+        stored.setdefault(user_id, []).append(command)
+    return stored
+
+
+def decode_user_grants(value: object) -> tuple[UserGrant, ...] | None:
+    """Grants bound to users, read back from their stored form; ``None`` for a value that
+    is not one (nothing is taken up). An entry that is not text is left out: a grant
+    is never read as someone else's, nor as no one's."""
+    if not isinstance(value, dict):
+        return None
+    return tuple(
+        UserGrant(user_id, command)
+        for user_id, commands in value.items()
+        if isinstance(user_id, str) and user_id and isinstance(commands, list)
+        for command in commands
+        if isinstance(command, str)
+    )
+
+
 def stored_fields(fields: Mapping[str, object]) -> dict[str, Any]:
     """Persistent fields as the store keeps them (JSON values only)."""
     stored: dict[str, Any] = {}
@@ -64,6 +93,8 @@ def stored_fields(fields: Mapping[str, object]) -> dict[str, Any]:
             value = msgspec.to_builtins(value)
         elif name == SERVICE_TIER_OVERRIDE:
             value = encode_tier(value)  # type: ignore[arg-type]
+        elif name == APPROVAL_ALLOWLIST_BY_USER and isinstance(value, tuple):
+            value = encode_user_grants(value)
         stored[name] = value
     return stored
 
@@ -79,6 +110,9 @@ def load_overrides(state: SessionState, fields: Mapping[str, object]) -> None:
     allowlist = fields.get(APPROVAL_ALLOWLIST)
     if isinstance(allowlist, list):
         state.persistent.approval_allowlist = [p for p in allowlist if isinstance(p, str)]
+    by_user = decode_user_grants(fields.get(APPROVAL_ALLOWLIST_BY_USER))
+    if by_user is not None:
+        state.persistent.approval_allowlist_by_user = by_user
 
 
 def apply_once(state: SessionState, model: ModelChoice) -> None:
@@ -168,7 +202,14 @@ def refresh_persistent(state: SessionState, fields: Mapping[str, object]) -> boo
 
 
 _CHOICES: Final = frozenset(
-    {BUSY_POLICY, MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIER_OVERRIDE, APPROVAL_ALLOWLIST}
+    {
+        BUSY_POLICY,
+        MODEL_OVERRIDE,
+        REASONING_OVERRIDE,
+        SERVICE_TIER_OVERRIDE,
+        APPROVAL_ALLOWLIST,
+        APPROVAL_ALLOWLIST_BY_USER,
+    }
 )
 """The stored fields :func:`refresh_persistent` takes up besides the conversation id."""
 

@@ -15,6 +15,7 @@ from typing import Final
 __all__ = [
     "APPROVALS_WAITING",
     "APPROVAL_ALLOWLIST",
+    "APPROVAL_ALLOWLIST_BY_USER",
     "APPROVAL_ANSWERS",
     "BUSY_POLICY",
     "CONVERSATION_ID",
@@ -50,7 +51,15 @@ CONVERSATION_OVERRIDES: Final = (MODEL_OVERRIDE, REASONING_OVERRIDE, SERVICE_TIE
 """The conversation-scoped fields: a conversation boundary clears them together."""
 
 APPROVAL_ALLOWLIST: Final = "approval_allowlist"
-"""Commands the session approved for good (``always``), as a list of strings."""
+"""Commands the session approved for good (``always``), as a list of strings, bound to
+no one: written for a session of one person (and, before grants were bound to their
+giver, for any session); a shared session does not take them as anyone's approval."""
+
+APPROVAL_ALLOWLIST_BY_USER: Final = "approval_allowlist_by_user"
+"""Commands approved for good (``always``) in a shared session, as ``{"<user id>":
+["<command>", …]}``: each approves its user's turns only. A field of its own, so a
+process of an earlier version, which reads only :data:`APPROVAL_ALLOWLIST`, neither
+applies these to everyone nor drops them when it writes its list."""
 
 APPROVALS_WAITING: Final = "approvals_waiting"
 """The approval requests the running turn waits on, oldest first, each as ``{"id",
