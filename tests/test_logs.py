@@ -59,9 +59,26 @@ def test_a_traceback_keeps_its_lines_and_escapes_the_rest(
         logger.exception("failed on %s", FORGED)
     first, *traceback = stream.getvalue().splitlines()
     assert first.endswith("\\u202e")
-    assert traceback[0] == "Traceback (most recent call last):"
-    assert traceback[-1] == "ValueError: bad \\x1b[31m value"
+    assert traceback[0] == "  Traceback (most recent call last):"
+    assert traceback[-1] == "  ValueError: bad \\x1b[31m value"
     assert all(raw_controls(line) == set() for line in traceback)
+
+
+@pytest.mark.parametrize("captured", [TextFormatter], indirect=True)
+def test_an_exception_quoting_user_text_cannot_forge_a_line(
+    captured: tuple[logging.Logger, io.StringIO],
+) -> None:
+    """An exception's text is not the logger's message: an agent's error may quote what a
+    user sent, newlines and all. Every line after a record's first is indented."""
+    logger, stream = captured
+    try:
+        raise ValueError(f"the model refused: {FORGED}")
+    except ValueError:
+        logger.exception("the agent failed", extra=turn_fields(KEY, 3))
+    first, *rest = stream.getvalue().splitlines()
+    assert first.endswith(" gen=3")
+    assert "  2030-01-01 00:00:00,000 ERROR chatlane forged line\\r\\x1b[2J\\x9b31m\\u202e" in rest
+    assert all(line.startswith("  ") for line in rest)
 
 
 @pytest.mark.parametrize("captured", [JsonFormatter], indirect=True)

@@ -6,9 +6,12 @@ lines with ``--log-format json``. Secrets are never passed to a logger, and
 the handler redacts every URL (:mod:`chatlane.redaction`).
 
 What stays true: one record is one line (a traceback follows on lines of its
-own). Newlines, ESC and every other non-printable character in a message or
-a session key are shown escaped (``\\n``, ``\\x1b``), so user text can
-neither forge a log line nor send a terminal escape sequence.
+own, each indented: only a record's first line starts at the first column).
+Newlines, ESC and every other non-printable character in a message or a
+session key are shown escaped (``\\n``, ``\\x1b``), and an exception's own
+text — which may quote user text over several lines — stays inside its
+indented traceback, so user text can neither forge a log line nor send a
+terminal escape sequence.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         head, newline, rest = text.partition("\n")
-        rest = escape_controls(rest, keep="\n")
+        rest = _indented(escape_controls(rest, keep="\n"))
         key = getattr(record, "session_key", None)
         if key is None:
             return head + newline + rest
@@ -74,6 +77,14 @@ class TextFormatter(logging.Formatter):
         suffix = f" session={escape_controls(str(key))}"
         suffix += f" gen={generation}" if generation is not None else ""
         return head + suffix + newline + rest
+
+
+def _indented(lines: str) -> str:
+    """``lines`` with every line that starts at the first column indented by two spaces, so
+    none can pass for a record of its own (which starts with its time)."""
+    if not lines:
+        return lines
+    return "\n".join(line if line[:1] in ("", " ") else "  " + line for line in lines.split("\n"))
 
 
 class JsonFormatter(logging.Formatter):
