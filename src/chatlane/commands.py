@@ -27,6 +27,7 @@ from chatlane.runtime import pending
 from chatlane.runtime.aside import TooManyAsides
 from chatlane.runtime.busy import NOW, BusyOutcome, BusyPolicy, ack_text
 from chatlane.runtime.settings import StopIncomplete
+from chatlane.runtime.turn import waiting_here
 from chatlane.state import SlotPhase
 from chatlane.stores.fields import BUSY_POLICY
 from chatlane.types import InboundMessage, SessionKey, clipped
@@ -253,8 +254,9 @@ async def _queue(call: CommandCall) -> str:
     if outcome is None:
         return "Started a turn for it now."
     state = call.engine.registry.get(call.session_key)
-    text = ack_text(outcome, pending.pending_count(state))
-    if outcome is BusyOutcome.QUEUE_FULL:
+    full = outcome is BusyOutcome.QUEUE_FULL  # it says what the cap counted
+    text = ack_text(outcome, waiting_here(state) if full else pending.pending_count(state))
+    if full:
         raise CommandRefused(text, outcome)
     return text
 

@@ -122,7 +122,10 @@ class Metrics:
                 ],
             ),
             *_metric(
-                "chatlane_queue_depth", "gauge", "Messages waiting for a turn.", [("", queue_depth)]
+                "chatlane_queue_depth",
+                "gauge",
+                "Messages waiting for a turn, or steered into a running one and not taken yet.",
+                [("", queue_depth)],
             ),
             *_metric("chatlane_turns_running", "gauge", "Turns running now.", [("", running)]),
         ]

@@ -38,6 +38,7 @@ from tests.runtime.refusing import Refusing, first_of
 IDLE_CTX = BusyContext(
     queued=0,
     queue_cap=32,
+    steers_waiting=0,
     internal=False,
     agent_accepts_steering=False,
     interrupt_streak=0,
@@ -101,6 +102,13 @@ class TestDecide:
     )
     def test_cap_refuses_with_queue_full(self, policy: BusyPolicy) -> None:
         assert decide(policy, _ctx(queued=32)) is BusyOutcome.QUEUE_FULL
+
+    def test_steers_the_agent_has_not_taken_count_against_the_cap(self) -> None:
+        below = _ctx(agent_accepts_steering=True, steers_waiting=31)
+        assert decide(BusyPolicy.STEER, below) is BusyOutcome.STEERED
+        full = _ctx(agent_accepts_steering=True, steers_waiting=32)
+        assert decide(BusyPolicy.STEER, full) is BusyOutcome.QUEUE_FULL
+        assert decide(BusyPolicy.QUEUE, _ctx(queued=1, steers_waiting=31)) is BusyOutcome.QUEUE_FULL
 
     def test_parse_rejects_unknown_policy_clearly(self) -> None:
         with pytest.raises(ConfigError, match="'wait' is not one of: queue, collect"):
@@ -479,6 +487,102 @@ class Gate:
         if turn.text == "hold":
             await self.opened.wait()
         return f"ran: {turn.text}"
+
+
+class SteeredGate(Gate):
+    """A :class:`Gate` whose agent accepts steering but never takes any: what is steered
+    into ``hold`` waits there until the gate opens, then runs as its own turn."""
+
+    accepts_steering = True
+
+
+async def test_steers_the_agent_has_not_taken_count_against_the_queue_cap() -> None:
+    """A message is steered only while fewer than queue_cap wait (queued, or steered and not
+    taken): past it, it is refused as for a full queue and its sender told, /queue too."""
+    gate = SteeredGate()
+    async with GatewayHarness(gate, busy="steer", queue_cap=3, ack_debounce=0) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        sent = [await h.send(f"m{n}", chat_id="c") for n in range(5)]
+        queued = await h.send("/queue m5", chat_id="c")
+        assert [r.outcome for r in [*sent, queued]] == [
+            *[BusyOutcome.STEERED] * 3,
+            *[BusyOutcome.QUEUE_FULL] * 3,
+        ]
+        refused = [o for o in h.delivered(chat_id="c") if o.refusal]
+        assert [(o.text, o.in_reply_to) for o in refused] == [
+            ("Queue full (3 queued) — your message was not run", (r.message_id,))
+            for r in [*sent[3:], queued]
+        ]
+        engine = h.gateway.engine
+        assert engine.queue_depth() == 3
+        stored = await engine.store.pending(h.session_key(chat_id="c"))
+        assert len(stored) == 4  # hold and the three steered
+        gate.opened.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", "ran: m0", "ran: m1", "ran: m2"]
+    ends = {o.message_id: o.outcome for o in h.outcomes}
+    assert [ends[r.message_id] for r in sent[3:]] == [Outcome.REFUSED] * 2
+
+
+async def test_drop_oldest_drops_the_oldest_steer_the_agent_has_not_taken() -> None:
+    gate = SteeredGate()
+    async with GatewayHarness(gate, busy="steer", queue_cap=2, overflow="drop-oldest") as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        sent = {text: await h.send(text, chat_id="c") for text in ("a", "b", "c")}
+        assert [r.outcome for r in sent.values()] == [BusyOutcome.STEERED] * 3
+        [notice] = [o for o in h.delivered(chat_id="c") if o.kind is OutboundKind.NOTICE]
+        assert notice.text == f"{DROPPED_OLDEST}: “a”"
+        assert notice.in_reply_to == (sent["a"].message_id,)
+        assert h.gateway.engine.queue_depth() == 2
+        gate.opened.set()
+        await h.settle()
+        assert await h.gateway.engine.store.pending(h.session_key(chat_id="c")) == []
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", "ran: b", "ran: c"]
+    assert {o.message_id: o.outcome for o in h.outcomes}[sent["a"].message_id] is Outcome.DROPPED
+
+
+async def test_a_steer_the_store_would_not_drop_is_steered_again_in_its_place() -> None:
+    gate = SteeredGate()
+    store = Refusing(first_of("drop_pending"))
+    async with GatewayHarness(
+        gate, busy="steer", store=store, queue_cap=1, overflow="drop-oldest"
+    ) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        for text in ("a", "b"):
+            assert (await h.send(text, chat_id="c")).outcome is BusyOutcome.STEERED
+        turn = h.gateway.engine.running_turn(h.session_key(chat_id="c"))
+        assert turn is not None
+        assert [m.text for m, _ in turn.waiting_steers()] == ["a", "b"]  # one past the cap
+        gate.opened.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", "ran: a", "ran: b"]
+
+
+async def test_summarize_collapses_the_steers_the_agent_has_not_taken_too() -> None:
+    gate = SteeredGate()
+    async with GatewayHarness(gate, busy="steer", queue_cap=2, overflow="summarize") as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        sent = [await h.send(text, chat_id="c") for text in ("a", "b", "c")]
+        assert [r.outcome for r in sent] == [
+            BusyOutcome.STEERED,
+            BusyOutcome.STEERED,
+            BusyOutcome.COLLAPSED,
+        ]
+        gate.opened.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", f"ran: {collapsed_note(3)}\na\nb\nc"]
+    [told] = [o for o in h.delivered(chat_id="c") if o.text == collapsed_text(3)]
+    assert told.in_reply_to == tuple(r.message_id for r in sent)
+    ends = {o.message_id: o.outcome for o in h.outcomes}
+    assert all(ends[r.message_id] is Outcome.ANSWERED for r in sent)
 
 
 async def test_drop_oldest_makes_room_and_tells_the_dropped_message_sender() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from chatlane.errors import GatewayFull, MessageTooLarge
 from chatlane.identity import SessionSource
+from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.capacity import RECOUNT_FLOOR, Capacity, CapacitySettings, message_bytes
 from chatlane.runtime.slots import Slots
 from chatlane.runtime.turn import Turn
@@ -130,3 +131,45 @@ def test_the_byte_limit_still_refuses_what_would_pass_it() -> None:
         held.append(admitted)
     with pytest.raises(GatewayFull):
         capacity.reserve(InboundMessage(SOURCE, "x" * 100), arriving=None)
+
+
+class SteeredHold:
+    """Accepts steering; ``hold`` waits until :attr:`opened` (taking nothing itself)."""
+
+    accepts_steering = True
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        if turn.text == "hold":
+            await self.opened.wait()
+        return f"ran: {turn.text} ({len(turn.steered)} steered)"
+
+
+@pytest.mark.parametrize("taken", [False, True], ids=["untaken", "taken"])
+async def test_steered_messages_count_against_the_byte_limit(taken: bool) -> None:
+    """Messages steered into a running turn are held unanswered, whether its agent took them
+    or not: a recount finds them, so the byte limit refuses what would pass it."""
+    agent = SteeredHold()
+    steer = "x" * 1000
+    size = message_bytes(InboundMessage(SOURCE, steer))
+    limits = CapacitySettings(queued_bytes=message_bytes(InboundMessage(SOURCE, "hold")) + 4 * size)
+    async with GatewayHarness(agent, busy="steer", capacity=limits) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        turn = h.gateway.engine.running_turn(h.session_key(chat_id="c"))
+        assert turn is not None
+        for _ in range(4):
+            assert (await h.send(steer, chat_id="c")).outcome is BusyOutcome.STEERED
+            if taken:
+                assert turn.take_steers() == [steer]  # as its agent would
+        with pytest.raises(GatewayFull, match="queued_bytes"):
+            await h.send(steer, chat_id="c")
+        agent.opened.set()
+        await h.settle()
+        ran = [o.text for o in h.outbox if o.text.startswith("ran: ")]
+    if taken:
+        assert ran == ["ran: hold (4 steered)"]
+    else:
+        assert ran == ["ran: hold (0 steered)", *[f"ran: {steer} (0 steered)"] * 4]

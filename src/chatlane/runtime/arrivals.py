@@ -23,16 +23,21 @@ and tells the sender. What stays true:
   conversation; the process-wide limits still apply): it steers, interrupts,
   merges and collapses into nothing of the ending conversation, and runs in
   the new one.
-* A message that finds the queue full is refused, unless the overflow is
-  ``drop-oldest`` or ``summarize`` (below): under ``drop-oldest`` the oldest
-  waiting message leaves the queue (here and in the store, its sender told)
-  and the new one waits in its place.
-* A message taken out of the queue (overflow, ``/unqueue``) leaves it here
-  before the store is asked, so it never starts meanwhile; if the store cannot
+* The queue is full when ``queue_cap`` messages wait: queued, or steered into
+  the running turn and not taken by its agent yet (a steer is decided only
+  below the cap, so steering never takes a session past it). A message that
+  finds the queue full is refused, unless the overflow is ``drop-oldest`` or
+  ``summarize`` (below): under ``drop-oldest`` the oldest waiting message,
+  queued or steered, leaves (here and in the store, its sender told) and the
+  new one waits in its place.
+* A message taken out of the queue (overflow, ``/unqueue``), or back from the
+  running turn's steers (overflow), leaves it here before the store is asked,
+  so it never starts meanwhile nor reaches the agent; if the store cannot
   drop it, it waits again in its place.
 * Under ``summarize`` a message that finds the queue full is not refused:
-  it and every waiting message become one turn (its agent reads a note that
-  they were collapsed), and each of their senders is told, once per chat.
+  it and every waiting message (the untaken steers too) become one turn (its
+  agent reads a note that they were collapsed), and each of their senders is
+  told, once per chat.
 * The sender of a message that waits hears so at most once per
   ``ack_debounce`` per session; refusals ("rejected", "queue full") always
   answer, and internal events never get an ack.
@@ -78,7 +83,7 @@ from chatlane.runtime.outcomes import Outcome, OutcomeLedger
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.slots import Slots
-from chatlane.runtime.turn import Turn, running_turn_of
+from chatlane.runtime.turn import Turn, running_turn_of, waiting_here
 from chatlane.state import SessionState, SlotPhase
 from chatlane.stores.base import Store
 from chatlane.types import Agent, InboundMessage, OutboundKind, accepts_steering
@@ -225,9 +230,12 @@ class BusyDesk:
         return refusal
 
     async def _collapse(self, state: SessionState, message: InboundMessage, seq: int) -> None:
-        """Make the waiting messages and ``message`` one turn; tell each of their senders."""
-        count = pending.pending_count(state) + 1
-        others = pending.collapse(state, message, seq, collapsed_note(count))
+        """Make the waiting messages (the running turn's untaken steers too) and ``message``
+        one turn; tell each of their senders."""
+        turn = running_turn_of(state)
+        steers = () if turn is None else turn.untaken_steers()
+        count = pending.pending_count(state) + len(steers) + 1
+        others = pending.collapse(state, message, seq, collapsed_note(count), steers)
         told: dict[tuple[object, ...], tuple[SessionSource, list[str]]] = {}
         for each in (*others, message):
             if not each.internal:
@@ -285,12 +293,16 @@ class BusyDesk:
         return outcome
 
     def _room(self, state: SessionState) -> Taken | None:
-        """Under ``drop-oldest``, take the oldest waiting message out of the queue here."""
-        waiting = pending.queued(state)
-        if self._settings.overflow is not Overflow.DROP_OLDEST or not waiting:
+        """Under ``drop-oldest``, take the oldest waiting message out here: the queue's
+        first, or the running turn's oldest untaken steer if it was stored before."""
+        if self._settings.overflow is not Overflow.DROP_OLDEST:
             return None
-        seq, _ = waiting[0]
-        return _taken(state, seq)
+        waiting = pending.queued(state)
+        turn = running_turn_of(state)
+        steered = None if turn is None else _oldest_steer(turn)
+        if turn is not None and steered is not None and (not waiting or steered < waiting[0][0]):
+            return _unsteered(turn, steered)
+        return _taken(state, waiting[0][0]) if waiting else None
 
     async def take_out(self, state: SessionState, seq: int, notice: str) -> InboundMessage | None:
         """Take the message waiting under ``seq`` out of the queue, here and in the store.
@@ -320,7 +332,7 @@ class BusyDesk:
             await self._store.drop_pending(state.key, [seq])
         except ChatlaneError as error:
             await self._kept.keep(state, [(message, seq)], error)
-            pending.insert_in_order(state, [message], [seq], taken.reruns)
+            self._put_back(state, taken)
             if reraise:
                 raise
             log.warning("could not drop a message: %s", error, extra=turn_fields(state.key))
@@ -330,6 +342,17 @@ class BusyDesk:
         text = f"{notice}: {pending.preview(message)}"
         await self._outlet.send(OutboundKind.NOTICE, state.key, message.source, text, (message.id,))
         self._outcomes.end([message.id], Outcome.DROPPED, text)
+
+    def _put_back(self, state: SessionState, taken: Taken) -> None:
+        """``taken`` waits again in its place: among its turn's steers while that turn is
+        not finished (what it never takes is queued when it is), else in the queue, in
+        store order (started at once if the turn it waited for ended meanwhile)."""
+        turn = taken.steered_into
+        if turn is not None and not turn.finished:
+            turn.steer_again(taken.message, taken.seq)
+            return
+        pending.insert_in_order(state, [taken.message], [taken.seq], taken.reruns)
+        self._slots.promote(state)
 
     def _full(self, state: SessionState) -> bool:
         return pending.pending_count(state) >= self._settings.queue_cap
@@ -342,6 +365,7 @@ class BusyDesk:
         return BusyContext(
             queued=pending.pending_count(state),
             queue_cap=settings.queue_cap,
+            steers_waiting=0 if turn is None else turn.steers_waiting(),
             internal=message.internal,
             agent_accepts_steering=steerable and accepts_steering(self._agent),
             interrupt_streak=state.conversation.interrupt_streak,
@@ -355,7 +379,8 @@ class BusyDesk:
     ) -> None:
         if outcome not in ALWAYS_ANSWERED and not self._ack_due(state, message):
             return
-        text = ack_text(outcome, pending.pending_count(state))
+        full = outcome is BusyOutcome.QUEUE_FULL  # it says what the cap counted
+        text = ack_text(outcome, waiting_here(state) if full else pending.pending_count(state))
         refused = outcome in ALWAYS_ANSWERED
         kind = OutboundKind.NOTICE if refused else OutboundKind.ACK
         refusal = outcome.value if refused else ""
@@ -477,16 +502,29 @@ _REACHING = {
 
 @dataclass(frozen=True, slots=True)
 class Taken:
-    """A message taken out of a session's queue here, not yet out of the store's."""
+    """A message taken out of a session's queue here (or back from its running turn's
+    steers), not yet out of the store's."""
 
     message: InboundMessage
     seq: int
     reruns: int
+    steered_into: Turn | None = None
+    """The running turn it was steered into and taken back from; ``None``: it was queued."""
 
 
 def _taken(state: SessionState, seq: int) -> Taken | None:
     found = pending.take(state, seq)
     return None if found is None else Taken(found[0], seq, found[1])
+
+
+def _oldest_steer(turn: Turn) -> int | None:
+    """The smallest seq of the steers ``turn``'s agent has not taken, if any."""
+    return min((seq for _, seq in turn.waiting_steers()), default=None)
+
+
+def _unsteered(turn: Turn, seq: int) -> Taken | None:
+    message = turn.unsteer(seq)
+    return None if message is None else Taken(message, seq, 0, turn)
 
 
 def _winding_down(turn: Turn | None) -> bool:

@@ -36,7 +36,8 @@ class BusyPolicy(enum.StrEnum):
     ``interrupt_grace`` is rolled back instead."""
     STEER = "steer"
     """The text is handed to the running turn, if its agent accepts steering; what the
-    agent never took runs as a follow-up turn."""
+    agent never took runs as a follow-up turn. Until taken it waits as a queued message
+    does, and counts against ``queue_cap``."""
     STEER_BACKLOG = "steer"
     """Another name of :attr:`STEER` (``steer-backlog``): a steered message the agent
     never took is kept for a follow-up turn, never lost."""
@@ -76,15 +77,18 @@ def interrupt_flavour(policy: BusyPolicy) -> BusyPolicy:
 
 
 class Overflow(enum.StrEnum):
-    """What one more message does to a session whose queue holds ``queue_cap`` messages."""
+    """What one more message does to a session where ``queue_cap`` messages wait: queued,
+    or steered into the running turn and not taken by its agent yet."""
 
     REFUSE_NEW = "refuse-new"
-    """The new message is refused with a "Queue full" notice; the queue stays as it is."""
+    """The new message is refused with a "Queue full" notice; what waits stays as it is."""
     DROP_OLDEST = "drop-oldest"
-    """The oldest waiting message is dropped (its sender is told) and the new one waits."""
+    """The oldest waiting message (queued or steered) is dropped (its sender is told) and
+    the new one waits."""
     SUMMARIZE = "summarize"
-    """Every waiting message and the new one become one turn, whose agent is told they
-    were collapsed; the sender of each collapsed message is told."""
+    """Every waiting message (steered ones the agent has not taken too) and the new one
+    become one turn, whose agent is told they were collapsed; the sender of each
+    collapsed message is told."""
 
     @classmethod
     def parse(cls, value: str) -> Overflow:
@@ -112,6 +116,9 @@ class BusyOutcome(enum.StrEnum):
 _QUEUEING = frozenset(
     {BusyOutcome.QUEUED, BusyOutcome.MERGED, BusyOutcome.INTERRUPTING, BusyOutcome.REDIRECTING}
 )
+
+_WAITING = _QUEUEING | {BusyOutcome.STEERED}
+"""The outcomes that leave the message waiting here: what ``queue_cap`` bounds."""
 
 ALWAYS_ANSWERED = frozenset({BusyOutcome.REJECTED, BusyOutcome.QUEUE_FULL})
 """Outcomes whose notice is never debounced: the message will not run."""
@@ -152,6 +159,9 @@ class BusyContext:
 
     queued: int
     queue_cap: int
+    steers_waiting: int
+    """Messages steered into the running turn that its agent has not taken yet: they wait
+    as queued ones do, and count against ``queue_cap`` with them."""
     internal: bool
     agent_accepts_steering: bool
     interrupt_streak: int
@@ -172,10 +182,12 @@ def decide(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
     has been interrupted ``interrupt_depth`` times in a row; so does a
     redirect. ``reject`` refuses nothing for a turn that is only winding down (after
     a ``/stop`` or ``/new``): the message queues, to run once that turn is gone.
-    Anything that would queue past the cap is refused with :attr:`BusyOutcome.QUEUE_FULL`.
+    Anything that would wait past the cap (queued, merged, or steered and not yet
+    taken: ``queued + steers_waiting`` messages wait already) is refused with
+    :attr:`BusyOutcome.QUEUE_FULL`.
     """
     outcome = _preferred(policy, ctx)
-    if outcome in _QUEUEING and ctx.queued >= ctx.queue_cap:
+    if outcome in _WAITING and ctx.queued + ctx.steers_waiting >= ctx.queue_cap:
         return BusyOutcome.QUEUE_FULL
     return outcome
 

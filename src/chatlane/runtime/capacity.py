@@ -6,9 +6,10 @@ bounds the sum. What stays true:
 
 * A message is admitted, or refused with :class:`~chatlane.errors.GatewayFull`
   *before* it is stored, when it would take this process past
-  ``queued_bytes`` (bytes of the messages it holds unanswered, running or
-  queued) or would make one session more live than ``live_sessions``
-  (sessions with a turn running, waiting for its lease or collecting here).
+  ``queued_bytes`` (bytes of the messages it holds unanswered: running,
+  steered into a running turn, taken by its agent or not, or queued) or
+  would make one session more live than ``live_sessions`` (sessions with a
+  turn running, waiting for its lease or collecting here).
 * The byte count never under-counts: a message is counted from its admission
   until a recount of what the engine still holds no longer finds it. A
   recount happens when the count reaches the limit, or when the messages

@@ -84,6 +84,7 @@ def outcome_elsewhere(
     remote = BusyContext(
         queued=0,
         queue_cap=queue_cap,
+        steers_waiting=0,
         internal=False,
         agent_accepts_steering=False,
         interrupt_streak=state.conversation.interrupt_streak,

@@ -89,7 +89,7 @@ from chatlane.runtime.persisted import (
 from chatlane.runtime.recovery import OnAdopted, adopt_all
 from chatlane.runtime.settings import Boundary, RuntimeSettings, StopIncomplete, StopResult
 from chatlane.runtime.slots import Slots
-from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of
+from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of, waiting_here
 from chatlane.runtime.upkeep import Upkeep, expiry_margin
 from chatlane.state import SessionRegistry, SessionState
 from chatlane.stores.base import Admission, Lease, Store, WriteBatch
@@ -391,7 +391,8 @@ class TurnEngine:
         under ``steer`` or ``collect`` never draws it into a turn of its own.
 
         :returns: ``None`` when it started at once, :attr:`BusyOutcome.QUEUED`, or
-            :attr:`BusyOutcome.QUEUE_FULL` (refused: the caller tells the sender).
+            :attr:`BusyOutcome.QUEUE_FULL` (refused: ``queue_cap`` messages wait, queued or
+            steered and not yet taken; the caller tells the sender).
         :raises ChatlaneError: the store could not read the session or queue the message;
             its outcome ended ``failed``.
             (Its outcome opens before the store call, so that a refusal for a full
@@ -405,7 +406,7 @@ class TurnEngine:
             if message.id in self.withdrawals:
                 await self.withdrawals.take_over(message.id)
             state = await self.session(key)
-            if state.turn.is_running and pending.pending_count(state) >= self.settings.queue_cap:
+            if state.turn.is_running and waiting_here(state) >= self.settings.queue_cap:
                 return BusyOutcome.QUEUE_FULL
             seq = await self._enqueue(key, message, encode_message(message))
         except ChatlaneError as error:
@@ -415,7 +416,7 @@ class TurnEngine:
         if not state.turn.is_running:
             self._start(state, (message,), (seq,))
             return None
-        if pending.pending_count(state) >= self.settings.queue_cap:
+        if waiting_here(state) >= self.settings.queue_cap:
             await self.store.drop_pending(key, [seq])
             return BusyOutcome.QUEUE_FULL
         pending.enqueue(state, message, seq)
@@ -879,8 +880,9 @@ class TurnEngine:
     def unanswered(self, key: SessionKey) -> list[InboundMessage]:
         """``key``'s messages this process holds that no commit answered yet, oldest first.
 
-        The running turn's messages, then the queued ones: what a transcript
-        does not show yet (a turn writes its input when it commits).
+        The running turn's messages (the steered ones it took too), then those
+        steered into it that its agent has not taken, then the queued ones: what
+        a transcript does not show yet (a turn writes its input when it commits).
         """
         return self.slots.unanswered(key)
 
@@ -921,13 +923,14 @@ class TurnEngine:
         return 0.0 if turn is None else turn.last_progress
 
     def queue_depth(self) -> int:
-        """Messages waiting for a turn in this process, across every session.
+        """Messages waiting in this process, across every session: queued for a turn, or
+        steered into a running one and not taken by its agent yet (:func:`waiting_here`).
 
         Messages wait only behind a running turn or a collect debounce, so only
         live sessions are counted, not every session the registry holds.
         """
         states = (self.registry.peek(key) for key in self.slots.live_keys())
-        return sum(pending.pending_count(state) for state in states if state is not None)
+        return sum(waiting_here(state) for state in states if state is not None)
 
     def running_count(self) -> int:
         """Turns running (or waiting for their lease) in this process."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -271,9 +272,15 @@ def known(state: SessionState) -> set[int]:
 
 
 def collapse(
-    state: SessionState, message: InboundMessage, seq: int, note: str
+    state: SessionState,
+    message: InboundMessage,
+    seq: int,
+    note: str,
+    steers: Sequence[tuple[InboundMessage, int]] = (),
 ) -> list[InboundMessage]:
-    """Make every waiting message and ``message`` one turn, in store order, read with ``note``.
+    """Make every waiting message, ``steers`` (messages and seqs taken back from the running
+    turn, which its agent never took) and ``message`` one turn, in store order, read with
+    ``note``.
 
     The turn may have several authors: then it can ask no approvals. Returns
     the messages that waited (not ``message``).
@@ -281,7 +288,9 @@ def collapse(
     queue = pending_entries(state)
     reruns = max((entry.reruns for entry in queue), default=0)
     waiting, seqs = drain(state)
-    pairs = sorted([*zip(waiting, seqs, strict=True), (message, seq)], key=lambda pair: pair[1])
+    pairs = sorted(
+        [*zip(waiting, seqs, strict=True), *steers, (message, seq)], key=lambda pair: pair[1]
+    )
     queue.append(
         PendingEntry([m for m, _ in pairs], [s for _, s in pairs], reruns=reruns, note=note)
     )

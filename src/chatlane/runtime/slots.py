@@ -339,17 +339,21 @@ class Slots:
         return [t for t in self._turns if t.lease is not None and not (t.finished or t.is_fenced())]
 
     def unanswered(self, key: SessionKey) -> list[InboundMessage]:
-        """``key``'s messages held here that no commit answered yet: running first, then queued."""
+        """``key``'s messages held here that no commit answered yet: running first (the
+        steers its agent took too), then the steers it has not taken, then queued."""
         state = self._registry.peek(key)
         if state is None:
             return []
         turn = running_turn_of(state)
-        running = [] if turn is None or turn.answered else list(turn.messages)
         queued = [m for entry in pending.pending_entries(state) for m in entry.messages]
-        return [*running, *queued]
+        if turn is None:
+            return queued
+        running = [] if turn.answered else [*turn.messages, *turn.steered]
+        return [*running, *(message for message, _ in turn.waiting_steers()), *queued]
 
     def held(self) -> list[InboundMessage]:
-        """Every message this process holds unanswered, across every live session."""
+        """Every message this process holds unanswered, across every live session (steered
+        ones included, taken by their agent or not)."""
         return [message for key in self.live_keys() for message in self.unanswered(key)]
 
     def live_keys(self) -> set[SessionKey]:

@@ -13,7 +13,9 @@ handed to the agent once its lease is held. What stays true:
   :meth:`Turn.fence` (or :meth:`Turn.is_current`); stale work is refused, never
   half-applied.
 * Steered text is kept until the agent takes it; whatever it never takes is
-  queued as a follow-up turn by the engine, so steering loses nothing.
+  queued as a follow-up turn by the engine, so steering loses nothing. Until
+  taken, a steered message waits as a queued one does: :func:`waiting_here`
+  counts both, and that count is what ``queue_cap`` bounds.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import msgspec
 
 from chatlane.errors import StaleGeneration
 from chatlane.identity import SessionSource
+from chatlane.runtime import pending
 from chatlane.runtime.ending import TurnEnd
 from chatlane.state import SERVICE_TIER_UNSET, ServiceTier, SessionState
 from chatlane.stores.base import Lease
@@ -460,6 +463,25 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
         """Messages (and seqs) steered into this run that the agent has not taken yet (a copy)."""
         return list(self._steers)
 
+    def steers_waiting(self) -> int:
+        """How many messages steered into this run the agent has not taken yet."""
+        return len(self._steers)
+
+    def unsteer(self, seq: int) -> InboundMessage | None:
+        """Take back the untaken steer stored under ``seq`` (engine side): the agent never
+        gets it; ``None`` if none waits under ``seq``."""
+        found = next((message for message, steered in self._steers if steered == seq), None)
+        if found is not None:
+            _assign(self, "_steers", tuple(pair for pair in self._steers if pair[1] != seq))
+        return found
+
+    def steer_again(self, message: InboundMessage, seq: int) -> None:
+        """Hand ``message`` (taken back by :meth:`unsteer`) to the agent again, in its place:
+        before the untaken steers stored after it (engine side)."""
+        steers = self._steers
+        index = next((i for i, pair in enumerate(steers) if pair[1] > seq), len(steers))
+        _assign(self, "_steers", (*steers[:index], (message, seq), *steers[index:]))
+
     def keep_steers(self, stored: set[int], known: set[int]) -> list[InboundMessage]:
         """Let go of untaken steers ``known`` before a read of the store that did not
         find them (not in ``stored``); return them. Steers that came during the read stay.
@@ -567,3 +589,11 @@ _read_plainly(Turn)
 def running_turn_of(state: SessionState) -> Turn | None:
     """The turn that holds ``state``'s slot, if any (``None`` while idle or between turns)."""
     return state.turn.current
+
+
+def waiting_here(state: SessionState) -> int:
+    """How many of ``state``'s messages wait here: queued for a turn, or steered into the
+    running one and not taken by its agent yet. ``queue_cap`` bounds this count."""
+    turn = state.turn.current
+    queued = pending.pending_count(state)
+    return queued if turn is None else queued + turn.steers_waiting()
