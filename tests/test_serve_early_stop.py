@@ -1,14 +1,17 @@
-"""Ctrl-C before ``chatlane serve`` is ready: one line, one exit status, never a traceback.
+"""Ctrl-C or SIGTERM before ``chatlane serve`` is ready: one line, one exit status (130 or
+143), never a traceback, and what the start opened closed.
 
 Each test holds the start at one point — an import, the store's connect, Telegram's
-``getMe`` — waits until the process says it got there, and only then sends SIGINT.
+``getMe`` — waits until the process says it got there, and only then sends the signal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -60,10 +63,23 @@ if __name__ == "__main__":
 """What pip writes for the ``chatlane`` script of ``[project.scripts]``."""
 
 
+SIGNALS = pytest.mark.parametrize(
+    ("sent", "status"),
+    [(signal.SIGINT, 128 + signal.SIGINT), (signal.SIGTERM, 128 + signal.SIGTERM)],
+    ids=["ctrl-c", "sigterm"],
+)
+"""Each test for Ctrl-C and for SIGTERM, with the exit status each ends with (128 + the
+signal's number, as a shell reports a command the signal ended)."""
+
+
 def interrupted(
-    tmp_path: Path, command: list[str], ready: str, env: dict[str, str] | None = None
+    tmp_path: Path,
+    command: list[str],
+    ready: str,
+    env: dict[str, str] | None = None,
+    sent: signal.Signals = signal.SIGINT,
 ) -> tuple[int, str]:
-    """Run ``command`` (after the Python executable), send SIGINT once it prints a line
+    """Run ``command`` (after the Python executable), send ``sent`` once it prints a line
     starting with ``ready``, and return its exit status and what it printed after that."""
     process = subprocess.Popen(
         [sys.executable, *command],
@@ -77,7 +93,7 @@ def interrupted(
     with reaped(process):
         seen = process.stdout.readline()
         assert seen.startswith(ready), seen + process.stdout.read()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(sent)
         output, _ = process.communicate(timeout=30)
     return process.returncode, output
 
@@ -97,17 +113,17 @@ def ends_early(code: int, output: str, status: int = INTERRUPTED) -> None:
     assert code == status
 
 
+@SIGNALS
 @pytest.mark.parametrize(
     ("entry", "module"),
     [
         ("python -m chatlane", "chatlane.errors"),  # Python imports the command line
         ("the chatlane script", "chatlane.errors"),
         ("python -m chatlane", "chatlane.serve"),  # serve imports what it runs with
-        ("python -m chatlane", "chatlane.adapters.web"),  # the store open, the app not started
-    ],
+    ],  # the store open, the app not started: test_a_signal_once_the_store_is_open_closes_it
 )
-def test_ctrl_c_during_an_import_stops_the_start_in_one_line(
-    tmp_path: Path, entry: str, module: str
+def test_a_signal_during_an_import_stops_the_start_in_one_line(
+    tmp_path: Path, entry: str, module: str, sent: signal.Signals, status: int
 ) -> None:
     if entry == "the chatlane script":
         (tmp_path / "chatlane").write_text(SCRIPT)
@@ -116,9 +132,27 @@ def test_ctrl_c_during_an_import_stops_the_start_in_one_line(
         command = ["-m", "chatlane"]
     serve = ["serve", "--port", str(free_port()), "--store", "sqlite:///chatlane.db"]
     code, output = interrupted(
-        tmp_path, [*command, *serve], f"holding {module}", holding(tmp_path, module)
+        tmp_path, [*command, *serve], f"holding {module}", holding(tmp_path, module), sent
     )
-    ends_early(code, output)
+    ends_early(code, output, status)
+
+
+@SIGNALS
+def test_a_signal_once_the_store_is_open_closes_it(
+    tmp_path: Path, sent: signal.Signals, status: int
+) -> None:
+    """The start is held after the SQLite store opened, before the app starts: the store is
+    closed as the start is called off (SQLite removes the WAL once its last connection
+    closes), and what it holds is whole."""
+    module = "chatlane.adapters.web"
+    serve = ["-m", "chatlane", "serve", "--port", str(free_port()), "--store", "sqlite:///db"]
+    held = holding(tmp_path, module)
+    code, output = interrupted(tmp_path, serve, f"holding {module}", held, sent)
+    ends_early(code, output, status)
+    assert not (tmp_path / "db-wal").exists()
+    assert not (tmp_path / "db-shm").exists()
+    with contextlib.closing(sqlite3.connect(tmp_path / "db")) as store:
+        assert store.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
 
 @pytest.fixture
@@ -141,8 +175,9 @@ def silent_server() -> Iterator[tuple[int, threading.Event]]:
             connection.close()
 
 
-def test_ctrl_c_while_the_store_connects_stops_the_start_in_one_line(
-    tmp_path: Path, silent_server: tuple[int, threading.Event]
+@SIGNALS
+def test_a_signal_while_the_store_connects_stops_the_start_in_one_line(
+    tmp_path: Path, silent_server: tuple[int, threading.Event], sent: signal.Signals, status: int
 ) -> None:
     port, connected = silent_server
     process = subprocess.Popen(
@@ -163,9 +198,9 @@ def test_ctrl_c_while_the_store_connects_stops_the_start_in_one_line(
     )
     with reaped(process):
         assert connected.wait(timeout=30), "chatlane serve never connected to the store"
-        process.send_signal(signal.SIGINT)
+        process.send_signal(sent)
         output, _ = process.communicate(timeout=30)
-    ends_early(process.returncode, output)
+    ends_early(process.returncode, output, status)
 
 
 class HeldBotApi(BaseHTTPRequestHandler):
@@ -183,7 +218,7 @@ class HeldBotApi(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize(("sent", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@SIGNALS
 def test_a_signal_while_telegram_starts_stops_the_start_in_one_line(
     tmp_path: Path, sent: signal.Signals, status: int
 ) -> None:

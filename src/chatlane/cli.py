@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from chatlane import __version__
-from chatlane.console import stopped_early
+from chatlane.console import EARLY_SIGTERM, exit_status, stopped_early
 from chatlane.errors import ChatlaneError, StartInterrupted
 from chatlane.identity import ChatType, KeyPolicy, SessionSource, build_session_key
 from chatlane.identity import parse_session_key as _parse_session_key
@@ -95,27 +95,28 @@ def serve(
     """Run the gateway: web chat and OpenAI-compatible API (and Telegram, Slack and Discord
     when enabled)."""
     try:
-        _serve(
-            config_path,
-            host=host,
-            port=port,
-            store=store,
-            agent=agent,
-            busy=busy,
-            keep_alive=keep_alive,
-            log_format=log_format,
-        )
+        with EARLY_SIGTERM:  # SIGTERM, until uvicorn takes it, ends as Ctrl-C does
+            _serve(
+                config_path,
+                host=host,
+                port=port,
+                store=store,
+                agent=agent,
+                busy=busy,
+                keep_alive=keep_alive,
+                log_format=log_format,
+            )
     except StartInterrupted as interrupted:
         click.get_current_context().exit(stopped_early(128 + interrupted.signal))
     except ChatlaneError as error:
         raise click.ClickException(str(error)) from None
-    except KeyboardInterrupt:  # before uvicorn handles the signals: nothing was ready
-        click.get_current_context().exit(stopped_early())
+    except KeyboardInterrupt as stop:  # before uvicorn handles the signals: nothing was ready
+        click.get_current_context().exit(stopped_early(exit_status(stop)))
 
 
 def _serve(config_path: str | None, *, log_format: str, **overrides: Any) -> None:
     """``chatlane serve``: configure, then run until a signal (imports here, where the
-    command's Ctrl-C is caught)."""
+    command's Ctrl-C and SIGTERM are caught)."""
     import asyncio
 
     from chatlane.logs import configure_logging

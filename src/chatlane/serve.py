@@ -17,7 +17,7 @@ import logging
 import resource
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TypedDict, Unpack
 
@@ -30,7 +30,8 @@ from chatlane.adapters.slack_wire import check_secrets
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES
 from chatlane.agents import needs_extra
 from chatlane.config import Config, ServerConfig, check_config, http_url, load_config
-from chatlane.errors import ConfigError
+from chatlane.console import EARLY_SIGTERM, EarlySigterm
+from chatlane.errors import ConfigError, StartInterrupted
 from chatlane.http_guard import MAX_LINGERING, ConnectionLimits, guarded_protocol
 from chatlane.hub import Adapter, Hub, build_app, open_hub, shutdown
 from chatlane.redaction import redact_urls
@@ -211,16 +212,42 @@ async def serve(config: Config, secrets: Secrets | None = None) -> None:
     """Run until SIGINT or SIGTERM; then shut down gracefully and say so (:func:`stopped_line`).
 
     The address is bound first, so a port in use stops the start before the
-    store is opened or any adapter starts. A Ctrl-C before the gateway is ready
-    calls the start off: what it opened is closed, and the call ends with
-    :class:`~asyncio.CancelledError` (which :func:`asyncio.run` turns into
-    :class:`KeyboardInterrupt`) or, once uvicorn handles the signals,
-    :class:`~chatlane.errors.StartInterrupted`.
+    store is opened or any adapter starts. A Ctrl-C or a SIGTERM before the
+    gateway is ready calls the start off: what it opened is closed, and the call
+    ends with :class:`~asyncio.CancelledError` (which :func:`asyncio.run` turns into
+    :class:`KeyboardInterrupt`) for a Ctrl-C before uvicorn handles the signals, else
+    with :class:`~chatlane.errors.StartInterrupted`. Until uvicorn handles them, a
+    SIGTERM cancels this task as a Ctrl-C does, where ``chatlane serve`` put
+    :data:`~chatlane.console.EARLY_SIGTERM` in charge of it.
 
     :param secrets: as :func:`prepare` read them (default: read now).
     :raises ConfigError: the port is in use, or the address cannot be listened on.
-    :raises StartInterrupted: a signal came while the app and its adapters started.
+    :raises StartInterrupted: a signal came while the app and its adapters started, or
+        SIGTERM came before.
     """
+    with sigterm_calls_off_the_start() as sigterm:
+        try:
+            await _start_and_run(config, secrets)
+        except asyncio.CancelledError:
+            if not sigterm.came:
+                raise
+            raise StartInterrupted(signal.SIGTERM) from None
+
+
+@contextlib.contextmanager
+def sigterm_calls_off_the_start() -> Iterator[EarlySigterm]:
+    """While in it, a SIGTERM that :data:`~chatlane.console.EARLY_SIGTERM` handles cancels
+    the current task (the start) until the gateway is ready; it says whether one came."""
+    EARLY_SIGTERM.start = asyncio.current_task()
+    try:
+        yield EARLY_SIGTERM
+    finally:
+        EARLY_SIGTERM.start = None
+
+
+async def _start_and_run(config: Config, secrets: Secrets | None) -> None:
+    """:func:`serve`'s start and run; a cancellation before the app started closes what
+    had opened before it goes on."""
     secrets = resolve_secrets(config) if secrets is None else secrets
     listening = bind_socket(config)  # before anything starts: a port in use changes nothing
     with listening:
@@ -231,7 +258,7 @@ async def serve(config: Config, secrets: Secrets | None = None) -> None:
             add_adapters(hub, secrets)
             server = AnnouncingServer(uvicorn_config(build_app(hub), config), config, hub)
             await server.serve(sockets=[listening])
-        except asyncio.CancelledError:  # Ctrl-C before the app started: close what opened
+        except asyncio.CancelledError:  # a signal before the app started: close what opened
             await shutdown(hub)
             raise
     if hub.startup_error is not None:
@@ -385,6 +412,7 @@ class AnnouncingServer(uvicorn.Server):
             if hasattr(signal, "SIGHUP"):
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.hub.access.reload)
             freeze_the_start()
+            EARLY_SIGTERM.ready = True  # uvicorn's SIGTERM from now on: a graceful shutdown
             announce(self.chatlane_config)
 
 
