@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import chatlane
@@ -22,7 +26,15 @@ from chatlane.config import (
 )
 from chatlane.config import Secret as Named
 from chatlane.errors import ConfigError
-from chatlane.secrets import Secrets, TokenSource, read_secret, resolve_secrets, why_empty
+from chatlane.secrets import (
+    Secrets,
+    TokenSource,
+    read_secret,
+    resolve_secrets,
+    where_to_set,
+    why_empty,
+)
+from tests.ports import free_port
 
 PACKAGE = Path(chatlane.__file__).parent
 MAY_READ_THE_ENVIRONMENT = {
@@ -209,3 +221,121 @@ def test_a_secret_overridden_with_a_value_is_told_the_same_and_not_shown() -> No
         load_config(None, environ={"CHATLANE_TELEGRAM__TOKEN": "hunter2-inline"})
     assert str(raised.value).startswith("configuration key 'telegram.token': a secret is not")
     assert "hunter2" not in str(raised.value)
+
+
+def test_a_missing_secret_is_told_where_the_configuration_reads_it(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("\n")
+    key = "telegram.token"
+    assert where_to_set(Named(env="MY_BOT_TOKEN"), key) == (
+        "set MY_BOT_TOKEN (or configuration key 'telegram.token.env' / 'telegram.token.file')"
+    )
+    assert where_to_set(Named(file=str(tmp_path / "token")), key) == (
+        f"the file '{tmp_path / 'token'}' is empty (configuration key 'telegram.token.file')"
+    )
+    assert where_to_set(Named(), key) == (
+        "set configuration key 'telegram.token.env' or 'telegram.token.file'"
+    )
+
+
+RENAMED = [
+    (
+        '[telegram]\nenabled = true\ntoken = { env = "MY_BOT_TOKEN" }',
+        "TELEGRAM_BOT_TOKEN",
+        "telegram is enabled but has no bot token: set MY_BOT_TOKEN "
+        "(or configuration key 'telegram.token.env' / 'telegram.token.file')",
+    ),
+    (
+        '[discord]\nenabled = true\ntoken = { env = "MY_BOT_TOKEN" }',
+        "DISCORD_BOT_TOKEN",
+        "discord is enabled but has no bot token: set MY_BOT_TOKEN "
+        "(or configuration key 'discord.token.env' / 'discord.token.file')",
+    ),
+    (
+        '[slack]\nenabled = true\nbot_token = { env = "MY_BOT_TOKEN" }',
+        "SLACK_BOT_TOKEN",
+        "slack is enabled but has no bot token: set MY_BOT_TOKEN "
+        "(or configuration key 'slack.bot_token.env' / 'slack.bot_token.file')",
+    ),
+    (
+        '[slack]\nenabled = true\nbot_token = { env = "SET" }\n'
+        'signing_secret = { env = "MY_BOT_TOKEN" }',
+        "SLACK_SIGNING_SECRET",
+        "slack is enabled but has no signing secret: set MY_BOT_TOKEN "
+        "(or configuration key 'slack.signing_secret.env' / 'slack.signing_secret.file'), "
+        'or use Socket Mode (slack.mode = "socket")',
+    ),
+    (
+        '[slack]\nenabled = true\nmode = "socket"\nbot_token = { env = "SET" }\n'
+        'app_token = { env = "MY_BOT_TOKEN" }',
+        "SLACK_APP_TOKEN",
+        "slack is in socket mode but has no app token: set MY_BOT_TOKEN "
+        "(or configuration key 'slack.app_token.env' / 'slack.app_token.file')",
+    ),
+    (
+        '[server]\nhost = "192.0.2.1"\ntoken = { env = "MY_BOT_TOKEN" }',
+        "CHATLANE_TOKEN",
+        "configuration key 'server.host' = '192.0.2.1': listening beyond this machine needs "
+        "a token: set MY_BOT_TOKEN "
+        "(or configuration key 'server.token.env' / 'server.token.file')",
+    ),
+]
+"""A configuration naming its own variable (unset) for a secret the start needs, the
+default variable it replaces, and the error."""
+
+
+@pytest.mark.parametrize(
+    ("text", "default", "error"), RENAMED, ids=[default for _, default, _ in RENAMED]
+)
+def test_a_missing_secret_names_the_variable_configured_not_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, default: str, error: str
+) -> None:
+    """The default variable is set, and not read: naming it would send the user astray."""
+    from chatlane.serve import prepare
+
+    path = tmp_path / "chatlane.toml"
+    path.write_text(text)
+    monkeypatch.delenv("MY_BOT_TOKEN", raising=False)
+    monkeypatch.setenv("SET", "xoxb-1")
+    monkeypatch.setenv(default, "hunter2-default")
+    with pytest.raises(ConfigError) as raised:
+        prepare(str(path))
+    assert str(raised.value) == error
+
+
+def test_a_missing_openai_key_names_the_variable_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chatlane.agents import load_agent
+
+    openai = OpenAIConfig(api_key=Named(env="MY_OPENAI_KEY"))
+    config = msgspec.structs.replace(Config(), agent=AgentConfig(name="openai", openai=openai))
+    monkeypatch.delenv("MY_OPENAI_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "hunter2-default")
+    with pytest.raises(ConfigError) as raised:
+        load_agent(config, resolve_secrets(config))
+    assert str(raised.value) == (
+        "the openai agent has no API key for https://api.openai.com/v1: set MY_OPENAI_KEY "
+        "(or configuration key 'agent.openai.api_key.env' / 'agent.openai.api_key.file'); "
+        "a server on this machine needs none"
+    )
+
+
+def test_chatlane_serve_names_the_telegram_token_variable_configured(tmp_path: Path) -> None:
+    (tmp_path / "chatlane.toml").write_text(
+        '[telegram]\nenabled = true\ntoken = { env = "MY_BOT_TOKEN" }\n'
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "MY_BOT_TOKEN"}
+    command = ["--config", "chatlane.toml", "--port", str(free_port()), "--store", "memory://"]
+    result = subprocess.run(
+        [sys.executable, "-m", "chatlane", "serve", *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**environ, "TELEGRAM_BOT_TOKEN": "1:hunter2"},
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.splitlines() == [
+        "Error: telegram is enabled but has no bot token: set MY_BOT_TOKEN "
+        "(or configuration key 'telegram.token.env' / 'telegram.token.file')"
+    ]

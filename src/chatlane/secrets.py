@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from chatlane.config import Config, Secret, SlackMode
+from chatlane.errors import ConfigError
 
 
 def read_secret(secret: Secret, environ: Mapping[str, str] | None = None) -> str:
@@ -46,6 +47,23 @@ def why_empty(secret: Secret, environ: Mapping[str, str] | None = None) -> str:
         state = "is empty" if secret.env in environ else "is not set"
         return f"the environment variable {secret.env} {state}"
     return "neither env nor file is set"
+
+
+def where_to_set(secret: Secret, key: str) -> str:
+    """What gives ``secret`` (configuration key ``key``) a value, when it gave none, in words
+    for a message (never a value): the variable or the file the configuration names (a
+    default's or another), never one it does not read."""
+    if secret.file:
+        return f"the file {secret.file!r} is empty (configuration key '{key}.file')"
+    if secret.env:
+        return f"set {secret.env} (or configuration key '{key}.env' / '{key}.file')"
+    return f"set configuration key '{key}.env' or '{key}.file'"
+
+
+def missing_secret(what: str, secret: Secret, key: str) -> ConfigError:
+    """The error of a required ``secret`` (configuration key ``key``) that gave nothing:
+    ``what`` is missing, then :func:`where_to_set`."""
+    return ConfigError(f"{what}: {where_to_set(secret, key)}")
 
 
 @dataclass(frozen=True, slots=True)

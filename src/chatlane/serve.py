@@ -37,7 +37,7 @@ from chatlane.hub import Adapter, Hub, build_app, open_hub, shutdown
 from chatlane.redaction import redact_urls
 from chatlane.runtime.busy import BusyPolicy
 from chatlane.scheduling.settings import build_scheduler
-from chatlane.secrets import Secrets, resolve_secrets
+from chatlane.secrets import Secrets, missing_secret, resolve_secrets
 from chatlane.stores import MemoryStore, Store
 from chatlane.stores.urls import mask_userinfo
 
@@ -108,19 +108,18 @@ def prepare(
     secrets = resolve_secrets(config)
     require_token(config, secrets)
     if config.telegram.enabled and not secrets.telegram_token:
-        raise ConfigError(
-            "telegram is enabled but has no bot token: set TELEGRAM_BOT_TOKEN "
-            "(or configuration key 'telegram.token.env' / 'telegram.token.file')"
+        raise missing_secret(
+            "telegram is enabled but has no bot token", config.telegram.token, "telegram.token"
         )
     if config.slack.enabled:
         check_secrets(
-            config.slack.mode,
+            config.slack,
             secrets.slack_bot_token,
             secrets.slack_signing_secret,
             secrets.slack_app_token,
         )
     if config.discord.enabled:
-        check_token(secrets.discord_token)
+        check_token(secrets.discord_token, config.discord.token)
     build_scheduler(config)
     return config, secrets
 
@@ -154,9 +153,11 @@ def require_token(config: Config, secrets: Secrets) -> None:
             token.source(),
         )
     if not config.server.is_loopback() and not secrets.access_token.value:
-        raise ConfigError(
+        raise missing_secret(
             f"configuration key 'server.host' = {config.server.host!r}: listening beyond this "
-            "machine needs a token (set CHATLANE_TOKEN, or server.token.env / server.token.file)"
+            "machine needs a token",
+            token,
+            "server.token",
         )
     if config.server.is_wildcard() and not config.server.allowed_hosts:
         raise ConfigError(

@@ -1026,9 +1026,9 @@ async def started(config: Config) -> AsyncIterator[SlackAdapter]:
 @pytest.mark.parametrize(
     ("secret", "message"),
     [
-        ("bot_token", "slack is enabled but has no bot token: set SLACK_BOT_TOKEN"),
-        ("signing_secret", "slack is enabled but has no signing secret: set SLACK_SIGNING_SECRET"),
-    ],
+        ("bot_token", "slack is enabled but has no bot token: set UNSET_IN_TESTS"),
+        ("signing_secret", "slack is enabled but has no signing secret: set UNSET_IN_TESTS"),
+    ],  # the variable configured, not SLACK_BOT_TOKEN or SLACK_SIGNING_SECRET
 )
 async def test_a_missing_secret_is_a_config_error(
     api: SlackApi, tmp_path: Path, secret: str, message: str

@@ -25,7 +25,7 @@ from chatlane.adapters.slack_wire import (
     read_posted,
     read_press,
 )
-from chatlane.config import Config, SlackMode, load_config
+from chatlane.config import Config, SlackConfig, SlackMode, load_config
 from chatlane.errors import ConfigError, PlatformUnavailable
 from chatlane.identity import ChatType, SessionSource, build_session_key
 from chatlane.secrets import resolve_secrets
@@ -381,7 +381,7 @@ def test_socket_mode_reads_the_app_token_and_not_the_signing_secret(tmp_path: Pa
     secrets = resolve_secrets(config, {"SLACK_BOT_TOKEN": "xoxb-1"})
     assert (secrets.slack_app_token, secrets.slack_signing_secret) == ("xapp-1-A0001-2-abc", "")
     assert "xapp-1" not in repr(secrets)
-    check_secrets(SlackMode.SOCKET, "xoxb-1", "", secrets.slack_app_token)  # no signing secret
+    check_secrets(config.slack, "xoxb-1", "", secrets.slack_app_token)  # no signing secret
     by_env = load_config(
         None, {"CHATLANE_SLACK__ENABLED": "true", "CHATLANE_SLACK__MODE": "socket"}
     )
@@ -416,7 +416,7 @@ def test_an_unknown_mode_names_the_modes(tmp_path: Path) -> None:
 )
 def test_a_missing_or_malformed_app_token_is_one_line(app_token: str, message: str) -> None:
     with pytest.raises(ConfigError) as raised:
-        check_secrets(SlackMode.SOCKET, "xoxb-1", "", app_token)
+        check_secrets(SlackConfig(mode=SlackMode.SOCKET), "xoxb-1", "", app_token)
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
     if app_token:

@@ -203,7 +203,7 @@ class DiscordAdapter:
     def _read_token(self) -> str:
         secrets = self._secrets
         token = read_secret(self._settings.token) if secrets is None else secrets.discord_token
-        check_token(token)
+        check_token(token, self._settings.token)
         return token
 
     async def _connect(self, client: GatewayClient) -> None:

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 from chatlane.adapters.splitting import split_text, utf16_len
 from chatlane.approvals import is_request_id
-from chatlane.errors import ConfigError
+from chatlane.config import Secret
 from chatlane.identity import ChatType, SessionSource
+from chatlane.secrets import missing_secret
 from chatlane.types import Attachment, InboundMessage
 
 __all__ = [
@@ -71,13 +72,14 @@ _MARKUP = re.compile(r"\\.|```.*?```|``.+?``|`[^`]+`|<@!?(?P<user>[0-9]+)> ?", r
 code span (none of which holds a mention), or a user's mention with one space after it."""
 
 
-def check_token(token: str) -> None:
-    """:raises ConfigError: in one line, naming what is missing and where to set it."""
+def check_token(token: str, configured: Secret) -> None:
+    """``token``, read from ``configured`` (``discord.token``), is there.
+
+    :raises ConfigError: in one line, naming what is missing and where the configuration
+        reads it from (:func:`~chatlane.secrets.where_to_set`).
+    """
     if not token:
-        raise ConfigError(
-            "discord is enabled but has no bot token: set DISCORD_BOT_TOKEN "
-            "(or configuration key 'discord.token.env' / 'discord.token.file')"
-        )
+        raise missing_secret("discord is enabled but has no bot token", configured, "discord.token")
 
 
 def is_snowflake(text: str) -> bool:

@@ -217,7 +217,7 @@ class SlackAdapter:
             token = read_secret(settings.bot_token)
             signing_secret = "" if socket else read_secret(settings.signing_secret)
             app_token = read_secret(settings.app_token) if socket else ""
-        check_secrets(settings.mode, token, signing_secret, app_token)
+        check_secrets(settings, token, signing_secret, app_token)
         return token, signing_secret, app_token
 
     async def aclose(self) -> None:

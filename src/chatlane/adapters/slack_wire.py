@@ -37,9 +37,10 @@ from urllib.parse import parse_qs
 from chatlane.adapters.recent import Recent
 from chatlane.adapters.slack_files import files_of
 from chatlane.approvals import is_request_id
-from chatlane.config import SlackMode
+from chatlane.config import SlackConfig, SlackMode
 from chatlane.errors import ConfigError
 from chatlane.identity import ChatType, SessionSource
+from chatlane.secrets import missing_secret, where_to_set
 from chatlane.types import Attachment, InboundMessage, clean_text
 
 __all__ = [
@@ -73,27 +74,30 @@ _APP_TOKEN = re.compile(r"xapp-[A-Za-z0-9-]+")
 """The shape of an app-level token (``xapp-1-A0123-456-abc…``)."""
 
 
-def check_secrets(mode: SlackMode, bot_token: str, signing_secret: str, app_token: str) -> None:
+def check_secrets(
+    settings: SlackConfig, bot_token: str, signing_secret: str, app_token: str
+) -> None:
     """Every mode needs the bot token; the Events API the signing secret, Socket Mode an
-    app-level token (``xapp-…``) instead. A value is never part of the error.
+    app-level token (``xapp-…``) instead, each read from where ``settings`` say. A value
+    is never part of the error.
 
-    :raises ConfigError: in one line, naming what is missing or malformed and where to set it.
+    :raises ConfigError: in one line, naming what is missing or malformed and where the
+        configuration reads it from (:func:`~chatlane.secrets.where_to_set`).
     """
+    mode = settings.mode
     if not bot_token:
-        raise ConfigError(
-            "slack is enabled but has no bot token: set SLACK_BOT_TOKEN "
-            "(or configuration key 'slack.bot_token.env' / 'slack.bot_token.file')"
+        raise missing_secret(
+            "slack is enabled but has no bot token", settings.bot_token, "slack.bot_token"
         )
     if mode is SlackMode.EVENTS and not signing_secret:
+        where = where_to_set(settings.signing_secret, "slack.signing_secret")
         raise ConfigError(
-            "slack is enabled but has no signing secret: set SLACK_SIGNING_SECRET "
-            "(or configuration key 'slack.signing_secret.env' / 'slack.signing_secret.file'), "
+            f"slack is enabled but has no signing secret: {where}, "
             'or use Socket Mode (slack.mode = "socket")'
         )
     if mode is SlackMode.SOCKET and not app_token:
-        raise ConfigError(
-            "slack is in socket mode but has no app token: set SLACK_APP_TOKEN "
-            "(or configuration key 'slack.app_token.env' / 'slack.app_token.file')"
+        raise missing_secret(
+            "slack is in socket mode but has no app token", settings.app_token, "slack.app_token"
         )
     if mode is SlackMode.SOCKET and not _APP_TOKEN.fullmatch(app_token):
         raise ConfigError(

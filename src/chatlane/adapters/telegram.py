@@ -116,7 +116,7 @@ from chatlane.errors import (
 )
 from chatlane.groups import GroupPolicy
 from chatlane.identity import NO_SESSION, ChatType, SessionSource
-from chatlane.secrets import Secrets, read_secret
+from chatlane.secrets import Secrets, missing_secret, read_secret
 from chatlane.types import (
     Attachment,
     InboundMessage,
@@ -224,11 +224,11 @@ class TelegramAdapter:
         """
         if self._app is not None:
             raise ChatlaneError("the Telegram adapter is already running")
-        token = read_secret(self._config.telegram.token) if self._token is None else self._token
+        configured = self._config.telegram.token
+        token = read_secret(configured) if self._token is None else self._token
         if not token:
-            raise ConfigError(
-                "telegram is enabled but has no bot token: set TELEGRAM_BOT_TOKEN "
-                "(or configuration key 'telegram.token.env' / 'telegram.token.file')"
+            raise missing_secret(
+                "telegram is enabled but has no bot token", configured, "telegram.token"
             )
         self._redact(TokenRedactor(token))
         self._hub, self._app = hub, self._build(token)

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from chatlane.config import Config
 from chatlane.errors import ConfigError
-from chatlane.secrets import Secrets
+from chatlane.secrets import Secrets, where_to_set
 from chatlane.types import Agent
 
 
@@ -39,10 +39,10 @@ def load_agent(config: Config, secrets: Secrets | None = None) -> Agent:
         api_key = None if secrets is None else secrets.openai_api_key
         agent = OpenAIAgent(config.agent.openai, api_key=api_key)
         if not agent.has_key and not is_local_url(config.agent.openai.base_url):
+            where = where_to_set(config.agent.openai.api_key, "agent.openai.api_key")
             raise ConfigError(
-                f"the openai agent has no API key for {config.agent.openai.base_url}: set "
-                "OPENAI_API_KEY (or configuration key 'agent.openai.api_key.env' / "
-                "'agent.openai.api_key.file'); a server on this machine needs none"
+                f"the openai agent has no API key for {config.agent.openai.base_url}: "
+                f"{where}; a server on this machine needs none"
             )
         return agent
     if name.startswith("python:"):
