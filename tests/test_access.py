@@ -1,20 +1,28 @@
 """The access token at the edges: read once, reloaded on SIGHUP, failing closed; the Host
-check on every route; /metrics behind the token."""
+check on every route; /metrics behind the token; wrong tokens limited per client address."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import msgspec
 import pytest
+from starlette.applications import Starlette
 
-from chatlane.config import Config, ServerConfig
+from chatlane.access import GUESS_WINDOW, GUESSES, AccessToken, GuessLimiter, TooManyGuesses
+from chatlane.config import Config, Secret, ServerConfig, StoreConfig
 from chatlane.errors import ConfigError
-from chatlane.serve import configure
+from chatlane.hub import open_hub
+from chatlane.secrets import TokenSource
+from chatlane.serve import add_adapters, configure, uvicorn_config
 from tests.adapters.test_api import TOKEN, serve
+from tests.adapters.test_web import WAIT, served
 from tests.ports import free_port
 from tests.test_operating import config_with_token
 from tests.test_serve import start, stop, wait_ready
@@ -151,3 +159,136 @@ def test_sighup_swaps_the_token_for_every_route_and_an_empty_one_refuses_all(
         assert not signed_in(base, "second-token")
     finally:
         assert stop(process) == 0
+
+
+# -- wrong tokens, limited per client address ----------------------------------------------
+
+
+def test_the_limiter_lets_a_client_try_again_after_the_window() -> None:
+    now = [0.0]
+    limiter = GuessLimiter(attempts=2, window=60, clock=lambda: now[0], max_clients=2)
+    limiter.reserve("a")
+    now[0] = 10
+    limiter.reserve("a")
+    assert limiter.retry_after("a") == 50
+    assert limiter.retry_after("b") == 0
+    with pytest.raises(TooManyGuesses) as blocked:
+        limiter.reserve("a")
+    assert blocked.value.seconds == 50
+    now[0] = 60
+    assert limiter.retry_after("a") == 0  # the first failure is a window old
+
+
+def test_an_attempt_is_counted_until_released() -> None:
+    """Attempts reserved at once count against each other; a released one (its token was
+    right) no longer counts."""
+    limiter = GuessLimiter(attempts=2, window=60, clock=lambda: 0.0)
+    first, second = limiter.reserve("a"), limiter.reserve("a")
+    with pytest.raises(TooManyGuesses):
+        limiter.reserve("a")  # both still in flight: no third is judged
+    limiter.release(second)
+    limiter.reserve("a")
+    limiter.release(first)
+    limiter.release(first)  # once is all it counts
+    assert limiter.retry_after("a") == 0
+    assert limiter.judge("b", lambda: "found") == "found"
+    assert limiter.judge("b", lambda: None) is None
+    assert limiter.judge("b", lambda: None) is None
+    with pytest.raises(TooManyGuesses):
+        limiter.judge("b", lambda: pytest.fail("a blocked address's token is not judged"))
+
+
+def test_nothing_is_counted_while_no_token_is_loaded(tmp_path: Path) -> None:
+    """A gateway a reload locked refuses every token, and there is nothing to guess."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    access = AccessToken(TokenSource.read(Secret(file=str(token_file))))
+    token_file.write_text("")
+    access.reload()
+    for _ in range(GUESSES + 1):
+        assert not access.check_authorization(f"Bearer {TOKEN}", "203.0.113.7")
+    assert access.guesses.retry_after("203.0.113.7") == 0
+    assert not access.check_authorization("", "203.0.113.7")  # no token presented
+
+
+@contextlib.asynccontextmanager
+async def gateway(config: Config) -> AsyncIterator[str]:
+    """Every route ``chatlane serve`` has (web chat, API, admin, metrics), on the hub's one
+    token, served as it serves them; yields the base URL."""
+    hub = await open_hub(msgspec.structs.replace(config, store=StoreConfig(url="memory://")))
+    add_adapters(hub)
+    async with served(hub) as host:
+        yield f"http://{host}"
+
+
+GUESSER = "203.0.113.7"
+NEIGHBOUR = "198.51.100.2"
+COMPLETION = {"model": "chatlane", "messages": [{"role": "user", "content": "hi"}], "user": "x"}
+GUESSED_ROUTES = (
+    ("GET", "/admin/sessions"),
+    ("GET", "/admin/cron"),
+    ("GET", "/metrics"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),
+    ("GET", "/"),
+)
+GUESSED_AT_ONCE = 60
+
+
+def sent_from(address: str, token: str) -> dict[str, str]:
+    """A request's headers as a proxy uvicorn trusts (127.0.0.1) forwards them from ``address``."""
+    return {"X-Forwarded-For": address, "Authorization": f"Bearer {token}"}
+
+
+async def call(client: httpx.AsyncClient, route: int, headers: dict[str, str]) -> httpx.Response:
+    method, path = GUESSED_ROUTES[route % len(GUESSED_ROUTES)]
+    body = COMPLETION if method == "POST" else None
+    return await client.request(method, path, json=body, headers=headers)
+
+
+async def test_wrong_bearer_tokens_sent_at_once_block_their_address_on_every_route(
+    tmp_path: Path,
+) -> None:
+    """Sixty wrong bearer tokens from one address at once, spread over the routes that take
+    the token: five are judged (401), the rest get 429; then the address's right token is not
+    judged either, while every other address's still works."""
+    async with (
+        gateway(config_with_token(tmp_path)) as base,
+        httpx.AsyncClient(base_url=base) as client,
+        asyncio.timeout(WAIT * 3),
+    ):
+        answers = await asyncio.gather(
+            *(call(client, n, sent_from(GUESSER, f"guess {n}")) for n in range(GUESSED_AT_ONCE))
+        )
+        statuses = sorted(answer.status_code for answer in answers)
+        assert statuses == [401] * GUESSES + [429] * (GUESSED_AT_ONCE - GUESSES)
+        for answer in answers:
+            if answer.status_code == 429:
+                assert 0 < int(answer.headers["retry-after"]) <= GUESS_WINDOW
+        for route in range(len(GUESSED_ROUTES)):
+            refused = await call(client, route, sent_from(GUESSER, TOKEN))
+            assert refused.status_code == 429, GUESSED_ROUTES[route]
+            assert 0 < int(refused.headers["retry-after"]) <= GUESS_WINDOW
+        completion = await call(client, 4, sent_from(GUESSER, TOKEN))
+        assert completion.json()["error"]["code"] == "too_many_wrong_tokens"
+        # naming another address first changes nothing: the proxy appends the one it saw
+        spoofed = sent_from(f"{NEIGHBOUR}, {GUESSER}", TOKEN)
+        assert (await client.get("/v1/models", headers=spoofed)).status_code == 429
+        for route in range(len(GUESSED_ROUTES)):
+            answered = await call(client, route, sent_from(NEIGHBOUR, TOKEN))
+            assert answered.status_code == 200, GUESSED_ROUTES[route]
+        assert (
+            await client.get("/v1/models", headers={"X-Forwarded-For": GUESSER})
+        ).status_code == 401
+
+
+def test_a_proxy_elsewhere_is_trusted_through_forwarded_allow_ips(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What docs/security.md tells an operator whose proxy runs on another host."""
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)
+    default = uvicorn_config(Starlette(), Config())
+    assert default.proxy_headers
+    assert default.forwarded_allow_ips == "127.0.0.1,::1"
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "10.0.0.5,10.1.0.0/16")
+    assert uvicorn_config(Starlette(), Config()).forwarded_allow_ips == "10.0.0.5,10.1.0.0/16"

@@ -11,6 +11,17 @@ What stays true:
   secret empty or unreadable refuses every request until a reload finds a
   token again. It never falls back to "no token, no check".
 * Comparisons are constant-time, on the bytes the client sent.
+* Wrong tokens are limited per client address (:class:`GuessLimiter`), alike
+  on every route that takes a token: a bearer token on the admin routes,
+  ``/metrics``, the API and the web chat, and the web sign-in form share one
+  count. A token is counted as wrong from the moment it arrives, before it is
+  judged, and uncounted once it proved right, so requests that arrive
+  together are counted together: one address has at most :data:`GUESSES`
+  wrong tokens judged within :data:`GUESS_WINDOW` seconds, however many it
+  sends at once. While it is blocked, no token of its is judged, the right one
+  included (answer 429 with ``Retry-After``); a request that presents no token
+  is not counted, and while no usable token is loaded (a reload locked the
+  gateway) nothing is counted, as there is nothing to guess.
 """
 
 from __future__ import annotations
@@ -18,12 +29,140 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections.abc import Mapping
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
-from chatlane.errors import ConfigError
+from chatlane.errors import ChatlaneError, ConfigError
 from chatlane.secrets import TokenSource
 
+if TYPE_CHECKING:
+    from starlette.requests import HTTPConnection
+
 log = logging.getLogger("chatlane.access")
+
+GUESSES = 5
+"""Wrong tokens one client address may present within :data:`GUESS_WINDOW` seconds."""
+GUESS_WINDOW = 60.0
+
+T = TypeVar("T")
+
+
+def client_address(connection: HTTPConnection) -> str:
+    """The address wrong tokens are counted under: the IP address the request came from.
+
+    That is the peer's address, or, when the peer is a proxy uvicorn trusts
+    (``forwarded_allow_ips``: ``127.0.0.1`` and ``::1`` unless the environment
+    sets ``FORWARDED_ALLOW_IPS``), the nearest address its ``X-Forwarded-For``
+    names that is not itself trusted: clients behind a trusted proxy are counted
+    apart, and none can choose its address by sending the header itself. ``""``
+    when the server knows no address (all such requests share one count).
+    """
+    return connection.client.host if connection.client is not None else ""
+
+
+class TooManyGuesses(ChatlaneError):
+    """The client address presented too many wrong tokens: none of its tokens is judged
+    for :attr:`retry_after` seconds."""
+
+    def __init__(self, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(f"too many wrong tokens: try again in {self.seconds} s")
+
+    @property
+    def seconds(self) -> int:
+        """:attr:`retry_after` in whole seconds, rounded up (a ``Retry-After`` header's value)."""
+        return max(1, math.ceil(self.retry_after))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A token of ``client``'s, counted as wrong since ``at`` unless released."""
+
+    client: str
+    at: float
+
+
+class GuessLimiter:
+    """Counts wrong tokens per client address; after ``attempts`` within ``window``
+    seconds, that address may not try again until the oldest is ``window`` old.
+
+    :meth:`reserve` counts an attempt before its token is judged, :meth:`release`
+    uncounts it once the token proved right: attempts in flight at once count
+    against each other, so no more than ``attempts`` wrong tokens of one address
+    are ever judged within ``window`` seconds.
+
+    At most ``max_clients`` addresses are remembered (the longest-known is
+    forgotten first), so the table cannot grow without bound.
+    """
+
+    def __init__(
+        self,
+        attempts: int = GUESSES,
+        window: float = GUESS_WINDOW,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_clients: int = 10_000,
+    ) -> None:
+        self.attempts = attempts
+        self.window = window
+        self._clock = clock
+        self._max_clients = max_clients
+        self._failures: dict[str, deque[float]] = {}
+
+    def retry_after(self, client: str) -> float:
+        """Seconds until ``client`` may try again; ``0`` if it may now."""
+        failures = self._recent(client)
+        if len(failures) < self.attempts:
+            return 0.0
+        return failures[0] + self.window - self._clock()
+
+    def reserve(self, client: str) -> Attempt:
+        """Count an attempt of ``client``'s as wrong, now, before its token is judged.
+
+        :raises TooManyGuesses: while ``client`` may not try (nothing is counted then).
+        """
+        wait = self.retry_after(client)
+        if wait > 0:
+            raise TooManyGuesses(wait)
+        failures = self._recent(client)
+        if client not in self._failures and len(self._failures) >= self._max_clients:
+            del self._failures[next(iter(self._failures))]
+        attempt = Attempt(client, self._clock())
+        failures.append(attempt.at)
+        self._failures[client] = failures
+        return attempt
+
+    def release(self, attempt: Attempt) -> None:
+        """Uncount ``attempt``: its token was right (or was no guess)."""
+        failures = self._failures.get(attempt.client)
+        if failures is not None and attempt.at in failures:
+            failures.remove(attempt.at)  # counts of one time are interchangeable
+            if not failures:
+                del self._failures[attempt.client]
+
+    def judge(self, client: str, identify: Callable[[], T]) -> T:
+        """What ``identify`` finds for a token ``client`` presented; a falsy finding (a
+        wrong token) stays counted against ``client``.
+
+        :raises TooManyGuesses: while ``client`` may not try (``identify`` is not called).
+        """
+        attempt = self.reserve(client)
+        found = identify()
+        if found:
+            self.release(attempt)
+        return found
+
+    def _recent(self, client: str) -> deque[float]:
+        failures = self._failures.get(client, deque())
+        while failures and failures[0] <= self._clock() - self.window:
+            failures.popleft()
+        if not failures:
+            self._failures.pop(client, None)
+        return failures
 
 
 class AccessToken:
@@ -31,12 +170,15 @@ class AccessToken:
 
     :param source: the token as read at start (:func:`~chatlane.secrets.resolve_secrets`),
         and where :meth:`reload` reads it again.
+    :param guesses: the wrong tokens counted per client address, on every route that
+        takes this token (a fresh :class:`GuessLimiter` by default).
     """
 
-    def __init__(self, source: TokenSource) -> None:
+    def __init__(self, source: TokenSource, guesses: GuessLimiter | None = None) -> None:
         self._source = source
         self._value = source.value.encode()
         self._required = bool(self._value)
+        self.guesses = guesses or GuessLimiter()
 
     @property
     def required(self) -> bool:
@@ -47,13 +189,34 @@ class AccessToken:
         """Whether ``given`` is the token; always ``False`` while no usable token is loaded."""
         return bool(self._value) and hmac.compare_digest(given, self._value)
 
-    def admits_bearer(self, headers: Mapping[str, str]) -> bool:
-        """No token is required, or ``Authorization: Bearer <token>`` carries it."""
-        return self.admits_authorization(headers.get("authorization", ""))
+    def check_bearer(self, headers: Mapping[str, str], client: str) -> bool:
+        """No token is required, or ``Authorization: Bearer <token>`` carries it; a wrong
+        token counts against the address ``client`` (:class:`GuessLimiter`).
+
+        :raises TooManyGuesses: for a token presented while ``client`` is blocked.
+        """
+        return self.check_authorization(headers.get("authorization", ""), client)
+
+    def check_authorization(self, authorization: str, client: str) -> bool:
+        """:meth:`check_bearer` for the ``Authorization`` header's value (``""`` if absent),
+        as Starlette hands it over (decoded as Latin-1)."""
+        if not self._required:
+            return True
+        if not authorization:
+            return False  # nothing presented, nothing guessed
+        attempt = self.guesses.reserve(client)
+        return self.settle(attempt, self.admits_authorization(authorization))
+
+    def settle(self, attempt: Attempt, right: bool) -> bool:
+        """``right``; ``attempt`` stays counted only if it was a wrong guess: not right,
+        while a token was loaded to guess."""
+        if right or not self._value:
+            self.guesses.release(attempt)
+        return right
 
     def admits_authorization(self, authorization: str) -> bool:
-        """:meth:`admits_bearer` for the ``Authorization`` header's value (``""`` if absent),
-        as Starlette hands it over (decoded as Latin-1)."""
+        """No token is required, or the ``Authorization`` header's value is ``Bearer
+        <token>`` (nothing is counted: :meth:`check_authorization` counts)."""
         if not self._required:
             return True
         scheme, _, given = authorization.partition(" ")

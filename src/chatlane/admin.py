@@ -10,6 +10,9 @@ letters by default, or ``pending`` / ``delivered``) with its counts, and
 When an access token is configured they require it
 (``Authorization: Bearer …``): the one the gateway read at start or at its
 last reload; a gateway whose token became empty or unreadable refuses all.
+A wrong token counts against its client address as on every route
+(:class:`~chatlane.access.GuessLimiter`); a blocked address gets 429 with
+``Retry-After``, whatever token it sends.
 Keys and ids are URL-encoded in the path, so ``:`` and ``%`` work. A store
 that fails them is answered with 503 and the store's own message, never a
 traceback.
@@ -31,6 +34,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from chatlane import admin_cron
+from chatlane.access import TooManyGuesses, client_address
 from chatlane.delivery.ledger import outbound_of
 from chatlane.errors import StoreError, shown_to_users
 from chatlane.identity import SessionKey
@@ -69,21 +73,30 @@ def command_list(hub: Hub) -> list[dict[str, str]]:
     ]
 
 
-def _authorized(request: Request, hub: Hub) -> bool:
-    """No token is configured, or the request carries the hub's current one (never reread)."""
-    return hub.access.admits_bearer(request.headers)
+def refusal(request: Request, hub: Hub) -> JSONResponse | None:
+    """``None`` if no token is configured or the request carries the hub's current one
+    (never reread); else its refusal: 401, or 429 with ``Retry-After`` while its client
+    address is blocked for wrong tokens."""
+    try:
+        if hub.access.check_bearer(request.headers, client_address(request)):
+            return None
+    except TooManyGuesses as blocked:
+        headers = {"Retry-After": str(blocked.seconds)}
+        return JSONResponse({"error": str(blocked)}, status_code=429, headers=headers)
+    return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
 
 
 Endpoint = Callable[[Request], Awaitable[JSONResponse]]
 
 
 def _guarded(hub: Hub, endpoint: Endpoint) -> Endpoint:
-    """``endpoint`` behind the bearer token (401 without it); a store that cannot serve the
+    """``endpoint`` behind the bearer token (:func:`refusal`); a store that cannot serve the
     request is answered with 503 and its message."""
 
     async def guarded(request: Request) -> JSONResponse:
-        if not _authorized(request, hub):
-            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401)
+        refused = refusal(request, hub)
+        if refused is not None:
+            return refused
         try:
             return await endpoint(request)
         except StoreError as error:
@@ -158,7 +171,7 @@ def routes(hub: Hub) -> Sequence[BaseRoute]:
         Route("/admin/sessions/{key:path}", _guarded(hub, one), methods=["GET"]),
         Route("/admin/failed", _guarded(hub, failed), methods=["GET"]),
         Route("/admin/failed/{message_id:path}/retry", _guarded(hub, retry), methods=["POST"]),
-        *admin_cron.routes(hub, lambda request: _authorized(request, hub)),
+        *admin_cron.routes(hub, lambda request: refusal(request, hub)),
     ]
 
 

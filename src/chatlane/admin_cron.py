@@ -25,15 +25,17 @@ if TYPE_CHECKING:
     from chatlane.hub import Hub
     from chatlane.scheduling.loop import Scheduler
 
-UNAUTHORIZED = {"error": "a valid bearer token is required"}
+Refusal = Callable[[Request], JSONResponse | None]
+"""The admin routes' token check: a request's refusal (401, 429), or ``None`` to serve it."""
 
 
-def routes(hub: Hub, authorized: Callable[[Request], bool]) -> Sequence[BaseRoute]:
-    """The cron routes, bound to ``hub``; ``authorized`` is the admin routes' token check."""
+def routes(hub: Hub, refusal: Refusal) -> Sequence[BaseRoute]:
+    """The cron routes, bound to ``hub``, behind the admin routes' ``refusal``."""
 
     async def listing(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return JSONResponse(UNAUTHORIZED, status_code=401)
+        refused = refusal(request)
+        if refused is not None:
+            return refused
         scheduler = hub.gateway.scheduler
         if scheduler is None:
             return JSONResponse({"jobs": []})
@@ -41,8 +43,9 @@ def routes(hub: Hub, authorized: Callable[[Request], bool]) -> Sequence[BaseRout
         return JSONResponse({"jobs": [job_summary(scheduler, j) for j in scheduler.list_jobs()]})
 
     async def remove(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return JSONResponse(UNAUTHORIZED, status_code=401)
+        refused = refusal(request)
+        if refused is not None:
+            return refused
         job_id = request.path_params["job_id"]
         scheduler = hub.gateway.scheduler
         try:

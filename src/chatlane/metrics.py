@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
     from starlette.routing import BaseRoute
 
     from chatlane.hub import Hub
@@ -217,7 +219,6 @@ class Metrics:
 
     def routes(self, hub: Hub) -> Sequence[BaseRoute]:
         """``GET /metrics``: behind the access token unless ``server.metrics_public``."""
-        from starlette.requests import Request
         from starlette.responses import PlainTextResponse
         from starlette.routing import Route
 
@@ -226,12 +227,9 @@ class Metrics:
         public = hub.config.server.metrics_public
 
         async def endpoint(request: Request) -> PlainTextResponse:
-            if not public and not hub.access.admits_bearer(request.headers):
-                return PlainTextResponse(
-                    "a valid bearer token is required\n",
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+            refused = None if public else _refusal(request, hub)
+            if refused is not None:
+                return refused
             engine = hub.gateway.engine
             damaged = hub.store.damaged is not None
             sqlite = hub.store.stats if isinstance(hub.store, SQLiteStore) else None
@@ -247,6 +245,26 @@ class Metrics:
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         return [Route("/metrics", endpoint, methods=["GET"])]
+
+
+def _refusal(request: Request, hub: Hub) -> PlainTextResponse | None:
+    """``None`` if the request carries the access token (or none is configured); else 401,
+    or 429 with ``Retry-After`` while its client address is blocked for wrong tokens."""
+    from starlette.responses import PlainTextResponse
+
+    from chatlane.access import TooManyGuesses, client_address
+
+    try:
+        if hub.access.check_bearer(request.headers, client_address(request)):
+            return None
+    except TooManyGuesses as blocked:
+        headers = {"Retry-After": str(blocked.seconds)}
+        return PlainTextResponse(f"{blocked}\n", status_code=429, headers=headers)
+    return PlainTextResponse(
+        "a valid bearer token is required\n",
+        status_code=401,
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def _sqlite(stats: WriterStats) -> list[str]:

@@ -20,6 +20,7 @@ import uvicorn
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed
 
+from chatlane.access import GUESS_WINDOW, GUESSES
 from chatlane.adapters import web
 from chatlane.adapters.api import ApiAdapter
 from chatlane.adapters.api_clients import ApiClients
@@ -275,6 +276,23 @@ async def test_a_client_can_never_name_another_clients_session(tmp_path: Path) -
                     model="chatlane", messages=[{"role": "user", "content": "hi"}], user="bob:x"
                 )
         assert hub.gateway.engine.registry.peek(chat_key("bob:x", "api")) is None
+
+
+async def test_wrong_client_tokens_block_their_address(tmp_path: Path) -> None:
+    """A client's token is guessed like the access token: five wrong ones block the address
+    (even alice's right token is not judged from there), and no other address."""
+    hub = await api_hub(clients_config(tmp_path), DemoAgent())
+    async with served(hub, token="alice-token") as alice:
+        guesser = alice.with_options(default_headers={"X-Forwarded-For": "203.0.113.7"})
+        for guess in range(GUESSES):
+            with pytest.raises(openai.AuthenticationError):
+                await guesser.with_options(api_key=f"bob-token-{guess}").models.list()
+        with pytest.raises(openai.RateLimitError) as blocked:
+            await guesser.models.list()
+        assert blocked.value.code == "too_many_wrong_tokens"
+        assert 0 < int(blocked.value.response.headers["retry-after"]) <= GUESS_WINDOW
+        neighbour = alice.with_options(default_headers={"X-Forwarded-For": "198.51.100.2"})
+        assert [model.id async for model in neighbour.models.list()] == ["chatlane"]
 
 
 def test_a_client_whose_token_is_unset_is_told_where_it_was_read() -> None:

@@ -15,22 +15,16 @@ import msgspec
 import pytest
 import uvicorn
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from chatlane.access import AccessToken
+from chatlane.access import GUESS_WINDOW, GUESSES, AccessToken
 from chatlane.adapters import web
 from chatlane.adapters.web import WebAdapter
 from chatlane.adapters.web_ids import BrowserIds
-from chatlane.adapters.web_page import (
-    AUTH_COOKIE,
-    IDENTITY_COOKIE,
-    SIGN_IN_ATTEMPTS,
-    SIGN_IN_WINDOW,
-    Gate,
-    SignInLimiter,
-    WebPage,
-)
+from chatlane.adapters.web_page import AUTH_COOKIE, IDENTITY_COOKIE, Gate, WebPage
 from chatlane.adapters.web_wire import MAX_FRAME_BYTES, MAX_TEXT, MessageState, state_of
 from chatlane.agents.demo import DemoAgent
 from chatlane.config import Config, Secret, ServerConfig, StoreConfig
@@ -83,7 +77,16 @@ async def web_hub(
     else:
         hub = Hub(config, await open_store(config.store.url), agent)
     hub.add(WebAdapter(config))
-    options = uvicorn_config(build_app(hub), config)  # as `chatlane serve` runs it
+    async with served(hub) as address:
+        yield address, hub
+
+
+@contextlib.asynccontextmanager
+async def served(hub: Hub) -> AsyncIterator[str]:
+    """``hub``'s app served as ``chatlane serve`` runs it, on a free port of 127.0.0.1 (a
+    proxy uvicorn trusts, so a test names a client's address in ``X-Forwarded-For``);
+    yields ``host:port``."""
+    options = uvicorn_config(build_app(hub), hub.config)
     options.host, options.port = "127.0.0.1", 0
     server = uvicorn.Server(options)
     task = asyncio.create_task(server.serve())
@@ -93,7 +96,7 @@ async def web_hub(
                 assert not task.done(), "the server did not start"
                 await asyncio.sleep(0.02)
         port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"127.0.0.1:{port}", hub
+        yield f"127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await task
@@ -733,24 +736,103 @@ async def test_wrong_tokens_are_rate_limited(token_config: Config) -> None:
         web_server(token_config) as host,
         httpx.AsyncClient(base_url=f"http://{host}") as client,
     ):
-        for attempt in range(SIGN_IN_ATTEMPTS):
+        for attempt in range(GUESSES):
             assert (await sign_in(client, f"guess {attempt}")).status_code == 401
         limited = await sign_in(client, "s3cret-tøken")  # even the right one, for now
         assert limited.status_code == 429
-        assert 0 < int(limited.headers["retry-after"]) <= SIGN_IN_WINDOW
+        assert 0 < int(limited.headers["retry-after"]) <= GUESS_WINDOW
         assert AUTH_COOKIE not in limited.cookies
 
 
-def test_the_limiter_lets_a_client_try_again_after_the_window() -> None:
-    now = [0.0]
-    limiter = SignInLimiter(attempts=2, window=60, clock=lambda: now[0], max_clients=2)
-    limiter.failed("a")
-    now[0] = 10
-    limiter.failed("a")
-    assert limiter.retry_after("a") == 50
-    assert limiter.retry_after("b") == 0
-    now[0] = 60
-    assert limiter.retry_after("a") == 0  # the first failure is a window old
+SIGN_INS_AT_ONCE = 40
+
+
+async def test_wrong_sign_ins_sent_at_once_are_counted_together(
+    token_config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forty sign-ins from one address, each form held after its first byte until all forty
+    reached the page: five wrong tokens are judged, the other 35 refused unread."""
+    arrived = 0
+    all_arrived = asyncio.Event()
+    sign_in_as_served = WebPage.sign_in
+
+    async def counted(page: WebPage, request: Request) -> Response:
+        nonlocal arrived
+        arrived += 1
+        if arrived == SIGN_INS_AT_ONCE:
+            all_arrived.set()
+        return await sign_in_as_served(page, request)
+
+    monkeypatch.setattr(WebPage, "sign_in", counted)
+
+    async def held_form(guess: int) -> AsyncIterator[bytes]:
+        yield b"t"
+        await all_arrived.wait()
+        yield f"oken=guess-{guess}".encode()
+
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with (
+        web_server(token_config) as host,
+        httpx.AsyncClient(base_url=f"http://{host}") as client,
+        asyncio.timeout(WAIT),
+    ):
+        answers = await asyncio.gather(
+            *(client.post("/", content=held_form(n), headers=form) for n in range(SIGN_INS_AT_ONCE))
+        )
+    statuses = sorted(answer.status_code for answer in answers)
+    assert statuses == [401] * GUESSES + [429] * (SIGN_INS_AT_ONCE - GUESSES)
+    assert all(0 < int(a.headers["retry-after"]) <= GUESS_WINDOW for a in answers[GUESSES:])
+
+
+async def test_a_right_sign_in_is_not_counted(token_config: Config) -> None:
+    async with (
+        web_server(token_config) as host,
+        httpx.AsyncClient(base_url=f"http://{host}") as client,
+    ):
+        for _ in range(GUESSES + 1):
+            assert (await sign_in(client, "s3cret-tøken")).status_code == 303
+        for attempt in range(GUESSES - 1):
+            assert (await sign_in(client, f"guess {attempt}")).status_code == 401
+        assert (await sign_in(client, "s3cret-tøken")).status_code == 303
+
+
+async def test_wrong_bearer_tokens_on_the_socket_count_with_the_sign_ins(
+    token_config: Config,
+) -> None:
+    """A script's wrong bearer tokens and a form's wrong tokens share one count per client
+    address (named by the trusted proxy, here the test's own loopback address)."""
+    guesser, neighbour = {"X-Forwarded-For": "203.0.113.7"}, {"X-Forwarded-For": "198.51.100.2"}
+    right = "Bearer s3cret-t\xc3\xb8ken"  # the UTF-8 bytes, as a WebSocket client sends them
+    async with web_server(token_config) as host:
+        async with httpx.AsyncClient(base_url=f"http://{host}", headers=guesser) as browser:
+            assert (await sign_in(browser, "s3cret-tøken")).status_code == 303
+            identity = f"{IDENTITY_COOKIE}={browser.cookies[IDENTITY_COOKIE]}"
+            signed_in = f"{identity}; {AUTH_COOKIE}={browser.cookies[AUTH_COOKIE]}"
+            for attempt in range(GUESSES - 2):
+                assert (await sign_in(browser, f"guess {attempt}")).status_code == 401
+            for attempt in range(2):
+                wrong = f"Bearer guess {attempt}"
+                async with chat_socket(host, identity, Authorization=wrong, **guesser) as ws:
+                    assert await close_code(ws) == 4401
+            assert (await sign_in(browser, "s3cret-tøken")).status_code == 429
+            assert (await browser.get("/")).status_code == 200  # its sign-in still holds
+        async with httpx.AsyncClient(base_url=f"http://{host}", headers=guesser) as script:
+            bearer = {b"Authorization": "Bearer s3cret-tøken".encode()}
+            assert (await script.get("/", headers=bearer)).status_code == 429
+        async with chat_socket(host, identity, Authorization=right, **guesser) as ws:
+            assert await close_code(ws) == 4429
+        async with chat_socket(host, signed_in, **guesser) as ws:
+            assert (await receive(ws))["type"] == "commands"
+        async with chat_socket(host, identity, Authorization=right, **neighbour) as ws:
+            assert (await receive(ws))["type"] == "commands"
+
+
+async def close_code(ws: ClientConnection) -> int:
+    """The code ``ws`` is closed with, before any event."""
+    with pytest.raises(ConnectionClosed) as closed:
+        await receive(ws)
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code
 
 
 async def test_a_cross_site_sign_in_is_refused(token_config: Config) -> None:

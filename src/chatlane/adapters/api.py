@@ -18,7 +18,8 @@ What stays true:
   (no progress for the ceiling) or 503 (shutting down). Bad input gets a 400
   (``param`` naming the field), 413 or 415 JSON error, a model that
   ``GET /v1/models`` does not list a 404 ``model_not_found``, a bad token
-  401 — never a 500.
+  401, and any token from a client address blocked for wrong tokens 429
+  (code ``too_many_wrong_tokens``, with ``Retry-After``) — never a 500.
 * No web page can drive a session: a chat completion must be sent as
   ``application/json`` (which a browser never posts cross-site without a CORS
   preflight, and none is granted), and a request whose ``Origin`` is not the
@@ -28,6 +29,8 @@ What stays true:
   given (``chatlane serve`` gives the hub's, so a reload reaches the API too).
   With ``[api.clients]`` every route needs a client's token instead, and a
   client names only its own sessions (:mod:`chatlane.adapters.api_clients`).
+  Wrong tokens, the access token's or a client's, count against the client
+  address with the access token's count (:class:`~chatlane.access.GuessLimiter`).
 * A message refused by a process-wide limit gets 503, code ``gateway_full``.
 * A request's completion id (``chatcmpl-…``) is its message's
   (:mod:`chatlane.adapters.api_ids`): the first event of a stream carries it,
@@ -50,12 +53,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from chatlane.access import AccessToken
+from chatlane.access import AccessToken, TooManyGuesses, client_address
 from chatlane.adapters.api_clients import ApiClient, ApiClients
 from chatlane.adapters.api_ids import (
     check_key,
@@ -327,7 +330,8 @@ class ApiAdapter:
             a session the client may not name (403).
         """
         headers = first_headers(scope)
-        client = self._authenticated(headers.get(b"authorization", b"").decode("latin-1"))
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
+        client = self._authenticated(authorization, client_address(HTTPConnection(scope)))
         origin = headers.get(b"origin")
         if origin is not None:
             host = headers.get(b"host", b"").decode("latin-1")
@@ -351,28 +355,43 @@ class ApiAdapter:
         """The client the request's token names (``None`` without ``[api.clients]``).
 
         :raises ApiRequestError: (401) unless the token is a client's, or without
-            clients the access token (when one is set).
+            clients the access token (when one is set); (429) for any token while the
+            request's client address is blocked for wrong tokens.
         """
-        return self._authenticated(request.headers.get("authorization", ""))
+        authorization = request.headers.get("authorization", "")
+        return self._authenticated(authorization, client_address(request))
 
-    def _authenticated(self, authorization: str) -> ApiClient | None:
-        """:meth:`_authenticate`, given the ``Authorization`` header (``""`` if absent)."""
-        if self.clients.enabled:
-            return self._client(authorization)
-        if not self._access.admits_authorization(authorization):
-            raise _unauthenticated()
+    def _authenticated(self, authorization: str, address: str) -> ApiClient | None:
+        """:meth:`_authenticate`, given the ``Authorization`` header (``""`` if absent) and
+        the client address it came from."""
+        try:
+            if self.clients.enabled:
+                return self._client(authorization, address)
+            if not self._access.check_authorization(authorization, address):
+                raise _unauthenticated()
+        except TooManyGuesses as blocked:
+            raise _too_many_guesses(blocked) from None
         return None
 
-    def _client(self, authorization: str) -> ApiClient:
-        """The client whose token the ``Authorization`` header carries (clients are configured).
+    def _client(self, authorization: str, address: str) -> ApiClient:
+        """The client whose token the ``Authorization`` header carries (clients are configured);
+        a wrong token counts against ``address``.
 
         :raises ApiRequestError: (401) if the token is none of theirs.
+        :raises TooManyGuesses: for a token sent while ``address`` is blocked.
         """
-        scheme, _, presented = authorization.partition(" ")
-        client = self.clients.identify(presented.strip().encode("latin-1"))
-        if scheme.lower() != "bearer" or client is None:
+        if not authorization:
+            raise _unauthenticated()  # nothing presented, nothing guessed
+        client = self._access.guesses.judge(address, lambda: self._identify(authorization))
+        if client is None:
             raise _unauthenticated()
         return client
+
+    def _identify(self, authorization: str) -> ApiClient | None:
+        """The client whose bearer token ``authorization`` carries, if any."""
+        scheme, _, presented = authorization.partition(" ")
+        client = self.clients.identify(presented.strip().encode("latin-1"))
+        return client if scheme.lower() == "bearer" else None
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -529,6 +548,16 @@ class ApiAdapter:
 def _unauthenticated() -> ApiRequestError:
     return ApiRequestError(
         401, "missing or invalid bearer token", "authentication_error", "invalid_api_key"
+    )
+
+
+def _too_many_guesses(blocked: TooManyGuesses) -> ApiRequestError:
+    return ApiRequestError(
+        429,
+        f"{blocked} (no token from this address is checked meanwhile)",
+        "rate_limit_error",
+        "too_many_wrong_tokens",
+        retry_after=blocked.seconds,
     )
 
 

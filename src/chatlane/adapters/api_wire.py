@@ -48,6 +48,7 @@ class ApiRequestError(ChatlaneError):
         allow: str = "",
         param: str | None = None,
         retry: bool = True,
+        retry_after: int = 0,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -63,6 +64,9 @@ class ApiRequestError(ChatlaneError):
         and may still run (a 504, the 503 of a shutdown): the response then says
         ``x-should-retry: false``, which OpenAI's SDKs obey, since their own retry
         carries no ``Idempotency-Key`` and would run the message a second time."""
+        self.retry_after = retry_after
+        """Whole seconds to wait before sending it again (the ``Retry-After`` header); 0: no
+        such wait is known."""
 
     def body(self) -> dict[str, Any]:
         """The OpenAI-shaped error body."""
@@ -582,6 +586,8 @@ def error_response(error: ApiRequestError) -> Response:
         response.headers["Allow"] = error.allow
     if not error.retry:
         response.headers[SHOULD_RETRY_HEADER] = "false"
+    if error.retry_after:
+        response.headers["Retry-After"] = str(error.retry_after)
     return response
 
 

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from chatlane.access import AccessToken
+from chatlane.access import AccessToken, TooManyGuesses
 from chatlane.adapters.web_ids import BrowserIds, id_secret
 from chatlane.adapters.web_page import Gate, WebPage, origin_host
 from chatlane.adapters.web_view import View
@@ -109,6 +109,7 @@ CONVERSATION_LIMIT = 20
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NO_IDENTITY = 4400
 CLOSE_FOREIGN_ORIGIN = 4403
+CLOSE_TOO_MANY_GUESSES = 4429
 CLOSE_TRY_LATER = 1013
 CLOSE_GOING_AWAY = 1001
 NO_IDENTITY = (CLOSE_NO_IDENTITY, "no browser id: load the page first")
@@ -337,8 +338,11 @@ class WebAdapter:
         """Why this socket may not be served, as a close code and reason; ``None`` if it may."""
         if self._hub is None:
             return (CLOSE_TRY_LATER, "the server is starting")
-        if not self.gate.admits(websocket):
-            return (CLOSE_UNAUTHORIZED, "access token required")
+        try:
+            if not self.gate.admits(websocket):
+                return (CLOSE_UNAUTHORIZED, "access token required")
+        except TooManyGuesses as blocked:
+            return (CLOSE_TOO_MANY_GUESSES, str(blocked))
         origin = websocket.headers.get("origin")
         if origin is not None and origin_host(origin) != websocket.headers.get("host"):
             return (CLOSE_FOREIGN_ORIGIN, "cross-origin WebSocket refused")

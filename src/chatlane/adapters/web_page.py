@@ -11,8 +11,11 @@ What stays true:
 * When an access token is configured, neither the page nor the WebSocket is
   served without a sign-in. The sign-in form *posts* the token (it never
   appears in a URL); a right one gets a per-browser HttpOnly cookie that
-  expires (:class:`Gate`), wrong ones are rate-limited per client address
-  (:class:`SignInLimiter`). Every comparison is constant-time.
+  expires (:class:`Gate`). Wrong tokens, posted or sent as a bearer token, are
+  limited per client address with the token's own count
+  (:class:`~chatlane.access.GuessLimiter`, shared by every route): a posted one
+  is counted before its form is read, so sign-ins sent at once are counted
+  together. Every comparison is constant-time.
 * The page is plain HTML, CSS and JavaScript shipped inside the package, with
   its Markdown libraries vendored under ``static/vendor``: no build step,
   nothing fetched from another origin (the Content-Security-Policy says so).
@@ -26,7 +29,6 @@ import math
 import re
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -36,7 +38,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from chatlane.access import AccessToken
+from chatlane.access import AccessToken, Attempt, TooManyGuesses, client_address
 from chatlane.adapters.web_ids import IDENTITY_COOKIE as IDENTITY_COOKIE
 from chatlane.adapters.web_ids import BrowserIds
 
@@ -45,9 +47,6 @@ AUTH_COOKIE = "chatlane_web_auth"
 SIGN_IN_PURPOSE = b"chatlane web sign-in"
 IDENTITY_MAX_AGE = 400 * 24 * 3600
 AUTH_MAX_AGE = 7 * 24 * 3600
-SIGN_IN_ATTEMPTS = 5
-"""Wrong tokens one client address may post within :data:`SIGN_IN_WINDOW` seconds."""
-SIGN_IN_WINDOW = 60.0
 MAX_FORM_BYTES = 4096
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -92,15 +91,31 @@ class Gate:
         return self._access.required
 
     def admits(self, connection: HTTPConnection) -> bool:
-        """No token is required, the sign-in cookie is valid, or the bearer token is right."""
+        """No token is required, the sign-in cookie is valid, or the bearer token is right
+        (a wrong one counts against the connection's client address).
+
+        :raises TooManyGuesses: for a bearer token from an address that is blocked (a
+            valid sign-in cookie is admitted all the same).
+        """
         if not self._access.required:
             return True
-        cookie = connection.cookies.get(AUTH_COOKIE, "")
-        return self._valid(cookie) or self._access.admits_bearer(connection.headers)
+        if self._valid(connection.cookies.get(AUTH_COOKIE, "")):
+            return True
+        return self._access.check_bearer(connection.headers, client_address(connection))
 
-    def sign_in(self, token: bytes) -> str | None:
-        """A fresh sign-in cookie value if ``token`` is right, else ``None``."""
-        if not self._access.matches(token):
+    def attempt(self, client: str) -> Attempt:
+        """Count a sign-in of ``client``'s as a wrong token before its form is read (it may
+        take a while to arrive); :meth:`sign_in` uncounts it if the token is right, and a
+        form that never arrives stays counted.
+
+        :raises TooManyGuesses: while ``client`` may not try.
+        """
+        return self._access.guesses.reserve(client)
+
+    def sign_in(self, attempt: Attempt, token: bytes) -> str | None:
+        """A fresh sign-in cookie value if ``token`` is right, else ``None`` (``attempt``
+        then stays counted)."""
+        if not self._access.settle(attempt, self._access.matches(token)):
             return None
         expires = int(self._clock()) + self.ttl
         payload = f"{expires}.{secrets.token_urlsafe(18)}"
@@ -133,60 +148,13 @@ _EXPIRY = re.compile(r"[0-9]{1,15}")
 no expiry)."""
 
 
-class SignInLimiter:
-    """Counts wrong tokens per client address; after ``attempts`` within ``window``
-    seconds, that address may not try again until the oldest failure is ``window`` old.
-
-    At most ``max_clients`` addresses are remembered (the longest-known is forgotten
-    first), so the table cannot grow without bound.
-    """
-
-    def __init__(
-        self,
-        attempts: int = SIGN_IN_ATTEMPTS,
-        window: float = SIGN_IN_WINDOW,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        max_clients: int = 10_000,
-    ) -> None:
-        self.attempts = attempts
-        self.window = window
-        self._clock = clock
-        self._max_clients = max_clients
-        self._failures: dict[str, deque[float]] = {}
-
-    def retry_after(self, client: str) -> float:
-        """Seconds until ``client`` may try again; ``0`` if it may now."""
-        failures = self._recent(client)
-        if len(failures) < self.attempts:
-            return 0.0
-        return failures[0] + self.window - self._clock()
-
-    def failed(self, client: str) -> None:
-        """Record a wrong token from ``client``."""
-        failures = self._recent(client)
-        if client not in self._failures and len(self._failures) >= self._max_clients:
-            del self._failures[next(iter(self._failures))]
-        failures.append(self._clock())
-        self._failures[client] = failures
-
-    def _recent(self, client: str) -> deque[float]:
-        failures = self._failures.get(client, deque())
-        while failures and failures[0] <= self._clock() - self.window:
-            failures.popleft()
-        if not failures:
-            self._failures.pop(client, None)
-        return failures
-
-
 class WebPage:
     """``/`` (the chat page or the sign-in page), ``POST /`` (signing in) and
     ``/web/static/…`` (the page's assets)."""
 
-    def __init__(self, gate: Gate, ids: BrowserIds, limiter: SignInLimiter | None = None) -> None:
+    def __init__(self, gate: Gate, ids: BrowserIds) -> None:
         self.gate = gate
         self.ids = ids
-        self.limiter = limiter or SignInLimiter()
         self._index = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
 
     def routes(self) -> Sequence[BaseRoute]:
@@ -198,22 +166,26 @@ class WebPage:
         ]
 
     async def index(self, request: Request) -> Response:
-        """The chat page, or the sign-in page (401) until the browser signed in."""
-        if not self.gate.admits(request):
-            return sign_in_page()
+        """The chat page, or the sign-in page until the browser signed in: 401, or 429 for a
+        bearer token from an address blocked for wrong tokens."""
+        try:
+            if not self.gate.admits(request):
+                return sign_in_page()
+        except TooManyGuesses as blocked:
+            return sign_in_page(retry_after=blocked.retry_after)
         return self._with_identity(request, HTMLResponse(self._index, headers=SECURITY_HEADERS))
 
     async def sign_in(self, request: Request) -> Response:
-        """Trade a posted token for a sign-in cookie; wrong tokens are rate-limited per client."""
+        """Trade a posted token for a sign-in cookie; wrong tokens are limited per client
+        address, each counted before its form is read."""
         if not _same_origin(request):
             return PlainTextResponse("cross-origin sign-in refused", status_code=403)
-        client = request.client.host if request.client is not None else ""
-        wait = self.limiter.retry_after(client)
-        if wait > 0:
-            return sign_in_page(retry_after=wait)
-        cookie = self.gate.sign_in(await posted_token(request))
+        try:
+            attempt = self.gate.attempt(client_address(request))
+        except TooManyGuesses as blocked:
+            return sign_in_page(retry_after=blocked.retry_after)
+        cookie = self.gate.sign_in(attempt, await posted_token(request))
         if cookie is None:
-            self.limiter.failed(client)
             return sign_in_page(wrong=True)
         response = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
         self.gate.remember(response, cookie, secure=request.url.scheme == "https")
