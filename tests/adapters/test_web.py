@@ -744,6 +744,33 @@ async def test_wrong_tokens_are_rate_limited(token_config: Config) -> None:
         assert AUTH_COOKIE not in limited.cookies
 
 
+def set_cookies(response: httpx.Response) -> dict[str, str]:
+    """The ``Set-Cookie`` headers of ``response``, by cookie name, lowercased."""
+    headers = response.headers.get_list("set-cookie")
+    return {header.partition("=")[0]: header.lower() for header in headers}
+
+
+async def test_the_identity_cookie_is_secure_over_https_as_the_sign_in_is(
+    host: str, token_config: Config
+) -> None:
+    """Reached over HTTPS (a proxy uvicorn trusts says so), the browser id — all that keeps
+    one browser's session from another's — is never sent over plain HTTP; reached over HTTP,
+    it is not marked (a browser would not keep it)."""
+    https = {"X-Forwarded-Proto": "https"}
+    async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+        assert "; secure" in set_cookies(await client.get("/", headers=https))[IDENTITY_COOKIE]
+    async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+        assert "; secure" not in set_cookies(await client.get("/"))[IDENTITY_COOKIE]
+    async with (
+        web_server(token_config) as signing_in,
+        httpx.AsyncClient(base_url=f"http://{signing_in}") as client,
+    ):
+        signed_in = await client.post("/", data={"token": "s3cret-tøken"}, headers=https)
+        cookies = set_cookies(signed_in)
+        assert "; secure" in cookies[AUTH_COOKIE]
+        assert "; secure" in cookies[IDENTITY_COOKIE]
+
+
 SIGN_INS_AT_ONCE = 40
 
 

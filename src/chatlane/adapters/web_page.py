@@ -4,10 +4,11 @@ What stays true:
 
 * A browser that loads ``/`` carries a random id, signed by the server
   (:mod:`chatlane.adapters.web_ids`), in an HttpOnly, SameSite=Lax cookie
-  (:data:`IDENTITY_COOKIE`). That id is its chat id and its user id, so one
-  browser is one session, shared by its tabs, and no page script, other site
-  or client can read, choose or invent it. A cookie is a signed id byte for
-  byte or no id at all.
+  (:data:`IDENTITY_COOKIE`), marked ``Secure`` when the page was reached over
+  HTTPS, as the sign-in cookie is (:func:`over_https`). That id is its chat id
+  and its user id, so one browser is one session, shared by its tabs, and no
+  page script, other site or client can read, choose or invent it. A cookie
+  is a signed id byte for byte or no id at all.
 * When an access token is configured, neither the page nor the WebSocket is
   served without a sign-in. The sign-in form *posts* the token (it never
   appears in a URL); a right one gets a per-browser HttpOnly cookie that
@@ -188,11 +189,12 @@ class WebPage:
         if cookie is None:
             return sign_in_page(wrong=True)
         response = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
-        self.gate.remember(response, cookie, secure=request.url.scheme == "https")
+        self.gate.remember(response, cookie, secure=over_https(request))
         return self._with_identity(request, response)
 
     def _with_identity(self, request: Request, response: Response) -> Response:
-        """``response``, giving the browser a signed identity cookie if it has none."""
+        """``response``, giving the browser a signed identity cookie if it has none
+        (``Secure`` when the page was reached over HTTPS, as the sign-in cookie)."""
         if self.ids.read(request) is None:
             response.set_cookie(
                 IDENTITY_COOKIE,
@@ -200,8 +202,16 @@ class WebPage:
                 max_age=IDENTITY_MAX_AGE,
                 httponly=True,
                 samesite="lax",
+                secure=over_https(request),
             )
         return response
+
+
+def over_https(request: Request) -> bool:
+    """Whether the page was reached over HTTPS (behind a proxy uvicorn trusts, as its
+    ``X-Forwarded-Proto`` says): the browser's cookies are then marked ``Secure``, so it
+    never sends them over plain HTTP."""
+    return request.url.scheme == "https"
 
 
 def _same_origin(request: Request) -> bool:
