@@ -744,6 +744,34 @@ async def test_wrong_tokens_are_rate_limited(token_config: Config) -> None:
         assert AUTH_COOKIE not in limited.cookies
 
 
+async def test_the_page_and_its_scripts_are_not_served_before_a_sign_in(
+    token_config: Config,
+) -> None:
+    """``/web/static/index.html`` is the chat page: it is refused without a sign-in as ``/``
+    is, and so are the scripts; the sign-in page's own stylesheet is served to anyone."""
+    async with (
+        web_server(token_config) as host,
+        httpx.AsyncClient(base_url=f"http://{host}") as client,
+    ):
+        page = await client.get("/web/static/index.html")
+        assert page.status_code == 401
+        assert 'role="log"' not in page.text
+        assert re.findall(r'href="(/web/static/[^"]+)"', (await client.get("/")).text) == [
+            "/web/static/app.css"
+        ]
+        assert (await client.get("/web/static/app.css")).status_code == 200
+        for asset in ("app.js", "markdown.js", "vendor/marked/marked.umd.js", "absent.js"):
+            assert (await client.get(f"/web/static/{asset}")).status_code == 401, asset
+        assert (await sign_in(client, "s3cret-tøken")).status_code == 303
+        assets = re.findall(r'(?:src|href)="(/web/static/[^"]+)"', (await client.get("/")).text)
+        assert len(assets) == 6
+        for asset in [*assets, "/web/static/index.html"]:
+            assert (await client.get(asset)).status_code == 200, asset
+        bearer = {b"Authorization": "Bearer s3cret-tøken".encode()}
+        async with httpx.AsyncClient(base_url=f"http://{host}", headers=bearer) as script:
+            assert (await script.get("/web/static/app.js")).status_code == 200
+
+
 def set_cookies(response: httpx.Response) -> dict[str, str]:
     """The ``Set-Cookie`` headers of ``response``, by cookie name, lowercased."""
     headers = response.headers.get_list("set-cookie")

@@ -9,14 +9,15 @@ What stays true:
   and its user id, so one browser is one session, shared by its tabs, and no
   page script, other site or client can read, choose or invent it. A cookie
   is a signed id byte for byte or no id at all.
-* When an access token is configured, neither the page nor the WebSocket is
-  served without a sign-in. The sign-in form *posts* the token (it never
-  appears in a URL); a right one gets a per-browser HttpOnly cookie that
-  expires (:class:`Gate`). Wrong tokens, posted or sent as a bearer token, are
-  limited per client address with the token's own count
-  (:class:`~chatlane.access.GuessLimiter`, shared by every route): a posted one
-  is counted before its form is read, so sign-ins sent at once are counted
-  together. Every comparison is constant-time.
+* When an access token is configured, neither the page, its scripts nor the
+  WebSocket is served without a sign-in: of ``/web/static/…``, only the
+  stylesheet the sign-in page uses is (:data:`PUBLIC_ASSETS`). The sign-in
+  form *posts* the token (it never appears in a URL); a right one gets a
+  per-browser HttpOnly cookie that expires (:class:`Gate`). Wrong tokens,
+  posted or sent as a bearer token, are limited per client address with the
+  token's own count (:class:`~chatlane.access.GuessLimiter`, shared by every
+  route): a posted one is counted before its form is read, so sign-ins sent
+  at once are counted together. Every comparison is constant-time.
 * The page is plain HTML, CSS and JavaScript shipped inside the package, with
   its Markdown libraries vendored under ``static/vendor``: no build step,
   nothing fetched from another origin (the Content-Security-Policy says so).
@@ -38,6 +39,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from chatlane.access import AccessToken, Attempt, TooManyGuesses, client_address
 from chatlane.adapters.web_ids import IDENTITY_COOKIE as IDENTITY_COOKIE
@@ -50,6 +52,8 @@ IDENTITY_MAX_AGE = 400 * 24 * 3600
 AUTH_MAX_AGE = 7 * 24 * 3600
 MAX_FORM_BYTES = 4096
 STATIC_DIR = Path(__file__).with_name("static")
+PUBLIC_ASSETS = frozenset({"app.css"})
+"""The files of :data:`STATIC_DIR` served without a sign-in: the sign-in page's stylesheet."""
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -149,9 +153,42 @@ _EXPIRY = re.compile(r"[0-9]{1,15}")
 no expiry)."""
 
 
+class SignedInAssets:
+    """The page's files under ``/web/static``, served to whom :class:`Gate` admits (a
+    browser that signed in, a right bearer token), and :data:`PUBLIC_ASSETS` to anyone.
+
+    Anyone else gets 401 (429 for a bearer token from a blocked address), whatever
+    the path: nothing is looked up for them.
+    """
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self._files = StaticFiles(directory=STATIC_DIR)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self._refusal(scope)
+        if refusal is None:
+            await self._files(scope, receive, send)
+        else:
+            await refusal(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> Response | None:
+        """Why the request is not served, as the response; ``None`` to serve it."""
+        if self._files.get_path(scope) in PUBLIC_ASSETS:
+            return None
+        try:
+            if self.gate.admits(HTTPConnection(scope)):
+                return None
+        except TooManyGuesses as blocked:
+            headers = {**SECURITY_HEADERS, "Retry-After": str(blocked.seconds)}
+            return PlainTextResponse(f"{blocked}\n", status_code=429, headers=headers)
+        text = "sign in first: load / and give the access token\n"
+        return PlainTextResponse(text, status_code=401, headers=SECURITY_HEADERS)
+
+
 class WebPage:
     """``/`` (the chat page or the sign-in page), ``POST /`` (signing in) and
-    ``/web/static/…`` (the page's assets)."""
+    ``/web/static/…`` (the page's assets, behind the sign-in: :class:`SignedInAssets`)."""
 
     def __init__(self, gate: Gate, ids: BrowserIds) -> None:
         self.gate = gate
@@ -163,7 +200,7 @@ class WebPage:
         return [
             Route("/", self.index, methods=["GET"]),
             Route("/", self.sign_in, methods=["POST"]),
-            Mount("/web/static", StaticFiles(directory=STATIC_DIR), name="web-static"),
+            Mount("/web/static", SignedInAssets(self.gate), name="web-static"),
         ]
 
     async def index(self, request: Request) -> Response:
