@@ -358,8 +358,8 @@ class LeaseKeeper:
         process), an earlier message's turn about to take, or a store that
         cannot be asked, is left as it is. What a try whose answer was lost
         may have taken is given back (:mod:`~chatlane.runtime.withdrawals`).
-        The lease taken counts for no active-session limit: a boundary is short
-        and runs no agent.
+        The active-session limit never refuses it: a boundary is short and runs
+        no agent.
         """
         key = state.key
         releasing = self._releasing.get(key)
