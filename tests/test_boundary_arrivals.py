@@ -6,6 +6,7 @@ one that fails part way never carries the old conversation's choices into a new 
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -492,3 +493,100 @@ async def test_the_hold_drops_what_other_processes_queued_before_it_not_after() 
         "and 1 message other gateway processes had taken."
     ]
     assert left == [after]
+
+
+async def test_two_boundaries_here_share_the_hold_until_the_last_ends() -> None:
+    runs: list[str] = []
+    hooks = [Gated(), Gated()]
+    entered: list[Gated] = []
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        hook = hooks[len(entered)]
+        entered.append(hook)
+        await hook.wait()
+
+    store = MemoryStore()
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with (
+        GatewayHarness(seen_by(runs), store=store, lifecycle=options) as here,
+        GatewayHarness(seen_by(runs), store=store) as there,
+    ):
+        key = here.session_key(chat_id="c")
+        first = asyncio.create_task(here.send("/new", chat_id="c"))
+        await hooks[0].entered.wait()
+        second = asyncio.create_task(here.send("/reset", chat_id="c"))
+        await hooks[1].entered.wait()
+        hooks[0].opened.set()
+        await first  # the second still holds the session
+        await there.send("sent to the other process", chat_id="c")
+        await there.wait_for(lambda out: any(o.kind is OutboundKind.ACK for o in out))
+        assert runs == []
+        hooks[1].opened.set()
+        await second
+        await there.wait_for(
+            lambda out: any(o.text == "echo sent to the other process" for o in out)
+        )
+        await there.settle()
+        transcript = [entry.content for entry in await store.transcript(key)]
+        holder = await store.lease_holder(key)
+    assert runs == ["sent to the other process | default | None"]
+    assert transcript == ["sent to the other process", "echo sent to the other process"]
+    assert holder is None
+
+
+async def test_a_hold_another_process_fenced_drops_what_ran_there_meanwhile() -> None:
+    """Another process's interrupt (``rollback``) fences the boundary's lease: it is renewed
+    no more and expires, and that process's message runs there, in the ending
+    conversation. The boundary then no longer counts on its hold: it stops that turn and
+    drops the message, counted, instead of leaving it to run a second time."""
+    fast = LeaseSettings(ttl=0.3, poll=0.01)
+    hook, running_there, calls = Gated(), asyncio.Event(), collections.Counter[str]()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    async def agent(turn: Turn) -> str:
+        calls[turn.text] += 1
+        running_there.set()
+        await turn.interrupted.wait()
+        return f"echo {turn.text}"
+
+    store = MemoryStore()
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    async with (
+        GatewayHarness(EchoAgent(), store=store, lifecycle=options, leases=fast) as here,
+        GatewayHarness(agent, store=store, busy="rollback", leases=fast) as there,
+    ):
+        new = asyncio.create_task(here.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        await there.send("sent to the other process", chat_id="c")
+        await running_there.wait()  # the hold's lease expired, unrenewed
+        hook.opened.set()
+        await new
+        replies = await here.replies(chat_id="c", count=1)
+        await there.settle()
+    assert replies == [
+        "Started a new conversation. Dropped 0 queued messages, "
+        "and 1 message other gateway processes had taken."
+    ]
+    assert calls == {"sent to the other process": 1}
+
+
+async def test_a_process_closing_during_a_boundary_gives_its_hold_back() -> None:
+    hook = Gated()
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    store = MemoryStore()
+    options = LifecycleOptions(confirm_new=False, before_reset=summarize)
+    here = GatewayHarness(EchoAgent(), store=store, lifecycle=options)
+    async with here:
+        key = here.session_key(chat_id="c")
+        new = asyncio.create_task(here.send("/new", chat_id="c"))
+        await hook.entered.wait()
+        assert await store.lease_holder(key) == here.gateway.engine.holder
+    holder = await store.lease_holder(key)  # closed with its /new still in the hook
+    hook.opened.set()
+    await asyncio.gather(new, return_exceptions=True)
+    assert holder is None

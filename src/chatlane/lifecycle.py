@@ -140,7 +140,9 @@ async def _end(
         raise KeyError(resume_id)
     if before_reset is not None:
         await _run_hook(before_reset, key, reason, previous)
-    stopped = await engine.stop(key, only=boundary.waiting, foreign=boundary.foreign)
+    stopped = await engine.stop(
+        key, only=boundary.waiting, foreign=engine.dropped_elsewhere(boundary)
+    )
     state = await engine.session(key)
     # the ending conversation's choices leave the store first: a step failing after this
     # can never carry them into the new conversation

@@ -184,8 +184,6 @@ class TurnEngine:
         """What failed admissions may have stored, taken back (:mod:`~.withdrawals`)."""
         self.withdrawals.on_taken_back = self.metrics.took_back
         self._expiry_margin = expiry_margin(self.settings.leases)
-        self._holding: dict[SessionKey, Boundary] = {}
-        """The boundaries under way here that hold their session's lease."""
 
     @property
     def closed(self) -> bool:
@@ -767,29 +765,38 @@ class TurnEngine:
         """Hold ``boundary``'s session in the store too, if no process runs it: no turn
         starts for it anywhere until :meth:`end_boundary` (what other processes accept
         meanwhile waits for the lease), and the messages they had queued before are
-        the ones its :meth:`stop` drops (``foreign``). Otherwise nothing changes."""
+        the ones its :meth:`stop` drops (:meth:`dropped_elsewhere`). Otherwise
+        nothing changes."""
         state = self.registry.get(boundary.key)
-        lease = await self.leases.hold_for_boundary(state)
-        if lease is None:
+        hold = await self.leases.hold_for_boundary(state)
+        if hold is None:
             return
+        boundary.hold = hold
+        if hold.boundaries > 1:
+            return  # joined: the first read what waited elsewhere
         self._ensure_background()  # it is renewed with the turns' leases
-        boundary.lease = lease
-        self._holding[boundary.key] = boundary
         try:
             queued = await self.store.pending(boundary.key)
         except ChatlaneError as error:  # the boundary's stop reads the queue again
             log.info("could not read the queue: %s", error, extra=turn_fields(boundary.key))
             return
-        boundary.foreign = frozenset(r.seq for r in queued if r.owner != self.holder)
+        hold.foreign = frozenset(r.seq for r in queued if r.owner != self.holder)
+
+    def dropped_elsewhere(self, boundary: Boundary) -> frozenset[int] | None:
+        """Which of other processes' messages ``boundary``'s :meth:`stop` drops: those
+        queued before its hold, while the hold still keeps the session from every other
+        process; ``None`` (every one it finds) without a hold, or once another process
+        fenced it (its messages may have run meanwhile, in the ending conversation)."""
+        hold = boundary.hold
+        return hold.foreign if hold is not None and self.leases.holding(hold) else None
 
     async def end_boundary(self, boundary: Boundary) -> None:
-        """``boundary`` is done, or failed: its lease is given back, then what waits starts."""
+        """``boundary`` is done, or failed: its lease is given back (once the last boundary
+        holding it is done), then what waits starts."""
         state = self.registry.get(boundary.key)
         try:
-            if boundary.lease is not None:
-                if self._holding.get(boundary.key) is boundary:
-                    del self._holding[boundary.key]
-                await self.leases.let_go_of_boundary(state, boundary.lease, self._open)
+            if boundary.hold is not None:
+                await self.leases.let_go_of_boundary(boundary.hold, self._open)
         finally:
             self.slots.end_boundary(state)
 
@@ -798,7 +805,7 @@ class TurnEngine:
 
     def holds_boundary(self, key: SessionKey) -> bool:
         """Whether a boundary under way here holds ``key``'s lease (:meth:`hold_boundary`)."""
-        return key in self._holding
+        return self.leases.holds_boundary(key)
 
     async def _queue_again(
         self, state: SessionState, entries: list[pending.PendingEntry], error: ChatlaneError
@@ -971,6 +978,7 @@ class TurnEngine:
         await self.asides.close()
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
+        await self.leases.let_go_of_boundaries()
         await self.leases.sign_off()
         self.outcomes.end(self.outcomes.open_ids(), Outcome.SHUT_DOWN)
 

@@ -43,11 +43,13 @@ What stays true:
   released here: the drawn messages change owner while the lease is held,
   so the process that gave them up cannot take the lease and run them first.
 * A conversation boundary that finds its session's lease free takes it for
-  its whole length (:meth:`LeaseKeeper.hold_for_boundary`), so that no
-  process starts a turn for the session meanwhile; it is renewed with the
-  turns' leases until a renewal is refused (a generation bump ends it as a
-  fence: the store keeps it until it is released or expires), and released
-  once, when the boundary ends (:meth:`LeaseKeeper.let_go_of_boundary`).
+  its whole length (:meth:`LeaseKeeper.hold_for_boundary`; another boundary
+  here for the same session joins it), so that no process starts a turn for
+  the session meanwhile; it is renewed with the turns' leases until a renewal
+  is refused (another process's ``/stop`` or interrupt fenced it: from then
+  it no longer counts as held, :meth:`LeaseKeeper.holding`), and released
+  once, when the last of its boundaries ends or the engine closes
+  (:meth:`LeaseKeeper.let_go_of_boundary`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import closing, contextmanager, suppress
+from dataclasses import dataclass
 
 from chatlane.errors import (
     ActiveSessionLimit,
@@ -122,6 +125,22 @@ class BeatGaps:
         self.count += 1
 
 
+@dataclass(eq=False)
+class BoundaryHold:
+    """A session's lease, held here by one or more conversation boundaries."""
+
+    state: SessionState
+    lease: Lease
+    """As last renewed."""
+    boundaries: int = 1
+    """How many boundaries under way here hold it: the last to end gives it back."""
+    refused: bool = False
+    """A renewal was refused: another process fenced it (it is renewed no more)."""
+    foreign: frozenset[int] | None = None
+    """The seqs of other processes' messages queued when it was taken: the ones its
+    boundaries drop (``None``: not read; every other process's message they find)."""
+
+
 class LeaseKeeper:
     """Acquires, renews and releases the leases of one process's turns."""
 
@@ -138,8 +157,8 @@ class LeaseKeeper:
         """The watch of each session whose lease a turn here waits for."""
         self._releasing: dict[SessionKey, asyncio.Future[None]] = {}
         """Sessions whose lease this process is giving back: done once the store answered."""
-        self._boundaries: dict[SessionKey, Lease] = {}
-        """The leases conversation boundaries hold, as last renewed: renewed until refused."""
+        self._boundaries: dict[SessionKey, BoundaryHold] = {}
+        """The leases conversation boundaries hold here, one per session."""
 
     def admit(
         self, state: SessionState, message_id: str, payload: bytes, *, choices: bool, token: str
@@ -351,17 +370,23 @@ class LeaseKeeper:
                 del self._releasing[key]
             answered.set_result(None)
 
-    async def hold_for_boundary(self, state: SessionState) -> Lease | None:
-        """Take ``state``'s lease for a conversation boundary, if it is free; ``None`` if not.
+    async def hold_for_boundary(self, state: SessionState) -> BoundaryHold | None:
+        """Hold ``state``'s lease for a conversation boundary; ``None`` if it is not free.
 
-        One try, with no wait: a session a turn holds (here or in another
-        process), an earlier message's turn about to take, or a store that
-        cannot be asked, is left as it is. What a try whose answer was lost
-        may have taken is given back (:mod:`~chatlane.runtime.withdrawals`).
-        The active-session limit never refuses it: a boundary is short and runs
-        no agent.
+        A boundary already holding it here is joined (the lease is given back
+        when the last of them ends). Otherwise one try, with no wait: a session a
+        turn holds (here or in another process), an earlier message's turn about
+        to take, or a store that cannot be asked, is left as it is. What a try
+        whose answer was lost may have taken is given back
+        (:mod:`~chatlane.runtime.withdrawals`). The active-session limit never
+        refuses it (a boundary is short and runs no agent), though while held it
+        counts as an active session for other sessions' turns.
         """
         key = state.key
+        held = self._boundaries.get(key)
+        if held is not None:
+            held.boundaries += 1
+            return held
         releasing = self._releasing.get(key)
         if releasing is not None:  # our own lease, being given back: its answer first
             await asyncio.shield(releasing)
@@ -375,21 +400,37 @@ class LeaseKeeper:
                 self.withdrawals.failed(key, token=token, error=error)
             log.info("a boundary goes on without its lease: %s", error, extra=turn_fields(key))
             return None
+        except BaseException:  # cancelled: what the call may have taken goes back
+            self.withdrawals.failed(key, token=token)
+            raise
         self.hold(state, lease)
-        self._boundaries[key] = lease
-        return lease
+        hold = self._boundaries[key] = BoundaryHold(state, lease)
+        return hold
 
-    async def let_go_of_boundary(
-        self, state: SessionState, lease: Lease, wanted: Callable[[], bool]
-    ) -> None:
-        """Give back the lease :meth:`hold_for_boundary` took (once; never raises but for
-        cancellation), so the session's next turn, here or elsewhere, may take it.
+    def holding(self, hold: BoundaryHold) -> bool:
+        """Whether ``hold`` still keeps its session from every other process: no renewal
+        was refused (another process's ``/stop`` or interrupt fenced it) and it has not
+        expired on this host's clock."""
+        return not hold.refused and not locally_expired(hold.lease)
+
+    def holds_boundary(self, key: SessionKey) -> bool:
+        """Whether a boundary under way here holds ``key``'s lease."""
+        return key in self._boundaries
+
+    async def let_go_of_boundary(self, hold: BoundaryHold, wanted: Callable[[], bool]) -> None:
+        """One boundary holding ``hold`` ended; once the last has, the lease is given back
+        (once; never raises but for cancellation), so the session's next turn, here or
+        elsewhere, may take it.
 
         Through an outage it is tried again while ``wanted()`` holds (the engine is
         not closing): a lease left behind would hold the session until it expires.
         """
-        self._boundaries.pop(state.key, None)
-        generation = lease.generation
+        hold.boundaries -= 1
+        if hold.boundaries > 0:
+            return
+        state, generation = hold.state, hold.lease.generation
+        if self._boundaries.get(state.key) is hold:
+            del self._boundaries[state.key]
         try:
             await retry_store(
                 lambda: self.release(state, generation),
@@ -402,20 +443,27 @@ class LeaseKeeper:
                 "could not give back a boundary's lease: %s", error, extra=turn_fields(state.key)
             )
 
+    async def let_go_of_boundaries(self) -> None:
+        """Give back every lease boundaries hold here, each tried once (the engine closes)."""
+        holds, self._boundaries = list(self._boundaries.values()), {}
+        for hold in holds:
+            hold.boundaries = 1
+            await self.let_go_of_boundary(hold, lambda: False)
+
     def boundary_leases(self) -> list[Lease]:
-        """The leases boundaries hold now, to be renewed beside the turns' (:meth:`renewed`)."""
-        return list(self._boundaries.values())
+        """The leases boundaries hold now and renew, beside the turns' (:meth:`renewed`)."""
+        return [hold.lease for hold in self._boundaries.values() if not hold.refused]
 
     def renewed(self, held: Lease, lease: Lease | None) -> None:
         """A boundary's lease ``held`` was renewed as ``lease``, or refused (``None``): then
-        it is renewed no more, and stays to be released."""
-        key = held.key
-        if self._boundaries.get(key) is not held:
+        it is renewed no more (:meth:`holding` says so), and stays to be released."""
+        hold = self._boundaries.get(held.key)
+        if hold is None or hold.lease is not held:
             return  # let go of meanwhile
         if lease is None:
-            del self._boundaries[key]
+            hold.refused = True
         else:
-            self._boundaries[key] = lease
+            hold.lease = lease
 
     def is_drawing(self, key: SessionKey) -> bool:
         """Whether messages are being drawn into ``key``'s running turn (:meth:`drawing`)."""
@@ -512,6 +560,7 @@ def locally_expired(lease: Lease | None) -> bool:
 __all__ = [
     "AcquireWait",
     "BeatGaps",
+    "BoundaryHold",
     "LeaseKeeper",
     "LeaseLost",
     "LeaseSettings",

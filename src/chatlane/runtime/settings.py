@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from chatlane.errors import ChatlaneError, ConfigError, shown_to_users
 from chatlane.runtime.busy import BusySettings, Overflow
@@ -24,8 +25,10 @@ from chatlane.runtime.limits import (
     Seconds,
     check_bounds,
 )
-from chatlane.stores.base import Lease
 from chatlane.types import InboundMessage, SessionKey
+
+if TYPE_CHECKING:
+    from chatlane.runtime.leases import BoundaryHold
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +161,8 @@ class Boundary:
     key: SessionKey
     waiting: frozenset[int]
     """The seqs of the messages waiting here when it began: the ones it drops."""
-    lease: Lease | None = None
+    hold: BoundaryHold | None = None
     """The session's lease, held for it in the store: no process starts a turn meanwhile."""
-    foreign: frozenset[int] | None = None
-    """With ``lease``: the seqs of other processes' messages queued when it was taken, the
-    ones it drops (``None``: every other process's message it finds)."""
 
 
 class StopIncomplete(ChatlaneError):
