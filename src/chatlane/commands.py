@@ -27,7 +27,7 @@ from chatlane.runtime import pending
 from chatlane.runtime.aside import TooManyAsides
 from chatlane.runtime.busy import NOW, BusyOutcome, BusyPolicy, ack_text
 from chatlane.runtime.settings import StopIncomplete
-from chatlane.runtime.turn import waiting_here
+from chatlane.runtime.turn import steered_here, waiting_here
 from chatlane.state import SlotPhase
 from chatlane.stores.fields import BUSY_POLICY
 from chatlane.types import InboundMessage, SessionKey, clipped
@@ -277,22 +277,33 @@ async def _status(call: CommandCall) -> str:
         activity = "idle"
     policy = engine.policy_for(state, call.message)
     origin = "session" if state.persistent.busy_policy is not None else "default"
+    steered = steered_here(state)
+    waiting = f"queued: {waiting_here(state)}"  # what queue_cap counts, as "Queue full" says
+    if steered:
+        waiting += f" ({len(steered)} steered into the running turn, not taken yet)"
     lines = [
         f"Status: {activity}",
         f"generation: {state.persistent.run_generation}",
-        f"queued: {pending.pending_count(state)}",
+        waiting,
+        *(_queued_line(seq, message, STEERED_MARK) for seq, message in steered),
         *(_queued_line(seq, message) for seq, message in pending.queued(state)),
         f"busy policy: {policy} ({origin})",
     ]
     return "\n".join(lines)
 
 
-def _queued_line(seq: int, message: InboundMessage) -> str:
-    """One waiting message: its short id (for ``/unqueue``), its age, its author, its start."""
+STEERED_MARK = " (steered into the running turn)"
+"""How ``/status`` marks a message steered into the running turn that its agent has not
+taken yet: it waits, and ``/unqueue`` takes it back, as a queued one."""
+
+
+def _queued_line(seq: int, message: InboundMessage, mark: str = "") -> str:
+    """One waiting message: its short id (for ``/unqueue``), its age, its author, its start,
+    and ``mark``."""
     age = max(0, round(time.time() - message.received_at))
     source = message.source
     author = source.user_name or source.user_id or source.chat_name or "someone"
-    return f"  #{seq} {age}s {author}: {pending.preview(message)}"
+    return f"  #{seq} {age}s {author}: {pending.preview(message)}{mark}"
 
 
 _SHORT_ID = re.compile(r"#?(\d{1,18})")
@@ -301,8 +312,10 @@ _SHORT_ID = re.compile(r"#?(\d{1,18})")
 async def _unqueue(call: CommandCall) -> str:
     found = _SHORT_ID.fullmatch(call.args.strip())
     if found is None:
-        raise UsageError("/unqueue needs the #id of a queued message, as /status lists it.")
+        raise UsageError("/unqueue needs the #id of a waiting message, as /status lists it.")
     seq = int(found.group(1))
+    state = call.engine.registry.peek(call.session_key)
+    steered = state is not None and any(s == seq for s, _ in steered_here(state))
     try:
         message = await call.engine.unqueue(call.session_key, seq)
     except ChatlaneError as error:
@@ -310,6 +323,9 @@ async def _unqueue(call: CommandCall) -> str:
         return f"Could not take #{seq} out of the queue ({shown_to_users(error)}); it still waits."
     if message is None:
         return f"No message #{seq} waits here (/status lists the queue)."
+    if steered:  # its agent never gets it
+        where = "back from the running turn (its agent had not taken it)"
+        return f"Took #{seq} {where}: {pending.preview(message)}; its sender was told."
     return f"Took #{seq} out of the queue: {pending.preview(message)}; its sender was told."
 
 
@@ -403,14 +419,14 @@ BUILTIN_COMMANDS = (
     ),
     CommandSpec(
         "status",
-        "show whether a turn runs, the generation and each queued message",
+        "show whether a turn runs, the generation and each waiting message",
         "/status",
         CommandBusy.DISPATCH,
         _status,
     ),
     CommandSpec(
         "unqueue",
-        "take one queued message out of the queue (its sender is told)",
+        "take one waiting message out of the queue (its sender is told)",
         "/unqueue #<id>",
         CommandBusy.DISPATCH,
         _unqueue,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 from typing import Any
 
@@ -583,6 +584,110 @@ async def test_summarize_collapses_the_steers_the_agent_has_not_taken_too() -> N
     assert told.in_reply_to == tuple(r.message_id for r in sent)
     ends = {o.message_id: o.outcome for o in h.outcomes}
     assert all(ends[r.message_id] is Outcome.ANSWERED for r in sent)
+
+
+STEERED_LINE = re.compile(r"  #(\d+) \d+s ann: “(.*)” \(steered into the running turn\)")
+"""A line of ``/status`` for a message steered into the running turn and not taken yet."""
+
+
+async def _steered_ids(h: GatewayHarness) -> tuple[str, dict[str, int]]:
+    """``/status`` in chat c: its ``queued:`` line, and each untaken steer it lists by its
+    preview, with the short id ``/unqueue`` takes."""
+    await h.send("/status", chat_id="c")
+    status = h.delivered(chat_id="c")[-1].text
+    [count] = [line for line in status.splitlines() if line.startswith("queued: ")]
+    return count, {text: int(seq) for seq, text in STEERED_LINE.findall(status)}
+
+
+async def _seqs(h: GatewayHarness) -> dict[str, int]:
+    """The store's seq of each message it holds for chat c, by message id."""
+    stored = await h.gateway.engine.store.pending(h.session_key(chat_id="c"))
+    return {record.message_id: record.seq for record in stored}
+
+
+async def test_status_counts_and_lists_the_steers_the_agent_has_not_taken() -> None:
+    """/status counts what queue_cap counts, as "Queue full" says, and lists each untaken
+    steer under its store seq, marked as steered."""
+    gate = SteeredGate()
+    async with GatewayHarness(gate, busy="steer", queue_cap=2, ack_debounce=0) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        a, b = [await h.send(text, chat_id="c", user_name="ann") for text in ("a", "b")]
+        assert (a.outcome, b.outcome) == (BusyOutcome.STEERED, BusyOutcome.STEERED)
+        full = await h.send("c", chat_id="c", user_name="ann")
+        assert full.outcome is BusyOutcome.QUEUE_FULL
+        assert h.delivered(chat_id="c")[-1].text.startswith("Queue full (2 queued)")
+        count, steered = await _steered_ids(h)
+        assert count == "queued: 2 (2 steered into the running turn, not taken yet)"
+        seqs = await _seqs(h)
+        assert steered == {"a": seqs[a.message_id], "b": seqs[b.message_id]}
+        gate.opened.set()
+        await h.settle()
+
+
+async def test_unqueue_takes_back_a_steer_the_agent_has_not_taken() -> None:
+    """/unqueue takes an untaken steer back as it takes a queued message out: its sender is
+    told, the store drops it, its agent never gets it, and it no longer counts."""
+    gate = SteeredGate()
+    async with GatewayHarness(gate, busy="steer", queue_cap=2) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        a, b = [await h.send(text, chat_id="c", user_name="ann") for text in ("a", "b")]
+        seqs = await _seqs(h)
+        steered = {"a": seqs[a.message_id], "b": seqs[b.message_id]}  # as /status lists them
+        await h.send(f"/unqueue #{steered['a']}", chat_id="c")
+        notice, answer = h.delivered(chat_id="c")[-2:]
+        assert (notice.kind, notice.text) == (
+            OutboundKind.NOTICE,
+            "Taken out of the queue, will not run: “a”",
+        )
+        assert notice.in_reply_to == (a.message_id,)
+        assert answer.text == (
+            f"Took #{steered['a']} back from the running turn (its agent had not taken it): "
+            "“a”; its sender was told."
+        )
+        assert a.message_id not in await _seqs(h)
+        assert await _steered_ids(h) == (
+            "queued: 1 (1 steered into the running turn, not taken yet)",
+            {"b": steered["b"]},
+        )
+        room = await h.send("d", chat_id="c", user_name="ann")
+        assert room.outcome is BusyOutcome.STEERED  # one place was freed
+        gate.opened.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", "ran: b", "ran: d"]
+    ends = {o.message_id: o.outcome for o in h.outcomes}
+    assert (ends[a.message_id], ends[b.message_id]) == (Outcome.DROPPED, Outcome.ANSWERED)
+
+
+async def test_a_steer_unqueue_could_not_drop_is_steered_again_in_its_place() -> None:
+    gate = SteeredGate()
+    store = Refusing(first_of("drop_pending"))
+    async with GatewayHarness(gate, busy="steer", store=store, queue_cap=2) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        a, b = [await h.send(text, chat_id="c", user_name="ann") for text in ("a", "b")]
+        seqs = await _seqs(h)
+        await h.send(f"/unqueue #{seqs[a.message_id]}", chat_id="c")
+        assert h.delivered(chat_id="c")[-1].text == (
+            f"Could not take #{seqs[a.message_id]} out of the queue ({STORE_UNAVAILABLE}); "
+            "it still waits."
+        )
+        assert store.refused["drop_pending"] == 1
+        turn = h.gateway.engine.running_turn(h.session_key(chat_id="c"))
+        assert turn is not None
+        assert [m.text for m, _ in turn.waiting_steers()] == ["a", "b"]  # back before b
+        assert await _steered_ids(h) == (
+            "queued: 2 (2 steered into the running turn, not taken yet)",
+            {"a": seqs[a.message_id], "b": seqs[b.message_id]},
+        )
+        assert await _seqs(h) == seqs  # the store still holds it
+        gate.opened.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="c") if o.text.startswith("ran: ")]
+    assert ran == ["ran: hold", "ran: a", "ran: b"]
+    assert not any(o.text.startswith("Taken out of the queue") for o in h.delivered(chat_id="c"))
 
 
 async def test_drop_oldest_makes_room_and_tells_the_dropped_message_sender() -> None:

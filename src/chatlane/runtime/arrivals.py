@@ -31,9 +31,10 @@ and tells the sender. What stays true:
   queued or steered, leaves (here and in the store, its sender told) and the
   new one waits in its place.
 * A message taken out of the queue (overflow, ``/unqueue``), or back from the
-  running turn's steers (overflow), leaves it here before the store is asked,
-  so it never starts meanwhile nor reaches the agent; if the store cannot
-  drop it, it waits again in its place.
+  running turn's steers (overflow, ``/unqueue``), leaves it here before the
+  store is asked, so it never starts meanwhile nor reaches the agent; if the
+  store cannot drop it, it waits again in its place (among the steers, while
+  that turn runs).
 * Under ``summarize`` a message that finds the queue full is not refused:
   it and every waiting message (the untaken steers too) become one turn (its
   agent reads a note that they were collapsed), and each of their senders is
@@ -305,14 +306,20 @@ class BusyDesk:
         return _taken(state, waiting[0][0]) if waiting else None
 
     async def take_out(self, state: SessionState, seq: int, notice: str) -> InboundMessage | None:
-        """Take the message waiting under ``seq`` out of the queue, here and in the store.
+        """Take the message waiting under ``seq`` out of the queue, or back from the running
+        turn's steers its agent has not taken (it never gets it), here and in the store.
 
         It ends as dropped; its sender gets ``notice`` with the start of its text.
 
         :returns: the message, or ``None`` if none waits here under ``seq``.
-        :raises ChatlaneError: the store could not drop it: it waits again, in its place.
+        :raises ChatlaneError: the store could not drop it: it waits again, in its place
+            (steered again with :meth:`~chatlane.runtime.turn.Turn.steer_again` while its
+            turn runs).
         """
         taken = _taken(state, seq)
+        if taken is None:
+            turn = running_turn_of(state)
+            taken = None if turn is None else _unsteered(turn, seq)
         if taken is None:
             return None
         await self._let_go(state, taken, notice, reraise=True)

@@ -819,10 +819,12 @@ class TurnEngine:
         self.slots.promote(state)  # if the stopped turn ended meanwhile
 
     async def unqueue(self, key: SessionKey, seq: int) -> InboundMessage | None:
-        """``/unqueue``: take one waiting message out of this process's queue and the store's.
+        """``/unqueue``: take one waiting message out of this process's queue and the store's,
+        or back from the running turn's steers its agent has not taken yet.
 
         It ends as dropped and its sender is told. The message leaves the
-        queue here before the store is asked, so it can never start meanwhile.
+        queue (or the steers) here before the store is asked, so it can never
+        start, nor reach the agent, meanwhile.
 
         :returns: the message, or ``None`` if none waits here under ``seq``.
         :raises ChatlaneError: the store could not drop it: it waits again, in its place.

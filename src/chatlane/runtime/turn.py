@@ -15,7 +15,8 @@ handed to the agent once its lease is held. What stays true:
 * Steered text is kept until the agent takes it; whatever it never takes is
   queued as a follow-up turn by the engine, so steering loses nothing. Until
   taken, a steered message waits as a queued one does: :func:`waiting_here`
-  counts both, and that count is what ``queue_cap`` bounds.
+  counts both, and that count is what ``queue_cap`` bounds; :func:`steered_here`
+  names them, under the store ``seq`` ``/status`` lists and ``/unqueue`` takes.
 """
 
 from __future__ import annotations
@@ -597,3 +598,11 @@ def waiting_here(state: SessionState) -> int:
     turn = state.turn.current
     queued = pending.pending_count(state)
     return queued if turn is None else queued + turn.steers_waiting()
+
+
+def steered_here(state: SessionState) -> list[tuple[int, InboundMessage]]:
+    """The messages steered into ``state``'s running turn that its agent has not taken yet,
+    each with its store ``seq`` (as :func:`~chatlane.runtime.pending.queued` gives the
+    queued ones), in the order the agent would take them."""
+    turn = state.turn.current
+    return [] if turn is None else [(seq, message) for message, seq in turn.waiting_steers()]
