@@ -171,7 +171,9 @@ async def test_queue_cap_answers_queue_full() -> None:
 
 async def test_collect_merges_into_one_follow_up_after_debounce() -> None:
     recorder = Recorder()
-    async with GatewayHarness(EchoAgent(recorder), busy="collect", collect_debounce=0.15) as h:
+    # "c" must come within the debounce after the first turn ended: a window wide
+    # enough for a loaded machine's gap between two sends, not a measure of speed
+    async with GatewayHarness(EchoAgent(recorder), busy="collect", collect_debounce=2.0) as h:
         result = await h.send("sleep 0.05", chat_id="c")
         for text in ("a", "b"):
             await h.send(text, chat_id="c")
