@@ -22,7 +22,7 @@ from chatlane.hub import open_hub
 from chatlane.secrets import TokenSource
 from chatlane.serve import add_adapters, configure, uvicorn_config
 from tests.adapters.test_api import TOKEN, serve
-from tests.adapters.test_web import WAIT, served
+from tests.adapters.test_web import WAIT, chat_socket, close_code, served
 from tests.ports import free_port
 from tests.test_operating import config_with_token
 from tests.test_serve import start, stop, wait_ready
@@ -292,3 +292,25 @@ def test_a_proxy_elsewhere_is_trusted_through_forwarded_allow_ips(
     assert default.forwarded_allow_ips == "127.0.0.1,::1"
     monkeypatch.setenv("FORWARDED_ALLOW_IPS", "10.0.0.5,10.1.0.0/16")
     assert uvicorn_config(Starlette(), Config()).forwarded_allow_ips == "10.0.0.5,10.1.0.0/16"
+
+
+async def test_credentials_of_another_scheme_are_no_guesses(tmp_path: Path) -> None:
+    """The ``Basic`` credentials a proxy's own password check forwards on every request (the
+    WebSocket handshake too), and an empty bearer token, present no token: refused, never
+    counted, so the address's right token is still served everywhere."""
+    basic = {"X-Forwarded-For": GUESSER, "Authorization": "Basic dXNlcjpwYXNz"}
+    empty = {"X-Forwarded-For": GUESSER, "Authorization": "Bearer"}
+    async with (
+        gateway(config_with_token(tmp_path)) as base,
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        host = base.removeprefix("http://")
+        for headers in (basic, empty):
+            for route in range(len(GUESSED_ROUTES) * (GUESSES + 1)):
+                assert (await call(client, route, headers)).status_code == 401
+        for _ in range(GUESSES + 1):
+            async with chat_socket(host, None, **basic) as ws:
+                assert await close_code(ws) == 4401
+        for route in range(len(GUESSED_ROUTES)):
+            answered = await call(client, route, sent_from(GUESSER, TOKEN))
+            assert answered.status_code == 200, GUESSED_ROUTES[route]

@@ -19,9 +19,12 @@ What stays true:
   together are counted together: one address has at most :data:`GUESSES`
   wrong tokens judged within :data:`GUESS_WINDOW` seconds, however many it
   sends at once. While it is blocked, no token of its is judged, the right one
-  included (answer 429 with ``Retry-After``); a request that presents no token
-  is not counted, and while no usable token is loaded (a reload locked the
-  gateway) nothing is counted, as there is nothing to guess.
+  included (answer 429 with ``Retry-After``). Only a token is counted: an
+  ``Authorization`` header of another scheme than ``Bearer`` (the ``Basic``
+  credentials a proxy's own password check forwards), an empty bearer token
+  and a sign-in that posts no token present none (:func:`bearer_token`); and
+  while no usable token is loaded (a reload locked the gateway) nothing is
+  counted, as there is nothing to guess.
 """
 
 from __future__ import annotations
@@ -62,6 +65,16 @@ def client_address(connection: HTTPConnection) -> str:
     when the server knows no address (all such requests share one count).
     """
     return connection.client.host if connection.client is not None else ""
+
+
+def bearer_token(authorization: str) -> bytes | None:
+    """The token an ``Authorization`` header's value (as Starlette hands it over, decoded
+    as Latin-1) carries as ``Bearer <token>``, as the bytes the client sent (so UTF-8
+    tokens work); ``None`` when it carries none: no header, another scheme (``Basic``),
+    or an empty token. Only what this returns is a token to judge, or to count."""
+    scheme, _, given = authorization.partition(" ")
+    sent = given.strip().encode("latin-1", errors="replace")
+    return sent if scheme.lower() == "bearer" and sent else None
 
 
 class TooManyGuesses(ChatlaneError):
@@ -199,18 +212,20 @@ class AccessToken:
 
     def check_authorization(self, authorization: str, client: str) -> bool:
         """:meth:`check_bearer` for the ``Authorization`` header's value (``""`` if absent),
-        as Starlette hands it over (decoded as Latin-1)."""
+        as Starlette hands it over (decoded as Latin-1). Only a bearer token is counted
+        (:func:`bearer_token`): a header of another scheme is refused uncounted."""
         if not self._required:
             return True
-        if not authorization:
+        given = bearer_token(authorization)
+        if given is None:
             return False  # nothing presented, nothing guessed
         attempt = self.guesses.reserve(client)
-        return self.settle(attempt, self.admits_authorization(authorization))
+        return self.settle(attempt, given, self.matches(given))
 
-    def settle(self, attempt: Attempt, right: bool) -> bool:
-        """``right``; ``attempt`` stays counted only if it was a wrong guess: not right,
-        while a token was loaded to guess."""
-        if right or not self._value:
+    def settle(self, attempt: Attempt, given: bytes, right: bool) -> bool:
+        """``right``, for the token ``given``; ``attempt`` stays counted only if it was a
+        wrong guess: a token was given, it was not right, and a token was loaded to guess."""
+        if right or not given or not self._value:
             self.guesses.release(attempt)
         return right
 
@@ -219,10 +234,8 @@ class AccessToken:
         <token>`` (nothing is counted: :meth:`check_authorization` counts)."""
         if not self._required:
             return True
-        scheme, _, given = authorization.partition(" ")
-        # headers arrive decoded as Latin-1: recover the bytes the client sent (UTF-8 tokens work)
-        sent = given.strip().encode("latin-1", errors="replace")
-        return scheme.lower() == "bearer" and self.matches(sent)
+        given = bearer_token(authorization)
+        return given is not None and self.matches(given)
 
     def derive(self, purpose: bytes) -> bytes | None:
         """A key for ``purpose`` derived from the token; ``None`` while none is loaded.

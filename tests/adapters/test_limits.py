@@ -295,6 +295,24 @@ async def test_wrong_client_tokens_block_their_address(tmp_path: Path) -> None:
         assert [model.id async for model in neighbour.models.list()] == ["chatlane"]
 
 
+async def test_credentials_of_another_scheme_are_no_client_guesses(tmp_path: Path) -> None:
+    """``Authorization: Basic …`` (a proxy's own password check) names no client: 401 each
+    time, never counted, so alice's token is still served from that address."""
+    hub = await api_hub(clients_config(tmp_path), DemoAgent())
+    async with served(hub, token="alice-token") as alice:
+        behind = alice.with_options(default_headers={"X-Forwarded-For": "203.0.113.7"})
+        basic = behind.with_options(
+            default_headers={
+                "X-Forwarded-For": "203.0.113.7",
+                "Authorization": "Basic dXNlcjpwYXNz",
+            }
+        )
+        for _ in range(GUESSES + 1):
+            with pytest.raises(openai.AuthenticationError):
+                await basic.models.list()
+        assert [model.id async for model in behind.models.list()] == ["chatlane"]
+
+
 def test_a_client_whose_token_is_unset_is_told_where_it_was_read() -> None:
     clients = {"alice": ApiClientConfig(Secret(env="ALICE_API_TOKEN"))}
     config = Config(api=ApiConfig(clients=clients))

@@ -839,6 +839,27 @@ async def test_wrong_sign_ins_sent_at_once_are_counted_together(
     assert all(0 < int(a.headers["retry-after"]) <= GUESS_WINDOW for a in answers[GUESSES:])
 
 
+async def test_a_sign_in_that_posts_no_token_is_not_counted(token_config: Config) -> None:
+    """An empty field, a body that is no form, a form over 4 KiB (declared or not): no token
+    is judged, none is counted, however often; the right token then signs in."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    oversized = b"token=s3cret-t%C3%B8ken&pad=" + b"x" * 4096
+
+    async def streamed() -> AsyncIterator[bytes]:
+        yield oversized  # no Content-Length: the form is read to learn its size
+
+    async with (
+        web_server(token_config) as host,
+        httpx.AsyncClient(base_url=f"http://{host}") as client,
+    ):
+        for _ in range(GUESSES + 1):
+            assert (await sign_in(client, "")).status_code == 401
+            assert (await client.post("/", json={"token": "guess"})).status_code == 401
+            assert (await client.post("/", content=oversized, headers=form)).status_code == 401
+            assert (await client.post("/", content=streamed(), headers=form)).status_code == 401
+        assert (await sign_in(client, "s3cret-tøken")).status_code == 303
+
+
 async def test_a_right_sign_in_is_not_counted(token_config: Config) -> None:
     async with (
         web_server(token_config) as host,

@@ -58,7 +58,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from chatlane.access import AccessToken, TooManyGuesses, client_address
+from chatlane.access import AccessToken, TooManyGuesses, bearer_token, client_address
 from chatlane.adapters.api_clients import ApiClient, ApiClients
 from chatlane.adapters.api_ids import (
     check_key,
@@ -380,18 +380,13 @@ class ApiAdapter:
         :raises ApiRequestError: (401) if the token is none of theirs.
         :raises TooManyGuesses: for a token sent while ``address`` is blocked.
         """
-        if not authorization:
+        given = bearer_token(authorization)
+        if given is None:
             raise _unauthenticated()  # nothing presented, nothing guessed
-        client = self._access.guesses.judge(address, lambda: self._identify(authorization))
+        client = self._access.guesses.judge(address, lambda: self.clients.identify(given))
         if client is None:
             raise _unauthenticated()
         return client
-
-    def _identify(self, authorization: str) -> ApiClient | None:
-        """The client whose bearer token ``authorization`` carries, if any."""
-        scheme, _, presented = authorization.partition(" ")
-        client = self.clients.identify(presented.strip().encode("latin-1"))
-        return client if scheme.lower() == "bearer" else None
 
     # -- dispatch ------------------------------------------------------------------------
 

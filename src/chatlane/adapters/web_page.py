@@ -17,7 +17,9 @@ What stays true:
   posted or sent as a bearer token, are limited per client address with the
   token's own count (:class:`~chatlane.access.GuessLimiter`, shared by every
   route): a posted one is counted before its form is read, so sign-ins sent
-  at once are counted together. Every comparison is constant-time.
+  at once are counted together, and uncounted if the form posts no token (a
+  body that is no form, or is over :data:`MAX_FORM_BYTES`, is not counted at
+  all). Every comparison is constant-time.
 * The page is plain HTML, CSS and JavaScript shipped inside the package, with
   its Markdown libraries vendored under ``static/vendor``: no build step,
   nothing fetched from another origin (the Content-Security-Policy says so).
@@ -110,8 +112,8 @@ class Gate:
 
     def attempt(self, client: str) -> Attempt:
         """Count a sign-in of ``client``'s as a wrong token before its form is read (it may
-        take a while to arrive); :meth:`sign_in` uncounts it if the token is right, and a
-        form that never arrives stays counted.
+        take a while to arrive); :meth:`sign_in` uncounts it if the form posts no token or
+        the right one, and a form that never arrives stays counted.
 
         :raises TooManyGuesses: while ``client`` may not try.
         """
@@ -119,8 +121,8 @@ class Gate:
 
     def sign_in(self, attempt: Attempt, token: bytes) -> str | None:
         """A fresh sign-in cookie value if ``token`` is right, else ``None`` (``attempt``
-        then stays counted)."""
-        if not self._access.settle(attempt, self._access.matches(token)):
+        then stays counted, unless ``token`` is empty: no token, no guess)."""
+        if not self._access.settle(attempt, token, self._access.matches(token)):
             return None
         expires = int(self._clock()) + self.ttl
         payload = f"{expires}.{secrets.token_urlsafe(18)}"
@@ -218,13 +220,16 @@ class WebPage:
         address, each counted before its form is read."""
         if not _same_origin(request):
             return PlainTextResponse("cross-origin sign-in refused", status_code=403)
+        if not may_post_token(request):
+            return sign_in_page()  # no form to read a token from: nothing guessed
         try:
             attempt = self.gate.attempt(client_address(request))
         except TooManyGuesses as blocked:
             return sign_in_page(retry_after=blocked.retry_after)
-        cookie = self.gate.sign_in(attempt, await posted_token(request))
+        token = await posted_token(request)
+        cookie = self.gate.sign_in(attempt, token)
         if cookie is None:
-            return sign_in_page(wrong=True)
+            return sign_in_page(wrong=bool(token))
         response = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
         self.gate.remember(response, cookie, secure=over_https(request))
         return self._with_identity(request, response)
@@ -275,10 +280,20 @@ def origin_host(origin: str) -> str | None:
         return None
 
 
-async def posted_token(request: Request) -> bytes:
-    """The ``token`` field of a form post of at most :data:`MAX_FORM_BYTES`; ``b""`` otherwise."""
+def may_post_token(request: Request) -> bool:
+    """Whether ``request``'s headers allow a token in its body: a form
+    (``application/x-www-form-urlencoded``) not declared longer than :data:`MAX_FORM_BYTES`.
+    Any other sign-in posts no token, so it is neither read nor counted."""
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
+    length = request.headers.get("content-length", "")
+    too_long = length.isascii() and length.isdigit() and int(length) > MAX_FORM_BYTES
+    return kind == "application/x-www-form-urlencoded" and not too_long
+
+
+async def posted_token(request: Request) -> bytes:
+    """The ``token`` field of a form post of at most :data:`MAX_FORM_BYTES`; ``b""`` otherwise
+    (an empty field, no such field, a longer form, a form's content type missing)."""
+    if not may_post_token(request):
         return b""
     body = b""
     async for chunk in request.stream():
