@@ -14,13 +14,14 @@ from functools import partial
 from pathlib import Path
 
 import httpx
+import httpx2
 import openai
 import pytest
 import uvicorn
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed
 
-from chatlane.access import GUESS_WINDOW, GUESSES
+from chatlane.access import GUESS_WINDOW, GUESSES, AccessToken, GuessLimiter
 from chatlane.adapters import web
 from chatlane.adapters.api import ApiAdapter
 from chatlane.adapters.api_clients import ApiClients
@@ -41,6 +42,7 @@ from chatlane.errors import ConfigError
 from chatlane.hub import Hub, build_app
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.turn import Turn
+from chatlane.secrets import TokenSource
 from chatlane.stores import open_store
 from tests.adapters.test_api import TOKEN, eventually, make_config
 from tests.adapters.test_web import browser_id, chat_socket, drain, greeted, web_server
@@ -311,6 +313,36 @@ async def test_credentials_of_another_scheme_are_no_client_guesses(tmp_path: Pat
             with pytest.raises(openai.AuthenticationError):
                 await basic.models.list()
         assert [model.id async for model in behind.models.list()] == ["chatlane"]
+
+
+async def test_a_blocked_address_is_told_at_once_not_to_retry(tmp_path: Path) -> None:
+    """The SDK, left to retry a 429 as it does by default, obeys ``x-should-retry: false``:
+    the right token from a blocked address fails at once with RateLimitError, after one
+    request, instead of being sent twice more after ``Retry-After`` (up to a minute each).
+    The limiter's clock stands still, so the address stays blocked whatever the SDK does."""
+    config = make_config(tmp_path)
+    guesses = GuessLimiter(window=1, clock=lambda: 0.0)
+    access = AccessToken(TokenSource.read(config.server.token), guesses)
+    hub = Hub(config, await open_store("memory://"), DemoAgent())
+    hub.add(ApiAdapter(config, access=access))
+    sent: list[httpx2.Request] = []  # the SDK's own HTTP client library
+
+    async def note(request: httpx2.Request) -> None:
+        sent.append(request)
+
+    async with (
+        served(hub) as client,
+        httpx2.AsyncClient(event_hooks={"request": [note]}) as http,
+    ):
+        for guess in range(GUESSES):
+            with pytest.raises(openai.AuthenticationError):
+                await client.with_options(api_key=f"guess-{guess}").models.list()
+        retrying = client.with_options(max_retries=2, http_client=http)
+        with pytest.raises(openai.RateLimitError) as blocked:
+            await retrying.models.list()
+    assert len(sent) == 1
+    assert blocked.value.code == "too_many_wrong_tokens"
+    assert blocked.value.response.headers["x-should-retry"] == "false"
 
 
 def test_a_client_whose_token_is_unset_is_told_where_it_was_read() -> None:

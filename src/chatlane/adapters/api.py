@@ -547,11 +547,15 @@ def _unauthenticated() -> ApiRequestError:
 
 
 def _too_many_guesses(blocked: TooManyGuesses) -> ApiRequestError:
+    """429 ``too_many_wrong_tokens`` with ``Retry-After``, and ``x-should-retry: false``: an
+    SDK's own retry (OpenAI's waits out ``Retry-After`` twice, up to two minutes) would only
+    hang a call that no token can pass until the wait is over."""
     return ApiRequestError(
         429,
         f"{blocked} (no token from this address is checked meanwhile)",
         "rate_limit_error",
         "too_many_wrong_tokens",
+        retry=False,
         retry_after=blocked.seconds,
     )
 

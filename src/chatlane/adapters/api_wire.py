@@ -63,7 +63,8 @@ class ApiRequestError(ChatlaneError):
         """Whether sending the request again is safe. False once its message was taken
         and may still run (a 504, the 503 of a shutdown): the response then says
         ``x-should-retry: false``, which OpenAI's SDKs obey, since their own retry
-        carries no ``Idempotency-Key`` and would run the message a second time."""
+        carries no ``Idempotency-Key`` and would run the message a second time. False
+        too for a 429 an immediate retry cannot pass (``too_many_wrong_tokens``)."""
         self.retry_after = retry_after
         """Whole seconds to wait before sending it again (the ``Retry-After`` header); 0: no
         such wait is known."""
