@@ -191,11 +191,44 @@ def test_an_attempt_is_counted_until_released() -> None:
     limiter.release(first)
     limiter.release(first)  # once is all it counts
     assert limiter.retry_after("a") == 0
-    assert limiter.judge("b", lambda: "found") == "found"
-    assert limiter.judge("b", lambda: None) is None
-    assert limiter.judge("b", lambda: None) is None
+    assert limiter.judge("b", b"right", lambda: "found") == "found"
+    assert limiter.judge("b", b"one", lambda: None) is None
+    assert limiter.judge("b", b"two", lambda: None) is None
     with pytest.raises(TooManyGuesses):
-        limiter.judge("b", lambda: pytest.fail("a blocked address's token is not judged"))
+        limiter.judge("b", b"x", lambda: pytest.fail("a blocked address's token is not judged"))
+
+
+def test_the_same_wrong_token_counts_once_a_window() -> None:
+    """A token sent again and again (a tab holding an old one) is one count; each different
+    one counts; the repeated one counts anew once its first count is a window old."""
+    now = [0.0]
+    limiter = GuessLimiter(attempts=3, window=60, clock=lambda: now[0])
+    for _ in range(100):
+        assert limiter.judge("a", b"stale", lambda: None) is None
+    assert limiter.retry_after("a") == 0
+    assert limiter.judge("a", b"right", lambda: "found") == "found"
+    now[0] = 10
+    limiter.judge("a", b"guess 1", lambda: None)
+    limiter.judge("a", b"stale", lambda: None)
+    assert limiter.retry_after("a") == 0
+    limiter.judge("a", b"guess 2", lambda: None)
+    assert limiter.retry_after("a") == 50  # three different ones; "stale" since 0
+    now[0] = 60
+    limiter.judge("a", b"stale", lambda: None)  # counted anew, now
+    assert limiter.retry_after("a") == 10
+
+
+def test_wrong_tokens_are_remembered_by_keyed_digest_within_bounds() -> None:
+    """No token is kept: a digest under a key of each limiter's own; and the table holds at
+    most ``max_clients`` addresses of at most ``attempts`` counts."""
+    limiter = GuessLimiter(attempts=2, window=60, clock=lambda: 0.0, max_clients=3)
+    assert limiter.digest(b"tok") != GuessLimiter().digest(b"tok")
+    assert b"tok" not in limiter.digest(b"tok")
+    for client in range(10):
+        for guess in range(5):
+            with contextlib.suppress(TooManyGuesses):
+                limiter.judge(str(client), b"%d" % guess, lambda: None)
+    assert [limiter.retry_after(str(client)) for client in range(10)] == [0] * 7 + [60] * 3
 
 
 def test_nothing_is_counted_while_no_token_is_loaded(tmp_path: Path) -> None:
@@ -314,3 +347,27 @@ async def test_credentials_of_another_scheme_are_no_guesses(tmp_path: Path) -> N
         for route in range(len(GUESSED_ROUTES)):
             answered = await call(client, route, sent_from(GUESSER, TOKEN))
             assert answered.status_code == 200, GUESSED_ROUTES[route]
+
+
+async def test_a_stale_token_sent_again_and_again_blocks_no_one(tmp_path: Path) -> None:
+    """A script still sending the old token: a hundred requests (at once, over every route)
+    cost its address one guess, so the right token is served from there; four different
+    wrong ones then make five, and the address is blocked for every token, the stale one
+    and the right one included."""
+    async with (
+        gateway(config_with_token(tmp_path)) as base,
+        httpx.AsyncClient(base_url=base) as client,
+        asyncio.timeout(WAIT * 3),
+    ):
+        stale = sent_from(GUESSER, "the old token")
+        answers = await asyncio.gather(*(call(client, n, stale) for n in range(100)))
+        assert {answer.status_code for answer in answers} == {401}
+        for route in range(len(GUESSED_ROUTES)):
+            answered = await call(client, route, sent_from(GUESSER, TOKEN))
+            assert answered.status_code == 200, GUESSED_ROUTES[route]
+        for guess in range(GUESSES - 1):
+            assert (
+                await call(client, guess, sent_from(GUESSER, f"guess {guess}"))
+            ).status_code == 401
+        for headers in (stale, sent_from(GUESSER, TOKEN), sent_from(GUESSER, "guess 0")):
+            assert (await call(client, 3, headers)).status_code == 429

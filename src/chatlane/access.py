@@ -17,9 +17,12 @@ What stays true:
   count. A token is counted as wrong from the moment it arrives, before it is
   judged, and uncounted once it proved right, so requests that arrive
   together are counted together: one address has at most :data:`GUESSES`
-  wrong tokens judged within :data:`GUESS_WINDOW` seconds, however many it
-  sends at once. While it is blocked, no token of its is judged, the right one
-  included (answer 429 with ``Retry-After``). Only a token is counted: an
+  different wrong tokens judged within :data:`GUESS_WINDOW` seconds, however
+  many it sends at once. The same wrong token sent again counts once (a tab
+  or script still holding the old token does not block its address); wrong
+  tokens are remembered only as HMACs under a key of the process's own.
+  While it is blocked, no token of its is judged, the right one included
+  (answer 429 with ``Retry-After``). Only a token is counted: an
   ``Authorization`` header of another scheme than ``Bearer`` (the ``Basic``
   credentials a proxy's own password check forwards), an empty bearer token
   and a sign-in that posts no token present none (:func:`bearer_token`); and
@@ -33,8 +36,8 @@ import hashlib
 import hmac
 import logging
 import math
+import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -91,25 +94,36 @@ class TooManyGuesses(ChatlaneError):
         return max(1, math.ceil(self.retry_after))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Attempt:
-    """A token of ``client``'s, counted as wrong since ``at`` unless released."""
+    """A token of ``client``'s, counted as wrong since ``at`` until it is judged (each
+    attempt is its own count: two at one time are two)."""
 
     client: str
     at: float
 
 
+Counted = Attempt | bytes
+"""What one count of an address stands for: an attempt not judged yet, or a wrong token
+(its keyed digest, :meth:`GuessLimiter.digest`)."""
+
+
 class GuessLimiter:
-    """Counts wrong tokens per client address; after ``attempts`` within ``window``
-    seconds, that address may not try again until the oldest is ``window`` old.
+    """Counts the distinct wrong tokens of each client address; once ``attempts`` are
+    counted within ``window`` seconds, that address may not try again until the oldest
+    count is ``window`` old.
 
-    :meth:`reserve` counts an attempt before its token is judged, :meth:`release`
-    uncounts it once the token proved right: attempts in flight at once count
-    against each other, so no more than ``attempts`` wrong tokens of one address
-    are ever judged within ``window`` seconds.
+    :meth:`reserve` counts an attempt before its token is judged; :meth:`wrong` turns it
+    into a count of that token, :meth:`release` uncounts it (the token was right, or none
+    was presented). A token is remembered only as an HMAC of it under a random key of
+    this limiter's (never the token itself), so the same wrong token sent again (a tab
+    left open after a token change, a script with an old key) counts once per window,
+    while every different one counts anew. Attempts in flight at once count against each
+    other, so no more than ``attempts`` different wrong tokens of one address are ever
+    judged within ``window`` seconds.
 
-    At most ``max_clients`` addresses are remembered (the longest-known is
-    forgotten first), so the table cannot grow without bound.
+    At most ``max_clients`` addresses are remembered (the longest-known is forgotten
+    first), each with at most ``attempts`` counts, so the table cannot grow without bound.
     """
 
     def __init__(
@@ -124,14 +138,15 @@ class GuessLimiter:
         self.window = window
         self._clock = clock
         self._max_clients = max_clients
-        self._failures: dict[str, deque[float]] = {}
+        self._key = secrets.token_bytes(32)
+        self._counts: dict[str, dict[Counted, float]] = {}
 
     def retry_after(self, client: str) -> float:
         """Seconds until ``client`` may try again; ``0`` if it may now."""
-        failures = self._recent(client)
-        if len(failures) < self.attempts:
+        counts = self._recent(client)
+        if len(counts) < self.attempts:
             return 0.0
-        return failures[0] + self.window - self._clock()
+        return min(counts.values()) + self.window - self._clock()
 
     def reserve(self, client: str) -> Attempt:
         """Count an attempt of ``client``'s as wrong, now, before its token is judged.
@@ -141,41 +156,66 @@ class GuessLimiter:
         wait = self.retry_after(client)
         if wait > 0:
             raise TooManyGuesses(wait)
-        failures = self._recent(client)
-        if client not in self._failures and len(self._failures) >= self._max_clients:
-            del self._failures[next(iter(self._failures))]
         attempt = Attempt(client, self._clock())
-        failures.append(attempt.at)
-        self._failures[client] = failures
+        self._table(client)[attempt] = attempt.at
         return attempt
 
-    def release(self, attempt: Attempt) -> None:
-        """Uncount ``attempt``: its token was right (or was no guess)."""
-        failures = self._failures.get(attempt.client)
-        if failures is not None and attempt.at in failures:
-            failures.remove(attempt.at)  # counts of one time are interchangeable
-            if not failures:
-                del self._failures[attempt.client]
+    def wrong(self, attempt: Attempt, token: bytes) -> None:
+        """``attempt`` presented ``token`` and it was wrong: it counts as that token from
+        the attempt's time, or, if ``client`` was already counted for it within the window,
+        not again."""
+        self._table(attempt.client).setdefault(self.digest(token), attempt.at)
+        self.release(attempt)
 
-    def judge(self, client: str, identify: Callable[[], T]) -> T:
-        """What ``identify`` finds for a token ``client`` presented; a falsy finding (a
-        wrong token) stays counted against ``client``.
+    def release(self, attempt: Attempt, token: bytes = b"") -> None:
+        """Uncount ``attempt``: its ``token`` was right (no longer counted for its address
+        either), or it presented none."""
+        counts = self._counts.get(attempt.client)
+        if counts is None:
+            return
+        counts.pop(attempt, None)
+        if token:
+            counts.pop(self.digest(token), None)
+        if not counts:
+            del self._counts[attempt.client]
+
+    def judge(self, client: str, token: bytes, identify: Callable[[], T]) -> T:
+        """What ``identify`` finds for ``token``, which ``client`` presented; a falsy
+        finding (a wrong token) stays counted against ``client``, as that token.
 
         :raises TooManyGuesses: while ``client`` may not try (``identify`` is not called).
         """
         attempt = self.reserve(client)
         found = identify()
         if found:
-            self.release(attempt)
+            self.release(attempt, token)
+        else:
+            self.wrong(attempt, token)
         return found
 
-    def _recent(self, client: str) -> deque[float]:
-        failures = self._failures.get(client, deque())
-        while failures and failures[0] <= self._clock() - self.window:
-            failures.popleft()
-        if not failures:
-            self._failures.pop(client, None)
-        return failures
+    def digest(self, token: bytes) -> bytes:
+        """What a wrong ``token`` is remembered as: an HMAC of it under this limiter's
+        random key, which no one outside this process can match to a token."""
+        return hmac.new(self._key, token, hashlib.sha256).digest()[:16]
+
+    def _table(self, client: str) -> dict[Counted, float]:
+        """``client``'s counts, made (forgetting the longest-known address if full) if none."""
+        counts = self._counts.get(client)
+        if counts is None:
+            if len(self._counts) >= self._max_clients:
+                del self._counts[next(iter(self._counts))]
+            counts = self._counts[client] = {}
+        return counts
+
+    def _recent(self, client: str) -> dict[Counted, float]:
+        """``client``'s counts of the last ``window`` seconds (older ones dropped)."""
+        counts = self._counts.get(client, {})
+        since = self._clock() - self.window
+        for counted in [c for c, at in counts.items() if at <= since]:
+            del counts[counted]
+        if not counts:
+            self._counts.pop(client, None)
+        return counts
 
 
 class AccessToken:
@@ -223,10 +263,13 @@ class AccessToken:
         return self.settle(attempt, given, self.matches(given))
 
     def settle(self, attempt: Attempt, given: bytes, right: bool) -> bool:
-        """``right``, for the token ``given``; ``attempt`` stays counted only if it was a
-        wrong guess: a token was given, it was not right, and a token was loaded to guess."""
+        """``right``, for the token ``given``; ``attempt`` stays counted, as ``given``, only
+        if it was a wrong guess: a token was given, it was not right, and a token was loaded
+        to guess."""
         if right or not given or not self._value:
-            self.guesses.release(attempt)
+            self.guesses.release(attempt, given)
+        else:
+            self.guesses.wrong(attempt, given)
         return right
 
     def admits_authorization(self, authorization: str) -> bool:

@@ -860,6 +860,22 @@ async def test_a_sign_in_that_posts_no_token_is_not_counted(token_config: Config
         assert (await sign_in(client, "s3cret-tøken")).status_code == 303
 
 
+async def test_a_stale_token_posted_again_and_again_is_one_guess(token_config: Config) -> None:
+    """The old token posted over and over (a saved password after a token change) counts
+    once: the right one still signs in; a different wrong one each time does not."""
+    async with (
+        web_server(token_config) as host,
+        httpx.AsyncClient(base_url=f"http://{host}") as client,
+    ):
+        for _ in range(GUESSES * 4):
+            assert (await sign_in(client, "the old token")).status_code == 401
+        assert (await sign_in(client, "s3cret-tøken")).status_code == 303
+        for attempt in range(GUESSES - 1):
+            assert (await sign_in(client, f"guess {attempt}")).status_code == 401
+        assert (await sign_in(client, "the old token")).status_code == 429
+        assert (await sign_in(client, "s3cret-tøken")).status_code == 429
+
+
 async def test_a_right_sign_in_is_not_counted(token_config: Config) -> None:
     async with (
         web_server(token_config) as host,
@@ -887,7 +903,7 @@ async def test_wrong_bearer_tokens_on_the_socket_count_with_the_sign_ins(
             for attempt in range(GUESSES - 2):
                 assert (await sign_in(browser, f"guess {attempt}")).status_code == 401
             for attempt in range(2):
-                wrong = f"Bearer guess {attempt}"
+                wrong = f"Bearer socket guess {attempt}"  # different from the posted ones
                 async with chat_socket(host, identity, Authorization=wrong, **guesser) as ws:
                     assert await close_code(ws) == 4401
             assert (await sign_in(browser, "s3cret-tøken")).status_code == 429

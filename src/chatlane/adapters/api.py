@@ -383,7 +383,7 @@ class ApiAdapter:
         given = bearer_token(authorization)
         if given is None:
             raise _unauthenticated()  # nothing presented, nothing guessed
-        client = self._access.guesses.judge(address, lambda: self.clients.identify(given))
+        client = self._access.guesses.judge(address, given, lambda: self.clients.identify(given))
         if client is None:
             raise _unauthenticated()
         return client
