@@ -799,6 +799,40 @@ async def test_the_identity_cookie_is_secure_over_https_as_the_sign_in_is(
         assert "; secure" in cookies[IDENTITY_COOKIE]
 
 
+async def test_an_identity_cookie_given_over_http_is_made_secure_over_https(
+    host: str, token_config: Config
+) -> None:
+    """A browser id first given over plain HTTP, the page later reached over HTTPS: the same
+    id is set again, marked Secure (the browser never says how its cookie was set), on the
+    page and on a sign-in; over plain HTTP, a browser that has one gets none."""
+    https = {"X-Forwarded-Proto": "https"}
+    async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+        plain = set_cookies(await client.get("/"))[IDENTITY_COOKIE]
+        assert "; secure" not in plain
+        bid = client.cookies[IDENTITY_COOKIE]
+        assert IDENTITY_COOKIE not in set_cookies(await client.get("/"))
+        again = set_cookies(await client.get("/", headers=https))[IDENTITY_COOKIE]
+        assert again.startswith(f"{IDENTITY_COOKIE}={bid.lower()};")
+        assert "; secure" in again
+    async with (
+        web_server(token_config) as signing_in,
+        httpx.AsyncClient(base_url=f"http://{signing_in}") as client,
+    ):
+        signed_in = await client.post("/", data={"token": "s3cret-tøken"})
+        assert "; secure" not in set_cookies(signed_in)[IDENTITY_COOKIE]
+        bid = client.cookies[IDENTITY_COOKIE]
+        cookies = f"{IDENTITY_COOKIE}={bid}; {AUTH_COOKIE}={client.cookies[AUTH_COOKIE]}"
+        client.cookies.clear()  # each request below sends the cookies set over plain HTTP
+        sent = {**https, "Cookie": cookies}
+        for answer in (
+            await client.get("/", headers=sent),
+            await client.post("/", data={"token": "s3cret-tøken"}, headers=sent),
+        ):
+            again = set_cookies(answer)[IDENTITY_COOKIE]
+            assert again.startswith(f"{IDENTITY_COOKIE}={bid.lower()};")
+            assert "; secure" in again
+
+
 SIGN_INS_AT_ONCE = 40
 
 

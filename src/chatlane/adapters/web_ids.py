@@ -56,7 +56,10 @@ class BrowserIds:
 
     def issue(self) -> str:
         """A fresh cookie value: a random id and its MAC."""
-        bid = secrets.token_hex(18)
+        return self.signed(secrets.token_hex(18))
+
+    def signed(self, bid: str) -> str:
+        """The cookie value that carries ``bid``: the id and its MAC."""
         return f"{bid}.{self._mac(bid)}"
 
     def verify(self, value: str) -> str | None:

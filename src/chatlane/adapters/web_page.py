@@ -5,7 +5,8 @@ What stays true:
 * A browser that loads ``/`` carries a random id, signed by the server
   (:mod:`chatlane.adapters.web_ids`), in an HttpOnly, SameSite=Lax cookie
   (:data:`IDENTITY_COOKIE`), marked ``Secure`` when the page was reached over
-  HTTPS, as the sign-in cookie is (:func:`over_https`). That id is its chat id
+  HTTPS, as the sign-in cookie is (:func:`over_https`) — one given over plain
+  HTTP before is set again, the same id, marked ``Secure``. That id is its chat id
   and its user id, so one browser is one session, shared by its tabs, and no
   page script, other site or client can read, choose or invent it. A cookie
   is a signed id byte for byte or no id at all.
@@ -236,15 +237,24 @@ class WebPage:
 
     def _with_identity(self, request: Request, response: Response) -> Response:
         """``response``, giving the browser a signed identity cookie if it has none
-        (``Secure`` when the page was reached over HTTPS, as the sign-in cookie)."""
-        if self.ids.read(request) is None:
+        (``Secure`` when the page was reached over HTTPS, as the sign-in cookie), and over
+        HTTPS the one it has again, the same id, marked ``Secure``.
+
+        A browser never says which flags the cookie it sends was set with, so one set
+        over plain HTTP (before the page moved behind HTTPS) is set again on every page
+        reached over HTTPS: the same value each time, so nothing changes but the flag
+        and the expiry, 400 days from then."""
+        bid = self.ids.read(request)
+        secure = over_https(request)
+        if bid is None or secure:
+            value = self.ids.issue() if bid is None else self.ids.signed(bid)
             response.set_cookie(
                 IDENTITY_COOKIE,
-                self.ids.issue(),
+                value,
                 max_age=IDENTITY_MAX_AGE,
                 httponly=True,
                 samesite="lax",
-                secure=over_https(request),
+                secure=secure,
             )
         return response
 
