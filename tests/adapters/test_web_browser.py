@@ -12,12 +12,22 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
-from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
+from playwright.async_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    Route,
+    async_playwright,
+    expect,
+)
 
+from chatlane.access import GUESSES
 from chatlane.adapters.web_page import AUTH_COOKIE, IDENTITY_COOKIE
 from chatlane.config import Config, Secret, ServerConfig
 from tests.adapters.test_web import ODD_COMMAND, web_server
+from tests.test_access import GUESSER, NEIGHBOUR
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(
@@ -331,3 +341,54 @@ async def signed_in_elsewhere(browser: Browser, host: str) -> str:
         return session["value"]
     finally:
         await context.close()
+
+
+RECORD_WAITS = """
+window.waits = [];
+const wait = window.setTimeout.bind(window);
+window.setTimeout = (callback, delay, ...rest) => {
+  window.waits.push(delay || 0);
+  return wait(callback, delay, ...rest);
+};
+"""
+"""Records every delay the page asks ``setTimeout`` for, in ``window.waits``."""
+
+
+async def test_a_blocked_address_is_told_so_and_waits_out_the_block(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A page whose socket is closed with 4429 (its address is blocked for wrong tokens)
+    says so, and does not try again before the block ends (a wait of the seconds the close
+    names, beyond the ten seconds a lost connection waits at most), instead of
+    'Disconnected — reconnecting…' and a try every few seconds."""
+    token_file = tmp_path / "token"
+    token_file.write_text("open sesame")
+    config = Config(server=ServerConfig(token=Secret(file=str(token_file))))
+    right = {"Authorization": "Bearer open sesame"}
+    async with web_server(config) as host:
+        async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+            for guess in range(GUESSES):
+                wrong = {"Authorization": f"Bearer guess {guess}", "X-Forwarded-For": GUESSER}
+                assert (await client.get("/", headers=wrong)).status_code == 401
+        # the socket comes from the blocked address, the page's files from another one
+        context = await browser.new_context(
+            extra_http_headers={**right, "X-Forwarded-For": GUESSER}
+        )
+        try:
+            page = await context.new_page()
+            await page.add_init_script(RECORD_WAITS)
+
+            async def elsewhere(route: Route) -> None:
+                headers = {**await route.request.all_headers(), "x-forwarded-for": NEIGHBOUR}
+                await route.continue_(headers=headers)
+
+            await page.route("**/*", elsewhere)
+            await page.goto(f"http://{host}/")
+            await expect(page.locator("#status")).to_have_text(
+                "Too many wrong tokens from this address; try again in a minute", timeout=UI_WAIT
+            )
+            await shot(page, "web-too-many-wrong-tokens")
+            waits: list[int] = await page.evaluate("window.waits")
+            assert max(waits) > 10_000
+        finally:
+            await context.close()

@@ -459,11 +459,25 @@
       setStatus("closed", "Access token required — reload the page to sign in");
     } else if (event.code === 4400 || event.code === 4403) {
       setStatus("closed", "This tab lost its session — reload the page");
+    } else if (event.code === 4429) {
+      setStatus("closed", "Too many wrong tokens from this address; try again in a minute");
+      setTimeout(connect, blockedFor(event.reason));
     } else {
       setStatus("closed", "Disconnected — reconnecting…");
       setTimeout(connect, state.retry);
       state.retry = Math.min(state.retry * 2, 10000);
     }
+  }
+
+  /**
+   * Milliseconds to wait after close code 4429 before connecting again: the seconds its
+   * reason names ("too many wrong tokens: try again in 42 s"), else a minute; no token
+   * of this address is judged before then, so an earlier try would be refused again.
+   */
+  function blockedFor(reason) {
+    const named = /try again in (\d+) s/.exec(reason || "");
+    const seconds = named ? Math.min(Number(named[1]), 60) : 60;
+    return Math.max(seconds, 1) * 1000;
   }
 
   /** Send `text`; shown in the log as this tab's message when `echo`. */
