@@ -17,6 +17,7 @@ from chatlane.commands import (
     parse_command,
 )
 from chatlane.errors import STORE_UNAVAILABLE, StoreError
+from chatlane.runtime.aftermath import MAX_RERUNS
 from chatlane.runtime.outcomes import Outcome
 from chatlane.stores import MemoryStore
 from chatlane.testing import GatewayHarness
@@ -122,6 +123,39 @@ async def test_stop_keeps_the_queue_the_store_could_not_drop_and_runs_it(failing
         ends = {o.message_id: o.outcome for o in h.outcomes}
         assert [ends[r.message_id] for r in queued] == [Outcome.ANSWERED, Outcome.ANSWERED]
         assert len(h.outcomes) == 3  # one each: the stopped turn's, and a's and b's
+
+
+@pytest.mark.parametrize("failing", ["refused", "answer lost"])
+async def test_stops_whose_generation_bump_failed_leave_the_next_message_its_lease(
+    failing: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A /stop whose generation bump the store refused (or whose answer was lost) says
+    so, and this process's generation stays no further than the store's: the next
+    message takes the lease the store gives it and runs, once, however many such
+    /stops came before. (Each /stop moved it one further, and the store's next leases
+    were refused as having come too late: after MAX_RERUNS of them the message was
+    set aside as failed, with nothing wrong.)"""
+    store = (Refusing if failing == "refused" else LosingAnswers)(every("bump_generation"))
+    recorder = Recorder()
+    async with GatewayHarness(EchoAgent(recorder), store=store) as h:
+        first = await h.send("a", chat_id="c")
+        await h.settle()
+        key = first.session_key
+        for _ in range(MAX_RERUNS + 1):
+            await h.send("/stop", chat_id="c")
+        assert store.refused["bump_generation"] == MAX_RERUNS + 1
+        then = await h.send("b", chat_id="c")
+        await h.settle()
+        said = "could not be confirmed" if failing == "answer lost" else "could not finish"
+        replies = await h.replies(chat_id="c", count=MAX_RERUNS + 3)
+        assert replies[0] == "echo: a"
+        assert all(said in reply for reply in replies[1:-1])
+        assert replies[-1] == "echo: b"
+        ends = [(o.message_id, o.outcome) for o in h.outcomes]
+        assert ends == [(first.message_id, Outcome.ANSWERED), (then.message_id, Outcome.ANSWERED)]
+        assert len(recorder.turns[key]) == 2  # b ran once: the first lease it was given
+        assert h.session(key).persistent.run_generation <= await store.generation(key)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize(

@@ -745,10 +745,29 @@ class TurnEngine:
         self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
         elsewhere = await self._drop_elsewhere(key, foreign)
         if not fenced_here:
-            state.persistent.bump_generation()
-            await self.store.bump_generation(key)
+            await self._bump_generation(state)
             self.slots.stop_collecting(state)
         return StopResult(stopped, tuple(dropped), elsewhere)
+
+    async def _bump_generation(self, state: SessionState) -> None:
+        """Fence whatever runs ``state``'s session elsewhere: the store's generation moves
+        on, then this process's by one with it (unless a turn here took a later one meanwhile).
+
+        This process's generation follows only a bump the store took: one the store
+        refused, or whose answer was lost, leaves it where it was. Ahead of the store's,
+        it would refuse the store's next leases as having come too late (:meth:`_bind`):
+        the message each was taken for would run again, and after
+        :data:`~chatlane.runtime.aftermath.MAX_RERUNS` be set aside as failed, with
+        nothing wrong. Behind it, it is as after another process's bump: the next lease
+        is taken as one whose generation moved on elsewhere.
+
+        :raises ChatlaneError: the store could not bump it.
+        """
+        persistent = state.persistent
+        bumped = persistent.run_generation + 1
+        await self.store.bump_generation(state.key)
+        if persistent.run_generation < bumped:
+            persistent.advance_generation(bumped)
 
     def begin_boundary(self, key: SessionKey) -> Boundary:
         """A conversation boundary begins for ``key``: no turn starts for it here until
