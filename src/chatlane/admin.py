@@ -38,7 +38,7 @@ from chatlane.access import TooManyGuesses, client_address
 from chatlane.delivery.ledger import outbound_of
 from chatlane.errors import StoreError, shown_to_users
 from chatlane.identity import SessionKey
-from chatlane.runtime import pending
+from chatlane.runtime.turn import waiting_here
 from chatlane.state import SessionState, SlotPhase
 from chatlane.stores.base import DEAD, DELIVERED, PENDING, Delivery, FailedRecord
 from chatlane.types import Outbound
@@ -60,7 +60,7 @@ def session_summary(state: SessionState, hub: Hub) -> dict[str, Any]:
         "key": state.key,
         "activity": _activity(state, hub),
         "generation": state.persistent.run_generation,
-        "queued": pending.pending_count(state),
+        "queued": waiting_here(state),  # what queue_cap counts, untaken steers too
         "idle_seconds": round(time.monotonic() - state.last_access, 1),
     }
 

@@ -6,10 +6,12 @@ import asyncio
 import dataclasses
 import re
 import time
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
+from chatlane.admin import session_summary
 from chatlane.errors import STORE_UNAVAILABLE, ConfigError
 from chatlane.identity import ChatType, KeyPolicy, SessionSource
 from chatlane.lifecycle import LifecycleOptions
@@ -35,6 +37,9 @@ from chatlane.types import InboundMessage, OutboundKind
 from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent, UntakenSteers
 from tests.runtime.refusing import Refusing, first_of
+
+if TYPE_CHECKING:
+    from chatlane.hub import Hub
 
 IDLE_CTX = BusyContext(
     queued=0,
@@ -955,3 +960,19 @@ def test_the_next_turn_never_runs_a_message_before_an_earlier_one_waiting_here()
     while queue:
         runs.append(pending.take_next(state).seqs)
     assert runs == [[2], [5], [7, 9]]
+
+
+async def test_the_session_listing_counts_the_steers_the_agent_has_not_taken() -> None:
+    """``chatlane sessions`` and ``inspect`` say how many wait as ``/status`` and the
+    queue cap count them: untaken steers too."""
+    gate = SteeredGate()
+    async with GatewayHarness(gate, busy="steer", queue_cap=5) as h:
+        await h.send("hold", chat_id="c")
+        await h.until_running(chat_id="c")
+        for text in ("a", "b"):
+            assert (await h.send(text, chat_id="c")).outcome is BusyOutcome.STEERED
+        hub = cast("Hub", SimpleNamespace(gateway=h.gateway))
+        summary = session_summary(h.session(h.session_key(chat_id="c")), hub)
+        gate.opened.set()
+        await h.settle()
+    assert (summary["activity"], summary["queued"]) == ("running", 2)
