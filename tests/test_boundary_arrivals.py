@@ -16,7 +16,7 @@ import pytest
 from chatlane import lifecycle
 from chatlane.errors import GatewayFull, StoreError
 from chatlane.identity import SessionSource
-from chatlane.lifecycle import EndReason, LifecycleOptions
+from chatlane.lifecycle import BeforeReset, EndReason, LifecycleOptions
 from chatlane.runtime.busy import BusyOutcome, Overflow, ack_text
 from chatlane.runtime.capacity import CapacitySettings
 from chatlane.runtime.settings import LeaseSettings
@@ -41,6 +41,15 @@ class Gated:
     async def wait(self) -> None:
         self.entered.set()
         await self.opened.wait()
+
+
+def held_by(hook: Gated) -> BeforeReset:
+    """A ``before_reset`` hook that waits until the test opens ``hook``."""
+
+    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
+        await hook.wait()
+
+    return summarize
 
 
 class GatedConversations(SQLiteStore):
@@ -133,8 +142,7 @@ async def test_a_message_arriving_while_the_store_starts_the_conversation_runs_i
 async def test_what_waited_before_the_boundary_is_dropped_and_what_came_after_runs() -> None:
     hook = Gated()
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     async def agent(turn: Turn) -> str:
         if turn.text == "long task":
@@ -215,8 +223,7 @@ async def test_a_full_queue_collapses_nothing_of_the_ending_conversation_into_an
     """Under ``summarize`` a full queue becomes one turn: not with what the boundary drops."""
     hook = Gated()
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     async def agent(turn: Turn) -> str:
         if turn.text == "long task":
@@ -245,8 +252,7 @@ async def test_a_full_queue_collapses_nothing_of_the_ending_conversation_into_an
 async def test_a_session_a_boundary_holds_counts_as_live_for_the_limits() -> None:
     hook = Gated()
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     options = LifecycleOptions(confirm_new=False, before_reset=summarize)
     limits = CapacitySettings(live_sessions=1)
@@ -291,8 +297,7 @@ async def test_a_turn_evicted_during_a_boundary_leaves_its_slot_held() -> None:
     hook = Gated()
     runs: list[str] = []
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     async def agent(turn: Turn) -> str:
         model = turn.overrides.model
@@ -349,8 +354,7 @@ async def test_what_another_process_takes_during_the_hook_runs_in_the_new_conver
     hook = Gated()
     runs: list[str] = []
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     store = await SQLiteStore.open(f"sqlite:///{tmp_path / 'shared.db'}")
     options = LifecycleOptions(confirm_new=False, before_reset=summarize)
@@ -386,8 +390,7 @@ async def test_the_reply_counts_what_other_processes_had_taken() -> None:
     hook = Gated()
     running_elsewhere = asyncio.Event()
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     async def agent(turn: Turn) -> str:
         if turn.text == "running in the other process":
@@ -439,8 +442,7 @@ async def test_the_hold_outlasts_its_lease_ttl_and_a_reject_elsewhere_is_told() 
     runs: list[str] = []
     hook = Gated()
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     options = LifecycleOptions(confirm_new=False, before_reset=summarize)
     async with (
@@ -464,8 +466,7 @@ async def test_the_hold_outlasts_its_lease_ttl_and_a_reject_elsewhere_is_told() 
 async def test_the_hold_drops_what_other_processes_queued_before_it_not_after() -> None:
     hook = Gated()
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     store = MemoryStore()
     options = LifecycleOptions(confirm_new=False, before_reset=summarize)
@@ -542,8 +543,7 @@ async def test_a_hold_another_process_fenced_drops_what_ran_there_meanwhile() ->
     fast = LeaseSettings(ttl=0.3, poll=0.01)
     hook, running_there, calls = Gated(), asyncio.Event(), collections.Counter[str]()
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     async def agent(turn: Turn) -> str:
         calls[turn.text] += 1
@@ -575,8 +575,7 @@ async def test_a_hold_another_process_fenced_drops_what_ran_there_meanwhile() ->
 async def test_a_process_closing_during_a_boundary_gives_its_hold_back() -> None:
     hook = Gated()
 
-    async def summarize(key: SessionKey, reason: EndReason, ending: Conversation) -> None:
-        await hook.wait()
+    summarize = held_by(hook)
 
     store = MemoryStore()
     options = LifecycleOptions(confirm_new=False, before_reset=summarize)
