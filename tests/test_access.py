@@ -15,7 +15,14 @@ import msgspec
 import pytest
 from starlette.applications import Starlette
 
-from chatlane.access import GUESS_WINDOW, GUESSES, AccessToken, GuessLimiter, TooManyGuesses
+from chatlane.access import (
+    GUESS_WINDOW,
+    GUESSES,
+    AccessToken,
+    GuessLimiter,
+    TooManyGuesses,
+    counted_address,
+)
 from chatlane.config import Config, Secret, ServerConfig, StoreConfig
 from chatlane.errors import ConfigError
 from chatlane.hub import open_hub
@@ -371,3 +378,33 @@ async def test_a_stale_token_sent_again_and_again_blocks_no_one(tmp_path: Path) 
             ).status_code == 401
         for headers in (stale, sent_from(GUESSER, TOKEN), sent_from(GUESSER, "guess 0")):
             assert (await call(client, 3, headers)).status_code == 429
+
+
+def test_ipv6_addresses_are_counted_by_their_64_block() -> None:
+    """A host or home is given a whole ``/64``: its addresses share one count. IPv4, an
+    IPv4-mapped IPv6 address (the same client) and what is no address keep their own."""
+    assert counted_address("2001:db8:1:2::7") == "2001:db8:1:2::/64"
+    assert counted_address("2001:db8:1:2:ffff:1:2:3") == "2001:db8:1:2::/64"
+    assert counted_address("2001:db8:1:3::7") == "2001:db8:1:3::/64"
+    assert counted_address("fe80::1%eth0") == "fe80::/64"
+    assert counted_address("::ffff:203.0.113.7") == GUESSER == counted_address(GUESSER)
+    for other in ("testclient", "", "/run/chatlane.sock", "not:an:address"):
+        assert counted_address(other) == other
+
+
+async def test_guesses_from_one_ipv6_block_count_together(tmp_path: Path) -> None:
+    """Five wrong tokens, each from another address of one ``/64``, block the whole block,
+    the right token included; the next block is served."""
+    block = "2001:db8:1:2::"
+    async with (
+        gateway(config_with_token(tmp_path)) as base,
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        for guess in range(GUESSES):
+            guessed = sent_from(f"{block}{guess + 1:x}", f"guess {guess}")
+            assert (await call(client, guess, guessed)).status_code == 401
+        refused = await call(client, 0, sent_from(f"{block}abcd:1", TOKEN))
+        assert refused.status_code == 429
+        for route in range(len(GUESSED_ROUTES)):
+            answered = await call(client, route, sent_from("2001:db8:1:3::1", TOKEN))
+            assert answered.status_code == 200, GUESSED_ROUTES[route]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import math
 import secrets
@@ -58,7 +59,8 @@ T = TypeVar("T")
 
 
 def client_address(connection: HTTPConnection) -> str:
-    """The address wrong tokens are counted under: the IP address the request came from.
+    """The address wrong tokens are counted under: the IP address the request came from,
+    an IPv6 one as its ``/64`` (:func:`counted_address`).
 
     That is the peer's address, or, when the peer is a proxy uvicorn trusts
     (``forwarded_allow_ips``: ``127.0.0.1`` and ``::1`` unless the environment
@@ -67,7 +69,23 @@ def client_address(connection: HTTPConnection) -> str:
     apart, and none can choose its address by sending the header itself. ``""``
     when the server knows no address (all such requests share one count).
     """
-    return connection.client.host if connection.client is not None else ""
+    return counted_address(connection.client.host) if connection.client is not None else ""
+
+
+def counted_address(host: str) -> str:
+    """The address ``host``'s wrong tokens count under: an IPv4 address (an IPv4-mapped
+    IPv6 one too) as it is; an IPv6 address as the ``/64`` network holding it, the block a
+    single home or host is given, so its owner cannot try five more tokens from each of its
+    2⁶⁴ addresses; anything else (a host name, a Unix socket's path) as it is."""
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host)
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 def bearer_token(authorization: str) -> bytes | None:
