@@ -207,7 +207,7 @@ async def test_queue_runs_at_once_when_idle_and_queues_when_busy() -> None:
     async with GatewayHarness(EchoAgent(), busy="reject") as h:
         await h.send("/queue first", chat_id="c")
         assert await h.replies(chat_id="c", count=2) == [
-            "Started a turn for it now.",
+            "Nothing was running here, so it goes in now.",
             "echo: first",
         ]
         await h.send("sleep 0.05", chat_id="c")
@@ -233,7 +233,7 @@ async def test_queue_tells_its_sender_when_the_store_could_not_take_the_message(
         await h.send("/queue second", chat_id="c")
         assert await h.replies(chat_id="c", count=3) == [
             f"Could not queue it: {STORE_UNAVAILABLE}.",
-            "Started a turn for it now.",
+            "Nothing was running here, so it goes in now.",
             "echo: second",
         ]
 

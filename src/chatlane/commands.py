@@ -252,7 +252,7 @@ async def _queue(call: CommandCall) -> str:
         log.warning("/queue failed for %s: %s", call.session_key, error)
         return f"Could not queue it: {shown_to_users(error)}."
     if outcome is None:
-        return "Started a turn for it now."
+        return "Nothing was running here, so it goes in now."
     state = call.engine.registry.get(call.session_key)
     full = outcome is BusyOutcome.QUEUE_FULL  # it says what the cap counted
     text = ack_text(outcome, waiting_here(state) if full else pending.pending_count(state))
