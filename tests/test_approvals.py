@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import msgspec
 import pytest
 
 from chatlane.approvals import HOW_TO_ANSWER, markdown_prompt, quote_command
+from chatlane.context import current_session
 from chatlane.delivery.ledger import draft_of, outbound_of
 from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import KeyPolicy, SessionKey, SessionSource
@@ -389,6 +391,38 @@ async def test_the_threadsafe_request_refuses_to_block_the_event_loop() -> None:
         [failed] = await h.replies(chat_id="c", count=1)
         assert failed == "Sorry — the agent failed on this message (RuntimeError)."
         assert len(await h.replies(chat_id="other", count=1)) == 1
+
+
+async def test_a_prompt_asked_from_a_thread_is_delivered_with_its_session_bound() -> None:
+    """A tool in a thread of its own (no context of the turn's) asks: its prompt reaches the
+    adapter's filters and ``deliver`` with the turn's session bound, as one asked from the
+    turn's task does."""
+    seen: list[tuple[OutboundKind, str | None]] = []
+
+    def bound(outbound: Outbound) -> bool:
+        session = current_session()
+        seen.append((outbound.kind, None if session is None else session.session_key))
+        return True
+
+    async def agent(turn: Turn) -> str:
+        answers: list[bool] = []
+        thread = threading.Thread(
+            target=lambda: answers.append(turn.request_approval_threadsafe("rm x"))
+        )
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        return f"approved={answers[0]}"
+
+    async with GatewayHarness(agent) as h:
+        h.gateway.add_outbound_filter(bound)
+        sent = await h.send("go", chat_id="c")
+        await h.wait_for(lambda outbox: bool(approvals_sent(outbox)))
+        await h.send("yes", chat_id="c")
+        replies = await h.replies(chat_id="c", count=3)
+    assert replies[1:] == ["Approved (once): `rm x`", "approved=True"]
+    # the prompt, the answer's reply (sent from this test's dispatch: unbound), the turn's reply
+    assert [key for _, key in seen] == [sent.session_key, None, sent.session_key]
+    assert seen[0][0] is OutboundKind.APPROVAL
 
 
 async def two_requests(turn: Turn) -> str:

@@ -24,6 +24,9 @@ a plain "yes"/"no" while a request is pending. What stays true:
 * A request waits in the process whose turn asked it; an answer that reaches
   another process goes there through the store (:mod:`chatlane.approvals_elsewhere`)
   and is resolved there exactly as a local one.
+* A prompt and the notices about it reach the adapter with their turn's session
+  bound, wherever they were asked or answered from (a worker thread, the upkeep
+  loop applying an answer given elsewhere).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from chatlane import approvals_elsewhere as elsewhere
+from chatlane.context import bound_context
 from chatlane.errors import ChatlaneError, InvalidSessionKey, shown_to_users
 from chatlane.identity import is_shared
 from chatlane.logs import turn_fields
@@ -340,7 +344,7 @@ class ApprovalBroker:
         asking = kind is OutboundKind.APPROVAL
         ids, generation = turn.message_ids, request.generation
         key, source = request.session_key, turn.source
-        await self._outlet.send(
+        send = self._outlet.send(
             kind,
             key,
             source,
@@ -350,6 +354,9 @@ class ApprovalBroker:
             approval_id=request.id if asking else "",
             asks=asks_of(request) if asking else None,
         )
+        # asked from a worker thread, or answered from another process (the upkeep loop):
+        # the adapter sees this session all the same
+        await asyncio.create_task(send, context=bound_context(source, key))
 
     def has_pending(self, state: SessionState) -> bool:
         """Whether a request waits for an answer in this session."""

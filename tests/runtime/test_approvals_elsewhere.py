@@ -7,10 +7,12 @@ elsewhere everything is handled as before."""
 from __future__ import annotations
 
 import asyncio
+from contextvars import Context
 
 import pytest
 
 from chatlane.approvals import HOW_TO_ANSWER
+from chatlane.context import current_session
 from chatlane.errors import StoreError
 from chatlane.identity import KeyPolicy
 from chatlane.runtime.turn import Turn
@@ -292,4 +294,33 @@ async def test_an_answer_passed_on_that_arrives_after_the_deadline_grants_nothin
     assert texts[1:] == [
         "Approval for `rm -rf /tmp/x` timed out — denied.",
         "denied: rm -rf /tmp/x",
+    ]
+
+
+async def test_a_notice_of_an_answer_given_elsewhere_is_delivered_with_its_session_bound(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """The process whose turn waits resolves the answer at a fence check of its upkeep loop,
+    where no session is bound: the notice still reaches the adapter (and its filters) with
+    that turn's session bound, as its prompt did."""
+    seen: list[tuple[OutboundKind, str | None]] = []
+
+    def bound(outbound: Outbound) -> bool:
+        session = current_session()
+        seen.append((outbound.kind, None if session is None else session.session_key))
+        return True
+
+    async with two_processes(two_stores, (asks_or_echoes, asks_or_echoes), "queue") as pair:
+        runner, other = pair
+        runner.gateway.add_outbound_filter(bound)
+        first = await runner.send("approve rm -rf /tmp/x", chat_id="c")
+        await asked(runner, "c")
+        await other.send("/approve", chat_id="c")
+        await other.replies(chat_id="c", count=1)
+        await asyncio.create_task(runner.gateway.engine.upkeep.check_fences(), context=Context())
+        await runner.replies(chat_id="c", count=3)
+        await runner.settle()
+    assert seen[:2] == [
+        (OutboundKind.APPROVAL, first.session_key),
+        (OutboundKind.NOTICE, first.session_key),
     ]

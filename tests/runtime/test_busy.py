@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from chatlane.admin import session_summary
+from chatlane.context import current_session
 from chatlane.errors import STORE_UNAVAILABLE, ConfigError
 from chatlane.identity import ChatType, KeyPolicy, SessionSource
 from chatlane.lifecycle import LifecycleOptions
@@ -30,7 +31,7 @@ from chatlane.runtime.busy import (
 )
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.settings import RuntimeSettings
-from chatlane.runtime.turn import Turn
+from chatlane.runtime.turn import Turn, turn_source
 from chatlane.state import SessionRegistry
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage, OutboundKind
@@ -762,6 +763,55 @@ async def test_summarize_collapses_a_full_queue_into_one_turn_and_tells_each_sen
     )  # once per sender, naming each of their collapsed messages
     ends = {o.message_id: o.outcome for o in h.outcomes}
     assert all(ends[r.message_id] is Outcome.ANSWERED for r in sent)
+
+
+class WhoRuns(Gate):
+    """A :class:`Gate` that notes, for each turn, the user its source names and the user
+    bound in its context (what a tool sees)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users: dict[str, tuple[str | None, str | None]] = {}
+
+    async def __call__(self, turn: Turn) -> str:
+        session = current_session()
+        self.users[turn.text] = (turn.source.user_id, None if session is None else session.user_id)
+        return await super().__call__(turn)
+
+
+async def test_a_turn_of_several_senders_runs_as_none_of_them() -> None:
+    """A full queue collapsed into one turn of two users' messages: neither the agent nor a
+    tool sees one of them as its user (the last sender was bound, acting for the first)."""
+    agent = WhoRuns()
+    async with GatewayHarness(
+        agent,
+        queue_cap=2,
+        overflow="summarize",
+        key_policy=KeyPolicy(group_sessions_per_user=False),
+    ) as h:
+        await h.send("hold", chat_id="g", chat_type="group", user_id="u1")
+        await h.until_running(chat_id="g", chat_type="group", user_id="u1")
+        for text, user in (("a", "u2"), ("b", "u2"), ("c", "u3")):
+            await h.send(text, chat_id="g", chat_type="group", user_id=user)
+        gate_text = f"{collapsed_note(3)}\na\nb\nc"
+        agent.opened.set()
+        await h.settle()
+        await h.send("alone", chat_id="g", chat_type="group", user_id="u3")
+        await h.settle()
+    assert agent.users == {
+        "hold": ("u1", "u1"),
+        gate_text: (None, ""),  # bound as no user
+        "alone": ("u3", "u3"),
+    }
+
+
+def test_a_turn_of_one_senders_messages_keeps_its_user() -> None:
+    group = SessionSource("test", chat_id="g", chat_type=ChatType.GROUP, user_id="u", user_name="U")
+    mine = (InboundMessage(group, "a"), InboundMessage(group, "b"))
+    assert turn_source(mine) is group
+    theirs = dataclasses.replace(group, user_id="v", user_name="V")
+    both = turn_source((InboundMessage(theirs, "a"), InboundMessage(group, "b")))
+    assert both == dataclasses.replace(group, user_id=None, user_name="")
 
 
 async def test_refuse_new_is_the_default_overflow() -> None:

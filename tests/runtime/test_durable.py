@@ -523,7 +523,11 @@ async def test_reject_never_refuses_what_was_queued_explicitly() -> None:
         await runner.until_running(chat_id="c")
         await other.send("/queue hello", chat_id="c")
         replies = await other.replies(chat_id="c", count=3, timeout=5)
-        assert replies == ["Nothing was running here, so it goes in now.", BUSY_ELSEWHERE, "echo: hello"]
+        assert replies == [
+            "Nothing was running here, so it goes in now.",
+            BUSY_ELSEWHERE,
+            "echo: hello",
+        ]
 
 
 async def test_an_internal_event_for_a_session_running_elsewhere_just_waits() -> None:

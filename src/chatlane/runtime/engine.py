@@ -498,7 +498,7 @@ class TurnEngine:
             claims_once=not internal,
         )
         self.slots.claim(turn)
-        context = bound_context(messages[-1].source, state.key)
+        context = bound_context(turn.source, state.key)
         loop = asyncio.get_running_loop()
         turn.attach(loop.create_task(self._drive(turn, admission), context=context))
         return turn

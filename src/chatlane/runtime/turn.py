@@ -22,12 +22,14 @@ handed to the agent once its lease is held. What stays true:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import msgspec
 
+from chatlane.context import bound_context
 from chatlane.errors import StaleGeneration
 from chatlane.identity import SessionSource
 from chatlane.runtime import pending
@@ -81,6 +83,22 @@ _NO_OVERRIDES = TurnOverrides()
 """The overrides of a session that chose none (the defaults), made once."""
 
 _message_id = attrgetter("id")
+
+
+def turn_source(messages: tuple[InboundMessage, ...]) -> SessionSource:
+    """The source a turn of ``messages`` runs under, and is bound to: its last message's,
+    without user (no ``user_id`` or ``user_name``) when not every message has that user
+    (a full queue collapsed into one turn in a shared thread, say), so that neither the
+    agent nor a tool ever acts as one sender for another's request."""
+    source = messages[-1].source
+    if len(messages) == 1 or source.chat_id is None:
+        return source  # one message, or a chat that is its user's own
+    user = source.user_id
+    if all(message.source.user_id == user for message in messages):
+        return source
+    return dataclasses.replace(source, user_id=None, user_name="")
+
+
 """A message's id, read in C: a turn's ids are made on every turn."""
 
 _assign = msgspec.structs.force_setattr
@@ -148,7 +166,8 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
     message_ids: tuple[str, ...]
     """The ids of the inbound messages this turn answers, steered ones included."""
     source: SessionSource
-    """Where the turn's last message came from (its replies go there)."""
+    """Where the turn's last message came from (its replies go there); with no user
+    (:func:`turn_source`) when its messages came from more than one."""
     overrides: TurnOverrides
     """The model settings this turn runs with."""
     interrupted: asyncio.Event
@@ -189,7 +208,7 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
             state.key,
             messages,
             tuple(map(_message_id, messages)),
-            messages[-1].source,
+            turn_source(messages),
             overrides,
             asyncio.Event(),
             record.last_progress,
@@ -543,9 +562,9 @@ class Turn(msgspec.Struct, frozen=True, eq=False):
                 "request_approval_threadsafe() would block the event loop; "
                 "await turn.request_approval() instead"
             )
-        future = asyncio.run_coroutine_threadsafe(
-            self.request_approval(command, reason), self._loop
-        )
+        asking = self.request_approval(command, reason)
+        bound = bound_context(self.source, self.session_key)  # not the calling thread's context
+        future = bound.run(asyncio.run_coroutine_threadsafe, asking, self._loop)
         return future.result()
 
     def __repr__(self) -> str:
