@@ -15,12 +15,13 @@ import pytest
 
 from chatlane.context import current_session
 from chatlane.errors import StaleGeneration
-from chatlane.gateway import Gateway
+from chatlane.gateway import Gateway, GatewaySettings
 from chatlane.identity import SessionSource
 from chatlane.runtime import pending
 from chatlane.runtime import turn as turn_module
 from chatlane.runtime import upkeep as upkeep_module
 from chatlane.runtime.busy import BusyOutcome
+from chatlane.runtime.settings import RuntimeSettings
 from chatlane.runtime.turn import AS_DEFINED, PLAIN_READS, Turn
 from chatlane.stores import Admission, Lease, MemoryStore
 from chatlane.testing import GatewayHarness
@@ -526,6 +527,48 @@ async def test_deliver_runs_with_the_reply_session_bound_and_the_caller_stays_cl
     await asyncio.wait_for(done.wait(), 2)
     assert seen == {m.id: m.source.chat_id for m in messages}
     await gateway.aclose()
+
+
+class FirstReleaseHangs(MemoryStore):
+    """Its first ``release`` hangs until cancelled; later ones release."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hung = False
+
+    async def release(self, lease: Lease) -> None:
+        if not self.hung:
+            self.hung = True
+            await asyncio.Event().wait()
+        await super().release(lease)
+
+
+async def test_closing_releases_the_lease_of_a_turn_cancelled_while_giving_it_back() -> None:
+    """An agent that ignores ``interrupted`` is cancelled after its grace; closing then
+    cancels its task again while the turn gives its lease back. The lease is still released
+    (it was lost with its token, and the next process waited out its TTL)."""
+    store = FirstReleaseHangs()
+    started = asyncio.Event()
+
+    async def ignores_interrupts(turn: Turn) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    async def deliver(outbound: Outbound) -> None:
+        pass
+
+    settings = GatewaySettings(runtime=RuntimeSettings(interrupt_grace=0.05))
+    gateway = Gateway(ignores_interrupts, deliver, settings=settings, store=store)
+    message = InboundMessage(SessionSource("test", chat_id="c"), "hi")
+    await gateway.dispatch(message)
+    await started.wait()
+    await gateway.aclose()
+    assert store.hung
+    assert await store.lease_holder(gateway.session_key(message)) is None
+    assert [r.message_id for r in await store.pending(gateway.session_key(message))] == [
+        message.id
+    ]  # kept for the next process
 
 
 class LateLease(MemoryStore):

@@ -347,6 +347,10 @@ class LeaseKeeper:
     async def release(self, state: SessionState, generation: int) -> None:
         """Release the lease taken for ``generation``, if it is still held (once only).
 
+        A call that is cancelled before the store answered (a closing engine
+        cancels a turn giving its lease back) leaves the lease held here too,
+        so the engine's own release at close still gives it back.
+
         :raises StoreError: the store could not be reached; the lease is still
             held here (and renewed), so that calling again releases it.
         """
@@ -362,7 +366,7 @@ class LeaseKeeper:
             await self.store.release(lease)
         except LeaseError as error:
             log.info("lease already gone: %s", error, extra=turn_fields(key, generation))
-        except StoreError:
+        except BaseException:  # unreachable, or cancelled: released only if called again
             self.hold(state, lease)
             raise
         finally:
