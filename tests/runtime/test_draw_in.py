@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from chatlane.runtime.busy import COLLECTED_ELSEWHERE, STEERED_ELSEWHERE
+from chatlane.runtime.leases import LeaseSettings
 from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store
@@ -67,6 +68,36 @@ async def test_a_message_sent_to_another_process_is_steered_into_the_running_tur
     assert ends(other) == {second.message_id: (Outcome.ANSWERED, "long + and this too")}
     assert ends(runner)[first.message_id] == (Outcome.ANSWERED, "long + and this too")
     assert second.message_id not in ends(runner)  # its sender hears from where it was sent
+
+
+async def test_a_stop_where_a_drawn_in_message_waited_does_not_drop_its_answer(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """``/stop`` reaches the process that accepted a message after another one drew it in and
+    answered it, before its waiting turn looked again: not "dropped" there (the count and its
+    outcome), but answered, with the answer of record."""
+    here, there = two_stores
+    runner_agent = HoldsForSteers()
+    late = LeaseSettings(fence_check=0, poll=30, max_poll=30)  # `other` looks only much later
+    async with (
+        GatewayHarness(runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND) as runner,
+        GatewayHarness(HoldsForSteers(), store=there, busy="steer", leases=late) as other,
+    ):
+        await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        second = await other.send("steer me", chat_id="c")  # waits there for the lease
+        assert await other.replies(chat_id="c", count=1) == [STEERED_ELSEWHERE]
+        await runner.gateway.engine.upkeep.check_fences()  # drawn in
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=1) == ["long + steer me"]
+        await runner.settle()
+        await other.send("/stop", chat_id="c")
+        replies = await other.replies(chat_id="c", count=2)
+        await other.gateway.engine.upkeep.settle_watched()
+        await other.settle()
+    assert replies[1] == "Nothing was running here. Dropped 0 queued messages."
+    [ended] = [o for o in other.outcomes if o.message_id == second.message_id]
+    assert (ended.outcome, ended.text) == (Outcome.ANSWERED, "long + steer me")
 
 
 async def test_steered_text_the_agent_never_takes_runs_next_in_the_drawing_process(
