@@ -83,6 +83,7 @@ _NO_OVERRIDES = TurnOverrides()
 """The overrides of a session that chose none (the defaults), made once."""
 
 _message_id = attrgetter("id")
+"""A message's id, read in C: a turn's ids are made on every turn."""
 
 
 def turn_source(messages: tuple[InboundMessage, ...]) -> SessionSource:
@@ -98,8 +99,6 @@ def turn_source(messages: tuple[InboundMessage, ...]) -> SessionSource:
         return source
     return dataclasses.replace(source, user_id=None, user_name="")
 
-
-"""A message's id, read in C: a turn's ids are made on every turn."""
 
 _assign = msgspec.structs.force_setattr
 """How a turn's own methods set its read-only attributes."""
