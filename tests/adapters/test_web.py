@@ -581,6 +581,36 @@ async def test_a_reconnect_tells_the_running_and_the_queued_states(host: str) ->
         await until(ws, "reply", "echo: after that")
 
 
+async def test_a_steer_the_agent_has_not_taken_names_its_short_id_and_can_be_taken_back() -> None:
+    """Under ``steer`` a message waits in the running turn until its agent takes it, counted
+    as queued: its state names the id ``/unqueue`` takes it back by, on arrival and to a tab
+    that connects later."""
+    config = Config(runtime=RuntimeSettings(busy=BusySettings(BusyPolicy.STEER)))
+    async with web_server(config) as host:
+        bid = await browser_id(host)
+        async with greeted(host, bid) as (ws, _):
+            await say_as(ws, "approve rm -rf x", "r1")
+            await until(ws, "approval")
+            steered = await say_as(ws, "and this", "r2")
+            (arrived,) = of(await until(ws, "state"), "state", steered)
+            assert arrived["state"] == "steered"
+            assert arrived["short_id"] > 0
+        async with greeted(host, bid) as (ws, _):
+            told = [await receive(ws) for _ in range(5)]  # 2 users, the approval, 2 states
+            (again,) = of(told, "state", steered)
+            assert (again["state"], again["short_id"]) == ("steered", arrived["short_id"])
+            await say(ws, f"/unqueue #{arrived['short_id']}")
+            events = await until(ws, "reply")
+            assert events[-1]["text"].startswith(
+                f"Took #{arrived['short_id']} back from the running turn"
+            )
+            if not of(events, "outcome", steered):
+                events = await until(ws, "outcome")
+            assert [e["outcome"] for e in of(events, "outcome", steered)] == ["dropped"]
+            await say(ws, "/approve")
+            await until(ws, "reply", "approved: rm -rf x")
+
+
 async def test_too_many_tabs_are_refused(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(web, "MAX_TABS", 2)
     bid = await browser_id(host)

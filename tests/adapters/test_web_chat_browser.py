@@ -273,6 +273,22 @@ async def test_the_running_turn_its_queue_and_stop(browser: Browser, host: str) 
         assert chat.errors == []
 
 
+async def test_a_steer_its_agent_has_not_taken_can_be_cancelled(
+    browser: Browser, host: str
+) -> None:
+    async with ChatPage.opened(browser, host) as chat:
+        page = chat.page
+        await chat.say("approve deploy")
+        await chat.sees(".approval", "deploy")
+        await chat.say("/steer look at the logs")
+        steered = state_of(page, "/steer look at the logs")
+        await expect(steered).to_contain_text(re.compile(r"Steered into the running turn · #\d+"))
+        await steered.get_by_role("button", name=re.compile("Cancel queued message")).click()
+        await expect(steered).to_have_text("Cancelled")
+        await chat.sees(".msg.command", "back from the running turn")
+        assert chat.errors == []
+
+
 async def test_merged_steered_interrupted_and_refused_messages(browser: Browser) -> None:
     config = Config(runtime=RuntimeSettings(busy=BusySettings(BusyPolicy.COLLECT)))
     async with web_server(config) as address, ChatPage.opened(browser, address) as chat:

@@ -402,18 +402,19 @@ class WebAdapter:
         ]
 
     def _states(self, chat: WebChat, ids: set[str]) -> list[Event]:
-        """The state of each of ``ids`` still held here: running (and for how long) or queued."""
+        """The state of each of ``ids`` still held here: running (and for how long), steered
+        into the running turn and not taken yet, or queued."""
         engine = self.hub.gateway.engine
         turn = engine.running_turn(chat.session_key)
         running = [] if turn is None else [i for i in turn.message_ids if i in ids]
         elapsed = 0.0 if turn is None else time.monotonic() - turn.started_at
+        waiting = [
+            *((MessageState.STEERED, seq, m) for seq, m in engine.steered(chat.session_key)),
+            *((MessageState.QUEUED, seq, m) for seq, m in engine.queued(chat.session_key)),
+        ]
         return [
             *(state_event(i, MessageState.RUNNING, elapsed=elapsed) for i in running),
-            *(
-                state_event(m.id, MessageState.QUEUED, short_id=seq)
-                for seq, m in engine.queued(chat.session_key)
-                if m.id in ids
-            ),
+            *(state_event(m.id, state, short_id=seq) for state, seq, m in waiting if m.id in ids),
         ]
 
     async def _read(self, chat: WebChat, connection: Connection) -> None:
@@ -485,11 +486,15 @@ class WebAdapter:
             del chat.handing[message.id]
 
     def _arrival(self, chat: WebChat, result: DispatchResult) -> Event:
-        """The ``state`` event of a dispatched message (a waiting one names its short id)."""
+        """The ``state`` event of a dispatched message (one waiting names its short id: queued,
+        merged, or steered and not taken by the agent yet)."""
         state = state_of(result)
-        waiting = (MessageState.QUEUED, MessageState.MERGED)
-        queued = self.hub.gateway.engine.queued(chat.session_key) if state in waiting else []
-        short_id = next((seq for seq, m in queued if m.id == result.message_id), 0)
+        engine = self.hub.gateway.engine
+        if state in (MessageState.QUEUED, MessageState.MERGED):
+            waiting = engine.queued(chat.session_key)
+        else:
+            waiting = engine.steered(chat.session_key) if state is MessageState.STEERED else []
+        short_id = next((seq for seq, m in waiting if m.id == result.message_id), 0)
         return state_event(result.message_id, state, short_id=short_id)
 
     async def _follow_conversation(self, chat: WebChat) -> None:

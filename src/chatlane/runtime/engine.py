@@ -89,7 +89,13 @@ from chatlane.runtime.persisted import (
 from chatlane.runtime.recovery import OnAdopted, adopt_all
 from chatlane.runtime.settings import Boundary, RuntimeSettings, StopIncomplete, StopResult
 from chatlane.runtime.slots import Slots
-from chatlane.runtime.turn import Turn, TurnOverrides, running_turn_of, waiting_here
+from chatlane.runtime.turn import (
+    Turn,
+    TurnOverrides,
+    running_turn_of,
+    steered_here,
+    waiting_here,
+)
 from chatlane.runtime.upkeep import Upkeep, expiry_margin
 from chatlane.state import SessionRegistry, SessionState
 from chatlane.stores.base import Admission, Lease, Store, WriteBatch
@@ -945,6 +951,13 @@ class TurnEngine:
         """
         state = self.registry.peek(key)
         return [] if state is None else pending.queued(state)
+
+    def steered(self, key: SessionKey) -> list[tuple[int, InboundMessage]]:
+        """``key``'s messages steered into its running turn here that its agent has not taken
+        yet, each with its short id (what ``/unqueue`` takes back), in the order it would
+        take them."""
+        state = self.registry.peek(key)
+        return [] if state is None else steered_here(state)
 
     def pending_approvals(self, key: SessionKey) -> list[Outbound]:
         """The prompts of ``key``'s approval requests still waiting, as first sent.

@@ -61,6 +61,8 @@
     "shut down": "Waits for the server to come back",
   };
   const WAITING = new Set(["queued", "merged", "interrupting", "redirecting"]);
+  // what /unqueue can still take back: a waiting message, or a steer the agent has not taken
+  const CANCELLABLE = new Set([...WAITING, "steered"]);
   const APPROVAL_HINT =
     "Approve allows it once; reply /approve session or /approve always to allow it again.";
   const raw = new WeakMap(); // bubble -> the text it shows
@@ -222,7 +224,7 @@
     if (!badge) badge = node.appendChild(element("div", "msg-state"));
     const label = shortId ? `${text} · #${shortId}` : text;
     badge.replaceChildren(element("span", "msg-state-text", label));
-    if (shortId && WAITING.has(kind)) badge.append(cancelButton(id, shortId));
+    if (shortId && CANCELLABLE.has(kind)) badge.append(cancelButton(id, shortId));
   }
 
   function cancelButton(id, shortId) {
