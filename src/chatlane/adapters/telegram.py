@@ -59,8 +59,6 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -92,13 +90,14 @@ from chatlane.adapters.aside import Aside
 from chatlane.adapters.splitting import blank, joined, never_blank
 from chatlane.adapters.splitting import utf16_len as utf16_len
 from chatlane.adapters.telegram_delivery import (
-    BotApiRequest,
     SendRequest,
     send_parts,
     thread_of,
 )
 from chatlane.adapters.telegram_groups import BotIdentity, addressed_text, overheard
 from chatlane.adapters.telegram_media import MEDIA, attachment_of
+from chatlane.adapters.telegram_updates import UpdatesRequest as UpdatesRequest
+from chatlane.adapters.telegram_updates import readable_updates as readable_updates
 from chatlane.adapters.typing import TypingIndicators
 from chatlane.adapters.waits import WaitBudget
 from chatlane.approvals import is_request_id
@@ -750,55 +749,3 @@ async def _stop(app: TelegramApp) -> None:
         await app.stop()
     await app.shutdown()
     await app.bot.shutdown()  # a no-op unless ``initialize`` failed half-way
-
-
-class UpdatesRequest(BotApiRequest):
-    """The ``getUpdates`` connection: an update is confirmed only once handled, and an
-    update PTB cannot read is reduced to its id.
-
-    Each ``getUpdates`` names the offset past the last update fetched, which
-    tells Telegram never to send those again; PTB asks for the next batch as
-    soon as it has queued the last one for its handlers. So a call waits
-    until every update in ``updates`` was handled — its message stored by the
-    hub, or refused, or its sender told it could not be — and an update
-    fetched before a crash is still Telegram's to send again at the next start
-    (where its message id makes it a repeat, not a second turn).
-
-    PTB reads a whole batch or nothing, and fetches an unreadable batch again
-    forever (a newer Bot API field, a malformed payload): polling would stall
-    and spin. Reduced to ``{"update_id": …}``, the update is logged, confirmed
-    and ignored, and the rest of the batch is handled.
-    """
-
-    def __init__(self, updates: asyncio.Queue[object], **options: Any) -> None:
-        super().__init__(**options)
-        self._updates = updates
-
-    async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
-        await self._updates.join()
-        code, payload = self.json_answer(*await super().do_request(*args, **kwargs))
-        return code, (readable_updates(payload) if code == 200 else payload)
-
-
-def readable_updates(payload: bytes) -> bytes:
-    """A ``getUpdates`` response with every unreadable update reduced to its id."""
-    try:
-        body = json.loads(payload)
-        updates = body["result"]
-    except (ValueError, TypeError, KeyError):
-        return payload
-    if not isinstance(updates, list):
-        return payload
-    body["result"] = [_readable(update) for update in updates]
-    return json.dumps(body).encode()
-
-
-def _readable(update: Any) -> Any:
-    try:
-        Update.de_json(copy.deepcopy(update), None)
-    except (ValueError, TypeError, KeyError, AttributeError) as error:
-        if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):
-            return update
-        log.warning("skipped Telegram update %s: cannot read it (%s)", update["update_id"], error)
-        return {"update_id": update["update_id"]}
-    return update
