@@ -27,6 +27,11 @@ class InvalidSessionName(ChatlaneError, ValueError):
     """A name a client chose for its session cannot be used exactly as written."""
 
 
+class InvalidChatMove(ChatlaneError, ValueError):
+    """A chat is said to have moved, but the ids given are not a group and the other chat
+    it became (a Telegram upgrade message with odd values)."""
+
+
 class ConfigError(ChatlaneError, ValueError):
     """A configuration key or value is invalid; the message names the key and the expectation."""
 

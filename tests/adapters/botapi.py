@@ -13,7 +13,8 @@ form fields) and answers as the real API does: ``{"ok": true, "result": …}`` o
   (:meth:`BotApi.actions`).
 * A group upgraded to a supergroup (:meth:`BotApi.migrate`) answers every
   send with a 400 naming the new chat (``migrate_to_chat_id``), as Telegram
-  does.
+  does, and counts it (:meth:`BotApi.bounced`); :meth:`BotApi.upgrade` also
+  queues the two service messages Telegram sends for it.
 * Files are never served: a message with one (:meth:`BotApi.push_media`)
   carries its Bot API object, whose ``file_id`` chatlane only passes on.
 * A method the stand-in does not implement gets a 400 naming it and is recorded
@@ -171,6 +172,7 @@ class BotApi:
         self._updates: list[dict[str, Any]] = []
         self._chats: dict[int | str, dict[str, Any]] = {}
         self._moved: dict[int | str, int] = {}
+        self._bounced: list[int | str] = []
         self._failures: dict[str, dict[int, tuple[int, str, int | None]]] = {}
         """Failures to answer with, by method and the number of the call (from 1)."""
         self._update_ids = itertools.count(1000)
@@ -311,6 +313,18 @@ class BotApi:
         self._chat(to, "supergroup", forum=False)
         self._moved[chat] = to
 
+    def upgrade(self, chat: int, to: int, user: int) -> None:
+        """Upgrade the group ``chat`` to the supergroup ``to`` as Telegram tells a bot:
+        ``migrate_to_chat_id`` in the group, then ``migrate_from_chat_id`` in the
+        supergroup, both from ``user`` (who upgraded it)."""
+        self.migrate(chat, to)
+        self.push_message(chat, user, {"migrate_to_chat_id": to}, chat_type="group")
+        self.push_message(to, user, {"migrate_from_chat_id": chat}, chat_type="supergroup")
+
+    def bounced(self, chat_id: int | str) -> int:
+        """How many sends to ``chat_id`` were refused because the group was upgraded."""
+        return self._bounced.count(chat_id)
+
     def fail_next(
         self,
         method: str,
@@ -445,6 +459,7 @@ class BotApi:
     async def _send_message(self, params: Params) -> Response:
         moved = self._moved.get(params.get("chat_id", ""))
         if moved is not None:
+            self._bounced.append(params["chat_id"])
             return _moved(moved)
         chat = self._chats.get(params.get("chat_id", ""))
         text = str(params.get("text", ""))
@@ -463,6 +478,7 @@ class BotApi:
     async def _send_chat_action(self, params: Params) -> Response:
         moved = self._moved.get(params.get("chat_id", ""))
         if moved is not None:
+            self._bounced.append(params["chat_id"])
             return _moved(moved)
         chat = self._chats.get(params.get("chat_id", ""))
         action = str(params.get("action", ""))

@@ -49,6 +49,13 @@ What stays true:
   its asker can still answer. In a channel anyone who reads it can press a
   button, so there a press only says to answer by posting ``/approve`` or
   ``/deny`` (which only the channel's admins can).
+* A group upgraded to a supergroup keeps its conversation: the supergroup is
+  known by the group's id, so its messages belong to the group's sessions,
+  and everything addressed to the group — replies, approval prompts, cron
+  jobs' results, notices, "typing…" — is sent to the supergroup, in the same
+  topic (:mod:`~chatlane.adapters.telegram_moves`). A send refused with
+  ``ChatMigrated`` delivered nothing: it goes to the supergroup once, and the
+  move is remembered, in the store, for every later send.
 * A send refused by flood control (HTTP 429, ``RetryAfter``) is sent again
   after the wait Telegram names, as long as one message's waits add up to at
   most :data:`FLOOD_WAIT_CAP`; nothing was delivered, so a retry cannot
@@ -76,7 +83,7 @@ from telegram import (
     User,
 )
 from telegram.constants import ChatAction
-from telegram.error import InvalidToken, TelegramError
+from telegram.error import ChatMigrated, InvalidToken, TelegramError
 from telegram.ext import (
     Application,
     ApplicationBuilder,
@@ -96,6 +103,7 @@ from chatlane.adapters.telegram_delivery import (
 )
 from chatlane.adapters.telegram_groups import BotIdentity, addressed_text, overheard
 from chatlane.adapters.telegram_media import MEDIA, attachment_of
+from chatlane.adapters.telegram_moves import ChatMoves, move_of
 from chatlane.adapters.telegram_updates import UpdatesRequest as UpdatesRequest
 from chatlane.adapters.telegram_updates import readable_updates as readable_updates
 from chatlane.adapters.typing import TypingIndicators
@@ -110,6 +118,7 @@ from chatlane.errors import (
     ChatlaneError,
     ConfigError,
     DeliveryFailed,
+    InvalidChatMove,
     PermanentDelivery,
     PlatformUnavailable,
 )
@@ -207,6 +216,8 @@ class TelegramAdapter:
         self._app: TelegramApp | None = None
         self._bot = BotIdentity(0, "")
         self._groups = GroupPolicy(config.telegram, "telegram")
+        self._moves = ChatMoves()
+        """Groups upgraded to supergroups (:mod:`~chatlane.adapters.telegram_moves`)."""
         self._redactor: TokenRedactor | None = None
         self.typing: TypingIndicators | None = None
         """The typing indicators, while the bot runs with ``telegram.typing`` on."""
@@ -216,10 +227,11 @@ class TelegramAdapter:
         return []
 
     async def start(self, hub: Hub) -> None:
-        """Check the token with ``getMe`` and start polling.
+        """Read the groups known to have moved, check the token with ``getMe`` and start polling.
 
         :raises ConfigError: if no token is configured, or the Bot API rejects
             it or cannot be reached.
+        :raises StoreError: the store could not say which groups moved.
         """
         if self._app is not None:
             raise ChatlaneError("the Telegram adapter is already running")
@@ -229,6 +241,7 @@ class TelegramAdapter:
             raise missing_secret(
                 "telegram is enabled but has no bot token", configured, "telegram.token"
             )
+        await self._moves.load(hub.store, hub.gateway.settings.key_policy.namespace)
         self._redact(TokenRedactor(token))
         self._hub, self._app = hub, self._build(token)
         if self._config.telegram.typing:
@@ -253,6 +266,7 @@ class TelegramAdapter:
         updates_request = UpdatesRequest(handed_over, connection_pool_size=1)
         app = builder.get_updates_request(updates_request).build()
         updates = filters.UpdateType.MESSAGE | filters.UpdateType.CHANNEL_POST
+        app.add_handler(MessageHandler(filters.StatusUpdate.MIGRATE & updates, self._on_upgrade))
         app.add_handler(MessageHandler((filters.TEXT | MEDIA) & updates, self._on_message))
         other = filters.ChatType.PRIVATE & ~filters.StatusUpdate.ALL & updates  # no pins, timers
         app.add_handler(MessageHandler(other, self._on_other))
@@ -290,6 +304,7 @@ class TelegramAdapter:
             await self._aside.aclose()
             if app is not None:
                 await _stop(app)
+            await self._moves.aclose()
         finally:
             self._redact(None)
 
@@ -324,8 +339,9 @@ class TelegramAdapter:
         target = outbound.target
         parts = [part for part in split_message(_text_of(outbound)) if not blank(part)]
         try:
+            budget = WaitBudget(FLOOD_WAIT_CAP)
             await send_parts(
-                bot, target, parts, _buttons(outbound), WaitBudget(FLOOD_WAIT_CAP), wait_first=True
+                bot, target, parts, _buttons(outbound), budget, self._moves, wait_first=True
             )
         except DeliveryFailed as error:
             log.warning("telegram sendMessage to chat %s failed: %s", target.chat_id, error)
@@ -353,13 +369,14 @@ class TelegramAdapter:
             text = RESENT_LABEL + text
         parts = [part for part in split_message(text) if not blank(part)]
         budget = WaitBudget(FLOOD_WAIT_CAP, attempt.deadline)
-        await send_parts(app.bot, target, parts, _buttons(outbound), budget)
+        await send_parts(app.bot, target, parts, _buttons(outbound), budget, self._moves)
 
     async def _on_message(self, update: Update, context: object) -> None:
         """A text, or a file and its caption: to the hub, unless the file is over the cap."""
-        inbound = inbound_message(update, self._bot, self._groups) or self._answer_owed(update)
+        inbound = inbound_message(update, self._bot, self._groups, self._moves)
+        inbound = inbound or self._answer_owed(update)
         if inbound is None:
-            said = overheard_message(update, self._bot, self._groups)
+            said = overheard_message(update, self._bot, self._groups, self._moves)
             if said is not None and self._hub is not None:
                 self._hub.overhear(said, self._groups.limits)
             return
@@ -380,7 +397,9 @@ class TelegramAdapter:
 
         def said() -> InboundMessage:
             msg_id = f"tg-{message.chat.id}-{message.message_id}"
-            return InboundMessage(source_of(message, message.from_user), text, id=msg_id)
+            return InboundMessage(
+                source_of(message, message.from_user, self._moves), text, id=msg_id
+            )
 
         return said() if hub.awaits_answer(text, said) else None
 
@@ -402,12 +421,24 @@ class TelegramAdapter:
         message = update.effective_message
         if message is None or self._hub is None:
             return
-        source = source_of(message, message.from_user)
+        source = source_of(message, message.from_user, self._moves)
         inbound = InboundMessage(source, "", id=f"tg-{message.chat.id}-{message.message_id}")
         if not self._hub.admit(inbound):
             await self.refuse(inbound)
             return
         await self.deliver(Outbound(OutboundKind.NOTICE, NO_SESSION, Target.of(source), _NOT_TEXT))
+
+    async def _on_upgrade(self, update: Update, context: object) -> None:
+        """A group became a supergroup: remember where it went
+        (:mod:`~chatlane.adapters.telegram_moves`); odd ids are logged and ignored."""
+        message = update.effective_message
+        try:
+            move = None if message is None else move_of(message)
+        except InvalidChatMove as error:
+            log.warning("telegram: ignored a group upgrade: %s", error)
+            return
+        if move is not None:
+            await self._moves.record(move)
 
     async def _on_button(self, update: Update, context: object) -> None:
         query = update.callback_query
@@ -422,7 +453,8 @@ class TelegramAdapter:
             await _answer(query, _IN_A_CHANNEL)  # any reader can press; only admins can post
             return
         msg_id = f"tg-{message.chat.id}-cb{query.id}"
-        inbound = InboundMessage(source_of(message, query.from_user), answer, id=msg_id)
+        source = source_of(message, query.from_user, self._moves)
+        inbound = InboundMessage(source, answer, id=msg_id)
         if self._hub is None or not self._hub.admit(inbound):
             await _answer(query, _NOT_ALLOWED)  # privately: the chat sees nothing
             return
@@ -472,11 +504,18 @@ class TelegramAdapter:
                 self.typing.show(result.session_key, Target.of(message.source))
 
     async def _show_typing(self, target: Target) -> None:
-        """``sendChatAction`` typing in ``target``'s chat and topic."""
+        """``sendChatAction`` typing in ``target``'s chat and topic (in the supergroup a
+        group became, followed as a send is)."""
         app = self._app
-        if app is not None and target.chat_id is not None:
+        if app is None or target.chat_id is None:
+            return
+        chat, thread = self._moves.destination(target.chat_id), thread_of(target)
+        try:
+            await app.bot.send_chat_action(chat, ChatAction.TYPING, message_thread_id=thread)
+        except ChatMigrated as error:
+            self._moves.follow(chat, error.new_chat_id)
             await app.bot.send_chat_action(
-                target.chat_id, ChatAction.TYPING, message_thread_id=thread_of(target)
+                error.new_chat_id, ChatAction.TYPING, message_thread_id=thread
             )
 
     async def _not_handled(self, message: InboundMessage) -> None:
@@ -512,7 +551,9 @@ class TokenRedactor(logging.Filter):
         return True
 
 
-def inbound_message(update: Update, bot: BotIdentity, groups: GroupPolicy) -> InboundMessage | None:
+def inbound_message(
+    update: Update, bot: BotIdentity, groups: GroupPolicy, moves: ChatMoves | None = None
+) -> InboundMessage | None:
     """The message chatlane gets for ``update``'s text, or its file and caption, or None.
 
     None when the update holds neither a text nor a file
@@ -528,16 +569,16 @@ def inbound_message(update: Update, bot: BotIdentity, groups: GroupPolicy) -> In
     cleaned, files = clean_text(said[0]), said[1]
     if not addressed_to(cleaned, bot.username):
         return None
-    text = addressed_text(message, cleaned, bot, groups, files=bool(files))
+    source = source_of(message, message.from_user, moves)
+    text = addressed_text(message, cleaned, bot, groups, files=bool(files), chat=source.chat_id)
     if text is None:
         return None
     msg_id = f"tg-{message.chat.id}-{message.message_id}"
-    source = source_of(message, message.from_user)
     return InboundMessage(source, text, id=msg_id, attachments=files, whole_reply=True)
 
 
 def overheard_message(
-    update: Update, bot: BotIdentity, groups: GroupPolicy
+    update: Update, bot: BotIdentity, groups: GroupPolicy, moves: ChatMoves | None = None
 ) -> InboundMessage | None:
     """``update``'s message as said, if it is kept as context: in a group that keeps what
     is not for the bot (:func:`~chatlane.adapters.telegram_groups.overheard`); else None."""
@@ -546,10 +587,11 @@ def overheard_message(
     if message is None or said is None:
         return None
     text, files = clean_text(said[0]), said[1]
-    if not overheard(message, text, bot, groups):
+    source = source_of(message, message.from_user, moves)
+    if not overheard(message, text, bot, groups, chat=source.chat_id):
         return None
     msg_id = f"tg-{message.chat.id}-{message.message_id}"
-    return InboundMessage(source_of(message, message.from_user), text, id=msg_id, attachments=files)
+    return InboundMessage(source, text, id=msg_id, attachments=files)
 
 
 def _text_and_files(message: Message) -> tuple[str, tuple[Attachment, ...]] | None:
@@ -568,18 +610,19 @@ def addressed_to(text: str, username: str) -> bool:
     return command.mention.casefold() == username.casefold()
 
 
-def source_of(message: Message, user: User | None) -> SessionSource:
+def source_of(message: Message, user: User | None, moves: ChatMoves | None = None) -> SessionSource:
     """Where ``message`` was written, and by whom (a forum topic is the thread).
 
     The author is ``user`` — or, for a message sent on behalf of a chat,
-    that chat (:func:`sender_id`).
+    that chat (:func:`sender_id`). A supergroup that was a group is known by
+    the group's id, as ``moves`` say (:mod:`~chatlane.adapters.telegram_moves`).
     """
     chat = message.chat
     topic = message.message_thread_id if message.is_topic_message else None
-    user_id, user_name = _author(message, user)
+    user_id, user_name = _author(message, user, moves)
     return SessionSource(
         PLATFORM,
-        chat_id=str(chat.id),
+        chat_id=str(chat.id) if moves is None else moves.known_as(chat.id),
         chat_type=_CHAT_TYPES.get(chat.type, ChatType.GROUP),
         chat_name=chat.effective_name or "",
         thread_id=str(topic) if topic is not None else None,
@@ -589,25 +632,28 @@ def source_of(message: Message, user: User | None) -> SessionSource:
     )
 
 
-def sender_id(sender_chat: Chat) -> str:
+def sender_id(sender_chat: Chat, moves: ChatMoves | None = None) -> str:
     """The user id of a chat that posts in a group: ``chat:<id>``.
 
     Telegram puts a placeholder shared by every such sender in ``from``
     (136817688 for posts as a channel, 1087968824 for anonymous admins,
     777000 for automatic forwards), so the sender is ``sender_chat``. The
     ``chat:`` prefix keeps it apart from every person's id (always a number).
+    A supergroup that was a group (its anonymous admins) is named by the
+    group's id, as ``moves`` say.
     """
-    return f"{SENDER_CHAT_PREFIX}{sender_chat.id}"
+    chat = str(sender_chat.id) if moves is None else moves.known_as(sender_chat.id)
+    return f"{SENDER_CHAT_PREFIX}{chat}"
 
 
-def _author(message: Message, user: User | None) -> tuple[str | None, str]:
+def _author(message: Message, user: User | None, moves: ChatMoves | None) -> tuple[str | None, str]:
     """The id and name of who wrote ``message``: ``sender_chat`` when set, else ``user``.
 
     A channel's own posts stay without a user: the channel is the chat.
     """
     sender_chat = message.sender_chat
     if sender_chat is not None and message.chat.type != "channel":
-        return sender_id(sender_chat), sender_chat.effective_name or ""
+        return sender_id(sender_chat, moves), sender_chat.effective_name or ""
     if user is None:
         return None, ""
     return str(user.id), user.full_name

@@ -20,8 +20,12 @@ What stays true:
   place, up to :data:`~chatlane.adapters.telegram.FLOOD_WAIT_CAP` seconds for
   the whole message and never past the worker's deadline
   (:mod:`chatlane.adapters.waits`).
-* A group upgraded to a supergroup has a new chat id; a send to the old one
-  is answered with the new one (``ChatMigrated``), and the parts go there.
+* A send to a group that became a supergroup goes to the supergroup
+  (:mod:`~chatlane.adapters.telegram_moves`). One the moves did not know yet
+  is refused with the new id (``ChatMigrated``), having delivered nothing: that
+  part and the rest go there, in the same topic, once (no chain of moves is
+  followed), and the move is remembered. The ledger marks the delivery
+  delivered, under the target it was recorded for.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from telegram.error import (
 )
 from telegram.request import HTTPXRequest
 
+from chatlane.adapters.telegram_moves import ChatMoves
 from chatlane.adapters.waits import WaitBudget
 from chatlane.errors import (
     DeliveryFailed,
@@ -166,19 +171,22 @@ async def send_parts(
     parts: list[str],
     buttons: InlineKeyboardMarkup | None,
     budget: WaitBudget,
+    moves: ChatMoves,
     *,
     wait_first: bool = False,
 ) -> None:
-    """Send ``parts`` in order (``buttons`` under the last).
+    """Send ``parts`` in order (``buttons`` under the last), to the supergroup a group
+    became if ``moves`` know it.
 
     Flood control is waited out in place between parts, and before the first
     one too with ``wait_first`` (for a send outside the ledger, which has no
     later attempt), as long as ``budget`` allows. A group that became a
-    supergroup is followed, once: the parts go to the chat Telegram names instead.
+    supergroup unknown to ``moves`` is followed, once: the part refused and the
+    rest go to the chat Telegram names, in the same topic, and ``moves`` learn it.
 
     :raises DeliveryFailed: the failure, classified (:func:`classify`).
     """
-    chat: int | str = target.chat_id or ""
+    chat: int | str = moves.destination(target.chat_id or "")
     thread = thread_of(target)
     moved = False
     for index, part in enumerate(parts):
@@ -193,7 +201,7 @@ async def send_parts(
             except ChatMigrated as error:
                 if moved:  # a chat moves once: no chain of moves is followed
                     raise classify(error, sent_before=later) from error
-                log.info("telegram: chat %s is now %s", chat, error.new_chat_id)
+                moves.follow(str(chat), error.new_chat_id)
                 chat, moved = error.new_chat_id, True
             except RetryAfter as error:
                 seconds = retry_after_seconds(error)

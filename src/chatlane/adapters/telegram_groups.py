@@ -45,34 +45,47 @@ class BotIdentity:
 
 
 def addressed_text(
-    message: Message, text: str, bot: BotIdentity, policy: GroupPolicy, *, files: bool = False
+    message: Message,
+    text: str,
+    bot: BotIdentity,
+    policy: GroupPolicy,
+    *,
+    files: bool = False,
+    chat: str | None = None,
 ) -> str | None:
     """``text`` (``message``'s text or caption, cleaned) without the bot's mentions, or None
-    if not for the bot; with ``files`` (the message has some), an empty text is kept."""
+    if not for the bot; with ``files`` (the message has some), an empty text is kept.
+    ``chat``: the id the policy knows the chat by (default: the message's chat's)."""
     if message.chat.type == _PRIVATE:
         return text
     mentions = _mentions_of(message, text, bot)
     stripped = _without(text, mentions).strip() if mentions else text
-    return stripped if _answers(message, text, bot, policy) and (stripped or files) else None
+    answers = _answers(message, text, bot, policy, chat or str(message.chat.id))
+    return stripped if answers and (stripped or files) else None
 
 
-def overheard(message: Message, text: str, bot: BotIdentity, policy: GroupPolicy) -> bool:
+def overheard(
+    message: Message, text: str, bot: BotIdentity, policy: GroupPolicy, *, chat: str | None = None
+) -> bool:
     """Whether ``message`` (its text or caption ``text``), in a group and not for the bot,
-    is kept as context for the bot's next turn there (``unmentioned = "context"``)."""
-    chat = message.chat
-    if chat.type == _PRIVATE or policy.unmentioned(str(chat.id), chat.type) is Unmentioned.IGNORE:
+    is kept as context for the bot's next turn there (``unmentioned = "context"``).
+    ``chat``: the id the policy knows the chat by (default: the message's chat's)."""
+    kind, chat_id = message.chat.type, chat or str(message.chat.id)
+    if kind == _PRIVATE or policy.unmentioned(chat_id, kind) is Unmentioned.IGNORE:
         return False
-    return not _answers(message, text, bot, policy)
+    return not _answers(message, text, bot, policy, chat_id)
 
 
-def _answers(message: Message, text: str, bot: BotIdentity, policy: GroupPolicy) -> bool:
+def _answers(
+    message: Message, text: str, bot: BotIdentity, policy: GroupPolicy, chat_id: str
+) -> bool:
     """Whether the group's ``message`` is for the bot, by the policy (nothing cut out yet)."""
     mentioned = (
         bool(_mentions_of(message, text, bot))
         or _replies_to(message, bot)
         or parse_command(text) is not None
     )
-    return policy.answers(str(message.chat.id), message.chat.type, text, mentioned=mentioned)
+    return policy.answers(chat_id, message.chat.type, text, mentioned=mentioned)
 
 
 def _mentions_of(message: Message, text: str, bot: BotIdentity) -> list[MessageEntity]:

@@ -24,10 +24,12 @@ __all__ = [
     "JOB_PREFIX",
     "LAST_TICK",
     "MODEL_OVERRIDE",
+    "MOVED_PREFIX",
     "REASONING_OVERRIDE",
     "REDIRECT_GENERATION",
     "SERVICE_TIER_OVERRIDE",
     "job_field",
+    "moved_field",
 ]
 
 # -- a session's fields ----------------------------------------------------------------
@@ -87,3 +89,15 @@ LAST_TICK: Final = "last_tick"
 def job_field(job_id: str) -> str:
     """The field that holds the stored cron job ``job_id``."""
     return f"{JOB_PREFIX}{job_id}"
+
+
+# -- the Telegram adapter's fields (kept under its own key) ---------------------------------
+
+MOVED_PREFIX: Final = "moved:"
+"""A Telegram group upgraded to a supergroup is the field ``moved:<group id>`` (the
+supergroup's id) of the adapter's key."""
+
+
+def moved_field(chat_id: str) -> str:
+    """The field that holds where the Telegram group ``chat_id`` moved."""
+    return f"{MOVED_PREFIX}{chat_id}"
