@@ -5,6 +5,7 @@ check; the process that accepted it runs nothing and ends it with the answer."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from chatlane.runtime.busy import COLLECTED_ELSEWHERE, STEERED_ELSEWHERE
 from chatlane.runtime.leases import LeaseSettings
@@ -12,6 +13,7 @@ from chatlane.runtime.outcomes import Outcome
 from chatlane.runtime.turn import Turn
 from chatlane.stores import MemoryStore, Store
 from chatlane.stores.base import PendingRecord, WriteBatch
+from chatlane.stores.sqlite import SQLiteStore
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind, SessionKey
 from tests.runtime.processes import CHECKED_BY_HAND, two_processes
@@ -317,3 +319,87 @@ async def test_a_turn_whose_messages_were_partly_answered_elsewhere_runs_the_res
     assert agent.ran == ["long", "one\ntwo", "two"]
     assert ends(h)[two.message_id] == (Outcome.ANSWERED, "ran two")
     assert ends(h)[one.message_id] == (Outcome.ANSWERED, "answered elsewhere")
+
+
+async def test_a_drawn_in_message_its_sender_unqueued_where_it_was_sent_never_runs(
+    tmp_path: Path,
+) -> None:
+    """``/unqueue`` fences nothing: the process that drew the message in learns it was
+    dropped only from the store's queue, read before the turn it waited for runs."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    here, there = await SQLiteStore.open(url), await SQLiteStore.open(url)
+    runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
+    agents = (runner_agent, other_agent)
+    try:
+        async with two_processes(
+            (here, there), agents, "collect", collect_debounce=0, ack_debounce=0
+        ) as (runner, other):
+            await runner.send("long", chat_id="c")
+            await runner.until_running(chat_id="c")
+            one = await other.send("one", chat_id="c")  # its turn waits for the lease
+            await other.wait_for(lambda out: any(o.text == COLLECTED_ELSEWHERE for o in out))
+            two = await other.send("two", chat_id="c")  # queued behind it, here
+            [(seq, _)] = other.gateway.engine.queued(two.session_key)
+            await runner.gateway.engine.upkeep.check_fences()  # draws both in, collected
+            await other.send(f"/unqueue #{seq}", chat_id="c")
+            assert ends(other)[two.message_id][0] is Outcome.DROPPED  # "will not run"
+            runner_agent.release.set()
+            assert await runner.replies(chat_id="c", count=2) == ["long", "one"]
+            await other.settle()
+            await other.gateway.engine.upkeep.settle_watched()
+        assert runner_agent.ran == ["long", "one"]
+        assert other_agent.ran == []
+        assert ends(other)[one.message_id] == (Outcome.ANSWERED, "one")
+    finally:
+        await here.close()
+        await there.close()
+
+
+class HeldBump(SQLiteStore):
+    """The SQLite store, whose generation bumps a test can hold (``held``)."""
+
+    held: asyncio.Event | None = None
+    reached: asyncio.Event | None = None
+
+    async def bump_generation(self, key: SessionKey) -> int:
+        if self.held is not None and self.reached is not None:
+            self.reached.set()
+            await self.held.wait()
+        return await super().bump_generation(key)
+
+
+async def test_a_drawn_in_message_stopped_where_it_was_sent_never_runs_before_the_fence(
+    tmp_path: Path,
+) -> None:
+    """``/stop`` drops the message from the store, then bumps the generation: a turn the
+    drawing process starts for it in between holds a lease of the old generation."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    here, there = await SQLiteStore.open(url), await HeldBump.open(url)
+    assert isinstance(there, HeldBump)
+    runner_agent, other_agent = HoldsForSteers(takes=False), HoldsForSteers()
+    try:
+        async with two_processes((here, there), (runner_agent, other_agent), "steer") as (
+            runner,
+            other,
+        ):
+            await runner.send("long", chat_id="c")
+            await runner.until_running(chat_id="c")
+            steered = await other.send("steer me", chat_id="c")  # its turn waits for the lease
+            assert await other.replies(chat_id="c", count=1) == [STEERED_ELSEWHERE]
+            await runner.gateway.engine.upkeep.check_fences()  # drawn in, never taken
+            there.held, there.reached = asyncio.Event(), asyncio.Event()
+            stop = asyncio.create_task(other.send("/stop", chat_id="c"))
+            await there.reached.wait()  # dropped from the store, not yet fenced
+            runner_agent.release.set()
+            assert await runner.replies(chat_id="c", count=1) == ["long"]
+            await runner.settle()
+            assert runner_agent.ran == ["long"]
+            there.held.set()
+            await stop
+            await other.settle()
+            assert await here.pending(steered.session_key) == []
+        assert steered.message_id not in ends(runner)
+        assert other_agent.ran == []  # never ran anywhere
+    finally:
+        await here.close()
+        await there.close()

@@ -168,6 +168,13 @@ class BusyDesk:
         """Whether another process's ``message`` would be steered or collected here."""
         return self.policy_for(state, message) in _DRAWN
 
+    def drew_in_any(self, turn: Turn) -> bool:
+        """Whether one of ``turn``'s messages was drawn in from another process: that process
+        may drop it from the store later (``/unqueue``, ``/stop``, ``/new``), so the turn
+        looks at the store's queue once it holds the lease, before its agent runs."""
+        drawn = self._drawn
+        return bool(drawn) and any(message.id in drawn for message in turn.messages)
+
     def take_in(self, turn: Turn, message: InboundMessage, seq: int) -> None:
         """``message``, drawn in from another process while ``turn`` ran, as if it arrived here.
 

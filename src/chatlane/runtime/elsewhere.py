@@ -198,9 +198,11 @@ async def waited_in_vain(turn: Turn, store: Store, holder: str, outcomes: Outcom
     """Whether ``turn``'s messages left this process while it waited: another
     process's ``/stop`` or ``/new`` dropped them, or its running turn drew them in.
 
-    Asked only when the turn waited for a lease another process held, or
-    the generation moved on elsewhere meanwhile: one read of the store's
-    queue (if it fails, the turn runs).
+    Asked only when the turn waited for a lease another process held, the
+    generation moved on elsewhere meanwhile, or the turn runs messages drawn
+    in from another process (which may have dropped them since, and told
+    their senders they will not run): one read of the store's queue (if it
+    fails, the turn runs).
     Only a message the store still queues as this process's (or a dead
     one's, :func:`still_ours`) is still its own: every other one, the
     turn's, steered into it while it waited, or queued here behind it, is

@@ -570,6 +570,12 @@ class TurnEngine:
         session) and again once the lease is taken — from what the store
         read with the message and with the lease, or with a read of their own
         where it could not.
+
+        A turn of messages drawn in from another process reads the store's queue
+        once it holds the lease, as one that waited for it elsewhere does: the
+        process that accepted them may have dropped them since (``/unqueue``,
+        which fences nothing; ``/stop`` or ``/new``, whose generation bump may
+        come after this lease), and told their senders they will not run.
         """
         state = turn.session_state
         waited: _WaitedElsewhere | None = None
@@ -587,8 +593,9 @@ class TurnEngine:
         if not self._bind(turn, lease):
             return False
         elsewhere = lease.generation > known + 1 or (waited is not None and waited.seen)
-        if elsewhere and await waited_in_vain(turn, self.store, self.holder, self.outcomes):
-            return False  # another process ran, stopped or drew in the messages meanwhile
+        looked = elsewhere or self.busy.drew_in_any(turn)  # dropped where they were sent?
+        if looked and await waited_in_vain(turn, self.store, self.holder, self.outcomes):
+            return False  # another process ran, stopped, drew in or dropped the messages
         await self._take_choices(turn, choices, moved_on=elsewhere)
         self._started(turn)
         return True
