@@ -92,7 +92,6 @@ async def test_a_stop_where_a_drawn_in_message_waited_does_not_drop_its_answer(
         await runner.gateway.engine.upkeep.check_fences()  # drawn in
         runner_agent.release.set()
         assert await runner.replies(chat_id="c", count=1) == ["long + steer me"]
-        await runner.settle()
         await other.send("/stop", chat_id="c")
         replies = await other.replies(chat_id="c", count=2)
         await other.gateway.engine.upkeep.settle_watched()
@@ -100,6 +99,57 @@ async def test_a_stop_where_a_drawn_in_message_waited_does_not_drop_its_answer(
     assert replies[1] == "Nothing was running here. Dropped 0 queued messages."
     [ended] = [o for o in other.outcomes if o.message_id == second.message_id]
     assert (ended.outcome, ended.text) == (Outcome.ANSWERED, "long + steer me")
+
+
+class HeldRead(SQLiteStore):
+    """The SQLite store, whose next read of a session's queue a test can hold (``held``)."""
+
+    held: asyncio.Event | None = None
+    reached: asyncio.Event | None = None
+
+    async def pending(self, key: SessionKey) -> list[PendingRecord]:
+        held, reached = self.held, self.reached
+        if held is not None and reached is not None:
+            self.held = self.reached = None  # this read only
+            reached.set()
+            await held.wait()
+        return await super().pending(key)
+
+
+async def test_a_stop_of_a_turn_that_took_the_lease_for_a_message_answered_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """The waiting turn took the lease once the other process's turn, which drew its message
+    in and answered it, gave it back; ``/stop`` comes while it reads the queue, before its
+    agent: the message ends answered there, not stopped."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    here, there = await SQLiteStore.open(url), await HeldRead.open(url)
+    assert isinstance(there, HeldRead)
+    runner_agent = HoldsForSteers()
+    try:
+        async with two_processes((here, there), (runner_agent, HoldsForSteers()), "steer") as (
+            runner,
+            other,
+        ):
+            await runner.send("long", chat_id="c")
+            await runner.until_running(chat_id="c")
+            second = await other.send("steer me", chat_id="c")  # waits there for the lease
+            assert await other.replies(chat_id="c", count=1) == [STEERED_ELSEWHERE]
+            held, reached = asyncio.Event(), asyncio.Event()
+            there.held, there.reached = held, reached
+            await runner.gateway.engine.upkeep.check_fences()  # drawn in
+            runner_agent.release.set()
+            assert await runner.replies(chat_id="c", count=1) == ["long + steer me"]
+            await reached.wait()  # its turn has the lease and reads the queue
+            await other.send("/stop", chat_id="c")
+            held.set()
+            await other.settle()
+            await other.gateway.engine.upkeep.settle_watched()
+        [ended] = [o for o in other.outcomes if o.message_id == second.message_id]
+        assert (ended.outcome, ended.text) == (Outcome.ANSWERED, "long + steer me")
+    finally:
+        await here.close()
+        await there.close()
 
 
 async def test_steered_text_the_agent_never_takes_runs_next_in_the_drawing_process(
@@ -387,7 +437,8 @@ async def test_a_drawn_in_message_stopped_where_it_was_sent_never_runs_before_th
             steered = await other.send("steer me", chat_id="c")  # its turn waits for the lease
             assert await other.replies(chat_id="c", count=1) == [STEERED_ELSEWHERE]
             await runner.gateway.engine.upkeep.check_fences()  # drawn in, never taken
-            there.held, there.reached = asyncio.Event(), asyncio.Event()
+            held, reached = asyncio.Event(), asyncio.Event()
+            there.held, there.reached = held, reached
             stop = asyncio.create_task(other.send("/stop", chat_id="c"))
             await there.reached.wait()  # dropped from the store, not yet fenced
             runner_agent.release.set()
