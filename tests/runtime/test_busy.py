@@ -38,6 +38,7 @@ from chatlane.types import InboundMessage, OutboundKind
 from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent, Recorder, SteeringAgent, UntakenSteers
 from tests.runtime.refusing import Refusing, first_of
+from tests.runtime.test_draw_in import HoldsForSteers
 
 if TYPE_CHECKING:
     from chatlane.hub import Hub
@@ -48,6 +49,7 @@ IDLE_CTX = BusyContext(
     steers_waiting=0,
     internal=False,
     agent_accepts_steering=False,
+    from_turn_author=True,
     interrupt_streak=0,
     interrupt_depth=3,
     already_interrupted=False,
@@ -72,6 +74,10 @@ class TestDecide:
 
     def test_steer_when_agent_accepts(self) -> None:
         assert decide(BusyPolicy.STEER, _ctx(agent_accepts_steering=True)) is BusyOutcome.STEERED
+
+    def test_steer_takes_only_the_running_turns_authors_messages(self) -> None:
+        ctx = _ctx(agent_accepts_steering=True, from_turn_author=False)
+        assert decide(BusyPolicy.STEER, ctx) is BusyOutcome.QUEUED
 
     def test_steer_never_overtakes_waiting_messages(self) -> None:
         ctx = _ctx(agent_accepts_steering=True, queued=1)
@@ -803,6 +809,25 @@ async def test_a_turn_of_several_senders_runs_as_none_of_them() -> None:
         gate_text: (None, ""),  # bound as no user
         "alone": ("u3", "u3"),
     }
+
+
+async def test_another_persons_message_is_not_steered_into_a_shared_turn() -> None:
+    """In a thread shared by several people, a message of someone else's while a turn runs
+    waits as its own turn: steered in, its request would run as the turn's author's (and
+    only the author could answer its approvals). The author's own message is steered."""
+    agent = HoldsForSteers()
+    async with GatewayHarness(
+        agent, busy="steer", ack_debounce=0, key_policy=KeyPolicy(group_sessions_per_user=False)
+    ) as h:
+        await h.send("long", chat_id="g", chat_type="group", user_id="alice")
+        await h.until_running(chat_id="g", chat_type="group", user_id="alice")
+        alice = await h.send("left", chat_id="g", chat_type="group", user_id="alice")
+        bob = await h.send("delete my account", chat_id="g", chat_type="group", user_id="bob")
+        assert (alice.outcome, bob.outcome) == (BusyOutcome.STEERED, BusyOutcome.QUEUED)
+        agent.release.set()
+        await h.settle()
+    ran = [o.text for o in h.delivered(chat_id="g") if o.kind is OutboundKind.REPLY]
+    assert ran == ["long + left", "delete my account"]
 
 
 def test_a_turn_of_one_senders_messages_keeps_its_user() -> None:

@@ -382,6 +382,7 @@ class BusyDesk:
             steers_waiting=0 if turn is None else turn.steers_waiting(),
             internal=message.internal,
             agent_accepts_steering=steerable and accepts_steering(self._agent),
+            from_turn_author=turn is None or message.source.user_id == turn.author,
             interrupt_streak=state.conversation.interrupt_streak,
             interrupt_depth=settings.interrupt_depth,
             already_interrupted=_not_interruptible(turn),

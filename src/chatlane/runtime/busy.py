@@ -164,6 +164,9 @@ class BusyContext:
     as queued ones do, and count against ``queue_cap`` with them."""
     internal: bool
     agent_accepts_steering: bool
+    from_turn_author: bool
+    """The message is by the running turn's author: only such a message is steered into
+    it, so that its agent and tools never act for one person on another's request."""
     interrupt_streak: int
     interrupt_depth: int
     already_interrupted: bool
@@ -176,8 +179,10 @@ def decide(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
     """Apply ``policy`` to one message arriving at a busy session.
 
     Internal events always queue. Steering falls back to queueing when the
-    agent does not accept it or when messages already wait (a steered message
-    must never overtake them); an interrupt falls back to queueing when the
+    agent does not accept it, when messages already wait (a steered message
+    must never overtake them), or when the message is another person's than the
+    running turn's author's (in a shared thread: it runs as its own turn); an
+    interrupt falls back to queueing when the
     running turn is already being interrupted (or redirected) or the session
     has been interrupted ``interrupt_depth`` times in a row; so does a
     redirect. ``reject`` refuses nothing for a turn that is only winding down (after
@@ -199,13 +204,17 @@ def _preferred(policy: BusyPolicy, ctx: BusyContext) -> BusyOutcome:
         return BusyOutcome.QUEUED if ctx.winding_down else BusyOutcome.REJECTED
     if policy is BusyPolicy.COLLECT:
         return BusyOutcome.MERGED
-    if policy is BusyPolicy.STEER and ctx.agent_accepts_steering and ctx.queued == 0:
+    if policy is BusyPolicy.STEER and _may_steer(ctx):
         return BusyOutcome.STEERED
     if policy is BusyPolicy.ROLLBACK and _may_interrupt(ctx):
         return BusyOutcome.INTERRUPTING
     if policy is BusyPolicy.REDIRECT and _may_interrupt(ctx):
         return BusyOutcome.REDIRECTING
     return BusyOutcome.QUEUED
+
+
+def _may_steer(ctx: BusyContext) -> bool:
+    return ctx.agent_accepts_steering and ctx.from_turn_author and ctx.queued == 0
 
 
 def _may_interrupt(ctx: BusyContext) -> bool:

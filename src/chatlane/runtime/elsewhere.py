@@ -87,6 +87,7 @@ def outcome_elsewhere(
         steers_waiting=0,
         internal=False,
         agent_accepts_steering=False,
+        from_turn_author=True,
         interrupt_streak=state.conversation.interrupt_streak,
         interrupt_depth=depth,
         already_interrupted=False,
