@@ -381,15 +381,37 @@ async def test_a_stale_token_sent_again_and_again_blocks_no_one(tmp_path: Path) 
 
 
 def test_ipv6_addresses_are_counted_by_their_64_block() -> None:
-    """A host or home is given a whole ``/64``: its addresses share one count. IPv4, an
-    IPv4-mapped IPv6 address (the same client) and what is no address keep their own."""
+    """A host or home is given a whole ``/64``: its addresses share one count. IPv4, the
+    IPv6 addresses that stand for one IPv4 client each (mapped, NAT64, Teredo), link-local
+    ones and what is no address keep their own."""
     assert counted_address("2001:db8:1:2::7") == "2001:db8:1:2::/64"
     assert counted_address("2001:db8:1:2:ffff:1:2:3") == "2001:db8:1:2::/64"
     assert counted_address("2001:db8:1:3::7") == "2001:db8:1:3::/64"
-    assert counted_address("fe80::1%eth0") == "fe80::/64"
     assert counted_address("::ffff:203.0.113.7") == GUESSER == counted_address(GUESSER)
+    # one IPv4 client each, whatever /64 they share: NAT64 (RFC 6052), Teredo
+    assert counted_address("64:ff9b::cb00:7107") == GUESSER
+    assert counted_address("64:ff9b::c633:6402") == NEIGHBOUR
+    teredo = "2001:0:4136:e378:8000:63bf:3fff:fdd2"  # RFC 4380's example: 192.0.2.45
+    assert counted_address(teredo) == "192.0.2.45"
+    # link-local: every link's hosts share fe80::/64; each counts alone
+    assert counted_address("fe80::1%eth0") == "fe80::1%eth0"
+    assert counted_address("fe80::1%eth1") != counted_address("fe80::1%eth0")
     for other in ("testclient", "", "/run/chatlane.sock", "not:an:address"):
         assert counted_address(other) == other
+
+
+async def test_a_guesser_behind_nat64_blocks_no_other_translated_client(tmp_path: Path) -> None:
+    """Behind a NAT64 translator (the well-known prefix) every IPv4 client shares one ``/64``:
+    five wrong tokens from one of them block that client only."""
+    async with (
+        gateway(config_with_token(tmp_path)) as base,
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        for guess in range(GUESSES):
+            guessed = sent_from("64:ff9b::cb00:7107", f"guess {guess}")
+            assert (await call(client, guess, guessed)).status_code == 401
+        assert (await call(client, 0, sent_from("64:ff9b::cb00:7107", TOKEN))).status_code == 429
+        assert (await call(client, 0, sent_from("64:ff9b::c633:6402", TOKEN))).status_code == 200
 
 
 async def test_guesses_from_one_ipv6_block_count_together(tmp_path: Path) -> None:

@@ -72,20 +72,45 @@ def client_address(connection: HTTPConnection) -> str:
     return counted_address(connection.client.host) if connection.client is not None else ""
 
 
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+"""The well-known NAT64 prefix (RFC 6052): each address in it stands for the IPv4 address
+in its last 32 bits, one translated IPv4 client each."""
+
+
 def counted_address(host: str) -> str:
-    """The address ``host``'s wrong tokens count under: an IPv4 address (an IPv4-mapped
-    IPv6 one too) as it is; an IPv6 address as the ``/64`` network holding it, the block a
-    single home or host is given, so its owner cannot try five more tokens from each of its
-    2⁶⁴ addresses; anything else (a host name, a Unix socket's path) as it is."""
+    """The address ``host``'s wrong tokens count under.
+
+    An IPv6 address counts as the ``/64`` network holding it, the block a single
+    home or host is given, so its owner cannot try five more tokens from each of its
+    2⁶⁴ addresses — except the IPv6 addresses that stand for one IPv4 client each,
+    which count as that IPv4 address: IPv4-mapped (``::ffff:a.b.c.d``), the
+    well-known NAT64 prefix (:data:`NAT64`) and Teredo (its client's address); and
+    link-local ones, whose ``/64`` is every host of every link (as they are, zone
+    included). An IPv4 address, and anything else (a host name, a Unix socket's
+    path), counts as it is.
+    """
     if ":" not in host:
         return host
     try:
         address = ipaddress.IPv6Address(host)
     except ValueError:
         return host
-    if address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
+    ipv4 = _ipv4_of(address)
+    if ipv4 is not None:
+        return str(ipv4)
+    if address.is_link_local:
+        return str(address)
     return str(ipaddress.IPv6Network((address, 64), strict=False))
+
+
+def _ipv4_of(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 client ``address`` stands for, if it is one that does (mapped, NAT64, Teredo)."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    teredo = address.teredo
+    return None if teredo is None else teredo[1]
 
 
 def bearer_token(authorization: str) -> bytes | None:
