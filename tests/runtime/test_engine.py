@@ -530,23 +530,23 @@ async def test_deliver_runs_with_the_reply_session_bound_and_the_caller_stays_cl
 
 
 class FirstReleaseHangs(MemoryStore):
-    """Its first ``release`` hangs until cancelled; later ones release."""
+    """Its first ``release`` hangs until cancelled (``hanging`` is set meanwhile)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.hung = False
+        self.hanging = asyncio.Event()
 
     async def release(self, lease: Lease) -> None:
-        if not self.hung:
-            self.hung = True
+        if not self.hanging.is_set():
+            self.hanging.set()
             await asyncio.Event().wait()
         await super().release(lease)
 
 
 async def test_closing_releases_the_lease_of_a_turn_cancelled_while_giving_it_back() -> None:
     """An agent that ignores ``interrupted`` is cancelled after its grace; closing then
-    cancels its task again while the turn gives its lease back. The lease is still released
-    (it was lost with its token, and the next process waited out its TTL)."""
+    cancels its task again while the turn gives its lease back. The lease is still given
+    back (it was lost with its token, and the next process waited out its TTL)."""
     store = FirstReleaseHangs()
     started = asyncio.Event()
 
@@ -561,14 +561,51 @@ async def test_closing_releases_the_lease_of_a_turn_cancelled_while_giving_it_ba
     settings = GatewaySettings(runtime=RuntimeSettings(interrupt_grace=0.05))
     gateway = Gateway(ignores_interrupts, deliver, settings=settings, store=store)
     message = InboundMessage(SessionSource("test", chat_id="c"), "hi")
-    await gateway.dispatch(message)
+    key = (await gateway.dispatch(message)).session_key
     await started.wait()
+    turn = gateway.engine.running_turn(key)
+    assert turn is not None
+    task = turn.task
+    assert task is not None
     await gateway.aclose()
-    assert store.hung
-    assert await store.lease_holder(gateway.session_key(message)) is None
-    assert [r.message_id for r in await store.pending(gateway.session_key(message))] == [
-        message.id
-    ]  # kept for the next process
+    assert store.hanging.is_set()
+    assert task.done()
+    assert await store.lease_holder(key) is None
+    assert [r.message_id for r in await store.pending(key)] == [message.id]  # kept
+
+
+async def test_a_release_cancelled_mid_call_still_gives_the_lease_back() -> None:
+    """An eviction cancels a turn while the turn gives its lease back, and releases it too:
+    the lease is given back (before, its token was lost, and it stayed till its TTL)."""
+    store = FirstReleaseHangs()
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def agent(turn: Turn) -> str:
+        started.set()
+        await gate.wait()
+        return "ok"
+
+    async def deliver(outbound: Outbound) -> None:
+        pass
+
+    gateway = Gateway(agent, deliver, store=store)
+    message = InboundMessage(SessionSource("test", chat_id="c"), "hi")
+    key = (await gateway.dispatch(message)).session_key
+    await started.wait()
+    engine = gateway.engine
+    turn = engine.running_turn(key)
+    assert turn is not None
+    state, generation = turn.session_state, turn.generation
+    own = asyncio.create_task(engine.leases.release(state, generation))
+    await store.hanging.wait()
+    own.cancel()
+    await asyncio.gather(own, return_exceptions=True)
+    await engine.leases.release(state, generation)  # the eviction's finds it given back
+    await engine.leases.settled()
+    assert await store.lease_holder(key) is None
+    assert not engine.leases.holds(state, generation)
+    gate.set()
+    await gateway.aclose()
 
 
 class LateLease(MemoryStore):

@@ -1044,6 +1044,7 @@ class TurnEngine:
         await self.asides.close()
         for turn in turns:
             await self.leases.release(self.registry.get(turn.session_key), turn.generation)
+        await self.leases.settled()  # given back by turns cancelled while giving them back too
         await self.leases.let_go_of_boundaries()
         await self.leases.sign_off()
         self.outcomes.end(self.outcomes.open_ids(), Outcome.SHUT_DOWN)

@@ -58,6 +58,7 @@ import asyncio
 import logging
 import secrets
 import time
+from asyncio import Future
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
@@ -157,6 +158,8 @@ class LeaseKeeper:
         """The watch of each session whose lease a turn here waits for."""
         self._releasing: dict[SessionKey, asyncio.Future[None]] = {}
         """Sessions whose lease this process is giving back: done once the store answered."""
+        self._giving_back: set[Future[None]] = set()
+        """Leases given back in the background, their releaser cancelled (:meth:`settled`)."""
         self._boundaries: dict[SessionKey, BoundaryHold] = {}
         """The leases conversation boundaries hold here, one per session."""
 
@@ -347,9 +350,9 @@ class LeaseKeeper:
     async def release(self, state: SessionState, generation: int) -> None:
         """Release the lease taken for ``generation``, if it is still held (once only).
 
-        A call that is cancelled before the store answered (a closing engine
-        cancels a turn giving its lease back) leaves the lease held here too,
-        so the engine's own release at close still gives it back.
+        A call cancelled before the store answered (a closing engine or an
+        eviction cancels a turn giving its lease back) leaves the lease to be
+        given back in the background (:meth:`settled` waits for that).
 
         :raises StoreError: the store could not be reached; the lease is still
             held here (and renewed), so that calling again releases it.
@@ -366,13 +369,34 @@ class LeaseKeeper:
             await self.store.release(lease)
         except LeaseError as error:
             log.info("lease already gone: %s", error, extra=turn_fields(key, generation))
-        except BaseException:  # unreachable, or cancelled: released only if called again
+        except StoreError:
             self.hold(state, lease)
+            raise
+        except asyncio.CancelledError:
+            self.hold(state, lease)
+            self._give_back_later(state, generation)
             raise
         finally:
             if self._releasing.get(key) is answered:
                 del self._releasing[key]
             answered.set_result(None)
+
+    def _give_back_later(self, state: SessionState, generation: int) -> None:
+        """Release ``generation``'s lease in a task of its own (its caller was cancelled)."""
+        task = asyncio.ensure_future(self._give_back(state, generation))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+
+    async def _give_back(self, state: SessionState, generation: int) -> None:
+        try:
+            await self.release(state, generation)
+        except ChatlaneError as error:  # it expires within the TTL; the session waits till then
+            log.warning("could not give back a lease: %s", error, extra=turn_fields(state.key))
+
+    async def settled(self) -> None:
+        """Wait until every lease given back in the background has its store's answer."""
+        if self._giving_back:
+            await asyncio.wait(list(self._giving_back))
 
     async def hold_for_boundary(self, state: SessionState) -> BoundaryHold | None:
         """Hold ``state``'s lease for a conversation boundary; ``None`` if it is not free.
