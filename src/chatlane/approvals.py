@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from chatlane import approvals_elsewhere as elsewhere
-from chatlane.context import bound_context
+from chatlane.context import bind_session
 from chatlane.errors import ChatlaneError, InvalidSessionKey, shown_to_users
 from chatlane.identity import is_shared
 from chatlane.logs import turn_fields
@@ -344,19 +344,19 @@ class ApprovalBroker:
         asking = kind is OutboundKind.APPROVAL
         ids, generation = turn.message_ids, request.generation
         key, source = request.session_key, turn.source
-        send = self._outlet.send(
-            kind,
-            key,
-            source,
-            text,
-            ids,
-            generation,
-            approval_id=request.id if asking else "",
-            asks=asks_of(request) if asking else None,
-        )
-        # asked from a worker thread, or answered from another process (the upkeep loop):
-        # the adapter sees this session all the same
-        await asyncio.create_task(send, context=bound_context(source, key))
+        # answered from another process (applied by the upkeep loop), too: the adapter sees
+        # this session; sent from here, so a notice comes before what its turn says next
+        with bind_session(source, session_key=key):
+            await self._outlet.send(
+                kind,
+                key,
+                source,
+                text,
+                ids,
+                generation,
+                approval_id=request.id if asking else "",
+                asks=asks_of(request) if asking else None,
+            )
 
     def has_pending(self, state: SessionState) -> bool:
         """Whether a request waits for an answer in this session."""
