@@ -120,6 +120,19 @@ class AlreadyAnswered(ChatlaneError):
         super().__init__(f"already answered: {', '.join(message_ids)}")
 
 
+class MessageIdInUse(ChatlaneError):
+    """A message's id is already used by another session's message (queued, set aside or
+    answered): message ids are unique across a gateway's sessions, so it is not run.
+
+    ``message_id`` is the id, ``key`` the session the refused message was sent to.
+    """
+
+    def __init__(self, message_id: str, *, key: str) -> None:
+        self.message_id = message_id
+        self.key = key
+        super().__init__(f"message id {message_id!r} is already used by another session")
+
+
 class AgentFailed(ChatlaneError):
     """An agent's failure that the agent explains itself: a condition to fix (its endpoint,
     its key, its model), not a bug.

@@ -133,6 +133,12 @@ class ContextLine(msgspec.Struct, frozen=True, omit_defaults=True):
 class InboundMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     """One message for a session.
 
+    ``id`` names the message across every session of the gateway and the
+    processes sharing its store: the store keeps one record and one answered mark
+    per id. Include the chat in it, as the built-in adapters do (Telegram
+    ``tg-{chat}-{message}``), never a per-chat number alone: a message whose
+    id another session's message holds is refused with a notice to its sender
+    and a refused outcome, and is not run.
     ``internal`` marks messages the gateway made itself (a background task's
     completion, a cron result): they never interrupt a running turn, they queue.
     ``busy_policy`` names the busy policy this one message asks for over its

@@ -38,7 +38,7 @@ async def write_until_stdin_closes(database: Path) -> int:
         count = 0
         while not stopped.is_set():
             try:
-                await store._write(enqueue(key, f"m{count}"))
+                await store._write(enqueue(key, f"m{task}-{count}"))
             except StoreError:
                 failed += 1
             count += 1

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from chatlane.errors import AlreadyAnswered, LeaseLost, StoreError
 from chatlane.runtime.settings import LeaseSettings
 from chatlane.stores import DeliveryDraft, TranscriptEntry, WriteBatch, open_store
+from chatlane.stores.base import AnsweredMark
 from chatlane.stores.postgres import PostgresStore, ledger
 from chatlane.stores.postgres.pools import QUICK_POOL, _milliseconds
 from chatlane.stores.postgres.schema import MIGRATIONS, migrate
@@ -311,6 +312,29 @@ class TestMigrations:
                 ("old words", ()),
                 ("", (photo,)),
             ]
+        finally:
+            await store.close()
+            await forget_store(url)
+
+    async def test_step_7_keeps_old_marks_as_the_asking_sessions_answers(self, url: str) -> None:
+        location = parse_url(url)
+        connection = await asyncpg.connect(location.dsn)
+        try:
+            await migrate(connection, location.schema, MIGRATIONS[:6])
+        finally:
+            await connection.close()
+        await _execute(
+            url,
+            "INSERT INTO answered (message_id, at, answer) "
+            "VALUES ('m1', extract(epoch FROM now()), 'hi')",
+        )
+        store = await PostgresStore.open(url)
+        try:
+            assert await store.mark("m1") == AnsweredMark("hi")
+            with pytest.raises(AlreadyAnswered):
+                await store.commit(KEY, None, WriteBatch(answered=["m1"]))
+            await store.commit(KEY, None, WriteBatch(answered=["m2"], answer="no", failure="X"))
+            assert await store.mark("m2") == AnsweredMark("no", KEY, "X")
         finally:
             await store.close()
             await forget_store(url)

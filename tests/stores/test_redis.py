@@ -29,7 +29,7 @@ from chatlane.stores import (
 )
 from chatlane.stores import redis as redis_store_module
 from chatlane.stores import redis_scripts as lua
-from chatlane.stores.base import DEAD, DELIVERED, PENDING
+from chatlane.stores.base import DEAD, DELIVERED, PENDING, AnsweredMark
 from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.redis import RedisStore
 from chatlane.stores.redis_keys import SESSION_PARTS, Keyspace, escape
@@ -500,6 +500,22 @@ class TestAnswers:
         await store.heartbeat("p1", 5)
         await store.heartbeat("p1", 5)
         assert await stored_answers(store) == ([], [])
+
+    async def test_a_mark_set_before_marks_kept_their_session_reads_as_answered(
+        self, store: RedisStore
+    ) -> None:
+        moment = int(time.time() * 1000)
+        await store._command("ZADD", store._keys.one("answered_at"), moment, "m1")
+        await store._command("HSET", store._keys.one("answers"), "m1", "hi")
+        assert await store.mark("m1") == AnsweredMark("hi")
+
+    async def test_a_heartbeat_forgets_what_marks_keep_beside_their_answers(
+        self, store: RedisStore
+    ) -> None:
+        await store.commit(KEY, None, WriteBatch(answered=["m1"], answer="a", failure="Boom"))
+        store.answered_retention = -1.0
+        await store.heartbeat("p1", 5)
+        assert await store._command("HKEYS", store._keys.one("answer_marks")) == []
 
 
 async def stored_answers(store: RedisStore) -> tuple[list[str], list[str]]:

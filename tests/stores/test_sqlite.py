@@ -36,7 +36,7 @@ from chatlane.stores import (
     open_store,
 )
 from chatlane.stores import sqlite_ledger as ledger
-from chatlane.stores.base import DELIVERED, PENDING
+from chatlane.stores.base import DELIVERED, PENDING, AnsweredMark
 from chatlane.stores.codec import decode_message
 from chatlane.stores.sqlite import SQLiteStore
 from chatlane.stores.sqlite_schema import MIGRATIONS, Location, connect, migrate, parse_url
@@ -287,7 +287,7 @@ class TestFile:
             assert await store.answer("m1") == "hi"
         with contextlib.closing(sqlite3.connect(path)) as db:
             answered = [row[1] for row in db.execute("PRAGMA table_info(answered)")]
-            assert answered == ["message_id", "at", "answer"]
+            assert answered == ["message_id", "at", "answer", "key", "failure"]  # step 12 too
             with pytest.raises(sqlite3.OperationalError, match="rowid"):
                 db.execute("SELECT rowid FROM conversations")
 
@@ -379,6 +379,28 @@ class TestFile:
                 "new",
                 "from before",
             ]
+
+    async def test_step_12_keeps_old_marks_as_the_asking_sessions_answers(self, path: Path) -> None:
+        with file_at_step(path, 11) as db:
+            db.execute(
+                "INSERT INTO answered (message_id, at, answer) VALUES ('m1', ?, 'hi')",
+                (time.time(),),
+            )
+        async with opened(path) as store:
+            assert await store.mark("m1") == AnsweredMark("hi")
+            assert (await store.mark("m1") or AnsweredMark("")).belongs_to(SessionKey("k"))
+            with pytest.raises(AlreadyAnswered):
+                await store.commit(SessionKey("k"), None, WriteBatch(answered=["m1"]))
+            failed = WriteBatch(answered=["m2"], answer="sorry", failure="Boom")
+            await store.commit(SessionKey("k"), None, failed)
+            assert await store.mark("m2") == AnsweredMark("sorry", SessionKey("k"), "Boom")
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            db.execute(  # as a process of an earlier version still running beside it would
+                "INSERT INTO answered (message_id, at, answer) VALUES ('m3', ?, 'old')",
+                (time.time(),),
+            )
+        async with opened(path) as store:
+            assert await store.mark("m3") == AnsweredMark("old")
 
     def test_missing_steps_are_applied_in_order(self, path: Path) -> None:
         steps = [("CREATE TABLE a (x)",), ("ALTER TABLE a ADD COLUMN y", "CREATE TABLE b (z)")]

@@ -180,7 +180,7 @@ async def turns(store: SQLiteStore, task: int, count: int) -> int:
     for n in range(count):
         key = chat_key(f"beside-{task}-{n}")
         try:
-            admission = await store.enqueue_and_acquire(key, "m", "p1", b"hello", 5)
+            admission = await store.enqueue_and_acquire(key, f"m-{task}-{n}", "p1", b"hello", 5)
             assert admission.lease is not None
             await store.commit_and_release(admission.lease, WriteBatch(done=[admission.seq]))
         except StoreError:

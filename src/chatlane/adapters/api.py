@@ -103,6 +103,7 @@ from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.outcomes import MessageOutcome
 from chatlane.secrets import Secrets, TokenSource, read_client_tokens
+from chatlane.stores.records import AnsweredMark
 from chatlane.types import InboundMessage, Outbound, SessionKey
 
 if TYPE_CHECKING:
@@ -438,17 +439,18 @@ class ApiAdapter:
         """A retry's waiter, if its request was seen before: ``None`` if it must be dispatched.
 
         Answered before (here or in any process sharing the store): a waiter
-        holding that answer. Still waited for here: a waiter beside the first
-        request's, ended by the same outcome. Otherwise the message is
-        dispatched under the same id: the store keeps one record of it, and
-        its turn replays an answer committed meanwhile instead of running again.
+        holding that answer — or, if its turn failed, the notice its sender got, as
+        the failed outcome gives it (not marked as the answer). Still waited for
+        here: a waiter beside the first request's, ended by the same outcome.
+        Otherwise the message is dispatched under the same id: the store keeps one
+        record of it, and its turn replays an answer committed meanwhile instead of running again.
 
         :raises ApiRequestError: (503) the store could not say.
         """
-        answer = await self._earlier_answer(message_id)
-        if answer is not None:
+        mark = await self._earlier_mark(message_id)
+        if mark is not None:
             waiter = Waiter(message_id, stream=stream)
-            waiter.push(WaiterEvent(EventKind.FINAL, answer, answer=True))
+            waiter.push(WaiterEvent(EventKind.FINAL, mark.answer, answer=not mark.failure))
             return waiter
         first = self._waiters.get(message_id)
         if not first:
@@ -458,7 +460,15 @@ class ApiAdapter:
         return waiter
 
     async def _earlier_answer(self, message_id: str) -> str | None:
-        """The answer the store holds for ``message_id``, if any.
+        """The answer (or failure notice) the store holds for ``message_id``, if any.
+
+        :raises ApiRequestError: (503) the gateway is not running, or its store could not say.
+        """
+        mark = await self._earlier_mark(message_id)
+        return None if mark is None else mark.answer
+
+    async def _earlier_mark(self, message_id: str) -> AnsweredMark | None:
+        """The answered mark the store holds for ``message_id``, if any.
 
         :raises ApiRequestError: (503) the gateway is not running, or its store could not say.
         """
@@ -466,7 +476,7 @@ class ApiAdapter:
         if hub is None:
             raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
         try:
-            return await hub.store.answer(message_id)
+            return await hub.store.mark(message_id)
         except ChatlaneError as error:
             log.warning("could not read an earlier answer: %s", error)
             message = f"the gateway could not read an earlier answer: {shown_to_users(error)}"

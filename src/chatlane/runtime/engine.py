@@ -6,6 +6,10 @@ What stays true:
   else happens to it; it leaves the queue only when its turn committed a reply
   or a notice answered it. A process that stops leaves its messages for the
   next one to adopt.
+* A message whose id another session's queued message holds is refused when it
+  is queued (the store says so on the call that queues it): its sender gets
+  :data:`~chatlane.runtime.outcomes.ID_IN_USE`, it ends refused, and it never
+  runs.
 * A message for an idle session claims the local slot synchronously — no
   ``await`` between seeing the slot idle and claiming it — so two messages
   arriving together never both start a turn here; the store's lease makes
@@ -59,6 +63,7 @@ from chatlane.context import bound_context
 from chatlane.errors import (
     ActiveSessionLimit,
     ChatlaneError,
+    MessageIdInUse,
     SessionBusy,
     StoreError,
     shown_to_users,
@@ -75,7 +80,13 @@ from chatlane.runtime.elsewhere import still_ours, waited_in_vain
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.kept import KeptMessages
 from chatlane.runtime.leases import AcquireWait, LeaseKeeper, new_holder_id
-from chatlane.runtime.outcomes import OnOutcome, Outcome, OutcomeLedger
+from chatlane.runtime.outcomes import (
+    ID_IN_USE,
+    ID_IN_USE_REASON,
+    OnOutcome,
+    Outcome,
+    OutcomeLedger,
+)
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.output import TurnOutput
 from chatlane.runtime.persisted import (
@@ -206,7 +217,9 @@ class TurnEngine:
     async def submit(self, key: SessionKey, message: InboundMessage) -> BusyOutcome | None:
         """Persist ``message``, then run it now if its session is idle, else apply the busy policy.
 
-        :returns: ``None`` when a turn started for the message, else the busy outcome.
+        :returns: ``None`` when a turn started for the message, else the busy outcome
+            (:attr:`BusyOutcome.REJECTED` for a message whose id another session's queued
+            message holds: its sender is told, and it ends refused, :meth:`_id_in_use`).
         :raises GatewayFull: a process-wide limit (:mod:`chatlane.runtime.capacity`) is
             reached; nothing was stored.
         :raises StoreError: the store could not take the message: it is not taken (what a
@@ -245,8 +258,22 @@ class TurnEngine:
                 self._start(state, (message,), (seq,), refusable=True, admission=admission)
                 return None
             return await self._arrive_busy(state, message, seq, admission)
+        except MessageIdInUse as error:
+            return await self._id_in_use(key, message, error)
         finally:
             self.capacity.settled(message, arriving=arriving)
+
+    async def _id_in_use(
+        self, key: SessionKey, message: InboundMessage, error: MessageIdInUse
+    ) -> BusyOutcome:
+        """Refuse ``message``, whose id another session's queued message holds: it ends
+        refused, and its sender is told; nothing of it was stored."""
+        log.warning("refused: %s", error, extra=turn_fields(key))
+        self.outcomes.refuse(key, message, ID_IN_USE, ID_IN_USE_REASON)
+        target = Target.of(message.source)
+        notice = Outbound(OutboundKind.NOTICE, key, target, ID_IN_USE, 0, (message.id,))
+        await self.outlet.deliver(notice)
+        return BusyOutcome.REJECTED
 
     async def _enqueue(self, key: SessionKey, message: InboundMessage, payload: bytes) -> int:
         """Queue ``message`` in the store (no lease); on failure, take back what it may hold."""
@@ -397,6 +424,8 @@ class TurnEngine:
         :returns: ``None`` when it started at once, :attr:`BusyOutcome.QUEUED`, or
             :attr:`BusyOutcome.QUEUE_FULL` (refused: ``queue_cap`` messages wait, queued or
             steered and not yet taken; the caller tells the sender).
+        :raises MessageIdInUse: another session's queued message has its id: it ended
+            refused.
         :raises ChatlaneError: the store could not read the session or queue the message;
             its outcome ended ``failed``.
             (Its outcome opens before the store call, so that a refusal for a full
@@ -413,6 +442,9 @@ class TurnEngine:
             if state.turn.is_running and waiting_here(state) >= self.settings.queue_cap:
                 return BusyOutcome.QUEUE_FULL
             seq = await self._enqueue(key, message, encode_message(message))
+        except MessageIdInUse:
+            self.outcomes.refuse(key, message, ID_IN_USE, ID_IN_USE_REASON)
+            raise
         except ChatlaneError as error:
             self.outcomes.end([message.id], Outcome.FAILED, reason=shown_to_users(error))
             raise

@@ -16,6 +16,10 @@ true:
   there) is *watched*: the upkeep asks the store, in one batch, what became
   of it, and ends it with what the store says (the answer committed there,
   set aside as failed, or dropped) once the store no longer queues it.
+* **Never another session's**: an answered mark the store keeps for a message
+  id ends a message as its mark says (:func:`marked_outcome`) only in the
+  session that set it: a message whose id another session used ends refused
+  (:data:`ID_IN_USE`), and one whose turn failed ends failed, in every process.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
+from chatlane.stores.records import AnsweredMark
 from chatlane.types import InboundMessage, SessionKey
+
+ID_IN_USE = "This message's id is already used by another conversation; it was not run."
+"""The notice (and refused outcome's text) of a message whose id another session's holds."""
+
+ID_IN_USE_REASON = "message id in use"
+"""The refused outcome's reason for such a message (:class:`~chatlane.errors.MessageIdInUse`)."""
 
 
 class Outcome(enum.StrEnum):
@@ -91,6 +102,16 @@ class OutcomeLedger:
                 key, platform = held
                 self._emit(MessageOutcome(message_id, key, platform, outcome, text, reason))
 
+    def refuse(self, key: SessionKey, message: InboundMessage, text: str, reason: str) -> None:
+        """End ``message`` of ``key`` refused, even if an open message of another session
+        holds its id (which stays open): that one's outcome is not this one's."""
+        held = self._open.get(message.id)
+        if held is not None and held[0] == key:
+            self.end([message.id], Outcome.REFUSED, text, reason)
+        elif self._emit is not None:
+            platform = message.source.platform
+            self._emit(MessageOutcome(message.id, key, platform, Outcome.REFUSED, text, reason))
+
     def watch(self, message_ids: Iterable[str]) -> None:
         """These open messages left for another process: ask the store what becomes of them."""
         for message_id in message_ids:
@@ -111,4 +132,23 @@ class OutcomeLedger:
         return message_id in self._open
 
 
-__all__ = ["MessageOutcome", "OnOutcome", "Outcome", "OutcomeLedger"]
+__all__ = [
+    "ID_IN_USE",
+    "ID_IN_USE_REASON",
+    "MessageOutcome",
+    "OnOutcome",
+    "Outcome",
+    "OutcomeLedger",
+    "marked_outcome",
+]
+
+
+def marked_outcome(mark: AnsweredMark, key: SessionKey) -> tuple[Outcome, str, str]:
+    """The outcome, text and reason of a message of ``key`` whose id the store marked
+    answered with ``mark``: refused if another session's message set the mark, failed if
+    its turn failed (with the notice its sender got), else answered."""
+    if not mark.belongs_to(key):
+        return Outcome.REFUSED, ID_IN_USE, ID_IN_USE_REASON
+    if mark.failure:
+        return Outcome.FAILED, mark.answer, mark.failure
+    return Outcome.ANSWERED, mark.answer, ""

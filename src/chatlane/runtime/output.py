@@ -33,6 +33,11 @@ What stays true:
   an API request without ``stream``, a Telegram message) sends none, until a
   message steered into it asks for them. Every chunk still marks the turn's
   progress and is part of the reply that is committed and delivered.
+* The answered marks say which session answered and whether its turn failed
+  (:class:`~chatlane.stores.records.AnsweredMark`): a failure notice is committed
+  with its reason, so every process ends those messages failed, and a message
+  whose id another session's answer holds is refused with :data:`ID_IN_USE`
+  (on replay, or when its commit finds the mark), never given that answer.
 * A redirected turn (busy policy ``redirect``) stops streaming at its next
   chunk and commits, under its own fence, its input and the reply shown so
   far, marked with :data:`CUT_SHORT`: the next turn sees both as history.
@@ -64,7 +69,13 @@ from chatlane.runtime import pending
 from chatlane.runtime.backoff import retry_store, retryable
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.leases import LeaseKeeper
-from chatlane.runtime.outcomes import Outcome, OutcomeLedger
+from chatlane.runtime.outcomes import (
+    ID_IN_USE,
+    ID_IN_USE_REASON,
+    Outcome,
+    OutcomeLedger,
+    marked_outcome,
+)
 from chatlane.runtime.outlet import Outlet
 from chatlane.runtime.turn import Turn
 from chatlane.stores.base import DeliveryDraft, TranscriptEntry, WriteBatch
@@ -73,7 +84,7 @@ from chatlane.types import Agent, InboundMessage, OutboundKind, clean_text
 
 log = logging.getLogger("chatlane.runtime")
 
-_REPLY, _ANSWERED = OutboundKind.REPLY, Outcome.ANSWERED
+_REPLY, _NOTICE, _ANSWERED = OutboundKind.REPLY, OutboundKind.NOTICE, Outcome.ANSWERED
 """Read on every turn; as globals, since on Python 3.11 a member read through its
 enum class costs about ten times a global read."""
 
@@ -163,16 +174,19 @@ class TurnOutput:
         if not all(message.idempotent for message in turn.messages):
             return False
         try:
-            answers = [await self._leases.store.answer(m.id) for m in turn.messages]
+            found = [await self._leases.store.mark(m.id) for m in turn.messages]
         except StoreError as error:
             log.warning("could not ask for an earlier answer: %s", error, extra=_fields(turn))
             return False
-        if any(answer is None for answer in answers):
+        marks = [mark for mark in found if mark is not None]
+        if len(marks) < len(found):
             return False
-        text = answers[-1] or ""
         await self._forget(turn)
-        self._outcomes.end(turn.message_ids, _ANSWERED, text)
-        await self._outlet.to_turn(turn, _REPLY, text)  # the answer of record, as after a commit
+        ends = [marked_outcome(mark, turn.session_key) for mark in marks]
+        for message, (outcome, text, reason) in zip(turn.messages, ends, strict=True):
+            self._outcomes.end([message.id], outcome, text, reason)
+        outcome, text, _ = ends[-1]  # the answer of record, as after a commit
+        await self._outlet.to_turn(turn, _REPLY if outcome is _ANSWERED else _NOTICE, text)
         return True
 
     async def failure(self, turn: Turn, error: BaseException) -> None:
@@ -216,6 +230,7 @@ class TurnOutput:
             await self._lost(turn, "its lease ran out before its reply was committed")
             return self._fenced(turn, "reply")
         batch = _answer(turn, role, text)
+        batch.failure = failure
         if drafts:
             batch.deliveries = drafts
         conversation = turn.session_state.conversation
@@ -294,6 +309,10 @@ class TurnOutput:
             return self._fenced(turn, "reply commit")
         log.info("already answered, not delivering again: %s", error, extra=_fields(turn))
         answered = set(error.message_ids)
+        foreign = await self._foreign(turn, error.message_ids)
+        if foreign:
+            self._outcomes.end(foreign, Outcome.REFUSED, ID_IN_USE, ID_IN_USE_REASON)
+            await self._outlet.to_turn(turn, _NOTICE, ID_IN_USE)
         unanswered = [
             (message, seq)
             for message, seq in zip((*turn.messages, *turn.steered), turn.seqs, strict=True)
@@ -301,11 +320,27 @@ class TurnOutput:
         ]
         if unanswered:
             await self._run_again(turn, unanswered)
-            self._outcomes.watch(answered)
+            self._outcomes.watch(answered - foreign)
             return False
         await self._forget(turn)
-        self._outcomes.watch(turn.message_ids)  # the store has the answer
+        self._outcomes.watch(answered - foreign)  # the store has the answer
         return False
+
+    async def _foreign(self, turn: Turn, message_ids: list[str]) -> set[str]:
+        """Those of ``message_ids`` (found answered) whose marks another session set: their
+        ids were used by another conversation. None if the store cannot say: watched, they
+        end as their marks say (:mod:`chatlane.runtime.watch`)."""
+        store = self._leases.store
+        try:
+            marks = await asyncio.gather(*(store.mark(m) for m in message_ids))
+        except StoreError:
+            return set()
+        key = turn.session_key
+        return {
+            m
+            for m, mark in zip(message_ids, marks, strict=True)
+            if mark is not None and not mark.belongs_to(key)
+        }
 
     async def _run_again(self, turn: Turn, unanswered: list[tuple[InboundMessage, int]]) -> None:
         """Another run answered some of ``turn``'s messages (a process taken over): their

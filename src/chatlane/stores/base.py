@@ -26,9 +26,15 @@ against each backend:
   (:class:`~chatlane.errors.AlreadyAnswered`) for :attr:`Store.answered_retention`
   seconds; an older mark is forgotten (each heartbeat prunes some), so the
   record of answered messages does not grow without bound.
-* While its mark is kept, :meth:`Store.answer` tells what a message was
+* While its mark is kept, :meth:`Store.mark` tells what a message was
   answered with (the reply or the notice, written in the same commit as the
-  mark), whichever process committed it.
+  mark), in which session, and why its turn failed if it did
+  (:class:`~chatlane.stores.records.AnsweredMark`), whichever process committed it.
+  A mark written before the store kept the session and the failure reads back
+  with both empty.
+* Message ids are unique across every session of a store: a message queued
+  under an id another session's queued message holds is refused with
+  :class:`~chatlane.errors.MessageIdInUse`, nothing written.
 * :meth:`Store.renew` and :meth:`Store.release` succeed only with the lease's
   own token: a lease that expired, was taken over or was fenced off raises
   :class:`~chatlane.errors.LeaseLost`; releasing a lease twice raises
@@ -85,6 +91,7 @@ from chatlane.stores.records import (
     DELIVERED,
     PENDING,
     Admission,
+    AnsweredMark,
     Conversation,
     Delivery,
     DeliveryDraft,
@@ -107,6 +114,7 @@ __all__ = [
     "PENDING",
     "PRUNE_AFTER",
     "Admission",
+    "AnsweredMark",
     "Clock",
     "Conversation",
     "Conversations",

@@ -112,6 +112,7 @@ def detached_batch(key: SessionKey, batch: WriteBatch) -> tuple[list[tuple[str, 
         list(batch.deliveries),
         batch.title,
         batch.rename,
+        batch.failure,
     )
     fields = [(name, encode_value(key, name, value)) for name, value in batch.persistent.items()]
     return fields, rest
@@ -150,7 +151,7 @@ def storable(store: str, texts: Iterable[str]) -> None:
 def batch_texts(key: SessionKey, batch: WriteBatch) -> list[str]:
     """``key`` and the texts of ``batch`` a store keeps as text: its persistent values are
     JSON, which keeps every ``str``, and are not among them (their names are)."""
-    texts = [key, batch.answer, batch.title, *batch.answered]
+    texts = [key, batch.answer, batch.title, batch.failure, *batch.answered]
     for entry in batch.transcript:
         texts += (entry.role, entry.content, entry.conversation_id, entry.message_id)
         for attachment in entry.attachments:

@@ -33,12 +33,14 @@ from chatlane.errors import (
     AlreadyAnswered,
     EarlierMessageFirst,
     LeaseLost,
+    MessageIdInUse,
     SessionBusy,
     StaleGeneration,
 )
 from chatlane.stores.base import (
     PRUNE_AFTER,
     Admission,
+    AnsweredMark,
     Clock,
     Conversation,
     Delivery,
@@ -64,15 +66,15 @@ from chatlane.types import SessionKey
 
 
 class _Mark(msgspec.Struct, frozen=True, gc=False):
-    """An answered mark: when the message was answered, and with what.
+    """An answered mark: when the message was answered, and what the store tells of it.
 
-    A struct of a float and a string, never tracked by the garbage
+    A struct of a float and a record of strings, never tracked by the garbage
     collector: one is kept per answered message, and tracked objects kept
     that often would make the collector run (and walk them) more often.
     """
 
     at: float
-    answer: str
+    told: AnsweredMark
 
 
 class _Kept(msgspec.Struct, frozen=True, gc=False):
@@ -263,7 +265,7 @@ class MemoryStore(Store):
             session.persistent.update(fields)
         if batch.deliveries:
             self._ledger.record(batch.deliveries)
-        mark = _Mark(moment, batch.answer)
+        mark = _Mark(moment, AnsweredMark(batch.answer, key, batch.failure))
         for message_id in batch.answered:
             marks.pop(message_id, None)  # a forgotten mark moves to the end
             marks[message_id] = mark
@@ -312,10 +314,10 @@ class MemoryStore(Store):
         _storable(message_id)
         return self._marked(message_id, self._clock() - self.answered_retention) is not None
 
-    async def answer(self, message_id: str) -> str | None:
+    async def mark(self, message_id: str) -> AnsweredMark | None:
         _storable(message_id)
         mark = self._marked(message_id, self._clock() - self.answered_retention)
-        return None if mark is None else mark.answer
+        return None if mark is None else mark.told
 
     def _marked(self, message_id: str, cutoff: float) -> _Mark | None:
         """``message_id``'s answered mark, if it was set after ``cutoff``."""
@@ -446,9 +448,14 @@ class MemoryStore(Store):
         seq: int = 0,
     ) -> int:
         """Queue the message, accepted at ``moment`` (under ``seq``, given one); a message
-        queued before keeps its seq."""
+        queued before keeps its seq.
+
+        :raises MessageIdInUse: another session's queued message has that id.
+        """
         known = self._message_seq.get(message_id)
         if known is not None:
+            if known not in self._sessions[key].pending:
+                raise MessageIdInUse(message_id, key=key)
             return known
         seq = seq or next(self._seq)
         record = PendingRecord(key, seq, message_id, owner, payload, moment)
@@ -509,15 +516,23 @@ class MemoryStore(Store):
 
     async def retry_failed(self, message_id: str, owner: str) -> PendingRecord | None:
         _storable(message_id, owner)
-        failed = self._failed.pop(message_id, None)
+        failed = self._failed.get(message_id)
         if failed is None:
             return None
+        self._queued_elsewhere(failed.record)
+        del self._failed[message_id]
         self._unqueue(message_id)  # queued again since it failed: this record takes its place
         record = replace(failed.record, owner=owner)
         self._sessions[record.key].pending[record.seq] = record
         self._message_seq[message_id] = record.seq
         self._queued.add(record.key)
         return record
+
+    def _queued_elsewhere(self, record: PendingRecord) -> None:
+        """:raises MessageIdInUse: another session than ``record``'s queued its id since."""
+        seq = self._message_seq.get(record.message_id)
+        if seq is not None and seq not in self._sessions[record.key].pending:
+            raise MessageIdInUse(record.message_id, key=record.key)
 
     def _unqueue(self, message_id: str) -> None:
         """Remove the pending record holding ``message_id``, under whichever key it is queued."""

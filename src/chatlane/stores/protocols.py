@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 from chatlane.errors import LeaseError, LeaseLost, SessionBusy, StoreError
 from chatlane.stores.records import (
     Admission,
+    AnsweredMark,
     Conversation,
     Delivery,
     DeliveryDraft,
@@ -196,12 +197,19 @@ class SessionData(Protocol):
         """Whether an inbound message was recorded as answered (within the retention)."""
 
     @abc.abstractmethod
-    async def answer(self, message_id: str) -> str | None:
-        """The text committed as the answer to an inbound message, while its mark is kept.
+    async def mark(self, message_id: str) -> AnsweredMark | None:
+        """What the store keeps of an inbound message's answer, while its mark is kept.
 
-        ``None`` if it is not recorded as answered (within the retention); the
-        batch's :attr:`WriteBatch.answer` otherwise (empty if it carried none).
+        ``None`` if it is not recorded as answered (within the retention); else the
+        batch's :attr:`WriteBatch.answer` (empty if it carried none), the session
+        whose commit set the mark, and the batch's :attr:`WriteBatch.failure`.
         """
+
+    async def answer(self, message_id: str) -> str | None:
+        """The text committed as the answer to an inbound message, while its mark is kept
+        (:meth:`mark`'s ``answer``); ``None`` if it is not recorded as answered."""
+        mark = await self.mark(message_id)
+        return None if mark is None else mark.answer
 
     async def append_transcript(
         self, key: SessionKey, generation: int | None, *entries: TranscriptEntry

@@ -19,6 +19,7 @@ __all__ = [
     "DELIVERED",
     "PENDING",
     "Admission",
+    "AnsweredMark",
     "Conversation",
     "Delivery",
     "DeliveryDraft",
@@ -118,6 +119,27 @@ class TranscriptEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     attachments: tuple[Attachment, ...] = ()
 
 
+class AnsweredMark(msgspec.Struct, frozen=True):
+    """What a store keeps of an answered message (:meth:`~chatlane.stores.protocols.
+    SessionData.mark`): what it was answered with, in which session, and whether its turn
+    failed.
+
+    Marks written before the store kept the session and the failure read back with
+    ``key`` and ``failure`` empty: taken as the asking session's, and as answered.
+    """
+
+    answer: str
+    """The reply, or the notice its sender got (the batch's :attr:`WriteBatch.answer`)."""
+    key: SessionKey = SessionKey("")
+    """The session whose commit set the mark; "" for a mark written before it was kept."""
+    failure: str = ""
+    """Why its turn failed ("" if it was answered): its failed outcome's reason."""
+
+    def belongs_to(self, key: SessionKey) -> bool:
+        """Whether the mark is ``key``'s own (a mark that names no session is taken as so)."""
+        return not self.key or self.key == key
+
+
 class Conversation(msgspec.Struct, frozen=True):
     """One conversation of a session; ``ended_at`` is 0.0 while it is current."""
 
@@ -139,7 +161,9 @@ class WriteBatch(msgspec.Struct):
         before, the whole batch is refused with ``AlreadyAnswered``.
     :ivar done: ``seq`` numbers of pending records to remove.
     :ivar answer: the text that answers each of ``answered`` (the reply, or a
-        notice), kept with their marks and read back by :meth:`Store.answer`.
+        notice), kept with their marks and read back by :meth:`Store.mark`.
+    :ivar failure: why the turn failed, when ``answer`` is its failure notice ("" for
+        an answer): kept with the marks, so every process ends those messages failed.
     :ivar deliveries: outbound messages recorded for delivery in the same write
         (the delivery ledger): written only if the batch applies, each at most
         once per id.
@@ -159,6 +183,7 @@ class WriteBatch(msgspec.Struct):
     deliveries: list[DeliveryDraft] = msgspec.field(default_factory=list)
     title: str = ""
     rename: bool = False
+    failure: str = ""
 
     def is_empty(self) -> bool:
         """Whether the batch would change nothing."""

@@ -47,6 +47,7 @@ from chatlane.errors import (
     AlreadyAnswered,
     EarlierMessageFirst,
     LeaseLost,
+    MessageIdInUse,
     SessionBusy,
     StaleGeneration,
     StoreError,
@@ -55,6 +56,7 @@ from chatlane.stores import redis_scripts as lua
 from chatlane.stores.base import (
     PRUNE_AFTER,
     Admission,
+    AnsweredMark,
     Conversation,
     Delivery,
     DeliveryDraft,
@@ -109,6 +111,14 @@ _msgpack = msgspec.msgpack.Encoder()
 _entries = msgspec.msgpack.Decoder(TranscriptEntry)
 
 
+class _Told(msgspec.Struct, array_like=True, frozen=True):
+    """What an answered mark keeps beside its answer: the session that set it, and why its
+    turn failed ("" if it was answered)."""
+
+    key: SessionKey
+    failure: str
+
+
 class _Queued(msgspec.Struct, array_like=True, frozen=True):
     """What is stored of a pending record; key, seq, message id and owner sit beside it."""
 
@@ -117,6 +127,7 @@ class _Queued(msgspec.Struct, array_like=True, frozen=True):
 
 
 _queued = msgspec.msgpack.Decoder(_Queued)
+_told = msgspec.msgpack.Decoder(_Told)
 _failed = msgspec.msgpack.Decoder(FailedRecord)
 
 
@@ -444,14 +455,19 @@ class RedisStore(Store):
         at = await self._command("ZSCORE", self._keys.one("answered_at"), message_id)
         return self._kept(at)
 
-    async def answer(self, message_id: str) -> str | None:
-        at, text = await asyncio.gather(  # one write: both read in one round trip
+    async def mark(self, message_id: str) -> AnsweredMark | None:
+        at, text, told = await asyncio.gather(  # one write: all read in one round trip
             self._command("ZSCORE", self._keys.one("answered_at"), message_id),
             self._command("HGET", self._keys.one("answers"), message_id),
+            self._command("HGET", self._keys.one("answer_marks"), message_id),
         )
         if not self._kept(at):
             return None
-        return "" if text is None else text.decode()
+        answer = "" if text is None else text.decode()
+        if told is None:  # set before marks kept their session
+            return AnsweredMark(answer)
+        kept: _Told = _decoded(_told, told)
+        return AnsweredMark(answer, kept.key, kept.failure)
 
     def _kept(self, at: bytes | None) -> bool:
         """Whether an answered mark set at ``at`` (ms, as stored) is within the retention."""
@@ -475,6 +491,8 @@ class RedisStore(Store):
         token = token or new_token()
         args = (message_id, owner, record, key, token, _ms(ttl), max_active, int(with_persistent))
         seq, granted, flat = await self._run(lua.ENQUEUE_ACQUIRE, key, *args)
+        if seq == lua.FOREIGN:
+            raise MessageIdInUse(message_id, key=key)
         lease: Lease | None = None
         refusal: SessionBusy | None = None
         try:
@@ -530,7 +548,10 @@ class RedisStore(Store):
         self, key: SessionKey, message_id: str, owner: str, payload: bytes, *, seq: int = 0
     ) -> int:
         record = _msgpack.encode(_Queued(payload, now()))
-        return int(await self._run(lua.ENQUEUE, key, message_id, owner, record, key, seq))
+        queued = int(await self._run(lua.ENQUEUE, key, message_id, owner, record, key, seq))
+        if queued == lua.FOREIGN:
+            raise MessageIdInUse(message_id, key=key)
+        return queued
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
         reply = await self._run(lua.PENDING, key)
@@ -608,6 +629,8 @@ class RedisStore(Store):
         queued = _msgpack.encode(_Queued(record.payload, record.accepted_at))
         args = (message_id, raw, record.seq, owner, queued, record.key)
         retried = await self._run(lua.RETRY, record.key, *args)
+        if retried == lua.FOREIGN:
+            raise MessageIdInUse(message_id, key=record.key)
         return record if retried else None
 
     # -- the delivery ledger (chatlane.stores.redis_ledger) ------------------------------
@@ -719,6 +742,7 @@ def _batch_args(
         len(batch.deliveries),
         batch.title,
         rename,
+        _msgpack.encode(_Told(key, batch.failure)),
     )
     return [*head, *entries, *fields, *batch.answered, *batch.done, *drafts]
 

@@ -62,6 +62,8 @@ GLOBAL_PARTS = frozenset(
         "pkeys",  # set: session keys with at least one pending record
         "answered_at",  # sorted set: inbound message id by when it was answered (ms)
         "answers",  # hash: answered message id -> the answer's text (pruned with answered_at)
+        "answer_marks",  # hash: answered message id -> msgpack [session key, failure]
+        # (pruned with answered_at; absent for a mark set before it was kept)
         "msgseq",  # hash: pending message id -> seq (enqueue is idempotent per message id)
         "holders",  # sorted set: holder by heartbeat expiry (ms); a past score is a dead process
         "failed",  # hash: failed message id -> encoded failed record

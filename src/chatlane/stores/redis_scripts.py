@@ -36,6 +36,10 @@ from chatlane.stores import redis_ledger_scripts as ledger
 OPS_KEPT = 16
 """How many recent request ids a session remembers for retried scripts."""
 
+FOREIGN = -1
+"""What a script that queues a message replies (for its seq) when another session's queued
+message has its id: nothing was written."""
+
 
 class Status(enum.IntEnum):
     """The first element of a check-and-set script's reply."""
@@ -63,7 +67,8 @@ class LuaScript:
         """The whole script: the preamble, the shared helpers, then the body."""
         table = ", ".join(f"{name} = KEYS[{i}]" for i, name in enumerate(self.keys, 1))
         codes = "".join(f"local {status.name} = {status.value}\n" for status in Status)
-        return f"local K = {{{table}}}\nlocal OPS_KEPT = {OPS_KEPT}\n{codes}{_HELPERS}{self.body}"
+        head = f"local K = {{{table}}}\nlocal OPS_KEPT = {OPS_KEPT}\nlocal FOREIGN = {FOREIGN}\n"
+        return f"{head}{codes}{_HELPERS}{self.body}"
 
 
 def _script(keys: str, body: str) -> LuaScript:
@@ -139,6 +144,7 @@ end
 
 local function enqueue(id, owner, record, member, wanted)
   local known = redis.call('HGET', K.msgseq, id)
+  if known and not redis.call('ZSCORE', K.pending, id) then return FOREIGN end
   if known then return tonumber(known) end
   local seq = tonumber(wanted or 0)
   if seq == 0 then seq = redis.call('INCR', K.seq) end
@@ -244,13 +250,14 @@ return redis.call('ZCOUNT', K.live, '(' .. int(now_ms()), '+inf')
 # -- fenced writes ------------------------------------------------------------------------
 
 COMMIT = _script(
-    "gen conv convs ctitle persist pending pmsg powner ops answered_at answers msgseq pkeys "
+    "gen conv convs ctitle persist pending pmsg powner ops answered_at answers answer_marks "
+    "msgseq pkeys "
     f"lease last live {ledger.COMMIT_KEYS}",
     ledger.HELPERS
     + """
 local fence, rid, candidate, member, answer = ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[11]
-local token, drafts, title = ARGV[12], tonumber(ARGV[13]), ARGV[14]
-local fields_at = 16 + tonumber(ARGV[7])
+local token, drafts, title, told = ARGV[12], tonumber(ARGV[13]), ARGV[14], ARGV[16]
+local fields_at = 17 + tonumber(ARGV[7])
 local answered_at = fields_at + 2 * tonumber(ARGV[8])
 local done_at = answered_at + tonumber(ARGV[9])
 local ledger_at = #ARGV + 1 - ledger_args(drafts)
@@ -269,7 +276,7 @@ local conversation = redis.call('GET', K.conv)
 if not conversation and candidate == '' then return {UNSTARTED} end
 conversation = conversation or start_conversation(candidate, '')
 local transcript = ARGV[4] .. conversation .. ARGV[5]
-for j = 16, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
+for j = 17, fields_at - 1 do redis.call('RPUSH', transcript, ARGV[j]) end
 if title ~= '' then
   redis.call(ARGV[15] == '1' and 'HSET' or 'HSETNX', K.ctitle, conversation, title)
 end
@@ -277,6 +284,7 @@ for j = fields_at, answered_at - 1, 2 do redis.call('HSET', K.persist, ARGV[j], 
 for j = answered_at, done_at - 1 do
   redis.call('ZADD', K.answered_at, int(moment), ARGV[j])
   redis.call('HSET', K.answers, ARGV[j], answer)
+  redis.call('HSET', K.answer_marks, ARGV[j], told)
 end
 for j = done_at, ledger_at - 1 do remove_pending(ARGV[j]) end
 if done_at < ledger_at then forget_if_empty(member) end
@@ -295,7 +303,8 @@ return {OK, released}
 saw the session's conversation started), the two transcript key affixes, session key,
 #entries, #fields, #answered, the answered retention (ms), the answer's text, the token of
 a lease to release with the commit or '', #deliveries, the title or '' and 1 if it replaces
-the conversation's own (else it is set only where none is), then the entries, field/value
+the conversation's own (else it is set only where none is), what each mark keeps beside
+its answer (msgpack [session key, failure]), then the entries, field/value
 pairs, answered ids and done seqs, then (only with deliveries) the delivery ledger's
 affixes and drafts (:mod:`chatlane.stores.redis_ledger_scripts`), recorded if the commit
 applies.
@@ -304,10 +313,13 @@ Reply: {OK, 1 if the lease was released else 0} | {STALE, current} | {ANSWERED, 
 The lease is released (as :data:`RELEASE` would) only by a commit that applied."""
 
 FORGET_ANSWERED = _script(
-    "answered_at answers",
+    "answered_at answers answer_marks",
     """
 local ids = redis.call('ZRANGEBYSCORE', K.answered_at, '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
-for _, id in ipairs(ids) do redis.call('HDEL', K.answers, id) end
+for _, id in ipairs(ids) do
+  redis.call('HDEL', K.answers, id)
+  redis.call('HDEL', K.answer_marks, id)
+end
 if #ids > 0 then redis.call('ZREMRANGEBYRANK', K.answered_at, 0, #ids - 1) end
 return #ids
 """,
@@ -324,7 +336,8 @@ return enqueue(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """,
 )
 """ARGV: message id, owner, encoded record, session key, the seq to queue it under (0: a
-new one). Reply: the seq (the known one if the message is queued already)."""
+new one). Reply: the seq (the known one if the message is queued already), or -1 if
+another session's queued message has that id (nothing written)."""
 
 PENDING = _script(
     "pending pmsg powner",
@@ -408,6 +421,9 @@ RETRY = _script(
 local id, expected, seq, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local record, member = ARGV[5], ARGV[6]
 if redis.call('HGET', K.failed, id) ~= expected then return 0 end
+if redis.call('HGET', K.msgseq, id) and not redis.call('ZSCORE', K.pending, id) then
+  return FOREIGN
+end
 redis.call('HDEL', K.failed, id)
 redis.call('ZREM', K.failed_at, id)
 redis.call('ZADD', K.pending, seq, id)
@@ -419,7 +435,8 @@ return 1
 """,
 )
 """ARGV: message id, its failed record as read, seq, new owner, encoded pending record,
-session key. Reply: 1, or 0 if the failed record changed or went since it was read."""
+session key. Reply: 1, or 0 if the failed record changed or went since it was read, or -1
+if another session's queued message has its id (nothing written)."""
 
 # -- a turn's fused calls ----------------------------------------------------------------------
 
@@ -429,6 +446,7 @@ ENQUEUE_ACQUIRE = _script(
 local id, owner, record, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local token, ttl, cap = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local seq = enqueue(id, owner, record, member)
+if seq == FOREIGN then return {seq, {}, {}} end
 local granted = acquire(token, owner, ttl, int(seq), cap, member)
 local fields = {}
 if ARGV[8] == '1' then fields = redis.call('HGETALL', K.persist) end
@@ -438,7 +456,8 @@ return {seq, granted, fields}
 """ARGV: message id, owner, encoded record, session key, token, ttl ms, max active,
 '1' to read the persistent fields. Reply: {seq, the reply :data:`ACQUIRE` would give
 with the seq as head seq, the persistent fields as field/value pairs (empty if not asked)}.
-The message is queued whatever the lease's answer."""
+The message is queued whatever the lease's answer; if another session's queued message has
+its id, nothing is written and the reply is {-1, {}, {}}."""
 
 ACQUIRE_READ = _script(
     "gen lease last pending powner live persist",

@@ -49,6 +49,7 @@ from chatlane.stores import sqlite_queue as pq
 from chatlane.stores.base import (
     PRUNE_AFTER,
     Admission,
+    AnsweredMark,
     Clock,
     Conversation,
     Delivery,
@@ -270,14 +271,15 @@ def _commit(
     if generation is not None and generation != current:
         raise StaleGeneration(key, generation, current, "commit")
     answered = batch.answered
+    told = (batch.answer, key, batch.failure)
     if len(answered) == 1:  # a turn's own message: checked and marked in one statement
-        _mark_first_answer(db, clock, key, answered[0], batch.answer, retention)
+        _mark_first_answer(db, clock, answered[0], told, retention)
     elif answered:
         cutoff = clock() - retention
         repeated = [m for m in answered if _answered(db, m, cutoff)]
         if repeated:
             raise AlreadyAnswered(repeated, key=key)
-        _mark_answered(db, clock, answered, batch.answer)
+        _mark_answered(db, clock, answered, told)
     conversation = conversation or conv.start(db, clock, key, "").id
     if batch.transcript:  # each statement only when it has rows: every call costs a step
         conv.append(db, clock, conversation, batch.transcript)
@@ -296,10 +298,13 @@ _SET_FIELD = (
     "ON CONFLICT (key, field) DO UPDATE SET value = excluded.value"
 )
 _MARK_ANSWERED = (
-    "INSERT INTO answered (message_id, at, answer) VALUES (?, ?, ?) "
-    "ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, "
-    "answer = excluded.answer"  # a mark past its retention
+    "INSERT INTO answered (message_id, at, answer, key, failure) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (message_id) DO UPDATE SET at = excluded.at, answer = excluded.answer, "
+    "key = excluded.key, failure = excluded.failure"  # a mark past its retention
 )
+
+Told = tuple[str, SessionKey, str]
+"""What a mark keeps beside its time: the answer, the session that set it, its failure."""
 
 
 def _many(db: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -315,28 +320,23 @@ def _set_fields(db: sqlite3.Connection, key: SessionKey, fields: list[tuple[str,
 
 
 def _mark_answered(
-    db: sqlite3.Connection, clock: Clock, message_ids: list[str], answer: str
+    db: sqlite3.Connection, clock: Clock, message_ids: list[str], told: Told
 ) -> None:
     moment = clock()
-    _many(db, _MARK_ANSWERED, [(message_id, moment, answer) for message_id in message_ids])
+    _many(db, _MARK_ANSWERED, [(message_id, moment, *told) for message_id in message_ids])
 
 
 def _mark_first_answer(
-    db: sqlite3.Connection,
-    clock: Clock,
-    key: SessionKey,
-    message_id: str,
-    answer: str,
-    retention: float,
+    db: sqlite3.Connection, clock: Clock, message_id: str, told: Told, retention: float
 ) -> None:
     """Mark ``message_id`` answered unless a mark within ``retention`` says it was already:
     then nothing is written and :class:`AlreadyAnswered` is raised."""
     moment = clock()
     marked = db.execute(
-        f"{_MARK_ANSWERED} WHERE answered.at <= ?", (message_id, moment, answer, moment - retention)
+        f"{_MARK_ANSWERED} WHERE answered.at <= ?", (message_id, moment, *told, moment - retention)
     ).rowcount
     if not marked:
-        raise AlreadyAnswered([message_id], key=key)
+        raise AlreadyAnswered([message_id], key=told[1])
 
 
 def _answered(db: sqlite3.Connection, message_id: str, cutoff: float) -> bool:
@@ -344,10 +344,10 @@ def _answered(db: sqlite3.Connection, message_id: str, cutoff: float) -> bool:
     return bool(_scalar(db, sql, (message_id, cutoff)))
 
 
-def _answer(db: sqlite3.Connection, message_id: str, cutoff: float) -> str | None:
-    sql = "SELECT answer FROM answered WHERE message_id = ? AND at > ?"
-    found: str | None = _scalar(db, sql, (message_id, cutoff))
-    return found
+def _mark(db: sqlite3.Connection, message_id: str, cutoff: float) -> AnsweredMark | None:
+    sql = "SELECT answer, key, failure FROM answered WHERE message_id = ? AND at > ?"
+    row = db.execute(sql, (message_id, cutoff)).fetchone()
+    return None if row is None else AnsweredMark(row[0], SessionKey(row[1]), row[2])
 
 
 def _load_persistent(db: sqlite3.Connection, key: SessionKey) -> dict[str, Any]:
@@ -576,9 +576,9 @@ class SQLiteStore(Store):
         cutoff = self._clock() - self.answered_retention
         return await self._read(lambda db: _answered(db, message_id, cutoff))
 
-    async def answer(self, message_id: str) -> str | None:
+    async def mark(self, message_id: str) -> AnsweredMark | None:
         cutoff = self._clock() - self.answered_retention
-        return await self._read(lambda db: _answer(db, message_id, cutoff))
+        return await self._read(lambda db: _mark(db, message_id, cutoff))
 
     # -- a turn's fused calls ------------------------------------------------------
 

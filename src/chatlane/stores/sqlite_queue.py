@@ -18,6 +18,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from chatlane.errors import MessageIdInUse
 from chatlane.stores.base import Clock, FailedRecord, PendingRecord
 from chatlane.types import SessionKey
 
@@ -56,6 +57,8 @@ def enqueue(
     """Queue a message and return its ``seq``: the one it has if it is queued already.
 
     Given a ``seq`` (one it had before), a message no longer queued goes back under it.
+
+    :raises MessageIdInUse: another session's queued message has that id (nothing written).
     """
     if seq:
         return _enqueue_under(db, clock, key, (message_id, owner, payload), seq)
@@ -65,7 +68,18 @@ def enqueue(
         (key, message_id, owner, payload, clock()),
     ).fetchone()
     if row is None:  # queued already: nothing was written
-        row = db.execute("SELECT seq FROM pending WHERE message_id = ?", (message_id,)).fetchone()
+        return _queued_seq(db, key, message_id)
+    return int(row[0])
+
+
+def _queued_seq(db: sqlite3.Connection, key: SessionKey, message_id: str) -> int:
+    """The seq ``message_id`` is queued under, in ``key``'s queue.
+
+    :raises MessageIdInUse: it is queued in another session's.
+    """
+    row = db.execute("SELECT seq, key FROM pending WHERE message_id = ?", (message_id,)).fetchone()
+    if row[1] != key:
+        raise MessageIdInUse(message_id, key=key)
     return int(row[0])
 
 
@@ -74,9 +88,9 @@ def _enqueue_under(
 ) -> int:
     """:func:`enqueue` under ``seq``: two statements, never on a turn's path."""
     message_id, owner, payload = message
-    known = db.execute("SELECT seq FROM pending WHERE message_id = ?", (message_id,)).fetchone()
+    known = db.execute("SELECT 1 FROM pending WHERE message_id = ?", (message_id,)).fetchone()
     if known is not None:
-        return int(known[0])
+        return _queued_seq(db, key, message_id)
     db.execute(
         "INSERT INTO pending (seq, key, message_id, owner, payload, accepted_at) "
         "VALUES (?, ?, ?, ?, ?, ?)",
@@ -178,6 +192,9 @@ def retry_failed(db: sqlite3.Connection, message_id: str, owner: str) -> Pending
     if row is None:
         return None
     key, seq, _, _, payload, accepted_at = row
+    queued = db.execute("SELECT key FROM pending WHERE message_id = ?", (message_id,)).fetchone()
+    if queued is not None and queued[0] != key:  # the DELETE rolls back with the raise
+        raise MessageIdInUse(message_id, key=SessionKey(key))
     record = PendingRecord(SessionKey(key), seq, message_id, owner, payload, accepted_at)
     db.execute(
         "INSERT OR REPLACE INTO pending (seq, key, message_id, owner, payload, accepted_at) "

@@ -234,7 +234,19 @@ page each time — and those pages were most of what a checkpoint copied. The
 conversation's row is written instead; conversations started about the same time share
 its pages (ids come in creation order)."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
+_V12: Migration = (
+    "ALTER TABLE answered ADD COLUMN key TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE answered ADD COLUMN failure TEXT NOT NULL DEFAULT ''",
+)
+"""An answered mark keeps the session whose commit set it, and why that turn failed ("" if
+it was answered): a message id another session used is told apart, and a failed turn ends
+failed in every process (``Store.mark``). Marks set before, or by a process of an earlier
+version, hold "" for both: taken as the asking session's, and as answered."""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    *(_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11),
+    _V12,
+)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another

@@ -18,6 +18,7 @@ from chatlane.errors import (
     AlreadyAnswered,
     EarlierMessageFirst,
     LeaseError,
+    MessageIdInUse,
     SessionBusy,
     StaleGeneration,
     StoreError,
@@ -125,14 +126,13 @@ class TestEnqueueAndAcquire:
         await store.release(lease)
         await store.acquire(KEY, "p1", 5, head_seq=admission.seq)
 
-    async def test_a_message_queued_under_another_key_is_no_head_here(
+    async def test_a_message_queued_under_another_key_is_refused(
         self, store: Store, fused: Fused
     ) -> None:
         await store.enqueue(KEY, "m1", "p2", b"1")  # the session's only record
-        elsewhere = await store.enqueue(chat_key("elsewhere"), "m2", "p1", b"2")
-        admission = await fused.enqueue_and_acquire(KEY, "m2", "p1")  # queued: not again
-        assert admission.seq == elsewhere
-        assert isinstance(admission.refusal, EarlierMessageFirst)
+        await store.enqueue(chat_key("elsewhere"), "m2", "p1", b"2")
+        with pytest.raises(MessageIdInUse):  # its id is another session's: nothing written
+            await fused.enqueue_and_acquire(KEY, "m2", "p1")
         assert await queued(store) == ["m1"]
         assert await store.generation(KEY) == 0
 

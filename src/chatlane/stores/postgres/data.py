@@ -23,7 +23,7 @@ from typing import Any
 from asyncpg import PostgresError
 
 from chatlane.errors import AlreadyAnswered, StaleGeneration
-from chatlane.stores.base import Conversation, TranscriptEntry, WriteBatch
+from chatlane.stores.base import AnsweredMark, Conversation, TranscriptEntry, WriteBatch
 from chatlane.stores.codec import decode_attachments, decode_value, encode_attachments
 from chatlane.stores.ids import new_conversation_id
 from chatlane.stores.postgres import ledger
@@ -33,12 +33,12 @@ from chatlane.stores.postgres.text import unescape
 from chatlane.types import SessionKey
 
 __all__ = [
-    "answer",
     "commit",
     "conversations",
     "current",
     "load_fields",
     "load_persistent",
+    "mark",
     "new_conversation",
     "resume",
     "transcript",
@@ -46,7 +46,7 @@ __all__ = [
 
 _COMMIT = (
     "SELECT * FROM chatlane_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, "
-    "$14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)"
+    "$14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)"
 )
 """One statement, one round trip: the session's lock and clock, the fence, and every write
 of the commit (:mod:`~chatlane.stores.postgres.routines`)."""
@@ -95,6 +95,7 @@ async def commit(
             batch.title,
             batch.rename,
             *ledger.columns(batch.deliveries, lock),
+            batch.failure,
         )
     except PostgresError as error:
         if error.sqlstate != ALREADY_ANSWERED:
@@ -156,14 +157,15 @@ async def transcript(db: Db, conversation: str, limit: int) -> list[TranscriptEn
     ]
 
 
-async def answer(db: Db, message_id: str, retention: float) -> str | None:
-    """The answer kept with ``message_id``'s mark, if it is within ``retention`` (server time)."""
-    found: str | None = await db.fetchval(
-        "SELECT answer FROM answered WHERE message_id = $1 AND at > extract(epoch FROM now()) - $2",
+async def mark(db: Db, message_id: str, retention: float) -> AnsweredMark | None:
+    """``message_id``'s mark, if it is within ``retention`` (server time)."""
+    row = await db.fetchrow(
+        "SELECT answer, key, failure FROM answered "
+        "WHERE message_id = $1 AND at > extract(epoch FROM now()) - $2",
         message_id,
         retention,
     )
-    return found
+    return None if row is None else AnsweredMark(row[0], SessionKey(row[1]), row[2])
 
 
 # -- conversations -------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from chatlane.errors import ActiveSessionLimit, EarlierMessageFirst, SessionBusy
+from chatlane.errors import ActiveSessionLimit, EarlierMessageFirst, MessageIdInUse, SessionBusy
 from chatlane.stores.base import Lease, already_released, taken_over
 from chatlane.stores.codec import decode_value
 from chatlane.stores.ids import new_token
@@ -78,6 +78,7 @@ async def admit(
         takes them; with a ``message``, its ``seq`` is the head.
     :returns: the message's ``seq`` (``head_seq`` without one); the lease, or what
         :meth:`Leases.acquire` would raise; and, if ``read``, the session's persistent fields.
+    :raises MessageIdInUse: another session's queued message has ``message``'s id.
     """
     head_seq, max_active, token = turn
     chosen = token or new_token()
@@ -88,6 +89,8 @@ async def admit(
     )  # fmt: skip
     assert row is not None
     moment, seq, busy, earlier, live, generation, names, values, *own = row
+    if message_id is not None and seq is None:  # queued by another session: nothing written
+        raise MessageIdInUse(message_id, key=key)
     persistent = _fields(key, names, values) if read else None
     if generation is not None:
         return seq, Lease(key, holder, chosen, int(generation), moment + ttl), persistent

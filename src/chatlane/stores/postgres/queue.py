@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from chatlane.errors import MessageIdInUse
 from chatlane.stores.base import FailedRecord, PendingRecord
 from chatlane.stores.postgres.db import Db, Row
 from chatlane.stores.postgres.leases import WAKE
@@ -79,8 +80,19 @@ async def enqueue(
         moment,
     )
     if seq is None:  # queued already: nothing was written
-        seq = await db.fetchval("SELECT seq FROM pending WHERE message_id = $1", message_id)
+        return await _queued_seq(db, key, message_id)
     return int(seq)
+
+
+async def _queued_seq(db: Db, key: SessionKey, message_id: str) -> int:
+    """The seq ``message_id`` is queued under, in ``key``'s queue.
+
+    :raises MessageIdInUse: it is queued in another session's.
+    """
+    row = await db.fetchrow("SELECT seq, key FROM pending WHERE message_id = $1", message_id)
+    if row is None or row[1] != key:
+        raise MessageIdInUse(message_id, key=key)
+    return int(row[0])
 
 
 async def _enqueue_under(
@@ -99,7 +111,7 @@ async def _enqueue_under(
         moment,
     )
     if written is None:  # queued already, under the seq it has
-        written = await db.fetchval("SELECT seq FROM pending WHERE message_id = $1", message_id)
+        return await _queued_seq(db, key, message_id)
     return int(written)
 
 
@@ -212,6 +224,9 @@ async def retry_failed(db: Db, message_id: str, owner: str) -> PendingRecord | N
         return None
     key, seq, _, _, payload, accepted_at = row
     await db.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", key)
+    queued = await db.fetchval("SELECT key FROM pending WHERE message_id = $1", message_id)
+    if queued is not None and queued != key:  # the transaction rolls back with the raise
+        raise MessageIdInUse(message_id, key=SessionKey(key))
     await db.execute("DELETE FROM pending WHERE seq = $1 OR message_id = $2", seq, message_id)
     await db.execute(
         "INSERT INTO pending (seq, key, message_id, owner, payload, accepted_at) "

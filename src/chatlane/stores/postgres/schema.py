@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from chatlane.errors import StoreError
 from chatlane.stores.postgres.db import Db, DriverError
-from chatlane.stores.postgres.routines import STEP_5
+from chatlane.stores.postgres.routines import STEP_5, STEP_7
 
 __all__ = ["MIGRATIONS", "migrate"]
 
@@ -186,7 +186,7 @@ _V6: Migration = (
 text from this step on (:mod:`~chatlane.stores.postgres.text`, which keeps a NUL as U+0001
 U+0001); each table is read once, and only rows holding one are written."""
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, STEP_5, _V6)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, STEP_5, _V6, STEP_7)
 """Every schema step ever shipped, oldest first; append, never edit a shipped step.
 
 ``transcript.entry_conversation`` is NULL unless an entry named another
@@ -203,7 +203,10 @@ the targets' heads without reading what was delivered; ``transcript.attachments`
 for none, as in every row written before the step. Step 5 adds the routines a turn's
 calls run as one statement each (:mod:`~chatlane.stores.postgres.routines`). Step 6
 escapes the U+0001 characters stored before the store kept NUL
-(:mod:`~chatlane.stores.postgres.text`).
+(:mod:`~chatlane.stores.postgres.text`). Step 7 gives each answered mark the session
+whose commit set it (``answered.key``) and why its turn failed (``answered.failure``),
+both "" in marks set before, and refuses a message whose id another session's queued
+message holds.
 """
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_version (

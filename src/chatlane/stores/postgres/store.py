@@ -49,6 +49,7 @@ import asyncpg
 from chatlane.errors import LeaseLost, SessionBusy, StoreError
 from chatlane.stores.base import (
     Admission,
+    AnsweredMark,
     Conversation,
     Delivery,
     DeliveryDraft,
@@ -303,11 +304,11 @@ class PostgresStore(Store):
         return await self._write(key, op)
 
     async def is_answered(self, message_id: str) -> bool:
-        return await self.answer(message_id) is not None
+        return await self.mark(message_id) is not None
 
-    async def answer(self, message_id: str) -> str | None:
+    async def mark(self, message_id: str) -> AnsweredMark | None:
         retention = self._retained
-        return await self._read(lambda db: data.answer(db, message_id, retention))
+        return await self._read(lambda db: data.mark(db, message_id, retention))
 
     @property
     def _retained(self) -> float:
