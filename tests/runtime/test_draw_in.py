@@ -5,6 +5,7 @@ check; the process that accepted it runs nothing and ends it with the answer."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 from chatlane.runtime.busy import COLLECTED_ELSEWHERE, STEERED_ELSEWHERE
@@ -99,6 +100,70 @@ async def test_a_stop_where_a_drawn_in_message_waited_does_not_drop_its_answer(
     assert replies[1] == "Nothing was running here. Dropped 0 queued messages."
     [ended] = [o for o in other.outcomes if o.message_id == second.message_id]
     assert (ended.outcome, ended.text) == (Outcome.ANSWERED, "long + steer me")
+
+
+class HeldDrop(SQLiteStore):
+    """The SQLite store, whose next drop of queued messages a test can hold (``held``)."""
+
+    held: asyncio.Event | None = None
+    reached: asyncio.Event | None = None
+
+    async def _hold(self) -> None:
+        held, reached = self.held, self.reached
+        if held is not None and reached is not None:
+            self.held = self.reached = None  # this drop only
+            reached.set()
+            await held.wait()
+
+    async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
+        await self._hold()
+        await super().drop_pending(key, seqs)
+
+    async def drop_own(self, key: SessionKey, seqs: Sequence[int], owner: str) -> list[int]:
+        await self._hold()
+        return await super().drop_own(key, seqs, owner)
+
+
+async def test_a_stop_racing_a_draw_in_and_its_answer_never_drops_what_was_answered(
+    tmp_path: Path,
+) -> None:
+    """``/stop`` reaches the process whose turn waits for the lease; before its drop reaches
+    the store, the process running the session draws the message in and answers it. The
+    drop takes only what is still this process's: the message ends answered, not dropped."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    here, there = await SQLiteStore.open(url), await HeldDrop.open(url)
+    assert isinstance(there, HeldDrop)
+    runner_agent = HoldsForSteers()
+    late = LeaseSettings(fence_check=0, poll=30, max_poll=30)  # `other` looks only much later
+    try:
+        async with (
+            GatewayHarness(
+                runner_agent, store=here, busy="steer", leases=CHECKED_BY_HAND
+            ) as runner,
+            GatewayHarness(HoldsForSteers(), store=there, busy="steer", leases=late) as other,
+        ):
+            await runner.send("long", chat_id="c")
+            await runner.until_running(chat_id="c")
+            second = await other.send("steer me", chat_id="c")  # waits there for the lease
+            assert await other.replies(chat_id="c", count=1) == [STEERED_ELSEWHERE]
+            held, reached = asyncio.Event(), asyncio.Event()
+            there.held, there.reached = held, reached
+            stopping = asyncio.create_task(other.send("/stop", chat_id="c"))
+            await reached.wait()  # its drop is on its way to the store
+            await runner.gateway.engine.upkeep.check_fences()  # drawn in there meanwhile
+            runner_agent.release.set()
+            assert await runner.replies(chat_id="c", count=1) == ["long + steer me"]
+            held.set()
+            await stopping
+            replies = await other.replies(chat_id="c", count=2)
+            await other.gateway.engine.upkeep.settle_watched()
+            await other.settle()
+        assert replies[1].endswith(" Dropped 0 queued messages.")
+        [ended] = [o for o in other.outcomes if o.message_id == second.message_id]
+        assert (ended.outcome, ended.text) == (Outcome.ANSWERED, "long + steer me")
+    finally:
+        await here.close()
+        await there.close()
 
 
 class HeldRead(SQLiteStore):

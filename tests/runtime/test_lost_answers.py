@@ -257,7 +257,7 @@ def after(first: str, then: str) -> Callable[[str], bool]:
 
 
 async def test_messages_told_they_still_wait_are_queued_again_and_run() -> None:
-    store = SeesBusy(first_of("drop_pending"))
+    store = SeesBusy(first_of("drop_own"))
     async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
         key, engine = h.session_key(chat_id="c"), h.gateway.engine
         b, elsewhere = await stop_losing_the_drop(h, store)
@@ -273,7 +273,7 @@ async def test_messages_told_they_still_wait_are_queued_again_and_run() -> None:
 
 
 async def test_a_message_told_it_still_waits_outlives_its_process() -> None:
-    store = SeesBusy(first_of("drop_pending"))
+    store = SeesBusy(first_of("drop_own"))
     async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
         _, elsewhere = await stop_losing_the_drop(h, store)
     await store.release(elsewhere)
@@ -282,11 +282,11 @@ async def test_a_message_told_it_still_waits_outlives_its_process() -> None:
 
 
 async def test_a_message_whose_queueing_again_was_lost_too_runs_once() -> None:
-    store = SeesBusy(after("drop_pending", "enqueue"))
+    store = SeesBusy(after("drop_own", "enqueue"))
     async with GatewayHarness(EchoAgent(), store=store, leases=LASTING) as h:
         key = h.session_key(chat_id="c")
         b, elsewhere = await stop_losing_the_drop(h, store)
-        assert store.refused == {"drop_pending": 1, "enqueue": 1}
+        assert store.refused == {"drop_own": 1, "enqueue": 1}
         assert [r.seq for r in await store.pending(key)] == [b]  # it applied: back in place
         assert h.gateway.engine.registry.get(key).conversation.kept_seqs == {b}  # unsure
         await store.release(elsewhere)

@@ -159,7 +159,7 @@ class RoundTrips:
 
 STEPS = [
     *("acquire", "renew", "enqueue", "adopt", "commit", "bump_generation", "release"),
-    *("conversation", "new_conversation", "resume_conversation", "drop_pending"),
+    *("conversation", "new_conversation", "resume_conversation", "drop_pending", "drop_own"),
     *("enqueue_and_acquire", "commit_and_release", "acquire_and_read"),
     *("conversations", "transcript", "pending", "active_sessions", "generation"),
 ]
@@ -190,6 +190,8 @@ async def scenario(store: RedisStore, key: SessionKey, step: Callable[[str], Non
     await store.resume_conversation(key, old.id)
     step("drop_pending")
     await store.drop_pending(key, [seq])
+    step("drop_own")
+    await store.drop_own(key, [seq], "p1")
     step("enqueue_and_acquire")
     admission = await store.enqueue_and_acquire(key, f"{key}-m2", "p1", b"", 5, max_active=100)
     assert admission.lease is not None
@@ -345,9 +347,9 @@ class TestDroppedConnections:
             await h.send("a", chat_id="c")  # its turn waits: the session runs elsewhere
             await h.send("b", chat_id="c")  # queued behind it
             [_, b] = [record.seq for record in await store.pending(key)]
-            await store.drop_pending(chat_key("warm-up"), [b])  # the server knows the script
+            await store.drop_own(chat_key("warm-up"), [b], "p")  # the server knows the script
             client.retries = 0  # as past its retries: the lost reply reaches the gateway
-            lose = LostReply(monkeypatch, digest=store._digests[lua.DROP])
+            lose = LostReply(monkeypatch, digest=store._digests[lua.DROP_OWN])
             await lose.next(h.send("/stop", chat_id="c"))
             client.retries = 5
             assert lose.lost == 1

@@ -32,7 +32,6 @@ from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.backoff import retry_store, retryable
-from chatlane.runtime.elsewhere import still_ours
 from chatlane.runtime.ending import Fate, TurnEnd, fate
 from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
@@ -124,40 +123,32 @@ class TurnAftermath:
             turn.untaken_steers()
 
     async def _settle_messages(self, turn: Turn, closing: bool) -> None:
-        state = turn.session_state
         ending = fate(turn.ended_by, answered=turn.answered, closing=closing)
         if ending is Fate.DROP:
-            ids, seqs = await self._still_ours(turn)
-            await self._store.drop_pending(state.key, seqs)
-            self._outcomes.end(ids, *_told(turn.ended_by))
+            self._outcomes.end(await self._drop(turn), *_told(turn.ended_by))
         elif ending is Fate.REQUEUE:
             requeue(turn)
         elif ending is Fate.RERUN:
             await self._rerun_what_is_ours(turn)
 
-    async def _still_ours(self, turn: Turn) -> tuple[list[str], list[int]]:
-        """The ids and seqs of ``turn``'s messages to drop, told why its turn ended.
+    async def _drop(self, turn: Turn) -> list[str]:
+        """Drop ``turn``'s messages from the store; the ids of those dropped.
 
         All of them, once its agent was called. Before that the turn may have
         waited for another process's lease, and that process's running turn may
-        have drawn its messages in, even answered them: one read of the store's
-        queue (if it fails, all of them), and the messages no longer queued as
-        this process's are watched until the store says what became of them.
+        have drawn its messages in, even answered them: only those the store
+        still holds as this process's are dropped
+        (:meth:`~chatlane.stores.protocols.PendingQueue.drop_own`), and the others
+        are watched until the store says what became of them.
         """
-        ids, seqs = list(turn.message_ids), list(turn.seqs)
-        if turn.agent_called:
-            return ids, seqs
         state = turn.session_state
-        try:
-            alive, _ = await still_ours(self._store, self._leases.holder, state.key)
-        except ChatlaneError as error:
-            log.warning("could not check the queue: %s", error, extra=_fields(turn))
-            return ids, seqs
-        alive = pending.or_kept(state, alive)
-        pairs = list(zip(ids, seqs, strict=True))
-        self._outcomes.watch(message_id for message_id, seq in pairs if seq not in alive)
-        ours = [(message_id, seq) for message_id, seq in pairs if seq in alive]
-        return [message_id for message_id, _ in ours], [seq for _, seq in ours]
+        if turn.agent_called:
+            await self._store.drop_pending(state.key, turn.seqs)
+            return list(turn.message_ids)
+        own = set(await self._store.drop_own(state.key, turn.seqs, self._leases.holder))
+        pairs = list(zip(turn.message_ids, turn.seqs, strict=True))
+        self._outcomes.watch(message_id for message_id, seq in pairs if seq not in own)
+        return [message_id for message_id, seq in pairs if seq in own]
 
     async def _release(self, turn: Turn, closing: bool) -> None:
         state = turn.session_state

@@ -76,7 +76,7 @@ from chatlane.runtime.arrivals import BusyDesk
 from chatlane.runtime.aside import SideAnswers
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
-from chatlane.runtime.elsewhere import still_ours, waited_in_vain
+from chatlane.runtime.elsewhere import waited_in_vain
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.kept import KeptMessages
 from chatlane.runtime.leases import AcquireWait, LeaseKeeper, new_holder_id
@@ -767,7 +767,7 @@ class TurnEngine:
         bump: the process running it sees the bump within its fence check and
         re-runs what is still queued as its own, which must be nothing.
         While no turn here holds the lease, what another process drew in meanwhile
-        (:meth:`_still_here`) is watched, not dropped: it ends as the store says.
+        (:meth:`_drop`) is watched, not dropped: it ends as the store says.
         """
         state = self.registry.get(key)
         entries = [e for e in pending.pending_entries(state) if only is None or _any_of(e, only)]
@@ -780,17 +780,12 @@ class TurnEngine:
         if turn is not None:
             self.slots.supersede(turn, TurnEnd.STOPPED)
         stopped = turn is not None and turn.lease is not None
-        messages, seqs = [*held, *queued], [*held_seqs, *queued_seqs]
-        if not stopped and seqs:  # another process may have drawn them in, even answered them
-            messages, seqs = await self._still_here(state, messages, seqs)
-        try:
-            if seqs:
-                await self.store.drop_pending(key, seqs)  # before anyone elsewhere counts them
+        try:  # dropped before anyone elsewhere counts them
+            dropped = await self._drop(state, [*held, *queued], [*held_seqs, *queued_seqs], stopped)
         except ChatlaneError as error:
             await self._queue_again(state, entries, error)
             self.outcomes.end((message.id for message in held), Outcome.DROPPED)
             raise StopIncomplete(stopped, len(queued), error) from error
-        dropped = messages
         self.outcomes.end((message.id for message in dropped), Outcome.DROPPED)
         elsewhere = await self._drop_elsewhere(key, foreign)
         if not fenced_here:
@@ -798,26 +793,28 @@ class TurnEngine:
             self.slots.stop_collecting(state)
         return StopResult(stopped, tuple(dropped), elsewhere)
 
-    async def _still_here(
-        self, state: SessionState, messages: list[InboundMessage], seqs: list[int]
-    ) -> tuple[list[InboundMessage], list[int]]:
-        """Of the messages ``/stop`` drops while no turn here holds the lease, those the store
-        still queues as this process's (one read; if it fails, all of them).
+    async def _drop(
+        self, state: SessionState, messages: list[InboundMessage], seqs: list[int], held: bool
+    ) -> list[InboundMessage]:
+        """Drop ``messages`` (stored under ``seqs``) from the store; those dropped.
 
-        The others left while they waited: another process's running turn drew them in
-        (and may have answered them), or its ``/stop`` dropped them. They are watched until
-        the store says what became of them, never counted as dropped here.
+        All of them while a turn here holds the session's lease (``held``): no other
+        process can draw them in. Otherwise only those the store still holds as this
+        process's (:meth:`~chatlane.stores.protocols.PendingQueue.drop_own`): another
+        process's running turn may have drawn the others in, even answered them; they
+        are watched until the store says what became of them, never counted as dropped.
+
+        :raises ChatlaneError: the store could not drop them.
         """
-        try:
-            alive, _ = await still_ours(self.store, self.holder, state.key)
-        except ChatlaneError as error:
-            log.warning("could not check the queue: %s", error, extra=turn_fields(state.key))
-            return messages, seqs
-        alive = pending.or_kept(state, alive)
+        if not seqs:
+            return messages
+        if held:
+            await self.store.drop_pending(state.key, seqs)
+            return messages
+        own = set(await self.store.drop_own(state.key, seqs, self.holder))
         pairs = list(zip(messages, seqs, strict=True))
-        self.outcomes.watch(message.id for message, seq in pairs if seq not in alive)
-        here = [(message, seq) for message, seq in pairs if seq in alive]
-        return [message for message, _ in here], [seq for _, seq in here]
+        self.outcomes.watch(message.id for message, seq in pairs if seq not in own)
+        return [message for message, seq in pairs if seq in own]
 
     async def _bump_generation(self, state: SessionState) -> None:
         """Fence whatever runs ``state``'s session elsewhere: the store's generation moves

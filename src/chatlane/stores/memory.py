@@ -479,6 +479,16 @@ class MemoryStore(Store):
         self._remove_all_pending(self._sessions[key], seqs)
         self._wakeups.wake(key)
 
+    async def drop_own(self, key: SessionKey, seqs: Sequence[int], owner: str) -> list[int]:
+        _storable(key, owner)
+        session = self._sessions[key]
+        pending = session.pending
+        own = [seq for seq in sorted(seqs) if seq in pending and pending[seq].owner == owner]
+        if own:
+            self._remove_all_pending(session, own)
+            self._wakeups.wake(key)
+        return own
+
     async def adopt(
         self,
         key: SessionKey,

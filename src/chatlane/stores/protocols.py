@@ -290,6 +290,16 @@ class PendingQueue(Protocol):
         """Remove pending records (answered with a notice instead of a run)."""
 
     @abc.abstractmethod
+    async def drop_own(self, key: SessionKey, seqs: Sequence[int], owner: str) -> list[int]:
+        """Remove those of the pending records ``seqs`` that ``owner`` still owns, at once
+        (another process may adopt one meanwhile: that one stays, its to run).
+
+        :returns: the seqs removed, in order. A call retried after its answer was lost
+            returns fewer (what the first removed is gone): the caller asks the store
+            what became of the others, as of any message that left it.
+        """
+
+    @abc.abstractmethod
     async def adopt(
         self,
         key: SessionKey,

@@ -565,6 +565,12 @@ class RedisStore(Store):
         if seqs:
             await self._run(lua.DROP, key, key, *seqs)
 
+    async def drop_own(self, key: SessionKey, seqs: Sequence[int], owner: str) -> list[int]:
+        if not seqs:
+            return []
+        dropped = await self._run(lua.DROP_OWN, key, key, owner, *sorted(seqs))
+        return [int(seq) for seq in dropped]
+
     async def adopt(
         self,
         key: SessionKey,

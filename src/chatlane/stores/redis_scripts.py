@@ -366,6 +366,23 @@ return 0
 )
 """ARGV: session key, then the seqs to remove."""
 
+DROP_OWN = _script(
+    "pending pmsg powner msgseq pkeys",
+    """
+local owner, dropped = ARGV[2], {}
+for j = 3, #ARGV do
+  local id = redis.call('ZRANGEBYSCORE', K.pending, ARGV[j], ARGV[j])[1]
+  if id and redis.call('HGET', K.powner, id) == owner then
+    remove_pending(ARGV[j])
+    dropped[#dropped + 1] = tonumber(ARGV[j])
+  end
+end
+if #dropped > 0 then forget_if_empty(ARGV[1]) end
+return dropped
+""",
+)
+"""ARGV: session key, owner, then the seqs to remove if that owner still owns them."""
+
 ADOPT = _script(
     "pending powner ops gen",
     """
@@ -538,7 +555,7 @@ conversation's id, then its last ``limit`` entries."""
 
 ALL = (
     *(ACQUIRE, RENEW, RELEASE, BUMP, ACTIVE, COMMIT, FORGET_ANSWERED),
-    *(ENQUEUE, PENDING, DROP, ADOPT, PARK, RETRY, ENQUEUE_ACQUIRE, ACQUIRE_READ),
+    *(ENQUEUE, PENDING, DROP, DROP_OWN, ADOPT, PARK, RETRY, ENQUEUE_ACQUIRE, ACQUIRE_READ),
     *(CONVERSATION, NEW_CONVERSATION, RESUME, CONVERSATIONS, TRANSCRIPT),
 )
 """Every script, registered once per store."""

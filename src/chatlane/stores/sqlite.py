@@ -657,6 +657,10 @@ class SQLiteStore(Store):
         dropped = list(seqs)
         await self._quick(lambda db: pq.drop(db, key, dropped))
 
+    async def drop_own(self, key: SessionKey, seqs: Sequence[int], owner: str) -> list[int]:
+        asked = list(seqs)
+        return await self._quick(lambda db: pq.drop_own(db, key, asked, owner))
+
     async def adopt(
         self,
         key: SessionKey,

@@ -45,6 +45,18 @@ def drop(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int]) -> None:
         )
 
 
+def drop_own(db: sqlite3.Connection, key: SessionKey, seqs: Sequence[int], owner: str) -> list[int]:
+    """Remove those of ``key``'s records ``seqs`` that ``owner`` still owns; their seqs."""
+    removed = [
+        db.execute(
+            "DELETE FROM pending WHERE key = ? AND seq = ? AND owner = ? RETURNING seq",
+            (key, seq, owner),
+        ).fetchone()
+        for seq in sorted(seqs)
+    ]
+    return [row[0] for row in removed if row is not None]
+
+
 def enqueue(
     db: sqlite3.Connection,
     clock: Clock,

@@ -43,6 +43,22 @@ class TestPendingQueue:
         assert await store.pending_keys() == [b]
         assert await store.pending(a) == []
 
+    async def test_drop_own_removes_only_what_its_owner_still_owns(self, store: Store) -> None:
+        """What another process adopted meanwhile stays, its to run; the last record of a
+        session leaves the list of sessions with records."""
+        seqs = [await store.enqueue(KEY, f"m{i}", "p1", b"") for i in range(4)]
+        assert await store.adopt(KEY, [seqs[1]], "p1", "p2") == [seqs[1]]
+        assert await store.drop_own(KEY, [*reversed(seqs), seqs[3] + 99], "p1") == [
+            seqs[0],
+            seqs[2],
+            seqs[3],
+        ]
+        assert [(r.seq, r.owner) for r in await store.pending(KEY)] == [(seqs[1], "p2")]
+        assert await store.drop_own(KEY, seqs, "p1") == []  # asked again: nothing left of p1's
+        assert await store.drop_own(KEY, [], "p2") == []
+        assert await store.drop_own(KEY, [seqs[1]], "p2") == [seqs[1]]
+        assert await store.pending_keys() == []
+
     async def test_concurrent_enqueues_get_distinct_ordered_seqs(self, store: Store) -> None:
         seqs = await asyncio.gather(*(store.enqueue(KEY, f"m{i}", "p", b"") for i in range(40)))
         assert len(set(seqs)) == 40

@@ -55,6 +55,21 @@ async def drop(db: Db, key: SessionKey, seqs: Sequence[int], notice: tuple[str, 
     await db.execute(_DROP, key, list(seqs), *notice)
 
 
+_DROP_OWN = f"""WITH dropped AS (
+DELETE FROM pending WHERE key = $1 AND seq = ANY($2) AND owner = $5 RETURNING seq),
+woken AS ({WAKE.format(condition="AND EXISTS (SELECT 1 FROM dropped)", channel="$3", token="$4")})
+SELECT seq FROM dropped ORDER BY seq"""
+
+
+async def drop_own(
+    db: Db, key: SessionKey, seqs: Sequence[int], owner: str, notice: tuple[str, str]
+) -> list[int]:
+    """Remove those of ``key``'s records ``seqs`` that ``owner`` still owns, waking its
+    waiters if any went; their seqs."""
+    rows = await db.fetch(_DROP_OWN, key, list(seqs), *notice, owner)
+    return [int(row[0]) for row in rows]
+
+
 async def enqueue(
     db: Db,
     moment: float,

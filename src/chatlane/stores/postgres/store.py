@@ -405,6 +405,13 @@ class PostgresStore(Store):
             notice = self._notice(key)
             await self._write(key, lambda db, _: pq.drop(db, key, dropped, notice))
 
+    async def drop_own(self, key: SessionKey, seqs: Sequence[int], owner: str) -> list[int]:
+        asked = list(seqs)
+        if not asked:
+            return []
+        notice = self._notice(key)
+        return await self._write(key, lambda db, _: pq.drop_own(db, key, asked, owner, notice))
+
     async def adopt(
         self,
         key: SessionKey,
