@@ -71,6 +71,7 @@ class TestUrls:
         location = parse_url(
             "postgres://bot:s3cret@db.internal:6432/chat?schema=bot_eu&pool_min=0&pool_max=4"
             "&connect_timeout=2.5&idle_in_transaction_timeout=0.75&sslmode=require"
+            "&command_timeout=12&renew_timeout=1.5&keepalives=1&keepalives_idle=60"
         )
         assert location == Location(
             "postgresql://bot:s3cret@db.internal:6432/chat?sslmode=require",
@@ -79,7 +80,13 @@ class TestUrls:
             4,
             2.5,
             0.75,
+            12.0,
+            1.5,
+            60,
         )
+
+    def test_keepalive_can_be_turned_off(self) -> None:
+        assert parse_url("postgresql://localhost/chat?keepalives=0").keepalives_idle == 0
 
     def test_defaults(self) -> None:
         assert parse_url("postgresql://localhost/chat") == Location("postgresql://localhost/chat")
@@ -148,6 +155,24 @@ class TestUrls:
                 "postgresql://localhost/chat?connect_timeout=inf",
                 "connect_timeout must be a positive",
             ),
+            (
+                "postgresql://localhost/chat?command_timeout=0",
+                "command_timeout must be a positive",
+            ),
+            ("postgresql://localhost/chat?renew_timeout=inf", "renew_timeout must be a positive"),
+            (
+                "postgresql://localhost/chat?keepalives=yes",
+                "keepalives must be 1 (on) or 0 (off), not 'yes'",
+            ),
+            (
+                "postgresql://localhost/chat?keepalives_idle=0",
+                "keepalives_idle must be a whole number of seconds from 1 to 32767, not '0'",
+            ),
+            (
+                "postgresql://localhost/chat?keepalives_idle=32768",
+                "keepalives_idle must be a whole number of seconds from 1 to 32767",
+            ),
+            ("postgresql://localhost/chat?keepalives_idle=1.5", "keepalives_idle must be a whole"),
             ("postgresql://localhost:port/chat", "malformed (a port that is not a number"),
             ("postgresql://localhost/chat?schema", "every option must be name=value"),
         ],
@@ -707,8 +732,10 @@ class LoseNextAnswer:
         """Writes to let through, once armed, before the one whose answer is lost."""
         write, call = store._write, store._call
 
-        async def losing_write(key: SessionKey | None, op: Any, *, upkeep: bool = False) -> Any:
-            done = await write(key, op, upkeep=upkeep)
+        async def losing_write(
+            key: SessionKey | None, op: Any, *, upkeep: bool = False, **options: Any
+        ) -> Any:
+            done = await write(key, op, upkeep=upkeep, **options)
             return done if upkeep else self._answer(done)
 
         async def losing_call(op: Any) -> Any:

@@ -27,12 +27,36 @@ What stays true:
   a process stopped mid-transaction (``SIGSTOP``, a debugger, a frozen VM)
   holds a session's lock and rows only that long, never until it runs again,
   so another process can take its sessions over once their leases expire.
+* **Every call is bounded** (:class:`Call`): it waits for its pooled connection
+  (opening one included) at most its limit or ``connect_timeout``, whichever is
+  longer, and a connection that has not answered the call within its limit —
+  ``renew_timeout`` for heartbeats and renewals, ``command_timeout`` for the
+  rest — is closed by force (never given back to the pool), which fails the
+  call with the driver's error. Every idle connection of the store's pools is
+  closed with it, as they most likely share its fault (a server, pooler or
+  network path that vanished): the calls after it open fresh connections
+  instead of each waiting out its limit on another dead one. A half-open
+  connection (a pooler, proxy or NAT that keeps this side open while nothing
+  answers behind it) therefore costs the calls holding one their limit, never
+  the process its store. The bound is one timer per call on this host (one
+  more while a call waits for a connection): no round trip.
+* Every TCP connection of the store (the pools', the listener's) has keepalive
+  probes (:func:`keep_alive`, unless ``keepalives=0``): a server or network
+  that vanished without a word is found while the connection is idle, and
+  closed by the kernel.
+* Closing never hangs: the pools are closed gracefully for at most
+  ``connect_timeout``, then every connection left is closed by force.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from types import TracebackType
 from typing import Any, Literal
 
 import asyncpg
@@ -41,7 +65,7 @@ from chatlane.errors import StoreError
 from chatlane.stores.postgres.db import ConnectError
 from chatlane.stores.postgres.url import Location
 
-__all__ = ["LIVENESS_POOL", "QUICK_POOL", "PoolName", "Pools", "open_pools"]
+__all__ = ["LIVENESS_POOL", "QUICK_POOL", "Call", "PoolName", "Pools", "keep_alive", "open_pools"]
 
 PoolName = Literal["turns", "quick", "liveness"]
 """The store's pools: for transactions, for single-statement reads, for heartbeats and renewals."""
@@ -54,19 +78,126 @@ LIVENESS_POOL = 2
 neither waits for the other."""
 
 
+class Call:
+    """One call's connection, as ``async with pools.call(name) as connection``: taken from
+    its pool within :attr:`wait` seconds (else ``TimeoutError``), and closed by force if
+    the call still holds it :attr:`limit` seconds later (:attr:`expired` then says so, and
+    ``expiring`` is called).
+
+    :param option: the URL option that sets ``limit``, for the error that names it.
+    """
+
+    __slots__ = (
+        "_connection",
+        "_expiring",
+        "_pool",
+        "_timer",
+        "expired",
+        "limit",
+        "option",
+        "wait",
+    )
+
+    def __init__(
+        self, pool: Any, limit: float, wait: float, option: str, expiring: Callable[[], None]
+    ) -> None:
+        self._pool, self._expiring = pool, expiring
+        self.limit, self.wait, self.option = limit, wait, option
+        self.expired = False
+        self._connection: Any = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> Any:
+        pool = self._pool
+        if _free(pool):  # taken at once (opening it, if need be, takes connect_timeout at most)
+            self._connection = await pool.acquire()
+        else:
+            try:
+                async with asyncio.timeout(self.wait):
+                    self._connection = await pool.acquire()
+            except TimeoutError:
+                raise TimeoutError(f"no connection within {self.wait:g} s") from None
+        self._timer = asyncio.get_running_loop().call_later(self.limit, self._expire)
+        return self._connection
+
+    def extend(self, limit: float) -> None:
+        """Give the rest of the call ``limit`` seconds from now instead."""
+        if self._timer is not None and not self.expired:
+            self._timer.cancel()
+            self._timer = asyncio.get_running_loop().call_later(limit, self._expire)
+            self.limit = limit
+
+    def _expire(self) -> None:
+        try:
+            self._connection.terminate()  # every wait on it ends: the pool replaces it
+        except asyncpg.InterfaceError:
+            return  # given back to its pool this moment: it answered in time
+        self.expired = True
+        self._expiring()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._pool.release(self._connection)
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+
+def _free(pool: Any) -> bool:
+    """Whether ``pool`` has a connection no call holds, so that taking one does not wait
+    (asyncpg's queue of them: the one timer a wait needs is spared on the hot path)."""
+    queue = getattr(pool, "_queue", None)
+    return queue is not None and queue.qsize() > 0
+
+
 @dataclass(frozen=True, slots=True)
 class Pools:
-    """The store's three pools (asyncpg's ``Pool``, untyped)."""
+    """The store's three pools (asyncpg's ``Pool``, untyped), and where they connect."""
 
     turns: Any
     quick: Any
     liveness: Any
+    location: Location
 
     def __getitem__(self, name: PoolName) -> Any:
         return getattr(self, name)
 
+    def call(self, name: PoolName) -> Call:
+        """A bounded call on a connection of pool ``name`` (see :class:`Call`)."""
+        location = self.location
+        if name == "liveness":
+            limit, option = location.renew_timeout, "renew_timeout"
+        else:
+            limit, option = location.command_timeout, "command_timeout"
+        wait = max(limit, location.connect_timeout)
+        return Call(self[name], limit, wait, option, self.drop_idle)
+
+    def drop_idle(self) -> None:
+        """Close every connection no call holds now: the next calls open fresh ones."""
+        for pool in (self.turns, self.quick, self.liveness):
+            for holder in getattr(pool, "_holders", ()):  # asyncpg keeps no public list
+                if holder.is_idle():
+                    holder.terminate()
+
     async def close(self) -> None:
-        await asyncio.gather(self.turns.close(), self.quick.close(), self.liveness.close())
+        """Close every connection: gracefully for at most ``connect_timeout``, then by force."""
+        await _close((self.turns, self.quick, self.liveness), self.location.connect_timeout)
+
+
+async def _close(pools: tuple[Any, ...], within: float) -> None:
+    try:
+        async with asyncio.timeout(within):
+            await asyncio.gather(*(pool.close() for pool in pools))
+    except TimeoutError:
+        pass  # a connection that does not answer: closed below
+    finally:
+        for pool in pools:
+            pool.terminate()  # nothing, for a pool closed above
 
 
 async def open_pools(location: Location, name: str) -> Pools:
@@ -80,10 +211,10 @@ async def open_pools(location: Location, name: str) -> Pools:
             opened.append(await _pool(location, name, least, most))
         opened.append(await _pool(location, name, location.pool_min, location.pool_max))
     except BaseException:
-        await asyncio.gather(*(pool.close() for pool in opened))
+        await _close(tuple(opened), location.connect_timeout)
         raise
     liveness, quick, turns = opened
-    return Pools(turns, quick, liveness)
+    return Pools(turns, quick, liveness, location)
 
 
 async def _pool(location: Location, name: str, least: int, most: int) -> Any:
@@ -99,6 +230,7 @@ async def _pool(location: Location, name: str, least: int, most: int) -> Any:
                     location.idle_in_transaction_timeout
                 ),
             },
+            init=partial(_probed, idle=location.keepalives_idle),
             reset=_keep_session,
         )
     except ConnectError as error:
@@ -112,3 +244,40 @@ def _milliseconds(seconds: float) -> str:
 
 async def _keep_session(connection: Any) -> None:
     """Give a connection back as it is (asyncpg has already rolled back any open transaction)."""
+
+
+async def _probed(connection: Any, *, idle: int) -> None:
+    """A new pooled connection, given keepalive probes (``idle`` 0: none)."""
+    keep_alive(connection, idle)
+
+
+KEEPALIVE_PROBES = 3
+"""Unanswered keepalive probes after which the kernel closes a connection."""
+
+
+def keep_alive(connection: Any, idle: int) -> None:
+    """Have the kernel probe ``connection`` (asyncpg's) after ``idle`` seconds of silence.
+
+    It probes every ``idle / 3`` seconds (at least 1), and closes the connection after
+    :data:`KEEPALIVE_PROBES` unanswered ones, or once data it sent has gone unacknowledged
+    as long (``TCP_USER_TIMEOUT``). The idle time, interval and user timeout are Linux's
+    names; other systems probe on their own schedule. A Unix socket, or ``idle`` 0, is
+    left as it is.
+    """
+    transport = getattr(connection, "_transport", None)  # asyncpg keeps no public handle
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if idle <= 0 or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    every = max(idle // 3, 1)
+    options = {
+        "SO_KEEPALIVE": 1,
+        "TCP_KEEPIDLE": idle,
+        "TCP_KEEPINTVL": every,
+        "TCP_KEEPCNT": KEEPALIVE_PROBES,
+        "TCP_USER_TIMEOUT": (idle + every * KEEPALIVE_PROBES) * 1000,  # milliseconds
+    }
+    for option, value in options.items():
+        level = socket.SOL_SOCKET if option == "SO_KEEPALIVE" else socket.IPPROTO_TCP
+        if hasattr(socket, option):
+            with contextlib.suppress(OSError):  # a system that refuses one keeps its default
+                sock.setsockopt(level, getattr(socket, option), value)

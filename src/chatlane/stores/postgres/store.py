@@ -37,6 +37,12 @@ What stays true beyond the :class:`~chatlane.stores.base.Store` contract:
   be treated as gone. A transaction that failed before its commit wrote
   nothing (``StoreError.maybe_applied`` is false); one whose connection broke
   as it committed may have applied all the same.
+* Every call is bounded (:mod:`~chatlane.stores.postgres.pools`): one whose
+  connection does not answer within its limit (``command_timeout``;
+  ``renew_timeout`` for heartbeats and renewals) fails with ``StoreError``
+  saying so, and its connection is closed, never handed out again; the next
+  calls open fresh ones. It may have applied by the same rule: a transaction
+  cut before its ``COMMIT`` did not; a routine's statement, once sent, may have.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ from chatlane.stores.postgres import ledger as dl
 from chatlane.stores.postgres import liveness as lv
 from chatlane.stores.postgres import queue as pq
 from chatlane.stores.postgres.db import Db, DriverError, Row
-from chatlane.stores.postgres.pools import PoolName, Pools, open_pools
+from chatlane.stores.postgres.pools import Call, PoolName, Pools, open_pools
 from chatlane.stores.postgres.schema import migrate
 from chatlane.stores.postgres.text import Escaped
 from chatlane.stores.postgres.url import Location, parse_url, redact
@@ -141,21 +147,32 @@ class PostgresStore(Store):
 
     # -- talking to the server -------------------------------------------------
 
-    async def _write(self, key: SessionKey | None, op: Operation[T], *, upkeep: bool = False) -> T:
+    async def _write(
+        self,
+        key: SessionKey | None,
+        op: Operation[T],
+        *,
+        upkeep: bool = False,
+        then: float | None = None,
+    ) -> T:
         """Run ``op`` in one transaction, under ``key``'s lock unless ``key`` is None.
 
         :param upkeep: a heartbeat or a renewal, which takes no session's lock: on the pool
-            kept for them (see :mod:`~chatlane.stores.postgres.pools`).
+            kept for them (see :mod:`~chatlane.stores.postgres.pools`), within ``renew_timeout``.
+        :param then: seconds the rest of the call may take once the server has answered its
+            first statement (the connection is alive), instead of what is left of its limit.
         """
-        pool = self._pool("liveness" if upkeep else "turns")
+        call = self._call_on("liveness" if upkeep else "turns")
         committing = False
         try:
-            async with pool.acquire() as connection:
+            async with call as connection:
                 db = Escaped(connection)
                 try:
                     async with db.transaction():
                         clock = db.fetchval(_NOW) if key is None else db.fetchval(_LOCKED_NOW, key)
                         moment = await clock
+                        if then is not None:
+                            call.extend(then)
                         done = await op(db, moment)
                         committing = True  # leaving the block sends COMMIT: it may apply
                         return done
@@ -163,7 +180,7 @@ class PostgresStore(Store):
                     db.terminate()  # as _closing_if_lost: never handed out again
                     raise
         except DriverError as error:
-            raise self._failure(error, committing) from error
+            raise self._failure(error, committing, call) from error
 
     async def _call(self, op: Callable[[Db], Awaitable[T]]) -> T:
         """Run ``op``, one statement calling a routine of the schema, in its own transaction
@@ -173,40 +190,48 @@ class PostgresStore(Store):
         the server refused it (an ``ERROR`` rolls its transaction back) or the driver did
         before sending it.
         """
-        pool = self._pool()
+        call = self._call_on("turns")
         sent = False
         try:
-            async with pool.acquire() as db:
+            async with call as db:
                 sent = True
                 return await _closing_if_lost(Escaped(db), op)
         except DriverError as error:
-            raise self._failure(error, sent and not _rolled_back(error)) from error
+            raise self._failure(error, sent and not _rolled_back(error), call) from error
 
     async def _read(self, op: Callable[[Db], Awaitable[T]]) -> T:
         """Run ``op``, a single statement that only reads, outside any transaction (quick pool)."""
-        pool = self._pool("quick")
+        call = self._call_on("quick")
         try:
-            async with pool.acquire() as db:
+            async with call as db:
                 return await _closing_if_lost(Escaped(db), op)
         except DriverError as error:
-            raise self._failure(error, False) from error
+            raise self._failure(error, False, call) from error
 
     async def _fetch(self, query: str, *args: Any) -> list[Row]:
         """The rows of one read (for tests and tools that look into the store's tables)."""
         return await self._read(lambda db: db.fetch(query, *args))
 
-    def _pool(self, name: PoolName = "turns") -> Any:
-        """The pool a call takes its connection from (:mod:`~chatlane.stores.postgres.pools`)."""
+    def _call_on(self, name: PoolName) -> Call:
+        """A bounded call on a connection of pool ``name`` (see
+        :mod:`~chatlane.stores.postgres.pools`)."""
         if self._closed:
             raise StoreError(f"{self._name} is closed")
-        return self._pools[name]
+        return self._pools.call(name)
 
-    def _failure(self, error: BaseException, committing: bool) -> StoreError:
+    def _failure(self, error: BaseException, committing: bool, call: Call) -> StoreError:
         """``error`` as a :class:`StoreError`; ``committing``: it came as the transaction
-        was being committed, which may have applied (otherwise the server rolled it back)."""
+        was being committed, which may have applied (otherwise the server rolled it back).
+        A call whose connection was closed for not answering in time says so."""
         if isinstance(error, UnicodeEncodeError):  # never sent: the refusal every store makes
             return encoding_refused(self._name, error)
-        text = f"{self._name}: {type(error).__name__}: {_reason(error)}"
+        if call.expired:
+            text = (
+                f"{self._name}: no answer within {call.limit:g} s ({call.option}); "
+                "its connection was closed"
+            )
+        else:
+            text = f"{self._name}: {type(error).__name__}: {_reason(error)}"
         return StoreError(text, maybe_applied=committing)
 
     # -- generations and leases ----------------------------------------------
@@ -513,7 +538,9 @@ class PostgresStore(Store):
             await lv.heartbeat(db, moment, holder, ttl, retention)
             await dl.prune(db, moment - kept, moment - retention)
 
-        await self._write(None, op, upkeep=True)
+        # its pruning may meet a backlog (after a long stop): once the server has answered,
+        # the call has command_timeout, and a slow prune never fails every heartbeat
+        await self._write(None, op, upkeep=True, then=self.location.command_timeout)
 
     async def alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         asked = list(holders)

@@ -3,11 +3,13 @@
 What stays true:
 
 * chatlane's own options (``schema``, ``pool_min``, ``pool_max``,
-  ``connect_timeout``, ``idle_in_transaction_timeout``) are taken out of the
-  URL; the rest of it is handed to the driver as written. A query option
-  chatlane does not know and libpq's connection options do not include is
-  refused with a :class:`~chatlane.errors.StoreError` naming it — a
-  misspelt option never silently falls back to a default (or becomes a server setting).
+  ``connect_timeout``, ``idle_in_transaction_timeout``, ``command_timeout``,
+  ``renew_timeout``, and ``keepalives`` and ``keepalives_idle``, which mean what
+  they mean to libpq) are taken out of the URL; the rest of it is handed to
+  the driver as written. A query option chatlane does not know and libpq's
+  connection options do not include is refused with a
+  :class:`~chatlane.errors.StoreError` naming it — a misspelt option never
+  silently falls back to a default (or becomes a server setting).
 * Passwords never appear in an error message or a log line (:func:`redact`); a URL
   that cannot be split safely (see :mod:`chatlane.stores.urls`) is refused without
   being shown.
@@ -46,8 +48,31 @@ mid-transaction, and ending it frees the session's lock and rows for the process
 MIN_IDLE_IN_TRANSACTION_TIMEOUT, MAX_IDLE_IN_TRANSACTION_TIMEOUT = 0.1, 2_000_000.0
 """The bounds of ``idle_in_transaction_timeout``: shorter would end a loaded client's live
 transactions; longer does not fit the server's setting."""
+COMMAND_TIMEOUT = 30.0
+"""Seconds a call (one transaction, or one statement) may wait for the server's answer before
+its connection is closed and the call fails (``command_timeout=`` wins): far longer than any
+of chatlane's calls takes on a server that answers, short of a client's patience."""
+RENEW_TIMEOUT = 2.0
+"""Seconds a heartbeat or a lease renewal may wait for the server's answer (``renew_timeout=``
+wins): a fifth of the default lease TTL, so that after one lost to a dead connection the next,
+on a fresh one, still finds the leases alive."""
+KEEPALIVES_IDLE = 30
+"""Seconds a connection is idle before TCP keepalive probes it (``keepalives_idle=`` wins;
+``keepalives=0`` turns them off)."""
+MAX_KEEPALIVES_IDLE = 32767
+"""The longest idle time the kernel takes (Linux's ``TCP_KEEPIDLE``)."""
 
-_OURS = ("schema", "pool_min", "pool_max", "connect_timeout", "idle_in_transaction_timeout")
+_OURS = (
+    "schema",
+    "pool_min",
+    "pool_max",
+    "connect_timeout",
+    "idle_in_transaction_timeout",
+    "command_timeout",
+    "renew_timeout",
+    "keepalives",
+    "keepalives_idle",
+)
 _DRIVERS = (
     "sslmode",
     "sslrootcert",
@@ -73,8 +98,8 @@ _WHAT = "postgres store URL"
 
 @dataclass(frozen=True, slots=True)
 class Location:
-    """Where a PostgreSQL store lives: the driver's URL, the schema, the pool's bounds and
-    timeouts."""
+    """Where a PostgreSQL store lives: the driver's URL, the schema, the pool's bounds,
+    timeouts and keepalive (``keepalives_idle`` 0: off)."""
 
     dsn: str
     schema: str = DEFAULT_SCHEMA
@@ -82,6 +107,9 @@ class Location:
     pool_max: int = POOL_MAX
     connect_timeout: float = CONNECT_TIMEOUT
     idle_in_transaction_timeout: float = IDLE_IN_TRANSACTION_TIMEOUT
+    command_timeout: float = COMMAND_TIMEOUT
+    renew_timeout: float = RENEW_TIMEOUT
+    keepalives_idle: int = KEEPALIVES_IDLE
 
 
 def parse_url(url: str) -> Location:
@@ -125,6 +153,9 @@ def _location(parts: SplitResult, pairs: list[tuple[str, str]]) -> Location:
         pool_max,
         _seconds(ours, "connect_timeout", CONNECT_TIMEOUT),
         _idle_timeout(ours),
+        _seconds(ours, "command_timeout", COMMAND_TIMEOUT),
+        _seconds(ours, "renew_timeout", RENEW_TIMEOUT),
+        _keepalives(ours),
     )
 
 
@@ -177,6 +208,23 @@ def _idle_timeout(options: dict[str, str]) -> float:
             f"{MAX_IDLE_IN_TRANSACTION_TIMEOUT:.0f} seconds, not {options[name]!r}"
         )
     return value
+
+
+def _keepalives(options: dict[str, str]) -> int:
+    """Seconds of silence before keepalive probes (``keepalives_idle``), or 0 for none
+    (``keepalives=0``), as libpq reads the two options."""
+    flag = options.get("keepalives", "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"keepalives must be 1 (on) or 0 (off), not {flag!r}")
+    text = options.get("keepalives_idle", str(KEEPALIVES_IDLE))
+    idle = int(text) if text.isascii() and text.isdigit() and len(text) < 10 else 0
+    if not 1 <= idle <= MAX_KEEPALIVES_IDLE:
+        shown = text if len(text) <= 20 else f"{text[:20]}…"
+        raise ValueError(
+            f"keepalives_idle must be a whole number of seconds from 1 to "
+            f"{MAX_KEEPALIVES_IDLE}, not {shown!r}"
+        )
+    return idle if flag == "1" else 0
 
 
 def redact(url: str) -> str:

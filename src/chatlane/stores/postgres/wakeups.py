@@ -23,9 +23,12 @@ What stays true:
   (other processes' waiters are woken when the adopter's turns release).
 * One connection outside the pools ``LISTEN``\\ s (:class:`Listener`). When it
   drops (a server restart, ``pg_terminate_backend``, a network cut, found by a
-  ``SELECT 1`` every :data:`CHECK_EVERY` seconds) it is reopened, at once and
-  then with a growing delay; while it is down waiters poll, and once it is back
-  every waiter is woken to ask again, as a release may have gone unheard.
+  ``SELECT 1`` every :data:`CHECK_EVERY` seconds that must answer within
+  ``connect_timeout``, or by TCP keepalive) it is reopened, at once and then
+  with a growing delay; opening it (connecting and ``LISTEN``) is bounded by
+  ``connect_timeout`` too, so a connection that goes half-open on the way never
+  stops it from being reopened. While it is down waiters poll, and once it is
+  back every waiter is woken to ask again, as a release may have gone unheard.
   Closing the store closes it. No wake-up is ever needed for correctness.
 """
 
@@ -40,6 +43,7 @@ from typing import Any
 import asyncpg
 
 from chatlane.stores.postgres.db import ConnectError, DriverError
+from chatlane.stores.postgres.pools import keep_alive
 from chatlane.stores.postgres.url import Location
 from chatlane.stores.wakeups import WakeupHub, Watch
 from chatlane.types import SessionKey
@@ -131,8 +135,10 @@ class Listener:
         location = self._location
         connection: Any = None
         try:
-            connection = await connect(location.dsn, timeout=location.connect_timeout)
-            await connection.add_listener(self.channel, self._heard)
+            async with asyncio.timeout(location.connect_timeout):  # LISTEN's answer too
+                connection = await connect(location.dsn, timeout=location.connect_timeout)
+                keep_alive(connection, location.keepalives_idle)
+                await connection.add_listener(self.channel, self._heard)
         except ConnectError as error:
             if connection is not None:
                 connection.terminate()
