@@ -25,6 +25,7 @@ from chatlane.errors import StoreError
 from chatlane.runtime.turn import Turn
 from chatlane.stores import Lease, WriteBatch
 from chatlane.stores.postgres import PostgresStore, wakeups
+from chatlane.stores.postgres.pools import Call
 from chatlane.stores.postgres.url import parse_url
 from chatlane.testing import GatewayHarness
 from chatlane.types import OutboundKind
@@ -159,13 +160,21 @@ async def test_the_wakeup_listener_reopens_when_its_listen_is_never_answered(
 
 
 async def test_a_heartbeat_has_the_renewal_limit_until_the_server_answers_it(
-    proxy: HalfOpenProxy, url: str
+    proxy: HalfOpenProxy, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A heartbeat gets ``renew_timeout`` until the server answers it, then
     ``command_timeout``: pruning a backlog (after a long stop) never fails every heartbeat.
     Here its ``DELETE`` of long-expired heartbeats first waits for a row another client
     locked (and is not cut short); then its connection goes half-open (and it is)."""
     store = await open_through(proxy, url, "renew_timeout=0.2&command_timeout=60")
+    limits: list[float] = []
+    extend = Call.extend
+
+    def noted(call: Call, limit: float) -> None:
+        limits.append(limit)
+        extend(call, limit)
+
+    monkeypatch.setattr(Call, "extend", noted)
     location = parse_url(url)
     locker = await asyncpg.connect(location.dsn)
     try:
@@ -176,7 +185,7 @@ async def test_a_heartbeat_has_the_renewal_limit_until_the_server_answers_it(
         await locker.execute("SELECT 1 FROM heartbeats WHERE holder = 'gone' FOR UPDATE")
         beating = asyncio.create_task(store.heartbeat("p1", 30))
         await eventually(lambda: _waiting_for_a_row(store, "DELETE FROM heartbeats"))
-        await asyncio.sleep(1.0)  # five times the renewal limit: past the beat's own
+        assert limits == [60.0]  # answered, it had its renewal limit lifted before its DELETE
         assert not beating.done()
         await locking.rollback()
         async with asyncio.timeout(BOUND):
