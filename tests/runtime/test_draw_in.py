@@ -102,18 +102,24 @@ async def test_a_stop_where_a_drawn_in_message_waited_does_not_drop_its_answer(
     assert (ended.outcome, ended.text) == (Outcome.ANSWERED, "long + steer me")
 
 
-class HeldDrop(SQLiteStore):
-    """The SQLite store, whose next drop of queued messages a test can hold (``held``)."""
+class Holding(SQLiteStore):
+    """The SQLite store, whose next call of a kind its subclass names a test can hold: set
+    ``held`` and ``reached``; that call sets ``reached``, then waits for ``held``."""
 
     held: asyncio.Event | None = None
     reached: asyncio.Event | None = None
 
-    async def _hold(self) -> None:
+    async def _hold(self, *, once: bool = True) -> None:
         held, reached = self.held, self.reached
         if held is not None and reached is not None:
-            self.held = self.reached = None  # this drop only
+            if once:
+                self.held = self.reached = None
             reached.set()
             await held.wait()
+
+
+class HeldDrop(Holding):
+    """Its next drop of queued messages can be held."""
 
     async def drop_pending(self, key: SessionKey, seqs: Sequence[int]) -> None:
         await self._hold()
@@ -166,18 +172,11 @@ async def test_a_stop_racing_a_draw_in_and_its_answer_never_drops_what_was_answe
         await there.close()
 
 
-class HeldRead(SQLiteStore):
-    """The SQLite store, whose next read of a session's queue a test can hold (``held``)."""
-
-    held: asyncio.Event | None = None
-    reached: asyncio.Event | None = None
+class HeldRead(Holding):
+    """Its next read of a session's queue can be held."""
 
     async def pending(self, key: SessionKey) -> list[PendingRecord]:
-        held, reached = self.held, self.reached
-        if held is not None and reached is not None:
-            self.held = self.reached = None  # this read only
-            reached.set()
-            await held.wait()
+        await self._hold()
         return await super().pending(key)
 
 
@@ -470,16 +469,11 @@ async def test_a_drawn_in_message_its_sender_unqueued_where_it_was_sent_never_ru
         await there.close()
 
 
-class HeldBump(SQLiteStore):
-    """The SQLite store, whose generation bumps a test can hold (``held``)."""
-
-    held: asyncio.Event | None = None
-    reached: asyncio.Event | None = None
+class HeldBump(Holding):
+    """Its generation bumps can be held, each while ``held`` is set."""
 
     async def bump_generation(self, key: SessionKey) -> int:
-        if self.held is not None and self.reached is not None:
-            self.reached.set()
-            await self.held.wait()
+        await self._hold(once=False)
         return await super().bump_generation(key)
 
 
