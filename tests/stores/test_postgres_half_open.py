@@ -22,7 +22,6 @@ import openai
 import pytest
 
 from chatlane.errors import StoreError
-from chatlane.runtime.turn import Turn
 from chatlane.stores import Lease, WriteBatch
 from chatlane.stores.postgres import PostgresStore, wakeups
 from chatlane.stores.postgres.pools import Call
@@ -32,6 +31,7 @@ from chatlane.types import OutboundKind
 from tests.adapters.test_api import eventually, make_config, serve
 from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent
+from tests.runtime.test_outage import HeldFirst
 from tests.stores.conftest import forget_store, own_schema
 from tests.stores.half_open import HalfOpenProxy, half_open_proxy, through
 
@@ -233,19 +233,6 @@ async def test_every_connection_has_keepalive_probes(url: str) -> None:
 def _socket(connection: Any) -> socket.socket:
     found: socket.socket = connection._transport.get_extra_info("socket")
     return found
-
-
-class HeldFirst:
-    """Answers every message; the one saying "first" waits for ``go`` once it runs."""
-
-    def __init__(self) -> None:
-        self.running, self.go = asyncio.Event(), asyncio.Event()
-
-    async def __call__(self, turn: Turn) -> str:
-        if turn.text == "first":
-            self.running.set()
-            await self.go.wait()
-        return f"answer {turn.text}"
 
 
 async def test_a_message_accepted_before_the_connections_went_dead_is_answered_after(
