@@ -285,12 +285,7 @@ class TestMigrations:
     async def test_a_second_version_schema_gets_the_ledger_and_keeps_its_data(
         self, url: str
     ) -> None:
-        location = parse_url(url)
-        connection = await asyncpg.connect(location.dsn)
-        try:
-            await migrate(connection, location.schema, MIGRATIONS[:2])
-        finally:
-            await connection.close()
+        await _migrated(url, 2)
         await _execute(url, "INSERT INTO sessions (key, generation) VALUES ('k', 4)")
         await _execute(url, "INSERT INTO answered (message_id, at, answer) VALUES ('m1', 1e12, '')")
         store = await PostgresStore.open(url)
@@ -308,12 +303,7 @@ class TestMigrations:
     async def test_a_third_version_schema_keeps_its_transcript_without_attachments(
         self, url: str
     ) -> None:
-        location = parse_url(url)
-        connection = await asyncpg.connect(location.dsn)
-        try:
-            await migrate(connection, location.schema, MIGRATIONS[:3])
-        finally:
-            await connection.close()
+        await _migrated(url, 3)
         await _execute(
             url,
             "INSERT INTO sessions (key, generation, current_conversation) VALUES ('k', 1, 'c_1')",
@@ -342,12 +332,7 @@ class TestMigrations:
             await forget_store(url)
 
     async def test_step_7_keeps_old_marks_as_the_asking_sessions_answers(self, url: str) -> None:
-        location = parse_url(url)
-        connection = await asyncpg.connect(location.dsn)
-        try:
-            await migrate(connection, location.schema, MIGRATIONS[:6])
-        finally:
-            await connection.close()
+        await _migrated(url, 6)
         await _execute(
             url,
             "INSERT INTO answered (message_id, at, answer) "
@@ -365,12 +350,7 @@ class TestMigrations:
             await forget_store(url)
 
     async def test_a_fifth_version_schema_reads_its_text_back_as_it_was(self, url: str) -> None:
-        location = parse_url(url)
-        connection = await asyncpg.connect(location.dsn)
-        try:
-            await migrate(connection, location.schema, MIGRATIONS[:5])
-        finally:
-            await connection.close()
+        await _migrated(url, 5)
         soh = "chr(1)"  # stored raw by a version without the escape, two of them in a row too
         await _execute(
             url,
@@ -493,6 +473,14 @@ def _server_error(severity: str, sqlstate: str) -> BaseException:
         {"S": severity, "V": severity, "C": sqlstate, "M": "refused (test)"}
     )
     return error
+
+
+async def _waiting_for(store: PostgresStore, locker: int) -> bool:
+    """Whether a connection waits for a lock the server process ``locker`` holds."""
+    rows = await store._fetch(
+        "SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", locker
+    )
+    return bool(rows)
 
 
 async def _waiting_for_a_lock(
@@ -670,10 +658,12 @@ class TestRoutines:
             await transaction.start()
             await holder.fetchval(_LOCKED_NOW, key)  # the session's lock, as every write takes it
             calling = asyncio.create_task(store.enqueue_and_acquire(key, "m1", "p1", b"hi", 5))
-            await eventually(lambda: _waiting_for_a_lock(store, "chatlane_admit"))
+            locker = holder.get_server_pid()  # only what waits for it: never another test's
+            await eventually(lambda: _waiting_for(store, locker))
             await store._fetch(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE query LIKE 'SELECT * FROM chatlane_admit(%' AND wait_event = 'advisory'"
+                "WHERE $1 = ANY(pg_blocking_pids(pid))",
+                locker,
             )
             with pytest.raises(StoreError) as cut:
                 await calling
@@ -811,6 +801,16 @@ class TestLostAnswers:
             (other, "m2", "me"),
         ]
         assert await store.adopt_orphans("me", 10) == []
+
+
+async def _migrated(url: str, steps: int) -> None:
+    """Make ``url``'s schema as a store of the first ``steps`` schema steps left it."""
+    location = parse_url(url)
+    connection = await asyncpg.connect(location.dsn)
+    try:
+        await migrate(connection, location.schema, MIGRATIONS[:steps])
+    finally:
+        await connection.close()
 
 
 async def _execute(url: str, statement: str) -> None:
