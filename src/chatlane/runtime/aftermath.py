@@ -32,6 +32,7 @@ from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
 from chatlane.runtime import pending
 from chatlane.runtime.backoff import retry_store, retryable
+from chatlane.runtime.elsewhere import drop_still_ours
 from chatlane.runtime.ending import Fate, TurnEnd, fate
 from chatlane.runtime.leases import LeaseKeeper
 from chatlane.runtime.outcomes import Outcome, OutcomeLedger
@@ -145,9 +146,9 @@ class TurnAftermath:
         if turn.agent_called:
             await self._store.drop_pending(state.key, turn.seqs)
             return list(turn.message_ids)
-        own = set(await self._store.drop_own(state.key, turn.seqs, self._leases.holder))
         pairs = list(zip(turn.message_ids, turn.seqs, strict=True))
-        self._outcomes.watch(message_id for message_id, seq in pairs if seq not in own)
+        holder = self._leases.holder
+        own = await drop_still_ours(self._store, self._outcomes, holder, state.key, pairs)
         return [message_id for message_id, seq in pairs if seq in own]
 
     async def _release(self, turn: Turn, closing: bool) -> None:

@@ -239,6 +239,25 @@ async def waited_in_vain(turn: Turn, store: Store, holder: str, outcomes: Outcom
     return True
 
 
+async def drop_still_ours(
+    store: Store,
+    outcomes: OutcomeLedger,
+    holder: str,
+    key: SessionKey,
+    messages: Sequence[tuple[str, int]],
+) -> set[int]:
+    """Drop those of ``messages`` (id and seq each) the store still holds as ``holder``'s,
+    at once; their seqs. The others left while they waited — another process's running
+    turn drew them in, even answered them — and are watched until the store says what
+    became of them.
+
+    :raises ChatlaneError: the store could not drop them.
+    """
+    own = set(await store.drop_own(key, [seq for _, seq in messages], holder))
+    outcomes.watch(message_id for message_id, seq in messages if seq not in own)
+    return own
+
+
 async def still_ours(store: Store, holder: str, key: SessionKey) -> tuple[set[int], set[int]]:
     """The seqs of ``key``'s queued messages this process may still run — its own, and
     those of a process whose heartbeat expired (taken over, as a request sent again

@@ -76,7 +76,7 @@ from chatlane.runtime.arrivals import BusyDesk
 from chatlane.runtime.aside import SideAnswers
 from chatlane.runtime.busy import BusyOutcome, BusyPolicy
 from chatlane.runtime.capacity import Capacity
-from chatlane.runtime.elsewhere import waited_in_vain
+from chatlane.runtime.elsewhere import drop_still_ours, waited_in_vain
 from chatlane.runtime.ending import TurnEnd
 from chatlane.runtime.kept import KeptMessages
 from chatlane.runtime.leases import AcquireWait, LeaseKeeper, new_holder_id
@@ -811,9 +811,9 @@ class TurnEngine:
         if held:
             await self.store.drop_pending(state.key, seqs)
             return messages
-        own = set(await self.store.drop_own(state.key, seqs, self.holder))
         pairs = list(zip(messages, seqs, strict=True))
-        self.outcomes.watch(message.id for message, seq in pairs if seq not in own)
+        waited = [(message.id, seq) for message, seq in pairs]
+        own = await drop_still_ours(self.store, self.outcomes, self.holder, state.key, waited)
         return [message for message, seq in pairs if seq in own]
 
     async def _bump_generation(self, state: SessionState) -> None:
