@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatlane.errors import ChatlaneError, ConfigError, shown_to_users
+from chatlane.errors import ChatlaneError, ConfigError, TakenElsewhere, shown_to_users
 from chatlane.lifecycle import LifecycleOptions
 from chatlane.runtime import pending
 from chatlane.runtime.aside import TooManyAsides
@@ -318,6 +318,9 @@ async def _unqueue(call: CommandCall) -> str:
     steered = state is not None and any(s == seq for s, _ in steered_here(state))
     try:
         message = await call.engine.unqueue(call.session_key, seq)
+    except TakenElsewhere:
+        where = "the turn another gateway process runs took it in first"
+        return f"Could not take #{seq} back: {where}; its answer comes from there."
     except ChatlaneError as error:
         log.warning("/unqueue #%d failed for %s: %s", seq, call.session_key, error)
         return f"Could not take #{seq} out of the queue ({shown_to_users(error)}); it still waits."

@@ -133,6 +133,20 @@ class MessageIdInUse(ChatlaneError):
         super().__init__(f"message id {message_id!r} is already used by another session")
 
 
+class TakenElsewhere(ChatlaneError):
+    """A waiting message could not be taken back (``/unqueue``, a cancelled request): it
+    had already left this process — another process's running turn drew it in (or
+    took it over from this one) — and runs or ran there. Its sender hears what became
+    of it from the store.
+
+    ``message_id`` is the message's id.
+    """
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        super().__init__(f"message {message_id!r} was already drawn into a turn elsewhere")
+
+
 class AgentFailed(ChatlaneError):
     """An agent's failure that the agent explains itself: a condition to fix (its endpoint,
     its key, its model), not a bug.

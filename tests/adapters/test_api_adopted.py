@@ -11,6 +11,7 @@ gateway must get the second one's answer — never "dropped".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from chatlane.runtime.watch import settle_watched
 from chatlane.stores import MemoryStore, Store, WriteBatch
 from chatlane.stores.base import PendingRecord
 from chatlane.types import Agent, InboundMessage
-from tests.adapters.test_api import Served, eventually, make_config, serve
+from tests.adapters.test_api import Served, cancel, eventually, make_config, serve
 from tests.keys import chat_key
 
 SESSION = "adopted"
@@ -181,3 +182,63 @@ async def test_a_message_set_aside_elsewhere_failed_with_its_reason() -> None:
     assert [(o.outcome, o.reason) for o in heard] == [
         (Outcome.FAILED, "its turn lost its lease 3 times")
     ]
+
+
+# -- a request another process's running turn drew in --------------------------------
+
+
+class HeldOnLong:
+    """Holds the turn of ``long`` until released, then answers with what was steered in."""
+
+    accepts_steering = True
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(self, turn: Turn) -> str:
+        if turn.text == "long":
+            await self.release.wait()
+        return " + ".join([f"ran {turn.text}", *turn.take_steers()])
+
+
+async def test_a_request_steered_into_another_process_turn_is_not_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Under ``steer`` the turn another gateway runs draws in what this one queued, and its
+    agent may take it any moment: a cancel is refused (409), and the request gets the
+    answer it is part of."""
+    base = make_config(tmp_path, busy="steer")
+    by_hand = dataclasses.replace(base.runtime, leases=LeaseSettings(fence_check=0))
+    config = replace(base, runtime=by_hand)
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    runner_agent = HeldOnLong()
+    async with (
+        serve(config, runner_agent, store=shared) as runner,
+        serve(config, HeldOnLong(), store=shared) as other,
+    ):
+        held = asyncio.create_task(runner.ask("long", SESSION))
+        await runner.running(SESSION)
+        first = asyncio.create_task(other.ask("first", SESSION))  # waits for the lease
+        await eventually(lambda: other.adapter.waiting == 1)
+        queue = {"X-Chatlane-Busy": "queue"}
+        queued = asyncio.create_task(other.ask("queued", SESSION, extra_headers=queue))
+        await eventually(lambda: other.adapter.waiting == 2)
+        stream = await other.client.chat.completions.create(
+            model="chatlane",
+            messages=[{"role": "user", "content": "then this"}],
+            user=SESSION,
+            stream=True,
+        )
+        chunks = aiter(stream)
+        completion = (await anext(chunks)).id  # queued here, behind "queued"
+        await runner.hub.gateway.engine.upkeep.check_fences()  # draws in both steers
+        answer = await cancel(other, completion)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (409, "completion_running")
+        assert "another gateway process" in answer.json()["error"]["message"]
+        runner_agent.release.set()
+        whole = "ran long + first + then this"
+        assert await held == whole
+        assert await first == whole
+        told = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+        assert told == whole
+        assert await queued == "ran queued"

@@ -562,7 +562,7 @@ async def test_drop_oldest_drops_the_oldest_steer_the_agent_has_not_taken() -> N
 
 async def test_a_steer_the_store_would_not_drop_is_steered_again_in_its_place() -> None:
     gate = SteeredGate()
-    store = Refusing(first_of("drop_pending"))
+    store = Refusing(first_of("drop_own"))  # under steer a message leaves only if ours
     async with GatewayHarness(
         gate, busy="steer", store=store, queue_cap=1, overflow="drop-oldest"
     ) as h:
@@ -677,7 +677,7 @@ async def test_unqueue_takes_back_a_steer_the_agent_has_not_taken() -> None:
 
 async def test_a_steer_unqueue_could_not_drop_is_steered_again_in_its_place() -> None:
     gate = SteeredGate()
-    store = Refusing(first_of("drop_pending"))
+    store = Refusing(first_of("drop_own"))  # under steer a message leaves only if ours
     async with GatewayHarness(gate, busy="steer", store=store, queue_cap=2) as h:
         await h.send("hold", chat_id="c")
         await h.until_running(chat_id="c")
@@ -688,7 +688,7 @@ async def test_a_steer_unqueue_could_not_drop_is_steered_again_in_its_place() ->
             f"Could not take #{seqs[a.message_id]} out of the queue ({STORE_UNAVAILABLE}); "
             "it still waits."
         )
-        assert store.refused["drop_pending"] == 1
+        assert store.refused["drop_own"] == 1
         turn = h.gateway.engine.running_turn(h.session_key(chat_id="c"))
         assert turn is not None
         assert [m.text for m, _ in turn.waiting_steers()] == ["a", "b"]  # back before b

@@ -435,6 +435,39 @@ async def test_a_turn_whose_messages_were_partly_answered_elsewhere_runs_the_res
     assert ends(h)[one.message_id] == (Outcome.ANSWERED, "answered elsewhere")
 
 
+async def test_a_steer_drawn_in_elsewhere_is_not_taken_back_where_it_was_sent(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """``/unqueue`` of a steer another process's running turn drew in: that turn's agent
+    may take it any moment, so it stays there; the reply says so, and its sender gets the
+    answer it is part of, never "will not run"."""
+    runner_agent, other_agent = HoldsForSteers(), HoldsForSteers()
+    async with two_processes(two_stores, (runner_agent, other_agent), "steer") as (
+        runner,
+        other,
+    ):
+        await runner.send("long", chat_id="c")
+        await runner.until_running(chat_id="c")
+        first = await other.send("first", chat_id="c")  # its turn waits for the lease
+        second = await other.send("second", chat_id="c")  # steered into that turn
+        [(seq, _)] = other.gateway.engine.steered(second.session_key)
+        await runner.gateway.engine.upkeep.check_fences()  # draws both in
+        await other.send(f"/unqueue #{seq}", chat_id="c")
+        reply = (await other.replies(chat_id="c", count=2))[-1]
+        assert reply == (
+            f"Could not take #{seq} back: the turn another gateway process runs took it in"
+            " first; its answer comes from there."
+        )
+        assert other.gateway.engine.steered(second.session_key) == []
+        runner_agent.release.set()
+        assert await runner.replies(chat_id="c", count=1) == ["long + first + second"]
+        await other.settle()
+        await other.gateway.engine.upkeep.settle_watched()
+    assert other_agent.ran == []
+    answered = (Outcome.ANSWERED, "long + first + second")
+    assert ends(other) == {first.message_id: answered, second.message_id: answered}
+
+
 async def test_a_drawn_in_message_its_sender_unqueued_where_it_was_sent_never_runs(
     tmp_path: Path,
 ) -> None:

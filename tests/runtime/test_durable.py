@@ -797,3 +797,72 @@ async def test_a_message_accepted_while_a_lost_turn_reads_the_queue_still_runs()
         assert ran == ["go", "go", "later"]
         await h.settle()
         assert await store.pending(later.session_key) == []
+
+
+LASTING = LeaseSettings(ttl=3600)
+"""Nothing expires, and no adoption runs again, while a test runs."""
+
+
+class Holds:
+    """Holds ``first`` until released; records the texts it ran (it takes no steers)."""
+
+    accepts_steering = True
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.ran: list[str] = []
+
+    async def __call__(self, turn: Turn) -> str:
+        self.ran.append(turn.text)
+        if turn.text == "first":
+            await self.release.wait()
+        return f"ran {turn.text}"
+
+
+def taken_over(chat_id: str) -> InboundMessage:
+    """A message sent again here, whose record a dead process (``h-gone``) still owns."""
+    return InboundMessage(SessionSource("test", chat_id=chat_id, user_id="u1"), "hi", id="m-1")
+
+
+async def test_a_stop_drops_a_message_taken_over_from_a_dead_process(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """Such a message is this process's to drop: ``/stop`` adopts it and drops it, so it
+    never runs later (while another process runs the session, it drops only its own)."""
+    store, message, agent = two_stores[0], taken_over("c"), Holds()
+    async with GatewayHarness(agent, store=store, leases=LASTING) as h:
+        key = h.session_key(chat_id="c")
+        elsewhere = await store.acquire(key, "h-running", 3600)
+        assert elsewhere is not None
+        await store.enqueue(key, message.id, "h-gone", encode_message(message))
+        await h.gateway.dispatch(message)  # the same record, waiting here for the lease
+        await h.send("/stop", chat_id="c")
+        [stopped] = await h.replies(chat_id="c", count=1)
+        assert stopped == "Nothing was running here. Dropped 1 queued message."
+        assert await store.pending(key) == []
+        await store.release(elsewhere)
+        await h.settle()
+    assert [(o.message_id, o.outcome) for o in h.outcomes] == [("m-1", Outcome.DROPPED)]
+    assert agent.ran == []
+
+
+async def test_an_unqueued_message_taken_over_from_a_dead_process_never_runs(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """Under ``steer`` what ``/unqueue`` takes back leaves the store only while it is this
+    process's (or a dead one's: adopted, then dropped)."""
+    store, message, agent = two_stores[0], taken_over("c"), Holds()
+    async with GatewayHarness(agent, store=store, leases=LASTING, busy="steer") as h:
+        key = h.session_key(chat_id="c")
+        await h.send("first", chat_id="c")
+        await h.until_running(chat_id="c")
+        await store.enqueue(key, message.id, "h-gone", encode_message(message))
+        await h.gateway.dispatch(message)  # the same record, steered into the turn here
+        [(seq, _)] = h.gateway.engine.steered(key)
+        await h.send(f"/unqueue #{seq}", chat_id="c")
+        assert [r.message_id for r in await store.pending(key)] != [message.id]
+        agent.release.set()
+        await h.settle()
+        assert await store.pending(key) == []
+    assert agent.ran == ["first"]
+    assert ("m-1", Outcome.DROPPED) in [(o.message_id, o.outcome) for o in h.outcomes]

@@ -97,7 +97,13 @@ from chatlane.adapters.api_wire import (
     unrouted_error,
 )
 from chatlane.config import Config
-from chatlane.errors import ChatlaneError, GatewayFull, MessageTooLarge, shown_to_users
+from chatlane.errors import (
+    ChatlaneError,
+    GatewayFull,
+    MessageTooLarge,
+    TakenElsewhere,
+    shown_to_users,
+)
 from chatlane.gateway import DispatchResult
 from chatlane.identity import ChatType, SessionSource
 from chatlane.runtime.busy import BusyOutcome
@@ -313,6 +319,10 @@ class ApiAdapter:
             raise ApiRequestError(503, "the gateway is not running", "service_unavailable")
         try:
             taken = await hub.gateway.engine.cancel_waiting(key, message_id)
+        except TakenElsewhere:
+            message = "the turn another gateway process runs took it in first; it is answered there"
+            error_type, code = "invalid_request_error", "completion_running"
+            raise ApiRequestError(409, message, error_type, code) from None
         except ChatlaneError as error:
             log.warning("could not cancel %s: %s", message_id, error)
             message = f"the gateway could not cancel it: {shown_to_users(error)}; it still waits"

@@ -34,7 +34,9 @@ and tells the sender. What stays true:
   running turn's steers (overflow, ``/unqueue``), leaves it here before the
   store is asked, so it never starts meanwhile nor reaches the agent; if the
   store cannot drop it, it waits again in its place (among the steers, while
-  that turn runs).
+  that turn runs). Under ``steer`` (for an agent that takes steers) it leaves
+  the store only while the store holds it as this process's: one that another
+  process's running turn drew in, and whose agent may have it, stays there.
 * Under ``summarize`` a message that finds the queue full is not refused:
   it and every waiting message (the untaken steers too) become one turn (its
   agent reads a note that they were collapsed), and each of their senders is
@@ -50,7 +52,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError
+from chatlane.errors import ActiveSessionLimit, ChatlaneError, ConfigError, TakenElsewhere
 from chatlane.identity import SessionSource
 from chatlane.logs import turn_fields
 from chatlane.metrics import Metrics
@@ -73,6 +75,7 @@ from chatlane.runtime.busy import (
     resolve_policy,
 )
 from chatlane.runtime.elsewhere import (
+    drop_still_ours,
     interrupt_elsewhere,
     outcome_elsewhere,
     redirect_elsewhere,
@@ -110,6 +113,8 @@ class BusyDesk:
 
     :param slots: the engine's slots: a turn interrupted is superseded there,
         and what the desk sends in the background runs there.
+    :param holder: this process's holder id: what it takes out of a queue leaves the
+        store only while the store holds it as this process's.
     """
 
     def __init__(
@@ -117,6 +122,7 @@ class BusyDesk:
         settings: RuntimeSettings,
         agent: Agent,
         store: Store,
+        holder: str,
         metrics: Metrics,
         outlet: Outlet,
         outcomes: OutcomeLedger,
@@ -127,6 +133,7 @@ class BusyDesk:
         self._settings = settings
         self._agent = agent
         self._store = store
+        self._holder = holder
         self._metrics = metrics
         self._outlet = outlet
         self._outcomes = outcomes
@@ -319,6 +326,9 @@ class BusyDesk:
         It ends as dropped; its sender gets ``notice`` with the start of its text.
 
         :returns: the message, or ``None`` if none waits here under ``seq``.
+        :raises TakenElsewhere: it had left this process: another process's running turn
+            drew it in (:mod:`~chatlane.runtime.elsewhere`), and its agent may take it any
+            moment. It no longer waits here; what becomes of it is watched.
         :raises ChatlaneError: the store could not drop it: it waits again, in its place
             (steered again with :meth:`~chatlane.runtime.turn.Turn.steer_again` while its
             turn runs).
@@ -337,13 +347,17 @@ class BusyDesk:
     ) -> None:
         """Drop a message taken out of the queue from the store too, and tell its sender.
 
+        One that another process's running turn drew in and may have steered into
+        its agent (:meth:`_drop`) is not dropped: it is watched until the store
+        says what became of it, and :class:`~chatlane.errors.TakenElsewhere` is
+        logged or, with ``reraise``, raised.
         If the store cannot drop it, it waits again in its place (even past the
         cap: a message the store keeps is never lost), and the error is logged
         or, with ``reraise``, raised.
         """
         message, seq = taken.message, taken.seq
         try:
-            await self._store.drop_pending(state.key, [seq])
+            dropped = await self._drop(state, message, seq)
         except ChatlaneError as error:
             await self._kept.keep(state, [(message, seq)], error)
             self._put_back(state, taken)
@@ -351,11 +365,38 @@ class BusyDesk:
                 raise
             log.warning("could not drop a message: %s", error, extra=turn_fields(state.key))
             return
+        if not dropped:
+            if reraise:
+                raise TakenElsewhere(message.id)
+            log.info("not dropped: steered elsewhere", extra=turn_fields(state.key))
+            return
         if not pending.pending_entries(state):
             self._slots.stop_collecting(state)
         text = f"{notice}: {pending.preview(message)}"
         await self._outlet.send(OutboundKind.NOTICE, state.key, message.source, text, (message.id,))
         self._outcomes.end([message.id], Outcome.DROPPED, text)
+
+    async def _drop(self, state: SessionState, message: InboundMessage, seq: int) -> bool:
+        """Drop ``message`` (stored under ``seq``) from the store; whether it was dropped.
+
+        A message its policy steers, for an agent that takes steers, may have been
+        drawn into another process's running turn and steered into its agent,
+        which takes it any moment: it is dropped only while the store holds it as
+        this process's (or a dead one's,
+        :func:`~chatlane.runtime.elsewhere.drop_still_ours`), and watched
+        otherwise. Any other message another process drew in waits there for a
+        turn of its own, which reads the store's queue before its agent runs
+        (:meth:`drew_in_any`): it is dropped wherever it is.
+
+        :raises ChatlaneError: the store could not drop it.
+        """
+        steers = self.policy_for(state, message) is BusyPolicy.STEER
+        if steers and accepts_steering(self._agent):
+            pair = [(message.id, seq)]
+            holder = self._holder
+            return bool(await drop_still_ours(self._store, self._outcomes, holder, state.key, pair))
+        await self._store.drop_pending(state.key, [seq])
+        return True
 
     def _put_back(self, state: SessionState, taken: Taken) -> None:
         """``taken`` waits again in its place: among its turn's steers while that turn is

@@ -247,15 +247,42 @@ async def drop_still_ours(
     messages: Sequence[tuple[str, int]],
 ) -> set[int]:
     """Drop those of ``messages`` (id and seq each) the store still holds as ``holder``'s,
-    at once; their seqs. The others left while they waited — another process's running
-    turn drew them in, even answered them — and are watched until the store says what
-    became of them.
+    or as a process's whose heartbeat expired (one this process took a request over
+    from, :func:`still_ours`), at once; their seqs. The others left while they waited —
+    another process's running turn drew them in, even answered them — and are watched
+    until the store says what became of them.
+
+    A dead process's record is adopted before it is dropped, from the owner it was
+    read with: of two processes dropping or adopting it, one gets it.
 
     :raises ChatlaneError: the store could not drop them.
     """
-    own = set(await store.drop_own(key, [seq for _, seq in messages], holder))
+    seqs = [seq for _, seq in messages]
+    own = set(await store.drop_own(key, seqs, holder))
+    if len(own) < len(seqs):
+        own |= await _drop_orphans(store, holder, key, {seq for seq in seqs if seq not in own})
     outcomes.watch(message_id for message_id, seq in messages if seq not in own)
     return own
+
+
+async def _drop_orphans(store: Store, holder: str, key: SessionKey, seqs: set[int]) -> set[int]:
+    """Drop those of ``seqs`` a process whose heartbeat expired still owns; their seqs.
+
+    :raises ChatlaneError: the store could not be asked.
+    """
+    owners: dict[str, list[int]] = defaultdict(list)
+    for record in await store.pending(key):
+        if record.seq in seqs and record.owner != holder:
+            owners[record.owner].append(record.seq)
+    if not owners:
+        return set()  # gone already: answered, or dropped, elsewhere
+    live = await store.alive(sorted(owners))
+    dropped: set[int] = set()
+    for owner, found in owners.items():
+        if not live.get(owner, False):
+            adopted = await store.adopt(key, found, owner, holder)
+            dropped.update(await store.drop_own(key, adopted, holder) if adopted else ())
+    return dropped
 
 
 async def still_ours(store: Store, holder: str, key: SessionKey) -> tuple[set[int], set[int]]:

@@ -177,6 +177,7 @@ class TurnEngine:
             self.settings,
             agent,
             self.store,
+            self.holder,
             self.metrics,
             self.outlet,
             self.outcomes,
@@ -913,6 +914,8 @@ class TurnEngine:
         start, nor reach the agent, meanwhile.
 
         :returns: the message, or ``None`` if none waits here under ``seq``.
+        :raises TakenElsewhere: another process's running turn drew it in first: it runs
+            there, and no longer waits here.
         :raises ChatlaneError: the store could not drop it: it waits again, in its place.
         """
         state = self.registry.peek(key)
@@ -927,6 +930,8 @@ class TurnEngine:
 
         :returns: the message, or ``None`` if it does not wait in the queue here
             (it runs, was steered into the running turn, or ended).
+        :raises TakenElsewhere: another process's running turn drew it in first: it runs
+            there, and no longer waits here.
         :raises ChatlaneError: the store could not drop it: it waits again, in its place.
         """
         state = self.registry.peek(key)
