@@ -60,14 +60,24 @@ def redact_urls(text: str) -> str:
     return _URL.sub(_redacted, text) if "://" in text else text
 
 
+_SENTENCE = ":;,.)"
+"""Punctuation that, ending a URL's query or fragment before a space, is the sentence's,
+not the URL's (``…?sslmode=require: no answer``): kept after it, unredacted."""
+
+
 def _redacted(match: re.Match[str]) -> str:
-    query = match.group("query")
+    query, fragment = match.group("query") or "", match.group("fragment") or ""
+    last = fragment or query
+    spaced = match.string[match.end() : match.end() + 1].isspace()
+    tail = last[len(last.rstrip(_SENTENCE)) :] if spaced else ""
     if query:
+        query = query[: len(query) - len(tail)] if not fragment else query
         names = [part.partition("=")[0] for part in query[1:].split("&")]
         query = "?" + "&".join(f"{name}=***" for name in names if name)
     userinfo = "***@" if match.group("userinfo") else ""
-    fragment = "#***" if match.group("fragment") else ""
-    return f"{match.group('scheme')}{userinfo}{match.group('rest')}{query or ''}{fragment}"
+    fragment = "#***" if fragment else ""
+    redacted = f"{match.group('scheme')}{userinfo}{match.group('rest')}{query}{fragment}"
+    return redacted + tail
 
 
 class UrlRedactor(logging.Filter):

@@ -128,3 +128,23 @@ def test_sqlite_urls_hold_no_password_and_are_shown_as_written() -> None:
     with pytest.raises(StoreError, match="busy_timeout") as raised:
         parse_sqlite_url("sqlite:///data/chat@home.db?busy_timeout=x")
     assert "sqlite:///data/chat@home.db?busy_timeout=x" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("logged", "shown"),
+    [
+        (
+            "postgres store postgresql://bot@h:5432/db?sslmode=require: no answer within 30 s",
+            "postgres store postgresql://***@h:5432/db?sslmode=***: no answer within 30 s",
+        ),
+        ("see https://h/p?a=1&token=zz. Then", "see https://h/p?a=***&token=***. Then"),
+        ("at https://h/p?a=1#part: done", "at https://h/p?a=***#***: done"),
+        ("(https://h/p?q=1), more", "(https://h/p?q=***), more"),
+        ("ends https://h/p?password=pw:", "ends https://h/p?password=***"),
+        ("https://h/p?password=a:b c", "https://h/p?password=*** c"),
+    ],
+)
+def test_a_logged_url_keeps_the_sentence_around_it(logged: str, shown: str) -> None:
+    """Punctuation ending a query before a space is the sentence's: kept, never redacted
+    with the value; anywhere else it may be a value's, and goes with it."""
+    assert redact_urls(logged) == shown
