@@ -38,8 +38,10 @@ What stays true:
   instead of each waiting out its limit on another dead one. A half-open
   connection (a pooler, proxy or NAT that keeps this side open while nothing
   answers behind it) therefore costs the calls holding one their limit, never
-  the process its store. The bound is one timer per call on this host (one
-  more while a call waits for a connection): no round trip.
+  the process its store. The bound is kept on this host, with no round trip:
+  one watchdog timer looks at every call under way a few times within the
+  shortest limit (:class:`Watchdog`), so a call is ended at most an eighth of
+  that limit late (one timer more while a call waits for a connection).
 * Every TCP connection of the store (the pools', the listener's) has keepalive
   probes (:func:`keep_alive`, unless ``keepalives=0``): a server or network
   that vanished without a word is found while the connection is idle, and
@@ -57,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import asyncpg
 
@@ -65,7 +67,16 @@ from chatlane.errors import StoreError
 from chatlane.stores.postgres.db import ConnectError
 from chatlane.stores.postgres.url import Location
 
-__all__ = ["LIVENESS_POOL", "QUICK_POOL", "Call", "PoolName", "Pools", "keep_alive", "open_pools"]
+__all__ = [
+    "LIVENESS_POOL",
+    "QUICK_POOL",
+    "Call",
+    "PoolName",
+    "Pools",
+    "Watchdog",
+    "keep_alive",
+    "open_pools",
+]
 
 PoolName = Literal["turns", "quick", "liveness"]
 """The store's pools: for transactions, for single-statement reads, for heartbeats and renewals."""
@@ -78,11 +89,61 @@ LIVENESS_POOL = 2
 neither waits for the other."""
 
 
+class Bounded(Protocol):
+    """What the watchdog ends: a :class:`Call`."""
+
+    def expire(self) -> None:
+        """Past its limit: end it."""
+
+
+class Watchdog:
+    """Ends every call still holding its connection past its deadline, on one timer for all
+    of them (a timer of its own for each call would cost every call more than the rest
+    of its bound).
+
+    The timer runs only while calls are watched, every :attr:`tick` seconds: a call is
+    ended between its deadline and one tick later.
+    """
+
+    __slots__ = ("_calls", "_timer", "tick")
+
+    def __init__(self, tick: float) -> None:
+        self.tick = tick
+        self._calls: dict[Bounded, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(self, call: Bounded, deadline: float) -> None:
+        """End ``call`` once the loop's clock passes ``deadline``, unless :meth:`forget` is
+        called first (a second watch moves its deadline)."""
+        self._calls[call] = deadline
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.tick, self._check)
+
+    def forget(self, call: Bounded) -> None:
+        self._calls.pop(call, None)
+
+    def stop(self) -> None:
+        """Watch nothing more (the store closes)."""
+        self._calls.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        loop = asyncio.get_running_loop()
+        moment = loop.time()
+        late = [call for call, deadline in self._calls.items() if deadline <= moment]
+        for call in late:
+            del self._calls[call]
+            call.expire()
+        self._timer = loop.call_later(self.tick, self._check) if self._calls else None
+
+
 class Call:
     """One call's connection, as ``async with pools.call(name) as connection``: taken from
     its pool within :attr:`wait` seconds (else ``TimeoutError``), and closed by force if
-    the call still holds it :attr:`limit` seconds later (:attr:`expired` then says so, and
-    ``expiring`` is called).
+    the call still holds it :attr:`limit` seconds later (by ``watchdog``, up to its tick
+    later; :attr:`expired` then says so, and ``expiring`` is called).
 
     :param option: the URL option that sets ``limit``, for the error that names it.
     """
@@ -91,7 +152,7 @@ class Call:
         "_connection",
         "_expiring",
         "_pool",
-        "_timer",
+        "_watchdog",
         "expired",
         "limit",
         "option",
@@ -99,13 +160,18 @@ class Call:
     )
 
     def __init__(
-        self, pool: Any, limit: float, wait: float, option: str, expiring: Callable[[], None]
+        self,
+        pool: Any,
+        limit: float,
+        wait: float,
+        option: str,
+        expiring: Callable[[], None],
+        watchdog: Watchdog,
     ) -> None:
-        self._pool, self._expiring = pool, expiring
+        self._pool, self._expiring, self._watchdog = pool, expiring, watchdog
         self.limit, self.wait, self.option = limit, wait, option
         self.expired = False
         self._connection: Any = None
-        self._timer: asyncio.TimerHandle | None = None
 
     async def __aenter__(self) -> Any:
         pool = self._pool
@@ -117,19 +183,20 @@ class Call:
                     self._connection = await pool.acquire()
             except TimeoutError:
                 raise TimeoutError(f"no connection within {self.wait:g} s") from None
-        self._timer = asyncio.get_running_loop().call_later(self.limit, self._expire)
+        self._watchdog.watch(self, asyncio.get_running_loop().time() + self.limit)
         return self._connection
 
     def extend(self, limit: float) -> None:
         """Give the rest of the call ``limit`` seconds from now instead."""
-        if self._timer is not None and not self.expired:
-            self._timer.cancel()
-            self._timer = asyncio.get_running_loop().call_later(limit, self._expire)
+        if self._connection is not None and not self.expired:
+            self._watchdog.watch(self, asyncio.get_running_loop().time() + limit)
             self.limit = limit
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """The call is past its limit: its connection is closed (every wait on it ends, and
+        its pool replaces it), unless it was given back this moment."""
         try:
-            self._connection.terminate()  # every wait on it ends: the pool replaces it
+            self._connection.terminate()
         except asyncpg.InterfaceError:
             return  # given back to its pool this moment: it answered in time
         self.expired = True
@@ -144,8 +211,7 @@ class Call:
         try:
             await self._pool.release(self._connection)
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
+            self._watchdog.forget(self)
 
 
 def _free(pool: Any) -> bool:
@@ -157,12 +223,14 @@ def _free(pool: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Pools:
-    """The store's three pools (asyncpg's ``Pool``, untyped), and where they connect."""
+    """The store's three pools (asyncpg's ``Pool``, untyped), where they connect, and the
+    watchdog that bounds their calls."""
 
     turns: Any
     quick: Any
     liveness: Any
     location: Location
+    watchdog: Watchdog
 
     def __getitem__(self, name: PoolName) -> Any:
         return getattr(self, name)
@@ -175,7 +243,7 @@ class Pools:
         else:
             limit, option = location.command_timeout, "command_timeout"
         wait = max(limit, location.connect_timeout)
-        return Call(self[name], limit, wait, option, self.drop_idle)
+        return Call(self[name], limit, wait, option, self.drop_idle, self.watchdog)
 
     def drop_idle(self) -> None:
         """Close every connection no call holds now: the next calls open fresh ones."""
@@ -186,6 +254,7 @@ class Pools:
 
     async def close(self) -> None:
         """Close every connection: gracefully for at most ``connect_timeout``, then by force."""
+        self.watchdog.stop()
         await _close((self.turns, self.quick, self.liveness), self.location.connect_timeout)
 
 
@@ -214,7 +283,18 @@ async def open_pools(location: Location, name: str) -> Pools:
         await _close(tuple(opened), location.connect_timeout)
         raise
     liveness, quick, turns = opened
-    return Pools(turns, quick, liveness, location)
+    return Pools(turns, quick, liveness, location, Watchdog(watch_tick(location)))
+
+
+WATCH_TICKS = 8
+"""Ticks of the watchdog within the shortest limit: a call past its limit is ended within
+an eighth of that limit more."""
+
+
+def watch_tick(location: Location) -> float:
+    """How often the watchdog looks at the calls under way: :data:`WATCH_TICKS` times within
+    the shortest limit (``renew_timeout`` by default: every 0.25 s)."""
+    return min(location.command_timeout, location.renew_timeout) / WATCH_TICKS
 
 
 async def _pool(location: Location, name: str, least: int, most: int) -> Any:
