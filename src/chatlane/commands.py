@@ -128,6 +128,10 @@ class CommandSpec:
     """A busy policy: the command's text is sent on as a message under it
     (``/steer``, ``/now``) instead of running ``handler``, which only runs
     when the text is missing."""
+    queues_message: bool = False
+    """Its handler queues the command's text as a message under the command's own id,
+    to run as a turn (``/queue``): that turn's commit marks the id answered, so the
+    command's reply is not kept as its answer."""
 
 
 class CommandRouter:
@@ -395,7 +399,12 @@ BUILTIN_COMMANDS = (
         _stop,
     ),
     CommandSpec(
-        "queue", "queue text as its own turn", "/queue <text>", CommandBusy.DISPATCH, _queue
+        "queue",
+        "queue text as its own turn",
+        "/queue <text>",
+        CommandBusy.DISPATCH,
+        _queue,
+        queues_message=True,
     ),
     CommandSpec(
         "steer",

@@ -346,7 +346,7 @@ class SlackAdapter:
         if not self._seen.note(posted.id):
             return
         result = await self._take(posted.inbound())
-        if posted.thread_ts is not None and result is not None and not result.refused:
+        if posted.thread_ts is not None and result is not None and _ran_a_turn(result):
             self._threads.note((posted.channel, posted.thread_ts))  # the bot answers there
 
     async def _for_the_bot(self, posted: Posted) -> bool:
@@ -479,3 +479,10 @@ def _notice(message: InboundMessage, text: str) -> Outbound:
     """A notice about ``message`` to its conversation and thread, in no session."""
     target = Target.of(message.source)
     return Outbound(OutboundKind.NOTICE, NO_SESSION, target, text, 0, (message.id,))
+
+
+def _ran_a_turn(result: DispatchResult) -> bool:
+    """Whether ``result`` put its message to a turn (run, queued or steered: its session's
+    generation is above 0 in the store), which makes its thread one the bot is in, as
+    every process sharing the store sees it; a command's reply does not."""
+    return result.command is None and not result.refused
