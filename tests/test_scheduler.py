@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import importlib
 import logging
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -812,10 +814,13 @@ class FieldsRead(MemoryStore):
 
 
 class ClaimGate(HoldingStore):
-    """Holds every claim of a job's tick at its lease until ``opened``."""
+    """Holds every claim of a job's tick at its lease until ``opened``, once ``armed`` (a
+    job's creation takes that lease too)."""
+
+    armed = False
 
     async def acquire(self, key: SessionKey, holder: str, ttl: float, **kwargs: Any) -> Lease:
-        if ":scheduler:job:" in key:
+        if self.armed and ":scheduler:job:" in key:
             await self.hold()
         return await super().acquire(key, holder, ttl, **kwargs)
 
@@ -876,6 +881,7 @@ class TestBursts:
             h.gateway.use_scheduler(scheduler)
             for i in range(12):
                 await scheduler.add_job("* * * * *", f"job {i}", f"test:c{i}")
+            store.armed = True
             clock.advance(120)
             await scheduler.run_once()
             await store.until_held(4)
@@ -920,6 +926,28 @@ class TestClockSteps:
             assert scheduler.next_run("hourly") == ten + 3 * hour
             await h.settle()
             assert texts(h, "c") == ["echo: ping"] * 3
+
+    async def test_a_tick_claimed_while_the_clock_was_ahead_holds_back_nothing(self) -> None:
+        """The clock stays a day ahead over a tick: tomorrow's 11:00 is claimed. Put right,
+        today's ticks run all the same, never held back until tomorrow 11:00 has passed."""
+        ten, hour, day = self.TEN, self.HOUR, self.DAY
+        clock = Clock()
+        clock.now = ten - 60
+        scheduler = Scheduler(jobs=[Job("@hourly", "ping", "test:c", id="hourly")], now=clock)
+        async with GatewayHarness(EchoAgent()) as h:
+            h.gateway.use_scheduler(scheduler)  # passes are run by hand
+            await scheduler.sync()
+            await self.pass_at(scheduler, clock, ten + 30)  # 10:00
+            await self.pass_at(scheduler, clock, ten + day + 60)  # 11:00 today, late
+            await self.pass_at(scheduler, clock, ten + day + hour + 30)  # 11:00 tomorrow
+            assert await h.replies(chat_id="c", count=3) == ["echo: ping"] * 3
+            await self.pass_at(scheduler, clock, ten + 2 * hour + 30)  # put right, 12:00:30
+            assert scheduler.next_run("hourly") == ten + 3 * hour
+            await self.pass_at(scheduler, clock, ten + 3 * hour + 30)  # 13:00 runs
+            assert await h.replies(chat_id="c", count=4) == ["echo: ping"] * 4
+            assert scheduler.next_run("hourly") == ten + 4 * hour
+            await h.settle()
+            assert texts(h, "c") == ["echo: ping"] * 4
 
     async def test_the_job_list_is_reloaded_at_once_once_the_clock_is_put_right(self) -> None:
         ten, day = self.TEN, self.DAY
@@ -1264,6 +1292,41 @@ class TestDurability:
         ticks = [tick for _, tick in runs]
         assert len(ticks) == 6
         assert ticks == sorted(set(ticks))
+
+    async def test_two_processes_never_give_two_jobs_one_id(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The second process draws the id the first one's job has (it has not read that
+        job yet): it draws again, and each chat keeps its own job."""
+        url = f"sqlite:///{tmp_path / 'chatlane.db'}"
+        drawn = iter(["abc123", "abc123", "def456"])
+        draws = types.SimpleNamespace(token_hex=lambda _: next(drawn))
+        monkeypatch.setattr("chatlane.scheduling.loop.secrets", draws)
+        first, second = Scheduler(now=FakeClock()), Scheduler(now=FakeClock())
+        async with (
+            GatewayHarness(EchoAgent(), store=url) as a,
+            GatewayHarness(EchoAgent(), store=url) as b,
+        ):
+            a.gateway.use_scheduler(first)
+            b.gateway.use_scheduler(second)
+            alice = await first.add_job("every 1m", "for alice", "test:alice")
+            bob = await second.add_job("every 1m", "for bob", "test:bob")
+            await first.sync()
+            await second.sync()
+            jobs = {job.id: job.prompt for job in first.list_jobs()}
+            assert jobs == {job.id: job.prompt for job in second.list_jobs()}
+        assert (alice.id, bob.id) == ("abc123", "def456")
+        assert jobs == {"abc123": "for alice", "def456": "for bob"}
+
+    async def test_a_job_stored_again_under_its_id_is_scheduled_anew(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 'chatlane.db'}"
+        scheduler = Scheduler(now=FakeClock())
+        async with GatewayHarness(EchoAgent(), store=url) as h:
+            h.gateway.use_scheduler(scheduler)
+            job = await scheduler.add_job("every 1m", "old", "test:c")
+            await scheduler.book.save(dataclasses.replace(job, prompt="new"))
+            await scheduler.sync()
+            assert [j.prompt for j in scheduler.list_jobs()] == ["new"]
 
 
 class TestWiring:

@@ -382,6 +382,11 @@ class JobRun:
     message_id: str
 
 
+CLOCK_SKEW = 300.0
+"""Seconds by which the clocks of processes sharing a store may differ: a claimed tick
+later than a claimer's clock by more than this was claimed by a clock put right since."""
+
+
 class Claim(enum.Enum):
     """What :meth:`JobBook.claim` found."""
 
@@ -427,6 +432,24 @@ class JobBook:
             jobs[job.id] = job
         return jobs
 
+    async def create(self, job: Job) -> bool:
+        """Store ``job`` unless a job has its id already; whether it was stored.
+
+        Under the lease its ticks are claimed under: of processes creating one id at
+        once, one stores it, and the others find the lease held or the id taken.
+        """
+        try:
+            lease = await self.store.acquire(self._claim_key(job.id), self.holder, self.ttl)
+        except SessionBusy:
+            return False
+        try:
+            if await self._exists(job.id):
+                return False
+            await self.save(job)
+            return True
+        finally:
+            await self._release(lease)
+
     async def save(self, job: Job) -> None:
         """Store ``job`` (replacing one with its id)."""
         await self.store.set_persistent(
@@ -441,12 +464,19 @@ class JobBook:
     def _claim_key(self, job_id: str) -> SessionKey:
         return SessionKey(f"{self.key}:job:{job_id}")
 
-    async def claim(self, job_id: str, tick: float, *, stored: bool = True) -> Claim:
+    async def claim(
+        self, job_id: str, tick: float, *, stored: bool = True, now: float | None = None
+    ) -> Claim:
         """Claim ``tick`` of ``job_id`` (see :class:`Claim`); ``stored=False``: a configured job.
 
         A stored job is checked to still exist by reading its own field alone, so a
         claim costs the same however many jobs are stored, and N ticks due together
         read N fields, not N times every job.
+
+        ``now``: the claimer's clock. A claimed tick later than it by more than
+        :data:`CLOCK_SKEW` was claimed by a clock that ran ahead and has been put right
+        since (a tick is claimed only once due): it no longer holds back the ticks
+        before it, which would otherwise wait until the wrong time came round again.
         """
         if stored and not await self._exists(job_id):
             return Claim.GONE
@@ -455,7 +485,7 @@ class JobBook:
         except SessionBusy:
             return Claim.BUSY
         try:
-            return await self._record(lease, tick)
+            return await self._record(lease, tick, now)
         finally:
             await self._release(lease)
 
@@ -463,9 +493,18 @@ class JobBook:
         name = job_field(job_id)
         return (await self.store.load_fields(self.key, [name])).get(name) is not None
 
-    async def _record(self, lease: Lease, tick: float) -> Claim:
+    async def _record(self, lease: Lease, tick: float, now: float | None) -> Claim:
         last = (await self.store.load_persistent(lease.key)).get(LAST_TICK)
-        if isinstance(last, int | float) and last >= tick:
+        ahead = isinstance(last, int | float) and now is not None and last > now + CLOCK_SKEW
+        if ahead:
+            log.warning(
+                "%s: its last claimed tick (%.0f) is ahead of this clock (%.0f), so a clock "
+                "that ran ahead was put right: claimed over it",
+                lease.key,
+                last,
+                now,
+            )
+        elif isinstance(last, int | float) and last >= tick:
             return Claim.TAKEN
         try:
             await self.store.set_persistent(lease.key, lease.generation, **{LAST_TICK: tick})

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from chatlane.context import cron_context
-from chatlane.errors import ChatlaneError, ConfigError
+from chatlane.errors import ChatlaneError, ConfigError, StoreError
 from chatlane.identity import SessionSource, build_session_key, parse_session_key
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.limits import Count, PositiveSeconds, Seconds, check_bounds
@@ -74,6 +74,10 @@ from chatlane.types import InboundMessage, Outbound, SessionKey, Target
 if TYPE_CHECKING:
     from chatlane.gateway import Gateway
     from chatlane.runtime.engine import TurnEngine
+
+ID_DRAWS = 8
+"""Job ids drawn at most before :meth:`Scheduler.add_job` gives up: a drawn id is taken
+only by a stored job, or by a process creating one with it this moment."""
 
 __all__ = [
     "CRON_COMMAND",
@@ -398,10 +402,13 @@ class Scheduler:
     def _place(self, job: Job, moment: float, *, configured: bool) -> None:
         """Schedule ``job`` from ``moment`` on, unless it already is; one that fails is skipped.
 
-        A job whose tick cannot be computed is logged and left out, so it
-        never keeps the other jobs (or the whole sync) from running.
+        A stored job that no longer is the one this process scheduled under its id
+        (it was stored again) is scheduled anew. A job whose tick cannot be computed
+        is logged and left out, so it never keeps the other jobs (or the whole sync)
+        from running.
         """
-        if job.id in self._slots:
+        current = self._slots.get(job.id)
+        if current is not None and (configured or current.configured or current.job == job):
             return
         try:
             slot = _Slot.of(job, moment, self.settings.tz, configured=configured)
@@ -424,15 +431,21 @@ class Scheduler:
             ``"platform:chat_id[:thread_id]"`` (``:`` inside an id written ``%3A``).
         :raises ConfigError: for a malformed schedule or target, or an empty prompt.
             Nothing is stored unless the job's first tick could be computed.
+        :raises StoreError: no free id was found (every one drawn was taken meanwhile).
+
+        Its id is one no stored job has (:meth:`JobBook.create`): two processes adding
+        jobs at once never share one.
         """
-        job_id = secrets.token_hex(3)
-        while job_id in self._slots:
+        for _ in range(ID_DRAWS):
             job_id = secrets.token_hex(3)
-        job = Job(schedule, prompt, target, origin, id=job_id, created_at=self._now())
-        slot = _Slot.of(job, self._now(), self.settings.tz, configured=False)
-        await self.book.save(job)
-        self._slots.setdefault(job.id, slot)
-        return job
+            if job_id in self._slots:
+                continue
+            job = Job(schedule, prompt, target, origin, id=job_id, created_at=self._now())
+            slot = _Slot.of(job, self._now(), self.settings.tz, configured=False)
+            if await self.book.create(job):
+                self._slots[job.id] = slot
+                return job
+        raise StoreError(f"no free job id in {ID_DRAWS} draws; try again")
 
     async def remove_job(self, job_id: str) -> bool:
         """Delete a stored job everywhere; False if there is no such job.
@@ -478,7 +491,8 @@ class Scheduler:
 
     async def _claim(self, slot: _Slot, tick: float) -> Claim:
         try:
-            return await self.book.claim(slot.job.id, tick, stored=not slot.configured)
+            stored = not slot.configured
+            return await self.book.claim(slot.job.id, tick, stored=stored, now=self._now())
         except ChatlaneError as error:
             log.warning("could not claim job %s at %.0f: %s", slot.job.id, tick, error)
             return Claim.BUSY
