@@ -498,6 +498,10 @@ async def test_unreadable_and_oversized_bodies_are_refused(gateway: Served) -> N
     response = await slack.post("/slack/interactions", b"payload=%7Bnot", content_type=form)
     assert response.status_code == 400
     assert (await slack.post("/slack/events", b" " * (1 << 20) + b"{}")).status_code == 413
+    deep = b"[" * 100_000 + b"]" * 100_000  # past the JSON parser's depth, within the size
+    assert (await slack.post("/slack/events", deep)).status_code == 400
+    nested = b"payload=" + b"%5B" * 50_000 + b"%5D" * 50_000
+    assert (await slack.post("/slack/interactions", nested, content_type=form)).status_code == 400
 
 
 async def test_a_retried_or_repeated_event_is_handled_once(

@@ -161,7 +161,17 @@ def test_other_interactions_are_no_press() -> None:
     assert read_press({**press_payload(APPROVE_ACTION, "a1:"), "actions": []}) is None
 
 
-@pytest.mark.parametrize("body", [b"", b"payload=%5B%5D", b"other=1", b"payload=%7Bx", b"\xff"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"payload=%5B%5D",
+        b"other=1",
+        b"payload=%7Bx",
+        b"\xff",
+        b"payload=" + b"%5B" * 50_000 + b"%5D" * 50_000,  # nested past the parser's depth
+    ],
+)
 def test_an_unreadable_interaction_is_a_value_error(body: bytes) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 (json, form and UTF-8 errors alike)
         read_interaction(body)

@@ -265,7 +265,7 @@ def json_object(body: bytes) -> dict[str, Any]:
     """
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: no event
         value = None
     if not isinstance(value, dict):
         raise RequestRefused(400, "the body is not a JSON object")

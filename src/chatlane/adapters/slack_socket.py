@@ -151,7 +151,7 @@ async def _heard(message: aiohttp.WSMessage) -> None:
         return
     try:
         envelope = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return
     if not isinstance(envelope, dict) or envelope.get("type") != "disconnect":
         return

@@ -236,7 +236,10 @@ def read_interaction(body: bytes) -> Mapping[str, Any]:
     :raises ValueError: if there is none, or it is not a JSON object.
     """
     fields = parse_qs(body.decode("utf-8"), strict_parsing=True)
-    payload = json.loads(fields["payload"][0]) if "payload" in fields else None
+    try:
+        payload = json.loads(fields["payload"][0]) if "payload" in fields else None
+    except RecursionError:  # nested past the parser's depth
+        payload = None
     if not isinstance(payload, dict):
         raise ValueError("an interaction needs a JSON object in its 'payload' field")
     return payload
