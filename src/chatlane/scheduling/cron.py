@@ -310,7 +310,8 @@ ORIGIN, LOCAL = "origin", "local"
 
 
 def explicit_target(text: str) -> Target:
-    """Read ``platform:chat_id[:thread_id]`` (``:`` inside an id is written ``%3A``).
+    """Read ``platform:chat_id[:thread_id]`` (``:`` inside an id is written ``%3A``, and
+    ``%`` as ``%25``).
 
     :raises ConfigError: if ``text`` does not have that shape.
     """
