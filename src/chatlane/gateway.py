@@ -30,7 +30,7 @@ from chatlane.commands import (
 )
 from chatlane.delivery.ledger import DeliveryLedger
 from chatlane.delivery.worker import DeliverySettings, DeliveryWorker, Sender
-from chatlane.errors import AlreadyAnswered, ChatlaneError, InvalidSource
+from chatlane.errors import ChatlaneError, InvalidSource
 from chatlane.identity import (
     NO_SESSION,
     ChatType,
@@ -40,7 +40,6 @@ from chatlane.identity import (
     is_shared,
 )
 from chatlane.lifecycle import LifecycleOptions
-from chatlane.logs import turn_fields
 from chatlane.overheard import ContextLimits, keep, line_of, take
 from chatlane.runtime.busy import BusyOutcome
 from chatlane.runtime.engine import RuntimeSettings, TurnEngine
@@ -48,7 +47,7 @@ from chatlane.runtime.outcomes import OnOutcome
 from chatlane.runtime.recovery import OnAdopted
 from chatlane.session_commands import YES, YES_OR_NO, is_yes_or_no
 from chatlane.state import SessionRegistry, SessionState
-from chatlane.stores.base import Store, WriteBatch
+from chatlane.stores.base import Store
 from chatlane.types import (
     Agent,
     Deliver,
@@ -367,17 +366,10 @@ class Gateway:
     async def _run_command(
         self, key: SessionKey, message: InboundMessage, parsed: ParsedCommand
     ) -> DispatchResult:
-        """Run ``parsed``; send its reply, or the notice of a command that refused the message.
-
-        A message id runs its command once, in whichever process sharing the store
-        has it first (:meth:`_first_copy`): a platform may send one message again (a
-        retry, a redelivery after a restart, Slack's two events for one mention).
-        """
+        """Run ``parsed``; send its reply, or the notice of a command that refused the message."""
         ids = (message.id,)
         spec = self.router.get(parsed.name)
         queues = spec is not None and spec.queues_message
-        if not queues and not await self._first_copy(key, message, parsed.name):
-            return DispatchResult(key, message.id, command=parsed.name)
         try:
             reply = await self.router.run(self.engine, key, message, parsed)
         except CommandRefused as refused:
@@ -390,26 +382,6 @@ class Gateway:
                 await self.engine.keep_answer(key, message, reply)
             await self.engine.send(OutboundKind.REPLY, key, message.source, reply, ids)
         return DispatchResult(key, message.id, command=parsed.name)
-
-    async def _first_copy(self, key: SessionKey, message: InboundMessage, name: str) -> bool:
-        """Whether ``message`` is the first copy of its id to run a command: its id is
-        marked answered in the store at once, so a copy finds the mark, here or in any
-        process sharing the store, and runs nothing (its first copy's reply was sent).
-
-        An API request with an ``Idempotency-Key`` is kept by its answer instead, which
-        its retry gets (:meth:`_run_command`). If the store cannot say, the command
-        runs: ``/stop`` must work through an outage, and a copy is then the lesser harm.
-        """
-        if message.idempotent:
-            return True
-        try:
-            await self.engine.store.commit(key, None, WriteBatch(answered=[message.id]))
-        except AlreadyAnswered:
-            log.info("/%s of message %s ran before: not again", name, message.id)
-            return False
-        except ChatlaneError as error:
-            log.warning("/%s runs unmarked: %s", name, error, extra=turn_fields(key))
-        return True
 
     def _may_be_command(self, key: SessionKey, message: InboundMessage) -> bool:
         """Whether ``message`` may be a command (:meth:`_command_for` decides).

@@ -304,31 +304,6 @@ async def test_a_thread_the_bot_answered_in_needs_no_mention_in_another_process(
         assert len(api.messages(GENERAL)) == 2  # nothing for the thread the bot is not in
 
 
-async def test_a_mentioned_command_whose_two_events_reach_two_processes_runs_once(
-    api: SlackApi, tmp_path: Path
-) -> None:
-    """A mention comes as a ``message`` and an ``app_mention`` event: a command in it runs
-    once, wherever each lands (a plain message is kept once by the store's queue)."""
-    shared = StoreConfig(url=f"sqlite:///{tmp_path / 'shared.db'}")
-    config = msgspec.structs.replace(slack_config(api, tmp_path), store=shared)
-    async with served(config) as first, served(config) as second:
-        ts = first.slack.next_ts()
-        text = f"{MENTION} /busy steer"
-        event = {"channel": GENERAL, "channel_type": "channel", "user": ALICE, "text": text}
-        await first.slack.event({**event, "type": "message", "ts": ts})
-        await second.slack.event({**event, "type": "app_mention", "ts": ts, "event_ts": ts})
-        await api.wait_for_messages(GENERAL)
-        await first.slack.message(GENERAL, BOB, f"{MENTION} hello", channel_type="channel")
-        replies = await api.wait_for_messages(GENERAL, 2)
-        for process in (first, second):
-            await process.hub.gateway.engine.wait_idle()
-        assert [reply.text for reply in replies] == [
-            "Busy policy for this session: steer",
-            "echo: hello",
-        ]
-        assert len(api.messages(GENERAL)) == 2
-
-
 async def test_a_command_answered_in_a_thread_does_not_make_it_the_bots(
     api: SlackApi, tmp_path: Path
 ) -> None:
