@@ -9,7 +9,7 @@ once, no lease left held, nothing left queued.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from chatlane.stores.codec import decode_message, encode_message
 from chatlane.testing import GatewayHarness
 from chatlane.types import InboundMessage
 from tests.keys import chat_key
-from tests.runtime.agents import EchoAgent
+from tests.runtime.agents import EchoAgent, UntakenSteers
 from tests.runtime.refusing import FailingAdoption, LosingAnswers, Refusing, first_of
 
 
@@ -407,3 +407,50 @@ async def test_a_withdrawal_the_store_still_refuses_at_close_is_given_up(
     outage.on = False  # the store answers again once the gateway is gone
     assert [record.owner for record in await store.pending(key)] == [h.gateway.engine.holder]
     assert "closing with 1 messages not yet taken back" in caplog.text  # it runs once adopted
+
+
+class DropAnswerLost(MemoryStore):
+    """While ``on``: a drop applies and its answer is lost, and queueing a record again
+    under its seq is refused (the store wobbles): what the drop took waits in memory alone."""
+
+    answers_may_be_lost = True
+    on = False
+
+    async def drop_own(self, key: SessionKey, seqs: Sequence[int], owner: str) -> list[int]:
+        dropped = await super().drop_own(key, seqs, owner)
+        if self.on:
+            raise StoreError("the drop's answer was lost", maybe_applied=True)
+        return dropped
+
+    async def enqueue(
+        self, key: SessionKey, message_id: str, owner: str, payload: bytes, *, seq: int = 0
+    ) -> int:
+        if self.on and seq:
+            self.on = False
+            raise StoreError("queueing it again was refused", maybe_applied=False)
+        return await super().enqueue(key, message_id, owner, payload, seq=seq)
+
+
+async def test_a_steer_waiting_in_memory_alone_is_taken_back_here() -> None:
+    """Under ``steer``, ``/unqueue`` takes a message from the store only while it is this
+    process's; one that waits in memory alone (the store has no record of it: no other
+    process can have it) is this process's too, and leaves with its sender told."""
+    store = DropAnswerLost()
+    async with GatewayHarness(UntakenSteers(hold=60), busy="steer", store=store) as h:
+        key = h.session_key(chat_id="c")
+        await h.send("long", chat_id="c")
+        await h.until_running(chat_id="c")
+        steered = await h.send("steered text", chat_id="c")
+        [(seq, _)] = h.gateway.engine.steered(key)
+        store.on = True
+        await h.send(f"/unqueue #{seq}", chat_id="c")  # it may have applied: it waits again
+        assert seq not in {record.seq for record in await store.pending(key)}  # memory alone
+        await h.send(f"/unqueue #{seq}", chat_id="c")
+        took = f"Took #{seq} back from the running turn"
+        await h.wait_for(lambda out: any(o.text.startswith(took) for o in out))
+        assert h.gateway.engine.steered(key) == []
+        h.gateway.engine.interrupt(key, "done")
+        await h.settle()
+    [ended] = [o for o in h.outcomes if o.message_id == steered.message_id]
+    assert ended.outcome is Outcome.DROPPED
+    assert ended.text == "Taken out of the queue, will not run: “steered text”"

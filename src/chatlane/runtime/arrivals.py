@@ -384,19 +384,33 @@ class BusyDesk:
         which takes it any moment: it is dropped only while the store holds it as
         this process's (or a dead one's,
         :func:`~chatlane.runtime.elsewhere.drop_still_ours`), and watched
-        otherwise. Any other message another process drew in waits there for a
-        turn of its own, which reads the store's queue before its agent runs
-        (:meth:`drew_in_any`): it is dropped wherever it is.
+        otherwise — unless it waits here from memory alone (:mod:`~.kept`: the
+        store holds no record of it, so no other process has it). Any other
+        message another process drew in waits there for a turn of its own, which
+        reads the store's queue before its agent runs (:meth:`drew_in_any`): it
+        is dropped wherever it is.
 
         :raises ChatlaneError: the store could not drop it.
         """
         steers = self.policy_for(state, message) is BusyPolicy.STEER
         if steers and accepts_steering(self._agent):
+            if await self._kept_alone(state, seq):
+                return True
             pair = [(message.id, seq)]
-            holder = self._holder
-            return bool(await drop_still_ours(self._store, self._outcomes, holder, state.key, pair))
+            store, holder = self._store, self._holder
+            return bool(await drop_still_ours(store, self._outcomes, holder, state.key, pair))
         await self._store.drop_pending(state.key, [seq])
         return True
+
+    async def _kept_alone(self, state: SessionState, seq: int) -> bool:
+        """Whether the message stored under ``seq`` waits here from memory alone: kept
+        after a drop that may have applied (:mod:`~.kept`), and not in the store's queue.
+
+        :raises ChatlaneError: the store could not be read.
+        """
+        if seq not in state.conversation.kept_seqs:
+            return False
+        return all(record.seq != seq for record in await self._store.pending(state.key))
 
     def _put_back(self, state: SessionState, taken: Taken) -> None:
         """``taken`` waits again in its place: among its turn's steers while that turn is
