@@ -949,6 +949,43 @@ class TestClockSteps:
             await h.settle()
             assert texts(h, "c") == ["echo: ping"] * 4
 
+    async def test_each_tick_runs_once_beside_a_host_whose_clock_stays_ahead(
+        self, tmp_path: Path
+    ) -> None:
+        """Another host's claim ahead of this clock always stands: its clock may still be
+        ahead, as here (400 s, for 20 minutes of an every-minute job)."""
+        url = f"sqlite:///{tmp_path / 'chatlane.db'}"
+        right, ahead = Clock(), Clock()
+        right.now, ahead.now = self.TEN, self.TEN + 400
+        runs: list[tuple[str, float]] = []
+
+        def running(name: str) -> Any:
+            async def action(run: JobRun) -> None:
+                runs.append((name, run.tick))
+
+            return action
+
+        first = Scheduler(action=running("right"), now=right)
+        second = Scheduler(action=running("ahead"), now=ahead)
+        async with (
+            GatewayHarness(EchoAgent(), store=url) as a,
+            GatewayHarness(EchoAgent(), store=url) as b,
+        ):
+            a.gateway.use_scheduler(first)
+            b.gateway.use_scheduler(second)
+            first.book.clock, second.book.clock = "host-a", "host-b"
+            await first.add_job("every 1m", "ping", "test:c")
+            await second.sync()
+            for _ in range(20 * 6):  # a pass every 10 s
+                right.now += 10
+                ahead.now += 10
+                for scheduler in (first, second):
+                    await scheduler.run_once()
+                    await scheduler.wait_idle()
+        ticks = [tick for _, tick in runs]
+        assert len(ticks) == len(set(ticks))  # none twice
+        assert len(ticks) >= 20
+
     async def test_the_job_list_is_reloaded_at_once_once_the_clock_is_put_right(self) -> None:
         ten, day = self.TEN, self.DAY
         clock = Clock()

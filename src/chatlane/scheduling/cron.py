@@ -30,6 +30,7 @@ import functools
 import hashlib
 import logging
 import re
+import socket
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
@@ -44,7 +45,7 @@ from chatlane.errors import (
 )
 from chatlane.identity import ChatType, SessionSource, unescape_component
 from chatlane.stores.base import Lease, Store
-from chatlane.stores.fields import JOB_PREFIX, LAST_TICK, job_field
+from chatlane.stores.fields import JOB_PREFIX, LAST_TICK, LAST_TICK_CLOCK, job_field
 from chatlane.types import SessionKey, Target
 
 log = logging.getLogger("chatlane.scheduler")
@@ -384,8 +385,8 @@ class JobRun:
 
 
 CLOCK_SKEW = 300.0
-"""Seconds by which the clocks of processes sharing a store may differ: a claimed tick
-later than a claimer's clock by more than this was claimed by a clock put right since."""
+"""Seconds by which a tick this host claimed may be ahead of its clock before it counts as
+claimed by the clock before it was put right (:meth:`JobBook.claim`)."""
 
 
 class Claim(enum.Enum):
@@ -413,11 +414,15 @@ class JobBook:
     ever a session's.
     """
 
-    def __init__(self, store: Store, namespace: str, holder: str, ttl: float) -> None:
+    def __init__(
+        self, store: Store, namespace: str, holder: str, ttl: float, clock: str = ""
+    ) -> None:
+        """:param clock: the name of the clock claims are made by: this host's, by default."""
         self.store = store
         self.key = SessionKey(f"{namespace}:scheduler")
         self.holder = holder
         self.ttl = ttl
+        self.clock = clock or socket.gethostname()
 
     async def load(self) -> dict[str, Job]:
         """Every stored job by id; a record that no longer reads as a job is logged and skipped."""
@@ -474,10 +479,11 @@ class JobBook:
         claim costs the same however many jobs are stored, and N ticks due together
         read N fields, not N times every job.
 
-        ``now``: the claimer's clock. A claimed tick later than it by more than
-        :data:`CLOCK_SKEW` was claimed by a clock that ran ahead and has been put right
+        ``now``: the claimer's clock. A tick this host claimed later than it by more
+        than :data:`CLOCK_SKEW` was claimed by this clock while it ran ahead, put right
         since (a tick is claimed only once due): it no longer holds back the ticks
         before it, which would otherwise wait until the wrong time came round again.
+        Another host's claim always stands: its clock may still be ahead.
         """
         if stored and not await self._exists(job_id):
             return Claim.GONE
@@ -495,23 +501,31 @@ class JobBook:
         return (await self.store.load_fields(self.key, [name])).get(name) is not None
 
     async def _record(self, lease: Lease, tick: float, now: float | None) -> Claim:
-        last = (await self.store.load_persistent(lease.key)).get(LAST_TICK)
-        ahead = isinstance(last, int | float) and now is not None and last > now + CLOCK_SKEW
-        if ahead:
-            log.warning(
-                "%s: its last claimed tick (%.0f) is ahead of this clock (%.0f), so a clock "
-                "that ran ahead was put right: claimed over it",
-                lease.key,
-                last,
-                now,
-            )
-        elif isinstance(last, int | float) and last >= tick:
+        stored = await self.store.load_persistent(lease.key)
+        last, clock = stored.get(LAST_TICK), stored.get(LAST_TICK_CLOCK)
+        if isinstance(last, int | float) and last >= tick and not self._put_right(last, clock, now):
             return Claim.TAKEN
+        written = {LAST_TICK: tick, LAST_TICK_CLOCK: self.clock}
         try:
-            await self.store.set_persistent(lease.key, lease.generation, **{LAST_TICK: tick})
+            await self.store.set_persistent(lease.key, lease.generation, **written)
         except StaleGeneration:
             return Claim.BUSY
         return Claim.CLAIMED
+
+    def _put_right(self, last: float, clock: object, now: float | None) -> bool:
+        """Whether ``last``, a tick this host's clock (``clock``) claimed, is ahead of that
+        clock by more than :data:`CLOCK_SKEW`: the clock ran ahead and was put right since
+        (a tick is claimed only once due). Another host's claim ahead of this clock is
+        that host's clock, perhaps still ahead: it stands, so no tick runs twice."""
+        if now is None or clock != self.clock or last <= now + CLOCK_SKEW:
+            return False
+        log.warning(
+            "a job's last claimed tick (%.0f) is ahead of this host's clock (%.0f): the clock "
+            "ran ahead and was put right; claimed over it",
+            last,
+            now,
+        )
+        return True
 
     async def _release(self, lease: Lease) -> None:
         try:

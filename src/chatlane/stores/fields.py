@@ -23,6 +23,7 @@ __all__ = [
     "INTERRUPTED_GENERATION",
     "JOB_PREFIX",
     "LAST_TICK",
+    "LAST_TICK_CLOCK",
     "MODEL_OVERRIDE",
     "MOVED_PREFIX",
     "REASONING_OVERRIDE",
@@ -84,6 +85,9 @@ JOB_PREFIX: Final = "job:"
 
 LAST_TICK: Final = "last_tick"
 """The last tick of a job that was claimed, kept under the job's claim key."""
+
+LAST_TICK_CLOCK: Final = "last_tick_clock"
+"""The host whose clock claimed :data:`LAST_TICK` (its name), kept beside it."""
 
 
 def job_field(job_id: str) -> str:
