@@ -69,3 +69,19 @@ def test_the_tick_is_an_eighth_of_the_shortest_limit() -> None:
     assert WATCH_TICKS == 8
     assert watch_tick(parse_url("postgresql://h/db")) == 2 / 8  # renew_timeout's default
     assert watch_tick(parse_url("postgresql://h/db?command_timeout=0.4")) == 0.4 / 8
+
+
+class Failing(Watched):
+    def expire(self) -> None:
+        super().expire()
+        raise OSError("closing its connection failed")
+
+
+async def test_a_call_that_fails_to_end_leaves_the_others_watched() -> None:
+    watchdog = Watchdog(0.01)
+    moment = asyncio.get_running_loop().time()
+    failing, later = Failing(), Watched()
+    watchdog.watch(failing, moment)
+    watchdog.watch(later, moment + 0.02)
+    await later.ended.wait()  # the loop reports the failure; the timer goes on
+    assert failing.ended.is_set()

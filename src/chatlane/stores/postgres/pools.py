@@ -132,11 +132,15 @@ class Watchdog:
     def _check(self) -> None:
         loop = asyncio.get_running_loop()
         moment = loop.time()
-        late = [call for call, deadline in self._calls.items() if deadline <= moment]
-        for call in late:
-            del self._calls[call]
-            call.expire()
-        self._timer = loop.call_later(self.tick, self._check) if self._calls else None
+        self._timer = None
+        try:
+            late = [call for call, deadline in self._calls.items() if deadline <= moment]
+            for call in late:
+                del self._calls[call]
+                call.expire()
+        finally:  # one call's failure to end never leaves the others unwatched
+            if self._calls:
+                self._timer = loop.call_later(self.tick, self._check)
 
 
 class Call:
