@@ -1083,3 +1083,11 @@ async def test_one_browser_has_a_bounded_number_of_messages_not_handed_on() -> N
 def test_every_busy_outcome_shows_as_a_message_state(outcome: BusyOutcome) -> None:
     shown = state_of(DispatchResult(SessionKey("k"), "m1", outcome=outcome))
     assert shown in set(MessageState) - {MessageState.RUNNING, MessageState.COMMAND}
+
+
+def test_the_page_refuses_what_the_server_would_refuse() -> None:
+    """The page checks a message's bytes against the server's limit before sending it, and
+    puts no ``maxlength`` on its box (it would cut a paste short without a word)."""
+    page = (Path(web.__file__).parent / "static" / "index.html").read_text(encoding="utf-8")
+    assert f'data-max-bytes="{MAX_TEXT}"' in page
+    assert "maxlength" not in page

@@ -290,6 +290,23 @@ async def test_a_message_over_the_byte_limit_is_refused_and_kept(
         await shot(chat.page, "web-message-too-long")
         await chat.say("short")
         await chat.sees(".msg.assistant", "echo: short")
+
+
+async def test_a_pasted_message_over_the_limit_is_refused_whole_not_cut(
+    browser: Browser, host: str
+) -> None:
+    """A paste of more characters than the limit's bytes: the box keeps all of it (no
+    ``maxlength`` cuts it short without a word), and the page refuses to send it."""
+    async with ChatPage.opened(browser, host) as chat:
+        text = "".join(f"line {n:05} of a long paste\n" for n in range(700))  # 18,900 bytes
+        box = chat.page.get_by_role("textbox", name="Message")
+        await box.focus()
+        await chat.page.keyboard.insert_text(text)
+        await expect(box).to_have_value(text)
+        await box.press("Enter")
+        await chat.sees(".system.error", f"Message too long ({len(text)} bytes; at most 16384)")
+        await expect(box).to_have_value(text)
+        await expect(chat.page.locator(".msg.user")).to_have_count(0)
         assert chat.errors == []
 
 

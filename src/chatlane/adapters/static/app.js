@@ -586,9 +586,11 @@
     const text = input.value;
     if (!text.trim()) return;
     const size = new TextEncoder().encode(text).length;
-    if (size > input.maxLength) {
-      // the server counts bytes of UTF-8, the textarea counts characters: refuse here, keep the text
-      systemLine("error", `Message too long (${size} bytes; at most ${input.maxLength}).`);
+    const most = Number(input.dataset.maxBytes);
+    if (size > most) {
+      // the server counts bytes of UTF-8; no maxlength on the box, which would cut a paste
+      // short without a word: refuse here, and keep the whole text
+      systemLine("error", `Message too long (${size} bytes; at most ${most}).`);
       return;
     }
     if (send(text)) {
