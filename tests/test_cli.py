@@ -134,6 +134,50 @@ def not_a_gateway() -> Iterator[str]:
         server.server_close()
 
 
+@contextmanager
+def another_server() -> Iterator[str]:
+    """An HTTP server that answers every request 404 with a web page of several lines."""
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(b"<!DOCTYPE HTML>\n<html>\n<body>Not Found</body>\n</html>\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("command", ["sessions", "inspect", "failed"])
+def test_an_admin_command_at_another_server_says_so_in_one_line(command: str) -> None:
+    key = ["main:api:dm:x"] if command == "inspect" else []
+    with another_server() as url:
+        code, output = run(command, "--url", url, *key)
+    assert code == 1
+    assert output.endswith("a web page, not a chatlane gateway's answer (HTTP 404)\n")
+    assert "<html>" not in output
+    assert output.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", [["serve"], ["sessions"], ["chat"]])
+def test_a_config_path_that_is_no_file_is_one_clear_error(
+    command: list[str], tmp_path: Path
+) -> None:
+    code, output = run(*command, "--config", str(tmp_path))
+    assert code == 1, output
+    assert output == f"Error: config file {str(tmp_path)!r}: Is a directory\n"
+
+
 @pytest.mark.parametrize("command", ["sessions", "inspect"])
 def test_admin_commands_explain_a_bad_url_or_token(command: str) -> None:
     key = ["main:api:dm:x"] if command == "inspect" else []

@@ -53,7 +53,7 @@ def main() -> None:
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(dir_okay=False),
+    type=str,  # read by load_config, whose errors are one line
     default=None,
     help="A chatlane.toml file (environment CHATLANE_<SECTION>__<KEY> overrides it).",
 )
@@ -131,6 +131,8 @@ def _serve(config_path: str | None, *, log_format: str, **overrides: Any) -> Non
 def _admin_get(url: str, token: str, path: str, method: str = "GET") -> Any:
     import httpx
 
+    from chatlane.terminal import response_error
+
     headers = {b"Authorization": b"Bearer " + token.encode()} if token else {}
     try:
         port = httpx.URL(url).port  # the system would wrap 99999 round to another port
@@ -140,7 +142,7 @@ def _admin_get(url: str, token: str, path: str, method: str = "GET") -> Any:
     except (httpx.HTTPError, httpx.InvalidURL) as error:
         raise click.ClickException(f"cannot reach the gateway at {url}: {error}") from None
     if response.status_code != 200:
-        raise click.ClickException(f"{url}{path}: HTTP {response.status_code} {response.text}")
+        raise click.ClickException(f"{url}{path}: {response_error(response)}")
     try:
         return response.json()
     except ValueError:
@@ -189,7 +191,7 @@ def _gateway_options(command: F) -> F:
         click.option(
             "--config",
             "config_path",
-            type=click.Path(dir_okay=False),
+            type=str,  # read by load_config, whose errors are one line
             default=None,
             help="The gateway's chatlane.toml, read as `chatlane serve` reads it.",
         ),

@@ -173,11 +173,15 @@ def _lists_models(response: httpx.Response) -> bool:
 
 
 def response_error(response: httpx.Response) -> str:
-    """The gateway's message for an HTTP error (its JSON ``error.message``, else the body)."""
+    """The gateway's message for an HTTP error: its JSON ``error.message``, else the start
+    of a plain-text body; a web page (another server at that address) is named as such,
+    never printed."""
     try:
         message = _error_text(response.json().get("error"))
     except (ValueError, AttributeError):
         message = ""
+    if not message and "html" in response.headers.get("content-type", "").lower():
+        message = "a web page, not a chatlane gateway's answer"
     message = message or response.text.strip()[:200] or response.reason_phrase
     return f"{message} (HTTP {response.status_code})"
 
