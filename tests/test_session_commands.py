@@ -398,6 +398,22 @@ class TestDefaultModel:
         assert replies[0] == "Model: gpt-4o-mini (the default)"
         assert replies[2] == "Model: other, for the next turn only; then gpt-4o-mini (the default)"
 
+    async def test_model_default_goes_back_to_the_agents_own(self, tmp_path: Path) -> None:
+        """``/model default`` drops the choice (and a ``--once`` waiting): it never names a
+        model called "default"."""
+        url = f"sqlite:///{tmp_path / 'o.db'}"
+        async with GatewayHarness(NamedDefaultAgent("gpt-4o-mini"), store=url) as h:
+            await h.send("/model sticky", chat_id="c")
+            await h.send("/model --once quick", chat_id="c")
+            await h.send("/model Default", chat_id="c")
+            await h.send("/model", chat_id="c")
+            replies = await h.replies(chat_id="c", count=4)
+        assert replies[2] == "Model: back to gpt-4o-mini (the default)."
+        assert replies[3] == "Model: gpt-4o-mini (the default)"
+        async with GatewayHarness(NamedDefaultAgent("gpt-4o-mini"), store=url) as h:
+            await h.send("/model", chat_id="c")  # as stored
+            assert await h.replies(chat_id="c", count=1) == ["Model: gpt-4o-mini (the default)"]
+
     @pytest.mark.parametrize("default", [None, 42, "", "  ", "gpt\x1b[31m", "m" * 201])
     async def test_a_default_not_fit_to_show_is_not_named(self, default: object) -> None:
         async with GatewayHarness(NamedDefaultAgent(default)) as h:

@@ -262,6 +262,11 @@ async def _model(call: CommandCall) -> str:
             return shown
         then = _described(once["model_override"], default)
         return f"{shown}, for the next turn only; then {then}"
+    if call.args.strip().lower() == "default":
+        await engine.persist_conversation(key, **{MODEL_OVERRIDE: None})
+        (await engine.session(key)).conversation.one_turn_restore = None
+        default = default_model(engine.agent)
+        return f"Model: back to {_described(None, default)}."
     choice, once = _parse_model(call.args)
     if choice.base_url:
         choice = await _allowed_endpoint(call, choice)
@@ -421,8 +426,8 @@ SESSION_COMMANDS = (
     ),
     CommandSpec(
         "model",
-        "show or set the model (--once: next turn only)",
-        "/model [--once] <name> [--provider P] [--base-url URL]",
+        "show or set the model (--once: next turn only; default: the agent's own)",
+        "/model [--once] <name> [--provider P] [--base-url URL] | /model default",
         CommandBusy.DISPATCH,
         _model,
     ),
