@@ -319,16 +319,24 @@ class DiscordApi:
         return channel
 
     async def say(
-        self, channel: int, author_id: int, content: str, *, bot: bool = False, **fields: Any
+        self,
+        channel: int,
+        author_id: int,
+        content: str,
+        *,
+        bot: bool = False,
+        system: bool = False,
+        **fields: Any,
     ) -> int:
         """``author_id`` writes ``content`` in ``channel``: a MESSAGE_CREATE (its ``mentions``
-        found in ``content`` unless ``fields`` name them); its id."""
+        found in ``content`` unless ``fields`` name them); its id. ``system``: the author
+        is Discord's own system user."""
         message_id = self.new_id()
         guild = self.channels[channel].get("guild_id")
         payload = message(
             message_id,
             channel,
-            user(author_id, bot=bot),
+            user(author_id, bot=bot) | ({"system": True} if system else {}),
             content,
             None if guild is None else int(guild),
             **({"mentions": mentioned(content)} | fields),

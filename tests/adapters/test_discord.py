@@ -235,6 +235,7 @@ async def test_a_new_thread_is_read_as_a_thread(
         {"webhook_id": "960000000000000001"},
         {"type": 7},  # a member joined
         {"type": 18},  # a thread was created
+        {"system": True},  # Discord's own notice, from its system user
     ],
 )
 async def test_bots_webhooks_and_system_messages_are_ignored(

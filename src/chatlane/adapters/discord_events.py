@@ -2,7 +2,8 @@
 
 What stays true:
 
-* Only people's messages are read (:func:`read_message`): never the bot's own;
+* Only people's messages are read (:func:`read_message`): never the bot's own,
+  nor Discord's own (its system user's announcements);
   another bot's or a webhook's only with ``discord.allow_bots``; only plain
   messages and replies (joins, pins, thread starts and every other system
   message are not); never one left with neither text, once the bot's mention
@@ -91,8 +92,8 @@ async def read_message(
 ) -> Posted | None:
     """The person's message ``message`` is, or None (see the module docstring)."""
     author = message.author
-    if author.id == bot_id or message.type not in READ_TYPES:
-        return None
+    if author.id == bot_id or author.system or message.type not in READ_TYPES:
+        return None  # the bot's own, Discord's own (its official system user), no message
     if (author.bot or message.webhook_id is not None) and not allow_bots:
         return None
     mentioned = any(user.id == bot_id for user in message.mentions)
