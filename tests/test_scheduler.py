@@ -29,7 +29,7 @@ from chatlane.autoreset import (
 from chatlane.commands import CommandRouter
 from chatlane.context import current_cron_target, get_session_env
 from chatlane.cron import LOCAL, CronExpression, Interval, Job, JobRun, Schedule
-from chatlane.errors import ConfigError, InvalidSessionKey
+from chatlane.errors import ConfigError, InvalidSessionKey, StoreError
 from chatlane.gateway import DispatchResult, Gateway
 from chatlane.identity import ChatType, SessionSource, check_session_key
 from chatlane.lifecycle import EndReason, LifecycleOptions
@@ -45,6 +45,7 @@ from chatlane.types import Agent, InboundMessage, Outbound, OutboundKind, Sessio
 from tests.clock import Clock
 from tests.keys import chat_key
 from tests.runtime.agents import EchoAgent
+from tests.runtime.refusing import LosingAnswers, Refusing, first_of
 
 IDLE_NOTICE = (
     "This conversation was idle for 0.3s, so it was closed. Your next message starts a new one."
@@ -1364,6 +1365,28 @@ class TestDurability:
             await scheduler.book.save(dataclasses.replace(job, prompt="new"))
             await scheduler.sync()
             assert [j.prompt for j in scheduler.list_jobs()] == ["new"]
+
+    async def test_a_job_whose_save_answer_was_lost_is_added_once(self) -> None:
+        """The save applied and its answer was lost: the job is there, and ``add_job`` says
+        so instead of failing (``/cron add`` would say it failed for a job that runs)."""
+        store = LosingAnswers(first_of("set_persistent"))
+        scheduler = Scheduler(now=FakeClock())
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            h.gateway.use_scheduler(scheduler)
+            job = await scheduler.add_job("every 1m", "ping", "test:c")
+            await scheduler.sync()
+        assert store.refused["set_persistent"] == 1
+        assert [j.id for j in scheduler.list_jobs()] == [job.id]
+
+    async def test_a_job_whose_save_was_refused_is_not_added(self) -> None:
+        store = Refusing(first_of("set_persistent"))
+        scheduler = Scheduler(now=FakeClock())
+        async with GatewayHarness(EchoAgent(), store=store) as h:
+            h.gateway.use_scheduler(scheduler)
+            with pytest.raises(StoreError):
+                await scheduler.add_job("every 1m", "ping", "test:c")
+            await scheduler.sync()
+        assert scheduler.list_jobs() == []
 
 
 class TestWiring:

@@ -42,6 +42,7 @@ from chatlane.errors import (
     LeaseError,
     SessionBusy,
     StaleGeneration,
+    StoreError,
 )
 from chatlane.identity import ChatType, SessionSource, unescape_component
 from chatlane.stores.base import Lease, Store
@@ -442,7 +443,11 @@ class JobBook:
         """Store ``job`` unless a job has its id already; whether it was stored.
 
         Under the lease its ticks are claimed under: of processes creating one id at
-        once, one stores it, and the others find the lease held or the id taken.
+        once, one stores it, and the others find the lease held or the id taken. A
+        save whose answer was lost is asked after, still under the lease: the job it
+        finds is this one.
+
+        :raises ChatlaneError: the store could not be asked, or did not store it.
         """
         try:
             lease = await self.store.acquire(self._claim_key(job.id), self.holder, self.ttl)
@@ -451,7 +456,11 @@ class JobBook:
         try:
             if await self._exists(job.id):
                 return False
-            await self.save(job)
+            try:
+                await self.save(job)
+            except StoreError as error:
+                if not error.maybe_applied or not await self._exists(job.id):
+                    raise
             return True
         finally:
             await self._release(lease)
