@@ -114,41 +114,35 @@ def test_bad_chat_type_is_refused_by_click() -> None:
 @contextmanager
 def not_a_gateway() -> Iterator[str]:
     """An HTTP server that answers every GET with 200 and a page of text."""
-
-    class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"<html>hello</html>")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_page(200, b"<html>hello</html>", "") as url:
+        yield url
 
 
 @contextmanager
 def another_server() -> Iterator[str]:
     """An HTTP server that answers every request 404 with a web page of several lines."""
+    page = b"<!DOCTYPE HTML>\n<html>\n<body>Not Found</body>\n</html>\n"
+    with serving_page(404, page, "text/html; charset=utf-8") as url:
+        yield url
 
-    class NotFound(http.server.BaseHTTPRequestHandler):
+
+@contextmanager
+def serving_page(status: int, body: bytes, content_type: str) -> Iterator[str]:
+    """An HTTP server that answers every GET with ``status`` and ``body`` (of
+    ``content_type``, if any); its URL."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(404)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_response(status)
+            if content_type:
+                self.send_header("Content-Type", content_type)
             self.end_headers()
-            self.wfile.write(b"<!DOCTYPE HTML>\n<html>\n<body>Not Found</body>\n</html>\n")
+            self.wfile.write(body)
 
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

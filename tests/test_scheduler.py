@@ -893,6 +893,15 @@ class TestBursts:
         assert store.most == 4
 
 
+def noting(runs: list[tuple[str, float]], name: str) -> Any:
+    """A job action that notes each tick it runs in ``runs``, as ``name``'s."""
+
+    async def action(run: JobRun) -> None:
+        runs.append((name, run.tick))
+
+    return action
+
+
 class TestClockSteps:
     """The wall clock stepped a day ahead (a bad NTP step), then put right."""
 
@@ -959,15 +968,8 @@ class TestClockSteps:
         right, ahead = Clock(), Clock()
         right.now, ahead.now = self.TEN, self.TEN + 400
         runs: list[tuple[str, float]] = []
-
-        def running(name: str) -> Any:
-            async def action(run: JobRun) -> None:
-                runs.append((name, run.tick))
-
-            return action
-
-        first = Scheduler(action=running("right"), now=right)
-        second = Scheduler(action=running("ahead"), now=ahead)
+        first = Scheduler(action=noting(runs, "right"), now=right)
+        second = Scheduler(action=noting(runs, "ahead"), now=ahead)
         async with (
             GatewayHarness(EchoAgent(), store=url) as a,
             GatewayHarness(EchoAgent(), store=url) as b,
@@ -1304,15 +1306,8 @@ class TestDurability:
         url = f"sqlite:///{tmp_path / 'chatlane.db'}"
         clock = FakeClock()
         runs: list[tuple[str, float]] = []
-
-        def counting(name: str) -> Any:
-            async def action(run: JobRun) -> None:
-                runs.append((name, run.tick))
-
-            return action
-
-        first = Scheduler(action=counting("first"), now=clock)
-        second = Scheduler(action=counting("second"), now=clock)
+        first = Scheduler(action=noting(runs, "first"), now=clock)
+        second = Scheduler(action=noting(runs, "second"), now=clock)
         async with (
             GatewayHarness(EchoAgent(), store=url) as a,
             GatewayHarness(EchoAgent(), store=url) as b,
